@@ -1,0 +1,550 @@
+"""Mechanism events: immutable descriptions of what was run, not of how to account it.
+
+Modelled on ``DpEvent`` in Google's dp_accounting. An event carries the parameters of the
+mechanism that touched the data; accountants (``accountant.basic``, ``accountant.rdp``,
+``accountant.prv``) turn events into privacy bounds.
+
+Compatibility contract
+----------------------
+Events are stored in ledger rows that outlive refactors. Therefore:
+
+* every event serialises to JSON with a stable ``kind`` string, never a module path;
+* an event kind or a field is never removed or redefined; new fields are optional;
+* ``from_json(to_json(e)) == e`` for every event.
+
+Validation happens when an event is built, so an invalid event never exists. Errors are
+``EventValidationError`` and name the field (as a dotted path for nested events) and the value:
+``"event.noise_multiplier must be finite and > 0. Found nan."``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+# Structural limits: events come from untrusted clients (HTTP bodies, CLI arguments).
+MAX_NESTING_DEPTH: Final = 32
+MAX_COMPOSED_EVENTS: Final = 10_000
+MAX_COUNT: Final = 10**18
+MAX_VECTOR_LENGTH: Final = 1_000_000
+
+
+class EventValidationError(ValueError):
+    """An event (or its JSON form) is invalid. ``field`` is the dotted path of the bad field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
+
+
+def _fmt(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _check_positive(field_name: str, value: float) -> None:
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise EventValidationError(field_name, f"must be finite and > 0. Found {_fmt(value)}.")
+
+
+def _check_non_negative(field_name: str, value: float) -> None:
+    if not _is_real(value) or not math.isfinite(value) or value < 0:
+        raise EventValidationError(field_name, f"must be finite and >= 0. Found {_fmt(value)}.")
+
+
+def _check_probability(field_name: str, value: float) -> None:
+    if not _is_real(value) or not math.isfinite(value) or not 0 < value <= 1:
+        raise EventValidationError(field_name, f"must be in (0, 1]. Found {_fmt(value)}.")
+
+
+def _check_delta(field_name: str, value: float) -> None:
+    if not _is_real(value) or not math.isfinite(value) or not 0 <= value < 1:
+        raise EventValidationError(field_name, f"must be in [0, 1). Found {_fmt(value)}.")
+
+
+def _check_count(field_name: str, value: int, *, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+        raise EventValidationError(
+            field_name, f"must be an integer in [{minimum}, 10^18]. Found {_fmt(value)}."
+        )
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class DpEvent:
+    """Base class of all events. ``kind`` is the stable JSON tag."""
+
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self, path: str = "event") -> None:
+        """Raise ``EventValidationError`` naming ``path.field`` if a parameter is invalid.
+
+        Checks this event's own fields; nested events validated themselves when built.
+        """
+
+    def children(self) -> tuple[DpEvent, ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True)
+class NoOpEvent(DpEvent):
+    """A mechanism that touches no private data: costs nothing."""
+
+    kind: ClassVar[str] = "no_op"
+
+
+@dataclass(frozen=True, slots=True)
+class NonPrivateEvent(DpEvent):
+    """A release with no privacy guarantee: every accountant answers ε = ∞."""
+
+    kind: ClassVar[str] = "non_private"
+
+
+@dataclass(frozen=True, slots=True)
+class GaussianEvent(DpEvent):
+    """Gaussian mechanism with L2 sensitivity 1 and noise standard deviation ``noise_multiplier``."""
+
+    kind: ClassVar[str] = "gaussian"
+    noise_multiplier: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.noise_multiplier", self.noise_multiplier)
+
+
+@dataclass(frozen=True, slots=True)
+class LaplaceEvent(DpEvent):
+    """Laplace mechanism with L1 sensitivity 1 and noise scale ``scale`` (so pure ε = 1/scale)."""
+
+    kind: ClassVar[str] = "laplace"
+    scale: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.scale", self.scale)
+
+
+@dataclass(frozen=True, slots=True)
+class PureDpEvent(DpEvent):
+    """Any mechanism known to be ε-DP."""
+
+    kind: ClassVar[str] = "pure_dp"
+    epsilon: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_non_negative(f"{path}.epsilon", self.epsilon)
+
+
+@dataclass(frozen=True, slots=True)
+class ApproxDpEvent(DpEvent):
+    """Any mechanism known to be (ε, δ)-DP."""
+
+    kind: ClassVar[str] = "approx_dp"
+    epsilon: float
+    delta: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_non_negative(f"{path}.epsilon", self.epsilon)
+        _check_delta(f"{path}.delta", self.delta)
+
+
+@dataclass(frozen=True, slots=True)
+class PoissonSampledEvent(DpEvent):
+    """``event`` run on a Poisson subsample: each record included independently w.p. q."""
+
+    kind: ClassVar[str] = "poisson_sampled"
+    sampling_probability: float
+    event: DpEvent
+
+    def validate(self, path: str = "event") -> None:
+        _check_probability(f"{path}.sampling_probability", self.sampling_probability)
+
+    def children(self) -> tuple[DpEvent, ...]:
+        return (self.event,)
+
+
+@dataclass(frozen=True, slots=True)
+class SampledWithoutReplacementEvent(DpEvent):
+    """``event`` run on a uniformly random subset of ``sample_size`` out of ``population_size``."""
+
+    kind: ClassVar[str] = "sampled_without_replacement"
+    sample_size: int
+    population_size: int
+    event: DpEvent
+
+    def validate(self, path: str = "event") -> None:
+        _check_count(f"{path}.sample_size", self.sample_size)
+        _check_count(f"{path}.population_size", self.population_size)
+        if self.sample_size > self.population_size:
+            raise EventValidationError(
+                f"{path}.sample_size",
+                f"must be <= population_size ({self.population_size}). Found {self.sample_size}.",
+            )
+
+    def children(self) -> tuple[DpEvent, ...]:
+        return (self.event,)
+
+
+@dataclass(frozen=True, slots=True)
+class SelfComposedEvent(DpEvent):
+    """``event`` run ``count`` times (adaptively) on the same data."""
+
+    kind: ClassVar[str] = "self_composed"
+    event: DpEvent
+    count: int
+
+    def validate(self, path: str = "event") -> None:
+        _check_count(f"{path}.count", self.count, minimum=0)
+
+    def children(self) -> tuple[DpEvent, ...]:
+        return (self.event,)
+
+
+@dataclass(frozen=True, slots=True)
+class ComposedEvent(DpEvent):
+    """The events run one after another (adaptively) on the same data."""
+
+    kind: ClassVar[str] = "composed"
+    events: tuple[DpEvent, ...]
+
+    def validate(self, path: str = "event") -> None:
+        if len(self.events) > MAX_COMPOSED_EVENTS:
+            raise EventValidationError(
+                f"{path}.events",
+                f"must hold at most {MAX_COMPOSED_EVENTS} events. Found {len(self.events)}.",
+            )
+
+    def children(self) -> tuple[DpEvent, ...]:
+        return self.events
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionalMechanismL2DPEvent(DpEvent):
+    """L2DP-ML's per-batch functional-mechanism perturbation (Phan et al., Alg. 1 and 2).
+
+    One Laplace noise draw per batch perturbs the inputs (x̄ = x + χ1/|B|), the auto-encoder's
+    hidden layer (h̄ = h + 2χ2/|B|) and the output layer's polynomial coefficients (χ3/|B|).
+    Theorem 2 gives the pure ε = ε1 + ε1/γx + ε1/γ + ε2 with Δ_R = d(|h1| + 2),
+    γx = Δ_R/|B| and γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) (``accountant.mechanisms.l2dp_ml_epsilon``).
+
+    ``theta1_norm_bound`` is the bound on the maximum column 1-norm of θ1 that the trainer
+    enforces (by projection after every step); the guarantee holds only under that bound.
+    """
+
+    kind: ClassVar[str] = "l2dp_ml_functional"
+    epsilon1: float
+    epsilon2: float
+    input_dim: int
+    hidden_units: int
+    output_hidden_units: int
+    batch_size: int
+    theta1_norm_bound: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.epsilon1", self.epsilon1)
+        _check_positive(f"{path}.epsilon2", self.epsilon2)
+        _check_count(f"{path}.input_dim", self.input_dim)
+        _check_count(f"{path}.hidden_units", self.hidden_units)
+        _check_count(f"{path}.output_hidden_units", self.output_hidden_units)
+        _check_count(f"{path}.batch_size", self.batch_size)
+        _check_positive(f"{path}.theta1_norm_bound", self.theta1_norm_bound)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPerturbationEvent(DpEvent):
+    """Output perturbation of a strongly convex ERM minimiser (PSGD / PBERM).
+
+    The released vector is θ + ν with density of ν ∝ exp(−‖ν‖₂/b), b = ``noise_scale``
+    = l2_sensitivity/epsilon (‖ν‖₂ ~ Gamma(d, b), uniform direction; Chaudhuri et al. 2011).
+    That is pure ε-DP with ε = l2_sensitivity / b. Per-coordinate Laplace calibrated to an L2
+    sensitivity is *not* ε-DP and is deliberately not offered.
+    """
+
+    kind: ClassVar[str] = "output_perturbation"
+    l2_sensitivity: float
+    epsilon: float
+
+    @property
+    def noise_scale(self) -> float:
+        return self.l2_sensitivity / self.epsilon
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.l2_sensitivity", self.l2_sensitivity)
+        _check_positive(f"{path}.epsilon", self.epsilon)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveGaussianEvent(DpEvent):
+    """AdaDp's per-coordinate Gaussian noise (Koskela & Honkela, Lemma 1).
+
+    Coordinate i has sensitivity sᵢ and noise standard deviation σᵢ. When
+    Σ sᵢ²/σᵢ² ≤ 1/σ*², the mechanism is as private as a Gaussian mechanism with noise multiplier
+    σ* = ``noise_multiplier``, and it is accounted as one. The per-coordinate vectors are optional
+    (a plan made before training cannot know them); when given, Lemma 1's condition is checked.
+    """
+
+    kind: ClassVar[str] = "adaptive_gaussian"
+    noise_multiplier: float
+    sensitivities: tuple[float, ...] | None = None
+    noise_stddevs: tuple[float, ...] | None = None
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.noise_multiplier", self.noise_multiplier)
+        if (self.sensitivities is None) != (self.noise_stddevs is None):
+            raise EventValidationError(
+                f"{path}.noise_stddevs", "and sensitivities must be given together or not at all."
+            )
+        if self.sensitivities is None or self.noise_stddevs is None:
+            return
+        if len(self.sensitivities) != len(self.noise_stddevs):
+            raise EventValidationError(
+                f"{path}.noise_stddevs",
+                f"must have the length of sensitivities ({len(self.sensitivities)}). "
+                f"Found {len(self.noise_stddevs)}.",
+            )
+        for i, s in enumerate(self.sensitivities):
+            _check_non_negative(f"{path}.sensitivities[{i}]", s)
+        for i, sd in enumerate(self.noise_stddevs):
+            _check_positive(f"{path}.noise_stddevs[{i}]", sd)
+        total = math.fsum((s / sd) ** 2 for s, sd in zip(self.sensitivities, self.noise_stddevs, strict=True))
+        limit = 1.0 / self.noise_multiplier**2
+        if total > limit:
+            raise EventValidationError(
+                f"{path}.noise_stddevs",
+                f"violate Lemma 1: sum(s_i^2/sigma_i^2) = {total!r} > 1/noise_multiplier^2 = "
+                f"{limit!r}.",
+            )
+
+
+EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
+    cls.kind: cls
+    for cls in (
+        NoOpEvent,
+        NonPrivateEvent,
+        GaussianEvent,
+        LaplaceEvent,
+        PureDpEvent,
+        ApproxDpEvent,
+        PoissonSampledEvent,
+        SampledWithoutReplacementEvent,
+        SelfComposedEvent,
+        ComposedEvent,
+        FunctionalMechanismL2DPEvent,
+        OutputPerturbationEvent,
+        AdaptiveGaussianEvent,
+    )
+}
+
+
+def validate(event: DpEvent, path: str = "event", _depth: int = 0) -> None:
+    """Validate ``event`` and everything nested in it; errors name the dotted field path."""
+    if _depth > MAX_NESTING_DEPTH:
+        raise EventValidationError(path, f"nests deeper than {MAX_NESTING_DEPTH} levels.")
+    event.validate(path)
+    if isinstance(event, ComposedEvent):
+        for i, child in enumerate(event.events):
+            validate(child, f"{path}.events[{i}]", _depth + 1)
+    else:
+        for child in event.children():
+            validate(child, f"{path}.event", _depth + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON
+# ---------------------------------------------------------------------------------------------
+
+
+def to_json(event: DpEvent) -> dict[str, Any]:
+    """The JSON object for ``event``: ``{"kind": ..., <fields>}``, nested events as objects."""
+    out: dict[str, Any] = {"kind": event.kind}
+    if isinstance(event, ComposedEvent):
+        out["events"] = [to_json(e) for e in event.events]
+        return out
+    for name in event.__dataclass_fields__:
+        value = getattr(event, name)
+        if isinstance(value, DpEvent):
+            out[name] = to_json(value)
+        elif isinstance(value, tuple):
+            out[name] = list(value)
+        elif value is not None:
+            out[name] = value
+    return out
+
+
+def _number(obj: Mapping[str, Any], name: str, path: str) -> float:
+    if name not in obj:
+        raise EventValidationError(f"{path}.{name}", "is required.")
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EventValidationError(f"{path}.{name}", f"must be a number. Found {_fmt(value)}.")
+    return float(value)
+
+
+def _integer(obj: Mapping[str, Any], name: str, path: str) -> int:
+    if name not in obj:
+        raise EventValidationError(f"{path}.{name}", "is required.")
+    value = obj[name]
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise EventValidationError(f"{path}.{name}", f"must be an integer. Found {_fmt(value)}.")
+    return value
+
+
+def _vector(obj: Mapping[str, Any], name: str, path: str) -> tuple[float, ...] | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_VECTOR_LENGTH:
+        raise EventValidationError(
+            f"{path}.{name}", f"must be a list of at most {MAX_VECTOR_LENGTH} numbers."
+        )
+    for i, item in enumerate(value):
+        if isinstance(item, bool) or not isinstance(item, int | float):
+            raise EventValidationError(f"{path}.{name}[{i}]", f"must be a number. Found {_fmt(item)}.")
+    return tuple(float(v) for v in value)
+
+
+_Parser = Callable[[Mapping[str, Any], str, int], DpEvent]
+
+
+def _parse_simple(cls: type[DpEvent], numbers: Sequence[str], integers: Sequence[str] = ()) -> _Parser:
+    def parse(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+        kwargs: dict[str, Any] = {n: _number(obj, n, path) for n in numbers}
+        kwargs.update({n: _integer(obj, n, path) for n in integers})
+        return cls(**kwargs)
+
+    return parse
+
+
+def _parse_poisson(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    return PoissonSampledEvent(
+        sampling_probability=_number(obj, "sampling_probability", path),
+        event=_parse(obj.get("event"), f"{path}.event", depth + 1),
+    )
+
+
+def _parse_without_replacement(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    return SampledWithoutReplacementEvent(
+        sample_size=_integer(obj, "sample_size", path),
+        population_size=_integer(obj, "population_size", path),
+        event=_parse(obj.get("event"), f"{path}.event", depth + 1),
+    )
+
+
+def _parse_self_composed(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    return SelfComposedEvent(
+        event=_parse(obj.get("event"), f"{path}.event", depth + 1),
+        count=_integer(obj, "count", path),
+    )
+
+
+def _parse_composed(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    items = obj.get("events")
+    if not isinstance(items, list):
+        raise EventValidationError(f"{path}.events", "must be a list of events.")
+    if len(items) > MAX_COMPOSED_EVENTS:
+        raise EventValidationError(
+            f"{path}.events", f"must hold at most {MAX_COMPOSED_EVENTS} events. Found {len(items)}."
+        )
+    return ComposedEvent(
+        events=tuple(_parse(e, f"{path}.events[{i}]", depth + 1) for i, e in enumerate(items))
+    )
+
+
+def _parse_adaptive(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    return AdaptiveGaussianEvent(
+        noise_multiplier=_number(obj, "noise_multiplier", path),
+        sensitivities=_vector(obj, "sensitivities", path),
+        noise_stddevs=_vector(obj, "noise_stddevs", path),
+    )
+
+
+_PARSERS: Final[Mapping[str, _Parser]] = {
+    "no_op": lambda obj, path, depth: NoOpEvent(),
+    "non_private": lambda obj, path, depth: NonPrivateEvent(),
+    "gaussian": _parse_simple(GaussianEvent, ["noise_multiplier"]),
+    "laplace": _parse_simple(LaplaceEvent, ["scale"]),
+    "pure_dp": _parse_simple(PureDpEvent, ["epsilon"]),
+    "approx_dp": _parse_simple(ApproxDpEvent, ["epsilon", "delta"]),
+    "poisson_sampled": _parse_poisson,
+    "sampled_without_replacement": _parse_without_replacement,
+    "self_composed": _parse_self_composed,
+    "composed": _parse_composed,
+    "l2dp_ml_functional": _parse_simple(
+        FunctionalMechanismL2DPEvent,
+        ["epsilon1", "epsilon2", "theta1_norm_bound"],
+        ["input_dim", "hidden_units", "output_hidden_units", "batch_size"],
+    ),
+    "output_perturbation": _parse_simple(OutputPerturbationEvent, ["l2_sensitivity", "epsilon"]),
+    "adaptive_gaussian": _parse_adaptive,
+}
+
+
+def _parse(obj: object, path: str, depth: int) -> DpEvent:
+    if depth > MAX_NESTING_DEPTH:
+        raise EventValidationError(path, f"nests deeper than {MAX_NESTING_DEPTH} levels.")
+    if not isinstance(obj, Mapping):
+        raise EventValidationError(path, f"must be an event object. Found {_fmt(obj)}.")
+    kind = obj.get("kind")
+    parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if parser is None:
+        raise EventValidationError(
+            f"{path}.kind", f"must be one of {sorted(_PARSERS)}. Found {_fmt(kind)}."
+        )
+    try:
+        return parser(obj, path, depth)
+    except EventValidationError as exc:
+        # Built events validate their own fields under the generic path "event"; nested
+        # events were built (and checked) by the recursive calls with their own path.
+        if exc.field == "event" or exc.field.startswith("event."):
+            raise EventValidationError(path + exc.field[len("event"):], exc.message) from None
+        raise
+
+
+def from_json(obj: object, path: str = "event") -> DpEvent:
+    """Parse and validate an event from its JSON object. Errors name the dotted field path."""
+    return _parse(obj, path, 0)
+
+
+def walk(event: DpEvent) -> list[DpEvent]:
+    """Every event in the tree, depth first, ``event`` itself first."""
+    out: list[DpEvent] = []
+    stack = [event]
+    while stack:
+        current = stack.pop()
+        out.append(current)
+        stack.extend(reversed(current.children()))
+    return out
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "MAX_COUNT",
+    "MAX_NESTING_DEPTH",
+    "AdaptiveGaussianEvent",
+    "ApproxDpEvent",
+    "ComposedEvent",
+    "DpEvent",
+    "EventValidationError",
+    "FunctionalMechanismL2DPEvent",
+    "GaussianEvent",
+    "LaplaceEvent",
+    "NoOpEvent",
+    "NonPrivateEvent",
+    "OutputPerturbationEvent",
+    "PoissonSampledEvent",
+    "PureDpEvent",
+    "SampledWithoutReplacementEvent",
+    "SelfComposedEvent",
+    "from_json",
+    "to_json",
+    "validate",
+    "walk",
+]

@@ -1,0 +1,112 @@
+"""Exact budget arithmetic (DESIGN.md, "Numerical safety").
+
+Budgets and spends are kept as ``Decimal``:
+
+* a number a user sends is taken as written — its shortest decimal form, so ``0.01`` is one
+  hundredth, not the binary float nearest to it (``as_written``);
+* a number an accountant computes in floating point is first nudged one ulp towards +∞
+  (``math.nextafter``) and then rounded *up* to 18 significant digits (``round_up``), so float
+  error can cost a user budget but never grant extra privacy loss;
+* sums and comparisons of these decimals are exact (``exact_sum`` uses a context wide enough
+  that no addition rounds).
+
+Hence 100 charges of 0.01 fill a budget of 1.0 exactly, and a charge of ε/2^(k+1) meets geometric
+level k exactly.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from collections.abc import Iterable
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from typing import Final
+
+SIGNIFICANT_DIGITS: Final = 18
+# Sums of up to ~10^12 terms of 18 significant digits spanning any sane exponent range stay
+# exact in this context: it is wide enough that additions never round.
+_EXACT: Final = decimal.Context(prec=400, Emax=10**6, Emin=-(10**6), traps=[decimal.InvalidOperation, decimal.Overflow])
+_UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING)
+_DOWN: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_FLOOR)
+
+INFINITY: Final = Decimal("Infinity")
+ZERO: Final = Decimal(0)
+
+
+def as_written(value: float | int | str | Decimal) -> Decimal:
+    """A user-supplied number as the decimal the user wrote (shortest repr of a float)."""
+    if isinstance(value, Decimal):
+        result = value
+    elif isinstance(value, bool):
+        raise TypeError("a boolean is not a number")
+    elif isinstance(value, int):
+        result = Decimal(value)
+    elif isinstance(value, float):
+        result = Decimal(repr(value))
+    else:
+        result = Decimal(str(value).strip())
+    if result.is_nan():
+        raise ValueError(f"not a number: {value!r}")
+    return result
+
+
+def round_up(value: float) -> Decimal:
+    """A computed float as a Decimal that is >= the float's exact value, 18 significant digits.
+
+    The float is first moved one ulp towards +∞ to absorb the rounding of the float computation
+    that produced it; then its exact binary value is rounded up (ceiling) to 18 digits.
+    """
+    if math.isnan(value):
+        raise ValueError("cannot round NaN up")
+    if value == math.inf:
+        return INFINITY
+    if value == 0.0:
+        return ZERO
+    nudged = math.nextafter(value, math.inf)
+    return _UP.plus(Decimal(nudged))
+
+
+def round_down(value: float) -> Decimal:
+    """A computed float as a Decimal <= its value (for allowances that must not be overstated)."""
+    if math.isnan(value):
+        raise ValueError("cannot round NaN down")
+    if value == math.inf:
+        return INFINITY
+    if value == 0.0:
+        return ZERO
+    nudged = math.nextafter(value, -math.inf)
+    return _DOWN.plus(Decimal(nudged))
+
+
+def exact_sum(values: Iterable[Decimal]) -> Decimal:
+    """The exact sum of decimals (no rounding)."""
+    total = ZERO
+    for v in values:
+        total = _EXACT.add(total, v)
+    return total
+
+
+def exact_add(a: Decimal, b: Decimal) -> Decimal:
+    return _EXACT.add(a, b)
+
+
+def exact_sub(a: Decimal, b: Decimal) -> Decimal:
+    return _EXACT.subtract(a, b)
+
+
+def exact_mul(a: Decimal, b: Decimal) -> Decimal:
+    return _EXACT.multiply(a, b)
+
+
+def to_text(value: Decimal) -> str:
+    """Canonical text for storage and JSON: no exponent for ordinary magnitudes, no trailing zeros."""
+    if value.is_infinite():
+        return "Infinity" if value > 0 else "-Infinity"
+    normal = value.normalize(_EXACT)
+    if normal == 0:
+        return "0"
+    exponent = normal.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if -40 <= exponent <= 0 or (exponent > 0 and normal.adjusted() < 40):
+        return format(normal, "f")
+    return str(normal)
