@@ -312,7 +312,8 @@ class AdaptiveGaussianEvent(DpEvent):
             _check_non_negative(f"{path}.sensitivities[{i}]", s)
         for i, sd in enumerate(self.noise_stddevs):
             _check_positive(f"{path}.noise_stddevs[{i}]", sd)
-        total = math.fsum((s / sd) ** 2 for s, sd in zip(self.sensitivities, self.noise_stddevs, strict=True))
+        pairs = zip(self.sensitivities, self.noise_stddevs, strict=True)
+        total = math.fsum((s / sd) ** 2 for s, sd in pairs)
         limit = 1.0 / self.noise_multiplier**2
         if total > limit:
             raise EventValidationError(

@@ -25,7 +25,9 @@ from typing import Final
 SIGNIFICANT_DIGITS: Final = 18
 # Sums of up to ~10^12 terms of 18 significant digits spanning any sane exponent range stay
 # exact in this context: it is wide enough that additions never round.
-_EXACT: Final = decimal.Context(prec=400, Emax=10**6, Emin=-(10**6), traps=[decimal.InvalidOperation, decimal.Overflow])
+_EXACT: Final = decimal.Context(
+    prec=400, Emax=10**6, Emin=-(10**6), traps=[decimal.InvalidOperation, decimal.Overflow]
+)
 _UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING)
 _DOWN: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_FLOOR)
 
