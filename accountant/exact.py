@@ -3,7 +3,11 @@
 Budgets and spends are kept as ``Decimal``:
 
 * a number a user sends is taken as written — its shortest decimal form, so ``0.01`` is one
-  hundredth, not the binary float nearest to it (``as_written``);
+  hundredth, not the binary float nearest to it (``as_written``). One refinement: a float that
+  is a short binary fraction k/2^q (odd k < 2^26, such as 2⁻³¹) is taken at its exact binary
+  value, because its shortest repr (4.656612873077393e-10) lies above it and a charge of
+  ε/2ᵏ⁺¹ computed in binary must meet geometric level k exactly. Both readings lie within half an
+  ulp of the float, the resolution the "as written" rule accepts anyway;
 * a number an accountant computes in floating point is first nudged one ulp towards +∞
   (``math.nextafter``) and then rounded *up* to 18 significant digits (``round_up``), so float
   error can cost a user budget but never grant extra privacy loss;
@@ -23,6 +27,8 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Final
 
 SIGNIFICANT_DIGITS: Final = 18
+# Floats k/2^q with odd k of at most this many bits are read at their exact binary value.
+SHORT_DYADIC_BITS: Final = 26
 # Sums of up to ~10^12 terms of 18 significant digits spanning any sane exponent range stay
 # exact in this context: it is wide enough that additions never round.
 _EXACT: Final = decimal.Context(
@@ -44,7 +50,11 @@ def as_written(value: float | int | str | Decimal) -> Decimal:
     elif isinstance(value, int):
         result = Decimal(value)
     elif isinstance(value, float):
-        result = Decimal(repr(value))
+        numerator, denominator = value.as_integer_ratio()
+        if denominator > 1 and abs(numerator).bit_length() <= SHORT_DYADIC_BITS:
+            result = Decimal(value)  # exact: a short binary fraction is a finite decimal
+        else:
+            result = Decimal(repr(value))
     else:
         result = Decimal(str(value).strip())
     if result.is_nan():

@@ -1,0 +1,168 @@
+"""Noise calibration: the smallest noise multiplier that meets a target (ε, δ).
+
+DP-SGD with Poisson sampling probability q run for T steps is the event
+``self_composed(poisson_sampled(q, gaussian(σ)), T)``. Its ε upper bound, from any registered
+accountant (``accountant.base.make_accountant``), decreases as σ grows: for RDP every order's
+curve decreases in σ (a larger σ is post-processing of a smaller one: add independent noise), and
+the conversion to ε is monotone in the curve; PRV/PLD bounds follow the same true privacy curve.
+
+``calibrate_noise_multiplier`` searches the grid σ_k = k·resolution (k = 1, 2, ...), each σ_k the
+float nearest the decimal k·resolution, for the smallest σ_k whose ε **upper** bound is ≤ the
+target: an exponential search for a bracket, then bisection on the integer k. The σ returned is
+always one whose upper bound was computed and found ≤ the target, so calibration never
+overshoots the target even if a numerical accountant were not exactly monotone (then "smallest"
+holds for the bracket the bisection followed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Final
+
+from accountant.base import InvalidArgumentError, make_accountant
+from accountant.events import MAX_COUNT, GaussianEvent, PoissonSampledEvent
+
+MAX_NOISE_MULTIPLIER: Final = 1e6
+"""The largest σ considered: if even this σ misses the target, calibration fails."""
+
+
+def _check_target_epsilon(value: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgumentError("target_epsilon", f"must be finite and > 0. Found {value}.")
+    return float(value)
+
+
+def _check_delta(value: float) -> float:
+    # δ = 0 is not reachable with Gaussian noise: no σ gives pure DP.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentError("delta", f"must be finite and in (0, 1). Found {value}.")
+    if not 0 < value < 1:
+        raise InvalidArgumentError("delta", f"must be in (0, 1). Found {value}.")
+    return float(value)
+
+
+def _check_probability(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentError("sampling_probability", f"must be in (0, 1]. Found {value}.")
+    if not 0 < value <= 1:
+        raise InvalidArgumentError("sampling_probability", f"must be in (0, 1]. Found {value}.")
+    return float(value)
+
+
+def _check_steps(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise InvalidArgumentError("steps", f"must be an integer in [1, 10^18]. Found {value!r}.")
+    return value
+
+
+def _check_resolution(value: float) -> Decimal:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= 1
+    ):
+        raise InvalidArgumentError("resolution", f"must be finite and in (0, 1]. Found {value}.")
+    return Decimal(repr(float(value)))
+
+
+def _epsilon_upper(
+    *, accountant: str, noise_multiplier: float, sampling_probability: float, steps: int, delta: float
+) -> float:
+    """ε upper bound of T steps of the Poisson-sampled Gaussian mechanism under ``accountant``."""
+    event = PoissonSampledEvent(sampling_probability, GaussianEvent(noise_multiplier))
+    return make_accountant(accountant).compose(event, steps).get_epsilon(delta).upper
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: int,
+    accountant: str = "rdp",
+    resolution: float = 1e-4,
+) -> float:
+    """The smallest σ = k·``resolution`` (k ≥ 1) with ε upper bound ≤ ``target_epsilon`` at ``delta``
+    for ``steps`` steps of the Gaussian mechanism on Poisson samples of probability
+    ``sampling_probability``, accounted by the registered ``accountant`` ("rdp", "prv", ...).
+
+    Raises ``InvalidArgumentError`` naming the field for bad arguments, and naming
+    ``target_epsilon`` when no σ up to ``MAX_NOISE_MULTIPLIER`` reaches the target.
+    """
+    target = _check_target_epsilon(target_epsilon)
+    delta = _check_delta(delta)
+    q = _check_probability(sampling_probability)
+    steps = _check_steps(steps)
+    step = _check_resolution(resolution)
+    make_accountant(accountant)  # an unknown name fails here, naming "accountant"
+
+    def sigma(k: int) -> float:
+        return float(Decimal(k) * step)
+
+    def meets(k: int) -> bool:
+        return (
+            _epsilon_upper(
+                accountant=accountant,
+                noise_multiplier=sigma(k),
+                sampling_probability=q,
+                steps=steps,
+                delta=delta,
+            )
+            <= target
+        )
+
+    k_max = int(Decimal(repr(MAX_NOISE_MULTIPLIER)) / step)
+    k = _smallest_meeting(meets, k_start=int(1 / step), k_max=k_max)
+    if k is None:
+        raise InvalidArgumentError(
+            "target_epsilon",
+            f"cannot be reached: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} gives an epsilon "
+            f"upper bound above {target} at delta={delta} for sampling_probability={q} and "
+            f"steps={steps}.",
+        )
+    return sigma(k)
+
+
+def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int) -> int | None:
+    """The smallest k in [1, k_max] with ``meets(k)`` (``meets`` monotone: False then True), or
+    None if ``meets(k_max)`` fails. Exponential search from ``k_start`` (halving or doubling) for
+    a bracket (failing, passing], then bisection on the integer k."""
+    k_start = min(max(1, k_start), k_max)
+    if meets(k_start):
+        failing, passing = 0, k_start  # k = 0 stands for "every k >= 1 may pass"
+        probe = k_start // 2
+        while probe >= 1:
+            if not meets(probe):
+                failing = probe
+                break
+            passing = probe
+            probe //= 2
+    else:
+        failing, passing = k_start, k_max
+        probe = k_start
+        while True:
+            probe = min(2 * probe, k_max)
+            if meets(probe):
+                passing = probe
+                break
+            if probe == k_max:
+                return None
+            failing = probe
+    while passing - failing > 1:
+        middle = (failing + passing) // 2
+        if meets(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing
+
+
+__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier"]

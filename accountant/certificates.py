@@ -1,0 +1,288 @@
+"""Certificates: frozen, JSON, content-hashed records that justify one commit (one release).
+
+Theorem relied on: the certificate restates the theorem of the budget's rule
+(``accountant.rules.theorem``: basic composition / the Rényi filter of Feldman & Zrnic 2021,
+Thm. 3.1 / PRV for a declared plan, parallel composition (McSherry 2009, Thm. 4), L2DP-ML
+Thm. 2, continual release Thm. 1, 4, 7). ``verify`` re-derives every number of the certificate
+with the same pure functions the ledger used (``accountant.rules.reserve`` / ``commit``), so a
+certificate verifies iff the ledger's decision follows from its inputs under that theorem.
+
+What a certificate holds (``issue``):
+
+* ``rule``, ``accountant``, ``theorem``; the caller's ids (``dataset_id``, ``reservation_id``,
+  ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
+* ``inputs``: the budget (with its δ, order grid, geometric schedule or plan), the charge (event
+  and noise commitment), the ``partial_event`` of a progressive commit, and for every batch the
+  reservation touched: the state the reservation was admitted against (``state_at_reserve``),
+  the reserved cost, the state just before this commit, the cost committed before, the state
+  after and the cumulative committed cost;
+* ``result``: over the touched batches, the largest ε, δ and naive ε after the commit, the
+  largest cumulative cost of this reservation, and for geometric budgets the levels used and the
+  infinite-horizon bound first/(1 − ratio);
+* ``libraries``: versions of numpy, scipy, prv-accountant and privacy-ledger;
+* ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else.
+
+``verify(cert)`` fails on any edited field: an edit without a new hash breaks the hash; an edit
+with a recomputed hash breaks a recomputation (the reserved cost from ``state_at_reserve``, the
+commit from ``state_before``, the state after, the result, the theorem, the plan's PRV ε, the
+budget check). Inputs that nothing derives from (ids, release, library versions, or a budget
+edited consistently with every state) are protected by the hash alone; the service anchors the
+hash in its hash-chained audit log, which is what binds a certificate to its ledger.
+
+``issue`` does no accounting (no PRV, no RDP): it is cheap enough to run inside the commit
+transaction, with the ``Admission``/``Settlement`` values the ledger just computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Any, Final
+
+from accountant import events as ev
+from accountant.base import AccountantError, InvalidArgumentError
+from accountant.events import DpEvent, EventValidationError
+from accountant.exact import ZERO, to_text
+from accountant.rules import (
+    BatchState,
+    Budget,
+    Charge,
+    Cost,
+    Settlement,
+    canonical_json,
+    commit,
+    reserve,
+    theorem,
+    within_budget,
+)
+
+CERTIFICATE_VERSION: Final = 1
+CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
+_LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchRecord:
+    """One batch's part in a commit, as the ledger computed it.
+
+    ``state_at_reserve``: the state passed to ``reserve`` for this reservation, ``reserved``: its
+    ``Admission.cost``; ``state_before``: the state passed to this ``commit``,
+    ``committed_before``: the previous ``Settlement.committed`` (``None`` on the first commit);
+    ``state_after`` / ``committed``: this commit's ``Settlement``.
+    """
+
+    batch_id: str
+    state_at_reserve: BatchState
+    reserved: Cost
+    state_before: BatchState
+    committed_before: Cost | None
+    state_after: BatchState
+    committed: Cost
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "state_at_reserve": self.state_at_reserve.to_json(),
+            "reserved": self.reserved.to_json(),
+            "state_before": self.state_before.to_json(),
+            "committed_before": None if self.committed_before is None else self.committed_before.to_json(),
+            "state_after": self.state_after.to_json(),
+            "committed": self.committed.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, path: str) -> BatchRecord:
+        if not isinstance(obj, Mapping):
+            raise InvalidArgumentError(path, "must be an object.")
+        batch_id = obj.get("batch_id")
+        if not isinstance(batch_id, str) or not batch_id:
+            raise InvalidArgumentError(f"{path}.batch_id", "must be a non-empty string.")
+        before = obj.get("committed_before")
+        return cls(
+            batch_id=batch_id,
+            state_at_reserve=BatchState.from_json(obj.get("state_at_reserve"), f"{path}.state_at_reserve"),
+            reserved=Cost.from_json(obj.get("reserved"), f"{path}.reserved"),
+            state_before=BatchState.from_json(obj.get("state_before"), f"{path}.state_before"),
+            committed_before=None if before is None else Cost.from_json(before, f"{path}.committed_before"),
+            state_after=BatchState.from_json(obj.get("state_after"), f"{path}.state_after"),
+            committed=Cost.from_json(obj.get("committed"), f"{path}.committed"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    """``verify``'s answer: ``ok``, and ``reason`` (what failed, or what was checked)."""
+
+    ok: bool
+    reason: str
+
+
+@cache
+def library_versions() -> dict[str, str]:
+    """Installed versions of the libraries a certificate's numbers depend on."""
+    out = {}
+    for name in _LIBRARIES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def content_hash(certificate: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of the canonical JSON of every field but ``hash``."""
+    body = {k: v for k, v in certificate.items() if k != "hash"}
+    return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+def _result(budget: Budget, records: Sequence[BatchRecord]) -> dict[str, Any]:
+    after = [r.state_after for r in records]
+    result: dict[str, Any] = {
+        "epsilon": to_text(max((s.epsilon_spent for s in after), default=ZERO)),
+        "delta": to_text(max((s.delta_spent for s in after), default=ZERO)),
+        "naive_epsilon": to_text(max((s.naive_epsilon for s in after), default=ZERO)),
+        "charge": {
+            "epsilon": to_text(max((r.committed.epsilon for r in records), default=ZERO)),
+            "delta": to_text(max((r.committed.delta for r in records), default=ZERO)),
+        },
+        "budget": {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)},
+        "within_budget": True,
+    }
+    if budget.geometric is not None:
+        result["infinite_horizon_bound"] = to_text(budget.geometric.infinite_horizon_bound())
+        result["levels"] = {r.batch_id: r.committed.level for r in records}
+    return result
+
+
+def issue(
+    *,
+    budget: Budget,
+    charge: Charge,
+    batches: Sequence[BatchRecord],
+    reservation_id: str,
+    release: Mapping[str, Any],
+    partial_event: DpEvent | None = None,
+    release_id: str | None = None,
+    dataset_id: str | None = None,
+    issued_at: str | None = None,
+) -> dict[str, Any]:
+    """Build the certificate of one commit (a JSON object with its content hash).
+
+    Pure and cheap (no accounting): call it inside the commit transaction with the records the
+    ledger just computed. ``release`` must be JSON (e.g. ``{"model": ..., "version": ...}``);
+    ``issued_at`` is passed by the caller so the certificate is deterministic.
+    """
+    if not batches:
+        raise InvalidArgumentError("batches", "must name at least one batch.")
+    ids = [b.batch_id for b in batches]
+    if len(set(ids)) != len(ids):
+        raise InvalidArgumentError("batches", "must not repeat a batch.")
+    if not isinstance(release, Mapping):
+        raise InvalidArgumentError("release", f"must be an object. Found {release!r}.")
+    body: dict[str, Any] = {
+        "version": CERTIFICATE_VERSION,
+        "kind": CERTIFICATE_KIND,
+        "rule": budget.rule,
+        "accountant": budget.accountant,
+        "theorem": theorem(budget),
+        "dataset_id": dataset_id,
+        "reservation_id": reservation_id,
+        "release_id": release_id,
+        "release": dict(release),
+        "issued_at": issued_at,
+        "inputs": {
+            "budget": budget.to_json(),
+            "charge": charge.to_json(),
+            "partial_event": None if partial_event is None else ev.to_json(partial_event),
+            "batches": [b.to_json() for b in batches],
+        },
+        "result": _result(budget, batches),
+        "libraries": dict(library_versions()),
+    }
+    try:
+        body["hash"] = content_hash(body)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError("release", f"must be JSON-serialisable: {exc}") from None
+    return body
+
+
+def verify(certificate: Mapping[str, Any]) -> Verification:
+    """Recompute everything from the certificate alone; ``ok`` only if every check passes."""
+    try:
+        return _verify(certificate)
+    except (AccountantError, EventValidationError, ValueError, TypeError, KeyError) as exc:
+        return Verification(False, f"invalid certificate: {exc}")
+
+
+def _verify(cert: Mapping[str, Any]) -> Verification:
+    if not isinstance(cert, Mapping):
+        return Verification(False, "a certificate must be a JSON object")
+    stored = cert.get("hash")
+    if not isinstance(stored, str):
+        return Verification(False, "missing content hash")
+    actual = content_hash(cert)
+    if actual != stored:
+        return Verification(False, f"content hash mismatch: stored {stored}, computed {actual}")
+    if cert.get("version") != CERTIFICATE_VERSION or cert.get("kind") != CERTIFICATE_KIND:
+        return Verification(False, f"unknown certificate version {cert.get('version')!r}")
+    inputs = cert["inputs"]
+    budget = Budget.from_json(inputs["budget"], trust_plan_epsilon=False)
+    if budget.to_json() != inputs["budget"]:
+        return Verification(False, "inputs.budget is not in canonical form")
+    charge = Charge.from_json(inputs["charge"])
+    partial_obj = inputs.get("partial_event")
+    partial = None if partial_obj is None else ev.from_json(partial_obj, "inputs.partial_event")
+    expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": theorem(budget)}
+    for name, value in expected.items():
+        if cert.get(name) != value:
+            return Verification(False, f"{name} does not match the budget: {cert.get(name)!r}")
+    batch_objs = inputs["batches"]
+    if not isinstance(batch_objs, list) or not batch_objs:
+        return Verification(False, "inputs.batches must list at least one batch")
+    records = [BatchRecord.from_json(b, f"inputs.batches[{i}]") for i, b in enumerate(batch_objs)]
+    if len({r.batch_id for r in records}) != len(records):
+        return Verification(False, "inputs.batches repeats a batch")
+    for record in records:
+        problem = _check_batch(budget, charge, partial, record)
+        if problem:
+            return Verification(False, f"batch {record.batch_id!r}: {problem}")
+    if cert.get("result") != _result(budget, records):
+        return Verification(False, "result does not match the recomputed bound")
+    libraries = cert.get("libraries")
+    if not isinstance(libraries, Mapping) or not all(isinstance(v, str) for v in libraries.values()):
+        return Verification(False, "libraries must map names to versions")
+    return Verification(
+        True,
+        f"hash, {len(records)} batch(es) recomputed under rule {budget.rule!r} / accountant "
+        f"{budget.accountant!r}; epsilon {cert['result']['epsilon']} within budget "
+        f"{to_text(budget.epsilon)}",
+    )
+
+
+def _check_batch(budget: Budget, charge: Charge, partial: DpEvent | None, record: BatchRecord) -> str:
+    admission = reserve(budget, record.state_at_reserve, charge)
+    if admission.cost != record.reserved:
+        return "the reserved cost does not follow from state_at_reserve"
+    settlement = commit(
+        budget, record.state_before, charge, record.reserved, record.committed_before, partial
+    )
+    if settlement != Settlement(record.state_after, record.committed):
+        return "the commit does not follow from state_before (state_after or committed differs)"
+    if not within_budget(budget, record.state_after):
+        return "state_after exceeds the budget"
+    return ""
+
+
+__all__ = [
+    "CERTIFICATE_KIND",
+    "CERTIFICATE_VERSION",
+    "BatchRecord",
+    "Verification",
+    "content_hash",
+    "issue",
+    "library_versions",
+    "verify",
+]

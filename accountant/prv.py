@@ -1,0 +1,934 @@
+"""Numerical composition of privacy random variables: the ``"prv"`` accountant.
+
+Theorem relied on
+-----------------
+Gopi, Lee & Wutschitz (2021), "Numerical Composition of Differential Privacy" (NeurIPS 2021; the
+``prv-accountant`` package, v0.2.0). The privacy loss random variable (PRV) of a mechanism with
+dominating pair (P, Q) is Y = log(P(o)/Q(o)), o ~ P; composition adds independent PRVs and
+
+    δ(ε) = E[(1 − e^{ε − Y})₊]     (their Eq. (2), with mass at +∞ counted as δ).
+
+Each PRV is truncated to a domain [−L, L], discretised cell-centred on a mesh h with its mean
+preserved (their Alg. 1), and the discretised PRVs are convolved by FFT. **Theorem 5.5** bounds the
+error: with h = ε_err / sqrt(N/2 · log(12/δ_err)) (N the total number of compositions) and L from
+**Remark 5.6** (an RDP tail bound: L = max(ε_RDP(all, δ_err/4), maxᵢ ε_RDP(Yᵢ, δ_err/(8N)),
+ε_err) + 3), the true curve satisfies
+
+    ε_disc(δ + δ_err) − ε_err ≤ ε(δ) ≤ ε_disc(δ − δ_err) + ε_err.
+
+The ledger certifies with the right-hand side: ``EpsilonBound.upper``.
+
+What is wrapped, and what is re-implemented for speed
+-----------------------------------------------------
+The algorithm, the mesh of Theorem 5.5, the domain of Remark 5.6 and the final ε(δ) search are
+prv-accountant's (``prv_accountant.Domain`` is used for the grid, its ``LaplaceMechanism`` and
+``PureDPMechanism`` PRVs for the Laplace, pure-DP and approximate-DP cdfs). Three steps are
+re-implemented, because prv-accountant spends seconds per distinct mechanism on them and a
+ledger plan may hold hundreds (the performance target: 200 distinct subsampled-Gaussian entries ×
+50 steps in < 5 s):
+
+* the Poisson-subsampled-Gaussian and Gaussian PRVs are evaluated in float64 with the survival
+  function computed directly in the upper tail (no cancellation; prv-accountant evaluates the cdf
+  in long double), and only on the window that carries their mass;
+* the mean of each truncated PRV (needed for the mean-preserving discretisation) is a composite
+  Gauss–Legendre integral in x-space (closed forms for Gaussian, Laplace and pure DP) instead of
+  ``scipy.integrate.quad`` on the cdf;
+* all distinct PRVs are composed by one product of their FFTs (each raised to its count) and one
+  inverse FFT, instead of a Fourier self-composition per PRV followed by a convolution tree.
+
+Every approximation these introduce is paid for in the bound, never in the user's favour:
+
+* mass dropped by truncation (window and domain) is subtracted from δ before the search
+  (total variation: changing the distribution by d changes δ(ε) by at most d);
+* the float64 FFT round-off is estimated from the composed pmf itself (its negative entries are
+  pure round-off, whose amplitude is uniform across an FFT's output) as 4·n·max|negative entry|
+  and also subtracted from δ;
+* the quadrature error of each mean (estimated by comparing 8- and 16-point Gauss–Legendre rules)
+  times the number of compositions is added to ε (a mean error shifts the composed PRV).
+
+Tests cross-check the result against prv-accountant's own ``PRVAccountant`` and against
+dp-accounting's PLD accountant.
+
+Parameters
+----------
+``eps_error`` (default 0.01, Opacus's default) and ``delta_error`` (default δ/1000, Opacus's and
+prv-accountant's recommendation) set the mesh. When the mesh for ``eps_error`` would need more
+than 2²² grid points (very many compositions), ``eps_error`` is raised until it fits, up to 0.1
+(prv-accountant's "typically around 0.1"), and the note says so; beyond that the accountant falls
+back to RDP.
+
+Events
+------
+``gaussian`` and ``adaptive_gaussian`` (AdaDp Lemma 1: as private as a Gaussian with its
+``noise_multiplier``) → Gaussian PRV; ``poisson_sampled`` of those → Poisson-subsampled Gaussian
+PRV (add/remove adjacency, the "remove" pair — the one prv-accountant, Opacus and dp-accounting's
+PLD treat as dominating for this mechanism); ``laplace`` → Laplace PRV; ``pure_dp``,
+``l2dp_ml_functional`` and ``output_perturbation`` (pure ε-DP) → randomized-response PRV (the
+dominating pair of every ε-DP mechanism); ``approx_dp`` → the same with mass δ at +∞.
+``self_composed`` multiplies counts; ``composed`` concatenates.
+
+Fallback
+--------
+Where PRV composition does not apply or fails — an event with no PRV here
+(``sampled_without_replacement``, subsampled non-Gaussian mechanisms), a grid too large, a δ so
+small that round-off dominates, an ε beyond the domain, prv-accountant's "discrete mean differs"
+condition — the result comes from the ``rdp`` accountant (``method="rdp-fallback"``, ``note``
+says why). It never raises for a supported event and never returns less than a valid upper bound.
+When both are available, ``upper = min(PRV upper, RDP ε)``: both are valid upper bounds, so their
+minimum is too (the note says when RDP was the smaller).
+
+Tight PRV values assume the sequence of mechanisms was fixed in advance (a *declared plan*;
+DESIGN.md): the ledger does not use this accountant for ad-hoc adaptive admission.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import scipy.fft
+from prv_accountant.domain import Domain
+from prv_accountant.privacy_random_variables import LaplaceMechanism, PureDPMechanism
+from scipy.special import ndtr, ndtri
+
+from accountant.base import (
+    AccountantError,
+    EpsilonBound,
+    InvalidArgumentError,
+    PrivacyAccountant,
+    UnsupportedEventError,
+    check_delta,
+    check_epsilon,
+    make_accountant,
+    register,
+)
+from accountant.events import (
+    MAX_COUNT,
+    AdaptiveGaussianEvent,
+    ApproxDpEvent,
+    ComposedEvent,
+    DpEvent,
+    FunctionalMechanismL2DPEvent,
+    GaussianEvent,
+    LaplaceEvent,
+    NoOpEvent,
+    NonPrivateEvent,
+    OutputPerturbationEvent,
+    PoissonSampledEvent,
+    PureDpEvent,
+    SelfComposedEvent,
+)
+from accountant.mechanisms import l2dp_ml_epsilon
+
+FloatArray = npt.NDArray[np.float64]
+
+NAME: Final = "prv"
+FALLBACK_METHOD: Final = "rdp-fallback"
+DEFAULT_EPS_ERROR: Final = 0.01
+DEFAULT_DELTA_ERROR_RATIO: Final = 1e-3
+MAX_EPS_ERROR: Final = 0.1
+MAX_GRID: Final = 2**22
+# Total work cap (distinct PRVs × grid points) before falling back to RDP.
+MAX_WORK: Final = 2 * 10**9
+# Mass left outside each PRV's evaluation window (per side), at most; paid for in δ.
+_WINDOW_TAIL_MAX: Final = 1e-12
+# Gaussian tail beyond which the truncated-mean quadrature stops (mass < 1e-30).
+_WINDOW_TAIL: Final = 1e-30
+_Z_TAIL: Final = float(-ndtri(_WINDOW_TAIL))
+# Orders for the RDP tail bound that sizes the domain (Remark 5.6): integer orders (cheap and
+# exact for the subsampled Gaussian) reaching the small δ_err/(8N) of the per-PRV term.
+_SIZING_ORDERS: Final = tuple(
+    [*range(2, 33), 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024]
+)
+_GL8: Final = np.polynomial.legendre.leggauss(8)
+_GL16: Final = np.polynomial.legendre.leggauss(16)
+
+
+class _PrvFailure(Exception):
+    """PRV composition cannot certify this query; the message says why (becomes the note)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Privacy random variables (float64, vectorised)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Prv(ABC):
+    """One mechanism's PRV: cdf/sf on a window, the truncated mean, an RDP curve for sizing."""
+
+    @property
+    def pm_inf(self) -> float:
+        """Probability mass at +∞ (the δ of an (ε, δ)-DP event)."""
+        return 0.0
+
+    @abstractmethod
+    def window(self, z_tail: float) -> tuple[float, float]:
+        """[lo, hi] outside which the finite mass is < Φ(−z_tail) per side (or exactly 0)."""
+
+    @abstractmethod
+    def cdf(self, t: FloatArray) -> FloatArray:
+        """P(Y ≤ t | Y finite)."""
+
+    def cdf_sf(self, t: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(P(Y ≤ t), P(Y > t)); overridden where 1 − cdf would lose the tail to cancellation."""
+        cdf = self.cdf(t)
+        return cdf, 1.0 - cdf
+
+    def cell_probabilities(self, edges: FloatArray) -> tuple[FloatArray, float]:
+        """(P(eₖ < Y ≤ eₖ₊₁) for consecutive edges, P(Y ≤ e₀) + P(Y > e_last)).
+
+        Differences of the cdf below the median and of the survival function above it, so no
+        cell's probability is lost to cancellation in either tail.
+        """
+        cdf, sf = self.cdf_sf(edges)
+        upper = cdf[1:] > 0.5
+        probabilities = np.where(upper, sf[:-1] - sf[1:], cdf[1:] - cdf[:-1])
+        return probabilities, float(cdf[0]) + float(sf[-1])
+
+    @abstractmethod
+    def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+        """(E[Y | lo < Y ≤ hi], an estimate of its absolute error)."""
+
+    @abstractmethod
+    def sizing_rdp(self, orders: FloatArray) -> FloatArray:
+        """An upper bound on the RDP curve (only used to size the domain, Remark 5.6)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _GaussianPrv(_Prv):
+    """Gaussian mechanism, sensitivity 1, noise σ: Y ~ N(μ²/2, μ²) with μ = 1/σ."""
+
+    noise_multiplier: float
+
+    @property
+    def _mu(self) -> float:
+        return 1.0 / self.noise_multiplier
+
+    def window(self, z_tail: float) -> tuple[float, float]:
+        mu = self._mu
+        return mu * mu / 2 - z_tail * mu, mu * mu / 2 + z_tail * mu
+
+    def cdf(self, t: FloatArray) -> FloatArray:
+        mu = self._mu
+        result: FloatArray = ndtr((t - mu * mu / 2) / mu)
+        return result
+
+    def cdf_sf(self, t: FloatArray) -> tuple[FloatArray, FloatArray]:
+        mu = self._mu
+        z = (t - mu * mu / 2) / mu
+        return ndtr(z), ndtr(-z)
+
+    def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+        # Mean of a truncated normal: m + s (φ(a) − φ(b)) / (Φ(b) − Φ(a)).
+        mu = self._mu
+        m, s = mu * mu / 2, mu
+        a, b = (lo - m) / s, (hi - m) / s
+        mass = float(ndtr(b) - ndtr(a)) if b <= 0 else float(ndtr(-a) - ndtr(-b))
+        phi = math.exp(-a * a / 2) - math.exp(-b * b / 2)
+        mean = m + s * phi / (math.sqrt(2 * math.pi) * mass)
+        return mean, 1e-15 * (abs(m) + s)
+
+    def sizing_rdp(self, orders: FloatArray) -> FloatArray:
+        result: FloatArray = orders / (2 * self.noise_multiplier**2)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class _SubsampledGaussianPrv(_Prv):
+    """Poisson-subsampled Gaussian, "remove" pair P = (1−q)N(0,σ²) + qN(1,σ²), Q = N(0,σ²).
+
+    Y = ℓ(X), X ~ P, ℓ(x) = log(1 − q + q·e^{(2x−1)/(2σ²)}) increasing; so
+    P(Y ≤ t) = P(X ≤ x(t)) with x(t) = σ² log(1 + (e^t − 1)/q) + 1/2 for t > log(1 − q).
+    (prv-accountant's ``PoissonSubsampledGaussianMechanism``, in float64 with a direct survival
+    function.)
+    """
+
+    sampling_probability: float
+    noise_multiplier: float
+
+    def _x_of_t(self, t: FloatArray) -> FloatArray:
+        q, s = self.sampling_probability, self.noise_multiplier
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x: FloatArray = s * s * np.log1p(np.expm1(t) / q) + 0.5
+        return np.where(t > math.log1p(-q), x, -np.inf)
+
+    def _loss(self, x: FloatArray) -> FloatArray:
+        q, s = self.sampling_probability, self.noise_multiplier
+        result: FloatArray = np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * s * s))
+        return result
+
+    def window(self, z_tail: float) -> tuple[float, float]:
+        q, s = self.sampling_probability, self.noise_multiplier
+        x_hi = 1.0 + z_tail * s
+        return math.log1p(-q), float(self._loss(np.array([x_hi]))[0])
+
+    def cdf(self, t: FloatArray) -> FloatArray:
+        return self.cdf_sf(t)[0]
+
+    def cdf_sf(self, t: FloatArray) -> tuple[FloatArray, FloatArray]:
+        # Two ndtr calls per point: Φ(−|z|) is accurate in both tails; the cdf is exact where
+        # x < 0 and the survival function where x > 1, the regions where each is used.
+        q, s = self.sampling_probability, self.noise_multiplier
+        x = self._x_of_t(t)
+        z0, z1 = x / s, (x - 1) / s
+        u, v = ndtr(-np.abs(z0)), ndtr(-np.abs(z1))
+        phi0 = np.where(z0 < 0, u, 1.0 - u)  # Φ(z0)
+        phi1 = np.where(z1 < 0, v, 1.0 - v)  # Φ(z1)
+        sf0 = np.where(z0 < 0, 1.0 - u, u)  # Φ(−z0)
+        sf1 = np.where(z1 < 0, 1.0 - v, v)  # Φ(−z1)
+        return (1 - q) * phi0 + q * phi1, (1 - q) * sf0 + q * sf1
+
+    def cell_probabilities(self, edges: FloatArray) -> tuple[FloatArray, float]:
+        # With z0 = x/σ and z1 = (x − 1)/σ < z0, A = (1−q)Φ(−|z0|) + qΦ(−|z1|) is the cdf where
+        # z0 < 0 and the survival function where z1 ≥ 0 (both exact there, no cancellation);
+        # the few edges in between (0 ≤ x < 1) get the cdf directly. Edges are increasing.
+        q, s = self.sampling_probability, self.noise_multiplier
+        x = self._x_of_t(edges)
+        z0 = x / s
+        z1 = z0 - 1.0 / s
+        u = ndtr(-np.abs(z0))
+        v = ndtr(-np.abs(z1))
+        a = (1 - q) * u + q * v
+        left = int(np.searchsorted(z0, 0.0, side="left"))  # z0 < 0 on edges[:left]
+        right = int(np.searchsorted(z1, 0.0, side="left"))  # z1 ≥ 0 on edges[right:]
+        cdf = np.empty_like(a)
+        cdf[:left] = a[:left]
+        cdf[right:] = 1.0 - a[right:]
+        cdf[left:right] = (1 - q) * (1.0 - u[left:right]) + q * v[left:right]
+        probabilities = np.diff(cdf)
+        # Cells whose both edges are in the right region: survival differences, exact.
+        if right < a.size:
+            probabilities[right:] = a[right:-1] - a[right + 1 :]
+        below = float(a[0]) if left > 0 else float(cdf[0])
+        above = float(a[-1]) if right < a.size else float(1.0 - cdf[-1])
+        return probabilities, below + above
+
+    def _density(self, x: FloatArray) -> FloatArray:
+        q, s = self.sampling_probability, self.noise_multiplier
+        c = 1.0 / (s * math.sqrt(2 * math.pi))
+        result: FloatArray = c * (
+            (1 - q) * np.exp(-0.5 * (x / s) ** 2) + q * np.exp(-0.5 * ((x - 1) / s) ** 2)
+        )
+        return result
+
+    def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+        # E[ℓ(X) | ℓ(X) ≤ hi] by composite Gauss–Legendre in x (panels of width σ/2); the lower
+        # truncation is inactive because lo lies below the support start log(1 − q).
+        q, s = self.sampling_probability, self.noise_multiplier
+        if lo > math.log1p(-q):
+            raise _PrvFailure("the domain does not contain the subsampled-Gaussian support")
+        x_lo = -(_Z_TAIL + 2.0) * s
+        x_hi = min(float(self._x_of_t(np.array([hi]))[0]), 1.0 + (_Z_TAIL + 2.0) * s)
+        if x_hi <= x_lo:
+            raise _PrvFailure("the domain cuts off the subsampled-Gaussian mass")
+        panels = max(8, math.ceil((x_hi - x_lo) / (s / 2)))
+        edges = np.linspace(x_lo, x_hi, panels + 1)
+        mid, half = (edges[1:] + edges[:-1]) / 2, (edges[1:] - edges[:-1]) / 2
+
+        def integrate(rule: tuple[FloatArray, FloatArray]) -> float:
+            nodes, weights = rule
+            x = mid[:, None] + half[:, None] * nodes[None, :]
+            values = self._loss(x) * self._density(x) * weights[None, :] * half[:, None]
+            return math.fsum(values.ravel().tolist())
+
+        fine, coarse = integrate(_GL16), integrate(_GL8)
+        mass = float((1 - q) * ndtr(x_hi / s) + q * ndtr((x_hi - 1) / s))
+        # Mass below x_lo (< 1e-30) times |ℓ| ≤ |log(1 − q)| + 1 is added to the error estimate.
+        error = (abs(fine - coarse) + 1e-16 * abs(fine)) / mass
+        error += _WINDOW_TAIL * (1 - math.log1p(-q))
+        return fine / mass, error
+
+    def sizing_rdp(self, orders: FloatArray) -> FloatArray:
+        from accountant.rdp import compute_rdp
+
+        event = PoissonSampledEvent(
+            sampling_probability=self.sampling_probability,
+            event=GaussianEvent(noise_multiplier=self.noise_multiplier),
+        )
+        return np.asarray(compute_rdp(event, [float(a) for a in orders]), dtype=np.float64)
+
+
+@dataclass(frozen=True, slots=True)
+class _LaplacePrv(_Prv):
+    """Laplace mechanism, sensitivity 1, scale b; μ = 1/b. prv-accountant's ``LaplaceMechanism``."""
+
+    scale: float
+
+    @property
+    def _mu(self) -> float:
+        return 1.0 / self.scale
+
+    def window(self, z_tail: float) -> tuple[float, float]:
+        return -self._mu, self._mu
+
+    def cdf(self, t: FloatArray) -> FloatArray:
+        return np.asarray(LaplaceMechanism(self._mu).cdf(t), dtype=np.float64)
+
+    def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+        mu = self._mu
+        if lo >= -mu or hi < mu:
+            raise _PrvFailure("the domain cuts off the Laplace PRV's atoms")
+        # KL(Lap(0,1/μ) ‖ Lap(1,1/μ)) = μ − 1 + e^{−μ}.
+        return mu + math.expm1(-mu), 1e-16 * mu
+
+    def sizing_rdp(self, orders: FloatArray) -> FloatArray:
+        # Mironov 2017, Prop. 6 (Laplace RDP), in log space.
+        mu = self._mu
+        a = orders
+        terms = np.logaddexp(
+            np.log(a / (2 * a - 1)) + (a - 1) * mu, np.log((a - 1) / (2 * a - 1)) - a * mu
+        )
+        result: FloatArray = terms / (a - 1)
+        return result
+
+
+@dataclass(frozen=True, slots=True)
+class _PureDpPrv(_Prv):
+    """ε-DP (with mass δ at +∞ for (ε, δ)-DP): the randomized-response dominating pair.
+
+    Y = +ε w.p. e^ε/(1+e^ε), −ε w.p. 1/(1+e^ε) (given finite); prv-accountant's
+    ``PureDPMechanism`` / ``ApproximateDPMechanism``.
+    """
+
+    epsilon: float
+    delta: float = 0.0
+
+    @property
+    def pm_inf(self) -> float:
+        return self.delta
+
+    def window(self, z_tail: float) -> tuple[float, float]:
+        return -self.epsilon, self.epsilon
+
+    def cdf(self, t: FloatArray) -> FloatArray:
+        return np.asarray(PureDPMechanism(self.epsilon).cdf(t), dtype=np.float64)
+
+    def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+        eps = self.epsilon
+        if lo >= -eps or hi < eps:
+            raise _PrvFailure("the domain cuts off the pure-DP PRV's atoms")
+        return eps * math.tanh(eps / 2), 1e-16 * eps
+
+    def sizing_rdp(self, orders: FloatArray) -> FloatArray:
+        # Exact RDP of randomized response (the dominating pair of ε-DP):
+        # D_α = log(p^α q^{1−α} + q^α p^{1−α})/(α − 1), p = e^ε/(1+e^ε), q = 1 − p.
+        eps, a = self.epsilon, orders
+        log_p, log_q = -np.logaddexp(0.0, -eps), -np.logaddexp(0.0, eps)
+        terms = np.logaddexp(a * log_p + (1 - a) * log_q, a * log_q + (1 - a) * log_p)
+        result: FloatArray = terms / (a - 1)
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Events → PRVs (the one dispatcher behind supports, compose and the fallback decision)
+# ---------------------------------------------------------------------------------------------
+
+
+class _NoPrv(Exception):
+    """This event has no PRV here; the RDP fallback may still account it."""
+
+    def __init__(self, event: DpEvent, reason: str) -> None:
+        super().__init__(reason)
+        self.event = event
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    components: dict[_Prv, int]
+    non_private: bool = False
+
+
+def _merge(into: dict[_Prv, int], other: dict[_Prv, int], times: int) -> None:
+    for prv, count in other.items():
+        into[prv] = into.get(prv, 0) + count * times
+
+
+def _plan(event: DpEvent) -> _Plan:
+    """The PRVs (with counts) of ``event``; raises ``_NoPrv`` for an event with no PRV here."""
+    if isinstance(event, NoOpEvent):
+        return _Plan({})
+    if isinstance(event, NonPrivateEvent):
+        return _Plan({}, non_private=True)
+    if isinstance(event, GaussianEvent | AdaptiveGaussianEvent):
+        # AdaDp Lemma 1: per-coordinate noise satisfying Σ sᵢ²/σᵢ² ≤ 1/σ*² is a Gaussian with σ*.
+        return _Plan({_GaussianPrv(event.noise_multiplier): 1})
+    if isinstance(event, LaplaceEvent):
+        return _Plan({_LaplacePrv(event.scale): 1})
+    if isinstance(event, PureDpEvent):
+        return _Plan({_PureDpPrv(event.epsilon): 1} if event.epsilon > 0 else {})
+    if isinstance(event, ApproxDpEvent):
+        if event.epsilon == 0 and event.delta == 0:
+            return _Plan({})
+        return _Plan({_PureDpPrv(event.epsilon, event.delta): 1})
+    if isinstance(event, FunctionalMechanismL2DPEvent):
+        epsilon = l2dp_ml_epsilon(
+            epsilon1=event.epsilon1,
+            epsilon2=event.epsilon2,
+            input_dim=event.input_dim,
+            hidden_units=event.hidden_units,
+            batch_size=event.batch_size,
+            theta1_norm_bound=event.theta1_norm_bound,
+        )
+        return _Plan({_PureDpPrv(epsilon): 1})
+    if isinstance(event, OutputPerturbationEvent):
+        return _Plan({_PureDpPrv(event.epsilon): 1})
+    if isinstance(event, PoissonSampledEvent):
+        inner = event.event
+        if isinstance(inner, GaussianEvent | AdaptiveGaussianEvent):
+            q = event.sampling_probability
+            if q == 1.0:
+                return _Plan({_GaussianPrv(inner.noise_multiplier): 1})
+            return _Plan({_SubsampledGaussianPrv(q, inner.noise_multiplier): 1})
+        _plan(inner)  # an unsupported inner event is the innermost reason
+        raise _NoPrv(event, f"no PRV for Poisson sampling of a {inner.kind!r} event")
+    if isinstance(event, SelfComposedEvent):
+        child = _plan(event.event)
+        if event.count == 0:
+            return _Plan({})
+        out: dict[_Prv, int] = {}
+        _merge(out, child.components, event.count)
+        return _Plan(out, child.non_private)
+    if isinstance(event, ComposedEvent):
+        out = {}
+        non_private = False
+        for child_event in event.events:
+            child = _plan(child_event)
+            _merge(out, child.components, 1)
+            non_private = non_private or child.non_private
+        return _Plan(out, non_private)
+    for child_event in event.children():
+        _plan(child_event)
+    raise _NoPrv(event, f"no PRV for a {event.kind!r} event")
+
+
+# ---------------------------------------------------------------------------------------------
+# Discretisation and composition
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Composed:
+    """A composed discrete PRV on the grid t_min + shift + j·h, with its error budget."""
+
+    pmf: FloatArray
+    t_min: float
+    h: float
+    log_pmc_inf: float  # log P(all components finite)
+    extra_delta: float  # truncation + FFT round-off, subtracted from δ
+    extra_epsilon: float  # mean-quadrature error × count, added to ε
+    eps_error: float
+    delta_error: float
+    grid_size: int
+    note: str
+
+
+def _sizing_epsilon(rdp: FloatArray, orders: FloatArray, delta: float) -> float:
+    """ε from an RDP curve (improved conversion, Balle et al. 2020 Thm. 21), for sizing only."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eps = rdp - (math.log(delta) + np.log(orders)) / (orders - 1) + np.log1p(-1 / orders)
+    eps = eps[np.isfinite(eps)]
+    if eps.size == 0:
+        raise _PrvFailure("no finite RDP tail bound to size the PRV domain")
+    return max(0.0, float(eps.min()))
+
+
+def _domain_half_width(
+    components: dict[_Prv, int], total: int, eps_error: float, delta_error: float
+) -> float:
+    """L of Remark 5.6 (Gopi et al. 2021), from RDP tail bounds (as prv-accountant computes it)."""
+    orders = np.array(_SIZING_ORDERS, dtype=np.float64)
+    curves = {prv: prv.sizing_rdp(orders) for prv in components}
+    all_rdp = np.zeros_like(orders)
+    for prv, count in components.items():
+        all_rdp = all_rdp + count * curves[prv]
+    half_width = _sizing_epsilon(all_rdp, orders, delta_error / 4)
+    for prv in components:
+        half_width = max(half_width, _sizing_epsilon(curves[prv], orders, delta_error / 8 / total))
+    return max(half_width, eps_error) + 3.0
+
+
+def _discretise(
+    prv: _Prv, t_min: float, h: float, n: int, z_tail: float
+) -> tuple[int, FloatArray, float, float, float]:
+    """Cell-centred, mean-preserving discretisation (Gopi et al. 2021, Alg. 1) on a window.
+
+    Returns (first cell index, probabilities, mean shift, dropped mass, mean error).
+    """
+    lo, hi = prv.window(z_tail)
+    # One extra cell on each side keeps atoms (Laplace, pure DP) strictly inside the window.
+    lo = max(lo - h, t_min - h / 2)
+    hi = min(hi + h, t_min + (n - 0.5) * h)
+    j_lo = max(0, math.floor((lo - t_min) / h + 0.5))
+    j_hi = min(n - 1, math.floor((hi - t_min) / h + 0.5))
+    if j_hi < j_lo:
+        raise _PrvFailure("a PRV lies outside the domain")
+    k = np.arange(j_lo, j_hi + 2, dtype=np.float64)
+    edges = t_min + (k - 0.5) * h
+    probabilities, dropped = prv.cell_probabilities(edges)
+    probabilities = np.maximum(probabilities, 0.0)
+    mass = float(probabilities.sum())
+    if not mass > 0:
+        raise _PrvFailure("a PRV has no mass on the domain")
+    probabilities = probabilities / mass
+    centres = t_min + np.arange(j_lo, j_hi + 1, dtype=np.float64) * h
+    mean_discrete = float(np.dot(centres, probabilities))
+    mean_continuous, mean_error = prv.truncated_mean(float(edges[0]), float(edges[-1]))
+    shift = mean_continuous - mean_discrete
+    if not abs(shift) < h / 2:
+        # prv-accountant's "Discrete mean differs from continuous mean significantly."
+        raise _PrvFailure("the discrete mean differs from the continuous mean (mesh too coarse)")
+    return j_lo, probabilities, shift, dropped, mean_error
+
+
+def _fast_length(size: int) -> int:
+    """The smallest even length ≥ ``size`` of the form 2ᵃ·m, m ∈ {1, 3, 5, 15, 25, 125}.
+
+    pocketfft is several times faster on these than on lengths with large powers of 3 or 5
+    (``scipy.fft.next_fast_len`` may return e.g. 2·3⁴·5⁵, measured 3× slower than 2¹²·5³).
+    """
+    best = 1 << max(1, (size - 1).bit_length())
+    for m in (3, 5, 15, 25, 125):
+        a = max(1, math.ceil(math.log2(size / m)))
+        while m << a < size:
+            a += 1
+        best = min(best, m << a)
+    return best
+
+
+def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) -> _Composed:
+    total = sum(components.values())
+    log_term = total / 2 * math.log(12 / delta_error)
+    half_width = _domain_half_width(components, total, eps_error, delta_error)
+    note = ""
+
+    def grid_points(err: float) -> int:
+        return math.ceil(2 * half_width / (err / math.sqrt(log_term))) + 2
+
+    if grid_points(eps_error) > MAX_GRID:
+        raised = eps_error * grid_points(eps_error) / MAX_GRID * 1.01
+        if raised > MAX_EPS_ERROR:
+            raise _PrvFailure(
+                f"{total} compositions on a domain of half-width {half_width:.3g} need more than "
+                f"{MAX_GRID} grid points even at eps_error = {MAX_EPS_ERROR}"
+            )
+        note = f"eps_error raised from {eps_error:g} to {raised:.3g} to fit a {MAX_GRID}-point grid"
+        eps_error = raised
+    h = eps_error / math.sqrt(log_term)
+    if len(components) * grid_points(eps_error) > MAX_WORK:
+        raise _PrvFailure(f"{len(components)} distinct PRVs on a large grid exceed the work cap")
+    aligned = Domain.create_aligned(-half_width, half_width, h)
+    t_min, h = float(aligned.t_min()), float(aligned.dt())
+    n = _fast_length(len(aligned))
+    k0 = round(t_min / h)
+    # Window cut: at most 1e-4·δ_err of mass in all dropped tails together (paid for in δ).
+    z_tail = float(-ndtri(min(_WINDOW_TAIL_MAX, 1e-4 * delta_error / total)))
+
+    # Π Fᵢ^{nᵢ} = Π_n (Π_{i: nᵢ = n} Fᵢ)^n: one power per distinct count, not per PRV.
+    by_count: dict[int, npt.NDArray[np.complex128]] = {}
+    signal = np.zeros(n, dtype=np.float64)
+    shift_total = 0.0
+    dropped_total = 0.0
+    mean_error_total = 0.0
+    log_pmc_inf = 0.0
+    for prv, count in components.items():
+        j_lo, probabilities, shift, dropped, mean_error = _discretise(prv, t_min, h, n, z_tail)
+        signal[j_lo : j_lo + probabilities.size] = probabilities
+        factor = scipy.fft.rfft(signal)
+        signal[j_lo : j_lo + probabilities.size] = 0.0
+        group = by_count.get(count)
+        if group is None:
+            by_count[count] = factor
+        else:
+            group *= factor
+        shift_total += count * shift
+        dropped_total += count * dropped
+        mean_error_total += count * mean_error
+        if prv.pm_inf > 0:
+            log_pmc_inf += count * math.log1p(-prv.pm_inf)
+    spectrum: npt.NDArray[np.complex128] | None = None
+    for count, group in by_count.items():
+        if count > 1:
+            np.power(group, count, out=group)
+        if spectrum is None:
+            spectrum = group
+        else:
+            spectrum *= group
+    assert spectrum is not None
+    pmf = scipy.fft.irfft(spectrum, n)
+    # Sum of `total` variables on grids starting at t_min: index J = Σj, value total·t_min + J·h;
+    # the output grid starts at t_min, so out[j] = raw[j − (total−1)·k0] (circular).
+    pmf = np.roll(pmf, ((total - 1) * k0) % n)
+    negative = float(-pmf.min()) if pmf.min() < 0 else 0.0
+    noise = max(negative, np.finfo(np.float64).eps * float(pmf.max()) * 1e-3)
+    pmf = np.maximum(pmf, 0.0)
+    round_off = 4.0 * n * noise
+    return _Composed(
+        pmf=pmf,
+        t_min=t_min + shift_total,
+        h=h,
+        log_pmc_inf=log_pmc_inf,
+        extra_delta=dropped_total + round_off,
+        extra_epsilon=mean_error_total,
+        eps_error=eps_error,
+        delta_error=delta_error,
+        grid_size=n,
+        note=note,
+    )
+
+
+def _tail_sums(composed: _Composed) -> tuple[npt.NDArray[np.longdouble], ...]:
+    t = composed.t_min + np.arange(composed.pmf.size, dtype=np.longdouble) * np.longdouble(composed.h)
+    p = composed.pmf.astype(np.longdouble)
+    d1 = np.flip(np.cumsum(np.flip(p)))
+    d2 = np.flip(np.cumsum(np.flip(p * np.exp(-t))))
+    return t, d1, d2
+
+
+def _epsilon_bounds(composed: _Composed, delta: float) -> tuple[float, float, float]:
+    """(lower, estimate, upper) of ε(δ) from a composed discrete PRV (Gopi et al. Thm. 5.5)."""
+    delta_inf = -math.expm1(composed.log_pmc_inf)
+    delta_fin = (delta - delta_inf) / (1 - delta_inf)
+    slack = composed.delta_error + composed.extra_delta
+    if delta_fin - slack <= 0:
+        if delta_fin <= 0:
+            return math.inf, math.inf, math.inf
+        raise _PrvFailure(
+            f"delta = {delta:g} is too small for the PRV error budget (delta_error "
+            f"{composed.delta_error:.3g} + truncation and round-off {composed.extra_delta:.3g})"
+        )
+    if np.finfo(np.longdouble).eps * composed.pmf.size > delta_fin - slack:
+        raise _PrvFailure("floating-point errors dominate for such a small delta")
+    t, d1, d2 = _tail_sums(composed)
+    ndelta = np.exp(t) * d2 - d1  # −δ(t_i) on the grid, increasing in i
+
+    def find(target: float) -> float:
+        i = int(np.searchsorted(ndelta, -target, side="left"))
+        if i <= 0:
+            return 0.0  # δ(t_min) ≤ target with t_min < 0: ε = 0 already suffices
+        if i >= ndelta.size:
+            raise _PrvFailure("epsilon lies beyond the PRV domain")
+        return float(np.log((d1[i] - target) / d2[i]))
+
+    upper = find(delta_fin - slack) + composed.eps_error + composed.extra_epsilon
+    estimate = find(delta_fin)
+    lower = find(min(delta_fin + slack, 1.0)) - composed.eps_error - composed.extra_epsilon
+    upper = max(upper, 0.0)
+    estimate = min(max(estimate, 0.0), upper)
+    lower = min(max(lower, 0.0), estimate)
+    return lower, estimate, upper
+
+
+def _delta_upper(composed: _Composed, epsilon: float) -> float:
+    """An upper bound on δ(ε): δ_disc(ε − ε_err) + δ_err + truncation/round-off."""
+    t = composed.t_min + np.arange(composed.pmf.size, dtype=np.float64) * composed.h
+    shifted = epsilon - composed.eps_error - composed.extra_epsilon
+    mask = t >= shifted
+    delta_fin = float(
+        np.sum(composed.pmf[mask] * -np.expm1(shifted - t[mask]))
+        + composed.delta_error
+        + composed.extra_delta
+    )
+    delta_inf = -math.expm1(composed.log_pmc_inf)
+    return min(1.0, delta_inf + (1 - delta_inf) * delta_fin)
+
+
+# ---------------------------------------------------------------------------------------------
+# The accountant
+# ---------------------------------------------------------------------------------------------
+
+
+class PrvAccountant(PrivacyAccountant):
+    """PRV composition (Gopi, Lee & Wutschitz 2021) with an RDP fallback; see the module docstring.
+
+    ``eps_error`` (default 0.01) and ``delta_error`` (default ``None``: δ/1000 for
+    ``get_epsilon(δ)``; for ``get_delta(ε)``, 1/1000 of the RDP δ or 1e-12) set the discretisation.
+    """
+
+    name = NAME
+
+    def __init__(self, eps_error: float = DEFAULT_EPS_ERROR, delta_error: float | None = None) -> None:
+        if isinstance(eps_error, bool) or not isinstance(eps_error, int | float):
+            raise InvalidArgumentError("eps_error", f"must be a number in (0, 1]. Found {eps_error!r}.")
+        if not math.isfinite(eps_error) or not 0 < eps_error <= 1:
+            raise InvalidArgumentError("eps_error", f"must be in (0, 1]. Found {eps_error!r}.")
+        if delta_error is not None:
+            if isinstance(delta_error, bool) or not isinstance(delta_error, int | float):
+                raise InvalidArgumentError(
+                    "delta_error", f"must be a number in (0, 1). Found {delta_error!r}."
+                )
+            if not math.isfinite(delta_error) or not 0 < delta_error < 1:
+                raise InvalidArgumentError("delta_error", f"must be in (0, 1). Found {delta_error!r}.")
+        self.eps_error = float(eps_error)
+        self.delta_error = None if delta_error is None else float(delta_error)
+        self._events: dict[DpEvent, int] = {}
+        self._components: dict[_Prv, int] = {}
+        self._non_private = False
+        self._no_prv: _NoPrv | None = None
+        self._cache: dict[tuple[str, float], object] = {}
+
+    # -- the dispatcher --------------------------------------------------------------------
+
+    def _dispatch(self, event: DpEvent) -> tuple[_Plan | None, _NoPrv | None]:
+        """PRVs of ``event``, or why there are none; raises if RDP cannot account it either."""
+        try:
+            return _plan(event), None
+        except _NoPrv as no_prv:
+            rdp = make_accountant("rdp")
+            try:
+                rdp.compose(event)
+            except UnsupportedEventError as exc:
+                raise UnsupportedEventError(NAME, exc.event, exc.reason) from exc
+            return None, no_prv
+
+    def supports(self, event: DpEvent) -> bool:
+        try:
+            self._dispatch(event)
+        except UnsupportedEventError:
+            return False
+        return True
+
+    def compose(self, event: DpEvent, count: int = 1) -> PrvAccountant:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+            raise InvalidArgumentError("count", f"must be an integer in [0, 10^18]. Found {count!r}.")
+        plan, no_prv = self._dispatch(event)
+        if count == 0:
+            return self
+        self._events[event] = self._events.get(event, 0) + count
+        if plan is not None:
+            _merge(self._components, plan.components, count)
+            self._non_private = self._non_private or plan.non_private
+        elif self._no_prv is None:
+            self._no_prv = no_prv
+        self._cache.clear()
+        return self
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _fallback_accountant(self, name: str) -> PrivacyAccountant | None:
+        accountant = make_accountant(name)
+        try:
+            for event, count in self._events.items():
+                accountant.compose(event, count)
+        except UnsupportedEventError:
+            return None
+        return accountant
+
+    def _rdp_bound(self, delta: float) -> EpsilonBound | None:
+        rdp = self._fallback_accountant("rdp")
+        return None if rdp is None else rdp.get_epsilon(delta)
+
+    def _fallback(self, delta: float, reason: str) -> EpsilonBound:
+        bound = self._rdp_bound(delta)
+        method = FALLBACK_METHOD
+        if bound is None:
+            basic = self._fallback_accountant("basic")
+            if basic is None:
+                note = f"{reason}; neither RDP nor basic composition applies: no finite bound"
+                return EpsilonBound(math.inf, math.inf, math.inf, delta, method, note)
+            bound, method = basic.get_epsilon(delta), "basic-fallback"
+            reason = f"{reason}; RDP does not apply, basic composition used"
+        return EpsilonBound(
+            bound.lower, bound.estimate, bound.upper, delta, method, reason, dict(bound.details)
+        )
+
+    def _composed(self, delta_error: float) -> _Composed:
+        key = ("composed", delta_error)
+        cached = self._cache.get(key)
+        if isinstance(cached, _Composed):
+            return cached
+        composed = _compose(self._components, self.eps_error, delta_error)
+        self._cache[key] = composed
+        return composed
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def get_epsilon(self, delta: float) -> EpsilonBound:
+        check_delta(delta)
+        key = ("epsilon", delta)
+        cached = self._cache.get(key)
+        if isinstance(cached, EpsilonBound):
+            return cached
+        bound = self._get_epsilon(delta)
+        self._cache[key] = bound
+        return bound
+
+    def _get_epsilon(self, delta: float) -> EpsilonBound:
+        if self._non_private:
+            return EpsilonBound(math.inf, math.inf, math.inf, delta, NAME, "a non-private event")
+        if self._no_prv is not None:
+            return self._fallback(delta, f"{self._no_prv.reason} (event kind {self._no_prv.event.kind!r})")
+        if not self._components:
+            return EpsilonBound.exact(0.0, delta, NAME)
+        if delta == 0:
+            return self._fallback(delta, "PRV bounds need delta > 0")
+        delta_error = self.delta_error if self.delta_error is not None else delta * DEFAULT_DELTA_ERROR_RATIO
+        try:
+            composed = self._composed(delta_error)
+            lower, estimate, upper = _epsilon_bounds(composed, delta)
+        except _PrvFailure as exc:
+            return self._fallback(delta, f"PRV composition failed: {exc}")
+        except (ValueError, RuntimeError, FloatingPointError, OverflowError, MemoryError) as exc:
+            return self._fallback(delta, f"PRV composition failed: {type(exc).__name__}: {exc}")
+        except AccountantError as exc:
+            return self._fallback(delta, f"PRV domain sizing failed: {exc}")
+        details = {
+            "prv_upper": upper,
+            "eps_error": composed.eps_error,
+            "delta_error": composed.delta_error,
+            "grid_size": float(composed.grid_size),
+        }
+        notes = [composed.note] if composed.note else []
+        rdp = self._rdp_bound(delta)
+        if rdp is not None:
+            details["rdp_epsilon"] = rdp.upper
+            if rdp.upper < upper:
+                upper = rdp.upper
+                notes.append("upper is the RDP bound, tighter than the PRV upper bound here")
+                estimate = min(estimate, upper)
+                lower = min(lower, estimate)
+        return EpsilonBound(lower, estimate, upper, delta, NAME, "; ".join(notes), details)
+
+    def get_delta(self, epsilon: float) -> float:
+        check_epsilon(epsilon)
+        if epsilon == math.inf:
+            return 0.0
+        if self._non_private:
+            return 1.0
+        rdp = self._fallback_accountant("rdp")
+        rdp_delta = None if rdp is None else min(1.0, rdp.get_delta(epsilon))
+        if self._no_prv is not None:
+            if rdp_delta is not None:
+                return rdp_delta
+            basic = self._fallback_accountant("basic")
+            return 1.0 if basic is None else basic.get_delta(epsilon)
+        if not self._components:
+            return 0.0
+        if self.delta_error is not None:
+            delta_error = self.delta_error
+        elif rdp_delta is not None and rdp_delta > 0:
+            delta_error = min(1e-3, max(1e-15, rdp_delta * DEFAULT_DELTA_ERROR_RATIO))
+        else:
+            delta_error = 1e-12
+        try:
+            prv_delta = _delta_upper(self._composed(delta_error), epsilon)
+        except (_PrvFailure, ValueError, RuntimeError, FloatingPointError, OverflowError, MemoryError):
+            return 1.0 if rdp_delta is None else rdp_delta
+        except AccountantError:
+            return 1.0 if rdp_delta is None else rdp_delta
+        return prv_delta if rdp_delta is None else min(prv_delta, rdp_delta)
+
+
+def _iter_components(accountant: PrvAccountant) -> Iterator[tuple[_Prv, int]]:
+    """The distinct PRVs composed so far, with counts (for the benchmark and tests)."""
+    yield from accountant._components.items()
+
+
+register(NAME, PrvAccountant)
+
+__all__ = ["DEFAULT_EPS_ERROR", "FALLBACK_METHOD", "MAX_GRID", "PrvAccountant"]

@@ -1,0 +1,235 @@
+"""Geometric rule: level k of a block has allowance first·ratioᵏ and is used once (best fit).
+
+Theorems relied on: **continual and sliding-window model release** (the
+``continual-sliding-window-release`` paper): Thm. 1 (Alg. 2, continual release from a block whose
+k-th update costs ε/2ᵏ⁺¹), Thm. 4 (Alg. 4, each block either used once or in a sequence of
+updates whose costs halve) and Thm. 7 (Alg. 5, sliding window as three sub-budgets of ε/3). Their
+common argument: the releases that read one block have costs forming a geometric series, so over
+an infinite horizon the block's total is at most first/(1 − ratio) ≤ ε. Releases are chosen
+adaptively, so the levels compose by **basic composition with adaptively chosen parameters**
+(Dwork & Roth 2014, Thm. 3.16; Rogers, Roth, Ullman & Vadhan 2016, basic-composition filter):
+every admitted charge fits a level it alone occupies, so Σεᵢ ≤ Σₖ first·ratioᵏ ≤ ε for ever.
+
+Levels and their grants. The budget fixes ``first`` and ``ratio`` (defaults ε/2 and 1/2, with
+first/(1 − ratio) ≤ ε checked exactly at creation). Level k grants
+
+    ε_k = first·ratioᵏ   and   δ_k = δ·(1 − ratio)·ratioᵏ   (Σₖ δ_k = δ),
+
+both in Decimal, exact whenever they fit 60 significant digits and rounded down otherwise. The
+δ shares keep the block's δ bounded over the infinite horizon too (charging the budget's δ at
+every level would not be). A charge's (ε′, δ′) at level k is, for ``basic``, its exact basic
+composition (independent of k); for ``rdp``, its RDP curve converted at δ_k (Balle et al. 2020,
+Thm. 21: one mechanism, parameters fixed before it ran) with δ′ = δ_k. It fits level k iff
+ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
+
+Best fit: the charge takes the *free* level with the smallest allowance that still covers it, the
+largest k with a fit. The search is a binary search for the deepest fitting level k* over
+0..``MAX_GEOMETRIC_LEVEL`` (O(log 1000) evaluations), then a walk from k* towards level 0 that
+skips used levels (O(levels used)). Levels stop at 1000: with ratio 1/2 level 1000's allowance is
+first·2⁻¹⁰⁰⁰ ≈ 1e-301·first, below anything an accountant computes in floating point; for ratios
+near 1 it caps a block at 1001 releases.
+
+No fitting free level → ``BudgetExceeded`` (not ``ChargeRefused``): the charge does not fit what
+is left, and the client gets numbers — ``requested`` is the charge's (ε′, δ′) (at level 0's δ for
+``rdp``), ``remaining`` the largest free level's grant. The batch's spend is the sum of its used
+levels' allowances (ε_k, not ε′), so it never exceeds first/(1 − ratio); ``naive_epsilon`` counts
+each charge's ε′ as a fresh charge. A charge that costs nothing (no-ops) takes no level.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from accountant.events import DpEvent
+from accountant.exact import ZERO, exact_add, exact_sum, to_text
+from accountant.filter import rdp_epsilon
+from accountant.rules import (
+    MAX_GEOMETRIC_LEVEL,
+    Admission,
+    BatchState,
+    Budget,
+    BudgetExceeded,
+    Charge,
+    Cost,
+    Settlement,
+    event_fingerprint,
+)
+from accountant.rules.sequential import (
+    PARALLEL_OVER_BATCHES,
+    at_least,
+    basic_price,
+    bound_by_reservation,
+    delta_down,
+    is_prefix,
+    rdp_charge,
+    release_additive,
+    settle_additive,
+)
+
+
+def _grant(budget: Budget, level: int) -> tuple[Decimal, Decimal]:
+    assert budget.geometric is not None
+    return budget.geometric.allowance(level), budget.geometric.level_delta(budget.delta, level)
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    """A charge's (ε′, δ′) as a function of the level it would occupy."""
+
+    budget: Budget
+    event: DpEvent
+    free: bool
+    basic: tuple[Decimal, Decimal] | None
+    curve: tuple[Decimal, ...] | None
+
+    @classmethod
+    def of(cls, budget: Budget, event: DpEvent) -> _Priced:
+        if budget.accountant == "basic":
+            eps, dlt = basic_price(event)
+            return cls(budget, event, eps == 0 and dlt == 0, (eps, dlt), None)
+        assert budget.orders is not None
+        curve = rdp_charge(event, budget.orders)
+        return cls(budget, event, all(v == 0 for v in curve), None, curve)
+
+    def at(self, level: int) -> tuple[Decimal, Decimal]:
+        if self.basic is not None:
+            return self.basic
+        assert self.curve is not None and self.budget.orders is not None
+        level_delta = self.budget.geometric.level_delta(self.budget.delta, level)  # type: ignore[union-attr]
+        eps = rdp_epsilon(self.curve, self.budget.orders, delta_down(level_delta))
+        return eps, (level_delta if eps > 0 else ZERO)
+
+    def fits(self, level: int) -> bool:
+        eps, dlt = self.at(level)
+        allowance, level_delta = _grant(self.budget, level)
+        return eps <= allowance and dlt <= level_delta
+
+
+def best_fit(fits: Callable[[int], bool], used: frozenset[int] | set[int]) -> int | None:
+    """The largest free level k ≤ MAX_GEOMETRIC_LEVEL with ``fits(k)``.
+
+    ``fits`` is monotone (true up to some k*, false after): binary search for k*, then walk down
+    over used levels. Each candidate is re-checked, so a numerically non-monotone ``fits`` can
+    only make the walk longer, never admit a level that does not fit.
+    """
+    if not fits(0):
+        return None
+    lo, hi = 0, MAX_GEOMETRIC_LEVEL
+    if fits(hi):
+        lo = hi
+    while hi - lo > 1:  # invariant: fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    for level in range(lo, -1, -1):
+        if level not in used and fits(level):
+            return level
+    return None
+
+
+def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
+    priced = _Priced.of(budget, charge.event)
+    fingerprint = event_fingerprint(charge.event)
+    if priced.free:
+        return Admission(replace(state, reads=state.reads + 1), Cost(ZERO, ZERO, ZERO, fingerprint))
+    level = best_fit(priced.fits, set(state.levels))
+    if level is None:
+        eps, dlt = priced.at(0)
+        raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
+    allowance, _ = _grant(budget, level)
+    eps, dlt = priced.at(level)
+    levels = list(state.levels)
+    insort(levels, level)
+    new_state = replace(
+        state,
+        epsilon_held=exact_add(state.epsilon_held, allowance),
+        delta_held=exact_add(state.delta_held, dlt),
+        reads=state.reads + 1,
+        levels=tuple(levels),
+    )
+    return Admission(new_state, Cost(allowance, dlt, eps, fingerprint, level=level))
+
+
+def commit(
+    budget: Budget,
+    state: BatchState,
+    charge: Charge,
+    reserved: Cost,
+    committed_before: Cost | None,
+    partial_event: DpEvent | None,
+) -> Settlement:
+    if partial_event is None:
+        now = reserved
+    else:
+        fingerprint = event_fingerprint(partial_event)
+        if reserved.level is None:
+            priced = _Priced.of(budget, partial_event)
+            eps, dlt = (ZERO, ZERO) if priced.free else priced.at(0)
+            now = Cost(eps, dlt, eps, fingerprint)
+        else:
+            eps, dlt = _Priced.of(budget, partial_event).at(reserved.level)
+            allowance, _ = _grant(budget, reserved.level)
+            # The level is occupied as a whole once anything from it is released.
+            now = Cost(allowance, dlt, eps, fingerprint, level=reserved.level)
+        now = bound_by_reservation(now, reserved, prefix=is_prefix(partial_event, charge.event))
+    now = at_least(now, committed_before)
+    return Settlement(settle_additive(state, now, committed_before), now)
+
+
+def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
+    released = release_additive(state, reserved, committed)
+    if committed is None and reserved.level is not None:
+        # Nothing was released from this level: it is free again.
+        return replace(released, levels=tuple(k for k in released.levels if k != reserved.level))
+    return released
+
+
+def largest_free_level(state: BatchState) -> int | None:
+    """The free level with the largest allowance (the smallest free k): O(levels used)."""
+    used = set(state.levels)
+    level = 0
+    while level in used:
+        level += 1
+    return level if level <= MAX_GEOMETRIC_LEVEL else None
+
+
+def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+    level = largest_free_level(state)
+    if level is None:
+        return {"epsilon": "0", "delta": "0"}
+    allowance, level_delta = _grant(budget, level)
+    return {"epsilon": to_text(allowance), "delta": to_text(level_delta)}
+
+
+def within_budget(budget: Budget, state: BatchState) -> bool:
+    assert budget.geometric is not None
+    levels = state.levels
+    if len(set(levels)) != len(levels) or any(not 0 <= k <= MAX_GEOMETRIC_LEVEL for k in levels):
+        return False
+    granted = exact_sum(budget.geometric.allowance(k) for k in levels)
+    used = exact_add(state.epsilon_spent, state.epsilon_held)
+    return (
+        used <= granted
+        and used <= budget.geometric.infinite_horizon_bound()
+        and used <= budget.epsilon
+        and exact_add(state.delta_spent, state.delta_held) <= budget.delta
+    )
+
+
+def theorem(budget: Budget) -> str:
+    assert budget.geometric is not None
+    schedule = budget.geometric
+    return (
+        "Continual / sliding-window release with geometric-series budgets (Thm. 1, 4, 7): level "
+        f"k of a block has allowance first*ratio^k (first={to_text(schedule.first)}, "
+        f"ratio={to_text(schedule.ratio)}) and delta share delta*(1-ratio)*ratio^k, each used "
+        "once, best fit; levels compose by basic composition with adaptive parameters (Dwork & "
+        "Roth 2014, Thm. 3.16; Rogers et al. 2016), so a block's total over an infinite horizon "
+        f"is <= first/(1-ratio) = {to_text(schedule.infinite_horizon_bound())} <= epsilon."
+        + PARALLEL_OVER_BATCHES
+    )

@@ -1,0 +1,124 @@
+"""Parallel rule: each batch may be read by one reservation only; the dataset's ε is the maximum.
+
+Theorem relied on: **parallel composition** (McSherry 2009, "Privacy integrated queries",
+Thm. 4): mechanisms run on disjoint subsets of the data compose to the maximum of their ε (and
+δ), because a record's presence affects only the one mechanism that read its subset. DP continual
+learning with pre-trained models states the setting as **assumption S2** (task boundaries do not
+overlap, no previous sample is stored or replayed, so every task's data is used once) and bases
+its accounting on parallel composition. The ledger *enforces* S2: a second reservation on a batch
+is refused (``ChargeRefused("batch_already_read")``, answered 409), so each record bears at most
+one charge.
+
+The one charge of a batch is one mechanism whose parameters are fixed before it runs; its
+(ε, δ) is the accountant's bound for that event alone: ``basic`` exact basic composition, ``rdp``
+the event's RDP curve converted at the budget's δ (Balle et al. 2020, Thm. 21; no filter needed),
+``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 2021). Choosing a batch's event after
+seeing releases of *other* batches is fine: those outputs do not depend on this batch's records.
+One DP-SGD run is one reservation, however many checkpoints it commits (progressive commits of a
+prefix of the reserved run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from accountant.events import DpEvent
+from accountant.exact import ZERO, exact_add, to_text
+from accountant.rules import (
+    Admission,
+    BatchState,
+    Budget,
+    BudgetExceeded,
+    Charge,
+    ChargeRefused,
+    Cost,
+    Settlement,
+    event_fingerprint,
+)
+from accountant.rules.sequential import (
+    PARALLEL_OVER_BATCHES,
+    at_least,
+    bound_by_reservation,
+    fresh_price,
+    is_prefix,
+    release_additive,
+    settle_additive,
+)
+
+
+def _price(budget: Budget, event: DpEvent) -> Cost:
+    eps, dlt = fresh_price(budget, event)
+    return Cost(eps, dlt, eps, event_fingerprint(event))
+
+
+def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
+    if state.reads > 0:
+        raise ChargeRefused(
+            "batch_already_read",
+            "this batch has already been read by a reservation; under the parallel rule "
+            "(assumption S2) every batch is read once.",
+        )
+    cost = _price(budget, charge.event)
+    if not (cost.epsilon <= budget.epsilon and cost.delta <= budget.delta):
+        raise BudgetExceeded(
+            {"epsilon": to_text(cost.epsilon), "delta": to_text(cost.delta)},
+            remaining(budget, state),
+        )
+    new_state = replace(
+        state,
+        epsilon_held=exact_add(state.epsilon_held, cost.epsilon),
+        delta_held=exact_add(state.delta_held, cost.delta),
+        reads=state.reads + 1,
+    )
+    return Admission(new_state, cost)
+
+
+def commit(
+    budget: Budget,
+    state: BatchState,
+    charge: Charge,
+    reserved: Cost,
+    committed_before: Cost | None,
+    partial_event: DpEvent | None,
+) -> Settlement:
+    if partial_event is None:
+        now = reserved
+    else:
+        now = bound_by_reservation(
+            _price(budget, partial_event), reserved, prefix=is_prefix(partial_event, charge.event)
+        )
+    now = at_least(now, committed_before)
+    return Settlement(settle_additive(state, now, committed_before), now)
+
+
+def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
+    # With nothing committed the read is freed too: the batch was never released.
+    return release_additive(state, reserved, committed)
+
+
+def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+    if state.reads > 0:
+        return {"epsilon": "0", "delta": "0"}
+    return {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)}
+
+
+def within_budget(budget: Budget, state: BatchState) -> bool:
+    return (
+        state.reads <= 1
+        and exact_add(state.epsilon_spent, state.epsilon_held) <= budget.epsilon
+        and exact_add(state.delta_spent, state.delta_held) <= budget.delta
+        and (state.reads == 1 or (state.epsilon_spent == ZERO and state.epsilon_held == ZERO))
+    )
+
+
+def theorem(budget: Budget) -> str:
+    how = {
+        "basic": "its basic-composition (epsilon, delta)",
+        "rdp": "its RDP curve converted at delta (Balle et al. 2020, Thm. 21)",
+        "prv": "the PRV accountant's upper bound at delta (Gopi, Lee & Wutschitz 2021)",
+    }[budget.accountant]
+    return (
+        "Parallel composition (McSherry 2009, Thm. 4) under assumption S2 of DP continual "
+        "learning with pre-trained models, enforced: each batch is read by one charge, costed "
+        f"alone by {how}." + PARALLEL_OVER_BATCHES
+    )

@@ -1,0 +1,201 @@
+"""The one place where errors become HTTP answers: ``{"error": code, "message": ..., ...details}``.
+
+* Domain errors (``service.ledger.errors.LedgerError``) carry their code, status and details.
+* Request validation errors (pydantic) become 422 ``invalid_input`` naming the first bad field as
+  a dotted path (``budget.epsilon``, ``batches[0].records``), with every error under ``errors``.
+* Event and accountant argument errors that reach the router (they name their field) become 422.
+* Authentication (401), authorisation (403), unknown routes (404/405) and unexpected failures
+  (500, no internals leaked) use the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from accountant.base import InvalidArgumentError
+from accountant.events import EventValidationError
+from service.api.metrics import LedgerMetrics
+from service.ledger.errors import LedgerError
+
+logger = logging.getLogger("service.api")
+
+
+class Unauthorized(Exception):
+    """Missing, malformed, unknown or revoked API key (401)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Forbidden(Exception):
+    """The key's scope does not allow the call (403)."""
+
+    def __init__(self, message: str, *, scope: str, required: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.scope = scope
+        self.required = required
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """``("body", "batches", 0, "records")`` → ``"batches[0].records"``; headers keep their name."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        where = parts.pop(0)
+        if where == "header" and parts:
+            return f"header {str(parts[0]).title()}"
+    path = ""
+    for part in parts:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+    return path or "body"
+
+
+def _describe(error: dict[str, Any]) -> dict[str, str]:
+    ctx = error.get("ctx") or {}
+    loc = tuple(error.get("loc", ()))
+    field = field_path(loc)
+    if "field" in ctx:
+        # our model validators name a field below the model (an event's innermost parameter)
+        field = field_path(loc + tuple(_split(str(ctx["field"]))))
+    kind = error.get("type", "")
+    msg = str(error.get("msg", "invalid"))
+    if kind == "json_invalid":
+        return {"field": "body", "message": f"body is not valid JSON: {ctx.get('error', msg)}."}
+    if loc == ("body",) and isinstance(error.get("input"), bytes | str) and kind.endswith("_type"):
+        # the body was not parsed as JSON: usually a missing Content-Type header
+        return {
+            "field": "body",
+            "message": "body must be a JSON object, sent with Content-Type: application/json.",
+        }
+    if kind == "missing":
+        return {"field": field, "message": f"{field} is required."}
+    if kind == "extra_forbidden":
+        return {"field": field, "message": f"{field} is not a known field."}
+    if "input" in error and kind not in _OWN_MESSAGES:
+        found = error["input"]
+        shown = repr(found) if isinstance(found, str) else str(found)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return {"field": field, "message": f"{field}: {msg.rstrip('.')}. Found {shown}."}
+    return {"field": field, "message": f"{field} {msg}" if kind in _OWN_MESSAGES else msg}
+
+
+# error types raised by service.api.schemas, whose message already reads "must be ... Found x."
+_OWN_MESSAGES = frozenset(
+    {
+        "number_type",
+        "number_finite",
+        "positive_number",
+        "delta_range",
+        "ratio_range",
+        "invalid_event",
+        "reservation_target",
+        "text_or_integer",
+    }
+)
+
+
+def _split(dotted: str) -> list[str | int]:
+    """``"event.events[2].scale"`` → ``["event", "events", 2, "scale"]``."""
+    out: list[str | int] = []
+    for segment in dotted.split("."):
+        name, *indices = segment.split("[")
+        if name:
+            out.append(name)
+        for index in indices:
+            text = index.rstrip("]")
+            out.append(int(text) if text.isdigit() else text)
+    return out
+
+
+def error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> (
+    JSONResponse
+):
+    return JSONResponse(status_code=status, content=body, headers=headers)
+
+
+def install(app: FastAPI, metrics: LedgerMetrics) -> None:
+    """Register every exception handler on ``app``."""
+
+    def refused(code: str) -> None:
+        metrics.refusals.inc(code=code)
+
+    @app.exception_handler(LedgerError)
+    async def _ledger_error(request: Request, exc: LedgerError) -> JSONResponse:
+        body = exc.to_json()
+        if exc.status == 409 or exc.status == 422:
+            refused(exc.code)
+        return error_response(exc.status, body)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [_describe(dict(e)) for e in exc.errors()]
+        first = errors[0] if errors else {"field": "body", "message": "invalid request."}
+        refused("invalid_input")
+        return error_response(
+            422, {"error": "invalid_input", "message": first["message"], "field": first["field"],
+                  "errors": errors}
+        )
+
+    @app.exception_handler(EventValidationError)
+    async def _event_error(request: Request, exc: EventValidationError) -> JSONResponse:
+        refused("invalid_input")
+        return error_response(
+            422, {"error": "invalid_input", "message": str(exc), "field": exc.field}
+        )
+
+    @app.exception_handler(InvalidArgumentError)
+    async def _argument_error(request: Request, exc: InvalidArgumentError) -> JSONResponse:
+        refused("invalid_input")
+        return error_response(
+            422, {"error": "invalid_input", "message": str(exc), "field": exc.field}
+        )
+
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
+        return error_response(
+            401,
+            {"error": "unauthorized", "message": exc.message},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(request: Request, exc: Forbidden) -> JSONResponse:
+        return error_response(
+            403,
+            {
+                "error": "forbidden",
+                "message": exc.message,
+                "scope": exc.scope,
+                "required_scope": exc.required,
+            },
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        code = codes.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else code
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}."
+        return error_response(
+            exc.status_code, {"error": code, "message": message}, headers=exc.headers
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(
+            500, {"error": "internal_error", "message": "internal error; see the server log."}
+        )

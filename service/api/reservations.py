@@ -1,0 +1,166 @@
+"""Reserve → commit / abort: ``/v1/datasets/{id}/reservations`` and ``/v1/reservations/{id}``.
+
+``trainer`` (or ``admin``) reserves, commits and aborts; any scope reads. Every mutating call
+honours ``Idempotency-Key``: a retry returns the first answer and charges nothing more.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from service.api import PREFIX
+from service.api.deps import DatabaseDep, IdempotencyKeyDep, MetricsDep, TrainerDep, ViewerDep
+from service.api.metrics import LedgerMetrics
+from service.api.schemas import (
+    CommitPublic,
+    CommitRequest,
+    ErrorBody,
+    ReservationCreate,
+    ReservationPublic,
+)
+from service.ledger import reservations
+
+router = APIRouter(prefix=PREFIX, tags=["reservations"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing, unknown or revoked API key"},
+    403: {"model": ErrorBody, "description": "the key's scope does not allow this call"},
+    404: {"model": ErrorBody, "description": "unknown id, or another tenant's"},
+    422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
+}
+
+
+def _age_s(reservation: dict[str, Any]) -> float | None:
+    created = reservation.get("created_at")
+    if not isinstance(created, str):
+        return None
+    try:
+        at = datetime.fromisoformat(created)
+    except ValueError:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return max(0.0, (datetime.now(UTC) - at).total_seconds())
+
+
+def _observe_age(metrics: LedgerMetrics, reservation: dict[str, Any], outcome: str) -> None:
+    age = _age_s(reservation)
+    if age is not None:
+        metrics.reservation_age.observe(age, outcome=outcome)
+
+
+@router.post(
+    "/datasets/{dataset_id}/reservations",
+    status_code=201,
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
+    responses={
+        **_ERRORS,
+        409: {
+            "model": ErrorBody,
+            "description": "`budget_exceeded` (with `remaining` and `requested`), or a charge the "
+            "rule refuses (`batch_already_read`, `no_geometric_level`, `outside_plan`, ...); "
+            "nothing is held",
+        },
+    },
+    summary="Certify a planned charge and hold it (all batches or none)",
+)
+def reserve(
+    dataset_id: str,
+    body: ReservationCreate,
+    request: Request,
+    principal: TrainerDep,
+    db: DatabaseDep,
+    metrics: MetricsDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    answer = reservations.reserve(
+        db,
+        principal.tenant_id,
+        dataset_id,
+        event_json=body.event,
+        batch_ids=_ids(body.batches),
+        task_ids=_ids(body.tasks),
+        noise_commitment=body.noise_commitment,
+        idempotency_key=idempotency_key,
+        ttl_s=body.ttl_s if body.ttl_s is not None else request.app.state.settings.reservation_ttl_s,
+    )
+    metrics.reservations.inc()
+    return answer
+
+
+def _ids(ids: list[str | int] | None) -> list[str] | None:
+    return None if ids is None else [str(i) for i in ids]
+
+
+@router.get(
+    "/reservations/{reservation_id}",
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
+    responses=_ERRORS,
+    summary="Get a reservation",
+)
+def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    return reservations.get_reservation(db, principal.tenant_id, reservation_id)
+
+
+@router.post(
+    "/reservations/{reservation_id}/commit",
+    response_model=CommitPublic,
+    response_model_exclude_unset=True,
+    responses={
+        **_ERRORS,
+        409: {
+            "model": ErrorBody,
+            "description": "closed or expired reservation, a (model, version) released before, "
+            "or a progressive commit costing more than reserved",
+        },
+    },
+    summary="Turn the hold into spend, record the release, return its certificate",
+)
+def commit(
+    reservation_id: str,
+    body: CommitRequest,
+    principal: TrainerDep,
+    db: DatabaseDep,
+    metrics: MetricsDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    answer = reservations.commit(
+        db,
+        principal.tenant_id,
+        reservation_id,
+        release=body.release.model_dump(mode="json"),
+        event_json=body.event,
+        idempotency_key=idempotency_key,
+    )
+    metrics.commits.inc()
+    reservation = answer.get("reservation")
+    if isinstance(reservation, dict) and reservation.get("commits") == 1:
+        _observe_age(metrics, reservation, "committed")
+    return answer
+
+
+@router.post(
+    "/reservations/{reservation_id}/abort",
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
+    responses={**_ERRORS, 409: {"model": ErrorBody, "description": "already fully committed"}},
+    summary="Free what the reservation holds and has not committed",
+)
+def abort(
+    reservation_id: str,
+    principal: TrainerDep,
+    db: DatabaseDep,
+    metrics: MetricsDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    answer = reservations.abort(
+        db, principal.tenant_id, reservation_id, idempotency_key=idempotency_key
+    )
+    metrics.aborts.inc()
+    _observe_age(metrics, answer, "aborted")
+    return answer

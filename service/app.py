@@ -1,0 +1,151 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Routers under ``/v1`` (``service.api``), OpenAPI at ``/openapi.json``, docs at ``/docs``; errors
+mapped to HTTP in one place (``service.api.errors``); a request-body size limit; request metrics;
+``/healthz`` (database check, no auth) and ``/metrics`` (Prometheus text, no auth).
+
+The lifespan opens the database (``Database(url)``, one per process) and runs the expiry sweep: a
+background task that frees reservations past their TTL every
+``LEDGER_EXPIRY_SWEEP_INTERVAL_S`` seconds (``service.ledger.reservations.expire_due``; every spend
+transaction also checks expiry on the batches it touches, so the sweep only bounds how long an
+orphaned hold lingers on a dataset nobody spends on). Migrations are not applied here:
+``ledger serve`` and ``ledger migrate`` do that before the app starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+from sqlalchemy import func, select, text
+
+from service.api import audit as audit_routes
+from service.api import certificates as certificate_routes
+from service.api import datasets as dataset_routes
+from service.api import reservations as reservation_routes
+from service.api.errors import install as install_error_handlers
+from service.api.metrics import CONTENT_TYPE, LedgerMetrics
+from service.api.middleware import BodySizeLimit, RequestMetrics
+from service.db.models import Reservation
+from service.db.session import Database
+from service.ledger import reservations
+from service.settings import Settings
+
+logger = logging.getLogger("service.app")
+
+def create_app(settings: Settings | None = None, *, database: Database | None = None) -> FastAPI:
+    """The application for ``settings`` (default: from the environment).
+
+    ``database``: use this open database instead of opening ``settings.database_url`` (the
+    caller keeps ownership and disposes it).
+    """
+    settings = settings or Settings()
+    metrics = LedgerMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = database is None
+        db = database if database is not None else Database(settings.database_url)
+        app.state.database = db
+        sweeper = asyncio.create_task(_expiry_sweep(db, settings, metrics), name="expiry-sweep")
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            if owned:
+                db.dispose()
+
+    app = FastAPI(
+        title="privacy-ledger",
+        version="1",
+        summary="Per-dataset, per-task, per-batch privacy budget ledgers with certified releases.",
+        lifespan=lifespan,
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    install_error_handlers(app, metrics)
+
+    for module in (dataset_routes, reservation_routes, certificate_routes, audit_routes):
+        app.include_router(module.router)
+
+    @app.get("/healthz", tags=["operations"], summary="Liveness, with a database round trip")
+    def healthz() -> JSONResponse:
+        db: Database = app.state.database
+        try:
+            with db.session(readonly=True) as session:
+                session.execute(text("SELECT 1"))
+        except Exception as exc:  # the answer is the check: any failure means unhealthy
+            logger.warning("health check failed: %s", exc)
+            return JSONResponse(
+                status_code=503,
+                content={"status": "unavailable", "database": "unreachable"},
+            )
+        return JSONResponse({"status": "ok", "database": "ok"})
+
+    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics (text format 0.0.4)")
+    def prometheus_metrics() -> PlainTextResponse:
+        _read_reservation_gauges(app.state.database, metrics)
+        return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
+
+    # Outermost first: the size limit answers 413 before anything reads the body; the metrics
+    # middleware sits inside it and times the application.
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:
+    """Open reservations and the age of the oldest, read when scraped (partial index)."""
+    try:
+        with db.session(readonly=True) as session:
+            count, oldest = session.execute(
+                select(func.count(), func.min(Reservation.created_at)).where(
+                    Reservation.status == "reserved"
+                )
+            ).one()
+    except Exception as exc:  # a scrape must not fail because the database is down
+        logger.warning("could not read reservation gauges: %s", exc)
+        return
+    metrics.open_reservations.set(float(count))
+    age = 0.0
+    if oldest is not None:
+        if oldest.tzinfo is None:
+            oldest = oldest.replace(tzinfo=UTC)
+        age = max(0.0, (datetime.now(UTC) - oldest).total_seconds())
+    metrics.oldest_open_reservation_age.set(age)
+
+
+async def _expiry_sweep(db: Database, settings: Settings, metrics: LedgerMetrics) -> None:
+    """Expire reservations past their TTL, forever, every ``expiry_sweep_interval_s``."""
+    while True:
+        try:
+            expired = await anyio.to_thread.run_sync(reservations.expire_due, db)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("expiry sweep failed; retrying")
+        else:
+            _count_expired(expired, metrics)
+        await asyncio.sleep(settings.expiry_sweep_interval_s)
+
+
+def _count_expired(result: dict[str, object], metrics: LedgerMetrics) -> None:
+    count = result.get("expired")
+    if isinstance(count, int) and count > 0:
+        metrics.expired.inc(count)
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory service.app:create_app_from_env`` (one per worker)."""
+    return create_app(Settings())

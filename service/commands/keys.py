@@ -1,0 +1,96 @@
+"""``ledger keys``: create, revoke and list API keys.
+
+``ledger keys create --tenant T --scope S`` prints the new key once; only its SHA-256 is stored,
+so it cannot be shown again. ``ledger keys revoke KEY_ID`` revokes a key by its id (the ``id``
+that ``create`` and ``list`` print, never the secret). Every change is in the audit log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from service.commands.migrate import database_url
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "keys", help="create, revoke and list API keys", description=__doc__.split("\n\n")[1]
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
+    )
+    actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
+
+    create = actions.add_parser("create", parents=[common], help="create a key; prints it once")
+    create.add_argument("--tenant", required=True, help="tenant id (created if missing)")
+    create.add_argument(
+        "--scope", required=True, choices=("admin", "trainer", "viewer"), help="the key's scope"
+    )
+    create.add_argument("--json", action="store_true", help="print the key record as JSON")
+    create.set_defaults(handler=_create)
+
+    revoke = actions.add_parser("revoke", parents=[common], help="revoke a key by id")
+    revoke.add_argument("key_id", help="the key's id (key_...), as create/list print it")
+    revoke.add_argument("--tenant", help="only revoke if the key belongs to this tenant")
+    revoke.set_defaults(handler=_revoke)
+
+    listing = actions.add_parser("list", parents=[common], help="list a tenant's keys (never the secrets)")
+    listing.add_argument("--tenant", required=True)
+    listing.set_defaults(handler=_list)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from service.db.session import Database
+    from service.ledger.errors import LedgerError
+    from service.ledger.tenancy import issue_api_key
+
+    db = Database(database_url(args))
+    try:
+        record = issue_api_key(db, args.tenant, args.scope)
+    except LedgerError as exc:
+        print(f"ledger keys create: {exc.message}", file=sys.stderr)
+        return 2
+    finally:
+        db.dispose()
+    if args.json:
+        print(json.dumps(record))
+    else:
+        print(record["key"])
+        print(
+            f"(key id {record['id']}, tenant {record['tenant_id']}, scope {record['scope']}; "
+            "shown once: only its hash is stored)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _revoke(args: argparse.Namespace) -> int:
+    from service.db.session import Database
+    from service.ledger.errors import LedgerError
+    from service.ledger.tenancy import revoke_api_key
+
+    db = Database(database_url(args))
+    try:
+        record = revoke_api_key(db, args.key_id, tenant_id=args.tenant)
+    except LedgerError as exc:
+        print(f"ledger keys revoke: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        db.dispose()
+    print(json.dumps(record))
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from service.db.session import Database
+    from service.ledger.tenancy import list_api_keys
+
+    db = Database(database_url(args))
+    try:
+        print(json.dumps(list_api_keys(db, args.tenant)))
+    finally:
+        db.dispose()
+    return 0

@@ -1,0 +1,149 @@
+"""``ledger serve``: migrate the database, make sure an admin key exists, then serve HTTP API v1.
+
+Order of start-up:
+
+1. ``alembic upgrade head`` on ``LEDGER_DATABASE_URL`` (``service.db.migrations.upgrade``): the
+   app never runs on a stale schema.
+2. ``LEDGER_BOOTSTRAP_ADMIN_KEY``, when set, is made to exist as an ``admin`` key of tenant
+   ``default``. When it is not set and the database has no usable admin key at all (a first
+   start), a new admin key is created for tenant ``default`` and printed once, with the URL, so
+   the README's first command leaves a new user with a working key.
+3. uvicorn serves ``service.app`` (``--workers N`` processes; each opens its own database pool).
+
+``--no-worker``: the in-process training worker is not part of this release yet; the flag is
+accepted so scripts written for the full service keep working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from service.commands.migrate import database_url
+
+if TYPE_CHECKING:
+    from service.db.session import Database
+    from service.settings import Settings
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="migrate the database and serve the HTTP API (and dashboard)",
+        description="Apply migrations, ensure an admin key, then serve HTTP API v1 with uvicorn.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    parser.add_argument(
+        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="uvicorn worker processes (default 1)"
+    )
+    parser.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="do not run the in-process training worker (none exists yet; accepted for scripts)",
+    )
+    parser.add_argument(
+        "--no-access-log", action="store_true", help="do not log one line per request"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn log level (default info)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _display_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.db import migrations
+    from service.db.session import Database
+    from service.settings import Settings
+
+    if args.workers < 1:
+        print("ledger serve: --workers must be >= 1.", file=sys.stderr)
+        return 2
+    if not 0 < args.port < 65536:
+        print(f"ledger serve: --port must be in 1..65535. Found {args.port}.", file=sys.stderr)
+        return 2
+    url = database_url(args)
+    # Worker processes (--workers > 1) build their app from the environment: pass the URL on.
+    os.environ["LEDGER_DATABASE_URL"] = url
+    settings = Settings()
+
+    migrations.upgrade(url)
+    database = Database(url, pool_size=2, max_overflow=0)
+    try:
+        new_key = _ensure_admin_key(database, settings)
+    finally:
+        database.dispose()
+
+    base = f"http://{_display_host(args.host)}:{args.port}"
+    print(f"privacy-ledger serving HTTP API v1 at {base}  (docs: {base}/docs)", flush=True)
+    if new_key is not None:
+        print(
+            "created the first admin key (tenant 'default'); it is shown once, store it now:\n"
+            f"  LEDGER_API_KEY={new_key}\n"
+            f"  curl -H 'Authorization: Bearer {new_key}' {base}/v1/datasets",
+            flush=True,
+        )
+    if args.no_worker:
+        pass  # no in-process worker in this release; nothing to disable
+
+    log_level = args.log_level
+    access_log = not args.no_access_log
+    if args.workers == 1:
+        from service.app import create_app
+
+        uvicorn.run(
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_level=log_level,
+            access_log=access_log,
+        )
+    else:
+        uvicorn.run(
+            "service.app:create_app_from_env",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=log_level,
+            access_log=access_log,
+        )
+    return 0
+
+
+def _ensure_admin_key(database: Database, settings: Settings) -> str | None:
+    """Ensure the bootstrap key, or create (and return) a first admin key if none exists."""
+    from sqlalchemy import select
+
+    from service.db.models import ApiKey
+    from service.ledger.tenancy import DEFAULT_TENANT, ensure_bootstrap_admin_key, issue_api_key
+
+    if settings.bootstrap_admin_key is not None:
+        ensure_bootstrap_admin_key(database, settings.bootstrap_admin_key.get_secret_value())
+        return None
+    with database.session(readonly=True) as session:
+        admin = session.scalars(
+            select(ApiKey.id)
+            .where(ApiKey.scope == "admin", ApiKey.revoked_at.is_(None))
+            .limit(1)
+        ).first()
+    if admin is not None:
+        return None
+    key: str = issue_api_key(database, DEFAULT_TENANT, "admin")["key"]
+    return key

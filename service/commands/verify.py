@@ -1,0 +1,47 @@
+"""``ledger verify``: walk the audit log's hash chain end to end.
+
+Exit 0 when every row chains to the previous one and the last matches the head; exit 1 with the
+first broken row otherwise. Prints the result as JSON (``{ok, entries, first_broken, reason}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from service.commands.migrate import database_url
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="verify the audit log's hash chain (exit 1 at the first broken row)",
+        description="Walk the audit log's hash chain; exit 0 if intact, 1 at the first broken row.",
+    )
+    parser.add_argument(
+        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
+    )
+    parser.add_argument("--dataset", help="check only this dataset's chain")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from service.db.session import Database
+    from service.ledger import audit
+
+    db = Database(database_url(args))
+    try:
+        result = audit.verify(db, dataset_id=args.dataset)
+    finally:
+        db.dispose()
+    print(json.dumps(result))
+    if not result["ok"]:
+        print(
+            f"audit chain broken at entry {result.get('first_broken')} "
+            f"(chain {result.get('chain')!r}, position {result.get('chain_seq')}): "
+            f"{result.get('reason')}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

@@ -1,0 +1,84 @@
+"""Run the Alembic migrations programmatically: the only way the schema is created or changed.
+
+The migration scripts live in the repository's top-level ``alembic/`` folder (no
+``__init__.py``: it must never shadow the ``alembic`` library). It is found relative to the
+``service`` package's parent, which is the repository root both in a source checkout and in an
+editable install (``pip install -e .``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import NullPool
+
+import service
+from alembic import command
+from service.db.session import create_ledger_engine
+
+
+def script_location() -> Path:
+    """The ``alembic/`` folder next to the ``service`` package."""
+    location = Path(service.__file__).resolve().parent.parent / "alembic"
+    if not (location / "env.py").is_file():
+        raise FileNotFoundError(
+            f"Alembic scripts not found at {location}; install privacy-ledger from a source "
+            "checkout (pip install -e .)"
+        )
+    return location
+
+
+def alembic_config(url: str | URL) -> Config:
+    """An Alembic ``Config`` for ``url``; ``alembic/env.py`` reads the URL from its attributes."""
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    config.set_main_option(
+        "file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(slug)s"
+    )
+    config.attributes["url"] = make_url(url)
+    return config
+
+
+def upgrade(url: str | URL, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision`` (default: the newest)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def downgrade(url: str | URL, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` (``"base"``: no tables at all)."""
+    command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str | URL) -> str | None:
+    """The revision the database is at (``None``: never migrated)."""
+    engine = create_ledger_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config("sqlite:///unused.db")).get_current_head()
+    assert head is not None
+    return head
+
+
+def is_up_to_date(url: str | URL) -> bool:
+    return current_revision(url) == head_revision()
+
+
+__all__ = [
+    "alembic_config",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "is_up_to_date",
+    "script_location",
+    "upgrade",
+]

@@ -1,0 +1,321 @@
+"""The ledger's tables as SQLAlchemy 2.0 typed models.
+
+The schema is created and changed only by the Alembic migrations in ``alembic/versions``; a test
+(``tests/migrations``) checks that these models and the migrations agree on both databases.
+
+Aggregates live next to what they aggregate and are updated in the spend transaction that
+changes them (``service.ledger.reservations``): a batch row carries its ``BatchState`` (the
+per-batch history under the dataset's rule) and the numbers read from it; a task row carries the
+maximum over its batches; the dataset row — the *ledger head*, locked by every spend — carries the
+maximum over all batches. Reads never scan charges.
+
+Record ids are stored only as salted hashes (HMAC-SHA256 with a per-dataset salt) under a
+unique constraint per dataset, so overlapping batches are refused by the database itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+
+from service.db.base import Base, BigId
+
+ID = String(40)
+NAME = String(200)
+HASH = String(64)
+ZERO = text("'0'")
+GENESIS = text("'" + "0" * 64 + "'")
+
+SCOPES = ("admin", "trainer", "viewer")
+RESERVATION_STATUSES = ("reserved", "committed", "aborted", "expired")
+
+
+class Tenant(Base):
+    """A tenant: its id is a short slug (``default``, ``team-a``)."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime]
+
+
+class ApiKey(Base):
+    """An API key: only the SHA-256 of the key is stored, never the key."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint("scope IN ('admin', 'trainer', 'viewer')", name="scope"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(HASH, unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    scope: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Dataset(Base):
+    """A dataset, its budget, and the ledger head: the row every spend locks.
+
+    ``ledger_version`` counts the spend transactions; ``epsilon_spent`` / ``delta_spent`` /
+    ``naive_epsilon`` are the maxima over the dataset's batches (parallel composition over
+    disjoint batches); ``epsilon_held`` is the sum of the open reservations' uncommitted ε, an
+    upper bound on what any batch holds. ``audit_seq`` / ``audit_hash`` are the head of the
+    dataset's audit chain.
+    """
+
+    __tablename__ = "datasets"
+    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(NAME)
+    rule: Mapped[str] = mapped_column(String(16))
+    accountant: Mapped[str] = mapped_column(String(16))
+    budget: Mapped[dict[str, Any]]
+    epsilon_budget: Mapped[Decimal]
+    delta_budget: Mapped[Decimal]
+    record_salt: Mapped[bytes] = mapped_column(LargeBinary)
+    ledger_version: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    epsilon_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    delta_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    naive_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    epsilon_held: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    reservations_open: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    charges_committed: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    audit_seq: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    audit_hash: Mapped[str] = mapped_column(HASH, server_default=GENESIS)
+    last_release: Mapped[dict[str, Any] | None]
+    last_release_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Task(Base):
+    """A task of a dataset; ``epsilon_spent`` is the maximum over its batches."""
+
+    __tablename__ = "tasks"
+    __table_args__ = (Index(None, "dataset_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    name: Mapped[str] = mapped_column(NAME)
+    epsilon_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    delta_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    naive_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    created_at: Mapped[datetime]
+
+
+class Batch(Base):
+    """An immutable, fixed batch of records and its per-batch ledger state (``BatchState``).
+
+    ``position``: its place among the task's batches (0, 1, ...), in the order they were given.
+    """
+
+    __tablename__ = "batches"
+    __table_args__ = (UniqueConstraint("task_id", "position"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(NAME)
+    size: Mapped[int] = mapped_column(Integer)
+    state: Mapped[dict[str, Any]]
+    epsilon_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    epsilon_held: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    delta_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    naive_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    created_at: Mapped[datetime]
+
+
+class BatchRecord(Base):
+    """One record of a batch, as HMAC-SHA256(dataset salt, record id); unique per dataset."""
+
+    __tablename__ = "batch_records"
+    __table_args__ = (UniqueConstraint("dataset_id", "record_hash"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"))
+    record_hash: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class Reservation(Base):
+    """A held charge: ``reserved`` until committed in full, aborted, or expired.
+
+    ``epsilon`` / ``delta`` are the reserved cost (maximum over the batches it reads);
+    ``committed_epsilon`` / ``committed_delta`` what progressive commits have turned into spend.
+    """
+
+    __tablename__ = "reservations"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('reserved', 'committed', 'aborted', 'expired')", name="status"
+        ),
+        # Only open reservations can expire: small partial indexes for the sweep and for the
+        # expiry check inside every spend transaction.
+        Index(
+            "ix_reservations_open_expires_at",
+            "expires_at",
+            postgresql_where=text("status = 'reserved'"),
+            sqlite_where=text("status = 'reserved'"),
+        ),
+        Index(
+            "ix_reservations_open_dataset_id_expires_at",
+            "dataset_id",
+            "expires_at",
+            postgresql_where=text("status = 'reserved'"),
+            sqlite_where=text("status = 'reserved'"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    status: Mapped[str] = mapped_column(String(16))
+    event: Mapped[dict[str, Any]]
+    noise_commitment: Mapped[str | None] = mapped_column(String(256))
+    epsilon: Mapped[Decimal]
+    delta: Mapped[Decimal]
+    committed_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    committed_delta: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    commits: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    expires_at: Mapped[datetime]
+    created_at: Mapped[datetime]
+    closed_at: Mapped[datetime | None]
+
+
+class ReservationBatch(Base):
+    """What one reservation holds on one batch: the batch's state it was admitted against (a
+    certificate input), the reserved ``Cost`` and the cumulative committed one."""
+
+    __tablename__ = "reservation_batches"
+
+    reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), primary_key=True)
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer)
+    state_at_reserve: Mapped[dict[str, Any]]
+    cost: Mapped[dict[str, Any]]
+    committed: Mapped[dict[str, Any] | None]
+
+
+class Release(Base):
+    """A released model version; a (model, version) pair is released once per tenant."""
+
+    __tablename__ = "releases"
+    __table_args__ = (UniqueConstraint("tenant_id", "model", "version"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"))
+    model: Mapped[str] = mapped_column(NAME)
+    version: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime]
+
+
+class Certificate(Base):
+    """A certificate as issued by ``accountant.certificates`` and its content hash."""
+
+    __tablename__ = "certificates"
+    __table_args__ = (Index(None, "dataset_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), index=True)
+    release_id: Mapped[str] = mapped_column(ForeignKey("releases.id"), unique=True)
+    body: Mapped[dict[str, Any]]
+    content_hash: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+
+
+class IdempotencyKey(Base):
+    """The first answer to a mutating request made with an ``Idempotency-Key``."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("tenant_id", "key"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    key: Mapped[str] = mapped_column(String(255))
+    operation: Mapped[str] = mapped_column(String(64))
+    request_hash: Mapped[str] = mapped_column(HASH)
+    response: Mapped[dict[str, Any]]
+    status_code: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+
+
+class AuditEntry(Base):
+    """One ledger event in the append-only audit log.
+
+    Entries form hash chains: one chain per dataset (``chain`` = the dataset id, its head kept
+    on the dataset row, which every spend locks anyway) and one ``global`` chain for tenants and
+    keys (its head in ``audit_head``). ``hash`` covers the entry and ``prev_hash``, the hash of
+    the previous entry of the same chain. ``seq`` orders all entries globally.
+    """
+
+    __tablename__ = "audit_log"
+    __table_args__ = (UniqueConstraint("chain", "chain_seq"),)
+
+    seq: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    chain: Mapped[str] = mapped_column(String(64))
+    chain_seq: Mapped[int] = mapped_column(BigInteger)
+    event_type: Mapped[str] = mapped_column(String(64))
+    tenant_id: Mapped[str | None] = mapped_column(String(64))
+    dataset_id: Mapped[str | None] = mapped_column(ID)
+    payload: Mapped[dict[str, Any]]
+    prev_hash: Mapped[str] = mapped_column(HASH)
+    hash: Mapped[str] = mapped_column(HASH)
+    created_at: Mapped[datetime]
+
+
+class AuditHead(Base):
+    """The head of the ``global`` audit chain (one row, ``id = 1``): last ``seq`` and ``hash``.
+
+    Appends lock it; ``verify`` compares the chain's last entry with it, which detects a deleted
+    tail. Dataset chains keep their heads on the dataset row (``audit_seq``, ``audit_hash``).
+    """
+
+    __tablename__ = "audit_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    hash: Mapped[str] = mapped_column(HASH)
+
+
+__all__ = [
+    "RESERVATION_STATUSES",
+    "SCOPES",
+    "ApiKey",
+    "AuditEntry",
+    "AuditHead",
+    "Base",
+    "Batch",
+    "BatchRecord",
+    "Certificate",
+    "Dataset",
+    "IdempotencyKey",
+    "Release",
+    "Reservation",
+    "ReservationBatch",
+    "Task",
+    "Tenant",
+]

@@ -1,0 +1,269 @@
+"""Engines, sessions, the spend transaction, and the one place database errors become domain errors.
+
+``Database(url)`` owns an engine and hands out sessions, each one transaction:
+
+* **SQLite** (the embedded default): WAL journal (readers never block the writer), foreign keys
+  on, a busy timeout so concurrent writers queue instead of failing, and ``BEGIN IMMEDIATE`` for
+  every write transaction — the write lock is taken at ``BEGIN``, so two spend transactions can
+  never both read a batch's state before either writes it. Python's ``sqlite3`` module would
+  otherwise issue its own deferred ``BEGIN`` lazily; the pysqlite event hooks take that job over
+  (SQLAlchemy's documented recipe). Read-only sessions use a deferred ``BEGIN``.
+* **PostgreSQL**: READ COMMITTED; a spend transaction takes ``SELECT … FOR UPDATE`` on the
+  dataset's row, the *ledger head* (``lock_ledger_head``), so spends on one dataset are
+  serialised while other datasets proceed. Locks are always taken in the order dataset head →
+  audit head, so spends cannot deadlock.
+
+Integrity errors are translated here and nowhere else: a violation of a named unique constraint
+becomes the domain error registered for that name in ``CONSTRAINT_ERRORS``, raised ``from exc``.
+SQLite reports the table and columns instead of the name; ``constraint_name`` maps them back
+through the models' metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any, Final
+
+from sqlalchemy import Engine, PrimaryKeyConstraint, UniqueConstraint, create_engine, event, select
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import Pool
+
+from service.db.models import Base, Dataset
+from service.ledger.errors import (
+    BatchOverlap,
+    Conflict,
+    DuplicateIdempotencyKey,
+    LedgerError,
+)
+
+DEFAULT_BUSY_TIMEOUT_S: Final = 60.0
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text with sorted keys and no spaces: the stored form of every document."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_default)
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        raise TypeError(
+            f"a Decimal ({value}) reached a JSON document; store it as text (accountant.exact.to_text)"
+        )
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable: {value!r}")
+
+
+def create_ledger_engine(
+    url: str | URL,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 10,
+    pool_timeout_s: float = 60.0,
+    busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+    poolclass: type[Pool] | None = None,
+    echo: bool = False,
+) -> Engine:
+    """An engine configured as the module docstring says, for ``url``."""
+    url = make_url(url)
+    kwargs: dict[str, Any] = {"json_serializer": canonical_json, "echo": echo}
+    if poolclass is not None:
+        kwargs["poolclass"] = poolclass
+    if url.get_backend_name() == "sqlite":
+        if url.database in (None, "", ":memory:"):
+            raise ValueError(
+                "an in-memory SQLite database cannot be shared between connections; "
+                "use a file (sqlite:///path/to/ledger.db)"
+            )
+        kwargs["connect_args"] = {"timeout": busy_timeout_s, "check_same_thread": False}
+        if poolclass is None:
+            kwargs.update(pool_size=pool_size, max_overflow=max_overflow, pool_timeout=pool_timeout_s)
+        engine = create_engine(url, **kwargs)
+        _install_sqlite_hooks(engine, busy_timeout_s)
+        return engine
+    if poolclass is None:
+        kwargs.update(
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout=pool_timeout_s,
+            pool_pre_ping=True,
+        )
+    return create_engine(url, **kwargs)
+
+
+def _install_sqlite_hooks(engine: Engine, busy_timeout_s: float) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from the sqlite3 module; ``_on_begin`` emits it.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        mode = connection.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Error translation
+# ---------------------------------------------------------------------------------------------
+
+CONSTRAINT_ERRORS: Final[dict[str, Callable[[IntegrityError], LedgerError]]] = {
+    # The record is named by ``service.ledger.batches``, which knows what the client sent.
+    "uq_batch_records_dataset_id_record_hash": lambda exc: BatchOverlap(None),
+    "uq_idempotency_keys_tenant_id_key": lambda exc: DuplicateIdempotencyKey(),
+    "uq_releases_tenant_id_model_version": lambda exc: Conflict(
+        "this (model, version) has already been released.", reason="release_exists"
+    ),
+    "uq_certificates_release_id": lambda exc: Conflict(
+        "this release already has a certificate.", reason="release_exists"
+    ),
+    "pk_tenants": lambda exc: Conflict("the tenant already exists.", reason="tenant_exists"),
+    "uq_api_keys_key_hash": lambda exc: Conflict("the API key already exists.", reason="key_exists"),
+}
+
+
+def _columns_to_constraint() -> dict[tuple[str, tuple[str, ...]], str]:
+    out: dict[tuple[str, tuple[str, ...]], str] = {}
+    for table in Base.metadata.tables.values():
+        for constraint in table.constraints:
+            if isinstance(constraint, UniqueConstraint | PrimaryKeyConstraint) and isinstance(
+                constraint.name, str
+            ):
+                out[(table.name, tuple(c.name for c in constraint.columns))] = constraint.name
+    return out
+
+
+_BY_COLUMNS: Final = _columns_to_constraint()
+_SQLITE_UNIQUE: Final = re.compile(r"UNIQUE constraint failed: (.+)$")
+
+
+def constraint_name(exc: IntegrityError) -> str | None:
+    """The name of the violated constraint, from PostgreSQL's diagnostics or SQLite's message."""
+    diag = getattr(exc.orig, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if isinstance(name, str):
+        return name
+    match = _SQLITE_UNIQUE.search(str(exc.orig))
+    if match is None:
+        return None
+    qualified = [part.strip() for part in match.group(1).split(",")]
+    tables = {part.split(".", 1)[0] for part in qualified}
+    if len(tables) != 1:
+        return None
+    columns = tuple(part.split(".", 1)[1] for part in qualified)
+    return _BY_COLUMNS.get((tables.pop(), columns))
+
+
+def translate_integrity_error(exc: IntegrityError) -> LedgerError | None:
+    """The domain error for ``exc``, or ``None`` when no named constraint explains it."""
+    name = constraint_name(exc)
+    factory = CONSTRAINT_ERRORS.get(name) if name is not None else None
+    return factory(exc) if factory is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Database
+# ---------------------------------------------------------------------------------------------
+
+
+class Database:
+    """One database: an engine and its sessions. Thread-safe; share one per process."""
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        pool_size: int = 10,
+        max_overflow: int = 10,
+        pool_timeout_s: float = 60.0,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        echo: bool = False,
+    ) -> None:
+        self.url = make_url(url)
+        self.engine = create_ledger_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=max_overflow,
+            pool_timeout_s=pool_timeout_s,
+            busy_timeout_s=busy_timeout_s,
+            echo=echo,
+        )
+        self.dialect: str = self.engine.dialect.name
+        self._write = sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self._read = sessionmaker(
+            self.engine.execution_options(sqlite_begin="DEFERRED"),
+            expire_on_commit=False,
+            autoflush=False,
+        )
+
+    @property
+    def is_postgresql(self) -> bool:
+        return self.dialect == "postgresql"
+
+    @contextmanager
+    def session(self, *, readonly: bool = False) -> Iterator[Session]:
+        """One transaction: committed when the block ends, rolled back on any exception.
+
+        A write session on SQLite begins with ``BEGIN IMMEDIATE``. Integrity errors on named
+        constraints leave as domain errors (``translate_integrity_error``).
+        """
+        session = (self._read if readonly else self._write)()
+        try:
+            yield session
+            if not readonly:  # a read-only transaction ends with close(), which keeps loaded rows
+                session.commit()
+        except IntegrityError as exc:
+            session.rollback()
+            translated = translate_integrity_error(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    @contextmanager
+    def spend_transaction(self, dataset_id: str) -> Iterator[tuple[Session, Dataset | None]]:
+        """A write session with the dataset's ledger head locked (``None``: no such dataset)."""
+        with self.session() as session:
+            yield session, lock_ledger_head(session, dataset_id)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def lock_ledger_head(session: Session, dataset_id: str) -> Dataset | None:
+    """Lock and (re)load the dataset row, the ledger head of every spend on the dataset.
+
+    PostgreSQL: ``SELECT … FOR UPDATE``; concurrent spends on the dataset wait here. SQLite: the
+    write transaction already holds the database's write lock (``BEGIN IMMEDIATE``).
+    """
+    stmt = select(Dataset).where(Dataset.id == dataset_id).execution_options(populate_existing=True)
+    bind = session.get_bind()
+    if bind.dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    return session.scalars(stmt).one_or_none()
+
+
+__all__ = [
+    "CONSTRAINT_ERRORS",
+    "Database",
+    "canonical_json",
+    "constraint_name",
+    "create_ledger_engine",
+    "lock_ledger_head",
+    "translate_integrity_error",
+]

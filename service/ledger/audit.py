@@ -1,0 +1,286 @@
+"""The append-only, hash-chained audit log: one entry per ledger event.
+
+Entries form hash chains. Each dataset has its own chain — its ledger — whose head (last
+``chain_seq`` and ``hash``) lives on the dataset row that every spend already locks, so appending
+costs no extra lock and no extra round trip, and spends on different datasets never serialise on
+a global audit lock. Tenant and key events go to the ``global`` chain, whose head is the single
+``audit_head`` row (locked by its appends).
+
+Entry ``n`` of a chain stores ``hash_n = SHA-256(canonical JSON of {chain, chain_seq, event_type,
+tenant_id, dataset_id, payload, created_at, prev_hash = hash_{n-1}})``; every chain starts from
+``GENESIS_HASH``. ``verify`` walks every chain end to end and compares its last entry with its
+head: an edited entry fails its own hash; a deleted, inserted or reordered entry breaks the
+sequence or the next entry's ``prev_hash``; a deleted tail no longer matches the head.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from service.db.base import utcnow
+from service.db.models import AuditEntry, AuditHead, Dataset
+from service.db.session import Database, canonical_json
+
+GENESIS_HASH: Final = "0" * 64
+GLOBAL_CHAIN: Final = "global"
+HEAD_ID: Final = 1
+_VERIFY_PAGE: Final = 2000
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """A ledger event to append: ``event_type`` like ``"reservation.committed"``.
+
+    Events with a ``dataset_id`` go to that dataset's chain, the others to the global chain.
+    Payloads never contain record ids or keys.
+    """
+
+    event_type: str
+    payload: Mapping[str, Any]
+    tenant_id: str | None = None
+    dataset_id: str | None = None
+
+    @property
+    def chain(self) -> str:
+        return self.dataset_id if self.dataset_id is not None else GLOBAL_CHAIN
+
+
+def _timestamp(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def entry_hash(
+    *,
+    chain: str,
+    chain_seq: int,
+    event_type: str,
+    tenant_id: str | None,
+    dataset_id: str | None,
+    payload: Mapping[str, Any],
+    created_at: datetime,
+    prev_hash: str,
+) -> str:
+    document = {
+        "chain": chain,
+        "chain_seq": chain_seq,
+        "event_type": event_type,
+        "tenant_id": tenant_id,
+        "dataset_id": dataset_id,
+        "payload": payload,
+        "created_at": _timestamp(created_at),
+        "prev_hash": prev_hash,
+    }
+    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+
+
+def chain_rows(
+    chain: str, head_seq: int, head_hash: str, events: Iterable[AuditEvent], now: datetime
+) -> tuple[list[dict[str, Any]], int, str]:
+    """The rows that append ``events`` to a chain whose head is (``head_seq``, ``head_hash``),
+    and the new head. The caller inserts the rows and stores the head in the same transaction,
+    holding the head's lock."""
+    rows: list[dict[str, Any]] = []
+    seq, prev_hash = head_seq, head_hash
+    for event in events:
+        if event.chain != chain:
+            raise ValueError(f"event for chain {event.chain!r} appended to chain {chain!r}")
+        seq += 1
+        payload = dict(event.payload)
+        digest = entry_hash(
+            chain=chain,
+            chain_seq=seq,
+            event_type=event.event_type,
+            tenant_id=event.tenant_id,
+            dataset_id=event.dataset_id,
+            payload=payload,
+            created_at=now,
+            prev_hash=prev_hash,
+        )
+        rows.append(
+            {
+                "chain": chain,
+                "chain_seq": seq,
+                "event_type": event.event_type,
+                "tenant_id": event.tenant_id,
+                "dataset_id": event.dataset_id,
+                "payload": payload,
+                "prev_hash": prev_hash,
+                "hash": digest,
+                "created_at": now,
+            }
+        )
+        prev_hash = digest
+    return rows, seq, prev_hash
+
+
+def append(session: Session, events: Iterable[AuditEvent], *, now: datetime | None = None) -> None:
+    """Append ``events`` to their chains in ``session``'s transaction, locking each chain head.
+
+    Spend transactions, which hold the dataset row already, use ``chain_rows`` directly and
+    write the head with their own update of the dataset row.
+    """
+    at = now or utcnow()
+    by_chain: dict[str, list[AuditEvent]] = {}
+    for event in events:
+        by_chain.setdefault(event.chain, []).append(event)
+    locking = session.get_bind().dialect.name != "sqlite"
+    for chain, chain_events in by_chain.items():
+        if chain == GLOBAL_CHAIN:
+            stmt = select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == HEAD_ID)
+        else:
+            stmt = select(Dataset.audit_seq, Dataset.audit_hash).where(Dataset.id == chain)
+        if locking:
+            stmt = stmt.with_for_update()
+        head_seq, head_hash = session.execute(stmt).one()
+        rows, new_seq, new_hash = chain_rows(chain, head_seq, head_hash, chain_events, at)
+        session.execute(insert(AuditEntry), rows)
+        if chain == GLOBAL_CHAIN:
+            session.execute(
+                update(AuditHead).where(AuditHead.id == HEAD_ID).values(seq=new_seq, hash=new_hash)
+            )
+        else:
+            session.execute(
+                update(Dataset)
+                .where(Dataset.id == chain)
+                .values(audit_seq=new_seq, audit_hash=new_hash)
+            )
+
+
+@dataclass
+class Verification:
+    """``first_broken``: the ``seq`` of the first broken entry (``None`` when the break is a
+    missing tail with no entry to point at); ``chain`` / ``chain_seq`` / ``reason`` locate it."""
+
+    ok: bool
+    entries: int
+    first_broken: int | None = None
+    chain: str | None = None
+    chain_seq: int | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "entries": self.entries,
+            "first_broken": self.first_broken,
+            "chain": self.chain,
+            "chain_seq": self.chain_seq,
+            "reason": self.reason,
+        }
+
+
+def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
+    """Walk every chain (or one dataset's) end to end: ``{ok, entries, first_broken, ...}``."""
+    return verify_chains(db, dataset_id=dataset_id).to_json()
+
+
+@dataclass
+class _Break:
+    seq: int | None
+    chain: str
+    chain_seq: int
+    reason: str
+
+
+def verify_chains(db: Database, *, dataset_id: str | None = None) -> Verification:
+    """Heads are read first, then only entries up to them, so appends committed meanwhile are
+    ignored rather than mistaken for breaks (each head and its entries commit together)."""
+    with db.session(readonly=True) as session:
+        heads: dict[str, tuple[int, str]] = {}
+        dataset_stmt = select(Dataset.id, Dataset.audit_seq, Dataset.audit_hash)
+        if dataset_id is None:
+            global_head = session.execute(
+                select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == HEAD_ID)
+            ).one()
+            heads[GLOBAL_CHAIN] = (global_head.seq, global_head.hash)
+        else:
+            dataset_stmt = dataset_stmt.where(Dataset.id == dataset_id)
+        for row in session.execute(dataset_stmt):
+            heads[row.id] = (row.audit_seq, row.audit_hash)
+
+        breaks: list[_Break] = []
+        broken_chains: set[str] = set()
+        seen: dict[str, tuple[int, str]] = {}  # chain -> (last chain_seq, last hash)
+        entries = 0
+        after: tuple[str, int] = ("", 0)
+        entry_stmt = select(AuditEntry)
+        if dataset_id is not None:
+            entry_stmt = entry_stmt.where(AuditEntry.chain == dataset_id)
+        while True:
+            page = session.scalars(
+                entry_stmt.where(tuple_(AuditEntry.chain, AuditEntry.chain_seq) > after)
+                .order_by(AuditEntry.chain, AuditEntry.chain_seq)
+                .limit(_VERIFY_PAGE)
+            ).all()
+            if not page:
+                break
+            for entry in page:
+                after = (entry.chain, entry.chain_seq)
+                chain = entry.chain
+                if chain in broken_chains:
+                    continue
+                head = heads.get(chain)
+                if head is None:
+                    breaks.append(_Break(entry.seq, chain, entry.chain_seq, "no chain head"))
+                    broken_chains.add(chain)
+                    continue
+                if entry.chain_seq > head[0]:
+                    continue  # appended after the heads were read
+                entries += 1
+                last_seq, last_hash = seen.get(chain, (0, GENESIS_HASH))
+                reason = None
+                if entry.chain_seq != last_seq + 1:
+                    reason = "missing entry"
+                elif entry.prev_hash != last_hash:
+                    reason = "prev_hash does not chain"
+                elif entry.hash != entry_hash(
+                    chain=chain,
+                    chain_seq=entry.chain_seq,
+                    event_type=entry.event_type,
+                    tenant_id=entry.tenant_id,
+                    dataset_id=entry.dataset_id,
+                    payload=entry.payload,
+                    created_at=entry.created_at,
+                    prev_hash=entry.prev_hash,
+                ):
+                    reason = "entry does not match its hash"
+                if reason is not None:
+                    breaks.append(_Break(entry.seq, chain, last_seq + 1, reason))
+                    broken_chains.add(chain)
+                    continue
+                seen[chain] = (entry.chain_seq, entry.hash)
+            session.expunge_all()
+
+        for chain, (head_seq, head_hash) in heads.items():
+            if chain in broken_chains:
+                continue
+            last_seq, last_hash = seen.get(chain, (0, GENESIS_HASH))
+            if last_seq != head_seq:
+                breaks.append(_Break(None, chain, last_seq + 1, "missing entry"))
+            elif last_hash != head_hash:
+                breaks.append(_Break(None, chain, last_seq, "last entry does not match the head"))
+
+    if not breaks:
+        return Verification(True, entries)
+    first = min(breaks, key=lambda b: (b.seq is None, b.seq or 0, b.chain))
+    return Verification(False, entries, first.seq, first.chain, first.chain_seq, first.reason)
+
+
+__all__ = [
+    "GENESIS_HASH",
+    "GLOBAL_CHAIN",
+    "AuditEvent",
+    "Verification",
+    "append",
+    "chain_rows",
+    "entry_hash",
+    "verify",
+    "verify_chains",
+]

@@ -1,0 +1,347 @@
+"""Tasks and their fixed, disjoint batches.
+
+A batch is immutable once created. Its records are stored only as HMAC-SHA256(dataset salt,
+record id) under a unique constraint per dataset, so a record can be in one batch only and an
+overlapping batch is refused by the database itself (``BatchOverlap``, naming the first shared
+record id as the client gave it). Record ids are strings (1-256 characters) or integers; an
+integer and its decimal string are the same record.
+
+Batch creation locks the dataset's ledger head: concurrent creations on one dataset then insert
+their records one after the other, so they cannot deadlock on the unique index and the refused
+one can name the record it shares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from accountant.exact import to_text
+from accountant.rules import BatchState
+from service.db.models import Batch, BatchRecord, Task
+from service.db.session import Database, lock_ledger_head
+from service.ledger import audit, idempotency
+from service.ledger.datasets import check_name, load_dataset
+from service.ledger.errors import BatchOverlap, InvalidInput, NotFound
+
+MAX_BATCHES_PER_REQUEST: Final = 10_000
+MAX_RECORDS_PER_REQUEST: Final = 2_000_000
+MAX_RECORD_ID_LENGTH: Final = 256
+_INSERT_CHUNK: Final = 10_000
+_LOOKUP_CHUNK: Final = 1_000
+_EMPTY_STATE: Final = BatchState.empty().to_json()
+
+
+def record_key(record: object, field: str) -> str:
+    """The canonical text of a record id (``InvalidInput`` naming ``field`` if it is not one)."""
+    if isinstance(record, bool):
+        raise InvalidInput(field, f"must be a string or an integer. Found {record!r}.")
+    if isinstance(record, int):
+        return str(record)
+    if isinstance(record, str) and 1 <= len(record) <= MAX_RECORD_ID_LENGTH:
+        return record
+    raise InvalidInput(
+        field, f"must be a string of 1-{MAX_RECORD_ID_LENGTH} characters or an integer. Found {record!r}."
+    )
+
+
+def record_hash(salt: bytes, key: str) -> bytes:
+    return hmac.new(salt, key.encode(), hashlib.sha256).digest()
+
+
+def task_json(row: Task) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "dataset_id": row.dataset_id,
+        "name": row.name,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def batch_json(row: Batch) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "task_id": row.task_id,
+        "position": row.position,
+        "name": row.name,
+        "size": row.size,
+        "created_at": row.created_at.isoformat(),
+        "epsilon_spent": to_text(row.epsilon_spent),
+        "epsilon_held": to_text(row.epsilon_held),
+        "delta_spent": to_text(row.delta_spent),
+        "naive_sequential_epsilon": to_text(row.naive_epsilon),
+    }
+
+
+def _load_task(session: Session, dataset_id: str, task_id: str) -> Task:
+    task = session.get(Task, task_id)
+    if task is None or task.dataset_id != dataset_id:
+        raise NotFound("task", task_id)
+    return task
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------------
+
+
+def create_task(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    name: str,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Register a task of the dataset (201): ``{id, dataset_id, name, created_at}``."""
+    check_name(name)
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        load_dataset(session, tenant_id, dataset_id)
+        row = Task(id=f"task_{secrets.token_hex(12)}", dataset_id=dataset_id, name=name, created_at=at)
+        session.add(row)
+        session.flush()
+        event = audit.AuditEvent(
+            "task.created", {"task_id": row.id, "name": name}, tenant_id=tenant_id, dataset_id=dataset_id
+        )
+        return idempotency.Outcome(task_json(row), [event])
+
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="create_task",
+        request={"dataset_id": dataset_id, "name": name},
+        idempotency_key=idempotency_key,
+        body=body,
+        status_code=201,
+        now=now,
+    )
+
+
+def get_task(db: Database, tenant_id: str, dataset_id: str, task_id: str) -> dict[str, Any]:
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        return task_json(_load_task(session, dataset_id, task_id))
+
+
+def list_tasks(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
+    """The dataset's tasks, oldest first: ``{data, count}``."""
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        rows = session.scalars(
+            select(Task).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
+        ).all()
+        return {"data": [task_json(r) for r in rows], "count": len(rows)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches
+# ---------------------------------------------------------------------------------------------
+
+
+Parsed = list[tuple[str, list[str], list[str | int]]]
+
+
+def _parse_batches(batches: object) -> Parsed:
+    """``[(name, record keys, records as given)]``; refuses a record given twice in the request."""
+    if not isinstance(batches, Sequence) or isinstance(batches, str | bytes) or not batches:
+        raise InvalidInput("batches", "must be a non-empty list of {name, records}.")
+    if len(batches) > MAX_BATCHES_PER_REQUEST:
+        raise InvalidInput(
+            "batches", f"must hold at most {MAX_BATCHES_PER_REQUEST} batches. Found {len(batches)}."
+        )
+    parsed: Parsed = []
+    seen: set[str] = set()
+    total = 0
+    for i, item in enumerate(batches):
+        if not isinstance(item, Mapping):
+            raise InvalidInput(f"batches[{i}]", f"must be an object {{name, records}}. Found {item!r}.")
+        name = check_name(item.get("name"), f"batches[{i}].name")
+        records = item.get("records")
+        if not isinstance(records, Sequence) or isinstance(records, str | bytes) or not records:
+            raise InvalidInput(f"batches[{i}].records", "must be a non-empty list of record ids.")
+        total += len(records)
+        if total > MAX_RECORDS_PER_REQUEST:
+            raise InvalidInput(
+                "batches", f"must hold at most {MAX_RECORDS_PER_REQUEST} records in one request."
+            )
+        keys: list[str] = []
+        given: list[str | int] = []
+        for j, record in enumerate(records):
+            key = record_key(record, f"batches[{i}].records[{j}]")
+            as_given = record if isinstance(record, int) else key
+            if key in seen:
+                raise BatchOverlap(as_given)
+            seen.add(key)
+            keys.append(key)
+            given.append(as_given)
+        parsed.append((name, keys, given))
+    return parsed
+
+
+def create_batches(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    task_id: str,
+    *,
+    batches: Sequence[Mapping[str, Any]],
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Create fixed, disjoint batches of a task (201): ``{data: [{id, name, size, task_id,
+    created_at}]}``. ``BatchOverlap`` names the first record already in a batch of the dataset."""
+    parsed = _parse_batches(batches)
+    with db.session(readonly=True) as session:  # the salt never changes: hash outside the lock
+        dataset = load_dataset(session, tenant_id, dataset_id)
+        salt = dataset.record_salt
+    hashes = [[record_hash(salt, key) for key in keys] for _, keys, _ in parsed]
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        head = lock_ledger_head(session, dataset_id)
+        if head is None or head.tenant_id != tenant_id:
+            raise NotFound("dataset", dataset_id)
+        _load_task(session, dataset_id, task_id)
+        existing = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
+        rows = [
+            {
+                "id": f"batch_{secrets.token_hex(12)}",
+                "dataset_id": dataset_id,
+                "task_id": task_id,
+                "position": (existing or 0) + i,
+                "name": name,
+                "size": len(keys),
+                "state": _EMPTY_STATE,
+                "created_at": at,
+            }
+            for i, (name, keys, _) in enumerate(parsed)
+        ]
+        session.execute(insert(Batch), rows)
+        records = [
+            {"dataset_id": dataset_id, "batch_id": row["id"], "record_hash": digest}
+            for row, digests in zip(rows, hashes, strict=True)
+            for digest in digests
+        ]
+        for start in range(0, len(records), _INSERT_CHUNK):
+            session.execute(insert(BatchRecord), records[start : start + _INSERT_CHUNK])
+        data = [
+            {
+                "id": row["id"],
+                "name": row["name"],
+                "size": row["size"],
+                "task_id": task_id,
+                "created_at": at.isoformat(),
+            }
+            for row in rows
+        ]
+        event = audit.AuditEvent(
+            "batches.created",
+            {"task_id": task_id, "batches": [{k: b[k] for k in ("id", "name", "size")} for b in data]},
+            tenant_id=tenant_id,
+            dataset_id=dataset_id,
+        )
+        return idempotency.Outcome({"data": data}, [event])
+
+    try:
+        return idempotency.execute(
+            db,
+            tenant_id=tenant_id,
+            operation="create_batches",
+            request={
+                "dataset_id": dataset_id,
+                "task_id": task_id,
+                "batches": [{"name": n, "records": keys} for n, keys, _ in parsed],
+            },
+            idempotency_key=idempotency_key,
+            body=body,
+            status_code=201,
+            now=now,
+        )
+    except BatchOverlap as exc:
+        if exc.record_id is not None:
+            raise
+        shared = _first_shared_record(db, dataset_id, parsed, hashes)
+        if shared is None:
+            raise
+        raise BatchOverlap(shared) from exc
+
+
+def _first_shared_record(
+    db: Database,
+    dataset_id: str,
+    parsed: Parsed,
+    hashes: list[list[bytes]],
+) -> str | int | None:
+    """The first record (in the client's order, as the client gave it) already in the dataset."""
+    given = [record for _, _, records in parsed for record in records]
+    digests = [digest for batch in hashes for digest in batch]
+    with db.session(readonly=True) as session:
+        for start in range(0, len(digests), _LOOKUP_CHUNK):
+            chunk = digests[start : start + _LOOKUP_CHUNK]
+            existing = set(
+                session.scalars(
+                    select(BatchRecord.record_hash).where(
+                        BatchRecord.dataset_id == dataset_id, BatchRecord.record_hash.in_(chunk)
+                    )
+                )
+            )
+            for offset, digest in enumerate(chunk):
+                if bytes(digest) in existing:
+                    return given[start + offset]
+    return None
+
+
+def get_batch(db: Database, tenant_id: str, dataset_id: str, batch_id: str) -> dict[str, Any]:
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        row = session.get(Batch, batch_id)
+        if row is None or row.dataset_id != dataset_id:
+            raise NotFound("batch", batch_id)
+        return batch_json(row)
+
+
+def list_batches(
+    db: Database, tenant_id: str, dataset_id: str, *, task_id: str | None = None
+) -> dict[str, Any]:
+    """The dataset's (or one task's) batches with their spend: ``{data, count}``."""
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        stmt = select(Batch).where(Batch.dataset_id == dataset_id)
+        if task_id is not None:
+            _load_task(session, dataset_id, task_id)
+            stmt = select(Batch).where(Batch.task_id == task_id)
+        rows = session.scalars(stmt.order_by(Batch.created_at, Batch.task_id, Batch.position)).all()
+        return {"data": [batch_json(r) for r in rows], "count": len(rows)}
+
+
+def count_records(db: Database, dataset_id: str) -> int:
+    with db.session(readonly=True) as session:
+        return int(
+            session.scalar(
+                select(func.count()).select_from(BatchRecord).where(BatchRecord.dataset_id == dataset_id)
+            )
+            or 0
+        )
+
+
+__all__ = [
+    "MAX_RECORD_ID_LENGTH",
+    "batch_json",
+    "count_records",
+    "create_batches",
+    "create_task",
+    "get_batch",
+    "get_task",
+    "list_batches",
+    "list_tasks",
+    "record_hash",
+    "record_key",
+]

@@ -1,0 +1,161 @@
+"""Certificates: issued by ``accountant.certificates`` at every commit, stored, listed, fetched.
+
+A certificate is the frozen JSON record ``accountant.certificates.issue`` returns: rule,
+accountant, inputs (events, δ, the per-batch histories the commit touched), the result bound,
+library versions and a content hash; ``accountant.certificates.verify`` re-checks it offline from
+its own contents. The ledger stores it unchanged (``certificates.body``) with its content hash.
+
+Answer shape: ``{id, dataset_id, reservation_id, release, content_hash, created_at,
+certificate}`` where ``certificate`` is the issued record itself (its ``hash`` field is
+``content_hash``) — pass it to ``accountant.certificates.verify`` as it is.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from accountant import certificates as issuing
+from accountant.certificates import BatchRecord
+from accountant.events import DpEvent
+from accountant.rules import Budget, Charge
+from service.db.models import Certificate, Release
+from service.db.session import Database
+from service.ledger.datasets import load_dataset
+from service.ledger.errors import InvalidInput, NotFound
+
+MAX_PAGE: Final = 1000
+
+
+def issue_for_commit(
+    session: Session,
+    *,
+    tenant_id: str,
+    dataset_id: str,
+    reservation_id: str,
+    release_id: str,
+    release: Mapping[str, Any],
+    budget: Budget,
+    charge: Charge,
+    partial_event: DpEvent | None,
+    batches: Sequence[BatchRecord],
+    at: datetime,
+) -> dict[str, Any]:
+    """Issue the commit's certificate, store it in ``session``'s transaction, return its JSON."""
+    certificate_id = f"cert_{secrets.token_hex(12)}"
+    body = issuing.issue(
+        budget=budget,
+        charge=charge,
+        batches=batches,
+        reservation_id=reservation_id,
+        release=dict(release),
+        partial_event=partial_event,
+        release_id=release_id,
+        dataset_id=dataset_id,
+        issued_at=at.isoformat(),
+    )
+    content_hash = str(body["hash"])
+    session.execute(
+        insert(Certificate),
+        {
+            "id": certificate_id,
+            "tenant_id": tenant_id,
+            "dataset_id": dataset_id,
+            "reservation_id": reservation_id,
+            "release_id": release_id,
+            "body": body,
+            "content_hash": content_hash,
+            "created_at": at,
+        },
+    )
+    return _json(
+        certificate_id, dataset_id, reservation_id, dict(release), content_hash, at, body
+    )
+
+
+def _json(
+    certificate_id: str,
+    dataset_id: str,
+    reservation_id: str,
+    release: dict[str, Any],
+    content_hash: str,
+    created_at: datetime,
+    body: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "id": certificate_id,
+        "dataset_id": dataset_id,
+        "reservation_id": reservation_id,
+        "release": release,
+        "content_hash": content_hash,
+        "created_at": created_at.isoformat(),
+        "certificate": body,
+    }
+
+
+def _row_json(row: Certificate, release: Release) -> dict[str, Any]:
+    stated = row.body.get("release") if isinstance(row.body, Mapping) else None
+    release_json = (
+        dict(stated) if isinstance(stated, Mapping) else {"model": release.model, "version": release.version}
+    )
+    return _json(
+        row.id, row.dataset_id, row.reservation_id, release_json, row.content_hash, row.created_at, row.body
+    )
+
+
+def list_certificates(
+    db: Database, tenant_id: str, dataset_id: str, *, limit: int = 100, offset: int = 0
+) -> dict[str, Any]:
+    """The dataset's certificates, oldest first: ``{data, count}``."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
+    if offset < 0:
+        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        rows = session.execute(
+            select(Certificate, Release)
+            .join(Release, Release.id == Certificate.release_id)
+            .where(Certificate.dataset_id == dataset_id)
+            .order_by(Certificate.created_at, Certificate.id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        count = session.scalar(
+            select(func.count()).select_from(Certificate).where(Certificate.dataset_id == dataset_id)
+        )
+        return {"data": [_row_json(c, r) for c, r in rows], "count": count or 0}
+
+
+def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[str, Any]:
+    """One certificate by id (another tenant's answers ``NotFound``)."""
+    with db.session(readonly=True) as session:
+        row = session.execute(
+            select(Certificate, Release)
+            .join(Release, Release.id == Certificate.release_id)
+            .where(Certificate.id == certificate_id)
+        ).one_or_none()
+        if row is None or row[0].tenant_id != tenant_id:
+            raise NotFound("certificate", certificate_id)
+        return _row_json(row[0], row[1])
+
+
+def verify_stored(db: Database, tenant_id: str, certificate_id: str) -> dict[str, Any]:
+    """Re-verify a stored certificate with ``accountant.certificates.verify``: ``{ok, reason}``."""
+    certificate = get_certificate(db, tenant_id, certificate_id)["certificate"]
+    result = issuing.verify(certificate)
+    return {"ok": bool(result.ok), "reason": result.reason}
+
+
+__all__ = [
+    "BatchRecord",
+    "get_certificate",
+    "issue_for_commit",
+    "list_certificates",
+    "verify_stored",
+]

@@ -1,0 +1,226 @@
+"""Datasets and their budgets.
+
+A dataset is created with a budget ``{rule, epsilon, delta, accountant, geometric?: {first,
+ratio}, orders?, plan?: [events]}``, validated by ``accountant.rules.Budget.create`` (a sequential
+dataset on ``prv`` must declare its ``plan`` of events here; its PRV ε is computed once, now, and
+stored with the budget). The budget never changes afterwards, so parsed budgets are cached per
+dataset id (``budget_of``).
+
+Answers (JSON-ready): ``{id, name, budget, created_at}`` with the budget's numbers as decimal
+strings (``Budget.to_json``).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from accountant import events as ev
+from accountant.base import AccountantError, InvalidArgumentError, UnsupportedEventError
+from accountant.events import DpEvent, EventValidationError
+from accountant.rules import Budget
+from service.db.models import Dataset
+from service.db.session import Database
+from service.ledger import audit, idempotency
+from service.ledger.errors import InvalidInput, NotFound
+
+MAX_NAME_LENGTH: Final = 200
+_BUDGET_KEYS: Final = frozenset({"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan"})
+_CACHE_SIZE: Final = 4096
+
+
+def check_name(value: object, field: str = "name") -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_LENGTH:
+        raise InvalidInput(
+            field, f"must be a non-empty string of at most {MAX_NAME_LENGTH} characters. Found {value!r}."
+        )
+    return value
+
+
+def parse_budget(obj: object) -> Budget:
+    """The ``Budget`` for a request's ``budget`` object; ``InvalidInput`` names the bad field."""
+    if not isinstance(obj, Mapping):
+        raise InvalidInput("budget", f"must be an object. Found {obj!r}.")
+    unknown = sorted(set(obj) - _BUDGET_KEYS)
+    if unknown:
+        raise InvalidInput(
+            f"budget.{unknown[0]}", f"is not a budget field (allowed: {sorted(_BUDGET_KEYS)})."
+        )
+    for name in ("rule", "epsilon", "delta", "accountant"):
+        if name not in obj:
+            raise InvalidInput(f"budget.{name}", "is required.")
+    plan: list[DpEvent] | None = None
+    if obj.get("plan") is not None:
+        items = obj["plan"]
+        if not isinstance(items, list):
+            raise InvalidInput("budget.plan", f"must be a list of events. Found {items!r}.")
+        try:
+            plan = [ev.from_json(item, f"budget.plan[{i}]") for i, item in enumerate(items)]
+        except EventValidationError as exc:
+            raise InvalidInput(exc.field, exc.message) from None
+    orders = obj.get("orders")
+    try:
+        return Budget.create(
+            rule=obj["rule"],
+            epsilon=obj["epsilon"],
+            delta=obj["delta"],
+            accountant=obj["accountant"],
+            geometric=obj.get("geometric"),
+            orders=orders,
+            plan=plan,
+        )
+    except InvalidArgumentError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+    except UnsupportedEventError as exc:
+        raise InvalidInput("budget.plan", str(exc)) from None
+    except (AccountantError, TypeError, ValueError) as exc:
+        raise InvalidInput("budget", str(exc)) from None
+
+
+class _BudgetCache:
+    """Parsed budgets by dataset id (budgets are immutable, so entries never go stale)."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[str, Budget] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, dataset_id: str, load: Callable[[], Any]) -> Budget:
+        with self._lock:
+            budget = self._items.get(dataset_id)
+            if budget is not None:
+                self._items.move_to_end(dataset_id)
+                return budget
+        budget = Budget.from_json(load())
+        with self._lock:
+            self._items[dataset_id] = budget
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return budget
+
+
+_budgets: Final = _BudgetCache(_CACHE_SIZE)
+
+
+def budget_of(dataset: Dataset) -> Budget:
+    """The dataset's parsed budget (cached)."""
+    return _budgets.get(dataset.id, lambda: dataset.budget)
+
+
+def cached_budget(dataset_id: str, load: Callable[[], Any]) -> Budget:
+    """The parsed budget of ``dataset_id``; ``load()`` returns its stored JSON on a cache miss."""
+    return _budgets.get(dataset_id, load)
+
+
+def dataset_json(row: Dataset) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "budget": row.budget,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def load_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
+    """The tenant's dataset, or ``NotFound`` (another tenant's dataset is not found either)."""
+    row = session.get(Dataset, dataset_id)
+    if row is None or row.tenant_id != tenant_id:
+        raise NotFound("dataset", dataset_id)
+    return row
+
+
+def create_dataset(
+    db: Database,
+    tenant_id: str,
+    *,
+    name: str,
+    budget: Mapping[str, Any],
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Create a dataset with its budget (201). ``InvalidInput`` names a bad field."""
+    check_name(name)
+    parsed = parse_budget(budget)
+    document = parsed.to_json()
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        row = Dataset(
+            id=f"ds_{secrets.token_hex(12)}",
+            tenant_id=tenant_id,
+            name=name,
+            rule=parsed.rule,
+            accountant=parsed.accountant,
+            budget=document,
+            epsilon_budget=parsed.epsilon,
+            delta_budget=parsed.delta,
+            record_salt=secrets.token_bytes(32),
+            created_at=at,
+            updated_at=at,
+        )
+        session.add(row)
+        session.flush()
+        event = audit.AuditEvent(
+            "dataset.created",
+            {"name": name, "budget": document},
+            tenant_id=tenant_id,
+            dataset_id=row.id,
+        )
+        return idempotency.Outcome(dataset_json(row), [event])
+
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="create_dataset",
+        request={"name": name, "budget": dict(budget)},
+        idempotency_key=idempotency_key,
+        body=body,
+        status_code=201,
+        now=now,
+    )
+
+
+def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
+    with db.session(readonly=True) as session:
+        return dataset_json(load_dataset(session, tenant_id, dataset_id))
+
+
+def list_datasets(
+    db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0
+) -> dict[str, Any]:
+    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them)."""
+    if limit < 1 or limit > 1000:
+        raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")
+    if offset < 0:
+        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+    with db.session(readonly=True) as session:
+        rows = session.scalars(
+            select(Dataset)
+            .where(Dataset.tenant_id == tenant_id)
+            .order_by(Dataset.created_at, Dataset.id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        count = session.scalar(
+            select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
+        )
+        return {"data": [dataset_json(r) for r in rows], "count": count or 0}
+
+
+__all__ = [
+    "budget_of",
+    "cached_budget",
+    "check_name",
+    "create_dataset",
+    "dataset_json",
+    "get_dataset",
+    "list_datasets",
+    "load_dataset",
+    "parse_budget",
+]

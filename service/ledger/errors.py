@@ -1,0 +1,182 @@
+"""Domain errors of the ledger: what a refused or invalid ledger operation raises.
+
+Nothing below the HTTP router raises ``HTTPException``; the API maps these in one place. Every
+error carries a stable ``code`` (the ``error`` field of the JSON answer), an HTTP ``status`` hint,
+a human ``message`` naming the field and the value, and ``details`` merged into the JSON body:
+``{"error": code, "message": message, **details}`` (``to_json``).
+
+A refused operation changes nothing: every ledger operation is one database transaction and a
+domain error rolls it back (the one exception, documented in ``reservations``, is the expiry that a
+late commit discovers: it is stored before ``ReservationExpired`` is raised).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LedgerError(Exception):
+    """Base class. ``code``: stable error code; ``status``: HTTP status hint."""
+
+    code: str = "ledger_error"
+    status: int = 400
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message, **self.details}
+
+
+class NotFound(LedgerError):
+    """An unknown id, or an id of another tenant (which must look exactly the same)."""
+
+    code = "not_found"
+    status = 404
+
+    def __init__(self, what: str, identifier: object) -> None:
+        super().__init__(f"{what} {identifier!r} not found.", details={"resource": what})
+        self.what = what
+        self.identifier = identifier
+
+
+class InvalidInput(LedgerError):
+    """Malformed input. ``field`` is the dotted path of the bad field (``"event.epsilon"``)."""
+
+    code = "invalid_input"
+    status = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        text = message if message.startswith(field) else f"{field} {message}"
+        super().__init__(text, details={"field": field})
+        self.field = field
+
+
+class BudgetExceeded(LedgerError):
+    """The charge does not fit: ``remaining`` and ``requested`` as decimal strings."""
+
+    code = "budget_exceeded"
+    status = 409
+
+    def __init__(
+        self,
+        remaining: dict[str, str],
+        requested: dict[str, str],
+        message: str = "",
+        *,
+        batch_id: str | None = None,
+    ) -> None:
+        details: dict[str, Any] = {"remaining": remaining, "requested": requested}
+        if batch_id is not None:
+            details["batch_id"] = batch_id
+        super().__init__(
+            message or f"the charge {requested} does not fit the remaining budget {remaining}.",
+            details=details,
+        )
+        self.remaining = remaining
+        self.requested = requested
+        self.batch_id = batch_id
+
+
+class BatchOverlap(LedgerError):
+    """A record id is already in a batch of this dataset (or twice in the request)."""
+
+    code = "batch_overlap"
+    status = 409
+
+    def __init__(self, record_id: str | int | None) -> None:
+        message = (
+            f"record {record_id!r} is already in a batch of this dataset."
+            if record_id is not None
+            else "a record is already in a batch of this dataset."
+        )
+        super().__init__(message, details={"record_id": record_id})
+        self.record_id = record_id
+
+
+class ChargeRefused(LedgerError):
+    """The rule refuses the charge for a reason other than its size.
+
+    ``code`` is the rule's reason: ``batch_already_read`` (parallel, S2), ``no_geometric_level``,
+    ``outside_plan`` (prv plan), ``noise_commitment_mismatch`` (lifelong), ...
+    """
+
+    status = 409
+
+    def __init__(self, code: str, message: str, *, batch_id: str | None = None) -> None:
+        details: dict[str, Any] = {}
+        if batch_id is not None:
+            details["batch_id"] = batch_id
+        super().__init__(message, details=details)
+        self.code = code
+        self.batch_id = batch_id
+
+
+class IdempotencyConflict(LedgerError):
+    """An Idempotency-Key reused for a different request."""
+
+    code = "idempotency_conflict"
+    status = 409
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"Idempotency-Key {key!r} was already used for a different request.",
+            details={"idempotency_key": key},
+        )
+        self.key = key
+
+
+class Conflict(LedgerError):
+    """The operation conflicts with the current state (``reason`` says how)."""
+
+    code = "conflict"
+    status = 409
+
+    def __init__(self, message: str, *, reason: str = "conflict", **details: Any) -> None:
+        super().__init__(message, details={"reason": reason, **details})
+        self.reason = reason
+
+
+class DuplicateIdempotencyKey(Conflict):
+    """Another request with the same Idempotency-Key committed first (a race between retries).
+
+    ``service.ledger.idempotency`` catches it and answers with the stored first answer; it reaches
+    a client only if that answer cannot be read, as a 409 asking to retry.
+    """
+
+    code = "idempotency_in_progress"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "a request with this Idempotency-Key is being processed; retry it.",
+            reason="idempotency_in_progress",
+        )
+
+
+class ReservationExpired(Conflict):
+    """A commit arrived after the reservation's TTL: the hold was freed, nothing was spent."""
+
+    code = "reservation_expired"
+
+    def __init__(self, reservation_id: str) -> None:
+        super().__init__(
+            f"reservation {reservation_id!r} expired; its hold was freed and nothing was spent.",
+            reason="reservation_expired",
+            reservation_id=reservation_id,
+        )
+
+
+__all__ = [
+    "BatchOverlap",
+    "BudgetExceeded",
+    "ChargeRefused",
+    "Conflict",
+    "DuplicateIdempotencyKey",
+    "IdempotencyConflict",
+    "InvalidInput",
+    "LedgerError",
+    "NotFound",
+    "ReservationExpired",
+]

@@ -1,0 +1,519 @@
+"""Data sources named by URI, parsed without reading anything and loaded only when called.
+
+The release flow (DESIGN.md) reserves a run's cost *before* the worker reads private data, so a
+source is two steps: ``parse_source(uri)`` validates the URI and touches nothing (the API can call
+it when a dataset is created); ``DataSource.load()`` reads the records, and the worker calls it
+only after the ledger granted the reservation. numpy only: no torch here.
+
+URIs
+----
+* ``file:///abs/path.npz`` — arrays ``record_id`` (N), ``X`` or ``features`` (N, …), ``y`` or
+  ``label`` (N, integer classes); optional ``task`` (N, integer task index, default 0 for all) and
+  a held-out evaluation split ``test_X``/``test_features`` with ``test_y``/``test_label``.
+  Features of shape (N, H, W) or (N, C, H, W) are images; they are stored flat with
+  ``image_shape``.
+* ``file:///abs/path.csv`` — a header row with a ``record_id`` column, a ``label`` column, optional
+  ``task`` and ``split`` (``train`` | ``test``) columns; every other column is a numeric feature,
+  in file order.
+* ``builtin:digits`` — scikit-learn's bundled 8×8 digits (1797 images, pixel values scaled to
+  [0, 1]); record ids ``digits-0000`` … ``digits-1796`` by position in scikit-learn's array; a
+  fixed stratified split of 360 test images, independent of any seed.
+* ``builtin:permuted-digits?tasks=N[&seed=S]`` — the digits' training records partitioned (seeded)
+  into N disjoint tasks; task t's images have their 64 pixels permuted by a fixed, seeded
+  permutation πₜ (π₀ is the identity, as in Permuted MNIST). Each task's test split is the whole
+  test set under πₜ.
+* ``builtin:split-digits?tasks=N[&seed=S]`` — the ten classes split into N contiguous groups
+  (N ≤ 10); task t holds the training records of its classes. Labels stay global (0–9), so a
+  head released after any task covers every class (assumption S1 of the DP continual-learning
+  paper).
+
+Privacy notes
+-------------
+Only the training records are private and ledgered: ``check_records`` compares the training
+record ids with the ledger's batches. Test splits are held-out evaluation data (public, or
+released only through accuracy numbers the operator accepts); they carry no ledger charge.
+Every task of a built-in stream holds *different* records, so parallel composition over tasks
+is honest: no image appears in two tasks under two record ids.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import numpy as np
+import numpy.typing as npt
+
+DIGITS_TEST_SIZE: Final = 360
+DIGITS_SPLIT_SEED: Final = 20_240_611
+DIGITS_IMAGE_SHAPE: Final = (1, 8, 8)
+MAX_TASKS: Final = 1_000
+_SAMPLE: Final = 5  # how many offending record ids an error message names
+
+FloatArray = npt.NDArray[np.float32]
+LabelArray = npt.NDArray[np.int64]
+
+
+class DataSourceError(ValueError):
+    """A data source URI or its contents are invalid; the message names the URI and the field."""
+
+
+class RecordMismatchError(DataSourceError):
+    """The source's training record ids are not exactly the ledger's batches.
+
+    ``missing``: in a batch but not in the source; ``unexpected``: in the source but in no batch;
+    ``duplicated``: named twice (in two batches, or twice in the source). Each is sorted.
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        missing: Sequence[str],
+        unexpected: Sequence[str],
+        duplicated: Sequence[str],
+    ) -> None:
+        parts = []
+        for label, ids in (
+            ("in the ledger's batches but not in the source", missing),
+            ("in the source but in none of the ledger's batches", unexpected),
+            ("named more than once", duplicated),
+        ):
+            if ids:
+                shown = ", ".join(repr(i) for i in ids[:_SAMPLE])
+                more = f", … ({len(ids) - _SAMPLE} more)" if len(ids) > _SAMPLE else ""
+                parts.append(f"{len(ids)} record id(s) {label}: {shown}{more}")
+        super().__init__(
+            f"record ids of data source {uri!r} do not match the ledger's batches; "
+            + "; ".join(parts)
+            + ". Training was not started."
+        )
+        self.uri = uri
+        self.missing = tuple(missing)
+        self.unexpected = tuple(unexpected)
+        self.duplicated = tuple(duplicated)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TaskSplit:
+    """The records of one task: ids, flat float32 features (n, d) and int64 labels (n,)."""
+
+    task: int
+    record_ids: tuple[str, ...]
+    features: FloatArray
+    labels: LabelArray
+
+    def __post_init__(self) -> None:
+        n = len(self.record_ids)
+        if self.features.ndim != 2 or self.features.shape[0] != n or self.labels.shape != (n,):
+            raise DataSourceError(
+                f"task {self.task}: {n} record ids, features of shape {self.features.shape} and "
+                f"labels of shape {self.labels.shape} do not line up."
+            )
+
+    def __len__(self) -> int:
+        return len(self.record_ids)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class LoadedData:
+    """Training records per task (private, ledgered) and a held-out test split per task."""
+
+    uri: str
+    train: tuple[TaskSplit, ...]
+    test: tuple[TaskSplit, ...]
+    num_classes: int
+    n_features: int
+    image_shape: tuple[int, int, int] | None = None
+
+    @property
+    def n_records(self) -> int:
+        """How many training records (the ``n_records`` a training plan is made for)."""
+        return sum(len(t) for t in self.train)
+
+    @property
+    def record_ids(self) -> tuple[str, ...]:
+        return tuple(r for t in self.train for r in t.record_ids)
+
+    def train_arrays(self) -> tuple[FloatArray, LabelArray]:
+        """All tasks' training features and labels, concatenated in task order."""
+        return _concat(self.train, self.n_features)
+
+    def test_arrays(self) -> tuple[FloatArray, LabelArray]:
+        """All tasks' test features and labels, concatenated in task order (may be empty)."""
+        return _concat(self.test, self.n_features)
+
+    def restrict(self, record_ids: Iterable[str]) -> LoadedData:
+        """The same data with only the training records in ``record_ids`` (e.g. reserved batches).
+
+        Raises ``RecordMismatchError`` for an id the source does not hold. Test splits are kept.
+        """
+        wanted = set(record_ids)
+        known = set(self.record_ids)
+        missing = sorted(wanted - known)
+        if missing:
+            raise RecordMismatchError(self.uri, missing=missing, unexpected=(), duplicated=())
+        tasks = []
+        for t in self.train:
+            keep = np.fromiter((r in wanted for r in t.record_ids), dtype=bool, count=len(t))
+            if keep.any():
+                ids = tuple(r for r, k in zip(t.record_ids, keep, strict=True) if k)
+                tasks.append(TaskSplit(t.task, ids, t.features[keep], t.labels[keep]))
+        return replace(self, train=tuple(tasks))
+
+
+def _concat(splits: Sequence[TaskSplit], n_features: int) -> tuple[FloatArray, LabelArray]:
+    if not splits:
+        return np.zeros((0, n_features), dtype=np.float32), np.zeros(0, dtype=np.int64)
+    features = np.concatenate([s.features for s in splits]).astype(np.float32, copy=False)
+    labels = np.concatenate([s.labels for s in splits]).astype(np.int64, copy=False)
+    return features, labels
+
+
+# ---------------------------------------------------------------------------------------------
+# URIs
+# ---------------------------------------------------------------------------------------------
+
+BUILTINS: Final = ("digits", "permuted-digits", "split-digits")
+
+
+@dataclass(frozen=True, slots=True)
+class DataSource:
+    """A parsed, validated source URI. Nothing is read until ``load()``."""
+
+    uri: str
+    kind: str  # "npz" | "csv" | "digits" | "permuted-digits" | "split-digits"
+    path: Path | None = None
+    tasks: int = 1
+    seed: int = 0
+
+    def load(self) -> LoadedData:
+        """Read the records. Call only after the ledger granted the run's reservation."""
+        if self.kind == "npz":
+            assert self.path is not None
+            return _load_npz(self.uri, self.path)
+        if self.kind == "csv":
+            assert self.path is not None
+            return _load_csv(self.uri, self.path)
+        return _load_digits(self.uri, self.kind, self.tasks, self.seed)
+
+
+def parse_source(uri: str) -> DataSource:
+    """Validate ``uri`` (see the module docstring) without reading the data it names."""
+    if not isinstance(uri, str) or not uri:
+        raise DataSourceError(f"data source must be a non-empty URI string. Found {uri!r}.")
+    parts = urlsplit(uri)
+    if parts.scheme == "file":
+        raw = unquote(parts.netloc + parts.path)
+        if parts.query or parts.fragment:
+            raise DataSourceError(f"data source {uri!r}: a file URI takes no query or fragment.")
+        path = Path(raw)
+        suffix = path.suffix.lower()
+        if suffix not in (".npz", ".csv"):
+            raise DataSourceError(f"data source {uri!r}: a file must end in .npz or .csv. Found {suffix!r}.")
+        return DataSource(uri=uri, kind=suffix[1:], path=path)
+    if parts.scheme == "builtin":
+        name = parts.path
+        if name not in BUILTINS:
+            raise DataSourceError(f"data source {uri!r}: unknown builtin {name!r}; known: {list(BUILTINS)}.")
+        try:
+            query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+        except ValueError as exc:
+            raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
+        allowed = {"tasks", "seed"} if name != "digits" else set()
+        unknown = sorted(set(query) - allowed)
+        if unknown:
+            raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
+        tasks = _query_int(uri, query, "tasks", 1, maximum=10 if name == "split-digits" else MAX_TASKS)
+        if name != "digits" and "tasks" not in query:
+            raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
+        seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
+        return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed)
+    raise DataSourceError(f"data source {uri!r}: scheme must be 'file' or 'builtin'. Found {parts.scheme!r}.")
+
+
+def _query_int(
+    uri: str, query: Mapping[str, str], name: str, default: int, *, minimum: int = 1, maximum: int
+) -> int:
+    if name not in query:
+        return default
+    text = query[name]
+    if not text.isdigit() or not minimum <= int(text) <= maximum:
+        raise DataSourceError(
+            f"data source {uri!r}: {name} must be an integer in [{minimum}, {maximum}]. Found {text!r}."
+        )
+    return int(text)
+
+
+def load_data(uri: str) -> LoadedData:
+    """``parse_source(uri).load()``: validate and read in one call."""
+    return parse_source(uri).load()
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger check
+# ---------------------------------------------------------------------------------------------
+
+
+def check_records(data: LoadedData, batches: Mapping[str, Collection[str]]) -> None:
+    """Raise ``RecordMismatchError`` unless the training record ids are exactly the batches'.
+
+    ``batches`` maps a ledger batch id to its record ids. Every record must be in exactly one
+    batch and in the source once; the worker calls this before training, so a mismatch fails the
+    job with nothing trained and nothing released.
+    """
+    in_batches: Counter[str] = Counter()
+    for records in batches.values():
+        in_batches.update(records)
+    in_source = Counter(data.record_ids)
+    duplicated = sorted({r for r, c in in_batches.items() if c > 1} | {r for r, c in in_source.items() if c > 1})
+    missing = sorted(in_batches.keys() - in_source.keys())
+    unexpected = sorted(in_source.keys() - in_batches.keys())
+    if missing or unexpected or duplicated:
+        raise RecordMismatchError(data.uri, missing=missing, unexpected=unexpected, duplicated=duplicated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaders
+# ---------------------------------------------------------------------------------------------
+
+
+def _build(
+    uri: str,
+    ids: Sequence[str],
+    features: npt.NDArray[np.floating],
+    labels: npt.NDArray[np.integer],
+    tasks: npt.NDArray[np.integer],
+    test: tuple[npt.NDArray[np.floating], npt.NDArray[np.integer]] | None,
+    image_shape: tuple[int, int, int] | None,
+) -> LoadedData:
+    n = len(ids)
+    if n == 0:
+        raise DataSourceError(f"data source {uri!r} holds no training records.")
+    if features.shape[0] != n or labels.shape != (n,) or tasks.shape != (n,):
+        raise DataSourceError(
+            f"data source {uri!r}: {n} record ids, features {features.shape}, labels {labels.shape} "
+            f"and tasks {tasks.shape} do not line up."
+        )
+    counts = Counter(ids)
+    dup = sorted(r for r, c in counts.items() if c > 1)
+    if dup:
+        raise DataSourceError(f"data source {uri!r}: record_id {dup[0]!r} occurs {counts[dup[0]]} times.")
+    flat = np.ascontiguousarray(features.reshape(n, -1), dtype=np.float32)
+    if not np.isfinite(flat).all():
+        raise DataSourceError(f"data source {uri!r}: features must be finite (found NaN or inf).")
+    if (labels < 0).any() or (tasks < 0).any():
+        raise DataSourceError(f"data source {uri!r}: label and task must be integers >= 0.")
+    test_x = np.zeros((0, flat.shape[1]), dtype=np.float32)
+    test_y = np.zeros(0, dtype=np.int64)
+    if test is not None:
+        test_x = np.ascontiguousarray(test[0].reshape(test[0].shape[0], -1), dtype=np.float32)
+        test_y = test[1].astype(np.int64)
+        if test_x.shape[1] != flat.shape[1] or test_y.shape != (test_x.shape[0],):
+            raise DataSourceError(
+                f"data source {uri!r}: test features {test_x.shape} and labels {test_y.shape} do not "
+                f"match {flat.shape[1]} training features."
+            )
+        if not np.isfinite(test_x).all() or (test_y < 0).any():
+            raise DataSourceError(f"data source {uri!r}: test features must be finite and labels >= 0.")
+    num_classes = int(max(labels.max(), test_y.max() if test_y.size else 0)) + 1
+    d = flat.shape[1]
+    if image_shape is None and math.isqrt(d) ** 2 == d:
+        image_shape = (1, math.isqrt(d), math.isqrt(d))
+    train = []
+    for t in np.unique(tasks):
+        mask = tasks == t
+        train.append(
+            TaskSplit(
+                int(t),
+                tuple(r for r, m in zip(ids, mask, strict=True) if m),
+                flat[mask],
+                labels[mask].astype(np.int64),
+            )
+        )
+    test_splits = (TaskSplit(0, tuple(f"test-{i}" for i in range(len(test_y))), test_x, test_y),) if len(test_y) else ()
+    return LoadedData(
+        uri=uri,
+        train=tuple(train),
+        test=test_splits,
+        num_classes=max(num_classes, 2),
+        n_features=d,
+        image_shape=image_shape,
+    )
+
+
+def _integer_array(uri: str, name: str, values: npt.NDArray[np.generic]) -> npt.NDArray[np.int64]:
+    if values.dtype.kind in "iu":
+        return values.astype(np.int64)
+    if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
+        return values.astype(np.int64)
+    raise DataSourceError(f"data source {uri!r}: {name} must hold integers. Found dtype {values.dtype}.")
+
+
+def _image_shape(shape: tuple[int, ...]) -> tuple[int, int, int] | None:
+    if len(shape) == 3:
+        return (1, shape[1], shape[2])
+    if len(shape) == 4:
+        return (shape[1], shape[2], shape[3])
+    return None
+
+
+def _load_npz(uri: str, path: Path) -> LoadedData:
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except FileNotFoundError as exc:
+        raise DataSourceError(f"data source {uri!r}: no such file {str(path)!r}.") from exc
+    except (OSError, ValueError) as exc:
+        raise DataSourceError(f"data source {uri!r}: not a readable .npz file ({exc}).") from exc
+    with archive:
+        arrays = {name: archive[name] for name in archive.files}
+
+    def pick(*names: str, required: bool = True) -> npt.NDArray[np.generic] | None:
+        for name in names:
+            if name in arrays:
+                return arrays[name]
+        if required:
+            raise DataSourceError(f"data source {uri!r}: the archive needs an array {' or '.join(map(repr, names))}.")
+        return None
+
+    ids_raw = pick("record_id")
+    features = pick("X", "features")
+    labels_raw = pick("y", "label")
+    assert ids_raw is not None and features is not None and labels_raw is not None
+    if features.dtype.kind not in "fiu":
+        raise DataSourceError(f"data source {uri!r}: features must be numeric. Found dtype {features.dtype}.")
+    ids = [x.decode() if isinstance(x, bytes) else str(x) for x in ids_raw.reshape(-1).tolist()]
+    labels = _integer_array(uri, "label", labels_raw.reshape(-1))
+    task_raw = pick("task", required=False)
+    tasks = _integer_array(uri, "task", task_raw.reshape(-1)) if task_raw is not None else np.zeros(len(ids), np.int64)
+    test_x = pick("test_X", "test_features", required=False)
+    test_y = pick("test_y", "test_label", required=False)
+    if (test_x is None) != (test_y is None):
+        raise DataSourceError(f"data source {uri!r}: test_X and test_y must be given together.")
+    test = None
+    if test_x is not None and test_y is not None:
+        test = (test_x.astype(np.float32), _integer_array(uri, "test_y", test_y.reshape(-1)))
+    return _build(uri, ids, features.astype(np.float32), labels, tasks, test, _image_shape(features.shape))
+
+
+def _load_csv(uri: str, path: Path) -> LoadedData:
+    try:
+        handle = path.open(newline="", encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise DataSourceError(f"data source {uri!r}: no such file {str(path)!r}.") from exc
+    with handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise DataSourceError(f"data source {uri!r}: the file is empty.")
+        header = [h.strip() for h in header]
+        for required in ("record_id", "label"):
+            if required not in header:
+                raise DataSourceError(f"data source {uri!r}: the header needs a {required!r} column.")
+        if len(set(header)) != len(header):
+            raise DataSourceError(f"data source {uri!r}: the header names a column twice.")
+        col = {name: i for i, name in enumerate(header)}
+        feature_cols = [i for i, h in enumerate(header) if h not in ("record_id", "label", "task", "split")]
+        if not feature_cols:
+            raise DataSourceError(f"data source {uri!r}: no feature columns.")
+        ids: list[str] = []
+        rows: list[list[float]] = []
+        labels: list[int] = []
+        tasks: list[int] = []
+        test_rows: list[list[float]] = []
+        test_labels: list[int] = []
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataSourceError(
+                    f"data source {uri!r}: line {line} has {len(row)} fields; the header has {len(header)}."
+                )
+            try:
+                feats = [float(row[i]) for i in feature_cols]
+                label = int(row[col["label"]])
+                task = int(row[col["task"]]) if "task" in col else 0
+            except ValueError as exc:
+                raise DataSourceError(f"data source {uri!r}: line {line}: {exc}.") from exc
+            split = row[col["split"]].strip() if "split" in col else "train"
+            if split == "test":
+                test_rows.append(feats)
+                test_labels.append(label)
+            elif split == "train":
+                ids.append(row[col["record_id"]].strip())
+                rows.append(feats)
+                labels.append(label)
+                tasks.append(task)
+            else:
+                raise DataSourceError(
+                    f"data source {uri!r}: line {line}: split must be 'train' or 'test'. Found {split!r}."
+                )
+    d = len(feature_cols)
+    test = None
+    if test_rows:
+        test = (np.asarray(test_rows, dtype=np.float32), np.asarray(test_labels, dtype=np.int64))
+    return _build(
+        uri,
+        ids,
+        np.asarray(rows, dtype=np.float32).reshape(len(rows), d),
+        np.asarray(labels, dtype=np.int64),
+        np.asarray(tasks, dtype=np.int64),
+        test,
+        None,
+    )
+
+
+def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The fixed (train, test) indices into scikit-learn's digits: stratified, seed-independent."""
+    from sklearn.datasets import load_digits
+
+    labels = load_digits().target
+    rng = np.random.default_rng(DIGITS_SPLIT_SEED)
+    test: list[int] = []
+    per_class = DIGITS_TEST_SIZE // 10
+    for c in range(10):
+        idx = np.flatnonzero(labels == c)
+        test.extend(rng.choice(idx, size=per_class, replace=False).tolist())
+    test_idx = np.sort(np.asarray(test, dtype=np.int64))
+    train_idx = np.setdiff1d(np.arange(len(labels), dtype=np.int64), test_idx)
+    return train_idx, test_idx
+
+
+def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 64)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    ids = np.asarray([f"digits-{i:04d}" for i in range(len(labels))])
+    train_idx, test_idx = digits_split()
+    rng = np.random.default_rng(seed)
+
+    def split(task: int, idx: npt.NDArray[np.int64], perm: npt.NDArray[np.int64] | None) -> TaskSplit:
+        feats = images[idx] if perm is None else images[idx][:, perm]
+        return TaskSplit(task, tuple(ids[idx].tolist()), np.ascontiguousarray(feats), labels[idx])
+
+    if kind == "digits":
+        train = (split(0, train_idx, None),)
+        test = (split(0, test_idx, None),)
+    elif kind == "permuted-digits":
+        chunks = np.array_split(rng.permutation(train_idx), n_tasks)
+        perms = [np.arange(64, dtype=np.int64)] + [rng.permutation(64) for _ in range(n_tasks - 1)]
+        train = tuple(split(t, np.sort(chunks[t]), perms[t]) for t in range(n_tasks))
+        test = tuple(split(t, test_idx, perms[t]) for t in range(n_tasks))
+    else:  # split-digits
+        groups = np.array_split(np.arange(10), n_tasks)
+        train = tuple(split(t, train_idx[np.isin(labels[train_idx], g)], None) for t, g in enumerate(groups))
+        test = tuple(split(t, test_idx[np.isin(labels[test_idx], g)], None) for t, g in enumerate(groups))
+    for t in train:
+        if len(t) == 0:
+            raise DataSourceError(f"data source {uri!r}: task {t.task} holds no records; use fewer tasks.")
+    return LoadedData(
+        uri=uri, train=train, test=test, num_classes=10, n_features=64, image_shape=DIGITS_IMAGE_SHAPE
+    )

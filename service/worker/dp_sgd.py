@@ -1,0 +1,535 @@
+"""DP-SGD with true Poisson sampling and ``torch.func`` per-example gradients.
+
+The algorithm is Abadi et al. (2016), as Alg. A1 of the DP continual-learning paper
+(``dp-continual-learning-pretrained.txt``) states it, with two deliberate differences:
+
+* **Poisson sampling, for real.** Every step includes each record independently with probability
+  q, so the batch size varies, and an empty batch is still a step (the update is noise only). Only
+  then is the run the mechanism ``PoissonSampled(q, Gaussian(σ))`` the accountant charges —
+  shuffled fixed-size batches would be a different mechanism (DESIGN.md, issue 4).
+* **Normalise by the expected batch size q·N**, not by the drawn size |Lₜ| as Alg. A1's line 8
+  does: |Lₜ| depends on the data, so dividing by it would leak outside the Gaussian mechanism
+  (add/remove-one neighbours change it by one). q·N is public.
+
+One step: per-example gradients by ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``),
+each clipped to L2 norm C, summed, plus Gaussian noise of standard deviation σC on every
+coordinate, divided by q·N, then an SGD (optionally momentum) update. Learning rate and momentum
+are post-processing and cost nothing.
+
+Accounting. A run of T steps is the event
+``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ)), T)``. ``DpSgdTrainer.plan`` builds
+it from the job params and the record count alone — before any data is read — so the worker can
+reserve the whole run first. A target (ε, δ) is turned into σ by
+``accountant.calibration.calibrate_noise_multiplier`` (the smallest σ on its grid whose ε upper
+bound is ≤ the target). ``train`` calls ``on_checkpoint(step, model_state, event_so_far)`` every
+``checkpoint_every`` steps and at the end, where ``event_so_far`` has ``count = step``: the caller
+commits that cost to the ledger and publishes the version only when the commit succeeds;
+returning ``False`` (a refused commit) stops training.
+
+Randomness. ``seed`` makes a run reproducible (tests, benchmarks). It seeds model initialisation,
+the Poisson sampling and the noise. The privacy guarantee assumes the sampling and the noise are
+unknown to an adversary: anyone who knows the seed can regenerate them. A job without a ``seed``
+draws one from ``secrets`` and never reports it; a production job should not set one. torch's
+generators are not cryptographically secure (Opacus's ``secure_mode`` addresses that with
+torchcsprng); this is the usual trade-off of research DP-SGD implementations.
+
+Device: CUDA when available, else CPU (``default_device``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Final, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+from service.worker.data import LoadedData
+from service.worker.models import InvalidParamsError, JobParams, ModelSpec, build_model
+
+ModelState = dict[str, torch.Tensor]
+Params = dict[str, torch.Tensor]
+PerExampleGradFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
+CheckpointCallback = Callable[[int, ModelState, DpEvent], bool]
+StopCallback = Callable[[], bool]
+Status = Literal["completed", "stopped", "refused"]
+
+MAX_STEPS: Final = 10_000_000
+ACCOUNTANTS: Final = ("rdp", "prv")
+
+
+class TrainingError(RuntimeError):
+    """Training cannot proceed (the data does not fit the plan, a privacy check failed, ...)."""
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a GPU is available, else ``cpu``."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _never() -> bool:
+    return False
+
+
+def _accept(step: int, model_state: ModelState, event: DpEvent) -> bool:
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Params and plan
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DpSgdParams:
+    """A DP-SGD job's params, validated. Build with ``from_params(mapping)``.
+
+    Privacy: exactly one of ``target_epsilon`` (with ``delta``; σ is calibrated) and
+    ``noise_multiplier``. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
+    Sampling: ``sampling_probability`` or ``expected_batch_size`` (q = size/N; default 64).
+    """
+
+    model: ModelSpec = field(default_factory=ModelSpec)
+    target_epsilon: float | None = None
+    delta: float | None = None
+    noise_multiplier: float | None = None
+    epochs: float | None = None
+    steps: int | None = None
+    expected_batch_size: int | None = None
+    sampling_probability: float | None = None
+    max_grad_norm: float = 1.0
+    learning_rate: float = 2.0
+    momentum: float = 0.5
+    default_learning_rate: ClassVar[float] = 2.0
+    default_momentum: ClassVar[float] = 0.5
+    checkpoint_every: int | None = None
+    seed: int | None = None
+    accountant: str = "rdp"
+    num_classes: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> DpSgdParams:
+        """Validate a job's params (errors name the field, e.g. ``params.learning_rate``)."""
+        reader = JobParams(params)
+        values = cls._read(reader)
+        reader.finish()
+        return cls(**values)
+
+    @classmethod
+    def _read(cls, r: JobParams) -> dict[str, Any]:
+        if r.has("target_epsilon") == r.has("noise_multiplier"):
+            raise InvalidParamsError(
+                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
+            )
+        if r.has("target_epsilon") and not r.has("delta"):
+            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+        if r.has("steps") and r.has("epochs"):
+            raise InvalidParamsError("params.steps", "and params.epochs are exclusive; give one.")
+        if r.has("sampling_probability") and r.has("expected_batch_size"):
+            raise InvalidParamsError(
+                "params.sampling_probability", "and params.expected_batch_size are exclusive; give one."
+            )
+        values: dict[str, Any] = {
+            "model": ModelSpec.read(r),
+            "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
+            "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
+            "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
+            "epochs": r.real("epochs", None, minimum=0, maximum=1e6, exclusive_minimum=True),
+            "steps": r.integer("steps", None, minimum=1, maximum=MAX_STEPS),
+            "expected_batch_size": r.integer("expected_batch_size", None, minimum=1),
+            "sampling_probability": r.real(
+                "sampling_probability", None, minimum=0, maximum=1, exclusive_minimum=True
+            ),
+            "max_grad_norm": r.real("max_grad_norm", 1.0, minimum=0, exclusive_minimum=True),
+            "learning_rate": r.real("learning_rate", cls.default_learning_rate, minimum=0, exclusive_minimum=True),
+            "momentum": r.real("momentum", cls.default_momentum, minimum=0, maximum=0.999),
+            "checkpoint_every": r.integer("checkpoint_every", None, minimum=1, maximum=MAX_STEPS),
+            "seed": r.integer("seed", None, minimum=0, maximum=2**62),
+            "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
+            "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
+        }
+        return values
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, ModelSpec):
+                out.update(value.to_json())
+            elif value is not None:
+                out[f.name] = value
+        return out
+
+
+def dp_sgd_event(*, sampling_probability: float, noise_multiplier: float, steps: int) -> DpEvent:
+    """``SelfComposed(PoissonSampled(q, Gaussian(σ)), steps)``: T steps of Poisson-sampled DP-SGD."""
+    return SelfComposedEvent(
+        PoissonSampledEvent(sampling_probability, GaussianEvent(noise_multiplier)), steps
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingPlan:
+    """What a run will cost, known before any data is read.
+
+    ``event`` covers all ``steps``; ``event_after(k)`` is the cost of the first k steps (what a
+    checkpoint release commits).
+    """
+
+    algorithm: str
+    event: DpEvent
+    steps: int
+    noise_multiplier: float
+    sampling_probability: float
+    n_records: int
+    params: DpSgdParams
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·N: the public normaliser of the noisy gradient sum."""
+        return self.sampling_probability * self.n_records
+
+    def event_after(self, steps_done: int) -> DpEvent:
+        if not 0 <= steps_done <= self.steps:
+            raise ValueError(f"steps_done must be in [0, {self.steps}]. Found {steps_done}.")
+        return dp_sgd_event(
+            sampling_probability=self.sampling_probability,
+            noise_multiplier=self.noise_multiplier,
+            steps=steps_done,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingResult:
+    """How a run ended.
+
+    ``status``: ``completed`` (all steps, final checkpoint accepted), ``stopped`` (``should_stop``
+    said so), ``refused`` (``on_checkpoint`` returned ``False``). ``steps``: steps done.
+    ``event``: the cost of the steps done — what touched the data, released or not.
+    ``last_release_step``: the step of the last checkpoint ``on_checkpoint`` accepted (``None``
+    if none). ``metrics``: on the held-out test split (``test_accuracy``, ``test_loss``) plus
+    ``steps``; never a statistic of the private training records, which would be a release
+    outside the mechanism.
+    """
+
+    status: Status
+    steps: int
+    event: DpEvent
+    metrics: dict[str, float]
+    last_release_step: int | None
+
+
+# ---------------------------------------------------------------------------------------------
+# The private-gradient building blocks (public for tests and the benchmark)
+# ---------------------------------------------------------------------------------------------
+
+
+def per_example_gradient_fn(model: nn.Module) -> PerExampleGradFn:
+    """``f(params, features, labels) -> {name: (B, *shape)}``: per-example cross-entropy gradients.
+
+    ``vmap`` over ``grad`` of the loss of one example through ``functional_call``. The model must
+    have no buffers that depend on the batch (no batch norm).
+    """
+
+    def loss_of_one(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, params, (x.unsqueeze(0),))
+        return F.cross_entropy(logits, y.unsqueeze(0))
+
+    fn: PerExampleGradFn = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
+    return fn
+
+
+def per_example_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of each example's whole gradient (all parameters together), shape (B,)."""
+    squares = [g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads.values()]
+    return torch.stack(squares).sum(0).sqrt()
+
+
+def clip_factors(norms: torch.Tensor, max_grad_norm: float) -> torch.Tensor:
+    """min(1, C/‖g‖): scaling each example's gradient by it bounds its norm by C."""
+    return (max_grad_norm / (norms + 1e-6)).clamp(max=1.0)
+
+
+def clipped_sum(grads: Mapping[str, torch.Tensor], factors: torch.Tensor) -> Params:
+    """Σᵢ factorᵢ·gᵢ per parameter, without materialising the clipped per-example gradients."""
+    return {name: torch.tensordot(factors, g, dims=1) for name, g in grads.items()}
+
+
+def noisy_mean_gradient(
+    grads: Mapping[str, torch.Tensor],
+    *,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+) -> Params:
+    """DP-SGD's released gradient: (Σ clip_C(gᵢ) + N(0, σ²C²I)) / (q·N).
+
+    ``grads`` may hold zero examples (an empty Poisson batch): the result is then noise only.
+    """
+    summed = clipped_sum(grads, clip_factors(per_example_norms(grads), max_grad_norm))
+    std = noise_multiplier * max_grad_norm
+    out: Params = {}
+    for name, s in summed.items():
+        noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype)
+        out[name] = (s + std * noise) / expected_batch_size
+    return out
+
+
+def poisson_sample(n_records: int, sampling_probability: float, generator: torch.Generator) -> torch.Tensor:
+    """Indices of one Poisson sample: each of ``n_records`` included independently w.p. q."""
+    mask = torch.rand(n_records, generator=generator) < sampling_probability
+    return mask.nonzero().squeeze(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """The mutable state of one training run (on the trainer's device)."""
+
+    model: nn.Module
+    params: Params
+    grad_fn: PerExampleGradFn
+    features: torch.Tensor
+    labels: torch.Tensor
+    sampler: torch.Generator
+    noise: torch.Generator
+    optimizer_state: dict[str, Any] = field(default_factory=dict)
+
+
+class DpSgdTrainer:
+    """DP-SGD: ``plan`` before reading data, then ``train`` with checkpoint releases."""
+
+    algorithm: ClassVar[str] = "dp_sgd"
+    params_type: ClassVar[type[DpSgdParams]] = DpSgdParams
+
+    def __init__(self, *, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def parse_params(self, params: Mapping[str, Any] | DpSgdParams) -> DpSgdParams:
+        if isinstance(params, self.params_type):
+            return params
+        if isinstance(params, DpSgdParams):
+            raise InvalidParamsError("params", f"are {type(params).__name__}, not {self.params_type.__name__}.")
+        return self.params_type.from_params(params)
+
+    def plan(self, params: Mapping[str, Any] | DpSgdParams, n_records: int) -> TrainingPlan:
+        """The run's cost from its params and the record count alone; reads no data."""
+        p = self.parse_params(params)
+        if isinstance(n_records, bool) or not isinstance(n_records, int) or n_records < 1:
+            raise InvalidParamsError("n_records", f"must be an integer >= 1. Found {n_records!r}.")
+        if p.sampling_probability is not None:
+            q = p.sampling_probability
+        else:
+            q = min(1.0, (p.expected_batch_size or 64) / n_records)
+        if p.steps is not None:
+            steps = p.steps
+        else:
+            steps = max(1, math.ceil((p.epochs if p.epochs is not None else 10.0) / q))
+        if steps > MAX_STEPS:
+            raise InvalidParamsError("params.epochs", f"give {steps} steps, more than {MAX_STEPS}.")
+        if p.noise_multiplier is not None:
+            sigma = p.noise_multiplier
+        else:
+            assert p.target_epsilon is not None and p.delta is not None
+            sigma = _calibrate(
+                target_epsilon=p.target_epsilon,
+                delta=p.delta,
+                sampling_probability=q,
+                steps=steps,
+                accountant=p.accountant,
+            )
+        event = dp_sgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)
+        return TrainingPlan(self.algorithm, event, steps, sigma, q, n_records, p)
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train(
+        self,
+        data: LoadedData,
+        plan: TrainingPlan,
+        *,
+        on_checkpoint: CheckpointCallback = _accept,
+        should_stop: StopCallback = _never,
+    ) -> TrainingResult:
+        """Run ``plan`` on ``data``; release through ``on_checkpoint`` (see the module docstring)."""
+        if plan.algorithm != self.algorithm:
+            raise TrainingError(f"plan is for {plan.algorithm!r}; this trainer runs {self.algorithm!r}.")
+        if data.n_records != plan.n_records:
+            raise TrainingError(
+                f"the plan was made for {plan.n_records} records; the data holds {data.n_records}."
+            )
+        p = plan.params
+        seed = p.seed if p.seed is not None else secrets.randbits(62)
+        run = self._start(data, p, seed)
+        every = p.checkpoint_every
+        status: Status = "completed"
+        last_release: int | None = None
+        done = 0
+        for step in range(1, plan.steps + 1):
+            if should_stop():
+                status = "stopped"
+                break
+            idx = poisson_sample(plan.n_records, plan.sampling_probability, run.sampler).to(self.device)
+            self._step(run, plan, step, run.features[idx], run.labels[idx])
+            done = step
+            release = step == plan.steps or (every is not None and step % every == 0)
+            if release:
+                accepted = on_checkpoint(step, self._model_state(run.model), plan.event_after(step))
+                if not accepted:
+                    status = "refused"
+                    break
+                last_release = step
+        metrics = self.evaluate(data, run.model)
+        metrics.update(self._extra_metrics(run))
+        metrics["steps"] = float(done)
+        return TrainingResult(status, done, plan.event_after(done), metrics, last_release)
+
+    def evaluate(self, data: LoadedData, model: nn.Module | ModelState, params: DpSgdParams | None = None) -> dict[str, float]:
+        """Accuracy and mean cross-entropy on the held-out test split (empty dict without one).
+
+        ``model`` is a module, or a state dict from ``on_checkpoint`` (then ``params`` names the
+        architecture).
+        """
+        if not isinstance(model, nn.Module):
+            if params is None:
+                raise ValueError("params are needed to rebuild a model from its state dict.")
+            module = self._build_model(data, params)
+            module.load_state_dict(model)
+            model = module.to(self.device)
+        features, labels = data.test_arrays()
+        if len(labels) == 0:
+            return {}
+        x = torch.from_numpy(features).to(self.device)
+        y = torch.from_numpy(labels).to(self.device)
+        with torch.no_grad():
+            logits = model(x)
+            loss = F.cross_entropy(logits, y).item()
+            accuracy = (logits.argmax(1) == y).float().mean().item()
+        return {"test_accuracy": accuracy, "test_loss": loss}
+
+    # -- hooks for subclasses -----------------------------------------------------------------
+
+    def _build_model(self, data: LoadedData, p: DpSgdParams) -> nn.Module:
+        num_classes = p.num_classes if p.num_classes is not None else data.num_classes
+        if num_classes < data.num_classes:
+            raise InvalidParamsError(
+                "params.num_classes", f"must cover the data's {data.num_classes} classes. Found {num_classes}."
+            )
+        return build_model(
+            p.model, n_features=data.n_features, num_classes=num_classes, image_shape=data.image_shape
+        )
+
+    def _start(self, data: LoadedData, p: DpSgdParams, seed: int) -> _Run:
+        seeds = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint64)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seeds[0]))
+            model = self._build_model(data, p)
+        model = model.to(self.device)
+        features, labels = data.train_arrays()
+        sampler = torch.Generator(device="cpu")
+        sampler.manual_seed(int(seeds[1]))
+        noise = torch.Generator(device=self.device)
+        noise.manual_seed(int(seeds[2]))
+        params = {name: q.detach() for name, q in model.named_parameters()}
+        return _Run(
+            model=model,
+            params=params,
+            grad_fn=per_example_gradient_fn(model),
+            features=torch.from_numpy(features).to(self.device),
+            labels=torch.from_numpy(labels).to(self.device),
+            sampler=sampler,
+            noise=noise,
+        )
+
+    def _per_example_gradients(self, run: _Run, x: torch.Tensor, y: torch.Tensor) -> Params:
+        if x.shape[0] == 0:
+            return {name: q.new_zeros((0, *q.shape)) for name, q in run.params.items()}
+        return run.grad_fn(run.params, x, y)
+
+    def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        p = plan.params
+        noisy = noisy_mean_gradient(
+            self._per_example_gradients(run, x, y),
+            max_grad_norm=p.max_grad_norm,
+            noise_multiplier=plan.noise_multiplier,
+            expected_batch_size=plan.expected_batch_size,
+            generator=run.noise,
+        )
+        with torch.no_grad():
+            for name, param in run.params.items():
+                update = noisy[name]
+                if p.momentum > 0:
+                    buf = run.optimizer_state.get(name)
+                    update = update if buf is None else buf.mul_(p.momentum).add_(update)
+                    run.optimizer_state[name] = update
+                param.sub_(update, alpha=p.learning_rate)
+
+    def _extra_metrics(self, run: _Run) -> dict[str, float]:
+        return {}
+
+    @staticmethod
+    def _model_state(model: nn.Module) -> ModelState:
+        return {name: t.detach().to("cpu", copy=True) for name, t in model.state_dict().items()}
+
+
+def _calibrate(
+    *, target_epsilon: float, delta: float, sampling_probability: float, steps: int, accountant: str
+) -> float:
+    try:
+        from accountant.calibration import calibrate_noise_multiplier
+    except ImportError as exc:  # the module is written alongside this one
+        raise TrainingError(
+            "accountant.calibration is not available to turn target_epsilon into a noise "
+            "multiplier; give params.noise_multiplier instead."
+        ) from exc
+    return float(
+        calibrate_noise_multiplier(
+            target_epsilon=target_epsilon,
+            delta=delta,
+            sampling_probability=sampling_probability,
+            steps=steps,
+            accountant=accountant,
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate's seam
+# ---------------------------------------------------------------------------------------------
+
+
+def run_with_reservation(
+    trainer: DpSgdTrainer,
+    params: Mapping[str, Any] | DpSgdParams,
+    *,
+    n_records: int,
+    reserve: Callable[[TrainingPlan], object],
+    load: Callable[[], LoadedData],
+    on_checkpoint: CheckpointCallback = _accept,
+    should_stop: StopCallback = _never,
+) -> TrainingResult:
+    """Plan → ``reserve(plan)`` → ``load()`` → ``train``: the release flow's order, in one place.
+
+    ``reserve`` asks the ledger to hold ``plan.event``'s cost and raises to refuse (e.g. the
+    ledger's ``BudgetExceeded``); the exception propagates and ``load`` is never called, so no
+    data is read. ``load`` reads the source and checks its record ids against the reserved
+    batches (``data.check_records``) before training starts.
+    """
+    plan = trainer.plan(params, n_records)
+    reserve(plan)
+    data = load()
+    return trainer.train(data, plan, on_checkpoint=on_checkpoint, should_stop=should_stop)

@@ -1,0 +1,212 @@
+"""Certificates: issued from a commit, verified offline from their own contents.
+
+Any edited field fails ``verify``: without a new hash through the content hash; with a
+recomputed hash through a recomputation for every field something is derived from or checked
+against (costs, states after, result, theorem, plan ε, the budget check). Fields nothing derives
+from (ids, release, library versions) are protected by the hash, which the service anchors in
+its hash-chained audit log.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from accountant import events as ev
+from accountant import rules as R
+from accountant.certificates import BatchRecord, content_hash, issue, library_versions, verify
+
+DPSGD_STEP = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1))
+
+
+def certify(
+    budget: R.Budget,
+    charge: R.Charge,
+    states: list[R.BatchState],
+    partial: ev.DpEvent | None = None,
+) -> dict[str, Any]:
+    """Reserve ``charge`` on every batch, commit it (or ``partial``) and certify the commit."""
+    records = []
+    for i, state in enumerate(states):
+        admission = R.reserve(budget, state, charge)
+        settled = R.commit(budget, admission.state, charge, admission.cost, None, partial)
+        records.append(
+            BatchRecord(f"batch-{i}", state, admission.cost, admission.state, None, settled.state,
+                        settled.committed)
+        )  # fmt: skip
+    return issue(
+        budget=budget, charge=charge, batches=records, reservation_id="res-1",
+        release={"model": "m", "version": 3}, partial_event=partial, release_id="rel-1",
+        dataset_id="ds-1", issued_at="2024-01-01T00:00:00Z",
+    )  # fmt: skip
+
+
+def spent(budget: R.Budget, charge: R.Charge) -> R.BatchState:
+    admission = R.reserve(budget, R.BatchState.empty(), charge)
+    return R.commit(budget, admission.state, charge, admission.cost, None).state
+
+
+def scenarios() -> dict[str, dict[str, Any]]:
+    seq = R.Budget.create(rule="sequential", epsilon=1.0, delta=1e-5, accountant="basic")
+    par = R.Budget.create(rule="parallel", epsilon=8.0, delta=1e-5, accountant="rdp")
+    life = R.Budget.create(rule="lifelong", epsilon=2.0, delta=0, accountant="basic")
+    geo = R.Budget.create(rule="geometric", epsilon=1.0, delta=0, accountant="basic")
+    filt = R.Budget.create(rule="sequential", epsilon=4.0, delta=1e-5, accountant="rdp")
+    plan = R.Budget.create(
+        rule="sequential", epsilon=1.0, delta=1e-6, accountant="prv",
+        plan=[ev.PureDpEvent(0.2), ev.PureDpEvent(0.3)],
+    )  # fmt: skip
+    memory = R.Charge(ev.PureDpEvent(0.5), "noise-0")
+    dpsgd = R.Charge(ev.SelfComposedEvent(DPSGD_STEP, 500))
+    return {
+        "sequential-basic": certify(
+            seq, R.Charge(ev.PureDpEvent(0.01)),
+            [R.BatchState.empty(), spent(seq, R.Charge(ev.ApproxDpEvent(0.2, 1e-6)))],
+        ),
+        "parallel-rdp-progressive": certify(
+            par, dpsgd, [R.BatchState.empty()], ev.SelfComposedEvent(DPSGD_STEP, 200)
+        ),
+        "lifelong-replay": certify(life, memory, [spent(life, memory)]),
+        "geometric": certify(geo, R.Charge(ev.PureDpEvent(0.1)), [spent(geo, R.Charge(ev.PureDpEvent(0.1)))]),
+        "sequential-rdp-filter": certify(filt, dpsgd, [spent(filt, dpsgd)]),
+        "sequential-prv-plan": certify(plan, R.Charge(ev.PureDpEvent(0.3)),
+                                       [spent(plan, R.Charge(ev.PureDpEvent(0.2)))]),
+    }  # fmt: skip
+
+
+SCENARIOS = scenarios()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_issued_certificates_verify_also_after_a_json_round_trip(name: str) -> None:
+    cert = SCENARIOS[name]
+    result = verify(cert)
+    assert result.ok, result.reason
+    assert verify(json.loads(json.dumps(cert))).ok
+    assert cert["hash"] == content_hash(cert)
+    assert cert["theorem"] == R.theorem(R.Budget.from_json(cert["inputs"]["budget"]))
+    assert set(cert["libraries"]) == {"numpy", "scipy", "prv-accountant", "privacy-ledger"}
+
+
+def test_certificate_content() -> None:
+    geo = SCENARIOS["geometric"]
+    assert geo["result"]["infinite_horizon_bound"] == "1"
+    assert geo["result"]["levels"] == {"batch-0": 1}  # level 2 was used by the first 0.1
+    assert geo["result"]["epsilon"] == "0.375"
+    assert geo["result"]["naive_epsilon"] == "0.2"
+    replay = SCENARIOS["lifelong-replay"]
+    assert replay["inputs"]["batches"][0]["committed"]["replay"] is True
+    assert replay["result"]["charge"]["epsilon"] == "0"
+    seq = SCENARIOS["sequential-basic"]
+    assert seq["result"]["epsilon"] == "0.21"
+    assert seq["reservation_id"] == "res-1" and seq["release"] == {"model": "m", "version": 3}
+    assert library_versions()["numpy"] != "not installed"
+
+
+def test_issue_is_deterministic() -> None:
+    budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
+    a = certify(budget, R.Charge(ev.PureDpEvent(0.1)), [R.BatchState.empty()])
+    b = certify(budget, R.Charge(ev.PureDpEvent(0.1)), [R.BatchState.empty()])
+    assert a == b
+
+
+def leaves(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from leaves(value, (*path, key))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield from leaves(value, (*path, i))
+    else:
+        yield path, obj
+
+
+def edited(cert: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(cert)
+    target = out
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return out
+
+
+def changed(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1
+    if value is None:
+        return "x"
+    if isinstance(value, str):
+        try:
+            return str(float(value) + 1) if value not in ("Infinity",) else "0"
+        except ValueError:
+            return value + "x"
+    raise AssertionError(value)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_any_edited_field_fails_the_hash(name: str) -> None:
+    cert = SCENARIOS[name]
+    for path, value in leaves(cert):
+        if path == ("hash",):
+            continue
+        result = verify(edited(cert, path, changed(value)))
+        assert not result.ok, path
+        assert "hash" in result.reason
+    assert not verify({k: v for k, v in cert.items() if k != "hash"}).ok
+
+
+DERIVED = ("reserved", "committed", "state_after")
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_edits_with_a_recomputed_hash_fail_a_recomputation(name: str) -> None:
+    cert = SCENARIOS[name]
+    checked = 0
+    for path, value in leaves(cert):
+        derived = (
+            path[:1] in (("result",), ("theorem",), ("rule",), ("accountant",))
+            or (path[:2] == ("inputs", "batches") and path[3] in DERIVED)
+            or path == ("inputs", "budget", "plan_epsilon")
+        )
+        if not derived or (path[-1] == "fingerprint" and value is None):
+            continue
+        forged = edited(cert, path, changed(value))
+        forged["hash"] = content_hash(forged)
+        result = verify(forged)
+        assert not result.ok, path
+        assert "hash" not in result.reason
+        checked += 1
+    assert checked > 10
+
+
+def test_inputs_that_change_a_decision_fail_with_a_recomputed_hash() -> None:
+    cert = SCENARIOS["sequential-basic"]
+    for path, value in [
+        (("inputs", "budget", "epsilon"), "0.1"),  # the state after no longer fits
+        (("inputs", "batches", 1, "state_before", "epsilon_held"), "0"),  # no hold to commit
+        (("inputs", "charge", "event", "epsilon"), 0.02),  # another charge, other costs
+        (("inputs", "budget", "rule"), "parallel"),
+    ]:
+        forged = edited(cert, path, value)
+        forged["hash"] = content_hash(forged)
+        assert not verify(forged).ok, path
+
+
+def test_issue_refuses_bad_arguments() -> None:
+    from accountant.base import InvalidArgumentError
+
+    budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
+    with pytest.raises(InvalidArgumentError, match="batches"):
+        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), batches=[], reservation_id="r", release={})
+    cert = certify(budget, R.Charge(ev.NoOpEvent()), [R.BatchState.empty()])
+    record = BatchRecord.from_json(cert["inputs"]["batches"][0], "b")
+    with pytest.raises(InvalidArgumentError, match="release"):
+        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), batches=[record], reservation_id="r",
+              release={"x": float("nan")})  # fmt: skip
+    assert not verify("not a certificate").ok  # type: ignore[arg-type]

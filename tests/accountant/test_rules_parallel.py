@@ -1,0 +1,96 @@
+"""Parallel rule: one read per batch (assumption S2 enforced); the dataset's ε is the max."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from accountant import events as ev
+from accountant import rules as R
+
+BUDGET = R.Budget.create(rule="parallel", epsilon=1.0, delta=1e-5, accountant="basic")
+DPSGD = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1)), 1000)
+
+
+def run(budget: R.Budget, state: R.BatchState, charge: R.Charge) -> R.BatchState:
+    admission = R.reserve(budget, state, charge)
+    return R.commit(budget, admission.state, charge, admission.cost, None).state
+
+
+def test_second_read_of_a_batch_is_refused() -> None:
+    state = run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(0.1)))
+    with pytest.raises(R.ChargeRefused) as info:
+        R.reserve(BUDGET, state, R.Charge(ev.PureDpEvent(0.1)))
+    assert info.value.code == "batch_already_read"
+    assert R.remaining(BUDGET, state) == {"epsilon": "0", "delta": "0"}
+    # Even a held, uncommitted reservation occupies the batch.
+    held = R.reserve(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(0.1))).state
+    with pytest.raises(R.ChargeRefused):
+        R.reserve(BUDGET, held, R.Charge(ev.NoOpEvent()))
+
+
+def test_cancel_with_nothing_committed_frees_the_read() -> None:
+    empty = R.BatchState.empty()
+    admission = R.reserve(BUDGET, empty, R.Charge(ev.PureDpEvent(0.4)))
+    assert R.cancel(BUDGET, admission.state, admission.cost, None) == empty
+    # After a partial commit the batch has been released from: it stays read.
+    charge = R.Charge(ev.SelfComposedEvent(ev.PureDpEvent(0.1), 4))
+    admission = R.reserve(BUDGET, empty, charge)
+    part = ev.SelfComposedEvent(ev.PureDpEvent(0.1), 1)
+    settled = R.commit(BUDGET, admission.state, charge, admission.cost, None, part)
+    closed = R.cancel(BUDGET, settled.state, admission.cost, settled.committed)
+    assert closed.epsilon_spent == Decimal("0.1") and closed.epsilon_held == 0
+    with pytest.raises(R.ChargeRefused):
+        R.reserve(BUDGET, closed, R.Charge(ev.PureDpEvent(0.1)))
+
+
+def test_a_charge_above_the_budget_is_refused() -> None:
+    with pytest.raises(R.BudgetExceeded) as info:
+        R.reserve(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(1.5)))
+    assert info.value.requested["epsilon"] == "1.5"
+    assert info.value.remaining == {"epsilon": "1", "delta": "0.00001"}
+    exact = run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(1.0)))
+    assert exact.epsilon_spent == 1
+
+
+def test_one_dp_sgd_run_is_one_reservation_with_checkpoint_commits() -> None:
+    budget = R.Budget.create(rule="parallel", epsilon=8.0, delta=1e-5, accountant="rdp")
+    charge = R.Charge(DPSGD)
+    admission = R.reserve(budget, R.BatchState.empty(), charge)
+    state, before = admission.state, None
+    for steps in (250, 500, 1000):
+        part = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1)), steps)
+        settled = R.commit(budget, state, charge, admission.cost, before, part)
+        assert settled.committed.epsilon <= admission.cost.epsilon
+        assert before is None or settled.committed.epsilon >= before.epsilon
+        state, before = settled.state, settled.committed
+    assert state.epsilon_spent == admission.cost.epsilon
+    assert state.epsilon_held == 0
+    assert state.delta_spent == budget.delta
+
+
+def test_parallel_prv_costs_the_single_event_by_its_upper_bound() -> None:
+    budget = R.Budget.create(rule="parallel", epsilon=8.0, delta=1e-5, accountant="prv")
+    rdp_budget = R.Budget.create(rule="parallel", epsilon=8.0, delta=1e-5, accountant="rdp")
+    prv_cost = R.reserve(budget, R.BatchState.empty(), R.Charge(DPSGD)).cost
+    rdp_cost = R.reserve(rdp_budget, R.BatchState.empty(), R.Charge(DPSGD)).cost
+    assert 0 < prv_cost.epsilon <= rdp_cost.epsilon  # PRV is the tighter bound
+    assert "McSherry" in R.theorem(budget) and "S2" in R.theorem(budget)
+
+
+batch_charges = st.lists(
+    st.decimals(min_value="0.01", max_value="1", places=2).map(float), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(charges=batch_charges)
+def test_dataset_epsilon_is_the_max_never_the_sum(charges: list[float]) -> None:
+    states = [run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(eps))) for eps in charges]
+    assert R.dataset_epsilon(BUDGET, states) == max(Decimal(repr(e)) for e in charges)
+    if len(charges) > 1:
+        assert R.dataset_epsilon(BUDGET, states) < sum(Decimal(repr(e)) for e in charges)
+    assert all(R.within_budget(BUDGET, s) for s in states)

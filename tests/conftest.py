@@ -1,0 +1,160 @@
+"""Shared fixtures: real databases, migrated through Alembic, on SQLite and on PostgreSQL.
+
+* ``database_url`` — parametrised over ``sqlite`` (a real file in ``tmp_path``) and ``postgres``
+  (a fresh database per test on the server named by ``LEDGER_TEST_POSTGRES_URL``), migrated to
+  head with ``service.db.migrations.upgrade``. Tests using it run once per backend.
+* ``db`` — a ``service.db.session.Database`` on ``database_url``, disposed after the test.
+* ``empty_database_url`` — the same, but never migrated (for migration tests).
+
+Several people run tests against the same PostgreSQL server at once, so every test session
+creates its own databases, named ``ledger_test_<random hex>...``, through an AUTOCOMMIT
+connection to the server's database and drops them at the end. Without
+``LEDGER_TEST_POSTGRES_URL`` the PostgreSQL cases skip — unless ``CI`` is set, where they fail.
+
+Speed: each backend is migrated once per session into a template (a SQLite file; a PostgreSQL
+database used as ``TEMPLATE``); each test gets a copy of it.
+
+The helpers (``postgres_admin_url``, ``PostgresServer``) are importable from ``tests.conftest``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import URL, make_url
+
+from service.db.migrations import upgrade
+from service.db.session import Database
+
+POSTGRES_ENV = "LEDGER_TEST_POSTGRES_URL"
+
+
+def postgres_admin_url() -> URL | None:
+    """The server URL from ``LEDGER_TEST_POSTGRES_URL`` (``None`` when unset)."""
+    raw = os.environ.get(POSTGRES_ENV, "").strip()
+    return make_url(raw) if raw else None
+
+
+def require_postgres() -> URL:
+    """The server URL, or skip (fail when ``CI`` is set) when there is none."""
+    url = postgres_admin_url()
+    if url is None:
+        message = f"{POSTGRES_ENV} is not set: no PostgreSQL server to test against"
+        if os.environ.get("CI"):
+            pytest.fail(message + " (CI is set, so this is a failure)")
+        pytest.skip(message)
+    return url
+
+
+class PostgresServer:
+    """Creates and drops uniquely named databases on one PostgreSQL server."""
+
+    def __init__(self, admin_url: URL) -> None:
+        import psycopg
+
+        self.admin_url = admin_url
+        self.prefix = f"ledger_test_{secrets.token_hex(6)}"
+        self._counter = 0
+        self._created: set[str] = set()
+        dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._admin = psycopg.connect(dsn, autocommit=True)
+
+    def url(self, name: str) -> URL:
+        return self.admin_url.set(drivername="postgresql+psycopg", database=name)
+
+    def create(self, *, template: str | None = None) -> str:
+        self._counter += 1
+        name = f"{self.prefix}_{self._counter}"
+        sql = f'CREATE DATABASE "{name}"'
+        if template is not None:
+            sql += f' TEMPLATE "{template}"'
+        self._admin.execute(sql)
+        self._created.add(name)
+        return name
+
+    def drop(self, name: str) -> None:
+        self._admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._created.discard(name)
+
+    def close(self) -> None:
+        for name in sorted(self._created):
+            self.drop(name)
+        self._admin.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer(require_postgres())
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_server: PostgresServer) -> str:
+    """A PostgreSQL database migrated to head, copied for each test."""
+    name = postgres_server.create()
+    upgrade(postgres_server.url(name))
+    return name
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated to head, copied for each test."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "ledger.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
+    """A fresh database at the newest schema revision, on ``backend``."""
+    if backend == "sqlite":
+        template: Path = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "ledger.db"
+        shutil.copyfile(template, path)
+        yield make_url(f"sqlite:///{path}")
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create(template=request.getfixturevalue("postgres_template"))
+    try:
+        yield server.url(name)
+    finally:
+        server.drop(name)
+
+
+@pytest.fixture
+def empty_database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
+    """A fresh database with no schema at all, on ``backend``."""
+    if backend == "sqlite":
+        yield make_url(f"sqlite:///{tmp_path / 'empty.db'}")
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create()
+    try:
+        yield server.url(name)
+    finally:
+        server.drop(name)
+
+
+@pytest.fixture
+def db(database_url: URL) -> Iterator[Database]:
+    database = Database(database_url, pool_size=20, max_overflow=10)
+    try:
+        yield database
+    finally:
+        database.dispose()

@@ -1,0 +1,87 @@
+"""Migrations: the only way the schema is made. They must agree with the models, and every
+revision must downgrade and upgrade again, on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import NullPool
+
+import alembic
+from service.db import migrations
+from service.db.models import Base
+from service.db.session import create_ledger_engine
+
+
+def _diff(url: URL, metadata: sa.MetaData = Base.metadata) -> list[Any]:
+    engine = create_ledger_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            return list(compare_metadata(context, metadata))
+    finally:
+        engine.dispose()
+
+
+def _tables(url: URL) -> set[str]:
+    engine = create_ledger_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return set(sa.inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_models_and_migrations_agree(empty_database_url: URL) -> None:
+    migrations.upgrade(empty_database_url)
+    assert migrations.is_up_to_date(empty_database_url)
+    assert _diff(empty_database_url) == []
+
+
+def test_the_comparison_sees_differences(empty_database_url: URL) -> None:
+    """Negative control: a model change the migrations lack is reported."""
+    migrations.upgrade(empty_database_url)
+    changed = sa.MetaData(naming_convention=Base.metadata.naming_convention)
+    for table in Base.metadata.tables.values():
+        table.to_metadata(changed)
+    changed.tables["datasets"].append_column(sa.Column("extra_column", sa.Integer()))
+    changed.tables["batches"].c.size.type = sa.String(10)
+    kinds = {d[0] if isinstance(d, tuple) else d[0][0] for d in _diff(empty_database_url, changed)}
+    assert "add_column" in kinds and "modify_type" in kinds
+
+
+def test_every_revision_downgrades_and_upgrades(empty_database_url: URL) -> None:
+    migrations.upgrade(empty_database_url)
+    full = _tables(empty_database_url)
+    script = ScriptDirectory.from_config(migrations.alembic_config(empty_database_url))
+    for revision in script.walk_revisions():  # newest first
+        migrations.downgrade(empty_database_url, revision.down_revision or "base")
+        migrations.upgrade(empty_database_url, revision.revision)
+        migrations.downgrade(empty_database_url, revision.down_revision or "base")
+    assert _tables(empty_database_url) <= {"alembic_version"}
+    assert migrations.current_revision(empty_database_url) is None
+    migrations.upgrade(empty_database_url)
+    assert _tables(empty_database_url) == full
+    assert _diff(empty_database_url) == []
+
+
+def test_upgrade_is_idempotent(empty_database_url: URL) -> None:
+    migrations.upgrade(empty_database_url)
+    migrations.upgrade(empty_database_url)
+    assert migrations.current_revision(empty_database_url) == migrations.head_revision()
+
+
+def test_script_folder_never_shadows_the_alembic_library() -> None:
+    location = migrations.script_location()
+    assert location.name == "alembic" and (location / "env.py").is_file()
+    assert not (location / "__init__.py").exists()
+    assert Path(alembic.__file__).resolve().parent != location.resolve()
+    for path in (location / "versions").glob("*.py"):  # named <yyyy_mm_dd>_<slug>.py
+        assert re.fullmatch(r"\d{4}_\d{2}_\d{2}_[a-z0-9_]+", path.stem), path.name

@@ -1,0 +1,282 @@
+"""Reserve → commit / abort / expire on both databases: exact arithmetic, idempotency,
+all-or-nothing, expiry, certificates, input errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+
+from accountant import certificates as offline
+from service.db.session import Database
+from service.ledger import audit, certificates, reservations, spend
+from service.ledger.errors import (
+    BudgetExceeded,
+    ChargeRefused,
+    Conflict,
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+    ReservationExpired,
+)
+from tests.service.ledger.conftest import MakeDataset
+
+BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
+
+
+def pure(epsilon: float) -> dict[str, object]:
+    return {"kind": "pure_dp", "epsilon": epsilon}
+
+
+def release(version: int, model: str = "m") -> dict[str, object]:
+    return {"model": model, "version": version}
+
+
+def test_hundred_charges_of_a_hundredth_fill_one_exactly(
+    ledger: Database, make_dataset: MakeDataset
+) -> None:
+    ds = make_dataset(BASIC)
+    batch = ds.all_batches
+    for i in range(100):
+        r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.01))
+        reservations.commit(ledger, "t1", r["id"], release=release(i))
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert answer["epsilon_spent"] == "1" and answer["epsilon_remaining"] == "0"
+    with pytest.raises(BudgetExceeded) as info:
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.01))
+    assert info.value.status == 409
+    assert info.value.requested["epsilon"] == "0.01"
+    assert Decimal(info.value.remaining["epsilon"]) == 0
+    assert info.value.batch_id == batch[0]
+
+
+def test_commit_returns_a_certificate_that_verifies_offline(
+    ledger: Database, make_dataset: MakeDataset
+) -> None:
+    ds = make_dataset(BASIC, tasks=[2])
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.25))
+    assert r["status"] == "reserved" and r["cost"] == {"epsilon": "0.25", "delta": "0"}
+    answer = reservations.commit(ledger, "t1", r["id"], release=release(1))
+    cert = answer["certificate"]
+    assert offline.verify(cert["certificate"]).ok
+    assert cert["content_hash"] == cert["certificate"]["hash"]
+    assert cert["release"] == {"model": "m", "version": 1}
+    assert certificates.get_certificate(ledger, "t1", cert["id"]) == cert
+    assert certificates.list_certificates(ledger, "t1", ds.id) == {"data": [cert], "count": 1}
+    assert certificates.verify_stored(ledger, "t1", cert["id"])["ok"]
+    with pytest.raises(NotFound):
+        certificates.get_certificate(ledger, "t2", cert["id"])
+    with pytest.raises(NotFound):
+        certificates.list_certificates(ledger, "t2", ds.id)
+    # The reservation is closed: a second commit or an abort is a conflict.
+    with pytest.raises(Conflict) as conflict:
+        reservations.commit(ledger, "t1", r["id"], release=release(2))
+    assert conflict.value.reason == "reservation_closed"
+    with pytest.raises(Conflict):
+        reservations.abort(ledger, "t1", r["id"])
+    assert audit.verify(ledger)["ok"]
+
+
+def test_a_release_is_recorded_once(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    first = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1))
+    reservations.commit(ledger, "t1", first["id"], release=release(7))
+    second = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1))
+    with pytest.raises(Conflict) as info:
+        reservations.commit(ledger, "t1", second["id"], release=release(7))
+    assert info.value.reason == "release_exists"
+    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.1"  # nothing changed
+    assert reservations.get_reservation(ledger, "t1", second["id"])["status"] == "reserved"
+
+
+def test_abort_returns_the_hold(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.9))
+    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.9"
+    with pytest.raises(BudgetExceeded):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.2))
+    aborted = reservations.abort(ledger, "t1", r["id"])
+    assert aborted["status"] == "aborted"
+    assert reservations.abort(ledger, "t1", r["id"]) == aborted  # nothing more to return
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_held"], answer["epsilon_spent"], answer["reservations_open"]) == ("0", "0", 0)
+    reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(1.0))
+
+
+def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    run = {"kind": "self_composed", "count": 10, "event": pure(0.05)}
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    assert r["cost"]["epsilon"] == "0.5"
+    step = reservations.commit(
+        ledger, "t1", r["id"], release=release(1),
+        event_json={"kind": "self_composed", "count": 4, "event": pure(0.05)},
+    )
+    assert step["reservation"]["status"] == "reserved"
+    assert step["reservation"]["committed"]["epsilon"] == "0.2"
+    assert offline.verify(step["certificate"]["certificate"]).ok
+    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.2"
+    with pytest.raises((ChargeRefused, InvalidInput)):  # more than reserved
+        reservations.commit(
+            ledger, "t1", r["id"], release=release(2),
+            event_json={"kind": "self_composed", "count": 11, "event": pure(0.05)},
+        )
+    reservations.abort(ledger, "t1", r["id"])
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.2", "0")
+    reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.8))
+    assert audit.verify(ledger)["ok"]
+
+
+def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    kwargs = {"batch_ids": ds.all_batches, "event_json": pure(0.3), "idempotency_key": "run-1"}
+    first = reservations.reserve(ledger, "t1", ds.id, **kwargs)
+    assert reservations.reserve(ledger, "t1", ds.id, **kwargs) == first
+    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
+    with pytest.raises(IdempotencyConflict):
+        reservations.reserve(ledger, "t1", ds.id, **{**kwargs, "event_json": pure(0.4)})
+    committed = reservations.commit(ledger, "t1", first["id"], release=release(1), idempotency_key="c-1")
+    again = reservations.commit(ledger, "t1", first["id"], release=release(1), idempotency_key="c-1")
+    assert again == committed
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_spent"], answer["charges_committed"]) == ("0.3", 1)
+    assert certificates.list_certificates(ledger, "t1", ds.id)["count"] == 1
+
+
+def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC, tasks=[3])
+    a, b, c = ds.all_batches
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event_json=pure(0.8))
+    reservations.commit(ledger, "t1", r["id"], release=release(1))
+    with pytest.raises(BudgetExceeded) as info:
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, b, c], event_json=pure(0.3))
+    assert info.value.batch_id == b
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_held"], answer["reservations_open"]) == ("0", 0)
+    reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, c], event_json=pure(1.0))  # a, c untouched
+
+
+def test_expired_reservation_frees_its_hold_and_cannot_be_committed(
+    ledger: Database, make_dataset: MakeDataset
+) -> None:
+    ds = make_dataset(BASIC)
+    t0 = datetime.now(UTC)
+    crashed = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), ttl_s=60, now=t0
+    )
+    with pytest.raises(BudgetExceeded):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=t0)
+    # Past the TTL, the next spend transaction expires the crashed client's hold first.
+    later = t0 + timedelta(seconds=61)
+    fresh = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=later
+    )
+    assert reservations.get_reservation(ledger, "t1", crashed["id"])["status"] == "expired"
+    with pytest.raises(ReservationExpired):
+        reservations.commit(ledger, "t1", crashed["id"], release=release(1), now=later)
+    reservations.commit(ledger, "t1", fresh["id"], release=release(2), now=later)
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("0.6", "0", 0)
+    assert audit.verify(ledger)["ok"]
+
+
+def test_late_commit_expires_and_is_refused(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    t0 = datetime.now(UTC)
+    r = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.5), ttl_s=10, now=t0
+    )
+    with pytest.raises(ReservationExpired):
+        reservations.commit(ledger, "t1", r["id"], release=release(1), now=t0 + timedelta(seconds=11))
+    # The expiry was stored although the commit failed: the hold is free, nothing was spent.
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0", "0")
+    assert reservations.get_reservation(ledger, "t1", r["id"])["status"] == "expired"
+    assert reservations.abort(ledger, "t1", r["id"])["status"] == "expired"
+
+
+def test_expiry_sweep(ledger: Database, make_dataset: MakeDataset) -> None:
+    first = make_dataset(BASIC)
+    second = make_dataset(BASIC)
+    t0 = datetime.now(UTC)
+    for ds in (first, second):
+        for _ in range(3):
+            reservations.reserve(
+                ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1), ttl_s=5, now=t0
+            )
+    kept = reservations.reserve(
+        ledger, "t1", first.id, batch_ids=first.all_batches, event_json=pure(0.1), ttl_s=100, now=t0
+    )
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=4)) == {"expired": 0}
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=6)) == {"expired": 6}
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=7)) == {"expired": 0}
+    assert spend.get_spend(ledger, "t1", first.id)["epsilon_held"] == "0.1"
+    assert spend.get_spend(ledger, "t1", second.id)["epsilon_held"] == "0"
+    assert reservations.get_reservation(ledger, "t1", kept["id"])["status"] == "reserved"
+    assert audit.verify(ledger)["ok"]
+
+
+def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC)
+    batch = ds.all_batches
+    cases: list[tuple[dict[str, object], str]] = [
+        ({"batch_ids": batch, "event_json": {"kind": "pure_dp", "epsilon": float("nan")}}, "event.epsilon"),
+        ({"batch_ids": batch, "event_json": {"kind": "laplace", "scale": -1}}, "event.scale"),
+        ({"batch_ids": batch, "event_json": {"kind": "magic"}}, "event.kind"),
+        (
+            {"batch_ids": batch, "event_json": {"kind": "poisson_sampled", "sampling_probability": 1.5,
+                                                 "event": {"kind": "gaussian", "noise_multiplier": 1}}},
+            "event.sampling_probability",
+        ),
+        ({"batch_ids": [], "event_json": pure(0.1)}, "batches"),
+        ({"batch_ids": [batch[0], batch[0]], "event_json": pure(0.1)}, "batches[1]"),
+        ({"event_json": pure(0.1)}, "batches"),
+        ({"batch_ids": batch, "event_json": pure(0.1), "ttl_s": 0}, "ttl_s"),
+        ({"batch_ids": batch, "event_json": pure(0.1), "idempotency_key": ""}, "Idempotency-Key"),
+    ]
+    for kwargs, field in cases:
+        with pytest.raises(InvalidInput) as info:
+            reservations.reserve(ledger, "t1", ds.id, **kwargs)  # type: ignore[arg-type]
+        assert info.value.field == field, kwargs
+    # Gaussian noise cannot be accounted by 'basic' (pure/approx DP sums): 422, naming the event.
+    with pytest.raises(InvalidInput) as info:
+        reservations.reserve(
+            ledger, "t1", ds.id, batch_ids=batch, event_json={"kind": "gaussian", "noise_multiplier": 1.0}
+        )
+    assert info.value.field == "event"
+    with pytest.raises(NotFound):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=["batch_nope"], event_json=pure(0.1))
+    with pytest.raises(NotFound):
+        reservations.reserve(ledger, "t2", ds.id, batch_ids=batch, event_json=pure(0.1))
+    other = make_dataset(BASIC)
+    with pytest.raises(NotFound):  # a batch of another dataset
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=other.all_batches, event_json=pure(0.1))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.1))
+    for bad, field in [({"model": "", "version": 1}, "release.model"), ({"model": "m"}, "release.version"),
+                       ("v1", "release")]:
+        with pytest.raises(InvalidInput) as info:
+            reservations.commit(ledger, "t1", r["id"], release=bad)  # type: ignore[arg-type]
+        assert info.value.field == field
+    with pytest.raises(NotFound):
+        reservations.commit(ledger, "t2", r["id"], release=release(1))
+    with pytest.raises(NotFound):
+        reservations.abort(ledger, "t2", r["id"])
+    with pytest.raises(NotFound):
+        reservations.get_reservation(ledger, "t2", r["id"])
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_held"], answer["reservations_open"]) == ("0.1", 1)
+    with pytest.raises(NotFound):
+        spend.get_spend(ledger, "t2", ds.id)
+
+
+def test_reserve_by_tasks(ledger: Database, make_dataset: MakeDataset) -> None:
+    ds = make_dataset(BASIC, tasks=[2, 3])
+    r = reservations.reserve(ledger, "t1", ds.id, task_ids=[ds.tasks[1]], event_json=pure(0.2))
+    assert [b["id"] for b in r["batches"]] == ds.batches[1]
+    reservations.commit(ledger, "t1", r["id"], release=release(1))
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0", "0.2"]
+    with pytest.raises(NotFound):
+        reservations.reserve(ledger, "t1", ds.id, task_ids=["task_nope"], event_json=pure(0.1))

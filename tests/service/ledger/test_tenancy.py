@@ -1,0 +1,64 @@
+"""Tenants and API keys: only hashes stored, scopes, revocation, the bootstrap key."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select
+
+from service.db.models import ApiKey
+from service.db.session import Database
+from service.ledger import tenancy
+from service.ledger.errors import Conflict, InvalidInput, NotFound
+
+
+def test_key_is_stored_as_hash_only_and_authenticates(db: Database) -> None:
+    key = tenancy.create_api_key(db, "team-a", "trainer")
+    principal = tenancy.authenticate(db, key)
+    assert principal is not None
+    assert (principal.tenant_id, principal.scope) == ("team-a", "trainer")
+    with db.session(readonly=True) as session:
+        stored = session.scalars(select(ApiKey)).one()
+        assert key not in (stored.key_hash, stored.prefix, stored.id)
+        assert stored.key_hash == tenancy.hash_key(key)
+    assert tenancy.authenticate(db, key + "x") is None
+    assert tenancy.authenticate(db, "") is None
+
+
+def test_revoked_key_no_longer_authenticates(db: Database) -> None:
+    issued = tenancy.issue_api_key(db, "team-a", "viewer")
+    tenancy.revoke_api_key(db, issued["id"], tenant_id="team-a")
+    assert tenancy.authenticate(db, issued["key"]) is None
+    with pytest.raises(NotFound):
+        tenancy.revoke_api_key(db, issued["id"], tenant_id="team-b")
+
+
+def test_bootstrap_key_is_admin_of_default_and_idempotent(db: Database) -> None:
+    key = "bootstrap-key-0123456789abcdef"
+    first = tenancy.ensure_bootstrap_admin_key(db, key)
+    second = tenancy.ensure_bootstrap_admin_key(db, key)
+    assert first == second
+    assert tenancy.authenticate(db, key) == first
+    assert (first.tenant_id, first.scope) == ("default", "admin")
+    tenancy.revoke_api_key(db, first.key_id)
+    assert tenancy.authenticate(db, key) is None
+    tenancy.ensure_bootstrap_admin_key(db, key)
+    assert tenancy.authenticate(db, key) == first
+
+
+def test_scopes_and_tenant_ids_are_validated(db: Database) -> None:
+    with pytest.raises(InvalidInput) as info:
+        tenancy.create_api_key(db, "team-a", "root")
+    assert info.value.field == "scope"
+    with pytest.raises(InvalidInput) as info:
+        tenancy.create_api_key(db, "Team A", "admin")
+    assert info.value.field == "tenant"
+    tenancy.create_tenant(db, "team-c")
+    with pytest.raises(Conflict):
+        tenancy.create_tenant(db, "team-c")
+
+
+def test_scope_order() -> None:
+    admin = tenancy.Principal("t", "admin", "k")
+    viewer = tenancy.Principal("t", "viewer", "k")
+    assert admin.allows("trainer") and admin.allows("viewer")
+    assert viewer.allows("viewer") and not viewer.allows("trainer")
