@@ -281,7 +281,7 @@ class OutputPerturbationEvent(DpEvent):
 
 @dataclass(frozen=True, slots=True)
 class AdaptiveGaussianEvent(DpEvent):
-    """AdaDp's per-coordinate Gaussian noise (Koskela & Honkela, Lemma 1).
+    """AdaDp's per-coordinate Gaussian noise (Xu, Shi, Liu, Zhao & Chen 2019, Lemma 1).
 
     Coordinate i has sensitivity sᵢ and noise standard deviation σᵢ. When
     Σ sᵢ²/σᵢ² ≤ 1/σ*², the mechanism is as private as a Gaussian mechanism with noise multiplier

@@ -54,8 +54,10 @@ Parameters
 ``eps_error`` (default 0.01, Opacus's default) and ``delta_error`` (default δ/1000, Opacus's and
 prv-accountant's recommendation) set the mesh. When the mesh for ``eps_error`` would need more
 than 2²² grid points (very many compositions), ``eps_error`` is raised until it fits, up to 0.1
-(prv-accountant's "typically around 0.1"), and the note says so; beyond that the accountant falls
-back to RDP.
+(prv-accountant's "typically around 0.1") or 0.1 % of the domain half-width L ≈ ε + 3 when that is
+larger, and the note says so; beyond that the accountant falls back to RDP. All Gaussian PRVs of a
+composition are first merged into one (exact: sums of normals are normal), which keeps the count
+N, hence the grid, small for un-sampled Gaussian compositions.
 
 Events
 ------
@@ -85,7 +87,6 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -94,6 +95,7 @@ import numpy.typing as npt
 import scipy.fft
 from prv_accountant.domain import Domain
 from prv_accountant.privacy_random_variables import LaplaceMechanism, PureDPMechanism
+from scipy.signal import lfilter
 from scipy.special import ndtr, ndtri
 
 from accountant.base import (
@@ -132,6 +134,8 @@ FALLBACK_METHOD: Final = "rdp-fallback"
 DEFAULT_EPS_ERROR: Final = 0.01
 DEFAULT_DELTA_ERROR_RATIO: Final = 1e-3
 MAX_EPS_ERROR: Final = 0.1
+# ... or, for a large ε, 0.1% of the domain half-width (≈ ε + 3).
+MAX_RELATIVE_EPS_ERROR: Final = 1e-3
 MAX_GRID: Final = 2**22
 # Total work cap (distinct PRVs × grid points) before falling back to RDP.
 MAX_WORK: Final = 2 * 10**9
@@ -601,7 +605,26 @@ def _fast_length(size: int) -> int:
     return best
 
 
+def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
+    """Replace all Gaussian PRVs by one: N(μᵢ²/2, μᵢ²) summed nᵢ times is N(μ²/2, μ²), μ² = Σnᵢμᵢ².
+
+    Exact (sums of independent normals), and it lowers the composition count N that sets the
+    mesh. The merged σ = (Σ nᵢ/σᵢ²)^(−1/2) is rounded down a few ulps (less noise is the safe side).
+    """
+    gaussians = {prv: n for prv, n in components.items() if isinstance(prv, _GaussianPrv)}
+    if len(gaussians) + sum(gaussians.values()) <= 2:
+        return components
+    precision = math.fsum(n / prv.noise_multiplier**2 for prv, n in gaussians.items())
+    sigma = 1.0 / math.sqrt(precision)
+    for _ in range(4):
+        sigma = math.nextafter(sigma, 0.0)
+    merged: dict[_Prv, int] = {prv: n for prv, n in components.items() if prv not in gaussians}
+    merged[_GaussianPrv(sigma)] = 1
+    return merged
+
+
 def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) -> _Composed:
+    components = _merge_gaussians(components)
     total = sum(components.values())
     log_term = total / 2 * math.log(12 / delta_error)
     half_width = _domain_half_width(components, total, eps_error, delta_error)
@@ -612,10 +635,11 @@ def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) 
 
     if grid_points(eps_error) > MAX_GRID:
         raised = eps_error * grid_points(eps_error) / MAX_GRID * 1.01
-        if raised > MAX_EPS_ERROR:
+        cap = max(MAX_EPS_ERROR, MAX_RELATIVE_EPS_ERROR * half_width)
+        if raised > cap:
             raise _PrvFailure(
                 f"{total} compositions on a domain of half-width {half_width:.3g} need more than "
-                f"{MAX_GRID} grid points even at eps_error = {MAX_EPS_ERROR}"
+                f"{MAX_GRID} grid points even at eps_error = {cap:.3g}"
             )
         note = f"eps_error raised from {eps_error:g} to {raised:.3g} to fit a {MAX_GRID}-point grid"
         eps_error = raised
@@ -682,12 +706,18 @@ def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) 
     )
 
 
-def _tail_sums(composed: _Composed) -> tuple[npt.NDArray[np.longdouble], ...]:
-    t = composed.t_min + np.arange(composed.pmf.size, dtype=np.longdouble) * np.longdouble(composed.h)
+def _tail_sums(composed: _Composed) -> tuple[npt.NDArray[np.longdouble], npt.NDArray[np.longdouble]]:
+    """d1[i] = Σ_{j≥i} pⱼ and d2[i] = Σ_{j≥i} pⱼ·e^{tᵢ−tⱼ}, in long double.
+
+    prv-accountant computes Σ pⱼe^{−tⱼ} and multiplies by e^{tᵢ}, which overflows for |t| beyond
+    ~11000 (large ε); the relative form is the recurrence d2[i] = pᵢ + e^{−h}·d2[i+1] (a stable
+    first-order filter, every term ≤ 1).
+    """
     p = composed.pmf.astype(np.longdouble)
     d1 = np.flip(np.cumsum(np.flip(p)))
-    d2 = np.flip(np.cumsum(np.flip(p * np.exp(-t))))
-    return t, d1, d2
+    decay = np.exp(-np.longdouble(composed.h))
+    d2 = np.flip(lfilter([np.longdouble(1)], [np.longdouble(1), -decay], np.flip(p)))
+    return d1, d2
 
 
 def _epsilon_bounds(composed: _Composed, delta: float) -> tuple[float, float, float]:
@@ -704,16 +734,18 @@ def _epsilon_bounds(composed: _Composed, delta: float) -> tuple[float, float, fl
         )
     if np.finfo(np.longdouble).eps * composed.pmf.size > delta_fin - slack:
         raise _PrvFailure("floating-point errors dominate for such a small delta")
-    t, d1, d2 = _tail_sums(composed)
-    ndelta = np.exp(t) * d2 - d1  # −δ(t_i) on the grid, increasing in i
+    d1, d2 = _tail_sums(composed)
+    ndelta = d2 - d1  # −δ(tᵢ) on the grid, non-decreasing in i
 
     def find(target: float) -> float:
+        # For ε ∈ [t_{i−1}, tᵢ]: δ(ε) = d1[i] − e^{ε−tᵢ}·d2[i].
         i = int(np.searchsorted(ndelta, -target, side="left"))
         if i <= 0:
             return 0.0  # δ(t_min) ≤ target with t_min < 0: ε = 0 already suffices
         if i >= ndelta.size:
             raise _PrvFailure("epsilon lies beyond the PRV domain")
-        return float(np.log((d1[i] - target) / d2[i]))
+        t_i = composed.t_min + i * composed.h
+        return float(t_i + np.log((d1[i] - np.longdouble(target)) / d2[i]))
 
     upper = find(delta_fin - slack) + composed.eps_error + composed.extra_epsilon
     estimate = find(delta_fin)
@@ -824,8 +856,16 @@ class PrvAccountant(PrivacyAccountant):
         return None if rdp is None else rdp.get_epsilon(delta)
 
     def _fallback(self, delta: float, reason: str) -> EpsilonBound:
-        bound = self._rdp_bound(delta)
+        """The RDP bound (basic composition where RDP does not apply, or first for δ = 0)."""
         method = FALLBACK_METHOD
+        bound = None
+        if delta == 0:
+            basic = self._fallback_accountant("basic")
+            if basic is not None:
+                bound, method = basic.get_epsilon(delta), "basic-fallback"
+                reason = f"{reason}; basic composition used"
+        if bound is None:
+            bound = self._rdp_bound(delta)
         if bound is None:
             basic = self._fallback_accountant("basic")
             if basic is None:
@@ -909,24 +949,23 @@ class PrvAccountant(PrivacyAccountant):
             return 1.0 if basic is None else basic.get_delta(epsilon)
         if not self._components:
             return 0.0
-        if self.delta_error is not None:
-            delta_error = self.delta_error
-        elif rdp_delta is not None and rdp_delta > 0:
-            delta_error = min(1e-3, max(1e-15, rdp_delta * DEFAULT_DELTA_ERROR_RATIO))
-        else:
-            delta_error = 1e-12
         try:
-            prv_delta = _delta_upper(self._composed(delta_error), epsilon)
+            if self.delta_error is not None:
+                prv_delta = _delta_upper(self._composed(self.delta_error), epsilon)
+            else:
+                # δ_err = δ/1000 for the δ being computed: a first pass at 1/1000 of the RDP δ
+                # (≥ the true δ) gives an upper estimate; a second pass refines when it is smaller.
+                guess = rdp_delta if rdp_delta is not None and rdp_delta > 0 else 1e-9
+                delta_error = min(1e-3, max(1e-18, guess * DEFAULT_DELTA_ERROR_RATIO))
+                prv_delta = _delta_upper(self._composed(delta_error), epsilon)
+                refined = max(1e-18, prv_delta * DEFAULT_DELTA_ERROR_RATIO)
+                if refined < delta_error / 10:
+                    prv_delta = min(prv_delta, _delta_upper(self._composed(refined), epsilon))
         except (_PrvFailure, ValueError, RuntimeError, FloatingPointError, OverflowError, MemoryError):
             return 1.0 if rdp_delta is None else rdp_delta
         except AccountantError:
             return 1.0 if rdp_delta is None else rdp_delta
         return prv_delta if rdp_delta is None else min(prv_delta, rdp_delta)
-
-
-def _iter_components(accountant: PrvAccountant) -> Iterator[tuple[_Prv, int]]:
-    """The distinct PRVs composed so far, with counts (for the benchmark and tests)."""
-    yield from accountant._components.items()
 
 
 register(NAME, PrvAccountant)

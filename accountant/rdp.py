@@ -10,8 +10,8 @@ Which formula for which event
 -----------------------------
 * ``gaussian`` (L2 sensitivity 1, noise multiplier σ): ``α/(2σ²)`` (Mironov 2017, Prop. 7).
 * ``adaptive_gaussian``: AdaDp's per-coordinate noise is as private as a Gaussian with noise
-  multiplier σ* whenever ``Σ sᵢ²/σᵢ² ≤ 1/σ*²`` (Koskela–Honkela/AdaDp, Lemma 1; the event checks
-  the condition), so it is accounted as ``gaussian(σ*)``, sampled or not.
+  multiplier σ* whenever ``Σ sᵢ²/σᵢ² ≤ 1/σ*²`` (Xu, Shi, Liu, Zhao & Chen, AdaDp, Lemma 1; the
+  event checks the condition), so it is accounted as ``gaussian(σ*)``, sampled or not.
 * ``laplace`` (L1 sensitivity 1, scale b, ε = 1/b): the exact curve of Mironov 2017, Prop. 6,
   evaluated in a cancellation-free form (see ``_laplace_rdp``).
 * pure ε-DP events (``pure_dp``, ``approx_dp`` with δ = 0, ``l2dp_ml_functional`` with the ε of
@@ -182,9 +182,7 @@ def _checked_curve(rdp: Sequence[float] | FloatArray, orders: FloatArray) -> Flo
 
 def _checked_conversion(conversion: str) -> str:
     if conversion not in CONVERSIONS:
-        raise InvalidArgumentError(
-            "conversion", f"must be one of {list(CONVERSIONS)}. Found {conversion!r}."
-        )
+        raise InvalidArgumentError("conversion", f"must be one of {list(CONVERSIONS)}. Found {conversion!r}.")
     return conversion
 
 
@@ -348,9 +346,10 @@ def _rho_from_log_a_minus_1(log_a_minus_1: FloatArray, alphas: FloatArray) -> Fl
 
 def _alternating_tail_weights(terms: int) -> tuple[FloatArray, float]:
     """Weights wₖ and error factor of Algorithm 1 of Cohen, Rodriguez Villegas & Zagier 2000
-    ("Convergence acceleration of alternating series", Exp. Math. 9): for a completely monotone
-    sequence a₀ ≥ a₁ ≥ ... ≥ 0, S = Σₖ (−1)ᵏaₖ satisfies |S − Σ_{k<n} wₖaₖ| ≤ 2S/(3+√8)ⁿ ≤
-    2a₀/(3+√8)ⁿ (their Prop. 1)."""
+    ("Convergence acceleration of alternating series", Experimental Math. 9(1)): for a completely
+    monotone sequence aₖ (a Hausdorff moment sequence, aₖ = ∫₀¹ xᵏ dμ with μ ≥ 0), the alternating
+    sum S = Σₖ (−1)ᵏaₖ satisfies |S − Σ_{k<n} wₖaₖ| ≤ 2S/(3+√8)ⁿ ≤ 2a₀/(3+√8)ⁿ (their error bound
+    for Algorithm 1; S ≤ a₀ for an alternating series with decreasing terms)."""
     d = (3.0 + math.sqrt(8.0)) ** terms
     d = (d + 1.0 / d) / 2.0
     b, c = -1.0, -d
@@ -422,9 +421,7 @@ def _log_a_fractional(*, q: float, noise_multiplier: float, alphas: FloatArray) 
         # weighted by its share of the term.
         share0 = np.exp(log_t0 - log_halves)
         share0 = np.where(np.isnan(share0), 0.5, share0)
-        log_error = 8.0 * _EPS * (
-            1.0 + size_binom + share0 * size_t0 + (1.0 - share0) * size_t1
-        )
+        log_error = 8.0 * _EPS * (1.0 + size_binom + share0 * size_t0 + (1.0 - share0) * size_t1)
 
         rows = np.arange(alphas.size)[:, None]
         head_mask = i <= floors[:, None]
@@ -458,9 +455,7 @@ def _poisson_gaussian_rdp_uncached(
     # Integer orders needed: the grid's own, and the neighbours of every fractional order.
     fractional = orders[~integral]
     needed = np.unique(
-        np.concatenate(
-            [orders[integral], np.floor(fractional), np.ceil(fractional)]
-        ).astype(np.int64)
+        np.concatenate([orders[integral], np.floor(fractional), np.ceil(fractional)]).astype(np.int64)
     )
     needed = needed[needed >= 2]
     log_a_minus_1 = _log_a_integer(q=q, noise_multiplier=sigma, alphas=needed)
@@ -476,9 +471,9 @@ def _poisson_gaussian_rdp_uncached(
         t = fractional - lo
         # Convexity of log A_α = (α−1)ρ(α) in α (van Erven & Harremoës 2014, Cor. 2).
         with np.errstate(invalid="ignore"):
-            log_a_interp = (1.0 - t) * (lo - 1.0) * np.array(
-                [by_order[int(v)] for v in lo]
-            ) + t * (hi - 1.0) * np.array([by_order[int(v)] for v in hi])
+            log_a_interp = (1.0 - t) * (lo - 1.0) * np.array([by_order[int(v)] for v in lo]) + t * (
+                hi - 1.0
+            ) * np.array([by_order[int(v)] for v in hi])
         log_a_interp = np.where(np.isnan(log_a_interp), np.inf, log_a_interp)
         log_a_series = _log_a_fractional(q=q, noise_multiplier=sigma, alphas=fractional)
         log_a = np.minimum(log_a_series, log_a_interp)
@@ -490,7 +485,7 @@ def _poisson_gaussian_rdp_uncached(
     return _non_decreasing(curve, orders)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=512)  # ~5 kB per entry with the default orders
 def _poisson_gaussian_rdp_cached(
     sampling_probability: float, noise_multiplier: float, orders: tuple[float, ...]
 ) -> tuple[float, ...]:
@@ -523,6 +518,7 @@ def _log_binomial_table(size: int) -> FloatArray:
     return table
 
 
+@functools.lru_cache(maxsize=128)
 def _wbk_log_forward_differences(*, noise_multiplier: float) -> FloatArray:
     """log of upper bounds on B(l) = Δˡf(0), f(k) = e^{k(k−1)/(2σ²)}, for l ≤ 256 (used at even l):
     the forward differences of Wang, Balle & Kasiviswanathan 2019, Thm. 27.
@@ -552,12 +548,11 @@ def _wbk_log_forward_differences(*, noise_multiplier: float) -> FloatArray:
         row = signs[order, : order + 1] * scaled[order, : order + 1]
         exact = math.fsum(row.tolist())
         out[order] = float(peak[order, 0]) + math.log(max(exact, 0.0) + float(allowance[order]))
+    out.flags.writeable = False  # cached and shared
     return out
 
 
-def _wor_gaussian_rdp(
-    *, sampling_fraction: float, noise_multiplier: float, orders: FloatArray
-) -> FloatArray:
+def _wor_gaussian_rdp(*, sampling_fraction: float, noise_multiplier: float, orders: FloatArray) -> FloatArray:
     """RDP of the Gaussian mechanism on a uniformly random subset of fixed size (sampling without
     replacement, replace-one neighbours): Wang, Balle & Kasiviswanathan 2019, Thm. 27,
 
@@ -823,9 +818,7 @@ class RdpAccountant(PrivacyAccountant):
 
     name = _ACCOUNTANT
 
-    def __init__(
-        self, orders: Sequence[float] = DEFAULT_ORDERS, conversion: str = "improved"
-    ) -> None:
+    def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS, conversion: str = "improved") -> None:
         self._orders = _checked_orders(orders)
         self._conversion = _checked_conversion(conversion)
         self._rdp: FloatArray = np.zeros_like(self._orders)
@@ -858,9 +851,7 @@ class RdpAccountant(PrivacyAccountant):
 
     def get_epsilon(self, delta: float) -> EpsilonBound:
         check_delta(delta)
-        epsilon, order = rdp_to_epsilon(
-            self._rdp, self._orders, delta, conversion=self._conversion
-        )
+        epsilon, order = rdp_to_epsilon(self._rdp, self._orders, delta, conversion=self._conversion)
         return EpsilonBound(
             lower=0.0,
             estimate=epsilon,

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
+from service.api.responses import documented, json_answer
 from service.api.schemas import CertificatePublic, CertificatesPublic, ErrorBody, SpendPublic
 from service.ledger import certificates, spend
 
@@ -22,12 +24,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.get(
     "/datasets/{dataset_id}/spend",
-    response_model=SpendPublic,
-    responses=_ERRORS,
+    response_model=None,
+    responses={200: documented(SpendPublic, "the dataset's spend"), **_ERRORS},
     summary="What the dataset has spent (from aggregates; never a scan of charges)",
 )
-def get_spend(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    return spend.get_spend(db, principal.tenant_id, dataset_id)
+def get_spend(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
+    return json_answer(spend.get_spend(db, principal.tenant_id, dataset_id))
 
 
 @router.get(

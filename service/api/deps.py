@@ -9,7 +9,7 @@ object is "not found").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Final
 
 from fastapi import Depends, Header, Request
@@ -22,12 +22,16 @@ from service.ledger.tenancy import Principal, authenticate
 _RANK: Final = {"viewer": 0, "trainer": 1, "admin": 2}
 
 
-def get_database(request: Request) -> Database:
+# Dependencies that do no I/O are ``async``: FastAPI runs a sync dependency in the thread pool,
+# a hop per dependency per request that the hot path (reserve, commit) cannot afford.
+
+
+async def get_database(request: Request) -> Database:
     database: Database = request.app.state.database
     return database
 
 
-def get_metrics(request: Request) -> LedgerMetrics:
+async def get_metrics(request: Request) -> LedgerMetrics:
     metrics: LedgerMetrics = request.app.state.metrics
     return metrics
 
@@ -37,6 +41,7 @@ MetricsDep = Annotated[LedgerMetrics, Depends(get_metrics)]
 
 
 def get_principal(request: Request, database: DatabaseDep) -> Principal:
+    """The caller's principal (one indexed lookup of the key's hash; runs in the thread pool)."""
     header = request.headers.get("authorization")
     if header is None:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'.")
@@ -53,8 +58,8 @@ def get_principal(request: Request, database: DatabaseDep) -> Principal:
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def require_scope(required: str) -> Callable[[Principal], Principal]:
-    def check(principal: PrincipalDep) -> Principal:
+def require_scope(required: str) -> Callable[[Principal], Awaitable[Principal]]:
+    async def check(principal: PrincipalDep) -> Principal:
         if _RANK.get(principal.scope, -1) < _RANK[required]:
             raise Forbidden(
                 f"this call needs a {required!r} key; this key's scope is {principal.scope!r}.",

@@ -10,10 +10,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, MetricsDep, TrainerDep, ViewerDep
 from service.api.metrics import LedgerMetrics
+from service.api.responses import documented, json_answer
 from service.api.schemas import (
     CommitPublic,
     CommitRequest,
@@ -55,9 +57,9 @@ def _observe_age(metrics: LedgerMetrics, reservation: dict[str, Any], outcome: s
 @router.post(
     "/datasets/{dataset_id}/reservations",
     status_code=201,
-    response_model=ReservationPublic,
-    response_model_exclude_unset=True,
+    response_model=None,
     responses={
+        201: documented(ReservationPublic, "held: the cost per batch and when the hold expires"),
         **_ERRORS,
         409: {
             "model": ErrorBody,
@@ -76,7 +78,7 @@ def reserve(
     db: DatabaseDep,
     metrics: MetricsDep,
     idempotency_key: IdempotencyKeyDep = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     answer = reservations.reserve(
         db,
         principal.tenant_id,
@@ -89,7 +91,7 @@ def reserve(
         ttl_s=body.ttl_s if body.ttl_s is not None else request.app.state.settings.reservation_ttl_s,
     )
     metrics.reservations.inc()
-    return answer
+    return json_answer(answer, 201)
 
 
 def _ids(ids: list[str | int] | None) -> list[str] | None:
@@ -98,20 +100,19 @@ def _ids(ids: list[str | int] | None) -> list[str] | None:
 
 @router.get(
     "/reservations/{reservation_id}",
-    response_model=ReservationPublic,
-    response_model_exclude_unset=True,
-    responses=_ERRORS,
+    response_model=None,
+    responses={200: documented(ReservationPublic, "the reservation"), **_ERRORS},
     summary="Get a reservation",
 )
-def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    return reservations.get_reservation(db, principal.tenant_id, reservation_id)
+def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
+    return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id))
 
 
 @router.post(
     "/reservations/{reservation_id}/commit",
-    response_model=CommitPublic,
-    response_model_exclude_unset=True,
+    response_model=None,
     responses={
+        200: documented(CommitPublic, "committed: the stored certificate and the reservation"),
         **_ERRORS,
         409: {
             "model": ErrorBody,
@@ -128,7 +129,7 @@ def commit(
     db: DatabaseDep,
     metrics: MetricsDep,
     idempotency_key: IdempotencyKeyDep = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     answer = reservations.commit(
         db,
         principal.tenant_id,
@@ -141,14 +142,17 @@ def commit(
     reservation = answer.get("reservation")
     if isinstance(reservation, dict) and reservation.get("commits") == 1:
         _observe_age(metrics, reservation, "committed")
-    return answer
+    return json_answer(answer)
 
 
 @router.post(
     "/reservations/{reservation_id}/abort",
-    response_model=ReservationPublic,
-    response_model_exclude_unset=True,
-    responses={**_ERRORS, 409: {"model": ErrorBody, "description": "already fully committed"}},
+    response_model=None,
+    responses={
+        200: documented(ReservationPublic, "aborted: what was not committed is free again"),
+        **_ERRORS,
+        409: {"model": ErrorBody, "description": "already fully committed"},
+    },
     summary="Free what the reservation holds and has not committed",
 )
 def abort(
@@ -157,10 +161,10 @@ def abort(
     db: DatabaseDep,
     metrics: MetricsDep,
     idempotency_key: IdempotencyKeyDep = None,
-) -> dict[str, Any]:
+) -> JSONResponse:
     answer = reservations.abort(
         db, principal.tenant_id, reservation_id, idempotency_key=idempotency_key
     )
     metrics.aborts.inc()
     _observe_age(metrics, answer, "aborted")
-    return answer
+    return json_answer(answer)

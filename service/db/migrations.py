@@ -36,9 +36,7 @@ def alembic_config(url: str | URL) -> Config:
     """An Alembic ``Config`` for ``url``; ``alembic/env.py`` reads the URL from its attributes."""
     config = Config()
     config.set_main_option("script_location", str(script_location()))
-    config.set_main_option(
-        "file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(slug)s"
-    )
+    config.set_main_option("file_template", "%%(year)d_%%(month).2d_%%(day).2d_%%(slug)s")
     config.attributes["url"] = make_url(url)
     return config
 

@@ -57,9 +57,7 @@ class ApiKey(Base):
     """An API key: only the SHA-256 of the key is stored, never the key."""
 
     __tablename__ = "api_keys"
-    __table_args__ = (
-        CheckConstraint("scope IN ('admin', 'trainer', 'viewer')", name="scope"),
-    )
+    __table_args__ = (CheckConstraint("scope IN ('admin', 'trainer', 'viewer')", name="scope"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
@@ -166,9 +164,7 @@ class Reservation(Base):
 
     __tablename__ = "reservations"
     __table_args__ = (
-        CheckConstraint(
-            "status IN ('reserved', 'committed', 'aborted', 'expired')", name="status"
-        ),
+        CheckConstraint("status IN ('reserved', 'committed', 'aborted', 'expired')", name="status"),
         # Only open reservations can expire: small partial indexes for the sweep and for the
         # expiry check inside every spend transaction.
         Index(

@@ -147,9 +147,7 @@ def append(session: Session, events: Iterable[AuditEvent], *, now: datetime | No
             )
         else:
             session.execute(
-                update(Dataset)
-                .where(Dataset.id == chain)
-                .values(audit_seq=new_seq, audit_hash=new_hash)
+                update(Dataset).where(Dataset.id == chain).values(audit_seq=new_seq, audit_hash=new_hash)
             )
 
 

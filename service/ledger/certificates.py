@@ -12,13 +12,11 @@ certificate}`` where ``certificate`` is the issued record itself (its ``hash`` f
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select
 
 from accountant import certificates as issuing
 from accountant.certificates import BatchRecord
@@ -32,23 +30,20 @@ from service.ledger.errors import InvalidInput, NotFound
 MAX_PAGE: Final = 1000
 
 
-def issue_for_commit(
-    session: Session,
+def issue(
     *,
-    tenant_id: str,
-    dataset_id: str,
-    reservation_id: str,
-    release_id: str,
-    release: Mapping[str, Any],
     budget: Budget,
     charge: Charge,
-    partial_event: DpEvent | None,
     batches: Sequence[BatchRecord],
-    at: datetime,
+    reservation_id: str,
+    release: Mapping[str, Any],
+    partial_event: DpEvent | None,
+    release_id: str,
+    dataset_id: str,
+    issued_at: datetime,
 ) -> dict[str, Any]:
-    """Issue the commit's certificate, store it in ``session``'s transaction, return its JSON."""
-    certificate_id = f"cert_{secrets.token_hex(12)}"
-    body = issuing.issue(
+    """The certificate of one commit (``accountant.certificates.issue``: pure, no accounting)."""
+    return issuing.issue(
         budget=budget,
         charge=charge,
         batches=batches,
@@ -57,24 +52,43 @@ def issue_for_commit(
         partial_event=partial_event,
         release_id=release_id,
         dataset_id=dataset_id,
-        issued_at=at.isoformat(),
+        issued_at=issued_at.isoformat(),
     )
-    content_hash = str(body["hash"])
-    session.execute(
-        insert(Certificate),
-        {
-            "id": certificate_id,
-            "tenant_id": tenant_id,
-            "dataset_id": dataset_id,
-            "reservation_id": reservation_id,
-            "release_id": release_id,
-            "body": body,
-            "content_hash": content_hash,
-            "created_at": at,
-        },
-    )
+
+
+def stored_row(
+    *,
+    certificate_id: str,
+    tenant_id: str,
+    dataset_id: str,
+    reservation_id: str,
+    release_id: str,
+    body: dict[str, Any],
+    at: datetime,
+) -> dict[str, Any]:
+    """The ``certificates`` row that stores ``body`` (its content hash in its own column)."""
+    return {
+        "id": certificate_id,
+        "tenant_id": tenant_id,
+        "dataset_id": dataset_id,
+        "reservation_id": reservation_id,
+        "release_id": release_id,
+        "body": body,
+        "content_hash": str(body["hash"]),
+        "created_at": at,
+    }
+
+
+def row_json(row: Mapping[str, Any], release: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer for a stored row (``stored_row``) and its release."""
     return _json(
-        certificate_id, dataset_id, reservation_id, dict(release), content_hash, at, body
+        row["id"],
+        row["dataset_id"],
+        row["reservation_id"],
+        dict(release),
+        row["content_hash"],
+        row["created_at"],
+        row["body"],
     )
 
 
@@ -155,7 +169,9 @@ def verify_stored(db: Database, tenant_id: str, certificate_id: str) -> dict[str
 __all__ = [
     "BatchRecord",
     "get_certificate",
-    "issue_for_commit",
+    "issue",
     "list_certificates",
+    "row_json",
+    "stored_row",
     "verify_stored",
 ]

@@ -191,9 +191,7 @@ def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]
         return dataset_json(load_dataset(session, tenant_id, dataset_id))
 
 
-def list_datasets(
-    db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0
-) -> dict[str, Any]:
+def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
     """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them)."""
     if limit < 1 or limit > 1000:
         raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")

@@ -144,9 +144,7 @@ def execute(
             # answer if it is there now.
             if key is not None:
                 with db.session(readonly=True) as session:
-                    stored = lookup(
-                        session, tenant_id=tenant_id, key=key, operation=operation, digest=digest
-                    )
+                    stored = lookup(session, tenant_id=tenant_id, key=key, operation=operation, digest=digest)
                 if stored is not None:
                     return stored
             raise

@@ -1,53 +1,59 @@
 """Reserve → commit / abort / expire: the spend transactions.
 
-Each operation is one database transaction holding the dataset's ledger head
-(``lock_ledger_head``: ``SELECT … FOR UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so
-every decision is made on the current per-batch states and no two spends on a dataset interleave:
+Every spend runs in a database transaction that holds the dataset's ledger head
+(``SELECT … FOR UPDATE`` on the dataset row on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so each
+decision is made on the current per-batch states and no two spends on a dataset interleave:
 
 * ``reserve`` parses the event (``accountant.events.from_json``), prices it on every batch it
   reads with ``accountant.rules.reserve`` under the dataset's rule, and holds it — on all batches
-  or on none (any refusal rolls the whole transaction back). 409 ``budget_exceeded`` carries the
-  batch's ``remaining`` and the ``requested`` cost.
+  or on none. A refusal is 409 ``budget_exceeded`` (with the batch's ``remaining`` and the
+  ``requested`` cost) or a rule's own code (``batch_already_read``, ``outside_plan``, ...).
 * ``commit`` turns the hold into spend (``accountant.rules.commit``), records the release
   ``{model, version}`` and stores the certificate (``accountant.certificates.issue``). With an
-  ``event`` it is a progressive commit: the cost of the run so far (never more than reserved);
-  the reservation stays open for later commits, and a commit without ``event`` closes it.
+  ``event_json`` it is a progressive commit: the cost of the run so far (never more than
+  reserved); the reservation stays open, and a commit without ``event_json`` closes it.
 * ``abort`` returns what was held and not committed (``accountant.rules.cancel``).
-* A reservation past its ``expires_at`` expires: its hold is returned exactly as by ``abort``.
-  Every spend transaction first expires the dataset's due reservations, ``expire_due`` sweeps
-  all datasets, and a commit that arrives late expires its reservation and is refused
-  (``ReservationExpired``), so a crashed client's hold never becomes spend.
+* A reservation past its ``expires_at`` expires and returns its hold exactly as ``abort`` does.
+  Every spend transaction first expires the dataset's due reservations, ``expire_due`` sweeps all
+  datasets, and a late commit expires its reservation and is refused (``ReservationExpired``): a
+  crashed client's hold never becomes spend.
+
+**Group commit.** A durable commit waits for the write-ahead log to reach the disk, and the
+ledger head stays locked until it has, so one-transaction-per-spend caps a hot dataset at about
+one spend per disk flush. Concurrent spends on one dataset within a process are therefore
+combined: the first caller becomes the leader, takes every spend queued for the dataset, and runs
+them in ONE transaction — each decided in turn on the states the previous ones left, exactly as
+if they had run one after the other; a refused spend changes nothing and gets its own error.
+Each caller gets its answer after that transaction commits. If the group transaction itself fails
+(a constraint race with another process, a deadlock), each spend is retried alone, so one spend's
+failure is never another's. Spends from other processes serialise on the ledger head as before.
 
 Aggregates are maintained in the same transaction (per batch: its ``BatchState`` and the numbers
 read from it; per task and per dataset: maxima over their batches, valid because a batch's spend
-never decreases), so reads never scan charges. The transaction's audit entries go to the
-dataset's chain, whose head is written with the same update of the ledger head.
-
-Hot path, in round trips under the lock — reserve: lock, load batches, update batches, insert
-reservation, insert its batches, update head + insert audit (and the idempotency row); commit:
-lock, load, update batches / reservation batches / reservation / tasks, insert release and
-certificate, update head + insert audit. Everything that does not need the lock (parsing,
-validation, the due-expiry lookup, the idempotency lookup) happens before it.
-
-Numbers in answers are decimal strings (``accountant.exact.to_text``): exact, as stored.
+never decreases), so reads never scan charges. Audit entries go to the dataset's chain, whose head
+is written with the same update of the ledger head. Numbers in answers are decimal strings.
 """
 
 from __future__ import annotations
 
-import functools
 import secrets
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import Row, insert, select, update
+from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from accountant import events as ev
 from accountant import rules
-from accountant.base import AccountantError, InvalidArgumentError, UnsupportedEventError
+from accountant.base import AccountantError, InvalidArgumentError
+from accountant.certificates import BatchRecord
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget, Charge, Cost
@@ -55,7 +61,9 @@ from service.db.base import utcnow
 from service.db.models import (
     AuditEntry,
     Batch,
+    Certificate,
     Dataset,
+    IdempotencyKey,
     Release,
     Reservation,
     ReservationBatch,
@@ -68,7 +76,10 @@ from service.ledger.errors import (
     BudgetExceeded,
     ChargeRefused,
     Conflict,
+    DuplicateIdempotencyKey,
+    IdempotencyConflict,
     InvalidInput,
+    LedgerError,
     NotFound,
     ReservationExpired,
 )
@@ -77,7 +88,10 @@ DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
 MAX_BATCHES_PER_RESERVATION: Final = 10_000
 MAX_ID_LENGTH: Final = 64
+MAX_GROUP: Final = 64
 _EXPIRE_PER_TRANSACTION: Final = 500
+_RETRIES: Final = 5
+_TRANSIENT_SQLSTATES: Final = frozenset({"40P01", "40001"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +156,7 @@ def _ttl(ttl_s: float) -> timedelta:
     return timedelta(seconds=float(ttl_s))
 
 
-def _rule_error(exc: Exception, batch_id: str) -> Exception:
+def _rule_error(exc: AccountantError, batch_id: str) -> LedgerError:
     """The domain error for an accountant error raised while pricing on ``batch_id``."""
     if isinstance(exc, rules.BudgetExceeded):
         return BudgetExceeded(exc.remaining, exc.requested, exc.message, batch_id=batch_id)
@@ -150,156 +164,87 @@ def _rule_error(exc: Exception, batch_id: str) -> Exception:
         return ChargeRefused(exc.code, exc.message, batch_id=batch_id)
     if isinstance(exc, InvalidArgumentError):
         return InvalidInput(exc.field, exc.message)
-    if isinstance(exc, UnsupportedEventError):
-        return InvalidInput("event", str(exc))
-    return InvalidInput("event", str(exc))
+    return InvalidInput("event", str(exc))  # UnsupportedEventError: the accountant cannot
 
 
 # ---------------------------------------------------------------------------------------------
-# The ledger head and the spend transaction
+# Operations: what a caller asks for, and its answer
 # ---------------------------------------------------------------------------------------------
 
-_HEAD_COLUMNS: Final = (
-    Dataset.id,
-    Dataset.tenant_id,
-    Dataset.ledger_version,
-    Dataset.epsilon_spent,
-    Dataset.delta_spent,
-    Dataset.naive_epsilon,
-    Dataset.epsilon_held,
-    Dataset.reservations_open,
-    Dataset.charges_committed,
-    Dataset.audit_seq,
-    Dataset.audit_hash,
-)
+
+@dataclass(frozen=True)
+class _ReserveParams:
+    selector: str  # "batches" | "tasks"
+    ids: list[str]
+    charge: Charge
+    event_document: dict[str, Any]
+    ttl: timedelta
 
 
-@dataclass
-class _Head:
-    """The locked dataset row's aggregates, changed in memory and written once at the end."""
+@dataclass(frozen=True)
+class _CommitParams:
+    reservation_id: str
+    model: str
+    version: str
+    release: dict[str, Any]
+    partial: DpEvent | None
 
-    id: str
+
+@dataclass(frozen=True)
+class _AbortParams:
+    reservation_id: str
+
+
+@dataclass(frozen=True)
+class _ExpireParams:
+    reservation_ids: list[str]
+
+
+_Params = _ReserveParams | _CommitParams | _AbortParams | _ExpireParams
+
+
+@dataclass(eq=False)
+class _Op:
+    """One spend operation waiting for (or holding) its answer."""
+
+    operation: str
     tenant_id: str
-    ledger_version: int
-    epsilon_spent: Decimal
-    delta_spent: Decimal
-    naive_epsilon: Decimal
-    epsilon_held: Decimal
-    reservations_open: int
-    charges_committed: int
-    audit_seq: int
-    audit_hash: str
-    last_release: dict[str, Any] | None = None
+    dataset_id: str
+    at: datetime
+    params: _Params
+    key: str | None = None
+    digest: str = ""
+    done: bool = False
+    response: dict[str, Any] | None = None
+    error: BaseException | None = None
 
-    def hold(self, epsilon: Decimal) -> None:
-        self.epsilon_held = exact_add(self.epsilon_held, epsilon)
-
-    def release_hold(self, epsilon: Decimal) -> None:
-        self.epsilon_held = max(ZERO, exact_sub(self.epsilon_held, epsilon))
-
-    def spend(self, state: BatchState) -> None:
-        self.epsilon_spent = max(self.epsilon_spent, state.epsilon_spent)
-        self.delta_spent = max(self.delta_spent, state.delta_spent)
-        self.naive_epsilon = max(self.naive_epsilon, state.naive_epsilon)
-
-
-class _SpendTransaction:
-    """One spend transaction on one dataset: lock, budget, due expiries, audit, final write."""
-
-    def __init__(self, session: Session, tenant_id: str, dataset_id: str, at: datetime) -> None:
-        self.session = session
-        self.at = at
-        self.events: list[audit.AuditEvent] = []
-        due = _due_ids(session, dataset_id, at)  # before the lock: usually empty
-        stmt = select(*_HEAD_COLUMNS).where(Dataset.id == dataset_id)
-        if session.get_bind().dialect.name != "sqlite":
-            stmt = stmt.with_for_update()
-        row = session.execute(stmt).one_or_none()
-        if row is None or row.tenant_id != tenant_id:
-            raise NotFound("dataset", dataset_id)
-        self.head = _Head(**row._asdict())
-        self.budget = _budget(session, dataset_id)
-        self.expired: list[str] = []
-        if due:
-            self.expired = _expire(self, due)
-
-    def audit(self, event_type: str, payload: Mapping[str, Any]) -> None:
-        self.events.append(
-            audit.AuditEvent(event_type, payload, tenant_id=self.head.tenant_id, dataset_id=self.head.id)
-        )
-
-    def finish(self) -> None:
-        """Append the audit entries and write the ledger head: the transaction's last writes."""
-        head = self.head
-        rows, head.audit_seq, head.audit_hash = audit.chain_rows(
-            head.id, head.audit_seq, head.audit_hash, self.events, self.at
-        )
-        if rows:
-            self.session.execute(insert(AuditEntry), rows)
-        values: dict[str, Any] = {
-            "ledger_version": head.ledger_version + 1,
-            "epsilon_spent": head.epsilon_spent,
-            "delta_spent": head.delta_spent,
-            "naive_epsilon": head.naive_epsilon,
-            "epsilon_held": head.epsilon_held,
-            "reservations_open": head.reservations_open,
-            "charges_committed": head.charges_committed,
-            "audit_seq": head.audit_seq,
-            "audit_hash": head.audit_hash,
-            "updated_at": self.at,
-        }
-        if head.last_release is not None:
-            values["last_release"] = head.last_release
-            values["last_release_at"] = self.at
-        self.session.execute(update(Dataset).where(Dataset.id == head.id).values(**values))
-
-
-def _budget(session: Session, dataset_id: str) -> Budget:
-    """The dataset's budget, parsed once per process (budgets never change)."""
-    return cached_budget(
-        dataset_id, lambda: session.scalar(select(Dataset.budget).where(Dataset.id == dataset_id))
-    )
-
-
-def _due_ids(session: Session, dataset_id: str, at: datetime) -> list[str]:
-    return list(
-        session.scalars(
-            select(Reservation.id)
-            .where(
-                Reservation.dataset_id == dataset_id,
-                Reservation.status == "reserved",
-                Reservation.expires_at <= at,
-            )
-            .order_by(Reservation.expires_at)
-            .limit(_EXPIRE_PER_TRANSACTION)
-        )
-    )
+    def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
+        self.response, self.error, self.done = response, error, True
 
 
 # ---------------------------------------------------------------------------------------------
-# Loading a reservation with its batches (one query)
+# Loaded state
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Held:
-    """One batch of a reservation: reserved cost, committed cost, the batch's state, its task."""
+    """One batch of a reservation: what it was admitted against, reserved, and has committed."""
 
     batch_id: str
     task_id: str
     position: int
-    state_at_reserve: BatchState
+    state_at_reserve: dict[str, Any]
     reserved: Cost
     committed: Cost | None
-    state: BatchState
-    task_epsilon: Decimal
-    task_delta: Decimal
-    task_naive: Decimal
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Loaded:
+    """A reservation (immutable: a change is a new value in ``_Work.reservations``)."""
+
     id: str
+    tenant_id: str
     dataset_id: str
     status: str
     event: dict[str, Any]
@@ -312,25 +257,38 @@ class _Loaded:
     expires_at: datetime
     created_at: datetime
     closed_at: datetime | None
-    batches: list[_Held] = field(default_factory=list)
+    batches: tuple[_Held, ...] = ()
 
 
-def _load_reservation(session: Session, reservation_id: str) -> _Loaded:
-    rows: Sequence[Row[Any]] = session.execute(
+_RESERVATION_COLUMNS: Final = (
+    Reservation.id,
+    Reservation.tenant_id,
+    Reservation.dataset_id,
+    Reservation.status,
+    Reservation.event,
+    Reservation.noise_commitment,
+    Reservation.epsilon,
+    Reservation.delta,
+    Reservation.committed_epsilon,
+    Reservation.committed_delta,
+    Reservation.commits,
+    Reservation.expires_at,
+    Reservation.created_at,
+    Reservation.closed_at,
+)
+
+
+def _load_reservations(
+    session: Session, reservation_ids: Iterable[str]
+) -> tuple[dict[str, _Loaded], dict[str, dict[str, Any]], dict[str, tuple[str, tuple[Decimal, ...]]]]:
+    """Reservations with their batches, the batches' states and their tasks' aggregates, in one
+    query: ``(reservations, batch states, {batch id: (task id, task aggregates)})``."""
+    ids = sorted(set(reservation_ids))
+    if not ids:
+        return {}, {}, {}
+    rows = session.execute(
         select(
-            Reservation.id,
-            Reservation.dataset_id,
-            Reservation.status,
-            Reservation.event,
-            Reservation.noise_commitment,
-            Reservation.epsilon,
-            Reservation.delta,
-            Reservation.committed_epsilon,
-            Reservation.committed_delta,
-            Reservation.commits,
-            Reservation.expires_at,
-            Reservation.created_at,
-            Reservation.closed_at,
+            *_RESERVATION_COLUMNS,
             ReservationBatch.batch_id,
             ReservationBatch.position,
             ReservationBatch.state_at_reserve,
@@ -345,42 +303,33 @@ def _load_reservation(session: Session, reservation_id: str) -> _Loaded:
         .join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id)
         .join(Batch, Batch.id == ReservationBatch.batch_id)
         .join(Task, Task.id == Batch.task_id)
-        .where(Reservation.id == reservation_id)
-        .order_by(ReservationBatch.position)
+        .where(Reservation.id.in_(ids))
+        .order_by(Reservation.id, ReservationBatch.position)
     ).all()
-    first = rows[0]
-    loaded = _Loaded(
-        **{name: getattr(first, name) for name in _Loaded.__dataclass_fields__ if name != "batches"}
-    )
-    loaded.batches = [
-        _Held(
-            batch_id=r.batch_id,
-            task_id=r.task_id,
-            position=r.position,
-            state_at_reserve=BatchState.from_json(r.state_at_reserve),
-            reserved=Cost.from_json(r.cost),
-            committed=None if r.committed is None else Cost.from_json(r.committed),
-            state=BatchState.from_json(r.state),
-            task_epsilon=r.task_epsilon,
-            task_delta=r.task_delta,
-            task_naive=r.task_naive,
+    names = [c.key for c in _RESERVATION_COLUMNS]
+    held: dict[str, list[_Held]] = {}
+    first: dict[str, Any] = {}
+    states: dict[str, dict[str, Any]] = {}
+    tasks: dict[str, tuple[str, tuple[Decimal, ...]]] = {}
+    for r in rows:
+        first.setdefault(r.id, r)
+        held.setdefault(r.id, []).append(
+            _Held(
+                batch_id=r.batch_id,
+                task_id=r.task_id,
+                position=r.position,
+                state_at_reserve=r.state_at_reserve,
+                reserved=Cost.from_json(r.cost),
+                committed=None if r.committed is None else Cost.from_json(r.committed),
+            )
         )
-        for r in rows
-    ]
-    return loaded
-
-
-def _owner(session: Session, tenant_id: str, reservation_id: str) -> str:
-    """The reservation's dataset id (read before the lock); ``NotFound`` for another tenant's."""
-    if not isinstance(reservation_id, str) or len(reservation_id) > MAX_ID_LENGTH:
-        raise NotFound("reservation", reservation_id)
-    row = session.execute(
-        select(Reservation.dataset_id, Reservation.tenant_id).where(Reservation.id == reservation_id)
-    ).one_or_none()
-    if row is None or row.tenant_id != tenant_id:
-        raise NotFound("reservation", reservation_id)
-    dataset_id: str = row.dataset_id
-    return dataset_id
+        states[r.batch_id] = r.state
+        tasks[r.batch_id] = (r.task_id, (r.task_epsilon, r.task_delta, r.task_naive))
+    loaded = {
+        rid: _Loaded(**{n: getattr(row, n) for n in names}, batches=tuple(held[rid]))
+        for rid, row in first.items()
+    }
+    return loaded, states, tasks
 
 
 def _cost_json(epsilon: Decimal, delta: Decimal) -> dict[str, str]:
@@ -417,46 +366,236 @@ def _reservation_json(r: _Loaded) -> dict[str, Any]:
     }
 
 
-def _close(tx: _SpendTransaction, r: _Loaded, status: str) -> None:
-    """Abort or expire: return every batch's uncommitted hold (``rules.cancel``)."""
-    changes = []
-    for held in r.batches:
-        try:
-            held.state = rules.cancel(tx.budget, held.state, held.reserved, held.committed)
-        except AccountantError as exc:
-            raise _rule_error(exc, held.batch_id) from exc
-        changes.append(_batch_values(held.batch_id, held.state))
-    tx.session.execute(update(Batch), changes)
-    tx.head.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
-    tx.head.reservations_open -= 1
-    r.status, r.closed_at = status, tx.at
-    tx.session.execute(
-        update(Reservation).where(Reservation.id == r.id).values(status=status, closed_at=tx.at)
-    )
-    tx.audit(
-        f"reservation.{status}",
-        {
-            "reservation_id": r.id,
-            "returned": _cost_json(
-                exact_sub(r.epsilon, r.committed_epsilon), exact_sub(r.delta, r.committed_delta)
-            ),
-            "committed": _cost_json(r.committed_epsilon, r.committed_delta),
-        },
-    )
+# ---------------------------------------------------------------------------------------------
+# The work of one spend transaction: the locked head, states, and the writes to make
+# ---------------------------------------------------------------------------------------------
+
+_HEAD_COLUMNS: Final = (
+    Dataset.id,
+    Dataset.tenant_id,
+    Dataset.epsilon_spent,
+    Dataset.delta_spent,
+    Dataset.naive_epsilon,
+    Dataset.epsilon_held,
+    Dataset.reservations_open,
+    Dataset.charges_committed,
+    Dataset.ledger_version,
+    Dataset.audit_seq,
+    Dataset.audit_hash,
+)
 
 
-def _expire(tx: _SpendTransaction, reservation_ids: Sequence[str]) -> list[str]:
-    """Expire the given reservations that are still open and due (re-checked under the lock)."""
-    expired = []
-    for reservation_id in reservation_ids:
-        r = _load_reservation(tx.session, reservation_id)
-        if r.status == "reserved" and r.expires_at <= tx.at:
-            _close(tx, r, "expired")
-            expired.append(r.id)
-    return expired
+@dataclass
+class _Head:
+    """The locked dataset row's aggregates, changed in memory and written once at the end."""
+
+    id: str
+    tenant_id: str
+    epsilon_spent: Decimal
+    delta_spent: Decimal
+    naive_epsilon: Decimal
+    epsilon_held: Decimal
+    reservations_open: int
+    charges_committed: int
+    ledger_version: int
+    audit_seq: int
+    audit_hash: str
+    last_release: dict[str, Any] | None = None
+    last_release_at: datetime | None = None
 
 
-def _batch_values(batch_id: str, state: BatchState) -> dict[str, Any]:
+@dataclass
+class _Work:
+    """Everything one spend transaction reads and will write.
+
+    Operations *decide* first (reading only; they may raise a ``LedgerError``) and then *apply*
+    (writing into this object only, never raising), so a refused operation leaves no trace.
+    ``flush`` writes the result with one statement per table.
+    """
+
+    session: Session
+    head: _Head
+    budget: Budget
+    states: dict[str, BatchState] = field(default_factory=dict)
+    batch_task: dict[str, str] = field(default_factory=dict)
+    tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
+    reservations: dict[str, _Loaded] = field(default_factory=dict)
+    new_reservations: set[str] = field(default_factory=set)
+    dirty_reservations: set[str] = field(default_factory=set)
+    dirty_batches: set[str] = field(default_factory=set)
+    dirty_tasks: set[str] = field(default_factory=set)
+    releases: list[dict[str, Any]] = field(default_factory=list)
+    released: set[tuple[str, str, str]] = field(default_factory=set)
+    certificates: list[dict[str, Any]] = field(default_factory=list)
+    idempotency: list[dict[str, Any]] = field(default_factory=list)
+    events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load_reservations(self, ids: Iterable[str]) -> None:
+        wanted = [i for i in ids if i not in self.reservations]
+        loaded, states, tasks = _load_reservations(self.session, wanted)
+        self.reservations.update(loaded)
+        for batch_id, state in states.items():
+            self.states.setdefault(batch_id, BatchState.from_json(state))
+        for batch_id, (task_id, aggregates) in tasks.items():
+            self.batch_task[batch_id] = task_id
+            self.tasks.setdefault(task_id, aggregates)
+
+    def load_batches(self, ids: Iterable[str]) -> None:
+        wanted = sorted({i for i in ids if i not in self.states})
+        if not wanted:
+            return
+        for row in self.session.execute(
+            select(Batch.id, Batch.task_id, Batch.state).where(
+                Batch.id.in_(wanted), Batch.dataset_id == self.head.id
+            )
+        ):
+            self.states[row.id] = BatchState.from_json(row.state)
+            self.batch_task[row.id] = row.task_id
+
+    def load_task_batches(self, task_ids: Iterable[str]) -> dict[str, list[str]]:
+        """``{task id: its batch ids in order}`` for the tasks of this dataset."""
+        wanted = sorted(set(task_ids))
+        if not wanted:
+            return {}
+        out: dict[str, list[str]] = {
+            t: []
+            for t in self.session.scalars(
+                select(Task.id).where(Task.id.in_(wanted), Task.dataset_id == self.head.id)
+            )
+        }
+        rows = self.session.execute(
+            select(Batch.id, Batch.task_id, Batch.state)
+            .where(Batch.task_id.in_(list(out)), Batch.dataset_id == self.head.id)
+            .order_by(Batch.task_id, Batch.position)
+        ).all()
+        for row in rows:
+            out[row.task_id].append(row.id)
+            self.states.setdefault(row.id, BatchState.from_json(row.state))
+            self.batch_task[row.id] = row.task_id
+        return out
+
+    # -- applying --------------------------------------------------------------------------------
+
+    def audit(self, event_type: str, payload: Mapping[str, Any], at: datetime) -> None:
+        event = audit.AuditEvent(event_type, payload, tenant_id=self.head.tenant_id, dataset_id=self.head.id)
+        self.events.append((event, at))
+
+    def set_state(self, batch_id: str, state: BatchState) -> None:
+        self.states[batch_id] = state
+        self.dirty_batches.add(batch_id)
+        head = self.head
+        head.epsilon_spent = max(head.epsilon_spent, state.epsilon_spent)
+        head.delta_spent = max(head.delta_spent, state.delta_spent)
+        head.naive_epsilon = max(head.naive_epsilon, state.naive_epsilon)
+        task_id = self.batch_task[batch_id]
+        if task_id in self.tasks:  # loaded with a reservation: a commit may raise it
+            eps, dlt, naive = self.tasks[task_id]
+            raised = (
+                max(eps, state.epsilon_spent),
+                max(dlt, state.delta_spent),
+                max(naive, state.naive_epsilon),
+            )
+            if raised != (eps, dlt, naive):
+                self.tasks[task_id] = raised
+                self.dirty_tasks.add(task_id)
+
+    def put_reservation(self, r: _Loaded, *, new: bool = False) -> None:
+        self.reservations[r.id] = r
+        (self.new_reservations if new else self.dirty_reservations).add(r.id)
+
+    def hold(self, epsilon: Decimal) -> None:
+        self.head.epsilon_held = exact_add(self.head.epsilon_held, epsilon)
+
+    def release_hold(self, epsilon: Decimal) -> None:
+        self.head.epsilon_held = max(ZERO, exact_sub(self.head.epsilon_held, epsilon))
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        session = self.session
+        new = [self.reservations[i] for i in sorted(self.new_reservations)]
+        if new:
+            session.execute(insert(Reservation), [_reservation_row(r) for r in new])
+            session.execute(
+                insert(ReservationBatch),
+                [_reservation_batch_row(r.id, h) for r in new for h in r.batches],
+            )
+        changed = [self.reservations[i] for i in sorted(self.dirty_reservations - self.new_reservations)]
+        if changed:
+            session.execute(
+                update(Reservation),
+                [
+                    {
+                        "id": r.id,
+                        "status": r.status,
+                        "closed_at": r.closed_at,
+                        "committed_epsilon": r.committed_epsilon,
+                        "committed_delta": r.committed_delta,
+                        "commits": r.commits,
+                    }
+                    for r in changed
+                ],
+            )
+            committed = [
+                {"reservation_id": r.id, "batch_id": h.batch_id, "committed": h.committed.to_json()}
+                for r in changed
+                for h in r.batches
+                if h.committed is not None
+            ]
+            if committed:
+                session.execute(update(ReservationBatch), committed)
+        if self.dirty_batches:
+            session.execute(
+                update(Batch), [_batch_row(b, self.states[b]) for b in sorted(self.dirty_batches)]
+            )
+        if self.dirty_tasks:
+            session.execute(
+                update(Task),
+                [
+                    {"id": t, "epsilon_spent": v[0], "delta_spent": v[1], "naive_epsilon": v[2]}
+                    for t in sorted(self.dirty_tasks)
+                    for v in (self.tasks[t],)
+                ],
+            )
+        if self.releases:
+            session.execute(insert(Release), self.releases)
+        if self.certificates:
+            session.execute(insert(Certificate), self.certificates)
+        if self.idempotency:
+            session.execute(insert(IdempotencyKey), self.idempotency)
+        self._flush_head()
+
+    def _flush_head(self) -> None:
+        head = self.head
+        rows: list[dict[str, Any]] = []
+        for event, at in self.events:
+            chained, head.audit_seq, head.audit_hash = audit.chain_rows(
+                head.id, head.audit_seq, head.audit_hash, [event], at
+            )
+            rows.extend(chained)
+        if rows:
+            self.session.execute(insert(AuditEntry), rows)
+        values: dict[str, Any] = {
+            "ledger_version": head.ledger_version + 1,
+            "epsilon_spent": head.epsilon_spent,
+            "delta_spent": head.delta_spent,
+            "naive_epsilon": head.naive_epsilon,
+            "epsilon_held": head.epsilon_held,
+            "reservations_open": head.reservations_open,
+            "charges_committed": head.charges_committed,
+            "audit_seq": head.audit_seq,
+            "audit_hash": head.audit_hash,
+            "updated_at": max((at for _, at in self.events), default=utcnow()),
+        }
+        if head.last_release is not None:
+            values["last_release"] = head.last_release
+            values["last_release_at"] = head.last_release_at
+        self.session.execute(update(Dataset).where(Dataset.id == head.id).values(**values))
+
+
+def _batch_row(batch_id: str, state: BatchState) -> dict[str, Any]:
     return {
         "id": batch_id,
         "state": state.to_json(),
@@ -467,8 +606,552 @@ def _batch_values(batch_id: str, state: BatchState) -> dict[str, Any]:
     }
 
 
+def _reservation_row(r: _Loaded) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "tenant_id": r.tenant_id,
+        "dataset_id": r.dataset_id,
+        "status": r.status,
+        "event": r.event,
+        "noise_commitment": r.noise_commitment,
+        "epsilon": r.epsilon,
+        "delta": r.delta,
+        "committed_epsilon": r.committed_epsilon,
+        "committed_delta": r.committed_delta,
+        "commits": r.commits,
+        "expires_at": r.expires_at,
+        "created_at": r.created_at,
+        "closed_at": r.closed_at,
+    }
+
+
+def _reservation_batch_row(reservation_id: str, h: _Held) -> dict[str, Any]:
+    return {
+        "reservation_id": reservation_id,
+        "batch_id": h.batch_id,
+        "position": h.position,
+        "state_at_reserve": h.state_at_reserve,
+        "cost": h.reserved.to_json(),
+        "committed": None if h.committed is None else h.committed.to_json(),
+    }
+
+
 # ---------------------------------------------------------------------------------------------
-# reserve
+# The operations, each deciding on a _Work and then applying to it
+# ---------------------------------------------------------------------------------------------
+
+
+def _close(work: _Work, r: _Loaded, status: str, at: datetime) -> _Loaded:
+    """Abort or expire ``r``: return every batch's uncommitted hold (``rules.cancel``)."""
+    states: list[tuple[str, BatchState]] = []
+    for h in r.batches:
+        try:
+            states.append(
+                (h.batch_id, rules.cancel(work.budget, work.states[h.batch_id], h.reserved, h.committed))
+            )
+        except AccountantError as exc:
+            raise _rule_error(exc, h.batch_id) from exc
+    for batch_id, state in states:
+        work.set_state(batch_id, state)
+    work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
+    work.head.reservations_open -= 1
+    closed = replace(r, status=status, closed_at=at)
+    work.put_reservation(closed)
+    work.audit(
+        f"reservation.{status}",
+        {
+            "reservation_id": r.id,
+            "returned": _cost_json(
+                exact_sub(r.epsilon, r.committed_epsilon), exact_sub(r.delta, r.committed_delta)
+            ),
+            "committed": _cost_json(r.committed_epsilon, r.committed_delta),
+        },
+        at,
+    )
+    return closed
+
+
+def _do_reserve(
+    work: _Work, op: _Op, params: _ReserveParams, task_batches: dict[str, list[str]]
+) -> dict[str, Any]:
+    if params.selector == "batches":
+        batch_ids = params.ids
+        for batch_id in batch_ids:
+            if batch_id not in work.states:
+                raise NotFound("batch", batch_id)
+    else:
+        batch_ids = []
+        for task_id in params.ids:
+            if task_id not in task_batches:
+                raise NotFound("task", task_id)
+            batch_ids.extend(task_batches[task_id])
+        if not batch_ids:
+            raise InvalidInput("tasks", "the tasks have no batches.")
+        if len(batch_ids) > MAX_BATCHES_PER_RESERVATION:
+            raise InvalidInput("tasks", f"cover more than {MAX_BATCHES_PER_RESERVATION} batches.")
+    admissions: list[tuple[str, rules.Admission]] = []
+    for batch_id in batch_ids:  # decide on every batch before holding on any
+        try:
+            admissions.append((batch_id, rules.reserve(work.budget, work.states[batch_id], params.charge)))
+        except AccountantError as exc:
+            raise _rule_error(exc, batch_id) from exc
+    epsilon = max(a.cost.epsilon for _, a in admissions)
+    delta = max(a.cost.delta for _, a in admissions)
+    r = _Loaded(
+        id=f"res_{secrets.token_hex(12)}",
+        tenant_id=op.tenant_id,
+        dataset_id=work.head.id,
+        status="reserved",
+        event=params.event_document,
+        noise_commitment=params.charge.noise_commitment,
+        epsilon=epsilon,
+        delta=delta,
+        committed_epsilon=ZERO,
+        committed_delta=ZERO,
+        commits=0,
+        expires_at=op.at + params.ttl,
+        created_at=op.at,
+        closed_at=None,
+        batches=tuple(
+            _Held(b, work.batch_task[b], i, work.states[b].to_json(), a.cost, None)
+            for i, (b, a) in enumerate(admissions)
+        ),
+    )
+    for batch_id, admission in admissions:
+        work.set_state(batch_id, admission.state)
+    work.put_reservation(r, new=True)
+    work.hold(epsilon)
+    work.head.reservations_open += 1
+    response = _reservation_json(r)
+    work.audit(
+        "reservation.reserved",
+        {
+            "reservation_id": r.id,
+            "event": r.event,
+            "noise_commitment": r.noise_commitment,
+            "cost": response["cost"],
+            "batches": response["batches"],
+            "expires_at": response["expires_at"],
+        },
+        op.at,
+    )
+    return response
+
+
+def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, Any], LedgerError | None]:
+    r = work.reservations.get(params.reservation_id)
+    if r is None or r.tenant_id != op.tenant_id:
+        raise NotFound("reservation", params.reservation_id)
+    if r.status == "reserved" and r.expires_at <= op.at:
+        # Late: the hold is returned and stays returned although this commit is refused.
+        _close(work, r, "expired", op.at)
+        return {}, ReservationExpired(r.id)
+    if r.status == "expired":
+        raise ReservationExpired(r.id)
+    if r.status != "reserved":
+        raise Conflict(
+            f"reservation {r.id!r} is {r.status}; it cannot be committed.",
+            reason="reservation_closed",
+            status=r.status,
+        )
+    release_key = (op.tenant_id, params.model, params.version)
+    if release_key in work.released:
+        raise Conflict("this (model, version) has already been released.", reason="release_exists")
+    charge = Charge(ev.from_json(r.event), r.noise_commitment)
+    settled: list[tuple[_Held, BatchState, rules.Settlement]] = []
+    for h in r.batches:
+        before = work.states[h.batch_id]
+        try:
+            settlement = rules.commit(work.budget, before, charge, h.reserved, h.committed, params.partial)
+        except AccountantError as exc:
+            raise _rule_error(exc, h.batch_id) from exc
+        settled.append((h, before, settlement))
+    closes = params.partial is None
+    committed_epsilon = max(s.committed.epsilon for _, _, s in settled)
+    committed_delta = max(s.committed.delta for _, _, s in settled)
+    release_id = f"rel_{secrets.token_hex(12)}"
+    certificate_id = f"cert_{secrets.token_hex(12)}"
+    body = certificates.issue(
+        budget=work.budget,
+        charge=charge,
+        batches=[
+            BatchRecord(
+                batch_id=h.batch_id,
+                state_at_reserve=BatchState.from_json(h.state_at_reserve),
+                reserved=h.reserved,
+                state_before=before,
+                committed_before=h.committed,
+                state_after=s.state,
+                committed=s.committed,
+            )
+            for h, before, s in settled
+        ],
+        reservation_id=r.id,
+        release=params.release,
+        partial_event=params.partial,
+        release_id=release_id,
+        dataset_id=work.head.id,
+        issued_at=op.at,
+    )
+    # Decided: apply.
+    for h, _, s in settled:
+        work.set_state(h.batch_id, s.state)
+    if closes:  # the rest of the hold returns with the final commit
+        work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
+        work.head.reservations_open -= 1
+    else:
+        work.release_hold(exact_sub(committed_epsilon, r.committed_epsilon))
+    work.head.charges_committed += 1
+    work.head.last_release, work.head.last_release_at = params.release, op.at
+    r = replace(
+        r,
+        status="committed" if closes else "reserved",
+        closed_at=op.at if closes else None,
+        committed_epsilon=committed_epsilon,
+        committed_delta=committed_delta,
+        commits=r.commits + 1,
+        batches=tuple(replace(h, committed=s.committed) for h, _, s in settled),
+    )
+    work.put_reservation(r)
+    work.released.add(release_key)
+    work.releases.append(
+        {
+            "id": release_id,
+            "tenant_id": op.tenant_id,
+            "dataset_id": work.head.id,
+            "reservation_id": r.id,
+            "model": params.model,
+            "version": params.version,
+            "created_at": op.at,
+        }
+    )
+    certificate = certificates.stored_row(
+        certificate_id=certificate_id,
+        tenant_id=op.tenant_id,
+        dataset_id=work.head.id,
+        reservation_id=r.id,
+        release_id=release_id,
+        body=body,
+        at=op.at,
+    )
+    work.certificates.append(certificate)
+    reservation = _reservation_json(r)
+    work.audit(
+        "reservation.committed",
+        {
+            "reservation_id": r.id,
+            "release": params.release,
+            "certificate_id": certificate_id,
+            "content_hash": certificate["content_hash"],
+            "committed": reservation["committed"],
+            "final": closes,
+        },
+        op.at,
+    )
+    return {
+        "certificate": certificates.row_json(certificate, params.release),
+        "reservation": reservation,
+    }, None
+
+
+def _do_abort(work: _Work, op: _Op, params: _AbortParams) -> dict[str, Any]:
+    r = work.reservations.get(params.reservation_id)
+    if r is None or r.tenant_id != op.tenant_id:
+        raise NotFound("reservation", params.reservation_id)
+    if r.status == "committed":
+        raise Conflict(
+            f"reservation {r.id!r} is committed; spend is never returned.",
+            reason="reservation_closed",
+            status=r.status,
+        )
+    if r.status == "reserved":
+        r = _close(work, r, "aborted", op.at)
+    return _reservation_json(r)
+
+
+def _expire_due(work: _Work, reservation_ids: Iterable[str], at: datetime) -> int:
+    """Expire those of the reservations that are open and due at ``at``."""
+    expired = 0
+    for reservation_id in reservation_ids:
+        r = work.reservations.get(reservation_id)
+        if r is not None and r.status == "reserved" and r.expires_at <= at:
+            _close(work, r, "expired", at)
+            expired += 1
+    return expired
+
+
+# ---------------------------------------------------------------------------------------------
+# One transaction for a group of operations on one dataset
+# ---------------------------------------------------------------------------------------------
+
+
+def _due_ids(session: Session, dataset_id: str, at: datetime) -> list[str]:
+    return list(
+        session.scalars(
+            select(Reservation.id)
+            .where(
+                Reservation.dataset_id == dataset_id,
+                Reservation.status == "reserved",
+                Reservation.expires_at <= at,
+            )
+            .order_by(Reservation.expires_at)
+            .limit(_EXPIRE_PER_TRANSACTION)
+        )
+    )
+
+
+def _stored_answers(session: Session, ops: Sequence[_Op]) -> dict[tuple[str, str], Any]:
+    out: dict[tuple[str, str], Any] = {}
+    by_tenant: dict[str, list[str]] = {}
+    for op in ops:
+        if op.key is not None:
+            by_tenant.setdefault(op.tenant_id, []).append(op.key)
+    for tenant_id, keys in by_tenant.items():
+        for row in session.execute(
+            select(
+                IdempotencyKey.key,
+                IdempotencyKey.operation,
+                IdempotencyKey.request_hash,
+                IdempotencyKey.response,
+            ).where(IdempotencyKey.tenant_id == tenant_id, IdempotencyKey.key.in_(keys))
+        ):
+            out[(tenant_id, row.key)] = (row.operation, row.request_hash, row.response)
+    return out
+
+
+def _released(session: Session, ops: Sequence[_Op]) -> set[tuple[str, str, str]]:
+    """Which of the (tenant, model, version) the commits in ``ops`` release exist already."""
+    wanted = {
+        (op.tenant_id, op.params.model, op.params.version)
+        for op in ops
+        if isinstance(op.params, _CommitParams)
+    }
+    if not wanted:
+        return set()
+    rows = session.execute(
+        select(Release.tenant_id, Release.model, Release.version).where(
+            tuple_(Release.tenant_id, Release.model, Release.version).in_(sorted(wanted))
+        )
+    )
+    return {(r.tenant_id, r.model, r.version) for r in rows}
+
+
+def _replay(
+    op: _Op, stored: tuple[str, str, dict[str, Any]]
+) -> tuple[dict[str, Any] | None, LedgerError | None]:
+    operation, digest, response = stored
+    if operation != op.operation or digest != op.digest:
+        return None, IdempotencyConflict(op.key or "")
+    return response, None
+
+
+_Result = tuple[dict[str, Any] | None, BaseException | None]
+
+
+def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) -> dict[int, _Result]:
+    """Decide and write every operation of ``ops`` in ``session``'s transaction; their results
+    (answer or error) by position. Raises only for failures of the transaction itself."""
+    results: dict[int, _Result] = {}
+    stored = _stored_answers(session, ops)
+    active: list[int] = []
+    for i, op in enumerate(ops):
+        hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
+        if hit is not None:
+            results[i] = _replay(op, hit)
+        else:
+            active.append(i)
+    if not active:
+        return results
+    at = max(ops[i].at for i in active)
+    due = _due_ids(session, dataset_id, at)  # before the lock: usually nothing
+
+    stmt = select(*_HEAD_COLUMNS).where(Dataset.id == dataset_id)
+    if session.get_bind().dialect.name != "sqlite":
+        stmt = stmt.with_for_update()
+    row = session.execute(stmt).one_or_none()
+    if row is None:
+        for i in active:
+            results[i] = (None, NotFound("dataset", dataset_id))
+        return results
+    work = _Work(
+        session,
+        _Head(**row._asdict()),
+        cached_budget(
+            dataset_id, lambda: session.scalar(select(Dataset.budget).where(Dataset.id == dataset_id))
+        ),
+    )
+    reservation_ids = set(due)
+    batch_ids: set[str] = set()
+    task_ids: set[str] = set()
+    for i in active:
+        params = ops[i].params
+        if isinstance(params, _CommitParams | _AbortParams):
+            reservation_ids.add(params.reservation_id)
+        elif isinstance(params, _ExpireParams):
+            reservation_ids.update(params.reservation_ids)
+        elif params.selector == "batches":
+            batch_ids.update(params.ids)
+        else:
+            task_ids.update(params.ids)
+    work.load_reservations(reservation_ids)
+    work.load_batches(batch_ids)
+    task_batches = work.load_task_batches(task_ids)
+    work.released.update(_released(session, [ops[i] for i in active]))
+    expired_now = _expire_due(work, due, at)
+
+    answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+    for i in active:
+        op = ops[i]
+        if op.tenant_id != work.head.tenant_id:
+            results[i] = (None, NotFound("dataset", dataset_id))
+            continue
+        if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
+            results[i] = _replay(op, answered[(op.tenant_id, op.key)])
+            continue
+        params = op.params
+        error: LedgerError | None = None
+        try:
+            if isinstance(params, _ReserveParams):
+                response = _do_reserve(work, op, params, task_batches)
+            elif isinstance(params, _CommitParams):
+                response, error = _do_commit(work, op, params)
+            elif isinstance(params, _AbortParams):
+                response = _do_abort(work, op, params)
+            else:
+                response = {"expired": expired_now + _expire_due(work, params.reservation_ids, op.at)}
+        except LedgerError as exc:
+            results[i] = (None, exc)
+            continue
+        results[i] = (None if error else response, error)
+        if op.key is not None and error is None:
+            answered[(op.tenant_id, op.key)] = (op.operation, op.digest, response)
+            work.idempotency.append(
+                {
+                    "tenant_id": op.tenant_id,
+                    "key": op.key,
+                    "operation": op.operation,
+                    "request_hash": op.digest,
+                    "response": response,
+                    "status_code": 201 if op.operation == "reserve" else 200,
+                    "created_at": op.at,
+                }
+            )
+    work.flush()
+    return results
+
+
+def _is_transient(exc: OperationalError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES or "database is locked" in str(
+        exc.orig
+    )
+
+
+def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
+    """Run ``ops`` in one transaction and hand every op its result once it has committed.
+
+    When the transaction itself fails, each op is run alone, so a failure is its own op's only.
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with db.session() as session:
+                results = _group_transaction(session, dataset_id, ops)
+        except OperationalError as exc:
+            if attempt <= _RETRIES and _is_transient(exc):
+                time.sleep(0.002 * attempt)
+                continue
+            failure: BaseException = exc
+        except DuplicateIdempotencyKey as exc:
+            if attempt <= _RETRIES and len(ops) == 1:
+                continue  # a retry in another process committed first: its answer is there now
+            failure = exc
+        except Exception as exc:  # the group failed as a whole: isolate it
+            failure = exc
+        else:
+            for i, op in enumerate(ops):
+                op.finish(*results[i])
+            return
+        if len(ops) == 1:
+            ops[0].finish(None, failure)
+            return
+        for op in ops:
+            _run_group(db, dataset_id, [op])
+        return
+
+
+class _Combiner:
+    """Queues the spends of one dataset in one process; one caller at a time leads a group."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queue: deque[_Op] = deque()
+        self.busy = False
+
+    def run(self, db: Database, dataset_id: str, op: _Op) -> None:
+        with self.cond:
+            self.queue.append(op)
+        while True:
+            with self.cond:
+                while self.busy and not op.done:
+                    self.cond.wait()
+                if op.done:
+                    return
+                self.busy = True
+                group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
+            try:
+                _run_group(db, dataset_id, group)
+            finally:
+                for member in group:  # never leave a caller waiting, whatever happened
+                    if not member.done:
+                        member.finish(None, RuntimeError("the spend transaction was interrupted"))
+                with self.cond:
+                    self.busy = False
+                    self.cond.notify_all()
+
+
+_combiners_lock = threading.Lock()
+
+
+def _combiner(db: Database, dataset_id: str) -> _Combiner:
+    registry: dict[str, _Combiner] = db.__dict__.setdefault("_ledger_combiners", {})
+    combiner = registry.get(dataset_id)
+    if combiner is None:
+        with _combiners_lock:
+            combiner = registry.setdefault(dataset_id, _Combiner())
+    return combiner
+
+
+def _submit(db: Database, op: _Op) -> dict[str, Any]:
+    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+    if op.error is not None:
+        raise op.error
+    assert op.response is not None
+    return op.response
+
+
+def _keyed(op: _Op, key: str | None, request: Mapping[str, Any]) -> _Op:
+    op.key = idempotency.check_key(key)
+    op.digest = idempotency.request_hash(op.operation, request) if op.key is not None else ""
+    return op
+
+
+def _dataset_of(db: Database, tenant_id: str, reservation_id: str) -> str:
+    """The reservation's dataset (it never changes); ``NotFound`` for another tenant's."""
+    if not isinstance(reservation_id, str) or not reservation_id or len(reservation_id) > MAX_ID_LENGTH:
+        raise NotFound("reservation", reservation_id)
+    with db.session(readonly=True) as session:
+        row = session.execute(
+            select(Reservation.dataset_id, Reservation.tenant_id).where(Reservation.id == reservation_id)
+        ).one_or_none()
+    if row is None or row.tenant_id != tenant_id:
+        raise NotFound("reservation", reservation_id)
+    dataset_id: str = row.dataset_id
+    return dataset_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Public operations
 # ---------------------------------------------------------------------------------------------
 
 
@@ -485,13 +1168,14 @@ def reserve(
     ttl_s: float = DEFAULT_TTL_S,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Certify a planned charge on the batches (or on every batch of the tasks) and hold it (201).
+    """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
 
     Answer: ``{id, dataset_id, status: "reserved", cost: {epsilon, delta}, committed, commits,
     noise_commitment, expires_at, created_at, closed_at, batches: [{id, epsilon, delta,
     naive_epsilon, level?, replay?}]}``; ``cost`` is the maximum over the batches (they are
     disjoint). Raises ``InvalidInput``, ``NotFound`` (dataset, batch or task, also another
-    tenant's), ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held).
+    tenant's), ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
+    ``IdempotencyConflict``.
     """
     if (batch_ids is None) == (task_ids is None):
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
@@ -499,143 +1183,16 @@ def reserve(
     ids = _ids(batch_ids if batch_ids is not None else task_ids, selector)
     event = parse_event(event_json)
     charge = _charge(event, noise_commitment)
-    ttl = _ttl(ttl_s)
-    event_document = ev.to_json(event)
-
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
-        tx = _SpendTransaction(session, tenant_id, dataset_id, at)
-        rows = _load_batches(session, dataset_id, selector, ids)
-        admissions: list[tuple[str, rules.Admission]] = []
-        for batch_id, state_json in rows:
-            try:
-                admission = rules.reserve(tx.budget, BatchState.from_json(state_json), charge)
-            except AccountantError as exc:
-                raise _rule_error(exc, batch_id) from exc
-            admissions.append((batch_id, admission))
-        states_at_reserve = dict(rows)
-        epsilon = max(a.cost.epsilon for _, a in admissions)
-        delta = max(a.cost.delta for _, a in admissions)
-        reservation_id = f"res_{secrets.token_hex(12)}"
-        expires_at = at + ttl
-        session.execute(update(Batch), [_batch_values(b, a.state) for b, a in admissions])
-        session.execute(
-            insert(Reservation),
-            {
-                "id": reservation_id,
-                "tenant_id": tenant_id,
-                "dataset_id": dataset_id,
-                "status": "reserved",
-                "event": event_document,
-                "noise_commitment": charge.noise_commitment,
-                "epsilon": epsilon,
-                "delta": delta,
-                "committed_epsilon": ZERO,
-                "committed_delta": ZERO,
-                "commits": 0,
-                "expires_at": expires_at,
-                "created_at": at,
-            },
-        )
-        session.execute(
-            insert(ReservationBatch),
-            [
-                {
-                    "reservation_id": reservation_id,
-                    "batch_id": b,
-                    "position": i,
-                    "state_at_reserve": states_at_reserve[b],
-                    "cost": a.cost.to_json(),
-                    "committed": None,
-                }
-                for i, (b, a) in enumerate(admissions)
-            ],
-        )
-        tx.head.hold(epsilon)
-        tx.head.reservations_open += 1
-        loaded = _Loaded(
-            id=reservation_id,
-            dataset_id=dataset_id,
-            status="reserved",
-            event=event_document,
-            noise_commitment=charge.noise_commitment,
-            epsilon=epsilon,
-            delta=delta,
-            committed_epsilon=ZERO,
-            committed_delta=ZERO,
-            commits=0,
-            expires_at=expires_at,
-            created_at=at,
-            closed_at=None,
-        )
-        response = _reservation_json(loaded)
-        response["batches"] = [_batch_cost_json(b, a.cost) for b, a in admissions]
-        tx.audit(
-            "reservation.reserved",
-            {
-                "reservation_id": reservation_id,
-                "event": event_document,
-                "noise_commitment": charge.noise_commitment,
-                "cost": response["cost"],
-                "batches": response["batches"],
-                "expires_at": response["expires_at"],
-            },
-        )
-        tx.finish()
-        return idempotency.Outcome(response)
-
-    return idempotency.execute(
-        db,
-        tenant_id=tenant_id,
-        operation="reserve",
-        request={
-            "dataset_id": dataset_id,
-            selector: ids,
-            "event": event_document,
-            "noise_commitment": noise_commitment,
-        },
-        idempotency_key=idempotency_key,
-        body=body,
-        status_code=201,
-        now=now,
-    )
-
-
-def _load_batches(
-    session: Session, dataset_id: str, selector: str, ids: list[str]
-) -> list[tuple[str, dict[str, Any]]]:
-    """``[(batch id, state JSON)]`` in the order asked (tasks: their batches, oldest first)."""
-    if selector == "batches":
-        found = {
-            r.id: r.state
-            for r in session.execute(
-                select(Batch.id, Batch.state).where(Batch.id.in_(ids), Batch.dataset_id == dataset_id)
-            )
-        }
-        for batch_id in ids:
-            if batch_id not in found:
-                raise NotFound("batch", batch_id)
-        return [(batch_id, found[batch_id]) for batch_id in ids]
-    tasks = set(session.scalars(select(Task.id).where(Task.id.in_(ids), Task.dataset_id == dataset_id)))
-    for task_id in ids:
-        if task_id not in tasks:
-            raise NotFound("task", task_id)
-    rows = session.execute(
-        select(Batch.id, Batch.state, Batch.task_id)
-        .where(Batch.task_id.in_(ids), Batch.dataset_id == dataset_id)
-        .order_by(Batch.position)
-    ).all()
-    order = {task_id: i for i, task_id in enumerate(ids)}
-    rows = sorted(rows, key=lambda r: order[r.task_id])  # stable: positions stay in order
-    if not rows:
-        raise InvalidInput("tasks", "the tasks have no batches.")
-    if len(rows) > MAX_BATCHES_PER_RESERVATION:
-        raise InvalidInput("tasks", f"cover more than {MAX_BATCHES_PER_RESERVATION} batches.")
-    return [(r.id, r.state) for r in rows]
-
-
-# ---------------------------------------------------------------------------------------------
-# commit
-# ---------------------------------------------------------------------------------------------
+    document = ev.to_json(event)
+    params = _ReserveParams(selector, ids, charge, document, _ttl(ttl_s))
+    op = _Op("reserve", tenant_id, dataset_id, now or utcnow(), params)
+    request = {
+        "dataset_id": dataset_id,
+        selector: ids,
+        "event": document,
+        "noise_commitment": noise_commitment,
+    }
+    return _submit(db, _keyed(op, idempotency_key, request))
 
 
 def commit(
@@ -653,168 +1210,23 @@ def commit(
     ``event_json``: the run so far, for a progressive commit (its cost is never more than the
     reservation's; the reservation stays open); ``None`` commits the whole charge and closes it.
     Answer: ``{certificate: {id, dataset_id, reservation_id, release, content_hash, created_at,
-    body}, reservation: {...}}``. Raises ``NotFound``, ``InvalidInput``, ``Conflict``
+    certificate}, reservation: {...}}``. Raises ``NotFound``, ``InvalidInput``, ``Conflict``
     (``reservation_closed``; ``release_exists`` when the (model, version) was released before),
-    ``ReservationExpired`` (its hold is freed and stays freed), ``ChargeRefused``.
+    ``ReservationExpired`` (its hold is freed and stays freed), ``ChargeRefused``
+    (``commit_exceeds_reservation``), ``IdempotencyConflict``.
     """
     model, version, release_json = _release(release)
     partial = parse_event(event_json) if event_json is not None else None
-
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
-        dataset_id = _owner(session, tenant_id, reservation_id)
-        tx = _SpendTransaction(session, tenant_id, dataset_id, at)
-        r = _load_reservation(session, reservation_id)
-        if r.status == "reserved" and r.expires_at <= at:  # due; the lookup before the lock missed it
-            _close(tx, r, "expired")
-            tx.expired.append(r.id)
-        if r.status == "expired":
-            if tx.expired:  # expiries made in this transaction stand although the commit fails
-                tx.finish()
-                return idempotency.Outcome({}, error=ReservationExpired(r.id))
-            raise ReservationExpired(r.id)
-        if r.status != "reserved":
-            raise Conflict(
-                f"reservation {r.id!r} is {r.status}; it cannot be committed.",
-                reason="reservation_closed",
-                status=r.status,
-            )
-        charge = Charge(ev.from_json(r.event), r.noise_commitment)
-        settlements: list[tuple[_Held, rules.Settlement]] = []
-        for held in r.batches:
-            try:
-                settlement = rules.commit(
-                    tx.budget, held.state, charge, held.reserved, held.committed, partial
-                )
-            except AccountantError as exc:
-                raise _rule_error(exc, held.batch_id) from exc
-            settlements.append((held, settlement))
-        closes = partial is None
-        committed_epsilon = max(s.committed.epsilon for _, s in settlements)
-        committed_delta = max(s.committed.delta for _, s in settlements)
-        # The hold shrinks by what became spend; a final commit returns all of the rest.
-        if closes:
-            tx.head.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
-            tx.head.reservations_open -= 1
-        else:
-            tx.head.release_hold(exact_sub(committed_epsilon, r.committed_epsilon))
-        tx.head.charges_committed += 1
-        tx.head.last_release = release_json
-
-        session.execute(update(Batch), [_batch_values(h.batch_id, s.state) for h, s in settlements])
-        session.execute(
-            update(ReservationBatch),
-            [
-                {"reservation_id": r.id, "batch_id": h.batch_id, "committed": s.committed.to_json()}
-                for h, s in settlements
-            ],
-        )
-        # Tasks: the maximum over their batches, kept incrementally (a batch's spend never drops).
-        before = {h.task_id: (h.task_epsilon, h.task_delta, h.task_naive) for h in r.batches}
-        after = dict(before)
-        for _, settlement in settlements:
-            tx.head.spend(settlement.state)
-        for held, settlement in settlements:
-            eps, dlt, naive = after[held.task_id]
-            state = settlement.state
-            after[held.task_id] = (
-                max(eps, state.epsilon_spent),
-                max(dlt, state.delta_spent),
-                max(naive, state.naive_epsilon),
-            )
-        changed_tasks = [
-            {"id": task_id, "epsilon_spent": v[0], "delta_spent": v[1], "naive_epsilon": v[2]}
-            for task_id, v in after.items()
-            if v != before[task_id]
-        ]
-        if changed_tasks:
-            session.execute(update(Task), changed_tasks)
-
-        r.status = "committed" if closes else "reserved"
-        r.closed_at = at if closes else None
-        r.committed_epsilon, r.committed_delta = committed_epsilon, committed_delta
-        r.commits += 1
-        session.execute(
-            update(Reservation)
-            .where(Reservation.id == r.id)
-            .values(
-                status=r.status,
-                closed_at=r.closed_at,
-                committed_epsilon=committed_epsilon,
-                committed_delta=committed_delta,
-                commits=r.commits,
-            )
-        )
-        release_id = f"rel_{secrets.token_hex(12)}"
-        session.execute(
-            insert(Release),
-            {
-                "id": release_id,
-                "tenant_id": tenant_id,
-                "dataset_id": dataset_id,
-                "reservation_id": r.id,
-                "model": model,
-                "version": version,
-                "created_at": at,
-            },
-        )
-        certificate = certificates.issue_for_commit(
-            session,
-            tenant_id=tenant_id,
-            dataset_id=dataset_id,
-            reservation_id=r.id,
-            release_id=release_id,
-            release=release_json,
-            budget=tx.budget,
-            charge=charge,
-            partial_event=partial,
-            batches=[
-                certificates.BatchRecord(
-                    batch_id=h.batch_id,
-                    state_at_reserve=h.state_at_reserve,
-                    reserved=h.reserved,
-                    state_before=h.state,
-                    committed_before=h.committed,
-                    state_after=s.state,
-                    committed=s.committed,
-                )
-                for h, s in settlements
-            ],
-            at=at,
-        )
-        reservation = _reservation_json(r)
-        tx.audit(
-            "reservation.committed",
-            {
-                "reservation_id": r.id,
-                "release": release_json,
-                "certificate_id": certificate["id"],
-                "content_hash": certificate["content_hash"],
-                "committed": reservation["committed"],
-                "final": closes,
-            },
-        )
-        tx.finish()
-        return idempotency.Outcome({"certificate": certificate, "reservation": reservation})
-
-    return idempotency.execute(
-        db,
-        tenant_id=tenant_id,
-        operation="commit",
-        request={
-            "reservation_id": reservation_id,
-            "release": release_json,
-            "event": None if partial is None else ev.to_json(partial),
-        },
-        idempotency_key=idempotency_key,
-        body=body,
-        status_code=200,
-        now=now,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# abort, expire, read
-# ---------------------------------------------------------------------------------------------
+    key = idempotency.check_key(idempotency_key)
+    dataset_id = _dataset_of(db, tenant_id, reservation_id)
+    params = _CommitParams(reservation_id, model, version, release_json, partial)
+    op = _Op("commit", tenant_id, dataset_id, now or utcnow(), params)
+    request = {
+        "reservation_id": reservation_id,
+        "release": release_json,
+        "event": None if partial is None else ev.to_json(partial),
+    }
+    return _submit(db, _keyed(op, key, request))
 
 
 def abort(
@@ -830,44 +1242,22 @@ def abort(
     Aborting an aborted or expired reservation answers its current state and changes nothing;
     a fully committed one is a ``Conflict`` (``reservation_closed``): spend is never returned.
     """
-
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
-        dataset_id = _owner(session, tenant_id, reservation_id)
-        tx = _SpendTransaction(session, tenant_id, dataset_id, at)
-        r = _load_reservation(session, reservation_id)
-        if r.status == "committed":
-            raise Conflict(
-                f"reservation {r.id!r} is committed; spend is never returned.",
-                reason="reservation_closed",
-                status=r.status,
-            )
-        if r.status == "reserved":
-            _close(tx, r, "aborted")
-        tx.finish()
-        return idempotency.Outcome(_reservation_json(r))
-
-    return idempotency.execute(
-        db,
-        tenant_id=tenant_id,
-        operation="abort",
-        request={"reservation_id": reservation_id},
-        idempotency_key=idempotency_key,
-        body=body,
-        status_code=200,
-        now=now,
-    )
+    key = idempotency.check_key(idempotency_key)
+    dataset_id = _dataset_of(db, tenant_id, reservation_id)
+    op = _Op("abort", tenant_id, dataset_id, now or utcnow(), _AbortParams(reservation_id))
+    return _submit(db, _keyed(op, key, {"reservation_id": reservation_id}))
 
 
 def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
     """Expire every reservation past its ``expires_at`` (the background sweep): ``{expired}``.
 
-    One spend transaction per dataset, each re-checking under the dataset's lock.
+    One spend transaction per dataset, re-checking each reservation under the dataset's lock.
     """
-    at = now
+    at = now or utcnow()
     with db.session(readonly=True) as session:
         rows = session.execute(
             select(Reservation.id, Reservation.dataset_id, Reservation.tenant_id)
-            .where(Reservation.status == "reserved", Reservation.expires_at <= (at or utcnow()))
+            .where(Reservation.status == "reserved", Reservation.expires_at <= at)
             .order_by(Reservation.expires_at)
             .limit(limit)
         ).all()
@@ -878,40 +1268,26 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
     for (dataset_id, tenant_id), ids in by_dataset.items():
         for start in range(0, len(ids), _EXPIRE_PER_TRANSACTION):
             chunk = ids[start : start + _EXPIRE_PER_TRANSACTION]
-            result = idempotency.execute(
-                db,
-                tenant_id=tenant_id,
-                operation="expire",
-                request={},
-                idempotency_key=None,
-                body=functools.partial(
-                    _expire_body, tenant_id=tenant_id, dataset_id=dataset_id, ids=chunk
-                ),
-                now=at,
-            )
-            expired += int(result["expired"])
+            op = _Op("expire", tenant_id, dataset_id, at, _ExpireParams(chunk))
+            expired += int(_submit(db, op)["expired"])
     return {"expired": expired}
-
-
-def _expire_body(
-    session: Session, at: datetime, *, tenant_id: str, dataset_id: str, ids: list[str]
-) -> idempotency.Outcome:
-    tx = _SpendTransaction(session, tenant_id, dataset_id, at)
-    done = set(tx.expired)
-    done.update(_expire(tx, [i for i in ids if i not in done]))
-    tx.finish()
-    return idempotency.Outcome({"expired": len(done)})
 
 
 def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
     """The reservation's JSON (another tenant's answers ``NotFound``)."""
+    if not isinstance(reservation_id, str) or len(reservation_id) > MAX_ID_LENGTH:
+        raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
-        _owner(session, tenant_id, reservation_id)
-        return _reservation_json(_load_reservation(session, reservation_id))
+        loaded, _, _ = _load_reservations(session, [reservation_id])
+    r = loaded.get(reservation_id)
+    if r is None or r.tenant_id != tenant_id:
+        raise NotFound("reservation", reservation_id)
+    return _reservation_json(r)
 
 
 __all__ = [
     "DEFAULT_TTL_S",
+    "MAX_TTL_S",
     "abort",
     "commit",
     "expire_due",

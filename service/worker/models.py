@@ -112,6 +112,14 @@ class JobParams:
             )
         return value
 
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise InvalidParamsError(self._field(name), f"must be true or false. Found {_fmt(value)}.")
+        return value
+
     def integers(self, name: str, default: tuple[int, ...], *, minimum: int = 1) -> tuple[int, ...]:
         value = self._get(name)
         if value is None:

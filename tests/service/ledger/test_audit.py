@@ -34,9 +34,7 @@ def test_appended_chain_verifies(db: Database) -> None:
 def test_edited_row_is_detected(db: Database) -> None:
     _append(db, 5)
     with db.session() as session:
-        session.execute(
-            update(AuditEntry).where(AuditEntry.seq == 3).values(payload={"i": 99, "x": 0.1})
-        )
+        session.execute(update(AuditEntry).where(AuditEntry.seq == 3).values(payload={"i": 99, "x": 0.1}))
     result = audit.verify(db)
     assert not result["ok"] and result["first_broken"] == 3
 
@@ -48,8 +46,13 @@ def test_edited_row_with_recomputed_hash_is_detected(db: Database) -> None:
         assert row is not None
         row.payload = {"i": 42}
         row.hash = audit.entry_hash(
-            chain=row.chain, chain_seq=row.chain_seq, event_type=row.event_type, tenant_id=row.tenant_id,
-            dataset_id=row.dataset_id, payload=row.payload, created_at=row.created_at,
+            chain=row.chain,
+            chain_seq=row.chain_seq,
+            event_type=row.event_type,
+            tenant_id=row.tenant_id,
+            dataset_id=row.dataset_id,
+            payload=row.payload,
+            created_at=row.created_at,
             prev_hash=row.prev_hash,
         )
     result = audit.verify(db)

@@ -103,8 +103,12 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
 
     def retry(_: int) -> dict[str, Any]:
         return reservations.reserve(
-            ledger, "t1", ds.id, batch_ids=ds.all_batches,
-            event_json={"kind": "pure_dp", "epsilon": 0.2}, idempotency_key="same-key",
+            ledger,
+            "t1",
+            ds.id,
+            batch_ids=ds.all_batches,
+            event_json={"kind": "pure_dp", "epsilon": 0.2},
+            idempotency_key="same-key",
         )
 
     results = run_concurrently(12, retry)

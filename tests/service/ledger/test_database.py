@@ -19,9 +19,17 @@ from service.ledger.errors import Conflict
 
 def _dataset(now: datetime, epsilon: Decimal) -> Dataset:
     return Dataset(
-        id="ds_1", tenant_id="t", name="d", rule="sequential", accountant="basic", budget={},
-        epsilon_budget=epsilon, delta_budget=Decimal("1E-10"), record_salt=b"s" * 32,
-        created_at=now, updated_at=now,
+        id="ds_1",
+        tenant_id="t",
+        name="d",
+        rule="sequential",
+        accountant="basic",
+        budget={},
+        epsilon_budget=epsilon,
+        delta_budget=Decimal("1E-10"),
+        record_salt=b"s" * 32,
+        created_at=now,
+        updated_at=now,
     )
 
 
@@ -62,9 +70,7 @@ def test_exact_decimals_and_utc_round_trip(db: Database) -> None:
         assert row.epsilon_spent == Decimal("Infinity")
         assert row.delta_budget == Decimal("1E-10")
         assert row.created_at == now and row.created_at.tzinfo is not None
-        later = session.scalar(
-            select(Dataset.id).where(Dataset.created_at < now + timedelta(microseconds=1))
-        )
+        later = session.scalar(select(Dataset.id).where(Dataset.created_at < now + timedelta(microseconds=1)))
         assert later == "ds_1"
 
 

@@ -66,7 +66,10 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
     ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET)["id"]
     task = batches.create_task(ledger, "t1", ds, name="task-1")
     created = batches.create_batches(
-        ledger, "t1", ds, task["id"],
+        ledger,
+        "t1",
+        ds,
+        task["id"],
         batches=[{"name": "b0", "records": ["a", "b", 3]}, {"name": "b1", "records": ["c"]}],
     )
     assert [(b["name"], b["size"]) for b in created["data"]] == [("b0", 3), ("b1", 1)]

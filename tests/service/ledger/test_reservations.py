@@ -33,9 +33,7 @@ def release(version: int, model: str = "m") -> dict[str, object]:
     return {"model": model, "version": version}
 
 
-def test_hundred_charges_of_a_hundredth_fill_one_exactly(
-    ledger: Database, make_dataset: MakeDataset
-) -> None:
+def test_hundred_charges_of_a_hundredth_fill_one_exactly(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC)
     batch = ds.all_batches
     for i in range(100):
@@ -110,7 +108,10 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
     assert r["cost"]["epsilon"] == "0.5"
     step = reservations.commit(
-        ledger, "t1", r["id"], release=release(1),
+        ledger,
+        "t1",
+        r["id"],
+        release=release(1),
         event_json={"kind": "self_composed", "count": 4, "event": pure(0.05)},
     )
     assert step["reservation"]["status"] == "reserved"
@@ -119,7 +120,10 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.2"
     with pytest.raises((ChargeRefused, InvalidInput)):  # more than reserved
         reservations.commit(
-            ledger, "t1", r["id"], release=release(2),
+            ledger,
+            "t1",
+            r["id"],
+            release=release(2),
             event_json={"kind": "self_composed", "count": 11, "event": pure(0.05)},
         )
     reservations.abort(ledger, "t1", r["id"])
@@ -226,8 +230,14 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
         ({"batch_ids": batch, "event_json": {"kind": "laplace", "scale": -1}}, "event.scale"),
         ({"batch_ids": batch, "event_json": {"kind": "magic"}}, "event.kind"),
         (
-            {"batch_ids": batch, "event_json": {"kind": "poisson_sampled", "sampling_probability": 1.5,
-                                                 "event": {"kind": "gaussian", "noise_multiplier": 1}}},
+            {
+                "batch_ids": batch,
+                "event_json": {
+                    "kind": "poisson_sampled",
+                    "sampling_probability": 1.5,
+                    "event": {"kind": "gaussian", "noise_multiplier": 1},
+                },
+            },
             "event.sampling_probability",
         ),
         ({"batch_ids": [], "event_json": pure(0.1)}, "batches"),
@@ -254,8 +264,11 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
     with pytest.raises(NotFound):  # a batch of another dataset
         reservations.reserve(ledger, "t1", ds.id, batch_ids=other.all_batches, event_json=pure(0.1))
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.1))
-    for bad, field in [({"model": "", "version": 1}, "release.model"), ({"model": "m"}, "release.version"),
-                       ("v1", "release")]:
+    for bad, field in [
+        ({"model": "", "version": 1}, "release.model"),
+        ({"model": "m"}, "release.version"),
+        ("v1", "release"),
+    ]:
         with pytest.raises(InvalidInput) as info:
             reservations.commit(ledger, "t1", r["id"], release=bad)  # type: ignore[arg-type]
         assert info.value.field == field

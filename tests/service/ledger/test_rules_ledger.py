@@ -42,8 +42,12 @@ class Releases:
 
 
 def charge(
-    db: Database, dataset: str, batch_ids: list[str], event: dict[str, object],
-    releases: Releases, commitment: str | None = None,
+    db: Database,
+    dataset: str,
+    batch_ids: list[str],
+    event: dict[str, object],
+    releases: Releases,
+    commitment: str | None = None,
 ) -> dict[str, object]:
     r = reservations.reserve(
         db, "t1", dataset, batch_ids=batch_ids, event_json=event, noise_commitment=commitment
@@ -88,7 +92,10 @@ def test_lifelong_spend_stays_flat_while_naive_grows(ledger: Database, make_data
 def test_geometric_levels(ledger: Database, make_dataset: MakeDataset) -> None:
     """Continual release: ε = 1, first = 0.5, ratio = 0.5 → 40 levels of one block admitted."""
     budget = {
-        "rule": "geometric", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic",
+        "rule": "geometric",
+        "epsilon": 1.0,
+        "delta": 1e-5,
+        "accountant": "basic",
         "geometric": {"first": 0.5, "ratio": 0.5},
     }
     ds = make_dataset(budget)
@@ -123,9 +130,7 @@ def test_parallel_takes_the_max_and_refuses_a_second_read(
     assert info.value.code == "batch_already_read" and info.value.status == 409
 
 
-def test_sequential_rdp_admits_until_the_filter_says_no(
-    ledger: Database, make_dataset: MakeDataset
-) -> None:
+def test_sequential_rdp_admits_until_the_filter_says_no(ledger: Database, make_dataset: MakeDataset) -> None:
     budget = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "rdp"}
     ds = make_dataset(budget)
     releases = Releases()

@@ -1,0 +1,530 @@
+"""Ledger benchmark over real HTTP to ``ledger serve`` (uvicorn), on SQLite and on PostgreSQL.
+
+Measures, per backend:
+
+* **hot-dataset throughput** — N concurrent clients (asyncio + httpx, one connection each) loop
+  reserve (pure ε) → commit on ONE dataset, one batch, for ``--duration`` seconds: committed
+  spends per second and the p50 / p99 latency of reserve and of commit, as the client sees them.
+  Every spend on a dataset serialises on its ledger head (``SELECT … FOR UPDATE`` / SQLite's
+  write lock), so this is the ledger's worst case: no parallelism between spends at all.
+* **spend query at 10⁶ charges** — ``GET /v1/datasets/{id}/spend`` on a dataset holding
+  ``--charges`` committed charges, sequentially: p50 / p99 / mean latency over HTTP, and the
+  domain operation alone (``service.ledger.spend.get_spend``, no HTTP) for comparison.
+
+How the 10⁶ charges are seeded (before the server starts, in a fresh database): one real charge
+goes through the ledger (``reservations.reserve`` + ``commit``: reservation rows, certificate,
+release, audit entries, aggregates). Its reservation and per-batch rows are then cloned in bulk by
+the database itself (``INSERT … SELECT`` over ``generate_series`` on PostgreSQL, a recursive CTE
+on SQLite), with fresh ids and the same event and cost. The aggregates are then set to exactly
+what the ledger would hold after all those charges: the batch's ``BatchState`` is computed by the
+ledger's own rules (``accountant.rules.reserve`` + ``commit`` applied once per seeded charge, in
+process), and the task and dataset aggregates (maxima over batches, ``charges_committed``,
+``ledger_version``) follow from it. The clones carry no release, certificate or audit entry of
+their own (the spend query reads none of those; the audit chain stays intact and verifies). The
+benchmark checks the answer: ``epsilon_spent`` = (charges) × ε exactly, ``charges_committed``.
+
+Usage (the repository root is the working directory)::
+
+    python bench/ledger.py                                   # both backends, defaults below
+    python bench/ledger.py --backends postgres --workers 2 --clients 64 --duration 20
+    LEDGER_TEST_POSTGRES_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test python bench/ledger.py
+
+PostgreSQL comes from ``--postgres-url`` or ``LEDGER_TEST_POSTGRES_URL``; the benchmark creates
+its own database on that server and drops it afterwards. Prints a table and writes
+``bench/results/ledger.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+from sqlalchemy import select, text, update  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from accountant import events as dp_events  # noqa: E402
+from accountant import rules  # noqa: E402
+from accountant.exact import exact_mul, to_text  # noqa: E402
+from service.db import migrations  # noqa: E402
+from service.db.models import Batch, Dataset, Reservation, ReservationBatch, Task  # noqa: E402
+from service.db.session import Database  # noqa: E402
+from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
+
+ADMIN_KEY = "pl_bench_" + secrets.token_urlsafe(24)
+TENANT = "default"
+HOT_CHARGE = 0.001
+SEED_CHARGE = 0.000001
+
+
+# ---------------------------------------------------------------------------------------------
+# databases
+
+
+@contextmanager
+def fresh_database(backend: str, postgres_url: str | None, workdir: Path) -> Iterator[str]:
+    """A new, empty database for one run; removed afterwards."""
+    if backend == "sqlite":
+        yield f"sqlite:///{workdir / 'bench.db'}"
+        return
+    if not postgres_url:
+        raise SystemExit("PostgreSQL: give --postgres-url or set LEDGER_TEST_POSTGRES_URL")
+    import psycopg
+
+    server = make_url(postgres_url)
+    name = f"ledger_bench_{secrets.token_hex(6)}"
+    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.set(drivername="postgresql+psycopg", database=name).render_as_string(
+            hide_password=False
+        )
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# ---------------------------------------------------------------------------------------------
+# seeding 10^6 committed charges
+
+
+@dataclass
+class Seeded:
+    dataset_id: str
+    charges: int
+    epsilon_spent: str
+    seconds_rules: float
+    seconds_sql: float
+
+
+def _setup_dataset(db: Database, name: str, epsilon: str) -> tuple[str, str]:
+    dataset = datasets.create_dataset(
+        db, TENANT, name=name,
+        budget={"rule": "sequential", "epsilon": epsilon, "delta": "0", "accountant": "basic"},
+    )
+    task = batches.create_task(db, TENANT, dataset["id"], name="task-0")
+    created = batches.create_batches(
+        db, TENANT, dataset["id"], task["id"],
+        batches=[{"name": "batch-0", "records": [f"{name}-record-{i}" for i in range(64)]}],
+    )
+    return dataset["id"], created["data"][0]["id"]
+
+
+def _series_cte(dialect: str, count: int) -> str:
+    if dialect == "postgresql":
+        return f"generate_series(1, {int(count)}) AS s(i)"
+    return (
+        "(WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+        f"WHERE i < {int(count)}) SELECT i FROM n) AS s"
+    )
+
+
+def _clone_rows(db: Database, template_id: str, count: int) -> None:
+    """``count`` copies of the template reservation and its per-batch rows, new ids."""
+    series = _series_cte(db.dialect, count)
+    res_cols = [c.name for c in Reservation.__table__.columns]
+    rb_cols = [c.name for c in ReservationBatch.__table__.columns]
+    new_id = "'res_seed_' || CAST(s.i AS TEXT)"
+    res_select = ", ".join(new_id if c == "id" else f"r.{c}" for c in res_cols)
+    rb_select = ", ".join(new_id if c == "reservation_id" else f"rb.{c}" for c in rb_cols)
+    with db.session() as session:
+        session.execute(
+            text(
+                f"INSERT INTO reservations ({', '.join(res_cols)}) "
+                f"SELECT {res_select} FROM reservations r, {series} WHERE r.id = :template"
+            ),
+            {"template": template_id},
+        )
+        session.execute(
+            text(
+                f"INSERT INTO reservation_batches ({', '.join(rb_cols)}) "
+                f"SELECT {rb_select} FROM reservation_batches rb, {series} "
+                "WHERE rb.reservation_id = :template"
+            ),
+            {"template": template_id},
+        )
+
+
+def seed_charges(db: Database, count: int) -> Seeded:
+    """A dataset with ``count`` committed charges of ε = SEED_CHARGE (see the module docstring)."""
+    dataset_id, batch_id = _setup_dataset(db, "cold", "1000000")
+    event = {"kind": "pure_dp", "epsilon": SEED_CHARGE}
+    held = reservations.reserve(db, TENANT, dataset_id, event_json=event, batch_ids=[batch_id])
+    reservations.commit(db, TENANT, held["id"], release={"model": "seed", "version": 0})
+    clones = count - 1
+
+    # The aggregates after ``clones`` more identical charges, by the ledger's own rules.
+    started = time.perf_counter()
+    with db.session(readonly=True) as session:
+        dataset = session.get(Dataset, dataset_id)
+        batch = session.get(Batch, batch_id)
+        assert dataset is not None and batch is not None
+        budget = rules.Budget.from_json(dataset.budget)
+        state = rules.BatchState.from_json(batch.state)
+        task_id = batch.task_id
+    charge = rules.Charge(dp_events.from_json(event))
+    for _ in range(clones):
+        admission = rules.reserve(budget, state, charge)
+        state = rules.commit(budget, admission.state, charge, admission.cost, None).state
+    seconds_rules = time.perf_counter() - started
+
+    started = time.perf_counter()
+    _clone_rows(db, held["id"], clones)
+    with db.session() as session:
+        session.execute(
+            update(Batch).where(Batch.id == batch_id).values(
+                state=state.to_json(), epsilon_spent=state.epsilon_spent,
+                epsilon_held=state.epsilon_held, delta_spent=state.delta_spent,
+                naive_epsilon=state.naive_epsilon,
+            )
+        )
+        session.execute(
+            update(Task).where(Task.id == task_id).values(
+                epsilon_spent=state.epsilon_spent, delta_spent=state.delta_spent,
+                naive_epsilon=state.naive_epsilon,
+            )
+        )
+        session.execute(
+            update(Dataset).where(Dataset.id == dataset_id).values(
+                epsilon_spent=state.epsilon_spent, delta_spent=state.delta_spent,
+                naive_epsilon=state.naive_epsilon,
+                charges_committed=Dataset.charges_committed + clones,
+                ledger_version=Dataset.ledger_version + 2 * clones,
+            )
+        )
+    if db.dialect == "postgresql":
+        with db.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            connection.execute(text("VACUUM ANALYZE reservations"))
+            connection.execute(text("VACUUM ANALYZE reservation_batches"))
+    seconds_sql = time.perf_counter() - started
+    with db.session(readonly=True) as session:
+        stored = session.scalar(
+            select(Reservation.id).where(Reservation.dataset_id == dataset_id).limit(1)
+        )
+        assert stored is not None
+    expected = exact_mul(Decimal(repr(SEED_CHARGE)), Decimal(count))
+    assert state.epsilon_spent == expected, (state.epsilon_spent, expected)
+    return Seeded(dataset_id, count, to_text(expected), seconds_rules, seconds_sql)
+
+
+# ---------------------------------------------------------------------------------------------
+# the server
+
+
+@dataclass
+class Server:
+    base_url: str
+    process: subprocess.Popen[str]
+    output: list[str]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def ledger_serve(database_url: str, workers: int) -> Iterator[Server]:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env.update(LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url",
+         database_url, "--workers", str(workers), "--no-worker", "--no-access-log",
+         "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    output: list[str] = []
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError("ledger serve exited:\n" + "".join(output))
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("ledger serve did not start:\n" + "".join(output))
+            time.sleep(0.2)
+        yield Server(base_url, process, output)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    return {
+        "count": len(values),
+        "p50_ms": round(percentile(values, 0.50) * 1000, 2),
+        "p99_ms": round(percentile(values, 0.99) * 1000, 2),
+        "mean_ms": round(statistics.fmean(values) * 1000, 2) if values else float("nan"),
+        "max_ms": round(max(values) * 1000, 2) if values else float("nan"),
+    }
+
+
+@dataclass
+class Throughput:
+    clients: int
+    duration_s: float
+    commits: int
+    commits_per_s: float
+    errors: int
+    reserve: dict[str, float]
+    commit: dict[str, float]
+    spend_after: dict[str, Any] = field(default_factory=dict)
+
+
+async def _hot_loop(client: httpx.AsyncClient, dataset: str, batch: str, worker: int,
+                    stop_at: float, reserve_s: list[float], commit_s: list[float],
+                    errors: list[str]) -> int:
+    commits = 0
+    body = {"batches": [batch], "event": {"kind": "pure_dp", "epsilon": HOT_CHARGE}}
+    while time.perf_counter() < stop_at:
+        t0 = time.perf_counter()
+        held = await client.post(f"/v1/datasets/{dataset}/reservations", json=body)
+        t1 = time.perf_counter()
+        if held.status_code != 201:
+            errors.append(f"reserve {held.status_code} {held.text[:200]}")
+            continue
+        done = await client.post(
+            f"/v1/reservations/{held.json()['id']}/commit",
+            json={"release": {"model": f"hot-{worker}", "version": commits}},
+        )
+        t2 = time.perf_counter()
+        if done.status_code != 200:
+            errors.append(f"commit {done.status_code} {done.text[:200]}")
+            continue
+        reserve_s.append(t1 - t0)
+        commit_s.append(t2 - t1)
+        commits += 1
+    return commits
+
+
+async def hot_throughput(base_url: str, clients: int, duration_s: float,
+                         warmup_s: float) -> Throughput:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits,
+                                 timeout=60) as client:
+        made = await client.post("/v1/datasets", json={"name": "hot", "budget": {
+            "rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"}})
+        dataset = made.json()["id"]
+        task = (await client.post(f"/v1/datasets/{dataset}/tasks", json={"name": "t"})).json()
+        created = await client.post(f"/v1/datasets/{dataset}/tasks/{task['id']}/batches", json={
+            "batches": [{"name": "b", "records": list(range(256))}]})
+        batch = created.json()["data"][0]["id"]
+
+        # Warm-up (connections, caches, pools), not counted.
+        sink: list[float] = []
+        warm_errors: list[str] = []
+        stop = time.perf_counter() + warmup_s
+        await asyncio.gather(*(
+            _hot_loop(client, dataset, batch, 10_000 + i, stop, sink, sink, warm_errors)
+            for i in range(clients)
+        ))
+        reserve_s: list[float] = []
+        commit_s: list[float] = []
+        errors: list[str] = []
+        started = time.perf_counter()
+        counts = await asyncio.gather(*(
+            _hot_loop(client, dataset, batch, i, started + duration_s, reserve_s, commit_s,
+                      errors)
+            for i in range(clients)
+        ))
+        elapsed = time.perf_counter() - started
+        spend_after = (await client.get(f"/v1/datasets/{dataset}/spend")).json()
+    commits = sum(counts)
+    return Throughput(
+        clients=clients, duration_s=round(elapsed, 2), commits=commits,
+        commits_per_s=round(commits / elapsed, 1), errors=len(errors + warm_errors),
+        reserve=summary_ms(reserve_s), commit=summary_ms(commit_s),
+        spend_after={k: spend_after.get(k) for k in ("epsilon_spent", "charges_committed",
+                                                     "epsilon_held")},
+    )
+
+
+def spend_queries(base_url: str, db: Database, seeded: Seeded, count: int) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    path = f"/v1/datasets/{seeded.dataset_id}/spend"
+    with httpx.Client(base_url=base_url, headers=headers, timeout=60) as client:
+        for _ in range(20):
+            client.get(path)
+        timings = []
+        answer: dict[str, Any] = {}
+        for _ in range(count):
+            t0 = time.perf_counter()
+            response = client.get(path)
+            timings.append(time.perf_counter() - t0)
+            answer = response.json()
+    assert answer["charges_committed"] == seeded.charges, answer
+    assert answer["epsilon_spent"] == seeded.epsilon_spent, (answer, seeded)
+    domain = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        spend.get_spend(db, TENANT, seeded.dataset_id)
+        domain.append(time.perf_counter() - t0)
+    return {
+        "charges": seeded.charges,
+        "epsilon_spent": answer["epsilon_spent"],
+        "http": summary_ms(timings),
+        "domain_only": summary_ms(domain),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# driver
+
+
+def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"ledger-bench-{backend}-"))
+    try:
+        with fresh_database(backend, args.postgres_url, workdir) as url:
+            migrations.upgrade(url)
+            db = Database(url)
+            try:
+                tenancy.ensure_bootstrap_admin_key(db, ADMIN_KEY)
+                print(f"[{backend}] seeding {args.charges} committed charges ...", flush=True)
+                seeded = seed_charges(db, args.charges)
+                print(f"[{backend}]   rules {seeded.seconds_rules:.1f} s, "
+                      f"bulk SQL {seeded.seconds_sql:.1f} s", flush=True)
+                results: dict[str, Any] = {"backend": backend, "seed": asdict(seeded),
+                                           "runs": []}
+                for workers in args.workers:
+                    with ledger_serve(url, workers) as server:
+                        print(f"[{backend}] workers={workers}: spend queries ...", flush=True)
+                        queries = spend_queries(server.base_url, db, seeded, args.spend_queries)
+                        for clients in args.clients:
+                            print(f"[{backend}] workers={workers} clients={clients}: "
+                                  f"{args.duration:g} s of reserve+commit ...", flush=True)
+                            load_before = os.getloadavg()[0]
+                            hot = asyncio.run(hot_throughput(
+                                server.base_url, clients, args.duration, args.warmup))
+                            results["runs"].append({
+                                "workers": workers, "clients": clients,
+                                "load_average_1m_before": round(load_before, 2),
+                                "hot": asdict(hot), "spend_query": queries,
+                            })
+                return results
+            finally:
+                db.dispose()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    header = (f"{'backend':<10} {'workers':>7} {'clients':>7} {'commits/s':>10} "
+              f"{'reserve p50':>11} {'p99':>8} {'commit p50':>10} {'p99':>8} "
+              f"{'spend@1e6 p50':>13} {'p99':>8} {'errors':>6}")
+    print()
+    print(header)
+    print("-" * len(header))
+    for result in report["results"]:
+        for run in result["runs"]:
+            hot, query = run["hot"], run["spend_query"]["http"]
+            print(f"{result['backend']:<10} {run['workers']:>7} {run['clients']:>7} "
+                  f"{hot['commits_per_s']:>10.1f} {hot['reserve']['p50_ms']:>9.1f}ms "
+                  f"{hot['reserve']['p99_ms']:>6.1f}ms {hot['commit']['p50_ms']:>8.1f}ms "
+                  f"{hot['commit']['p99_ms']:>6.1f}ms {query['p50_ms']:>11.2f}ms "
+                  f"{query['p99_ms']:>6.2f}ms {hot['errors']:>6}")
+    print()
+    print("latencies in ms as the client sees them over HTTP; spend@1e6: GET .../spend on a "
+          "dataset with the seeded charges")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="sqlite,postgres",
+                        help="comma-separated: sqlite, postgres (default both)")
+    parser.add_argument("--postgres-url", default=os.environ.get("LEDGER_TEST_POSTGRES_URL"),
+                        help="PostgreSQL server URL (default: LEDGER_TEST_POSTGRES_URL)")
+    parser.add_argument("--clients", default="32",
+                        help="concurrent clients; comma-separated for several runs (default 32)")
+    parser.add_argument("--workers", default="1",
+                        help="uvicorn worker processes; comma-separated (default 1)")
+    parser.add_argument("--duration", type=float, default=15.0,
+                        help="seconds of reserve+commit per run (default 15)")
+    parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds (default 2)")
+    parser.add_argument("--charges", type=int, default=1_000_000,
+                        help="committed charges seeded for the spend query (default 10^6)")
+    parser.add_argument("--spend-queries", type=int, default=300,
+                        help="spend queries timed (default 300)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ledger.json")
+    args = parser.parse_args(argv)
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.workers = [int(w) for w in args.workers.split(",")]
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+
+    report: dict[str, Any] = {
+        "benchmark": "bench/ledger.py",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_average_1m_at_start": os.getloadavg()[0],
+        },
+        "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
+                     "charges": args.charges, "hot_charge_epsilon": HOT_CHARGE,
+                     "seed_charge_epsilon": SEED_CHARGE},
+        "targets": {"postgres_commits_per_s": 500, "postgres_p99_ms": 100,
+                    "spend_query_ms_at_1e6": 20},
+        "results": [],
+    }
+    for backend in backends:
+        report["results"].append(run_backend(backend, args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""Answers on the hot path, serialised once.
+
+The ledger's operations return JSON-ready dicts exactly as the API answers them. On the hot
+routes (reserve, commit, abort, spend) the router returns them as a ``JSONResponse`` directly
+instead of through ``response_model``: FastAPI would otherwise validate the dict against the
+schema and walk it with ``jsonable_encoder`` (a commit carries a whole certificate) before
+serialising it. The schema is still declared in ``responses=`` for the OpenAPI document, and the
+tests check the answers' shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+
+def json_answer(body: dict[str, Any], status_code: int = 200) -> JSONResponse:
+    return JSONResponse(content=body, status_code=status_code)
+
+
+def documented(model: type[BaseModel], description: str) -> dict[str, Any]:
+    """``responses=`` entry for a route answering ``model`` through ``json_answer``."""
+    return {"model": model, "description": description}

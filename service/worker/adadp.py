@@ -1,0 +1,243 @@
+"""AdaDp (Koskela & Honkela-style adaptive noise; ``adadp-adaptive-noise.txt``, Alg. 1), sound variant.
+
+What it does (Alg. 1). Each step draws a Poisson sample (probability q) and computes per-example
+gradients. While the second-moment estimate E′[g²] carries too little information (a warm-up of
+``warmup_steps`` and, as in line 7, until Var[√E′[g²]] > G), it is DP-SGD: each example clipped to
+L2 norm C (global clipping, Eq. 6), noise N(0, σ*²C²). Then it switches to *local* clipping:
+coordinate i of each example is clipped to [−sᵢ, sᵢ] with sᵢ = β√E′[g²]ᵢ (Eq. 5, lines 9–10) and
+gets noise N(0, σᵢ²) with σᵢ = βσ*√(m·E′[g²]ᵢ) (line 12), m the number of coordinates. The noisy
+gradient g̃ drives an RMSProp update: E[g̃²] ← (1−γ)E[g̃²] + γg̃² (line 22),
+θ ← θ − η·g̃/√(E[g̃²] + ε₀) (lines 25–26).
+
+Privacy (Lemma 1). With sensitivity sᵢ in coordinate i and noise σᵢ, the step is as private as a
+Gaussian mechanism with noise multiplier σ* whenever Σ sᵢ²/σᵢ² ≤ 1/σ*². The subsampled analysis
+carries over unchanged: whitening by diag(σᵢ) turns the step into an isotropic Gaussian mechanism
+of L2 sensitivity ≤ 1/σ*, so a run is accounted exactly as DP-SGD with noise multiplier σ*:
+``SelfComposed(PoissonSampled(q, Gaussian(σ*)), T)`` (the same event shape as
+``service.worker.dp_sgd``; ``accountant.rdp`` would account ``AdaptiveGaussianEvent(σ*)`` the same
+way). The condition is *checked at every step* on the float32 tensors actually used; a violation
+raises ``Lemma1Violation``, which fails the job. The largest Σ sᵢ²/σᵢ² seen is reported in the
+metrics (``lemma1_max_ratio``, next to ``lemma1_limit`` = 1/σ*²). σᵢ carries a safety factor
+(1 + 1e-5) so float rounding can never push the sum over the limit.
+
+Difference from the paper (why this is the *sound* variant).
+  Line 23 updates E′[g²] with the **raw** gradient gₜ. Then sᵢ and σᵢ at step t+1 are functions of
+  the private, un-noised gradients of step t: the sensitivity of step t+1 depends on the data
+  outside any mechanism, Lemma 1's premise (sᵢ, σᵢ fixed independently of the data) fails, and the
+  privacy claim does not hold. Here E′[g²] is updated with the **noisy, released** gradient g̃ₜ
+  only, so every sᵢ and σᵢ is a function of earlier releases and public constants —
+  post-processing — and each step is a Gaussian mechanism with data-independent parameters, as
+  adaptive composition requires.
+  Because g̃ₜ² over-estimates the squared mean gradient by the (public) noise variance vₜ, and in
+  the local phase vₜ is itself proportional to E′[g²], the naive noisy update is a feedback loop
+  that diverges once β²σ*²m/(qN)² ≥ 1 (a few thousand parameters and lots of ~64 suffice). So by
+  default (``debias_second_moment``) the update uses the unbiased estimate g̃ₜ² − vₜ:
+  E′[g²] ← γ′E′[g²] + (1−γ′)(g̃ₜ² − vₜ). Both vₜ and the estimate are public, so this is still
+  post-processing. E′[g²] is floored before use (``second_moment_floor`` absolute, and
+  ``relative_second_moment_floor`` × its mean over coordinates — also a released value) so no
+  sᵢ is zero and coordinates whose estimate fell to the floor can recover.
+  The paper also divides by the lot size L; as in DP-SGD we divide by the expected size q·N (the
+  drawn size is private).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+import torch
+
+from service.worker.dp_sgd import (
+    DpSgdParams,
+    DpSgdTrainer,
+    Params,
+    TrainingError,
+    TrainingPlan,
+    _Run,
+    clipped_sum,
+    clip_factors,
+    gaussian_like,
+    per_example_norms,
+)
+from service.worker.models import InvalidParamsError, JobParams
+
+LEMMA1_SAFETY: Final = 1e-5
+LEMMA1_RTOL: Final = 1e-12  # float64 rounding of the check itself
+
+
+class Lemma1Violation(TrainingError):
+    """Σ sᵢ²/σᵢ² > 1/σ*² at some step: the step would not be as private as accounted."""
+
+    def __init__(self, step: int, ratio: float, limit: float) -> None:
+        super().__init__(
+            f"AdaDp step {step} violates Lemma 1: sum(s_i^2/sigma_i^2) = {ratio!r} > "
+            f"1/noise_multiplier^2 = {limit!r}. The job fails; nothing from this step is released."
+        )
+        self.step = step
+        self.ratio = ratio
+        self.limit = limit
+
+
+def lemma1_ratio(sensitivities: Mapping[str, torch.Tensor], noise_stddevs: Mapping[str, torch.Tensor]) -> float:
+    """Σ sᵢ²/σᵢ² over every coordinate of every tensor, in float64 (a coordinate with sᵢ = 0 adds 0)."""
+    total = []
+    for name, s in sensitivities.items():
+        s64 = s.double()
+        sd64 = noise_stddevs[name].double()
+        if bool((sd64 <= 0).any() & (s64 > 0).any()):
+            return math.inf
+        ratio = torch.where(s64 > 0, (s64 / sd64).square(), torch.zeros_like(s64))
+        total.append(float(ratio.sum().item()))
+    return math.fsum(total)
+
+
+def check_lemma1(
+    sensitivities: Mapping[str, torch.Tensor],
+    noise_stddevs: Mapping[str, torch.Tensor],
+    noise_multiplier: float,
+    *,
+    step: int = 0,
+) -> float:
+    """Return Σ sᵢ²/σᵢ²; raise ``Lemma1Violation`` if it exceeds 1/σ*² (Lemma 1)."""
+    ratio = lemma1_ratio(sensitivities, noise_stddevs)
+    limit = 1.0 / noise_multiplier**2
+    if not ratio <= limit * (1 + LEMMA1_RTOL):
+        raise Lemma1Violation(step, ratio, limit)
+    return ratio
+
+
+@dataclass(frozen=True, slots=True)
+class AdaDpParams(DpSgdParams):
+    """DP-SGD's params (``max_grad_norm`` is C of the warm-up; no ``momentum``) plus AdaDp's own.
+
+    ``beta`` local clipping factor β; ``gamma`` RMSProp rate γ of E[g̃²] (line 22);
+    ``gamma_prime`` decay γ′ of E′[g²] (line 23); ``local_clipping_threshold`` G;
+    ``warmup_steps`` minimum global-clipping steps; ``epsilon0`` ε₀ of the RMSProp denominator.
+    """
+
+    beta: float = 3.0
+    gamma: float = 0.1
+    gamma_prime: float = 0.9
+    local_clipping_threshold: float = 0.0
+    warmup_steps: int = 20
+    epsilon0: float = 1e-8
+    debias_second_moment: bool = True
+    second_moment_floor: float = 1e-12
+    relative_second_moment_floor: float = 0.01
+    learning_rate: float = 0.02
+    default_learning_rate: ClassVar[float] = 0.02
+    default_momentum: ClassVar[float] = 0.0
+
+    @classmethod
+    def _read(cls, r: JobParams) -> dict[str, Any]:
+        if r.has("momentum"):
+            raise InvalidParamsError("params.momentum", "is not an adadp param (RMSProp adapts the steps).")
+        values = super(AdaDpParams, cls)._read(r)
+        values.update(
+            beta=r.real("beta", 3.0, minimum=0, exclusive_minimum=True),
+            gamma=r.real("gamma", 0.1, minimum=0, maximum=1, exclusive_minimum=True),
+            gamma_prime=r.real("gamma_prime", 0.9, minimum=0, maximum=0.9999),
+            local_clipping_threshold=r.real("local_clipping_threshold", 0.0, minimum=0),
+            warmup_steps=r.integer("warmup_steps", 20, minimum=1),
+            epsilon0=r.real("epsilon0", 1e-8, minimum=0, exclusive_minimum=True),
+            debias_second_moment=r.boolean("debias_second_moment", True),
+            second_moment_floor=r.real("second_moment_floor", 1e-12, minimum=0, exclusive_minimum=True),
+            relative_second_moment_floor=r.real("relative_second_moment_floor", 0.01, minimum=0, maximum=1),
+        )
+        return values
+
+
+@dataclass
+class _AdaDpState:
+    second_moment: Params  # E′[g²]: from released gradients only
+    rmsprop: Params  # E[g̃²]
+    limit: float  # 1/σ*²
+    local: bool = False
+    local_steps: int = 0
+    checked_steps: int = 0
+    max_ratio: float = 0.0
+
+
+class AdaDpTrainer(DpSgdTrainer):
+    """AdaDp, sound variant: same ``plan`` / ``train`` interface and event shape as DP-SGD."""
+
+    algorithm: ClassVar[str] = "adadp"
+    params_type: ClassVar[type[DpSgdParams]] = AdaDpParams
+
+    def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        p = plan.params
+        assert isinstance(p, AdaDpParams)
+        state = run.optimizer_state.get("adadp")
+        if not isinstance(state, _AdaDpState):
+            state = _AdaDpState(
+                second_moment={k: torch.zeros_like(v) for k, v in run.params.items()},
+                rmsprop={k: torch.zeros_like(v) for k, v in run.params.items()},
+                limit=1.0 / plan.noise_multiplier**2,
+            )
+            run.optimizer_state["adadp"] = state
+        sigma_star = plan.noise_multiplier
+        expected = plan.expected_batch_size
+        grads = self._per_example_gradients(run, x, y)
+        floored = self._floored_second_moment(state, p)
+        # Line 7: local clipping once E′[g²] is informative; decided from released values only.
+        state.local = step > p.warmup_steps and _variance_of_sqrt(floored) > p.local_clipping_threshold
+        with torch.no_grad():
+            if state.local:
+                m = sum(v.numel() for v in run.params.values())
+                scale = sigma_star * math.sqrt(m) * (1 + LEMMA1_SAFETY)
+                sens = {k: p.beta * v.sqrt() for k, v in floored.items()}  # sᵢ = β√E′ᵢ (line 9)
+                stds = {k: s * scale for k, s in sens.items()}  # σᵢ = βσ*√(m·E′ᵢ) (line 12)
+                summed = {k: g.clamp(min=-sens[k], max=sens[k]).sum(0) for k, g in grads.items()}
+                ratio = check_lemma1(sens, stds, sigma_star, step=step)
+                state.local_steps += 1
+            else:
+                c = p.max_grad_norm
+                summed = clipped_sum(grads, clip_factors(per_example_norms(grads), c))
+                std = sigma_star * c
+                stds = {k: torch.full_like(v, std) for k, v in summed.items()}
+                # Global clipping: one L2 sensitivity C against isotropic noise σ*C.
+                ratio = (c / std) ** 2
+                if not ratio <= state.limit * (1 + LEMMA1_RTOL):
+                    raise Lemma1Violation(step, ratio, state.limit)
+            state.checked_steps += 1
+            state.max_ratio = max(state.max_ratio, ratio)
+            noise = gaussian_like(summed, run.noise)
+            for name, param in run.params.items():
+                noisy = (summed[name] + stds[name] * noise[name]) / expected  # g̃ (released)
+                # Line 22: RMSProp accumulator of the noisy gradient.
+                acc = state.rmsprop[name]
+                acc.mul_(1 - p.gamma).addcmul_(noisy, noisy, value=p.gamma)
+                # Line 23, sound: E′[g²] from the released g̃, debiased by the public noise variance.
+                estimate = noisy.square()
+                if p.debias_second_moment:
+                    estimate = estimate - (stds[name] / expected).square()
+                state.second_moment[name].mul_(p.gamma_prime).add_(estimate, alpha=1 - p.gamma_prime)
+                # Lines 25–26.
+                param.sub_(noisy / (acc + p.epsilon0).sqrt(), alpha=p.learning_rate)
+
+    @staticmethod
+    def _floored_second_moment(state: _AdaDpState, p: AdaDpParams) -> Params:
+        values = state.second_moment
+        total = sum(float(v.clamp(min=0).sum().item()) for v in values.values())
+        count = sum(v.numel() for v in values.values())
+        floor = max(p.second_moment_floor, p.relative_second_moment_floor * total / count)
+        return {k: v.clamp(min=floor) for k, v in values.items()}
+
+    def _extra_metrics(self, run: _Run) -> dict[str, float]:
+        state = run.optimizer_state.get("adadp")
+        if not isinstance(state, _AdaDpState):
+            return {}
+        return {
+            "lemma1_max_ratio": state.max_ratio,
+            "lemma1_limit": state.limit,
+            "lemma1_checked_steps": float(state.checked_steps),
+            "local_clipping_steps": float(state.local_steps),
+        }
+
+
+def _variance_of_sqrt(values: Params) -> float:
+    """Var[√E′[g²]] over all coordinates (line 7's test statistic)."""
+    flat = torch.cat([v.reshape(-1) for v in values.values()]).sqrt().double()
+    return float(flat.var(unbiased=False).item())

@@ -1,0 +1,277 @@
+"""The PRV accountant: golden values, cross-checks against dp-accounting's PLD and prv-accountant,
+heterogeneous plans, and the RDP fallback (never an exception, never below a valid upper bound)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import dp_accounting
+import mpmath
+import numpy as np
+import pytest
+from dp_accounting.pld import PLDAccountant
+from prv_accountant import PRVAccountant
+from prv_accountant.privacy_random_variables import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    PoissonSubsampledGaussianMechanism,
+    PureDPMechanism,
+)
+
+from accountant import events as ev
+from accountant import prv as prv_module
+from accountant.base import InvalidArgumentError, UnsupportedEventError, make_accountant
+from accountant.prv import PrvAccountant
+
+warnings.filterwarnings("ignore", module="prv_accountant")
+
+
+def _dp_sgd(q: float, sigma: float, steps: int) -> ev.DpEvent:
+    return ev.SelfComposedEvent(
+        event=ev.PoissonSampledEvent(sampling_probability=q, event=ev.GaussianEvent(sigma)),
+        count=steps,
+    )
+
+
+def _pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    return float(PLDAccountant().compose(event).get_epsilon(delta))
+
+
+def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
+    """ε of a Gaussian with μ = sensitivity/σ: Balle & Wang 2018, Thm. 8, solved with mpmath."""
+    mpmath.mp.dps = 40
+
+    def gap(eps: mpmath.mpf) -> mpmath.mpf:
+        return mpmath.ncdf(-eps / mu + mu / 2) - mpmath.e**eps * mpmath.ncdf(-eps / mu - mu / 2) - delta
+
+    return float(mpmath.findroot(gap, (mpmath.mpf(0), mu * mu / 2 + 10 * mu + 10), solver="illinois"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden values
+# ---------------------------------------------------------------------------------------------
+
+
+def test_opacus_golden_value() -> None:
+    # Opacus's own PRV test: q = 0.04, σ = 1.5, 2250 steps, δ = 1e-5 → 6.777 (its upper bound
+    # with eps_error 0.01); the estimate is 6.7688 (prv-accountant gives the same).
+    bound = PrvAccountant().compose(_dp_sgd(0.04, 1.5, 2250)).get_epsilon(1e-5)
+    assert bound.method == "prv"
+    assert bound.upper == pytest.approx(6.777, abs=0.005)
+    assert bound.upper >= 6.769
+    assert bound.estimate == pytest.approx(6.7688, abs=1e-3)
+    assert bound.lower <= bound.estimate <= bound.upper
+    assert bound.details["rdp_epsilon"] == pytest.approx(7.329, abs=0.01)  # RDP is looser here
+
+
+def test_dp_accounting_single_gaussian_golden_value() -> None:
+    # dp-accounting's RDP test: one Gaussian step, σ = 4.530877117, δ = 1e-6 → RDP ε = 1.0; the
+    # tight PRV/PLD value is 0.927.
+    bound = PrvAccountant().compose(ev.GaussianEvent(4.530877117)).get_epsilon(1e-6)
+    assert bound.estimate == pytest.approx(0.927, abs=2e-3)
+    exact = _exact_gaussian_epsilon(1 / 4.530877117, 1e-6)
+    assert exact == pytest.approx(0.927, abs=1e-3)
+    assert exact <= bound.upper <= exact + 0.0101
+    rdp = make_accountant("rdp").compose(ev.GaussianEvent(4.530877117)).get_epsilon(1e-6)
+    assert rdp.upper == pytest.approx(1.0, abs=0.01) and bound.upper < rdp.upper
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-check grid (sparse): q from 1e-3 to 1, σ 0.6–4, steps 1–10⁴, δ 1e-5 and 1e-6
+# ---------------------------------------------------------------------------------------------
+
+GRID = [
+    (1e-3, 0.6, 10_000, 1e-5),
+    (1e-3, 1.0, 1, 1e-6),
+    (1e-3, 2.0, 10_000, 1e-6),
+    (1e-3, 4.0, 100, 1e-5),
+    (0.01, 0.8, 100, 1e-6),
+    (0.01, 1.0, 10_000, 1e-5),
+    (0.01, 2.0, 1, 1e-5),
+    (0.01, 4.0, 10_000, 1e-6),
+    (0.05, 3.0, 1_000, 1e-6),
+    (0.1, 1.0, 1, 1e-5),
+    (0.1, 1.5, 100, 1e-6),
+    (0.1, 4.0, 10_000, 1e-5),
+    (0.5, 2.0, 100, 1e-5),
+]
+
+
+@pytest.mark.parametrize(("q", "sigma", "steps", "delta"), GRID)
+def test_upper_never_below_dp_accounting_pld(q: float, sigma: float, steps: int, delta: float) -> None:
+    bound = PrvAccountant().compose(_dp_sgd(q, sigma, steps)).get_epsilon(delta)
+    pld = _pld_epsilon(q, sigma, steps, delta)
+    assert bound.method == "prv"
+    assert bound.lower <= bound.estimate <= bound.upper
+    assert bound.upper >= pld
+    # Tight: within the discretisation error of the PLD value (not an RDP-sized gap).
+    assert bound.upper <= pld + 0.011 + 1e-3 * pld
+
+
+@pytest.mark.parametrize(
+    ("sigma", "steps", "delta"), [(0.6, 100, 1e-5), (1.0, 10_000, 1e-6), (4.0, 1, 1e-6), (2.0, 7, 1e-5)]
+)
+def test_q_equal_one_is_the_exact_gaussian(sigma: float, steps: int, delta: float) -> None:
+    # With q = 1 the composition is one Gaussian with μ = √T/σ, whose ε(δ) is known exactly
+    # (Balle & Wang 2018). dp-accounting's PLD is pessimistic by up to T × 1e-4 here (its
+    # discretisation interval), so the exact value is the reference: the PRV upper is ≥ it.
+    exact = _exact_gaussian_epsilon(math.sqrt(steps) / sigma, delta)
+    bound = PrvAccountant().compose(_dp_sgd(1.0, sigma, steps)).get_epsilon(delta)
+    assert bound.lower <= exact <= bound.upper
+    assert bound.upper <= exact + 0.06
+    assert bound.estimate == pytest.approx(exact, rel=1e-6, abs=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Heterogeneous compositions, against prv-accountant's own PRVAccountant
+# ---------------------------------------------------------------------------------------------
+
+
+def test_heterogeneous_plan_matches_prv_accountant() -> None:
+    entries = [(0.004, 1.1, 40), (0.01, 0.9, 25), (0.002, 1.7, 60), (0.02, 1.3, 10)]
+    ours = PrvAccountant()
+    for q, sigma, steps in entries:
+        ours.compose(_dp_sgd(q, sigma, steps))
+    ours.compose(ev.GaussianEvent(8.0), 3).compose(ev.LaplaceEvent(20.0), 2)
+    ours.compose(ev.PureDpEvent(0.05), 4)
+    bound = ours.get_epsilon(1e-5)
+
+    prvs = [PoissonSubsampledGaussianMechanism(q, s) for q, s, _ in entries]
+    prvs += [GaussianMechanism(8.0), LaplaceMechanism(1 / 20.0), PureDPMechanism(0.05)]
+    counts = [n for _, _, n in entries] + [3, 2, 4]
+    reference = PRVAccountant(prvs, max_self_compositions=counts, eps_error=0.01, delta_error=1e-8)
+    lower, estimate, upper = reference.compute_epsilon(1e-5, counts)
+    assert bound.method == "prv"
+    assert bound.estimate == pytest.approx(estimate, abs=2e-3)
+    assert bound.upper >= lower
+    assert bound.upper == pytest.approx(upper, abs=5e-3)
+
+
+def test_plan_order_and_grouping_do_not_matter() -> None:
+    a = PrvAccountant().compose(_dp_sgd(0.01, 1.0, 30)).compose(_dp_sgd(0.02, 1.5, 20))
+    b = PrvAccountant().compose(
+        ev.ComposedEvent((_dp_sgd(0.02, 1.5, 10), _dp_sgd(0.01, 1.0, 30), _dp_sgd(0.02, 1.5, 10)))
+    )
+    assert a.get_epsilon(1e-5).upper == pytest.approx(b.get_epsilon(1e-5).upper, abs=1e-9)
+
+
+def test_approx_dp_mass_at_infinity() -> None:
+    acc = PrvAccountant().compose(ev.ApproxDpEvent(epsilon=0.5, delta=1e-6), 3)
+    assert acc.get_epsilon(2e-6).upper == math.inf  # below the 3e-6 of mass at +∞
+    bound = acc.get_epsilon(1e-5)
+    assert bound.method == "prv"
+    assert 0 < bound.upper <= 1.5 + 0.011  # never worse than basic composition (+ε_err)
+
+
+def test_get_delta_brackets_get_epsilon() -> None:
+    acc = PrvAccountant().compose(_dp_sgd(0.01, 1.1, 500))
+    bound = acc.get_epsilon(1e-6)
+    assert acc.get_delta(bound.upper) <= 1e-6 * 1.01
+    assert acc.get_delta(bound.lower) >= 1e-6 * 0.99
+    assert acc.get_delta(0.0) <= 1.0
+
+
+def test_compose_invalidates_the_cache() -> None:
+    acc = PrvAccountant().compose(_dp_sgd(0.01, 1.0, 10))
+    first = acc.get_epsilon(1e-5)
+    assert acc.get_epsilon(1e-5) == first
+    assert acc.compose(_dp_sgd(0.01, 1.0, 10)).get_epsilon(1e-5).upper > first.upper
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallback: never an exception, never below a valid upper bound, always said so
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sampling_without_replacement_falls_back_to_rdp() -> None:
+    event = ev.SelfComposedEvent(
+        ev.SampledWithoutReplacementEvent(sample_size=600, population_size=60_000, event=ev.GaussianEvent(1.0)),
+        count=1000,
+    )
+    bound = PrvAccountant().compose(event).get_epsilon(1e-5)
+    rdp = make_accountant("rdp").compose(event).get_epsilon(1e-5)
+    assert bound.method == "rdp-fallback"
+    assert "sampled_without_replacement" in bound.note
+    assert bound.upper == rdp.upper
+    assert bound.lower <= bound.estimate <= bound.upper
+
+
+def test_tiny_delta_falls_back_with_a_note() -> None:
+    bound = PrvAccountant().compose(_dp_sgd(0.01, 1.0, 100)).get_epsilon(1e-300)
+    assert bound.method == "rdp-fallback"
+    assert "PRV composition failed" in bound.note
+    rdp = make_accountant("rdp").compose(_dp_sgd(0.01, 1.0, 100)).get_epsilon(1e-300)
+    assert bound.upper == rdp.upper < math.inf
+
+
+def test_huge_epsilon_falls_back_with_a_note() -> None:
+    # A domain so wide that even the raised eps_error cannot fit the grid.
+    event = _dp_sgd(0.9, 0.3, 10**9)
+    bound = PrvAccountant().compose(event).get_epsilon(1e-5)
+    assert bound.method == "rdp-fallback"
+    assert "grid points" in bound.note
+    assert bound.upper == make_accountant("rdp").compose(event).get_epsilon(1e-5).upper
+
+
+def test_large_epsilon_raises_eps_error_and_says_so() -> None:
+    bound = PrvAccountant().compose(_dp_sgd(0.1, 0.6, 10_000)).get_epsilon(1e-5)
+    assert bound.method == "prv"
+    assert "eps_error raised" in bound.note
+    # dp-accounting's PLD gives 461.27 here (not recomputed: 5 s); RDP gives 487.
+    assert 461.2 <= bound.upper <= 462.0
+    assert bound.upper < make_accountant("rdp").compose(_dp_sgd(0.1, 0.6, 10_000)).get_epsilon(1e-5).upper
+
+
+def test_delta_zero_uses_basic_composition_for_pure_events() -> None:
+    acc = PrvAccountant().compose(ev.LaplaceEvent(2.0), 3)
+    bound = acc.get_epsilon(0.0)
+    assert bound.method == "basic-fallback" and bound.upper == 1.5
+    assert PrvAccountant().compose(ev.GaussianEvent(1.0)).get_epsilon(0.0).upper == math.inf
+
+
+def test_discrete_mean_differs_is_a_prv_failure() -> None:
+    # A PRV whose stated mean is off by more than half a mesh cell: prv-accountant's
+    # "discrete mean differs" condition, which the accountant turns into an RDP fallback.
+    class WrongMean(prv_module._LaplacePrv):
+        def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
+            mean, error = super().truncated_mean(lo, hi)
+            return mean + 1.0, error
+
+    with pytest.raises(prv_module._PrvFailure, match="discrete mean differs"):
+        prv_module._compose({WrongMean(2.0): 3}, 0.01, 1e-8)
+
+
+def test_unsupported_everywhere_raises_naming_the_innermost() -> None:
+    event = ev.PoissonSampledEvent(0.1, ev.ApproxDpEvent(epsilon=1.0, delta=1e-6))
+    acc = PrvAccountant()
+    assert not acc.supports(event)
+    with pytest.raises(UnsupportedEventError) as info:
+        acc.compose(event)
+    assert info.value.event.kind == "approx_dp" and info.value.accountant == "prv"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"eps_error": 0.0}, "eps_error"), ({"eps_error": math.nan}, "eps_error"),
+     ({"delta_error": 1.0}, "delta_error"), ({"delta_error": -1e-9}, "delta_error")],
+)
+def test_bad_parameters_name_the_field(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        PrvAccountant(**kwargs)
+    assert info.value.field == field
+
+
+def test_subsampled_gaussian_cdf_matches_prv_accountant() -> None:
+    ours = prv_module._SubsampledGaussianPrv(0.01, 0.9)
+    theirs = PoissonSubsampledGaussianMechanism(0.01, 0.9)
+    t = np.linspace(-0.009, 6.0, 2001)
+    cdf, sf = ours.cdf_sf(t)
+    np.testing.assert_allclose(cdf, np.asarray(theirs.cdf(t), dtype=float), rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(cdf + sf, 1.0, atol=1e-15)
+    probabilities, outside = ours.cell_probabilities(t)
+    assert np.all(probabilities >= -1e-18)
+    assert math.fsum(probabilities.tolist()) + outside == pytest.approx(1.0, abs=1e-14)

@@ -1,0 +1,139 @@
+"""The ``ledger`` commands of the service: ``serve`` (migrates, prints a first admin key and the
+URL), ``keys create`` / ``keys revoke``, ``verify`` (exit codes), ``migrate``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+
+from service.db import migrations
+from service.db.session import Database
+from service.ledger import tenancy
+from tests.service.api.conftest import ROOT, TestClient, bearer, start_server, stop_server, url_text
+from tests.service.api.world import make_world
+
+
+def ledger(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+
+
+def _wait_for(output: list[str], pattern: str, timeout_s: float = 10.0) -> re.Match[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        match = re.search(pattern, "".join(output))
+        if match:
+            return match
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} not in the output:\n{''.join(output)}")
+
+
+@pytest.mark.slow
+def test_serve_migrates_and_prints_a_first_admin_key_and_the_url(
+    empty_database_url: URL,
+) -> None:
+    url = url_text(empty_database_url)
+    server = start_server(url, bootstrap_key=None)
+    try:
+        shown = _wait_for(server.output, r"serving HTTP API v1 at (http://\S+)").group(1)
+        assert shown == server.base_url
+        key = _wait_for(server.output, r"LEDGER_API_KEY=(\S+)").group(1)
+        headers = bearer(key)
+        created = httpx.post(f"{shown}/v1/datasets", headers=headers, json={
+            "name": "first", "budget": {"rule": "lifelong", "epsilon": 1, "delta": 0,
+                                        "accountant": "basic"}})
+        assert created.status_code == 201, created.text
+        assert httpx.get(f"{shown}/v1/datasets", headers=headers).json()["count"] == 1
+    finally:
+        stop_server(server.process)
+    assert migrations.is_up_to_date(url)
+
+    # A second start finds the admin key and prints none.
+    again = start_server(url, bootstrap_key=None)
+    try:
+        _wait_for(again.output, r"serving HTTP API v1 at")
+        assert "LEDGER_API_KEY=" not in "".join(again.output)
+    finally:
+        stop_server(again.process)
+
+
+@pytest.mark.slow
+def test_serve_with_a_bootstrap_key_and_several_workers(database_url: URL) -> None:
+    server = start_server(url_text(database_url), extra_args=("--workers", "2"))
+    try:
+        assert "LEDGER_API_KEY=" not in "".join(server.output)
+        headers = bearer(server.admin_key)
+        for _ in range(4):  # the requests spread over both processes
+            answer = httpx.get(f"{server.base_url}/v1/datasets", headers=headers)
+            assert answer.status_code == 200, answer.text
+    finally:
+        stop_server(server.process)
+
+
+def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient) -> None:
+    url = url_text(database_url)
+    made = ledger("keys", "create", "--tenant", "team-a", "--scope", "trainer",
+                  "--database-url", url)
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert key.startswith("pl_") and "\n" not in key
+    assert "shown once" in made.stderr
+    headers = bearer(key)
+    assert client.get("/v1/datasets", headers=headers).status_code == 200
+    assert client.post("/v1/datasets", headers=headers, json={}).status_code == 403
+
+    record = ledger("keys", "create", "--tenant", "team-a", "--scope", "viewer", "--json",
+                    "--database-url", url)
+    viewer = json.loads(record.stdout)
+    assert viewer["scope"] == "viewer" and viewer["tenant_id"] == "team-a"
+    listed = json.loads(ledger("keys", "list", "--tenant", "team-a", "--database-url", url).stdout)
+    assert listed["count"] == 2 and all("key" not in k for k in listed["data"])
+
+    revoked = ledger("keys", "revoke", viewer["id"], "--database-url", url)
+    assert revoked.returncode == 0, revoked.stderr
+    assert client.get("/v1/datasets", headers=bearer(viewer["key"])).status_code == 401
+    assert client.get("/v1/datasets", headers=headers).status_code == 200
+    assert ledger("keys", "revoke", "key_nope", "--database-url", url).returncode == 1
+    bad = ledger("keys", "create", "--tenant", "Bad Tenant!", "--scope", "admin",
+                 "--database-url", url)
+    assert bad.returncode == 2 and "tenant" in bad.stderr
+
+
+def test_verify_exit_codes(database_url: URL, db: Database) -> None:
+    url = url_text(database_url)
+    tenancy.create_tenant(db, "acme")
+    make_world(db, "acme")
+    intact = ledger("verify", "--database-url", url)
+    assert intact.returncode == 0, intact.stdout + intact.stderr
+    assert json.loads(intact.stdout)["ok"] is True
+
+    with db.session() as session:  # edit one ledger event behind the ledger's back
+        seq = session.execute(text(
+            "SELECT min(seq) FROM audit_log WHERE event_type = 'reservation.committed'"
+        )).scalar_one()
+        session.execute(text("UPDATE audit_log SET event_type = 'reservation.aborted' "
+                             "WHERE seq = :seq"), {"seq": seq})
+    broken = ledger("verify", "--database-url", url)
+    assert broken.returncode == 1
+    result = json.loads(broken.stdout)
+    assert result["ok"] is False and result["first_broken"] == seq
+    assert f"broken at entry {seq}" in broken.stderr
+
+
+def test_migrate_creates_the_schema(empty_database_url: URL) -> None:
+    url = url_text(empty_database_url)
+    assert migrations.current_revision(url) is None
+    done = ledger("migrate", "--database-url", url)
+    assert done.returncode == 0, done.stderr
+    assert migrations.is_up_to_date(url)
+    assert migrations.head_revision() in done.stdout
