@@ -49,15 +49,15 @@ from accountant.events import (
     FunctionalMechanismL2DPEvent,
     GaussianEvent,
     LaplaceEvent,
-    NoOpEvent,
     NonPrivateEvent,
+    NoOpEvent,
     OutputPerturbationEvent,
     PoissonSampledEvent,
     PureDpEvent,
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import float_up, l2dp_ml_epsilon
+from accountant.mechanisms import float_up, l2dp_ml_epsilon, output_perturbation_event_epsilon
 
 NAME: Final = "basic"
 _ONE: Final = Fraction(1)
@@ -116,8 +116,7 @@ def _cost(event: DpEvent) -> _Cost:
         )
         return _Cost(Fraction(epsilon), Fraction(0))
     if isinstance(event, OutputPerturbationEvent):
-        # ε = Δ₂/b with b = Δ₂/ε: exactly the ε the event declares (Chaudhuri et al. 2011, Thm. 6).
-        return _Cost(Fraction(event.epsilon), Fraction(0))
+        return _Cost(Fraction(output_perturbation_event_epsilon(event)), Fraction(0))
     if isinstance(event, SelfComposedEvent):
         return _cost(event.event).times(event.count)
     if isinstance(event, ComposedEvent):

@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from accountant.base import InvalidArgumentError
+from accountant.events import OutputPerturbationEvent
 
 # Above this relative margin the float test of Lemma 1 is decisive; inside it (a vector exactly at
 # the boundary, up to rounding) the test is redone in exact rational arithmetic.
@@ -151,6 +152,19 @@ def output_perturbation_epsilon(*, l2_sensitivity: float, noise_scale: float) ->
     return float_up(sens / scale)
 
 
+def output_perturbation_event_epsilon(event: OutputPerturbationEvent) -> float:
+    """The ε an ``OutputPerturbationEvent`` costs: max(declared ε, Δ₂/b) for b = ``noise_scale``.
+
+    The trainer draws noise with the float scale b = fl(Δ₂/ε) (``event.noise_scale``); when that
+    division rounds down, Δ₂/b exceeds the declared ε by an ulp, and the ledger charges the larger
+    value (Chaudhuri et al. 2011, Theorem 6).
+    """
+    return max(
+        float(event.epsilon),
+        output_perturbation_epsilon(l2_sensitivity=event.l2_sensitivity, noise_scale=event.noise_scale),
+    )
+
+
 def sample_output_perturbation_noise(
     *, rng: np.random.Generator, dimension: int, noise_scale: float, size: int | None = None
 ) -> npt.NDArray[np.float64]:
@@ -168,7 +182,7 @@ def sample_output_perturbation_noise(
     norms = np.linalg.norm(direction, axis=-1, keepdims=True)
     # A standard Gaussian vector is 0 with probability 0; guard the division anyway.
     direction = direction / np.where(norms == 0.0, 1.0, norms)
-    radius = rng.gamma(shape=d, scale=b, size=shape[:-1] + (1,))
+    radius = rng.gamma(shape=d, scale=b, size=(*shape[:-1], 1))
     result: npt.NDArray[np.float64] = direction * radius
     return result
 
@@ -293,14 +307,10 @@ def satisfies_lemma1(
         )
     if not np.all(np.isfinite(s)) or np.any(s < 0):
         i = int(np.flatnonzero(~np.isfinite(s) | (s < 0))[0])
-        raise InvalidArgumentError(
-            f"sensitivities[{i}]", f"must be finite and >= 0. Found {float(s[i])!r}."
-        )
+        raise InvalidArgumentError(f"sensitivities[{i}]", f"must be finite and >= 0. Found {float(s[i])!r}.")
     if not np.all(np.isfinite(sd)) or np.any(sd <= 0):
         i = int(np.flatnonzero(~np.isfinite(sd) | (sd <= 0))[0])
-        raise InvalidArgumentError(
-            f"noise_stddevs[{i}]", f"must be finite and > 0. Found {float(sd[i])!r}."
-        )
+        raise InvalidArgumentError(f"noise_stddevs[{i}]", f"must be finite and > 0. Found {float(sd[i])!r}.")
     limit = 1 / sigma_star**2
     total = math.fsum(((s / sd) ** 2).tolist())
     float_limit = float(limit)
@@ -308,9 +318,7 @@ def satisfies_lemma1(
         return True
     if total > float_limit * (1 + _LEMMA1_FLOAT_MARGIN):
         return False
-    exact = sum(
-        (Fraction(a) / Fraction(b)) ** 2 for a, b in zip(s.tolist(), sd.tolist(), strict=True)
-    )
+    exact = sum((Fraction(a) / Fraction(b)) ** 2 for a, b in zip(s.tolist(), sd.tolist(), strict=True))
     return exact <= limit
 
 
@@ -323,6 +331,7 @@ __all__ = [
     "float_up",
     "l2dp_ml_epsilon",
     "output_perturbation_epsilon",
+    "output_perturbation_event_epsilon",
     "output_perturbation_l2_sensitivity",
     "sample_output_perturbation_noise",
     "satisfies_lemma1",

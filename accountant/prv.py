@@ -118,14 +118,14 @@ from accountant.events import (
     FunctionalMechanismL2DPEvent,
     GaussianEvent,
     LaplaceEvent,
-    NoOpEvent,
     NonPrivateEvent,
+    NoOpEvent,
     OutputPerturbationEvent,
     PoissonSampledEvent,
     PureDpEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import l2dp_ml_epsilon
+from accountant.mechanisms import l2dp_ml_epsilon, output_perturbation_event_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -146,9 +146,7 @@ _WINDOW_TAIL: Final = 1e-30
 _Z_TAIL: Final = float(-ndtri(_WINDOW_TAIL))
 # Orders for the RDP tail bound that sizes the domain (Remark 5.6): integer orders (cheap and
 # exact for the subsampled Gaussian) reaching the small δ_err/(8N) of the per-PRV term.
-_SIZING_ORDERS: Final = tuple(
-    [*range(2, 33), 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024]
-)
+_SIZING_ORDERS: Final = tuple([*range(2, 33), 40, 48, 56, 64, 80, 96, 128, 192, 256, 384, 512, 768, 1024])
 _GL8: Final = np.polynomial.legendre.leggauss(8)
 _GL16: Final = np.polynomial.legendre.leggauss(16)
 
@@ -384,9 +382,7 @@ class _LaplacePrv(_Prv):
         # Mironov 2017, Prop. 6 (Laplace RDP), in log space.
         mu = self._mu
         a = orders
-        terms = np.logaddexp(
-            np.log(a / (2 * a - 1)) + (a - 1) * mu, np.log((a - 1) / (2 * a - 1)) - a * mu
-        )
+        terms = np.logaddexp(np.log(a / (2 * a - 1)) + (a - 1) * mu, np.log((a - 1) / (2 * a - 1)) - a * mu)
         result: FloatArray = terms / (a - 1)
         return result
 
@@ -481,7 +477,7 @@ def _plan(event: DpEvent) -> _Plan:
         )
         return _Plan({_PureDpPrv(epsilon): 1})
     if isinstance(event, OutputPerturbationEvent):
-        return _Plan({_PureDpPrv(event.epsilon): 1})
+        return _Plan({_PureDpPrv(output_perturbation_event_epsilon(event)): 1})
     if isinstance(event, PoissonSampledEvent):
         inner = event.event
         if isinstance(inner, GaussianEvent | AdaptiveGaussianEvent):
@@ -706,14 +702,16 @@ def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) 
     )
 
 
-def _tail_sums(composed: _Composed) -> tuple[npt.NDArray[np.longdouble], npt.NDArray[np.longdouble]]:
-    """d1[i] = Σ_{j≥i} pⱼ and d2[i] = Σ_{j≥i} pⱼ·e^{tᵢ−tⱼ}, in long double.
+def _tail_sums(
+    composed: _Composed, start: int
+) -> tuple[npt.NDArray[np.longdouble], npt.NDArray[np.longdouble]]:
+    """d1[i] = Σ_{j≥i} pⱼ and d2[i] = Σ_{j≥i} pⱼ·e^{tᵢ−tⱼ} for i ≥ ``start``, in long double.
 
     prv-accountant computes Σ pⱼe^{−tⱼ} and multiplies by e^{tᵢ}, which overflows for |t| beyond
     ~11000 (large ε); the relative form is the recurrence d2[i] = pᵢ + e^{−h}·d2[i+1] (a stable
-    first-order filter, every term ≤ 1).
+    first-order filter, every term ≤ 1). Tail sums need only the grid above ``start``.
     """
-    p = composed.pmf.astype(np.longdouble)
+    p = composed.pmf[start:].astype(np.longdouble)
     d1 = np.flip(np.cumsum(np.flip(p)))
     decay = np.exp(-np.longdouble(composed.h))
     d2 = np.flip(lfilter([np.longdouble(1)], [np.longdouble(1), -decay], np.flip(p)))
@@ -734,17 +732,19 @@ def _epsilon_bounds(composed: _Composed, delta: float) -> tuple[float, float, fl
         )
     if np.finfo(np.longdouble).eps * composed.pmf.size > delta_fin - slack:
         raise _PrvFailure("floating-point errors dominate for such a small delta")
-    d1, d2 = _tail_sums(composed)
-    ndelta = d2 - d1  # −δ(tᵢ) on the grid, non-decreasing in i
+    # Only ε ≥ 0 matters: start at the last grid point ≤ 0 (δ there ≥ δ(0)).
+    start = max(0, min(composed.pmf.size - 1, math.floor(-composed.t_min / composed.h)))
+    d1, d2 = _tail_sums(composed, start)
+    ndelta = d2 - d1  # −δ(tᵢ) on the grid from ``start``, non-decreasing
 
     def find(target: float) -> float:
         # For ε ∈ [t_{i−1}, tᵢ]: δ(ε) = d1[i] − e^{ε−tᵢ}·d2[i].
         i = int(np.searchsorted(ndelta, -target, side="left"))
         if i <= 0:
-            return 0.0  # δ(t_min) ≤ target with t_min < 0: ε = 0 already suffices
+            return 0.0  # δ(t_start) ≤ target with t_start ≤ 0: ε = 0 already suffices
         if i >= ndelta.size:
             raise _PrvFailure("epsilon lies beyond the PRV domain")
-        t_i = composed.t_min + i * composed.h
+        t_i = composed.t_min + (start + i) * composed.h
         return float(t_i + np.log((d1[i] - np.longdouble(target)) / d2[i]))
 
     upper = find(delta_fin - slack) + composed.eps_error + composed.extra_epsilon

@@ -10,6 +10,7 @@ advisory lock, so two processes starting at once cannot migrate concurrently.
 from __future__ import annotations
 
 import os
+from logging.config import fileConfig
 
 from sqlalchemy import text
 from sqlalchemy.pool import NullPool
@@ -23,6 +24,8 @@ _MIGRATION_LOCK_KEY = 0x4C4544474552
 
 config = context.config
 target_metadata = Base.metadata
+if config.config_file_name is not None and config.attributes.get("url") is None:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)  # the command line
 
 
 def _url() -> object:
@@ -54,6 +57,8 @@ def run_migrations_online() -> None:
                 connection=connection,
                 target_metadata=target_metadata,
                 render_as_batch=is_sqlite,
+                # SQLite's DDL is transactional once the engine emits BEGIN itself (it does).
+                transactional_ddl=True,
                 compare_type=True,
             )
             with context.begin_transaction():

@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import multiprocessing as mp
+import os
 import platform
 import statistics
 import sys
@@ -112,7 +113,8 @@ def _capped(fn: Callable[[], Any], cap_s: float) -> tuple[float | None, Any, str
 
 
 def bench_homogeneous(quick: bool) -> list[dict[str, Any]]:
-    q, sigma, steps = HOMOGENEOUS["sampling_probability"], HOMOGENEOUS["noise_multiplier"], HOMOGENEOUS["steps"]
+    q, sigma = HOMOGENEOUS["sampling_probability"], HOMOGENEOUS["noise_multiplier"]
+    steps = HOMOGENEOUS["steps"]
     event = _entry_event(q, sigma, int(steps))
     rows: list[dict[str, Any]] = []
 
@@ -137,22 +139,28 @@ def bench_homogeneous(quick: bool) -> list[dict[str, Any]]:
         from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
 
         acc = PRVAccountant(
-            prvs=[PoissonSubsampledGaussianMechanism(q, sigma)], max_self_compositions=[int(steps)],
-            eps_error=0.1, delta_error=DELTA / 1000,
+            prvs=[PoissonSubsampledGaussianMechanism(q, sigma)],
+            max_self_compositions=[int(steps)],
+            eps_error=0.1,
+            delta_error=DELTA / 1000,
         )
-        lower, estimate, upper = acc.compute_epsilon(DELTA, [int(steps)])
-        return {"epsilon": upper, "estimate": estimate, "note": "eps_error=0.1 (0.01 does not fit in memory)"}
+        _, estimate, upper = acc.compute_epsilon(DELTA, [int(steps)])
+        return {
+            "epsilon": upper,
+            "estimate": estimate,
+            "note": "eps_error 0.01 needs a 10^7-point long-double grid",
+        }
 
     cap = 120.0 if quick else 600.0
-    for label, fn in [
-        ("ours rdp", ours("rdp")),
-        ("ours prv", ours("prv")),
-        ("dp-accounting RDP", dpa_rdp),
-        ("dp-accounting PLD", dpa_pld),
-        ("prv-accountant PRVAccountant", prv_direct),
+    for label, fn, vs in [
+        ("ours rdp", ours("rdp"), None),
+        ("ours prv", ours("prv"), None),
+        ("dp-accounting RDP", dpa_rdp, "ours rdp"),
+        ("dp-accounting PLD", dpa_pld, "ours prv"),
+        ("prv-accountant PRVAccountant (eps_error 0.1)", prv_direct, "ours prv"),
     ]:
         seconds, result, status = _capped(fn, cap)
-        row = {"case": "a", "what": label, "seconds": seconds, "status": status}
+        row = {"case": "a", "what": label, "seconds": seconds, "status": status, "vs": vs}
         if result:
             row.update(result)
         rows.append(row)
@@ -201,9 +209,7 @@ def _ours_prv_plan(params: list[tuple[float, float]]) -> dict[str, Any]:
     return {"epsilon": bound.upper, "estimate": bound.estimate, "method": bound.method, "note": bound.note}
 
 
-def _one_at_a_time(
-    step: Callable[[int], float], entries: int, cap_s: float | None
-) -> dict[str, Any]:
+def _one_at_a_time(step: Callable[[int], float], entries: int, cap_s: float | None) -> dict[str, Any]:
     """Run admissions 1..entries (each returning ε), stopping at ``cap_s``; extrapolate the rest.
 
     The extrapolation fits time-per-admission = a + b·i (least squares) on the admissions that
@@ -240,16 +246,57 @@ def _one_at_a_time(
     }
 
 
-def bench_plan(quick: bool) -> list[dict[str, Any]]:
+def bench_plan(quick: bool, cap_s: float | None) -> list[dict[str, Any]]:
     params = _plan_parameters()
     rows: list[dict[str, Any]] = []
 
-    seconds, result = _timed(lambda: _filter_admissions(params))
-    rows.append({"case": "b", "what": "ours RDP-filter admission (200 admissions)", **result})
+    filter_label = "ours RDP-filter admission, one at a time"
+    plan_label = "ours tight PRV of the whole plan"
+    result = _filter_admissions(params)
+    rows.append({"case": "b", "what": filter_label, **result})
     seconds, result = _timed(lambda: _ours_prv_plan(params))
-    rows.append({"case": "b", "what": "ours tight PRV of the whole plan", "seconds": seconds, **result})
+    rows.append({"case": "b", "what": plan_label, "seconds": seconds, **result})
 
-    cap = 20.0 if quick else None
+    def dpa_pld_once() -> dict[str, Any]:
+        from dp_accounting.pld import PLDAccountant
+
+        acc = PLDAccountant()
+        for q, sigma in params:
+            acc.compose(_dpa_event(q, sigma, PLAN_STEPS))
+        return {"epsilon": float(acc.get_epsilon(DELTA))}
+
+    # prv-accountant on the whole plan takes ~6 min at eps_error 0.01 (a long-double grid of
+    # millions of points per PRV); --quick runs it at its "typical" 0.1 instead, labelled.
+    prv_eps_error = 0.1 if quick else 0.01
+
+    def prv_once() -> dict[str, Any]:
+        from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+
+        prvs = [PoissonSubsampledGaussianMechanism(q, s) for q, s in params]
+        counts = [PLAN_STEPS] * len(prvs)
+        acc = PRVAccountant(
+            prvs=prvs, max_self_compositions=counts, eps_error=prv_eps_error, delta_error=DELTA / 1000
+        )
+        _, estimate, upper = acc.compute_epsilon(DELTA, counts)
+        return {"epsilon": float(upper), "estimate": float(estimate)}
+
+    for label, fn in [
+        ("dp-accounting PLD, whole plan once", dpa_pld_once),
+        (f"prv-accountant PRVAccountant, whole plan once (eps_error {prv_eps_error})", prv_once),
+    ]:
+        seconds, result, status = _capped(fn, 900.0)
+        rows.append(
+            {
+                "case": "b",
+                "what": label,
+                "seconds": seconds,
+                "status": status,
+                "vs": plan_label,
+                **(result or {}),
+            }
+        )
+
+    cap = cap_s if cap_s is not None else (20.0 if quick else None)
 
     def dpa_rdp() -> dict[str, Any]:
         from dp_accounting.rdp import RdpAccountant
@@ -283,7 +330,9 @@ def bench_plan(quick: bool) -> list[dict[str, Any]]:
         def step(i: int) -> float:
             counts = [PLAN_STEPS] * (i + 1)
             acc = PRVAccountant(
-                prvs=prvs[: i + 1], max_self_compositions=counts, eps_error=0.01,
+                prvs=prvs[: i + 1],
+                max_self_compositions=counts,
+                eps_error=0.01,
                 delta_error=DELTA / 1000,
             )
             return float(acc.compute_epsilon(DELTA, counts)[2])
@@ -296,7 +345,7 @@ def bench_plan(quick: bool) -> list[dict[str, Any]]:
         ("prv-accountant, recomputed after each admission (eps_error 0.01)", prv_direct),
     ]:
         result = fn()
-        rows.append({"case": "b", "what": label, **result})
+        rows.append({"case": "b", "what": label, "vs": filter_label, **result})
     return rows
 
 
@@ -313,7 +362,8 @@ def bench_history(quick: bool) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     params = _plan_parameters(20)
     history_events = [
-        _entry_event(q, s, 1) for q, s in params  # 20 distinct one-step charges, cycled
+        _entry_event(q, s, 1)
+        for q, s in params  # 20 distinct one-step charges, cycled
     ]
     new_charge = rules.Charge(event=_entry_event(0.005, 1.3, 1))
     for accountant_name in ("rdp", "basic"):
@@ -337,17 +387,69 @@ def bench_history(quick: bool) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             admission = rules.reserve(budget, state, new)
             timings.append(time.perf_counter() - t0)
-        rows.append(
-            {
-                "case": "c",
-                "what": f"rules.reserve, sequential/{accountant_name}, history of {HISTORY} charges",
-                "seconds": statistics.median(timings),
-                "p95_seconds": float(np.percentile(timings, 95)),
-                "epsilon": float(admission.state.epsilon_spent + admission.state.epsilon_held),
-                "epsilon_history": float(state.epsilon_spent),
-                "history_build_seconds": build_s,
-            }
-        )
+        row: dict[str, Any] = {
+            "case": "c",
+            "what": f"rules.reserve, sequential/{accountant_name}, history of {HISTORY} charges",
+            "seconds": statistics.median(timings),
+            "p95_seconds": float(np.percentile(timings, 95)),
+            "epsilon": float(admission.state.epsilon_spent + admission.state.epsilon_held),
+            "epsilon_history": float(state.epsilon_spent),
+            "history_build_seconds": build_s,
+        }
+        held = admission.state
+        if accountant_name == "rdp" and held.rdp_spent is not None and budget.orders is not None:
+            from accountant.exact import exact_add
+            from accountant.filter import rdp_epsilon
+
+            sums = [
+                exact_add(a, b)
+                for a, b in zip(
+                    held.rdp_spent, held.rdp_held or [Decimal(0)] * len(held.rdp_spent), strict=True
+                )
+            ]
+            row["epsilon_no_split"] = float(rdp_epsilon(sums, budget.orders, DELTA))
+            row["admitted"] = HISTORY + 1
+        rows.append(row)
+    ours_label = f"rules.reserve, sequential/rdp, history of {HISTORY} charges"
+    per_event = HISTORY // len(params)
+
+    def dpa(kind: str) -> Callable[[], Any]:
+        def run() -> Any:
+            from dp_accounting.pld import PLDAccountant
+            from dp_accounting.rdp import RdpAccountant
+
+            acc = RdpAccountant() if kind == "rdp" else PLDAccountant()
+            for q, sigma in params:
+                acc.compose(_dpa_event(q, sigma, 1), per_event)
+            t0 = time.perf_counter()
+            acc.compose(_dpa_event(0.005, 1.3, 1))
+            epsilon = float(acc.get_epsilon(DELTA))
+            return {"admission_seconds": time.perf_counter() - t0, "epsilon": epsilon}
+
+        return run
+
+    def prv_recompute() -> Any:
+        from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+
+        prvs = [PoissonSubsampledGaussianMechanism(q, s) for q, s in params]
+        prvs.append(PoissonSubsampledGaussianMechanism(0.005, 1.3))
+        counts = [per_event] * len(params) + [1]
+        t0 = time.perf_counter()
+        acc = PRVAccountant(prvs=prvs, max_self_compositions=counts, eps_error=0.01, delta_error=DELTA / 1000)
+        upper = float(acc.compute_epsilon(DELTA, counts)[2])
+        return {"admission_seconds": time.perf_counter() - t0, "epsilon": upper}
+
+    for label, fn in [
+        ("dp-accounting RDP: compose 1 + get_epsilon on the history", dpa("rdp")),
+        ("dp-accounting PLD: compose 1 + get_epsilon on the history", dpa("pld")),
+        ("prv-accountant: recompute with 1 more (eps_error 0.01)", prv_recompute),
+    ]:
+        _, result, status = _capped(fn, 600.0)
+        row = {"case": "c", "what": label, "status": status, "vs": ours_label}
+        if result:
+            row.update(result)
+            row["seconds"] = result["admission_seconds"]
+        rows.append(row)
     return rows
 
 
@@ -365,20 +467,21 @@ def _fmt_seconds(value: float | None) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    reference: dict[str, float] = {}
-    for row in rows:
-        if row["what"] in ("ours prv", "ours tight PRV of the whole plan") and row.get("seconds"):
-            reference[row["case"]] = float(row["seconds"])
-    print(f"{'case':<5}{'what':<68}{'time':>11}{'× ours':>9}{'epsilon':>11}  note")
+    """One line per measurement; "× ours" is the time over the like-for-like row of ours."""
+    seconds_of = {(row["case"], row["what"]): row.get("seconds") for row in rows}
+    print(f"{'case':<5}{'what':<68}{'time':>11}{'× ours':>10}{'epsilon':>11}  note")
     for row in rows:
         seconds = row.get("seconds")
         ratio = ""
-        ref = reference.get(row["case"])
-        if seconds and ref and row["case"] != "c":
-            ratio = f"{seconds / ref:.1f}"
+        ours = seconds_of.get((row["case"], row.get("vs") or ""))
+        if seconds and ours:
+            ratio = f"{seconds / ours:,.0f}" if seconds / ours >= 100 else f"{seconds / ours:.1f}"
+            row["ratio_to_ours"] = seconds / ours
         eps = row.get("epsilon")
         eps_text = "—" if eps is None else f"{eps:.4f}"
         notes = []
+        if row.get("vs"):
+            notes.append(f"vs '{row['vs']}'")
         if row.get("extrapolated"):
             notes.append(
                 f"EXTRAPOLATED from {row['admissions_run']} admissions "
@@ -391,31 +494,74 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         if row.get("note"):
             notes.append(str(row["note"]))
         if "epsilon_no_split" in row:
-            notes.append(f"no-split RDP ε {row['epsilon_no_split']:.4f}, {row['admitted']} admitted")
+            notes.append(
+                f"ε = filter's guarantee (δ split over orders); same sums without split "
+                f"{row['epsilon_no_split']:.4f}; {row['admitted']} admitted"
+            )
         if "p95_seconds" in row:
-            notes.append(f"p95 {_fmt_seconds(row['p95_seconds'])}, build {row['history_build_seconds']:.1f} s")
-        print(f"{row['case']:<5}{row['what']:<68}{_fmt_seconds(seconds):>11}{ratio:>9}{eps_text:>11}  {'; '.join(notes)}")
+            p95 = _fmt_seconds(row["p95_seconds"])
+            notes.append(f"p95 {p95}, history built in {row['history_build_seconds']:.1f} s")
+        timing = f"{_fmt_seconds(seconds):>11}{ratio:>10}{eps_text:>11}"
+        print(f"{row['case']:<5}{row['what']:<68}{timing}  {'; '.join(notes)}")
+
+
+def _warm_up() -> None:
+    """Import every library once in the parent, so no timing includes an import."""
+    import dp_accounting
+    import prv_accountant  # noqa: F401
+    from dp_accounting.pld import PLDAccountant  # noqa: F401
+    from dp_accounting.rdp import RdpAccountant  # noqa: F401
+
+    make_accountant("basic").compose(ev.LaplaceEvent(1.0)).get_epsilon(DELTA)
+    for name in ("rdp", "prv"):
+        make_accountant(name).compose(_entry_event(0.01, 1.0, 2)).get_epsilon(DELTA)
+    dp_accounting.rdp.RdpAccountant().compose(_dpa_event(0.01, 1.0, 2)).get_epsilon(DELTA)
+    try:
+        import accountant.filter
+        import accountant.rules  # noqa: F401
+    except ImportError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="cap the slow competitors and extrapolate")
     parser.add_argument("--only", choices=("a", "b", "c"), action="append", help="run only these cases")
+    parser.add_argument(
+        "--cap",
+        type=float,
+        help="seconds each one-at-a-time competitor in (b) may run before extrapolating "
+        "(default: 20 with --quick, none without)",
+    )
     args = parser.parse_args(argv)
     cases = args.only or ["a", "b", "c"]
+    load_before = os.getloadavg()
+    _warm_up()
     rows: list[dict[str, Any]] = []
     if "a" in cases:
         rows += bench_homogeneous(args.quick)
     if "b" in cases:
-        rows += bench_plan(args.quick)
+        rows += bench_plan(args.quick, args.cap)
     if "c" in cases:
         rows += bench_history(args.quick)
     _print_table(rows)
+    load_after = os.getloadavg()
+    print(
+        f"\nload average (1, 5, 15 min) before {load_before[0]:.1f} {load_before[1]:.1f} "
+        f"{load_before[2]:.1f}, after {load_after[0]:.1f} {load_after[1]:.1f} {load_after[2]:.1f} "
+        f"on {mp.cpu_count()} CPUs (other work on the machine slows every row alike)"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     payload = {
-        "command": "python bench/accountant.py" + (" --quick" if args.quick else ""),
+        "command": " ".join(["python", "bench/accountant.py", *(argv if argv is not None else sys.argv[1:])]),
         "delta": DELTA,
-        "machine": {"python": platform.python_version(), "cpus": mp.cpu_count(), "platform": platform.platform()},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": mp.cpu_count(),
+            "platform": platform.platform(),
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
         "rows": rows,
     }
     RESULTS.write_text(json.dumps(payload, indent=2, default=str) + "\n")

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -51,7 +51,7 @@ def field_path(loc: Sequence[int | str]) -> str:
     if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
         where = parts.pop(0)
         if where == "header" and parts:
-            return f"header {str(parts[0]).title()}"
+            return str(parts[0]).title()  # the header's name: "Idempotency-Key"
     path = ""
     for part in parts:
         if isinstance(part, int):
@@ -119,9 +119,9 @@ def _split(dotted: str) -> list[str | int]:
     return out
 
 
-def error_response(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> (
-    JSONResponse
-):
+def error_response(
+    status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(status_code=status, content=body, headers=headers)
 
 

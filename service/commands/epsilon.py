@@ -101,9 +101,7 @@ def _event(args: argparse.Namespace) -> DpEvent:
         except EventValidationError as exc:
             raise _UsageError(f"--event: {exc}") from None
     if not given:
-        raise _UsageError(
-            "give --event JSON, or --noise-multiplier, --sampling-probability and --steps."
-        )
+        raise _UsageError("give --event JSON, or --noise-multiplier, --sampling-probability and --steps.")
     missing = [name for name, value in shorthand.items() if value is None]
     if missing:
         raise _UsageError(f"{', '.join(missing)} is required with {', '.join(given)}.")

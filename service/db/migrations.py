@@ -8,6 +8,7 @@ editable install (``pip install -e .``).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from alembic.config import Config
@@ -41,14 +42,24 @@ def alembic_config(url: str | URL) -> Config:
     return config
 
 
+# Alembic's ``context`` is one object per process: commands in several threads would share it.
+_ALEMBIC = threading.Lock()
+
+
 def upgrade(url: str | URL, revision: str = "head") -> None:
-    """Migrate the database at ``url`` up to ``revision`` (default: the newest)."""
-    command.upgrade(alembic_config(url), revision)
+    """Migrate the database at ``url`` up to ``revision`` (default: the newest).
+
+    Safe to run from several processes at once: PostgreSQL migrations take an advisory lock and
+    SQLite ones run inside ``BEGIN IMMEDIATE``; the later ones find the schema up to date.
+    """
+    with _ALEMBIC:
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str | URL, revision: str) -> None:
     """Migrate the database at ``url`` down to ``revision`` (``"base"``: no tables at all)."""
-    command.downgrade(alembic_config(url), revision)
+    with _ALEMBIC:
+        command.downgrade(alembic_config(url), revision)
 
 
 def current_revision(url: str | URL) -> str | None:

@@ -10,8 +10,9 @@
   (SQLAlchemy's documented recipe). Read-only sessions use a deferred ``BEGIN``.
 * **PostgreSQL**: READ COMMITTED; a spend transaction takes ``SELECT … FOR UPDATE`` on the
   dataset's row, the *ledger head* (``lock_ledger_head``), so spends on one dataset are
-  serialised while other datasets proceed. Locks are always taken in the order dataset head →
-  audit head, so spends cannot deadlock.
+  serialised while other datasets proceed. A transaction locks at most one ledger head (and
+  tenant/key events the global audit head, never together with a ledger head), so spends cannot
+  deadlock.
 
 Integrity errors are translated here and nowhere else: a violation of a named unique constraint
 becomes the domain error registered for that name in ``CONSTRAINT_ERRORS``, raised ``from exc``.

@@ -39,7 +39,8 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from collections import deque
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -483,23 +484,28 @@ class _Work:
         self.events.append((event, at))
 
     def set_state(self, batch_id: str, state: BatchState) -> None:
+        """Store a batch's new state and raise the task's and the dataset's maxima with it."""
+        before = self.states[batch_id]
         self.states[batch_id] = state
         self.dirty_batches.add(batch_id)
+        spent = (state.epsilon_spent, state.delta_spent, state.naive_epsilon)
+        if spent == (before.epsilon_spent, before.delta_spent, before.naive_epsilon):
+            return  # holds move, spend does not: no maximum changes
         head = self.head
         head.epsilon_spent = max(head.epsilon_spent, state.epsilon_spent)
         head.delta_spent = max(head.delta_spent, state.delta_spent)
         head.naive_epsilon = max(head.naive_epsilon, state.naive_epsilon)
         task_id = self.batch_task[batch_id]
-        if task_id in self.tasks:  # loaded with a reservation: a commit may raise it
-            eps, dlt, naive = self.tasks[task_id]
-            raised = (
-                max(eps, state.epsilon_spent),
-                max(dlt, state.delta_spent),
-                max(naive, state.naive_epsilon),
-            )
-            if raised != (eps, dlt, naive):
-                self.tasks[task_id] = raised
-                self.dirty_tasks.add(task_id)
+        if task_id not in self.tasks:  # commits load their tasks; load it if anything else spends
+            row = self.session.execute(
+                select(Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(Task.id == task_id)
+            ).one()
+            self.tasks[task_id] = tuple(row)
+        eps, dlt, naive = self.tasks[task_id]
+        raised = (max(eps, state.epsilon_spent), max(dlt, state.delta_spent), max(naive, state.naive_epsilon))
+        if raised != (eps, dlt, naive):
+            self.tasks[task_id] = raised
+            self.dirty_tasks.add(task_id)
 
     def put_reservation(self, r: _Loaded, *, new: bool = False) -> None:
         self.reservations[r.id] = r
@@ -964,6 +970,7 @@ def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) ->
         return results
     at = max(ops[i].at for i in active)
     due = _due_ids(session, dataset_id, at)  # before the lock: usually nothing
+    released = _released(session, [ops[i] for i in active])  # releases are never deleted
 
     stmt = select(*_HEAD_COLUMNS).where(Dataset.id == dataset_id)
     if session.get_bind().dialect.name != "sqlite":
@@ -996,7 +1003,7 @@ def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) ->
     work.load_reservations(reservation_ids)
     work.load_batches(batch_ids)
     task_batches = work.load_task_batches(task_ids)
-    work.released.update(_released(session, [ops[i] for i in active]))
+    work.released.update(released)
     expired_now = _expire_due(work, due, at)
 
     answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
@@ -1036,7 +1043,8 @@ def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) ->
                     "created_at": op.at,
                 }
             )
-    work.flush()
+    if work.events:  # every change is audited: no event, nothing changed (a refusal changes nothing)
+        work.flush()
     return results
 
 
@@ -1044,6 +1052,27 @@ def _is_transient(exc: OperationalError) -> bool:
     return getattr(exc.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES or "database is locked" in str(
         exc.orig
     )
+
+
+def _answer_raced_retries(db: Database, ops: Sequence[_Op], results: dict[int, _Result]) -> None:
+    """A retry can race its first attempt (in another process): its key lookup found nothing,
+    then the first attempt's commit made it fail (e.g. "already committed"). If an answer for
+    its key is stored now, that is its answer."""
+    refused = [
+        i
+        for i, op in enumerate(ops)
+        if op.key is not None
+        and isinstance(results[i][1], LedgerError)
+        and not isinstance(results[i][1], IdempotencyConflict)
+    ]
+    if not refused:
+        return
+    with db.session(readonly=True) as session:
+        stored = _stored_answers(session, [ops[i] for i in refused])
+    for i in refused:
+        hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
+        if hit is not None:
+            results[i] = _replay(ops[i], hit)
 
 
 def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
@@ -1069,6 +1098,7 @@ def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
         except Exception as exc:  # the group failed as a whole: isolate it
             failure = exc
         else:
+            _answer_raced_retries(db, ops, results)
             for i, op in enumerate(ops):
                 op.finish(*results[i])
             return
@@ -1111,15 +1141,16 @@ class _Combiner:
 
 
 _combiners_lock = threading.Lock()
+_combiners: weakref.WeakKeyDictionary[Database, dict[str, _Combiner]] = weakref.WeakKeyDictionary()
 
 
 def _combiner(db: Database, dataset_id: str) -> _Combiner:
-    registry: dict[str, _Combiner] = db.__dict__.setdefault("_ledger_combiners", {})
-    combiner = registry.get(dataset_id)
-    if combiner is None:
-        with _combiners_lock:
-            combiner = registry.setdefault(dataset_id, _Combiner())
-    return combiner
+    with _combiners_lock:
+        registry = _combiners.setdefault(db, {})
+        combiner = registry.get(dataset_id)
+        if combiner is None:
+            combiner = registry[dataset_id] = _Combiner()
+        return combiner
 
 
 def _submit(db: Database, op: _Op) -> dict[str, Any]:
@@ -1136,18 +1167,37 @@ def _keyed(op: _Op, key: str | None, request: Mapping[str, Any]) -> _Op:
     return op
 
 
+_OWNERS_SIZE: Final = 100_000
+_owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
+_owners_lock = threading.Lock()
+
+
+def _remember_owner(reservation_id: str, dataset_id: str, tenant_id: str) -> None:
+    with _owners_lock:
+        _owners[reservation_id] = (dataset_id, tenant_id)
+        if len(_owners) > _OWNERS_SIZE:
+            _owners.popitem(last=False)
+
+
 def _dataset_of(db: Database, tenant_id: str, reservation_id: str) -> str:
-    """The reservation's dataset (it never changes); ``NotFound`` for another tenant's."""
+    """The reservation's dataset; ``NotFound`` for another tenant's. A reservation's dataset and
+    tenant never change, so they are remembered (per process, by id)."""
     if not isinstance(reservation_id, str) or not reservation_id or len(reservation_id) > MAX_ID_LENGTH:
         raise NotFound("reservation", reservation_id)
-    with db.session(readonly=True) as session:
-        row = session.execute(
-            select(Reservation.dataset_id, Reservation.tenant_id).where(Reservation.id == reservation_id)
-        ).one_or_none()
-    if row is None or row.tenant_id != tenant_id:
+    with _owners_lock:
+        owner = _owners.get(reservation_id)
+    if owner is None:
+        with db.session(readonly=True) as session:
+            row = session.execute(
+                select(Reservation.dataset_id, Reservation.tenant_id).where(Reservation.id == reservation_id)
+            ).one_or_none()
+        if row is None:
+            raise NotFound("reservation", reservation_id)
+        owner = (row.dataset_id, row.tenant_id)
+        _remember_owner(reservation_id, *owner)
+    if owner[1] != tenant_id:
         raise NotFound("reservation", reservation_id)
-    dataset_id: str = row.dataset_id
-    return dataset_id
+    return owner[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1192,7 +1242,9 @@ def reserve(
         "event": document,
         "noise_commitment": noise_commitment,
     }
-    return _submit(db, _keyed(op, idempotency_key, request))
+    answer = _submit(db, _keyed(op, idempotency_key, request))
+    _remember_owner(answer["id"], dataset_id, tenant_id)
+    return answer
 
 
 def commit(

@@ -25,7 +25,7 @@ from service.db.base import utcnow
 from service.db.models import SCOPES, ApiKey, Tenant
 from service.db.session import Database
 from service.ledger import audit
-from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.errors import Conflict, InvalidInput, NotFound
 
 DEFAULT_TENANT: Final = "default"
 KEY_PREFIX: Final = "pl_"
@@ -191,9 +191,23 @@ def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -
 
 
 def ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
-    """Make ``key`` a valid ``admin`` key of tenant ``default`` (idempotent; run at start-up)."""
+    """Make ``key`` a valid ``admin`` key of tenant ``default`` (idempotent; run at start-up).
+
+    Several processes may start at once: the one that loses the race to create the tenant or the
+    key finds them on its next attempt.
+    """
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidInput("LEDGER_BOOTSTRAP_ADMIN_KEY", f"must be 1-{MAX_KEY_LENGTH} characters.")
+    for attempt in range(3):
+        try:
+            return _ensure_bootstrap_admin_key(db, key)
+        except Conflict:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
     digest = hash_key(key)
     now = utcnow()
     with db.session() as session:

@@ -36,6 +36,15 @@ Difference from the paper (why this is the *sound* variant).
   post-processing. E′[g²] is floored before use (``second_moment_floor`` absolute, and
   ``relative_second_moment_floor`` × its mean over coordinates — also a released value) so no
   sᵢ is zero and coordinates whose estimate fell to the floor can recover.
+  The per-step noise of that estimate is still proportional to E′[g²], so it can drift far up; by
+  default (``cap_total_sensitivity``) the sensitivities are scaled down uniformly so that
+  ‖s‖₂ ≤ C, which bounds the total noise by DP-SGD's (σᵢ scales with sᵢ, so Lemma 1's sum is
+  unchanged). Without the debiasing the run collapses to chance on builtin:digits; without the cap
+  it is fragile in β.
+  Defaults (β = 2, η = 0.02, γ = 0.1, γ′ = 0.9) are tuned on builtin:digits at ε = 2, δ = 1e-5
+  (about 70–80% test accuracy, below DP-SGD's ~92% there: with m ≈ 4,800 coordinates and lots of
+  ~64 records the per-coordinate noise σᵢ/(qN) is several times sᵢ, which hurts per-coordinate
+  clipping more than L2 clipping). The paper's β = 1.2 also trains.
   The paper also divides by the lot size L; as in DP-SGD we divide by the expected size q·N (the
   drawn size is private).
 """
@@ -56,8 +65,8 @@ from service.worker.dp_sgd import (
     TrainingError,
     TrainingPlan,
     _Run,
-    clipped_sum,
     clip_factors,
+    clipped_sum,
     gaussian_like,
     per_example_norms,
 )
@@ -80,7 +89,9 @@ class Lemma1Violation(TrainingError):
         self.limit = limit
 
 
-def lemma1_ratio(sensitivities: Mapping[str, torch.Tensor], noise_stddevs: Mapping[str, torch.Tensor]) -> float:
+def lemma1_ratio(
+    sensitivities: Mapping[str, torch.Tensor], noise_stddevs: Mapping[str, torch.Tensor]
+) -> float:
     """Σ sᵢ²/σᵢ² over every coordinate of every tensor, in float64 (a coordinate with sᵢ = 0 adds 0)."""
     total = []
     for name, s in sensitivities.items():
@@ -117,13 +128,14 @@ class AdaDpParams(DpSgdParams):
     ``warmup_steps`` minimum global-clipping steps; ``epsilon0`` ε₀ of the RMSProp denominator.
     """
 
-    beta: float = 3.0
+    beta: float = 2.0
     gamma: float = 0.1
     gamma_prime: float = 0.9
     local_clipping_threshold: float = 0.0
     warmup_steps: int = 20
     epsilon0: float = 1e-8
     debias_second_moment: bool = True
+    cap_total_sensitivity: bool = True
     second_moment_floor: float = 1e-12
     relative_second_moment_floor: float = 0.01
     learning_rate: float = 0.02
@@ -136,13 +148,14 @@ class AdaDpParams(DpSgdParams):
             raise InvalidParamsError("params.momentum", "is not an adadp param (RMSProp adapts the steps).")
         values = super(AdaDpParams, cls)._read(r)
         values.update(
-            beta=r.real("beta", 3.0, minimum=0, exclusive_minimum=True),
+            beta=r.real("beta", 2.0, minimum=0, exclusive_minimum=True),
             gamma=r.real("gamma", 0.1, minimum=0, maximum=1, exclusive_minimum=True),
             gamma_prime=r.real("gamma_prime", 0.9, minimum=0, maximum=0.9999),
             local_clipping_threshold=r.real("local_clipping_threshold", 0.0, minimum=0),
             warmup_steps=r.integer("warmup_steps", 20, minimum=1),
             epsilon0=r.real("epsilon0", 1e-8, minimum=0, exclusive_minimum=True),
             debias_second_moment=r.boolean("debias_second_moment", True),
+            cap_total_sensitivity=r.boolean("cap_total_sensitivity", True),
             second_moment_floor=r.real("second_moment_floor", 1e-12, minimum=0, exclusive_minimum=True),
             relative_second_moment_floor=r.real("relative_second_moment_floor", 0.01, minimum=0, maximum=1),
         )
@@ -188,6 +201,11 @@ class AdaDpTrainer(DpSgdTrainer):
                 m = sum(v.numel() for v in run.params.values())
                 scale = sigma_star * math.sqrt(m) * (1 + LEMMA1_SAFETY)
                 sens = {k: p.beta * v.sqrt() for k, v in floored.items()}  # sᵢ = β√E′ᵢ (line 9)
+                if p.cap_total_sensitivity:
+                    # ‖s‖₂ ≤ C: a runaway E′ estimate cannot make the noise worse than DP-SGD's.
+                    total = math.sqrt(math.fsum(float(v.square().sum().item()) for v in sens.values()))
+                    if total > p.max_grad_norm:
+                        sens = {k: v * (p.max_grad_norm / total) for k, v in sens.items()}
                 stds = {k: s * scale for k, s in sens.items()}  # σᵢ = βσ*√(m·E′ᵢ) (line 12)
                 summed = {k: g.clamp(min=-sens[k], max=sens[k]).sum(0) for k, g in grads.items()}
                 ratio = check_lemma1(sens, stds, sigma_star, step=step)

@@ -272,7 +272,9 @@ def check_records(data: LoadedData, batches: Mapping[str, Collection[str]]) -> N
     for records in batches.values():
         in_batches.update(records)
     in_source = Counter(data.record_ids)
-    duplicated = sorted({r for r, c in in_batches.items() if c > 1} | {r for r, c in in_source.items() if c > 1})
+    duplicated = sorted(
+        {r for r, c in in_batches.items() if c > 1} | {r for r, c in in_source.items() if c > 1}
+    )
     missing = sorted(in_batches.keys() - in_source.keys())
     unexpected = sorted(in_source.keys() - in_batches.keys())
     if missing or unexpected or duplicated:
@@ -337,7 +339,9 @@ def _build(
                 labels[mask].astype(np.int64),
             )
         )
-    test_splits = (TaskSplit(0, tuple(f"test-{i}" for i in range(len(test_y))), test_x, test_y),) if len(test_y) else ()
+    test_splits = (
+        (TaskSplit(0, tuple(f"test-{i}" for i in range(len(test_y))), test_x, test_y),) if len(test_y) else ()
+    )
     return LoadedData(
         uri=uri,
         train=tuple(train),
@@ -351,8 +355,10 @@ def _build(
 def _integer_array(uri: str, name: str, values: npt.NDArray[np.generic]) -> npt.NDArray[np.int64]:
     if values.dtype.kind in "iu":
         return values.astype(np.int64)
-    if values.dtype.kind == "f" and np.isfinite(values).all() and (values == np.round(values)).all():
-        return values.astype(np.int64)
+    if values.dtype.kind == "f":
+        floats = values.astype(np.float64)
+        if np.isfinite(floats).all() and (floats == np.round(floats)).all():
+            return floats.astype(np.int64)
     raise DataSourceError(f"data source {uri!r}: {name} must hold integers. Found dtype {values.dtype}.")
 
 
@@ -372,14 +378,18 @@ def _load_npz(uri: str, path: Path) -> LoadedData:
     except (OSError, ValueError) as exc:
         raise DataSourceError(f"data source {uri!r}: not a readable .npz file ({exc}).") from exc
     with archive:
-        arrays = {name: archive[name] for name in archive.files}
+        arrays: dict[str, npt.NDArray[np.generic]] = {
+            name: np.asarray(archive[name]) for name in archive.files
+        }
 
     def pick(*names: str, required: bool = True) -> npt.NDArray[np.generic] | None:
         for name in names:
             if name in arrays:
                 return arrays[name]
         if required:
-            raise DataSourceError(f"data source {uri!r}: the archive needs an array {' or '.join(map(repr, names))}.")
+            raise DataSourceError(
+                f"data source {uri!r}: the archive needs an array {' or '.join(map(repr, names))}."
+            )
         return None
 
     ids_raw = pick("record_id")
@@ -391,7 +401,11 @@ def _load_npz(uri: str, path: Path) -> LoadedData:
     ids = [x.decode() if isinstance(x, bytes) else str(x) for x in ids_raw.reshape(-1).tolist()]
     labels = _integer_array(uri, "label", labels_raw.reshape(-1))
     task_raw = pick("task", required=False)
-    tasks = _integer_array(uri, "task", task_raw.reshape(-1)) if task_raw is not None else np.zeros(len(ids), np.int64)
+    tasks = (
+        _integer_array(uri, "task", task_raw.reshape(-1))
+        if task_raw is not None
+        else np.zeros(len(ids), np.int64)
+    )
     test_x = pick("test_X", "test_features", required=False)
     test_y = pick("test_y", "test_label", required=False)
     if (test_x is None) != (test_y is None):
@@ -471,7 +485,7 @@ def _load_csv(uri: str, path: Path) -> LoadedData:
 
 def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """The fixed (train, test) indices into scikit-learn's digits: stratified, seed-independent."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
 
     labels = load_digits().target
     rng = np.random.default_rng(DIGITS_SPLIT_SEED)
@@ -486,7 +500,7 @@ def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
 
 
 def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
 
     bunch = load_digits()
     images = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 64)
@@ -499,6 +513,8 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
         feats = images[idx] if perm is None else images[idx][:, perm]
         return TaskSplit(task, tuple(ids[idx].tolist()), np.ascontiguousarray(feats), labels[idx])
 
+    train: tuple[TaskSplit, ...]
+    test: tuple[TaskSplit, ...]
     if kind == "digits":
         train = (split(0, train_idx, None),)
         test = (split(0, test_idx, None),)

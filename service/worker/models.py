@@ -158,13 +158,17 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
-            raise InvalidParamsError("params.model", f"must be one of {list(MODEL_KINDS)}. Found {self.kind!r}.")
+            raise InvalidParamsError(
+                "params.model", f"must be one of {list(MODEL_KINDS)}. Found {self.kind!r}."
+            )
         if self.kind == "cnn" and len(self.hidden) != 2:
             raise InvalidParamsError(
                 "params.hidden", f"must be two channel counts for the cnn. Found {list(self.hidden)}."
             )
         if not self.hidden or any(w < 1 or w > MAX_WIDTH for w in self.hidden):
-            raise InvalidParamsError("params.hidden", f"must be widths in [1, {MAX_WIDTH}]. Found {list(self.hidden)}.")
+            raise InvalidParamsError(
+                "params.hidden", f"must be widths in [1, {MAX_WIDTH}]. Found {list(self.hidden)}."
+            )
 
     @classmethod
     def read(cls, params: JobParams) -> ModelSpec:

@@ -15,8 +15,13 @@ from accountant.basic import BasicAccountant, epsilon_delta
 from accountant.mechanisms import l2dp_ml_epsilon
 
 L2DP = ev.FunctionalMechanismL2DPEvent(
-    epsilon1=0.5, epsilon2=0.25, input_dim=20, hidden_units=8, output_hidden_units=4,
-    batch_size=100, theta1_norm_bound=1.0,
+    epsilon1=0.5,
+    epsilon2=0.25,
+    input_dim=20,
+    hidden_units=8,
+    output_hidden_units=4,
+    batch_size=100,
+    theta1_norm_bound=1.0,
 )
 
 
@@ -59,7 +64,11 @@ def test_self_composed_multiplies_even_for_10_to_the_18() -> None:
 
 def test_paper_events() -> None:
     eps = l2dp_ml_epsilon(
-        epsilon1=0.5, epsilon2=0.25, input_dim=20, hidden_units=8, batch_size=100,
+        epsilon1=0.5,
+        epsilon2=0.25,
+        input_dim=20,
+        hidden_units=8,
+        batch_size=100,
         theta1_norm_bound=1.0,
     )
     assert epsilon_delta(L2DP) == (eps, 0.0)
@@ -88,7 +97,10 @@ def test_no_op_costs_nothing() -> None:
         (ev.SampledWithoutReplacementEvent(10, 100, ev.LaplaceEvent(1.0)), "sampled_without_replacement"),
         (
             ev.ComposedEvent(
-                (ev.PureDpEvent(1.0), ev.SelfComposedEvent(ev.PoissonSampledEvent(0.1, ev.GaussianEvent(1.0)), 5))
+                (
+                    ev.PureDpEvent(1.0),
+                    ev.SelfComposedEvent(ev.PoissonSampledEvent(0.1, ev.GaussianEvent(1.0)), 5),
+                )
             ),
             "gaussian",
         ),

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import ClassVar
 
@@ -20,8 +21,13 @@ from accountant.base import EpsilonBound, PrivacyAccountant, UnsupportedEventErr
 GAUSSIAN = ev.GaussianEvent(noise_multiplier=1.2)
 SAMPLED = ev.PoissonSampledEvent(sampling_probability=0.01, event=ev.GaussianEvent(1.0))
 L2DP = ev.FunctionalMechanismL2DPEvent(
-    epsilon1=0.1, epsilon2=0.05, input_dim=10, hidden_units=4, output_hidden_units=3,
-    batch_size=5, theta1_norm_bound=1.0,
+    epsilon1=0.1,
+    epsilon2=0.05,
+    input_dim=10,
+    hidden_units=4,
+    output_hidden_units=3,
+    batch_size=5,
+    theta1_norm_bound=1.0,
 )
 
 # One of every kind (and a few nestings); each accountant supports a subset of them.
@@ -106,7 +112,7 @@ class AccountantContract:
 
     def test_monotone_in_count(self) -> None:
         uppers = [self.bound(self.finite_event, count).upper for count in (1, 3, 10, 100)]
-        assert all(a <= b for a, b in zip(uppers, uppers[1:], strict=False)), uppers
+        assert all(a <= b for a, b in itertools.pairwise(uppers)), uppers
         assert uppers[0] > 0
 
     def test_bounds_are_ordered(self) -> None:

@@ -13,6 +13,7 @@ from scipy import stats
 
 from accountant import mechanisms as mech
 from accountant.base import InvalidArgumentError
+from accountant.events import OutputPerturbationEvent
 
 # ---------------------------------------------------------------------------------------------
 # L2DP-ML, Theorem 2
@@ -23,7 +24,11 @@ def test_l2dp_ml_epsilon_matches_theorem_2_by_hand() -> None:
     # d = 784, |h1| = 100 → Δ_R = 784·102 = 79968; |B| = 1000, ‖θ̄1‖ = 2:
     # γx = 79.968, γ = 2·79968/(1000·2) = 79.968; ε = 1 + 1/79.968 + 1/79.968 + 0.5.
     eps = mech.l2dp_ml_epsilon(
-        epsilon1=1.0, epsilon2=0.5, input_dim=784, hidden_units=100, batch_size=1000,
+        epsilon1=1.0,
+        epsilon2=0.5,
+        input_dim=784,
+        hidden_units=100,
+        batch_size=1000,
         theta1_norm_bound=2.0,
     )
     assert eps == pytest.approx(1.5 + 2 / 79.968, rel=1e-15)
@@ -31,14 +36,22 @@ def test_l2dp_ml_epsilon_matches_theorem_2_by_hand() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    e1=st.floats(1e-3, 10), e2=st.floats(1e-3, 10), d=st.integers(1, 5000),
-    h1=st.integers(1, 2000), batch=st.integers(1, 100_000), theta=st.floats(1e-3, 100),
+    e1=st.floats(1e-3, 10),
+    e2=st.floats(1e-3, 10),
+    d=st.integers(1, 5000),
+    h1=st.integers(1, 2000),
+    batch=st.integers(1, 100_000),
+    theta=st.floats(1e-3, 100),
 )
 def test_l2dp_ml_epsilon_is_the_exact_value_rounded_up(
     e1: float, e2: float, d: int, h1: int, batch: int, theta: float
 ) -> None:
     eps = mech.l2dp_ml_epsilon(
-        epsilon1=e1, epsilon2=e2, input_dim=d, hidden_units=h1, batch_size=batch,
+        epsilon1=e1,
+        epsilon2=e2,
+        input_dim=d,
+        hidden_units=h1,
+        batch_size=batch,
         theta1_norm_bound=theta,
     )
     delta_r = Fraction(d * (h1 + 2))
@@ -56,12 +69,22 @@ def test_l2dp_ml_epsilon_grows_with_batch_size_and_norm_bound() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("epsilon1", math.nan), ("epsilon2", -1.0), ("input_dim", 0), ("hidden_units", 1.5),
-     ("batch_size", True), ("theta1_norm_bound", math.inf)],
+    [
+        ("epsilon1", math.nan),
+        ("epsilon2", -1.0),
+        ("input_dim", 0),
+        ("hidden_units", 1.5),
+        ("batch_size", True),
+        ("theta1_norm_bound", math.inf),
+    ],
 )
 def test_l2dp_ml_epsilon_errors_name_field_and_value(field: str, value: object) -> None:
     kwargs: dict[str, object] = dict(
-        epsilon1=1.0, epsilon2=1.0, input_dim=10, hidden_units=5, batch_size=10,
+        epsilon1=1.0,
+        epsilon2=1.0,
+        input_dim=10,
+        hidden_units=5,
+        batch_size=10,
         theta1_norm_bound=1.0,
     )
     kwargs[field] = value
@@ -80,6 +103,17 @@ def test_output_perturbation_sensitivity_and_epsilon() -> None:
     sens = mech.output_perturbation_l2_sensitivity(lipschitz=1.0, regularization=0.01, dataset_size=1000)
     assert sens == pytest.approx(0.2, rel=1e-15) and Fraction(sens) >= Fraction(2) / 10
     assert mech.output_perturbation_epsilon(l2_sensitivity=sens, noise_scale=sens / 0.5) == pytest.approx(0.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(sens=st.floats(1e-6, 1e3), eps=st.floats(1e-6, 1e3))
+def test_output_perturbation_event_charges_the_noise_actually_drawn(sens: float, eps: float) -> None:
+    # The trainer draws noise of scale b = fl(Δ₂/ε); the charge is ≥ both ε and the exact Δ₂/b.
+    event = OutputPerturbationEvent(l2_sensitivity=sens, epsilon=eps)
+    charged = mech.output_perturbation_event_epsilon(event)
+    assert charged >= eps
+    assert Fraction(charged) >= Fraction(sens) / Fraction(event.noise_scale)
+    assert charged == pytest.approx(eps, rel=1e-15)
 
 
 def test_continual_release_noise_scale_is_4L_over_lambda_2k_B_epsilon() -> None:

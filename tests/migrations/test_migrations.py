@@ -3,7 +3,11 @@ revision must downgrade and upgrade again, on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +89,37 @@ def test_script_folder_never_shadows_the_alembic_library() -> None:
     assert Path(alembic.__file__).resolve().parent != location.resolve()
     for path in (location / "versions").glob("*.py"):  # named <yyyy_mm_dd>_<slug>.py
         assert re.fullmatch(r"\d{4}_\d{2}_\d{2}_[a-z0-9_]+", path.stem), path.name
+
+
+def test_concurrent_upgrades_migrate_once(empty_database_url: URL) -> None:
+    """Several processes starting at once (``ledger serve`` workers) may all migrate; so may
+    several threads of one process."""
+    url = empty_database_url.render_as_string(hide_password=False)
+    script = f"from service.db.migrations import upgrade; upgrade({url!r})"
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    children = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE) for _ in range(3)
+    ]
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            migrations.upgrade(empty_database_url)
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for child in children:
+        _, stderr = child.communicate(timeout=120)
+        assert child.returncode == 0, stderr.decode()
+    assert not errors
+    assert migrations.is_up_to_date(empty_database_url)
+    assert _diff(empty_database_url) == []

@@ -29,7 +29,11 @@ def test_real_console_entry_point_prints_json() -> None:
     # The module entry point as a user runs it (``ledger`` is ``service.cli:main``).
     proc = subprocess.run(
         [sys.executable, "-m", "service.cli", "epsilon", *DP_SGD, "--delta", "1e-5"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -60,8 +64,17 @@ def test_shorthand_equals_the_event_form(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_opacus_golden_value_with_prv(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(
-        capsys, "--noise-multiplier", "1.5", "--sampling-probability", "0.04", "--steps", "2250",
-        "--delta", "1e-5", "--accountant", "prv",
+        capsys,
+        "--noise-multiplier",
+        "1.5",
+        "--sampling-probability",
+        "0.04",
+        "--steps",
+        "2250",
+        "--delta",
+        "1e-5",
+        "--accountant",
+        "prv",
     )
     assert code == 0 and out is not None
     assert out["method"] == "prv"
@@ -71,8 +84,14 @@ def test_opacus_golden_value_with_prv(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_basic_accountant_and_infinity_as_a_string(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(
-        capsys, "--event", '{"kind": "composed", "events": [{"kind": "laplace", "scale": 2.0},'
-        ' {"kind": "pure_dp", "epsilon": 0.25}]}', "--delta", "0", "--accountant", "basic",
+        capsys,
+        "--event",
+        '{"kind": "composed", "events": [{"kind": "laplace", "scale": 2.0},'
+        ' {"kind": "pure_dp", "epsilon": 0.25}]}',
+        "--delta",
+        "0",
+        "--accountant",
+        "basic",
     )
     assert code == 0 and out is not None
     assert out["epsilon"] == {"lower": 0.75, "estimate": 0.75, "upper": 0.75}
@@ -97,31 +116,57 @@ def test_prv_fallback_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize(
     ("argv", "names"),
     [
-        (["--event", '{"kind": "gaussian", "noise_multiplier": "x"}', "--delta", "1e-5"],
-         "event.noise_multiplier"),
-        (["--event", '{"kind": "poisson_sampled", "sampling_probability": 1.5, "event": '
-          '{"kind": "gaussian", "noise_multiplier": 1.0}}', "--delta", "1e-5"],
-         "event.sampling_probability"),
+        (
+            ["--event", '{"kind": "gaussian", "noise_multiplier": "x"}', "--delta", "1e-5"],
+            "event.noise_multiplier",
+        ),
+        (
+            [
+                "--event",
+                '{"kind": "poisson_sampled", "sampling_probability": 1.5, "event": '
+                '{"kind": "gaussian", "noise_multiplier": 1.0}}',
+                "--delta",
+                "1e-5",
+            ],
+            "event.sampling_probability",
+        ),
         (["--event", "{not json", "--delta", "1e-5"], "--event"),
         (["--event", '{"kind": "nope"}', "--delta", "1e-5"], "event.kind"),
         ([*DP_SGD, "--delta", "nan"], "--delta"),
         ([*DP_SGD, "--delta", "1.5"], "--delta"),
         ([*DP_SGD, "--delta", "abc"], "--delta"),
         (["--noise-multiplier", "1.1", "--steps", "10", "--delta", "1e-5"], "--sampling-probability"),
-        (["--noise-multiplier", "-1", "--sampling-probability", "0.1", "--steps", "10",
-          "--delta", "1e-5"], "--noise-multiplier"),
-        (["--noise-multiplier", "1", "--sampling-probability", "0", "--steps", "10",
-          "--delta", "1e-5"], "--sampling-probability"),
-        (["--noise-multiplier", "1", "--sampling-probability", "0.1", "--steps", "0",
-          "--delta", "1e-5"], "--steps"),
-        (["--noise-multiplier", "1", "--sampling-probability", "0.1", "--steps", "2.5",
-          "--delta", "1e-5"], "--steps"),
+        (
+            ["--noise-multiplier", "-1", "--sampling-probability", "0.1", "--steps", "10", "--delta", "1e-5"],
+            "--noise-multiplier",
+        ),
+        (
+            ["--noise-multiplier", "1", "--sampling-probability", "0", "--steps", "10", "--delta", "1e-5"],
+            "--sampling-probability",
+        ),
+        (
+            ["--noise-multiplier", "1", "--sampling-probability", "0.1", "--steps", "0", "--delta", "1e-5"],
+            "--steps",
+        ),
+        (
+            ["--noise-multiplier", "1", "--sampling-probability", "0.1", "--steps", "2.5", "--delta", "1e-5"],
+            "--steps",
+        ),
         ([*DP_SGD, "--event", '{"kind": "no_op"}', "--delta", "1e-5"], "--event"),
         (["--delta", "1e-5"], "--event"),
         ([*DP_SGD], "--delta"),
         ([*DP_SGD, "--delta", "1e-5", "--accountant", "moments"], "--accountant"),
-        (["--event", '{"kind": "gaussian", "noise_multiplier": 1.0}', "--delta", "1e-5",
-          "--accountant", "basic"], "gaussian"),
+        (
+            [
+                "--event",
+                '{"kind": "gaussian", "noise_multiplier": 1.0}',
+                "--delta",
+                "1e-5",
+                "--accountant",
+                "basic",
+            ],
+            "gaussian",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(

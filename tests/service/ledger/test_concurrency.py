@@ -1,7 +1,9 @@
 """Concurrent spends on both databases: no lost update, no batch above budget, no double charge.
 
-Threads share one ``Database`` (one engine, one pool); each call is its own session and
-transaction, as concurrent API requests are.
+Threads are spread over several ``Database`` objects (separate engines and pools, as separate
+API processes would have): within one, concurrent spends on a dataset are combined into group
+transactions; across them, they serialise on the dataset's ledger head in the database
+(``SELECT … FOR UPDATE`` / ``BEGIN IMMEDIATE``). Both paths run here.
 """
 
 from __future__ import annotations
@@ -9,9 +11,11 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
+
+import pytest
 
 from service.db.session import Database
 from service.ledger import audit, batches, reservations, spend
@@ -19,6 +23,18 @@ from service.ledger.errors import BudgetExceeded, LedgerError
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
+PROCESSES = 4
+
+
+@pytest.fixture
+def processes(ledger: Database) -> Iterator[list[Database]]:
+    """``ledger`` and three more ``Database`` objects on the same database."""
+    others = [Database(ledger.url, pool_size=10, max_overflow=5) for _ in range(PROCESSES - 1)]
+    try:
+        yield [ledger, *others]
+    finally:
+        for other in others:
+            other.dispose()
 
 
 def run_concurrently(count: int, work: Callable[[int], Any]) -> list[Any]:
@@ -41,14 +57,17 @@ def run_concurrently(count: int, work: Callable[[int], Any]) -> list[Any]:
     return results
 
 
-def test_150_concurrent_charges_of_a_hundredth(ledger: Database, make_dataset: MakeDataset) -> None:
+def test_150_concurrent_charges_of_a_hundredth(
+    ledger: Database, processes: list[Database], make_dataset: MakeDataset
+) -> None:
     ds = make_dataset(BASIC)
 
     def reserve_and_commit(i: int) -> str:
+        db = processes[i % PROCESSES]
         r = reservations.reserve(
-            ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.01}
+            db, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.01}
         )
-        reservations.commit(ledger, "t1", r["id"], release={"model": "m", "version": i})
+        reservations.commit(db, "t1", r["id"], release={"model": "m", "version": i})
         return "committed"
 
     results = run_concurrently(150, reserve_and_commit)
@@ -61,20 +80,21 @@ def test_150_concurrent_charges_of_a_hundredth(ledger: Database, make_dataset: M
 
 
 def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
-    ledger: Database, make_dataset: MakeDataset
+    ledger: Database, processes: list[Database], make_dataset: MakeDataset
 ) -> None:
     ds = make_dataset(BASIC, tasks=[4])
     pool = ds.all_batches
     plans = [random.Random(i).sample(pool, random.Random(i + 1000).choice([1, 2, 3])) for i in range(60)]
 
     def work(i: int) -> tuple[list[str], str]:
+        db = processes[i % PROCESSES]
         r = reservations.reserve(
-            ledger, "t1", ds.id, batch_ids=plans[i], event_json={"kind": "pure_dp", "epsilon": 0.1}
+            db, "t1", ds.id, batch_ids=plans[i], event_json={"kind": "pure_dp", "epsilon": 0.1}
         )
         if i % 5 == 0:
-            reservations.abort(ledger, "t1", r["id"])
+            reservations.abort(db, "t1", r["id"])
             return plans[i], "aborted"
-        reservations.commit(ledger, "t1", r["id"], release={"model": "m", "version": i})
+        reservations.commit(db, "t1", r["id"], release={"model": "m", "version": i})
         return plans[i], "committed"
 
     results = run_concurrently(60, work)
@@ -97,13 +117,13 @@ def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
 
 
 def test_concurrent_retries_with_one_idempotency_key_charge_once(
-    ledger: Database, make_dataset: MakeDataset
+    ledger: Database, processes: list[Database], make_dataset: MakeDataset
 ) -> None:
     ds = make_dataset(BASIC)
 
-    def retry(_: int) -> dict[str, Any]:
+    def retry(i: int) -> dict[str, Any]:
         return reservations.reserve(
-            ledger,
+            processes[i % PROCESSES],
             "t1",
             ds.id,
             batch_ids=ds.all_batches,
@@ -117,9 +137,13 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0.2", 1)
 
-    def commit_retry(_: int) -> dict[str, Any]:
+    def commit_retry(i: int) -> dict[str, Any]:
         return reservations.commit(
-            ledger, "t1", results[0]["id"], release={"model": "m", "version": 1}, idempotency_key="c"
+            processes[i % PROCESSES],
+            "t1",
+            results[0]["id"],
+            release={"model": "m", "version": 1},
+            idempotency_key="c",
         )
 
     commits = run_concurrently(8, commit_retry)

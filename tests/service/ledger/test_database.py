@@ -33,9 +33,8 @@ def _dataset(now: datetime, epsilon: Decimal) -> Dataset:
     )
 
 
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_sqlite_pragmas_and_begin_immediate(db: Database) -> None:
-    if db.dialect != "sqlite":
-        pytest.skip("SQLite only")
     with db.engine.connect() as connection:
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1

@@ -154,9 +154,11 @@ def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: M
     a, b, c = ds.all_batches
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event_json=pure(0.8))
     reservations.commit(ledger, "t1", r["id"], release=release(1))
+    before = (spend.get_spend(ledger, "t1", ds.id), audit.verify(ledger)["entries"])
     with pytest.raises(BudgetExceeded) as info:
         reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, b, c], event_json=pure(0.3))
     assert info.value.batch_id == b
+    assert (spend.get_spend(ledger, "t1", ds.id), audit.verify(ledger)["entries"]) == before
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0", 0)
     reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, c], event_json=pure(1.0))  # a, c untouched

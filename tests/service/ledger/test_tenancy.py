@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from sqlalchemy import select
 
@@ -62,3 +64,27 @@ def test_scope_order() -> None:
     viewer = tenancy.Principal("t", "viewer", "k")
     assert admin.allows("trainer") and admin.allows("viewer")
     assert viewer.allows("viewer") and not viewer.allows("trainer")
+
+
+def test_concurrent_bootstrap_from_several_processes(db: Database) -> None:
+    key = "bootstrap-key-concurrent-0123456789"
+    others = [Database(db.url) for _ in range(3)]
+    errors: list[BaseException] = []
+
+    def run(database: Database) -> None:
+        try:
+            tenancy.ensure_bootstrap_admin_key(database, key)
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(d,)) for d in [db, *others]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for other in others:
+        other.dispose()
+    assert not errors
+    principal = tenancy.authenticate(db, key)
+    assert principal is not None and principal.scope == "admin"
+    assert len(tenancy.list_api_keys(db, "default")["data"]) == 1

@@ -1,0 +1,221 @@
+"""Data sources (service.worker.data): URIs, npz/csv round trips, built-in streams, the ledger check."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.worker.data import (
+    DataSourceError,
+    LoadedData,
+    RecordMismatchError,
+    check_records,
+    load_data,
+    parse_source,
+)
+
+
+@pytest.fixture(scope="module")
+def digits() -> LoadedData:
+    pytest.importorskip("sklearn")
+    return load_data("builtin:digits")
+
+
+# ---------------------------------------------------------------------------------------------
+# URIs: parsed without reading
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.npz"
+    source = parse_source(f"file://{path}")  # no file yet: parsing must not touch it
+    assert source.kind == "npz" and source.path == path
+    with pytest.raises(DataSourceError, match="no such file"):
+        source.load()
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("", "non-empty"),
+        ("s3://bucket/x.npz", "scheme"),
+        ("file:///tmp/x.parquet", ".npz or .csv"),
+        ("file:///tmp/x.npz?a=1", "no query"),
+        ("builtin:mnist", "unknown builtin"),
+        ("builtin:permuted-digits", "needs \\?tasks=N"),
+        ("builtin:permuted-digits?tasks=0", "tasks must be an integer"),
+        ("builtin:permuted-digits?tasks=two", "tasks must be an integer"),
+        ("builtin:split-digits?tasks=11", "tasks must be an integer in \\[1, 10\\]"),
+        ("builtin:split-digits?tasks=2&colour=red", "unknown query parameter 'colour'"),
+        ("builtin:digits?tasks=2", "unknown query parameter 'tasks'"),
+    ],
+)
+def test_bad_uris_are_refused_with_a_message_naming_them(uri: str, message: str) -> None:
+    with pytest.raises(DataSourceError, match=message):
+        parse_source(uri)
+
+
+def test_builtin_streams_parse_tasks_and_seed() -> None:
+    source = parse_source("builtin:permuted-digits?tasks=4&seed=7")
+    assert (source.kind, source.tasks, source.seed) == ("permuted-digits", 4, 7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------
+
+
+def test_npz_round_trip_with_tasks_images_and_a_test_split(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    ids = np.array([f"r{i}" for i in range(12)])
+    images = rng.random((12, 4, 4)).astype(np.float32)
+    labels = np.arange(12) % 3
+    tasks = np.array([0] * 5 + [1] * 7)
+    test_x = rng.random((4, 4, 4)).astype(np.float32)
+    path = tmp_path / "d.npz"
+    np.savez(
+        path, record_id=ids, X=images, y=labels, task=tasks, test_X=test_x, test_y=np.array([0, 1, 2, 0])
+    )
+    data = load_data(f"file://{path}")
+    assert data.record_ids == tuple(ids)
+    assert [len(t) for t in data.train] == [5, 7]
+    assert data.image_shape == (1, 4, 4) and data.n_features == 16 and data.num_classes == 3
+    x, y = data.train_arrays()
+    np.testing.assert_array_equal(x, images.reshape(12, 16))
+    np.testing.assert_array_equal(y, labels)
+    tx, ty = data.test_arrays()
+    assert tx.shape == (4, 16) and ty.tolist() == [0, 1, 2, 0]
+
+
+def test_npz_accepts_the_features_and_label_names(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, record_id=np.arange(3), features=np.ones((3, 5)), label=np.array([1.0, 0.0, 1.0]))
+    data = load_data(f"file://{path}")
+    assert data.record_ids == ("0", "1", "2") and data.train[0].labels.dtype == np.int64
+    assert data.image_shape is None  # 5 features: not square
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"X": np.ones((2, 2)), "y": np.zeros(2)}, "needs an array 'record_id'"),
+        ({"record_id": np.array(["a", "a"]), "X": np.ones((2, 2)), "y": np.zeros(2)}, "'a' occurs 2 times"),
+        ({"record_id": np.array(["a", "b"]), "X": np.ones((2, 2)), "y": np.zeros(3)}, "do not line up"),
+        ({"record_id": np.array(["a", "b"]), "X": np.full((2, 2), np.nan), "y": np.zeros(2)}, "finite"),
+        ({"record_id": np.array(["a", "b"]), "X": np.ones((2, 2)), "y": np.array([0.5, 1])}, "integers"),
+    ],
+)
+def test_invalid_npz_contents_are_refused(
+    tmp_path: Path, arrays: dict[str, np.ndarray], message: str
+) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataSourceError, match=message):
+        load_data(f"file://{path}")
+
+
+def test_csv_round_trip_with_task_and_split_columns(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    rows = [
+        ["record_id", "f1", "label", "f2", "task", "split"],
+        ["a", "0.5", "1", "2", "0", "train"],
+        ["b", "1.5", "0", "3", "1", "train"],
+        ["c", "2.5", "1", "4", "1", "train"],
+        ["t", "9", "0", "9", "0", "test"],
+    ]
+    with path.open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    data = load_data(f"file://{path}")
+    assert data.record_ids == ("a", "b", "c")
+    assert [t.record_ids for t in data.train] == [("a",), ("b", "c")]
+    x, y = data.train_arrays()
+    np.testing.assert_array_equal(x, np.array([[0.5, 2], [1.5, 3], [2.5, 4]], dtype=np.float32))
+    assert y.tolist() == [1, 0, 1]
+    assert data.test_arrays()[1].tolist() == [0]
+
+
+def test_csv_errors_name_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("record_id,f1,label\na,1,0\nb,oops,1\n")
+    with pytest.raises(DataSourceError, match="line 3"):
+        load_data(f"file://{path}")
+    path.write_text("id,f1,label\na,1,0\n")
+    with pytest.raises(DataSourceError, match="'record_id' column"):
+        load_data(f"file://{path}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-ins
+# ---------------------------------------------------------------------------------------------
+
+
+def test_digits_has_a_fixed_disjoint_split_and_stable_ids(digits: LoadedData) -> None:
+    assert digits.n_records == 1437 and len(digits.test_arrays()[1]) == 360
+    assert set(digits.record_ids).isdisjoint(digits.test[0].record_ids)
+    assert set(digits.record_ids) | set(digits.test[0].record_ids) == {f"digits-{i:04d}" for i in range(1797)}
+    x, _ = digits.train_arrays()
+    assert x.dtype == np.float32 and x.shape == (1437, 64) and 0 <= x.min() and x.max() <= 1
+    assert digits.image_shape == (1, 8, 8) and digits.num_classes == 10
+    again = load_data("builtin:digits")
+    assert again.record_ids == digits.record_ids  # fixed split, independent of any seed
+
+
+def test_permuted_digits_tasks_are_disjoint_and_permuted(digits: LoadedData) -> None:
+    data = load_data("builtin:permuted-digits?tasks=3&seed=1")
+    assert len(data.train) == 3 and len(data.test) == 3
+    ids = [set(t.record_ids) for t in data.train]
+    assert all(a.isdisjoint(b) for i, a in enumerate(ids) for b in ids[i + 1 :])
+    assert set().union(*ids) == set(digits.record_ids)
+    base_test = digits.test[0].features
+    np.testing.assert_array_equal(data.test[0].features, base_test)  # π₀ is the identity
+    for t in (1, 2):
+        assert data.test[t].features.shape == (360, 64)
+        assert not np.array_equal(data.test[t].features, base_test)
+        # a permutation of pixels: each image keeps its multiset of pixel values
+        np.testing.assert_array_equal(np.sort(data.test[t].features, 1), np.sort(base_test, 1))
+    assert data.train[1].features.shape[1] == 64
+    assert load_data("builtin:permuted-digits?tasks=3&seed=1").record_ids == data.record_ids
+
+
+def test_split_digits_partitions_the_classes(digits: LoadedData) -> None:
+    data = load_data("builtin:split-digits?tasks=5")
+    assert [sorted(set(t.labels.tolist())) for t in data.train] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert [sorted(set(t.labels.tolist())) for t in data.test] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert sorted(data.record_ids) == sorted(digits.record_ids)
+    assert len(set(data.record_ids)) == data.n_records
+    assert data.num_classes == 10  # the head covers every class (S1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger check
+# ---------------------------------------------------------------------------------------------
+
+
+def _small(tmp_path: Path) -> LoadedData:
+    path = tmp_path / "s.npz"
+    np.savez(path, record_id=np.array(["a", "b", "c", "d"]), X=np.ones((4, 2)), y=np.array([0, 1, 0, 1]))
+    return load_data(f"file://{path}")
+
+
+def test_check_records_accepts_an_exact_match(tmp_path: Path) -> None:
+    check_records(_small(tmp_path), {"batch-1": ["a", "b"], "batch-2": ["c", "d"]})
+
+
+def test_check_records_names_missing_unexpected_and_duplicated_ids(tmp_path: Path) -> None:
+    data = _small(tmp_path)
+    with pytest.raises(RecordMismatchError) as info:
+        check_records(data, {"b1": ["a", "b", "x"], "b2": ["b"]})
+    err = info.value
+    assert err.missing == ("x",) and err.unexpected == ("c", "d") and err.duplicated == ("b",)
+    assert "'x'" in str(err) and "Training was not started" in str(err)
+
+
+def test_restrict_keeps_only_reserved_records(tmp_path: Path) -> None:
+    data = _small(tmp_path)
+    sub = data.restrict(["b", "d"])
+    assert sub.record_ids == ("b", "d") and sub.train_arrays()[1].tolist() == [1, 1]
+    with pytest.raises(RecordMismatchError, match="'zz'"):
+        data.restrict(["zz"])
