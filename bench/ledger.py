@@ -318,12 +318,13 @@ class Throughput:
     commits: int
     commits_per_s: float
     errors: int
+    error_samples: list[str]
     reserve: dict[str, float]
     commit: dict[str, float]
     spend_after: dict[str, Any] = field(default_factory=dict)
 
 
-async def _hot_loop(client: httpx.AsyncClient, dataset: str, batch: str, worker: int,
+async def _hot_loop(client: httpx.AsyncClient, dataset: str, batch: str, worker: str,
                     stop_at: float, reserve_s: list[float], commit_s: list[float],
                     errors: list[str]) -> int:
     commits = 0
@@ -368,7 +369,8 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
         warm_errors: list[str] = []
         stop = time.perf_counter() + warmup_s
         await asyncio.gather(*(
-            _hot_loop(client, dataset, batch, 10_000 + i, stop, sink, sink, warm_errors)
+            _hot_loop(client, dataset, batch, f"{dataset}-warm-{i}", stop, sink, sink,
+                      warm_errors)
             for i in range(clients)
         ))
         reserve_s: list[float] = []
@@ -376,8 +378,8 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
         errors: list[str] = []
         started = time.perf_counter()
         counts = await asyncio.gather(*(
-            _hot_loop(client, dataset, batch, i, started + duration_s, reserve_s, commit_s,
-                      errors)
+            _hot_loop(client, dataset, batch, f"{dataset}-{i}", started + duration_s, reserve_s,
+                      commit_s, errors)
             for i in range(clients)
         ))
         elapsed = time.perf_counter() - started
@@ -386,6 +388,7 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
     return Throughput(
         clients=clients, duration_s=round(elapsed, 2), commits=commits,
         commits_per_s=round(commits / elapsed, 1), errors=len(errors + warm_errors),
+        error_samples=(errors + warm_errors)[:3],
         reserve=summary_ms(reserve_s), commit=summary_ms(commit_s),
         spend_after={k: spend_after.get(k) for k in ("epsilon_spent", "charges_committed",
                                                      "epsilon_held")},

@@ -10,6 +10,10 @@ background task that frees reservations past their TTL every
 transaction also checks expiry on the batches it touches, so the sweep only bounds how long an
 orphaned hold lingers on a dataset nobody spends on). Migrations are not applied here:
 ``ledger serve`` and ``ledger migrate`` do that before the app starts.
+
+``create_app(..., worker=True)`` (what ``ledger serve`` does unless ``--no-worker``) also runs
+one training worker in a thread for the app's lifetime (``service.worker.worker``); torch is
+imported only when it runs a job.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -28,6 +33,8 @@ from sqlalchemy import func, select, text
 from service.api import audit as audit_routes
 from service.api import certificates as certificate_routes
 from service.api import datasets as dataset_routes
+from service.api import jobs as job_routes
+from service.api import models as model_routes
 from service.api import reservations as reservation_routes
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
@@ -39,11 +46,13 @@ from service.settings import Settings
 
 logger = logging.getLogger("service.app")
 
-def create_app(settings: Settings | None = None, *, database: Database | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, database: Database | None = None, worker: bool = False
+) -> FastAPI:
     """The application for ``settings`` (default: from the environment).
 
     ``database``: use this open database instead of opening ``settings.database_url`` (the
-    caller keeps ownership and disposes it).
+    caller keeps ownership and disposes it). ``worker``: run the in-process training worker.
     """
     settings = settings or Settings()
     metrics = LedgerMetrics()
@@ -54,9 +63,14 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
         db = database if database is not None else Database(settings.database_url)
         app.state.database = db
         sweeper = asyncio.create_task(_expiry_sweep(db, settings, metrics), name="expiry-sweep")
+        stop_worker = threading.Event()
+        worker_thread = _start_worker(db, settings, stop_worker) if worker else None
         try:
             yield
         finally:
+            stop_worker.set()
+            if worker_thread is not None:
+                await anyio.to_thread.run_sync(worker_thread.join)
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
@@ -76,7 +90,14 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.state.metrics = metrics
     install_error_handlers(app, metrics)
 
-    for module in (dataset_routes, reservation_routes, certificate_routes, audit_routes):
+    for module in (
+        dataset_routes,
+        reservation_routes,
+        certificate_routes,
+        audit_routes,
+        job_routes,
+        model_routes,
+    ):
         app.include_router(module.router)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness, with a database round trip")
@@ -103,6 +124,16 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.add_middleware(RequestMetrics, metrics=metrics)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     return app
+
+
+def _start_worker(db: Database, settings: Settings, stop: threading.Event) -> threading.Thread:
+    """The in-process training worker (its job's rest is aborted and the job re-queued on stop)."""
+    from service.worker.worker import Worker, start_thread
+
+    worker = Worker(
+        db, artifact_dir=settings.artifact_dir, reservation_ttl_s=settings.reservation_ttl_s
+    )
+    return start_thread(worker, stop)
 
 
 def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:

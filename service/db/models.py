@@ -297,7 +297,81 @@ class AuditHead(Base):
     hash: Mapped[str] = mapped_column(HASH)
 
 
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class Job(Base):
+    """A training job (``service.worker.jobs`` does all database work for jobs).
+
+    A worker *claims* a job with a lease (``lease_owner``, ``lease_expires_at``) and keeps it by
+    heartbeating; a ``running`` job whose lease expired is claimable again (``attempts`` + 1, up
+    to ``max_attempts``). ``reservation_id``: the ledger reservation of the current attempt;
+    ``epsilon_committed`` / ``delta_committed``: what its commits have turned into spend.
+    ``cancel_requested_at``: a cancel of a running job, acted on by the worker that holds it.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name="status"
+        ),
+        Index(None, "tenant_id", "created_at"),
+        # The claim's scan: queued jobs and running ones (lease expiry is checked on those).
+        Index(None, "status", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    algorithm: Mapped[str] = mapped_column(String(32))
+    params: Mapped[dict[str, Any]]
+    model_name: Mapped[str] = mapped_column(NAME)
+    status: Mapped[str] = mapped_column(String(16))
+    plan: Mapped[dict[str, Any] | None]
+    progress_step: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    progress_total: Mapped[int | None] = mapped_column(Integer)
+    epsilon_committed: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    delta_committed: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    metrics: Mapped[dict[str, Any] | None]
+    error: Mapped[dict[str, Any] | None]
+    reservation_id: Mapped[str | None] = mapped_column(ForeignKey("reservations.id"))
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(Integer)
+    cancel_requested_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class ModelVersion(Base):
+    """A published model version: immutable, and only ever inserted after the ledger committed
+    its release, so every row has a committed certificate (``certificate_id``, unique)."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("tenant_id", "name", "version"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    name: Mapped[str] = mapped_column(NAME)
+    version: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
+    certificate_id: Mapped[str] = mapped_column(ForeignKey("certificates.id"), unique=True)
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]]
+    artifact_path: Mapped[str] = mapped_column(String(1000))
+    artifact_sha256: Mapped[str] = mapped_column(HASH)
+    artifact_bytes: Mapped[int] = mapped_column(BigInteger)
+    artifact_format: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime]
+
+
 __all__ = [
+    "JOB_STATUSES",
     "RESERVATION_STATUSES",
     "SCOPES",
     "ApiKey",
@@ -309,6 +383,8 @@ __all__ = [
     "Certificate",
     "Dataset",
     "IdempotencyKey",
+    "Job",
+    "ModelVersion",
     "Release",
     "Reservation",
     "ReservationBatch",

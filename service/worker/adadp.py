@@ -1,4 +1,7 @@
-"""AdaDp (Koskela & Honkela-style adaptive noise; ``adadp-adaptive-noise.txt``, Alg. 1), sound variant.
+"""AdaDp (Xu, Shi, Liu, Zhao & Chen, INFOCOM 2020; ``adadp-adaptive-noise.txt``, Alg. 1), sound variant.
+
+(Not to be confused with Koskela & Honkela's "ADADP" learning-rate adaptation, arXiv:1809.03832,
+which that paper cites as [12]; the adaptive *noise* and Lemma 1 are Xu et al.'s.)
 
 What it does (Alg. 1). Each step draws a Poisson sample (probability q) and computes per-example
 gradients. While the second-moment estimate E′[g²] carries too little information (a warm-up of
@@ -97,7 +100,7 @@ def lemma1_ratio(
     for name, s in sensitivities.items():
         s64 = s.double()
         sd64 = noise_stddevs[name].double()
-        if bool((sd64 <= 0).any() & (s64 > 0).any()):
+        if bool(((sd64 <= 0) & (s64 > 0)).any()):  # sensitivity with no noise: not private
             return math.inf
         ratio = torch.where(s64 > 0, (s64 / sd64).square(), torch.zeros_like(s64))
         total.append(float(ratio.sum().item()))
@@ -160,6 +163,11 @@ class AdaDpParams(DpSgdParams):
             relative_second_moment_floor=r.real("relative_second_moment_floor", 0.01, minimum=0, maximum=1),
         )
         return values
+
+    def to_json(self) -> dict[str, Any]:
+        out = super(AdaDpParams, self).to_json()
+        out.pop("momentum", None)  # not an AdaDp param
+        return out
 
 
 @dataclass

@@ -123,7 +123,11 @@ class TaskSplit:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class LoadedData:
-    """Training records per task (private, ledgered) and a held-out test split per task."""
+    """Training records per task (private, ledgered) and a held-out test split per task.
+
+    ``num_classes`` is 10 for the built-ins; for files it is 1 + the largest label, which the
+    private labels determine — a job that must not reveal it fixes ``params.num_classes``.
+    """
 
     uri: str
     train: tuple[TaskSplit, ...]

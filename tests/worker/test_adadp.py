@@ -37,9 +37,12 @@ def test_check_lemma1_accepts_the_papers_example_and_refuses_a_violation() -> No
     assert info.value.step == 7 and info.value.ratio > info.value.limit == 1.0
 
 
-def test_zero_sensitivity_coordinates_add_nothing() -> None:
+def test_zero_sensitivity_coordinates_add_nothing_and_noiseless_ones_are_refused() -> None:
     ratio = check_lemma1({"w": torch.tensor([0.0, 1.0])}, {"w": torch.tensor([1.0, 2.0])}, 2.0)
     assert ratio == pytest.approx(0.25)
+    assert check_lemma1({"w": torch.tensor([0.0, 1.0])}, {"w": torch.tensor([0.0, 2.0])}, 2.0) == 0.25
+    with pytest.raises(Lemma1Violation):
+        check_lemma1({"w": torch.tensor([1e-9, 1.0])}, {"w": torch.tensor([0.0, 2.0])}, 2.0)
 
 
 def test_lemma1_holds_at_every_step_and_the_event_is_dp_sgds() -> None:
@@ -82,6 +85,7 @@ def test_adadp_params_are_validated() -> None:
     assert info.value.field == "params.beta"
     params = AdaDpParams.from_params({"noise_multiplier": 1.0})
     assert params.beta == 2.0 and params.debias_second_moment and params.cap_total_sensitivity
+    assert AdaDpParams.from_params(params.to_json()) == params  # the job row round-trips
     with pytest.raises(InvalidParamsError, match="AdaDpParams"):
         AdaDpTrainer(device=CPU).plan(DpSgdTrainer().parse_params({"noise_multiplier": 1.0}), 10)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,8 @@ from service.worker.data import (
     load_data,
     parse_source,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +223,13 @@ def test_restrict_keeps_only_reserved_records(tmp_path: Path) -> None:
     assert sub.record_ids == ("b", "d") and sub.train_arrays()[1].tolist() == [1, 1]
     with pytest.raises(RecordMismatchError, match="'zz'"):
         data.restrict(["zz"])
+
+
+def test_the_data_module_does_not_import_torch() -> None:
+    """The API can validate a source URI (``parse_source``) in a process without torch."""
+    code = (
+        "import sys; import service.worker.data as d; d.parse_source('builtin:digits'); "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

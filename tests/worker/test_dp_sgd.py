@@ -13,8 +13,10 @@ import numpy as np  # noqa: E402
 from torch import nn  # noqa: E402
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent  # noqa: E402
+from accountant.events import from_json as event_from_json  # noqa: E402
 from service.worker.data import LoadedData, TaskSplit, load_data  # noqa: E402
 from service.worker.dp_sgd import (  # noqa: E402
+    DpSgdParams,
     DpSgdTrainer,
     ModelState,
     TrainingError,
@@ -185,6 +187,9 @@ def test_plan_needs_only_the_record_count_and_builds_the_dp_sgd_event() -> None:
     assert plan.sampling_probability == pytest.approx(0.2) and plan.steps == 10
     assert plan.event == SelfComposedEvent(PoissonSampledEvent(0.2, GaussianEvent(1.1)), 10)
     assert plan.event_after(4) == SelfComposedEvent(PoissonSampledEvent(0.2, GaussianEvent(1.1)), 4)
+    row = plan.to_json()
+    assert event_from_json(row["event"]) == plan.event
+    assert DpSgdParams.from_params(row["params"]) == plan.params  # the job row round-trips
 
 
 def test_a_refused_reservation_reads_no_data() -> None:

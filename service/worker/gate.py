@@ -1,0 +1,472 @@
+"""The release gate: no data is read before the ledger holds the run's cost, and no model
+version is published before the ledger committed it (DESIGN.md, "Release flow").
+
+For one claimed job (``run_job``):
+
+1. **Plan and reserve, before any data is read.** The trainer's ``plan(params, n_records)``
+   gives the event of the whole run (DP-SGD: ``SelfComposed(PoissonSampled(q, Gaussian(σ)), T)``)
+   from the params and the record count of the dataset's batches, which the ledger knows. The
+   gate reserves that event on every batch of the dataset (``service.ledger.reservations.reserve``,
+   idempotency key ``job:<id>:a<attempt>:reserve``). A refusal fails the job with the ledger's
+   answer (``budget_exceeded`` with ``remaining`` and ``requested``, or the rule's code) and the
+   data source is never opened.
+2. **Load and check.** The data source (``params.data_source``) is loaded, and its training
+   record ids must be exactly the records of the ledger's batches — compared as the ledger stores
+   them, HMAC-SHA256 with the dataset's salt. A mismatch aborts the reservation and fails the job
+   before any training.
+3. **Train and release.** At every checkpoint (``checkpoint_every`` steps, and the last step) the
+   candidate is *staged* (weights written and fsynced under ``.staging``), then the release
+   ``{model, version}`` is **committed** with the event of the steps so far (a progressive
+   commit; the last one, for the whole run, closes the reservation), and only then *published*
+   (``service.worker.registry``). A refused commit destroys the candidate and stops the run.
+4. **Stop.** Cancel, a lost lease, a worker shutdown, a refused commit or a failure abort the
+   rest of the reservation: what was committed stays spent, the rest returns to the budget.
+
+Only released numbers leave the run: a version's metrics are those of the committed model, on
+the held-out test split; the metrics of a run that stopped early are those of its last release
+(evaluating the unreleased model would publish a statistic of steps whose cost was returned).
+
+A retried job (its previous worker lost the lease) first resolves the previous attempts: staged
+candidates are published if their release was committed, deleted otherwise
+(``registry.sweep``), and their reservations are aborted. The retry then plans and reserves anew
+and trains from the start; what the earlier attempts committed stays spent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Final, Protocol
+
+from sqlalchemy import select
+
+from accountant import events as ev
+from accountant.base import AccountantError
+from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey
+from service.db.session import Database
+from service.ledger import reservations
+from service.ledger.batches import record_hash
+from service.ledger.errors import Conflict, LedgerError, NotFound
+from service.worker import jobs, registry
+from service.worker.jobs import ClaimedJob, LeaseLost
+
+if TYPE_CHECKING:
+    from service.worker.data import LoadedData
+    from service.worker.dp_sgd import DpSgdTrainer, ModelState, TrainingPlan
+
+logger = logging.getLogger("service.worker.gate")
+
+Loader = Callable[[str], "LoadedData"]
+_VERSION_RETRIES: Final = 20
+_SAMPLE: Final = 5
+
+
+class Control(Protocol):
+    """What the worker tells the gate while a job runs."""
+
+    def should_stop(self) -> bool:
+        """True once the job must stop: cancel requested, lease lost, or worker shutting down."""
+
+    @property
+    def reason(self) -> str | None:
+        """``"cancelled"``, ``"lease_lost"`` or ``"shutdown"`` once ``should_stop`` is true."""
+
+    def lease_valid(self) -> bool:
+        """Whether the lease is certainly still held now (checked before every commit)."""
+
+    def set_step(self, step: int) -> None:
+        """Steps done so far (the heartbeat records it)."""
+
+
+@dataclass
+class Outcome:
+    """How the gate left the job: ``status`` as stored, or ``lease_lost`` / ``released``."""
+
+    status: str
+    error: dict[str, Any] | None = None
+    versions: list[int] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    """Leave the job: already finished, or not ours any more."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.status)
+        self.outcome = outcome
+
+
+def trainer_for(algorithm: str, device: str | None) -> DpSgdTrainer:
+    """The trainer of ``algorithm`` (imports torch: call only in the worker)."""
+    if algorithm == "dp_sgd":
+        from service.worker.dp_sgd import DpSgdTrainer
+
+        return DpSgdTrainer(device=device)
+    if algorithm == "adadp":
+        from service.worker.adadp import AdaDpTrainer
+
+        return AdaDpTrainer(device=device)
+    raise ValueError(f"no trainer for algorithm {algorithm!r}")
+
+
+def default_loader(uri: str) -> LoadedData:
+    from service.worker.data import load_data
+
+    return load_data(uri)
+
+
+def _error(code: str, message: str, **details: Any) -> dict[str, Any]:
+    return {"error": code, "message": message, **details}
+
+
+def _serializer(model_state: ModelState) -> tuple[str, Callable[[IO[bytes]], None]]:
+    """safetensors when installed, else ``torch.save`` of the state dict."""
+    try:
+        from safetensors.torch import save as save_safetensors  # type: ignore[import-not-found]
+    except ImportError:
+        import torch
+
+        def write_torch(handle: IO[bytes]) -> None:
+            torch.save(model_state, handle)
+
+        return "torch", write_torch
+
+    def write_safetensors(handle: IO[bytes]) -> None:
+        handle.write(save_safetensors({k: v.contiguous() for k, v in model_state.items()}))
+
+    return "safetensors", write_safetensors
+
+
+# ---------------------------------------------------------------------------------------------
+# Ledger reads
+# ---------------------------------------------------------------------------------------------
+
+
+def ledger_batches(db: Database, dataset_id: str) -> list[tuple[str, int]]:
+    """The dataset's batches ``(id, size)``, in a stable order."""
+    with db.session(readonly=True) as session:
+        rows = session.execute(
+            select(Batch.id, Batch.size)
+            .where(Batch.dataset_id == dataset_id)
+            .order_by(Batch.created_at, Batch.task_id, Batch.position)
+        ).all()
+    return [(r.id, r.size) for r in rows]
+
+
+def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> None:
+    """Raise ``RecordMismatchError`` unless the source's training record ids are exactly the
+    records of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
+    from service.worker.data import RecordMismatchError
+
+    with db.session(readonly=True) as session:
+        salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
+        rows = session.execute(
+            select(BatchRecord.record_hash, BatchRecord.batch_id).where(BatchRecord.dataset_id == dataset_id)
+        ).all()
+    if salt is None:
+        raise NotFound("dataset", dataset_id)
+    in_ledger = {bytes(r.record_hash): r.batch_id for r in rows}
+    seen: dict[bytes, str] = {}
+    unexpected: list[str] = []
+    duplicated: list[str] = []
+    for record_id in data.record_ids:
+        digest = record_hash(bytes(salt), str(record_id))
+        if digest in seen:
+            duplicated.append(record_id)
+            continue
+        seen[digest] = record_id
+        if digest not in in_ledger:
+            unexpected.append(record_id)
+    # Records the source lacks are known to the ledger by hash only: name their batches.
+    lacking = Counter(batch for digest, batch in in_ledger.items() if digest not in seen)
+    missing = [f"<{n} record(s) of batch {batch}>" for batch, n in sorted(lacking.items())]
+    if missing or unexpected or duplicated:
+        raise RecordMismatchError(
+            data.uri, missing=missing, unexpected=sorted(unexpected), duplicated=sorted(duplicated)
+        )
+
+
+def _earlier_reservations(db: Database, job: ClaimedJob) -> list[str]:
+    """Reservations of this job's earlier attempts: the one recorded on the job, and any whose
+    reserve call succeeded but was not recorded (found by its idempotency key)."""
+    found = [job.reservation_id] if job.reservation_id else []
+    keys = [_reserve_key(job.id, attempt) for attempt in range(1, job.attempt)]
+    if keys:
+        with db.session(readonly=True) as session:
+            responses = session.scalars(
+                select(IdempotencyKey.response).where(
+                    IdempotencyKey.tenant_id == job.tenant_id, IdempotencyKey.key.in_(keys)
+                )
+            ).all()
+        for response in responses:
+            reservation_id = response.get("id") if isinstance(response, Mapping) else None
+            if isinstance(reservation_id, str) and reservation_id not in found:
+                found.append(reservation_id)
+    return found
+
+
+def _reserve_key(job_id: str, attempt: int) -> str:
+    return f"job:{job_id}:a{attempt}:reserve"
+
+
+def abort_quietly(db: Database, tenant_id: str, reservation_id: str | None) -> None:
+    """Abort what the reservation still holds; a closed one (committed in full) is left alone."""
+    if reservation_id is None:
+        return
+    try:
+        reservations.abort(db, tenant_id, reservation_id)
+    except Conflict:
+        pass  # fully committed: nothing is held
+    except LedgerError as exc:
+        logger.warning("could not abort reservation %s: %s", reservation_id, exc.message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The gate
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    db: Database
+    job: ClaimedJob
+    control: Control
+    artifact_dir: Path
+    trainer: Any = None
+    plan: Any = None
+    data: Any = None
+    reservation_id: str | None = None
+    refusal: dict[str, Any] | None = None
+    failure: BaseException | None = None
+    released: list[int] = field(default_factory=list)
+    released_metrics: dict[str, Any] | None = None
+    calls: int = 0
+
+
+def run_job(
+    db: Database,
+    job: ClaimedJob,
+    *,
+    control: Control,
+    artifact_dir: Path,
+    reservation_ttl_s: float,
+    loader: Loader = default_loader,
+    device: str | None = None,
+) -> Outcome:
+    """Run one claimed job through the gate (module docstring) and finish it."""
+    run = _Run(db, job, control, Path(artifact_dir))
+    try:
+        return _run(run, reservation_ttl_s, loader, device)
+    except _Stop as stop:
+        return stop.outcome
+    except LeaseLost:
+        abort_quietly(db, job.tenant_id, run.reservation_id)
+        return Outcome("lease_lost")
+
+
+def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> Outcome:
+    metrics = run.released_metrics
+    jobs.finish(run.db, run.job.lease, status, metrics=metrics, error=error)
+    return Outcome(status, error, list(run.released))
+
+
+def _fail(run: _Run, error: dict[str, Any]) -> _Stop:
+    abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+    return _Stop(_finish(run, "failed", error=error))
+
+
+def _stop_for(run: _Run) -> _Stop:
+    """Leave the job because ``control`` said so: abort the rest, then cancel / hand back."""
+    abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+    reason = run.control.reason
+    if reason == "cancelled":
+        return _Stop(_finish(run, "cancelled"))
+    if reason == "shutdown":
+        jobs.release(run.db, run.job.lease)
+        return _Stop(Outcome("released", None, list(run.released)))
+    return _Stop(Outcome("lease_lost", None, list(run.released)))
+
+
+def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None) -> Outcome:
+    db, job = run.db, run.job
+    if job.attempt > 1:
+        # The previous worker is gone: settle its candidates and its holds first.
+        registry.sweep(db, run.artifact_dir, job_id=job.id)
+        for reservation_id in _earlier_reservations(db, job):
+            abort_quietly(db, job.tenant_id, reservation_id)
+    if job.cancel_requested:
+        raise _Stop(_finish(run, "cancelled"))
+    if job.attempt > job.max_attempts:
+        raise _Stop(
+            _finish(
+                run,
+                "failed",
+                error=_error(
+                    "attempts_exhausted",
+                    f"the job's worker stopped before the end {job.max_attempts} time(s) "
+                    "(lease expired or shut down); it is not retried again.",
+                    attempts=job.max_attempts,
+                ),
+            )
+        )
+    from service.worker.models import InvalidParamsError
+
+    # 1. Plan and reserve: no data is read here.
+    try:
+        run.trainer = trainer_for(job.algorithm, device)
+        params = run.trainer.parse_params(jobs.trainer_params(job.params))
+        batches = ledger_batches(db, job.dataset_id)
+        if not batches:
+            raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
+        run.plan = run.trainer.plan(params, sum(size for _, size in batches))
+    except InvalidParamsError as exc:
+        raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
+    except AccountantError as exc:  # calibration: no σ reaches the target, ...
+        raise _fail(run, _error("invalid_input", str(exc), field=getattr(exc, "field", "params"))) from None
+    plan: TrainingPlan = run.plan
+    plan_json = plan.to_json() if hasattr(plan, "to_json") else {"event": ev.to_json(plan.event)}
+    jobs.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
+    try:
+        reserved = reservations.reserve(
+            db,
+            job.tenant_id,
+            job.dataset_id,
+            event_json=ev.to_json(plan.event),
+            batch_ids=[batch_id for batch_id, _ in batches],
+            idempotency_key=_reserve_key(job.id, job.attempt),
+            ttl_s=reservation_ttl_s,
+        )
+    except LedgerError as exc:
+        raise _fail(run, exc.to_json()) from None
+    run.reservation_id = reserved["id"]
+    jobs.record_reservation(db, job.lease, run.reservation_id)
+    if run.control.should_stop():
+        raise _stop_for(run)
+
+    # 2. Load the records (only now) and check them against the ledger's batches.
+    from service.worker.data import DataSourceError
+
+    try:
+        run.data = loader(str(job.params["data_source"]))
+        check_source_records(db, job.dataset_id, run.data)
+    except DataSourceError as exc:
+        code = "record_mismatch" if type(exc).__name__ == "RecordMismatchError" else "data_source"
+        raise _fail(run, _error(code, str(exc), field="params.data_source")) from None
+
+    # 3. Train; every release goes through _checkpoint.
+    try:
+        result = run.trainer.train(
+            run.data,
+            plan,
+            on_checkpoint=lambda step, state, event: _checkpoint(run, step, state, event),
+            should_stop=lambda: _should_stop(run),
+        )
+    except (LeaseLost, _Stop):
+        raise
+    except Exception as exc:  # a failed run: Lemma 1 violated, bad params for the data, ...
+        # (run.failure: the release path failed with an unknown outcome and said why)
+        failure = run.failure if run.failure is not None else exc
+        logger.exception("job %s failed while training", job.id)
+        raise _fail(run, _error("training_failed", f"{type(failure).__name__}: {failure}")) from None
+
+    # 4. How it ended.
+    if result.status == "completed":
+        run.released_metrics = dict(result.metrics)  # every step is committed: all released
+        return _finish(run, "succeeded")
+    if result.status == "refused":
+        if run.refusal is None:  # _checkpoint stopped because control said so
+            raise _stop_for(run)
+        raise _fail(run, run.refusal)
+    raise _stop_for(run)
+
+
+def _should_stop(run: _Run) -> bool:
+    run.calls += 1
+    run.control.set_step(run.calls - 1)
+    return run.control.should_stop()
+
+
+def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bool:
+    """Release the model after ``step`` steps: stage, commit, publish. ``False`` stops training."""
+    db, job, plan = run.db, run.job, run.plan
+    run.control.set_step(step)
+    if run.control.should_stop() or not run.control.lease_valid():
+        return False
+    final = step == plan.steps
+    metrics: dict[str, Any] = dict(run.trainer.evaluate(run.data, model_state, plan.params))
+    metrics["step"] = step
+    fmt, write = _serializer(model_state)
+    answer: dict[str, Any] | None = None
+    staged: registry.StagedArtifact | None = None
+    for _ in range(_VERSION_RETRIES):
+        version = registry.next_version(db, job.tenant_id, job.model_name)
+        staged = registry.stage(
+            run.artifact_dir,
+            tenant_id=job.tenant_id,
+            name=job.model_name,
+            version=version,
+            job_id=job.id,
+            attempt=job.attempt,
+            dataset_id=job.dataset_id,
+            step=step,
+            metrics=metrics,
+            fmt=fmt,
+            write=write,
+        )
+        try:
+            answer = reservations.commit(
+                db,
+                job.tenant_id,
+                run.reservation_id or "",
+                release={"model": job.model_name, "version": version},
+                event_json=None if final else ev.to_json(event),
+                idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
+            )
+        except Conflict as exc:
+            registry.discard(run.artifact_dir, staged)
+            if exc.details.get("reason") == "release_exists":  # another job took the number
+                continue
+            run.refusal = exc.to_json()
+            return False
+        except LedgerError as exc:  # refused: the candidate is destroyed, never published
+            registry.discard(run.artifact_dir, staged)
+            run.refusal = exc.to_json()
+            return False
+        except BaseException as exc:
+            # Unknown outcome (the database went away mid-commit): leave the candidate staged;
+            # the sweep publishes it if the commit landed and deletes it otherwise.
+            run.failure = exc
+            raise
+        break
+    if answer is None or staged is None:
+        run.refusal = _error("version_conflict", f"no free version number for {job.model_name!r}.")
+        return False
+    certificate_id = answer["certificate"]["id"]
+    registry.publish(db, run.artifact_dir, staged, certificate_id=certificate_id)
+    run.released.append(staged.version)
+    run.released_metrics = metrics
+    committed = answer["reservation"]["committed"]
+    jobs.record_progress(
+        db,
+        job.lease,
+        step=step,
+        epsilon_committed=Decimal(committed["epsilon"]),
+        delta_committed=Decimal(committed["delta"]),
+        metrics=metrics,
+    )
+    return True
+
+
+__all__ = [
+    "Control",
+    "Outcome",
+    "abort_quietly",
+    "check_source_records",
+    "default_loader",
+    "ledger_batches",
+    "run_job",
+    "trainer_for",
+]

@@ -1,0 +1,222 @@
+"""The worker loop: claim a job, keep its lease with a heartbeat thread, run it through the gate.
+
+``Worker.run_once()`` claims one job (``service.worker.jobs.claim``) and runs it to its end;
+``Worker.run_forever(stop_event)`` does that until ``stop_event`` is set, sleeping ``poll_s``
+when the queue is empty. On start it sweeps the staging area left by crashed workers
+(``registry.sweep``), and every ``expire_every_s`` it expires reservations past their TTL
+(``reservations.expire_due``), so orphaned holds are freed even when no API process runs.
+
+Leases. While a job runs, a heartbeat thread extends its lease every ``heartbeat_s`` (default
+``lease_s / 3``) and reads whether a cancel was requested. The worker also keeps a *local*
+deadline — the time the last successful heartbeat was sent plus 80% of ``lease_s``, on the
+monotonic clock — and stops the job (no further commit) once it passes, even if the database
+cannot be reached to say so; another worker can claim the job only after the lease has expired
+in the database, which is later. Clocks of workers on different machines are assumed to agree
+within the remaining 20% of ``lease_s``. Even then a double run could only waste budget, never
+misreport it: each attempt spends through its own reservation and every commit is certified.
+
+Shutdown (``stop_event`` set while a job runs): the job stops at its next step, the rest of its
+reservation is aborted and it goes back to the queue (``jobs.release``).
+
+Training imports torch lazily (``service.worker.gate`` imports the trainers inside ``run_job``),
+so an idle in-process worker does not load torch into the API process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Final
+
+from service.db.session import Database
+from service.ledger import reservations
+from service.worker import gate, jobs, registry
+from service.worker.jobs import ClaimedJob, LeaseLost
+
+logger = logging.getLogger("service.worker")
+
+DEFAULT_LEASE_S: Final = 30.0
+DEFAULT_POLL_S: Final = 1.0
+DEFAULT_EXPIRE_EVERY_S: Final = 30.0
+LOCAL_DEADLINE_FRACTION: Final = 0.8
+
+
+def new_worker_id() -> str:
+    return f"{socket.gethostname()[:100]}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class JobControl:
+    """The gate's ``Control`` for one claimed job, fed by the heartbeat thread."""
+
+    def __init__(self, lease_s: float, claimed_at: float, stop_event: threading.Event) -> None:
+        self._lease_s = lease_s
+        self._deadline = claimed_at + LOCAL_DEADLINE_FRACTION * lease_s
+        self._stop_event = stop_event
+        self._lock = threading.Lock()
+        self.cancelled = threading.Event()
+        self.lost = threading.Event()
+        self.step = 0
+
+    def renewed(self, sent_at: float) -> None:
+        with self._lock:
+            self._deadline = max(self._deadline, sent_at + LOCAL_DEADLINE_FRACTION * self._lease_s)
+
+    def lease_valid(self) -> bool:
+        with self._lock:
+            deadline = self._deadline
+        return not self.lost.is_set() and time.monotonic() < deadline
+
+    def should_stop(self) -> bool:
+        if not self.lease_valid():
+            self.lost.set()
+        return self.lost.is_set() or self.cancelled.is_set() or self._stop_event.is_set()
+
+    @property
+    def reason(self) -> str | None:
+        if self.lost.is_set():
+            return "lease_lost"
+        if self.cancelled.is_set():
+            return "cancelled"
+        if self._stop_event.is_set():
+            return "shutdown"
+        return None
+
+    def set_step(self, step: int) -> None:
+        self.step = step
+
+
+class Worker:
+    """One training worker against one database (several may share a PostgreSQL database)."""
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        artifact_dir: Path | str,
+        reservation_ttl_s: float = reservations.DEFAULT_TTL_S,
+        worker_id: str | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        heartbeat_s: float | None = None,
+        poll_s: float = DEFAULT_POLL_S,
+        expire_every_s: float = DEFAULT_EXPIRE_EVERY_S,
+        device: str | None = None,
+        loader: gate.Loader | None = None,
+    ) -> None:
+        if lease_s <= 0 or poll_s <= 0:
+            raise ValueError(f"lease_s and poll_s must be > 0. Found {lease_s}, {poll_s}.")
+        self.db = db
+        self.artifact_dir = Path(artifact_dir)
+        self.reservation_ttl_s = reservation_ttl_s
+        self.worker_id = worker_id or new_worker_id()
+        self.lease_s = lease_s
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
+        self.poll_s = poll_s
+        self.expire_every_s = expire_every_s
+        self.device = device
+        self.loader: gate.Loader = loader if loader is not None else gate.default_loader
+        self._last_expiry = 0.0
+        self._idle_stop = threading.Event()
+
+    # -- one job -------------------------------------------------------------------------------
+
+    def run_once(self, stop_event: threading.Event | None = None) -> str | None:
+        """Claim one job and run it to its end; the job's id, or ``None`` if none was queued."""
+        stop = stop_event if stop_event is not None else self._idle_stop
+        claimed_at = time.monotonic()
+        job = jobs.claim(self.db, self.worker_id, self.lease_s)
+        if job is None:
+            return None
+        logger.info("worker %s claimed job %s (attempt %d)", self.worker_id, job.id, job.attempt)
+        control = JobControl(self.lease_s, claimed_at, stop)
+        if job.cancel_requested:
+            control.cancelled.set()
+        done = threading.Event()
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job, control, done), name=f"heartbeat-{job.id}", daemon=True
+        )
+        beat.start()
+        try:
+            self._run(job, control)
+        finally:
+            done.set()
+            beat.join()
+        return job.id
+
+    def _run(self, job: ClaimedJob, control: JobControl) -> None:
+        outcome = gate.run_job(
+            self.db,
+            job,
+            control=control,
+            artifact_dir=self.artifact_dir,
+            reservation_ttl_s=self.reservation_ttl_s,
+            loader=self.loader,
+            device=self.device,
+        )
+        logger.info("job %s: %s %s", job.id, outcome.status, outcome.error or "")
+
+    def _heartbeat(self, job: ClaimedJob, control: JobControl, done: threading.Event) -> None:
+        while not done.wait(self.heartbeat_s):
+            sent = time.monotonic()
+            try:
+                beat = jobs.heartbeat(self.db, job.lease, self.lease_s, progress_step=control.step)
+            except LeaseLost:
+                logger.warning("worker %s lost the lease of job %s", self.worker_id, job.id)
+                control.lost.set()
+                return
+            except Exception:  # the database is unreachable: the local deadline decides
+                logger.exception("heartbeat of job %s failed; retrying", job.id)
+                continue
+            control.renewed(sent)
+            if beat.cancel_requested:
+                control.cancelled.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def sweep(self) -> dict[str, list[str]]:
+        """Resolve staged candidates of crashed workers (``registry.sweep``)."""
+        return registry.sweep(self.db, self.artifact_dir)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        if now - self._last_expiry < self.expire_every_s:
+            return
+        self._last_expiry = now
+        try:
+            reservations.expire_due(self.db)
+        except Exception:
+            logger.exception("reservation expiry sweep failed")
+
+    def run_forever(self, stop_event: threading.Event) -> None:
+        """Claim and run jobs until ``stop_event`` is set."""
+        logger.info("worker %s started (artifacts in %s)", self.worker_id, self.artifact_dir)
+        try:
+            self.sweep()
+        except Exception:
+            logger.exception("staging sweep failed")
+        while not stop_event.is_set():
+            self._expire()
+            try:
+                ran = self.run_once(stop_event)
+            except Exception:
+                logger.exception("worker %s: job run failed", self.worker_id)
+                ran = None
+            if ran is None:
+                stop_event.wait(self.poll_s)
+        logger.info("worker %s stopped", self.worker_id)
+
+
+def start_thread(worker: Worker, stop_event: threading.Event) -> threading.Thread:
+    """Run ``worker.run_forever(stop_event)`` in a daemon thread (the in-process worker)."""
+    thread = threading.Thread(
+        target=worker.run_forever, args=(stop_event,), name="ledger-worker", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+__all__ = ["DEFAULT_LEASE_S", "JobControl", "Worker", "new_worker_id", "start_thread"]
