@@ -33,8 +33,11 @@ ledger plan may hold hundreds (the performance target: 200 distinct subsampled-G
 * the mean of each truncated PRV (needed for the mean-preserving discretisation) is a composite
   Gauss–Legendre integral in x-space (closed forms for Gaussian, Laplace and pure DP) instead of
   ``scipy.integrate.quad`` on the cdf;
-* all distinct PRVs are composed by one product of their FFTs (each raised to its count) and one
-  inverse FFT, instead of a Fourier self-composition per PRV followed by a convolution tree.
+* all distinct PRVs are composed by one product of their FFTs (PRVs with equal counts multiplied
+  first, then one power per distinct count) and one inverse FFT, instead of a Fourier
+  self-composition per PRV followed by a convolution tree;
+* the ε(δ) search uses the tail sums Σ_{j≥i} pⱼe^{tᵢ−tⱼ} (a stable recurrence) instead of
+  e^{tᵢ}·Σ pⱼe^{−tⱼ}, which overflows long double beyond ε ≈ 11000, and only the grid above 0.
 
 Every approximation these introduce is paid for in the bound, never in the user's favour:
 
@@ -63,8 +66,9 @@ Events
 ------
 ``gaussian`` and ``adaptive_gaussian`` (AdaDp Lemma 1: as private as a Gaussian with its
 ``noise_multiplier``) → Gaussian PRV; ``poisson_sampled`` of those → Poisson-subsampled Gaussian
-PRV (add/remove adjacency, the "remove" pair — the one prv-accountant, Opacus and dp-accounting's
-PLD treat as dominating for this mechanism); ``laplace`` → Laplace PRV; ``pure_dp``,
+PRV (add/remove adjacency, the "remove" pair P = (1−q)N(0,σ²) + qN(1,σ²) vs Q = N(0,σ²) that
+prv-accountant and Opacus use; dp-accounting's PLD, which also accounts the "add" pair and takes
+the worse, never exceeds our upper bound on the test grid); ``laplace`` → Laplace PRV; ``pure_dp``,
 ``l2dp_ml_functional`` and ``output_perturbation`` (pure ε-DP) → randomized-response PRV (the
 dominating pair of every ε-DP mechanism); ``approx_dp`` → the same with mass δ at +∞.
 ``self_composed`` multiplies counts; ``composed`` concatenates.
@@ -96,7 +100,7 @@ import scipy.fft
 from prv_accountant.domain import Domain
 from prv_accountant.privacy_random_variables import LaplaceMechanism, PureDPMechanism
 from scipy.signal import lfilter
-from scipy.special import ndtr, ndtri
+from scipy.special import log_ndtr, ndtr, ndtri
 
 from accountant.base import (
     AccountantError,
@@ -259,9 +263,14 @@ class _SubsampledGaussianPrv(_Prv):
 
     def _x_of_t(self, t: FloatArray) -> FloatArray:
         q, s = self.sampling_probability, self.noise_multiplier
+        x: FloatArray = np.expm1(t)
         with np.errstate(divide="ignore", invalid="ignore"):
-            x: FloatArray = s * s * np.log1p(np.expm1(t) / q) + 0.5
-        return np.where(t > math.log1p(-q), x, -np.inf)
+            x /= q
+            np.log1p(x, out=x)
+        x *= s * s
+        x += 0.5
+        x[t <= math.log1p(-q)] = -np.inf  # below the support: P(Y ≤ t) = 0
+        return x
 
     def _loss(self, x: FloatArray) -> FloatArray:
         q, s = self.sampling_probability, self.noise_multiplier
@@ -269,9 +278,18 @@ class _SubsampledGaussianPrv(_Prv):
         return result
 
     def window(self, z_tail: float) -> tuple[float, float]:
+        # The smallest x_hi with P(X > x_hi) = (1−q)Φ(−x/σ) + qΦ(−(x−1)/σ) ≤ Φ(−z_tail), by
+        # bisection on [1, 1 + z_tail·σ] (where the qΦ(−(x−1)/σ) term alone already fits).
         q, s = self.sampling_probability, self.noise_multiplier
-        x_hi = 1.0 + z_tail * s
-        return math.log1p(-q), float(self._loss(np.array([x_hi]))[0])
+        log_tail = float(log_ndtr(-z_tail))
+        lo, hi = 1.0, 1.0 + z_tail * s
+        for _ in range(30):
+            mid = (lo + hi) / 2
+            log_mass = float(
+                np.logaddexp(math.log1p(-q) + log_ndtr(-mid / s), math.log(q) + log_ndtr(-(mid - 1) / s))
+            )
+            lo, hi = (lo, mid) if log_mass <= log_tail else (mid, hi)
+        return math.log1p(-q), float(self._loss(np.array([hi]))[0])
 
     def cdf(self, t: FloatArray) -> FloatArray:
         return self.cdf_sf(t)[0]
@@ -572,16 +590,17 @@ def _discretise(
     j_hi = min(n - 1, math.floor((hi - t_min) / h + 0.5))
     if j_hi < j_lo:
         raise _PrvFailure("a PRV lies outside the domain")
-    k = np.arange(j_lo, j_hi + 2, dtype=np.float64)
-    edges = t_min + (k - 0.5) * h
+    offsets = np.arange(j_hi - j_lo + 2, dtype=np.float64)
+    edges = offsets * h
+    edges += t_min + (j_lo - 0.5) * h
     probabilities, dropped = prv.cell_probabilities(edges)
-    probabilities = np.maximum(probabilities, 0.0)
+    np.maximum(probabilities, 0.0, out=probabilities)
     mass = float(probabilities.sum())
     if not mass > 0:
         raise _PrvFailure("a PRV has no mass on the domain")
-    probabilities = probabilities / mass
-    centres = t_min + np.arange(j_lo, j_hi + 1, dtype=np.float64) * h
-    mean_discrete = float(np.dot(centres, probabilities))
+    probabilities /= mass
+    # Σ tⱼpⱼ with tⱼ = t_min + (j_lo + k)·h.
+    mean_discrete = t_min + h * (j_lo + float(np.dot(offsets[:-1], probabilities)))
     mean_continuous, mean_error = prv.truncated_mean(float(edges[0]), float(edges[-1]))
     shift = mean_continuous - mean_discrete
     if not abs(shift) < h / 2:

@@ -31,7 +31,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select, text
 
 from service.api import audit as audit_routes
+from service.api import audit_export as audit_export_routes
 from service.api import certificates as certificate_routes
+from service.api import dashboard as dashboard_routes
 from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
 from service.api import models as model_routes
@@ -95,10 +97,13 @@ def create_app(
         reservation_routes,
         certificate_routes,
         audit_routes,
+        audit_export_routes,
         job_routes,
         model_routes,
+        dashboard_routes,
     ):
         app.include_router(module.router)
+    dashboard_routes.mount_web(app)  # the dashboard: / and /static (service/web)
 
     @app.get("/healthz", tags=["operations"], summary="Liveness, with a database round trip")
     def healthz() -> JSONResponse:

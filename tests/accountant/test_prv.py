@@ -11,6 +11,8 @@ import mpmath
 import numpy as np
 import pytest
 from dp_accounting.pld import PLDAccountant
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prv_accountant import PRVAccountant
 from prv_accountant.privacy_random_variables import (
     GaussianMechanism,
@@ -285,3 +287,23 @@ def test_subsampled_gaussian_cdf_matches_prv_accountant() -> None:
     probabilities, outside = ours.cell_probabilities(t)
     assert np.all(probabilities >= -1e-18)
     assert math.fsum(probabilities.tolist()) + outside == pytest.approx(1.0, abs=1e-14)
+
+
+_entry = st.tuples(st.floats(1e-3, 0.2), st.floats(0.7, 3.0), st.integers(1, 300))
+
+
+@settings(max_examples=8, deadline=None)
+@given(entries=st.lists(_entry, min_size=1, max_size=4), pure=st.floats(0.0, 0.5))
+def test_random_plans_are_ordered_and_never_above_rdp(
+    entries: list[tuple[float, float, int]], pure: float
+) -> None:
+    acc = PrvAccountant()
+    rdp = make_accountant("rdp")
+    for q, sigma, steps in entries:
+        acc.compose(_dp_sgd(q, sigma, steps))
+        rdp.compose(_dp_sgd(q, sigma, steps))
+    acc.compose(ev.PureDpEvent(pure))
+    rdp.compose(ev.PureDpEvent(pure))
+    bound = acc.get_epsilon(1e-6)
+    assert 0 <= bound.lower <= bound.estimate <= bound.upper <= rdp.get_epsilon(1e-6).upper
+    assert bound.method == "prv"

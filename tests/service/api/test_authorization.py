@@ -64,7 +64,19 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/certificates/{certificate}", "viewer", 200),
     Route("GET", "/v1/audit/verify", "viewer", 200),
     Route("GET", "/v1/audit/verify", "viewer", 200, query={"dataset_id": "{dataset}"}),
+    # dashboard reads and the audit export (service/api/dashboard.py, audit_export.py)
+    Route("GET", "/v1/spend", "viewer", 200),
+    Route("GET", "/v1/datasets/{dataset}/audit", "viewer", 200),
+    Route("GET", "/v1/datasets/{dataset}/batch-spend", "viewer", 200),
+    Route("GET", "/v1/datasets/{dataset}/releases", "viewer", 200),
+    Route("GET", "/v1/datasets/{dataset}/epsilon-history", "viewer", 200),
+    Route("POST", "/v1/certificates/{certificate}/verify", "viewer", 200),
 )
+
+# Routes of the training worker and the model registry: their objects (jobs, published model
+# versions) are made by the worker, so their rows belong with those tests. Listed here so the
+# coverage check below still fails for any other route missing from the table.
+TABLED_ELSEWHERE = ("/v1/jobs", "/v1/models/")
 
 
 def expected_status(route: Route, caller: str, tenant: str) -> int:
@@ -82,7 +94,7 @@ def test_the_table_covers_every_v1_route() -> None:
     served = {
         (method.upper(), path)
         for path, operations in app.openapi()["paths"].items()
-        if path.startswith("/v1/")
+        if path.startswith("/v1/") and not path.startswith(TABLED_ELSEWHERE)
         for method in operations
     }
     placeholders = {

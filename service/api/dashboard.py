@@ -1,0 +1,160 @@
+"""Read endpoints the dashboard needs beyond the core v1 calls (any scope; another tenant's ids
+answer 404). Thin: each calls one ledger view (``service.ledger.views``) or
+``service.ledger.certificates.verify_stored``.
+
+* ``GET /v1/spend`` — every dataset's spend summary, paged (the datasets table in one call).
+* ``GET /v1/datasets/{id}/batch-spend`` — per-batch spend and geometric levels, paged (heatmap).
+* ``GET /v1/datasets/{id}/releases`` — the release timeline with each certificate's headline.
+* ``GET /v1/datasets/{id}/epsilon-history`` — ledger ε against naive sequential ε per task.
+* ``POST /v1/certificates/{id}/verify`` — re-verify a stored certificate on the server with
+  ``accountant.certificates.verify`` (offline: from the certificate's own contents; changes
+  nothing, so a viewer key may call it).
+
+``mount_web(app)`` serves the dashboard itself (``service/web``): ``/`` and ``/static/*``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+from fastapi import APIRouter, FastAPI, Query
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict
+
+from service.api import PREFIX
+from service.api.deps import DatabaseDep, ViewerDep
+from service.api.responses import documented, json_answer
+from service.api.schemas import ErrorBody
+from service.ledger import certificates, views
+
+router = APIRouter(prefix=PREFIX, tags=["dashboard"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing, unknown or revoked API key"},
+    404: {"model": ErrorBody, "description": "unknown id, or another tenant's"},
+    422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
+}
+
+
+class _Page(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    data: list[dict[str, Any]]
+    count: int
+
+
+class CertificateVerification(BaseModel):
+    certificate_id: str
+    ok: bool
+    reason: str
+
+
+@router.get(
+    "/spend",
+    response_model=None,
+    responses={200: documented(_Page, "each dataset's spend, oldest dataset first"), **_ERRORS},
+    summary="Spend of every dataset of the tenant (from the ledger heads; paged)",
+)
+def list_spend(
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JSONResponse:
+    return json_answer(views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset))
+
+
+@router.get(
+    "/datasets/{dataset_id}/batch-spend",
+    response_model=None,
+    responses={200: documented(_Page, "a page of batches with their spend and levels"), **_ERRORS},
+    summary="Per-batch spend in task order (heatmap; geometric levels per block)",
+)
+def batch_spend(
+    dataset_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_BATCH_PAGE)] = 500,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JSONResponse:
+    return json_answer(
+        views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    )
+
+
+@router.get(
+    "/datasets/{dataset_id}/releases",
+    response_model=None,
+    responses={200: documented(_Page, "releases, newest first"), **_ERRORS},
+    summary="Release timeline: each version's certificate headline (paged, newest first)",
+)
+def list_releases(
+    dataset_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JSONResponse:
+    return json_answer(views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+
+
+@router.get(
+    "/datasets/{dataset_id}/epsilon-history",
+    response_model=None,
+    responses={200: documented(_Page, "one point per task with releases"), **_ERRORS},
+    summary="Ledger ε and naive sequential ε after each task (the lifelong curve)",
+)
+def epsilon_history(
+    dataset_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=10 * views.MAX_PAGE)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JSONResponse:
+    return json_answer(
+        views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    )
+
+
+@router.post(
+    "/certificates/{certificate_id}/verify",
+    response_model=CertificateVerification,
+    responses=_ERRORS,
+    summary="Re-verify a stored certificate with accountant.certificates.verify",
+)
+def verify_certificate(certificate_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    result = certificates.verify_stored(db, principal.tenant_id, certificate_id)
+    return {"certificate_id": certificate_id, "ok": result["ok"], "reason": result["reason"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The dashboard's files (service/web): index.html at ``/``, its assets under ``/static``.
+
+WEB_DIR: Final = Path(__file__).resolve().parent.parent / "web"
+
+# Every asset is local: the browser itself refuses anything from another origin, inline scripts
+# and framing, so a page that works under this policy provably loads nothing from a CDN.
+CONTENT_SECURITY_POLICY: Final = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+
+
+def mount_web(app: FastAPI) -> None:
+    """Serve the dashboard: ``GET /`` answers ``index.html``; ``/static/*`` its files."""
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    @app.get("/", include_in_schema=False)
+    def dashboard_index() -> FileResponse:
+        return FileResponse(
+            WEB_DIR / "index.html",
+            media_type="text/html",
+            headers={
+                "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+                "Cache-Control": "no-cache",
+                "X-Content-Type-Options": "nosniff",
+                "Referrer-Policy": "no-referrer",
+            },
+        )

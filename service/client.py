@@ -1,0 +1,1090 @@
+"""Python client of HTTP API v1: ``LedgerClient`` (sync) and ``AsyncLedgerClient`` (asyncio).
+
+::
+
+    from service.client import LedgerClient, BudgetExceeded
+
+    with LedgerClient("http://127.0.0.1:8000", api_key) as ledger:
+        try:
+            with ledger.release_gate(dataset_id, batches, event, model="mlp", version=3) as gate:
+                weights = train()                 # runs only once the cost is reserved
+            save(weights, gate.certificate)       # reached only after the ledger committed
+        except BudgetExceeded as refused:
+            print(refused.remaining, refused.requested)
+
+Every v1 call has a typed method returning the JSON answer as a ``dict`` (numbers the ledger
+computes are decimal strings, exact as stored). Behaviour a careful caller would otherwise write
+by hand:
+
+* **Idempotency.** Every mutating call carries an ``Idempotency-Key`` (a fresh random key, or the
+  ``idempotency_key=`` you pass to make a retry from another process safe) and the *same* key on
+  every retry of that call, so a retry after a lost response returns the first answer and is
+  never charged twice (``service.ledger.idempotency``).
+* **Retries** on connection errors, timeouts, 503 (honouring ``Retry-After``) and 409
+  ``idempotency_in_progress`` (the first attempt is still being processed), with capped
+  exponential backoff and jitter; ``retries`` is how many retries follow the first attempt.
+  Other errors are answers, not faults, and are never retried.
+* **Typed errors.** A non-2xx answer ``{"error": code, "message": ..., **details}`` raises the
+  ``LedgerError`` subclass for its code: ``BudgetExceeded`` (``remaining``, ``requested``),
+  ``BatchOverlap`` (``record_id``), ``NotFound``, ``Unauthorized``, ``Forbidden``,
+  ``InvalidInput`` (``field``), ``Conflict`` (any other 409: a rule's refusal such as
+  ``batch_already_read``, a closed reservation, ...), ``ServerError``; a server that could not be
+  reached raises ``LedgerUnavailable``.
+* **Events** are ``accountant.events`` objects or their JSON (``{"kind": "gaussian", ...}``).
+* **The release gate** (``release_gate``): reserve on enter, commit ``{model, version}`` on a
+  clean exit, abort on an exception. Nothing is released without a certificate: code after the
+  ``with`` block runs only once the ledger committed.
+
+The endpoint methods are written once (``_Endpoints``) over an abstract ``_json``/``_artifact``
+call, so the sync and async clients cannot drift apart; only the transport loop, the paging
+iterators and the gate differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from email.utils import parsedate_to_datetime
+from typing import Any, Final, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from accountant import events as dp_events
+from accountant.events import DpEvent
+
+JsonObject = dict[str, Any]
+EventLike = DpEvent | Mapping[str, Any]
+Number = float | int | str | Decimal
+Identifier = str | int
+
+DEFAULT_TIMEOUT_S: Final = 30.0
+DEFAULT_RETRIES: Final = 3
+DEFAULT_BACKOFF_S: Final = 0.2
+MAX_BACKOFF_S: Final = 5.0
+USER_AGENT: Final = "privacy-ledger-client/1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class LedgerError(Exception):
+    """An error answer of the ledger (or no answer at all: ``LedgerUnavailable``).
+
+    ``code``: the answer's ``error`` field; ``status``: the HTTP status (``None`` when no answer
+    came back); ``details``: every other field of the answer.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "ledger_error",
+        status: int | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.status = status
+        self.details: dict[str, Any] = dict(details or {})
+
+    def __str__(self) -> str:
+        where = f"{self.status} " if self.status is not None else ""
+        return f"{where}{self.code}: {self.message}"
+
+
+class LedgerUnavailable(LedgerError):
+    """No usable answer after every retry: connection refused or lost, timeout, 503."""
+
+
+class Unauthorized(LedgerError):
+    """401: missing, unknown or revoked API key."""
+
+
+class Forbidden(LedgerError):
+    """403: the key's ``scope`` is below the call's ``required_scope``."""
+
+    @property
+    def scope(self) -> str | None:
+        return self.details.get("scope")
+
+    @property
+    def required_scope(self) -> str | None:
+        return self.details.get("required_scope")
+
+
+class NotFound(LedgerError):
+    """404: an unknown id, or another tenant's (``resource`` names what was looked up)."""
+
+    @property
+    def resource(self) -> str | None:
+        return self.details.get("resource")
+
+
+class InvalidInput(LedgerError):
+    """422: bad input; ``field`` is the dotted path of the first bad field."""
+
+    @property
+    def field(self) -> str | None:
+        return self.details.get("field")
+
+
+class Conflict(LedgerError):
+    """409: the request conflicts with the ledger's state; ``code`` says how
+    (``batch_already_read``, ``reservation_closed``, ``reservation_expired``, ...)."""
+
+
+class BudgetExceeded(Conflict):
+    """409 ``budget_exceeded``: nothing is held. ``remaining`` and ``requested`` are
+    ``{"epsilon": str, "delta": str}`` (decimal strings, exact)."""
+
+    @property
+    def remaining(self) -> dict[str, str]:
+        value = self.details.get("remaining")
+        return dict(value) if isinstance(value, Mapping) else {}
+
+    @property
+    def requested(self) -> dict[str, str]:
+        value = self.details.get("requested")
+        return dict(value) if isinstance(value, Mapping) else {}
+
+    @property
+    def batch_id(self) -> str | None:
+        return self.details.get("batch_id")
+
+
+class BatchOverlap(Conflict):
+    """409 ``batch_overlap``: ``record_id`` is already in a batch of the dataset."""
+
+    @property
+    def record_id(self) -> str | int | None:
+        return self.details.get("record_id")
+
+
+class ServerError(LedgerError):
+    """5xx other than a retried 503 (the server log has the cause)."""
+
+
+_BY_CODE: Final[dict[str, type[LedgerError]]] = {
+    "budget_exceeded": BudgetExceeded,
+    "batch_overlap": BatchOverlap,
+    "not_found": NotFound,
+    "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
+    "invalid_input": InvalidInput,
+}
+_BY_STATUS: Final[dict[int, type[LedgerError]]] = {
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    422: InvalidInput,
+}
+
+
+def error_from_response(response: httpx.Response) -> LedgerError:
+    """The typed error for a non-2xx answer."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        text = response.text.strip()[:200] or response.reason_phrase
+        body = {"error": "http_error", "message": text}
+    code = str(body.get("error") or "http_error")
+    message = str(body.get("message") or response.reason_phrase)
+    details = {k: v for k, v in body.items() if k not in ("error", "message")}
+    status = response.status_code
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(status)
+    if cls is None:
+        cls = ServerError if status >= 500 else LedgerError
+    if status == 503:
+        cls = LedgerUnavailable
+    return cls(message, code=code, status=status, details=details)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+# ---------------------------------------------------------------------------------------------
+
+
+def event_json(event: EventLike) -> JsonObject:
+    """The JSON of an event: an ``accountant.events`` object, or a mapping taken as it is."""
+    if isinstance(event, DpEvent):
+        return dp_events.to_json(event)
+    if isinstance(event, Mapping):
+        return dict(event)
+    raise TypeError(f"event must be an accountant.events.DpEvent or a JSON object. Found {event!r}.")
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Decimal):
+        return str(value)  # a budget as written: the ledger reads it exactly
+    if isinstance(value, DpEvent):
+        return dp_events.to_json(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable: {value!r}")
+
+
+def _segment(value: Identifier) -> str:
+    return quote(str(value), safe="")
+
+
+def new_idempotency_key() -> str:
+    return f"pl-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    body: Any = None
+    params: Mapping[str, Any] | None = None
+    idempotency_key: str | None = None
+    accept: frozenset[int] = frozenset()  # non-2xx statuses answered as JSON, not raised
+
+    def content(self) -> bytes | None:
+        if self.body is None:
+            return None
+        return json.dumps(self.body, default=_json_default).encode()
+
+    def headers(self, api_key: str) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+        if self.body is not None:
+            headers["Content-Type"] = "application/json"
+        if self.idempotency_key is not None:
+            headers["Idempotency-Key"] = self.idempotency_key
+        return headers
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A model version's weights as served, checked against the SHA-256 the registry recorded."""
+
+    content: bytes
+    sha256: str
+    format: str | None
+    certificate_id: str | None
+    filename: str | None
+
+
+class _RetryPolicy:
+    def __init__(self, retries: int, backoff_s: float) -> None:
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0. Found {retries}.")
+        if backoff_s < 0:
+            raise ValueError(f"backoff_s must be >= 0. Found {backoff_s}.")
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        """Seconds before retry ``attempt`` (0-based): ``Retry-After`` if the server sent one
+        (capped), else capped exponential backoff with full jitter."""
+        if response is not None:
+            after = _retry_after_s(response.headers.get("retry-after"))
+            if after is not None:
+                return min(after, MAX_BACKOFF_S)
+        ceiling = min(MAX_BACKOFF_S, self.backoff_s * (2**attempt))
+        return random.uniform(ceiling / 2, ceiling)
+
+    @staticmethod
+    def retryable(response: httpx.Response, call: _Call) -> bool:
+        if response.status_code in call.accept:
+            return False
+        if response.status_code == 503:
+            return True
+        if response.status_code == 409 and call.idempotency_key is not None:
+            try:
+                body = response.json()
+            except ValueError:
+                return False
+            return isinstance(body, dict) and body.get("error") == "idempotency_in_progress"
+        return False
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, moment.timestamp() - time.time())
+
+
+def _json_answer(response: httpx.Response) -> JsonObject:
+    try:
+        body = response.json()
+    except ValueError as exc:
+        raise LedgerError(
+            f"expected a JSON answer from {response.request.method} {response.request.url.path}; "
+            f"got {response.headers.get('content-type')!r}.",
+            code="invalid_answer",
+            status=response.status_code,
+        ) from exc
+    if not isinstance(body, dict):
+        raise LedgerError(
+            "expected a JSON object.", code="invalid_answer", status=response.status_code
+        )
+    return body
+
+
+def _artifact_answer(response: httpx.Response) -> Artifact:
+    content = response.content
+    recorded = response.headers.get("x-artifact-sha256")
+    actual = hashlib.sha256(content).hexdigest()
+    if recorded is not None and recorded != actual:
+        raise LedgerError(
+            f"artifact SHA-256 {actual} does not match the recorded {recorded}.",
+            code="artifact_mismatch",
+            status=response.status_code,
+        )
+    disposition = response.headers.get("content-disposition", "")
+    filename = None
+    if "filename=" in disposition:
+        filename = disposition.split("filename=", 1)[1].strip().strip('"') or None
+    return Artifact(
+        content=content,
+        sha256=actual,
+        format=response.headers.get("x-artifact-format"),
+        certificate_id=response.headers.get("x-certificate-id"),
+        filename=filename,
+    )
+
+
+def _unavailable(
+    call: _Call, attempts: int, cause: BaseException | None, response: httpx.Response | None
+) -> LedgerError:
+    if response is not None:
+        error = error_from_response(response)
+        error.details.setdefault("attempts", attempts)
+        return error
+    return LedgerUnavailable(
+        f"{call.method} {call.path}: no answer after {attempts} attempt(s): "
+        f"{type(cause).__name__}: {cause}",
+        code="unavailable",
+        details={"attempts": attempts},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Endpoints (written once for both clients)
+# ---------------------------------------------------------------------------------------------
+
+J = TypeVar("J")  # what a JSON call returns: a dict, or an awaitable of one
+A = TypeVar("A")  # what an artifact download returns
+
+
+class _Endpoints(Generic[J, A]):
+    """Every HTTP API v1 call, as a method building a ``_Call``."""
+
+    def _json(self, call: _Call) -> J:
+        raise NotImplementedError
+
+    def _artifact(self, call: _Call) -> A:
+        raise NotImplementedError
+
+    @staticmethod
+    def _key(idempotency_key: str | None) -> str:
+        return idempotency_key if idempotency_key is not None else new_idempotency_key()
+
+    # operations -----------------------------------------------------------------------------
+
+    def healthz(self) -> J:
+        """``GET /healthz``: ``{"status": "ok"|"unavailable", "database": ...}`` (503 is answered,
+        not raised: it is the health check's negative answer)."""
+        return self._json(_Call("GET", "/healthz", accept=frozenset({503})))
+
+    # datasets, tasks, batches ---------------------------------------------------------------
+
+    def create_dataset(
+        self,
+        name: str,
+        *,
+        rule: str,
+        epsilon: Number,
+        delta: Number = 0,
+        accountant: str = "basic",
+        geometric: Mapping[str, Number] | None = None,
+        orders: Sequence[float] | None = None,
+        plan: Sequence[EventLike] | None = None,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST /v1/datasets`` (admin): a dataset with its budget (numbers taken as written)."""
+        budget: JsonObject = {"rule": rule, "epsilon": epsilon, "delta": delta, "accountant": accountant}
+        if geometric is not None:
+            budget["geometric"] = dict(geometric)
+        if orders is not None:
+            budget["orders"] = list(orders)
+        if plan is not None:
+            budget["plan"] = [event_json(e) for e in plan]
+        return self._json(
+            _Call(
+                "POST",
+                "/v1/datasets",
+                {"name": name, "budget": budget},
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def list_datasets(self, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/datasets``: ``{data, count}``."""
+        return self._json(_Call("GET", "/v1/datasets", params={"limit": limit, "offset": offset}))
+
+    def get_dataset(self, dataset_id: Identifier) -> J:
+        """``GET /v1/datasets/{id}``: ``{id, name, budget, created_at}``."""
+        return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}"))
+
+    def create_task(self, dataset_id: Identifier, name: str, *, idempotency_key: str | None = None) -> J:
+        """``POST /v1/datasets/{id}/tasks`` (admin)."""
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/datasets/{_segment(dataset_id)}/tasks",
+                {"name": name},
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def list_tasks(self, dataset_id: Identifier) -> J:
+        """``GET /v1/datasets/{id}/tasks``: ``{data, count}``."""
+        return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}/tasks"))
+
+    def create_batches(
+        self,
+        dataset_id: Identifier,
+        task_id: Identifier,
+        batches: Sequence[Mapping[str, Any]],
+        *,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST .../tasks/{task}/batches`` (admin): ``batches = [{name, records: [ids]}]``;
+        ``BatchOverlap`` names the first record already in a batch."""
+        body = {"batches": [{"name": b["name"], "records": list(b["records"])} for b in batches]}
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/datasets/{_segment(dataset_id)}/tasks/{_segment(task_id)}/batches",
+                body,
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def list_batches(self, dataset_id: Identifier, task_id: Identifier) -> J:
+        """``GET .../tasks/{task}/batches``: the task's batches with their spend."""
+        return self._json(
+            _Call("GET", f"/v1/datasets/{_segment(dataset_id)}/tasks/{_segment(task_id)}/batches")
+        )
+
+    # reserve, commit, abort -------------------------------------------------------------------
+
+    def reserve(
+        self,
+        dataset_id: Identifier,
+        event: EventLike,
+        *,
+        batches: Sequence[Identifier] | None = None,
+        tasks: Sequence[Identifier] | None = None,
+        noise_commitment: str | None = None,
+        ttl_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST /v1/datasets/{id}/reservations`` (trainer): certify and hold the charge of
+        ``event`` on ``batches`` (or every batch of ``tasks``). ``BudgetExceeded`` when it does
+        not fit; ``Conflict`` when the rule refuses it."""
+        body: JsonObject = {"event": event_json(event)}
+        if batches is not None:
+            body["batches"] = list(batches)
+        if tasks is not None:
+            body["tasks"] = list(tasks)
+        if noise_commitment is not None:
+            body["noise_commitment"] = noise_commitment
+        if ttl_s is not None:
+            body["ttl_s"] = ttl_s
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/datasets/{_segment(dataset_id)}/reservations",
+                body,
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def get_reservation(self, reservation_id: str) -> J:
+        """``GET /v1/reservations/{id}``."""
+        return self._json(_Call("GET", f"/v1/reservations/{_segment(reservation_id)}"))
+
+    def commit(
+        self,
+        reservation_id: str,
+        *,
+        model: str,
+        version: Identifier,
+        event: EventLike | None = None,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST /v1/reservations/{id}/commit`` (trainer): release ``{model, version}``;
+        ``event`` commits progressively the cost of the run so far (never more than reserved).
+        Answer ``{certificate, reservation}``."""
+        body: JsonObject = {"release": {"model": model, "version": version}}
+        if event is not None:
+            body["event"] = event_json(event)
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/reservations/{_segment(reservation_id)}/commit",
+                body,
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def abort(self, reservation_id: str, *, idempotency_key: str | None = None) -> J:
+        """``POST /v1/reservations/{id}/abort`` (trainer): free what was not committed."""
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/reservations/{_segment(reservation_id)}/abort",
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    # spend, certificates, audit ---------------------------------------------------------------
+
+    def spend(self, dataset_id: Identifier) -> J:
+        """``GET /v1/datasets/{id}/spend``."""
+        return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}/spend"))
+
+    def list_certificates(self, dataset_id: Identifier, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/datasets/{id}/certificates``: ``{data, count}``, oldest first."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/certificates",
+                params={"limit": limit, "offset": offset},
+            )
+        )
+
+    def get_certificate(self, certificate_id: str) -> J:
+        """``GET /v1/certificates/{id}``: its ``certificate`` re-verifies offline with
+        ``accountant.certificates.verify``."""
+        return self._json(_Call("GET", f"/v1/certificates/{_segment(certificate_id)}"))
+
+    def verify_audit(self, dataset_id: Identifier | None = None) -> J:
+        """``GET /v1/audit/verify``: ``{ok, entries, first_broken, chain, chain_seq, reason}``
+        (every chain of the server, or one dataset's)."""
+        params = None if dataset_id is None else {"dataset_id": str(dataset_id)}
+        return self._json(_Call("GET", "/v1/audit/verify", params=params))
+
+    def audit_entries(self, dataset_id: Identifier, *, after: int = 0, limit: int = 1000) -> J:
+        """``GET /v1/datasets/{id}/audit``: one page of the dataset's audit chain
+        (``{head, data, count, next_after}``)."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/audit",
+                params={"after": after, "limit": limit},
+            )
+        )
+
+    # jobs ------------------------------------------------------------------------------------
+
+    def create_job(
+        self,
+        dataset_id: Identifier,
+        algorithm: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST /v1/jobs`` (trainer): queue a training job for the built-in worker."""
+        body = {"dataset_id": str(dataset_id), "algorithm": algorithm, "params": dict(params or {})}
+        return self._json(_Call("POST", "/v1/jobs", body, idempotency_key=self._key(idempotency_key)))
+
+    def get_job(self, job_id: str) -> J:
+        """``GET /v1/jobs/{id}``: status, progress, ε committed, metrics, versions."""
+        return self._json(_Call("GET", f"/v1/jobs/{_segment(job_id)}"))
+
+    def list_jobs(
+        self, *, dataset_id: Identifier | None = None, limit: int = 100, offset: int = 0
+    ) -> J:
+        """``GET /v1/jobs``: the tenant's jobs, newest first."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if dataset_id is not None:
+            params["dataset_id"] = str(dataset_id)
+        return self._json(_Call("GET", "/v1/jobs", params=params))
+
+    def cancel_job(self, job_id: str) -> J:
+        """``POST /v1/jobs/{id}/cancel`` (trainer)."""
+        return self._json(
+            _Call("POST", f"/v1/jobs/{_segment(job_id)}/cancel", idempotency_key=new_idempotency_key())
+        )
+
+    # model registry --------------------------------------------------------------------------
+
+    def list_model_versions(self, name: str, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/models/{name}/versions``: released versions, oldest first."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/models/{_segment(name)}/versions",
+                params={"limit": limit, "offset": offset},
+            )
+        )
+
+    def get_model_version(self, name: str, version: int) -> J:
+        """``GET /v1/models/{name}/versions/{v}``: with its certificate and metrics."""
+        return self._json(_Call("GET", f"/v1/models/{_segment(name)}/versions/{int(version)}"))
+
+    def download_artifact(self, name: str, version: int) -> A:
+        """``GET /v1/models/{name}/versions/{v}/artifact``: the weights, checked against the
+        SHA-256 recorded at publication (``LedgerError`` ``artifact_mismatch`` otherwise)."""
+        return self._artifact(
+            _Call("GET", f"/v1/models/{_segment(name)}/versions/{int(version)}/artifact")
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The release gate
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReleaseGate:
+    """What ``release_gate`` yields: the held ``reservation`` while the block runs; after a clean
+    exit, the ``certificate`` of the committed release.
+
+    ``commit_event``: set it inside the block to commit only the cost of what actually ran (a run
+    stopped early); the rest of the hold is then aborted. ``withhold()``: release nothing — the
+    exit aborts the reservation instead of committing it.
+    """
+
+    dataset_id: str
+    model: str
+    version: Identifier
+    reservation: JsonObject
+    certificate: JsonObject | None = None
+    commit_answer: JsonObject | None = None
+    commit_event: EventLike | None = None
+    status: str = "reserved"  # reserved | committed | aborted | withheld
+    _withheld: bool = field(default=False, repr=False)
+
+    @property
+    def reservation_id(self) -> str:
+        return str(self.reservation["id"])
+
+    @property
+    def cost(self) -> dict[str, str]:
+        return dict(self.reservation.get("cost") or {})
+
+    def withhold(self) -> None:
+        self._withheld = True
+
+
+def _record_commit(gate: ReleaseGate, answer: JsonObject) -> None:
+    gate.commit_answer = answer
+    gate.certificate = answer.get("certificate")
+    gate.status = "committed"
+    reservation = answer.get("reservation")
+    if isinstance(reservation, dict):
+        gate.reservation = reservation
+
+
+def _note(error: BaseException, text: str) -> None:
+    with contextlib.suppress(AttributeError):  # add_note: Python >= 3.11
+        error.add_note(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# The synchronous client
+# ---------------------------------------------------------------------------------------------
+
+
+class LedgerClient(_Endpoints[JsonObject, Artifact]):
+    """A synchronous client (httpx). Use it as a context manager, or ``close()`` it.
+
+    ``base_url``: the server root (``http://127.0.0.1:8000``); ``api_key``: a bearer key;
+    ``timeout``: seconds per attempt; ``retries``: retries after the first attempt;
+    ``transport``: an ``httpx.BaseTransport`` (e.g. to reach an app in-process).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._policy = _RetryPolicy(retries, backoff_s)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=transport,
+            headers={"User-Agent": USER_AGENT},
+        )
+
+    def __enter__(self) -> LedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: _Call) -> httpx.Response:
+        headers = call.headers(self._api_key)
+        content = call.content()
+        attempts = self._policy.retries + 1
+        for attempt in range(attempts):
+            response: httpx.Response | None = None
+            cause: BaseException | None = None
+            try:
+                response = self._http.request(
+                    call.method, call.path, content=content, params=call.params, headers=headers
+                )
+            except httpx.TransportError as exc:
+                cause = exc
+            else:
+                if response.is_success or not self._policy.retryable(response, call):
+                    return response
+            if attempt + 1 == attempts:
+                raise _unavailable(call, attempts, cause, response) from cause
+            time.sleep(self._policy.delay(attempt, response))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _json(self, call: _Call) -> JsonObject:
+        response = self._send(call)
+        if not response.is_success and response.status_code not in call.accept:
+            raise error_from_response(response)
+        return _json_answer(response)
+
+    def _artifact(self, call: _Call) -> Artifact:
+        response = self._send(call)
+        if not response.is_success:
+            raise error_from_response(response)
+        return _artifact_answer(response)
+
+    def metrics_text(self) -> str:
+        """``GET /metrics``: Prometheus text."""
+        response = self._send(_Call("GET", "/metrics"))
+        if not response.is_success:
+            raise error_from_response(response)
+        return response.text
+
+    # paging ---------------------------------------------------------------------------------
+
+    def iter_certificates(self, dataset_id: Identifier, *, page_size: int = 500) -> Iterator[JsonObject]:
+        """Every certificate of the dataset, oldest first, page by page."""
+        offset = 0
+        while True:
+            page = self.list_certificates(dataset_id, limit=page_size, offset=offset)
+            data = page["data"]
+            yield from data
+            offset += len(data)
+            if not data or offset >= int(page["count"]):
+                return
+
+    def iter_audit_entries(self, dataset_id: Identifier, *, page_size: int = 1000) -> Iterator[JsonObject]:
+        """Every entry of the dataset's audit chain up to its head (read on the first page)."""
+        after = 0
+        while True:
+            page = self.audit_entries(dataset_id, after=after, limit=page_size)
+            yield from page["data"]
+            if page.get("next_after") is None:
+                return
+            after = int(page["next_after"])
+
+    def iter_model_versions(self, name: str, *, page_size: int = 500) -> Iterator[JsonObject]:
+        """Every released version of the model, oldest first (none: ``NotFound``)."""
+        offset = 0
+        while True:
+            page = self.list_model_versions(name, limit=page_size, offset=offset)
+            data = page["data"]
+            yield from data
+            offset += len(data)
+            if not data or offset >= int(page["count"]):
+                return
+
+    # the gate --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def release_gate(
+        self,
+        dataset_id: Identifier,
+        batches: Sequence[Identifier] | None,
+        event: EventLike,
+        *,
+        model: str,
+        version: Identifier,
+        tasks: Sequence[Identifier] | None = None,
+        noise_commitment: str | None = None,
+        ttl_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[ReleaseGate]:
+        """Reserve ``event`` on ``batches`` (or ``tasks``) on enter; commit the release
+        ``{model, version}`` on a clean exit; abort on an exception (re-raised) or ``withhold()``.
+
+        ``idempotency_key``: a stable name for this release attempt (e.g. a run id): a trainer
+        that crashed and runs again with it gets its first reservation back instead of a second
+        charge. ``BudgetExceeded`` on enter means nothing ran and nothing is held.
+        """
+        base = idempotency_key or new_idempotency_key()
+        reservation = self.reserve(
+            dataset_id,
+            event,
+            batches=batches,
+            tasks=tasks,
+            noise_commitment=noise_commitment,
+            ttl_s=ttl_s,
+            idempotency_key=f"{base}:reserve",
+        )
+        gate = ReleaseGate(str(dataset_id), model, version, reservation)
+        try:
+            yield gate
+        except BaseException as exc:
+            self._abort_quietly(gate, f"{base}:abort", exc)
+            raise
+        if gate._withheld:
+            self.abort(gate.reservation_id, idempotency_key=f"{base}:abort")
+            gate.status = "withheld"
+            return
+        try:
+            answer = self.commit(
+                gate.reservation_id,
+                model=model,
+                version=version,
+                event=gate.commit_event,
+                idempotency_key=f"{base}:commit",
+            )
+        except LedgerError as exc:
+            self._abort_quietly(gate, f"{base}:abort", exc)
+            raise
+        _record_commit(gate, answer)
+        if gate.commit_event is not None:
+            # a progressive commit keeps the rest held: return it now
+            self._abort_quietly(gate, f"{base}:abort-rest", None, keep_status=True)
+
+    def _abort_quietly(
+        self, gate: ReleaseGate, key: str, cause: BaseException | None, *, keep_status: bool = False
+    ) -> None:
+        try:
+            answer = self.abort(gate.reservation_id, idempotency_key=key)
+        except LedgerError as failure:
+            if cause is not None:
+                _note(cause, f"the release gate could not abort {gate.reservation_id}: {failure}")
+            return
+        if not keep_status:
+            gate.status = "aborted"
+            gate.reservation = answer
+
+
+# ---------------------------------------------------------------------------------------------
+# The asynchronous client
+# ---------------------------------------------------------------------------------------------
+
+
+class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
+    """The asyncio twin of ``LedgerClient``: the same methods, awaited.
+
+    ``transport``: an ``httpx.AsyncBaseTransport`` (e.g. ``httpx.ASGITransport(app)``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
+        backoff_s: float = DEFAULT_BACKOFF_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self._policy = _RetryPolicy(retries, backoff_s)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=timeout,
+            transport=transport,
+            headers={"User-Agent": USER_AGENT},
+        )
+
+    async def __aenter__(self) -> AsyncLedgerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: _Call) -> httpx.Response:
+        headers = call.headers(self._api_key)
+        content = call.content()
+        attempts = self._policy.retries + 1
+        for attempt in range(attempts):
+            response: httpx.Response | None = None
+            cause: BaseException | None = None
+            try:
+                response = await self._http.request(
+                    call.method, call.path, content=content, params=call.params, headers=headers
+                )
+            except httpx.TransportError as exc:
+                cause = exc
+            else:
+                if response.is_success or not self._policy.retryable(response, call):
+                    return response
+            if attempt + 1 == attempts:
+                raise _unavailable(call, attempts, cause, response) from cause
+            await asyncio.sleep(self._policy.delay(attempt, response))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _json(self, call: _Call) -> JsonObject:
+        response = await self._send(call)
+        if not response.is_success and response.status_code not in call.accept:
+            raise error_from_response(response)
+        return _json_answer(response)
+
+    async def _artifact(self, call: _Call) -> Artifact:
+        response = await self._send(call)
+        if not response.is_success:
+            raise error_from_response(response)
+        return _artifact_answer(response)
+
+    async def metrics_text(self) -> str:
+        """``GET /metrics``: Prometheus text."""
+        response = await self._send(_Call("GET", "/metrics"))
+        if not response.is_success:
+            raise error_from_response(response)
+        return response.text
+
+    async def iter_certificates(
+        self, dataset_id: Identifier, *, page_size: int = 500
+    ) -> AsyncIterator[JsonObject]:
+        """Every certificate of the dataset, oldest first, page by page."""
+        offset = 0
+        while True:
+            page = await self.list_certificates(dataset_id, limit=page_size, offset=offset)
+            data = page["data"]
+            for item in data:
+                yield item
+            offset += len(data)
+            if not data or offset >= int(page["count"]):
+                return
+
+    async def iter_audit_entries(
+        self, dataset_id: Identifier, *, page_size: int = 1000
+    ) -> AsyncIterator[JsonObject]:
+        """Every entry of the dataset's audit chain up to its head."""
+        after = 0
+        while True:
+            page = await self.audit_entries(dataset_id, after=after, limit=page_size)
+            for item in page["data"]:
+                yield item
+            if page.get("next_after") is None:
+                return
+            after = int(page["next_after"])
+
+    @contextlib.asynccontextmanager
+    async def release_gate(
+        self,
+        dataset_id: Identifier,
+        batches: Sequence[Identifier] | None,
+        event: EventLike,
+        *,
+        model: str,
+        version: Identifier,
+        tasks: Sequence[Identifier] | None = None,
+        noise_commitment: str | None = None,
+        ttl_s: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncIterator[ReleaseGate]:
+        """``LedgerClient.release_gate``, awaited."""
+        base = idempotency_key or new_idempotency_key()
+        reservation = await self.reserve(
+            dataset_id,
+            event,
+            batches=batches,
+            tasks=tasks,
+            noise_commitment=noise_commitment,
+            ttl_s=ttl_s,
+            idempotency_key=f"{base}:reserve",
+        )
+        gate = ReleaseGate(str(dataset_id), model, version, reservation)
+        try:
+            yield gate
+        except BaseException as exc:
+            await self._abort_quietly(gate, f"{base}:abort", exc)
+            raise
+        if gate._withheld:
+            await self.abort(gate.reservation_id, idempotency_key=f"{base}:abort")
+            gate.status = "withheld"
+            return
+        try:
+            answer = await self.commit(
+                gate.reservation_id,
+                model=model,
+                version=version,
+                event=gate.commit_event,
+                idempotency_key=f"{base}:commit",
+            )
+        except LedgerError as exc:
+            await self._abort_quietly(gate, f"{base}:abort", exc)
+            raise
+        _record_commit(gate, answer)
+        if gate.commit_event is not None:
+            await self._abort_quietly(gate, f"{base}:abort-rest", None, keep_status=True)
+
+    async def _abort_quietly(
+        self, gate: ReleaseGate, key: str, cause: BaseException | None, *, keep_status: bool = False
+    ) -> None:
+        try:
+            answer = await self.abort(gate.reservation_id, idempotency_key=key)
+        except LedgerError as failure:
+            if cause is not None:
+                _note(cause, f"the release gate could not abort {gate.reservation_id}: {failure}")
+            return
+        if not keep_status:
+            gate.status = "aborted"
+            gate.reservation = answer
+
+
+__all__ = [
+    "Artifact",
+    "AsyncLedgerClient",
+    "BatchOverlap",
+    "BudgetExceeded",
+    "Conflict",
+    "EventLike",
+    "Forbidden",
+    "InvalidInput",
+    "LedgerClient",
+    "LedgerError",
+    "LedgerUnavailable",
+    "NotFound",
+    "ReleaseGate",
+    "ServerError",
+    "Unauthorized",
+    "error_from_response",
+    "event_json",
+    "new_idempotency_key",
+]

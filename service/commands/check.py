@@ -1,0 +1,530 @@
+"""``ledger check``: the CI gate on a dataset's privacy guarantees.
+
+::
+
+    ledger check --url http://ledger:8000 --key "$LEDGER_API_KEY" --dataset ds_… \\
+                 [--model NAME] [--max-epsilon 2.0] [--json]
+    ledger check --bundle ledger.json [--model NAME] [--max-epsilon 2.0] [--json]
+
+Online, it reads the dataset's ledger over HTTP API v1 into the same bundle ``ledger export``
+writes (``service.commands.export.collect``); with ``--bundle`` it reads an exported one and
+touches no server. Either way every verdict is *recomputed* here, not taken from the server:
+
+``certificates``
+    every certificate of the dataset re-verifies offline (``accountant.certificates.verify``:
+    hash, budget, every batch's reserve and commit recomputed, state within the budget), certifies
+    this dataset under the dataset's own budget, and matches the hash and release it is stored with.
+``releases``
+    every published version has a committed certificate: each release a certificate names is
+    unique, and each model-registry version trained on the dataset (``--model``: of that model)
+    points at a certificate of this dataset that certifies exactly that ``{model, version}``.
+    ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
+``budget``
+    spend ≤ budget under the dataset's rule: the ε and δ spent — the larger of what the server
+    reports and what the certificates prove (the maximum over batches of their committed state,
+    parallel composition) — are within the budget; a server reporting less than its certificates
+    prove fails too.
+``audit chain``
+    the server's verdict (``GET /v1/audit/verify``) is ``ok``; the chain's entries are recomputed
+    hash by hash from the genesis hash to the head (``service.ledger.audit.entry_hash``); every
+    certificate is recorded, with its content hash, by a ``reservation.committed`` entry, and every
+    such entry's certificate is present (none hidden, none added).
+``max epsilon`` (``--max-epsilon E``)
+    a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
+    certificates states) is ≤ E.
+``bundle`` (``--bundle`` only)
+    the bundle's own hash matches (damage or an edit without recomputing it).
+
+Exit 0 when every check holds; 1 when a guarantee fails (a summary on stdout, or a JSON report
+with ``--json``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key or
+an unknown dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from service.commands.export import (
+    BUNDLE_KIND,
+    BUNDLE_VERSION,
+    add_connection_arguments,
+    bundle_hash,
+    committed_certificate_id,
+    connection_error,
+)
+
+Json = dict[str, Any]
+
+
+class UsageError(Exception):
+    """Exit 2: the check could not run (bad arguments, unreadable bundle, no server)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="CI gate: exit 1 when a dataset's privacy guarantees do not hold",
+        description="Verify a dataset's certificates, releases, budget and audit chain, online "
+        "(--url/--key/--dataset) or on an exported bundle (--bundle). Exit 0: all hold; "
+        "1: a guarantee fails; 2: usage or connection error.",
+    )
+    add_connection_arguments(parser)
+    parser.add_argument("--dataset", help="dataset id (required online)")
+    parser.add_argument("--bundle", help="check an exported bundle offline (ledger export)")
+    parser.add_argument("--model", help="check the published versions of this model")
+    parser.add_argument(
+        "--max-epsilon",
+        help="fail when the dataset's (or --model's) epsilon exceeds this stricter bound",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.set_defaults(handler=run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Findings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    name: str
+    ok: bool
+    detail: str
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> Json:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail, "problems": self.problems}
+
+
+@dataclass
+class Report:
+    dataset_id: str
+    source: str
+    mode: str  # online | bundle
+    findings: list[Finding]
+    summary: Json
+
+    @property
+    def ok(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def to_json(self) -> Json:
+        return {
+            "ok": self.ok,
+            "dataset_id": self.dataset_id,
+            "mode": self.mode,
+            "source": self.source,
+            "checked_at": datetime.now(UTC).isoformat(),
+            "checks": [f.to_json() for f in self.findings],
+            "summary": self.summary,
+        }
+
+    def text(self) -> str:
+        s = self.summary
+        lines = [
+            f"ledger check: dataset {self.dataset_id} ({s.get('rule')}/{s.get('accountant')}, "
+            f"epsilon budget {s.get('epsilon_budget')}, delta budget {s.get('delta_budget')}) "
+            f"from {self.source}"
+        ]
+        for f in self.findings:
+            lines.append(f"  {'PASS' if f.ok else 'FAIL'}  {f.name:<13} {f.detail}")
+            problems = [p for p in f.problems if p != f.detail]
+            shown = problems[:10]
+            lines.extend(f"          - {p}" for p in shown)
+            if len(problems) > len(shown):
+                lines.append(f"          ... and {len(problems) - len(shown)} more")
+        failed = sum(not f.ok for f in self.findings)
+        verdict = "PASS" if failed == 0 else f"FAIL ({failed} of {len(self.findings)} checks failed)"
+        lines.append(f"result: {verdict}")
+        return "\n".join(lines)
+
+
+def _number(value: object, what: str) -> Decimal:
+    try:
+        number = Decimal(str(value))
+    except (InvalidOperation, ValueError) as exc:
+        raise ValueError(f"{what} is not a number: {value!r}") from exc
+    if not number.is_finite():
+        raise ValueError(f"{what} is not finite: {value!r}")
+    return number
+
+
+def _guarded(name: str, check: Callable[[], Finding]) -> Finding:
+    """A check that cannot read what it needs fails (the bundle does not prove the guarantee)."""
+    try:
+        return check()
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return Finding(name, False, "malformed ledger data", [f"{type(exc).__name__}: {exc}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks (pure functions of a bundle)
+# ---------------------------------------------------------------------------------------------
+
+
+def _certificates(bundle: Json) -> Finding:
+    from accountant.certificates import verify
+
+    dataset = bundle["dataset"]
+    problems: list[str] = []
+    certificates = bundle["certificates"]
+    for stored in certificates:
+        cid = stored.get("id")
+        body = stored["certificate"]
+        result = verify(body)
+        if not result.ok:
+            problems.append(f"certificate {cid}: does not re-verify: {result.reason}")
+            continue
+        if stored.get("content_hash") != body.get("hash"):
+            problems.append(
+                f"certificate {cid}: stored hash {stored.get('content_hash')} != {body.get('hash')}"
+            )
+        if body.get("dataset_id") != dataset["id"]:
+            problems.append(f"certificate {cid}: certifies dataset {body.get('dataset_id')!r}")
+        if body["inputs"]["budget"] != dataset["budget"]:
+            problems.append(f"certificate {cid}: certified under a budget that is not the dataset's")
+        if stored.get("release") != body.get("release"):
+            problems.append(f"certificate {cid}: stored release {stored.get('release')} != certified")
+    detail = (
+        f"{len(certificates)} certificate(s) re-verified offline"
+        if certificates
+        else "no certificate yet (nothing released)"
+    )
+    return Finding("certificates", not problems, detail, problems)
+
+
+def _release_key(release: object) -> tuple[str, str]:
+    if not isinstance(release, Mapping):
+        raise TypeError(f"a release must be an object. Found {release!r}.")
+    return str(release["model"]), str(release["version"])
+
+
+def _releases(bundle: Json, model: str | None) -> Finding:
+    by_id = {c["id"]: c for c in bundle["certificates"]}
+    problems: list[str] = []
+    released: dict[tuple[str, str], str] = {}
+    for c in bundle["certificates"]:
+        key = _release_key(c["certificate"]["release"])
+        if key in released:
+            problems.append(
+                f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})"
+            )
+        released[key] = c["id"]
+    registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    names = sorted(registry) if model is None else [model]
+    checked = 0
+    for name in names:
+        for version in registry.get(name, []):
+            checked += 1
+            label = f"{name}/{version.get('version')}"
+            cid = version.get("certificate_id")
+            certificate = by_id.get(cid)
+            if certificate is None:
+                problems.append(
+                    f"registry version {label}: no committed certificate ({cid!r}) in this dataset"
+                )
+                continue
+            certified = _release_key(certificate["certificate"]["release"])
+            if certified != (name, str(version.get("version"))):
+                problems.append(
+                    f"registry version {label}: certificate {cid} certifies {certified[0]}/{certified[1]}"
+                )
+    scope = [k for k in released if model is None or k[0] == model]
+    if model is not None and not scope and checked == 0:
+        problems.append(f"no published version of model {model!r} on this dataset")
+    models = sorted({k[0] for k in scope})
+    detail = (
+        f"{len(scope)} release(s) of {len(models)} model(s) and {checked} registry version(s), "
+        "each with a committed certificate"
+    )
+    return Finding("releases", not problems, detail, problems)
+
+
+def _spent(bundle: Json) -> tuple[Decimal, Decimal, Decimal, Decimal]:
+    """(ε reported, δ reported, ε certified, δ certified)."""
+    spend = bundle["spend"]
+    certified_eps = max(
+        (_number(c["certificate"]["result"]["epsilon"], "result.epsilon") for c in bundle["certificates"]),
+        default=Decimal(0),
+    )
+    certified_delta = max(
+        (_number(c["certificate"]["result"]["delta"], "result.delta") for c in bundle["certificates"]),
+        default=Decimal(0),
+    )
+    return (
+        _number(spend["epsilon_spent"], "spend.epsilon_spent"),
+        _number(spend["delta_spent"], "spend.delta_spent"),
+        certified_eps,
+        certified_delta,
+    )
+
+
+def _budget(bundle: Json) -> Finding:
+    budget = bundle["dataset"]["budget"]
+    spend = bundle["spend"]
+    epsilon = _number(budget["epsilon"], "budget.epsilon")
+    delta = _number(budget["delta"], "budget.delta")
+    eps_reported, delta_reported, eps_certified, delta_certified = _spent(bundle)
+    eps_spent = max(eps_reported, eps_certified)
+    delta_spent = max(delta_reported, delta_certified)
+    problems: list[str] = []
+    if spend.get("rule") != budget["rule"]:
+        problems.append(
+            f"the spend is reported under rule {spend.get('rule')!r}, the budget's is {budget['rule']!r}"
+        )
+    if _number(spend["epsilon_budget"], "spend.epsilon_budget") != epsilon:
+        problems.append(
+            f"the spend reports an epsilon budget of {spend['epsilon_budget']}, the dataset's is {epsilon}"
+        )
+    if eps_spent > epsilon:
+        problems.append(f"epsilon spent {eps_spent} exceeds the budget {epsilon}")
+    if delta_spent > delta:
+        problems.append(f"delta spent {delta_spent} exceeds the budget {delta}")
+    if eps_reported < eps_certified:
+        problems.append(
+            f"the server reports epsilon spent {eps_reported}, "
+            f"below the {eps_certified} its certificates prove"
+        )
+    if delta_reported < delta_certified:
+        problems.append(
+            f"the server reports delta spent {delta_reported}, "
+            f"below the {delta_certified} its certificates prove"
+        )
+    detail = (
+        f"epsilon spent {eps_spent} <= {epsilon}, delta spent {delta_spent} <= {delta} "
+        f"(rule {budget['rule']}, max over batches)"
+        if not problems
+        else f"epsilon spent {eps_spent} of {epsilon}, delta spent {delta_spent} of {delta}"
+    )
+    return Finding("budget", not problems, detail, problems)
+
+
+def _parse_timestamp(text: str) -> datetime:
+    from service.api.audit_export import TIMESTAMP_FORMAT
+
+    return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)
+
+
+def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[str]:
+    from service.ledger.audit import GENESIS_HASH, entry_hash
+
+    prev = GENESIS_HASH
+    for position, entry in enumerate(entries, start=1):
+        seq = entry["chain_seq"]
+        if entry["chain"] != dataset_id:
+            return [f"entry {seq}: belongs to chain {entry['chain']!r}"]
+        if seq != position:
+            return [f"entry {position}: missing (found chain_seq {seq})"]
+        if entry["prev_hash"] != prev:
+            return [f"entry {seq}: prev_hash does not chain"]
+        digest = entry_hash(
+            chain=entry["chain"],
+            chain_seq=seq,
+            event_type=entry["event_type"],
+            tenant_id=entry["tenant_id"],
+            dataset_id=entry["dataset_id"],
+            payload=entry["payload"],
+            created_at=_parse_timestamp(entry["created_at"]),
+            prev_hash=entry["prev_hash"],
+        )
+        if digest != entry["hash"]:
+            return [f"entry {seq} ({entry['event_type']}): does not match its hash"]
+        prev = digest
+    if head["chain_seq"] != len(entries) or head["hash"] != prev:
+        return [
+            f"the chain ends at entry {len(entries)}, "
+            f"its head is entry {head['chain_seq']} ({str(head['hash'])[:12]}...)"
+        ]
+    return []
+
+
+def _anchoring(certificates: Iterable[Json], entries: list[Json]) -> list[str]:
+    """Certificates ↔ ``reservation.committed`` entries, both ways, with matching hashes."""
+    recorded: dict[str, str | None] = {}
+    for entry in entries:
+        cid = committed_certificate_id(entry)
+        if cid is not None:
+            recorded[cid] = entry["payload"].get("content_hash")
+    problems: list[str] = []
+    present = set()
+    for c in certificates:
+        present.add(c["id"])
+        if c["id"] not in recorded:
+            problems.append(f"certificate {c['id']}: no reservation.committed entry records it")
+        elif recorded[c["id"]] != c["certificate"].get("hash"):
+            problems.append(f"certificate {c['id']}: its hash differs from the one the audit chain recorded")
+    problems.extend(
+        f"the audit chain records certificate {cid}, which is missing"
+        for cid in sorted(set(recorded) - present)
+    )
+    return problems
+
+
+def _audit(bundle: Json) -> Finding:
+    audit = bundle["audit"]
+    verdict = audit["verify"]
+    problems: list[str] = []
+    if not verdict.get("ok"):
+        problems.append(
+            f"the server's audit verification failed at entry {verdict.get('first_broken')} "
+            f"(chain {verdict.get('chain')!r}, position {verdict.get('chain_seq')}): {verdict.get('reason')}"
+        )
+    entries = audit.get("entries")
+    if entries is None:
+        detail = "server verdict only: this server does not export audit entries"
+        return Finding("audit chain", not problems, detail, problems)
+    problems.extend(_recompute_chain(bundle["dataset"]["id"], audit["head"], entries))
+    problems.extend(_anchoring(bundle["certificates"], entries))
+    committed = sum(committed_certificate_id(e) is not None for e in entries)
+    detail = (
+        f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "
+        "anchoring the certificates; server verdict "
+        + ("ok" if verdict.get("ok") else "broken")
+    )
+    return Finding("audit chain", not problems, detail, problems)
+
+
+def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
+    if model is None:
+        eps_reported, _, eps_certified, _ = _spent(bundle)
+        value, what = max(eps_reported, eps_certified), "the dataset's epsilon spent"
+    else:
+        value = max(
+            (
+                _number(c["certificate"]["result"]["epsilon"], "result.epsilon")
+                for c in bundle["certificates"]
+                if _release_key(c["certificate"]["release"])[0] == model
+            ),
+            default=Decimal(0),
+        )
+        what = f"the largest epsilon certified for model {model!r}"
+    ok = value <= bound
+    detail = f"{what} {value} {'<=' if ok else '>'} {bound}"
+    return Finding("max epsilon", ok, detail, [] if ok else [detail])
+
+
+def _bundle_integrity(bundle: Json) -> Finding:
+    stored = bundle.get("bundle_hash")
+    actual = bundle_hash(bundle)
+    if stored != actual:
+        return Finding(
+            "bundle", False, "edited or damaged after export", [f"bundle_hash {stored} != {actual}"]
+        )
+    return Finding("bundle", True, f"hash {actual[:19]}... matches")
+
+
+def evaluate(
+    bundle: Json, *, mode: str, source: str, model: str | None = None, max_epsilon: Decimal | None = None
+) -> Report:
+    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds)."""
+    findings: list[Finding] = []
+    if mode == "bundle":
+        findings.append(_bundle_integrity(bundle))
+    findings.append(_guarded("certificates", lambda: _certificates(bundle)))
+    findings.append(_guarded("releases", lambda: _releases(bundle, model)))
+    findings.append(_guarded("budget", lambda: _budget(bundle)))
+    findings.append(_guarded("audit chain", lambda: _audit(bundle)))
+    if max_epsilon is not None:
+        findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model)))
+    dataset = bundle.get("dataset") or {}
+    budget = dataset.get("budget") or {}
+    spend = bundle.get("spend") or {}
+    summary = {
+        "rule": budget.get("rule"),
+        "accountant": budget.get("accountant"),
+        "epsilon_budget": budget.get("epsilon"),
+        "delta_budget": budget.get("delta"),
+        "epsilon_spent": spend.get("epsilon_spent"),
+        "delta_spent": spend.get("delta_spent"),
+        "naive_sequential_epsilon": spend.get("naive_sequential_epsilon"),
+        "certificates": len(bundle.get("certificates") or []),
+        "audit_entries": None if (bundle.get("audit") or {}).get("entries") is None
+        else len(bundle["audit"]["entries"]),
+        "model": model,
+        "max_epsilon": None if max_epsilon is None else str(max_epsilon),
+    }
+    return Report(str(dataset.get("id")), source, mode, findings, summary)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+
+def _bound(text: str | None) -> Decimal | None:
+    if text is None:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        value = Decimal("NaN")
+    if not value.is_finite() or value <= 0:
+        raise UsageError(f"--max-epsilon must be a finite number > 0. Found {text!r}.")
+    return value
+
+
+def load_bundle(path: str) -> Json:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read bundle {path}: {exc}") from exc
+    try:
+        bundle = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"bundle {path} is not JSON: {exc}") from exc
+    if not isinstance(bundle, dict) or bundle.get("kind") != BUNDLE_KIND:
+        raise UsageError(f"{path} is not a privacy-ledger bundle (see `ledger export`).")
+    if bundle.get("version") != BUNDLE_VERSION:
+        raise UsageError(
+            f"bundle {path} has version {bundle.get('version')!r}; this ledger reads {BUNDLE_VERSION}."
+        )
+    return bundle
+
+
+def _report(args: argparse.Namespace) -> Report:
+    max_epsilon = _bound(args.max_epsilon)
+    if args.bundle is not None:
+        bundle = load_bundle(args.bundle)
+        dataset_id = (bundle.get("dataset") or {}).get("id")
+        if args.dataset is not None and args.dataset != dataset_id:
+            raise UsageError(f"--dataset {args.dataset} but the bundle holds dataset {dataset_id}.")
+        return evaluate(bundle, mode="bundle", source=args.bundle, model=args.model, max_epsilon=max_epsilon)
+
+    from service.client import LedgerClient, LedgerError
+    from service.commands.export import collect
+
+    problem = connection_error("check", args)
+    if problem is None and not args.dataset:
+        problem = "ledger check: --dataset is required (or --bundle FILE)."
+    if problem is not None:
+        raise UsageError(problem)
+    try:
+        with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
+            bundle = collect(client, args.dataset, model=args.model)
+    except LedgerError as exc:
+        raise UsageError(f"ledger check: {exc}") from exc
+    return evaluate(bundle, mode="online", source=args.url, model=args.model, max_epsilon=max_epsilon)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = _report(args)
+    except UsageError as exc:
+        message = str(exc)
+        if args.json:
+            print(json.dumps({"ok": False, "error": "usage", "message": message}))
+        print(message, file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.text())
+    return 0 if report.ok else 1

@@ -1,0 +1,325 @@
+"""Read views for the dashboard: spend summaries, per-batch spend, release timeline, ε history.
+
+Every view reads what the spend transactions already maintain (``service.ledger.reservations``):
+the dataset row's maxima over its batches, each batch row's ``BatchState``, the stored
+certificates. The headline numbers (``spend_summaries``, ``batch_spend``) come from aggregates
+only — never from a scan of charges — and every list is paged (``limit`` / ``offset``), so a
+dataset with a million batches or releases is read one page at a time.
+
+``epsilon_history`` is the one view that walks history: the lifelong curve needs the dataset's ε
+and naive sequential ε *as they were* after each task, which no aggregate keeps. It streams the
+dataset's certificates in commit order and reads two numbers from each (``result.epsilon`` and
+``result.naive_epsilon``, extracted by the database, not by loading the certificate). Because
+batches are disjoint and a batch's spend and naive ε never decrease (INTERFACES.md,
+``BatchState``), the dataset's value after a commit is the running maximum of those numbers over
+the commits so far: parallel composition over batches, applied through time.
+
+Numbers are decimal strings, exact, as the ledger stores them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any, Final
+
+from sqlalchemy import func, select
+
+from accountant.exact import ZERO, exact_sub, to_text
+from service.db.models import Batch, Certificate, Dataset, Release, ReservationBatch, Task
+from service.db.session import Database
+from service.ledger.datasets import budget_of, load_dataset
+from service.ledger.errors import InvalidInput
+
+MAX_PAGE: Final = 1000
+MAX_BATCH_PAGE: Final = 5000
+_STREAM_CHUNK: Final = 1000
+
+
+def _check_page(limit: int, offset: int, most: int = MAX_PAGE) -> None:
+    if not 1 <= limit <= most:
+        raise InvalidInput("limit", f"must be in [1, {most}]. Found {limit}.")
+    if offset < 0:
+        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+
+
+def _remaining(row: Dataset) -> str:
+    return to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent)))
+
+
+def _summary_json(row: Dataset) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "rule": row.rule,
+        "accountant": row.accountant,
+        "epsilon_budget": to_text(row.epsilon_budget),
+        "delta_budget": to_text(row.delta_budget),
+        "epsilon_spent": to_text(row.epsilon_spent),
+        "delta_spent": to_text(row.delta_spent),
+        "epsilon_remaining": _remaining(row),
+        "epsilon_held": to_text(row.epsilon_held),
+        "naive_sequential_epsilon": to_text(row.naive_epsilon),
+        "reservations_open": row.reservations_open,
+        "charges_committed": row.charges_committed,
+        "last_release": row.last_release,
+        "last_release_at": row.last_release_at.isoformat() if row.last_release_at else None,
+        "created_at": row.created_at.isoformat(),
+    }
+
+
+def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    """Each of the tenant's datasets with its spend, oldest first: ``{data, count}``.
+
+    One query on the dataset rows (the ledger heads): the same numbers ``GET
+    /v1/datasets/{id}/spend`` answers, for a page of datasets at once.
+    """
+    _check_page(limit, offset)
+    with db.session(readonly=True) as session:
+        rows = session.scalars(
+            select(Dataset)
+            .where(Dataset.tenant_id == tenant_id)
+            .order_by(Dataset.created_at, Dataset.id)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        count = session.scalar(
+            select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
+        )
+        return {"data": [_summary_json(r) for r in rows], "count": count or 0}
+
+
+def batch_spend(
+    db: Database, tenant_id: str, dataset_id: str, *, limit: int = 500, offset: int = 0
+) -> dict[str, Any]:
+    """A page of the dataset's batches with their spend, in task order then batch position.
+
+    ``{dataset_id, rule, epsilon_budget, epsilon_spent, count, limit, offset, data: [{id, name,
+    task_id, task_name, position, size, epsilon_spent, epsilon_held, delta_spent,
+    naive_sequential_epsilon, reads, levels}], geometric?: {first, ratio,
+    infinite_horizon_bound, allowances: {level: ε}}}``. ``levels``: the geometric levels the
+    block (batch) uses, held or committed; ``allowances`` covers the levels on this page.
+    """
+    _check_page(limit, offset, MAX_BATCH_PAGE)
+    with db.session(readonly=True) as session:
+        dataset = load_dataset(session, tenant_id, dataset_id)
+        rows = session.execute(
+            select(Batch, Task.name)
+            .join(Task, Task.id == Batch.task_id)
+            .where(Batch.dataset_id == dataset_id)
+            .order_by(Task.created_at, Task.id, Batch.position)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        count = session.scalar(
+            select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id)
+        )
+        data = [_batch_json(batch, task_name) for batch, task_name in rows]
+        answer: dict[str, Any] = {
+            "dataset_id": dataset.id,
+            "rule": dataset.rule,
+            "epsilon_budget": to_text(dataset.epsilon_budget),
+            "epsilon_spent": to_text(dataset.epsilon_spent),
+            "count": count or 0,
+            "limit": limit,
+            "offset": offset,
+            "data": data,
+        }
+        schedule = budget_of(dataset).geometric
+    if schedule is not None:
+        used = sorted({level for item in data for level in item["levels"]})
+        answer["geometric"] = {
+            **schedule.to_json(),
+            "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
+            "allowances": {str(k): to_text(schedule.allowance(k)) for k in used},
+        }
+    return answer
+
+
+def _batch_json(row: Batch, task_name: str) -> dict[str, Any]:
+    state = row.state if isinstance(row.state, dict) else {}
+    levels = state.get("levels", [])
+    return {
+        "id": row.id,
+        "name": row.name,
+        "task_id": row.task_id,
+        "task_name": task_name,
+        "position": row.position,
+        "size": row.size,
+        "epsilon_spent": to_text(row.epsilon_spent),
+        "epsilon_held": to_text(row.epsilon_held),
+        "delta_spent": to_text(row.delta_spent),
+        "naive_sequential_epsilon": to_text(row.naive_epsilon),
+        "reads": int(state.get("reads", 0)),
+        "levels": [int(k) for k in levels] if isinstance(levels, list) else [],
+    }
+
+
+# Fields of a stored certificate the timeline shows, extracted by the database (the certificate
+# itself, with every batch history it carries, stays on disk until one is opened).
+_RESULT_EPSILON = Certificate.body[("result", "epsilon")].as_string()
+_RESULT_DELTA = Certificate.body[("result", "delta")].as_string()
+_RESULT_NAIVE = Certificate.body[("result", "naive_epsilon")].as_string()
+_CHARGE_EPSILON = Certificate.body[("result", "charge", "epsilon")].as_string()
+_CHARGE_DELTA = Certificate.body[("result", "charge", "delta")].as_string()
+_WITHIN_BUDGET = Certificate.body[("result", "within_budget")].as_boolean()
+_THEOREM = Certificate.body["theorem"].as_string()
+
+
+def releases(
+    db: Database, tenant_id: str, dataset_id: str, *, limit: int = 50, offset: int = 0
+) -> dict[str, Any]:
+    """The dataset's releases with their certificates' headline, newest first: ``{data, count}``.
+
+    Each item: ``{certificate_id, release_id, reservation_id, model, version, created_at,
+    content_hash, theorem, epsilon, delta, naive_epsilon, charge: {epsilon, delta},
+    within_budget}`` — ``epsilon`` / ``naive_epsilon`` are the certificate's result (the largest
+    over the batches the release read, after it). The full certificate is
+    ``GET /v1/certificates/{certificate_id}``.
+    """
+    _check_page(limit, offset)
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        rows = session.execute(
+            select(
+                Certificate.id,
+                Certificate.reservation_id,
+                Certificate.content_hash,
+                Certificate.created_at,
+                Release.id.label("release_id"),
+                Release.model,
+                Release.version,
+                _THEOREM.label("theorem"),
+                _RESULT_EPSILON.label("epsilon"),
+                _RESULT_DELTA.label("delta"),
+                _RESULT_NAIVE.label("naive_epsilon"),
+                _CHARGE_EPSILON.label("charge_epsilon"),
+                _CHARGE_DELTA.label("charge_delta"),
+                _WITHIN_BUDGET.label("within_budget"),
+            )
+            .join(Release, Release.id == Certificate.release_id)
+            .where(Certificate.dataset_id == dataset_id)
+            .order_by(Certificate.created_at.desc(), Certificate.id.desc())
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        count = session.scalar(
+            select(func.count()).select_from(Certificate).where(Certificate.dataset_id == dataset_id)
+        )
+    return {
+        "data": [
+            {
+                "certificate_id": r.id,
+                "release_id": r.release_id,
+                "reservation_id": r.reservation_id,
+                "model": r.model,
+                "version": r.version,
+                "created_at": r.created_at.isoformat(),
+                "content_hash": r.content_hash,
+                "theorem": r.theorem,
+                "epsilon": r.epsilon,
+                "delta": r.delta,
+                "naive_epsilon": r.naive_epsilon,
+                "charge": {"epsilon": r.charge_epsilon, "delta": r.charge_delta},
+                "within_budget": None if r.within_budget is None else bool(r.within_budget),
+            }
+            for r in rows
+        ],
+        "count": count or 0,
+        "limit": limit,
+        "offset": offset,
+    }
+
+
+def epsilon_history(
+    db: Database, tenant_id: str, dataset_id: str, *, limit: int = 1000, offset: int = 0
+) -> dict[str, Any]:
+    """The dataset's ε and naive sequential ε as tasks grow: one point per task with releases.
+
+    A release belongs to the newest task (in registration order) among the batches it read — an
+    episodic-memory replay of task 1's batch during task 5 is task 5's release. A task's point
+    is the dataset's ``epsilon`` and ``naive_sequential_epsilon`` right after that task's last
+    release (in commit order): running maxima over the certificates (module docstring).
+
+    ``{dataset_id, rule, epsilon_budget, epsilon_spent, naive_sequential_epsilon, tasks,
+    releases, count, limit, offset, data: [{task_id, task_name, task_index, releases, epsilon,
+    naive_sequential_epsilon}]}``; ``task_index`` is 1-based among all the dataset's tasks;
+    ``count`` is the number of points, paged by ``limit`` / ``offset``.
+    """
+    _check_page(limit, offset, 10 * MAX_PAGE)
+    with db.session(readonly=True) as session:
+        dataset = load_dataset(session, tenant_id, dataset_id)
+        tasks = session.execute(
+            select(Task.id, Task.name)
+            .where(Task.dataset_id == dataset_id)
+            .order_by(Task.created_at, Task.id)
+        ).all()
+        index = {t.id: i for i, t in enumerate(tasks)}
+        released = select(Certificate.reservation_id).where(Certificate.dataset_id == dataset_id)
+        newest_task: dict[str, int] = {}
+        for reservation_id, task_id in session.execute(
+            select(ReservationBatch.reservation_id, Batch.task_id)
+            .join(Batch, Batch.id == ReservationBatch.batch_id)
+            .where(ReservationBatch.reservation_id.in_(released))
+            .distinct()
+        ):
+            position = index.get(task_id, -1)
+            if position > newest_task.get(reservation_id, -1):
+                newest_task[reservation_id] = position
+        commits = session.execute(
+            select(Certificate.reservation_id, _RESULT_EPSILON, _RESULT_NAIVE)
+            .where(Certificate.dataset_id == dataset_id)
+            .order_by(Certificate.created_at, Certificate.id)
+            .execution_options(yield_per=_STREAM_CHUNK)
+        )
+        points, total = _task_points(commits, newest_task)
+        answer_head = {
+            "dataset_id": dataset.id,
+            "rule": dataset.rule,
+            "epsilon_budget": to_text(dataset.epsilon_budget),
+            "epsilon_spent": to_text(dataset.epsilon_spent),
+            "naive_sequential_epsilon": to_text(dataset.naive_epsilon),
+        }
+    ordered = sorted(points.items())
+    page = ordered[offset : offset + limit]
+    return {
+        **answer_head,
+        "tasks": len(tasks),
+        "releases": total,
+        "count": len(ordered),
+        "limit": limit,
+        "offset": offset,
+        "data": [
+            {
+                "task_id": tasks[k].id,
+                "task_name": tasks[k].name,
+                "task_index": k + 1,
+                "releases": n,
+                "epsilon": to_text(eps),
+                "naive_sequential_epsilon": to_text(naive),
+            }
+            for k, (n, eps, naive) in page
+        ],
+    }
+
+
+def _task_points(
+    commits: Iterable[Any], newest_task: dict[str, int]
+) -> tuple[dict[int, tuple[int, Decimal, Decimal]], int]:
+    """Running maxima over commits; per task index: (its releases, ε, naive ε) after its last."""
+    epsilon = naive = ZERO
+    points: dict[int, tuple[int, Decimal, Decimal]] = {}
+    total = 0
+    for reservation_id, eps_text, naive_text in commits:
+        total += 1
+        epsilon = max(epsilon, Decimal(eps_text or 0))
+        naive = max(naive, Decimal(naive_text or 0))
+        task = newest_task.get(reservation_id)
+        if task is None or task < 0:
+            continue
+        releases_so_far = points[task][0] if task in points else 0
+        points[task] = (releases_so_far + 1, epsilon, naive)
+    return points, total
+
+
+__all__ = ["batch_spend", "epsilon_history", "releases", "spend_summaries"]

@@ -1,0 +1,985 @@
+/* privacy-ledger dashboard: plain JavaScript, no framework, no build step, no external assets.
+ *
+ * Pages (hash routes): #/signin, #/datasets, #/datasets/{id}, #/certificates/{id}, #/jobs,
+ * #/jobs/{id}. Every number comes from HTTP API v1 (docs/DASHBOARD.md lists the calls); ledger
+ * numbers are shown exactly as the ledger answers them (decimal strings); charts turn them into
+ * floats only for geometry. Charts are SVG built here (docs/DASHBOARD.md says why).
+ *
+ * The API key lives in sessionStorage only: never localStorage, never a cookie. A 401 clears it
+ * and returns to the sign-in page; a network error is shown in the banner and polling retries.
+ * Text from the API is always inserted as text (textContent), never as HTML.
+ */
+(function () {
+  "use strict";
+
+  const KEY_STORAGE = "privacy-ledger.api-key";
+  const BATCH_PAGE = 200;        // batches per heatmap page
+  const RELEASE_PAGE = 20;       // releases per timeline page
+  const TASK_BAR_PAGE = 40;      // task bars per page
+  const JOB_POLL_MS = 1000;      // job page refresh
+  const JOBS_POLL_MS = 1500;     // jobs list refresh
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  const view = document.getElementById("view");
+  const banner = document.getElementById("banner");
+  const nav = document.getElementById("nav");
+  const signoutButton = document.getElementById("signout");
+  const live = document.getElementById("live");
+
+  // Each render bumps the generation; async work from an older render is dropped and its
+  // timers are cleared, so a slow answer never paints over the page the user moved to.
+  let generation = 0;
+  let timers = [];
+
+  // ------------------------------------------------------------------------------------------
+  // The key: this tab's session only
+
+  function getKey() {
+    return window.sessionStorage.getItem(KEY_STORAGE);
+  }
+
+  function setKey(key) {
+    window.sessionStorage.setItem(KEY_STORAGE, key);
+  }
+
+  function clearKey() {
+    window.sessionStorage.removeItem(KEY_STORAGE);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // HTTP
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      const code = body && body.error ? body.error : "http_" + status;
+      const message = body && body.message ? body.message : "the server answered " + status + ".";
+      super(message);
+      this.status = status;
+      this.code = code;
+      this.body = body;
+    }
+  }
+
+  class NetworkError extends Error {}
+
+  let pendingSignInMessage = null;
+
+  async function request(path, options, key) {
+    const headers = { Accept: "application/json", Authorization: "Bearer " + key };
+    const init = { method: options.method || "GET", headers, cache: "no-store", credentials: "omit" };
+    if (options.body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(options.body);
+    }
+    let response;
+    let text;
+    try {
+      response = await fetch(path, init);
+      text = await response.text();
+    } catch (error) {
+      throw new NetworkError(
+        "Network error: the ledger at " + window.location.origin + " did not answer (" +
+          (error && error.message ? error.message : String(error)) + ")."
+      );
+    }
+    let body = null;
+    if (text) {
+      try {
+        body = JSON.parse(text);
+      } catch (error) {
+        body = null;
+      }
+    }
+    if (!response.ok) {
+      throw new ApiError(response.status, body);
+    }
+    return body;
+  }
+
+  /** A v1 call with the session's key. 401: the key is dropped and the sign-in page shown. */
+  async function api(path, options) {
+    const key = getKey();
+    if (!key) {
+      goSignIn("Sign in with an API key.");
+      throw new ApiError(401, { error: "unauthorized", message: "no API key in this session." });
+    }
+    try {
+      const body = await request(path, options || {}, key);
+      hideBanner("network");
+      return body;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) {
+        clearKey();
+        goSignIn("Signed out: the server refused the key (401: " + error.message + ")");
+      }
+      throw error;
+    }
+  }
+
+  function goSignIn(message) {
+    pendingSignInMessage = message;
+    if (window.location.hash !== "#/signin") {
+      window.location.hash = "#/signin";
+    } else {
+      render();
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // DOM helpers (text only: values from the API never become HTML)
+
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    setAttrs(node, attrs);
+    append(node, children);
+    return node;
+  }
+
+  function s(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG_NS, tag);
+    setAttrs(node, attrs);
+    append(node, children);
+    return node;
+  }
+
+  function setAttrs(node, attrs) {
+    if (!attrs) return;
+    for (const [name, value] of Object.entries(attrs)) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "onclick" || name === "onsubmit" || name === "oninput") {
+        node.addEventListener(name.slice(2), value);
+      } else if (name === "text") {
+        node.textContent = String(value);
+      } else {
+        node.setAttribute(name, value === true ? "" : String(value));
+      }
+    }
+  }
+
+  function append(node, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === null || child === undefined || child === false) continue;
+      node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+  }
+
+  /** Replace a node's children (``null`` / ``false`` children are skipped, never shown). */
+  function fill(node, ...children) {
+    node.replaceChildren();
+    append(node, children);
+    return node;
+  }
+
+  function add(node, ...children) {
+    append(node, children);
+    return node;
+  }
+
+  function title(text) {
+    return s("title", { text });
+  }
+
+  function showBanner(message, kind) {
+    banner.textContent = message;
+    banner.dataset.kind = kind || "error";
+    banner.hidden = false;
+  }
+
+  function hideBanner(kind) {
+    if (!kind || banner.dataset.kind === kind) {
+      banner.hidden = true;
+      banner.textContent = "";
+      delete banner.dataset.kind;
+    }
+  }
+
+  /** Show an error from an API call; 401 is handled by ``api`` (back to sign-in). */
+  function showError(error) {
+    if (error instanceof ApiError && error.status === 401) return;
+    if (error instanceof NetworkError) {
+      showBanner(error.message, "network");
+    } else if (error instanceof ApiError) {
+      showBanner("Error " + error.status + " (" + error.code + "): " + error.message, "api");
+    } else {
+      showBanner("Unexpected error: " + (error && error.message ? error.message : String(error)), "bug");
+      console.error(error);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Numbers
+
+  function num(text) {
+    const value = Number.parseFloat(text);
+    return Number.isFinite(value) ? value : 0;
+  }
+
+  /** Short label for chart axes and bar ends (the exact value is in the element's title). */
+  function short(value) {
+    if (value === 0) return "0";
+    const abs = Math.abs(value);
+    if (abs >= 1e4 || abs < 1e-3) return value.toExponential(2);
+    return String(Number.parseFloat(value.toPrecision(4)));
+  }
+
+  function niceTicks(max, count) {
+    if (!(max > 0)) return [0, 1];
+    const raw = max / count;
+    const magnitude = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 2.5, 5, 10].map((m) => m * magnitude).find((v) => v >= raw) || raw;
+    const ticks = [];
+    for (let v = 0; v <= max + step * 1e-9; v += step) ticks.push(Number.parseFloat(v.toPrecision(12)));
+    if (ticks[ticks.length - 1] < max) ticks.push(Number.parseFloat((ticks[ticks.length - 1] + step).toPrecision(12)));
+    return ticks;
+  }
+
+  function when(iso) {
+    if (!iso) return "—";
+    return iso.replace("T", " ").replace(/\.\d+/, "").replace(/\+00:00$|Z$/, "") + " UTC";
+  }
+
+  function releaseText(release) {
+    if (!release) return "—";
+    return release.model + " v" + release.version;
+  }
+
+  function mix(a, b, t) {
+    const x = Math.max(0, Math.min(1, t));
+    const c = a.map((v, i) => Math.round(v + (b[i] - v) * x));
+    return "rgb(" + c.join(",") + ")";
+  }
+
+  const SPENT_LOW = [226, 240, 235];
+  const SPENT_HIGH = [15, 81, 66];
+
+  /** Heatmap colour of a batch at ``fraction`` of the budget: a square-root scale, so that
+   * small spends stay distinguishable from each other and from none (monotone: darker = more). */
+  function heatColour(fraction) {
+    return mix(SPENT_LOW, SPENT_HIGH, Math.sqrt(Math.max(0, Math.min(1, fraction))));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Router
+
+  function route() {
+    const hash = window.location.hash.replace(/^#/, "") || "/";
+    const parts = hash.split("/").filter(Boolean).map(decodeURIComponent);
+    return parts;
+  }
+
+  function clearTimers() {
+    for (const id of timers) window.clearTimeout(id);
+    timers = [];
+    live.hidden = true;
+  }
+
+  function later(gen, ms, fn) {
+    if (gen !== generation) return;
+    timers.push(window.setTimeout(() => { if (gen === generation) fn(); }, ms));
+  }
+
+  function render() {
+    generation += 1;
+    const gen = generation;
+    clearTimers();
+    const parts = route();
+    const key = getKey();
+    signoutButton.hidden = !key;
+    nav.hidden = !key;
+    if (parts[0] !== "signin" && !key) {
+      window.location.hash = "#/signin";
+      return;
+    }
+    for (const link of nav.querySelectorAll("a")) {
+      link.classList.toggle("active", link.dataset.nav === parts[0]);
+    }
+    if (parts[0] !== "signin") hideBanner("api");
+    fill(view);
+    let page;
+    if (parts[0] === "signin") page = signInPage(gen);
+    else if (parts[0] === "datasets" && parts[1]) page = datasetPage(gen, parts[1]);
+    else if (parts[0] === "certificates" && parts[1]) page = certificatePage(gen, parts[1]);
+    else if (parts[0] === "jobs" && parts[1]) page = jobPage(gen, parts[1]);
+    else if (parts[0] === "jobs") page = jobsPage(gen);
+    else if (parts.length === 0 || parts[0] === "datasets") page = datasetsPage(gen);
+    else page = Promise.resolve(add(view, h("p", { class: "empty", text: "No such page: #" + parts.join("/") })));
+    Promise.resolve(page).catch((error) => {
+      if (gen === generation) showError(error);
+    });
+  }
+
+  signoutButton.addEventListener("click", () => {
+    clearKey();
+    goSignIn("Signed out.");
+  });
+
+  // ------------------------------------------------------------------------------------------
+  // Sign in
+
+  function signInPage() {
+    const message = pendingSignInMessage;
+    pendingSignInMessage = null;
+    hideBanner();
+    const input = h("input", {
+      id: "api-key", type: "password", name: "api-key", autocomplete: "off", required: true,
+      placeholder: "pl_…", spellcheck: "false",
+    });
+    const status = h("p", { id: "signin-message", class: message ? (message.includes("401") ? "notice error" : "notice") : "notice hidden", text: message || "" });
+    const submit = h("button", { id: "signin-submit", type: "submit", text: "Sign in" });
+    const form = h("form", { class: "signin", onsubmit: onSubmit },
+      h("h1", { text: "Sign in" }),
+      h("p", { class: "muted", text: "An API key of any scope (viewer is enough). It is kept in this tab's session storage only and sent as a Bearer token to this server." }),
+      h("label", { for: "api-key", text: "API key" }),
+      input,
+      submit,
+      status);
+    add(view, form);
+    input.focus();
+
+    async function onSubmit(event) {
+      event.preventDefault();
+      const key = input.value.trim();
+      if (!key) return;
+      submit.disabled = true;
+      status.className = "notice";
+      status.textContent = "Checking the key…";
+      try {
+        await request("/v1/datasets?limit=1", {}, key);
+        setKey(key);
+        input.value = "";
+        window.location.hash = "#/datasets";
+      } catch (error) {
+        status.className = "notice error";
+        if (error instanceof ApiError && error.status === 401) {
+          status.textContent = "The server refused this key (401): " + error.message;
+        } else {
+          status.textContent = error.message;
+        }
+      } finally {
+        submit.disabled = false;
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Datasets list
+
+  async function datasetsPage(gen, offset) {
+    offset = offset || 0;
+    const limit = 100;
+    const page = await api("/v1/spend?limit=" + limit + "&offset=" + offset);
+    if (gen !== generation) return;
+    fill(view);
+    add(view, h("h1", { text: "Datasets" }));
+    if (page.count === 0) {
+      add(view, h("p", { class: "empty", text: "No datasets yet. Create one with POST /v1/datasets (an admin key)." }));
+      return;
+    }
+    const rows = page.data.map((d) => {
+      const budget = num(d.epsilon_budget);
+      const fraction = budget > 0 ? num(d.epsilon_spent) / budget : 0;
+      const heldFraction = budget > 0 ? num(d.epsilon_held) / budget : 0;
+      return h("tr", { "data-dataset-id": d.id },
+        h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
+        h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
+        h("td", { class: "num budget", title: "δ " + d.delta_budget, text: d.epsilon_budget }),
+        h("td", { class: "num spent", text: d.epsilon_spent }),
+        h("td", { class: "num remaining", text: d.epsilon_remaining }),
+        h("td", { class: "num held", text: d.epsilon_held }),
+        h("td", { class: "meter-cell" }, meter(fraction, heldFraction, d.epsilon_spent + " of " + d.epsilon_budget + " spent")),
+        h("td", { class: "last-release" },
+          h("span", { text: releaseText(d.last_release) }),
+          d.last_release_at ? h("span", { class: "muted small block", text: when(d.last_release_at) }) : null));
+    });
+    add(view, h("table", { id: "datasets-table", class: "table" },
+      h("thead", {}, h("tr", {},
+        h("th", { text: "Name" }), h("th", { text: "Rule" }), h("th", { class: "num", text: "Budget ε" }),
+        h("th", { class: "num", text: "Spent ε" }), h("th", { class: "num", text: "Remaining ε" }),
+        h("th", { class: "num", text: "Held ε" }), h("th", { text: "Used" }), h("th", { text: "Last release" }))),
+      h("tbody", {}, rows)));
+    add(view, pager(offset, limit, page.count, "datasets", (next) => datasetsPage(gen, next).catch(showError)));
+  }
+
+  function meter(fraction, heldFraction, label) {
+    const width = 120;
+    const spentWidth = Math.max(0, Math.min(1, fraction)) * width;
+    const heldWidth = Math.max(0, Math.min(1 - Math.min(1, fraction), heldFraction)) * width;
+    return s("svg", { class: "meter", width, height: 10, viewBox: "0 0 " + width + " 10", role: "img", "aria-label": label },
+      title(label),
+      s("rect", { class: "meter-free", x: 0, y: 0, width, height: 10, rx: 3 }),
+      s("rect", { class: "meter-spent", x: 0, y: 0, width: spentWidth, height: 10, rx: 3 }),
+      s("rect", { class: "meter-held", x: spentWidth, y: 0, width: heldWidth, height: 10 }));
+  }
+
+  function pager(offset, limit, count, name, go) {
+    if (count <= limit) return null;
+    const last = Math.min(offset + limit, count);
+    return h("div", { class: "pager", id: name + "-pager" },
+      h("button", { type: "button", id: name + "-prev", disabled: offset === 0, onclick: () => go(Math.max(0, offset - limit)), text: "‹ Previous" }),
+      h("span", { class: "pager-range", id: name + "-range", text: (offset + 1) + "–" + last + " of " + count }),
+      h("button", { type: "button", id: name + "-next", disabled: last >= count, onclick: () => go(offset + limit), text: "Next ›" }));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // One dataset
+
+  async function datasetPage(gen, id) {
+    const path = "/v1/datasets/" + encodeURIComponent(id);
+    const [dataset, spend, batches, releases] = await Promise.all([
+      api(path),
+      api(path + "/spend"),
+      api(path + "/batch-spend?limit=" + BATCH_PAGE + "&offset=0"),
+      api(path + "/releases?limit=" + RELEASE_PAGE + "&offset=0"),
+    ]);
+    const history = spend.rule === "lifelong" ? await api(path + "/epsilon-history") : null;
+    if (gen !== generation) return;
+    fill(view);
+    const budget = dataset.budget || {};
+    add(view, 
+      h("p", { class: "crumbs" }, h("a", { href: "#/datasets", text: "Datasets" }), " / ", dataset.name),
+      h("h1", { id: "dataset-name", text: dataset.name }),
+      h("p", { class: "subtitle" },
+        h("span", { class: "chip rule-" + spend.rule, text: spend.rule }), " ",
+        h("span", { text: "accountant " + spend.accountant + " · budget ε " + spend.epsilon_budget + ", δ " + spend.delta_budget }),
+        spend.geometric ? h("span", { text: " · levels first " + spend.geometric.first + ", ratio " + spend.geometric.ratio + " (infinite-horizon bound " + spend.geometric.infinite_horizon_bound + ")" }) : null,
+        h("span", { class: "muted", text: " · " + dataset.id })));
+
+    add(view, section("Budget", "budget", gauge(spend), stats(spend)));
+    add(view, section("Spend per task", "tasks", taskBars(spend, 0)));
+    const heat = h("div", { id: "heatmap-panel" });
+    add(view, section("Spend per batch", "batches", heat));
+    const levels = spend.rule === "geometric" ? h("div", { id: "levels-panel" }) : null;
+    if (levels) add(view, section("Geometric levels per block", "levels", levels));
+    drawBatchPage(batches);
+    if (history) add(view, section("Lifelong: ledger ε against naive sequential ε", "lifelong", lifelongCurve(history)));
+    const timeline = h("div", { id: "timeline-panel" });
+    add(view, section("Releases", "releases", timeline));
+    drawReleases(releases);
+
+    function drawBatchPage(answer) {
+      fill(heat, heatmap(answer, budget), pager(answer.offset, answer.limit, answer.count, "heatmap", loadBatches));
+      if (levels) fill(levels, levelGrid(answer), pager(answer.offset, answer.limit, answer.count, "levels", loadBatches));
+    }
+
+    function loadBatches(offset) {
+      api(path + "/batch-spend?limit=" + BATCH_PAGE + "&offset=" + offset)
+        .then((answer) => { if (gen === generation) drawBatchPage(answer); })
+        .catch(showError);
+    }
+
+    function drawReleases(answer) {
+      fill(timeline, releaseTimeline(answer), pager(answer.offset, answer.limit, answer.count, "releases", (offset) => {
+        api(path + "/releases?limit=" + RELEASE_PAGE + "&offset=" + offset)
+          .then((next) => { if (gen === generation) drawReleases(next); })
+          .catch(showError);
+      }));
+    }
+  }
+
+  function section(heading, id, ...children) {
+    return h("section", { class: "card", id: "section-" + id }, h("h2", { text: heading }), children);
+  }
+
+  function stats(spend) {
+    const item = (label, value, id) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", id, text: value }));
+    return h("div", { class: "stats" },
+      item("ε spent", spend.epsilon_spent, "stat-spent"),
+      item("ε held (open reservations)", spend.epsilon_held, "stat-held"),
+      item("ε remaining", spend.epsilon_remaining, "stat-remaining"),
+      item("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive"),
+      item("δ spent", spend.delta_spent, "stat-delta"),
+      item("releases (commits)", String(spend.charges_committed), "stat-commits"),
+      item("open reservations", String(spend.reservations_open), "stat-open"),
+      item("last release", releaseText(spend.last_release), "stat-last-release"));
+  }
+
+  /** Budget gauge: spent | held | free on one bar of the budget's width. */
+  function gauge(spend) {
+    const budget = num(spend.epsilon_budget);
+    const spent = num(spend.epsilon_spent);
+    const held = num(spend.epsilon_held);
+    const total = Math.max(budget, spent + held) || 1;
+    const W = 720, H = 58, left = 0, barY = 8, barH = 26;
+    const x = (v) => left + (v / total) * W;
+    const spentW = x(spent) - left;
+    const heldW = Math.max(0, Math.min(x(spent + held), W) - x(spent));
+    const label = "spent " + spend.epsilon_spent + " · held " + spend.epsilon_held + " · remaining " + spend.epsilon_remaining + " of ε " + spend.epsilon_budget;
+    const percent = budget > 0 ? Math.round((spent / budget) * 1000) / 10 : 0;
+    const ticks = niceTicks(total, 6).filter((t) => t <= total * 1.0001);
+    return h("div", { class: "gauge" },
+      h("p", { id: "gauge-label", class: "gauge-label", text: label }),
+      s("svg", { id: "gauge", viewBox: "0 0 " + (W + 2) + " " + H, class: "chart", role: "img", "aria-label": label,
+        "data-spent": spend.epsilon_spent, "data-held": spend.epsilon_held, "data-budget": spend.epsilon_budget },
+        title(label),
+        s("rect", { class: "gauge-free", x: left, y: barY, width: W, height: barH, rx: 4 }),
+        s("rect", { class: "gauge-spent", x: left, y: barY, width: spentW, height: barH, rx: 4 }, title("spent ε " + spend.epsilon_spent)),
+        s("rect", { class: "gauge-held", x: x(spent), y: barY, width: heldW, height: barH }, title("held ε " + spend.epsilon_held)),
+        s("line", { class: "gauge-budget", x1: x(budget), x2: x(budget), y1: barY - 4, y2: barY + barH + 4 }),
+        ticks.map((t) => s("text", { class: "tick", x: x(t), y: H - 4, "text-anchor": t === 0 ? "start" : (x(t) > W - 10 ? "end" : "middle"), text: short(t) }))),
+      h("p", { class: "legend" },
+        h("span", { class: "swatch swatch-spent" }), "spent (" + percent + "% of the budget) ",
+        h("span", { class: "swatch swatch-held" }), "held by open reservations ",
+        h("span", { class: "swatch swatch-free" }), "free"));
+  }
+
+  /** Spend per task: one bar each (ledger ε), with a mark at the naive sequential ε. */
+  function taskBars(spend, offset) {
+    const wrapper = h("div", { id: "task-bars-panel" });
+    const tasks = spend.tasks || [];
+    if (tasks.length === 0) {
+      add(wrapper, h("p", { class: "empty", text: "No tasks yet." }));
+      return wrapper;
+    }
+    draw(offset);
+    return wrapper;
+
+    function draw(start) {
+      const shown = tasks.slice(start, start + TASK_BAR_PAGE);
+      const budget = num(spend.epsilon_budget);
+      const top = Math.max(budget, ...shown.map((t) => Math.max(num(t.epsilon_spent), num(t.naive_sequential_epsilon)))) || 1;
+      const labelW = 170, valueW = 150, W = 760, rowH = 24, barH = 15;
+      const plotW = W - labelW - valueW;
+      const H = shown.length * rowH + 26;
+      const x = (v) => labelW + (v / top) * plotW;
+      const rows = shown.map((t, i) => {
+        const y = i * rowH + 4;
+        const naive = num(t.naive_sequential_epsilon);
+        const spent = num(t.epsilon_spent);
+        const text = "task " + t.name + ": ε " + t.epsilon_spent + " (naive sequential " + t.naive_sequential_epsilon + ")";
+        return s("g", { class: "task-row", "data-task-id": t.id },
+          s("text", { class: "bar-label", x: labelW - 8, y: y + barH - 3, "text-anchor": "end", text: clip(t.name, 24) }),
+          s("rect", { class: "bar", x: labelW, y, width: Math.max(1, x(spent) - labelW), height: barH, rx: 2,
+            "data-task-id": t.id, "data-epsilon": t.epsilon_spent }, title(text)),
+          naive > spent ? s("line", { class: "naive-mark", x1: x(naive), x2: x(naive), y1: y - 2, y2: y + barH + 2 }, title("naive sequential ε " + t.naive_sequential_epsilon)) : null,
+          s("text", { class: "bar-value", x: W - valueW + 8, y: y + barH - 3,
+            text: t.epsilon_spent + (naive > spent ? " (naive " + t.naive_sequential_epsilon + ")" : "") }));
+      });
+      const axisY = shown.length * rowH + 8;
+      const ticks = niceTicks(top, 5).filter((t) => t <= top * 1.0001);
+      fill(wrapper, 
+        s("svg", { id: "task-bars", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "ε spent per task" },
+          ticks.map((t) => s("line", { class: "grid", x1: x(t), x2: x(t), y1: 0, y2: axisY })),
+          s("line", { class: "budget-line", x1: x(budget), x2: x(budget), y1: 0, y2: axisY }, title("budget ε " + spend.epsilon_budget)),
+          rows,
+          ticks.map((t) => s("text", { class: "tick", x: x(t), y: axisY + 14, "text-anchor": "middle", text: short(t) }))),
+        h("p", { class: "legend" },
+          h("span", { class: "swatch swatch-spent" }), "ledger ε of the task's batches (max over its batches) ",
+          h("span", { class: "swatch swatch-naive" }), "naive sequential ε ",
+          h("span", { class: "swatch swatch-budget" }), "budget"),
+        pager(start, TASK_BAR_PAGE, tasks.length, "tasks", draw));
+    }
+  }
+
+  function clip(text, n) {
+    return text.length > n ? text.slice(0, n - 1) + "…" : text;
+  }
+
+  /** Spend per batch: one cell per batch, a row per task, colour = ε spent / budget. */
+  function heatmap(answer, budgetDoc) {
+    const budget = num(answer.epsilon_budget);
+    const data = answer.data;
+    if (data.length === 0) return h("p", { class: "empty", text: "No batches yet." });
+    const groups = [];
+    for (const b of data) {
+      const last = groups[groups.length - 1];
+      if (last && last.task_id === b.task_id) last.items.push(b);
+      else groups.push({ task_id: b.task_id, task_name: b.task_name, items: [b] });
+    }
+    const perRow = 40, cell = 15, gap = 2, labelW = 170, W = labelW + perRow * (cell + gap) + 10;
+    let y = 4;
+    const rows = [];
+    for (const g of groups) {
+      const lines = Math.ceil(g.items.length / perRow);
+      rows.push(s("text", { class: "bar-label", x: labelW - 8, y: y + cell - 3, "text-anchor": "end", text: clip(g.task_name, 24) }));
+      g.items.forEach((b, i) => {
+        const cx = labelW + (i % perRow) * (cell + gap);
+        const cy = y + Math.floor(i / perRow) * (cell + gap);
+        const spent = num(b.epsilon_spent);
+        const held = num(b.epsilon_held);
+        const fill = spent > 0 ? heatColour(budget > 0 ? spent / budget : 0) : "rgb(244,246,245)";
+        const tip = g.task_name + " / " + b.name + ": ε spent " + b.epsilon_spent + ", held " + b.epsilon_held +
+          ", naive " + b.naive_sequential_epsilon + ", reads " + b.reads + ", " + b.size + " records";
+        rows.push(s("rect", { class: "cell" + (held > 0 ? " cell-held" : ""), x: cx, y: cy, width: cell, height: cell, rx: 2, fill,
+          "data-batch-id": b.id, "data-epsilon": b.epsilon_spent }, title(tip)));
+      });
+      y += lines * (cell + gap) + 6;
+    }
+    const H = y + 4;
+    return h("div", { class: "heatmap" },
+      s("svg", { id: "heatmap", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "ε spent per batch" }, rows),
+      h("div", { class: "legend" },
+        s("svg", { class: "gradient", width: 160, height: 12, viewBox: "0 0 160 12" },
+          s("defs", {}, s("linearGradient", { id: "heat-gradient" },
+            [0, 0.25, 0.5, 0.75, 1].map((f) => s("stop", { offset: String(f), "stop-color": heatColour(f * f) })))),
+          s("rect", { x: 0, y: 0, width: 160, height: 12, rx: 2, fill: "url(#heat-gradient)" })),
+        h("span", { text: " ε spent, 0 → budget " + answer.epsilon_budget + " (square-root scale) · " }),
+        h("span", { class: "swatch swatch-outline" }), h("span", { text: " batch with an open reservation · batches in task order; hover a cell for its numbers" })));
+  }
+
+  /** Geometric rule: levels in use per block (batch), each level's allowance first·ratioᵏ. */
+  function levelGrid(answer) {
+    const geometric = answer.geometric || {};
+    const allowances = geometric.allowances || {};
+    const blocks = answer.data;
+    if (blocks.length === 0) return h("p", { class: "empty", text: "No blocks yet." });
+    const maxUsed = Math.max(-1, ...blocks.flatMap((b) => b.levels));
+    const columns = Math.max(4, maxUsed + 2);
+    const first = num(geometric.first), ratio = num(geometric.ratio);
+    const cell = 44, cellH = 22, gap = 4, labelW = 210, sumW = 170, headH = 32;
+    const W = labelW + columns * (cell + gap) + sumW;
+    const H = headH + blocks.length * (cellH + gap) + 4;
+    const head = [];
+    for (let k = 0; k < columns; k += 1) {
+      const allowance = allowances[String(k)] || short(first * Math.pow(ratio, k));
+      head.push(s("text", { class: "tick", x: labelW + k * (cell + gap) + cell / 2, y: 12, "text-anchor": "middle", text: "k=" + k }));
+      head.push(s("text", { class: "tick small", x: labelW + k * (cell + gap) + cell / 2, y: 24, "text-anchor": "middle", text: short(num(allowance)) }));
+    }
+    const rows = blocks.map((b, i) => {
+      const y = headH + i * (cellH + gap);
+      const used = new Set(b.levels);
+      const cells = [];
+      for (let k = 0; k < columns; k += 1) {
+        const allowance = allowances[String(k)] || String(first * Math.pow(ratio, k));
+        cells.push(s("rect", { class: used.has(k) ? "level used" : "level free", x: labelW + k * (cell + gap), y, width: cell, height: cellH, rx: 3, "data-level": k },
+          title("block " + b.name + ", level " + k + " (allowance " + allowance + "): " + (used.has(k) ? "used" : "free"))));
+      }
+      return s("g", { class: "block", "data-batch-id": b.id, "data-levels": b.levels.join(",") },
+        s("text", { class: "bar-label", x: labelW - 8, y: y + cellH - 7, "text-anchor": "end", text: clip(b.task_name + " / " + b.name, 28) }),
+        cells,
+        s("text", { class: "bar-value", x: labelW + columns * (cell + gap) + 8, y: y + cellH - 7, text: "ε " + b.epsilon_spent + " · " + b.levels.length + (b.levels.length === 1 ? " level" : " levels") }));
+    });
+    return h("div", {},
+      s("svg", { id: "levels", class: "chart-natural", width: W, height: H, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "geometric levels used per block" }, head, rows),
+      h("p", { class: "legend" }, h("span", { class: "swatch swatch-spent" }), "level used (held or committed) ",
+        h("span", { class: "swatch swatch-free" }), "free · level k allows ε first·ratioᵏ and is used once; a block's total over an infinite horizon ≤ " + (geometric.infinite_horizon_bound || "first/(1−ratio)")));
+  }
+
+  /** Lifelong: the ledger's ε and the naive sequential ε after each task. */
+  function lifelongCurve(history) {
+    const points = history.data;
+    if (points.length === 0) return h("p", { class: "empty", text: "No releases yet." });
+    const W = 760, H = 300, L = 56, R = 130, T = 14, B = 40;
+    const budget = num(history.epsilon_budget);
+    const xMax = Math.max(history.tasks, points[points.length - 1].task_index, 2);
+    const yTop = Math.max(budget, ...points.map((p) => num(p.naive_sequential_epsilon)), ...points.map((p) => num(p.epsilon))) * 1.08 || 1;
+    const x = (i) => L + ((i - 1) / (xMax - 1)) * (W - L - R);
+    const y = (v) => T + (1 - v / yTop) * (H - T - B);
+    const line = (key) => points.map((p, i) => (i ? "L" : "M") + x(p.task_index).toFixed(1) + " " + y(num(p[key])).toFixed(1)).join(" ");
+    const yTicks = niceTicks(yTop, 5).filter((t) => t <= yTop);
+    const xStep = Math.max(1, Math.ceil(xMax / 12));
+    const xTicks = [];
+    for (let i = 1; i <= xMax; i += xStep) xTicks.push(i);
+    const last = points[points.length - 1];
+    const ratio = num(last.epsilon) > 0 ? num(last.naive_sequential_epsilon) / num(last.epsilon) : 0;
+    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + last.epsilon +
+      " · naive sequential ε " + last.naive_sequential_epsilon + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
+    return h("div", {},
+      s("svg", { id: "lifelong-curve", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
+        yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
+        xTicks.map((i) => s("text", { class: "tick", x: x(i), y: H - B + 16, "text-anchor": "middle", text: String(i) })),
+        s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "tasks" }),
+        s("text", { class: "axis-title", x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + (H - T - B) / 2) + ")", text: "ε" }),
+        s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + history.epsilon_budget)),
+        s("text", { class: "series-label budget-text", x: W - R + 6, y: y(budget) + 4, text: "budget " + history.epsilon_budget }),
+        s("path", { class: "series-naive", d: line("naive_sequential_epsilon") }),
+        s("path", { class: "series-ledger", d: line("epsilon") }),
+        points.map((p) => s("circle", { class: "pt-naive", cx: x(p.task_index), cy: y(num(p.naive_sequential_epsilon)), r: 3.5,
+          "data-task-index": p.task_index, "data-epsilon": p.naive_sequential_epsilon }, title("task " + p.task_index + ": naive sequential ε " + p.naive_sequential_epsilon))),
+        points.map((p) => s("circle", { class: "pt-ledger", cx: x(p.task_index), cy: y(num(p.epsilon)), r: 3.5,
+          "data-task-index": p.task_index, "data-epsilon": p.epsilon }, title("task " + p.task_index + ": ledger ε " + p.epsilon))),
+        s("text", { class: "series-label naive-text", x: x(last.task_index) + 8, y: y(num(last.naive_sequential_epsilon)) + 4, text: "naive " + last.naive_sequential_epsilon }),
+        s("text", { class: "series-label ledger-text", x: x(last.task_index) + 8, y: y(num(last.epsilon)) + 14, text: "ledger " + last.epsilon })),
+      h("p", { id: "curve-caption", class: "caption", text: caption }),
+      h("p", { class: "legend" },
+        h("span", { class: "swatch swatch-spent" }), "ledger ε (replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
+        h("span", { class: "swatch swatch-naive" }), "naive sequential ε (every read counted as fresh: grows with tasks, Thm. 1)"));
+  }
+
+  /** Release timeline: newest first, each with its certificate's headline and a link to it. */
+  function releaseTimeline(answer) {
+    if (answer.count === 0) return h("p", { class: "empty", text: "No releases yet." });
+    return h("ol", { id: "timeline", class: "timeline" }, answer.data.map((r) =>
+      h("li", { class: "release", "data-certificate-id": r.certificate_id },
+        h("div", { class: "release-head" },
+          h("a", { class: "release-name", href: "#/certificates/" + encodeURIComponent(r.certificate_id), text: r.model + " v" + r.version }),
+          h("span", { class: "muted small", text: " " + when(r.created_at) })),
+        h("div", { class: "release-body" },
+          h("span", { class: "chip", text: "charge ε " + r.charge.epsilon }),
+          h("span", { class: "chip", text: "ε after " + r.epsilon }),
+          r.delta && r.delta !== "0" ? h("span", { class: "chip", text: "δ after " + r.delta }) : null,
+          h("span", { class: r.within_budget ? "chip ok" : "chip bad", text: r.within_budget ? "within budget" : "over budget" }),
+          h("span", { class: "muted small theorem", title: r.theorem || "", text: clip(r.theorem || "", 110) })),
+        h("a", { class: "small", href: "#/certificates/" + encodeURIComponent(r.certificate_id), text: "open certificate " + r.certificate_id + " ›" }))));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // A certificate: rule, theorem, inputs, result; verify on the server
+
+  async function certificatePage(gen, id) {
+    const stored = await api("/v1/certificates/" + encodeURIComponent(id));
+    if (gen !== generation) return;
+    const cert = stored.certificate || {};
+    const inputs = cert.inputs || {};
+    const result = cert.result || {};
+    const verifyResult = h("span", { id: "verify-result", class: "verify-result", text: "not verified yet" });
+    const verifyButton = h("button", { id: "verify-button", type: "button", onclick: verify, text: "Verify" });
+    fill(view, 
+      h("p", { class: "crumbs" },
+        h("a", { href: "#/datasets", text: "Datasets" }), " / ",
+        h("a", { href: "#/datasets/" + encodeURIComponent(stored.dataset_id), text: stored.dataset_id }), " / certificate"),
+      h("h1", { text: "Certificate for " + releaseText(stored.release) }),
+      h("section", { class: "card", id: "section-verify" },
+        h("h2", { text: "Verification" }),
+        h("p", { class: "muted", text: "Asks the server to re-check this certificate offline from its own contents (accountant.certificates.verify): the content hash, the budget, every batch's reserve and commit recomputed under the rule, and the result." }),
+        h("div", { class: "verify-row" }, verifyButton, verifyResult)),
+      h("section", { class: "card", id: "section-summary" },
+        h("h2", { text: "Rule and theorem" }),
+        dl([
+          ["Rule", cert.rule, "cert-rule"],
+          ["Accountant", cert.accountant, "cert-accountant"],
+          ["Theorem", cert.theorem, "cert-theorem"],
+          ["Released", releaseText(stored.release) + " · " + when(stored.created_at)],
+          ["Certificate id", stored.id],
+          ["Reservation", stored.reservation_id],
+          ["Content hash", stored.content_hash, "cert-hash"],
+        ])),
+      h("section", { class: "card", id: "section-result" },
+        h("h2", { text: "Result" }),
+        dl([
+          ["ε after (max over the batches read)", result.epsilon, "cert-epsilon"],
+          ["δ after", result.delta],
+          ["naive sequential ε after", result.naive_epsilon],
+          ["this charge", result.charge ? "ε " + result.charge.epsilon + ", δ " + result.charge.delta : null, "cert-charge"],
+          ["budget", result.budget ? "ε " + result.budget.epsilon + ", δ " + result.budget.delta : null],
+          ["within budget", result.within_budget === undefined ? null : String(result.within_budget), "cert-within"],
+          ["infinite-horizon bound", result.infinite_horizon_bound],
+          ["levels", result.levels ? Object.entries(result.levels).map(([b, k]) => b + ": " + k).join(", ") : null],
+        ])),
+      h("section", { class: "card", id: "section-inputs" },
+        h("h2", { text: "Inputs" }),
+        h("h3", { text: "Budget" }), pre(inputs.budget, "cert-budget"),
+        h("h3", { text: "Charge (the mechanism event, and its noise commitment)" }), pre(inputs.charge, "cert-event"),
+        inputs.partial_event ? [h("h3", { text: "Partial event (the run released so far)" }), pre(inputs.partial_event)] : null,
+        h("h3", { text: "Batches touched" }), batchTable(inputs.batches || [])),
+      h("section", { class: "card" },
+        h("h2", { text: "Libraries" }), dl(Object.entries(cert.libraries || {}).map(([k, v]) => [k, v]))),
+      h("details", { class: "card" }, h("summary", { text: "Raw certificate JSON" }), pre(cert, "cert-json")));
+
+    async function verify() {
+      verifyButton.disabled = true;
+      verifyResult.className = "verify-result pending";
+      verifyResult.textContent = "verifying…";
+      try {
+        const answer = await api("/v1/certificates/" + encodeURIComponent(id) + "/verify", { method: "POST" });
+        if (gen !== generation) return;
+        verifyResult.className = "verify-result " + (answer.ok ? "ok" : "bad");
+        verifyResult.textContent = (answer.ok ? "valid" : "INVALID") + " — " + answer.reason;
+      } catch (error) {
+        verifyResult.className = "verify-result bad";
+        verifyResult.textContent = "could not verify: " + error.message;
+        showError(error);
+      } finally {
+        verifyButton.disabled = false;
+      }
+    }
+  }
+
+  function dl(items) {
+    return h("dl", { class: "facts" }, items.filter(([, v]) => v !== null && v !== undefined && v !== "").map(([k, v, id]) =>
+      [h("dt", { text: k }), h("dd", { id: id || null, text: v })]));
+  }
+
+  function pre(value, id) {
+    return h("pre", { class: "json", id: id || null, text: JSON.stringify(value === undefined ? null : value, null, 2) });
+  }
+
+  function batchTable(batches) {
+    if (batches.length === 0) return h("p", { class: "empty", text: "none" });
+    const st = (state, key) => (state && state[key] !== undefined ? state[key] : "—");
+    const cost = (c, key) => (c && c[key] !== undefined && c[key] !== null ? String(c[key]) : "—");
+    return h("div", { class: "scroll" }, h("table", { class: "table compact", id: "cert-batches" },
+      h("thead", {}, h("tr", {},
+        ["batch", "ε spent at reserve", "reserved ε", "committed ε", "ε spent after", "naive ε after", "level", "replay"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, batches.map((b) => h("tr", {},
+        h("td", { class: "mono", text: b.batch_id }),
+        h("td", { class: "num", text: st(b.state_at_reserve, "epsilon_spent") }),
+        h("td", { class: "num", text: cost(b.reserved, "epsilon") }),
+        h("td", { class: "num", text: cost(b.committed, "epsilon") }),
+        h("td", { class: "num", text: st(b.state_after, "epsilon_spent") }),
+        h("td", { class: "num", text: st(b.state_after, "naive_epsilon") }),
+        h("td", { class: "num", text: cost(b.committed, "level") }),
+        h("td", { text: cost(b.committed, "replay") }))))));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Jobs: live progress by polling
+
+  function statusChip(status, id) {
+    return h("span", { class: "chip status status-" + status, id: id || null, text: status });
+  }
+
+  function progressBar(job, id) {
+    const step = job.progress ? job.progress.step : 0;
+    const total = job.progress ? job.progress.total : null;
+    const fraction = total ? Math.max(0, Math.min(1, step / total)) : 0;
+    const W = 200;
+    return s("svg", { class: "progress", id: id || null, width: W, height: 10, viewBox: "0 0 " + W + " 10", preserveAspectRatio: "none", role: "img", "aria-label": progressText(job) },
+      s("rect", { class: "meter-free", x: 0, y: 0, width: W, height: 10, rx: 3 }),
+      s("rect", { class: "progress-done", x: 0, y: 0, width: fraction * W, height: 10, rx: 3 }));
+  }
+
+  function progressText(job) {
+    const step = job.progress ? job.progress.step : 0;
+    const total = job.progress ? job.progress.total : null;
+    if (!total) return step + " / ? steps";
+    return step + " / " + total + " steps (" + Math.floor((step / total) * 100) + "%)";
+  }
+
+  function metricsText(metrics) {
+    if (!metrics) return "—";
+    return Object.entries(metrics).slice(0, 4).map(([k, v]) => k + " " + formatMetric(v)).join(" · ");
+  }
+
+  function formatMetric(value) {
+    if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number.parseFloat(value.toPrecision(5)));
+    if (value === null) return "—";
+    if (typeof value === "object") return JSON.stringify(value);
+    return String(value);
+  }
+
+  const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+
+  async function jobsPage(gen) {
+    fill(view, h("h1", { text: "Jobs" }), h("p", { class: "muted", text: "Training jobs of this tenant, newest first; refreshed every " + JOBS_POLL_MS / 1000 + " s." }));
+    const holder = h("div", { id: "jobs-panel" });
+    add(view, holder);
+    live.hidden = false;
+    await tick();
+
+    async function tick() {
+      try {
+        const page = await api("/v1/jobs?limit=100");
+        if (gen !== generation) return;
+        fill(holder, jobsTable(page));
+      } catch (error) {
+        if (gen !== generation) return;
+        showError(error);
+        if (error instanceof ApiError && error.status === 401) return;
+      }
+      later(gen, JOBS_POLL_MS, tick);
+    }
+  }
+
+  function jobsTable(page) {
+    if (page.count === 0) return h("p", { class: "empty", text: "No jobs yet. Queue one with POST /v1/jobs (a trainer key)." });
+    return h("table", { id: "jobs-table", class: "table" },
+      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "ε committed", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, page.data.map((j) => h("tr", { "data-job-id": j.id },
+        h("td", {}, h("a", { class: "mono", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
+        h("td", {}, h("a", { class: "mono small", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
+        h("td", { text: j.algorithm }),
+        h("td", { class: "status" }, statusChip(j.status)),
+        h("td", { class: "progress-cell" }, progressBar(j), h("span", { class: "small block progress-text", text: progressText(j) })),
+        h("td", { class: "num epsilon", text: j.epsilon_committed }),
+        h("td", { class: "small metrics", text: metricsText(j.metrics) }),
+        h("td", { class: "num", text: String((j.versions || []).length) }),
+        h("td", { class: "small", text: when(j.updated_at) })))));
+  }
+
+  async function jobPage(gen, id) {
+    const panel = h("div", { id: "job-panel" });
+    fill(view, 
+      h("p", { class: "crumbs" }, h("a", { href: "#/jobs", text: "Jobs" }), " / ", id),
+      h("h1", { text: "Job " + id }),
+      panel);
+    live.hidden = false;
+    let polls = 0;
+    let versionsKey = null;
+    let versionsNode = h("div", { id: "job-versions" });
+    await tick();
+
+    async function tick() {
+      let job = null;
+      try {
+        job = await api("/v1/jobs/" + encodeURIComponent(id));
+        if (gen !== generation) return;
+        polls += 1;
+        const key = (job.versions || []).map((v) => v.name + "@" + v.version).join(",");
+        if (key !== versionsKey) {
+          versionsKey = key;
+          versionsNode = await versionsList(job);
+          if (gen !== generation) return;
+        }
+        fill(panel, jobDetail(job, polls), versionsNode);
+      } catch (error) {
+        if (gen !== generation) return;
+        showError(error);
+        if (error instanceof ApiError && (error.status === 401 || error.status === 404)) return;
+      }
+      if (job && TERMINAL.has(job.status)) {
+        live.hidden = true;
+        return;
+      }
+      later(gen, JOB_POLL_MS, tick);
+    }
+  }
+
+  function jobDetail(job, polls) {
+    const metrics = job.metrics || {};
+    return h("div", {},
+      h("section", { class: "card", id: "section-job" },
+        h("div", { class: "job-head" }, statusChip(job.status, "job-status"),
+          h("span", { class: "muted", text: " " + job.algorithm + " on " }),
+          h("a", { class: "mono", href: "#/datasets/" + encodeURIComponent(job.dataset_id), text: job.dataset_id }),
+          h("span", { class: "muted", text: " · model " + job.model_name + " · attempt " + job.attempts + " of " + job.max_attempts })),
+        h("div", { class: "job-progress" }, progressBar(job, "job-progress"), h("span", { id: "job-progress-text", text: progressText(job) })),
+        h("div", { class: "stats" },
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε committed" }), h("div", { class: "stat-value", id: "job-epsilon", text: job.epsilon_committed })),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), h("div", { class: "stat-value", text: job.delta_committed || "0" })),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "started" }), h("div", { class: "stat-value small", text: when(job.started_at) })),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "updated" }), h("div", { class: "stat-value small", id: "job-updated", "data-polls": polls, text: when(job.updated_at) }))),
+        job.error ? h("p", { class: "notice error", id: "job-error", text: "Error: " + (job.error.message || JSON.stringify(job.error)) }) : null,
+        job.cancel_requested && !TERMINAL.has(job.status) ? h("p", { class: "notice", text: "Cancel requested; the worker stops at its next step." }) : null),
+      h("section", { class: "card", id: "section-metrics" },
+        h("h2", { text: "Metrics" }),
+        Object.keys(metrics).length === 0 ? h("p", { class: "empty", text: "No metrics yet." }) :
+          h("table", { class: "table compact", id: "job-metrics" }, h("tbody", {}, Object.entries(metrics).map(([k, v]) =>
+            h("tr", { "data-metric": k }, h("th", { text: k }), h("td", { class: "num", text: formatMetric(v) })))))));
+  }
+
+  async function versionsList(job) {
+    const versions = job.versions || [];
+    const wrapper = h("section", { class: "card", id: "job-versions" }, h("h2", { text: "Released versions" }));
+    if (versions.length === 0) {
+      add(wrapper, h("p", { class: "empty", text: "None yet: a version is published only after the ledger commits its release." }));
+      return wrapper;
+    }
+    let certificates = {};
+    try {
+      const page = await api("/v1/models/" + encodeURIComponent(job.model_name) + "/versions?limit=1000");
+      for (const v of page.data) certificates[v.version] = v;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) throw error;
+      certificates = {};
+    }
+    add(wrapper, h("table", { class: "table compact" },
+      h("thead", {}, h("tr", {}, ["Version", "Step", "Metrics", "Certificate"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, versions.map((v) => {
+        const known = certificates[v.version];
+        return h("tr", {},
+          h("td", { text: v.name + " v" + v.version }),
+          h("td", { class: "num", text: String(v.step) }),
+          h("td", { class: "small", text: known ? metricsText(known.metrics) : "—" }),
+          h("td", {}, known ? h("a", { href: "#/certificates/" + encodeURIComponent(known.certificate_id), text: known.certificate_id }) : "—"));
+      }))));
+    return wrapper;
+  }
+
+  // ------------------------------------------------------------------------------------------
+
+  window.addEventListener("hashchange", render);
+  window.addEventListener("unhandledrejection", (event) => {
+    showError(event.reason);
+  });
+  render();
+})();

@@ -1,0 +1,104 @@
+"""``examples/opacus_release.py`` end to end, with tiny sizes: a real ``ledger serve`` subprocess
+(SQLite in a temporary folder, no worker, a free port, a bootstrap admin key), a dataset whose
+batches are the ``builtin:digits`` training record ids, and the example run twice as a
+subprocess. The first run reserves, trains with Opacus, commits and saves a checkpoint holding a
+certificate that re-verifies; the second is refused by the budget before it loads any data and
+writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from accountant.certificates import verify
+from service.cli import main as ledger_main
+from service.client import LedgerClient
+from service.worker.data import load_data
+from tests.service.api.conftest import Server, start_server, stop_server
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "opacus_release.py"
+
+pytest.importorskip("opacus", reason="the Opacus example needs opacus (the dev extra installs it)")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    served = start_server(
+        f"sqlite:///{tmp_path / 'ledger.db'}", env={"LEDGER_ARTIFACT_DIR": str(tmp_path / "artifacts")}
+    )
+    try:
+        yield served
+    finally:
+        stop_server(served.process)
+
+
+def run_example(
+    server: Server, dataset_id: str, output: Path, *noise: str
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["LEDGER_API_KEY"] = server.admin_key  # the key from the environment, as in CI
+    command = [
+        sys.executable, str(EXAMPLE), "--url", server.base_url, "--dataset", dataset_id,
+        *noise, "--epochs", "1", "--expected-batch-size", "256", "--output-dir", str(output),
+    ]  # fmt: skip
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_release_through_the_gate_then_refused_before_touching_data(
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record_ids = load_data("builtin:digits").record_ids
+    with LedgerClient(server.base_url, server.admin_key) as admin:
+        # RDP filter budget: one run at sigma 2.3318 (q = 1/6, 6 steps) costs ~1.17; two ~1.53
+        dataset = admin.create_dataset(
+            "digits", rule="sequential", epsilon="1.2", delta="1e-5", accountant="rdp"
+        )
+        task = admin.create_task(dataset["id"], "all digits")
+        admin.create_batches(
+            dataset["id"],
+            task["id"],
+            [{"name": f"b{i}", "records": list(record_ids[i::4])} for i in range(4)],
+        )
+        output = tmp_path / "checkpoints"
+
+        first = run_example(server, dataset["id"], output, "--noise-multiplier", "2.3318")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "loading data" in first.stdout
+        released = json.loads(first.stdout.strip().splitlines()[-1])
+        checkpoint = Path(released["checkpoint"])
+        assert checkpoint.is_file() and checkpoint.parent == output
+        assert released["released"] == {"model": "opacus-digits", "version": "1"}
+
+        import torch
+
+        saved = torch.load(checkpoint, weights_only=False)
+        assert verify(saved["certificate"]["certificate"]).ok
+        assert saved["certificate"]["id"] == released["certificate_id"]
+        assert set(saved["state_dict"]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+        stored = admin.get_certificate(released["certificate_id"])
+        assert stored["certificate"] == saved["certificate"]["certificate"]
+        assert stored["certificate"]["inputs"]["charge"]["event"]["event"]["kind"] == "poisson_sampled"
+        spent = admin.spend(dataset["id"])["epsilon_spent"]
+        assert 1 < float(spent) <= 1.2
+
+        # the same run again, sigma calibrated this time: over budget, refused before any data
+        second = run_example(server, dataset["id"], output, "--target-epsilon", "1.0")
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert "refused by the ledger before training (budget_exceeded)" in second.stdout
+        assert "loading data" not in second.stdout
+        assert sorted(p.name for p in output.iterdir()) == [checkpoint.name]
+        after = admin.spend(dataset["id"])
+        assert after["epsilon_spent"] == spent and after["reservations_open"] == 0
+
+        # and the CI gate agrees with what was released
+        assert ledger_main(["check", "--url", server.base_url, "--key", server.admin_key,
+                            "--dataset", dataset["id"], "--model", "opacus-digits"]) == 0  # fmt: skip
+        assert "result: PASS" in capsys.readouterr().out

@@ -1,0 +1,350 @@
+"""``ledger check`` and ``ledger export``: the CI gate's exit codes, its report, and the offline
+bundle, against a real server (``tests.service.live_server``) on SQLite and PostgreSQL.
+
+Exit 0: every guarantee holds; 1: one fails (stricter ε bound, a certificate or audit entry
+tampered with in the database, a tampered bundle); 2: usage or connection errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.engine import URL
+
+from accountant.events import PureDpEvent, SelfComposedEvent
+from service.cli import main
+from service.client import LedgerClient
+from service.commands.export import bundle_hash
+from service.db.models import AuditEntry, Certificate
+from service.db.session import Database
+from service.ledger import tenancy
+from service.worker import registry
+from tests.service.live_server import free_port, serve, settings_for
+
+
+@dataclass
+class Healthy:
+    """A dataset (sequential, basic, ε = 1) with three certified releases of model ``mlp`` (one
+    published in the model registry) and one of ``probe``; ε spent 0.5."""
+
+    url: str
+    viewer: str
+    dataset: str
+    db: Database
+
+    def online(self, *extra: str) -> list[str]:
+        return ["check", "--url", self.url, "--key", self.viewer, "--dataset", self.dataset, *extra]
+
+
+@pytest.fixture
+def healthy(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Healthy]:
+    settings = settings_for(database_url, tmp_path / "artifacts")
+    admin_key = tenancy.create_api_key(db, "acme", "admin")
+    viewer_key = tenancy.create_api_key(db, "acme", "viewer")
+    with serve(settings, db) as url, LedgerClient(url, admin_key) as client:
+        dataset = client.create_dataset("d", rule="sequential", epsilon="1", accountant="basic")
+        task = client.create_task(dataset["id"], "t0")
+        batches = [
+            b["id"]
+            for b in client.create_batches(
+                dataset["id"], task["id"], [{"name": f"b{i}", "records": [f"r{i}"]} for i in range(3)]
+            )["data"]
+        ]
+        certificate_ids = []
+        for version, batch in enumerate(batches, start=1):
+            with client.release_gate(
+                dataset["id"], [batch], SelfComposedEvent(PureDpEvent(0.125), 2), model="mlp", version=version
+            ) as gate:
+                pass
+            assert gate.certificate is not None
+            certificate_ids.append(gate.certificate["id"])
+        with client.release_gate(dataset["id"], batches[:1], PureDpEvent(0.25), model="probe", version=1):
+            pass
+        job = client.create_job(dataset["id"], "dp_sgd", {"data_source": "builtin:digits"})
+        client.cancel_job(job["id"])
+        staged = registry.stage(
+            settings.artifact_dir,
+            tenant_id="acme",
+            name="mlp",
+            version=1,
+            job_id=job["id"],
+            attempt=1,
+            dataset_id=dataset["id"],
+            step=1,
+            metrics={},
+            fmt="torch",
+            write=lambda h: h.write(b"w"),
+        )
+        registry.publish(db, settings.artifact_dir, staged, certificate_id=certificate_ids[0])
+        yield Healthy(url, viewer_key, dataset["id"], db)
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def checks(out: str) -> dict[str, bool]:
+    report = json.loads(out)
+    return {c["name"]: c["ok"] for c in report["checks"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# Online
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(healthy.online(), capsys)
+    assert code == 0, out
+    assert "result: PASS" in out
+    assert "4 certificate(s) re-verified offline" in out
+    assert "epsilon spent 0.5 <= 1" in out
+
+    code, out, _ = run(healthy.online("--json", "--model", "mlp", "--max-epsilon", "0.5"), capsys)
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["ok"] is True and report["mode"] == "online"
+    assert checks(out) == {
+        "certificates": True,
+        "releases": True,
+        "budget": True,
+        "audit chain": True,
+        "max epsilon": True,
+    }
+    releases = next(c for c in report["checks"] if c["name"] == "releases")
+    assert releases["detail"].startswith("3 release(s) of 1 model(s) and 1 registry version(s)")
+    assert report["summary"]["epsilon_spent"] == "0.5"
+
+
+def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
+    assert code == 1
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 5" in out
+
+    # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
+    code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
+    assert code == 0, out
+    code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.2", "--json"), capsys)
+    assert code == 1 and checks(out)["max epsilon"] is False
+
+    code, out, _ = run(healthy.online("--model", "no-such-model"), capsys)
+    assert code == 1 and "no published version of model 'no-such-model'" in out
+
+
+def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
+    with healthy.db.session() as session:
+        row = session.scalars(
+            select(Certificate)
+            .where(Certificate.dataset_id == healthy.dataset)
+            .order_by(Certificate.created_at)
+        ).first()
+        assert row is not None
+        body = copy.deepcopy(row.body)
+        body["result"]["epsilon"] = "0.01"
+        session.execute(update(Certificate).where(Certificate.id == row.id).values(body=body))
+    code, out, _ = run(healthy.online("--json"), capsys)
+    assert code == 1
+    result = checks(out)
+    assert result == {"certificates": False, "releases": True, "budget": True, "audit chain": True}
+
+    with healthy.db.session() as session:
+        entry = session.scalars(
+            select(AuditEntry).where(AuditEntry.chain == healthy.dataset).order_by(AuditEntry.chain_seq)
+        ).first()
+        assert entry is not None
+        session.execute(
+            update(AuditEntry).where(AuditEntry.seq == entry.seq).values(payload={"name": "edited"})
+        )
+    code, out, _ = run(healthy.online(), capsys)
+    assert code == 1
+    assert "the server's audit verification failed" in out
+    assert "entry 1 (dataset.created): does not match its hash" in out
+
+
+def test_usage_and_connection_errors_exit_2(
+    healthy: Healthy, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LEDGER_URL", raising=False)
+    monkeypatch.delenv("LEDGER_API_KEY", raising=False)
+    code, _, err = run(["check", "--key", healthy.viewer, "--dataset", healthy.dataset], capsys)
+    assert code == 2 and "--url" in err
+    code, _, err = run(["check", "--url", healthy.url, "--key", healthy.viewer], capsys)
+    assert code == 2 and "--dataset" in err
+    code, out, err = run(healthy.online("--max-epsilon", "-1", "--json"), capsys)
+    assert code == 2 and json.loads(out)["error"] == "usage" and "--max-epsilon" in err
+    with pytest.raises(SystemExit) as usage:
+        main(["check", "--no-such-flag"])
+    assert usage.value.code == 2
+    capsys.readouterr()
+
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    code, _, err = run(["check", "--url", unreachable, "--key", "k", "--dataset", healthy.dataset], capsys)
+    assert code == 2 and "unavailable" in err
+    code, _, err = run(
+        [
+            "check",
+            "--url",
+            healthy.url,
+            "--key",
+            "pl_wrong_key_0123456789abcdef",
+            "--dataset",
+            healthy.dataset,
+        ],
+        capsys,
+    )
+    assert code == 2 and "unauthorized" in err
+    code, _, err = run(
+        ["check", "--url", healthy.url, "--key", healthy.viewer, "--dataset", "ds_nope"], capsys
+    )
+    assert code == 2 and "not_found" in err
+
+    # the key and the URL may come from the environment (keeps the key out of CI logs)
+    monkeypatch.setenv("LEDGER_URL", healthy.url)
+    monkeypatch.setenv("LEDGER_API_KEY", healthy.viewer)
+    code, out, _ = run(["check", "--dataset", healthy.dataset], capsys)
+    assert code == 0, out
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline: export, then check the bundle
+# ---------------------------------------------------------------------------------------------
+
+
+def export(healthy: Healthy, path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    code, _, err = run(
+        [
+            "export",
+            "--url",
+            healthy.url,
+            "--key",
+            healthy.viewer,
+            "--dataset",
+            healthy.dataset,
+            "-o",
+            str(path),
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    bundle: dict[str, Any] = json.loads(path.read_text())
+    return bundle
+
+
+def write(path: Path, bundle: dict[str, Any], *, rehash: bool = True) -> None:
+    if rehash:
+        bundle["bundle_hash"] = bundle_hash(bundle)
+    path.write_text(json.dumps(bundle))
+
+
+def test_export_then_check_the_bundle_offline(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ledger.json"
+    bundle = export(healthy, path, capsys)
+    assert bundle["kind"] == "privacy-ledger/bundle" and bundle["dataset"]["id"] == healthy.dataset
+    assert len(bundle["certificates"]) == 4
+    assert [e["chain_seq"] for e in bundle["audit"]["entries"]] == list(
+        range(1, bundle["audit"]["head"]["chain_seq"] + 1)
+    )
+    assert [v["version"] for v in bundle["models"]["mlp"]] == [1] and bundle["models"]["probe"] == []
+
+    code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+    assert code == 0, out
+    assert json.loads(out)["mode"] == "bundle"
+    assert checks(out) == {
+        "bundle": True,
+        "certificates": True,
+        "releases": True,
+        "budget": True,
+        "audit chain": True,
+    }
+    code, out, _ = run(["check", "--bundle", str(path), "--max-epsilon", "0.45"], capsys)
+    assert code == 1 and "0.5 > 0.45" in out
+
+
+def test_a_tampered_bundle_fails(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ledger.json"
+    original = export(healthy, path, capsys)
+
+    def failing(edit: Any, *, rehash: bool = True) -> dict[str, bool]:
+        bundle = copy.deepcopy(original)
+        edit(bundle)
+        write(path, bundle, rehash=rehash)
+        code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+        assert code == 1, out
+        return {name: ok for name, ok in checks(out).items() if not ok}
+
+    # an edit without a recomputed bundle hash
+    unhashed = failing(lambda b: b["spend"].update(epsilon_spent="0.1"), rehash=False)
+    assert unhashed == {"bundle": False, "budget": False}
+
+    # a certificate made to state less: its hash breaks, and the chain recorded the old hash
+    def cheaper(b: dict[str, Any]) -> None:
+        b["certificates"][0]["certificate"]["result"]["epsilon"] = "0.01"
+
+    assert failing(cheaper) == {"certificates": False}
+
+    # a certificate hidden from the bundle: the chain's commit entry still names it
+    assert failing(lambda b: b["certificates"].pop()) == {"audit chain": False}
+
+    # spend under-reported: the certificates prove more
+    assert failing(lambda b: b["spend"].update(epsilon_spent="0.25")) == {"budget": False}
+
+    # an audit entry edited, or the chain cut short
+    def edited(b: dict[str, Any]) -> None:
+        b["audit"]["entries"][0]["payload"]["name"] = "other"
+
+    assert failing(edited) == {"audit chain": False}
+    assert failing(lambda b: b["audit"]["entries"].pop()) == {"audit chain": False}
+
+    # a registry version pointing at no certificate of this dataset
+    def orphan(b: dict[str, Any]) -> None:
+        b["models"]["mlp"][0]["certificate_id"] = "cert_elsewhere"
+
+    assert failing(orphan) == {"releases": False}
+
+    # a structurally broken bundle fails rather than crashes
+    assert "budget" in failing(lambda b: b.pop("spend"))
+
+
+def test_bundle_usage_errors_exit_2(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(["check", "--bundle", str(tmp_path / "missing.json")], capsys)
+    assert code == 2 and "cannot read bundle" in err
+    (tmp_path / "other.json").write_text(json.dumps({"hello": "world"}))
+    code, _, err = run(["check", "--bundle", str(tmp_path / "other.json")], capsys)
+    assert code == 2 and "not a privacy-ledger bundle" in err
+    (tmp_path / "broken.json").write_text("{")
+    code, _, err = run(["check", "--bundle", str(tmp_path / "broken.json")], capsys)
+    assert code == 2 and "not JSON" in err
+    path = tmp_path / "ledger.json"
+    export(healthy, path, capsys)
+    code, _, err = run(["check", "--bundle", str(path), "--dataset", "ds_other"], capsys)
+    assert code == 2 and "ds_other" in err
+    code, _, err = run(
+        [
+            "export",
+            "--url",
+            healthy.url,
+            "--key",
+            healthy.viewer,
+            "--dataset",
+            "ds_nope",
+            "-o",
+            str(tmp_path / "x.json"),
+        ],
+        capsys,
+    )
+    assert code == 2 and not (tmp_path / "x.json").exists()

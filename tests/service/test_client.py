@@ -1,0 +1,396 @@
+"""``service.client``: every method against the real app over real HTTP, on SQLite and PostgreSQL.
+
+The server is ``create_app`` under uvicorn on a loopback port (``tests.service.live_server``).
+The one fault injected is a lost response: a transport wrapper passes the request to the real
+server, lets it handle and answer it, then drops the answer — the only way to produce "the
+server charged, the client never heard" — so the client's retry with the same Idempotency-Key
+can be shown to charge once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.engine import URL
+
+from accountant.certificates import verify
+from accountant.events import PureDpEvent, SelfComposedEvent
+from service.client import (
+    AsyncLedgerClient,
+    BatchOverlap,
+    BudgetExceeded,
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    LedgerClient,
+    LedgerUnavailable,
+    NotFound,
+    Unauthorized,
+)
+from service.db.session import Database
+from service.ledger import tenancy
+from service.settings import Settings
+from service.worker import registry
+from tests.service.live_server import free_port, serve, settings_for
+
+
+@dataclass
+class Ledger:
+    url: str
+    keys: dict[str, str]
+    settings: Settings
+    db: Database
+
+    def client(self, scope: str = "admin", **kwargs: object) -> LedgerClient:
+        return LedgerClient(self.url, self.keys[scope], timeout=10.0, backoff_s=0.01, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Ledger]:
+    settings = settings_for(database_url, tmp_path / "artifacts")
+    keys = {scope: tenancy.create_api_key(db, "acme", scope) for scope in ("admin", "trainer", "viewer")}
+    keys["rival"] = tenancy.create_api_key(db, "rival", "admin")
+    with serve(settings, db) as url:
+        yield Ledger(url, keys, settings, db)
+
+
+def make_dataset(
+    client: LedgerClient, *, epsilon: str = "1", records: int = 4, rule: str = "sequential"
+) -> tuple[str, str, list[str]]:
+    """A dataset with one task and ``records`` one-record batches: (dataset, task, batch ids)."""
+    dataset = client.create_dataset("digits", rule=rule, epsilon=epsilon, delta=0, accountant="basic")
+    task = client.create_task(dataset["id"], "task-0")
+    created = client.create_batches(
+        dataset["id"],
+        task["id"],
+        [{"name": f"b{i}", "records": [f"{dataset['id']}-r{i}"]} for i in range(records)],
+    )
+    return dataset["id"], task["id"], [b["id"] for b in created["data"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every call
+# ---------------------------------------------------------------------------------------------
+
+
+def test_every_v1_call(ledger: Ledger) -> None:
+    admin, trainer, viewer = ledger.client("admin"), ledger.client("trainer"), ledger.client("viewer")
+    assert admin.healthz() == {"status": "ok", "database": "ok"}
+
+    dataset = admin.create_dataset(
+        "digits", rule="sequential", epsilon=Decimal("1.0"), delta="0", accountant="basic"
+    )
+    assert dataset["budget"]["rule"] == "sequential"
+    assert viewer.get_dataset(dataset["id"])["id"] == dataset["id"]
+    assert dataset["id"] in {d["id"] for d in viewer.list_datasets()["data"]}
+    task = admin.create_task(dataset["id"], "task-0")
+    assert viewer.list_tasks(dataset["id"])["data"][0]["id"] == task["id"]
+    batches = admin.create_batches(
+        dataset["id"], task["id"], [{"name": "b0", "records": ["r0", "r1"]}, {"name": "b1", "records": [7]}]
+    )["data"]
+    assert [b["size"] for b in batches] == [2, 1]
+    assert {b["id"] for b in viewer.list_batches(dataset["id"], task["id"])["data"]} == {
+        b["id"] for b in batches
+    }
+
+    # reserve (an accountant.events object), read it, commit progressively, abort the rest
+    planned = SelfComposedEvent(PureDpEvent(0.1), 4)
+    held = trainer.reserve(dataset["id"], planned, batches=[batches[0]["id"]])
+    assert held["status"] == "reserved" and held["cost"]["epsilon"] == "0.4"
+    assert viewer.get_reservation(held["id"])["id"] == held["id"]
+    committed = trainer.commit(
+        held["id"],
+        model="mlp",
+        version=1,
+        event={"kind": "self_composed", "count": 2, "event": {"kind": "pure_dp", "epsilon": 0.1}},
+    )
+    certificate = committed["certificate"]
+    assert certificate["release"] == {"model": "mlp", "version": 1}
+    assert verify(certificate["certificate"]).ok
+    aborted = trainer.abort(held["id"])
+    assert aborted["committed"]["epsilon"] == "0.2"
+    spend = viewer.spend(dataset["id"])
+    assert spend["epsilon_spent"] == "0.2" and spend["epsilon_held"] == "0"
+
+    # certificates: list, page, get
+    assert viewer.list_certificates(dataset["id"])["count"] == 1
+    assert [c["id"] for c in viewer.iter_certificates(dataset["id"], page_size=1)] == [certificate["id"]]
+    fetched = viewer.get_certificate(certificate["id"])
+    assert fetched["content_hash"] == certificate["certificate"]["hash"]
+    assert verify(fetched["certificate"]).ok
+
+    # audit: the server's verdict, and the chain itself, page by page
+    assert viewer.verify_audit(dataset["id"])["ok"] is True
+    assert viewer.verify_audit()["ok"] is True
+    entries = list(viewer.iter_audit_entries(dataset["id"], page_size=2))
+    assert [e["chain_seq"] for e in entries] == list(range(1, len(entries) + 1))
+    head = viewer.audit_entries(dataset["id"], limit=1)["head"]
+    assert head == {"chain_seq": len(entries), "hash": entries[-1]["hash"]}
+    assert "reservation.committed" in {e["event_type"] for e in entries}
+
+    # jobs: queue, read, list, cancel (no worker runs in this app)
+    job = trainer.create_job(dataset["id"], "dp_sgd", {"data_source": "builtin:digits", "epochs": 1})
+    assert job["status"] == "queued"
+    assert viewer.get_job(job["id"])["id"] == job["id"]
+    assert job["id"] in {j["id"] for j in viewer.list_jobs(dataset_id=dataset["id"])["data"]}
+    assert trainer.cancel_job(job["id"])["status"] == "cancelled"
+
+    # model registry: a version published by the registry after its release was committed
+    with pytest.raises(NotFound):
+        viewer.list_model_versions("mlp")
+    weights = b"weights of mlp v1"
+    staged = registry.stage(
+        ledger.settings.artifact_dir,
+        tenant_id="acme",
+        name="mlp",
+        version=1,
+        job_id=job["id"],
+        attempt=1,
+        dataset_id=dataset["id"],
+        step=2,
+        metrics={"accuracy": 0.5},
+        fmt="torch",
+        write=lambda handle: handle.write(weights),
+    )
+    registry.publish(ledger.db, ledger.settings.artifact_dir, staged, certificate_id=certificate["id"])
+    versions = viewer.list_model_versions("mlp")["data"]
+    assert [(v["version"], v["certificate_id"]) for v in versions] == [(1, certificate["id"])]
+    assert [v["version"] for v in viewer.iter_model_versions("mlp")] == [1]
+    version = viewer.get_model_version("mlp", 1)
+    assert version["certificate"]["id"] == certificate["id"]
+    artifact = viewer.download_artifact("mlp", 1)
+    assert artifact.content == weights
+    assert artifact.sha256 == hashlib.sha256(weights).hexdigest()
+    assert artifact.certificate_id == certificate["id"] and artifact.format == "torch"
+    with pytest.raises(NotFound):
+        viewer.download_artifact("mlp", 2)
+
+    assert "ledger_" in viewer.metrics_text()
+    for client in (admin, trainer, viewer):
+        client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_errors_are_typed(ledger: Ledger) -> None:
+    admin, viewer = ledger.client("admin"), ledger.client("viewer")
+    dataset_id, task_id, batches = make_dataset(admin, epsilon="0.5")
+
+    with pytest.raises(Unauthorized) as unauthorized:
+        LedgerClient(ledger.url, "pl_not_a_key_at_all_0123456789").list_datasets()
+    assert unauthorized.value.status == 401 and unauthorized.value.code == "unauthorized"
+
+    with pytest.raises(Forbidden) as forbidden:
+        viewer.create_task(dataset_id, "nope")
+    assert (forbidden.value.scope, forbidden.value.required_scope) == ("viewer", "admin")
+
+    with pytest.raises(NotFound) as missing:
+        viewer.get_dataset("ds_does_not_exist")
+    assert missing.value.resource == "dataset" and missing.value.status == 404
+    with pytest.raises(NotFound):  # another tenant's dataset looks exactly the same
+        ledger.client("rival").spend(dataset_id)
+
+    with pytest.raises(InvalidInput) as invalid:
+        admin.create_dataset("bad", rule="sequential", epsilon=float("nan"))
+    assert invalid.value.field == "budget.epsilon"
+    assert "nan" in invalid.value.message
+    with pytest.raises(InvalidInput) as bad_event:
+        admin.reserve(dataset_id, {"kind": "gaussian", "noise_multiplier": -1}, batches=batches[:1])
+    assert bad_event.value.field == "event.noise_multiplier"
+
+    with pytest.raises(BatchOverlap) as overlap:
+        admin.create_batches(dataset_id, task_id, [{"name": "again", "records": [f"{dataset_id}-r0"]}])
+    assert overlap.value.record_id == f"{dataset_id}-r0" and overlap.value.status == 409
+
+    admin.reserve(dataset_id, PureDpEvent(0.375), batches=batches[:1])
+    with pytest.raises(BudgetExceeded) as refused:
+        admin.reserve(dataset_id, PureDpEvent(0.25), batches=batches[:1])
+    assert refused.value.remaining == {"epsilon": "0.125", "delta": "0"}
+    assert refused.value.requested == {"epsilon": "0.25", "delta": "0"}
+    assert isinstance(refused.value, Conflict)
+
+    held = admin.reserve(dataset_id, PureDpEvent(0.1), batches=batches[1:2])
+    admin.commit(held["id"], model="m", version="1")
+    with pytest.raises(Conflict) as closed:
+        admin.commit(held["id"], model="m", version="2")
+    assert closed.value.status == 409 and not isinstance(closed.value, BudgetExceeded)
+
+
+def test_connection_errors_are_retried_then_raised() -> None:
+    port = free_port()  # nothing listens there
+    client = LedgerClient(f"http://127.0.0.1:{port}", "pl_key", retries=2, backoff_s=0.01, timeout=2.0)
+    with pytest.raises(LedgerUnavailable) as failure:
+        client.spend("ds_1")
+    assert failure.value.details["attempts"] == 3 and failure.value.status is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Idempotency across a lost response
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoseResponses(httpx.BaseTransport):
+    """Forwards every request to the real server. For the first request of each Idempotency-Key
+    that ``match``es, it reads the server's whole answer, then raises as if the connection
+    dropped before the answer arrived."""
+
+    match: Callable[[httpx.Request], bool]
+    inner: httpx.HTTPTransport = field(default_factory=httpx.HTTPTransport)
+    seen: list[tuple[str, str, str | None, int]] = field(default_factory=list)
+    lost: set[str] = field(default_factory=set)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        response.read()  # the server has handled the request and answered in full
+        key = request.headers.get("Idempotency-Key")
+        self.seen.append((request.method, request.url.path, key, response.status_code))
+        if key is not None and key not in self.lost and self.match(request):
+            self.lost.add(key)
+            response.close()
+            raise httpx.ReadError("connection reset before the answer arrived", request=request)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_lost_response_is_retried_with_the_same_key_and_charged_once(ledger: Ledger) -> None:
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    lose = LoseResponses(lambda r: r.method == "POST")
+    trainer = ledger.client("trainer", transport=lose)
+
+    held = trainer.reserve(dataset_id, PureDpEvent(0.25), batches=batches[:1])
+    committed = trainer.commit(held["id"], model="m", version=1)
+
+    posts = [s for s in lose.seen if s[0] == "POST"]
+    reserve_calls = [s for s in posts if s[1].endswith("/reservations")]
+    commit_calls = [s for s in posts if s[1].endswith("/commit")]
+    # each call was answered twice by the server (201/200 both times), under one key
+    assert [s[3] for s in reserve_calls] == [201, 201] and len({s[2] for s in reserve_calls}) == 1
+    assert [s[3] for s in commit_calls] == [200, 200] and len({s[2] for s in commit_calls}) == 1
+    assert reserve_calls[0][2] != commit_calls[0][2]
+
+    spend = admin.spend(dataset_id)
+    assert spend["epsilon_spent"] == "0.25"  # one charge, not two
+    assert spend["epsilon_held"] == "0" and spend["reservations_open"] == 0
+    assert spend["charges_committed"] == 1
+    certificates = admin.list_certificates(dataset_id)
+    assert certificates["count"] == 1
+    assert certificates["data"][0]["id"] == committed["certificate"]["id"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The release gate
+# ---------------------------------------------------------------------------------------------
+
+
+def test_release_gate_commits_on_success_and_aborts_on_exception(ledger: Ledger) -> None:
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    trainer = ledger.client("trainer")
+
+    with trainer.release_gate(dataset_id, batches[:2], PureDpEvent(0.25), model="mlp", version=1) as gate:
+        assert gate.status == "reserved" and gate.cost["epsilon"] == "0.25"
+        assert gate.certificate is None
+        assert admin.spend(dataset_id)["epsilon_held"] == "0.25"
+    assert gate.status == "committed"
+    assert gate.certificate is not None and verify(gate.certificate["certificate"]).ok
+    assert gate.certificate["release"] == {"model": "mlp", "version": 1}
+    assert admin.spend(dataset_id)["epsilon_spent"] == "0.25"
+
+    class TrainingFailed(RuntimeError):
+        pass
+
+    with pytest.raises(TrainingFailed):
+        with trainer.release_gate(
+            dataset_id, batches[:1], PureDpEvent(0.5), model="mlp", version=2
+        ) as failed:
+            raise TrainingFailed("diverged")
+    assert failed.status == "aborted" and failed.certificate is None
+    assert trainer.get_reservation(failed.reservation_id)["status"] == "aborted"
+    spend = admin.spend(dataset_id)
+    assert (spend["epsilon_spent"], spend["epsilon_held"]) == ("0.25", "0")
+    assert admin.list_certificates(dataset_id)["count"] == 1
+
+    with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.5), model="mlp", version=3) as withheld:
+        withheld.withhold()
+    assert withheld.status == "withheld" and withheld.certificate is None
+    assert admin.spend(dataset_id)["epsilon_held"] == "0"
+
+    # a run stopped early commits what it ran; the rest is returned
+    planned = SelfComposedEvent(PureDpEvent(0.125), 4)
+    with trainer.release_gate(dataset_id, batches[2:3], planned, model="mlp", version=4) as partial:
+        partial.commit_event = SelfComposedEvent(PureDpEvent(0.125), 1)
+    assert partial.status == "committed" and partial.certificate is not None
+    assert partial.certificate["certificate"]["result"]["charge"]["epsilon"] == "0.125"
+    assert admin.spend(dataset_id)["epsilon_held"] == "0"
+
+    # refused on enter: the body never runs, nothing is held
+    ran = []
+    with pytest.raises(BudgetExceeded):
+        with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.9), model="mlp", version=5):
+            ran.append(True)
+    assert ran == [] and admin.spend(dataset_id)["reservations_open"] == 0
+
+
+def test_release_gate_aborts_when_the_commit_is_refused(ledger: Ledger) -> None:
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    trainer = ledger.client("trainer")
+    with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.25), model="m", version=1):
+        pass
+    with pytest.raises(Conflict) as refused:  # (m, 1) was released before
+        with trainer.release_gate(dataset_id, batches[1:2], PureDpEvent(0.25), model="m", version=1) as gate:
+            pass
+    assert refused.value.code != "budget_exceeded"
+    assert gate.status == "aborted"
+    assert admin.spend(dataset_id)["epsilon_held"] == "0"
+
+
+# ---------------------------------------------------------------------------------------------
+# The async twin
+# ---------------------------------------------------------------------------------------------
+
+
+def test_async_client_and_gate(ledger: Ledger) -> None:
+    dataset_id, _, batches = make_dataset(ledger.client("admin"), epsilon="1")
+
+    async def pure() -> tuple[dict[str, object], list[str]]:
+        async with AsyncLedgerClient(ledger.url, ledger.keys["trainer"], backoff_s=0.01) as client:
+            async with client.release_gate(
+                dataset_id, batches[:1], PureDpEvent(0.5), model="async", version="v1"
+            ) as gate:
+                pass
+            assert gate.certificate is not None and verify(gate.certificate["certificate"]).ok
+            with pytest.raises(BudgetExceeded):
+                await client.reserve(dataset_id, PureDpEvent(0.75), batches=batches[:1])
+            ids = [c["id"] async for c in client.iter_certificates(dataset_id)]
+            return await client.spend(dataset_id), ids
+
+    spend, ids = asyncio.run(pure())
+    assert spend["epsilon_spent"] == "0.5" and len(ids) == 1
+
+
+def test_events_may_be_objects_or_json_and_decimals_stay_exact(ledger: Ledger) -> None:
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    for i in range(4):
+        event = PureDpEvent(0.25) if i % 2 else {"kind": "pure_dp", "epsilon": 0.25}
+        held = admin.reserve(dataset_id, event, batches=batches[:1])
+        admin.commit(held["id"], model="m", version=i)
+    assert admin.spend(dataset_id)["epsilon_spent"] == "1"  # four quarters fill 1 exactly
+    with pytest.raises(TypeError):
+        admin.reserve(dataset_id, io.BytesIO(), batches=batches[:1])  # type: ignore[arg-type]

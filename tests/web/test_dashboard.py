@@ -1,0 +1,508 @@
+"""The dashboard in a real browser: headless Chromium (Debian's ``chromium`` and
+``chromium-driver``) driven by Selenium, against a real ``ledger serve`` subprocess on SQLite.
+
+The data is seeded over HTTP with the bootstrap admin key: a sequential dataset with three tasks
+(230 batches, so the heatmap has two pages), releases and an open reservation; a lifelong
+dataset whose first task's episodic memory is replayed at every later task; a geometric dataset
+whose blocks use different levels; and a training job. The browser signs in with a *viewer* key
+and the tests assert the values shown against the API's own answers. The job's progress is
+advanced by the worker's own job operations (``service.worker.jobs``: claim, plan, progress,
+finish) on the same database while the page stays open, so the page must update by itself.
+
+Screenshots of every page go to ``test-artifacts/dashboard/``. Without Chromium (or Selenium)
+the tests skip — unless ``CI`` is set, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from service.db.session import Database
+from service.ledger import tenancy
+from service.worker import jobs
+from tests.service.api.conftest import ROOT, Server, bearer, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,900",
+)
+WAIT_S = 10.0
+
+T = TypeVar("T")
+
+
+def _require_browser() -> None:
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("the selenium package")
+    if missing:
+        message = "browser tests need " + ", ".join(missing) + " (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(message + "; CI is set, so this is a failure")
+        pytest.skip(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# The seeded ledger
+
+
+@dataclass
+class Seeded:
+    server: Server
+    database_url: str
+    viewer_key: str
+    sequential: str
+    lifelong: str
+    geometric: str
+    job: str
+    lifelong_tasks: int
+
+    def get(self, path: str) -> Any:
+        answer = httpx.get(self.server.base_url + path, headers=bearer(self.viewer_key), timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+
+class Api:
+    def __init__(self, base_url: str, key: str) -> None:
+        self.client = httpx.Client(base_url=base_url, headers=bearer(key), timeout=30)
+        self.serial = 0
+
+    def post(self, path: str, body: dict[str, Any] | None = None, status: int = 201) -> Any:
+        answer = self.client.post(path, json=body)
+        assert answer.status_code == status, f"{path}: {answer.status_code} {answer.text}"
+        return answer.json()
+
+    def dataset(self, name: str, budget: dict[str, Any]) -> str:
+        return str(self.post("/v1/datasets", {"name": name, "budget": budget})["id"])
+
+    def task(self, dataset: str, name: str, batches: list[str]) -> tuple[str, list[str]]:
+        task = self.post(f"/v1/datasets/{dataset}/tasks", {"name": name})["id"]
+        created = self.post(f"/v1/datasets/{dataset}/tasks/{task}/batches", {
+            "batches": [{"name": b, "records": [f"{dataset}:{name}:{b}"]} for b in batches]})
+        return task, [b["id"] for b in created["data"]]
+
+    def release(self, dataset: str, target: dict[str, Any], epsilon: float, model: str, version: int,
+                commitment: str | None = None, commit: bool = True) -> Any:
+        body: dict[str, Any] = {**target, "event": {"kind": "pure_dp", "epsilon": epsilon}}
+        if commitment is not None:
+            body["noise_commitment"] = commitment
+        reservation = self.post(f"/v1/datasets/{dataset}/reservations", body)
+        if not commit:
+            return reservation
+        return self.post(f"/v1/reservations/{reservation['id']}/commit",
+                         {"release": {"model": model, "version": version}}, status=200)
+
+
+def _seed(server: Server, database_url: str) -> Seeded:
+    api = Api(server.base_url, server.admin_key)
+
+    sequential = api.dataset("clinical-notes", {"rule": "sequential", "epsilon": "3", "delta": "0",
+                                                "accountant": "basic"})
+    intake, intake_batches = api.task(sequential, "intake", [f"week-{i:03d}" for i in range(120)])
+    triage, _ = api.task(sequential, "triage", [f"week-{i:03d}" for i in range(80)])
+    followup, _ = api.task(sequential, "follow-up", [f"week-{i:03d}" for i in range(30)])
+    api.release(sequential, {"tasks": [intake]}, 0.5, "notes-classifier", 1)
+    api.release(sequential, {"tasks": [triage]}, 0.25, "notes-classifier", 2)
+    api.release(sequential, {"batches": intake_batches[:40]}, 0.3, "notes-classifier", 3)
+    api.release(sequential, {"tasks": [followup]}, 0.2, "notes-classifier", 4, commit=False)  # held
+
+    lifelong = api.dataset("sensor-stream", {"rule": "lifelong", "epsilon": "1", "delta": "0",
+                                             "accountant": "basic"})
+    tasks = 6
+    _, (memory,) = api.task(lifelong, "task-1", ["task-1/memory"])
+    api.release(lifelong, {"batches": [memory]}, 0.4, "l2dp-ml", 1, commitment="l2dp-perturbation")
+    for k in range(2, tasks + 1):
+        # Task k perturbs its own batch once and replays task 1's perturbed episodic memory.
+        _, (batch,) = api.task(lifelong, f"task-{k}", [f"task-{k}/batch"])
+        api.release(lifelong, {"batches": [batch, memory]}, 0.4, "l2dp-ml", k,
+                    commitment="l2dp-perturbation")
+
+    geometric = api.dataset("sliding-window", {"rule": "geometric", "epsilon": "1", "delta": "0",
+                                               "accountant": "basic",
+                                               "geometric": {"first": "0.5", "ratio": "0.5"}})
+    _, blocks = api.task(geometric, "window", ["block-1", "block-2", "block-3", "block-4"])
+    version = 0
+    for block, charges in zip(blocks, ([0.5, 0.25, 0.1], [0.2], [0.06], []), strict=True):
+        for epsilon in charges:
+            version += 1
+            api.release(geometric, {"batches": [block]}, epsilon, "window-model", version)
+
+    job = api.post("/v1/jobs", {"dataset_id": sequential, "algorithm": "dp_sgd",
+                                "params": {"data_source": "builtin:digits", "model_name": "notes-dp-sgd",
+                                           "target_epsilon": 1.0, "delta": 1e-5, "epochs": 2}})["id"]
+
+    db = Database(database_url, pool_size=1, max_overflow=0)
+    try:
+        viewer = tenancy.create_api_key(db, "default", "viewer")
+    finally:
+        db.dispose()
+    api.client.close()
+    return Seeded(server, database_url, viewer, sequential, lifelong, geometric, job, tasks)
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
+    _require_browser()
+    url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'ledger.db'}"
+    server = start_server(url)
+    try:
+        yield _seed(server, url)
+    finally:
+        stop_server(server.process)
+
+
+@pytest.fixture(scope="module")
+def browser(seeded: Seeded) -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="ledger-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(30)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_S) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+            if value:
+                return value
+        except Exception as exc:  # the element may not exist yet, or be replaced mid-read
+            last_error = exc
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_error!r})")
+
+
+def text_of(driver: Any, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return str(driver.find_element(By.CSS_SELECTOR, css).text)
+
+
+def all_of(driver: Any, css: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(driver.find_elements(By.CSS_SELECTOR, css))
+
+
+def go(driver: Any, seeded: Seeded, hash_route: str) -> None:
+    driver.execute_script("window.location.hash = arguments[0];", hash_route)
+
+
+def screenshot(driver: Any, name: str) -> Path:
+    """A full-page screenshot (the window is stretched to the page's height first)."""
+    height = int(driver.execute_script("return Math.ceil(document.documentElement.scrollHeight);"))
+    driver.set_window_size(1280, max(900, min(height + 20, 6000)))
+    driver.execute_script("window.scrollTo(0, 0);")
+    time.sleep(0.15)  # let layout settle at the new size
+    path = ARTIFACTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 900)
+    return path
+
+
+def sign_in(driver: Any, seeded: Seeded) -> None:
+    from selenium.webdriver.common.by import By
+
+    if driver.execute_script("return window.sessionStorage.getItem('privacy-ledger.api-key');"):
+        return
+    driver.get(seeded.server.base_url + "/#/signin")
+    field = wait_for("the key field", lambda: driver.find_element(By.ID, "api-key"))
+    field.send_keys(seeded.viewer_key)
+    driver.find_element(By.ID, "signin-submit").click()
+    wait_for("the datasets table", lambda: all_of(driver, "#datasets-table tbody tr"))
+
+
+def browser_errors(driver: Any) -> list[str]:
+    """Console errors other than the HTTP errors a test provokes on purpose."""
+    return [
+        entry["message"] for entry in driver.get_log("browser")
+        if entry["level"] == "SEVERE" and "Failed to load resource" not in entry["message"]
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pages
+
+
+def test_sign_in_refuses_a_bad_key_and_keeps_a_good_one_in_session_storage_only(
+    browser: Any, seeded: Seeded
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(seeded.server.base_url + "/")
+    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
+    field = browser.find_element(By.ID, "api-key")
+    assert field.get_attribute("type") == "password"
+    field.send_keys("pl_not_a_key")
+    browser.find_element(By.ID, "signin-submit").click()
+    message = wait_for("the refusal", lambda: "401" in text_of(browser, "#signin-message") and
+                       text_of(browser, "#signin-message"))
+    assert "unknown or revoked" in message
+    assert browser.execute_script("return window.sessionStorage.length;") == 0
+    screenshot(browser, "01-sign-in-refused")
+
+    field = browser.find_element(By.ID, "api-key")
+    field.clear()
+    sign_in(browser, seeded)
+    assert browser.current_url.endswith("#/datasets")
+    stored = browser.execute_script("return window.sessionStorage.getItem('privacy-ledger.api-key');")
+    assert stored == seeded.viewer_key
+    assert browser.execute_script("return window.localStorage.length;") == 0
+    assert browser.execute_script("return document.cookie;") == ""
+
+
+def test_datasets_table_shows_the_apis_spend(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/datasets")
+    rows = wait_for("three datasets", lambda: len(all_of(browser, "#datasets-table tbody tr")) == 3 and
+                    all_of(browser, "#datasets-table tbody tr"))
+    shown = {row.get_attribute("data-dataset-id"): row for row in rows}
+    assert set(shown) == {seeded.sequential, seeded.lifelong, seeded.geometric}
+    for dataset_id, row in shown.items():
+        spend = seeded.get(f"/v1/datasets/{dataset_id}/spend")
+        cells = {name: row.find_element("css selector", f"td.{name}").text
+                 for name in ("rule", "budget", "spent", "remaining", "held", "last-release")}
+        assert cells["budget"] == spend["epsilon_budget"]
+        assert cells["spent"] == spend["epsilon_spent"]
+        assert cells["remaining"] == spend["epsilon_remaining"]
+        assert cells["held"] == spend["epsilon_held"]
+        assert cells["rule"].startswith(spend["rule"])
+        release = spend["last_release"]
+        assert cells["last-release"].startswith(f"{release['model']} v{release['version']}")
+    sequential = shown[seeded.sequential]
+    assert (sequential.find_element("css selector", "td.spent").text,
+            sequential.find_element("css selector", "td.remaining").text) == ("0.8", "2.2")
+    # Every resource the page loaded came from this server (no CDN, no outside font).
+    resources = browser.execute_script(
+        "return performance.getEntriesByType('resource').map(e => e.name);")
+    assert resources and all(url.startswith(seeded.server.base_url) for url in resources), resources
+    screenshot(browser, "02-datasets")
+    assert browser_errors(browser) == []
+
+
+def test_sequential_dataset_gauge_task_bars_paged_heatmap_and_timeline(browser: Any, seeded: Seeded) -> None:
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/datasets/{seeded.sequential}")
+    label = wait_for("the gauge", lambda: text_of(browser, "#gauge-label"))
+    spend = seeded.get(f"/v1/datasets/{seeded.sequential}/spend")
+    assert label == (f"spent {spend['epsilon_spent']} · held {spend['epsilon_held']} · "
+                     f"remaining {spend['epsilon_remaining']} of ε {spend['epsilon_budget']}")
+    assert label == "spent 0.8 · held 0.2 · remaining 2.2 of ε 3"
+
+    bars = all_of(browser, "#task-bars rect.bar")
+    assert len(bars) == len(spend["tasks"]) == 3
+    assert [b.get_attribute("data-epsilon") for b in bars] == [t["epsilon_spent"] for t in spend["tasks"]]
+    assert [b.get_attribute("data-epsilon") for b in bars] == ["0.8", "0.25", "0"]
+
+    first_page = seeded.get(f"/v1/datasets/{seeded.sequential}/batch-spend?limit=200&offset=0")
+    cells = all_of(browser, "#heatmap rect.cell")
+    assert len(cells) == 200
+    assert text_of(browser, "#heatmap-range") == "1–200 of 230"
+    assert [c.get_attribute("data-epsilon") for c in cells] == [
+        b["epsilon_spent"] for b in first_page["data"]]
+    assert len(all_of(browser, "#heatmap rect.cell-held")) == 0  # the held task's batches are on page 2
+
+    timeline = all_of(browser, "#timeline li.release")
+    releases = seeded.get(f"/v1/datasets/{seeded.sequential}/releases")
+    assert [li.get_attribute("data-certificate-id") for li in timeline] == [
+        r["certificate_id"] for r in releases["data"]]
+    assert len(timeline) == 3
+    assert timeline[0].find_element(By.CSS_SELECTOR, ".release-name").text == "notes-classifier v3"
+    screenshot(browser, "03-dataset-sequential")
+
+    browser.find_element(By.ID, "heatmap-next").click()
+    wait_for("the second heatmap page", lambda: text_of(browser, "#heatmap-range") == "201–230 of 230")
+    cells = all_of(browser, "#heatmap rect.cell")
+    assert len(cells) == 30
+    assert len(all_of(browser, "#heatmap rect.cell-held")) == 30  # follow-up: the open reservation
+    screenshot(browser, "04-dataset-sequential-heatmap-page-2")
+
+
+def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
+    browser: Any, seeded: Seeded
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/datasets/{seeded.sequential}")
+    first = wait_for("a release", lambda: all_of(browser, "#timeline li.release a.release-name"))[0]
+    certificate_id = first.find_element(By.XPATH, "./ancestor::li").get_attribute("data-certificate-id")
+    first.click()
+    wait_for("the certificate page", lambda: text_of(browser, "#cert-rule") == "sequential")
+    stored = seeded.get(f"/v1/certificates/{certificate_id}")
+    body = stored["certificate"]
+    assert text_of(browser, "#cert-theorem") == body["theorem"] and body["theorem"]
+    assert text_of(browser, "#cert-accountant") == "basic"
+    assert text_of(browser, "#cert-hash") == stored["content_hash"]
+    assert text_of(browser, "#cert-epsilon") == body["result"]["epsilon"]
+    assert json.loads(browser.find_element(By.ID, "cert-event").get_attribute("textContent")) == (
+        body["inputs"]["charge"])
+    assert len(all_of(browser, "#cert-batches tbody tr")) == len(body["inputs"]["batches"]) == 40
+    assert text_of(browser, "#verify-result") == "not verified yet"
+
+    browser.find_element(By.ID, "verify-button").click()
+    result = wait_for("the verification", lambda: text_of(browser, "#verify-result").startswith("valid") and
+                      text_of(browser, "#verify-result"))
+    assert "ok" in browser.find_element(By.ID, "verify-result").get_attribute("class")
+    assert result.startswith("valid — ")
+    screenshot(browser, "05-certificate-verified")
+
+
+def test_lifelong_dataset_curve_of_ledger_epsilon_against_naive_sequential(
+    browser: Any, seeded: Seeded
+) -> None:
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/datasets/{seeded.lifelong}")
+    ledger = wait_for("the lifelong curve", lambda: all_of(browser, "#lifelong-curve circle.pt-ledger"))
+    naive = all_of(browser, "#lifelong-curve circle.pt-naive")
+    history = seeded.get(f"/v1/datasets/{seeded.lifelong}/epsilon-history")
+    spend = seeded.get(f"/v1/datasets/{seeded.lifelong}/spend")
+    assert len(ledger) == len(naive) == len(history["data"]) == seeded.lifelong_tasks
+    assert [p.get_attribute("data-epsilon") for p in ledger] == [p["epsilon"] for p in history["data"]]
+    assert [p.get_attribute("data-epsilon") for p in naive] == [
+        p["naive_sequential_epsilon"] for p in history["data"]]
+    # The last points: the ledger's ε stays at one perturbation, the naive sum grows per task.
+    assert [p.get_attribute("data-epsilon") for p in ledger[-2:]] == ["0.4", "0.4"]
+    assert [p.get_attribute("data-epsilon") for p in naive[-2:]] == ["2", "2.4"]
+    assert (ledger[-1].get_attribute("data-epsilon"), naive[-1].get_attribute("data-epsilon")) == (
+        spend["epsilon_spent"], spend["naive_sequential_epsilon"])
+    # ... and the naive curve is drawn above the ledger's at the last task.
+    assert float(naive[-1].get_attribute("cy")) < float(ledger[-1].get_attribute("cy"))
+    caption = text_of(browser, "#curve-caption")
+    assert caption.startswith("After task 6 (task-6): ledger ε 0.4 · naive sequential ε 2.4")
+    assert len(all_of(browser, "#task-bars rect.bar")) == seeded.lifelong_tasks
+    assert all_of(browser, "#task-bars line.naive-mark")  # task 1's memory batch: naive > ledger
+    screenshot(browser, "06-dataset-lifelong")
+
+
+def test_geometric_dataset_levels_per_block(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/datasets/{seeded.geometric}")
+    blocks = wait_for("the level grid", lambda: all_of(browser, "#levels g.block"))
+    page = seeded.get(f"/v1/datasets/{seeded.geometric}/batch-spend")
+    assert [b.get_attribute("data-levels") for b in blocks] == [
+        ",".join(map(str, b["levels"])) for b in page["data"]]
+    assert [b.get_attribute("data-levels") for b in blocks] == ["0,1,2", "1", "3", ""]
+    used = [len(b.find_elements("css selector", "rect.level.used")) for b in blocks]
+    assert used == [3, 1, 1, 0]
+    spend = seeded.get(f"/v1/datasets/{seeded.geometric}/spend")
+    assert text_of(browser, "#gauge-label") == (
+        f"spent {spend['epsilon_spent']} · held 0 · remaining {spend['epsilon_remaining']} of ε 1")
+    assert spend["epsilon_spent"] == "0.875"  # block 1: 0.5 + 0.25 + 0.125, its levels' allowances
+    assert len(all_of(browser, "#timeline li.release")) == 5
+    screenshot(browser, "07-dataset-geometric")
+
+
+def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded) -> None:
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/jobs")
+    row = wait_for("the job row", lambda: all_of(browser, f"#jobs-table tr[data-job-id='{seeded.job}']"))[0]
+    assert row.find_element(By.CSS_SELECTOR, "td.status").text == "queued"
+    screenshot(browser, "08-jobs")
+
+    go(browser, seeded, f"#/jobs/{seeded.job}")
+    wait_for("the job page", lambda: text_of(browser, "#job-status") == "queued")
+    assert text_of(browser, "#job-progress-text") == "0 / ? steps"
+    browser.execute_script("window.__not_reloaded = true;")
+
+    # A worker claims the job and reports progress, through the worker's own job operations.
+    db = Database(seeded.database_url, pool_size=1, max_overflow=0)
+    try:
+        claimed = jobs.claim(db, "browser-test-worker", lease_s=60)
+        assert claimed is not None and claimed.lease.job_id == seeded.job
+        lease = claimed.lease
+        jobs.record_plan(db, lease, plan={"steps": 100}, total_steps=100)
+        jobs.record_progress(db, lease, step=40, epsilon_committed=Decimal("0.35"),
+                             metrics={"accuracy": 0.8125, "loss": 0.52})
+        wait_for("step 40", lambda: text_of(browser, "#job-progress-text") == "40 / 100 steps (40%)")
+        assert text_of(browser, "#job-status") == "running"
+        assert text_of(browser, "#job-epsilon") == "0.35"
+        metric_rows = {r.get_attribute("data-metric"): r.find_element(By.CSS_SELECTOR, "td").text
+                       for r in all_of(browser, "#job-metrics tr")}
+        assert metric_rows == {"accuracy": "0.8125", "loss": "0.52"}
+        screenshot(browser, "09-job-live-progress")
+
+        jobs.record_progress(db, lease, step=100, epsilon_committed=Decimal("0.9"),
+                             metrics={"accuracy": 0.9, "loss": 0.31})
+        jobs.finish(db, lease, "succeeded", metrics={"accuracy": 0.9, "loss": 0.31})
+    finally:
+        db.dispose()
+    wait_for("the finished job", lambda: text_of(browser, "#job-status") == "succeeded")
+    assert text_of(browser, "#job-progress-text") == "100 / 100 steps (100%)"
+    assert text_of(browser, "#job-epsilon") == "0.9"
+    assert browser.execute_script("return window.__not_reloaded === true;")  # same page all along
+    assert browser_errors(browser) == []
+
+
+def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    # A key the server no longer accepts: the next call answers 401 and the page signs out.
+    browser.execute_script(
+        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');")
+    go(browser, seeded, "#/datasets")
+    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
+    message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
+    assert "401" in message and "unknown or revoked API key" in message
+    assert browser.execute_script("return window.sessionStorage.length;") == 0
+    screenshot(browser, "10-signed-out-after-401")
+
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/jobs")
+    wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
+    stop_server(seeded.server.process)  # the ledger goes away while the page polls
+    banner = wait_for("the network error", lambda: "Network error" in text_of(browser, "#banner") and
+                      text_of(browser, "#banner"))
+    assert seeded.server.base_url in banner
+    screenshot(browser, "11-network-error")

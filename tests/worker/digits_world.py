@@ -1,0 +1,117 @@
+"""Datasets for the gate and worker tests, made through the ledger's own operations (no mocks).
+
+``digits_dataset`` registers the training records of ``builtin:digits`` (scikit-learn's bundled
+8×8 digits, record ids ``digits-NNNN``) as a dataset's batches, exactly as a client would before
+it queues a job on that source. ``CountingLoader`` is the worker's real loader, counting calls,
+so a test can prove that a refused job never opened its data source.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from service.db.models import Job, ModelVersion, Reservation
+from service.db.session import Database
+from service.ledger import batches, datasets, tenancy
+from service.worker.data import LoadedData, load_data
+
+DIGITS = "builtin:digits"
+_serial = itertools.count(1)
+
+
+@functools.cache
+def digits_train_ids() -> tuple[str, ...]:
+    """The training record ids of ``builtin:digits`` (the test harness reads them; the worker
+    reads the source only after its reservation)."""
+    return load_data(DIGITS).record_ids
+
+
+def budget(epsilon: str = "3", delta: str = "1e-5") -> dict[str, Any]:
+    return {"rule": "sequential", "epsilon": epsilon, "delta": delta, "accountant": "rdp"}
+
+
+@dataclass(frozen=True)
+class DigitsDataset:
+    tenant: str
+    dataset_id: str
+    batch_ids: tuple[str, ...]
+
+
+def digits_dataset(
+    db: Database,
+    tenant: str = "acme",
+    *,
+    epsilon: str = "3",
+    delta: str = "1e-5",
+    n_batches: int = 2,
+    records: Sequence[str] | None = None,
+) -> DigitsDataset:
+    """A sequential/RDP dataset whose batches hold ``records`` (default: every digits training id)."""
+    tenancy.create_api_key(db, tenant, "viewer")  # makes sure the tenant exists
+    ids = list(records if records is not None else digits_train_ids())
+    dataset = datasets.create_dataset(
+        db, tenant, name=f"digits-{next(_serial)}", budget=budget(epsilon, delta)
+    )
+    task = batches.create_task(db, tenant, dataset["id"], name="all")
+    size = -(-len(ids) // n_batches)
+    created = batches.create_batches(
+        db,
+        tenant,
+        dataset["id"],
+        task["id"],
+        batches=[
+            {"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)
+        ],
+    )
+    return DigitsDataset(tenant, dataset["id"], tuple(b["id"] for b in created["data"]))
+
+
+@dataclass
+class CountingLoader:
+    """The worker's real loader (``load_data``), counting the sources it opened."""
+
+    opened: list[str] = field(default_factory=list)
+    delay_s: float = 0.0
+
+    def __call__(self, uri: str) -> LoadedData:
+        self.opened.append(uri)
+        if self.delay_s:
+            import time
+
+            time.sleep(self.delay_s)
+        return load_data(uri)
+
+
+def staged_files(artifact_dir: Path) -> list[str]:
+    folder = artifact_dir / ".staging"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def versions_of(db: Database, job_id: str) -> list[ModelVersion]:
+    with db.session(readonly=True) as session:
+        return list(
+            session.scalars(
+                select(ModelVersion).where(ModelVersion.job_id == job_id).order_by(ModelVersion.version)
+            )
+        )
+
+
+def reservation(db: Database, reservation_id: str) -> Reservation:
+    with db.session(readonly=True) as session:
+        row = session.get(Reservation, reservation_id)
+        assert row is not None
+        return row
+
+
+def job_row(db: Database, job_id: str) -> Job:
+    with db.session(readonly=True) as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        return row

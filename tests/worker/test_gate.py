@@ -1,0 +1,228 @@
+"""The release gate (service.worker.gate) end to end: real ledger, real databases (SQLite and
+PostgreSQL), real torch training on builtin:digits (tiny models), real files.
+
+* DP-SGD at ε = 2, δ = 1e-5 trains, releases versions at checkpoints, each certificate
+  re-verifies, commits are monotone, test accuracy is recorded; a second job that needs more than
+  what remains fails with the ledger's budget_exceeded details, with no data read, no version.
+* Cancel mid-run aborts the rest of the reservation; a refused commit destroys the candidate;
+  record ids that do not match the ledger's batches fail the job before training; AdaDp runs
+  through the same gate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from accountant.certificates import verify  # noqa: E402
+from service.db.session import Database  # noqa: E402
+from service.ledger import certificates, spend  # noqa: E402
+from service.worker import jobs  # noqa: E402
+from service.worker.worker import Worker  # noqa: E402
+from tests.worker.digits_world import (  # noqa: E402
+    DIGITS,
+    CountingLoader,
+    digits_dataset,
+    digits_train_ids,
+    reservation,
+    staged_files,
+    versions_of,
+)
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    return tmp_path / "artifacts"
+
+
+def _worker(db: Database, artifact_dir: Path, loader: CountingLoader, **kwargs: Any) -> Worker:
+    return Worker(db, artifact_dir=artifact_dir, loader=loader, device="cpu", **kwargs)
+
+
+def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: Any) -> str:
+    answer = jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm=algorithm, params={"data_source": DIGITS, **params}
+    )
+    return str(answer["id"])
+
+
+def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
+    out = []
+    for v in versions:
+        answer = certificates.get_certificate(db, "acme", v.certificate_id)
+        body = answer["certificate"]
+        check = verify(body)
+        assert check.ok, check.reason
+        assert body["release"] == {"model": v.name, "version": v.version}
+        out.append(Decimal(body["result"]["charge"]["epsilon"]))
+    return out
+
+
+def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unread(
+    db: Database, artifacts: Path
+) -> None:
+    world = digits_dataset(db, epsilon="3", delta="1e-5")
+    loader = CountingLoader()
+    worker = _worker(db, artifacts, loader)
+    job_id = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, checkpoint_every=100, seed=7)
+
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["progress"] == {"step": 225, "total": 225}
+    assert loader.opened == [DIGITS]
+
+    # Versions 1..3 at steps 100, 200 and the end; every one certified, commits monotone.
+    versions = versions_of(db, job_id)
+    assert [(v.version, v.step) for v in versions] == [(1, 100), (2, 200), (3, 225)]
+    epsilons = _certified_epsilons(db, versions)
+    assert epsilons == sorted(epsilons) and epsilons[0] < epsilons[-1]
+    assert Decimal(job["epsilon_committed"]) == epsilons[-1]
+    assert job["plan"]["event"]["count"] == 225
+
+    # The released model is useful, and its accuracy is recorded with the version.
+    final = versions[-1]
+    assert final.metrics["test_accuracy"] > 0.8
+    assert job["metrics"]["test_accuracy"] == pytest.approx(final.metrics["test_accuracy"])
+
+    # Its artifact is the committed model: hash as recorded, loadable, the MLP's weights.
+    path = artifacts / final.artifact_path
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == final.artifact_sha256
+    state = torch.load(path, weights_only=True)
+    assert {k: tuple(t.shape) for k, t in state.items()}["net.1.weight"] == (64, 64)
+    assert staged_files(artifacts) == []
+
+    # The whole reservation is spent, nothing is held.
+    closed = reservation(db, job["reservation_id"])
+    assert closed.status == "committed" and closed.commits == 3
+    before = spend.get_spend(db, "acme", world.dataset_id)
+    assert before["epsilon_held"] == "0" and before["reservations_open"] == 0
+
+    # A second job needs more than what remains: refused before its data source is opened.
+    second = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, seed=8)
+    assert worker.run_once() == second
+    refused = jobs.get_job(db, "acme", second)
+    assert refused["status"] == "failed"
+    error = refused["error"]
+    assert error["error"] == "budget_exceeded"
+    assert Decimal(error["requested"]["epsilon"]) > Decimal(error["remaining"]["epsilon"])
+    assert loader.opened == [DIGITS]  # not opened again
+    assert versions_of(db, second) == [] and refused["reservation_id"] is None
+    after = spend.get_spend(db, "acme", world.dataset_id)
+    assert after["epsilon_spent"] == before["epsilon_spent"] and after["epsilon_held"] == "0"
+    assert staged_files(artifacts) == []
+
+
+def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(
+    db: Database, artifacts: Path
+) -> None:
+    world = digits_dataset(db, epsilon="10")
+    worker = _worker(db, artifacts, CountingLoader(), lease_s=30, heartbeat_s=0.05)
+    job_id = _queue(
+        db,
+        world.dataset_id,
+        noise_multiplier=2.0,
+        sampling_probability=0.01,
+        steps=20_000,
+        checkpoint_every=50,
+        hidden=8,
+        seed=1,
+    )
+    thread = threading.Thread(target=worker.run_once)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not versions_of(db, job_id) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    jobs.cancel_job(db, "acme", job_id)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "cancelled", job["error"]
+    versions = versions_of(db, job_id)
+    assert versions and job["progress"]["step"] < 20_000
+    epsilons = _certified_epsilons(db, versions)
+    assert epsilons == sorted(epsilons)
+    assert [v.version for v in versions] == list(range(1, len(versions) + 1))
+
+    held = reservation(db, job["reservation_id"])
+    assert held.status == "aborted"
+    assert held.committed_epsilon == epsilons[-1] < held.epsilon  # the rest went back
+    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
+    assert Decimal(ledger["epsilon_spent"]) == epsilons[-1]
+    # Only committed steps are reported: the metrics are those of the last release.
+    assert job["metrics"] == versions[-1].metrics
+    assert staged_files(artifacts) == []
+
+
+def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) -> None:
+    """The reservation expires while the data loads (a real TTL): the first commit is refused,
+    its staged candidate deleted, nothing published, nothing spent."""
+    world = digits_dataset(db, epsilon="10")
+    loader = CountingLoader(delay_s=1.0)
+    worker = _worker(db, artifacts, loader, reservation_ttl_s=0.5)
+    job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, checkpoint_every=10, seed=2)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed"
+    assert job["error"]["error"] == "reservation_expired"
+    assert versions_of(db, job_id) == [] and job["metrics"] is None
+    assert staged_files(artifacts) == []
+    assert not any(p.is_file() for p in artifacts.rglob("*"))  # no version file either
+    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
+
+
+def test_records_that_do_not_match_the_batches_fail_before_training(db: Database, artifacts: Path) -> None:
+    ids = list(digits_train_ids())
+    world = digits_dataset(db, records=[*ids[:-3], "not-in-the-source"], epsilon="10")
+    worker = _worker(db, artifacts, CountingLoader())
+    job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, seed=3)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed"
+    error = job["error"]
+    assert error["error"] == "record_mismatch" and error["field"] == "params.data_source"
+    assert "digits-" in error["message"] and "1 record(s) of batch" in error["message"]
+    assert job["progress"]["step"] == 0 and versions_of(db, job_id) == []
+    assert reservation(db, job["reservation_id"]).status == "aborted"
+    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
+
+
+def test_invalid_trainer_params_fail_the_job_naming_the_field(db: Database, artifacts: Path) -> None:
+    world = digits_dataset(db, epsilon="10")
+    loader = CountingLoader()
+    job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, epoch=3)
+    assert _worker(db, artifacts, loader).run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed" and job["error"]["field"] == "params.epoch"
+    assert loader.opened == [] and job["reservation_id"] is None
+
+
+def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
+    world = digits_dataset(db, epsilon="3")
+    job_id = _queue(
+        db, world.dataset_id, algorithm="adadp", target_epsilon=2.0, delta=1e-5, checkpoint_every=150, seed=4
+    )
+    assert _worker(db, artifacts, CountingLoader()).run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded", job["error"]
+    versions = versions_of(db, job_id)
+    assert [v.step for v in versions] == [150, 225]
+    epsilons = _certified_epsilons(db, versions)
+    assert epsilons == sorted(epsilons)
+    metrics = job["metrics"]
+    assert metrics["lemma1_checked_steps"] == 225
+    assert metrics["lemma1_max_ratio"] <= metrics["lemma1_limit"] * (1 + 1e-12)
+    assert versions[-1].metrics["test_accuracy"] > 0.3
+    assert job["plan"]["algorithm"] == "adadp"

@@ -1,0 +1,258 @@
+"""Jobs (service.worker.jobs): validation, the one-statement claim, leases, heartbeats, cancel,
+retries — on real SQLite and PostgreSQL databases. No torch: no job here trains."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from service.db.base import utcnow
+from service.db.session import Database
+from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.worker import jobs
+from service.worker.worker import Worker
+from tests.worker.digits_world import DIGITS, digits_dataset, job_row
+
+PARAMS: dict[str, Any] = {"data_source": DIGITS, "noise_multiplier": 1.0, "steps": 10}
+
+
+def _dataset(db: Database, tenant: str = "acme") -> str:
+    return digits_dataset(db, tenant, records=[f"r{i}" for i in range(8)]).dataset_id
+
+
+def _job(db: Database, dataset_id: str, tenant: str = "acme", **params: Any) -> str:
+    answer = jobs.create_job(
+        db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}
+    )
+    return str(answer["id"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Creation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_create_queues_a_job(db: Database) -> None:
+    dataset_id = _dataset(db)
+    answer = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="adadp", params=PARAMS)
+    assert answer["status"] == "queued"
+    assert answer["progress"] == {"step": 0, "total": None}
+    assert answer["epsilon_committed"] == "0"
+    assert answer["model_name"] == f"adadp-{dataset_id}"
+    assert answer["attempts"] == 0 and answer["versions"] == []
+    assert jobs.get_job(db, "acme", answer["id"])["id"] == answer["id"]
+
+
+@pytest.mark.parametrize("algorithm", jobs.LATER_ALGORITHMS)
+def test_algorithms_of_a_later_release_are_refused_naming_the_field(db: Database, algorithm: str) -> None:
+    dataset_id = _dataset(db)
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=PARAMS)
+    assert info.value.field == "algorithm" and algorithm in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "params", "field"),
+    [
+        ("sgd", PARAMS, "algorithm"),
+        ("dp_sgd", {"steps": 10}, "params.data_source"),
+        ("dp_sgd", {"data_source": "http://example.com/x.csv"}, "params.data_source"),
+        ("dp_sgd", {"data_source": "builtin:mnist"}, "params.data_source"),
+        ("dp_sgd", {**PARAMS, "model_name": "../../etc"}, "params.model_name"),
+        ("dp_sgd", ["not", "an", "object"], "params"),
+    ],
+)
+def test_invalid_jobs_name_the_field_and_change_nothing(
+    db: Database, algorithm: str, params: Any, field: str
+) -> None:
+    dataset_id = _dataset(db)
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
+    assert info.value.field == field
+    assert jobs.list_jobs(db, "acme")["count"] == 0
+
+
+def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
+    dataset_id = _dataset(db, "acme")
+    job_id = _job(db, dataset_id)
+    digits_dataset(db, "rival", records=["x"], n_batches=1)
+    with pytest.raises(NotFound):
+        jobs.create_job(db, "rival", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS)
+    with pytest.raises(NotFound):
+        jobs.get_job(db, "rival", job_id)
+    with pytest.raises(NotFound):
+        jobs.cancel_job(db, "rival", job_id)
+    assert jobs.list_jobs(db, "rival")["count"] == 0
+
+
+def test_create_is_idempotent_with_a_key(db: Database) -> None:
+    dataset_id = _dataset(db)
+    first = jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS, idempotency_key="k1"
+    )
+    again = jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS, idempotency_key="k1"
+    )
+    assert again["id"] == first["id"]
+    assert jobs.list_jobs(db, "acme")["count"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Claim, lease, heartbeat
+# ---------------------------------------------------------------------------------------------
+
+
+def test_claim_takes_the_oldest_queued_job_once(db: Database) -> None:
+    dataset_id = _dataset(db)
+    first, second = _job(db, dataset_id), _job(db, dataset_id)
+    a = jobs.claim(db, "worker-a", 30)
+    b = jobs.claim(db, "worker-b", 30)
+    assert a is not None and b is not None
+    assert (a.id, b.id) == (first, second)
+    assert a.attempt == 1 and a.params == PARAMS and a.model_name == f"dp_sgd-{dataset_id}"
+    assert jobs.claim(db, "worker-c", 30) is None
+    row = job_row(db, first)
+    assert row.status == "running" and row.lease_owner == "worker-a" and row.started_at is not None
+
+
+def test_the_claim_is_one_statement(db: Database) -> None:
+    """procrastinate's shape: one UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED) RETURNING."""
+    _job(db, _dataset(db))
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "jobs" in statement:
+            statements.append(" ".join(statement.split()))
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        assert jobs.claim(db, "worker-a", 30) is not None
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+    assert len(statements) == 1
+    sql = statements[0].upper()
+    assert sql.startswith("UPDATE JOBS SET") and "RETURNING" in sql
+    if db.is_postgresql:
+        assert "FOR UPDATE SKIP LOCKED" in sql
+
+
+def test_concurrent_claims_never_hand_one_job_to_two_workers(db: Database) -> None:
+    dataset_id = _dataset(db)
+    created = {_job(db, dataset_id) for _ in range(24)}
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            barrier.wait()
+            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
+                with lock:
+                    claimed.append(job.id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert Counter(claimed) == Counter(created)  # every job exactly once
+
+
+def test_an_expired_lease_is_claimed_again_and_the_old_owner_is_locked_out(db: Database) -> None:
+    job_id = _job(db, _dataset(db))
+    now = utcnow()
+    a = jobs.claim(db, "worker-a", 5, now=now)
+    assert a is not None
+    jobs.heartbeat(db, a.lease, 5, progress_step=3, now=now + timedelta(seconds=1))
+    assert jobs.claim(db, "worker-b", 5, now=now + timedelta(seconds=4)) is None  # extended to 6 s
+    b = jobs.claim(db, "worker-b", 5, now=now + timedelta(seconds=7))
+    assert b is not None and b.id == job_id and b.attempt == 2
+    with pytest.raises(jobs.LeaseLost):
+        jobs.heartbeat(db, a.lease, 5)
+    with pytest.raises(jobs.LeaseLost):
+        jobs.record_progress(db, a.lease, step=4)
+    with pytest.raises(jobs.LeaseLost):
+        jobs.finish(db, a.lease, "succeeded")
+    jobs.finish(db, b.lease, "failed", error={"error": "x", "message": "y"})
+    row = job_row(db, job_id)
+    assert row.status == "failed" and row.lease_owner is None and row.attempts == 2
+    assert row.progress_step == 3
+    with pytest.raises(jobs.LeaseLost):
+        jobs.heartbeat(db, b.lease, 5)
+
+
+def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, tmp_path: Path) -> None:
+    job_id = _job(db, _dataset(db))
+    now = utcnow() - timedelta(hours=1)
+    for attempt in range(jobs.DEFAULT_MAX_ATTEMPTS):  # each claimer dies: its lease just expires
+        claimed = jobs.claim(db, f"dead-{attempt}", 1, now=now + timedelta(seconds=10 * attempt))
+        assert claimed is not None and claimed.attempt == attempt + 1
+    worker = Worker(db, artifact_dir=tmp_path, lease_s=30)
+    assert worker.run_once() == job_id
+    answer = jobs.get_job(db, "acme", job_id)
+    assert answer["status"] == "failed" and answer["error"]["error"] == "attempts_exhausted"
+    assert answer["attempts"] == jobs.DEFAULT_MAX_ATTEMPTS + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Cancel
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job_ends_it_at_once(db: Database) -> None:
+    job_id = _job(db, _dataset(db))
+    answer = jobs.cancel_job(db, "acme", job_id)
+    assert answer["status"] == "cancelled" and answer["finished_at"] is not None
+    assert jobs.claim(db, "worker-a", 30) is None
+    assert jobs.cancel_job(db, "acme", job_id)["status"] == "cancelled"  # idempotent
+
+
+def test_cancel_a_running_job_is_seen_by_its_heartbeat(db: Database) -> None:
+    job_id = _job(db, _dataset(db))
+    claimed = jobs.claim(db, "worker-a", 30)
+    assert claimed is not None
+    assert jobs.heartbeat(db, claimed.lease, 30).cancel_requested is False
+    answer = jobs.cancel_job(db, "acme", job_id)
+    assert answer["status"] == "running" and answer["cancel_requested"] is True
+    assert jobs.heartbeat(db, claimed.lease, 30).cancel_requested is True
+    jobs.finish(db, claimed.lease, "cancelled")
+    assert jobs.get_job(db, "acme", job_id)["status"] == "cancelled"
+
+
+def test_a_cancel_requested_while_the_worker_is_dead_is_honoured_by_the_next_claim(
+    db: Database, tmp_path: Path
+) -> None:
+    job_id = _job(db, _dataset(db))
+    assert jobs.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=5)) is not None
+    jobs.cancel_job(db, "acme", job_id)
+    assert Worker(db, artifact_dir=tmp_path).run_once() == job_id
+    assert jobs.get_job(db, "acme", job_id)["status"] == "cancelled"
+
+
+def test_a_finished_job_cannot_be_cancelled(db: Database) -> None:
+    job_id = _job(db, _dataset(db))
+    claimed = jobs.claim(db, "worker-a", 30)
+    assert claimed is not None
+    jobs.finish(db, claimed.lease, "succeeded")
+    with pytest.raises(Conflict) as info:
+        jobs.cancel_job(db, "acme", job_id)
+    assert info.value.reason == "job_finished"
+
+
+def test_a_shut_down_worker_hands_its_job_back(db: Database) -> None:
+    job_id = _job(db, _dataset(db))
+    claimed = jobs.claim(db, "worker-a", 30)
+    assert claimed is not None
+    jobs.release(db, claimed.lease)
+    again = jobs.claim(db, "worker-b", 30)
+    assert again is not None and again.id == job_id and again.attempt == 2
