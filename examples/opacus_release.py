@@ -119,7 +119,9 @@ def make_plan(args: argparse.Namespace, n_records: int, budget: dict[str, Any]) 
         sigma = args.noise_multiplier
     else:
         if not 0 < delta < 1:
-            raise SystemExit("calibrating sigma needs a delta in (0, 1): pass --delta")
+            raise ValueError(
+                f"calibrating sigma needs a delta in (0, 1), the budget's is {delta}: pass --delta"
+            )
         sigma = calibrate_noise_multiplier(
             target_epsilon=args.target_epsilon,
             delta=delta,
@@ -217,7 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         if n_records == 0:
             print(f"dataset {args.dataset} has no batches", file=sys.stderr)
             return 2
-        plan = make_plan(args, n_records, dataset["budget"])
+        try:
+            plan = make_plan(args, n_records, dataset["budget"])
+        except ValueError as exc:  # accountant.base.InvalidArgumentError is a ValueError
+            print(f"cannot plan the run: {exc}", file=sys.stderr)
+            return 2
         event = plan.event()
         print(
             f"plan: n={plan.n_records} q={plan.sampling_probability:.6g} sigma={plan.noise_multiplier:.6g} "

@@ -38,6 +38,7 @@ from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
 from service.api import models as model_routes
 from service.api import reservations as reservation_routes
+from service.api.deps import PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
@@ -62,8 +63,15 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = database is None
-        db = database if database is not None else Database(settings.database_url)
+        db = database if database is not None else Database(
+            settings.database_url,
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+        )
         app.state.database = db
+        # Sync routes run in anyio's thread pool; its default (40) would queue requests that
+        # only wait on the database.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
         sweeper = asyncio.create_task(_expiry_sweep(db, settings, metrics), name="expiry-sweep")
         stop_worker = threading.Event()
         worker_thread = _start_worker(db, settings, stop_worker) if worker else None
@@ -90,6 +98,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.principals = PrincipalCache(settings.auth_cache_ttl_s)
     install_error_handlers(app, metrics)
 
     for module in (

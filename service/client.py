@@ -71,6 +71,8 @@ DEFAULT_RETRIES: Final = 3
 DEFAULT_BACKOFF_S: Final = 0.2
 MAX_BACKOFF_S: Final = 5.0
 USER_AGENT: Final = "privacy-ledger-client/1"
+# Transport failures worth a retry; others (a URL without http://, a proxy refusing) are not.
+_TRANSIENT: Final = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,6 +368,14 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
     )
 
 
+def _invalid_url(base_url: str, exc: Exception) -> LedgerError:
+    return LedgerError(
+        f"base_url must be an http:// or https:// URL. Found {base_url!r}: {exc}",
+        code="invalid_url",
+        details={"field": "base_url"},
+    )
+
+
 def _unavailable(
     call: _Call, attempts: int, cause: BaseException | None, response: httpx.Response | None
 ) -> LedgerError:
@@ -600,6 +610,49 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
+    # dashboard reads ---------------------------------------------------------------------------
+
+    def list_spend(self, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/spend``: every dataset's spend summary, paged (``{data, count}``)."""
+        return self._json(_Call("GET", "/v1/spend", params={"limit": limit, "offset": offset}))
+
+    def batch_spend(self, dataset_id: Identifier, *, limit: int = 500, offset: int = 0) -> J:
+        """``GET /v1/datasets/{id}/batch-spend``: per-batch spend (and geometric levels), paged."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/batch-spend",
+                params={"limit": limit, "offset": offset},
+            )
+        )
+
+    def list_releases(self, dataset_id: Identifier, *, limit: int = 50, offset: int = 0) -> J:
+        """``GET /v1/datasets/{id}/releases``: the release timeline, newest first."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/releases",
+                params={"limit": limit, "offset": offset},
+            )
+        )
+
+    def epsilon_history(self, dataset_id: Identifier, *, limit: int = 1000, offset: int = 0) -> J:
+        """``GET /v1/datasets/{id}/epsilon-history``: the ledger's ε against the naive sequential
+        ε, task by task."""
+        return self._json(
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/epsilon-history",
+                params={"limit": limit, "offset": offset},
+            )
+        )
+
+    def verify_certificate_on_server(self, certificate_id: str) -> J:
+        """``POST /v1/certificates/{id}/verify``: the server re-verifies a stored certificate
+        (``{certificate_id, ok, reason}``). To trust no server, verify the certificate of
+        ``get_certificate`` yourself with ``accountant.certificates.verify``."""
+        return self._json(_Call("POST", f"/v1/certificates/{_segment(certificate_id)}/verify"))
+
     # jobs ------------------------------------------------------------------------------------
 
     def create_job(
@@ -703,6 +756,19 @@ def _record_commit(gate: ReleaseGate, answer: JsonObject) -> None:
         gate.reservation = reservation
 
 
+def _check_open(reservation: JsonObject, idempotency_key: str) -> None:
+    """A gate re-entered with the key of an earlier attempt must find its hold still open."""
+    status = reservation.get("status")
+    if status != "reserved":
+        raise Conflict(
+            f"reservation {reservation.get('id')!r} of an earlier attempt with idempotency key "
+            f"{idempotency_key!r} is {status}; start a new attempt with a new key.",
+            code="reservation_closed",
+            status=409,
+            details={"reservation_id": reservation.get("id"), "reservation_status": status},
+        )
+
+
 def _note(error: BaseException, text: str) -> None:
     with contextlib.suppress(AttributeError):  # add_note: Python >= 3.11
         error.add_note(text)
@@ -734,12 +800,15 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._policy = _RetryPolicy(retries, backoff_s)
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            timeout=timeout,
-            transport=transport,
-            headers={"User-Agent": USER_AGENT},
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=self.base_url,
+                timeout=timeout,
+                transport=transport,
+                headers={"User-Agent": USER_AGENT},
+            )
+        except httpx.InvalidURL as exc:
+            raise _invalid_url(base_url, exc) from exc
 
     def __enter__(self) -> LedgerClient:
         return self
@@ -761,8 +830,10 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
                 response = self._http.request(
                     call.method, call.path, content=content, params=call.params, headers=headers
                 )
-            except httpx.TransportError as exc:
+            except _TRANSIENT as exc:
                 cause = exc
+            except httpx.TransportError as exc:
+                raise _unavailable(call, attempt + 1, exc, None) from exc
             else:
                 if response.is_success or not self._policy.retryable(response, call):
                     return response
@@ -857,6 +928,9 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             ttl_s=ttl_s,
             idempotency_key=f"{base}:reserve",
         )
+        if idempotency_key is not None:  # a replayed reserve answers its first answer: look now
+            reservation = self.get_reservation(str(reservation["id"]))
+            _check_open(reservation, idempotency_key)
         gate = ReleaseGate(str(dataset_id), model, version, reservation)
         try:
             yield gate
@@ -921,12 +995,15 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
         self._policy = _RetryPolicy(retries, backoff_s)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=timeout,
-            transport=transport,
-            headers={"User-Agent": USER_AGENT},
-        )
+        try:
+            self._http = httpx.AsyncClient(
+                base_url=self.base_url,
+                timeout=timeout,
+                transport=transport,
+                headers={"User-Agent": USER_AGENT},
+            )
+        except httpx.InvalidURL as exc:
+            raise _invalid_url(base_url, exc) from exc
 
     async def __aenter__(self) -> AsyncLedgerClient:
         return self
@@ -948,8 +1025,10 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
                 response = await self._http.request(
                     call.method, call.path, content=content, params=call.params, headers=headers
                 )
-            except httpx.TransportError as exc:
+            except _TRANSIENT as exc:
                 cause = exc
+            except httpx.TransportError as exc:
+                raise _unavailable(call, attempt + 1, exc, None) from exc
             else:
                 if response.is_success or not self._policy.retryable(response, call):
                     return response
@@ -1029,6 +1108,9 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
             ttl_s=ttl_s,
             idempotency_key=f"{base}:reserve",
         )
+        if idempotency_key is not None:  # a replayed reserve answers its first answer: look now
+            reservation = await self.get_reservation(str(reservation["id"]))
+            _check_open(reservation, idempotency_key)
         gate = ReleaseGate(str(dataset_id), model, version, reservation)
         try:
             yield gate

@@ -39,6 +39,21 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Request bodies above this size are refused with 413 before they are parsed."""
 
+    db_pool_size: int = Field(default=20, gt=0)
+    db_max_overflow: int = Field(default=20, ge=0)
+    """Database connections kept open per process, and how many more may open under load.
+    Every request uses one briefly (its key lookup) and every spend one more: a pool smaller than
+    the concurrent requests makes connections open and close under load."""
+
+    http_threads: int = Field(default=64, gt=0)
+    """Threads that run the (synchronous) ledger operations of concurrent requests."""
+
+    auth_cache_ttl_s: float = Field(default=0.0, ge=0, le=300)
+    """Seconds a process may reuse a successful API key lookup. 0 (default): every request
+    looks its key up, so a revoked key stops working at once. Above 0 the lookup (a database
+    round trip on every request) is saved, and a revoked key can keep working for up to this long
+    in a process that used it just before."""
+
     @field_validator("bootstrap_admin_key", mode="before")
     @classmethod
     def _empty_key_is_none(cls, value: object) -> object:

@@ -9,15 +9,19 @@ object is "not found").
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Final
 
 from fastapi import Depends, Header, Request
+from starlette.concurrency import run_in_threadpool
 
 from service.api.errors import Forbidden, Unauthorized
 from service.api.metrics import LedgerMetrics
 from service.db.session import Database
-from service.ledger.tenancy import Principal, authenticate
+from service.ledger.tenancy import Principal, authenticate, hash_key
 
 _RANK: Final = {"viewer": 0, "trainer": 1, "admin": 2}
 
@@ -40,8 +44,45 @@ DatabaseDep = Annotated[Database, Depends(get_database)]
 MetricsDep = Annotated[LedgerMetrics, Depends(get_metrics)]
 
 
-def get_principal(request: Request, database: DatabaseDep) -> Principal:
-    """The caller's principal (one indexed lookup of the key's hash; runs in the thread pool)."""
+class PrincipalCache:
+    """Successful key lookups, reused for ``ttl_s`` seconds (``LEDGER_AUTH_CACHE_TTL_S``).
+
+    Off (``ttl_s == 0``) by default: then every request looks its key up and a revocation takes
+    effect at once. Only successes are kept, by the key's SHA-256, so a new key works at once
+    and an unknown key is looked up every time.
+    """
+
+    MAX_ENTRIES: Final = 10_000
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Principal | None:
+        if self.ttl_s <= 0:
+            return None
+        digest = hash_key(key)
+        with self._lock:
+            entry = self._entries.get(digest)
+            if entry is None:
+                return None
+            principal, expires = entry
+            if expires < time.monotonic():
+                del self._entries[digest]
+                return None
+            return principal
+
+    def put(self, key: str, principal: Principal) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            self._entries[hash_key(key)] = (principal, time.monotonic() + self.ttl_s)
+            while len(self._entries) > self.MAX_ENTRIES:
+                self._entries.popitem(last=False)
+
+
+def _bearer_key(request: Request) -> str:
     header = request.headers.get("authorization")
     if header is None:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <api key>'.")
@@ -49,10 +90,26 @@ def get_principal(request: Request, database: DatabaseDep) -> Principal:
     key = key.strip()
     if scheme.lower() != "bearer" or not key:
         raise Unauthorized("Authorization must be 'Bearer <api key>'.")
+    return key
+
+
+def _authenticate(database: Database, cache: PrincipalCache, key: str) -> Principal:
     principal = authenticate(database, key)
     if principal is None:
         raise Unauthorized("unknown or revoked API key.")
+    cache.put(key, principal)
     return principal
+
+
+async def get_principal(request: Request, database: DatabaseDep) -> Principal:
+    """The caller's principal: one indexed lookup of the key's hash, in the thread pool (or the
+    process's recent lookup, when ``LEDGER_AUTH_CACHE_TTL_S`` allows it)."""
+    key = _bearer_key(request)
+    cache: PrincipalCache = request.app.state.principals
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(_authenticate, database, cache, key)
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

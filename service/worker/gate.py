@@ -46,7 +46,7 @@ from sqlalchemy import select
 
 from accountant import events as ev
 from accountant.base import AccountantError
-from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey
+from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion
 from service.db.session import Database
 from service.ledger import reservations
 from service.ledger.batches import record_hash
@@ -208,6 +208,38 @@ def _earlier_reservations(db: Database, job: ClaimedJob) -> list[str]:
     return found
 
 
+def _completed_before(run: _Run) -> bool:
+    """Whether the previous attempt committed its whole run (its final release closed the
+    reservation; the sweep has published it): then the job is done and is not trained again."""
+    job = run.job
+    if job.reservation_id is None:
+        return False
+    try:
+        previous = reservations.get_reservation(run.db, job.tenant_id, job.reservation_id)
+    except NotFound:
+        return False
+    if previous["status"] != "committed":
+        return False
+    with run.db.session(readonly=True) as session:
+        last = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.job_id == job.id)
+            .order_by(ModelVersion.version.desc())
+            .limit(1)
+        ).first()
+    if last is None:
+        return False
+    run.released_metrics = dict(last.metrics)
+    jobs.record_progress(
+        run.db,
+        job.lease,
+        step=last.step,
+        epsilon_committed=Decimal(previous["committed"]["epsilon"]),
+        delta_committed=Decimal(previous["committed"]["delta"]),
+    )
+    return True
+
+
 def _reserve_key(job_id: str, attempt: int) -> str:
     return f"job:{job_id}:a{attempt}:reserve"
 
@@ -265,6 +297,17 @@ def run_job(
     except LeaseLost:
         abort_quietly(db, job.tenant_id, run.reservation_id)
         return Outcome("lease_lost")
+    except Exception as exc:
+        # Unexpected (the database went away, a bug): free the hold and fail the job if the
+        # database lets us; if it does not, the lease expires and the job is retried.
+        logger.exception("job %s: worker error", job.id)
+        error = _error("worker_error", f"{type(exc).__name__}: {exc}")
+        try:
+            abort_quietly(db, job.tenant_id, run.reservation_id)
+            return _finish(run, "failed", error=error)
+        except Exception:
+            logger.exception("job %s: could not record the failure", job.id)
+            return Outcome("lease_lost", error)
 
 
 def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> Outcome:
@@ -295,6 +338,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     if job.attempt > 1:
         # The previous worker is gone: settle its candidates and its holds first.
         registry.sweep(db, run.artifact_dir, job_id=job.id)
+        if _completed_before(run):  # it released the whole run and died before finishing the job
+            raise _Stop(_finish(run, "succeeded"))
         for reservation_id in _earlier_reservations(db, job):
             abort_quietly(db, job.tenant_id, reservation_id)
     if job.cancel_requested:
@@ -355,6 +400,9 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     except DataSourceError as exc:
         code = "record_mismatch" if type(exc).__name__ == "RecordMismatchError" else "data_source"
         raise _fail(run, _error(code, str(exc), field="params.data_source")) from None
+    except (OSError, ImportError, ValueError) as exc:  # unreadable file, loader dependency missing
+        message = f"could not load the data source: {type(exc).__name__}: {exc}"
+        raise _fail(run, _error("data_source", message, field="params.data_source")) from None
 
     # 3. Train; every release goes through _checkpoint.
     try:

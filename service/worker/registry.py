@@ -172,7 +172,11 @@ def stage(
         final_path=final_path(tenant_id, name, version, fmt),
     )
     document = json.dumps(staged.to_json(), sort_keys=True).encode()
-    _write_atomically(staged.sidecar_path(artifact_dir), lambda handle: handle.write(document))
+
+    def write_sidecar(handle: IO[bytes]) -> None:
+        handle.write(document)
+
+    _write_atomically(staged.sidecar_path(artifact_dir), write_sidecar)
     return staged
 
 

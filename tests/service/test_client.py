@@ -41,6 +41,10 @@ from service.settings import Settings
 from service.worker import registry
 from tests.service.live_server import free_port, serve, settings_for
 
+# Client behaviour that does not depend on the database runs on SQLite only (the backend fixture
+# of tests/conftest.py, overridden); the calls themselves run on both backends.
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
 
 @dataclass
 class Ledger:
@@ -127,6 +131,14 @@ def test_every_v1_call(ledger: Ledger) -> None:
     assert fetched["content_hash"] == certificate["certificate"]["hash"]
     assert verify(fetched["certificate"]).ok
 
+    # the dashboard's reads
+    assert dataset["id"] in {d["id"] for d in viewer.list_spend()["data"]}
+    assert {b["id"] for b in viewer.batch_spend(dataset["id"])["data"]} == {b["id"] for b in batches}
+    timeline = viewer.list_releases(dataset["id"])["data"]
+    assert [(r["certificate_id"], r["model"]) for r in timeline] == [(certificate["id"], "mlp")]
+    assert viewer.epsilon_history(dataset["id"])["count"] == 1
+    assert viewer.verify_certificate_on_server(certificate["id"])["ok"] is True
+
     # audit: the server's verdict, and the chain itself, page by page
     assert viewer.verify_audit(dataset["id"])["ok"] is True
     assert viewer.verify_audit()["ok"] is True
@@ -183,6 +195,7 @@ def test_every_v1_call(ledger: Ledger) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@SQLITE_ONLY
 def test_errors_are_typed(ledger: Ledger) -> None:
     admin, viewer = ledger.client("admin"), ledger.client("viewer")
     dataset_id, task_id, batches = make_dataset(admin, epsilon="0.5")
@@ -346,6 +359,7 @@ def test_release_gate_commits_on_success_and_aborts_on_exception(ledger: Ledger)
     assert ran == [] and admin.spend(dataset_id)["reservations_open"] == 0
 
 
+@SQLITE_ONLY
 def test_release_gate_aborts_when_the_commit_is_refused(ledger: Ledger) -> None:
     admin = ledger.client("admin")
     dataset_id, _, batches = make_dataset(admin, epsilon="1")
@@ -365,6 +379,7 @@ def test_release_gate_aborts_when_the_commit_is_refused(ledger: Ledger) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@SQLITE_ONLY
 def test_async_client_and_gate(ledger: Ledger) -> None:
     dataset_id, _, batches = make_dataset(ledger.client("admin"), epsilon="1")
 
@@ -384,6 +399,7 @@ def test_async_client_and_gate(ledger: Ledger) -> None:
     assert spend["epsilon_spent"] == "0.5" and len(ids) == 1
 
 
+@SQLITE_ONLY
 def test_events_may_be_objects_or_json_and_decimals_stay_exact(ledger: Ledger) -> None:
     admin = ledger.client("admin")
     dataset_id, _, batches = make_dataset(admin, epsilon="1")
@@ -394,3 +410,34 @@ def test_events_may_be_objects_or_json_and_decimals_stay_exact(ledger: Ledger) -
     assert admin.spend(dataset_id)["epsilon_spent"] == "1"  # four quarters fill 1 exactly
     with pytest.raises(TypeError):
         admin.reserve(dataset_id, io.BytesIO(), batches=batches[:1])  # type: ignore[arg-type]
+
+
+@SQLITE_ONLY
+def test_release_gate_resumes_a_crashed_attempt_by_its_key(ledger: Ledger) -> None:
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    trainer = ledger.client("trainer")
+    event = PureDpEvent(0.25)
+
+    # attempt 1 reserves, then its process dies inside the block: no commit, no abort
+    crashed = trainer.release_gate(
+        dataset_id, batches[:1], event, model="m", version=1, idempotency_key="run-7"
+    )
+    held = crashed.__enter__()
+    # attempt 2, same run id: the same hold, not a second one; it commits
+    with trainer.release_gate(
+        dataset_id, batches[:1], event, model="m", version=1, idempotency_key="run-7"
+    ) as gate:
+        assert gate.reservation_id == held.reservation_id
+    assert gate.status == "committed"
+    spend = admin.spend(dataset_id)
+    assert (spend["epsilon_spent"], spend["epsilon_held"], spend["charges_committed"]) == ("0.25", "0", 1)
+
+    # a later attempt with the key of a closed hold is refused before its block runs
+    ran = []
+    with pytest.raises(Conflict) as closed:
+        with trainer.release_gate(
+            dataset_id, batches[:1], event, model="m", version=2, idempotency_key="run-7"
+        ):
+            ran.append(True)
+    assert ran == [] and closed.value.code == "reservation_closed"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from accountant.certificates import verify  # noqa: E402
+from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import certificates, spend  # noqa: E402
-from service.worker import jobs  # noqa: E402
+from service.ledger import certificates, reservations, spend  # noqa: E402
+from service.worker import jobs, registry  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import (  # noqa: E402
     DIGITS,
@@ -226,3 +228,51 @@ def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
     assert metrics["lemma1_max_ratio"] <= metrics["lemma1_limit"] * (1 + 1e-12)
     assert versions[-1].metrics["test_accuracy"] > 0.3
     assert job["plan"]["algorithm"] == "adadp"
+
+
+def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
+    db: Database, artifacts: Path
+) -> None:
+    """The dead worker committed and published its last version, then died before finishing the
+    job: the next worker finishes it ``succeeded`` without reading data or reserving again."""
+    world = digits_dataset(db, records=[f"r{i}" for i in range(4)], n_batches=1, epsilon="10")
+    job_id = _queue(db, world.dataset_id, noise_multiplier=5.0, steps=2, model_name="m")
+    dead = jobs.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=1))
+    assert dead is not None
+    event = {"kind": "gaussian", "noise_multiplier": 5.0}
+    held = reservations.reserve(
+        db, "acme", world.dataset_id, event_json=event, batch_ids=list(world.batch_ids)
+    )
+    jobs.record_reservation(db, dead.lease, held["id"])
+    staged = registry.stage(
+        artifacts, tenant_id="acme", name="m", version=1, job_id=job_id, attempt=1,
+        dataset_id=world.dataset_id, step=2, metrics={"test_accuracy": 0.9, "step": 2}, fmt="torch",
+        write=lambda handle: handle.write(b"weights"),
+    )
+    answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
+    registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
+
+    loader = CountingLoader()
+    assert _worker(db, artifacts, loader).run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded" and job["attempts"] == 2
+    assert job["reservation_id"] == held["id"] and job["metrics"]["test_accuracy"] == 0.9
+    assert Decimal(job["epsilon_committed"]) > 0 and job["progress"]["step"] == 2
+    assert loader.opened == [] and [v.version for v in versions_of(db, job_id)] == [1]
+
+
+def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(db: Database, artifacts: Path) -> None:
+    world = digits_dataset(db, epsilon="10")
+    job_id = jobs.create_job(
+        db,
+        "acme",
+        dataset_id=world.dataset_id,
+        algorithm="dp_sgd",
+        params={"data_source": f"file://{artifacts}/missing.npz", "noise_multiplier": 1.5, "steps": 5},
+    )["id"]
+    assert _worker(db, artifacts, CountingLoader()).run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed" and job["error"]["error"] == "data_source"
+    assert "missing.npz" in job["error"]["message"]
+    assert reservation(db, job["reservation_id"]).status == "aborted"
+    assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
