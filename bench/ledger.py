@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -250,10 +251,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def ledger_serve(database_url: str, workers: int) -> Iterator[Server]:
+def ledger_serve(database_url: str, workers: int, auth_cache_ttl_s: float = 0.0
+                 ) -> Iterator[Server]:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
-    env.update(LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY, PYTHONUNBUFFERED="1")
+    env.update(LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY, PYTHONUNBUFFERED="1",
+               LEDGER_AUTH_CACHE_TTL_S=str(auth_cache_ttl_s))
     process = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url",
          database_url, "--workers", str(workers), "--no-worker", "--no-access-log",
@@ -451,9 +454,10 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                       f"bulk SQL {seeded.seconds_sql:.1f} s", flush=True)
                 results: dict[str, Any] = {"backend": backend, "seed": asdict(seeded),
                                            "runs": []}
-                for workers in args.workers:
-                    with ledger_serve(url, workers) as server:
-                        print(f"[{backend}] workers={workers}: spend queries ...", flush=True)
+                for workers, ttl in itertools.product(args.workers, args.auth_cache_ttl):
+                    with ledger_serve(url, workers, ttl) as server:
+                        print(f"[{backend}] workers={workers} auth cache={ttl:g}s: spend queries"
+                              " ...", flush=True)
                         queries = spend_queries(server.base_url, db, seeded, args.spend_queries)
                         for clients in args.clients:
                             print(f"[{backend}] workers={workers} clients={clients}: "
@@ -463,6 +467,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                                 server.base_url, clients, args.duration, args.warmup))
                             results["runs"].append({
                                 "workers": workers, "clients": clients,
+                                "auth_cache_ttl_s": ttl,
                                 "load_average_1m_before": round(load_before, 2),
                                 "hot": asdict(hot), "spend_query": queries,
                             })
@@ -474,7 +479,7 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    header = (f"{'backend':<10} {'workers':>7} {'clients':>7} {'commits/s':>10} "
+    header = (f"{'backend':<10} {'workers':>7} {'auth$':>5} {'clients':>7} {'commits/s':>10} "
               f"{'reserve p50':>11} {'p99':>8} {'commit p50':>10} {'p99':>8} "
               f"{'spend@1e6 p50':>13} {'p99':>8} {'errors':>6}")
     print()
@@ -483,14 +488,15 @@ def print_table(report: dict[str, Any]) -> None:
     for result in report["results"]:
         for run in result["runs"]:
             hot, query = run["hot"], run["spend_query"]["http"]
-            print(f"{result['backend']:<10} {run['workers']:>7} {run['clients']:>7} "
+            cache = f"{run['auth_cache_ttl_s']:g}s"
+            print(f"{result['backend']:<10} {run['workers']:>7} {cache:>5} {run['clients']:>7} "
                   f"{hot['commits_per_s']:>10.1f} {hot['reserve']['p50_ms']:>9.1f}ms "
                   f"{hot['reserve']['p99_ms']:>6.1f}ms {hot['commit']['p50_ms']:>8.1f}ms "
                   f"{hot['commit']['p99_ms']:>6.1f}ms {query['p50_ms']:>11.2f}ms "
                   f"{query['p99_ms']:>6.2f}ms {hot['errors']:>6}")
     print()
     print("latencies in ms as the client sees them over HTTP; spend@1e6: GET .../spend on a "
-          "dataset with the seeded charges")
+          "dataset with the seeded charges; auth$: LEDGER_AUTH_CACHE_TTL_S")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,6 +509,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="concurrent clients; comma-separated for several runs (default 32)")
     parser.add_argument("--workers", default="1",
                         help="uvicorn worker processes; comma-separated (default 1)")
+    parser.add_argument("--auth-cache-ttl", default="0",
+                        help="LEDGER_AUTH_CACHE_TTL_S of the server; comma-separated (default 0)")
     parser.add_argument("--duration", type=float, default=15.0,
                         help="seconds of reserve+commit per run (default 15)")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds (default 2)")
@@ -514,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
+    args.auth_cache_ttl = [float(t) for t in args.auth_cache_ttl.split(",")]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
     report: dict[str, Any] = {

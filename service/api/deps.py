@@ -4,7 +4,8 @@
 revoked key answers 401; a key whose scope does not allow the call answers 403. Scopes nest:
 ``admin`` ⊇ ``trainer`` ⊇ ``viewer`` (DESIGN.md, "HTTP API v1"). Tenancy is enforced below, by
 the ledger operations, which look objects up within the principal's tenant (another tenant's
-object is "not found").
+object is "not found"). A key's lookup may be reused for ``LEDGER_AUTH_CACHE_TTL_S`` seconds
+(off by default; see ``PrincipalCache``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ class PrincipalCache:
                 self._entries.popitem(last=False)
 
 
+_NO_CACHE: Final = PrincipalCache(0.0)
+
+
 def _bearer_key(request: Request) -> str:
     header = request.headers.get("authorization")
     if header is None:
@@ -105,7 +109,7 @@ async def get_principal(request: Request, database: DatabaseDep) -> Principal:
     """The caller's principal: one indexed lookup of the key's hash, in the thread pool (or the
     process's recent lookup, when ``LEDGER_AUTH_CACHE_TTL_S`` allows it)."""
     key = _bearer_key(request)
-    cache: PrincipalCache = request.app.state.principals
+    cache: PrincipalCache = getattr(request.app.state, "principals", _NO_CACHE)
     cached = cache.get(key)
     if cached is not None:
         return cached

@@ -8,12 +8,14 @@ an unknown id. Objects belong to tenant ``acme``; the caller is ``acme`` (own) o
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.app import create_app
 from service.db.session import Database
+from service.ledger import tenancy
 from service.settings import Settings
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import PURE, World, make_world, sequential_budget, unique
@@ -163,3 +165,18 @@ def _check(route: Route, caller: str, tenant: str, expected: int, answer: Any,
         if tenant == "own" and world.dataset not in ids:
             return "own dataset missing from the list"
     return ""
+
+
+def test_auth_cache_reuses_a_lookup_for_its_ttl_only(settings: Settings, db: Database) -> None:
+    """``LEDGER_AUTH_CACHE_TTL_S``: off by default (a revocation bites at once, as the table
+    above checks); when set, a revoked key keeps working in this process until the TTL ends."""
+    issued = tenancy.issue_api_key(db, "acme", "viewer")
+    cached = create_app(settings.model_copy(update={"auth_cache_ttl_s": 0.5}), database=db)
+    with TestClient(cached) as client:
+        headers = bearer(issued["key"])
+        assert client.get("/v1/datasets", headers=headers).status_code == 200
+        tenancy.revoke_api_key(db, issued["id"])
+        assert client.get("/v1/datasets", headers=headers).status_code == 200
+        time.sleep(0.6)
+        assert client.get("/v1/datasets", headers=headers).status_code == 401
+        assert client.get("/v1/datasets", headers=bearer("pl_unknown")).status_code == 401
