@@ -57,7 +57,7 @@ from accountant.events import (
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import float_up, l2dp_ml_epsilon, output_perturbation_event_epsilon
+from accountant.mechanisms import float_up, l2dp_ml_event_epsilon, output_perturbation_event_epsilon
 
 NAME: Final = "basic"
 _ONE: Final = Fraction(1)
@@ -106,15 +106,7 @@ def _cost(event: DpEvent) -> _Cost:
         return _Cost(1 / Fraction(event.scale), Fraction(0))
     if isinstance(event, FunctionalMechanismL2DPEvent):
         # Theorem 2 of L2DP-ML, rounded up to a float by the formula itself.
-        epsilon = l2dp_ml_epsilon(
-            epsilon1=event.epsilon1,
-            epsilon2=event.epsilon2,
-            input_dim=event.input_dim,
-            hidden_units=event.hidden_units,
-            batch_size=event.batch_size,
-            theta1_norm_bound=event.theta1_norm_bound,
-        )
-        return _Cost(Fraction(epsilon), Fraction(0))
+        return _Cost(Fraction(l2dp_ml_event_epsilon(event)), Fraction(0))
     if isinstance(event, OutputPerturbationEvent):
         return _Cost(Fraction(output_perturbation_event_epsilon(event)), Fraction(0))
     if isinstance(event, SelfComposedEvent):

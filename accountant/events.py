@@ -31,13 +31,18 @@ MAX_COUNT: Final = 10**18
 MAX_VECTOR_LENGTH: Final = 1_000_000
 
 
-class EventValidationError(ValueError):
-    """An event (or its JSON form) is invalid. ``field`` is the dotted path of the bad field."""
+class InvalidFieldError(ValueError):
+    """A named input field is invalid: ``field`` is its dotted path, ``message`` what is wrong,
+    and ``str()`` is ``"{field} {message}"``. The base of errors that name the bad field."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field} {message}")
         self.field = field
         self.message = message
+
+
+class EventValidationError(InvalidFieldError):
+    """An event (or its JSON form) is invalid. ``field`` is the dotted path of the bad field."""
 
 
 def _fmt(value: object) -> str:
@@ -536,6 +541,7 @@ __all__ = [
     "EventValidationError",
     "FunctionalMechanismL2DPEvent",
     "GaussianEvent",
+    "InvalidFieldError",
     "LaplaceEvent",
     "NoOpEvent",
     "NonPrivateEvent",

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from accountant.base import InvalidArgumentError
-from accountant.events import OutputPerturbationEvent
+from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent
 
 # Above this relative margin the float test of Lemma 1 is decisive; inside it (a vector exactly at
 # the boundary, up to rounding) the test is redone in exact rational arithmetic.
@@ -150,6 +150,19 @@ def output_perturbation_epsilon(*, l2_sensitivity: float, noise_scale: float) ->
     sens = _positive("l2_sensitivity", l2_sensitivity)
     scale = _positive("noise_scale", noise_scale)
     return float_up(sens / scale)
+
+
+def l2dp_ml_event_epsilon(event: FunctionalMechanismL2DPEvent) -> float:
+    """The ε a ``FunctionalMechanismL2DPEvent`` costs: ``l2dp_ml_epsilon`` (L2DP-ML, Theorem 2)
+    of the event's parameters, rounded up to a float by the formula itself."""
+    return l2dp_ml_epsilon(
+        epsilon1=event.epsilon1,
+        epsilon2=event.epsilon2,
+        input_dim=event.input_dim,
+        hidden_units=event.hidden_units,
+        batch_size=event.batch_size,
+        theta1_norm_bound=event.theta1_norm_bound,
+    )
 
 
 def output_perturbation_event_epsilon(event: OutputPerturbationEvent) -> float:
@@ -330,6 +343,7 @@ __all__ = [
     "float_down",
     "float_up",
     "l2dp_ml_epsilon",
+    "l2dp_ml_event_epsilon",
     "output_perturbation_epsilon",
     "output_perturbation_event_epsilon",
     "output_perturbation_l2_sensitivity",

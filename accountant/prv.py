@@ -129,7 +129,7 @@ from accountant.events import (
     PureDpEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import l2dp_ml_epsilon, output_perturbation_event_epsilon
+from accountant.mechanisms import l2dp_ml_event_epsilon, output_perturbation_event_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -489,15 +489,7 @@ def _plan(event: DpEvent) -> _Plan:
             return _Plan({})
         return _Plan({_PureDpPrv(event.epsilon, event.delta): 1})
     if isinstance(event, FunctionalMechanismL2DPEvent):
-        epsilon = l2dp_ml_epsilon(
-            epsilon1=event.epsilon1,
-            epsilon2=event.epsilon2,
-            input_dim=event.input_dim,
-            hidden_units=event.hidden_units,
-            batch_size=event.batch_size,
-            theta1_norm_bound=event.theta1_norm_bound,
-        )
-        return _Plan({_PureDpPrv(epsilon): 1})
+        return _Plan({_PureDpPrv(l2dp_ml_event_epsilon(event)): 1})
     if isinstance(event, OutputPerturbationEvent):
         return _Plan({_PureDpPrv(output_perturbation_event_epsilon(event)): 1})
     if isinstance(event, PoissonSampledEvent):

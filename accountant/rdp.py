@@ -115,7 +115,7 @@ from accountant.events import (
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import l2dp_ml_epsilon
+from accountant.mechanisms import l2dp_ml_event_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -665,17 +665,7 @@ def _dispatch(event: DpEvent, orders: FloatArray, *, evaluate: bool) -> FloatArr
     if isinstance(event, PureDpEvent | OutputPerturbationEvent):
         return _pure_dp_rdp(epsilon=event.epsilon, orders=orders) if evaluate else zeros
     if isinstance(event, FunctionalMechanismL2DPEvent):
-        if not evaluate:
-            return zeros
-        epsilon = l2dp_ml_epsilon(
-            epsilon1=event.epsilon1,
-            epsilon2=event.epsilon2,
-            input_dim=event.input_dim,
-            hidden_units=event.hidden_units,
-            batch_size=event.batch_size,
-            theta1_norm_bound=event.theta1_norm_bound,
-        )
-        return _pure_dp_rdp(epsilon=epsilon, orders=orders)
+        return _pure_dp_rdp(epsilon=l2dp_ml_event_epsilon(event), orders=orders) if evaluate else zeros
     if isinstance(event, ApproxDpEvent):
         if event.delta == 0:
             return _pure_dp_rdp(epsilon=event.epsilon, orders=orders) if evaluate else zeros

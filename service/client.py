@@ -49,7 +49,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
@@ -299,6 +299,16 @@ class _RetryPolicy:
         ceiling = min(MAX_BACKOFF_S, self.backoff_s * (2**attempt))
         return random.uniform(ceiling / 2, ceiling)
 
+    def wait(
+        self, call: _Call, attempt: int, cause: BaseException | None, response: httpx.Response | None
+    ) -> float:
+        """Seconds before the retry after failed ``attempt`` (0-based); the call's error when
+        that was the last attempt."""
+        attempts = self.retries + 1
+        if attempt + 1 == attempts:
+            raise _unavailable(call, attempts, cause, response) from cause
+        return self.delay(attempt, response)
+
     @staticmethod
     def retryable(response: httpx.Response, call: _Call) -> bool:
         if response.status_code in call.accept:
@@ -328,7 +338,10 @@ def _retry_after_s(value: str | None) -> float | None:
     return max(0.0, moment.timestamp() - time.time())
 
 
-def _json_answer(response: httpx.Response) -> JsonObject:
+def _json_answer(call: _Call, response: httpx.Response) -> JsonObject:
+    """The JSON object of a 2xx answer (or of a status ``call`` accepts); else its typed error."""
+    if not response.is_success and response.status_code not in call.accept:
+        raise error_from_response(response)
     try:
         body = response.json()
     except ValueError as exc:
@@ -346,6 +359,8 @@ def _json_answer(response: httpx.Response) -> JsonObject:
 
 
 def _artifact_answer(response: httpx.Response) -> Artifact:
+    if not response.is_success:
+        raise error_from_response(response)
     content = response.content
     recorded = response.headers.get("x-artifact-sha256")
     actual = hashlib.sha256(content).hexdigest()
@@ -366,6 +381,33 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
         certificate_id=response.headers.get("x-certificate-id"),
         filename=filename,
     )
+
+
+def _text_answer(response: httpx.Response) -> str:
+    if not response.is_success:
+        raise error_from_response(response)
+    return response.text
+
+
+def _next_offset(page: JsonObject, offset: int) -> int | None:
+    """The offset of the page after ``page`` (read at ``offset``); ``None`` after the last."""
+    data = page["data"]
+    offset += len(data)
+    return None if not data or offset >= int(page["count"]) else offset
+
+
+def _next_after(page: JsonObject) -> int | None:
+    """The ``after`` cursor of the audit page after ``page``; ``None`` at the chain's head."""
+    return None if page.get("next_after") is None else int(page["next_after"])
+
+
+def _offset_pages(fetch: Callable[[int], JsonObject]) -> Iterator[JsonObject]:
+    """Every item of an offset-paged list, page by page: ``fetch(offset)`` reads one page."""
+    offset: int | None = 0
+    while offset is not None:
+        page = fetch(offset)
+        yield from page["data"]
+        offset = _next_offset(page, offset)
 
 
 def _invalid_url(base_url: str, exc: Exception) -> LedgerError:
@@ -822,8 +864,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
     def _send(self, call: _Call) -> httpx.Response:
         headers = call.headers(self._api_key)
         content = call.content()
-        attempts = self._policy.retries + 1
-        for attempt in range(attempts):
+        for attempt in range(self._policy.retries + 1):
             response: httpx.Response | None = None
             cause: BaseException | None = None
             try:
@@ -837,63 +878,38 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             else:
                 if response.is_success or not self._policy.retryable(response, call):
                     return response
-            if attempt + 1 == attempts:
-                raise _unavailable(call, attempts, cause, response) from cause
-            time.sleep(self._policy.delay(attempt, response))
+            time.sleep(self._policy.wait(call, attempt, cause, response))
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _json(self, call: _Call) -> JsonObject:
-        response = self._send(call)
-        if not response.is_success and response.status_code not in call.accept:
-            raise error_from_response(response)
-        return _json_answer(response)
+        return _json_answer(call, self._send(call))
 
     def _artifact(self, call: _Call) -> Artifact:
-        response = self._send(call)
-        if not response.is_success:
-            raise error_from_response(response)
-        return _artifact_answer(response)
+        return _artifact_answer(self._send(call))
 
     def metrics_text(self) -> str:
         """``GET /metrics``: Prometheus text."""
-        response = self._send(_Call("GET", "/metrics"))
-        if not response.is_success:
-            raise error_from_response(response)
-        return response.text
+        return _text_answer(self._send(_Call("GET", "/metrics")))
 
     # paging ---------------------------------------------------------------------------------
 
     def iter_certificates(self, dataset_id: Identifier, *, page_size: int = 500) -> Iterator[JsonObject]:
         """Every certificate of the dataset, oldest first, page by page."""
-        offset = 0
-        while True:
-            page = self.list_certificates(dataset_id, limit=page_size, offset=offset)
-            data = page["data"]
-            yield from data
-            offset += len(data)
-            if not data or offset >= int(page["count"]):
-                return
+        return _offset_pages(
+            lambda offset: self.list_certificates(dataset_id, limit=page_size, offset=offset)
+        )
 
     def iter_audit_entries(self, dataset_id: Identifier, *, page_size: int = 1000) -> Iterator[JsonObject]:
         """Every entry of the dataset's audit chain up to its head (read on the first page)."""
-        after = 0
-        while True:
+        after: int | None = 0
+        while after is not None:
             page = self.audit_entries(dataset_id, after=after, limit=page_size)
             yield from page["data"]
-            if page.get("next_after") is None:
-                return
-            after = int(page["next_after"])
+            after = _next_after(page)
 
     def iter_model_versions(self, name: str, *, page_size: int = 500) -> Iterator[JsonObject]:
         """Every released version of the model, oldest first (none: ``NotFound``)."""
-        offset = 0
-        while True:
-            page = self.list_model_versions(name, limit=page_size, offset=offset)
-            data = page["data"]
-            yield from data
-            offset += len(data)
-            if not data or offset >= int(page["count"]):
-                return
+        return _offset_pages(lambda offset: self.list_model_versions(name, limit=page_size, offset=offset))
 
     # the gate --------------------------------------------------------------------------------
 
@@ -1017,8 +1033,7 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
     async def _send(self, call: _Call) -> httpx.Response:
         headers = call.headers(self._api_key)
         content = call.content()
-        attempts = self._policy.retries + 1
-        for attempt in range(attempts):
+        for attempt in range(self._policy.retries + 1):
             response: httpx.Response | None = None
             cause: BaseException | None = None
             try:
@@ -1032,56 +1047,40 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
             else:
                 if response.is_success or not self._policy.retryable(response, call):
                     return response
-            if attempt + 1 == attempts:
-                raise _unavailable(call, attempts, cause, response) from cause
-            await asyncio.sleep(self._policy.delay(attempt, response))
+            await asyncio.sleep(self._policy.wait(call, attempt, cause, response))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _json(self, call: _Call) -> JsonObject:
-        response = await self._send(call)
-        if not response.is_success and response.status_code not in call.accept:
-            raise error_from_response(response)
-        return _json_answer(response)
+        return _json_answer(call, await self._send(call))
 
     async def _artifact(self, call: _Call) -> Artifact:
-        response = await self._send(call)
-        if not response.is_success:
-            raise error_from_response(response)
-        return _artifact_answer(response)
+        return _artifact_answer(await self._send(call))
 
     async def metrics_text(self) -> str:
         """``GET /metrics``: Prometheus text."""
-        response = await self._send(_Call("GET", "/metrics"))
-        if not response.is_success:
-            raise error_from_response(response)
-        return response.text
+        return _text_answer(await self._send(_Call("GET", "/metrics")))
 
     async def iter_certificates(
         self, dataset_id: Identifier, *, page_size: int = 500
     ) -> AsyncIterator[JsonObject]:
         """Every certificate of the dataset, oldest first, page by page."""
-        offset = 0
-        while True:
+        offset: int | None = 0
+        while offset is not None:
             page = await self.list_certificates(dataset_id, limit=page_size, offset=offset)
-            data = page["data"]
-            for item in data:
+            for item in page["data"]:
                 yield item
-            offset += len(data)
-            if not data or offset >= int(page["count"]):
-                return
+            offset = _next_offset(page, offset)
 
     async def iter_audit_entries(
         self, dataset_id: Identifier, *, page_size: int = 1000
     ) -> AsyncIterator[JsonObject]:
         """Every entry of the dataset's audit chain up to its head."""
-        after = 0
-        while True:
+        after: int | None = 0
+        while after is not None:
             page = await self.audit_entries(dataset_id, after=after, limit=page_size)
             for item in page["data"]:
                 yield item
-            if page.get("next_after") is None:
-                return
-            after = int(page["next_after"])
+            after = _next_after(page)
 
     @contextlib.asynccontextmanager
     async def release_gate(

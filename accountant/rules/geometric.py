@@ -59,11 +59,9 @@ from accountant.rules import (
 )
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
-    at_least,
     basic_price,
-    bound_by_reservation,
     delta_down,
-    is_prefix,
+    progressive_cost,
     rdp_charge,
     release_additive,
     settle_additive,
@@ -163,21 +161,18 @@ def commit(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
-    if partial_event is None:
-        now = reserved
-    else:
-        fingerprint = event_fingerprint(partial_event)
+    def price(partial: DpEvent) -> Cost:
+        fingerprint = event_fingerprint(partial)
         if reserved.level is None:
-            priced = _Priced.of(budget, partial_event)
+            priced = _Priced.of(budget, partial)
             eps, dlt = (ZERO, ZERO) if priced.free else priced.at(0)
-            now = Cost(eps, dlt, eps, fingerprint)
-        else:
-            eps, dlt = _Priced.of(budget, partial_event).at(reserved.level)
-            allowance, _ = _grant(budget, reserved.level)
-            # The level is occupied as a whole once anything from it is released.
-            now = Cost(allowance, dlt, eps, fingerprint, level=reserved.level)
-        now = bound_by_reservation(now, reserved, prefix=is_prefix(partial_event, charge.event))
-    now = at_least(now, committed_before)
+            return Cost(eps, dlt, eps, fingerprint)
+        eps, dlt = _Priced.of(budget, partial).at(reserved.level)
+        allowance, _ = _grant(budget, reserved.level)
+        # The level is occupied as a whole once anything from it is released.
+        return Cost(allowance, dlt, eps, fingerprint, level=reserved.level)
+
+    now = progressive_cost(reserved, committed_before, charge, partial_event, price)
     return Settlement(settle_additive(state, now, committed_before), now)
 
 

@@ -49,12 +49,10 @@ from accountant.rules import (
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
     THEOREMS,
-    at_least,
-    bound_by_reservation,
     cancel_fresh,
     commit_fresh,
     fresh_price,
-    is_prefix,
+    progressive_cost,
     remaining_fresh,
     reserve_fresh,
     within_budget_fresh,
@@ -90,6 +88,12 @@ def _without(state: BatchState, commitment: str) -> BatchState:
     )
 
 
+def _replay_cost(budget: Budget, event: DpEvent, commitment: str | None) -> Cost:
+    """A replay of committed noise is post-processing: ε = δ = 0; only the naive count grows."""
+    naive, _ = fresh_price(budget, event)
+    return Cost(ZERO, ZERO, naive, event_fingerprint(event), replay=True, noise_commitment=commitment)
+
+
 def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
     commitment = charge.noise_commitment
     fingerprint = event_fingerprint(charge.event)
@@ -109,8 +113,7 @@ def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
                     f"({entry.fingerprint}); a replay must carry the same event. Use a new "
                     "commitment for fresh noise.",
                 )
-            naive, _ = fresh_price(budget, charge.event)
-            cost = Cost(ZERO, ZERO, naive, fingerprint, replay=True, noise_commitment=commitment)
+            cost = _replay_cost(budget, charge.event, commitment)
             return Admission(replace(state, reads=state.reads + 1), cost)
     admission = reserve_fresh(budget, state, charge.event, noise_commitment=commitment)
     if commitment is None:
@@ -128,23 +131,13 @@ def commit(
     partial_event: DpEvent | None,
 ) -> Settlement:
     if reserved.replay:
-        if partial_event is None:
-            now = reserved
-        else:
-            naive, _ = fresh_price(budget, partial_event)
-            now = bound_by_reservation(
-                Cost(
-                    ZERO,
-                    ZERO,
-                    naive,
-                    event_fingerprint(partial_event),
-                    replay=True,
-                    noise_commitment=reserved.noise_commitment,
-                ),
-                reserved,
-                prefix=is_prefix(partial_event, charge.event),
-            )
-        now = at_least(now, committed_before)
+        now = progressive_cost(
+            reserved,
+            committed_before,
+            charge,
+            partial_event,
+            lambda partial: _replay_cost(budget, partial, reserved.noise_commitment),
+        )
         before = ZERO if committed_before is None else committed_before.naive_epsilon
         step = exact_sub(now.naive_epsilon, before)
         return Settlement(replace(state, naive_epsilon=exact_add(state.naive_epsilon, step)), now)

@@ -37,10 +37,8 @@ from accountant.rules import (
 )
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
-    at_least,
-    bound_by_reservation,
     fresh_price,
-    is_prefix,
+    progressive_cost,
     release_additive,
     settle_additive,
 )
@@ -81,13 +79,9 @@ def commit(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
-    if partial_event is None:
-        now = reserved
-    else:
-        now = bound_by_reservation(
-            _price(budget, partial_event), reserved, prefix=is_prefix(partial_event, charge.event)
-        )
-    now = at_least(now, committed_before)
+    now = progressive_cost(
+        reserved, committed_before, charge, partial_event, lambda partial: _price(budget, partial)
+    )
     return Settlement(settle_additive(state, now, committed_before), now)
 
 

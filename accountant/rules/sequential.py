@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import decimal
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
@@ -409,15 +409,7 @@ def bound_by_reservation(cost: Cost, reserved: Cost, *, prefix: bool, compare_ep
             f"the run so far costs more than was reserved ({', '.join(over)}); reserve the "
             "larger charge instead.",
         )
-    return replace(
-        cost,
-        epsilon=min(cost.epsilon, reserved.epsilon) if compare_epsilon else cost.epsilon,
-        delta=min(cost.delta, reserved.delta) if compare_epsilon else cost.delta,
-        naive_epsilon=min(cost.naive_epsilon, reserved.naive_epsilon),
-        rdp=None
-        if cost.rdp is None or reserved.rdp is None
-        else tuple(min(c, r) for c, r in zip(cost.rdp, reserved.rdp, strict=True)),
-    )
+    return _pointwise(min, cost, reserved, compare_epsilon=compare_epsilon)
 
 
 def at_least(cost: Cost, before: Cost | None, *, compare_epsilon: bool = True) -> Cost:
@@ -425,15 +417,42 @@ def at_least(cost: Cost, before: Cost | None, *, compare_epsilon: bool = True) -
     (the maximum of two upper bounds on the same run is an upper bound)."""
     if before is None:
         return cost
+    return _pointwise(max, cost, before, compare_epsilon=compare_epsilon)
+
+
+def _pointwise(
+    pick: Callable[[Decimal, Decimal], Decimal], cost: Cost, other: Cost, *, compare_epsilon: bool
+) -> Cost:
+    """``cost`` with each bound replaced by ``pick`` of it and ``other``'s: the naive ε, the
+    per-order RDP (when both have it) and, with ``compare_epsilon``, ε and δ."""
     return replace(
         cost,
-        epsilon=max(cost.epsilon, before.epsilon) if compare_epsilon else cost.epsilon,
-        delta=max(cost.delta, before.delta) if compare_epsilon else cost.delta,
-        naive_epsilon=max(cost.naive_epsilon, before.naive_epsilon),
+        epsilon=pick(cost.epsilon, other.epsilon) if compare_epsilon else cost.epsilon,
+        delta=pick(cost.delta, other.delta) if compare_epsilon else cost.delta,
+        naive_epsilon=pick(cost.naive_epsilon, other.naive_epsilon),
         rdp=None
-        if cost.rdp is None or before.rdp is None
-        else tuple(max(c, b) for c, b in zip(cost.rdp, before.rdp, strict=True)),
+        if cost.rdp is None or other.rdp is None
+        else tuple(pick(c, o) for c, o in zip(cost.rdp, other.rdp, strict=True)),
     )
+
+
+def progressive_cost(
+    reserved: Cost,
+    committed_before: Cost | None,
+    charge: Charge,
+    partial_event: DpEvent | None,
+    price: Callable[[DpEvent], Cost],
+) -> Cost:
+    """The cumulative cost a commit settles: the reserved cost for the whole run, or the
+    ``price`` of the run so far (``partial_event``) bounded by the reservation; never less than
+    what was committed before."""
+    if partial_event is None:
+        now = reserved
+    else:
+        now = bound_by_reservation(
+            price(partial_event), reserved, prefix=is_prefix(partial_event, charge.event)
+        )
+    return at_least(now, committed_before)
 
 
 def commit_fresh(
@@ -607,21 +626,21 @@ def _commit_plan(
     position = reserved.plan_position
     if position is None or not state.plan_open or position != state.plan_position - 1:
         raise InvalidArgumentError("reserved.plan_position", "is not the open plan entry of this batch.")
-    if partial_event is None:
-        now = reserved
-    else:
+    plan = budget.plan
+
+    def price(partial: DpEvent) -> Cost:
         base = exact_sub(state.epsilon_spent, ZERO if committed_before is None else committed_before.epsilon)
-        target = _plan_target(budget, (*budget.plan[:position], partial_event))
-        naive, _ = fresh_price(budget, partial_event)
-        now = Cost(
+        target = _plan_target(budget, (*plan[:position], partial))
+        naive, _ = fresh_price(budget, partial)
+        return Cost(
             max(ZERO, exact_sub(target, base)),
             reserved.delta,
             naive,
-            event_fingerprint(partial_event),
+            event_fingerprint(partial),
             plan_position=position,
         )
-        now = bound_by_reservation(now, reserved, prefix=is_prefix(partial_event, charge.event))
-    now = at_least(now, committed_before)
+
+    now = progressive_cost(reserved, committed_before, charge, partial_event, price)
     new_state = settle_additive(state, now, committed_before)
     return Settlement(replace(new_state, plan_open=partial_event is not None), now)
 

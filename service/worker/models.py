@@ -27,19 +27,16 @@ from typing import Any, Final
 import torch
 from torch import nn
 
+from accountant.events import InvalidFieldError
+
 MODEL_KINDS: Final = ("mlp", "cnn")
 DEFAULT_HIDDEN: Final[Mapping[str, tuple[int, ...]]] = {"mlp": (64,), "cnn": (16, 32)}
 MAX_WIDTH: Final = 65_536
 MAX_LAYERS: Final = 16
 
 
-class InvalidParamsError(ValueError):
+class InvalidParamsError(InvalidFieldError):
     """A job param is invalid. ``field`` names it (``"params.learning_rate"``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-        self.message = message
 
 
 def _fmt(value: object) -> str:
