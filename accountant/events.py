@@ -507,9 +507,10 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
     try:
         return parser(obj, path, depth)
     except EventValidationError as exc:
-        # Built events validate their own fields under the generic path "event"; nested
-        # events were built (and checked) by the recursive calls with their own path.
-        if exc.field == "event" or exc.field.startswith("event."):
+        # Errors raised while parsing already name their full path (it starts with ``path``).
+        # Only a built event's own validation speaks of the generic path "event.<field>".
+        placed = exc.field == path or exc.field.startswith(path + ".")
+        if not placed and exc.field.startswith("event."):
             raise EventValidationError(path + exc.field[len("event"):], exc.message) from None
         raise
 

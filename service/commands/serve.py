@@ -20,11 +20,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
+import logging
 import os
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -92,6 +94,31 @@ def _display_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+class RedactQueryFilter(logging.Filter):
+    """Access-log lines keep the path but not its query string.
+
+    The API reads keys only from ``Authorization``, but a client that puts one in the URL
+    (``?api_key=...``) would otherwise have it written to the log in plain text.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], args[2].split("?", 1)[0] + "?[redacted]", *args[3:])
+        return True
+
+
+def _log_config() -> dict[str, Any]:
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact_query"] = {
+        "()": "service.commands.serve.RedactQueryFilter"
+    }
+    config["handlers"]["access"]["filters"] = ["redact_query"]
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -138,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
             log_level=log_level,
             access_log=access_log,
+            log_config=_log_config(),
             http=HTTP_PROTOCOL,
         )
     else:
@@ -151,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                 workers=args.workers,
                 log_level=log_level,
                 access_log=access_log,
+                log_config=_log_config(),
                 http=HTTP_PROTOCOL,
             )
         finally:
