@@ -2,13 +2,20 @@
 
 Measures, per backend:
 
-* **hot-dataset throughput** — N concurrent clients (asyncio; an httpx client and one keep-alive
-  connection each) loop reserve (pure ε) → commit on ONE dataset, one batch, for ``--duration``
-  seconds: committed spends per second and the p50 / p99 latency of reserve and of commit, as
-  the client sees them.
+* **hot-dataset throughput** — N concurrent clients (asyncio, one keep-alive connection each)
+  loop reserve (pure ε) → commit on ONE dataset, one batch, for ``--duration`` seconds:
+  committed spends per second and the p50 / p99 latency of reserve and of commit, as the client
+  sees them. Afterwards the dataset's spend must account for exactly the commits the clients saw
+  (``charges_committed`` and ``epsilon_spent``, warm-up included; nothing left held).
   Every spend on a dataset serialises on its ledger head (``SELECT … FOR UPDATE`` / SQLite's
   write lock; the ledger groups a process's concurrent spends into one transaction), so this is
-  the ledger's worst case. The load generator runs on the same machine and takes CPU from it.
+  the ledger's worst case. The load generator runs on the same machine and takes CPU from it, so
+  by default it is a minimal hand-written HTTP/1.1 client (``RawHttpClient``, ~0.2 ms of CPU per
+  reserve+commit pair; ``--client httpx`` uses httpx, ~2.2 ms). Both its CPU and the server's
+  (all ``ledger serve`` processes, from ``/proc``) per committed spend are reported.
+  ``--servers`` runs several server variants in one invocation (another code tree, e.g. an
+  export of the last commit, or other ``ledger serve`` arguments), for side-by-side figures on a
+  noisy machine.
 * **spend query at 10⁶ charges** — ``GET /v1/datasets/{id}/spend`` on a dataset holding
   ``--charges`` committed charges, sequentially: p50 / p99 / mean latency over HTTP, and the
   domain operation alone (``service.ledger.spend.get_spend``, no HTTP) for comparison.
@@ -29,6 +36,9 @@ Usage (the repository root is the working directory)::
 
     python bench/ledger.py                                   # both backends, defaults below
     python bench/ledger.py --backends postgres --workers 2 --clients 64 --duration 20
+    python bench/ledger.py --backends postgres --client raw,httpx      # load generator compared
+    git archive HEAD | tar -x -C /tmp/base && \
+        python bench/ledger.py --servers "/tmp/base;.;. --loop asyncio --http h11"   # before/after
     LEDGER_TEST_POSTGRES_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test python bench/ledger.py
 
 PostgreSQL comes from ``--postgres-url`` or ``LEDGER_TEST_POSTGRES_URL``; the benchmark creates
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -53,7 +64,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
@@ -251,17 +262,22 @@ def _free_port() -> int:
 
 
 @contextmanager
-def ledger_serve(database_url: str, workers: int, auth_cache_ttl_s: float = 0.0
-                 ) -> Iterator[Server]:
+def ledger_serve(database_url: str, workers: int, auth_cache_ttl_s: float = 0.0,
+                 server_root: Path = ROOT, serve_args: Sequence[str] = ()) -> Iterator[Server]:
+    """``ledger serve`` from ``server_root`` (default this checkout; another directory, e.g. an
+    export of an earlier commit, serves that code for a side-by-side comparison in one run)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
     env.update(LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY, PYTHONUNBUFFERED="1",
                LEDGER_AUTH_CACHE_TTL_S=str(auth_cache_ttl_s))
+    # ``LEDGER_X=value`` among the serve arguments: settings of the server's environment
+    env.update(a.partition("=")[::2] for a in serve_args if a.startswith("LEDGER_") and "=" in a)
+    serve_args = [a for a in serve_args if not (a.startswith("LEDGER_") and "=" in a)]
     process = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url",
          database_url, "--workers", str(workers), "--no-worker", "--no-access-log",
-         "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         "--log-level", "warning", *serve_args],
+        cwd=server_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     output: list[str] = []
 
@@ -292,6 +308,40 @@ def ledger_serve(database_url: str, workers: int, auth_cache_ttl_s: float = 0.0
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux ``/proc``; ``[pid]`` elsewhere)."""
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                children = Path(f"/proc/{current}/task/{tid}/children").read_text().split()
+            except OSError:
+                continue
+            todo.extend(int(c) for c in children)
+    return out
+
+
+def server_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) used so far by ``ledger serve`` and its worker processes."""
+    if pid is None or not Path("/proc/self/stat").exists():
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for member in _process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,27 +377,130 @@ class Throughput:
     reserve: dict[str, float]
     commit: dict[str, float]
     spend_after: dict[str, Any] = field(default_factory=dict)
+    client: str = "raw"
+    client_cpu_ms_per_commit: float | None = None
+    server_cpu_ms_per_commit: float | None = None
 
 
-async def _hot_loop(client: httpx.AsyncClient, dataset: str, batch: str, worker: str,
+class RawHttpClient:
+    """A minimal HTTP/1.1 keep-alive client for the hot loop: one connection, one request at a
+    time, hand-built requests, status line + ``Content-Length`` (or chunked) body parsed by hand.
+
+    httpx costs the load generator ~3.8 ms of CPU per reserve+commit pair, on the same cores as
+    the server; this costs a few hundred µs, so the benchmark measures the ledger, not itself.
+    A response with ``Connection: close`` (or a dropped connection before any byte of the
+    answer arrived is NOT retried: a POST is not idempotent) reconnects for the next request.
+    """
+
+    def __init__(self, base_url: str, headers: dict[str, str]) -> None:
+        url = httpx.URL(base_url)
+        self.host = url.host
+        self.port = url.port or 80
+        fixed = {"Host": f"{self.host}:{self.port}", **headers}
+        self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def _connect(self) -> None:
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        sock = self._writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        if self._writer is None:
+            await self._connect()
+        assert self._reader is not None and self._writer is not None
+        if body is None:
+            head = f"{method} {path} HTTP/1.1\r\n".encode() + self._fixed + b"\r\n"
+            payload = b""
+        else:
+            payload = json.dumps(body, separators=(",", ":")).encode()
+            head = (f"{method} {path} HTTP/1.1\r\n".encode() + self._fixed
+                    + b"Content-Type: application/json\r\nContent-Length: "
+                    + str(len(payload)).encode() + b"\r\n\r\n")
+        self._writer.write(head + payload)
+        reader = self._reader
+        status_line = await reader.readuntil(b"\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        length = -1
+        chunked = close = False
+        while True:
+            line = await reader.readuntil(b"\r\n")
+            if line == b"\r\n":
+                break
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+        if chunked:
+            parts = []
+            while True:
+                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                data = await reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(data[:-2])
+            content = b"".join(parts)
+        elif length >= 0:
+            content = await reader.readexactly(length)
+        else:
+            content = await reader.read()
+            close = True
+        if close:
+            await self.aclose()
+        return status, content
+
+    async def aclose(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError, ConnectionError):
+                await writer.wait_closed()
+
+
+class HttpxHotClient:
+    """The hot loop's client through httpx (``--client httpx``), for comparison."""
+
+    def __init__(self, base_url: str, headers: dict[str, str]) -> None:
+        self.client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120)
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        response = await self.client.request(method, path, json=body)
+        return response.status_code, response.content
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+HotClient = RawHttpClient | HttpxHotClient
+
+
+async def _hot_loop(client: HotClient, dataset: str, batch: str, worker: str,
                     stop_at: float, reserve_s: list[float], commit_s: list[float],
                     errors: list[str]) -> int:
     commits = 0
+    reserve_path = f"/v1/datasets/{dataset}/reservations"
     body = {"batches": [batch], "event": {"kind": "pure_dp", "epsilon": HOT_CHARGE}}
     while time.perf_counter() < stop_at:
         t0 = time.perf_counter()
-        held = await client.post(f"/v1/datasets/{dataset}/reservations", json=body)
+        status, content = await client.request("POST", reserve_path, body)
         t1 = time.perf_counter()
-        if held.status_code != 201:
-            errors.append(f"reserve {held.status_code} {held.text[:200]}")
+        if status != 201:
+            errors.append(f"reserve {status} {content[:200]!r}")
             continue
-        done = await client.post(
-            f"/v1/reservations/{held.json()['id']}/commit",
-            json={"release": {"model": f"hot-{worker}", "version": commits}},
+        held_id = json.loads(content)["id"]
+        status, content = await client.request(
+            "POST", f"/v1/reservations/{held_id}/commit",
+            {"release": {"model": f"hot-{worker}", "version": commits}},
         )
         t2 = time.perf_counter()
-        if done.status_code != 200:
-            errors.append(f"commit {done.status_code} {done.text[:200]}")
+        if status != 200:
+            errors.append(f"commit {status} {content[:200]!r}")
             continue
         reserve_s.append(t1 - t0)
         commit_s.append(t2 - t1)
@@ -356,16 +509,18 @@ async def _hot_loop(client: httpx.AsyncClient, dataset: str, batch: str, worker:
 
 
 async def hot_throughput(base_url: str, clients: int, duration_s: float,
-                         warmup_s: float) -> Throughput:
-    """Each simulated client has its own ``httpx.AsyncClient`` (one keep-alive connection): one
-    client object shared by many connections costs the load generator ~8 ms of CPU per request
-    at 64 connections (its pool is scanned under a lock), which would measure httpx, not the
-    ledger (measured: 82 vs 394 health checks per second at 64 connections)."""
+                         warmup_s: float, client_kind: str = "raw",
+                         server_pid: int | None = None) -> Throughput:
+    """Each simulated client has its own keep-alive connection. ``client_kind`` ``raw`` (the
+    default): ``RawHttpClient``; ``httpx``: an ``httpx.AsyncClient`` per connection (one client
+    object shared by many connections costs the load generator ~8 ms of CPU per request at 64
+    connections, its pool scanned under a lock; even one per connection costs ~3.8 ms of CPU per
+    reserve+commit pair, on the cores the server needs)."""
     headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-    pool = [httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120)
-            for _ in range(clients)]
+    factory = RawHttpClient if client_kind == "raw" else HttpxHotClient
+    pool: list[HotClient] = [factory(base_url, headers) for _ in range(clients)]
+    admin = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120)
     try:
-        admin = pool[0]
         made = await admin.post("/v1/datasets", json={"name": "hot", "budget": {
             "rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"}})
         dataset = made.json()["id"]
@@ -378,7 +533,7 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
         sink: list[float] = []
         warm_errors: list[str] = []
         stop = time.perf_counter() + warmup_s
-        await asyncio.gather(*(
+        warm_counts = await asyncio.gather(*(
             _hot_loop(client, dataset, batch, f"{dataset}-warm-{i}", stop, sink, sink,
                       warm_errors)
             for i, client in enumerate(pool)
@@ -386,6 +541,8 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
         reserve_s: list[float] = []
         commit_s: list[float] = []
         errors: list[str] = []
+        cpu_started = time.process_time()
+        server_started = server_cpu_s(server_pid)
         started = time.perf_counter()
         counts = await asyncio.gather(*(
             _hot_loop(client, dataset, batch, f"{dataset}-{i}", started + duration_s, reserve_s,
@@ -393,11 +550,22 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
             for i, client in enumerate(pool)
         ))
         elapsed = time.perf_counter() - started
+        client_cpu_s = time.process_time() - cpu_started
+        server_ended = server_cpu_s(server_pid)
         spend_after = (await admin.get(f"/v1/datasets/{dataset}/spend")).json()
     finally:
         for client in pool:
             await client.aclose()
+        await admin.aclose()
     commits = sum(counts)
+    # Exactly-once accounting: every commit the clients saw (warm-up included) is spend, and
+    # nothing else is (HOT_CHARGE each, exact decimal arithmetic).
+    total = commits + sum(warm_counts)
+    expected = to_text(exact_mul(Decimal(repr(HOT_CHARGE)), Decimal(total)))
+    assert spend_after.get("charges_committed") == total, (spend_after, total)
+    assert spend_after.get("epsilon_spent") == expected, (spend_after, expected)
+    if not errors and not warm_errors:
+        assert Decimal(spend_after.get("epsilon_held", "0")) == 0, spend_after
     return Throughput(
         clients=clients, duration_s=round(elapsed, 2), commits=commits,
         commits_per_s=round(commits / elapsed, 1), errors=len(errors + warm_errors),
@@ -405,6 +573,11 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
         reserve=summary_ms(reserve_s), commit=summary_ms(commit_s),
         spend_after={k: spend_after.get(k) for k in ("epsilon_spent", "charges_committed",
                                                      "epsilon_held")},
+        client=client_kind,
+        client_cpu_ms_per_commit=round(1000 * client_cpu_s / commits, 3) if commits else None,
+        server_cpu_ms_per_commit=(
+            round(1000 * (server_ended - server_started) / commits, 3)
+            if commits and server_started is not None and server_ended is not None else None),
     )
 
 
@@ -454,18 +627,26 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                       f"bulk SQL {seeded.seconds_sql:.1f} s", flush=True)
                 results: dict[str, Any] = {"backend": backend, "seed": asdict(seeded),
                                            "runs": []}
-                for workers, ttl in itertools.product(args.workers, args.auth_cache_ttl):
-                    with ledger_serve(url, workers, ttl) as server:
-                        print(f"[{backend}] workers={workers} auth cache={ttl:g}s: spend queries"
-                              " ...", flush=True)
-                        queries = spend_queries(server.base_url, db, seeded, args.spend_queries)
-                        for clients in args.clients:
-                            print(f"[{backend}] workers={workers} clients={clients}: "
-                                  f"{args.duration:g} s of reserve+commit ...", flush=True)
+                for (root, serve_args), workers, ttl in itertools.product(
+                        args.servers, args.workers, args.auth_cache_ttl):
+                    server = f"{root}{' ' + serve_args if serve_args else ''}"
+                    with ledger_serve(url, workers, ttl, Path(root), serve_args.split()
+                                      ) as running:
+                        print(f"[{backend}] {server} workers={workers} auth cache={ttl:g}s: "
+                              "spend queries ...", flush=True)
+                        queries = spend_queries(running.base_url, db, seeded,
+                                                args.spend_queries)
+                        for clients, client_kind in itertools.product(args.clients,
+                                                                      args.client):
+                            print(f"[{backend}] workers={workers} clients={clients} "
+                                  f"({client_kind}): {args.duration:g} s of reserve+commit ...",
+                                  flush=True)
                             load_before = os.getloadavg()[0]
                             hot = asyncio.run(hot_throughput(
-                                server.base_url, clients, args.duration, args.warmup))
+                                running.base_url, clients, args.duration, args.warmup,
+                                client_kind, running.process.pid))
                             results["runs"].append({
+                                "server_root": root, "serve_args": serve_args,
                                 "workers": workers, "clients": clients,
                                 "auth_cache_ttl_s": ttl,
                                 "load_average_1m_before": round(load_before, 2),
@@ -479,7 +660,8 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    header = (f"{'backend':<10} {'workers':>7} {'auth$':>5} {'clients':>7} {'commits/s':>10} "
+    header = (f"{'backend':<10} {'server':<24} {'client':<6} {'cpu/c':>6} {'srv/c':>6} "
+              f"{'workers':>7} {'auth$':>5} {'clients':>7} {'commits/s':>10} "
               f"{'reserve p50':>11} {'p99':>8} {'commit p50':>10} {'p99':>8} "
               f"{'spend@1e6 p50':>13} {'p99':>8} {'errors':>6}")
     print()
@@ -489,14 +671,20 @@ def print_table(report: dict[str, Any]) -> None:
         for run in result["runs"]:
             hot, query = run["hot"], run["spend_query"]["http"]
             cache = f"{run['auth_cache_ttl_s']:g}s"
-            print(f"{result['backend']:<10} {run['workers']:>7} {cache:>5} {run['clients']:>7} "
+            server = (Path(run["server_root"]).name + " " + run["serve_args"])[:24]
+            cpu = hot.get("client_cpu_ms_per_commit") or float("nan")
+            srv = hot.get("server_cpu_ms_per_commit") or float("nan")
+            print(f"{result['backend']:<10} {server:<24} {hot['client']:<6} {cpu:>6.2f} {srv:>6.2f} "
+                  f"{run['workers']:>7} {cache:>5} {run['clients']:>7} "
                   f"{hot['commits_per_s']:>10.1f} {hot['reserve']['p50_ms']:>9.1f}ms "
                   f"{hot['reserve']['p99_ms']:>6.1f}ms {hot['commit']['p50_ms']:>8.1f}ms "
                   f"{hot['commit']['p99_ms']:>6.1f}ms {query['p50_ms']:>11.2f}ms "
                   f"{query['p99_ms']:>6.2f}ms {hot['errors']:>6}")
     print()
     print("latencies in ms as the client sees them over HTTP; spend@1e6: GET .../spend on a "
-          "dataset with the seeded charges; auth$: LEDGER_AUTH_CACHE_TTL_S")
+          "dataset with the seeded charges; auth$: LEDGER_AUTH_CACHE_TTL_S; cpu/c: the load "
+          "generator's own CPU ms per committed spend (reserve + commit); srv/c: the server's "
+          "(all its processes; PostgreSQL's own not counted)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -511,6 +699,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="uvicorn worker processes; comma-separated (default 1)")
     parser.add_argument("--auth-cache-ttl", default="0",
                         help="LEDGER_AUTH_CACHE_TTL_S of the server; comma-separated (default 0)")
+    parser.add_argument("--client", default="raw",
+                        help="hot-loop HTTP client: raw (asyncio, hand-built HTTP/1.1) or httpx;"
+                        " comma-separated for both (default raw)")
+    parser.add_argument("--servers", default=".",
+                        help="';'-separated server variants, each 'DIR [ledger serve args]': the "
+                        "code in DIR ('.' this checkout; another, e.g. `git archive HEAD | tar -x"
+                        " -C DIR`, serves that code) with extra arguments (LEDGER_X=value ones "
+                        "set the server's environment), for side-by-side comparisons in one run,"
+                        " e.g. '.;. --loop asyncio --http h11;. LEDGER_DB_POOL_SIZE=40' "
+                        "(default '.')")
     parser.add_argument("--duration", type=float, default=15.0,
                         help="seconds of reserve+commit per run (default 15)")
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds (default 2)")
@@ -523,6 +721,13 @@ def main(argv: list[str] | None = None) -> int:
     args.clients = [int(c) for c in args.clients.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.auth_cache_ttl = [float(t) for t in args.auth_cache_ttl.split(",")]
+    args.client = [c.strip() for c in args.client.split(",")]
+    if not set(args.client) <= {"raw", "httpx"}:
+        parser.error("--client: raw and/or httpx")
+    args.servers = [
+        (str(ROOT) if v.split()[0] == "." else v.split()[0], " ".join(v.split()[1:]))
+        for v in args.servers.split(";") if v.strip()
+    ]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
     report: dict[str, Any] = {

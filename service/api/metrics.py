@@ -54,9 +54,13 @@ class _Metric:
         self._lock = threading.Lock()
 
     def _key(self, labels: dict[str, str]) -> LabelValues:
-        if set(labels) != set(self.label_names):
-            raise ValueError(f"{self.name} takes labels {self.label_names}, got {sorted(labels)}")
-        return tuple(str(labels[n]) for n in self.label_names)
+        # on every request: a length check and lookups by name, no sets built
+        if len(labels) == len(self.label_names):
+            try:
+                return tuple([str(labels[n]) for n in self.label_names])
+            except KeyError:
+                pass
+        raise ValueError(f"{self.name} takes labels {self.label_names}, got {sorted(labels)}")
 
     def header(self) -> list[str]:
         return [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} {self.type_name}"]

@@ -29,12 +29,20 @@ import threading
 from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.commands.migrate import database_url
 
 if TYPE_CHECKING:
     from service.db.session import Database
     from service.settings import Settings
+
+
+def _no_delay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
@@ -44,17 +52,45 @@ class NoDelayHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
     asyncio then leaves Nagle's algorithm on for the accepted connections: a response written in
     two segments waits for the client's delayed ACK, 40 ms on Linux (measured: 44 ms per
     keep-alive request with two workers, 1.6 ms with one).
+
+    ``AutoHTTPProtocol`` is httptools' parser when httptools is installed (``uvicorn[standard]``),
+    h11 otherwise; ``--http`` picks one explicitly (the classes below).
     """
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _no_delay(transport)
+        super().connection_made(cast(asyncio.Transport, transport))
+
+
+class NoDelayH11Protocol(H11Protocol):
+    """``--http h11``, with ``TCP_NODELAY`` (see ``NoDelayHTTPProtocol``)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        _no_delay(transport)
         super().connection_made(cast(asyncio.Transport, transport))
 
 
 HTTP_PROTOCOL = f"{__name__}:NoDelayHTTPProtocol"
+HTTP_PROTOCOLS: dict[str, str] = {
+    "auto": HTTP_PROTOCOL,
+    "h11": f"{__name__}:NoDelayH11Protocol",
+    "httptools": f"{__name__}:NoDelayHttpToolsProtocol",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # httptools is optional: its protocol class is built when ``--http httptools`` asks for it.
+    if name == "NoDelayHttpToolsProtocol":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        class NoDelayHttpToolsProtocol(HttpToolsProtocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                _no_delay(transport)
+                super().connection_made(cast(asyncio.Transport, transport))
+
+        globals()[name] = NoDelayHttpToolsProtocol
+        return NoDelayHttpToolsProtocol
+    raise AttributeError(name)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -84,6 +120,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="info",
         choices=("critical", "error", "warning", "info", "debug"),
         help="uvicorn log level (default info)",
+    )
+    parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=("auto", "asyncio", "uvloop"),
+        help="event loop (default auto: uvloop when installed, as with uvicorn[standard])",
+    )
+    parser.add_argument(
+        "--http",
+        default="auto",
+        choices=tuple(HTTP_PROTOCOLS),
+        help="HTTP parser (default auto: httptools when installed, h11 otherwise)",
     )
     parser.set_defaults(handler=run)
 
@@ -166,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
             log_level=log_level,
             access_log=access_log,
             log_config=_log_config(),
-            http=HTTP_PROTOCOL,
+            http=HTTP_PROTOCOLS[getattr(args, "http", "auto")],
+            loop=getattr(args, "loop", "auto"),
         )
     else:
         stop, thread = _start_worker(url, settings) if not args.no_worker else (None, None)
@@ -180,7 +229,8 @@ def run(args: argparse.Namespace) -> int:
                 log_level=log_level,
                 access_log=access_log,
                 log_config=_log_config(),
-                http=HTTP_PROTOCOL,
+                http=HTTP_PROTOCOLS[getattr(args, "http", "auto")],
+                loop=getattr(args, "loop", "auto"),
             )
         finally:
             if stop is not None and thread is not None:

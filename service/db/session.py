@@ -207,6 +207,12 @@ class Database:
             expire_on_commit=False,
             autoflush=False,
         )
+        # PostgreSQL: single-statement reads outside a transaction (``read_one``).
+        self._autocommit = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if self.dialect == "postgresql"
+            else None
+        )
 
     @property
     def is_postgresql(self) -> bool:
@@ -235,6 +241,20 @@ class Database:
             raise
         finally:
             session.close()
+
+    def read_one(self, statement: Any, parameters: dict[str, Any] | None = None) -> Any:
+        """The one row ``statement`` selects, or ``None``: a single-statement read.
+
+        PostgreSQL: on an ``AUTOCOMMIT`` connection, so the statement is its own transaction and
+        costs one round trip (a read-only session would add ``BEGIN`` and ``ROLLBACK``); it sees
+        what was committed before it started, exactly as the first statement of a READ COMMITTED
+        transaction would. SQLite: a read-only session (no network to save).
+        """
+        if self._autocommit is not None:
+            with self._autocommit.connect() as connection:
+                return connection.execute(statement, parameters).one_or_none()
+        with self.session(readonly=True) as session:
+            return session.execute(statement, parameters).one_or_none()
 
     @contextmanager
     def spend_transaction(self, dataset_id: str) -> Iterator[tuple[Session, Dataset | None]]:

@@ -218,6 +218,7 @@ class _Op:
     done: bool = False
     response: dict[str, Any] | None = None
     error: BaseException | None = None
+    wake: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         self.response, self.error, self.done = response, error, True
@@ -1111,33 +1112,62 @@ def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
 
 
 class _Combiner:
-    """Queues the spends of one dataset in one process; one caller at a time leads a group."""
+    """Queues the spends of one dataset in one process; one caller at a time leads a group.
+
+    Each waiting caller sleeps on its own op's ``wake`` event and is woken exactly once: when its
+    op is answered, or when the leader hands it the lead (its op still queued). A leader whose own
+    op is answered hands the lead to the oldest queued op, so no caller waits on another's
+    transaction longer than it must, and nobody is woken just to go back to sleep (a shared
+    condition's ``notify_all`` woke every waiter after every group).
+    """
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.queue: deque[_Op] = deque()
         self.busy = False
 
     def run(self, db: Database, dataset_id: str, op: _Op) -> None:
-        with self.cond:
+        with self.lock:
             self.queue.append(op)
+            lead = not self.busy
+            self.busy = True
+        if not lead:
+            op.wake.wait()
+            if op.done:
+                return
+            # handed the lead: ``busy`` stayed True for us, and our op is still queued
         while True:
-            with self.cond:
-                while self.busy and not op.done:
-                    self.cond.wait()
-                if op.done:
-                    return
-                self.busy = True
+            with self.lock:
                 group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
             try:
                 _run_group(db, dataset_id, group)
-            finally:
-                for member in group:  # never leave a caller waiting, whatever happened
-                    if not member.done:
-                        member.finish(None, RuntimeError("the spend transaction was interrupted"))
-                with self.cond:
-                    self.busy = False
-                    self.cond.notify_all()
+            except BaseException:
+                self._settle(group, op)
+                with self.lock:
+                    if op in self.queue:  # not in this group: it leaves with the exception
+                        self.queue.remove(op)
+                    self._pass_lead()
+                raise
+            self._settle(group, op)
+            if op.done:
+                with self.lock:
+                    self._pass_lead()
+                return
+
+    @staticmethod
+    def _settle(group: list[_Op], leader: _Op) -> None:
+        for member in group:  # never leave a caller waiting, whatever happened
+            if not member.done:
+                member.finish(None, RuntimeError("the spend transaction was interrupted"))
+            if member is not leader:
+                member.wake.set()
+
+    def _pass_lead(self) -> None:
+        """Under ``lock``: the oldest waiter leads the next group, or nobody leads."""
+        if self.queue:
+            self.queue[0].wake.set()
+        else:
+            self.busy = False
 
 
 _combiners_lock = threading.Lock()

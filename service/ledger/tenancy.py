@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from service.db.base import utcnow
@@ -156,17 +156,20 @@ def list_api_keys(db: Database, tenant_id: str) -> dict[str, Any]:
         return {"data": data, "count": len(data)}
 
 
+# Built once: the statement, its compiled form and cache key are reused by every request.
+_KEY_BY_HASH: Final = select(
+    ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at
+).where(ApiKey.key_hash == bindparam("digest"))
+
+
 def authenticate(db: Database, key: str) -> Principal | None:
     """The principal of a valid, unrevoked key; ``None`` otherwise."""
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
         return None
     digest = hash_key(key)
-    with db.session(readonly=True) as session:
-        row = session.execute(
-            select(ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at).where(
-                ApiKey.key_hash == digest
-            )
-        ).one_or_none()
+    # One indexed lookup, one round trip (``Database.read_one``): a revocation committed before
+    # this request is seen by it.
+    row = db.read_one(_KEY_BY_HASH, {"digest": digest})
     if row is None or not hmac.compare_digest(row.key_hash, digest) or row.revoked_at is not None:
         return None
     return Principal(tenant_id=row.tenant_id, scope=row.scope, key_id=row.id)
