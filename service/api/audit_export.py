@@ -102,7 +102,7 @@ def list_audit_entries(
     dataset_id: str,
     principal: ViewerDep,
     db: DatabaseDep,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
 ) -> JSONResponse:
     return json_answer(chain_page(db, principal.tenant_id, dataset_id, after=after, limit=limit))

@@ -61,7 +61,7 @@ def list_spend(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset))
 
@@ -77,7 +77,7 @@ def batch_spend(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_BATCH_PAGE)] = 500,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(
         views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
@@ -95,7 +95,7 @@ def list_releases(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
 
@@ -111,7 +111,7 @@ def epsilon_history(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=10 * views.MAX_PAGE)] = 1000,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(
         views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)

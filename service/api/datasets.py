@@ -61,7 +61,7 @@ def list_datasets(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> dict[str, Any]:
     return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset)
 

@@ -6,6 +6,8 @@
 * Event and accountant argument errors that reach the router (they name their field) become 422.
 * Authentication (401), authorisation (403), unknown routes (404/405) and unexpected failures
   (500, no internals leaked) use the same shape.
+* A lost, refused or timed-out database connection (SQLAlchemy ``OperationalError``,
+  ``InterfaceError``, pool ``TimeoutError``) becomes 503 ``unavailable`` with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from accountant.base import InvalidArgumentError
@@ -191,6 +194,22 @@ def install(app: FastAPI, metrics: LedgerMetrics) -> None:
             message = f"no route {request.method} {request.url.path}."
         return error_response(
             exc.status_code, {"error": code, "message": message}, headers=exc.headers
+        )
+
+    @app.exception_handler(sa_exc.OperationalError)
+    @app.exception_handler(sa_exc.InterfaceError)
+    @app.exception_handler(sa_exc.TimeoutError)
+    async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        # A lost or refused database connection (PostgreSQL restarted, a backend terminated, the
+        # pool exhausted, SQLite busy past its timeout): the transaction was rolled back or never
+        # began, so the request may be retried (with its Idempotency-Key where it mutates).
+        logger.warning("database unavailable on %s %s: %s", request.method, request.url.path,
+                       type(getattr(exc, "orig", None) or exc).__name__)
+        refused("unavailable")
+        return error_response(
+            503,
+            {"error": "unavailable", "message": "the database is unavailable; retry shortly."},
+            headers={"Retry-After": "1"},
         )
 
     @app.exception_handler(Exception)

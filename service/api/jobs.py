@@ -112,7 +112,7 @@ def list_jobs(
     db: DatabaseDep,
     dataset_id: str | None = None,
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(
         jobs.list_jobs(db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset)

@@ -66,7 +66,7 @@ def list_versions(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(registry.list_versions(db, principal.tenant_id, name, limit=limit, offset=offset))
 

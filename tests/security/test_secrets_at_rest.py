@@ -30,8 +30,8 @@ from service.db.base import Base
 from service.db.session import Database
 from service.ledger import tenancy
 from tests.service.api.conftest import ROOT, Keys, TestClient, bearer, url_text
-from tests.service.api.live_server import free_port
 from tests.service.api.world import sequential_budget, unique
+from tests.service.live_server import free_port
 
 
 def _all_stored_text(db: Database) -> str:
