@@ -93,11 +93,6 @@ def is_free(event: DpEvent) -> bool:
     return False
 
 
-def written(value: float) -> Decimal:
-    """A user's number from an event, as written (``exact.as_written``, short binary fractions exact)."""
-    return as_written(value)
-
-
 def _basic_exact(event: DpEvent) -> tuple[Decimal, Decimal]:
     """Basic composition in exact decimals; user-written ε and δ are taken as written."""
     if isinstance(event, ev.NoOpEvent):
@@ -105,14 +100,14 @@ def _basic_exact(event: DpEvent) -> tuple[Decimal, Decimal]:
     if isinstance(event, ev.NonPrivateEvent):
         return INFINITY, ZERO
     if isinstance(event, ev.PureDpEvent):
-        return written(event.epsilon), ZERO
+        return as_written(event.epsilon), ZERO
     if isinstance(event, ev.ApproxDpEvent):
-        return written(event.epsilon), written(event.delta)
+        return as_written(event.epsilon), as_written(event.delta)
     if isinstance(event, ev.LaplaceEvent):
         # Pure ε = 1/scale (sensitivity 1), the quotient rounded up.
-        return _UP.divide(Decimal(1), written(event.scale)), ZERO
+        return _UP.divide(Decimal(1), as_written(event.scale)), ZERO
     if isinstance(event, ev.OutputPerturbationEvent):
-        return written(event.epsilon), ZERO
+        return as_written(event.epsilon), ZERO
     if isinstance(event, ev.SelfComposedEvent):
         if event.count == 0 or is_free(event.event):
             return ZERO, ZERO
@@ -135,7 +130,7 @@ def _basic_exact(event: DpEvent) -> tuple[Decimal, Decimal]:
 
 def basic_price(event: DpEvent) -> tuple[Decimal, Decimal]:
     """(ε, δ) of ``event`` by basic composition in exact decimals: user numbers as written
-    (``written``), counts and sums exact, float formulas and 1/scale rounded up to 18 digits.
+    (``exact.as_written``), counts and sums exact, float formulas and 1/scale rounded up to 18 digits.
 
     ``UnsupportedEventError`` for Gaussian and sampled events (no pure/approximate DP form).
     """
