@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -46,23 +46,27 @@ from sqlalchemy import select
 
 from accountant import events as ev
 from accountant.base import AccountantError
-from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion
+from accountant.exact import ZERO, exact_add
+from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database
 from service.ledger import reservations
 from service.ledger.batches import record_hash
 from service.ledger.errors import Conflict, LedgerError, NotFound
 from service.worker import jobs, registry
+from service.worker.algorithms import trainer_for
 from service.worker.jobs import ClaimedJob, LeaseLost
+from service.worker.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
 
 if TYPE_CHECKING:
     from service.worker.data import LoadedData
-    from service.worker.dp_sgd import DpSgdTrainer, ModelState, TrainingPlan
+    from service.worker.dp_sgd import ModelState, TrainingPlan
 
 logger = logging.getLogger("service.worker.gate")
 
 Loader = Callable[[str], "LoadedData"]
 _VERSION_RETRIES: Final = 20
 _SAMPLE: Final = 5
+_PLAN_EVENTS: Final = 20  # how many distinct events a staged job's recorded plan lists
 
 
 class Control(Protocol):
@@ -97,19 +101,6 @@ class _Stop(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.status)
         self.outcome = outcome
-
-
-def trainer_for(algorithm: str, device: str | None) -> DpSgdTrainer:
-    """The trainer of ``algorithm`` (imports torch: call only in the worker)."""
-    if algorithm == "dp_sgd":
-        from service.worker.dp_sgd import DpSgdTrainer
-
-        return DpSgdTrainer(device=device)
-    if algorithm == "adadp":
-        from service.worker.adadp import AdaDpTrainer
-
-        return AdaDpTrainer(device=device)
-    raise ValueError(f"no trainer for algorithm {algorithm!r}")
 
 
 def default_loader(uri: str) -> LoadedData:
@@ -156,9 +147,11 @@ def ledger_batches(db: Database, dataset_id: str) -> list[tuple[str, int]]:
     return [(r.id, r.size) for r in rows]
 
 
-def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> None:
-    """Raise ``RecordMismatchError`` unless the source's training record ids are exactly the
-    records of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
+def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dict[str, list[str]]:
+    """The source's training record ids of each ledger batch (``{batch id: [record id, ...]}``).
+
+    Raises ``RecordMismatchError`` unless the source's training record ids are exactly the records
+    of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
     from service.worker.data import RecordMismatchError
 
     with db.session(readonly=True) as session:
@@ -172,6 +165,7 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> Non
     seen: dict[bytes, str] = {}
     unexpected: list[str] = []
     duplicated: list[str] = []
+    of_batch: dict[str, list[str]] = {}
     for record_id in data.record_ids:
         digest = record_hash(bytes(salt), str(record_id))
         if digest in seen:
@@ -180,6 +174,8 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> Non
         seen[digest] = record_id
         if digest not in in_ledger:
             unexpected.append(record_id)
+        else:
+            of_batch.setdefault(in_ledger[digest], []).append(record_id)
     # Records the source lacks are known to the ledger by hash only: name their batches.
     lacking = Counter(batch for digest, batch in in_ledger.items() if digest not in seen)
     missing = [f"<{n} record(s) of batch {batch}>" for batch, n in sorted(lacking.items())]
@@ -187,23 +183,72 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> Non
         raise RecordMismatchError(
             data.uri, missing=missing, unexpected=sorted(unexpected), duplicated=sorted(duplicated)
         )
+    return of_batch
+
+
+def check_source_tasks(
+    data: LoadedData, tasks: Sequence[LedgerTask], of_batch: Mapping[str, list[str]]
+) -> None:
+    """Raise ``DataSourceError`` unless every ledger task holds exactly the records of one task
+    of the source, each source task matched once (a staged run reads task by task)."""
+    from service.worker.data import DataSourceError
+
+    source_task = {r: split.task for split in data.train for r in split.record_ids}
+    sizes = {split.task: len(split) for split in data.train if len(split)}
+    matched: dict[int, str] = {}
+    for task in tasks:
+        records = [r for batch_id in task.batch_ids for r in of_batch.get(batch_id, ())]
+        found = {source_task[r] for r in records}
+        if len(found) != 1 or sizes[min(found)] != len(records) or min(found) in matched:
+            raise DataSourceError(
+                f"{data.uri}: the records of the ledger's task {task.name!r} are not exactly one "
+                f"task of the source (they come from source task(s) {sorted(found)[:_SAMPLE]})."
+            )
+        matched[min(found)] = task.id
+    if len(matched) != len(sizes):
+        raise DataSourceError(
+            f"{data.uri}: source tasks {sorted(set(sizes) - set(matched))[:_SAMPLE]} have no ledger task."
+        )
+
+
+def ledger_tasks(db: Database, dataset_id: str) -> list[LedgerTask]:
+    """The dataset's tasks in creation order, each with its batches in position order; a task
+    without batches is left out."""
+    with db.session(readonly=True) as session:
+        task_rows = session.execute(
+            select(Task.id, Task.name).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
+        ).all()
+        batch_rows = session.execute(
+            select(Batch.id, Batch.task_id, Batch.position, Batch.size)
+            .where(Batch.dataset_id == dataset_id)
+            .order_by(Batch.task_id, Batch.position)
+        ).all()
+    by_task: dict[str, list[LedgerBatch]] = {}
+    for b in batch_rows:
+        by_task.setdefault(b.task_id, []).append(LedgerBatch(b.id, b.task_id, b.position, b.size))
+    return [
+        LedgerTask(t.id, i, t.name, tuple(by_task.get(t.id, ())))
+        for i, t in enumerate(r for r in task_rows if by_task.get(r.id))
+    ]
 
 
 def _earlier_reservations(db: Database, job: ClaimedJob) -> list[str]:
     """Reservations of this job's earlier attempts: the one recorded on the job, and any whose
     reserve call succeeded but was not recorded (found by its idempotency key)."""
     found = [job.reservation_id] if job.reservation_id else []
-    keys = [_reserve_key(job.id, attempt) for attempt in range(1, job.attempt)]
-    if keys:
+    if job.attempt > 1:
         with db.session(readonly=True) as session:
-            responses = session.scalars(
-                select(IdempotencyKey.response).where(
-                    IdempotencyKey.tenant_id == job.tenant_id, IdempotencyKey.key.in_(keys)
+            rows = session.execute(
+                select(IdempotencyKey.key, IdempotencyKey.response).where(
+                    IdempotencyKey.tenant_id == job.tenant_id,
+                    IdempotencyKey.key.like(f"job:{job.id}:a%:%reserve"),
                 )
             ).all()
-        for response in responses:
+        current = f"job:{job.id}:a{job.attempt}:"
+        for key, response in rows:
             reservation_id = response.get("id") if isinstance(response, Mapping) else None
-            if isinstance(reservation_id, str) and reservation_id not in found:
+            earlier = not key.startswith(current)
+            if earlier and isinstance(reservation_id, str) and reservation_id not in found:
                 found.append(reservation_id)
     return found
 
@@ -240,8 +285,10 @@ def _completed_before(run: _Run) -> bool:
     return True
 
 
-def _reserve_key(job_id: str, attempt: int) -> str:
-    return f"job:{job_id}:a{attempt}:reserve"
+def _reserve_key(job_id: str, attempt: int, stage: int | None = None) -> str:
+    if stage is None:
+        return f"job:{job_id}:a{attempt}:reserve"
+    return f"job:{job_id}:a{attempt}:s{stage}:reserve"
 
 
 def abort_quietly(db: Database, tenant_id: str, reservation_id: str | None) -> None:
@@ -366,11 +413,17 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         batches = ledger_batches(db, job.dataset_id)
         if not batches:
             raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
-        run.plan = run.trainer.plan(params, sum(size for _, size in batches))
+        if isinstance(run.trainer, StagedTrainer):
+            tasks = ledger_tasks(db, job.dataset_id)
+            stages = list(run.trainer.stages(params, tasks))
+        else:
+            run.plan = run.trainer.plan(params, sum(size for _, size in batches))
     except InvalidParamsError as exc:
         raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
     except AccountantError as exc:  # calibration: no σ reaches the target, ...
         raise _fail(run, _error("invalid_input", str(exc), field=getattr(exc, "field", "params"))) from None
+    if isinstance(run.trainer, StagedTrainer):
+        return _run_staged(run, params, tasks, stages, reservation_ttl_s, loader)
     plan: TrainingPlan = run.plan
     plan_json = plan.to_json() if hasattr(plan, "to_json") else {"event": ev.to_json(plan.event)}
     jobs.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
@@ -392,17 +445,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         raise _stop_for(run)
 
     # 2. Load the records (only now) and check them against the ledger's batches.
-    from service.worker.data import DataSourceError
-
-    try:
-        run.data = loader(str(job.params["data_source"]))
-        check_source_records(db, job.dataset_id, run.data)
-    except DataSourceError as exc:
-        code = "record_mismatch" if type(exc).__name__ == "RecordMismatchError" else "data_source"
-        raise _fail(run, _error(code, str(exc), field="params.data_source")) from None
-    except (OSError, ImportError, ValueError) as exc:  # unreadable file, loader dependency missing
-        message = f"could not load the data source: {type(exc).__name__}: {exc}"
-        raise _fail(run, _error("data_source", message, field="params.data_source")) from None
+    run.data, _ = _load_checked(run, loader)
 
     # 3. Train; every release goes through _checkpoint.
     try:
@@ -431,6 +474,22 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     raise _stop_for(run)
 
 
+def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list[str]]]:
+    """Load the job's data source (call only once a reservation is granted) and check it against
+    the ledger's batches; a bad source fails the job. Returns the data and each batch's records."""
+    from service.worker.data import DataSourceError
+
+    try:
+        data = loader(str(run.job.params["data_source"]))
+        return data, check_source_records(run.db, run.job.dataset_id, data)
+    except DataSourceError as exc:
+        code = "record_mismatch" if type(exc).__name__ == "RecordMismatchError" else "data_source"
+        raise _fail(run, _error(code, str(exc), field="params.data_source")) from None
+    except (OSError, ImportError, ValueError) as exc:  # unreadable file, loader dependency missing
+        message = f"could not load the data source: {type(exc).__name__}: {exc}"
+        raise _fail(run, _error("data_source", message, field="params.data_source")) from None
+
+
 def _should_stop(run: _Run) -> bool:
     run.calls += 1
     run.control.set_step(run.calls - 1)
@@ -439,13 +498,35 @@ def _should_stop(run: _Run) -> bool:
 
 def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bool:
     """Release the model after ``step`` steps: stage, commit, publish. ``False`` stops training."""
-    db, job, plan = run.db, run.job, run.plan
     run.control.set_step(step)
     if run.control.should_stop() or not run.control.lease_valid():
         return False
-    final = step == plan.steps
-    metrics: dict[str, Any] = dict(run.trainer.evaluate(run.data, model_state, plan.params))
+    final = step == run.plan.steps
+    metrics: dict[str, Any] = dict(run.trainer.evaluate(run.data, model_state, run.plan.params))
     metrics["step"] = step
+    answer = _release(run, step, model_state, metrics, event_json=None if final else ev.to_json(event))
+    if answer is None:
+        return False
+    committed = answer["reservation"]["committed"]
+    jobs.record_progress(
+        run.db,
+        run.job.lease,
+        step=step,
+        epsilon_committed=Decimal(committed["epsilon"]),
+        delta_committed=Decimal(committed["delta"]),
+        metrics=metrics,
+    )
+    return True
+
+
+def _release(
+    run: _Run, step: int, model_state: ModelState, metrics: dict[str, Any], *, event_json: Any
+) -> dict[str, Any] | None:
+    """Stage the candidate, commit ``run.reservation_id`` with its release (``event_json``: the
+    run so far for a progressive commit, ``None`` for the whole reservation), then publish it.
+    Returns the commit's answer, or ``None`` when the ledger refused (``run.refusal`` says why;
+    the candidate is destroyed)."""
+    db, job = run.db, run.job
     fmt, write = _serializer(model_state)
     answer: dict[str, Any] | None = None
     staged: registry.StagedArtifact | None = None
@@ -470,7 +551,7 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
                 job.tenant_id,
                 run.reservation_id or "",
                 release={"model": job.model_name, "version": version},
-                event_json=None if final else ev.to_json(event),
+                event_json=event_json,
                 idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
             )
         except Conflict as exc:
@@ -478,11 +559,11 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
             if exc.details.get("reason") == "release_exists":  # another job took the number
                 continue
             run.refusal = exc.to_json()
-            return False
+            return None
         except LedgerError as exc:  # refused: the candidate is destroyed, never published
             registry.discard(run.artifact_dir, staged)
             run.refusal = exc.to_json()
-            return False
+            return None
         except BaseException as exc:
             # Unknown outcome (the database went away mid-commit): leave the candidate staged;
             # the sweep publishes it if the commit landed and deletes it otherwise.
@@ -491,21 +572,120 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
         break
     if answer is None or staged is None:
         run.refusal = _error("version_conflict", f"no free version number for {job.model_name!r}.")
-        return False
-    certificate_id = answer["certificate"]["id"]
-    registry.publish(db, run.artifact_dir, staged, certificate_id=certificate_id)
+        return None
+    registry.publish(db, run.artifact_dir, staged, certificate_id=answer["certificate"]["id"])
     run.released.append(staged.version)
     run.released_metrics = metrics
-    committed = answer["reservation"]["committed"]
-    jobs.record_progress(
-        db,
-        job.lease,
-        step=step,
-        epsilon_committed=Decimal(committed["epsilon"]),
-        delta_committed=Decimal(committed["delta"]),
-        metrics=metrics,
-    )
-    return True
+    return answer
+
+
+# ---------------------------------------------------------------------------------------------
+# Staged runs (service.worker.stages): one reservation, commit and version per stage
+# ---------------------------------------------------------------------------------------------
+
+
+def _staged_plan_json(stages: Sequence[Stage]) -> dict[str, Any]:
+    events: list[Any] = []
+    for stage in stages:
+        event = ev.to_json(stage.event)
+        if event not in events and len(events) < _PLAN_EVENTS:
+            events.append(event)
+    return {"kind": "staged", "stages": len(stages), "events": events}
+
+
+def _run_staged(
+    run: _Run,
+    params: Any,
+    tasks: Sequence[LedgerTask],
+    stages: Sequence[Stage],
+    reservation_ttl_s: float,
+    loader: Loader,
+) -> Outcome:
+    """Each stage: reserve its event on its batches, train on exactly their records, release."""
+    db, job = run.db, run.job
+    if job.attempt > 1 and _versions_of_job(db, job.id):
+        # A stage's state (models, episodic memory, sums) is not persisted, and its reads were
+        # charged: an interrupted staged run is not replayed. What was released stays released.
+        raise _Stop(
+            _finish(
+                run,
+                "failed",
+                error=_error(
+                    "not_resumable",
+                    "the job's worker stopped after releasing some stages; a staged run is not "
+                    "resumed. Its released versions and their spend stay.",
+                ),
+            )
+        )
+    if not stages:
+        raise _fail(run, _error("invalid_input", "the run has no stages for this dataset.", field="params"))
+    jobs.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
+    data: LoadedData | None = None
+    of_batch: dict[str, list[str]] = {}
+    state: Any = None
+    charged: dict[str, Decimal] = {}  # per batch: the sum of this job's committed charges
+    delta_charged: dict[str, Decimal] = {}
+    for stage in stages:
+        run.control.set_step(stage.index - 1)
+        if run.control.should_stop():
+            raise _stop_for(run)
+        try:
+            reserved = reservations.reserve(
+                db,
+                job.tenant_id,
+                job.dataset_id,
+                event_json=ev.to_json(stage.event),
+                batch_ids=list(stage.batch_ids),
+                noise_commitment=stage.noise_commitment,
+                idempotency_key=_reserve_key(job.id, job.attempt, stage.index),
+                ttl_s=reservation_ttl_s,
+            )
+        except LedgerError as exc:
+            raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
+        run.reservation_id = reserved["id"]
+        jobs.record_reservation(db, job.lease, run.reservation_id)
+        if data is None:  # the first granted reservation: only now is the source read
+            data, of_batch = _load_checked(run, loader)
+            try:
+                check_source_tasks(data, tasks, of_batch)
+            except ValueError as exc:
+                raise _fail(run, _error("record_mismatch", str(exc), field="params.data_source")) from None
+            state = run.trainer.start(params, data.restrict(()), tasks)
+        records = {batch_id: tuple(of_batch.get(batch_id, ())) for batch_id in stage.batch_ids}
+        try:
+            candidate = run.trainer.train_stage(
+                state, stage, data.restrict(r for ids in records.values() for r in ids), records
+            )
+        except Exception as exc:
+            logger.exception("job %s failed in stage %s", job.id, stage.index)
+            error = _error("training_failed", f"{type(exc).__name__}: {exc}", stage=stage.index)
+            raise _fail(run, error) from None
+        run.control.set_step(stage.index)
+        if run.control.should_stop() or not run.control.lease_valid():
+            raise _stop_for(run)
+        metrics = {**candidate.metrics, **stage.info, "step": stage.index, "stage": stage.name}
+        answer = _release(run, stage.index, candidate.model_state, metrics, event_json=None)
+        if answer is None:
+            raise _fail(run, run.refusal or _error("refused", "the ledger refused the release."))
+        run.reservation_id = None  # committed in full: closed
+        for batch in answer["reservation"]["batches"]:
+            b = batch["id"]
+            charged[b] = exact_add(charged.get(b, ZERO), Decimal(batch["epsilon"]))
+            delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(batch["delta"]))
+        jobs.record_progress(
+            db,
+            job.lease,
+            step=stage.index,
+            epsilon_committed=max(charged.values()),
+            delta_committed=max(delta_charged.values()),
+            metrics=metrics,
+        )
+    return _finish(run, "succeeded")
+
+
+def _versions_of_job(db: Database, job_id: str) -> list[int]:
+    with db.session(readonly=True) as session:
+        return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
 
 
 __all__ = [
@@ -515,6 +695,7 @@ __all__ = [
     "check_source_records",
     "default_loader",
     "ledger_batches",
+    "ledger_tasks",
     "run_job",
     "trainer_for",
 ]

@@ -55,11 +55,10 @@ from service.db.session import Database
 from service.ledger import audit, idempotency
 from service.ledger.datasets import load_dataset
 from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.worker.algorithms import TRAINERS
 
-ALGORITHMS: Final = ("dp_sgd", "adadp")
-"""Algorithms a job can run now."""
-LATER_ALGORITHMS: Final = ("l2dp_ml", "continual_release", "cosine_classifier", "peft_ensemble")
-"""Algorithms of the HTTP contract that a later release adds (422 until then)."""
+ALGORITHMS: Final = tuple(TRAINERS)
+"""Algorithms a job can run (``service.worker.algorithms``)."""
 JOB_KEYS: Final = ("data_source", "model_name")
 """Keys of ``params`` read by the job itself; the others are the trainer's."""
 TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
@@ -129,14 +128,7 @@ def check_algorithm(algorithm: object) -> str:
     if algorithm in ALGORITHMS:
         assert isinstance(algorithm, str)
         return algorithm
-    if algorithm in LATER_ALGORITHMS:
-        raise InvalidInput(
-            "algorithm",
-            f"{algorithm!r} is not available in this release; available: {list(ALGORITHMS)}.",
-        )
-    raise InvalidInput(
-        "algorithm", f"must be one of {list(ALGORITHMS + LATER_ALGORITHMS)}. Found {algorithm!r}."
-    )
+    raise InvalidInput("algorithm", f"must be one of {list(ALGORITHMS)}. Found {algorithm!r}.")
 
 
 def check_model_name(name: object, field: str = "params.model_name") -> str:
@@ -337,9 +329,7 @@ def list_jobs(
         return {"data": [job_json(r, versions[r.id]) for r in rows], "count": count or 0}
 
 
-def cancel_job(
-    db: Database, tenant_id: str, job_id: str, *, now: datetime | None = None
-) -> dict[str, Any]:
+def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | None = None) -> dict[str, Any]:
     """Cancel: a queued job now; a running one when its worker next heartbeats (``cancel_requested``).
 
     Cancelling a cancelled job answers it unchanged; a succeeded or failed one is a ``Conflict``
@@ -577,16 +567,12 @@ def release(db: Database, lease: Lease, *, now: datetime | None = None) -> None:
     The attempt counts: a job that keeps being handed back ends ``failed`` after
     ``max_attempts`` like one whose worker crashed.
     """
-    _update_held(
-        db, lease, {"status": "queued", "lease_owner": None, "lease_expires_at": None}, now
-    )
+    _update_held(db, lease, {"status": "queued", "lease_owner": None, "lease_expires_at": None}, now)
 
 
 def lease_is_live(session: Session, job_id: str, at: datetime) -> bool:
     """Whether some worker holds an unexpired lease on the job (for the staging sweep)."""
-    row = session.execute(
-        select(Job.status, Job.lease_expires_at).where(Job.id == job_id)
-    ).one_or_none()
+    row = session.execute(select(Job.status, Job.lease_expires_at).where(Job.id == job_id)).one_or_none()
     if row is None:
         return False
     return bool(row.status == "running" and row.lease_expires_at is not None and row.lease_expires_at >= at)
@@ -596,7 +582,6 @@ __all__ = [
     "ALGORITHMS",
     "DEFAULT_MAX_ATTEMPTS",
     "JOB_KEYS",
-    "LATER_ALGORITHMS",
     "ClaimedJob",
     "Heartbeat",
     "Lease",

@@ -49,14 +49,6 @@ def test_create_queues_a_job(db: Database) -> None:
     assert jobs.get_job(db, "acme", answer["id"])["id"] == answer["id"]
 
 
-@pytest.mark.parametrize("algorithm", jobs.LATER_ALGORITHMS)
-def test_algorithms_of_a_later_release_are_refused_naming_the_field(db: Database, algorithm: str) -> None:
-    dataset_id = _dataset(db)
-    with pytest.raises(InvalidInput) as info:
-        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=PARAMS)
-    assert info.value.field == "algorithm" and algorithm in info.value.message
-
-
 @pytest.mark.parametrize(
     ("algorithm", "params", "field"),
     [

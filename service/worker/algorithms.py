@@ -1,0 +1,42 @@
+"""The algorithms a job can run: name → trainer class, imported lazily (torch loads only in the
+worker, never in the API process).
+
+Two kinds of trainer (``service.worker.gate``): a *one-reservation* run (DP-SGD, AdaDp: the whole
+run reserved once, checkpoints committed progressively) and a *staged* run
+(``service.worker.stages.StagedTrainer``: one reservation, commit and version per task or per
+block). The first six names are DESIGN.md's HTTP contract; the rest are the baselines the papers
+compare against, runnable as jobs so that their ledger spend is shown next to the algorithms'.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Final
+
+TRAINERS: Final[dict[str, str]] = {
+    "dp_sgd": "service.worker.dp_sgd:DpSgdTrainer",
+    "adadp": "service.worker.adadp:AdaDpTrainer",
+    "l2dp_ml": "service.worker.l2dp_ml:L2dpMlTrainer",
+    "continual_release": "service.worker.continual_release:ContinualReleaseTrainer",
+    "cosine_classifier": "service.worker.pretrained:CosineClassifierTrainer",
+    "peft_ensemble": "service.worker.pretrained:PeftEnsembleTrainer",
+    # Baselines
+    "naive_gaussian": "service.worker.l2dp_ml:NaiveGaussianTrainer",
+    "peft_naive": "service.worker.pretrained:PeftNaiveTrainer",
+    "peft_full_data": "service.worker.pretrained:PeftFullDataTrainer",
+}
+"""Every algorithm a job may name, in the order the API lists them."""
+
+
+def trainer_for(algorithm: str, device: str | None) -> Any:
+    """A new trainer of ``algorithm`` (imports torch: call only in the worker)."""
+    try:
+        target = TRAINERS[algorithm]
+    except KeyError:
+        raise ValueError(f"no trainer for algorithm {algorithm!r}") from None
+    module_name, class_name = target.split(":")
+    trainer_class = getattr(importlib.import_module(module_name), class_name)
+    return trainer_class(device=device)
+
+
+__all__ = ["TRAINERS", "trainer_for"]
