@@ -161,25 +161,68 @@ def _level_delta(delta: Decimal, ratio: Decimal, level: int) -> Decimal:
 
 @dataclass(frozen=True, slots=True)
 class GeometricSchedule:
-    """Level k of a block has the allowance first·ratioᵏ (and δ·(1−ratio)·ratioᵏ), used once."""
+    """Level k of a block has the allowance first·ratioᵏ (and δ·(1−ratio)·ratioᵏ), used once.
+
+    Sub-budgets (Thm. 7, the sliding window: "three sub-budgets of ε/3, one single, two
+    geometric"): ``copies`` geometric series first·ratioᵐ run side by side, and ``single`` > 0
+    adds one level used once. Levels are their allowances in non-increasing order (so best fit
+    stays a search over a monotone sequence): level 0 is ``single`` when there is one, then each
+    term first·ratioᵐ ``copies`` times in a row. The defaults (``copies`` 1, no ``single``) are the
+    plain series. A block's total is at most single + copies·first/(1−ratio).
+    """
 
     first: Decimal
     ratio: Decimal
+    copies: int = 1
+    single: Decimal = ZERO
+
+    def _term(self, level: int) -> int | None:
+        """The series index m of ``level`` (None: the single level)."""
+        if self.single > 0:
+            if level == 0:
+                return None
+            level -= 1
+        return level // self.copies
 
     def allowance(self, level: int) -> Decimal:
-        """first·ratioᵏ, exact in Decimal (rounded down past 60 significant digits)."""
-        return _level_allowance(self.first, self.ratio, level)
+        """first·ratioᵐ of the level's term m (or ``single``), exact in Decimal (rounded down past
+        60 significant digits)."""
+        term = self._term(level)
+        if term is None:
+            return self.single
+        return _level_allowance(self.first, self.ratio, term)
 
     def level_delta(self, delta: Decimal, level: int) -> Decimal:
-        """Level k's share δ·(1−ratio)·ratioᵏ of the budget's δ (the shares sum to ≤ δ)."""
-        return _level_delta(delta, self.ratio, level)
+        """Level k's share of the budget's δ: δ·(1−ratio)·ratioᵏ for the plain series; with
+        sub-budgets, δ·allowance/total (total = single + copies·first/(1−ratio), rounded up), so
+        the shares of all levels sum to ≤ δ."""
+        if self.copies == 1 and self.single == 0:
+            return _level_delta(delta, self.ratio, level)
+        total = self.infinite_horizon_bound()
+        term = self._term(level)
+        if term is None:
+            return _LEVEL_DOWN.divide(_LEVEL_DOWN.multiply(delta, self.single), total)
+        coefficient = _LEVEL_DOWN.divide(_LEVEL_DOWN.multiply(delta, self.first), total)
+        return _LEVEL_DOWN.multiply(coefficient, _power_down(self.ratio, term))
 
     def infinite_horizon_bound(self) -> Decimal:
-        """first/(1−ratio), rounded up: the most a block can ever spend, whatever the horizon."""
-        return _BOUND_UP.divide(self.first, exact_sub(Decimal(1), self.ratio))
+        """single + copies·first/(1−ratio), rounded up: the most a block can ever spend, whatever
+        the horizon."""
+        series = _BOUND_UP.divide(self.first, exact_sub(Decimal(1), self.ratio))
+        if self.copies == 1 and self.single == 0:
+            return series
+        return _BOUND_UP.add(self.single, _BOUND_UP.multiply(Decimal(self.copies), series))
 
-    def to_json(self) -> dict[str, str]:
-        return {"first": to_text(self.first), "ratio": to_text(self.ratio)}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"first": to_text(self.first), "ratio": to_text(self.ratio)}
+        if self.copies != 1:
+            out["copies"] = self.copies
+        if self.single != 0:
+            out["single"] = to_text(self.single)
+        return out
+
+
+MAX_GEOMETRIC_COPIES: Final = 64
 
 
 def _budget_number(field_name: str, value: object) -> Decimal:
@@ -317,27 +360,66 @@ class Budget:
         if isinstance(geometric, GeometricSchedule):
             first_in: object = geometric.first
             ratio_in: object = geometric.ratio
+            copies_in: object = geometric.copies
+            single_in: object = geometric.single
         elif isinstance(geometric, Mapping):
-            first_in = geometric.get("first", exact_mul(eps, Decimal("0.5")))
+            first_in = geometric.get("first")
             ratio_in = geometric.get("ratio", Decimal("0.5"))
+            copies_in = geometric.get("copies", 1)
+            single_in = geometric.get("single", ZERO)
         else:
             raise InvalidArgumentError(
                 "budget.geometric", f"must be an object {{first, ratio}}. Found {geometric!r}."
             )
-        first = _budget_number("budget.geometric.first", first_in)
         ratio = _budget_number("budget.geometric.ratio", ratio_in)
-        if first <= 0:
-            raise InvalidArgumentError("budget.geometric.first", f"must be > 0. Found {first_in!r}.")
         if not 0 < ratio < 1:
             raise InvalidArgumentError("budget.geometric.ratio", f"must be in (0, 1). Found {ratio_in!r}.")
-        # first/(1 − ratio) ≤ ε, checked exactly as first ≤ ε·(1 − ratio).
-        if first > exact_mul(eps, exact_sub(Decimal(1), ratio)):
+        if (
+            isinstance(copies_in, bool)
+            or not isinstance(copies_in, int)
+            or not 1 <= copies_in <= MAX_GEOMETRIC_COPIES
+        ):
+            raise InvalidArgumentError(
+                "budget.geometric.copies",
+                f"must be an integer in [1, {MAX_GEOMETRIC_COPIES}]. Found {copies_in!r}.",
+            )
+        single = _budget_number("budget.geometric.single", single_in)
+        if not 0 <= single <= eps:
+            raise InvalidArgumentError(
+                "budget.geometric.single", f"must be in [0, epsilon]. Found {single_in!r}."
+            )
+        if first_in is None:
+            if copies_in == 1 and single == 0:
+                first_in = exact_mul(eps, Decimal("0.5"))  # the default series ε/2, ε/4, ...
+            else:  # what the single level leaves, shared by the copies: (ε − single)(1 − ratio)/copies
+                left = _LEVEL_DOWN.multiply(exact_sub(eps, single), exact_sub(Decimal(1), ratio))
+                first_in = _LEVEL_DOWN.divide(left, Decimal(copies_in))
+        first = _budget_number("budget.geometric.first", first_in)
+        if first <= 0:
+            raise InvalidArgumentError("budget.geometric.first", f"must be > 0. Found {first_in!r}.")
+        if 0 < single < first:
+            raise InvalidArgumentError(
+                "budget.geometric.single",
+                f"must be 0 or >= first (levels keep non-increasing allowances). Found "
+                f"single={to_text(single)}, first={to_text(first)}.",
+            )
+        schedule = GeometricSchedule(first, ratio, copies_in, single)
+        if copies_in == 1 and single == 0:
+            # first/(1 − ratio) ≤ ε, checked exactly as first ≤ ε·(1 − ratio).
+            fits = first <= exact_mul(eps, exact_sub(Decimal(1), ratio))
+        else:
+            # single + copies·first/(1 − ratio) ≤ ε, exactly: copies·first ≤ (ε − single)(1 − ratio).
+            fits = exact_mul(Decimal(copies_in), first) <= exact_mul(
+                exact_sub(eps, single), exact_sub(Decimal(1), ratio)
+            )
+        if not fits:
             raise InvalidArgumentError(
                 "budget.geometric.first",
-                f"must satisfy first/(1 - ratio) <= epsilon (the infinite-horizon bound). Found "
-                f"first={to_text(first)}, ratio={to_text(ratio)}, epsilon={to_text(eps)}.",
+                f"must satisfy single + copies*first/(1 - ratio) <= epsilon (the infinite-horizon "
+                f"bound). Found first={to_text(first)}, ratio={to_text(ratio)}, copies={copies_in}, "
+                f"single={to_text(single)}, epsilon={to_text(eps)}.",
             )
-        return GeometricSchedule(first, ratio)
+        return schedule
 
     @staticmethod
     def _plan(rule: str, accountant: str, plan: object) -> tuple[DpEvent, ...] | None:
@@ -819,6 +901,7 @@ def theorem(budget: Budget) -> str:
 
 __all__ = [
     "ACCOUNTANTS",
+    "MAX_GEOMETRIC_COPIES",
     "MAX_GEOMETRIC_LEVEL",
     "RULES",
     "SUPPORTED",

@@ -22,6 +22,17 @@ composition (independent of k); for ``rdp``, its RDP curve converted at δ_k (Ba
 Thm. 21: one mechanism, parameters fixed before it ran) with δ′ = δ_k. It fits level k iff
 ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
 
+Sub-budgets (Thm. 7). The sliding window charges a block once at ε/3 (the base model) and along
+two chains at ε/6, ε/12, … each, so a block may need two levels of the same size, which one series
+cannot give. A schedule may therefore hold ``copies`` series first·ratioᵐ side by side and one
+``single`` level used once (``GeometricSchedule``): its levels are the allowances in
+non-increasing order (``single``; then each term ``copies`` times), δ shares are proportional to
+the allowances, and the block's bound is single + copies·first/(1−ratio) ≤ ε. The sliding window is
+``{"single": ε/3, "copies": 2, "ratio": 1/2}`` (first defaults to ε/6): levels ε/3, ε/6, ε/6,
+ε/12, ε/12, … summing to ε. The defaults (one series, no single level) are the plain rule above.
+Whatever the schedule, each admitted charge occupies a level of its own whose allowance covers it,
+so the block's total is at most the sum of all allowances.
+
 Best fit: the charge takes the *free* level with the smallest allowance that still covers it, the
 largest k with a fit. The search is a binary search for the deepest fitting level k* over
 0..``MAX_GEOMETRIC_LEVEL`` (O(log 1000) evaluations), then a walk from k* towards level 0 that
@@ -219,12 +230,23 @@ def within_budget(budget: Budget, state: BatchState) -> bool:
 def theorem(budget: Budget) -> str:
     assert budget.geometric is not None
     schedule = budget.geometric
+    if schedule.copies == 1 and schedule.single == 0:
+        return (
+            "Continual / sliding-window release with geometric-series budgets (Thm. 1, 4, 7): level "
+            f"k of a block has allowance first*ratio^k (first={to_text(schedule.first)}, "
+            f"ratio={to_text(schedule.ratio)}) and delta share delta*(1-ratio)*ratio^k, each used "
+            "once, best fit; levels compose by basic composition with adaptive parameters (Dwork & "
+            "Roth 2014, Thm. 3.16; Rogers et al. 2016), so a block's total over an infinite horizon "
+            f"is <= first/(1-ratio) = {to_text(schedule.infinite_horizon_bound())} <= epsilon."
+            + PARALLEL_OVER_BATCHES
+        )
     return (
-        "Continual / sliding-window release with geometric-series budgets (Thm. 1, 4, 7): level "
-        f"k of a block has allowance first*ratio^k (first={to_text(schedule.first)}, "
-        f"ratio={to_text(schedule.ratio)}) and delta share delta*(1-ratio)*ratio^k, each used "
-        "once, best fit; levels compose by basic composition with adaptive parameters (Dwork & "
-        "Roth 2014, Thm. 3.16; Rogers et al. 2016), so a block's total over an infinite horizon "
-        f"is <= first/(1-ratio) = {to_text(schedule.infinite_horizon_bound())} <= epsilon."
+        "Continual / sliding-window release with geometric-series sub-budgets (Thm. 1, 4, 7): a "
+        f"block has one level of allowance single={to_text(schedule.single)} and {schedule.copies} "
+        f"series of levels first*ratio^m (first={to_text(schedule.first)}, "
+        f"ratio={to_text(schedule.ratio)}), delta shares proportional to the allowances, each level "
+        "used once, best fit; levels compose by basic composition with adaptive parameters (Dwork & "
+        "Roth 2014, Thm. 3.16; Rogers et al. 2016), so a block's total over an infinite horizon is "
+        f"<= single + copies*first/(1-ratio) = {to_text(schedule.infinite_horizon_bound())} <= epsilon."
         + PARALLEL_OVER_BATCHES
     )

@@ -26,6 +26,19 @@ URIs
   (N ≤ 10); task t holds the training records of its classes. Labels stay global (0–9), so a
   head released after any task covers every class (assumption S1 of the DP continual-learning
   paper).
+* ``&public=P`` (``split-digits`` and ``permuted-digits``; default 0) — hold out P training images
+  (drawn by their own generator seeded with S; without ``public`` nothing changes) as a
+  **public** split (``LoadedData.public``, unpermuted): they belong to no
+  task, are never ledgered, and serve to pre-train a feature extractor (the pre-trained models of
+  the DP continual-learning paper). Declared public by the operator: the same distribution as the
+  private tasks, disjoint records — as ImageNet pre-training is for CIFAR in that paper.
+* ``builtin:stream?blocks=N&block_size=B[&dim=D][&seed=S]`` — a synthetic stream for continual
+  release (defaults N=64, B=50, D=10, S=0): binary labels from a fixed, seeded logistic model
+  P(y=1|x) = σ(θ*ᵀx) with ‖θ*‖ = 8, features uniform on the unit sphere (so ‖x‖ ≤ 1, which the
+  output-perturbation sensitivity 2L/(λn) of logistic regression needs with L = 1). One task of
+  N·B training records in arrival order, ids ``stream-0000000`` …, meant to be cut into N blocks of
+  B (a ledger batch per block); a held-out test split of 2000 records from the same model. Record
+  i depends only on S and i, so a longer stream extends a shorter one.
 
 Privacy notes
 -------------
@@ -33,7 +46,8 @@ Only the training records are private and ledgered: ``check_records`` compares t
 record ids with the ledger's batches. Test splits are held-out evaluation data (public, or
 released only through accuracy numbers the operator accepts); they carry no ledger charge.
 Every task of a built-in stream holds *different* records, so parallel composition over tasks
-is honest: no image appears in two tasks under two record ids.
+is honest: no image appears in two tasks under two record ids. A public split (``&public=P``)
+holds records of no task: they are outside the ledger and carry no privacy guarantee at all.
 """
 
 from __future__ import annotations
@@ -135,6 +149,8 @@ class LoadedData:
     num_classes: int
     n_features: int
     image_shape: tuple[int, int, int] | None = None
+    public: tuple[TaskSplit, ...] = ()
+    """Records declared public (``&public=P``): in no task, never ledgered, kept by ``restrict``."""
 
     @property
     def n_records(self) -> int:
@@ -184,7 +200,10 @@ def _concat(splits: Sequence[TaskSplit], n_features: int) -> tuple[FloatArray, L
 # URIs
 # ---------------------------------------------------------------------------------------------
 
-BUILTINS: Final = ("digits", "permuted-digits", "split-digits")
+BUILTINS: Final = ("digits", "permuted-digits", "split-digits", "stream")
+PUBLIC_SPLIT_BUILTINS: Final = ("permuted-digits", "split-digits")
+MAX_PUBLIC_DIGITS: Final = 1_000  # of the 1437 training images: leave every task some records
+PUBLIC_SPLIT_STREAM: Final = 0x7075626C  # "publ": the public draw's own seed stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,10 +211,14 @@ class DataSource:
     """A parsed, validated source URI. Nothing is read until ``load()``."""
 
     uri: str
-    kind: str  # "npz" | "csv" | "digits" | "permuted-digits" | "split-digits"
+    kind: str  # "npz" | "csv" | "digits" | "permuted-digits" | "split-digits" | "stream"
     path: Path | None = None
     tasks: int = 1
     seed: int = 0
+    public: int = 0
+    blocks: int = 0  # stream: blocks, block_size, dim
+    block_size: int = 0
+    dim: int = 0
 
     def load(self) -> LoadedData:
         """Read the records. Call only after the ledger granted the run's reservation."""
@@ -205,7 +228,9 @@ class DataSource:
         if self.kind == "csv":
             assert self.path is not None
             return _load_csv(self.uri, self.path)
-        return _load_digits(self.uri, self.kind, self.tasks, self.seed)
+        if self.kind == "stream":
+            return _load_stream(self.uri, self.blocks, self.block_size, self.dim, self.seed)
+        return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public)
 
 
 def parse_source(uri: str) -> DataSource:
@@ -230,7 +255,11 @@ def parse_source(uri: str) -> DataSource:
             query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
         except ValueError as exc:
             raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
+        if name == "stream":
+            return _parse_stream(uri, query)
         allowed = {"tasks", "seed"} if name != "digits" else set()
+        if name in PUBLIC_SPLIT_BUILTINS:
+            allowed.add("public")
         unknown = sorted(set(query) - allowed)
         if unknown:
             raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
@@ -238,7 +267,8 @@ def parse_source(uri: str) -> DataSource:
         if name != "digits" and "tasks" not in query:
             raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
         seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
-        return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed)
+        public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
+        return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
     raise DataSourceError(f"data source {uri!r}: scheme must be 'file' or 'builtin'. Found {parts.scheme!r}.")
 
 
@@ -503,7 +533,7 @@ def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     return train_idx, test_idx
 
 
-def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
+def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) -> LoadedData:
     from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
 
     bunch = load_digits()
@@ -511,6 +541,11 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
     labels = np.asarray(bunch.target, dtype=np.int64)
     ids = np.asarray([f"digits-{i:04d}" for i in range(len(labels))])
     train_idx, test_idx = digits_split()
+    public_idx = np.zeros(0, dtype=np.int64)
+    if public:  # its own generator, so a source without ``public`` is unchanged
+        public_rng = np.random.default_rng((seed, PUBLIC_SPLIT_STREAM))
+        public_idx = np.sort(public_rng.choice(train_idx, size=public, replace=False))
+        train_idx = np.setdiff1d(train_idx, public_idx)
     rng = np.random.default_rng(seed)
 
     def split(task: int, idx: npt.NDArray[np.int64], perm: npt.NDArray[np.int64] | None) -> TaskSplit:
@@ -535,5 +570,74 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int) -> LoadedData:
         if len(t) == 0:
             raise DataSourceError(f"data source {uri!r}: task {t.task} holds no records; use fewer tasks.")
     return LoadedData(
-        uri=uri, train=train, test=test, num_classes=10, n_features=64, image_shape=DIGITS_IMAGE_SHAPE
+        uri=uri,
+        train=train,
+        test=test,
+        num_classes=10,
+        n_features=64,
+        image_shape=DIGITS_IMAGE_SHAPE,
+        public=(split(0, public_idx, None),) if public else (),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# builtin:stream (continual release)
+# ---------------------------------------------------------------------------------------------
+
+STREAM_TEST_SIZE: Final = 2_000
+STREAM_MAX_RECORDS: Final = 5_000_000
+STREAM_WEIGHT_NORM: Final = 8.0
+_STREAM_SEED: Final = 0x73747265  # "stre": the stream's own seed stream
+
+
+def _parse_stream(uri: str, query: Mapping[str, str]) -> DataSource:
+    unknown = sorted(set(query) - {"blocks", "block_size", "dim", "seed"})
+    if unknown:
+        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
+    blocks = _query_int(uri, query, "blocks", 64, maximum=100_000)
+    block_size = _query_int(uri, query, "block_size", 50, maximum=100_000)
+    dim = _query_int(uri, query, "dim", 10, maximum=1_000)
+    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
+    if blocks * block_size > STREAM_MAX_RECORDS:
+        raise DataSourceError(
+            f"data source {uri!r}: blocks*block_size must be <= {STREAM_MAX_RECORDS}. "
+            f"Found {blocks * block_size}."
+        )
+    return DataSource(uri=uri, kind="stream", seed=seed, blocks=blocks, block_size=block_size, dim=dim)
+
+
+def _stream_records(
+    rng: np.random.Generator, theta: npt.NDArray[np.float64], n: int
+) -> tuple[FloatArray, LabelArray]:
+    """n records: one row of d + 1 draws each (direction, then the label's uniform), so record i
+    is the same whatever n."""
+    from scipy.special import expit, ndtr
+
+    draws = rng.standard_normal((n, theta.size + 1))
+    g = draws[:, :-1]
+    x = g / np.maximum(np.linalg.norm(g, axis=1, keepdims=True), 1e-300)
+    u = ndtr(draws[:, -1])  # Φ(z) of a standard normal: a uniform on (0, 1)
+    y = (u < expit(x @ theta)).astype(np.int64)
+    x32 = x.astype(np.float32)
+    # float32 rounding must not push a norm above 1: shrink those rows by a hair.
+    norms = np.linalg.norm(x32.astype(np.float64), axis=1, keepdims=True)
+    x32 = np.where(norms > 1.0, x32 / np.float32(1.0 + 1e-6), x32)
+    return np.ascontiguousarray(x32, dtype=np.float32), y
+
+
+def _load_stream(uri: str, blocks: int, block_size: int, dim: int, seed: int) -> LoadedData:
+    rng = np.random.default_rng((seed, _STREAM_SEED))
+    theta = rng.standard_normal(dim)
+    theta *= STREAM_WEIGHT_NORM / max(float(np.linalg.norm(theta)), 1e-300)
+    test_x, test_y = _stream_records(np.random.default_rng((seed, _STREAM_SEED, 1)), theta, STREAM_TEST_SIZE)
+    n = blocks * block_size
+    x, y = _stream_records(np.random.default_rng((seed, _STREAM_SEED, 2)), theta, n)
+    ids = tuple(f"stream-{i:07d}" for i in range(n))
+    test_ids = tuple(f"stream-test-{i:05d}" for i in range(STREAM_TEST_SIZE))
+    return LoadedData(
+        uri=uri,
+        train=(TaskSplit(0, ids, x, y),),
+        test=(TaskSplit(0, test_ids, test_x, test_y),),
+        num_classes=2,
+        n_features=dim,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from decimal import Decimal
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from accountant import events as ev
 from accountant import rules as R
 from accountant.base import InvalidArgumentError
-from accountant.exact import exact_add, exact_sub
+from accountant.exact import exact_add, exact_sub, exact_sum
 from accountant.rules import geometric
 
 BUDGET = R.Budget.create(rule="geometric", epsilon=1, delta=0, accountant="basic")
@@ -159,3 +160,81 @@ def test_total_never_exceeds_epsilon_for_any_horizon(stream: list[float], ratio:
     assert len(set(state.levels)) == len(state.levels)
     assert state.naive_epsilon == naive
     assert R.within_budget(budget, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sub-budgets (Thm. 7's sliding window: one ε/3 level and two series ε/6, ε/12, ...)
+# ---------------------------------------------------------------------------------------------
+
+SLIDING = R.Budget.create(
+    rule="geometric", epsilon=1, delta=0, accountant="basic", geometric={"single": "0.375", "copies": 2}
+)
+
+
+def test_sub_budgets_order_their_levels_by_allowance_and_keep_the_bound() -> None:
+    schedule = SLIDING.geometric
+    assert schedule is not None
+    # first defaults to (ε − single)(1 − ratio)/copies = 0.625·0.5/2
+    assert schedule.first == Decimal("0.15625") and schedule.ratio == Decimal("0.5")
+    allowances = [schedule.allowance(k) for k in range(7)]
+    assert allowances == [Decimal(x) for x in ("0.375", "0.15625", "0.15625", "0.078125", "0.078125",
+                                                "0.0390625", "0.0390625")]  # fmt: skip
+    assert schedule.infinite_horizon_bound() == 1
+    assert schedule.to_json() == {"first": "0.15625", "ratio": "0.5", "copies": 2, "single": "0.375"}
+    assert R.Budget.from_json(SLIDING.to_json()) == SLIDING
+    # The plain series keeps its old JSON (stored budgets and certificates do not change).
+    assert BUDGET.geometric is not None and BUDGET.geometric.to_json() == {"first": "0.5", "ratio": "0.5"}
+
+
+def test_sub_budgets_are_validated_exactly() -> None:
+    def create(geometric: dict[str, object]) -> R.Budget:
+        return R.Budget.create(rule="geometric", epsilon=1, delta=0, accountant="basic", geometric=geometric)
+
+    create({"single": "0.4", "copies": 2, "first": "0.15"})  # 0.4 + 2·0.3 = 1
+    for bad, field in (
+        ({"single": "0.4", "copies": 2, "first": "0.1500000000000000001"}, "budget.geometric.first"),
+        ({"single": "0.1", "first": "0.2"}, "budget.geometric.single"),  # below first: not monotone
+        ({"single": "1.5"}, "budget.geometric.single"),
+        ({"copies": 0}, "budget.geometric.copies"),
+        ({"copies": True}, "budget.geometric.copies"),
+        ({"copies": R.MAX_GEOMETRIC_COPIES + 1}, "budget.geometric.copies"),
+    ):
+        with pytest.raises(InvalidArgumentError) as info:
+            create(bad)
+        assert info.value.field == field, bad
+
+
+def test_two_charges_of_one_size_take_the_two_copies_then_are_refused() -> None:
+    state, cost = run(SLIDING, R.BatchState.empty(), pure(0.375))
+    assert cost.level == 0
+    state, cost = run(SLIDING, state, pure(0.15625))
+    assert cost.level == 2  # best fit: the deeper of the two equal levels first
+    state, cost = run(SLIDING, state, pure(0.078125))
+    assert cost.level == 4
+    state, cost = run(SLIDING, state, pure(0.15625))
+    assert cost.level == 1
+    with pytest.raises(R.BudgetExceeded):  # a third charge of that size finds no free level
+        R.reserve(SLIDING, state, pure(0.15625))
+    assert state.epsilon_spent == Decimal("0.375") + 2 * Decimal("0.15625") + Decimal("0.078125")
+    assert R.within_budget(SLIDING, state)
+    assert "single=0.375" in R.theorem(SLIDING) and "2 series" in R.theorem(SLIDING)
+
+
+def test_the_plain_series_cannot_hold_the_sliding_windows_two_chains() -> None:
+    # ε/3 (base) and two ε/6 charges: the default series ε/2, ε/4, ... has one level of each size.
+    state, _ = run(BUDGET, R.BatchState.empty(), pure(1 / 3))
+    state, _ = run(BUDGET, state, pure(1 / 6))
+    with pytest.raises(R.BudgetExceeded):
+        R.reserve(BUDGET, state, pure(1 / 6))
+
+
+def test_sub_budget_delta_shares_sum_to_at_most_delta() -> None:
+    budget = R.Budget.create(
+        rule="geometric", epsilon=1, delta="1e-5", accountant="rdp", geometric={"single": "0.4", "copies": 2}
+    )
+    schedule = budget.geometric
+    assert schedule is not None
+    shares = [schedule.level_delta(budget.delta, k) for k in range(R.MAX_GEOMETRIC_LEVEL + 1)]
+    assert all(a >= b for a, b in itertools.pairwise(shares))  # monotone, so best fit stays valid
+    assert shares[0] == Decimal("4e-6") and shares[1] == shares[2]
+    assert exact_sum(shares) <= budget.delta

@@ -1,0 +1,964 @@
+"""L2DP-ML (lifelong DP) and its NaiveGaussian baseline as staged jobs behind the release gate.
+
+Paper: ``lifelong-dp-l2dp-ml.txt`` (Phan et al., Lifelong DP): Alg. 1, Alg. 2 (streaming batch
+training), Eq. 11–13, Thm. 1 and Thm. 2; the DPL2M form (``dp-lifelong-learning-dpl2m.txt``):
+fixed disjoint batches, one episodic-memory batch per task.
+
+L2DP-ML (``L2dpMlTrainer``)
+---------------------------
+Network f(x) = G(a(x, θ1), θ2). The auto-encoder a has θ1 = W1 (|h1| × d, no bias; the paper's
+h = θ1ᵀx) with h = clip(W1 x, −1, 1). G is the output layer W2 (K × |hπ|) on hπ = clip(h̄, −1, 1),
+so |hπ| = |h1| (see "Departures" below). Per batch B of the declared size |B| one noise draw,
+fixed for every later read (Alg. 2 lines 1–2, Eq. 13):
+
+* x̄ = x + χ1/|B|,   χ1 ~ Lap(Δ_R/ε1)^d,    Δ_R = d(|h1| + 2);
+* h̄ = clip(W1 x̄, −1, 1) + 2χ2/|B|,   χ2 ~ Lap(Δ_R/ε1)^{|h1|};
+* the output layer's label coefficients Σ_r hπ_r y_rkᵀ + χ3_k (mean form: + χ3_k/|B|),
+  χ3_k ~ Lap(Δ_L/ε2)^{|hπ|} for each class k, Δ_L = 2|hπ|.
+
+Gradients, both of the perturbed Taylor polynomials (mean over the batch, a learning-rate
+convention):
+
+* θ1 from R̄ (Eq. 13): ∇_{θ1s} R̄ = Σ_r h̄_r(½ − x̄_rs) (the paper's formula, h̄ held fixed);
+* θ2 from L̄, the 2nd-order Taylor polynomial of the per-class logistic loss of Eq. 9 at 0:
+  Σ_k Σ_r [z_rk(½ − y_rk) + z_rk²/8], z_rk = hπ_r·W2_k, so
+  ∇_{W2_k} L̄ = Σ_r [½ hπ_r + ¼ z_rk hπ_r] − (Σ_r hπ_r y_rk + χ3_k).
+
+A step on a task batch B (Alg. 2 lines 11–16): g on B; if the episodic memory is not empty, g_ref
+on one memory batch drawn at random; g̃ = A-gem projection (``agem``); θ ← θ − ϱ g̃ (ϱ per part:
+``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2); then θ1 is projected so that both
+its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the bound the event declares
+and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection soft-thresholds, so the
+second one keeps the first one's bound). After task τ one batch of it, drawn from the seed before
+any data is read, joins the memory (Alg. 2 lines 17–18).
+
+Ledger. The dataset's rule is ``lifelong``. Stage τ reserves the event
+``FunctionalMechanismL2DPEvent(ε1, ε2, d, |h1|, |hπ|, |B|, bound)`` on task τ's batches and the
+memory's batches with the job's ``noise_commitment``: a task batch's first read creates the
+commitment and costs Thm. 2's ε = ε1 + ε1/γx + ε1/γ + ε2; the memory batches are replays of the
+same noise and cost 0. So the dataset's ε after any number of tasks, epochs or task orders is one
+batch's ε. The noise is a deterministic function of (seed, batch id) and the commitment is
+``"l2dp-ml:" + sha256(seed)``: a replay really uses the same draw, and a job with another seed
+cannot claim it. A job without ``seed`` draws a secret one.
+
+Departures from the paper (docs/experiments/lifelong.md):
+
+* Eq. 12 as printed (−½|z| − ⅛z²) is unbounded below; we use the Taylor expansion of Eq. 9 it
+  comes from, whose linear term z(½ − y) is Eq. 12's z − zy − ½z.
+* χ3 is drawn per class (K·|hπ| draws, not |hπ|): one vector shared by all classes would publish
+  the differences of the classes' coefficients without noise.
+* G is a single output layer on clip(h̄): the functional mechanism perturbs the output layer's
+  coefficients only, so hidden layers of G trained through L̄ would read labels outside it.
+* The declared |B| is the largest batch of the dataset: every batch's noise is divided by it, so
+  a smaller last batch gets the same noise the event is costed for.
+* Thm. 2 itself is the paper's claim and the ledger's ``lifelong`` rule implements it; the
+  weaknesses we see in it (one noise vector shared by all records of a batch; the ε1/γx term's
+  per-coordinate sensitivity; fixed χ3 against coefficients that move with θ1) are listed in
+  docs/experiments/lifelong.md.
+
+NaiveGaussian (``NaiveGaussianTrainer``)
+----------------------------------------
+The paper's baseline, what Thm. 1 warns about: DP-SGD (``service.worker.dp_sgd`` helpers) with
+A-gem, where g is the noisy clipped gradient of a Poisson sample (probability q) of task τ's
+records and g_ref that of a Poisson sample (same q) of the memory's records. Each record is in
+one of the two pools, so stage τ is the event ``SelfComposed(PoissonSampled(q, Gaussian(σ)), T_τ)``
+(T_τ = ⌈epochs_τ/q⌉) on task τ's batches and the memory's batches, charged afresh on a
+``sequential`` dataset: the first task's memory batch bears every stage, and the dataset's ε
+grows with the number of tasks. ``target_epsilon`` calibrates σ so that the whole run fits the
+Rényi filter of an ``rdp`` budget of that ε (default order grid).
+
+The noiseless A-gem baseline (``train_noiseless_agem``) cannot be charged a finite ε; it runs
+outside the ledger, in the experiment, labelled non-private.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, ClassVar, Final
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
+
+from accountant.events import DpEvent, FunctionalMechanismL2DPEvent
+from service.worker.agem import (
+    agem_project,
+    average_accuracy,
+    average_forgetting,
+    choose_memory_batches,
+    flatten,
+    unflatten,
+)
+from service.worker.data import LoadedData, TaskSplit
+from service.worker.dp_sgd import (
+    default_device,
+    dp_sgd_event,
+    noisy_mean_gradient,
+    per_example_gradient_fn,
+    poisson_sample,
+)
+from service.worker.models import MLP, InvalidParamsError, JobParams
+from service.worker.stages import LedgerTask, Stage, StageRelease
+
+MAX_EPOCHS: Final = 10_000
+MAX_TASKS: Final = 1_000
+COMMITMENT_PREFIX: Final = "l2dp-ml:"
+
+
+# ---------------------------------------------------------------------------------------------
+# The functional mechanism's calibration (Thm. 2; Alg. 2 lines 1–2)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NoiseScales:
+    """Laplace scales of one batch's perturbation, from its event alone.
+
+    ``input``: of χ1/|B| on each coordinate of x̄ (Δ_R/(ε1|B|)); ``hidden``: of 2χ2/|B| on each
+    unit of h̄ (2Δ_R/(ε1|B|)); ``labels``: of χ3 on each summed label coefficient (Δ_L/ε2).
+    """
+
+    input: float
+    hidden: float
+    labels: float
+    sensitivity_r: int
+    sensitivity_l: int
+
+
+def noise_scales(event: FunctionalMechanismL2DPEvent) -> NoiseScales:
+    """The scales the trainer draws with for ``event`` (module docstring). Each term of Thm. 2 is
+    sensitivity/scale of one of them: ε1 = Δ_R/(Δ_R/ε1), ε1/γx = 1/input,
+    ε1/γ = ‖θ̄1‖/hidden, ε2 = Δ_L/labels (``tests/worker/test_l2dp_ml.py`` checks the sum against
+    ``accountant.mechanisms.l2dp_ml_event_epsilon``)."""
+    delta_r = event.input_dim * (event.hidden_units + 2)
+    delta_l = 2 * event.output_hidden_units
+    scale_r = delta_r / event.epsilon1
+    return NoiseScales(
+        input=scale_r / event.batch_size,
+        hidden=2 * scale_r / event.batch_size,
+        labels=delta_l / event.epsilon2,
+        sensitivity_r=delta_r,
+        sensitivity_l=delta_l,
+    )
+
+
+def epsilon1_for(
+    *,
+    target_epsilon: float,
+    epsilon2: float,
+    input_dim: int,
+    hidden_units: int,
+    batch_size: int,
+    theta1_norm_bound: float,
+) -> float:
+    """The largest ε1 (up to a relative 1e-12) whose Thm. 2 ε with ``epsilon2``, as the ledger
+    prices the event (``accountant.rules.sequential.basic_price``: exact decimals, rounded up), is
+    ≤ ``target_epsilon`` taken as written: ε = ε1·(1 + |B|/Δ_R + |B|·‖θ̄1‖/(2Δ_R)) + ε2, solved,
+    then stepped down past rounding."""
+    from accountant.exact import as_written
+    from accountant.rules.sequential import basic_price
+
+    if not 0 < epsilon2 < target_epsilon:
+        raise InvalidParamsError("epsilon2", f"must be in (0, target_epsilon). Found {epsilon2}.")
+    delta_r = input_dim * (hidden_units + 2)
+    factor = 1 + batch_size / delta_r + batch_size * theta1_norm_bound / (2 * delta_r)
+    eps1 = (target_epsilon - epsilon2) / factor
+    target = as_written(target_epsilon)
+
+    def price(e1: float) -> Decimal:
+        event = FunctionalMechanismL2DPEvent(
+            epsilon1=e1,
+            epsilon2=epsilon2,
+            input_dim=input_dim,
+            hidden_units=hidden_units,
+            output_hidden_units=hidden_units,
+            batch_size=batch_size,
+            theta1_norm_bound=theta1_norm_bound,
+        )
+        return basic_price(event)[0]
+
+    while price(eps1) > target:
+        eps1 *= 1 - 1e-12
+    return eps1
+
+
+def noise_commitment(seed: int) -> str:
+    """The commitment of the noise drawn from ``seed``: a replay with the same commitment is the
+    same draw; the seed itself is not revealed (a 62-bit secret seed is not guessable)."""
+    digest = hashlib.sha256(f"l2dp-ml noise seed {seed}".encode()).hexdigest()[:32]
+    return COMMITMENT_PREFIX + digest
+
+
+def batch_noise(
+    seed: int, batch_id: str, *, input_dim: int, hidden_units: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Standard Laplace draws (χ1 (d,), χ2 (|h1|,), χ3 (|hπ|, K)) of one batch, a deterministic
+    function of (seed, batch id): every read of the batch sees the same draw."""
+    key = hashlib.sha256(batch_id.encode()).digest()
+    words = [int.from_bytes(key[i : i + 4], "little") for i in range(0, 16, 4)]
+    rng = np.random.default_rng(np.random.SeedSequence([seed & (2**64 - 1), *words]))
+    chi1 = rng.laplace(0.0, 1.0, input_dim)
+    chi2 = rng.laplace(0.0, 1.0, hidden_units)
+    chi3 = rng.laplace(0.0, 1.0, (hidden_units, num_classes))
+    return chi1, chi2, chi3
+
+
+def project_l1_rows(matrix: torch.Tensor, radius: float) -> torch.Tensor:
+    """Each row of ``matrix`` projected (Euclidean) onto the ℓ1 ball of ``radius``
+    (Duchi, Shalev-Shwartz, Singer & Chandra 2008, Fig. 1): soft-thresholding by the smallest θ
+    that brings the row's 1-norm to ``radius``; rows already inside are unchanged."""
+    absolute = matrix.abs()
+    inside = absolute.sum(dim=1) <= radius
+    if bool(inside.all()):
+        return matrix
+    sorted_abs, _ = torch.sort(absolute, dim=1, descending=True)
+    cumulative = sorted_abs.cumsum(dim=1) - radius
+    ks = torch.arange(1, matrix.shape[1] + 1, device=matrix.device, dtype=matrix.dtype)
+    condition = sorted_abs - cumulative / ks > 0
+    rho = condition.to(torch.int64).cumsum(dim=1).argmax(dim=1, keepdim=True)  # last True
+    theta = (cumulative.gather(1, rho) / (rho + 1).to(matrix.dtype)).clamp(min=0)
+    projected = torch.sign(matrix) * (absolute - theta).clamp(min=0)
+    return torch.where(inside.unsqueeze(1), matrix, projected)
+
+
+def project_theta1(w1: torch.Tensor, bound: float) -> torch.Tensor:
+    """W1 with every row and every column in the ℓ1 ball of ``bound``: rows first, then columns
+    (soft-thresholding only shrinks entries, so rows stay within the bound)."""
+    return project_l1_rows(project_l1_rows(w1, bound).T, bound).T.contiguous()
+
+
+def theta1_norm(w1: torch.Tensor) -> float:
+    """max(largest row 1-norm, largest column 1-norm) of W1: what the event's bound covers."""
+    return float(max(w1.abs().sum(dim=1).max(), w1.abs().sum(dim=0).max()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Params and the stage plan shared by both trainers
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_epochs(r: JobParams, default: int) -> int | tuple[int, ...]:
+    if not r.has("epochs"):
+        r.integer("epochs", None)
+        return default
+    raw = r._params["epochs"]
+    if isinstance(raw, list | tuple):
+        values = r.integers("epochs", (default,))
+        if len(raw) > MAX_TASKS:
+            raise InvalidParamsError("params.epochs", f"must list at most {MAX_TASKS} tasks.")
+        if any(v > MAX_EPOCHS for v in values):
+            raise InvalidParamsError(
+                "params.epochs", f"must hold integers in [1, {MAX_EPOCHS}]. Found {raw}."
+            )
+        return values
+    value = r.integer("epochs", default, minimum=1, maximum=MAX_EPOCHS)
+    assert value is not None
+    return value
+
+
+def _read_task_order(r: JobParams) -> tuple[int, ...] | None:
+    if not r.has("task_order"):
+        r.integer("task_order", None)
+        return None
+    raw = r._params["task_order"]
+    if not isinstance(raw, list | tuple) or not 1 <= len(raw) <= MAX_TASKS:
+        raise InvalidParamsError("params.task_order", f"must be a list of task indices. Found {raw!r}.")
+    out = []
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise InvalidParamsError("params.task_order", f"must hold task indices >= 0. Found {raw!r}.")
+        out.append(item)
+    r._read.add("task_order")
+    return tuple(out)
+
+
+def _read_seed(r: JobParams) -> int:
+    seed = r.integer("seed", None, minimum=0, maximum=2**62)
+    return secrets.randbits(62) if seed is None else seed
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Which ledger tasks run, in which order, for how many epochs, and which batch of each joins
+    the episodic memory: fixed from params and the ledger's view alone."""
+
+    order: tuple[LedgerTask, ...]
+    epochs: tuple[int, ...]
+    memory: tuple[str, ...]  # memory[i]: the batch of order[i] that joins after it
+
+    def memory_before(self, position: int) -> tuple[str, ...]:
+        return self.memory[:position]
+
+
+def make_plan(
+    tasks: Sequence[LedgerTask],
+    *,
+    task_order: tuple[int, ...] | None,
+    epochs: int | tuple[int, ...],
+    seed: int,
+) -> Plan:
+    """The run's plan (``InvalidParamsError`` naming ``task_order`` or ``epochs``)."""
+    if task_order is None:
+        order = list(tasks)
+    else:
+        if sorted(task_order) != list(range(len(tasks))):
+            raise InvalidParamsError(
+                "params.task_order",
+                f"must be a permutation of the dataset's {len(tasks)} task indices 0..{len(tasks) - 1}. "
+                f"Found {list(task_order)}.",
+            )
+        order = [tasks[i] for i in task_order]
+    if isinstance(epochs, tuple):
+        if len(epochs) != len(order):
+            raise InvalidParamsError(
+                "params.epochs",
+                f"must give one epoch count per task ({len(order)} tasks). Found {list(epochs)}.",
+            )
+        per_task = epochs
+    else:
+        per_task = tuple(epochs for _ in order)
+    memory = choose_memory_batches(seed, [t.batch_ids for t in order])
+    return Plan(tuple(order), per_task, tuple(memory))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lifelong bookkeeping: test splits of the tasks seen so far and the metrics
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LifelongRecord:
+    """The accuracy matrix a_{τ,t} of the released models (held-out test splits only)."""
+
+    tests: dict[int, TaskSplit]
+    seen: list[int] = field(default_factory=list)  # source task index of each learnt task
+    accuracies: list[dict[int, float]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, data: LoadedData) -> LifelongRecord:
+        return cls({split.task: split for split in data.test})
+
+    def learnt(self, data: LoadedData, current: Sequence[str]) -> int:
+        """Note the task whose records ``current`` are (its source task index)."""
+        wanted = set(current)
+        found = {s.task for s in data.train if wanted.intersection(s.record_ids)}
+        if len(found) != 1:
+            raise RuntimeError(f"a task's batches must come from one source task. Found {sorted(found)}.")
+        task = found.pop()
+        self.seen.append(task)
+        return task
+
+    def evaluate(self, predict: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """a_{τ,t} for every learnt t (1-based), and the paper's metrics after task τ."""
+        row: dict[int, float] = {}
+        for position, task in enumerate(self.seen, start=1):
+            split = self.tests.get(task, self.tests.get(0))
+            if split is None or len(split) == 0:
+                row[position] = float("nan")
+                continue
+            row[position] = float(np.mean(predict(split.features) == split.labels))
+        self.accuracies.append(row)
+        tau = len(self.seen)
+        metrics: dict[str, Any] = {
+            "task_position": tau,
+            "source_task": self.seen[-1],
+            "test_accuracy": row[tau],
+            "average_accuracy": average_accuracy(self.accuracies, tau),
+            "accuracies": [row[t] for t in range(1, tau + 1)],
+        }
+        forgetting = average_forgetting(self.accuracies, tau)
+        if forgetting is not None:
+            metrics["average_forgetting"] = forgetting
+        return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# L2DP-ML
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class L2dpMlParams:
+    """An L2DP-ML job's params, validated (``L2dpMlTrainer.parse_params``)."""
+
+    epsilon1: float
+    epsilon2: float
+    input_dim: int
+    hidden_units: int = 8
+    theta1_norm_bound: float = 1.0
+    epochs: int | tuple[int, ...] = 1
+    task_order: tuple[int, ...] | None = None
+    learning_rate: float = 0.05
+    encoder_learning_rate: float = 0.001
+    weight_decay: float = 0.0
+    num_classes: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def read(cls, params: Mapping[str, Any]) -> L2dpMlParams:
+        r = JobParams(params)
+        for required in ("epsilon1", "epsilon2", "input_dim"):
+            if not r.has(required):
+                raise InvalidParamsError(f"params.{required}", "is required.")
+        eps1 = r.real("epsilon1", None, minimum=0, exclusive_minimum=True)
+        eps2 = r.real("epsilon2", None, minimum=0, exclusive_minimum=True)
+        d = r.integer("input_dim", None, minimum=1, maximum=1_000_000)
+        assert eps1 is not None and eps2 is not None and d is not None
+        values = cls(
+            epsilon1=eps1,
+            epsilon2=eps2,
+            input_dim=d,
+            hidden_units=r.integer("hidden_units", 8, minimum=1, maximum=4096) or 8,
+            theta1_norm_bound=r.real("theta1_norm_bound", 1.0, minimum=0, exclusive_minimum=True) or 1.0,
+            epochs=_read_epochs(r, 1),
+            task_order=_read_task_order(r),
+            learning_rate=r.real("learning_rate", 0.05, minimum=0, exclusive_minimum=True) or 0.05,
+            encoder_learning_rate=r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0,
+            weight_decay=r.real("weight_decay", 0.0, minimum=0) or 0.0,
+            num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
+            seed=_read_seed(r),
+        )
+        r.finish()
+        return values
+
+
+def l2dp_ml_event(p: L2dpMlParams, batch_size: int) -> FunctionalMechanismL2DPEvent:
+    """The per-batch event every stage of the run reserves (|hπ| = |h1|: G is the output layer)."""
+    return FunctionalMechanismL2DPEvent(
+        epsilon1=p.epsilon1,
+        epsilon2=p.epsilon2,
+        input_dim=p.input_dim,
+        hidden_units=p.hidden_units,
+        output_hidden_units=p.hidden_units,
+        batch_size=batch_size,
+        theta1_norm_bound=p.theta1_norm_bound,
+    )
+
+
+@dataclass
+class PerturbedBatch:
+    """One batch after its single noise draw: x̄ (fixed), labels, the scaled χ2 and χ3."""
+
+    x_bar: torch.Tensor  # (n, d)
+    labels: torch.Tensor  # (n, K) one-hot
+    hidden_noise: torch.Tensor  # (|h1|,) = 2χ2/|B| scaled
+    label_noise: torch.Tensor  # (|hπ|, K) = χ3 scaled (sum form)
+
+
+@dataclass
+class L2dpMlState:
+    params: L2dpMlParams
+    plan: Plan
+    event: FunctionalMechanismL2DPEvent
+    scales: NoiseScales
+    w1: torch.Tensor
+    w2: torch.Tensor
+    num_classes: int
+    record: LifelongRecord
+    picker: np.random.Generator
+    position: int = 0
+
+
+class L2dpMlTrainer:
+    """L2DP-ML as a staged trainer (module docstring; ``service.worker.stages``)."""
+
+    algorithm: ClassVar[str] = "l2dp_ml"
+
+    def __init__(self, *, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+
+    def parse_params(self, params: Mapping[str, Any]) -> L2dpMlParams:
+        return L2dpMlParams.read(params)
+
+    @staticmethod
+    def declared_batch_size(tasks: Sequence[LedgerTask]) -> int:
+        return max(b.size for t in tasks for b in t.batches)
+
+    def stages(self, params: L2dpMlParams, tasks: Sequence[LedgerTask]) -> list[Stage]:
+        plan = make_plan(tasks, task_order=params.task_order, epochs=params.epochs, seed=params.seed)
+        event = l2dp_ml_event(params, self.declared_batch_size(tasks))
+        commitment = noise_commitment(params.seed)
+        out = []
+        for position, task in enumerate(plan.order):
+            memory = plan.memory_before(position)
+            out.append(
+                Stage(
+                    index=position + 1,
+                    name=f"task {task.name}",
+                    batch_ids=(*task.batch_ids, *memory),
+                    event=event,
+                    noise_commitment=commitment,
+                    info={
+                        "task": task.index,
+                        "epochs": plan.epochs[position],
+                        "memory_batches": len(memory),
+                    },
+                )
+            )
+        return out
+
+    def start(self, params: L2dpMlParams, data: LoadedData, tasks: Sequence[LedgerTask]) -> L2dpMlState:
+        if data.n_features != params.input_dim:
+            raise InvalidParamsError(
+                "params.input_dim",
+                f"must be the data's number of features ({data.n_features}). Found {params.input_dim}.",
+            )
+        num_classes = params.num_classes if params.num_classes is not None else data.num_classes
+        if num_classes < data.num_classes:
+            raise InvalidParamsError(
+                "params.num_classes",
+                f"must cover the data's {data.num_classes} classes. Found {num_classes}.",
+            )
+        plan = make_plan(tasks, task_order=params.task_order, epochs=params.epochs, seed=params.seed)
+        event = l2dp_ml_event(params, self.declared_batch_size(tasks))
+        init = torch.Generator(device="cpu")
+        init.manual_seed(int(np.random.SeedSequence([params.seed, 1]).generate_state(1)[0]))
+        h1, d = params.hidden_units, params.input_dim
+        w1 = (torch.rand(h1, d, generator=init, dtype=torch.float64) * 2 - 1).to(self.device)
+        w1 = project_theta1(w1 * params.theta1_norm_bound * 4 / d, params.theta1_norm_bound)
+        w2 = torch.zeros(num_classes, h1, dtype=torch.float64, device=self.device)
+        picker = np.random.default_rng(np.random.SeedSequence([params.seed, 2]))
+        return L2dpMlState(
+            params, plan, event, noise_scales(event), w1, w2, num_classes, LifelongRecord.of(data), picker
+        )
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def perturb(
+        self, state: L2dpMlState, batch_id: str, features: np.ndarray, labels: np.ndarray
+    ) -> PerturbedBatch:
+        """The batch's single perturbation (Alg. 2 line 2), reproducible from (seed, batch id)."""
+        p, s = state.params, state.scales
+        chi1, chi2, chi3 = batch_noise(
+            p.seed,
+            batch_id,
+            input_dim=p.input_dim,
+            hidden_units=p.hidden_units,
+            num_classes=state.num_classes,
+        )
+        x = np.clip(features.astype(np.float64), 0.0, 1.0)
+        x_bar = torch.from_numpy(x + s.input * chi1).to(self.device)
+        one_hot = F.one_hot(torch.from_numpy(labels), state.num_classes).to(self.device, torch.float64)
+        return PerturbedBatch(
+            x_bar,
+            one_hot,
+            torch.from_numpy(s.hidden * chi2).to(self.device),
+            torch.from_numpy(s.labels * chi3).to(self.device),
+        )
+
+    @staticmethod
+    def gradient(
+        w1: torch.Tensor, w2: torch.Tensor, batch: PerturbedBatch, weight_decay: float = 0.0
+    ) -> torch.Tensor:
+        """g = {∇θ1 R̄_B, ∇θ2 L̄_B} at (W1, W2), flat (module docstring), mean over the batch."""
+        n = batch.x_bar.shape[0]
+        h_bar = (batch.x_bar @ w1.T).clamp(-1.0, 1.0) + batch.hidden_noise  # (n, h1)
+        # Eq. 13: ∂R̄/∂θ1[s, j] = Σ_r h̄_rj (½ − x̄_rs); W1 = θ1ᵀ, so ∂/∂W1[j, s].
+        g1 = h_bar.T @ (0.5 - batch.x_bar) / n
+        h_pi = h_bar.clamp(-1.0, 1.0)
+        z = h_pi @ w2.T  # (n, K)
+        # ∂L̄/∂W2_k = Σ_r (½ + ¼ z_rk) hπ_r − (Σ_r y_rk hπ_r + χ3_k)
+        coefficients = (batch.labels.T @ h_pi + batch.label_noise.T) / n  # (K, hπ)
+        g2 = (0.5 + 0.25 * z).T @ h_pi / n - coefficients + weight_decay * w2
+        return flatten([g1, g2])
+
+    def _step(self, state: L2dpMlState, batch: PerturbedBatch, memory: Sequence[PerturbedBatch]) -> None:
+        p = state.params
+        g = self.gradient(state.w1, state.w2, batch, p.weight_decay)
+        if memory:
+            reference = memory[int(state.picker.integers(len(memory)))]
+            g = agem_project(g, self.gradient(state.w1, state.w2, reference, p.weight_decay))
+        g1, g2 = unflatten(g, [state.w1, state.w2])
+        w1 = state.w1 - p.encoder_learning_rate * g1
+        state.w1 = project_theta1(w1, p.theta1_norm_bound)
+        state.w2 = state.w2 - p.learning_rate * g2
+
+    def predict(self, w1: torch.Tensor, w2: torch.Tensor, features: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(np.clip(features.astype(np.float64), 0.0, 1.0)).to(self.device)
+        h = (x @ w1.T).clamp(-1.0, 1.0)
+        return (h @ w2.T).argmax(dim=1).cpu().numpy()
+
+    def train_stage(
+        self, state: L2dpMlState, stage: Stage, data: LoadedData, records: Mapping[str, tuple[str, ...]]
+    ) -> StageRelease:
+        position = state.position
+        task = state.plan.order[position]
+        features: dict[str, np.ndarray] = {}
+        labels: dict[str, np.ndarray] = {}
+        index = {r: (split, i) for split in data.train for i, r in enumerate(split.record_ids)}
+        for batch_id, ids in records.items():
+            rows = [index[r] for r in ids]
+            features[batch_id] = np.stack([split.features[i] for split, i in rows])
+            labels[batch_id] = np.asarray([split.labels[i] for split, i in rows], dtype=np.int64)
+        perturbed = {b: self.perturb(state, b, features[b], labels[b]) for b in records}
+        current = [perturbed[b] for b in task.batch_ids]
+        memory = [perturbed[b] for b in state.plan.memory_before(position)]
+        order = np.random.default_rng(np.random.SeedSequence([state.params.seed, 3, position]))
+        for _ in range(state.plan.epochs[position]):
+            for i in order.permutation(len(current)):
+                self._step(state, current[int(i)], memory)
+        state.record.learnt(data, [r for b in task.batch_ids for r in records[b]])
+        state.position += 1
+        w1, w2 = state.w1, state.w2
+        metrics = state.record.evaluate(lambda x: self.predict(w1, w2, x))
+        metrics["theta1_norm"] = theta1_norm(w1)
+        metrics["epochs"] = state.plan.epochs[position]
+        model_state = {
+            "encoder.weight": w1.detach().to("cpu", torch.float32, copy=True),
+            "classifier.weight": w2.detach().to("cpu", torch.float32, copy=True),
+        }
+        return StageRelease(model_state, metrics)
+
+
+# ---------------------------------------------------------------------------------------------
+# NaiveGaussian (DP-SGD + A-gem) and the noiseless A-gem baseline
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NaiveGaussianParams:
+    """A NaiveGaussian job's params, validated. Exactly one of ``noise_multiplier`` and
+    ``target_epsilon`` (with ``delta``): the whole run's ε under a sequential Rényi filter."""
+
+    noise_multiplier: float | None
+    target_epsilon: float | None
+    delta: float | None
+    sampling_probability: float = 0.2
+    epochs: int | tuple[int, ...] = 1
+    task_order: tuple[int, ...] | None = None
+    hidden: int = 32
+    max_grad_norm: float = 1.0
+    learning_rate: float = 0.5
+    num_classes: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def read(cls, params: Mapping[str, Any]) -> NaiveGaussianParams:
+        r = JobParams(params)
+        if r.has("target_epsilon") == r.has("noise_multiplier"):
+            raise InvalidParamsError(
+                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
+            )
+        if r.has("target_epsilon") and not r.has("delta"):
+            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+        values = cls(
+            noise_multiplier=r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
+            target_epsilon=r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
+            delta=r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
+            sampling_probability=r.real(
+                "sampling_probability", 0.2, minimum=0, maximum=1, exclusive_minimum=True
+            )
+            or 0.2,
+            epochs=_read_epochs(r, 1),
+            task_order=_read_task_order(r),
+            hidden=r.integer("hidden", 32, minimum=1, maximum=4096) or 32,
+            max_grad_norm=r.real("max_grad_norm", 1.0, minimum=0, exclusive_minimum=True) or 1.0,
+            learning_rate=r.real("learning_rate", 0.5, minimum=0, exclusive_minimum=True) or 0.5,
+            num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
+            seed=_read_seed(r),
+        )
+        r.finish()
+        return values
+
+
+def naive_steps(epochs: int, sampling_probability: float) -> int:
+    """T = ⌈epochs/q⌉ Poisson-sampled steps."""
+    return max(1, math.ceil(epochs / sampling_probability - 1e-9))
+
+
+def calibrate_sequential_noise(
+    *, target_epsilon: float, delta: float, sampling_probability: float, steps: Sequence[int]
+) -> float:
+    """The smallest σ (to 1e-3, relative) whose stages, all charged to one batch (the first task's
+    memory batch reads every stage), fit the Rényi filter of a ``sequential``/``rdp`` budget
+    (ε, δ) with the default order grid: exactly the ledger's admission test."""
+    from accountant.exact import exact_add
+    from accountant.rules import Budget, renyi_filter
+    from accountant.rules.sequential import rdp_charge
+
+    budget = Budget.create(
+        rule="sequential", epsilon=repr(target_epsilon), delta=repr(delta), accountant="rdp"
+    )
+    assert budget.orders is not None
+    orders = budget.orders
+    flt = renyi_filter(budget)
+
+    def fits(sigma: float) -> bool:
+        total = tuple(Decimal(0) for _ in orders)
+        for t in steps:
+            charge = rdp_charge(
+                dp_sgd_event(sampling_probability=sampling_probability, noise_multiplier=sigma, steps=t),
+                orders,
+            )
+            total = tuple(exact_add(a, b) for a, b in zip(total, charge, strict=True))
+        return flt.fits(total)
+
+    lo, hi = 0.05, 1.0
+    while not fits(hi):
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise InvalidParamsError("params.target_epsilon", f"cannot be reached. Found {target_epsilon}.")
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
+
+
+@dataclass
+class AgemMlp:
+    """An MLP trained with A-gem: ``gradient(x, y)`` gives g (noisy or exact); the projection and
+    the SGD step are shared."""
+
+    model: nn.Module
+    params: dict[str, torch.Tensor]
+    learning_rate: float
+
+    @classmethod
+    def build(
+        cls,
+        n_features: int,
+        hidden: int,
+        num_classes: int,
+        seed: int,
+        learning_rate: float,
+        device: torch.device,
+    ) -> AgemMlp:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
+            model = MLP(n_features, (hidden,), num_classes)
+        model = model.to(device)
+        return cls(model, {n: q.detach() for n, q in model.named_parameters()}, learning_rate)
+
+    def step(self, g: torch.Tensor, g_ref: torch.Tensor | None) -> None:
+        if g_ref is not None:
+            g = agem_project(g, g_ref)
+        values = list(self.params.values())
+        for tensor, update in zip(values, unflatten(g, values), strict=True):
+            tensor.sub_(self.learning_rate * update)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(features.astype(np.float32)).to(next(iter(self.params.values())).device)
+        with torch.no_grad():
+            logits = functional_call(self.model, self.params, (x,))
+        predicted: np.ndarray = logits.argmax(dim=1).cpu().numpy()
+        return predicted
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {name: value.detach().to("cpu", copy=True) for name, value in self.params.items()}
+
+
+@dataclass
+class NaiveGaussianState:
+    params: NaiveGaussianParams
+    plan: Plan
+    noise_multiplier: float
+    learner: AgemMlp
+    grad_fn: Any
+    record: LifelongRecord
+    sampler: torch.Generator
+    noise: torch.Generator
+    position: int = 0
+
+
+class NaiveGaussianTrainer:
+    """NaiveGaussian: DP-SGD + A-gem with Gaussian-noised g and g_ref, charged sequentially."""
+
+    algorithm: ClassVar[str] = "naive_gaussian"
+
+    def __init__(self, *, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self._sigma: dict[tuple[Any, ...], float] = {}
+
+    def parse_params(self, params: Mapping[str, Any]) -> NaiveGaussianParams:
+        return NaiveGaussianParams.read(params)
+
+    def _noise_multiplier(self, p: NaiveGaussianParams, plan: Plan) -> float:
+        if p.noise_multiplier is not None:
+            return p.noise_multiplier
+        assert p.target_epsilon is not None and p.delta is not None
+        steps = tuple(naive_steps(e, p.sampling_probability) for e in plan.epochs)
+        key = (p.target_epsilon, p.delta, p.sampling_probability, steps)
+        if key not in self._sigma:
+            self._sigma[key] = calibrate_sequential_noise(
+                target_epsilon=p.target_epsilon,
+                delta=p.delta,
+                sampling_probability=p.sampling_probability,
+                steps=steps,
+            )
+        return self._sigma[key]
+
+    def _plan(self, p: NaiveGaussianParams, tasks: Sequence[LedgerTask]) -> Plan:
+        return make_plan(tasks, task_order=p.task_order, epochs=p.epochs, seed=p.seed)
+
+    def stages(self, params: NaiveGaussianParams, tasks: Sequence[LedgerTask]) -> list[Stage]:
+        plan = self._plan(params, tasks)
+        sigma = self._noise_multiplier(params, plan)
+        out = []
+        for position, task in enumerate(plan.order):
+            memory = plan.memory_before(position)
+            steps = naive_steps(plan.epochs[position], params.sampling_probability)
+            event: DpEvent = dp_sgd_event(
+                sampling_probability=params.sampling_probability, noise_multiplier=sigma, steps=steps
+            )
+            out.append(
+                Stage(
+                    index=position + 1,
+                    name=f"task {task.name}",
+                    batch_ids=(*task.batch_ids, *memory),
+                    event=event,
+                    info={
+                        "task": task.index,
+                        "epochs": plan.epochs[position],
+                        "steps": steps,
+                        "noise_multiplier": sigma,
+                        "memory_batches": len(memory),
+                    },
+                )
+            )
+        return out
+
+    def start(
+        self, params: NaiveGaussianParams, data: LoadedData, tasks: Sequence[LedgerTask]
+    ) -> NaiveGaussianState:
+        num_classes = params.num_classes if params.num_classes is not None else data.num_classes
+        plan = self._plan(params, tasks)
+        learner = AgemMlp.build(
+            data.n_features, params.hidden, num_classes, params.seed, params.learning_rate, self.device
+        )
+        seeds = np.random.SeedSequence([params.seed, 4]).generate_state(2, dtype=np.uint64)
+        sampler = torch.Generator(device="cpu")
+        sampler.manual_seed(int(seeds[0]))
+        noise = torch.Generator(device=self.device)
+        noise.manual_seed(int(seeds[1]))
+        return NaiveGaussianState(
+            params,
+            plan,
+            self._noise_multiplier(params, plan),
+            learner,
+            per_example_gradient_fn(learner.model, num_classes),
+            LifelongRecord.of(data),
+            sampler,
+            noise,
+        )
+
+    def _noisy_gradient(self, state: NaiveGaussianState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        p = state.params
+        idx = poisson_sample(x.shape[0], p.sampling_probability, state.sampler).to(x.device)
+        params = state.learner.params
+        if idx.numel() == 0:
+            grads = {n: q.new_zeros((0, *q.shape)) for n, q in params.items()}
+        else:
+            grads = state.grad_fn(params, x[idx], y[idx])
+        noisy = noisy_mean_gradient(
+            grads,
+            max_grad_norm=p.max_grad_norm,
+            noise_multiplier=state.noise_multiplier,
+            expected_batch_size=p.sampling_probability * x.shape[0],
+            generator=state.noise,
+        )
+        return flatten([noisy[n] for n in params])
+
+    def train_stage(
+        self,
+        state: NaiveGaussianState,
+        stage: Stage,
+        data: LoadedData,
+        records: Mapping[str, tuple[str, ...]],
+    ) -> StageRelease:
+        position = state.position
+        task = state.plan.order[position]
+        current_ids = {r for b in task.batch_ids for r in records[b]}
+        memory_ids = {r for b in state.plan.memory_before(position) for r in records[b]}
+        features, labels = data.train_arrays()
+        ids = data.record_ids
+        cur = np.asarray([r in current_ids for r in ids])
+        mem = np.asarray([r in memory_ids for r in ids])
+        x = torch.from_numpy(features).to(self.device)
+        y = torch.from_numpy(labels).to(self.device)
+        x_cur, y_cur = x[torch.from_numpy(cur).to(self.device)], y[torch.from_numpy(cur).to(self.device)]
+        x_mem, y_mem = x[torch.from_numpy(mem).to(self.device)], y[torch.from_numpy(mem).to(self.device)]
+        steps = naive_steps(state.plan.epochs[position], state.params.sampling_probability)
+        for _ in range(steps):
+            g = self._noisy_gradient(state, x_cur, y_cur)
+            g_ref = self._noisy_gradient(state, x_mem, y_mem) if x_mem.shape[0] else None
+            state.learner.step(g, g_ref)
+        state.record.learnt(data, sorted(current_ids))
+        state.position += 1
+        metrics = state.record.evaluate(state.learner.predict)
+        metrics["epochs"] = state.plan.epochs[position]
+        return StageRelease(state.learner.model_state(), metrics)
+
+
+def train_noiseless_agem(
+    data: LoadedData,
+    *,
+    task_order: Sequence[int],
+    batch_size: int,
+    epochs: Sequence[int],
+    hidden: int = 32,
+    learning_rate: float = 0.5,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Non-private A-gem (Chaudhry et al. 2019) on the same fixed batches: exact mean gradients,
+    one random batch per task joins the memory. Returns each task's metrics (``LifelongRecord``).
+    Not a job: it has no finite ε."""
+    dev = torch.device(device) if device is not None else default_device()
+    splits = {s.task: s for s in data.train}
+    learner = AgemMlp.build(data.n_features, hidden, data.num_classes, seed, learning_rate, dev)
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(learner.model, params, (x,)), y)
+
+    gradient = grad(loss)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 5]))
+    record = LifelongRecord.of(data)
+    memory: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out = []
+    for position, task in enumerate(task_order):
+        split = splits[task]
+        batches = []
+        for start in range(0, len(split), batch_size):
+            x = torch.from_numpy(split.features[start : start + batch_size]).to(dev)
+            y = torch.from_numpy(split.labels[start : start + batch_size]).to(dev)
+            batches.append((x, y))
+        for _ in range(epochs[position]):
+            for i in rng.permutation(len(batches)):
+                x, y = batches[int(i)]
+                g_dict = gradient(learner.params, x, y)
+                g = flatten([g_dict[n] for n in learner.params])
+                g_ref = None
+                if memory:
+                    xm, ym = memory[int(rng.integers(len(memory)))]
+                    r_dict = gradient(learner.params, xm, ym)
+                    g_ref = flatten([r_dict[n] for n in learner.params])
+                learner.step(g, g_ref)
+        memory.append(batches[int(rng.integers(len(batches)))])
+        record.seen.append(task)
+        out.append(record.evaluate(learner.predict))
+    return out
+
+
+__all__ = [
+    "L2dpMlParams",
+    "L2dpMlTrainer",
+    "NaiveGaussianParams",
+    "NaiveGaussianTrainer",
+    "NoiseScales",
+    "batch_noise",
+    "calibrate_sequential_noise",
+    "epsilon1_for",
+    "l2dp_ml_event",
+    "noise_commitment",
+    "noise_scales",
+    "project_l1_rows",
+    "project_theta1",
+    "train_noiseless_agem",
+]

@@ -1,0 +1,79 @@
+"""``ledger experiment pretrained --quick`` end to end: four algorithms as jobs behind the gate
+of an embedded SQLite ledger, the JSON report, the PNG plots and the printed table."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("matplotlib")
+
+from service.cli import main
+from service.experiments.pretrained import average_accuracy, average_forgetting
+
+
+def test_metrics_follow_eq_a4_to_a6() -> None:
+    matrix = [[1.0], [0.8, 0.9], [0.5, 0.7, 1.0]]
+    assert average_accuracy(matrix) == pytest.approx((0.5 + 0.7 + 1.0) / 3)
+    # task 1: max(1.0, 0.8) − 0.5; task 2: 0.9 − 0.7
+    assert average_forgetting(matrix) == pytest.approx(((1.0 - 0.5) + (0.9 - 0.7)) / 2)
+    assert average_forgetting([[0.7]]) is None
+
+
+def test_quick_pretrained_experiment_writes_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(
+            [
+                "experiment",
+                "pretrained",
+                "--quick",
+                "--tasks",
+                "2",
+                "--epsilons",
+                "8",
+                "--out",
+                str(tmp_path),
+                "--device",
+                "cpu",
+            ]
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0
+    printed = capsys.readouterr().out
+    for method in ("Cosine classifier", "PEFT ensemble", "Naive", "Full Data"):
+        assert method in printed
+    report = json.loads((tmp_path / "report.json").read_text())
+    runs = {r["algorithm"]: r for r in report["runs"]}
+    assert set(runs) == {"cosine_classifier", "peft_ensemble", "peft_naive", "peft_full_data"}
+    for run in runs.values():
+        assert run["status"] == "succeeded" and run["versions"] == 2
+        assert len(run["accuracy_matrix"]) == 2
+    # Parallel datasets: one release's ε per task, never more; Full-Data's task 1 is charged twice.
+    for algorithm in ("cosine_classifier", "peft_ensemble", "peft_naive"):
+        ledger = runs[algorithm]["ledger"]
+        assert Decimal(ledger["epsilon_spent"]) <= Decimal(8)
+        assert all(Decimal("7.9") < Decimal(e) <= Decimal(8) for e in ledger["task_epsilon"])
+        assert Decimal(ledger["epsilon_after_task"][-1]) == Decimal(ledger["epsilon_spent"])
+    full = runs["peft_full_data"]["ledger"]
+    first, last = (Decimal(e) for e in full["task_epsilon"])
+    assert first > last > 0 and first > Decimal(8)  # two charges on task 1, one on task 2
+    assert [Decimal(e) for e in full["epsilon_after_task"]] == sorted(
+        Decimal(e) for e in full["epsilon_after_task"]
+    )
+    # The naive head forgets the first task; the ensemble and the cosine classifier do not.
+    assert runs["peft_naive"]["average_forgetting"] > 0.5
+    assert runs["cosine_classifier"]["average_forgetting"] < 0.2
+    assert runs["cosine_classifier"]["average_accuracy"] > runs["peft_naive"]["average_accuracy"] + 0.2
+    for name in ("accuracy.png", "ledger_epsilon.png"):
+        assert (tmp_path / name).stat().st_size > 1000
