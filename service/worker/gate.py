@@ -620,7 +620,9 @@ def _run_staged(
     if not stages:
         raise _fail(run, _error("invalid_input", "the run has no stages for this dataset.", field="params"))
     jobs.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
-    data: LoadedData | None = None
+    from service.worker.data import RecordIndex
+
+    data: RecordIndex | None = None
     of_batch: dict[str, list[str]] = {}
     state: Any = None
     charged: dict[str, Decimal] = {}  # per batch: the sum of this job's committed charges
@@ -642,14 +644,14 @@ def _run_staged(
             )
         except LedgerError as exc:
             raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
-        run.reservation_id = reserved["id"]
-        jobs.record_reservation(db, job.lease, run.reservation_id)
+        run.reservation_id = reserved["id"]  # (a retry finds it by its idempotency key)
         if data is None:  # the first granted reservation: only now is the source read
-            data, of_batch = _load_checked(run, loader)
+            loaded, of_batch = _load_checked(run, loader)
             try:
-                check_source_tasks(data, tasks, of_batch)
+                check_source_tasks(loaded, tasks, of_batch)
             except ValueError as exc:
                 raise _fail(run, _error("record_mismatch", str(exc), field="params.data_source")) from None
+            data = RecordIndex(loaded)
             state = run.trainer.start(params, data.restrict(()), tasks)
         records = {batch_id: tuple(of_batch.get(batch_id, ())) for batch_id in stage.batch_ids}
         try:
