@@ -561,6 +561,14 @@ def finish(
         )
 
 
+def ended_under(db: Database, lease: Lease) -> bool:
+    """Whether the job left ``running`` under this lease (finished or handed back by its own
+    worker, no later claim): a heartbeat that races the end of its job is not a lost lease."""
+    with db.session(readonly=True) as session:
+        row = session.execute(select(Job.status, Job.attempts).where(Job.id == lease.job_id)).one_or_none()
+    return row is not None and row.status != "running" and row.attempts == lease.attempt
+
+
 def release(db: Database, lease: Lease, *, now: datetime | None = None) -> None:
     """Hand the job back (the worker is shutting down): ``queued`` again, lease dropped.
 
@@ -593,6 +601,7 @@ __all__ = [
     "claim",
     "create_job",
     "default_model_name",
+    "ended_under",
     "finish",
     "get_job",
     "heartbeat",

@@ -165,6 +165,8 @@ class Worker:
             try:
                 beat = jobs.heartbeat(self.db, job.lease, self.lease_s, progress_step=control.step)
             except LeaseLost:
+                if done.is_set() or jobs.ended_under(self.db, job.lease):
+                    return  # the beat raced the end of the job: nothing was lost
                 logger.warning("worker %s lost the lease of job %s", self.worker_id, job.id)
                 control.lost.set()
                 return

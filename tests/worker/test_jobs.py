@@ -171,6 +171,8 @@ def test_an_expired_lease_is_claimed_again_and_the_old_owner_is_locked_out(db: D
     assert b is not None and b.id == job_id and b.attempt == 2
     with pytest.raises(jobs.LeaseLost):
         jobs.heartbeat(db, a.lease, 5)
+    assert not jobs.ended_under(db, a.lease)  # a's lease was lost: b claimed the job
+    assert not jobs.ended_under(db, b.lease)  # still running under b
     with pytest.raises(jobs.LeaseLost):
         jobs.record_progress(db, a.lease, step=4)
     with pytest.raises(jobs.LeaseLost):
@@ -179,8 +181,9 @@ def test_an_expired_lease_is_claimed_again_and_the_old_owner_is_locked_out(db: D
     row = job_row(db, job_id)
     assert row.status == "failed" and row.lease_owner is None and row.attempts == 2
     assert row.progress_step == 3
-    with pytest.raises(jobs.LeaseLost):
+    with pytest.raises(jobs.LeaseLost):  # a beat that races the end of its own job ...
         jobs.heartbeat(db, b.lease, 5)
+    assert jobs.ended_under(db, b.lease)  # ... is told apart from a lost lease
 
 
 def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, tmp_path: Path) -> None:
