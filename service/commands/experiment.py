@@ -27,12 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     which = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
     for name, summary in EXPERIMENTS.items():
-        try:
-            module = _module(name)
-        except ModuleNotFoundError as exc:  # TODO(lead): remove once all three exist
-            if exc.name == f"service.experiments.{name}":
-                continue
-            raise
+        module = _module(name)
         sub = which.add_parser(name, help=summary, description=summary)
         sub.add_argument(
             "--out", type=Path, default=None, help=f"output folder (default ./experiments/{name})"
