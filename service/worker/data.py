@@ -255,7 +255,10 @@ def parse_source(uri: str) -> DataSource:
     """Validate ``uri`` (see the module docstring) without reading the data it names."""
     if not isinstance(uri, str) or not uri:
         raise DataSourceError(f"data source must be a non-empty URI string. Found {uri!r}.")
-    parts = urlsplit(uri)
+    try:
+        parts = urlsplit(uri)
+    except ValueError as exc:  # e.g. an unbalanced "[" in the host part
+        raise DataSourceError(f"data source {uri!r} is not a valid URI: {exc}.") from None
     if parts.scheme == "file":
         raw = unquote(parts.netloc + parts.path)
         if parts.query or parts.fragment:

@@ -47,6 +47,7 @@ def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path) -> 
         ("", "non-empty"),
         ("s3://bucket/x.npz", "scheme"),
         ("file:///tmp/x.parquet", ".npz or .csv"),
+        ("file://[x.npz", "not a valid URI"),
         ("file:///tmp/x.npz?a=1", "no query"),
         ("builtin:mnist", "unknown builtin"),
         ("builtin:permuted-digits", "needs \\?tasks=N"),
