@@ -19,11 +19,14 @@ from service.worker.dp_sgd import (  # noqa: E402
     DpSgdParams,
     DpSgdTrainer,
     ModelState,
+    PerExampleGradients,
     TrainingError,
     TrainingPlan,
     clip_factors,
     clipped_sum,
+    flatten_per_example,
     noisy_mean_gradient,
+    noisy_mean_gradient_flat,
     per_example_gradient_fn,
     per_example_norms,
     poisson_sample,
@@ -84,6 +87,58 @@ def test_per_example_gradients_match_opacus_grad_samples(kind: str, hidden: tupl
     nn.functional.cross_entropy(wrapped(x), y, reduction="sum").backward()
     for name, p in wrapped.named_parameters():
         torch.testing.assert_close(ours[name.removeprefix("_module.")], p.grad_sample, atol=1e-6, rtol=1e-5)
+
+
+def test_the_flat_per_example_matrix_and_noisy_mean_equal_the_per_parameter_forms() -> None:
+    torch.manual_seed(2)
+    model = build_model(ModelSpec("mlp", (16,)), n_features=64, num_classes=10)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.rand(11, 64), torch.randint(0, 10, (11,))
+    gradients = PerExampleGradients(model, 10)
+    by_name = gradients(params, x, y)
+    flat = gradients.flat(params, x, y)
+    assert flat.shape == (11, sum(p.numel() for p in params.values()))
+    torch.testing.assert_close(flat, torch.cat([g.reshape(11, -1) for g in by_name.values()], 1))
+    assert gradients.flat(params, x[:0], y[:0]).shape == (0, flat.shape[1])
+    # Same generator state, same noise: the flat form is the per-parameter form, concatenated.
+    kwargs = {"max_grad_norm": 0.3, "noise_multiplier": 1.1, "expected_batch_size": 9.0}
+    noisy = noisy_mean_gradient(by_name, generator=torch.Generator().manual_seed(3), **kwargs)
+    out = torch.empty(flat.shape[1])
+    noisy_flat = noisy_mean_gradient_flat(flat, generator=torch.Generator().manual_seed(3), out=out, **kwargs)
+    assert noisy_flat is out
+    torch.testing.assert_close(noisy_flat, flatten_per_example({k: v[None] for k, v in noisy.items()})[0])
+    factors = clip_factors(per_example_norms(by_name), 0.3)
+    clipped = {k: v / 9.0 for k, v in clipped_sum(by_name, factors).items()}
+    noise = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(3)) * 1.1 * 0.3 / 9.0
+    expected = flatten_per_example({k: v[None] for k, v in clipped.items()})[0] + noise
+    torch.testing.assert_close(noisy_flat, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "hidden"), [("mlp", (32, 16)), ("cnn", (4, 8))])
+def test_compiled_per_example_gradients_equal_the_eager_ones(kind: str, hidden: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(kind, hidden), n_features=64, num_classes=10, image_shape=(1, 8, 8))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    eager, compiled = PerExampleGradients(model, 10), PerExampleGradients(model, 10, compile=True)
+    for batch in (7, 13, 1, 0):  # two sizes through one symbolic trace; 1 and 0 run eagerly
+        x, y = torch.rand(batch, 64), torch.randint(0, 10, (batch,))
+        expected = eager.flat(params, x, y)
+        torch.testing.assert_close(compiled.flat(params, x, y), expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_compile_gradients_is_a_speed_option_only() -> None:
+    data = _toy_data()
+    trainer = DpSgdTrainer(device=CPU)
+    states: list[ModelState] = []
+    for compile_gradients in (False, True):
+        params = {"noise_multiplier": 1.0, "steps": 6, "seed": 5, "momentum": 0.5}
+        plan = trainer.plan({**params, "compile_gradients": compile_gradients}, 40)
+        trainer.train(data, plan, on_checkpoint=lambda s, m, e: states.append(m) is None)
+    for name in states[0]:
+        torch.testing.assert_close(states[0][name], states[1][name], atol=1e-6, rtol=1e-5)
+    assert "compile_gradients" not in trainer.plan({"noise_multiplier": 1.0}, 40).to_json()["params"]
 
 
 def test_poisson_sampling_gives_variable_batches_with_the_right_mean() -> None:
