@@ -11,8 +11,12 @@ Measures, per backend:
   write lock; the ledger groups a process's concurrent spends into one transaction), so this is
   the ledger's worst case. The load generator runs on the same machine and takes CPU from it, so
   by default it is a minimal hand-written HTTP/1.1 client (``RawHttpClient``, ~0.2 ms of CPU per
-  reserve+commit pair; ``--client httpx`` uses httpx, ~2.2 ms). Both its CPU and the server's
-  (all ``ledger serve`` processes, from ``/proc``) per committed spend are reported.
+  reserve+commit pair; ``--client httpx`` uses httpx, ~2.2 ms). CPU per committed spend is
+  reported for the load generator, the server (all ``ledger serve`` processes, from ``/proc``)
+  and PostgreSQL (the backends of the benchmark's database, WAL writer, background writer,
+  checkpointer), so a run on a shared machine still says what the spends cost; with the
+  operations per spend transaction (``ledger_version`` counts transactions: the group size) and
+  the 1-minute load average before each run.
   ``--servers`` runs several server variants in one invocation (another code tree, e.g. an
   export of the last commit, or other ``ledger serve`` arguments), for side-by-side figures on a
   noisy machine.
@@ -112,9 +116,7 @@ def fresh_database(backend: str, postgres_url: str | None, workdir: Path) -> Ite
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield server.set(drivername="postgresql+psycopg", database=name).render_as_string(
-            hide_password=False
-        )
+        yield server.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
     finally:
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -135,12 +137,17 @@ class Seeded:
 
 def _setup_dataset(db: Database, name: str, epsilon: str) -> tuple[str, str]:
     dataset = datasets.create_dataset(
-        db, TENANT, name=name,
+        db,
+        TENANT,
+        name=name,
         budget={"rule": "sequential", "epsilon": epsilon, "delta": "0", "accountant": "basic"},
     )
     task = batches.create_task(db, TENANT, dataset["id"], name="task-0")
     created = batches.create_batches(
-        db, TENANT, dataset["id"], task["id"],
+        db,
+        TENANT,
+        dataset["id"],
+        task["id"],
         batches=[{"name": "batch-0", "records": [f"{name}-record-{i}" for i in range(64)]}],
     )
     return dataset["id"], created["data"][0]["id"]
@@ -208,21 +215,31 @@ def seed_charges(db: Database, count: int) -> Seeded:
     _clone_rows(db, held["id"], clones)
     with db.session() as session:
         session.execute(
-            update(Batch).where(Batch.id == batch_id).values(
-                state=state.to_json(), epsilon_spent=state.epsilon_spent,
-                epsilon_held=state.epsilon_held, delta_spent=state.delta_spent,
+            update(Batch)
+            .where(Batch.id == batch_id)
+            .values(
+                state=state.to_json(),
+                epsilon_spent=state.epsilon_spent,
+                epsilon_held=state.epsilon_held,
+                delta_spent=state.delta_spent,
                 naive_epsilon=state.naive_epsilon,
             )
         )
         session.execute(
-            update(Task).where(Task.id == task_id).values(
-                epsilon_spent=state.epsilon_spent, delta_spent=state.delta_spent,
+            update(Task)
+            .where(Task.id == task_id)
+            .values(
+                epsilon_spent=state.epsilon_spent,
+                delta_spent=state.delta_spent,
                 naive_epsilon=state.naive_epsilon,
             )
         )
         session.execute(
-            update(Dataset).where(Dataset.id == dataset_id).values(
-                epsilon_spent=state.epsilon_spent, delta_spent=state.delta_spent,
+            update(Dataset)
+            .where(Dataset.id == dataset_id)
+            .values(
+                epsilon_spent=state.epsilon_spent,
+                delta_spent=state.delta_spent,
                 naive_epsilon=state.naive_epsilon,
                 charges_committed=Dataset.charges_committed + clones,
                 ledger_version=Dataset.ledger_version + 2 * clones,
@@ -234,9 +251,7 @@ def seed_charges(db: Database, count: int) -> Seeded:
             connection.execute(text("VACUUM ANALYZE reservation_batches"))
     seconds_sql = time.perf_counter() - started
     with db.session(readonly=True) as session:
-        stored = session.scalar(
-            select(Reservation.id).where(Reservation.dataset_id == dataset_id).limit(1)
-        )
+        stored = session.scalar(select(Reservation.id).where(Reservation.dataset_id == dataset_id).limit(1))
         assert stored is not None
     expected = exact_mul(Decimal(repr(SEED_CHARGE)), Decimal(count))
     assert state.epsilon_spent == expected, (state.epsilon_spent, expected)
@@ -262,22 +277,48 @@ def _free_port() -> int:
 
 
 @contextmanager
-def ledger_serve(database_url: str, workers: int, auth_cache_ttl_s: float = 0.0,
-                 server_root: Path = ROOT, serve_args: Sequence[str] = ()) -> Iterator[Server]:
+def ledger_serve(
+    database_url: str,
+    workers: int,
+    auth_cache_ttl_s: float = 0.0,
+    server_root: Path = ROOT,
+    serve_args: Sequence[str] = (),
+) -> Iterator[Server]:
     """``ledger serve`` from ``server_root`` (default this checkout; another directory, e.g. an
     export of an earlier commit, serves that code for a side-by-side comparison in one run)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
-    env.update(LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY, PYTHONUNBUFFERED="1",
-               LEDGER_AUTH_CACHE_TTL_S=str(auth_cache_ttl_s))
+    env.update(
+        LEDGER_BOOTSTRAP_ADMIN_KEY=ADMIN_KEY,
+        PYTHONUNBUFFERED="1",
+        LEDGER_AUTH_CACHE_TTL_S=str(auth_cache_ttl_s),
+    )
     # ``LEDGER_X=value`` among the serve arguments: settings of the server's environment
     env.update(a.partition("=")[::2] for a in serve_args if a.startswith("LEDGER_") and "=" in a)
     serve_args = [a for a in serve_args if not (a.startswith("LEDGER_") and "=" in a)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url",
-         database_url, "--workers", str(workers), "--no-worker", "--no-access-log",
-         "--log-level", "warning", *serve_args],
-        cwd=server_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+            "--workers",
+            str(workers),
+            "--no-worker",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            *serve_args,
+        ],
+        cwd=server_root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     output: list[str] = []
 
@@ -329,19 +370,49 @@ def _process_tree(pid: int) -> list[int]:
     return out
 
 
-def server_cpu_s(pid: int | None) -> float | None:
-    """CPU seconds (user + system) used so far by ``ledger serve`` and its worker processes."""
-    if pid is None or not Path("/proc/self/stat").exists():
-        return None
+def _cpu_s(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds (user + system) used so far by each of the processes ``pids`` (``/proc``)."""
     ticks = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for member in _process_tree(pid):
+    out: dict[int, float] = {}
+    for pid in pids:
         try:
-            fields = Path(f"/proc/{member}/stat").read_text().rpartition(")")[2].split()
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / ticks
+        out[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return out
+
+
+def server_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds used so far by ``ledger serve`` and its worker processes."""
+    if pid is None or not Path("/proc/self/stat").exists():
+        return None
+    return sum(_cpu_s(_process_tree(pid)).values())
+
+
+def postgres_cpu_s(db: Database | None) -> dict[int, float] | None:
+    """CPU seconds used so far, by process, by the PostgreSQL server for this benchmark: the
+    backends connected to its database, and the WAL writer, background writer and checkpointer
+    (shared with anything else on the server). ``None`` on SQLite or when PostgreSQL runs on
+    another machine."""
+    if db is None or db.dialect != "postgresql" or not Path("/proc/self/stat").exists():
+        return None
+    with db.engine.connect() as connection:
+        pids = connection.scalars(
+            text(
+                "SELECT pid FROM pg_stat_activity WHERE "
+                "(datname = current_database() OR backend_type IN "
+                "('walwriter', 'background writer', 'checkpointer'))"
+            )
+        ).all()
+    return _cpu_s(pids) or None
+
+
+def _cpu_used_s(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """CPU seconds the processes present at both readings used between them."""
+    if before is None or after is None:
+        return None
+    return sum(after[pid] - before[pid] for pid in before.keys() & after.keys())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,6 +451,8 @@ class Throughput:
     client: str = "raw"
     client_cpu_ms_per_commit: float | None = None
     server_cpu_ms_per_commit: float | None = None
+    postgres_cpu_ms_per_commit: float | None = None
+    operations_per_transaction: float | None = None  # reserves + commits per spend transaction
 
 
 class RawHttpClient:
@@ -416,9 +489,13 @@ class RawHttpClient:
             payload = b""
         else:
             payload = json.dumps(body, separators=(",", ":")).encode()
-            head = (f"{method} {path} HTTP/1.1\r\n".encode() + self._fixed
-                    + b"Content-Type: application/json\r\nContent-Length: "
-                    + str(len(payload)).encode() + b"\r\n\r\n")
+            head = (
+                f"{method} {path} HTTP/1.1\r\n".encode()
+                + self._fixed
+                + b"Content-Type: application/json\r\nContent-Length: "
+                + str(len(payload)).encode()
+                + b"\r\n\r\n"
+            )
         self._writer.write(head + payload)
         reader = self._reader
         status_line = await reader.readuntil(b"\r\n")
@@ -480,9 +557,16 @@ class HttpxHotClient:
 HotClient = RawHttpClient | HttpxHotClient
 
 
-async def _hot_loop(client: HotClient, dataset: str, batch: str, worker: str,
-                    stop_at: float, reserve_s: list[float], commit_s: list[float],
-                    errors: list[str]) -> int:
+async def _hot_loop(
+    client: HotClient,
+    dataset: str,
+    batch: str,
+    worker: str,
+    stop_at: float,
+    reserve_s: list[float],
+    commit_s: list[float],
+    errors: list[str],
+) -> int:
     commits = 0
     reserve_path = f"/v1/datasets/{dataset}/reservations"
     body = {"batches": [batch], "event": {"kind": "pure_dp", "epsilon": HOT_CHARGE}}
@@ -495,7 +579,8 @@ async def _hot_loop(client: HotClient, dataset: str, batch: str, worker: str,
             continue
         held_id = json.loads(content)["id"]
         status, content = await client.request(
-            "POST", f"/v1/reservations/{held_id}/commit",
+            "POST",
+            f"/v1/reservations/{held_id}/commit",
             {"release": {"model": f"hot-{worker}", "version": commits}},
         )
         t2 = time.perf_counter()
@@ -508,9 +593,15 @@ async def _hot_loop(client: HotClient, dataset: str, batch: str, worker: str,
     return commits
 
 
-async def hot_throughput(base_url: str, clients: int, duration_s: float,
-                         warmup_s: float, client_kind: str = "raw",
-                         server_pid: int | None = None) -> Throughput:
+async def hot_throughput(
+    base_url: str,
+    clients: int,
+    duration_s: float,
+    warmup_s: float,
+    client_kind: str = "raw",
+    server_pid: int | None = None,
+    db: Database | None = None,
+) -> Throughput:
     """Each simulated client has its own keep-alive connection. ``client_kind`` ``raw`` (the
     default): ``RawHttpClient``; ``httpx``: an ``httpx.AsyncClient`` per connection (one client
     object shared by many connections costs the load generator ~8 ms of CPU per request at 64
@@ -521,37 +612,58 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
     pool: list[HotClient] = [factory(base_url, headers) for _ in range(clients)]
     admin = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120)
     try:
-        made = await admin.post("/v1/datasets", json={"name": "hot", "budget": {
-            "rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"}})
+        made = await admin.post(
+            "/v1/datasets",
+            json={
+                "name": "hot",
+                "budget": {"rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"},
+            },
+        )
         dataset = made.json()["id"]
         task = (await admin.post(f"/v1/datasets/{dataset}/tasks", json={"name": "t"})).json()
-        created = await admin.post(f"/v1/datasets/{dataset}/tasks/{task['id']}/batches", json={
-            "batches": [{"name": "b", "records": list(range(256))}]})
+        created = await admin.post(
+            f"/v1/datasets/{dataset}/tasks/{task['id']}/batches",
+            json={"batches": [{"name": "b", "records": list(range(256))}]},
+        )
         batch = created.json()["data"][0]["id"]
 
         # Warm-up (connections, caches, pools), not counted.
         sink: list[float] = []
         warm_errors: list[str] = []
         stop = time.perf_counter() + warmup_s
-        warm_counts = await asyncio.gather(*(
-            _hot_loop(client, dataset, batch, f"{dataset}-warm-{i}", stop, sink, sink,
-                      warm_errors)
-            for i, client in enumerate(pool)
-        ))
+        warm_counts = await asyncio.gather(
+            *(
+                _hot_loop(client, dataset, batch, f"{dataset}-warm-{i}", stop, sink, sink, warm_errors)
+                for i, client in enumerate(pool)
+            )
+        )
         reserve_s: list[float] = []
         commit_s: list[float] = []
         errors: list[str] = []
+        version_before = (await admin.get(f"/v1/datasets/{dataset}/spend")).json()["ledger_version"]
         cpu_started = time.process_time()
         server_started = server_cpu_s(server_pid)
+        postgres_started = postgres_cpu_s(db)
         started = time.perf_counter()
-        counts = await asyncio.gather(*(
-            _hot_loop(client, dataset, batch, f"{dataset}-{i}", started + duration_s, reserve_s,
-                      commit_s, errors)
-            for i, client in enumerate(pool)
-        ))
+        counts = await asyncio.gather(
+            *(
+                _hot_loop(
+                    client,
+                    dataset,
+                    batch,
+                    f"{dataset}-{i}",
+                    started + duration_s,
+                    reserve_s,
+                    commit_s,
+                    errors,
+                )
+                for i, client in enumerate(pool)
+            )
+        )
         elapsed = time.perf_counter() - started
         client_cpu_s = time.process_time() - cpu_started
         server_ended = server_cpu_s(server_pid)
+        postgres_ended = postgres_cpu_s(db)
         spend_after = (await admin.get(f"/v1/datasets/{dataset}/spend")).json()
     finally:
         for client in pool:
@@ -567,17 +679,30 @@ async def hot_throughput(base_url: str, clients: int, duration_s: float,
     if not errors and not warm_errors:
         assert Decimal(spend_after.get("epsilon_held", "0")) == 0, spend_after
     return Throughput(
-        clients=clients, duration_s=round(elapsed, 2), commits=commits,
-        commits_per_s=round(commits / elapsed, 1), errors=len(errors + warm_errors),
+        clients=clients,
+        duration_s=round(elapsed, 2),
+        commits=commits,
+        commits_per_s=round(commits / elapsed, 1),
+        errors=len(errors + warm_errors),
         error_samples=(errors + warm_errors)[:3],
-        reserve=summary_ms(reserve_s), commit=summary_ms(commit_s),
-        spend_after={k: spend_after.get(k) for k in ("epsilon_spent", "charges_committed",
-                                                     "epsilon_held")},
+        reserve=summary_ms(reserve_s),
+        commit=summary_ms(commit_s),
+        spend_after={k: spend_after.get(k) for k in ("epsilon_spent", "charges_committed", "epsilon_held")},
         client=client_kind,
         client_cpu_ms_per_commit=round(1000 * client_cpu_s / commits, 3) if commits else None,
         server_cpu_ms_per_commit=(
             round(1000 * (server_ended - server_started) / commits, 3)
-            if commits and server_started is not None and server_ended is not None else None),
+            if commits and server_started is not None and server_ended is not None
+            else None
+        ),
+        postgres_cpu_ms_per_commit=(
+            round(1000 * postgres_used / commits, 3)
+            if commits and (postgres_used := _cpu_used_s(postgres_started, postgres_ended)) is not None
+            else None
+        ),
+        operations_per_transaction=round(
+            2 * commits / max(1, spend_after["ledger_version"] - version_before), 2
+        ),
     )
 
 
@@ -623,35 +748,51 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
                 tenancy.ensure_bootstrap_admin_key(db, ADMIN_KEY)
                 print(f"[{backend}] seeding {args.charges} committed charges ...", flush=True)
                 seeded = seed_charges(db, args.charges)
-                print(f"[{backend}]   rules {seeded.seconds_rules:.1f} s, "
-                      f"bulk SQL {seeded.seconds_sql:.1f} s", flush=True)
-                results: dict[str, Any] = {"backend": backend, "seed": asdict(seeded),
-                                           "runs": []}
+                print(
+                    f"[{backend}]   rules {seeded.seconds_rules:.1f} s, bulk SQL {seeded.seconds_sql:.1f} s",
+                    flush=True,
+                )
+                results: dict[str, Any] = {"backend": backend, "seed": asdict(seeded), "runs": []}
                 for (root, serve_args), workers, ttl in itertools.product(
-                        args.servers, args.workers, args.auth_cache_ttl):
+                    args.servers, args.workers, args.auth_cache_ttl
+                ):
                     server = f"{root}{' ' + serve_args if serve_args else ''}"
-                    with ledger_serve(url, workers, ttl, Path(root), serve_args.split()
-                                      ) as running:
-                        print(f"[{backend}] {server} workers={workers} auth cache={ttl:g}s: "
-                              "spend queries ...", flush=True)
-                        queries = spend_queries(running.base_url, db, seeded,
-                                                args.spend_queries)
-                        for clients, client_kind in itertools.product(args.clients,
-                                                                      args.client):
-                            print(f"[{backend}] workers={workers} clients={clients} "
-                                  f"({client_kind}): {args.duration:g} s of reserve+commit ...",
-                                  flush=True)
+                    with ledger_serve(url, workers, ttl, Path(root), serve_args.split()) as running:
+                        print(
+                            f"[{backend}] {server} workers={workers} auth cache={ttl:g}s: spend queries ...",
+                            flush=True,
+                        )
+                        queries = spend_queries(running.base_url, db, seeded, args.spend_queries)
+                        for clients, client_kind in itertools.product(args.clients, args.client):
+                            print(
+                                f"[{backend}] workers={workers} clients={clients} "
+                                f"({client_kind}): {args.duration:g} s of reserve+commit ...",
+                                flush=True,
+                            )
                             load_before = os.getloadavg()[0]
-                            hot = asyncio.run(hot_throughput(
-                                running.base_url, clients, args.duration, args.warmup,
-                                client_kind, running.process.pid))
-                            results["runs"].append({
-                                "server_root": root, "serve_args": serve_args,
-                                "workers": workers, "clients": clients,
-                                "auth_cache_ttl_s": ttl,
-                                "load_average_1m_before": round(load_before, 2),
-                                "hot": asdict(hot), "spend_query": queries,
-                            })
+                            hot = asyncio.run(
+                                hot_throughput(
+                                    running.base_url,
+                                    clients,
+                                    args.duration,
+                                    args.warmup,
+                                    client_kind,
+                                    running.process.pid,
+                                    db,
+                                )
+                            )
+                            results["runs"].append(
+                                {
+                                    "server_root": root,
+                                    "serve_args": serve_args,
+                                    "workers": workers,
+                                    "clients": clients,
+                                    "auth_cache_ttl_s": ttl,
+                                    "load_average_1m_before": round(load_before, 2),
+                                    "hot": asdict(hot),
+                                    "spend_query": queries,
+                                }
+                            )
                 return results
             finally:
                 db.dispose()
@@ -660,10 +801,12 @@ def run_backend(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    header = (f"{'backend':<10} {'server':<24} {'client':<6} {'cpu/c':>6} {'srv/c':>6} "
-              f"{'workers':>7} {'auth$':>5} {'clients':>7} {'commits/s':>10} "
-              f"{'reserve p50':>11} {'p99':>8} {'commit p50':>10} {'p99':>8} "
-              f"{'spend@1e6 p50':>13} {'p99':>8} {'errors':>6}")
+    header = (
+        f"{'backend':<10} {'server':<24} {'client':<6} {'cpu/c':>6} {'srv/c':>6} "
+        f"{'pg/c':>5} {'ops/tx':>6} {'workers':>7} {'auth$':>5} {'clients':>7} "
+        f"{'commits/s':>10} {'reserve p50':>11} {'p99':>8} {'commit p50':>10} {'p99':>8} "
+        f"{'spend@1e6 p50':>13} {'p99':>8} {'errors':>6} {'load':>5}"
+    )
     print()
     print(header)
     print("-" * len(header))
@@ -674,48 +817,76 @@ def print_table(report: dict[str, Any]) -> None:
             server = (Path(run["server_root"]).name + " " + run["serve_args"])[:24]
             cpu = hot.get("client_cpu_ms_per_commit") or float("nan")
             srv = hot.get("server_cpu_ms_per_commit") or float("nan")
-            print(f"{result['backend']:<10} {server:<24} {hot['client']:<6} {cpu:>6.2f} {srv:>6.2f} "
-                  f"{run['workers']:>7} {cache:>5} {run['clients']:>7} "
-                  f"{hot['commits_per_s']:>10.1f} {hot['reserve']['p50_ms']:>9.1f}ms "
-                  f"{hot['reserve']['p99_ms']:>6.1f}ms {hot['commit']['p50_ms']:>8.1f}ms "
-                  f"{hot['commit']['p99_ms']:>6.1f}ms {query['p50_ms']:>11.2f}ms "
-                  f"{query['p99_ms']:>6.2f}ms {hot['errors']:>6}")
+            pg = hot.get("postgres_cpu_ms_per_commit") or float("nan")
+            ops = hot.get("operations_per_transaction") or float("nan")
+            print(
+                f"{result['backend']:<10} {server:<24} {hot['client']:<6} {cpu:>6.2f} {srv:>6.2f} "
+                f"{pg:>5.2f} {ops:>6.1f} {run['workers']:>7} {cache:>5} {run['clients']:>7} "
+                f"{hot['commits_per_s']:>10.1f} {hot['reserve']['p50_ms']:>9.1f}ms "
+                f"{hot['reserve']['p99_ms']:>6.1f}ms {hot['commit']['p50_ms']:>8.1f}ms "
+                f"{hot['commit']['p99_ms']:>6.1f}ms {query['p50_ms']:>11.2f}ms "
+                f"{query['p99_ms']:>6.2f}ms {hot['errors']:>6} "
+                f"{run['load_average_1m_before']:>5.2f}"
+            )
     print()
-    print("latencies in ms as the client sees them over HTTP; spend@1e6: GET .../spend on a "
-          "dataset with the seeded charges; auth$: LEDGER_AUTH_CACHE_TTL_S; cpu/c: the load "
-          "generator's own CPU ms per committed spend (reserve + commit); srv/c: the server's "
-          "(all its processes; PostgreSQL's own not counted)")
+    print(
+        "latencies in ms as the client sees them over HTTP; spend@1e6: GET .../spend on a "
+        "dataset with the seeded charges; auth$: LEDGER_AUTH_CACHE_TTL_S; cpu/c: the load "
+        "generator's own CPU ms per committed spend (reserve + commit); srv/c: the server's "
+        "(all its processes); pg/c: PostgreSQL's (the benchmark database's backends, WAL "
+        "writer, background writer, checkpointer); ops/tx: reserves + commits per spend "
+        "transaction (group commit); load: 1-minute load average before the run"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backends", default="sqlite,postgres",
-                        help="comma-separated: sqlite, postgres (default both)")
-    parser.add_argument("--postgres-url", default=os.environ.get("LEDGER_TEST_POSTGRES_URL"),
-                        help="PostgreSQL server URL (default: LEDGER_TEST_POSTGRES_URL)")
-    parser.add_argument("--clients", default="32",
-                        help="concurrent clients; comma-separated for several runs (default 32)")
-    parser.add_argument("--workers", default="1",
-                        help="uvicorn worker processes; comma-separated (default 1)")
-    parser.add_argument("--auth-cache-ttl", default="0",
-                        help="LEDGER_AUTH_CACHE_TTL_S of the server; comma-separated (default 0)")
-    parser.add_argument("--client", default="raw",
-                        help="hot-loop HTTP client: raw (asyncio, hand-built HTTP/1.1) or httpx;"
-                        " comma-separated for both (default raw)")
-    parser.add_argument("--servers", default=".",
-                        help="';'-separated server variants, each 'DIR [ledger serve args]': the "
-                        "code in DIR ('.' this checkout; another, e.g. `git archive HEAD | tar -x"
-                        " -C DIR`, serves that code) with extra arguments (LEDGER_X=value ones "
-                        "set the server's environment), for side-by-side comparisons in one run,"
-                        " e.g. '.;. --loop asyncio --http h11;. LEDGER_DB_POOL_SIZE=40' "
-                        "(default '.')")
-    parser.add_argument("--duration", type=float, default=15.0,
-                        help="seconds of reserve+commit per run (default 15)")
+    parser.add_argument(
+        "--backends", default="sqlite,postgres", help="comma-separated: sqlite, postgres (default both)"
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("LEDGER_TEST_POSTGRES_URL"),
+        help="PostgreSQL server URL (default: LEDGER_TEST_POSTGRES_URL)",
+    )
+    parser.add_argument(
+        "--clients", default="32", help="concurrent clients; comma-separated for several runs (default 32)"
+    )
+    parser.add_argument(
+        "--workers", default="1", help="uvicorn worker processes; comma-separated (default 1)"
+    )
+    parser.add_argument(
+        "--auth-cache-ttl",
+        default="0",
+        help="LEDGER_AUTH_CACHE_TTL_S of the server; comma-separated (default 0)",
+    )
+    parser.add_argument(
+        "--client",
+        default="raw",
+        help="hot-loop HTTP client: raw (asyncio, hand-built HTTP/1.1) or httpx;"
+        " comma-separated for both (default raw)",
+    )
+    parser.add_argument(
+        "--servers",
+        default=".",
+        help="';'-separated server variants, each 'DIR [ledger serve args]': the "
+        "code in DIR ('.' this checkout; another, e.g. `git archive HEAD | tar -x"
+        " -C DIR`, serves that code) with extra arguments (LEDGER_X=value ones "
+        "set the server's environment), for side-by-side comparisons in one run,"
+        " e.g. '.;. --loop asyncio --http h11;. LEDGER_DB_POOL_SIZE=40' "
+        "(default '.')",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=15.0, help="seconds of reserve+commit per run (default 15)"
+    )
     parser.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds (default 2)")
-    parser.add_argument("--charges", type=int, default=1_000_000,
-                        help="committed charges seeded for the spend query (default 10^6)")
-    parser.add_argument("--spend-queries", type=int, default=300,
-                        help="spend queries timed (default 300)")
+    parser.add_argument(
+        "--charges",
+        type=int,
+        default=1_000_000,
+        help="committed charges seeded for the spend query (default 10^6)",
+    )
+    parser.add_argument("--spend-queries", type=int, default=300, help="spend queries timed (default 300)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ledger.json")
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
@@ -726,7 +897,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--client: raw and/or httpx")
     args.servers = [
         (str(ROOT) if v.split()[0] == "." else v.split()[0], " ".join(v.split()[1:]))
-        for v in args.servers.split(";") if v.strip()
+        for v in args.servers.split(";")
+        if v.strip()
     ]
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
 
@@ -734,14 +906,19 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "bench/ledger.py",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {
-            "cpus": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_average_1m_at_start": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_1m_at_start": os.getloadavg()[0],
         },
-        "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
-                     "charges": args.charges, "hot_charge_epsilon": HOT_CHARGE,
-                     "seed_charge_epsilon": SEED_CHARGE},
-        "targets": {"postgres_commits_per_s": 500, "postgres_p99_ms": 100,
-                    "spend_query_ms_at_1e6": 20},
+        "settings": {
+            "duration_s": args.duration,
+            "warmup_s": args.warmup,
+            "charges": args.charges,
+            "hot_charge_epsilon": HOT_CHARGE,
+            "seed_charge_epsilon": SEED_CHARGE,
+        },
+        "targets": {"postgres_commits_per_s": 500, "postgres_p99_ms": 100, "spend_query_ms_at_1e6": 20},
         "results": [],
     }
     for backend in backends:

@@ -10,6 +10,7 @@ object is "not found"). A key's lookup may be reused for ``LEDGER_AUTH_CACHE_TTL
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.errors import Forbidden, Unauthorized
 from service.api.metrics import LedgerMetrics
 from service.db.session import Database
-from service.ledger.tenancy import Principal, authenticate, hash_key
+from service.ledger.tenancy import Principal, authenticate_many, hash_key
 
 _RANK: Final = {"viewer": 0, "trainer": 1, "admin": 2}
 
@@ -97,30 +98,79 @@ def _bearer_key(request: Request) -> str:
     return key
 
 
-def _authenticate(database: Database, cache: PrincipalCache, key: str) -> Principal:
-    principal = authenticate(database, key)
-    if principal is None:
-        raise Unauthorized("unknown or revoked API key.")
-    cache.put(key, principal)
-    return principal
+class KeyLookups:
+    """The key lookups of concurrent requests, made together (one per app, on its event loop).
+
+    A request waits on a future while one drain task looks up, in a worker thread and ONE query
+    (``tenancy.authenticate_many``), every key that arrived since the previous lookup began. So
+    each request's lookup still starts after the request arrived (a revocation committed before
+    it is seen, as with a lookup of its own), but a burst of requests shares one thread hop and
+    one database round trip.
+    """
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[str, list[asyncio.Future[Principal | None]]] = {}
+        self._drain: asyncio.Task[None] | None = None
+
+    async def principal(self, database: Database, key: str) -> Principal | None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new loop (an app served again): nothing pending carries over
+            self._loop, self._pending, self._drain = loop, {}, None
+        answer: asyncio.Future[Principal | None] = loop.create_future()
+        self._pending.setdefault(key, []).append(answer)
+        if self._drain is None:
+            self._drain = loop.create_task(self._lookups(database))
+        return await answer
+
+    async def _lookups(self, database: Database) -> None:
+        batch: dict[str, list[asyncio.Future[Principal | None]]] = {}
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                try:
+                    found = await run_in_threadpool(authenticate_many, database, list(batch))
+                except Exception as exc:  # the database is unreachable: each request fails with it
+                    for answers in batch.values():
+                        for answer in answers:
+                            if not answer.done():  # its request may have been cancelled
+                                answer.set_exception(exc)
+                    continue
+                for key, answers in batch.items():
+                    for answer in answers:
+                        if not answer.done():
+                            answer.set_result(found.get(key))
+        finally:
+            self._drain = None
+            for answers in (*batch.values(), *self._pending.values()):  # left by a cancellation
+                for answer in answers:
+                    answer.cancel()
 
 
-async def get_principal(request: Request, database: DatabaseDep) -> Principal:
-    """The caller's principal: one indexed lookup of the key's hash, in the thread pool (or the
-    process's recent lookup, when ``LEDGER_AUTH_CACHE_TTL_S`` allows it)."""
+async def get_principal(request: Request) -> Principal:
+    """The caller's principal: an indexed lookup of the key's hash, shared with concurrent
+    requests (``KeyLookups``), or the process's recent lookup when ``LEDGER_AUTH_CACHE_TTL_S``
+    allows it."""
     key = _bearer_key(request)
-    cache: PrincipalCache = getattr(request.app.state, "principals", _NO_CACHE)
-    cached = cache.get(key)
-    if cached is not None:
-        return cached
-    return await run_in_threadpool(_authenticate, database, cache, key)
+    state = request.app.state
+    cache: PrincipalCache = getattr(state, "principals", _NO_CACHE)
+    principal = cache.get(key)
+    if principal is None:
+        lookups: KeyLookups = state.key_lookups
+        principal = await lookups.principal(state.database, key)
+        if principal is None:
+            raise Unauthorized("unknown or revoked API key.")
+        cache.put(key, principal)
+    return principal
 
 
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 
 
-def require_scope(required: str) -> Callable[[Principal], Awaitable[Principal]]:
-    async def check(principal: PrincipalDep) -> Principal:
+def require_scope(required: str) -> Callable[[Request], Awaitable[Principal]]:
+    # One dependency (no sub-dependencies to solve): it runs on every call.
+    async def check(request: Request) -> Principal:
+        principal = await get_principal(request)
         if _RANK.get(principal.scope, -1) < _RANK[required]:
             raise Forbidden(
                 f"this call needs a {required!r} key; this key's scope is {principal.scope!r}.",
@@ -142,6 +192,7 @@ IdempotencyKeyDep = Annotated[
         alias="Idempotency-Key",
         min_length=1,
         max_length=255,
+        pattern=r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$",  # visible ASCII, inner spaces
         description="A retry with the same key returns the first answer and charges nothing more.",
     ),
 ]

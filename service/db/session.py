@@ -29,9 +29,17 @@ from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import Engine, PrimaryKeyConstraint, UniqueConstraint, create_engine, event, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    PrimaryKeyConstraint,
+    UniqueConstraint,
+    create_engine,
+    event,
+    select,
+)
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import Pool
 
@@ -173,6 +181,18 @@ def translate_integrity_error(exc: IntegrityError) -> LedgerError | None:
     return factory(exc) if factory is not None else None
 
 
+@contextmanager
+def _domain_errors() -> Iterator[None]:
+    """Integrity errors on named constraints leave the block as domain errors."""
+    try:
+        yield
+    except IntegrityError as exc:
+        translated = translate_integrity_error(exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
 # ---------------------------------------------------------------------------------------------
 # Database
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +227,7 @@ class Database:
             expire_on_commit=False,
             autoflush=False,
         )
-        # PostgreSQL: single-statement reads outside a transaction (``read_one``).
+        # PostgreSQL: single-statement reads outside a transaction (``read_all``).
         self._autocommit = (
             self.engine.execution_options(isolation_level="AUTOCOMMIT")
             if self.dialect == "postgresql"
@@ -227,23 +247,28 @@ class Database:
         """
         session = (self._read if readonly else self._write)()
         try:
-            yield session
-            if not readonly:  # a read-only transaction ends with close(), which keeps loaded rows
-                session.commit()
-        except IntegrityError as exc:
-            session.rollback()
-            translated = translate_integrity_error(exc)
-            if translated is None:
-                raise
-            raise translated from exc
-        except BaseException:
-            session.rollback()
-            raise
+            with _domain_errors():
+                try:
+                    yield session
+                    if not readonly:  # a read-only transaction ends with close(), keeping loaded rows
+                        session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
         finally:
             session.close()
 
-    def read_one(self, statement: Any, parameters: dict[str, Any] | None = None) -> Any:
-        """The one row ``statement`` selects, or ``None``: a single-statement read.
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One write transaction on a Core connection, without an ORM session (the spend
+        transactions, which read and write through Core statements only): committed when the
+        block ends, rolled back on any exception. As ``session``: ``BEGIN IMMEDIATE`` on SQLite,
+        integrity errors on named constraints leave as domain errors."""
+        with _domain_errors(), self.engine.connect() as connection, connection.begin():
+            yield connection
+
+    def read_all(self, statement: Any, parameters: dict[str, Any] | None = None) -> list[Any]:
+        """The rows ``statement`` selects: a single-statement read.
 
         PostgreSQL: on an ``AUTOCOMMIT`` connection, so the statement is its own transaction and
         costs one round trip (a read-only session would add ``BEGIN`` and ``ROLLBACK``); it sees
@@ -252,9 +277,9 @@ class Database:
         """
         if self._autocommit is not None:
             with self._autocommit.connect() as connection:
-                return connection.execute(statement, parameters).one_or_none()
+                return list(connection.execute(statement, parameters).all())
         with self.session(readonly=True) as session:
-            return session.execute(statement, parameters).one_or_none()
+            return list(session.execute(statement, parameters).all())
 
     @contextmanager
     def spend_transaction(self, dataset_id: str) -> Iterator[tuple[Session, Dataset | None]]:
@@ -264,6 +289,31 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+@contextmanager
+def pipelined(connection: Connection) -> Iterator[None]:
+    """Send the writes executed in the block together, in one round trip.
+
+    PostgreSQL: psycopg's pipeline mode; each statement is queued and the block's end waits for
+    all of them, so a spend transaction's writes cost one round trip instead of one each. Only
+    writes belong here (a read needs its rows at once). An error raised by a queued statement
+    leaves the block as SQLAlchemy's exception for it (``IntegrityError`` with the violated
+    constraint, so ``translate_integrity_error`` applies). SQLite: no network, nothing to do.
+    """
+    if connection.dialect.name != "postgresql":
+        yield
+        return
+    dbapi_error = connection.dialect.loaded_dbapi.Error
+    driver = connection.connection.driver_connection
+    assert driver is not None  # a connection in a transaction has its DBAPI connection
+    try:
+        with driver.pipeline():
+            yield
+    except dbapi_error as exc:
+        if connection.dialect.is_disconnect(exc, driver, None):
+            connection.invalidate(exc)
+        raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=connection.dialect) from exc
 
 
 def lock_ledger_head(session: Session, dataset_id: str) -> Dataset | None:
@@ -286,5 +336,6 @@ __all__ = [
     "constraint_name",
     "create_ledger_engine",
     "lock_ledger_head",
+    "pipelined",
     "translate_integrity_error",
 ]

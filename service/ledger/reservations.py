@@ -27,6 +27,11 @@ if they had run one after the other; a refused spend changes nothing and gets it
 Each caller gets its answer after that transaction commits. If the group transaction itself fails
 (a constraint race with another process, a deadlock), each spend is retried alone, so one spend's
 failure is never another's. Spends from other processes serialise on the ledger head as before.
+Callers in threads (the worker, the CLI) queue on ``_Combiner``, whose first caller leads;
+coroutines (the HTTP routes: ``reserve_async`` ...) queue on ``_AsyncCombiner``, whose drain task
+runs each group in one worker thread. A group reads and writes through prebuilt SQLAlchemy Core
+statements on the transaction's connection, and its writes are sent together
+(``service.db.session.pipelined``: one round trip on PostgreSQL) while the head is locked.
 
 Aggregates are maintained in the same transaction (per batch: its ``BatchState`` and the numbers
 read from it; per task and per dataset: maxima over their batches, valid because a batch's spend
@@ -36,6 +41,7 @@ is written with the same update of the ledger head. Numbers in answers are decim
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
@@ -47,9 +53,9 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import insert, select, tuple_, update
+import anyio.to_thread
+from sqlalchemy import Connection, bindparam, insert, select, tuple_, update
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
 from accountant import events as ev
 from accountant import rules
@@ -70,7 +76,7 @@ from service.db.models import (
     ReservationBatch,
     Task,
 )
-from service.db.session import Database
+from service.db.session import Database, pipelined
 from service.ledger import audit, certificates, idempotency
 from service.ledger.datasets import cached_budget
 from service.ledger.errors import (
@@ -218,7 +224,7 @@ class _Op:
     done: bool = False
     response: dict[str, Any] | None = None
     error: BaseException | None = None
-    wake: threading.Event = field(default_factory=threading.Event, repr=False)
+    wake: threading.Event | None = field(default=None, repr=False)  # a sync caller's (``_Combiner``)
 
     def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         self.response, self.error, self.done = response, error, True
@@ -280,34 +286,38 @@ _RESERVATION_COLUMNS: Final = (
 )
 
 
+# Statements of the spend transaction, built once: each execution reuses the compiled form.
+_LOAD_RESERVATIONS: Final = (
+    select(
+        *_RESERVATION_COLUMNS,
+        ReservationBatch.batch_id,
+        ReservationBatch.position,
+        ReservationBatch.state_at_reserve,
+        ReservationBatch.cost,
+        ReservationBatch.committed,
+        Batch.task_id,
+        Batch.state,
+        Task.epsilon_spent.label("task_epsilon"),
+        Task.delta_spent.label("task_delta"),
+        Task.naive_epsilon.label("task_naive"),
+    )
+    .join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id)
+    .join(Batch, Batch.id == ReservationBatch.batch_id)
+    .join(Task, Task.id == Batch.task_id)
+    .where(Reservation.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Reservation.id, ReservationBatch.position)
+)
+
+
 def _load_reservations(
-    session: Session, reservation_ids: Iterable[str]
+    connection: Connection, reservation_ids: Iterable[str]
 ) -> tuple[dict[str, _Loaded], dict[str, dict[str, Any]], dict[str, tuple[str, tuple[Decimal, ...]]]]:
     """Reservations with their batches, the batches' states and their tasks' aggregates, in one
     query: ``(reservations, batch states, {batch id: (task id, task aggregates)})``."""
     ids = sorted(set(reservation_ids))
     if not ids:
         return {}, {}, {}
-    rows = session.execute(
-        select(
-            *_RESERVATION_COLUMNS,
-            ReservationBatch.batch_id,
-            ReservationBatch.position,
-            ReservationBatch.state_at_reserve,
-            ReservationBatch.cost,
-            ReservationBatch.committed,
-            Batch.task_id,
-            Batch.state,
-            Task.epsilon_spent.label("task_epsilon"),
-            Task.delta_spent.label("task_delta"),
-            Task.naive_epsilon.label("task_naive"),
-        )
-        .join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id)
-        .join(Batch, Batch.id == ReservationBatch.batch_id)
-        .join(Task, Task.id == Batch.task_id)
-        .where(Reservation.id.in_(ids))
-        .order_by(Reservation.id, ReservationBatch.position)
-    ).all()
+    rows = connection.execute(_LOAD_RESERVATIONS, {"ids": ids}).all()
     names = [c.key for c in _RESERVATION_COLUMNS]
     held: dict[str, list[_Held]] = {}
     first: dict[str, Any] = {}
@@ -406,6 +416,59 @@ class _Head:
     last_release_at: datetime | None = None
 
 
+_LOAD_BATCHES: Final = select(Batch.id, Batch.task_id, Batch.state).where(
+    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+_TASKS_OF_DATASET: Final = select(Task.id).where(
+    Task.id.in_(bindparam("ids", expanding=True)), Task.dataset_id == bindparam("dataset_id")
+)
+_BATCHES_OF_TASKS: Final = (
+    select(Batch.id, Batch.task_id, Batch.state)
+    .where(Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id"))
+    .order_by(Batch.task_id, Batch.position)
+)
+_TASK_AGGREGATES: Final = select(Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
+    Task.id == bindparam("id")
+)
+# Executed on the transaction's Connection with one parameter set per row (executemany): plain
+# Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
+# implicit RETURNING of generated keys), so the writes can be sent pipelined (``flush``).
+_INSERT_RESERVATIONS: Final = insert(Reservation).inline()
+_INSERT_RESERVATION_BATCHES: Final = insert(ReservationBatch).inline()
+_INSERT_RELEASES: Final = insert(Release).inline()
+_INSERT_CERTIFICATES: Final = insert(Certificate).inline()
+_INSERT_IDEMPOTENCY_KEYS: Final = insert(IdempotencyKey).inline()
+_INSERT_AUDIT_ENTRIES: Final = insert(AuditEntry).inline()
+# The SET clause of an executemany UPDATE is every parameter named after a column.
+_UPDATE_RESERVATIONS: Final = update(Reservation).where(Reservation.id == bindparam("reservation_id"))
+_UPDATE_RESERVATION_BATCHES: Final = update(ReservationBatch).where(
+    ReservationBatch.reservation_id == bindparam("held_reservation_id"),
+    ReservationBatch.batch_id == bindparam("held_batch_id"),
+)
+_UPDATE_BATCHES: Final = update(Batch).where(Batch.id == bindparam("batch_id"))
+_UPDATE_TASKS: Final = update(Task).where(Task.id == bindparam("task_id"))
+_HEAD_WRITTEN: Final = (
+    "ledger_version",
+    "epsilon_spent",
+    "delta_spent",
+    "naive_epsilon",
+    "epsilon_held",
+    "reservations_open",
+    "charges_committed",
+    "audit_seq",
+    "audit_hash",
+    "updated_at",
+)
+_UPDATE_HEAD: Final = (
+    update(Dataset)
+    .where(Dataset.id == bindparam("dataset_id"))
+    .values({name: bindparam(name) for name in _HEAD_WRITTEN})
+)
+_UPDATE_HEAD_RELEASED: Final = _UPDATE_HEAD.values(
+    last_release=bindparam("last_release"), last_release_at=bindparam("last_release_at")
+)
+
+
 @dataclass
 class _Work:
     """Everything one spend transaction reads and will write.
@@ -415,7 +478,7 @@ class _Work:
     ``flush`` writes the result with one statement per table.
     """
 
-    session: Session
+    connection: Connection
     head: _Head
     budget: Budget
     states: dict[str, BatchState] = field(default_factory=dict)
@@ -436,7 +499,7 @@ class _Work:
 
     def load_reservations(self, ids: Iterable[str]) -> None:
         wanted = [i for i in ids if i not in self.reservations]
-        loaded, states, tasks = _load_reservations(self.session, wanted)
+        loaded, states, tasks = _load_reservations(self.connection, wanted)
         self.reservations.update(loaded)
         for batch_id, state in states.items():
             self.states.setdefault(batch_id, BatchState.from_json(state))
@@ -448,11 +511,7 @@ class _Work:
         wanted = sorted({i for i in ids if i not in self.states})
         if not wanted:
             return
-        for row in self.session.execute(
-            select(Batch.id, Batch.task_id, Batch.state).where(
-                Batch.id.in_(wanted), Batch.dataset_id == self.head.id
-            )
-        ):
+        for row in self.connection.execute(_LOAD_BATCHES, {"ids": wanted, "dataset_id": self.head.id}):
             self.states[row.id] = BatchState.from_json(row.state)
             self.batch_task[row.id] = row.task_id
 
@@ -463,15 +522,9 @@ class _Work:
             return {}
         out: dict[str, list[str]] = {
             t: []
-            for t in self.session.scalars(
-                select(Task.id).where(Task.id.in_(wanted), Task.dataset_id == self.head.id)
-            )
+            for t in self.connection.scalars(_TASKS_OF_DATASET, {"ids": wanted, "dataset_id": self.head.id})
         }
-        rows = self.session.execute(
-            select(Batch.id, Batch.task_id, Batch.state)
-            .where(Batch.task_id.in_(list(out)), Batch.dataset_id == self.head.id)
-            .order_by(Batch.task_id, Batch.position)
-        ).all()
+        rows = self.connection.execute(_BATCHES_OF_TASKS, {"ids": list(out), "dataset_id": self.head.id})
         for row in rows:
             out[row.task_id].append(row.id)
             self.states.setdefault(row.id, BatchState.from_json(row.state))
@@ -498,10 +551,7 @@ class _Work:
         head.naive_epsilon = max(head.naive_epsilon, state.naive_epsilon)
         task_id = self.batch_task[batch_id]
         if task_id not in self.tasks:  # commits load their tasks; load it if anything else spends
-            row = self.session.execute(
-                select(Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(Task.id == task_id)
-            ).one()
-            self.tasks[task_id] = tuple(row)
+            self.tasks[task_id] = tuple(self.connection.execute(_TASK_AGGREGATES, {"id": task_id}).one())
         eps, dlt, naive = self.tasks[task_id]
         raised = (max(eps, state.epsilon_spent), max(dlt, state.delta_spent), max(naive, state.naive_epsilon))
         if raised != (eps, dlt, naive):
@@ -521,21 +571,25 @@ class _Work:
     # -- writing -----------------------------------------------------------------------------------
 
     def flush(self) -> None:
-        session = self.session
+        with pipelined(self.connection):  # the ledger head is locked: one round trip, not ten
+            self._write()
+
+    def _write(self) -> None:
+        execute = self.connection.execute
         new = [self.reservations[i] for i in sorted(self.new_reservations)]
         if new:
-            session.execute(insert(Reservation), [_reservation_row(r) for r in new])
-            session.execute(
-                insert(ReservationBatch),
+            execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in new])
+            execute(
+                _INSERT_RESERVATION_BATCHES,
                 [_reservation_batch_row(r.id, h) for r in new for h in r.batches],
             )
         changed = [self.reservations[i] for i in sorted(self.dirty_reservations - self.new_reservations)]
         if changed:
-            session.execute(
-                update(Reservation),
+            execute(
+                _UPDATE_RESERVATIONS,
                 [
                     {
-                        "id": r.id,
+                        "reservation_id": r.id,
                         "status": r.status,
                         "closed_at": r.closed_at,
                         "committed_epsilon": r.committed_epsilon,
@@ -546,32 +600,30 @@ class _Work:
                 ],
             )
             committed = [
-                {"reservation_id": r.id, "batch_id": h.batch_id, "committed": h.committed.to_json()}
+                {"held_reservation_id": r.id, "held_batch_id": h.batch_id, "committed": h.committed.to_json()}
                 for r in changed
                 for h in r.batches
                 if h.committed is not None
             ]
             if committed:
-                session.execute(update(ReservationBatch), committed)
+                execute(_UPDATE_RESERVATION_BATCHES, committed)
         if self.dirty_batches:
-            session.execute(
-                update(Batch), [_batch_row(b, self.states[b]) for b in sorted(self.dirty_batches)]
-            )
+            execute(_UPDATE_BATCHES, [_batch_row(b, self.states[b]) for b in sorted(self.dirty_batches)])
         if self.dirty_tasks:
-            session.execute(
-                update(Task),
+            execute(
+                _UPDATE_TASKS,
                 [
-                    {"id": t, "epsilon_spent": v[0], "delta_spent": v[1], "naive_epsilon": v[2]}
+                    {"task_id": t, "epsilon_spent": v[0], "delta_spent": v[1], "naive_epsilon": v[2]}
                     for t in sorted(self.dirty_tasks)
                     for v in (self.tasks[t],)
                 ],
             )
         if self.releases:
-            session.execute(insert(Release), self.releases)
+            execute(_INSERT_RELEASES, self.releases)
         if self.certificates:
-            session.execute(insert(Certificate), self.certificates)
+            execute(_INSERT_CERTIFICATES, self.certificates)
         if self.idempotency:
-            session.execute(insert(IdempotencyKey), self.idempotency)
+            execute(_INSERT_IDEMPOTENCY_KEYS, self.idempotency)
         self._flush_head()
 
     def _flush_head(self) -> None:
@@ -583,8 +635,9 @@ class _Work:
             )
             rows.extend(chained)
         if rows:
-            self.session.execute(insert(AuditEntry), rows)
+            self.connection.execute(_INSERT_AUDIT_ENTRIES, rows)
         values: dict[str, Any] = {
+            "dataset_id": head.id,
             "ledger_version": head.ledger_version + 1,
             "epsilon_spent": head.epsilon_spent,
             "delta_spent": head.delta_spent,
@@ -596,15 +649,16 @@ class _Work:
             "audit_hash": head.audit_hash,
             "updated_at": max((at for _, at in self.events), default=utcnow()),
         }
-        if head.last_release is not None:
-            values["last_release"] = head.last_release
-            values["last_release_at"] = head.last_release_at
-        self.session.execute(update(Dataset).where(Dataset.id == head.id).values(**values))
+        if head.last_release is None:
+            self.connection.execute(_UPDATE_HEAD, values)
+        else:
+            values.update(last_release=head.last_release, last_release_at=head.last_release_at)
+            self.connection.execute(_UPDATE_HEAD_RELEASED, values)
 
 
 def _batch_row(batch_id: str, state: BatchState) -> dict[str, Any]:
     return {
-        "id": batch_id,
+        "batch_id": batch_id,
         "state": state.to_json(),
         "epsilon_spent": state.epsilon_spent,
         "epsilon_held": state.epsilon_held,
@@ -892,41 +946,47 @@ def _expire_due(work: _Work, reservation_ids: Iterable[str], at: datetime) -> in
 # ---------------------------------------------------------------------------------------------
 
 
-def _due_ids(session: Session, dataset_id: str, at: datetime) -> list[str]:
-    return list(
-        session.scalars(
-            select(Reservation.id)
-            .where(
-                Reservation.dataset_id == dataset_id,
-                Reservation.status == "reserved",
-                Reservation.expires_at <= at,
-            )
-            .order_by(Reservation.expires_at)
-            .limit(_EXPIRE_PER_TRANSACTION)
-        )
+_DUE: Final = (
+    select(Reservation.id)
+    .where(
+        Reservation.dataset_id == bindparam("dataset_id"),
+        Reservation.status == "reserved",
+        Reservation.expires_at <= bindparam("at"),
     )
+    .order_by(Reservation.expires_at)
+    .limit(_EXPIRE_PER_TRANSACTION)
+)
+_STORED_ANSWERS: Final = select(
+    IdempotencyKey.key, IdempotencyKey.operation, IdempotencyKey.request_hash, IdempotencyKey.response
+).where(
+    IdempotencyKey.tenant_id == bindparam("tenant_id"),
+    IdempotencyKey.key.in_(bindparam("keys", expanding=True)),
+)
+_RELEASED: Final = select(Release.tenant_id, Release.model, Release.version).where(
+    tuple_(Release.tenant_id, Release.model, Release.version).in_(bindparam("releases", expanding=True))
+)
+_HEAD: Final = select(*_HEAD_COLUMNS).where(Dataset.id == bindparam("dataset_id"))
+_HEAD_FOR_UPDATE: Final = _HEAD.with_for_update()
+_BUDGET: Final = select(Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
 
 
-def _stored_answers(session: Session, ops: Sequence[_Op]) -> dict[tuple[str, str], Any]:
+def _due_ids(connection: Connection, dataset_id: str, at: datetime) -> list[str]:
+    return list(connection.scalars(_DUE, {"dataset_id": dataset_id, "at": at}))
+
+
+def _stored_answers(connection: Connection, ops: Sequence[_Op]) -> dict[tuple[str, str], Any]:
     out: dict[tuple[str, str], Any] = {}
     by_tenant: dict[str, list[str]] = {}
     for op in ops:
         if op.key is not None:
             by_tenant.setdefault(op.tenant_id, []).append(op.key)
     for tenant_id, keys in by_tenant.items():
-        for row in session.execute(
-            select(
-                IdempotencyKey.key,
-                IdempotencyKey.operation,
-                IdempotencyKey.request_hash,
-                IdempotencyKey.response,
-            ).where(IdempotencyKey.tenant_id == tenant_id, IdempotencyKey.key.in_(keys))
-        ):
+        for row in connection.execute(_STORED_ANSWERS, {"tenant_id": tenant_id, "keys": keys}):
             out[(tenant_id, row.key)] = (row.operation, row.request_hash, row.response)
     return out
 
 
-def _released(session: Session, ops: Sequence[_Op]) -> set[tuple[str, str, str]]:
+def _released(connection: Connection, ops: Sequence[_Op]) -> set[tuple[str, str, str]]:
     """Which of the (tenant, model, version) the commits in ``ops`` release exist already."""
     wanted = {
         (op.tenant_id, op.params.model, op.params.version)
@@ -935,11 +995,7 @@ def _released(session: Session, ops: Sequence[_Op]) -> set[tuple[str, str, str]]
     }
     if not wanted:
         return set()
-    rows = session.execute(
-        select(Release.tenant_id, Release.model, Release.version).where(
-            tuple_(Release.tenant_id, Release.model, Release.version).in_(sorted(wanted))
-        )
-    )
+    rows = connection.execute(_RELEASED, {"releases": sorted(wanted)})
     return {(r.tenant_id, r.model, r.version) for r in rows}
 
 
@@ -955,11 +1011,11 @@ def _replay(
 _Result = tuple[dict[str, Any] | None, BaseException | None]
 
 
-def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) -> dict[int, _Result]:
-    """Decide and write every operation of ``ops`` in ``session``'s transaction; their results
+def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_Op]) -> dict[int, _Result]:
+    """Decide and write every operation of ``ops`` in ``connection``'s transaction; their results
     (answer or error) by position. Raises only for failures of the transaction itself."""
     results: dict[int, _Result] = {}
-    stored = _stored_answers(session, ops)
+    stored = _stored_answers(connection, ops)
     active: list[int] = []
     for i, op in enumerate(ops):
         hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
@@ -970,23 +1026,20 @@ def _group_transaction(session: Session, dataset_id: str, ops: Sequence[_Op]) ->
     if not active:
         return results
     at = max(ops[i].at for i in active)
-    due = _due_ids(session, dataset_id, at)  # before the lock: usually nothing
-    released = _released(session, [ops[i] for i in active])  # releases are never deleted
+    due = _due_ids(connection, dataset_id, at)  # before the lock: usually nothing
+    released = _released(connection, [ops[i] for i in active])  # releases are never deleted
 
-    stmt = select(*_HEAD_COLUMNS).where(Dataset.id == dataset_id)
-    if session.get_bind().dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    row = session.execute(stmt).one_or_none()
+    # The ledger head: SQLite's write lock is already held (BEGIN IMMEDIATE).
+    head = _HEAD if connection.dialect.name == "sqlite" else _HEAD_FOR_UPDATE
+    row = connection.execute(head, {"dataset_id": dataset_id}).one_or_none()
     if row is None:
         for i in active:
             results[i] = (None, NotFound("dataset", dataset_id))
         return results
     work = _Work(
-        session,
+        connection,
         _Head(**row._asdict()),
-        cached_budget(
-            dataset_id, lambda: session.scalar(select(Dataset.budget).where(Dataset.id == dataset_id))
-        ),
+        cached_budget(dataset_id, lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id})),
     )
     reservation_ids = set(due)
     batch_ids: set[str] = set()
@@ -1069,7 +1122,7 @@ def _answer_raced_retries(db: Database, ops: Sequence[_Op], results: dict[int, _
     if not refused:
         return
     with db.session(readonly=True) as session:
-        stored = _stored_answers(session, [ops[i] for i in refused])
+        stored = _stored_answers(session.connection(), [ops[i] for i in refused])
     for i in refused:
         hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
         if hit is not None:
@@ -1085,8 +1138,8 @@ def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
     while True:
         attempt += 1
         try:
-            with db.session() as session:
-                results = _group_transaction(session, dataset_id, ops)
+            with db.transaction() as connection:
+                results = _group_transaction(connection, dataset_id, ops)
         except OperationalError as exc:
             if attempt <= _RETRIES and _is_transient(exc):
                 time.sleep(0.002 * attempt)
@@ -1127,12 +1180,13 @@ class _Combiner:
         self.busy = False
 
     def run(self, db: Database, dataset_id: str, op: _Op) -> None:
+        wake = op.wake = threading.Event()
         with self.lock:
             self.queue.append(op)
             lead = not self.busy
             self.busy = True
         if not lead:
-            op.wake.wait()
+            wake.wait()
             if op.done:
                 return
             # handed the lead: ``busy`` stayed True for us, and our op is still queued
@@ -1160,14 +1214,19 @@ class _Combiner:
             if not member.done:
                 member.finish(None, RuntimeError("the spend transaction was interrupted"))
             if member is not leader:
-                member.wake.set()
+                _wake(member)
 
     def _pass_lead(self) -> None:
         """Under ``lock``: the oldest waiter leads the next group, or nobody leads."""
         if self.queue:
-            self.queue[0].wake.set()
+            _wake(self.queue[0])
         else:
             self.busy = False
+
+
+def _wake(op: _Op) -> None:
+    assert op.wake is not None  # queued by ``_Combiner.run``
+    op.wake.set()
 
 
 _combiners_lock = threading.Lock()
@@ -1183,12 +1242,80 @@ def _combiner(db: Database, dataset_id: str) -> _Combiner:
         return combiner
 
 
-def _submit(db: Database, op: _Op) -> dict[str, Any]:
-    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+class _AsyncCombiner:
+    """Queues the spends of one dataset made by the coroutines of one event loop (the HTTP routes).
+
+    A caller waits on a future, not in a thread of its own: one drain task runs the queue in
+    groups, each group in one worker thread (``_run_group``), and resolves the group's futures
+    once its transaction has committed. A request thus costs no thread hop of its own, and each
+    group holds every spend that arrived while the previous one ran. Spends that sync callers of
+    the same process make on the dataset (``_Combiner``) serialise with these on the ledger head,
+    like those of another process.
+    """
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[_Op, asyncio.Future[None]]] = deque()
+        self.drain: asyncio.Task[None] | None = None
+
+    async def run(self, db: Database, dataset_id: str, op: _Op) -> None:
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+        self.queue.append((op, answered))
+        if self.drain is None:
+            self.drain = loop.create_task(self._drain(db, dataset_id))
+        await answered
+
+    async def _drain(self, db: Database, dataset_id: str) -> None:
+        try:
+            while self.queue:
+                group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
+                try:
+                    await anyio.to_thread.run_sync(_run_group, db, dataset_id, [op for op, _ in group])
+                finally:
+                    _answer(group)
+        finally:
+            self.drain = None
+            _answer([self.queue.popleft() for _ in range(len(self.queue))])  # left by a cancellation
+
+
+def _answer(group: Iterable[tuple[_Op, asyncio.Future[None]]]) -> None:
+    for op, answered in group:  # never leave a caller waiting, whatever happened
+        if not op.done:
+            op.finish(None, RuntimeError("the spend transaction was interrupted"))
+        if not answered.done():
+            answered.set_result(None)
+
+
+_async_combiners: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, _AsyncCombiner]]
+] = weakref.WeakKeyDictionary()
+
+
+def _async_combiner(db: Database, dataset_id: str) -> _AsyncCombiner:
+    loop = asyncio.get_running_loop()
+    with _combiners_lock:
+        registry = _async_combiners.setdefault(loop, weakref.WeakKeyDictionary()).setdefault(db, {})
+        combiner = registry.get(dataset_id)
+        if combiner is None:
+            combiner = registry[dataset_id] = _AsyncCombiner()
+        return combiner
+
+
+def _answered(op: _Op) -> dict[str, Any]:
     if op.error is not None:
         raise op.error
     assert op.response is not None
     return op.response
+
+
+def _submit(db: Database, op: _Op) -> dict[str, Any]:
+    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+    return _answered(op)
+
+
+async def _submit_async(db: Database, op: _Op) -> dict[str, Any]:
+    await _async_combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+    return _answered(op)
 
 
 def _keyed(op: _Op, key: str | None, request: Mapping[str, Any]) -> _Op:
@@ -1197,9 +1324,14 @@ def _keyed(op: _Op, key: str | None, request: Mapping[str, Any]) -> _Op:
     return op
 
 
+# A reservation's dataset and tenant never change, so they are remembered (per process, by id):
+# a commit or abort finds its dataset's group without a database round trip.
 _OWNERS_SIZE: Final = 100_000
 _owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
 _owners_lock = threading.Lock()
+_OWNER: Final = select(Reservation.dataset_id, Reservation.tenant_id).where(
+    Reservation.id == bindparam("reservation_id")
+)
 
 
 def _remember_owner(reservation_id: str, dataset_id: str, tenant_id: str) -> None:
@@ -1209,30 +1341,83 @@ def _remember_owner(reservation_id: str, dataset_id: str, tenant_id: str) -> Non
             _owners.popitem(last=False)
 
 
-def _dataset_of(db: Database, tenant_id: str, reservation_id: str) -> str:
-    """The reservation's dataset; ``NotFound`` for another tenant's. A reservation's dataset and
-    tenant never change, so they are remembered (per process, by id)."""
+def _remembered_owner(reservation_id: str) -> tuple[str, str] | None:
+    """``(dataset id, tenant id)`` of the reservation when this process knows it; ``NotFound``
+    for what cannot be a reservation id."""
     if not isinstance(reservation_id, str) or not reservation_id or len(reservation_id) > MAX_ID_LENGTH:
         raise NotFound("reservation", reservation_id)
     with _owners_lock:
-        owner = _owners.get(reservation_id)
-    if owner is None:
-        with db.session(readonly=True) as session:
-            row = session.execute(
-                select(Reservation.dataset_id, Reservation.tenant_id).where(Reservation.id == reservation_id)
-            ).one_or_none()
-        if row is None:
-            raise NotFound("reservation", reservation_id)
-        owner = (row.dataset_id, row.tenant_id)
-        _remember_owner(reservation_id, *owner)
+        return _owners.get(reservation_id)
+
+
+def _load_owner(db: Database, reservation_id: str) -> tuple[str, str]:
+    rows = db.read_all(_OWNER, {"reservation_id": reservation_id})
+    if not rows:
+        raise NotFound("reservation", reservation_id)
+    row = rows[0]
+    _remember_owner(reservation_id, row.dataset_id, row.tenant_id)
+    return row.dataset_id, row.tenant_id
+
+
+def _dataset_in_tenant(owner: tuple[str, str], tenant_id: str, reservation_id: str) -> str:
+    """The reservation's dataset; ``NotFound`` for another tenant's reservation."""
     if owner[1] != tenant_id:
         raise NotFound("reservation", reservation_id)
     return owner[0]
 
 
+def _dataset_of(db: Database, tenant_id: str, reservation_id: str) -> str:
+    owner = _remembered_owner(reservation_id) or _load_owner(db, reservation_id)
+    return _dataset_in_tenant(owner, tenant_id, reservation_id)
+
+
+async def _dataset_of_async(db: Database, tenant_id: str, reservation_id: str) -> str:
+    owner = _remembered_owner(reservation_id)
+    if owner is None:
+        owner = await anyio.to_thread.run_sync(_load_owner, db, reservation_id)
+    return _dataset_in_tenant(owner, tenant_id, reservation_id)
+
+
 # ---------------------------------------------------------------------------------------------
-# Public operations
+# Public operations. ``reserve``, ``commit`` and ``abort`` block their thread until the spend has
+# committed; ``reserve_async``, ``commit_async`` and ``abort_async`` are the same operations for
+# a coroutine (the HTTP routes): same answers, same errors, and the event loop is never blocked.
 # ---------------------------------------------------------------------------------------------
+
+
+def _reserve_op(
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    event_json: object,
+    batch_ids: Sequence[str] | None,
+    task_ids: Sequence[str] | None,
+    noise_commitment: str | None,
+    idempotency_key: str | None,
+    ttl_s: float,
+    now: datetime | None,
+) -> _Op:
+    if (batch_ids is None) == (task_ids is None):
+        raise InvalidInput("batches", "give exactly one of batches or tasks.")
+    selector = "batches" if batch_ids is not None else "tasks"
+    ids = _ids(batch_ids if batch_ids is not None else task_ids, selector)
+    event = parse_event(event_json)
+    charge = _charge(event, noise_commitment)
+    document = ev.to_json(event)
+    params = _ReserveParams(selector, ids, charge, document, _ttl(ttl_s))
+    op = _Op("reserve", tenant_id, dataset_id, now or utcnow(), params)
+    request = {
+        "dataset_id": dataset_id,
+        selector: ids,
+        "event": document,
+        "noise_commitment": noise_commitment,
+    }
+    return _keyed(op, idempotency_key, request)
+
+
+def _reserved(op: _Op, answer: dict[str, Any]) -> dict[str, Any]:
+    _remember_owner(answer["id"], op.dataset_id, op.tenant_id)
+    return answer
 
 
 def reserve(
@@ -1257,24 +1442,61 @@ def reserve(
     tenant's), ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
     ``IdempotencyConflict``.
     """
-    if (batch_ids is None) == (task_ids is None):
-        raise InvalidInput("batches", "give exactly one of batches or tasks.")
-    selector = "batches" if batch_ids is not None else "tasks"
-    ids = _ids(batch_ids if batch_ids is not None else task_ids, selector)
-    event = parse_event(event_json)
-    charge = _charge(event, noise_commitment)
-    document = ev.to_json(event)
-    params = _ReserveParams(selector, ids, charge, document, _ttl(ttl_s))
-    op = _Op("reserve", tenant_id, dataset_id, now or utcnow(), params)
+    op = _reserve_op(
+        tenant_id,
+        dataset_id,
+        event_json=event_json,
+        batch_ids=batch_ids,
+        task_ids=task_ids,
+        noise_commitment=noise_commitment,
+        idempotency_key=idempotency_key,
+        ttl_s=ttl_s,
+        now=now,
+    )
+    return _reserved(op, _submit(db, op))
+
+
+async def reserve_async(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    event_json: object,
+    batch_ids: Sequence[str] | None = None,
+    task_ids: Sequence[str] | None = None,
+    noise_commitment: str | None = None,
+    idempotency_key: str | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+) -> dict[str, Any]:
+    """``reserve`` for a coroutine."""
+    op = _reserve_op(
+        tenant_id,
+        dataset_id,
+        event_json=event_json,
+        batch_ids=batch_ids,
+        task_ids=task_ids,
+        noise_commitment=noise_commitment,
+        idempotency_key=idempotency_key,
+        ttl_s=ttl_s,
+        now=None,
+    )
+    return _reserved(op, await _submit_async(db, op))
+
+
+def _commit_request(
+    reservation_id: str, release: Mapping[str, Any], event_json: object, idempotency_key: str | None
+) -> tuple[_CommitParams, str | None, dict[str, Any]]:
+    """A commit's parameters, its idempotency key and the request its key is bound to."""
+    model, version, release_json = _release(release)
+    partial = parse_event(event_json) if event_json is not None else None
+    key = idempotency.check_key(idempotency_key)
+    params = _CommitParams(reservation_id, model, version, release_json, partial)
     request = {
-        "dataset_id": dataset_id,
-        selector: ids,
-        "event": document,
-        "noise_commitment": noise_commitment,
+        "reservation_id": reservation_id,
+        "release": release_json,
+        "event": None if partial is None else ev.to_json(partial),
     }
-    answer = _submit(db, _keyed(op, idempotency_key, request))
-    _remember_owner(answer["id"], dataset_id, tenant_id)
-    return answer
+    return params, key, request
 
 
 def commit(
@@ -1297,18 +1519,26 @@ def commit(
     ``ReservationExpired`` (its hold is freed and stays freed), ``ChargeRefused``
     (``commit_exceeds_reservation``), ``IdempotencyConflict``.
     """
-    model, version, release_json = _release(release)
-    partial = parse_event(event_json) if event_json is not None else None
-    key = idempotency.check_key(idempotency_key)
+    params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    params = _CommitParams(reservation_id, model, version, release_json, partial)
     op = _Op("commit", tenant_id, dataset_id, now or utcnow(), params)
-    request = {
-        "reservation_id": reservation_id,
-        "release": release_json,
-        "event": None if partial is None else ev.to_json(partial),
-    }
     return _submit(db, _keyed(op, key, request))
+
+
+async def commit_async(
+    db: Database,
+    tenant_id: str,
+    reservation_id: str,
+    *,
+    release: Mapping[str, Any],
+    event_json: object = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """``commit`` for a coroutine."""
+    params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
+    dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
+    op = _Op("commit", tenant_id, dataset_id, utcnow(), params)
+    return await _submit_async(db, _keyed(op, key, request))
 
 
 def abort(
@@ -1328,6 +1558,16 @@ def abort(
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = _Op("abort", tenant_id, dataset_id, now or utcnow(), _AbortParams(reservation_id))
     return _submit(db, _keyed(op, key, {"reservation_id": reservation_id}))
+
+
+async def abort_async(
+    db: Database, tenant_id: str, reservation_id: str, *, idempotency_key: str | None = None
+) -> dict[str, Any]:
+    """``abort`` for a coroutine."""
+    key = idempotency.check_key(idempotency_key)
+    dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
+    op = _Op("abort", tenant_id, dataset_id, utcnow(), _AbortParams(reservation_id))
+    return await _submit_async(db, _keyed(op, key, {"reservation_id": reservation_id}))
 
 
 def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
@@ -1360,7 +1600,7 @@ def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[s
     if not isinstance(reservation_id, str) or len(reservation_id) > MAX_ID_LENGTH:
         raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
-        loaded, _, _ = _load_reservations(session, [reservation_id])
+        loaded, _, _ = _load_reservations(session.connection(), [reservation_id])
     r = loaded.get(reservation_id)
     if r is None or r.tenant_id != tenant_id:
         raise NotFound("reservation", reservation_id)
@@ -1371,9 +1611,12 @@ __all__ = [
     "DEFAULT_TTL_S",
     "MAX_TTL_S",
     "abort",
+    "abort_async",
     "commit",
+    "commit_async",
     "expire_due",
     "get_reservation",
     "parse_event",
     "reserve",
+    "reserve_async",
 ]

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -157,22 +158,34 @@ def list_api_keys(db: Database, tenant_id: str) -> dict[str, Any]:
 
 
 # Built once: the statement, its compiled form and cache key are reused by every request.
-_KEY_BY_HASH: Final = select(
+_KEYS_BY_HASH: Final = select(
     ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at
-).where(ApiKey.key_hash == bindparam("digest"))
+).where(ApiKey.key_hash.in_(bindparam("digests", expanding=True)))
 
 
 def authenticate(db: Database, key: str) -> Principal | None:
     """The principal of a valid, unrevoked key; ``None`` otherwise."""
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        return None
-    digest = hash_key(key)
-    # One indexed lookup, one round trip (``Database.read_one``): a revocation committed before
-    # this request is seen by it.
-    row = db.read_one(_KEY_BY_HASH, {"digest": digest})
-    if row is None or not hmac.compare_digest(row.key_hash, digest) or row.revoked_at is not None:
-        return None
-    return Principal(tenant_id=row.tenant_id, scope=row.scope, key_id=row.id)
+    return authenticate_many(db, [key]).get(key)
+
+
+def authenticate_many(db: Database, keys: Iterable[str]) -> dict[str, Principal]:
+    """``{key: principal}`` for those of ``keys`` that are valid and unrevoked, looked up together.
+
+    One indexed lookup, one round trip (``Database.read_all``) that starts after this call: a
+    revocation committed before it is seen.
+    """
+    digests = {
+        hash_key(key): key for key in keys if isinstance(key, str) and key and len(key) <= MAX_KEY_LENGTH
+    }
+    if not digests:
+        return {}
+    rows = {row.key_hash: row for row in db.read_all(_KEYS_BY_HASH, {"digests": sorted(digests)})}
+    found: dict[str, Principal] = {}
+    for digest, key in digests.items():
+        row = rows.get(digest)
+        if row is not None and hmac.compare_digest(row.key_hash, digest) and row.revoked_at is None:
+            found[key] = Principal(tenant_id=row.tenant_id, scope=row.scope, key_id=row.id)
+    return found
 
 
 def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -> dict[str, Any]:

@@ -83,18 +83,20 @@ def test_only_key_hashes_are_stored(db: Database, database_url: URL, keys: Keys)
 
 
 def test_key_comparison_is_constant_time() -> None:
-    """``authenticate`` looks the digest up by index and then compares with
-    ``hmac.compare_digest`` — never ``==`` on a key or digest."""
-    source = inspect.getsource(tenancy.authenticate)
+    """``authenticate_many`` (``authenticate`` is its one-key case) looks the digests up by index
+    and then compares with ``hmac.compare_digest`` — never ``==`` on a key or digest."""
+    assert "authenticate_many" in inspect.getsource(tenancy.authenticate)
+    source = inspect.getsource(tenancy.authenticate_many)
     tree = ast.parse(source)
     calls = [
-        node for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
         and node.func.attr == "compare_digest"
     ]
-    assert calls, "authenticate does not call compare_digest"
-    assert any(isinstance(c.func.value, ast.Name) and c.func.value.id in ("hmac", "secrets")
-               for c in calls)
+    assert calls, "authenticate_many does not call compare_digest"
+    assert any(isinstance(c.func.value, ast.Name) and c.func.value.id in ("hmac", "secrets") for c in calls)
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
             names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
@@ -102,8 +104,7 @@ def test_key_comparison_is_constant_time() -> None:
             assert not names & {"key", "digest", "key_hash"} or "ApiKey" in names, ast.dump(node)
 
 
-def test_revocation_takes_effect_on_the_next_request(client: TestClient, db: Database,
-                                                     keys: Keys) -> None:
+def test_revocation_takes_effect_on_the_next_request(client: TestClient, db: Database, keys: Keys) -> None:
     admin = bearer(keys.get("acme", "admin"))
     made = client.post("/v1/keys", json={"scope": "viewer"}, headers=admin)
     if made.status_code == 404:  # no key route over HTTP: issue it through the ledger op
@@ -122,33 +123,39 @@ def test_revocation_takes_effect_on_the_next_request(client: TestClient, db: Dat
     assert client.get("/v1/datasets", headers=headers).status_code == 401
 
 
-def test_record_ids_never_reach_the_database(client: TestClient, db: Database,
-                                             database_url: URL, keys: Keys) -> None:
+def test_record_ids_never_reach_the_database(
+    client: TestClient, db: Database, database_url: URL, keys: Keys
+) -> None:
     admin = bearer(keys.get("acme", "admin"))
     marker = secrets.token_hex(6)
     raw_ids = [f"patient-{marker}-{i:04d}" for i in range(40)]
-    numeric = [int("9" + marker[:6].translate(str.maketrans("abcdef", "123456")) + f"{i:05d}")
-               for i in range(10)]
-    ds = client.post("/v1/datasets", json={"name": unique("ds"), "budget": sequential_budget()},
-                     headers=admin)
+    numeric = [
+        int("9" + marker[:6].translate(str.maketrans("abcdef", "123456")) + f"{i:05d}") for i in range(10)
+    ]
+    ds = client.post(
+        "/v1/datasets", json={"name": unique("ds"), "budget": sequential_budget()}, headers=admin
+    )
     assert ds.status_code == 201, ds.text
     dataset = ds.json()["id"]
     task = client.post(f"/v1/datasets/{dataset}/tasks", json={"name": unique("t")}, headers=admin)
     assert task.status_code == 201, task.text
     made = client.post(
         f"/v1/datasets/{dataset}/tasks/{task.json()['id']}/batches",
-        json={"batches": [
-            {"name": "b-text", "records": raw_ids[:20]},
-            {"name": "b-more", "records": raw_ids[20:]},
-            {"name": "b-int", "records": numeric},
-        ]},
+        json={
+            "batches": [
+                {"name": "b-text", "records": raw_ids[:20]},
+                {"name": "b-more", "records": raw_ids[20:]},
+                {"name": "b-int", "records": numeric},
+            ]
+        },
         headers=admin,
     )
     assert made.status_code == 201, made.text
     # a refused overlap names the record in the answer, but must not store it either
     again = client.post(
         f"/v1/datasets/{dataset}/tasks/{task.json()['id']}/batches",
-        json={"batches": [{"name": "dup", "records": [raw_ids[3]]}]}, headers=admin,
+        json={"batches": [{"name": "dup", "records": [raw_ids[3]]}]},
+        headers=admin,
     )
     assert again.status_code == 409, again.text
     stored = _all_stored_text(db)
@@ -178,9 +185,25 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
     env["PYTHONUNBUFFERED"] = "1"
     env["LEDGER_BOOTSTRAP_ADMIN_KEY"] = bootstrap
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--database-url",
-         url_text(database_url), "--no-worker", "--log-level", "debug"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            url_text(database_url),
+            "--no-worker",
+            "--log-level",
+            "debug",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
     )
     output: list[str] = []
 
@@ -211,8 +234,9 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
                 basic = {"Authorization": f"Basic {key}"}
                 statuses.append(http.get("/v1/datasets", headers=basic).status_code)
                 statuses.append(http.get("/v1/datasets", headers={"Authorization": key}).status_code)
-                statuses.append(http.post("/v1/datasets", content=b"{bad json",
-                                          headers=bearer(key)).status_code)
+                statuses.append(
+                    http.post("/v1/datasets", content=b"{bad json", headers=bearer(key)).status_code
+                )
                 statuses.append(http.get("/v1/datasets/ds_nope", headers=bearer(key)).status_code)
         assert 200 in statuses and 401 in statuses
     finally:

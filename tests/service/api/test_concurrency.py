@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy.engine import URL
 
-from tests.service.api.conftest import Server, bearer
+from tests.service.api.conftest import Server, bearer, start_server, stop_server, url_text
 
 CLIENTS = 150
 CHARGE = 0.01
@@ -46,8 +47,7 @@ async def _race(server: Server, dataset: str, batch: str) -> Counter[str]:
     ) as client:
         start = asyncio.Event()
         tasks = [
-            asyncio.create_task(_reserve_and_commit(client, dataset, batch, i, start))
-            for i in range(CLIENTS)
+            asyncio.create_task(_reserve_and_commit(client, dataset, batch, i, start)) for i in range(CLIENTS)
         ]
         await asyncio.sleep(0.05)
         start.set()
@@ -56,16 +56,46 @@ async def _race(server: Server, dataset: str, batch: str) -> Counter[str]:
 
 @pytest.mark.slow
 def test_150_concurrent_spends_fill_the_budget_exactly(ledger_server: Server) -> None:
-    with httpx.Client(base_url=ledger_server.base_url, headers=bearer(ledger_server.admin_key),
-                      timeout=60) as api:
-        dataset = _created(api.post("/v1/datasets", json={
-            "name": "hot", "budget": {"rule": "sequential", "epsilon": 1.0, "delta": 0,
-                                      "accountant": "basic"}}))["id"]
-        task = _created(api.post(f"/v1/datasets/{dataset}/tasks", json={"name": "t"}))["id"]
-        batch = _created(api.post(f"/v1/datasets/{dataset}/tasks/{task}/batches", json={
-            "batches": [{"name": "b", "records": list(range(100))}]}))["data"][0]["id"]
+    _fill_the_budget(ledger_server)
+    metrics = httpx.get(f"{ledger_server.base_url}/metrics", timeout=60).text
+    assert "ledger_commits_total 100" in metrics
+    assert 'ledger_refusals_total{code="budget_exceeded"} 50' in metrics
 
-        outcomes = asyncio.run(_race(ledger_server, dataset, batch))
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_150_concurrent_spends_on_two_server_processes(database_url: URL) -> None:
+    """``ledger serve --workers 2``: two processes, each grouping its own spends, serialise on the
+    dataset's row lock; the budget still fills exactly (metrics are per process: not summed)."""
+    server = start_server(url_text(database_url), extra_args=("--workers", "2"))
+    try:
+        _fill_the_budget(server)
+    finally:
+        stop_server(server.process)
+
+
+def _fill_the_budget(server: Server) -> None:
+    """150 concurrent reserve + commit on a budget of 100 charges, and the exact outcome."""
+    with httpx.Client(base_url=server.base_url, headers=bearer(server.admin_key), timeout=60) as api:
+        dataset = _created(
+            api.post(
+                "/v1/datasets",
+                json={
+                    "name": "hot",
+                    "budget": {"rule": "sequential", "epsilon": 1.0, "delta": 0, "accountant": "basic"},
+                },
+            )
+        )["id"]
+        task = _created(api.post(f"/v1/datasets/{dataset}/tasks", json={"name": "t"}))["id"]
+        batch = _created(
+            api.post(
+                f"/v1/datasets/{dataset}/tasks/{task}/batches",
+                json={"batches": [{"name": "b", "records": list(range(100))}]},
+            )
+        )["data"][0]["id"]
+
+        outcomes = asyncio.run(_race(server, dataset, batch))
 
         assert outcomes == Counter({"committed": 100, "refused": 50})
         spend = api.get(f"/v1/datasets/{dataset}/spend").json()
@@ -78,9 +108,6 @@ def test_150_concurrent_spends_fill_the_budget_exactly(ledger_server: Server) ->
         audit = api.get("/v1/audit/verify").json()
         assert audit["ok"], audit
         assert api.get("/v1/audit/verify", params={"dataset_id": dataset}).json()["ok"]
-        metrics = api.get("/metrics").text
-        assert "ledger_commits_total 100" in metrics
-        assert 'ledger_refusals_total{code="budget_exceeded"} 50' in metrics
 
 
 def _created(answer: httpx.Response) -> Any:
