@@ -319,12 +319,11 @@ class AdaptiveGaussianEvent(DpEvent):
             _check_positive(f"{path}.noise_stddevs[{i}]", sd)
         pairs = zip(self.sensitivities, self.noise_stddevs, strict=True)
         total = math.fsum((s / sd) ** 2 for s, sd in pairs)
-        limit = 1.0 / self.noise_multiplier**2
+        limit = 1.0 / (self.noise_multiplier * self.noise_multiplier)  # σ² overflows to ∞, not an error
         if total > limit:
             raise EventValidationError(
                 f"{path}.noise_stddevs",
-                f"violate Lemma 1: sum(s_i^2/sigma_i^2) = {total!r} > 1/noise_multiplier^2 = "
-                f"{limit!r}.",
+                f"violate Lemma 1: sum(s_i^2/sigma_i^2) = {total!r} > 1/noise_multiplier^2 = {limit!r}.",
             )
 
 
@@ -501,9 +500,7 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
     kind = obj.get("kind")
     parser = _PARSERS.get(kind) if isinstance(kind, str) else None
     if parser is None:
-        raise EventValidationError(
-            f"{path}.kind", f"must be one of {sorted(_PARSERS)}. Found {_fmt(kind)}."
-        )
+        raise EventValidationError(f"{path}.kind", f"must be one of {sorted(_PARSERS)}. Found {_fmt(kind)}.")
     try:
         return parser(obj, path, depth)
     except EventValidationError as exc:
@@ -511,7 +508,7 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
         # Only a built event's own validation speaks of the generic path "event.<field>".
         placed = exc.field == path or exc.field.startswith(path + ".")
         if not placed and exc.field.startswith("event."):
-            raise EventValidationError(path + exc.field[len("event"):], exc.message) from None
+            raise EventValidationError(path + exc.field[len("event") :], exc.message) from None
         raise
 
 

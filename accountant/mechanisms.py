@@ -324,7 +324,7 @@ def satisfies_lemma1(
     if not np.all(np.isfinite(sd)) or np.any(sd <= 0):
         i = int(np.flatnonzero(~np.isfinite(sd) | (sd <= 0))[0])
         raise InvalidArgumentError(f"noise_stddevs[{i}]", f"must be finite and > 0. Found {float(sd[i])!r}.")
-    limit = 1 / sigma_star**2
+    limit = 1 / (sigma_star * sigma_star)  # a float σ² overflows to ∞ (x**2 would raise)
     total = math.fsum(((s / sd) ** 2).tolist())
     float_limit = float(limit)
     if total < float_limit * (1 - _LEMMA1_FLOAT_MARGIN):

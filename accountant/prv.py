@@ -244,7 +244,7 @@ class _GaussianPrv(_Prv):
         return mean, 1e-15 * (abs(m) + s)
 
     def sizing_rdp(self, orders: FloatArray) -> FloatArray:
-        result: FloatArray = orders / (2 * self.noise_multiplier**2)
+        result: FloatArray = orders / (2 * self.noise_multiplier * self.noise_multiplier)
         return result
 
 
@@ -263,8 +263,9 @@ class _SubsampledGaussianPrv(_Prv):
 
     def _x_of_t(self, t: FloatArray) -> FloatArray:
         q, s = self.sampling_probability, self.noise_multiplier
-        x: FloatArray = np.expm1(t)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(over="ignore"):  # t beyond ~709: x = +inf, P(Y ≤ t) = 1, as it should
+            x: FloatArray = np.expm1(t)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             x /= q
             np.log1p(x, out=x)
         x *= s * s
@@ -274,7 +275,8 @@ class _SubsampledGaussianPrv(_Prv):
 
     def _loss(self, x: FloatArray) -> FloatArray:
         q, s = self.sampling_probability, self.noise_multiplier
-        result: FloatArray = np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * s * s))
+        with np.errstate(over="ignore"):  # σ² beyond float range: the loss is log(1 − q + q) = 0
+            result: FloatArray = np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * s * s))
         return result
 
     def window(self, z_tail: float) -> tuple[float, float]:
@@ -341,18 +343,32 @@ class _SubsampledGaussianPrv(_Prv):
         return result
 
     def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
-        # E[ℓ(X) | ℓ(X) ≤ hi] by composite Gauss–Legendre in x (panels of width σ/2); the lower
-        # truncation is inactive because lo lies below the support start log(1 − q).
+        # E[ℓ(X) | ℓ(X) ≤ hi] by composite Gauss–Legendre in x (panels of width σ/2) over the two
+        # windows that carry the mass, ±(z + 2)σ around 0 and around 1 (one interval when they
+        # overlap). The lower truncation is inactive because lo lies below the support start
+        # log(1 − q). A small σ leaves a wide gap between the windows: integrating across it
+        # cost 2/σ panels (σ = 1e-6: 4·10⁶ panels, ~10 s) for mass < 2Φ(−z − 2) < 1e-30.
         q, s = self.sampling_probability, self.noise_multiplier
         if lo > math.log1p(-q):
             raise _PrvFailure("the domain does not contain the subsampled-Gaussian support")
-        x_lo = -(_Z_TAIL + 2.0) * s
-        x_hi = min(float(self._x_of_t(np.array([hi]))[0]), 1.0 + (_Z_TAIL + 2.0) * s)
+        reach = (_Z_TAIL + 2.0) * s
+        x_lo = -reach
+        x_hi = min(float(self._x_of_t(np.array([hi]))[0]), 1.0 + reach)
         if x_hi <= x_lo:
             raise _PrvFailure("the domain cuts off the subsampled-Gaussian mass")
-        panels = max(8, math.ceil((x_hi - x_lo) / (s / 2)))
-        edges = np.linspace(x_lo, x_hi, panels + 1)
-        mid, half = (edges[1:] + edges[:-1]) / 2, (edges[1:] - edges[:-1]) / 2
+        if reach < 0.5 - reach:  # separated windows: [x_lo, reach] and [1 − reach, x_hi]
+            intervals = [(x_lo, min(reach, x_hi))]
+            if x_hi > 1.0 - reach:
+                intervals.append((1.0 - reach, x_hi))
+            # |ℓ| in the gap is at most its value at the gap's ends (ℓ is increasing).
+            gap_loss = float(np.max(np.abs(self._loss(np.array([reach, min(x_hi, 1.0 - reach)])))))
+        else:
+            intervals, gap_loss = [(x_lo, x_hi)], 0.0
+        edges_parts = [
+            np.linspace(a, b, max(8, math.ceil((b - a) / (s / 2))) + 1) for a, b in intervals if b > a
+        ]
+        mid = np.concatenate([(e[1:] + e[:-1]) / 2 for e in edges_parts])
+        half = np.concatenate([(e[1:] - e[:-1]) / 2 for e in edges_parts])
 
         def integrate(rule: tuple[FloatArray, FloatArray]) -> float:
             nodes, weights = rule
@@ -362,9 +378,13 @@ class _SubsampledGaussianPrv(_Prv):
 
         fine, coarse = integrate(_GL16), integrate(_GL8)
         mass = float((1 - q) * ndtr(x_hi / s) + q * ndtr((x_hi - 1) / s))
-        # Mass below x_lo (< 1e-30) times |ℓ| ≤ |log(1 − q)| + 1 is added to the error estimate.
+        # Mass below x_lo and in the gap (each < 1e-30) times a bound on |ℓ| there is added to
+        # the error estimate (the mass term of the gap is left out of ``mass`` too: the
+        # quadrature's total is over the windows, so the quotient is an estimate of the mean
+        # within the windows, and the gap's share is what the added term bounds).
         error = (abs(fine - coarse) + 1e-16 * abs(fine)) / mass
         error += _WINDOW_TAIL * (1 - math.log1p(-q))
+        error += 2 * _WINDOW_TAIL * gap_loss / mass
         return fine / mass, error
 
     def sizing_rdp(self, orders: FloatArray) -> FloatArray:
@@ -616,6 +636,29 @@ def _fast_length(size: int) -> int:
     return best
 
 
+def _untouched_bound(components: dict[_Prv, int]) -> float | None:
+    """1 − Π(1 − qᵢ)^{nᵢ} (rounded up) when every component is Poisson-subsampled, else ``None``.
+
+    Coupling (privacy amplification by subsampling, Balle, Barthe & Gaboardi 2018, Thm. 8 with a
+    base mechanism that is (∞, 1)-DP; Li, Qardaji & Su 2012): with probability
+    p₀ = Π(1 − qᵢ)^{nᵢ} no step samples the record, and then the output is distributed exactly
+    as without it, so P = p₀·Q + (1 − p₀)·R and |P(S) − Q(S)| ≤ 1 − p₀ for every S. The
+    composition is (0, 1 − p₀)-DP (both directions of add/remove adjacency), whatever σ is:
+    δ(ε) ≤ 1 − p₀ for every ε ≥ 0. A tiny q with a tiny σ is such a case: the PRV is then
+    almost all an atom near 0 plus a far, negligible spike, which a grid resolves badly.
+    """
+    if not components or not all(isinstance(p, _SubsampledGaussianPrv) for p in components):
+        return None
+    log_untouched = math.fsum(
+        n * math.log1p(-p.sampling_probability)
+        for p, n in components.items()
+        if isinstance(p, _SubsampledGaussianPrv)
+    )
+    # log1p, the products and expm1 are each within a few ulps: a 1e-12 relative margin covers
+    # them (the bound may only grow).
+    return min(1.0, -math.expm1(log_untouched) * (1 + 1e-12))
+
+
 def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
     """Replace all Gaussian PRVs by one: N(μᵢ²/2, μᵢ²) summed nᵢ times is N(μ²/2, μ²), μ² = Σnᵢμᵢ².
 
@@ -625,7 +668,9 @@ def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
     gaussians = {prv: n for prv, n in components.items() if isinstance(prv, _GaussianPrv)}
     if len(gaussians) + sum(gaussians.values()) <= 2:
         return components
-    precision = math.fsum(n / prv.noise_multiplier**2 for prv, n in gaussians.items())
+    precision = math.fsum(n / (prv.noise_multiplier * prv.noise_multiplier) for prv, n in gaussians.items())
+    if not precision > 0:  # every σ so large that 1/σ² underflows: let RDP bound it instead
+        raise _PrvFailure("the Gaussian noise is too large to discretise (1/sigma^2 underflows)")
     sigma = 1.0 / math.sqrt(precision)
     for _ in range(4):
         sigma = math.nextafter(sigma, 0.0)
@@ -930,6 +975,14 @@ class PrvAccountant(PrivacyAccountant):
             return EpsilonBound.exact(0.0, delta, NAME)
         if delta == 0:
             return self._fallback(delta, "PRV bounds need delta > 0")
+        untouched = _untouched_bound(self._components)
+        if untouched is not None and delta >= untouched:
+            note = (
+                f"no step samples the record with probability 1 - {untouched:.3g}, so the "
+                f"composition is (0, {untouched:.3g})-DP (subsampling by coupling) and "
+                f"delta = {delta:g} covers it: epsilon = 0"
+            )
+            return EpsilonBound(0.0, 0.0, 0.0, delta, NAME, note, {"untouched_delta": untouched})
         delta_error = self.delta_error if self.delta_error is not None else delta * DEFAULT_DELTA_ERROR_RATIO
         try:
             composed = self._composed(delta_error)
@@ -988,6 +1041,9 @@ class PrvAccountant(PrivacyAccountant):
             return 1.0 if rdp_delta is None else rdp_delta
         except AccountantError:
             return 1.0 if rdp_delta is None else rdp_delta
+        untouched = _untouched_bound(self._components)
+        if untouched is not None:  # δ(ε) ≤ 1 − p₀ for every ε ≥ 0
+            prv_delta = min(prv_delta, untouched)
         return prv_delta if rdp_delta is None else min(prv_delta, rdp_delta)
 
 

@@ -214,7 +214,11 @@ def _non_decreasing(curve: FloatArray, orders: FloatArray) -> FloatArray:
 def _gaussian_rdp(*, noise_multiplier: float, orders: FloatArray) -> FloatArray:
     """Gaussian mechanism, L2 sensitivity 1: ρ(α) = α/(2σ²) (Mironov 2017, Prop. 7)."""
     with np.errstate(over="ignore"):
-        curve = orders / (2.0 * noise_multiplier**2) if noise_multiplier > 1e-150 else orders * np.inf
+        # σ·σ, not σ**2: a float σ² beyond the float range is ∞ (ρ = 0), where ** raises
+        if noise_multiplier > 1e-150:
+            curve = orders / (2.0 * noise_multiplier * noise_multiplier)
+        else:
+            curve = orders * np.inf
     return _positive(curve)
 
 
@@ -533,7 +537,7 @@ def _wbk_log_forward_differences(*, noise_multiplier: float) -> FloatArray:
     i = np.arange(size, dtype=np.float64)[None, :]
     orders = np.arange(size)[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
-        logs = log_binom + i * (i - 1.0) / (2.0 * noise_multiplier**2)
+        logs = log_binom + i * (i - 1.0) / (2.0 * noise_multiplier * noise_multiplier)
         peak = np.max(logs, axis=1, keepdims=True)
         scaled = np.exp(logs - peak)
         signs = np.where((orders - i) % 2 == 1, -1.0, 1.0)
@@ -611,7 +615,8 @@ def _gaussian_precision(event: DpEvent) -> float:
     ``non_private``): composed Gaussians on the same sample are one Gaussian with
     σ = (Σ 1/σ_k²)^{-1/2}. Raises ``UnsupportedEventError`` naming the innermost other event."""
     if isinstance(event, GaussianEvent | AdaptiveGaussianEvent):
-        return 1.0 / event.noise_multiplier**2 if event.noise_multiplier > 1e-150 else math.inf
+        sigma = event.noise_multiplier
+        return 1.0 / (sigma * sigma) if sigma > 1e-150 else math.inf
     if isinstance(event, NoOpEvent):
         return 0.0
     if isinstance(event, NonPrivateEvent):

@@ -2,15 +2,20 @@
 
 Usage (repository root)::
 
-    python bench/schemathesis_run.py [--max-examples 60] [--checks not_a_server_error|all]
+    python bench/schemathesis_run.py [--max-examples 60] [--checks all|not_a_server_error,...]
 
-Prints schemathesis' report; exit status is schemathesis'. The CI-sized run is
-tests/security/test_schemathesis.py.
+Every check by default (``--checks all``), as tests/security/test_schemathesis.py (the CI-sized
+run) does it: the built-in ``positive_data_acceptance`` is replaced by
+``positive_data_acceptance_or_relation`` (``tests/security/schema_checks.py``, loaded as
+schemathesis hooks), and ``tests/security/schemathesis.toml`` counts a 413 as a refusal.
+Prints schemathesis' report and the refusals that stated a documented relation; exit status is
+schemathesis'.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +32,7 @@ from tests.service.api.conftest import BOOTSTRAP_KEY, start_server, stop_server 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-examples", type=int, default=60)
-    parser.add_argument("--checks", default="not_a_server_error")
+    parser.add_argument("--checks", default="all")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="ledger-st-"))
     url = f"sqlite:///{folder / 'ledger.db'}"
@@ -35,10 +40,29 @@ def main() -> int:
     server = start_server(url)
     st = shutil.which("schemathesis") or str(Path(sys.executable).with_name("schemathesis"))
     try:
+        env = dict(os.environ, SCHEMATHESIS_HOOKS="tests.security.schema_checks")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        checks = ["--checks", args.checks]
+        if args.checks == "all":
+            checks += ["--exclude-checks", "positive_data_acceptance"]
         return subprocess.run(
-            [st, "run", f"{server.base_url}/openapi.json", "-H",
-             f"Authorization: Bearer {BOOTSTRAP_KEY}", "--max-examples", str(args.max_examples),
-             "--checks", args.checks, "--no-color"], cwd=folder, check=False).returncode
+            [
+                st,
+                "--no-color",
+                "--config-file",
+                str(ROOT / "tests/security/schemathesis.toml"),
+                "run",
+                f"{server.base_url}/openapi.json",
+                "-H",
+                f"Authorization: Bearer {BOOTSTRAP_KEY}",
+                "--max-examples",
+                str(args.max_examples),
+                *checks,
+            ],
+            cwd=folder,
+            env=env,
+            check=False,
+        ).returncode
     finally:
         stop_server(server.process)
         shutil.rmtree(folder, ignore_errors=True)

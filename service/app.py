@@ -38,16 +38,18 @@ from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
 from service.api import models as model_routes
 from service.api import reservations as reservation_routes
-from service.api.deps import PrincipalCache
+from service.api.deps import KeyLookups, PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
+from service.api.openapi import install as install_openapi
 from service.db.models import Reservation
 from service.db.session import Database
 from service.ledger import reservations
 from service.settings import Settings
 
 logger = logging.getLogger("service.app")
+
 
 def create_app(
     settings: Settings | None = None, *, database: Database | None = None, worker: bool = False
@@ -63,10 +65,14 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned = database is None
-        db = database if database is not None else Database(
-            settings.database_url,
-            pool_size=settings.db_pool_size,
-            max_overflow=settings.db_max_overflow,
+        db = (
+            database
+            if database is not None
+            else Database(
+                settings.database_url,
+                pool_size=settings.db_pool_size,
+                max_overflow=settings.db_max_overflow,
+            )
         )
         app.state.database = db
         # Sync routes run in anyio's thread pool; its default (40) would queue requests that
@@ -99,11 +105,14 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.principals = PrincipalCache(settings.auth_cache_ttl_s)
+    app.state.key_lookups = KeyLookups()
     install_error_handlers(app, metrics)
+    install_openapi(app)
 
+    # The hot routes (reserve, commit) first: a request is matched against the routes in order.
     for module in (
-        dataset_routes,
         reservation_routes,
+        dataset_routes,
         certificate_routes,
         audit_routes,
         audit_export_routes,
@@ -128,7 +137,12 @@ def create_app(
             )
         return JSONResponse({"status": "ok", "database": "ok"})
 
-    @app.get("/metrics", tags=["operations"], summary="Prometheus metrics (text format 0.0.4)")
+    @app.get(
+        "/metrics",
+        tags=["operations"],
+        summary="Prometheus metrics (text format 0.0.4)",
+        response_class=PlainTextResponse,
+    )
     def prometheus_metrics() -> PlainTextResponse:
         _read_reservation_gauges(app.state.database, metrics)
         return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
@@ -144,9 +158,7 @@ def _start_worker(db: Database, settings: Settings, stop: threading.Event) -> th
     """The in-process training worker (its job's rest is aborted and the job re-queued on stop)."""
     from service.worker.worker import Worker, start_thread
 
-    worker = Worker(
-        db, artifact_dir=settings.artifact_dir, reservation_ttl_s=settings.reservation_ttl_s
-    )
+    worker = Worker(db, artifact_dir=settings.artifact_dir, reservation_ttl_s=settings.reservation_ttl_s)
     return start_thread(worker, stop)
 
 
@@ -155,9 +167,7 @@ def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:
     try:
         with db.session(readonly=True) as session:
             count, oldest = session.execute(
-                select(func.count(), func.min(Reservation.created_at)).where(
-                    Reservation.status == "reserved"
-                )
+                select(func.count(), func.min(Reservation.created_at)).where(Reservation.status == "reserved")
             ).one()
     except Exception as exc:  # a scrape must not fail because the database is down
         logger.warning("could not read reservation gauges: %s", exc)

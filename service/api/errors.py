@@ -105,6 +105,7 @@ _OWN_MESSAGES = frozenset(
         "invalid_event",
         "reservation_target",
         "text_or_integer",
+        "not_blank",
     }
 )
 
@@ -120,6 +121,20 @@ def _split(dotted: str) -> list[str | int]:
             text = index.rstrip("]")
             out.append(int(text) if text.isdigit() else text)
     return out
+
+
+def _allowed_methods(request: Request) -> set[str]:
+    """Every method some route of the app serves on the request's path."""
+    from starlette.routing import Match
+
+    scope = dict(request.scope)
+    return {
+        method
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+        if any(
+            route.matches({**scope, "method": method})[0] == Match.FULL for route in request.app.router.routes
+        )
+    }
 
 
 def error_response(
@@ -147,23 +162,24 @@ def install(app: FastAPI, metrics: LedgerMetrics) -> None:
         first = errors[0] if errors else {"field": "body", "message": "invalid request."}
         refused("invalid_input")
         return error_response(
-            422, {"error": "invalid_input", "message": first["message"], "field": first["field"],
-                  "errors": errors}
+            422,
+            {
+                "error": "invalid_input",
+                "message": first["message"],
+                "field": first["field"],
+                "errors": errors,
+            },
         )
 
     @app.exception_handler(EventValidationError)
     async def _event_error(request: Request, exc: EventValidationError) -> JSONResponse:
         refused("invalid_input")
-        return error_response(
-            422, {"error": "invalid_input", "message": str(exc), "field": exc.field}
-        )
+        return error_response(422, {"error": "invalid_input", "message": str(exc), "field": exc.field})
 
     @app.exception_handler(InvalidArgumentError)
     async def _argument_error(request: Request, exc: InvalidArgumentError) -> JSONResponse:
         refused("invalid_input")
-        return error_response(
-            422, {"error": "invalid_input", "message": str(exc), "field": exc.field}
-        )
+        return error_response(422, {"error": "invalid_input", "message": str(exc), "field": exc.field})
 
     @app.exception_handler(Unauthorized)
     async def _unauthorized(request: Request, exc: Unauthorized) -> JSONResponse:
@@ -187,14 +203,33 @@ def install(app: FastAPI, metrics: LedgerMetrics) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:
+            # FastAPI's "There was an error parsing the body" (a body that is not UTF-8 text,
+            # say): the same answer as a body that is not valid JSON.
+            refused("invalid_input")
+            message = "body is not valid JSON: it could not be parsed."
+            return error_response(
+                422,
+                {
+                    "error": "invalid_input",
+                    "message": message,
+                    "field": "body",
+                    "errors": [{"field": "body", "message": message}],
+                },
+            )
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         code = codes.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else code
+        headers = dict(exc.headers or {})
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}."
-        return error_response(
-            exc.status_code, {"error": code, "message": message}, headers=exc.headers
-        )
+        if exc.status_code == 405:
+            # Starlette's Allow names the methods of the first route matching the path only; a
+            # path served by several routes (GET and POST /v1/datasets) allows all of theirs.
+            allowed = _allowed_methods(request)
+            if allowed:
+                headers["Allow"] = ", ".join(sorted(allowed))
+        return error_response(exc.status_code, {"error": code, "message": message}, headers=headers or None)
 
     @app.exception_handler(sa_exc.OperationalError)
     @app.exception_handler(sa_exc.InterfaceError)
@@ -203,8 +238,12 @@ def install(app: FastAPI, metrics: LedgerMetrics) -> None:
         # A lost or refused database connection (PostgreSQL restarted, a backend terminated, the
         # pool exhausted, SQLite busy past its timeout): the transaction was rolled back or never
         # began, so the request may be retried (with its Idempotency-Key where it mutates).
-        logger.warning("database unavailable on %s %s: %s", request.method, request.url.path,
-                       type(getattr(exc, "orig", None) or exc).__name__)
+        logger.warning(
+            "database unavailable on %s %s: %s",
+            request.method,
+            request.url.path,
+            type(getattr(exc, "orig", None) or exc).__name__,
+        )
         refused("unavailable")
         return error_response(
             503,

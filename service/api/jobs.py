@@ -10,10 +10,12 @@ before it reads data and commits before it publishes each model version
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, TrainerDep, ViewerDep
@@ -45,10 +47,50 @@ class JobCreate(BaseModel):
 
     dataset_id: str = Field(min_length=1, max_length=64)
     algorithm: str = Field(
-        description="dp_sgd | adadp (l2dp_ml, continual_release, cosine_classifier, "
-        "peft_ensemble: a later release)"
+        description="the algorithms a worker runs now (others of the contract: a later release)",
+        json_schema_extra={"enum": list(jobs.ALGORITHMS)},
     )
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(
+        description="`data_source` (required) and `model_name` are the job's; the rest are the "
+        "trainer's, checked when the job runs (a bad one fails the job, naming the field). The "
+        "schema's `data_source` is the common shape; the service also takes the other builtins "
+        "with their query (`builtin:split-digits?tasks=5`, ...).",
+        json_schema_extra={
+            "required": ["data_source"],
+            "maxProperties": jobs.MAX_PARAMS_KEYS,
+            "properties": {
+                "data_source": {
+                    "type": "string",
+                    "maxLength": jobs.MAX_URI_LENGTH,
+                    "pattern": r"^(builtin:digits|file://[^?#%\[\]]*[^?#%\[\]/.][^?#%\[\]/]*\.(npz|csv))$",
+                },
+                "model_name": {
+                    "anyOf": [
+                        {"type": "string", "pattern": "^" + jobs.MODEL_NAME.pattern + "$"},
+                        {"type": "null"},
+                    ]
+                },
+            },
+        },
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _data_source_is_a_uri(cls, params: dict[str, Any]) -> dict[str, Any]:
+        # urlsplit raises ValueError on a bracket outside an IPv6 host ("file://[x.npz"), which
+        # the worker's parse_source lets through (it was answered 500): refuse it here, naming
+        # the field, before the job is queued.
+        source = params.get("data_source")
+        if isinstance(source, str):
+            try:
+                urlsplit(source)
+            except ValueError as exc:
+                raise PydanticCustomError(
+                    "invalid_event",  # (a message of our own, naming its field)
+                    "{message}",
+                    {"field": "data_source", "message": f"must be a URI ({exc}). Found {source!r}."},
+                ) from None
+        return params
 
 
 class JobProgress(BaseModel):

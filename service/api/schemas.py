@@ -17,11 +17,13 @@ from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StrictStr,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -29,6 +31,17 @@ from pydantic_core import PydanticCustomError
 from accountant import events as dp_events
 from accountant.exact import as_written
 from accountant.rules import MAX_COMMITMENT_LENGTH
+from service.api.openapi import (
+    DECIMAL_RE,
+    MIN_RDP_DELTA,
+    NOT_BLANK_PATTERN,
+    NUMBER_SCHEMAS,
+    VERSION_INTEGER_LIMIT,
+    VERSION_SCHEMA,
+    budget_schema_extra,
+    reservation_schema_extra,
+    text_or_integer_schema,
+)
 from service.ledger.batches import MAX_RECORD_ID_LENGTH
 from service.ledger.reservations import MAX_TTL_S
 
@@ -43,13 +56,12 @@ def _fmt(value: object) -> str:
 def _decimal(value: object) -> Decimal:
     """The number as written, or a 422 naming it. Booleans and non-numbers are refused."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        raise PydanticCustomError(
-            "number_type", "must be a number. Found {found}.", {"found": _fmt(value)}
-        )
+        raise PydanticCustomError("number_type", "must be a number. Found {found}.", {"found": _fmt(value)})
     if isinstance(value, float) and not math.isfinite(value):
-        raise PydanticCustomError(
-            "number_finite", "must be finite. Found {found}.", {"found": _fmt(value)}
-        )
+        raise PydanticCustomError("number_finite", "must be finite. Found {found}.", {"found": _fmt(value)})
+    if isinstance(value, str) and DECIMAL_RE.fullmatch(value) is None:
+        # the documented string form (service.api.openapi.DECIMAL_PATTERN), nothing wider
+        raise PydanticCustomError("number_type", "must be a number. Found {found}.", {"found": _fmt(value)})
     try:
         number = as_written(value)
     except (ValueError, InvalidOperation) as exc:
@@ -57,9 +69,7 @@ def _decimal(value: object) -> Decimal:
             "number_type", "must be a number. Found {found}.", {"found": _fmt(value)}
         ) from exc
     if not number.is_finite():
-        raise PydanticCustomError(
-            "number_finite", "must be finite. Found {found}.", {"found": _fmt(value)}
-        )
+        raise PydanticCustomError("number_finite", "must be finite. Found {found}.", {"found": _fmt(value)})
     return number
 
 
@@ -81,9 +91,7 @@ def _delta(value: object) -> Decimal:
     except PydanticCustomError:
         number = None
     if number is None or not 0 <= number < 1:
-        raise PydanticCustomError(
-            "delta_range", "must be in [0, 1). Found {found}.", {"found": _fmt(value)}
-        )
+        raise PydanticCustomError("delta_range", "must be in [0, 1). Found {found}.", {"found": _fmt(value)})
     return number
 
 
@@ -93,9 +101,7 @@ def _ratio(value: object) -> Decimal:
     except PydanticCustomError:
         number = None
     if number is None or not 0 < number < 1:
-        raise PydanticCustomError(
-            "ratio_range", "must be in (0, 1). Found {found}.", {"found": _fmt(value)}
-        )
+        raise PydanticCustomError("ratio_range", "must be in (0, 1). Found {found}.", {"found": _fmt(value)})
     return number
 
 
@@ -107,6 +113,8 @@ def _text_or_integer(max_length: int, what: str) -> Any:
             return value
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)  # 5.0 is the integer 5 in JSON (and in the OpenAPI schema)
         raise PydanticCustomError(
             "text_or_integer",
             "must be {what}: a string of 1-{max_length} characters or an integer. Found {found}.",
@@ -116,15 +124,59 @@ def _text_or_integer(max_length: int, what: str) -> Any:
     return BeforeValidator(check)
 
 
-Epsilon = Annotated[Decimal, BeforeValidator(_positive)]
-Delta = Annotated[Decimal, BeforeValidator(_delta)]
-Ratio = Annotated[Decimal, BeforeValidator(_ratio)]
-Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError(
+            "not_blank",
+            "must hold a character other than whitespace. Found {found}.",
+            {"found": _fmt(value)},
+        )
+    return value
+
+
+def _version(value: str | int) -> str | int:
+    # what the ledger takes: str(version) of 1-100 characters, not all whitespace
+    if isinstance(value, str) and not value.strip():
+        raise PydanticCustomError(
+            "not_blank",
+            "must hold a character other than whitespace. Found {found}.",
+            {"found": _fmt(value)},
+        )
+    if isinstance(value, int) and abs(value) > VERSION_INTEGER_LIMIT:
+        raise PydanticCustomError(
+            "text_or_integer",
+            "must be a string version or an integer within ±10^18. Found {found}.",
+            {"found": _fmt(value) if len(str(value)) <= 40 else f"an integer of {len(str(value))} digits"},
+        )
+    return value
+
+
+# WithJsonSchema: the OpenAPI document states exactly what the validator takes (openapi.py).
+Epsilon = Annotated[Decimal, BeforeValidator(_positive), WithJsonSchema(NUMBER_SCHEMAS["positive"])]
+Delta = Annotated[Decimal, BeforeValidator(_delta), WithJsonSchema(NUMBER_SCHEMAS["delta"])]
+Ratio = Annotated[Decimal, BeforeValidator(_ratio), WithJsonSchema(NUMBER_SCHEMAS["unit_open"])]
+# Names: 1-200 characters, not all whitespace (the ledger strips nothing, but refuses blanks).
+Name = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": NOT_BLANK_PATTERN}),
+    AfterValidator(_not_blank),
+]
 # Ids travel as strings; a client may send a record id or a version as an integer.
-ObjectId = Annotated[str | int, _text_or_integer(64, "an id")]
-RecordId = Annotated[str | int, _text_or_integer(MAX_RECORD_ID_LENGTH, "a record id")]
-Version = Annotated[str | int, _text_or_integer(100, "a version")]
-EventJson = dict[str, Any]
+ObjectId = Annotated[
+    str | int, _text_or_integer(64, "an id"), WithJsonSchema(text_or_integer_schema(64, "an id"))
+]
+RecordId = Annotated[
+    str | int,
+    _text_or_integer(MAX_RECORD_ID_LENGTH, "a record id"),
+    WithJsonSchema(text_or_integer_schema(MAX_RECORD_ID_LENGTH, "a record id")),
+]
+Version = Annotated[
+    str | int,
+    _text_or_integer(100, "a version"),
+    AfterValidator(_version),
+    WithJsonSchema(VERSION_SCHEMA),
+]
+EventJson = Annotated[dict[str, Any], WithJsonSchema({"allOf": [{"$ref": "#/components/schemas/Event"}]})]
 
 
 def _check_event(obj: object, path: str) -> None:
@@ -152,9 +204,17 @@ class _Public(BaseModel):
 class GeometricCreate(_Request):
     first: Epsilon
     ratio: Ratio
+    copies: int | None = Field(
+        default=None, ge=1, le=64, description="Geometric series side by side (sub-budgets; default 1)."
+    )
+    single: Epsilon | None = Field(
+        default=None, description="One extra level used once, >= first (the sliding window's base: ε/3)."
+    )
 
 
 class BudgetCreate(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=budget_schema_extra)
+
     rule: Literal["lifelong", "parallel", "sequential", "geometric"]
     epsilon: Epsilon
     delta: Delta = Decimal(0)
@@ -173,6 +233,20 @@ class BudgetCreate(_Request):
     def _events_parse(self) -> BudgetCreate:
         for index, event in enumerate(self.plan or ()):
             _check_event(event, f"plan[{index}]")
+        if self.accountant in ("rdp", "prv") and 0 < self.delta < Decimal(repr(MIN_RDP_DELTA)):
+            # a smaller δ would underflow to 0 once split over the order grid (it was answered
+            # "must be in (0, 1) to convert RDP. Found 0.0." from deep inside the filter)
+            raise PydanticCustomError(
+                "delta_range",
+                "must be >= {minimum} for accountant '{accountant}' (it splits delta over its "
+                "order grid in floating point). Found {found}.",
+                {
+                    "field": "delta",
+                    "minimum": repr(MIN_RDP_DELTA),
+                    "accountant": self.accountant,
+                    "found": f"{self.delta:.6g}",
+                },
+            )
         return self
 
 
@@ -234,11 +308,18 @@ class BatchesPublic(_Public):
 
 
 class ReservationCreate(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=reservation_schema_extra)
+
     batches: list[ObjectId] | None = Field(default=None, min_length=1)
     tasks: list[ObjectId] | None = Field(default=None, min_length=1)
     event: EventJson
     noise_commitment: (
-        Annotated[StrictStr, Field(min_length=1, max_length=MAX_COMMITMENT_LENGTH)] | None
+        Annotated[
+            StrictStr,
+            # printable ASCII: the ledger takes printable text, and JSON Schema has no "printable"
+            Field(min_length=1, max_length=MAX_COMMITMENT_LENGTH, pattern=r"^[\x20-\x7e]+$"),
+        ]
+        | None
     ) = None
     ttl_s: Annotated[float, Field(gt=0, le=MAX_TTL_S)] | None = Field(
         default=None,

@@ -5,6 +5,7 @@
     ledger check --url http://ledger:8000 --key "$LEDGER_API_KEY" --dataset ds_… \\
                  [--model NAME] [--max-epsilon 2.0] [--json]
     ledger check --bundle ledger.json [--model NAME] [--max-epsilon 2.0] [--json]
+    ledger check ... --pin ledger-2026-11-01.json   # today's ledger must extend that export
 
 Online, it reads the dataset's ledger over HTTP API v1 into the same bundle ``ledger export``
 writes (``service.commands.export.collect``); with ``--bundle`` it reads an exported one and
@@ -34,6 +35,14 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     certificates states) is ≤ E.
 ``bundle`` (``--bundle`` only)
     the bundle's own hash matches (damage or an edit without recomputing it).
+``pin`` (``--pin OLD_BUNDLE``, repeatable)
+    the ledger still *extends* a bundle exported earlier and kept outside the database (the
+    externally recorded head of docs/RELIABILITY.md): the old bundle is intact (its own hash),
+    names the same dataset, its audit head (``chain_seq``, ``hash``) is an entry of today's chain
+    with the same hash, every certificate it holds is still present with the same content hash,
+    and the ε and δ spent have not decreased. This is what catches a database whose chain tail
+    was cut *and* whose stored head was rewritten to match: ``ledger verify`` and the ``audit
+    chain`` check pass on such a database, the pin does not.
 
 Exit 0 when every check holds; 1 when a guarantee fails (a summary on stdout, or a JSON report
 with ``--json``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key or
@@ -83,6 +92,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--max-epsilon",
         help="fail when the dataset's (or --model's) epsilon exceeds this stricter bound",
+    )
+    parser.add_argument(
+        "--pin",
+        action="append",
+        default=[],
+        metavar="OLD_BUNDLE",
+        help="a bundle exported earlier (ledger export) that today's ledger must extend: its "
+        "audit head still in the chain, its certificates still present, spend not decreased "
+        "(repeatable)",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
@@ -214,9 +232,7 @@ def _releases(bundle: Json, model: str | None) -> Finding:
     for c in bundle["certificates"]:
         key = _release_key(c["certificate"]["release"])
         if key in released:
-            problems.append(
-                f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})"
-            )
+            problems.append(f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})")
         released[key] = c["id"]
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
     names = sorted(registry) if model is None else [model]
@@ -386,8 +402,7 @@ def _audit(bundle: Json) -> Finding:
     committed = sum(committed_certificate_id(e) is not None for e in entries)
     detail = (
         f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "
-        "anchoring the certificates; server verdict "
-        + ("ok" if verdict.get("ok") else "broken")
+        "anchoring the certificates; server verdict " + ("ok" if verdict.get("ok") else "broken")
     )
     return Finding("audit chain", not problems, detail, problems)
 
@@ -421,13 +436,67 @@ def _bundle_integrity(bundle: Json) -> Finding:
     return Finding("bundle", True, f"hash {actual[:19]}... matches")
 
 
+def _pin(bundle: Json, old: Json, source: str) -> Finding:
+    """Today's ``bundle`` extends ``old``, a bundle exported earlier (module docstring)."""
+    problems: list[str] = []
+    if old.get("bundle_hash") != bundle_hash(old):
+        problems.append(f"the pinned bundle {source} was edited or damaged after export")
+    if (old.get("dataset") or {}).get("id") != bundle["dataset"]["id"]:
+        problems.append(f"the pinned bundle {source} is of dataset {(old.get('dataset') or {}).get('id')}")
+        return Finding("pin", False, f"{source}: another dataset", problems)
+    head = old["audit"]["head"]
+    entries = bundle["audit"].get("entries")
+    if entries is None:
+        problems.append("this server does not export audit entries: the pinned head cannot be found")
+    else:
+        seq = head["chain_seq"]
+        match = [e for e in entries if e["chain_seq"] == seq]
+        if seq > len(entries) or not match:
+            problems.append(
+                f"the pinned audit head (entry {seq}) is missing: today's chain ends at entry "
+                f"{len(entries)} (its tail was cut)"
+            )
+        elif match[0]["hash"] != head["hash"]:
+            problems.append(
+                f"audit entry {seq} has hash {str(match[0]['hash'])[:16]}..., the pinned bundle "
+                f"recorded {str(head['hash'])[:16]}... (the chain was rewritten)"
+            )
+    today = {c["id"]: c.get("content_hash") for c in bundle["certificates"]}
+    for c in old["certificates"]:
+        if c["id"] not in today:
+            problems.append(f"certificate {c['id']} of the pinned bundle is missing")
+        elif today[c["id"]] != c.get("content_hash"):
+            problems.append(f"certificate {c['id']} has another content hash than when pinned")
+    for name in ("epsilon_spent", "delta_spent"):
+        before = _number(old["spend"][name], f"pinned spend.{name}")
+        now = _number(bundle["spend"][name], f"spend.{name}")
+        if now < before:
+            problems.append(f"{name} decreased from {before} (pinned) to {now}")
+    detail = (
+        f"{source}: audit head entry {head['chain_seq']} still in the chain, its "
+        f"{len(old['certificates'])} certificate(s) present, spend not decreased"
+        if not problems
+        else f"{source}: today's ledger does not extend the pinned bundle"
+    )
+    return Finding("pin", not problems, detail, problems)
+
+
 def evaluate(
-    bundle: Json, *, mode: str, source: str, model: str | None = None, max_epsilon: Decimal | None = None
+    bundle: Json,
+    *,
+    mode: str,
+    source: str,
+    model: str | None = None,
+    max_epsilon: Decimal | None = None,
+    pins: Mapping[str, Json] | None = None,
 ) -> Report:
-    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds)."""
+    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds). ``pins``: bundles
+    exported earlier (by their file name) that ``bundle`` must extend."""
     findings: list[Finding] = []
     if mode == "bundle":
         findings.append(_bundle_integrity(bundle))
+    for pin_source, old in (pins or {}).items():
+        findings.append(_guarded("pin", lambda old=old, src=pin_source: _pin(bundle, old, src)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle)))
@@ -446,7 +515,8 @@ def evaluate(
         "delta_spent": spend.get("delta_spent"),
         "naive_sequential_epsilon": spend.get("naive_sequential_epsilon"),
         "certificates": len(bundle.get("certificates") or []),
-        "audit_entries": None if (bundle.get("audit") or {}).get("entries") is None
+        "audit_entries": None
+        if (bundle.get("audit") or {}).get("entries") is None
         else len(bundle["audit"]["entries"]),
         "model": model,
         "max_epsilon": None if max_epsilon is None else str(max_epsilon),
@@ -491,12 +561,15 @@ def load_bundle(path: str) -> Json:
 
 def _report(args: argparse.Namespace) -> Report:
     max_epsilon = _bound(args.max_epsilon)
+    pins = {path: load_bundle(path) for path in getattr(args, "pin", None) or []}
     if args.bundle is not None:
         bundle = load_bundle(args.bundle)
         dataset_id = (bundle.get("dataset") or {}).get("id")
         if args.dataset is not None and args.dataset != dataset_id:
             raise UsageError(f"--dataset {args.dataset} but the bundle holds dataset {dataset_id}.")
-        return evaluate(bundle, mode="bundle", source=args.bundle, model=args.model, max_epsilon=max_epsilon)
+        return evaluate(
+            bundle, mode="bundle", source=args.bundle, model=args.model, max_epsilon=max_epsilon, pins=pins
+        )
 
     from service.client import LedgerClient, LedgerError
     from service.commands.export import collect
@@ -511,7 +584,9 @@ def _report(args: argparse.Namespace) -> Report:
             bundle = collect(client, args.dataset, model=args.model)
     except LedgerError as exc:
         raise UsageError(f"ledger check: {exc}") from exc
-    return evaluate(bundle, mode="online", source=args.url, model=args.model, max_epsilon=max_epsilon)
+    return evaluate(
+        bundle, mode="online", source=args.url, model=args.model, max_epsilon=max_epsilon, pins=pins
+    )
 
 
 def run(args: argparse.Namespace) -> int:

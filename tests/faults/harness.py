@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,28 +40,37 @@ class KillRun:
 
 
 def _start(url: str, ttl_s: float) -> Server:
-    return start_server(url, env={
-        "LEDGER_RESERVATION_TTL_S": str(ttl_s),
-        "LEDGER_EXPIRY_SWEEP_INTERVAL_S": "0.2",
-    })
+    return start_server(
+        url,
+        env={
+            "LEDGER_RESERVATION_TTL_S": str(ttl_s),
+            "LEDGER_EXPIRY_SWEEP_INTERVAL_S": "0.2",
+        },
+    )
 
 
 def _setup(base: str) -> tuple[str, str]:
     with httpx.Client(base_url=base, headers=HEADERS, timeout=30) as http:
-        ds = http.post("/v1/datasets", json={"name": f"faults-{os.getpid()}-{time.time_ns()}", "budget": {
-            "rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"}})
+        ds = http.post(
+            "/v1/datasets",
+            json={
+                "name": f"faults-{os.getpid()}-{time.time_ns()}",
+                "budget": {"rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"},
+            },
+        )
         ds.raise_for_status()
         dataset = ds.json()["id"]
         task = http.post(f"/v1/datasets/{dataset}/tasks", json={"name": "t"})
         task.raise_for_status()
-        made = http.post(f"/v1/datasets/{dataset}/tasks/{task.json()['id']}/batches",
-                         json={"batches": [{"name": "b", "records": ["r1", "r2", "r3"]}]})
+        made = http.post(
+            f"/v1/datasets/{dataset}/tasks/{task.json()['id']}/batches",
+            json={"batches": [{"name": "b", "records": ["r1", "r2", "r3"]}]},
+        )
         made.raise_for_status()
         return dataset, made.json()["data"][0]["id"]
 
 
-def kill_serve_cycles(url: str, *, cycles: int, kills: int, seed: int = 7,
-                      ttl_s: float = 1.5) -> KillRun:
+def kill_serve_cycles(url: str, *, cycles: int, kills: int, seed: int = 7, ttl_s: float = 1.5) -> KillRun:
     """``cycles`` reserve+commit cycles against ``ledger serve``; in ``kills`` of them (chosen by
     ``seed``) SIGKILL is sent either by a timer at a uniformly random point of the cycle (0-1.5x
     the mean duration of the cycles so far: inside a reserve, between reserve and commit, inside
@@ -80,24 +90,29 @@ def kill_serve_cycles(url: str, *, cycles: int, kills: int, seed: int = 7,
             if i in doomed:
                 after_reserve = rng.random() < 1 / 3
                 mean = sum(durations) / len(durations) if durations else 0.05
-                timer = threading.Timer(rng.uniform(0.0, 1.5 * mean) if not after_reserve else 3600,
-                                        lambda p=server.process: _sigkill(p))
+                timer = threading.Timer(
+                    rng.uniform(0.0, 1.5 * mean) if not after_reserve else 3600,
+                    lambda p=server.process: _sigkill(p),
+                )
                 timer.start()
             lost = False
             reservation = None
             cycle_started = time.monotonic()
             try:
                 with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=20) as http:
-                    answer = http.post(f"/v1/datasets/{dataset}/reservations",
-                                       json={"batches": [batch],
-                                             "event": {"kind": "pure_dp", "epsilon": 0.5}})
+                    answer = http.post(
+                        f"/v1/datasets/{dataset}/reservations",
+                        json={"batches": [batch], "event": {"kind": "pure_dp", "epsilon": 0.5}},
+                    )
                     if answer.status_code != 201:
                         raise AssertionError(f"reserve: {answer.status_code} {answer.text}")
                     reservation = answer.json()["id"]
                     if after_reserve:
                         _sigkill(server.process)
-                    answer = http.post(f"/v1/reservations/{reservation}/commit",
-                                       json={"release": {"model": "m", "version": f"v{i}"}})
+                    answer = http.post(
+                        f"/v1/reservations/{reservation}/commit",
+                        json={"release": {"model": "m", "version": f"v{i}"}},
+                    )
                     if answer.status_code != 200:
                         raise AssertionError(f"commit: {answer.status_code} {answer.text}")
                     run.acknowledged[reservation] = answer.json()["certificate"]["id"]
@@ -134,8 +149,9 @@ def _sigkill(process: subprocess.Popen[str]) -> None:
 def check_after_kills(url: str, base: str, dataset: str, run: KillRun) -> dict[str, Any]:
     findings: dict[str, Any] = {}
     with httpx.Client(base_url=base, headers=HEADERS, timeout=30) as http:
-        missing = [c for c in run.acknowledged.values()
-                   if http.get(f"/v1/certificates/{c}").status_code != 200]
+        missing = [
+            c for c in run.acknowledged.values() if http.get(f"/v1/certificates/{c}").status_code != 200
+        ]
         findings["acknowledged_commits"] = len(run.acknowledged)
         findings["lost_commits"] = len(missing)
         spend = http.get(f"/v1/datasets/{dataset}/spend")
@@ -143,27 +159,40 @@ def check_after_kills(url: str, base: str, dataset: str, run: KillRun) -> dict[s
     db = Database(make_url(url), pool_size=1, max_overflow=0)
     try:
         with db.engine.connect() as conn:
-            statuses = Counter(dict(conn.execute(text(
-                "SELECT status, count(*) FROM reservations WHERE dataset_id = :d GROUP BY status"),
-                {"d": dataset}).all()))
+            statuses = Counter(
+                dict(
+                    conn.execute(
+                        text(
+                            "SELECT status, count(*) FROM reservations WHERE dataset_id = :d GROUP BY status"
+                        ),
+                        {"d": dataset},
+                    ).all()
+                )
+            )
             findings["reservations"] = dict(statuses)
             findings["open_reservations_after_ttl"] = statuses.get("reserved", 0)
-            findings["releases_without_certificate"] = conn.execute(text(
-                "SELECT count(*) FROM releases r LEFT JOIN certificates c ON c.release_id = r.id "
-                "WHERE c.id IS NULL")).scalar_one()
-            findings["committed_without_certificate"] = conn.execute(text(
-                "SELECT count(*) FROM reservations r LEFT JOIN certificates c "
-                "ON c.reservation_id = r.id WHERE r.status = 'committed' AND c.id IS NULL"
-            )).scalar_one()
-            certificates = conn.execute(text(
-                "SELECT count(*) FROM certificates WHERE dataset_id = :d"), {"d": dataset}
+            findings["releases_without_certificate"] = conn.execute(
+                text(
+                    "SELECT count(*) FROM releases r LEFT JOIN certificates c ON c.release_id = r.id "
+                    "WHERE c.id IS NULL"
+                )
             ).scalar_one()
-            row = conn.execute(text(
-                "SELECT epsilon_spent, charges_committed FROM datasets WHERE id = :d"),
-                {"d": dataset}).one()
-            committed_eps = conn.execute(text(
-                "SELECT coalesce(sum(committed_epsilon), 0) FROM reservations WHERE dataset_id = :d"),
-                {"d": dataset}).scalar_one()
+            findings["committed_without_certificate"] = conn.execute(
+                text(
+                    "SELECT count(*) FROM reservations r LEFT JOIN certificates c "
+                    "ON c.reservation_id = r.id WHERE r.status = 'committed' AND c.id IS NULL"
+                )
+            ).scalar_one()
+            certificates = conn.execute(
+                text("SELECT count(*) FROM certificates WHERE dataset_id = :d"), {"d": dataset}
+            ).scalar_one()
+            row = conn.execute(
+                text("SELECT epsilon_spent, charges_committed FROM datasets WHERE id = :d"), {"d": dataset}
+            ).one()
+            committed_eps = conn.execute(
+                text("SELECT coalesce(sum(committed_epsilon), 0) FROM reservations WHERE dataset_id = :d"),
+                {"d": dataset},
+            ).scalar_one()
     finally:
         db.dispose()
     findings["certificates"] = certificates
@@ -174,7 +203,10 @@ def check_after_kills(url: str, base: str, dataset: str, run: KillRun) -> dict[s
     findings["spend_api_epsilon"] = spend.json().get("epsilon_spent")
     verify = subprocess.run(
         [sys.executable, "-m", "service.cli", "verify", "--database-url", url],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     findings["verify_rc"] = verify.returncode
     findings["verify_output"] = verify.stdout.strip()[-300:]
@@ -212,8 +244,9 @@ class TerminateRun:
     client_certificates: list[str] = field(default_factory=list)
 
 
-def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: int = 6,
-                                  every_s: float = 0.25) -> tuple[TerminateRun, dict[str, Any]]:
+def terminate_backends_under_load(
+    url: str, *, seconds: float = 6.0, clients: int = 6, every_s: float = 0.25
+) -> tuple[TerminateRun, dict[str, Any]]:
     """``clients`` threads reserve+commit against ``ledger serve`` while another thread kills
     every backend connected to THIS database (``pg_stat_activity.datname``) every ``every_s``.
     Then, with the killer stopped and no restart, the same load must succeed."""
@@ -222,6 +255,33 @@ def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: in
     parsed = make_url(url)
     dbname = parsed.database
     admin_dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    def killer(run: TerminateRun, stop: threading.Event, lock: threading.Lock) -> None:
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            while not stop.is_set():
+                rows = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (dbname,),
+                ).fetchall()
+                with lock:
+                    run.terminated += sum(1 for (ok,) in rows if ok)
+                stop.wait(every_s)
+
+    return disrupted_load(url, killer, seconds=seconds, clients=clients)
+
+
+def disrupted_load(
+    url: str,
+    disrupt: Callable[[TerminateRun, threading.Event, threading.Lock], None],
+    *,
+    seconds: float,
+    clients: int,
+) -> tuple[TerminateRun, dict[str, Any]]:
+    """``clients`` raw HTTP reserve+commit loops and two ``service.client`` loops (retrying a 503
+    with the same Idempotency-Key) against one ``ledger serve`` for ``seconds``, while
+    ``disrupt(run, stop, lock)`` runs in a thread until ``stop`` is set; then, with no restart of
+    the server, the same load for 2 s must succeed. Findings as ``check_after_kills``."""
     run = TerminateRun()
     server = _start(url, 60)
     stop = threading.Event()
@@ -230,14 +290,7 @@ def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: in
         dataset, batch = _setup(server.base_url)
 
         def killer() -> None:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                while not stop.is_set():
-                    rows = conn.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,)).fetchall()
-                    with lock:
-                        run.terminated += sum(1 for (ok,) in rows if ok)
-                    stop.wait(every_s)
+            disrupt(run, stop, lock)
 
         def load(n: int, until: float, into: Counter[int]) -> None:
             i = 0
@@ -245,13 +298,17 @@ def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: in
                 while time.monotonic() < until:
                     i += 1
                     try:
-                        answer = http.post(f"/v1/datasets/{dataset}/reservations", json={
-                            "batches": [batch], "event": {"kind": "pure_dp", "epsilon": 0.01}})
+                        answer = http.post(
+                            f"/v1/datasets/{dataset}/reservations",
+                            json={"batches": [batch], "event": {"kind": "pure_dp", "epsilon": 0.01}},
+                        )
                         statuses = [answer.status_code]
                         if answer.status_code == 201:
                             rid = answer.json()["id"]
-                            answer = http.post(f"/v1/reservations/{rid}/commit", json={
-                                "release": {"model": f"m{n}", "version": f"v{i}-{time.time_ns()}"}})
+                            answer = http.post(
+                                f"/v1/reservations/{rid}/commit",
+                                json={"release": {"model": f"m{n}", "version": f"v{i}-{time.time_ns()}"}},
+                            )
                             statuses.append(answer.status_code)
                         if answer.status_code >= 500:
                             body = answer.json()
@@ -274,10 +331,8 @@ def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: in
                 while time.monotonic() < until:
                     i += 1
                     try:
-                        held = client.reserve(dataset, {"kind": "pure_dp", "epsilon": 0.01},
-                                              batches=[batch])
-                        done = client.commit(held["id"], model=f"c{n}",
-                                             version=f"v{i}-{time.time_ns()}")
+                        held = client.reserve(dataset, {"kind": "pure_dp", "epsilon": 0.01}, batches=[batch])
+                        done = client.commit(held["id"], model=f"c{n}", version=f"v{i}-{time.time_ns()}")
                     except Exception as error:
                         with lock:
                             run.client_failures.append(f"{type(error).__name__}: {error}"[:300])
@@ -305,8 +360,12 @@ def terminate_backends_under_load(url: str, *, seconds: float = 6.0, clients: in
         for w in workers:
             w.join()
         alive = server.process.poll() is None
-        findings = check_after_kills(url, server.base_url, dataset, KillRun(
-            acknowledged={str(i): c for i, c in enumerate(run.client_certificates)}))
+        findings = check_after_kills(
+            url,
+            server.base_url,
+            dataset,
+            KillRun(acknowledged={str(i): c for i, c in enumerate(run.client_certificates)}),
+        )
         findings["server_alive"] = alive
         findings["server_log_tail"] = "".join(server.output)[-6000:]
     finally:

@@ -11,21 +11,29 @@ What ``verify`` (``ledger verify``, ``GET /v1/audit/verify``) detects on its own
 What it cannot detect: an attacker who truncates the tail AND rewrites the stored head to the new
 last entry leaves a chain that is internally consistent. Only a head recorded outside the
 database catches that: a ``ledger export`` bundle taken earlier pins ``audit.head`` (chain_seq,
-hash); the live chain must still contain that entry. The test shows both halves.
+hash); the live chain must still contain that entry. The test shows both halves, and that
+``ledger check --pin OLD_BUNDLE`` makes that comparison (exit 1).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import text
 
 from service.client import LedgerClient
+from service.commands.check import evaluate
 from service.commands.export import collect
 from service.db.session import Database
 from service.ledger import audit, reservations, tenancy
 from tests.service.api.world import PURE, World, make_world, unique
 from tests.service.live_server import serve, settings_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _world(db: Database) -> World:
@@ -33,17 +41,21 @@ def _world(db: Database) -> World:
     world = make_world(db, "acme")
     # a few more entries so that there is a middle and a tail
     for _ in range(2):
-        held = reservations.reserve(db, "acme", world.dataset, event_json=PURE,
-                                    batch_ids=[world.batch])
+        held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": unique("v")})
     return world
 
 
 def _entries(db: Database, chain: str) -> list[Any]:
     with db.engine.connect() as conn:
-        return list(conn.execute(
-            text("SELECT seq, chain_seq, hash, payload FROM audit_log WHERE chain = :c "
-                 "ORDER BY chain_seq"), {"c": chain}))
+        return list(
+            conn.execute(
+                text(
+                    "SELECT seq, chain_seq, hash, payload FROM audit_log WHERE chain = :c ORDER BY chain_seq"
+                ),
+                {"c": chain},
+            )
+        )
 
 
 def _exec(db: Database, sql: str, **params: Any) -> None:
@@ -61,8 +73,7 @@ def test_untouched_chains_verify(db: Database) -> None:
 def test_edit_is_detected(db: Database) -> None:
     world = _world(db)
     entry = _entries(db, world.dataset)[2]
-    _exec(db, "UPDATE audit_log SET payload = :p WHERE seq = :s",
-          p='{"epsilon": "0"}', s=entry.seq)
+    _exec(db, "UPDATE audit_log SET payload = :p WHERE seq = :s", p='{"epsilon": "0"}', s=entry.seq)
     result = audit.verify(db, dataset_id=world.dataset)
     assert not result["ok"] and result["first_broken"] == entry.seq, result
     assert not audit.verify(db)["ok"]
@@ -71,8 +82,7 @@ def test_edit_is_detected(db: Database) -> None:
 def test_edit_of_a_timestamp_is_detected(db: Database) -> None:
     world = _world(db)
     entry = _entries(db, world.dataset)[1]
-    _exec(db, "UPDATE audit_log SET created_at = :t WHERE seq = :s",
-          t="2001-01-01 00:00:00", s=entry.seq)
+    _exec(db, "UPDATE audit_log SET created_at = :t WHERE seq = :s", t="2001-01-01 00:00:00", s=entry.seq)
     assert not audit.verify(db, dataset_id=world.dataset)["ok"]
 
 
@@ -132,8 +142,13 @@ def test_truncation_with_a_rewritten_head_needs_an_external_head(db: Database, t
             keep = entries[-3]
             for gone in entries[-2:]:
                 _exec(db, "DELETE FROM audit_log WHERE seq = :s", s=gone.seq)
-            _exec(db, "UPDATE datasets SET audit_seq = :n, audit_hash = :h WHERE id = :d",
-                  n=keep.chain_seq, h=keep.hash, d=world.dataset)
+            _exec(
+                db,
+                "UPDATE datasets SET audit_seq = :n, audit_hash = :h WHERE id = :d",
+                n=keep.chain_seq,
+                h=keep.hash,
+                d=world.dataset,
+            )
             # Blind spot: the database alone now verifies.
             assert audit.verify(db, dataset_id=world.dataset)["ok"]
             assert audit.verify(db)["ok"]
@@ -142,3 +157,27 @@ def test_truncation_with_a_rewritten_head_needs_an_external_head(db: Database, t
             # The pinned head catches it.
             assert _pinned_head_holds(pinned["audit"]["head"], pinned["audit"]["entries"])
             assert not _pinned_head_holds(pinned["audit"]["head"], later["audit"]["entries"])
+            # ... and so does `ledger check --pin OLD_BUNDLE`, the command for that comparison.
+            old_bundle = tmp_path / "pinned.json"
+            old_bundle.write_text(json.dumps(pinned))
+            args = ["check", "--url", base_url, "--key", viewer, "--dataset", world.dataset, "--json"]
+            # (Without the pin, `ledger check` sees only what the database shows: here the cut
+            # entries anchored two certificates, so its anchoring check fails too; an attacker
+            # who also deletes those certificates and rewrites the spend leaves it nothing.)
+            caught = _cli([*args, "--pin", str(old_bundle)])
+            assert caught.returncode == 1, caught.stdout
+            pin = next(c for c in json.loads(caught.stdout)["checks"] if c["name"] == "pin")
+            assert not pin["ok"], pin
+            assert any("pinned audit head" in p and "is missing" in p for p in pin["problems"]), pin
+            # an earlier bundle that today's ledger does extend passes the pin
+            assert evaluate(pinned, mode="online", source="x", pins={"self": pinned}).ok
+            # an edited pinned bundle fails the pin (its own hash)
+            edited = {**pinned, "spend": {**pinned["spend"], "epsilon_spent": "0"}}
+            report = evaluate(pinned, mode="online", source="x", pins={"edited": edited})
+            assert not report.ok and "edited or damaged" in str(report.to_json())
+
+
+def _cli(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )

@@ -1,0 +1,74 @@
+"""schemathesis conformance checks used by tests/security/test_schemathesis.py and
+``bench/schemathesis_run.py`` (loaded there with ``SCHEMATHESIS_HOOKS=tests.security.schema_checks``).
+
+Every built-in check runs unchanged except ``positive_data_acceptance`` ("a schema-valid request
+must not be refused"), which is replaced by ``positive_data_acceptance_or_relation``: the same
+check, except that a 422 whose message states one of the *documented relations between fields*
+(``RELATIONS``: what JSON Schema cannot express; service/api/openapi.py lists them in the
+OpenAPI document) is counted instead of failed. Any other refusal of a schema-valid request
+still fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+from collections import Counter
+from typing import Any, Final
+
+import schemathesis
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+# Each is a 422 message of a rule the OpenAPI document states in words (service/api/openapi.py).
+RELATIONS: Final[dict[str, re.Pattern[str]]] = {
+    "sample_size <= population_size": re.compile(r"sample_size must be <= population_size"),
+    "geometric series <= epsilon": re.compile(
+        r"budget\.geometric\.(first|single) must (satisfy|be 0 or >= first|be in \[0, epsilon\])"
+    ),
+    "plan epsilon <= budget epsilon": re.compile(r"^budget\.plan needs epsilon .* more than budget"),
+    "rdp filter has an order with allowance": re.compile(r"is too small for a Rényi filter"),
+    "event the accountant supports": re.compile(r"accountant '\w+' does not support event kind"),
+}
+RELATION_REFUSALS: Counter[str] = Counter()
+
+
+def documented_relation(status: int, body: bytes | str | None) -> str | None:
+    """The name of the documented relation a 422 answer states, or ``None``."""
+    if status != 422 or not body:
+        return None
+    try:
+        answer: Any = json.loads(body)
+    except ValueError:
+        return None
+    message = answer.get("message", "") if isinstance(answer, dict) else ""
+    for name, pattern in RELATIONS.items():
+        if isinstance(message, str) and pattern.search(message):
+            return name
+    return None
+
+
+def _report() -> None:
+    print(
+        f"positive_data_acceptance_or_relation: refusals stating a documented relation: "
+        f"{sum(RELATION_REFUSALS.values())} {dict(RELATION_REFUSALS)}",
+        flush=True,
+    )
+
+
+if os.environ.get("SCHEMATHESIS_HOOKS") == __name__:  # loaded by the schemathesis CLI
+    atexit.register(_report)
+
+
+@schemathesis.check
+def positive_data_acceptance_or_relation(ctx: Any, response: Any, case: Any) -> bool | None:
+    """``positive_data_acceptance``, except a 422 stating a documented relation (counted)."""
+    try:
+        return positive_data_acceptance(ctx, response, case)
+    except AssertionError:
+        relation = documented_relation(response.status_code, response.content)
+        if relation is None:
+            raise
+        RELATION_REFUSALS[relation] += 1
+        return None
