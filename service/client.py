@@ -352,9 +352,7 @@ def _json_answer(call: _Call, response: httpx.Response) -> JsonObject:
             status=response.status_code,
         ) from exc
     if not isinstance(body, dict):
-        raise LedgerError(
-            "expected a JSON object.", code="invalid_answer", status=response.status_code
-        )
+        raise LedgerError("expected a JSON object.", code="invalid_answer", status=response.status_code)
     return body
 
 
@@ -426,8 +424,7 @@ def _unavailable(
         error.details.setdefault("attempts", attempts)
         return error
     return LedgerUnavailable(
-        f"{call.method} {call.path}: no answer after {attempts} attempt(s): "
-        f"{type(cause).__name__}: {cause}",
+        f"{call.method} {call.path}: no answer after {attempts} attempt(s): {type(cause).__name__}: {cause}",
         code="unavailable",
         details={"attempts": attempts},
     )
@@ -713,9 +710,7 @@ class _Endpoints(Generic[J, A]):
         """``GET /v1/jobs/{id}``: status, progress, ε committed, metrics, versions."""
         return self._json(_Call("GET", f"/v1/jobs/{_segment(job_id)}"))
 
-    def list_jobs(
-        self, *, dataset_id: Identifier | None = None, limit: int = 100, offset: int = 0
-    ) -> J:
+    def list_jobs(self, *, dataset_id: Identifier | None = None, limit: int = 100, offset: int = 0) -> J:
         """``GET /v1/jobs``: the tenant's jobs, newest first."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if dataset_id is not None:
@@ -747,9 +742,7 @@ class _Endpoints(Generic[J, A]):
     def download_artifact(self, name: str, version: int) -> A:
         """``GET /v1/models/{name}/versions/{v}/artifact``: the weights, checked against the
         SHA-256 recorded at publication (``LedgerError`` ``artifact_mismatch`` otherwise)."""
-        return self._artifact(
-            _Call("GET", f"/v1/models/{_segment(name)}/versions/{int(version)}/artifact")
-        )
+        return self._artifact(_Call("GET", f"/v1/models/{_segment(name)}/versions/{int(version)}/artifact"))
 
 
 # ---------------------------------------------------------------------------------------------

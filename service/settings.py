@@ -65,7 +65,5 @@ class Settings(BaseSettings):
     @classmethod
     def _key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_KEY_LENGTH:
-            raise ValueError(
-                f"LEDGER_BOOTSTRAP_ADMIN_KEY must be at least {MIN_KEY_LENGTH} characters."
-            )
+            raise ValueError(f"LEDGER_BOOTSTRAP_ADMIN_KEY must be at least {MIN_KEY_LENGTH} characters.")
         return value

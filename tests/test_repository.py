@@ -42,8 +42,20 @@ def test_ci_installs_cpu_torch_before_the_project() -> None:
 
 def test_top_level_layout_is_the_agreed_one() -> None:
     allowed = {
-        "pyproject.toml", "service", "accountant", "alembic", "tests", "docker-compose.yml",
-        "Dockerfile", "README.md", ".ci", "bench", "docs", "examples", ".git", ".gitignore",
+        "pyproject.toml",
+        "service",
+        "accountant",
+        "alembic",
+        "tests",
+        "docker-compose.yml",
+        "Dockerfile",
+        "README.md",
+        ".ci",
+        "bench",
+        "docs",
+        "examples",
+        ".git",
+        ".gitignore",
     }
     tracked = subprocess.run(
         ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -65,8 +77,13 @@ def _tool(name: str) -> str:
 
 
 def test_ruff_is_clean() -> None:
+    result = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_code_is_formatted() -> None:
     result = subprocess.run(
-        [_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True
+        [_tool("ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -42,9 +42,7 @@ TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 router = APIRouter(prefix=PREFIX, tags=["audit"])
 
 
-def chain_page(
-    db: Database, tenant_id: str, dataset_id: str, *, after: int, limit: int
-) -> dict[str, Any]:
+def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, limit: int) -> dict[str, Any]:
     """One page of the dataset's chain, up to its head (another tenant's dataset: ``NotFound``)."""
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)

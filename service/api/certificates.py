@@ -45,9 +45,7 @@ def list_certificates(
     limit: Annotated[int, Query(ge=1, le=certificates.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> dict[str, Any]:
-    return certificates.list_certificates(
-        db, principal.tenant_id, dataset_id, limit=limit, offset=offset
-    )
+    return certificates.list_certificates(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
 
 
 @router.get(

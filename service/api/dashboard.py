@@ -79,9 +79,7 @@ def batch_spend(
     limit: Annotated[int, Query(ge=1, le=views.MAX_BATCH_PAGE)] = 500,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(
-        views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
-    )
+    return json_answer(views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
 
 
 @router.get(
@@ -113,9 +111,7 @@ def epsilon_history(
     limit: Annotated[int, Query(ge=1, le=10 * views.MAX_PAGE)] = 1000,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(
-        views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
-    )
+    return json_answer(views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
 
 
 @router.post(

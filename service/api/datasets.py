@@ -54,9 +54,7 @@ def create_dataset(
     )
 
 
-@router.get(
-    "/datasets", response_model=DatasetsPublic, responses=_ERRORS, summary="List datasets"
-)
+@router.get("/datasets", response_model=DatasetsPublic, responses=_ERRORS, summary="List datasets")
 def list_datasets(
     principal: ViewerDep,
     db: DatabaseDep,
@@ -111,8 +109,11 @@ def list_tasks(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[s
     response_model=BatchesPublic,
     responses={
         **_ERRORS,
-        409: {"model": ErrorBody, "description": "`batch_overlap`: `record_id` names the first "
-              "record already in a batch of this dataset"},
+        409: {
+            "model": ErrorBody,
+            "description": "`batch_overlap`: `record_id` names the first "
+            "record already in a batch of this dataset",
+        },
     },
     summary="Create fixed, disjoint batches of a task (immutable once created)",
 )
@@ -140,7 +141,5 @@ def create_batches(
     responses=_ERRORS,
     summary="List a task's batches with their spend",
 )
-def list_batches(
-    dataset_id: str, task_id: str, principal: ViewerDep, db: DatabaseDep
-) -> dict[str, Any]:
+def list_batches(dataset_id: str, task_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
     return batches.list_batches(db, principal.tenant_id, dataset_id, task_id=task_id)

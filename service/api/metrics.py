@@ -17,7 +17,21 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 # Request latency buckets (seconds): fine below 100 ms, where the ledger's targets are.
 LATENCY_BUCKETS: Final = (
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 # Reservation age buckets (seconds): a hold normally lives for one training run.
 AGE_BUCKETS: Final = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
@@ -89,9 +103,7 @@ class Counter(_Metric):
     def render(self) -> list[str]:
         with self._lock:
             items = sorted(self._values.items())
-        return self.header() + [
-            f"{self.name}{_labels(self.label_names, k)} {_number(v)}" for k, v in items
-        ]
+        return self.header() + [f"{self.name}{_labels(self.label_names, k)} {_number(v)}" for k, v in items]
 
 
 class Gauge(_Metric):
@@ -121,9 +133,7 @@ class Gauge(_Metric):
         else:
             with self._lock:
                 items = sorted(self._values.items())
-        return self.header() + [
-            f"{self.name}{_labels(self.label_names, k)} {_number(v)}" for k, v in items
-        ]
+        return self.header() + [f"{self.name}{_labels(self.label_names, k)} {_number(v)}" for k, v in items]
 
 
 class Histogram(_Metric):
@@ -158,9 +168,7 @@ class Histogram(_Metric):
             for bound, n in zip((*self.buckets, math.inf), counts, strict=True):
                 cumulative += n
                 le = f'le="{_number(bound)}"'
-                lines.append(
-                    f"{self.name}_bucket{_labels(self.label_names, key, le)} {cumulative}"
-                )
+                lines.append(f"{self.name}_bucket{_labels(self.label_names, key, le)} {cumulative}")
             lines.append(f"{self.name}_sum{_labels(self.label_names, key)} {_number(total)}")
             lines.append(f"{self.name}_count{_labels(self.label_names, key)} {_number(count)}")
         return lines
@@ -196,9 +204,7 @@ class LedgerMetrics:
             ("method", "route"),
             LATENCY_BUCKETS,
         )
-        self.reservations = Counter(
-            "ledger_reservations_total", "Reservations admitted (budget held)."
-        )
+        self.reservations = Counter("ledger_reservations_total", "Reservations admitted (budget held).")
         self.commits = Counter(
             "ledger_commits_total", "Commits: held budget turned into spent budget (releases)."
         )

@@ -84,9 +84,7 @@ class BodySizeLimit:
                 return
             chunks.append(body)
             more = message.get("more_body", False)
-        replay: list[Message] = [
-            {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        ]
+        replay: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
         await self.app(scope, _replay(replay, receive), send)
 
 
@@ -128,6 +126,4 @@ class RequestMetrics:
             template = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
             self.metrics.requests.inc(method=method, route=template, status=str(status))
-            self.metrics.request_latency.observe(
-                time.perf_counter() - start, method=method, route=template
-            )
+            self.metrics.request_latency.observe(time.perf_counter() - start, method=method, route=template)

@@ -56,9 +56,7 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(KEY_ENV),
         help=f"API key, viewer scope is enough (default: ${KEY_ENV}; prefer it to the flag in CI logs)",
     )
-    parser.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds per HTTP attempt (default 30)"
-    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds per HTTP attempt (default 30)")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,9 +69,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_connection_arguments(parser)
     parser.add_argument("--dataset", required=True, help="dataset id")
     parser.add_argument("--model", help="also export the registry versions of this model")
-    parser.add_argument(
-        "-o", "--output", required=True, help="file to write ('-' for standard output)"
-    )
+    parser.add_argument("-o", "--output", required=True, help="file to write ('-' for standard output)")
     parser.set_defaults(handler=run)
 
 

@@ -21,9 +21,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
     )
-    parser.add_argument(
-        "--revision", default="head", help="target revision (default: head, the newest)"
-    )
+    parser.add_argument("--revision", default="head", help="target revision (default: head, the newest)")
     parser.add_argument(
         "--downgrade",
         action="store_true",

@@ -33,18 +33,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--artifact-dir", type=Path, help="where model artifacts go (default: LEDGER_ARTIFACT_DIR)"
     )
-    parser.add_argument(
-        "--lease-s", type=float, default=30.0, help="job lease in seconds (default 30)"
-    )
-    parser.add_argument(
-        "--heartbeat-s", type=float, help="heartbeat interval in seconds (default lease/3)"
-    )
-    parser.add_argument(
-        "--poll-s", type=float, default=1.0, help="idle wait between claims (default 1)"
-    )
-    parser.add_argument(
-        "--device", help="torch device (default: cuda when available, else cpu)"
-    )
+    parser.add_argument("--lease-s", type=float, default=30.0, help="job lease in seconds (default 30)")
+    parser.add_argument("--heartbeat-s", type=float, help="heartbeat interval in seconds (default lease/3)")
+    parser.add_argument("--poll-s", type=float, default=1.0, help="idle wait between claims (default 1)")
+    parser.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--worker-id", help="a name for this worker (default: host:pid:random)")
     parser.add_argument(
         "--once", action="store_true", help="run at most one job, then exit (0: ran one, 1: none queued)"

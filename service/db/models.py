@@ -312,9 +312,7 @@ class Job(Base):
 
     __tablename__ = "jobs"
     __table_args__ = (
-        CheckConstraint(
-            "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name="status"
-        ),
+        CheckConstraint("status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')", name="status"),
         Index(None, "tenant_id", "created_at"),
         # The claim's scan: queued jobs and running ones (lease expiry is checked on those).
         Index(None, "status", "created_at"),

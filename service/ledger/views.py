@@ -111,9 +111,7 @@ def batch_spend(
             .limit(limit)
             .offset(offset)
         ).all()
-        count = session.scalar(
-            select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id)
-        )
+        count = session.scalar(select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id))
         data = [_batch_json(batch, task_name) for batch, task_name in rows]
         answer: dict[str, Any] = {
             "dataset_id": dataset.id,
@@ -250,9 +248,7 @@ def epsilon_history(
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)
         tasks = session.execute(
-            select(Task.id, Task.name)
-            .where(Task.dataset_id == dataset_id)
-            .order_by(Task.created_at, Task.id)
+            select(Task.id, Task.name).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
         ).all()
         index = {t.id: i for i, t in enumerate(tasks)}
         released = select(Certificate.reservation_id).where(Certificate.dataset_id == dataset_id)

@@ -31,15 +31,26 @@ EXAMPLES: list[dict[str, Any]] = [
     {"kind": "pure_dp", "epsilon": 0.5},
     {"kind": "approx_dp", "epsilon": 1.0, "delta": 1e-6},
     _dp_sgd(),
-    {"kind": "sampled_without_replacement", "sample_size": 600, "population_size": 60000,
-     "event": GAUSSIAN},
+    {"kind": "sampled_without_replacement", "sample_size": 600, "population_size": 60000, "event": GAUSSIAN},
     {"kind": "composed", "events": [GAUSSIAN, {"kind": "pure_dp", "epsilon": 0.1}]},
-    {"kind": "l2dp_ml_functional", "epsilon1": 0.5, "epsilon2": 0.5, "input_dim": 64,
-     "hidden_units": 32, "output_hidden_units": 10, "batch_size": 1000, "theta1_norm_bound": 1.0},
+    {
+        "kind": "l2dp_ml_functional",
+        "epsilon1": 0.5,
+        "epsilon2": 0.5,
+        "input_dim": 64,
+        "hidden_units": 32,
+        "output_hidden_units": 10,
+        "batch_size": 1000,
+        "theta1_norm_bound": 1.0,
+    },
     {"kind": "output_perturbation", "l2_sensitivity": 0.02, "epsilon": 1.0},
     {"kind": "adaptive_gaussian", "noise_multiplier": 1.0},
-    {"kind": "adaptive_gaussian", "noise_multiplier": 1.0, "sensitivities": [0.5, 0.5],
-     "noise_stddevs": [1.0, 1.0]},
+    {
+        "kind": "adaptive_gaussian",
+        "noise_multiplier": 1.0,
+        "sensitivities": [0.5, 0.5],
+        "noise_stddevs": [1.0, 1.0],
+    },
 ]
 
 
@@ -68,8 +79,11 @@ def test_kinds_are_stable_strings() -> None:
 @pytest.mark.parametrize(
     ("obj", "field", "fragment"),
     [
-        ({"kind": "gaussian", "noise_multiplier": math.nan}, "event.noise_multiplier",
-         "must be finite and > 0. Found nan."),
+        (
+            {"kind": "gaussian", "noise_multiplier": math.nan},
+            "event.noise_multiplier",
+            "must be finite and > 0. Found nan.",
+        ),
         ({"kind": "gaussian", "noise_multiplier": math.inf}, "event.noise_multiplier", "inf"),
         ({"kind": "gaussian", "noise_multiplier": -1}, "event.noise_multiplier", "-1"),
         ({"kind": "gaussian"}, "event.noise_multiplier", "is required"),
@@ -77,39 +91,91 @@ def test_kinds_are_stable_strings() -> None:
         ({"kind": "gaussian", "noise_multiplier": True}, "event.noise_multiplier", "number"),
         ({"kind": "pure_dp", "epsilon": -0.1}, "event.epsilon", "-0.1"),
         ({"kind": "approx_dp", "epsilon": 1, "delta": 1}, "event.delta", "[0, 1)"),
-        ({"kind": "poisson_sampled", "sampling_probability": 0, "event": GAUSSIAN},
-         "event.sampling_probability", "(0, 1]"),
-        ({"kind": "poisson_sampled", "sampling_probability": 1.5, "event": GAUSSIAN},
-         "event.sampling_probability", "1.5"),
-        ({"kind": "poisson_sampled", "sampling_probability": 0.1,
-          "event": {"kind": "gaussian", "noise_multiplier": 0}},
-         "event.event.noise_multiplier", "Found 0"),
-        ({"kind": "composed", "events": [GAUSSIAN, {"kind": "laplace", "scale": -2}]},
-         "event.events[1].scale", "-2"),
-        ({"kind": "self_composed", "count": 3, "event": {
-            "kind": "poisson_sampled", "sampling_probability": 0.1,
-            "event": {"kind": "gaussian", "noise_multiplier": math.inf}}},
-         "event.event.event.noise_multiplier", "inf"),
-        ({"kind": "poisson_sampled", "sampling_probability": 0.1,
-          "event": {"kind": "gaussian", "noise_multiplier": "x"}},
-         "event.event.noise_multiplier", "number"),
-        ({"kind": "composed", "events": [{"kind": "self_composed", "count": 2,
-                                          "event": {"kind": "laplace"}}]},
-         "event.events[0].event.scale", "required"),
-        ({"kind": "self_composed", "count": 10**18 + 1, "event": GAUSSIAN}, "event.count",
-         "10^18"),
+        (
+            {"kind": "poisson_sampled", "sampling_probability": 0, "event": GAUSSIAN},
+            "event.sampling_probability",
+            "(0, 1]",
+        ),
+        (
+            {"kind": "poisson_sampled", "sampling_probability": 1.5, "event": GAUSSIAN},
+            "event.sampling_probability",
+            "1.5",
+        ),
+        (
+            {
+                "kind": "poisson_sampled",
+                "sampling_probability": 0.1,
+                "event": {"kind": "gaussian", "noise_multiplier": 0},
+            },
+            "event.event.noise_multiplier",
+            "Found 0",
+        ),
+        (
+            {"kind": "composed", "events": [GAUSSIAN, {"kind": "laplace", "scale": -2}]},
+            "event.events[1].scale",
+            "-2",
+        ),
+        (
+            {
+                "kind": "self_composed",
+                "count": 3,
+                "event": {
+                    "kind": "poisson_sampled",
+                    "sampling_probability": 0.1,
+                    "event": {"kind": "gaussian", "noise_multiplier": math.inf},
+                },
+            },
+            "event.event.event.noise_multiplier",
+            "inf",
+        ),
+        (
+            {
+                "kind": "poisson_sampled",
+                "sampling_probability": 0.1,
+                "event": {"kind": "gaussian", "noise_multiplier": "x"},
+            },
+            "event.event.noise_multiplier",
+            "number",
+        ),
+        (
+            {
+                "kind": "composed",
+                "events": [{"kind": "self_composed", "count": 2, "event": {"kind": "laplace"}}],
+            },
+            "event.events[0].event.scale",
+            "required",
+        ),
+        ({"kind": "self_composed", "count": 10**18 + 1, "event": GAUSSIAN}, "event.count", "10^18"),
         ({"kind": "self_composed", "count": 1.5, "event": GAUSSIAN}, "event.count", "integer"),
-        ({"kind": "sampled_without_replacement", "sample_size": 7, "population_size": 6,
-          "event": GAUSSIAN}, "event.sample_size", "population_size"),
+        (
+            {
+                "kind": "sampled_without_replacement",
+                "sample_size": 7,
+                "population_size": 6,
+                "event": GAUSSIAN,
+            },
+            "event.sample_size",
+            "population_size",
+        ),
         ({"kind": "teleport"}, "event.kind", "'teleport'"),
-        ({"kind": "adaptive_gaussian", "noise_multiplier": 1.0, "sensitivities": [1.0, 1.0],
-          "noise_stddevs": [1.0, 1.0]}, "event.noise_stddevs", "Lemma 1"),
-        ({"kind": "adaptive_gaussian", "noise_multiplier": 1.0, "sensitivities": [1.0]},
-         "event.noise_stddevs", "together"),
+        (
+            {
+                "kind": "adaptive_gaussian",
+                "noise_multiplier": 1.0,
+                "sensitivities": [1.0, 1.0],
+                "noise_stddevs": [1.0, 1.0],
+            },
+            "event.noise_stddevs",
+            "Lemma 1",
+        ),
+        (
+            {"kind": "adaptive_gaussian", "noise_multiplier": 1.0, "sensitivities": [1.0]},
+            "event.noise_stddevs",
+            "together",
+        ),
     ],
 )
-def test_invalid_events_name_the_field_and_value(obj: dict[str, Any], field: str,
-                                                 fragment: str) -> None:
+def test_invalid_events_name_the_field_and_value(obj: dict[str, Any], field: str, fragment: str) -> None:
     with pytest.raises(ev.EventValidationError) as info:
         ev.from_json(obj)
     assert info.value.field == field
@@ -143,9 +209,7 @@ def test_output_perturbation_noise_scale_is_sensitivity_over_epsilon() -> None:
     count=st.integers(min_value=0, max_value=10**18),
 )
 def test_round_trip_property(sigma: float, q: float, count: int) -> None:
-    event = ev.SelfComposedEvent(
-        ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), count
-    )
+    event = ev.SelfComposedEvent(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), count)
     assert ev.from_json(json.loads(json.dumps(ev.to_json(event)))) == event
 
 

@@ -35,9 +35,13 @@ from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset
 
 def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
     world = digits_dataset(db, epsilon="10")
-    job = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params={
-        "data_source": DIGITS, "noise_multiplier": 1.5, "steps": 6, "checkpoint_every": 3,
-        "seed": 3})
+    job = jobs.create_job(
+        db,
+        "acme",
+        dataset_id=world.dataset_id,
+        algorithm="dp_sgd",
+        params={"data_source": DIGITS, "noise_multiplier": 1.5, "steps": 6, "checkpoint_every": 3, "seed": 3},
+    )
     worker = Worker(db, artifact_dir=artifacts, loader=CountingLoader(), device="cpu")
     try:
         worker.run_once()
@@ -52,8 +56,7 @@ def _ledger(db: Database, dataset_id: str) -> dict[str, int]:
         return {
             "certificates": one("SELECT count(*) FROM certificates WHERE dataset_id = :d"),
             "versions": one("SELECT count(*) FROM model_versions WHERE dataset_id = :d"),
-            "committed": one("SELECT count(*) FROM reservations WHERE dataset_id = :d "
-                             "AND commits > 0"),
+            "committed": one("SELECT count(*) FROM reservations WHERE dataset_id = :d AND commits > 0"),
         }
 
 
@@ -75,8 +78,7 @@ def test_artifact_dir_under_a_file_refuses_before_the_commit(db: Database, tmp_p
     assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0}
 
 
-def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Database,
-                                                                      tmp_path: Path) -> None:
+def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Database, tmp_path: Path) -> None:
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     (artifacts / "acme").write_text("a file where the tenant's folder should be")
@@ -97,8 +99,9 @@ def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Databas
 def test_disk_full_refuses_before_the_commit(db: Database, tmp_path: Path) -> None:
     mount = tmp_path / "tiny"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:

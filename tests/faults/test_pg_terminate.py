@@ -30,6 +30,7 @@ def test_terminated_backends_fail_cleanly_and_recover(database_url: URL) -> None
     assert findings["releases_without_certificate"] == 0, findings
     assert findings["committed_without_certificate"] == 0, findings
     assert findings["certificates"] == findings["committed"] == findings["charges_committed"]
-    assert findings["epsilon_spent"] == findings["epsilon_recomputed"] or \
-        float(findings["epsilon_spent"]) == float(findings["epsilon_recomputed"]), findings
+    assert findings["epsilon_spent"] == findings["epsilon_recomputed"] or float(
+        findings["epsilon_spent"]
+    ) == float(findings["epsilon_recomputed"]), findings
     assert findings["verify_rc"] == 0, findings

@@ -50,10 +50,17 @@ class Row:
 
 
 ROWS: tuple[Row, ...] = (
-    Row("POST", "/v1/jobs", "trainer", 201,
-        lambda o: {"dataset_id": o.world.dataset, "algorithm": "dp_sgd",
-                   "params": {"data_source": "builtin:digits", "noise_multiplier": 1.0,
-                              "steps": 1}}),
+    Row(
+        "POST",
+        "/v1/jobs",
+        "trainer",
+        201,
+        lambda o: {
+            "dataset_id": o.world.dataset,
+            "algorithm": "dp_sgd",
+            "params": {"data_source": "builtin:digits", "noise_multiplier": 1.0, "steps": 1},
+        },
+    ),
     Row("GET", "/v1/jobs", "viewer", 200, foreign=200),
     Row("GET", "/v1/jobs/{job}", "viewer", 200),
     Row("POST", "/v1/jobs/{job}/cancel", "trainer", 200, fresh=True),
@@ -75,27 +82,37 @@ def _expected(row: Row, caller: str, tenant: str) -> int:
 
 def _objects(db: Database, artifacts: Path) -> Objects:
     world = make_world(db, "acme")
-    job = jobs.create_job(db, "acme", dataset_id=world.dataset, algorithm="dp_sgd", params={
-        "data_source": "builtin:digits", "noise_multiplier": 1.0, "steps": 1})
+    job = jobs.create_job(
+        db,
+        "acme",
+        dataset_id=world.dataset,
+        algorithm="dp_sgd",
+        params={"data_source": "builtin:digits", "noise_multiplier": 1.0, "steps": 1},
+    )
     model = unique("model")
     version = registry.next_version(db, "acme", model)
     staged = registry.stage(
-        artifacts, tenant_id="acme", name=model, version=version, job_id=str(job["id"]),
-        attempt=1, dataset_id=world.dataset, step=1, metrics={}, fmt="torch",
+        artifacts,
+        tenant_id="acme",
+        name=model,
+        version=version,
+        job_id=str(job["id"]),
+        attempt=1,
+        dataset_id=world.dataset,
+        step=1,
+        metrics={},
+        fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
-    held = reservations.reserve(db, "acme", world.dataset, event_json=PURE,
-                                batch_ids=[world.batch])
-    answer = reservations.commit(db, "acme", held["id"],
-                                 release={"model": model, "version": version})
+    held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
+    answer = reservations.commit(db, "acme", held["id"], release={"model": model, "version": version})
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
     return Objects(world, str(job["id"]), model, version)
 
 
 @pytest.fixture
 def registry_app(settings: Settings, db: Database, tmp_path: Path) -> FastAPI:
-    return create_app(settings.model_copy(update={"artifact_dir": tmp_path / "artifacts"}),
-                      database=db)
+    return create_app(settings.model_copy(update={"artifact_dir": tmp_path / "artifacts"}), database=db)
 
 
 @pytest.fixture
@@ -121,8 +138,9 @@ def test_table_covers_every_jobs_and_models_route(registry_app: FastAPI) -> None
     assert served == tabled
 
 
-def test_every_jobs_and_models_route_scope_and_tenant(registry_client: TestClient, db: Database,
-                                                      keys: Keys, tmp_path: Path) -> None:
+def test_every_jobs_and_models_route_scope_and_tenant(
+    registry_client: TestClient, db: Database, keys: Keys, tmp_path: Path
+) -> None:
     artifacts = tmp_path / "artifacts"
     shared = _objects(db, artifacts)
     mismatches: list[str] = []
@@ -133,11 +151,11 @@ def test_every_jobs_and_models_route_scope_and_tenant(registry_client: TestClien
                 objects = _objects(db, artifacts) if row.fresh and expected < 300 else shared
                 path = row.path.format(**objects.ids())
                 body = row.body(objects) if row.body is not None else None
-                answer = registry_client.request(row.method, path, json=body,
-                                                 headers=_headers(keys, caller, tenant))
+                answer = registry_client.request(
+                    row.method, path, json=body, headers=_headers(keys, caller, tenant)
+                )
                 if expected == -1:  # a listing of a name the caller's tenant does not have
-                    problem = "" if answer.status_code in (200, 404) else \
-                        f"got {answer.status_code}"
+                    problem = "" if answer.status_code in (200, 404) else f"got {answer.status_code}"
                     if answer.status_code == 200 and answer.json().get("data"):
                         problem = "another tenant's versions are listed"
                 elif row.path == "/v1/jobs" and row.method == "GET" and expected == 200:
@@ -148,8 +166,11 @@ def test_every_jobs_and_models_route_scope_and_tenant(registry_client: TestClien
                     if tenant == "own" and shared.job not in ids:
                         problem = "own job missing from the list"
                 elif row.path.endswith("/artifact") and expected == 200:
-                    problem = "" if answer.status_code == 200 and answer.content == b"weights" \
+                    problem = (
+                        ""
+                        if answer.status_code == 200 and answer.content == b"weights"
                         else f"got {answer.status_code} {answer.content[:100]!r}"
+                    )
                 else:
                     problem = _check(row, caller, tenant, expected, answer, objects.world)  # type: ignore[arg-type]
                 if problem:

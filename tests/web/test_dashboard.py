@@ -105,27 +105,41 @@ class Api:
 
     def task(self, dataset: str, name: str, batches: list[str]) -> tuple[str, list[str]]:
         task = self.post(f"/v1/datasets/{dataset}/tasks", {"name": name})["id"]
-        created = self.post(f"/v1/datasets/{dataset}/tasks/{task}/batches", {
-            "batches": [{"name": b, "records": [f"{dataset}:{name}:{b}"]} for b in batches]})
+        created = self.post(
+            f"/v1/datasets/{dataset}/tasks/{task}/batches",
+            {"batches": [{"name": b, "records": [f"{dataset}:{name}:{b}"]} for b in batches]},
+        )
         return task, [b["id"] for b in created["data"]]
 
-    def release(self, dataset: str, target: dict[str, Any], epsilon: float, model: str, version: int,
-                commitment: str | None = None, commit: bool = True) -> Any:
+    def release(
+        self,
+        dataset: str,
+        target: dict[str, Any],
+        epsilon: float,
+        model: str,
+        version: int,
+        commitment: str | None = None,
+        commit: bool = True,
+    ) -> Any:
         body: dict[str, Any] = {**target, "event": {"kind": "pure_dp", "epsilon": epsilon}}
         if commitment is not None:
             body["noise_commitment"] = commitment
         reservation = self.post(f"/v1/datasets/{dataset}/reservations", body)
         if not commit:
             return reservation
-        return self.post(f"/v1/reservations/{reservation['id']}/commit",
-                         {"release": {"model": model, "version": version}}, status=200)
+        return self.post(
+            f"/v1/reservations/{reservation['id']}/commit",
+            {"release": {"model": model, "version": version}},
+            status=200,
+        )
 
 
 def _seed(server: Server, database_url: str) -> Seeded:
     api = Api(server.base_url, server.admin_key)
 
-    sequential = api.dataset("clinical-notes", {"rule": "sequential", "epsilon": "3", "delta": "0",
-                                                "accountant": "basic"})
+    sequential = api.dataset(
+        "clinical-notes", {"rule": "sequential", "epsilon": "3", "delta": "0", "accountant": "basic"}
+    )
     intake, intake_batches = api.task(sequential, "intake", [f"week-{i:03d}" for i in range(120)])
     triage, _ = api.task(sequential, "triage", [f"week-{i:03d}" for i in range(80)])
     followup, _ = api.task(sequential, "follow-up", [f"week-{i:03d}" for i in range(30)])
@@ -134,20 +148,27 @@ def _seed(server: Server, database_url: str) -> Seeded:
     api.release(sequential, {"batches": intake_batches[:40]}, 0.3, "notes-classifier", 3)
     api.release(sequential, {"tasks": [followup]}, 0.2, "notes-classifier", 4, commit=False)  # held
 
-    lifelong = api.dataset("sensor-stream", {"rule": "lifelong", "epsilon": "1", "delta": "0",
-                                             "accountant": "basic"})
+    lifelong = api.dataset(
+        "sensor-stream", {"rule": "lifelong", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    )
     tasks = 6
     _, (memory,) = api.task(lifelong, "task-1", ["task-1/memory"])
     api.release(lifelong, {"batches": [memory]}, 0.4, "l2dp-ml", 1, commitment="l2dp-perturbation")
     for k in range(2, tasks + 1):
         # Task k perturbs its own batch once and replays task 1's perturbed episodic memory.
         _, (batch,) = api.task(lifelong, f"task-{k}", [f"task-{k}/batch"])
-        api.release(lifelong, {"batches": [batch, memory]}, 0.4, "l2dp-ml", k,
-                    commitment="l2dp-perturbation")
+        api.release(lifelong, {"batches": [batch, memory]}, 0.4, "l2dp-ml", k, commitment="l2dp-perturbation")
 
-    geometric = api.dataset("sliding-window", {"rule": "geometric", "epsilon": "1", "delta": "0",
-                                               "accountant": "basic",
-                                               "geometric": {"first": "0.5", "ratio": "0.5"}})
+    geometric = api.dataset(
+        "sliding-window",
+        {
+            "rule": "geometric",
+            "epsilon": "1",
+            "delta": "0",
+            "accountant": "basic",
+            "geometric": {"first": "0.5", "ratio": "0.5"},
+        },
+    )
     _, blocks = api.task(geometric, "window", ["block-1", "block-2", "block-3", "block-4"])
     version = 0
     for block, charges in zip(blocks, ([0.5, 0.25, 0.1], [0.2], [0.06], []), strict=True):
@@ -155,9 +176,20 @@ def _seed(server: Server, database_url: str) -> Seeded:
             version += 1
             api.release(geometric, {"batches": [block]}, epsilon, "window-model", version)
 
-    job = api.post("/v1/jobs", {"dataset_id": sequential, "algorithm": "dp_sgd",
-                                "params": {"data_source": "builtin:digits", "model_name": "notes-dp-sgd",
-                                           "target_epsilon": 1.0, "delta": 1e-5, "epochs": 2}})["id"]
+    job = api.post(
+        "/v1/jobs",
+        {
+            "dataset_id": sequential,
+            "algorithm": "dp_sgd",
+            "params": {
+                "data_source": "builtin:digits",
+                "model_name": "notes-dp-sgd",
+                "target_epsilon": 1.0,
+                "delta": 1e-5,
+                "epochs": 2,
+            },
+        },
+    )["id"]
 
     db = Database(database_url, pool_size=1, max_overflow=0)
     try:
@@ -263,7 +295,8 @@ def sign_in(driver: Any, seeded: Seeded) -> None:
 def browser_errors(driver: Any) -> list[str]:
     """Console errors other than the HTTP errors a test provokes on purpose."""
     return [
-        entry["message"] for entry in driver.get_log("browser")
+        entry["message"]
+        for entry in driver.get_log("browser")
         if entry["level"] == "SEVERE" and "Failed to load resource" not in entry["message"]
     ]
 
@@ -283,8 +316,10 @@ def test_sign_in_refuses_a_bad_key_and_keeps_a_good_one_in_session_storage_only(
     assert field.get_attribute("type") == "password"
     field.send_keys("pl_not_a_key")
     browser.find_element(By.ID, "signin-submit").click()
-    message = wait_for("the refusal", lambda: "401" in text_of(browser, "#signin-message") and
-                       text_of(browser, "#signin-message"))
+    message = wait_for(
+        "the refusal",
+        lambda: "401" in text_of(browser, "#signin-message") and text_of(browser, "#signin-message"),
+    )
     assert "unknown or revoked" in message
     assert browser.execute_script("return window.sessionStorage.length;") == 0
     screenshot(browser, "01-sign-in-refused")
@@ -302,14 +337,21 @@ def test_sign_in_refuses_a_bad_key_and_keeps_a_good_one_in_session_storage_only(
 def test_datasets_table_shows_the_apis_spend(browser: Any, seeded: Seeded) -> None:
     sign_in(browser, seeded)
     go(browser, seeded, "#/datasets")
-    rows = wait_for("three datasets", lambda: len(all_of(browser, "#datasets-table tbody tr")) == 3 and
-                    all_of(browser, "#datasets-table tbody tr"))
+    rows = wait_for(
+        "three datasets",
+        lambda: (
+            len(all_of(browser, "#datasets-table tbody tr")) == 3
+            and all_of(browser, "#datasets-table tbody tr")
+        ),
+    )
     shown = {row.get_attribute("data-dataset-id"): row for row in rows}
     assert set(shown) == {seeded.sequential, seeded.lifelong, seeded.geometric}
     for dataset_id, row in shown.items():
         spend = seeded.get(f"/v1/datasets/{dataset_id}/spend")
-        cells = {name: row.find_element("css selector", f"td.{name}").text
-                 for name in ("rule", "budget", "spent", "remaining", "held", "last-release")}
+        cells = {
+            name: row.find_element("css selector", f"td.{name}").text
+            for name in ("rule", "budget", "spent", "remaining", "held", "last-release")
+        }
         assert cells["budget"] == spend["epsilon_budget"]
         assert cells["spent"] == spend["epsilon_spent"]
         assert cells["remaining"] == spend["epsilon_remaining"]
@@ -318,11 +360,12 @@ def test_datasets_table_shows_the_apis_spend(browser: Any, seeded: Seeded) -> No
         release = spend["last_release"]
         assert cells["last-release"].startswith(f"{release['model']} v{release['version']}")
     sequential = shown[seeded.sequential]
-    assert (sequential.find_element("css selector", "td.spent").text,
-            sequential.find_element("css selector", "td.remaining").text) == ("0.8", "2.2")
+    assert (
+        sequential.find_element("css selector", "td.spent").text,
+        sequential.find_element("css selector", "td.remaining").text,
+    ) == ("0.8", "2.2")
     # Every resource the page loaded came from this server (no CDN, no outside font).
-    resources = browser.execute_script(
-        "return performance.getEntriesByType('resource').map(e => e.name);")
+    resources = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
     assert resources and all(url.startswith(seeded.server.base_url) for url in resources), resources
     screenshot(browser, "02-datasets")
     assert browser_errors(browser) == []
@@ -335,8 +378,10 @@ def test_sequential_dataset_gauge_task_bars_paged_heatmap_and_timeline(browser: 
     go(browser, seeded, f"#/datasets/{seeded.sequential}")
     label = wait_for("the gauge", lambda: text_of(browser, "#gauge-label"))
     spend = seeded.get(f"/v1/datasets/{seeded.sequential}/spend")
-    assert label == (f"spent {spend['epsilon_spent']} · held {spend['epsilon_held']} · "
-                     f"remaining {spend['epsilon_remaining']} of ε {spend['epsilon_budget']}")
+    assert label == (
+        f"spent {spend['epsilon_spent']} · held {spend['epsilon_held']} · "
+        f"remaining {spend['epsilon_remaining']} of ε {spend['epsilon_budget']}"
+    )
     assert label == "spent 0.8 · held 0.2 · remaining 2.2 of ε 3"
 
     bars = all_of(browser, "#task-bars rect.bar")
@@ -349,13 +394,15 @@ def test_sequential_dataset_gauge_task_bars_paged_heatmap_and_timeline(browser: 
     assert len(cells) == 200
     assert text_of(browser, "#heatmap-range") == "1–200 of 230"
     assert [c.get_attribute("data-epsilon") for c in cells] == [
-        b["epsilon_spent"] for b in first_page["data"]]
+        b["epsilon_spent"] for b in first_page["data"]
+    ]
     assert len(all_of(browser, "#heatmap rect.cell-held")) == 0  # the held task's batches are on page 2
 
     timeline = all_of(browser, "#timeline li.release")
     releases = seeded.get(f"/v1/datasets/{seeded.sequential}/releases")
     assert [li.get_attribute("data-certificate-id") for li in timeline] == [
-        r["certificate_id"] for r in releases["data"]]
+        r["certificate_id"] for r in releases["data"]
+    ]
     assert len(timeline) == 3
     assert timeline[0].find_element(By.CSS_SELECTOR, ".release-name").text == "notes-classifier v3"
     screenshot(browser, "03-dataset-sequential")
@@ -385,14 +432,18 @@ def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
     assert text_of(browser, "#cert-accountant") == "basic"
     assert text_of(browser, "#cert-hash") == stored["content_hash"]
     assert text_of(browser, "#cert-epsilon") == body["result"]["epsilon"]
-    assert json.loads(browser.find_element(By.ID, "cert-event").get_attribute("textContent")) == (
-        body["inputs"]["charge"])
+    assert (
+        json.loads(browser.find_element(By.ID, "cert-event").get_attribute("textContent"))
+        == (body["inputs"]["charge"])
+    )
     assert len(all_of(browser, "#cert-batches tbody tr")) == len(body["inputs"]["batches"]) == 40
     assert text_of(browser, "#verify-result") == "not verified yet"
 
     browser.find_element(By.ID, "verify-button").click()
-    result = wait_for("the verification", lambda: text_of(browser, "#verify-result").startswith("valid") and
-                      text_of(browser, "#verify-result"))
+    result = wait_for(
+        "the verification",
+        lambda: text_of(browser, "#verify-result").startswith("valid") and text_of(browser, "#verify-result"),
+    )
     assert "ok" in browser.find_element(By.ID, "verify-result").get_attribute("class")
     assert result.startswith("valid — ")
     screenshot(browser, "05-certificate-verified")
@@ -410,12 +461,15 @@ def test_lifelong_dataset_curve_of_ledger_epsilon_against_naive_sequential(
     assert len(ledger) == len(naive) == len(history["data"]) == seeded.lifelong_tasks
     assert [p.get_attribute("data-epsilon") for p in ledger] == [p["epsilon"] for p in history["data"]]
     assert [p.get_attribute("data-epsilon") for p in naive] == [
-        p["naive_sequential_epsilon"] for p in history["data"]]
+        p["naive_sequential_epsilon"] for p in history["data"]
+    ]
     # The last points: the ledger's ε stays at one perturbation, the naive sum grows per task.
     assert [p.get_attribute("data-epsilon") for p in ledger[-2:]] == ["0.4", "0.4"]
     assert [p.get_attribute("data-epsilon") for p in naive[-2:]] == ["2", "2.4"]
     assert (ledger[-1].get_attribute("data-epsilon"), naive[-1].get_attribute("data-epsilon")) == (
-        spend["epsilon_spent"], spend["naive_sequential_epsilon"])
+        spend["epsilon_spent"],
+        spend["naive_sequential_epsilon"],
+    )
     # ... and the naive curve is drawn above the ledger's at the last task.
     assert float(naive[-1].get_attribute("cy")) < float(ledger[-1].get_attribute("cy"))
     caption = text_of(browser, "#curve-caption")
@@ -431,13 +485,15 @@ def test_geometric_dataset_levels_per_block(browser: Any, seeded: Seeded) -> Non
     blocks = wait_for("the level grid", lambda: all_of(browser, "#levels g.block"))
     page = seeded.get(f"/v1/datasets/{seeded.geometric}/batch-spend")
     assert [b.get_attribute("data-levels") for b in blocks] == [
-        ",".join(map(str, b["levels"])) for b in page["data"]]
+        ",".join(map(str, b["levels"])) for b in page["data"]
+    ]
     assert [b.get_attribute("data-levels") for b in blocks] == ["0,1,2", "1", "3", ""]
     used = [len(b.find_elements("css selector", "rect.level.used")) for b in blocks]
     assert used == [3, 1, 1, 0]
     spend = seeded.get(f"/v1/datasets/{seeded.geometric}/spend")
     assert text_of(browser, "#gauge-label") == (
-        f"spent {spend['epsilon_spent']} · held 0 · remaining {spend['epsilon_remaining']} of ε 1")
+        f"spent {spend['epsilon_spent']} · held 0 · remaining {spend['epsilon_remaining']} of ε 1"
+    )
     assert spend["epsilon_spent"] == "0.875"  # block 1: 0.5 + 0.25 + 0.125, its levels' allowances
     assert len(all_of(browser, "#timeline li.release")) == 5
     screenshot(browser, "07-dataset-geometric")
@@ -464,18 +520,22 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
         assert claimed is not None and claimed.lease.job_id == seeded.job
         lease = claimed.lease
         jobs.record_plan(db, lease, plan={"steps": 100}, total_steps=100)
-        jobs.record_progress(db, lease, step=40, epsilon_committed=Decimal("0.35"),
-                             metrics={"accuracy": 0.8125, "loss": 0.52})
+        jobs.record_progress(
+            db, lease, step=40, epsilon_committed=Decimal("0.35"), metrics={"accuracy": 0.8125, "loss": 0.52}
+        )
         wait_for("step 40", lambda: text_of(browser, "#job-progress-text") == "40 / 100 steps (40%)")
         assert text_of(browser, "#job-status") == "running"
         assert text_of(browser, "#job-epsilon") == "0.35"
-        metric_rows = {r.get_attribute("data-metric"): r.find_element(By.CSS_SELECTOR, "td").text
-                       for r in all_of(browser, "#job-metrics tr")}
+        metric_rows = {
+            r.get_attribute("data-metric"): r.find_element(By.CSS_SELECTOR, "td").text
+            for r in all_of(browser, "#job-metrics tr")
+        }
         assert metric_rows == {"accuracy": "0.8125", "loss": "0.52"}
         screenshot(browser, "09-job-live-progress")
 
-        jobs.record_progress(db, lease, step=100, epsilon_committed=Decimal("0.9"),
-                             metrics={"accuracy": 0.9, "loss": 0.31})
+        jobs.record_progress(
+            db, lease, step=100, epsilon_committed=Decimal("0.9"), metrics={"accuracy": 0.9, "loss": 0.31}
+        )
         jobs.finish(db, lease, "succeeded", metrics={"accuracy": 0.9, "loss": 0.31})
     finally:
         db.dispose()
@@ -490,7 +550,8 @@ def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: 
     sign_in(browser, seeded)
     # A key the server no longer accepts: the next call answers 401 and the page signs out.
     browser.execute_script(
-        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');")
+        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');"
+    )
     go(browser, seeded, "#/datasets")
     wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
     message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
@@ -502,7 +563,9 @@ def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: 
     go(browser, seeded, "#/jobs")
     wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
     stop_server(seeded.server.process)  # the ledger goes away while the page polls
-    banner = wait_for("the network error", lambda: "Network error" in text_of(browser, "#banner") and
-                      text_of(browser, "#banner"))
+    banner = wait_for(
+        "the network error",
+        lambda: "Network error" in text_of(browser, "#banner") and text_of(browser, "#banner"),
+    )
     assert seeded.server.base_url in banner
     screenshot(browser, "11-network-error")

@@ -66,9 +66,7 @@ def digits_dataset(
         tenant,
         dataset["id"],
         task["id"],
-        batches=[
-            {"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)
-        ],
+        batches=[{"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)],
     )
     return DigitsDataset(tenant, dataset["id"], tuple(b["id"] for b in created["data"]))
 

@@ -123,9 +123,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert staged_files(artifacts) == []
 
 
-def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(
-    db: Database, artifacts: Path
-) -> None:
+def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Database, artifacts: Path) -> None:
     world = digits_dataset(db, epsilon="10")
     worker = _worker(db, artifacts, CountingLoader(), lease_s=30, heartbeat_s=0.05)
     job_id = _queue(
@@ -245,8 +243,16 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     )
     jobs.record_reservation(db, dead.lease, held["id"])
     staged = registry.stage(
-        artifacts, tenant_id="acme", name="m", version=1, job_id=job_id, attempt=1,
-        dataset_id=world.dataset_id, step=2, metrics={"test_accuracy": 0.9, "step": 2}, fmt="torch",
+        artifacts,
+        tenant_id="acme",
+        name="m",
+        version=1,
+        job_id=job_id,
+        attempt=1,
+        dataset_id=world.dataset_id,
+        step=2,
+        metrics={"test_accuracy": 0.9, "step": 2},
+        fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
     answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})

@@ -48,10 +48,22 @@ def _start_worker(url: URL, artifact_dir: Path) -> subprocess.Popen[bytes]:
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     command = [
-        sys.executable, "-m", "service.cli", "worker",
-        "--database-url", url.render_as_string(hide_password=False),
-        "--artifact-dir", str(artifact_dir),
-        "--lease-s", str(LEASE_S), "--poll-s", "0.05", "--device", "cpu", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "service.cli",
+        "worker",
+        "--database-url",
+        url.render_as_string(hide_password=False),
+        "--artifact-dir",
+        str(artifact_dir),
+        "--lease-s",
+        str(LEASE_S),
+        "--poll-s",
+        "0.05",
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
     ]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

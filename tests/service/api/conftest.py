@@ -122,17 +122,33 @@ def start_server(
         child_env["LEDGER_BOOTSTRAP_ADMIN_KEY"] = bootstrap_key
     child_env.update(env or {})
     command = [
-        sys.executable, "-m", "service.cli", "serve", "--port", str(port),
-        "--database-url", database_url, "--no-worker", "--no-access-log", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--database-url",
+        database_url,
+        "--no-worker",
+        "--no-access-log",
+        "--log-level",
+        "warning",
         *extra_args,
     ]
     process = subprocess.Popen(
-        command, cwd=ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, bufsize=1,
+        command,
+        cwd=ROOT,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
     )
     output: list[str] = []
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
+
     # Read the start-up lines (URL, maybe a key) in the background so the pipe never fills.
     def pump() -> None:
         assert process.stdout is not None

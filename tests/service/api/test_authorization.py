@@ -46,20 +46,36 @@ class Route:
 
 
 ROUTES: tuple[Route, ...] = (
-    Route("POST", "/v1/datasets", "admin", 201,
-          lambda w: {"name": unique("ds"), "budget": sequential_budget()}),
+    Route(
+        "POST", "/v1/datasets", "admin", 201, lambda w: {"name": unique("ds"), "budget": sequential_budget()}
+    ),
     Route("GET", "/v1/datasets", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}", "viewer", 200),
     Route("POST", "/v1/datasets/{dataset}/tasks", "admin", 201, lambda w: {"name": unique("t")}),
     Route("GET", "/v1/datasets/{dataset}/tasks", "viewer", 200),
-    Route("POST", "/v1/datasets/{dataset}/tasks/{task}/batches", "admin", 201,
-          lambda w: {"batches": [{"name": unique("b"), "records": [unique("r")]}]}),
+    Route(
+        "POST",
+        "/v1/datasets/{dataset}/tasks/{task}/batches",
+        "admin",
+        201,
+        lambda w: {"batches": [{"name": unique("b"), "records": [unique("r")]}]},
+    ),
     Route("GET", "/v1/datasets/{dataset}/tasks/{task}/batches", "viewer", 200),
-    Route("POST", "/v1/datasets/{dataset}/reservations", "trainer", 201,
-          lambda w: {"batches": [w.batch], "event": PURE}),
+    Route(
+        "POST",
+        "/v1/datasets/{dataset}/reservations",
+        "trainer",
+        201,
+        lambda w: {"batches": [w.batch], "event": PURE},
+    ),
     Route("GET", "/v1/reservations/{reservation}", "viewer", 200),
-    Route("POST", "/v1/reservations/{reservation}/commit", "trainer", 200,
-          lambda w: {"release": {"model": "m", "version": unique("v")}}),
+    Route(
+        "POST",
+        "/v1/reservations/{reservation}/commit",
+        "trainer",
+        200,
+        lambda w: {"release": {"model": "m", "version": unique("v")}},
+    ),
     Route("POST", "/v1/reservations/{reservation}/abort", "trainer", 200),
     Route("GET", "/v1/datasets/{dataset}/spend", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}/certificates", "viewer", 200),
@@ -100,7 +116,9 @@ def test_the_table_covers_every_v1_route() -> None:
         for method in operations
     }
     placeholders = {
-        "{dataset}": "{dataset_id}", "{task}": "{task_id}", "{reservation}": "{reservation_id}",
+        "{dataset}": "{dataset_id}",
+        "{task}": "{task_id}",
+        "{reservation}": "{reservation_id}",
         "{certificate}": "{certificate_id}",
     }
     tabled = set()
@@ -126,13 +144,13 @@ def test_every_route_scope_and_tenant(client: TestClient, db: Database, keys: Ke
                 path = route.path.format(**world.ids())
                 query = {k: v.format(**world.ids()) for k, v in route.query.items()}
                 body = route.body(world) if route.body is not None else None
-                answer = client.request(route.method, path, json=body, params=query,
-                                        headers=headers)
+                answer = client.request(route.method, path, json=body, params=query, headers=headers)
                 cases += 1
                 problem = _check(route, caller, tenant, expected, answer, world)
                 if problem:
-                    mismatches.append(f"{route.method} {route.path} {query or ''} "
-                                      f"[{caller}/{tenant}]: {problem}")
+                    mismatches.append(
+                        f"{route.method} {route.path} {query or ''} [{caller}/{tenant}]: {problem}"
+                    )
     assert cases == len(ROUTES) * len(CALLERS) * len(TENANTS)
     assert not mismatches, "\n".join(mismatches)
 
@@ -145,8 +163,7 @@ def _headers(keys: Keys, caller: str, tenant: str) -> dict[str, str]:
     return bearer(keys.get("acme" if tenant == "own" else "rival", caller))
 
 
-def _check(route: Route, caller: str, tenant: str, expected: int, answer: Any,
-           world: World) -> str:
+def _check(route: Route, caller: str, tenant: str, expected: int, answer: Any, world: World) -> str:
     if answer.status_code != expected:
         return f"expected {expected}, got {answer.status_code} {answer.text[:300]}"
     body = answer.json()

@@ -24,7 +24,10 @@ from tests.service.api.world import make_world
 def ledger(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -49,9 +52,14 @@ def test_serve_migrates_and_prints_a_first_admin_key_and_the_url(
         assert shown == server.base_url
         key = _wait_for(server.output, r"LEDGER_API_KEY=(\S+)").group(1)
         headers = bearer(key)
-        created = httpx.post(f"{shown}/v1/datasets", headers=headers, json={
-            "name": "first", "budget": {"rule": "lifelong", "epsilon": 1, "delta": 0,
-                                        "accountant": "basic"}})
+        created = httpx.post(
+            f"{shown}/v1/datasets",
+            headers=headers,
+            json={
+                "name": "first",
+                "budget": {"rule": "lifelong", "epsilon": 1, "delta": 0, "accountant": "basic"},
+            },
+        )
         assert created.status_code == 201, created.text
         assert httpx.get(f"{shown}/v1/datasets", headers=headers).json()["count"] == 1
     finally:
@@ -82,8 +90,7 @@ def test_serve_with_a_bootstrap_key_and_several_workers(database_url: URL) -> No
 
 def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient) -> None:
     url = url_text(database_url)
-    made = ledger("keys", "create", "--tenant", "team-a", "--scope", "trainer",
-                  "--database-url", url)
+    made = ledger("keys", "create", "--tenant", "team-a", "--scope", "trainer", "--database-url", url)
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
     assert key.startswith("pl_") and "\n" not in key
@@ -92,8 +99,9 @@ def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient)
     assert client.get("/v1/datasets", headers=headers).status_code == 200
     assert client.post("/v1/datasets", headers=headers, json={}).status_code == 403
 
-    record = ledger("keys", "create", "--tenant", "team-a", "--scope", "viewer", "--json",
-                    "--database-url", url)
+    record = ledger(
+        "keys", "create", "--tenant", "team-a", "--scope", "viewer", "--json", "--database-url", url
+    )
     viewer = json.loads(record.stdout)
     assert viewer["scope"] == "viewer" and viewer["tenant_id"] == "team-a"
     listed = json.loads(ledger("keys", "list", "--tenant", "team-a", "--database-url", url).stdout)
@@ -104,8 +112,7 @@ def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient)
     assert client.get("/v1/datasets", headers=bearer(viewer["key"])).status_code == 401
     assert client.get("/v1/datasets", headers=headers).status_code == 200
     assert ledger("keys", "revoke", "key_nope", "--database-url", url).returncode == 1
-    bad = ledger("keys", "create", "--tenant", "Bad Tenant!", "--scope", "admin",
-                 "--database-url", url)
+    bad = ledger("keys", "create", "--tenant", "Bad Tenant!", "--scope", "admin", "--database-url", url)
     assert bad.returncode == 2 and "tenant" in bad.stderr
 
 
@@ -118,11 +125,12 @@ def test_verify_exit_codes(database_url: URL, db: Database) -> None:
     assert json.loads(intact.stdout)["ok"] is True
 
     with db.session() as session:  # edit one ledger event behind the ledger's back
-        seq = session.execute(text(
-            "SELECT min(seq) FROM audit_log WHERE event_type = 'reservation.committed'"
-        )).scalar_one()
-        session.execute(text("UPDATE audit_log SET event_type = 'reservation.aborted' "
-                             "WHERE seq = :seq"), {"seq": seq})
+        seq = session.execute(
+            text("SELECT min(seq) FROM audit_log WHERE event_type = 'reservation.committed'")
+        ).scalar_one()
+        session.execute(
+            text("UPDATE audit_log SET event_type = 'reservation.aborted' WHERE seq = :seq"), {"seq": seq}
+        )
     broken = ledger("verify", "--database-url", url)
     assert broken.returncode == 1
     result = json.loads(broken.stdout)

@@ -16,8 +16,16 @@ def _pure(epsilon: float) -> dict[str, Any]:
     return {"kind": "pure_dp", "epsilon": epsilon}
 
 
-def _spend(db: Database, tenant: str, dataset: str, batch_ids: list[str], epsilon: float,
-           *, commitment: str | None = None, commit: bool = True) -> dict[str, Any]:
+def _spend(
+    db: Database,
+    tenant: str,
+    dataset: str,
+    batch_ids: list[str],
+    epsilon: float,
+    *,
+    commitment: str | None = None,
+    commit: bool = True,
+) -> dict[str, Any]:
     held = reservations.reserve(
         db, tenant, dataset, event_json=_pure(epsilon), batch_ids=batch_ids, noise_commitment=commitment
     )
@@ -34,7 +42,10 @@ def _dataset(
     for size in tasks:
         task = batches.create_task(db, tenant, dataset, name=unique("task"))["id"]
         created = batches.create_batches(
-            db, tenant, dataset, task,
+            db,
+            tenant,
+            dataset,
+            task,
             batches=[{"name": unique("b"), "records": [unique("r")]} for _ in range(size)],
         )
         ids.append([b["id"] for b in created["data"]])
@@ -43,8 +54,9 @@ def _dataset(
 
 def test_spend_summaries_equal_each_datasets_spend(client: TestClient, db: Database, keys: Keys) -> None:
     admin = keys.get("acme", "admin")
-    first, (task_batches,) = _dataset(db, "acme", {"rule": "sequential", "epsilon": "3", "delta": "0",
-                                                   "accountant": "basic"}, [2])
+    first, (task_batches,) = _dataset(
+        db, "acme", {"rule": "sequential", "epsilon": "3", "delta": "0", "accountant": "basic"}, [2]
+    )
     _spend(db, "acme", first, task_batches, 0.7)
     _spend(db, "acme", first, task_batches[:1], 0.2, commit=False)
     _dataset(db, "acme", {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}, [1])
@@ -57,8 +69,15 @@ def test_spend_summaries_equal_each_datasets_spend(client: TestClient, db: Datab
     assert body["count"] == 2  # the rival's dataset is not listed
     for item in body["data"]:
         spend = client.get(f"/v1/datasets/{item['id']}/spend", headers=bearer(admin)).json()
-        for key in ("rule", "epsilon_budget", "epsilon_spent", "epsilon_remaining", "epsilon_held",
-                    "naive_sequential_epsilon", "last_release"):
+        for key in (
+            "rule",
+            "epsilon_budget",
+            "epsilon_spent",
+            "epsilon_remaining",
+            "epsilon_held",
+            "naive_sequential_epsilon",
+            "last_release",
+        ):
             assert item[key] == spend[key], key
     summary = body["data"][0]
     shown = (summary["epsilon_spent"], summary["epsilon_held"], summary["epsilon_remaining"])
@@ -74,9 +93,18 @@ def test_spend_summaries_equal_each_datasets_spend(client: TestClient, db: Datab
 def test_batch_spend_pages_in_task_order_with_geometric_levels(
     client: TestClient, db: Database, keys: Keys
 ) -> None:
-    dataset, (blocks, more) = _dataset(db, "acme", {
-        "rule": "geometric", "epsilon": "1", "delta": "0", "accountant": "basic",
-        "geometric": {"first": "0.5", "ratio": "0.5"}}, [3, 2])
+    dataset, (blocks, more) = _dataset(
+        db,
+        "acme",
+        {
+            "rule": "geometric",
+            "epsilon": "1",
+            "delta": "0",
+            "accountant": "basic",
+            "geometric": {"first": "0.5", "ratio": "0.5"},
+        },
+        [3, 2],
+    )
     for epsilon in (0.5, 0.25, 0.1):  # best fit: levels 0, 1, 2
         _spend(db, "acme", dataset, [blocks[0]], epsilon)
     _spend(db, "acme", dataset, [blocks[1]], 0.2)  # level 1
@@ -107,8 +135,9 @@ def test_batch_spend_pages_in_task_order_with_geometric_levels(
 
 def test_releases_and_lifelong_history(client: TestClient, db: Database, keys: Keys) -> None:
     tasks = 5
-    dataset, task_batches = _dataset(db, "acme", {"rule": "lifelong", "epsilon": "1", "delta": "0",
-                                                  "accountant": "basic"}, [1] * tasks)
+    dataset, task_batches = _dataset(
+        db, "acme", {"rule": "lifelong", "epsilon": "1", "delta": "0", "accountant": "basic"}, [1] * tasks
+    )
     memory = task_batches[0][0]
     _spend(db, "acme", dataset, [memory], 0.4, commitment="perturbation")
     for k in range(1, tasks):  # task k reads its own batch and replays task 1's episodic memory
@@ -123,7 +152,9 @@ def test_releases_and_lifelong_history(client: TestClient, db: Database, keys: K
     spend = client.get(f"/v1/datasets/{dataset}/spend", headers=viewer).json()
     last = history["data"][-1]
     assert (last["epsilon"], last["naive_sequential_epsilon"]) == (
-        spend["epsilon_spent"], spend["naive_sequential_epsilon"])
+        spend["epsilon_spent"],
+        spend["naive_sequential_epsilon"],
+    )
     page = client.get(f"/v1/datasets/{dataset}/epsilon-history?limit=2&offset=3", headers=viewer).json()
     assert [p["task_index"] for p in page["data"]] == [4, 5]
 
@@ -144,15 +175,20 @@ def test_releases_and_lifelong_history(client: TestClient, db: Database, keys: K
 
 
 def test_verify_a_stored_certificate_on_the_server(client: TestClient, db: Database, keys: Keys) -> None:
-    dataset, (task_batches,) = _dataset(db, "acme", {"rule": "sequential", "epsilon": "3", "delta": "0",
-                                                     "accountant": "basic"}, [1])
+    dataset, (task_batches,) = _dataset(
+        db, "acme", {"rule": "sequential", "epsilon": "3", "delta": "0", "accountant": "basic"}, [1]
+    )
     certificate = _spend(db, "acme", dataset, task_batches, 0.5)["certificate"]["id"]
     viewer = bearer(keys.get("acme", "viewer"))
     answer = client.post(f"/v1/certificates/{certificate}/verify", headers=viewer)
     assert answer.status_code == 200, answer.text
     assert answer.json()["ok"] is True and answer.json()["certificate_id"] == certificate
-    assert client.post(f"/v1/certificates/{certificate}/verify",
-                       headers=bearer(keys.get("rival", "viewer"))).status_code == 404
+    assert (
+        client.post(
+            f"/v1/certificates/{certificate}/verify", headers=bearer(keys.get("rival", "viewer"))
+        ).status_code
+        == 404
+    )
     assert client.post("/v1/certificates/cert_nope/verify", headers=viewer).status_code == 404
 
 

@@ -29,8 +29,9 @@ class Api:
         self.client = client
         self.headers = bearer(key)
 
-    def call(self, method: str, path: str, body: Any = None, status: int | None = None,
-             **headers: str) -> Any:
+    def call(
+        self, method: str, path: str, body: Any = None, status: int | None = None, **headers: str
+    ) -> Any:
         answer = self.client.request(method, path, json=body, headers={**self.headers, **headers})
         if status is not None:
             assert answer.status_code == status, answer.text
@@ -40,24 +41,29 @@ class Api:
         ds = self.call("POST", "/v1/datasets", {"name": unique("ds"), "budget": budget}, 201)
         task = self.call("POST", f"/v1/datasets/{ds.json()['id']}/tasks", {"name": "t"}, 201)
         created = self.call(
-            "POST", f"/v1/datasets/{ds.json()['id']}/tasks/{task.json()['id']}/batches",
+            "POST",
+            f"/v1/datasets/{ds.json()['id']}/tasks/{task.json()['id']}/batches",
             {"batches": [{"name": f"b{i}", "records": [unique("r")]} for i in range(batches)]},
             201,
         )
         return ds.json()["id"], [b["id"] for b in created.json()["data"]]
 
-    def reserve(self, dataset: str, batches: list[str], event: dict[str, Any],
-                status: int | None = 201, **extra: Any) -> Any:
-        return self.call("POST", f"/v1/datasets/{dataset}/reservations",
-                         {"batches": batches, "event": event, **extra}, status)
+    def reserve(
+        self, dataset: str, batches: list[str], event: dict[str, Any], status: int | None = 201, **extra: Any
+    ) -> Any:
+        return self.call(
+            "POST",
+            f"/v1/datasets/{dataset}/reservations",
+            {"batches": batches, "event": event, **extra},
+            status,
+        )
 
     def commit(self, reservation: str, status: int | None = 200, **body: Any) -> Any:
         body.setdefault("release", {"model": "m", "version": unique("v")})
         return self.call("POST", f"/v1/reservations/{reservation}/commit", body, status)
 
     def spend(self, dataset: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self.call("GET", f"/v1/datasets/{dataset}/spend",
-                                           status=200).json()
+        answer: dict[str, Any] = self.call("GET", f"/v1/datasets/{dataset}/spend", status=200).json()
         return answer
 
     def audit(self) -> dict[str, Any]:
@@ -131,16 +137,21 @@ def test_budget_exceeded_is_409_with_remaining_and_requested_and_changes_nothing
 
 def test_refused_rule_charges_are_409_with_their_code(client: TestClient, keys: Keys) -> None:
     api = Api(client, keys.get("acme", "admin"))
-    parallel, batches = api.dataset(
-        {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"})
+    parallel, batches = api.dataset({"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"})
     api.commit(api.reserve(parallel, batches, pure(0.5)).json()["id"])
     second = api.reserve(parallel, batches, pure(0.1), status=409).json()
     assert second["error"] == "batch_already_read"
     assert second["batch_id"] == batches[0]
 
     geometric, batches = api.dataset(
-        {"rule": "geometric", "epsilon": "1", "delta": "0", "accountant": "basic",
-         "geometric": {"first": "0.5", "ratio": "0.5"}})
+        {
+            "rule": "geometric",
+            "epsilon": "1",
+            "delta": "0",
+            "accountant": "basic",
+            "geometric": {"first": "0.5", "ratio": "0.5"},
+        }
+    )
     too_big = api.reserve(geometric, batches, pure(0.6), status=409).json()
     assert too_big["error"] in ("no_geometric_level", "budget_exceeded")
 
@@ -164,8 +175,9 @@ def test_idempotent_retries_charge_once(client: TestClient, keys: Keys) -> None:
     assert spend["epsilon_spent"] == "0.3" and spend["charges_committed"] == 1
 
     # The same key for a different request is a conflict, and charges nothing.
-    other = api.call("POST", path, {"batches": batches, "event": pure(0.4)}, 409,
-                     **{"Idempotency-Key": "reserve-1"}).json()
+    other = api.call(
+        "POST", path, {"batches": batches, "event": pure(0.4)}, 409, **{"Idempotency-Key": "reserve-1"}
+    ).json()
     assert other["error"] == "idempotency_conflict"
     assert api.spend(dataset)["epsilon_held"] == "0"
 
@@ -187,9 +199,7 @@ def test_progressive_commit_then_abort_returns_the_rest(client: TestClient, keys
     assert api.commit(held["id"], event=pure(0.2), status=None).status_code == 409
 
 
-def test_expired_reservations_free_their_hold_in_the_background(
-    client: TestClient, keys: Keys
-) -> None:
+def test_expired_reservations_free_their_hold_in_the_background(client: TestClient, keys: Keys) -> None:
     api = Api(client, keys.get("acme", "trainer"))
     dataset, batches = Api(client, keys.get("acme", "admin")).dataset(SEQUENTIAL)
     held = api.reserve(dataset, batches, pure(0.9), ttl_s=0.3).json()
@@ -214,8 +224,9 @@ def test_healthz_checks_the_database(client: TestClient, tmp_path: Any) -> None:
     answer = client.get("/healthz")
     assert answer.status_code == 200
     assert answer.json() == {"status": "ok", "database": "ok"}
-    broken = create_app(Settings(database_url=f"sqlite:///{tmp_path}/missing/dir/ledger.db",
-                                 expiry_sweep_interval_s=60))
+    broken = create_app(
+        Settings(database_url=f"sqlite:///{tmp_path}/missing/dir/ledger.db", expiry_sweep_interval_s=60)
+    )
     with TestClient(broken) as unreachable:
         down = unreachable.get("/healthz")
     assert down.status_code == 503
@@ -260,8 +271,16 @@ def test_openapi_and_docs(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     assert "/v1/datasets" in spec["paths"]
     schemas = spec["components"]["schemas"]
-    for name in ("DatasetCreate", "DatasetPublic", "DatasetsPublic", "ReservationCreate",
-                 "ReservationPublic", "CommitRequest", "SpendPublic", "CertificatePublic"):
+    for name in (
+        "DatasetCreate",
+        "DatasetPublic",
+        "DatasetsPublic",
+        "ReservationCreate",
+        "ReservationPublic",
+        "CommitRequest",
+        "SpendPublic",
+        "CertificatePublic",
+    ):
         assert name in schemas, name
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()

@@ -30,8 +30,7 @@ def dataset(budget: Any, name: Any = "d") -> dict[str, Any]:
 
 
 def budget(**changes: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5,
-                            "accountant": "basic"}
+    base: dict[str, Any] = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
     base.update(changes)
     return {k: v for k, v in base.items() if v is not ...}
 
@@ -42,102 +41,227 @@ BATCHES = "/v1/datasets/{dataset}/tasks/{task}/batches"
 
 CASES: tuple[Bad, ...] = (
     # datasets and budgets
-    Bad("epsilon NaN", "POST", "/v1/datasets",
-        '{"name": "d", "budget": {"rule": "sequential", "epsilon": NaN, "delta": 0, '
-        '"accountant": "basic"}}', 422, "budget.epsilon"),
-    Bad("epsilon Infinity", "POST", "/v1/datasets",
+    Bad(
+        "epsilon NaN",
+        "POST",
+        "/v1/datasets",
+        '{"name": "d", "budget": {"rule": "sequential", "epsilon": NaN, "delta": 0, "accountant": "basic"}}',
+        422,
+        "budget.epsilon",
+    ),
+    Bad(
+        "epsilon Infinity",
+        "POST",
+        "/v1/datasets",
         '{"name": "d", "budget": {"rule": "sequential", "epsilon": Infinity, "delta": 0, '
-        '"accountant": "basic"}}', 422, "budget.epsilon"),
-    Bad("epsilon 'inf' string", "POST", "/v1/datasets", dataset(budget(epsilon="inf")), 422,
-        "budget.epsilon"),
-    Bad("negative epsilon", "POST", "/v1/datasets", dataset(budget(epsilon=-0.5)), 422,
-        "budget.epsilon"),
-    Bad("zero epsilon", "POST", "/v1/datasets", dataset(budget(epsilon=0)), 422,
-        "budget.epsilon"),
-    Bad("epsilon as boolean", "POST", "/v1/datasets", dataset(budget(epsilon=True)), 422,
-        "budget.epsilon"),
+        '"accountant": "basic"}}',
+        422,
+        "budget.epsilon",
+    ),
+    Bad(
+        "epsilon 'inf' string", "POST", "/v1/datasets", dataset(budget(epsilon="inf")), 422, "budget.epsilon"
+    ),
+    Bad("negative epsilon", "POST", "/v1/datasets", dataset(budget(epsilon=-0.5)), 422, "budget.epsilon"),
+    Bad("zero epsilon", "POST", "/v1/datasets", dataset(budget(epsilon=0)), 422, "budget.epsilon"),
+    Bad("epsilon as boolean", "POST", "/v1/datasets", dataset(budget(epsilon=True)), 422, "budget.epsilon"),
     Bad("delta = 1", "POST", "/v1/datasets", dataset(budget(delta=1)), 422, "budget.delta"),
-    Bad("negative delta", "POST", "/v1/datasets", dataset(budget(delta=-1e-9)), 422,
-        "budget.delta"),
-    Bad("unknown rule", "POST", "/v1/datasets", dataset(budget(rule="fancy")), 422,
-        "budget.rule"),
-    Bad("unknown accountant", "POST", "/v1/datasets", dataset(budget(accountant="moments")),
-        422, "budget.accountant"),
-    Bad("geometric ratio 1", "POST", "/v1/datasets",
-        dataset(budget(rule="geometric", geometric={"first": 0.5, "ratio": 1})), 422,
-        "budget.geometric.ratio"),
-    Bad("geometric series above the budget", "POST", "/v1/datasets",
+    Bad("negative delta", "POST", "/v1/datasets", dataset(budget(delta=-1e-9)), 422, "budget.delta"),
+    Bad("unknown rule", "POST", "/v1/datasets", dataset(budget(rule="fancy")), 422, "budget.rule"),
+    Bad(
+        "unknown accountant",
+        "POST",
+        "/v1/datasets",
+        dataset(budget(accountant="moments")),
+        422,
+        "budget.accountant",
+    ),
+    Bad(
+        "geometric ratio 1",
+        "POST",
+        "/v1/datasets",
+        dataset(budget(rule="geometric", geometric={"first": 0.5, "ratio": 1})),
+        422,
+        "budget.geometric.ratio",
+    ),
+    Bad(
+        "geometric series above the budget",
+        "POST",
+        "/v1/datasets",
         dataset(budget(rule="geometric", epsilon=1, geometric={"first": 0.9, "ratio": 0.5})),
-        422, "budget.geometric.first"),
-    Bad("prv without a plan", "POST", "/v1/datasets", dataset(budget(accountant="prv")), 422,
-        "budget.plan"),
-    Bad("bad event in a plan", "POST", "/v1/datasets",
-        dataset(budget(accountant="prv", plan=[GAUSSIAN, {"kind": "gaussian",
-                                                         "noise_multiplier": -1}])),
-        422, "budget.plan[1].noise_multiplier"),
+        422,
+        "budget.geometric.first",
+    ),
+    Bad("prv without a plan", "POST", "/v1/datasets", dataset(budget(accountant="prv")), 422, "budget.plan"),
+    Bad(
+        "bad event in a plan",
+        "POST",
+        "/v1/datasets",
+        dataset(budget(accountant="prv", plan=[GAUSSIAN, {"kind": "gaussian", "noise_multiplier": -1}])),
+        422,
+        "budget.plan[1].noise_multiplier",
+    ),
     Bad("missing budget", "POST", "/v1/datasets", {"name": "d"}, 422, "budget"),
     Bad("empty name", "POST", "/v1/datasets", dataset(budget(), name=""), 422, "name"),
-    Bad("unknown field", "POST", "/v1/datasets", {**dataset(budget()), "epsilon": 1}, 422,
-        "epsilon"),
+    Bad("unknown field", "POST", "/v1/datasets", {**dataset(budget()), "epsilon": 1}, 422, "epsilon"),
     Bad("not JSON", "POST", "/v1/datasets", '{"name": ', 422, "body"),
     Bad("JSON but not an object", "POST", "/v1/datasets", [1, 2], 422, "body"),
     # batches
-    Bad("empty records", "POST", BATCHES, {"batches": [{"name": "b", "records": []}]}, 422,
-        "batches[0].records"),
-    Bad("float record id", "POST", BATCHES, {"batches": [{"name": "b", "records": [1.5]}]},
-        422, "batches[0].records[0]"),
+    Bad(
+        "empty records",
+        "POST",
+        BATCHES,
+        {"batches": [{"name": "b", "records": []}]},
+        422,
+        "batches[0].records",
+    ),
+    Bad(
+        "float record id",
+        "POST",
+        BATCHES,
+        {"batches": [{"name": "b", "records": [1.5]}]},
+        422,
+        "batches[0].records[0]",
+    ),
     Bad("no batches", "POST", BATCHES, {"batches": []}, 422, "batches"),
     # reservations and events
-    Bad("unknown event kind", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "telepathy"}}, 422, "event.kind"),
-    Bad("event epsilon NaN", "POST", RESERVE,
-        '{"batches": ["{batch}"], "event": {"kind": "pure_dp", "epsilon": NaN}}', 422,
-        "event.epsilon"),
-    Bad("negative event epsilon", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "pure_dp", "epsilon": -1}}, 422,
-        "event.epsilon"),
-    Bad("q = 0", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "poisson_sampled", "sampling_probability": 0,
-                                           "event": GAUSSIAN}}, 422,
-        "event.sampling_probability"),
-    Bad("q > 1", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "poisson_sampled",
-                                           "sampling_probability": 1.5, "event": GAUSSIAN}},
-        422, "event.sampling_probability"),
-    Bad("nested noise multiplier inf", "POST", RESERVE,
+    Bad(
+        "unknown event kind",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "event": {"kind": "telepathy"}},
+        422,
+        "event.kind",
+    ),
+    Bad(
+        "event epsilon NaN",
+        "POST",
+        RESERVE,
+        '{"batches": ["{batch}"], "event": {"kind": "pure_dp", "epsilon": NaN}}',
+        422,
+        "event.epsilon",
+    ),
+    Bad(
+        "negative event epsilon",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "event": {"kind": "pure_dp", "epsilon": -1}},
+        422,
+        "event.epsilon",
+    ),
+    Bad(
+        "q = 0",
+        "POST",
+        RESERVE,
+        {
+            "batches": ["{batch}"],
+            "event": {"kind": "poisson_sampled", "sampling_probability": 0, "event": GAUSSIAN},
+        },
+        422,
+        "event.sampling_probability",
+    ),
+    Bad(
+        "q > 1",
+        "POST",
+        RESERVE,
+        {
+            "batches": ["{batch}"],
+            "event": {"kind": "poisson_sampled", "sampling_probability": 1.5, "event": GAUSSIAN},
+        },
+        422,
+        "event.sampling_probability",
+    ),
+    Bad(
+        "nested noise multiplier inf",
+        "POST",
+        RESERVE,
         '{"batches": ["{batch}"], "event": {"kind": "poisson_sampled", '
         '"sampling_probability": 0.01, "event": {"kind": "gaussian", '
-        '"noise_multiplier": Infinity}}}', 422, "event.event.noise_multiplier"),
-    Bad("composed event with a bad member", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "composed", "events": [
-            GAUSSIAN, {"kind": "laplace", "scale": -2}]}}, 422, "event.events[1].scale"),
-    Bad("approx_dp delta 1", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": {"kind": "approx_dp", "epsilon": 1, "delta": 1}}, 422,
-        "event.delta"),
-    Bad("batches and tasks", "POST", RESERVE,
-        {"batches": ["{batch}"], "tasks": ["{task}"], "event": PURE}, 422, "batches"),
+        '"noise_multiplier": Infinity}}}',
+        422,
+        "event.event.noise_multiplier",
+    ),
+    Bad(
+        "composed event with a bad member",
+        "POST",
+        RESERVE,
+        {
+            "batches": ["{batch}"],
+            "event": {"kind": "composed", "events": [GAUSSIAN, {"kind": "laplace", "scale": -2}]},
+        },
+        422,
+        "event.events[1].scale",
+    ),
+    Bad(
+        "approx_dp delta 1",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "event": {"kind": "approx_dp", "epsilon": 1, "delta": 1}},
+        422,
+        "event.delta",
+    ),
+    Bad(
+        "batches and tasks",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "tasks": ["{task}"], "event": PURE},
+        422,
+        "batches",
+    ),
     Bad("neither batches nor tasks", "POST", RESERVE, {"event": PURE}, 422, "batches"),
     Bad("missing event", "POST", RESERVE, {"batches": ["{batch}"]}, 422, "event"),
-    Bad("empty noise commitment", "POST", RESERVE,
-        {"batches": ["{batch}"], "event": PURE, "noise_commitment": ""}, 422,
-        "noise_commitment"),
-    Bad("negative ttl", "POST", RESERVE, {"batches": ["{batch}"], "event": PURE, "ttl_s": -1},
-        422, "ttl_s"),
-    Bad("idempotency key too long", "POST", RESERVE, {"batches": ["{batch}"], "event": PURE},
-        422, "Idempotency-Key", headers=(("Idempotency-Key", "k" * 300),)),
-    Bad("unknown batch", "POST", RESERVE, {"batches": ["batch_nope"], "event": PURE}, 404,
-        None),
-    Bad("unknown dataset", "POST", "/v1/datasets/ds_nope/reservations",
-        {"batches": ["{batch}"], "event": PURE}, 404, None),
+    Bad(
+        "empty noise commitment",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "event": PURE, "noise_commitment": ""},
+        422,
+        "noise_commitment",
+    ),
+    Bad("negative ttl", "POST", RESERVE, {"batches": ["{batch}"], "event": PURE, "ttl_s": -1}, 422, "ttl_s"),
+    Bad(
+        "idempotency key too long",
+        "POST",
+        RESERVE,
+        {"batches": ["{batch}"], "event": PURE},
+        422,
+        "Idempotency-Key",
+        headers=(("Idempotency-Key", "k" * 300),),
+    ),
+    Bad("unknown batch", "POST", RESERVE, {"batches": ["batch_nope"], "event": PURE}, 404, None),
+    Bad(
+        "unknown dataset",
+        "POST",
+        "/v1/datasets/ds_nope/reservations",
+        {"batches": ["{batch}"], "event": PURE},
+        404,
+        None,
+    ),
     # commits
     Bad("missing release", "POST", COMMIT, {}, 422, "release"),
-    Bad("release version boolean", "POST", COMMIT,
-        {"release": {"model": "m", "version": True}}, 422, "release.version"),
-    Bad("progressive event invalid", "POST", COMMIT,
+    Bad(
+        "release version boolean",
+        "POST",
+        COMMIT,
+        {"release": {"model": "m", "version": True}},
+        422,
+        "release.version",
+    ),
+    Bad(
+        "progressive event invalid",
+        "POST",
+        COMMIT,
         {"release": {"model": "m", "version": "1"}, "event": {"kind": "laplace", "scale": 0}},
-        422, "event.scale"),
-    Bad("unknown reservation", "POST", "/v1/reservations/res_nope/commit",
-        {"release": {"model": "m", "version": "1"}}, 404, None),
+        422,
+        "event.scale",
+    ),
+    Bad(
+        "unknown reservation",
+        "POST",
+        "/v1/reservations/res_nope/commit",
+        {"release": {"model": "m", "version": "1"}},
+        404,
+        None,
+    ),
     Bad("unknown certificate", "GET", "/v1/certificates/cert_nope", None, 404, None),
     Bad("unknown route", "GET", "/v1/nothing-here", None, 404, None),
 )
@@ -153,9 +277,7 @@ def _fill(value: Any, world: World) -> Any:
     return value
 
 
-def test_bad_input_is_refused_naming_the_field(
-    client: TestClient, db: Database, keys: Keys
-) -> None:
+def test_bad_input_is_refused_naming_the_field(client: TestClient, db: Database, keys: Keys) -> None:
     world = make_world(db, "acme")
     admin = bearer(keys.get("acme", "admin"))
     before = _snapshot(client, admin, world)
@@ -205,8 +327,11 @@ def test_oversized_body_is_413_before_parsing(client: TestClient, keys: Keys) ->
     records = [f"record-{i:08d}" for i in range(limit // 10)]
     body = json.dumps({"batches": [{"name": "huge", "records": records}]})
     assert len(body) > limit
-    answer = client.post("/v1/datasets/ds_any/tasks/task_any/batches", content=body,
-                         headers={**admin, "Content-Type": "application/json"})
+    answer = client.post(
+        "/v1/datasets/ds_any/tasks/task_any/batches",
+        content=body,
+        headers={**admin, "Content-Type": "application/json"},
+    )
     assert answer.status_code == 413
     assert answer.json()["error"] == "payload_too_large"
     assert answer.json()["limit"] == limit
@@ -216,7 +341,10 @@ def test_oversized_body_is_413_before_parsing(client: TestClient, keys: Keys) ->
         for start in range(0, len(body), 65536):
             yield body[start : start + 65536].encode()
 
-    answer = client.post("/v1/datasets/ds_any/tasks/task_any/batches", content=chunks(),
-                         headers={**admin, "Content-Type": "application/json"})
+    answer = client.post(
+        "/v1/datasets/ds_any/tasks/task_any/batches",
+        content=chunks(),
+        headers={**admin, "Content-Type": "application/json"},
+    )
     assert answer.status_code == 413
     assert answer.json()["error"] == "payload_too_large"

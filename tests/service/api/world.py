@@ -48,14 +48,15 @@ def make_world(db: Database, tenant: str) -> World:
     dataset = datasets.create_dataset(db, tenant, name=unique("ds"), budget=sequential_budget())
     task = batches.create_task(db, tenant, dataset["id"], name=unique("task"))
     created = batches.create_batches(
-        db, tenant, dataset["id"], task["id"],
+        db,
+        tenant,
+        dataset["id"],
+        task["id"],
         batches=[{"name": unique("batch"), "records": [unique("r"), unique("r")]}],
     )
     batch = created["data"][0]["id"]
     done = reservations.reserve(db, tenant, dataset["id"], event_json=PURE, batch_ids=[batch])
-    commit = reservations.commit(
-        db, tenant, done["id"], release={"model": "m", "version": unique("v")}
-    )
+    commit = reservations.commit(db, tenant, done["id"], release={"model": "m", "version": unique("v")})
     held = reservations.reserve(db, tenant, dataset["id"], event_json=PURE, batch_ids=[batch])
     return World(
         tenant=tenant,
