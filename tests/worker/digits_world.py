@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,42 @@ def digits_dataset(
         batches=[{"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)],
     )
     return DigitsDataset(tenant, dataset["id"], tuple(b["id"] for b in created["data"]))
+
+
+def task_dataset(
+    db: Database,
+    budget: Mapping[str, Any],
+    per_task: Sequence[Sequence[str]],
+    *,
+    batch_size: int | None = None,
+    name: str = "tasks",
+    tenant: str = "acme",
+) -> tuple[str, list[str]]:
+    """A dataset with one ledger task ``t<i>`` per list of ``per_task``, cut into batches of
+    ``batch_size`` records (default: two halves). Returns the dataset id and the task ids."""
+    tenancy.create_api_key(db, tenant, "viewer")  # makes sure the tenant exists
+    dataset = datasets.create_dataset(db, tenant, name=f"{name}-{next(_serial)}", budget=budget)
+    task_ids = []
+    for index, ids in enumerate(per_task):
+        size = batch_size or -(-len(ids) // 2)
+        task = batches.create_task(db, tenant, dataset["id"], name=f"t{index}")
+        batches.create_batches(
+            db,
+            tenant,
+            dataset["id"],
+            task["id"],
+            batches=[
+                {"name": f"t{index}b{i}", "records": list(ids[i : i + size])}
+                for i in range(0, len(ids), size)
+            ],
+        )
+        task_ids.append(task["id"])
+    return dataset["id"], task_ids
+
+
+def source_tasks(uri: str) -> list[list[str]]:
+    """The training record ids of each task of the source ``uri``."""
+    return [list(split.record_ids) for split in load_data(uri).train]
 
 
 @dataclass

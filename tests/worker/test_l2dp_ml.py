@@ -14,10 +14,9 @@ torch = pytest.importorskip("torch")
 
 from accountant.mechanisms import l2dp_ml_event_epsilon  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, datasets, spend, tenancy  # noqa: E402
+from service.ledger import spend  # noqa: E402
 from service.worker import jobs  # noqa: E402
 from service.worker.agem import agem_project, average_accuracy, average_forgetting  # noqa: E402
-from service.worker.data import load_data  # noqa: E402
 from service.worker.l2dp_ml import (  # noqa: E402
     L2dpMlParams,
     L2dpMlTrainer,
@@ -31,7 +30,7 @@ from service.worker.l2dp_ml import (  # noqa: E402
 )
 from service.worker.models import InvalidParamsError  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
-from tests.worker.digits_world import versions_of  # noqa: E402
+from tests.worker.digits_world import source_tasks, task_dataset, versions_of  # noqa: E402
 
 SOURCE = "builtin:permuted-digits?tasks=3&seed=1"
 
@@ -169,24 +168,9 @@ def test_params_name_the_bad_field() -> None:
 
 
 def _dataset(db: Database, budget: dict[str, str]) -> tuple[str, list[list[str]]]:
-    tenancy.create_api_key(db, "acme", "viewer")
-    source = load_data(SOURCE)
-    dataset = datasets.create_dataset(db, "acme", name="permuted", budget=budget)
-    per_task = []
-    for split in source.train:
-        ids = list(split.record_ids)
-        task = batches.create_task(db, "acme", dataset["id"], name=f"t{split.task}")
-        batches.create_batches(
-            db,
-            "acme",
-            dataset["id"],
-            task["id"],
-            batches=[
-                {"name": f"t{split.task}b{i}", "records": ids[i : i + 80]} for i in range(0, len(ids), 80)
-            ],
-        )
-        per_task.append(ids)
-    return dataset["id"], per_task
+    per_task = source_tasks(SOURCE)
+    dataset_id, _ = task_dataset(db, budget, per_task, batch_size=80, name="permuted")
+    return dataset_id, per_task
 
 
 def _job(

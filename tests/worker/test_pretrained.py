@@ -54,6 +54,7 @@ from service.worker.pretrained import (  # noqa: E402
 )
 from service.worker.stages import LedgerBatch, LedgerTask  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
+from tests.worker.digits_world import source_tasks, task_dataset  # noqa: E402
 
 SOURCE = "builtin:split-digits?tasks=3&public=300"
 DELTA = 1e-5
@@ -227,30 +228,8 @@ def test_plan_refuses_a_run_too_long_naming_epochs() -> None:
 
 
 def _dataset(db: Database, rule: str, epsilon: str) -> tuple[str, list[str]]:
-    tenancy.create_api_key(db, "acme", "viewer")
-    source = load_data(SOURCE)
-    dataset = datasets.create_dataset(
-        db,
-        "acme",
-        name=f"pretrained-{rule}",
-        budget={"rule": rule, "epsilon": epsilon, "delta": "1e-5", "accountant": "rdp"},
-    )
-    task_ids = []
-    for split in source.train:
-        ids = list(split.record_ids)
-        task = batches.create_task(db, "acme", dataset["id"], name=f"t{split.task}")
-        batches.create_batches(
-            db,
-            "acme",
-            dataset["id"],
-            task["id"],
-            batches=[
-                {"name": f"t{split.task}a", "records": ids[:100]},
-                {"name": f"t{split.task}b", "records": ids[100:]},
-            ],
-        )
-        task_ids.append(task["id"])
-    return dataset["id"], task_ids
+    budget = {"rule": rule, "epsilon": epsilon, "delta": "1e-5", "accountant": "rdp"}
+    return task_dataset(db, budget, source_tasks(SOURCE), batch_size=100, name=f"pretrained-{rule}")
 
 
 def _job(db: Database, tmp_path: Path, dataset_id: str, algorithm: str, **params: Any) -> dict[str, Any]:

@@ -33,12 +33,12 @@ from accountant import events as ev  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, certificates, datasets, spend, tenancy  # noqa: E402
+from service.ledger import certificates, spend  # noqa: E402
 from service.worker import algorithms, gate, jobs  # noqa: E402
-from service.worker.data import LoadedData, load_data  # noqa: E402
+from service.worker.data import LoadedData  # noqa: E402
 from service.worker.stages import LedgerTask, Stage, StageRelease  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
-from tests.worker.digits_world import CountingLoader, versions_of  # noqa: E402
+from tests.worker.digits_world import CountingLoader, source_tasks, task_dataset, versions_of  # noqa: E402
 
 SOURCE = "builtin:split-digits?tasks=3"
 NOISE = 4.0
@@ -100,26 +100,11 @@ def _dataset(
 ) -> tuple[str, list[set[str]]]:
     """The source's tasks as ledger tasks (two batches each); ``mix_tasks`` swaps one record
     between the first two tasks, so that ledger tasks are not the source's."""
-    tenancy.create_api_key(db, "acme", "viewer")
-    source = load_data(SOURCE)
-    per_task = [list(split.record_ids) for split in source.train]
+    per_task = source_tasks(SOURCE)
     if mix_tasks:
         per_task[0][0], per_task[1][0] = per_task[1][0], per_task[0][0]
-    dataset = datasets.create_dataset(db, "acme", name="split-digits", budget=budget)
-    for index, ids in enumerate(per_task):
-        task = batches.create_task(db, "acme", dataset["id"], name=f"t{index}")
-        half = len(ids) // 2
-        batches.create_batches(
-            db,
-            "acme",
-            dataset["id"],
-            task["id"],
-            batches=[
-                {"name": f"t{index}a", "records": ids[:half]},
-                {"name": f"t{index}b", "records": ids[half:]},
-            ],
-        )
-    return dataset["id"], [set(ids) for ids in per_task]
+    dataset_id, _ = task_dataset(db, budget, per_task, name="split-digits")
+    return dataset_id, [set(ids) for ids in per_task]
 
 
 def _budget(rule: str, epsilon: str) -> dict[str, Any]:
