@@ -103,6 +103,34 @@ def _kill_worker(url: str, cycles: int, kills: int, seed: int) -> dict[str, Any]
     }
 
 
+_LEDGER_FINDINGS = (
+    "releases_without_certificate",
+    "committed_without_certificate",
+    "certificates",
+    "committed",
+    "charges_committed",
+    "epsilon_spent",
+    "epsilon_recomputed",
+    "verify_rc",
+)
+
+
+def _under_load(run: Any, findings: dict[str, Any]) -> dict[str, Any]:
+    """What both PostgreSQL fault runs report: the answers under load and the ledger afterwards."""
+    return {
+        "requests": run.requests,
+        "statuses": dict(run.statuses),
+        "transport_errors": run.transport_errors,
+        "non_503_server_errors": sum(n for s, n in run.statuses.items() if s >= 500 and s != 503),
+        "after_statuses": dict(run.after),
+        "server_alive": findings["server_alive"],
+        "retrying_client_cycles": run.client_cycles,
+        "retrying_client_failures": len(run.client_failures),
+        "retrying_client_lost_commits": findings["lost_commits"],
+        **{k: findings[k] for k in _LEDGER_FINDINGS},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=200)
@@ -173,29 +201,8 @@ def main() -> int:
                     url, seconds=args.terminate_s, clients=args.clients
                 )
                 results["pg_terminate"] = out = {
-                    "requests": run.requests,
-                    "statuses": dict(run.statuses),
                     "terminated_backends": run.terminated,
-                    "transport_errors": run.transport_errors,
-                    "non_503_server_errors": sum(n for s, n in run.statuses.items() if s >= 500 and s != 503),
-                    "after_statuses": dict(run.after),
-                    "server_alive": findings["server_alive"],
-                    "retrying_client_cycles": run.client_cycles,
-                    "retrying_client_failures": len(run.client_failures),
-                    "retrying_client_lost_commits": findings["lost_commits"],
-                    **{
-                        k: findings[k]
-                        for k in (
-                            "releases_without_certificate",
-                            "committed_without_certificate",
-                            "certificates",
-                            "committed",
-                            "charges_committed",
-                            "epsilon_spent",
-                            "epsilon_recomputed",
-                            "verify_rc",
-                        )
-                    },
+                    **_under_load(run, findings),
                 }
                 print("  " + json.dumps(out))
         if "pg-restart" in parts and "postgres" in backends:
@@ -213,30 +220,9 @@ def main() -> int:
                 )
                 results["pg_restart"] = out = {
                     "restarts": findings["restarts"],
-                    "requests": run.requests,
-                    "statuses": dict(run.statuses),
-                    "transport_errors": run.transport_errors,
-                    "non_503_server_errors": sum(n for s, n in run.statuses.items() if s >= 500 and s != 503),
                     "bad_5xx_bodies": len(run.bad_bodies),
-                    "after_statuses": dict(run.after),
-                    "server_alive": findings["server_alive"],
-                    "retrying_client_cycles": run.client_cycles,
-                    "retrying_client_failures": len(run.client_failures),
-                    "retrying_client_lost_commits": findings["lost_commits"],
                     "holds_left_by_503_commits": findings["open_reservations_after_ttl"],
-                    **{
-                        k: findings[k]
-                        for k in (
-                            "releases_without_certificate",
-                            "committed_without_certificate",
-                            "certificates",
-                            "committed",
-                            "charges_committed",
-                            "epsilon_spent",
-                            "epsilon_recomputed",
-                            "verify_rc",
-                        )
-                    },
+                    **_under_load(run, findings),
                 }
                 print("  " + json.dumps(out))
     finally:
