@@ -136,17 +136,6 @@ def _serializer(model_state: ModelState) -> tuple[str, Callable[[IO[bytes]], Non
 # ---------------------------------------------------------------------------------------------
 
 
-def ledger_batches(db: Database, dataset_id: str) -> list[tuple[str, int]]:
-    """The dataset's batches ``(id, size)``, in a stable order."""
-    with db.session(readonly=True) as session:
-        rows = session.execute(
-            select(Batch.id, Batch.size)
-            .where(Batch.dataset_id == dataset_id)
-            .order_by(Batch.created_at, Batch.task_id, Batch.position)
-        ).all()
-    return [(r.id, r.size) for r in rows]
-
-
 def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dict[str, list[str]]:
     """The source's training record ids of each ledger batch (``{batch id: [record id, ...]}``).
 
@@ -410,14 +399,14 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     try:
         run.trainer = trainer_for(job.algorithm, device)
         params = run.trainer.parse_params(jobs.trainer_params(job.params))
-        batches = ledger_batches(db, job.dataset_id)
+        tasks = ledger_tasks(db, job.dataset_id)
+        batches = [batch for task in tasks for batch in task.batches]
         if not batches:
             raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
         if isinstance(run.trainer, StagedTrainer):
-            tasks = ledger_tasks(db, job.dataset_id)
             stages = list(run.trainer.stages(params, tasks))
         else:
-            run.plan = run.trainer.plan(params, sum(size for _, size in batches))
+            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches))
     except InvalidParamsError as exc:
         raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
     except AccountantError as exc:  # calibration: no σ reaches the target, ...
@@ -433,7 +422,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             job.tenant_id,
             job.dataset_id,
             event_json=ev.to_json(plan.event),
-            batch_ids=[batch_id for batch_id, _ in batches],
+            batch_ids=[batch.id for batch in batches],
             idempotency_key=_reserve_key(job.id, job.attempt),
             ttl_s=reservation_ttl_s,
         )
@@ -696,7 +685,6 @@ __all__ = [
     "abort_quietly",
     "check_source_records",
     "default_loader",
-    "ledger_batches",
     "ledger_tasks",
     "run_job",
     "trainer_for",
