@@ -13,17 +13,19 @@ all three sample with the same q for the same T = epochs/q steps. σ comes from 
 
 * ``ours`` — ``service.worker.dp_sgd.DpSgdTrainer.train`` as the worker runs it (Poisson
   sampling, ``torch.func`` per-example gradients, clip, noise, SGD), no Opacus.
-* ``ours_compiled`` — the same with the job param ``compile_gradients``: the per-example
-  gradients' vmap/grad/functional_call program traced once by ``torch.compile`` (backend
-  ``aot_eager``). The trace is a one-off per process and architecture, paid in the warm-up run and
-  reported as its ``warmup_s``.
+  Its per-example gradients' ``vmap(grad(functional_call))`` program is traced once it is hot
+  (``service.worker.per_example_gradients``: after 64 calls, ≈ 0.5 s, once per process and
+  architecture, as a worker serving many jobs pays it) — in the warm-up run, whose ``warmup_s``
+  includes it.
+* ``ours_eager`` — the same with tracing off (``TRACE_AFTER`` = ∞): the transforms run eagerly at
+  every step, as before tracing existed. Bit-identical results; it shows what tracing saves.
 * ``opacus`` — ``opacus.PrivacyEngine().make_private(..., poisson_sampling=True)`` over a
   ``DataLoader`` of the same tensors; its hooks compute per-sample gradients; its ``DPOptimizer``
   clips and adds noise, normalising by its expected batch size int(N·q).
 * ``non_private`` — plain SGD on the same Poisson-sampled batches (mean loss, no clip, no noise).
 * ``adadp`` — for the record, ``service.worker.adadp.AdaDpTrainer`` at the same (q, σ* = σ, T),
   so the same ε, with its own defaults (RMSProp η = 0.02, β = 2). The targets concern ``ours``
-  (and are also given for ``ours_compiled``).
+  (and are also given for ``ours_eager``).
 
 Measured per method, each in its own process (so memory and warm-up do not leak between them),
 the seeds interleaved across the methods: step time (the training loop — sampling, data,
@@ -63,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore")
 
 RESULTS = ROOT / "bench" / "results"
-METHODS = ("ours", "ours_compiled", "opacus", "non_private", "adadp")
+METHODS = ("ours", "ours_eager", "opacus", "non_private", "adadp")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +144,10 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
     }
     if config["hidden"] is not None:
         params["hidden"] = config["hidden"]
-    if method == "ours_compiled":
-        params["compile_gradients"] = True
+    if method == "ours_eager":
+        from service.worker import per_example_gradients
+
+        per_example_gradients.TRACE_AFTER = sys.maxsize
     if method == "adadp":  # its own optimiser and defaults (RMSProp: η = 0.02, β = 2)
         trainer = AdaDpTrainer(device=device)
         del params["learning_rate"]
@@ -151,7 +155,7 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
     def train_once(seed: int, steps: int) -> tuple[tuple[float, float], Any]:
         """(wall, CPU) seconds for the ``steps`` steps' loop, and the trained model (or metrics)."""
         plan = trainer.plan({**params, "seed": seed, "steps": steps}, data.n_records)
-        if method in ("ours", "ours_compiled", "adadp"):
+        if method in ("ours", "ours_eager", "adadp"):
             # The loop only, as for the others: from the first step (``should_stop`` is asked
             # before each) to the final checkpoint — not the set-up or the test-split evaluation.
             marks: dict[str, Any] = {}
@@ -225,10 +229,10 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
             return float(outcome["test_accuracy"])
         return float(trainer.evaluate(data, outcome)["test_accuracy"])
 
-    # Warm-up: torch.func / hook set-up, allocator; for ours_compiled the one-off trace
-    # (``compile_gradients``), reported as ``warmup_s``.
+    # Warm-up, the same for every method: torch.func / hook set-up, allocator; for ours and adadp
+    # the one-off trace of the per-example gradients (after 64 calls), reported in ``warmup_s``.
     warmup_start = time.perf_counter()
-    train_once(10_000, min(20, config["steps"]))
+    train_once(10_000, config["warmup_steps"])
     warmup_s = time.perf_counter() - warmup_start
     # Peak memory in one untimed run (the sampling thread would perturb the timing).
     if device.type == "cuda":
@@ -300,6 +304,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "learning_rate": args.learning_rate,
         "seeds": args.seeds,
         "memory_steps": min(steps, 100),
+        "warmup_steps": min(steps, 100),
         "threads": args.threads,
         "device": device,
     }
@@ -412,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     ours = results["ours"]
-    summary = {variant: _targets(results[variant], results) for variant in ("ours", "ours_compiled")}
+    summary = {variant: _targets(results[variant], results) for variant in ("ours", "ours_eager")}
 
     print(
         f"\nbuiltin:digits, {config['model']} {config['hidden'] or 'default'}, "

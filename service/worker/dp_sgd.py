@@ -38,10 +38,8 @@ Device: CUDA when available, else CPU (``default_device``).
 
 from __future__ import annotations
 
-import copy
 import math
 import secrets
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Final, Literal
@@ -50,16 +48,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
 from service.worker.data import LoadedData
 from service.worker.models import InvalidParamsError, JobParams, ModelSpec, build_model
+from service.worker.per_example_gradients import PerExampleGradients, flatten_per_example
 
 ModelState = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
-PerExampleGradFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
 CheckpointCallback = Callable[[int, ModelState, DpEvent], bool]
 StopCallback = Callable[[], bool]
 Status = Literal["completed", "stopped", "refused"]
@@ -97,9 +94,6 @@ class DpSgdParams:
     Privacy: exactly one of ``target_epsilon`` (with ``delta``; σ is calibrated) and
     ``noise_multiplier``. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
     Sampling: ``sampling_probability`` or ``expected_batch_size`` (q = size/N; default 64).
-    ``compile_gradients``: trace the per-example gradients into one graph with ``torch.compile``
-    (see ``PerExampleGradients``); it changes speed only, never the result or the privacy.
-    ``None`` when not asked for, so the params' JSON of existing jobs is unchanged.
     """
 
     # Defaults tuned on builtin:digits at ε = 2 (about 92% test accuracy with the default MLP).
@@ -121,7 +115,6 @@ class DpSgdParams:
     seed: int | None = None
     accountant: str = "rdp"
     num_classes: int | None = None
-    compile_gradients: bool | None = None
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DpSgdParams:
@@ -165,7 +158,6 @@ class DpSgdParams:
             "seed": r.integer("seed", None, minimum=0, maximum=2**62),
             "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
             "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
-            "compile_gradients": r.boolean("compile_gradients", False) or None,
         }
         return values
 
@@ -253,127 +245,6 @@ class TrainingResult:
 # ---------------------------------------------------------------------------------------------
 # The private-gradient building blocks (public for tests and the benchmark)
 # ---------------------------------------------------------------------------------------------
-
-
-class PerExampleGradients:
-    """``f(params, features, labels) -> {name: (B, *shape)}``: per-example cross-entropy gradients.
-
-    ``vmap`` over ``grad`` of the loss of one example through ``functional_call``, built once per
-    model (``per_example_gradient_fn``). The model must have no buffers that depend on the batch
-    (no batch norm). ``params`` maps parameter names to tensors (all of the model's, or a subset;
-    the others keep their module values).
-
-    Why it is written this way: at the sizes the worker trains (a 64-wide MLP, lots of ~64) the
-    fixed per-call cost of the transforms outweighs the arithmetic, and every op inside the
-    vmapped function costs several microseconds whatever its size, so the function runs as few
-    as it can:
-
-    * each example reaches the model already shaped as a batch of one, ``(1, *features)``: the
-      ``unsqueeze`` / ``squeeze`` pair runs once on the whole batch, outside the transforms;
-    * the loss is ⟨log_softmax(logits), −one_hot(y)⟩, the cross-entropy as one ``mul`` and one
-      ``sum`` (no ``nll_loss`` decomposition, which vmap runs in Python, and no ``neg``); the
-      −one_hot rows are looked up in a cached matrix rather than built by ``F.one_hot``, which
-      scans the labels for their range;
-    * ``functional_call`` skips its tied-weights bookkeeping (``tie_weights=False``: a walk over
-      all named parameters and buffers on every call) unless the model really ties weights.
-
-    Even so, the transforms' own dispatch (every op passes the grad and the vmap layers, the
-    backward runs through the autograd engine inside ``grad``) costs about twice the arithmetic
-    on such a model. ``compile=True`` removes it: ``flat`` runs the same vmap/grad/functional_call
-    program traced once by ``torch.compile`` (backend ``aot_eager``: the traced aten graph, run
-    as is, without code generation — the same kernels, so the same values) with the batch size
-    symbolic. Tracing takes seconds, once per instance, so it pays only over thousands of steps or
-    when the instance is reused (``DpSgdTrainer`` keeps one per architecture for the process).
-    Batches of 0 or 1 example run eagerly (a symbolic size may not be 0 or 1), and so does every
-    call after a failed trace or after a batch the trace does not cover: the CNN's trace fixes
-    the batch size, so it would retrace at every new size and runs eagerly after its first step.
-
-    ``functional_call`` swaps ``params`` into ``model`` for the duration of a call, so calls on
-    one instance are serialised (a lock; uncontended it costs nothing measurable).
-    """
-
-    def __init__(self, model: nn.Module, num_classes: int, *, compile: bool = False) -> None:
-        self.num_classes = num_classes
-        tie_weights = len(list(model.named_parameters(remove_duplicate=False))) != len(
-            list(model.named_parameters())
-        )
-
-        def loss_of_one(params: Params, x: torch.Tensor, negative_target: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, params, (x,), tie_weights=tie_weights)
-            return (F.log_softmax(logits, dim=1) * negative_target).sum()
-
-        self._per_example: Callable[..., Params] = vmap(grad(loss_of_one), in_dims=(None, 0, 0))
-        self._negative_eye: torch.Tensor | None = None
-        self._lock = threading.Lock()
-        self._flat_graph: Callable[..., torch.Tensor] | None = None
-        self._traced = False
-        if compile:
-            self._flat_graph = torch.compile(
-                self._flat_eager, dynamic=True, fullgraph=True, backend="aot_eager"
-            )
-
-    def _flat_eager(
-        self, params: Mapping[str, torch.Tensor], x: torch.Tensor, negative_targets: torch.Tensor
-    ) -> torch.Tensor:
-        return flatten_per_example(self._per_example(params, x, negative_targets))
-
-    def _negative_one_hot(self, labels: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """−one_hot(labels) as ``(B, 1, C)`` rows, with ``like``'s dtype and device."""
-        eye = self._negative_eye
-        if eye is None or eye.dtype != like.dtype or eye.device != like.device:
-            eye = -torch.eye(self.num_classes, dtype=like.dtype, device=like.device).unsqueeze(1)
-            self._negative_eye = eye
-        return eye.index_select(0, labels)
-
-    def __call__(
-        self, params: Mapping[str, torch.Tensor], features: torch.Tensor, labels: torch.Tensor
-    ) -> Params:
-        targets = self._negative_one_hot(labels, features)
-        with self._lock:
-            return self._per_example(params, features.unsqueeze(1), targets)
-
-    def flat(
-        self, params: Mapping[str, torch.Tensor], features: torch.Tensor, labels: torch.Tensor
-    ) -> torch.Tensor:
-        """The per-example gradients as one ``(B, P)`` matrix, parameters in ``params``' order.
-
-        Row i is example i's whole gradient, so its norm, the clip and the clipped sum are one
-        op each (``noisy_mean_gradient_flat``). An empty batch gives a ``(0, P)`` matrix.
-        """
-        if features.shape[0] == 0:
-            first = next(iter(params.values()))
-            return first.new_zeros((0, sum(t.numel() for t in params.values())))
-        x = features.unsqueeze(1)
-        targets = self._negative_one_hot(labels, features)
-        with self._lock:
-            if self._flat_graph is None or features.shape[0] < 2:
-                return self._flat_eager(params, x, targets)
-            try:
-                if not self._traced:
-                    out = self._flat_graph(params, x, targets)
-                    self._traced = True
-                    return out
-                # One trace per instance: a model whose trace fixed the batch size (a convolution's
-                # per-example weight gradient is a grouped convolution with B groups) would
-                # otherwise retrace, for seconds, at every new Poisson batch size.
-                with torch.compiler.set_stance("fail_on_recompile"):
-                    return self._flat_graph(params, x, targets)
-            except Exception:  # the tracer cannot take this model, or it would retrace: the same
-                self._flat_graph = None  # values, eagerly, from now on
-                return self._flat_eager(params, x, targets)
-
-
-def per_example_gradient_fn(model: nn.Module, num_classes: int) -> PerExampleGradFn:
-    """``f(params, features, labels) -> {name: (B, *shape)}``: per-example cross-entropy gradients.
-
-    A ``PerExampleGradients``; its ``flat`` method gives the same gradients as one matrix.
-    """
-    return PerExampleGradients(model, num_classes)
-
-
-def flatten_per_example(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """``{name: (B, *shape)}`` as one ``(B, P)`` matrix (one copy), in the mapping's order."""
-    return torch.cat([g.flatten(1) if g.dim() > 1 else g.unsqueeze(1) for g in grads.values()], dim=1)
 
 
 def per_example_norms(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -503,26 +374,6 @@ class _Run:
     def __post_init__(self) -> None:
         self.param_list = list(self.params.values())
         self.update, self.update_views = _flat_buffer(self.param_list)
-
-
-# Compiled per-example gradients, one per architecture for the life of the process: tracing takes
-# seconds, so a worker pays it once per kind of model, not once per job (``PerExampleGradients``).
-_COMPILED_GRADIENTS: dict[tuple[Any, ...], PerExampleGradients] = {}
-_COMPILED_GRADIENTS_LOCK = threading.Lock()
-
-
-def _compiled_gradients(key: tuple[Any, ...], model: nn.Module, num_classes: int) -> PerExampleGradients:
-    """The process's compiled ``PerExampleGradients`` for ``key``, over a private copy of ``model``.
-
-    ``key`` must determine the architecture (the trainer's model spec, input shape, classes,
-    device and dtype): every call swaps all of a run's parameters into the copy.
-    """
-    with _COMPILED_GRADIENTS_LOCK:
-        gradients = _COMPILED_GRADIENTS.get(key)
-        if gradients is None:
-            gradients = PerExampleGradients(copy.deepcopy(model), num_classes, compile=True)
-            _COMPILED_GRADIENTS[key] = gradients
-        return gradients
 
 
 def _flat_buffer(like: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -696,17 +547,10 @@ class DpSgdTrainer:
         noise = torch.Generator(device=self.device)
         noise.manual_seed(int(seeds[2]))
         params = {name: q.detach() for name, q in model.named_parameters()}
-        num_classes = self._num_classes(data, p)
-        if p.compile_gradients:
-            key: tuple[Any, ...] = (type(self), p.model, data.n_features, data.image_shape, num_classes)
-            key += (str(self.device), str(features.dtype))
-            grad_fn = _compiled_gradients(key, model, num_classes)
-        else:
-            grad_fn = PerExampleGradients(model, num_classes)
         return _Run(
             model=model,
             params=params,
-            grad_fn=grad_fn,
+            grad_fn=PerExampleGradients(model, self._num_classes(data, p)),
             features=torch.from_numpy(features).to(self.device),
             labels=torch.from_numpy(labels).to(self.device),
             sampler=sampler,

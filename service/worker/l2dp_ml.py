@@ -101,10 +101,10 @@ from service.worker.dp_sgd import (
     default_device,
     dp_sgd_event,
     noisy_mean_gradient,
-    per_example_gradient_fn,
     poisson_sample,
 )
 from service.worker.models import MLP, InvalidParamsError, JobParams
+from service.worker.per_example_gradients import per_example_gradient_fn
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
 MAX_EPOCHS: Final = 10_000

@@ -74,7 +74,6 @@ from service.worker.dp_sgd import (
     default_device,
     dp_sgd_event,
     noisy_mean_gradient,
-    per_example_gradient_fn,
     poisson_sample,
 )
 from service.worker.feature_extractor import (
@@ -84,6 +83,7 @@ from service.worker.feature_extractor import (
     unit_features,
 )
 from service.worker.models import InvalidParamsError, JobParams
+from service.worker.per_example_gradients import per_example_gradient_fn
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
 SUM_SENSITIVITY: Final = 1.0

@@ -19,20 +19,22 @@ from service.worker.dp_sgd import (  # noqa: E402
     DpSgdParams,
     DpSgdTrainer,
     ModelState,
-    PerExampleGradients,
     TrainingError,
     TrainingPlan,
     clip_factors,
     clipped_sum,
-    flatten_per_example,
     noisy_mean_gradient,
     noisy_mean_gradient_flat,
-    per_example_gradient_fn,
     per_example_norms,
     poisson_sample,
     run_with_reservation,
 )
 from service.worker.models import InvalidParamsError, ModelSpec, build_model  # noqa: E402
+from service.worker.per_example_gradients import (  # noqa: E402
+    PerExampleGradients,
+    flatten_per_example,
+    per_example_gradient_fn,
+)
 
 CPU = torch.device("cpu")
 
@@ -51,26 +53,6 @@ def _toy_data(n: int = 40, n_features: int = 16, seed: int = 0) -> LoadedData:
 # ---------------------------------------------------------------------------------------------
 # Per-example gradients, clipping, noise, sampling
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("kind", "hidden"), [("mlp", (32, 16)), ("cnn", (4, 8))])
-def test_per_example_gradients_equal_single_example_backward_passes(
-    kind: str, hidden: tuple[int, ...]
-) -> None:
-    torch.manual_seed(0)
-    model = build_model(
-        ModelSpec(kind, hidden), n_features=64, num_classes=10, image_shape=(1, 8, 8)
-    ).double()
-    x = torch.rand(7, 64, dtype=torch.float64)
-    y = torch.randint(0, 10, (7,))
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    grads = per_example_gradient_fn(model, 10)(params, x, y)
-    for i in range(7):
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
-        for name, p in model.named_parameters():
-            assert p.grad is not None
-            torch.testing.assert_close(grads[name][i], p.grad, atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook:UserWarning")
@@ -112,33 +94,6 @@ def test_the_flat_per_example_matrix_and_noisy_mean_equal_the_per_parameter_form
     noise = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(3)) * 1.1 * 0.3 / 9.0
     expected = flatten_per_example({k: v[None] for k, v in clipped.items()})[0] + noise
     torch.testing.assert_close(noisy_flat, expected)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kind", "hidden"), [("mlp", (32, 16)), ("cnn", (4, 8))])
-def test_compiled_per_example_gradients_equal_the_eager_ones(kind: str, hidden: tuple[int, ...]) -> None:
-    torch.manual_seed(0)
-    model = build_model(ModelSpec(kind, hidden), n_features=64, num_classes=10, image_shape=(1, 8, 8))
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    eager, compiled = PerExampleGradients(model, 10), PerExampleGradients(model, 10, compile=True)
-    for batch in (7, 13, 1, 0):  # two sizes through one symbolic trace; 1 and 0 run eagerly
-        x, y = torch.rand(batch, 64), torch.randint(0, 10, (batch,))
-        expected = eager.flat(params, x, y)
-        torch.testing.assert_close(compiled.flat(params, x, y), expected, atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_compile_gradients_is_a_speed_option_only() -> None:
-    data = _toy_data()
-    trainer = DpSgdTrainer(device=CPU)
-    states: list[ModelState] = []
-    for compile_gradients in (False, True):
-        params = {"noise_multiplier": 1.0, "steps": 6, "seed": 5, "momentum": 0.5}
-        plan = trainer.plan({**params, "compile_gradients": compile_gradients}, 40)
-        trainer.train(data, plan, on_checkpoint=lambda s, m, e: states.append(m) is None)
-    for name in states[0]:
-        torch.testing.assert_close(states[0][name], states[1][name], atol=1e-6, rtol=1e-5)
-    assert "compile_gradients" not in trainer.plan({"noise_multiplier": 1.0}, 40).to_json()["params"]
 
 
 def test_poisson_sampling_gives_variable_batches_with_the_right_mean() -> None:
