@@ -45,7 +45,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -60,8 +60,9 @@ PerExampleGradFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
 
 # Eager calls of one architecture before its trace (≈ 0.5 s, the cost of ≈ 600 eager calls of
 # the MLP): enough that a test's few-step run never traces, few enough that a real run (hundreds
-# to thousands of steps) spends most of its steps in the graph.
-TRACE_AFTER: Final = 64
+# to thousands of steps) spends most of its steps in the graph. A process setting: tests and
+# bench/training.py change it (``sys.maxsize``: never trace).
+TRACE_AFTER = 64
 
 
 def flatten_per_example(grads: Mapping[str, torch.Tensor]) -> torch.Tensor:
