@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,6 +41,55 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
 def test_ci_installs_cpu_torch_before_the_project() -> None:
     _, test_command = _readme_commands()
     assert test_command.index("torch==2.13.0") < test_command.index('-e ".[dev]"')
+
+
+def _distribution(requirement: str) -> str:
+    return re.split(r"[ <>=;\[!~]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _installed_closure(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` install, with their own dependencies (no extras)."""
+    closure: set[str] = set()
+    todo = [_distribution(r) for r in requirements]
+    while todo:
+        name = todo.pop()
+        if name in closure:
+            continue
+        closure.add(name)
+        try:
+            requires = importlib.metadata.requires(name) or []
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        todo += [_distribution(r) for r in requires if "extra ==" not in r]
+    return closure
+
+
+def test_the_core_install_has_every_library_the_service_imports() -> None:
+    """``pip install privacy-ledger`` (no extra) must run the service, the CLI and the Python
+    client; only the worker and the experiments (the ``worker`` extra) may import more."""
+    core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    closure = _installed_closure(core)
+    providers = importlib.metadata.packages_distributions()
+    missing: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("service/**/*.py"), *ROOT.glob("accountant/**/*.py")]:
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith(("service/worker/", "service/experiments/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in ("service", "accountant"):
+                    continue
+                names = {d.lower().replace("_", "-") for d in providers.get(top, [])}
+                if not names & closure:
+                    missing.setdefault(top, set()).add(relative)
+    assert not missing, f"imported but not a core dependency: {missing}"
 
 
 def test_top_level_layout_is_the_agreed_one() -> None:
