@@ -53,7 +53,7 @@ from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfC
 from accountant.events import to_json as event_to_json
 from service.worker.data import LoadedData
 from service.worker.models import InvalidParamsError, JobParams, ModelSpec, build_model
-from service.worker.per_example_gradients import PerExampleGradients, flatten_per_example
+from service.worker.per_example_gradients import PerExampleGradients
 
 ModelState = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
@@ -264,30 +264,6 @@ def clipped_sum(grads: Mapping[str, torch.Tensor], factors: torch.Tensor) -> Par
     return {name: torch.tensordot(factors, g, dims=1) for name, g in grads.items()}
 
 
-def noisy_mean_gradient(
-    grads: Mapping[str, torch.Tensor],
-    *,
-    max_grad_norm: float,
-    noise_multiplier: float,
-    expected_batch_size: float,
-    generator: torch.Generator,
-) -> Params:
-    """DP-SGD's released gradient: (Σ clip_C(gᵢ) + N(0, σ²C²I)) / (q·N).
-
-    ``grads`` may hold zero examples (an empty Poisson batch): the result is then noise only.
-    The values are views of one flat tensor (``noisy_mean_gradient_flat``); the noise is drawn
-    in one call, parameters in ``grads``' order, as ``gaussian_like`` does.
-    """
-    flat = noisy_mean_gradient_flat(
-        flatten_per_example(grads),
-        max_grad_norm=max_grad_norm,
-        noise_multiplier=noise_multiplier,
-        expected_batch_size=expected_batch_size,
-        generator=generator,
-    )
-    return _unflatten(flat, grads)
-
-
 def noisy_mean_gradient_flat(
     per_example: torch.Tensor,
     *,
@@ -297,7 +273,8 @@ def noisy_mean_gradient_flat(
     generator: torch.Generator,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``noisy_mean_gradient`` on a ``(B, P)`` matrix of per-example gradients; returns ``(P,)``.
+    """DP-SGD's released gradient, (Σ clip_C(gᵢ) + N(0, σ²C²I)) / (q·N), from the ``(B, P)``
+    matrix of per-example gradients (``PerExampleGradients.flat``); returns ``(P,)``.
 
     Four ops whatever the model: the per-example norms, the clip factors, the noise z ~ N(0, I)
     drawn in place into ``out`` (a preallocated ``(P,)`` buffer, or a new one), and one
@@ -313,17 +290,6 @@ def noisy_mean_gradient_flat(
         beta=noise_multiplier * max_grad_norm / expected_batch_size,
         alpha=1.0 / expected_batch_size,
     )
-
-
-def _unflatten(flat: torch.Tensor, like: Mapping[str, torch.Tensor]) -> Params:
-    """Views of ``flat`` shaped like ``like``'s per-example tensors without their batch dim."""
-    out: Params = {}
-    offset = 0
-    for name, g in like.items():
-        size = math.prod(g.shape[1:])
-        out[name] = flat[offset : offset + size].view(g.shape[1:])
-        offset += size
-    return out
 
 
 def gaussian_like(tensors: Mapping[str, torch.Tensor], generator: torch.Generator) -> Params:

@@ -100,11 +100,11 @@ from service.worker.data import LoadedData, TaskSplit
 from service.worker.dp_sgd import (
     default_device,
     dp_sgd_event,
-    noisy_mean_gradient,
+    noisy_mean_gradient_flat,
     poisson_sample,
 )
 from service.worker.models import MLP, InvalidParamsError, JobParams
-from service.worker.per_example_gradients import per_example_gradient_fn
+from service.worker.per_example_gradients import PerExampleGradients
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
 MAX_EPOCHS: Final = 10_000
@@ -760,7 +760,7 @@ class NaiveGaussianState:
     plan: Plan
     noise_multiplier: float
     learner: AgemMlp
-    grad_fn: Any
+    grad_fn: PerExampleGradients
     record: LifelongRecord
     sampler: torch.Generator
     noise: torch.Generator
@@ -842,7 +842,7 @@ class NaiveGaussianTrainer:
             plan,
             self._noise_multiplier(params, plan),
             learner,
-            per_example_gradient_fn(learner.model, num_classes),
+            PerExampleGradients(learner.model, num_classes),
             LifelongRecord.of(data),
             sampler,
             noise,
@@ -851,19 +851,14 @@ class NaiveGaussianTrainer:
     def _noisy_gradient(self, state: NaiveGaussianState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         p = state.params
         idx = poisson_sample(x.shape[0], p.sampling_probability, state.sampler).to(x.device)
-        params = state.learner.params
-        if idx.numel() == 0:
-            grads = {n: q.new_zeros((0, *q.shape)) for n, q in params.items()}
-        else:
-            grads = state.grad_fn(params, x[idx], y[idx])
-        noisy = noisy_mean_gradient(
-            grads,
+        # Flat, in the learner's parameter order; an empty Poisson sample gives noise only.
+        return noisy_mean_gradient_flat(
+            state.grad_fn.flat(state.learner.params, x[idx], y[idx]),
             max_grad_norm=p.max_grad_norm,
             noise_multiplier=state.noise_multiplier,
             expected_batch_size=p.sampling_probability * x.shape[0],
             generator=state.noise,
         )
-        return flatten([noisy[n] for n in params])
 
     def train_stage(
         self,

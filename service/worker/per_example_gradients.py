@@ -56,7 +56,6 @@ from torch.fx.experimental import symbolic_shapes
 log = logging.getLogger(__name__)
 
 Params = dict[str, torch.Tensor]
-PerExampleGradFn = Callable[[Params, torch.Tensor, torch.Tensor], Params]
 
 # Eager calls of one architecture before its trace (≈ 0.5 s, the cost of ≈ 600 eager calls of
 # the MLP): enough that a test's few-step run never traces, few enough that a real run (hundreds
@@ -299,8 +298,3 @@ def _outer_products_as_mul(graph: fx.GraphModule) -> fx.GraphModule:
     if changed:
         graph.recompile()
     return graph
-
-
-def per_example_gradient_fn(model: nn.Module, num_classes: int) -> PerExampleGradFn:
-    """``f(params, features, labels) -> {name: (B, *shape)}``: a ``PerExampleGradients``."""
-    return PerExampleGradients(model, num_classes)

@@ -73,7 +73,7 @@ from service.worker.dp_sgd import (
     TrainingError,
     default_device,
     dp_sgd_event,
-    noisy_mean_gradient,
+    noisy_mean_gradient_flat,
     poisson_sample,
 )
 from service.worker.feature_extractor import (
@@ -83,7 +83,7 @@ from service.worker.feature_extractor import (
     unit_features,
 )
 from service.worker.models import InvalidParamsError, JobParams
-from service.worker.per_example_gradients import per_example_gradient_fn
+from service.worker.per_example_gradients import PerExampleGradients
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
 SUM_SENSITIVITY: Final = 1.0
@@ -352,25 +352,24 @@ def train_head_dp_sgd(
         raise TrainingError(
             f"the run was planned for {run.n_records} records; the stage holds {features.shape[0]}."
         )
-    grad_fn = per_example_gradient_fn(head, head.out_features)
+    grad_fn = PerExampleGradients(head, head.out_features)
     params = {name: t.detach() for name, t in head.named_parameters()}
-    names = list(params)
     buffers: list[torch.Tensor] | None = None
     expected = run.sampling_probability * run.n_records
     for _ in range(run.steps):
         idx = poisson_sample(run.n_records, run.sampling_probability, sampler).to(features.device)
-        if idx.numel():
-            grads = grad_fn(params, features[idx], labels[idx])
-        else:  # an empty Poisson sample is still a step: the update is noise only
-            grads = {name: t.new_zeros((0, *t.shape)) for name, t in params.items()}
-        noisy = noisy_mean_gradient(
-            grads,
+        # An empty Poisson sample is still a step: the update is then noise only.
+        noisy = noisy_mean_gradient_flat(
+            grad_fn.flat(params, features[idx], labels[idx]),
             max_grad_norm=p.max_grad_norm,
             noise_multiplier=run.noise_multiplier,
             expected_batch_size=expected,
             generator=noise,
         )
-        updates = [noisy[name] for name in names]
+        updates = [
+            u.view_as(t)
+            for u, t in zip(noisy.split([t.numel() for t in params.values()]), params.values(), strict=True)
+        ]
         with torch.no_grad():
             if p.momentum > 0:
                 if buffers is None:
@@ -379,7 +378,7 @@ def train_head_dp_sgd(
                     torch._foreach_mul_(buffers, p.momentum)
                     torch._foreach_add_(buffers, updates)
                 updates = buffers
-            torch._foreach_add_([params[n] for n in names], updates, alpha=-p.learning_rate)
+            torch._foreach_add_(list(params.values()), updates, alpha=-p.learning_rate)
 
 
 def new_head(feature_dim: int, num_classes: int, device: torch.device) -> nn.Linear:

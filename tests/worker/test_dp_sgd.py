@@ -23,7 +23,6 @@ from service.worker.dp_sgd import (  # noqa: E402
     TrainingPlan,
     clip_factors,
     clipped_sum,
-    noisy_mean_gradient,
     noisy_mean_gradient_flat,
     per_example_norms,
     poisson_sample,
@@ -33,7 +32,6 @@ from service.worker.models import InvalidParamsError, ModelSpec, build_model  # 
 from service.worker.per_example_gradients import (  # noqa: E402
     PerExampleGradients,
     flatten_per_example,
-    per_example_gradient_fn,
 )
 
 CPU = torch.device("cpu")
@@ -64,7 +62,7 @@ def test_per_example_gradients_match_opacus_grad_samples(kind: str, hidden: tupl
     model = build_model(ModelSpec(kind, hidden), n_features=64, num_classes=10, image_shape=(1, 8, 8))
     x = torch.rand(9, 64)
     y = torch.randint(0, 10, (9,))
-    ours = per_example_gradient_fn(model, 10)({k: v.detach() for k, v in model.named_parameters()}, x, y)
+    ours = PerExampleGradients(model, 10)({k: v.detach() for k, v in model.named_parameters()}, x, y)
     wrapped = opacus.GradSampleModule(model, loss_reduction="sum")
     nn.functional.cross_entropy(wrapped(x), y, reduction="sum").backward()
     for name, p in wrapped.named_parameters():
@@ -82,13 +80,11 @@ def test_the_flat_per_example_matrix_and_noisy_mean_equal_the_per_parameter_form
     assert flat.shape == (11, sum(p.numel() for p in params.values()))
     torch.testing.assert_close(flat, torch.cat([g.reshape(11, -1) for g in by_name.values()], 1))
     assert gradients.flat(params, x[:0], y[:0]).shape == (0, flat.shape[1])
-    # Same generator state, same noise: the flat form is the per-parameter form, concatenated.
+    # The released gradient from the matrix equals the per-parameter clip, sum and noise.
     kwargs = {"max_grad_norm": 0.3, "noise_multiplier": 1.1, "expected_batch_size": 9.0}
-    noisy = noisy_mean_gradient(by_name, generator=torch.Generator().manual_seed(3), **kwargs)
     out = torch.empty(flat.shape[1])
     noisy_flat = noisy_mean_gradient_flat(flat, generator=torch.Generator().manual_seed(3), out=out, **kwargs)
     assert noisy_flat is out
-    torch.testing.assert_close(noisy_flat, flatten_per_example({k: v[None] for k, v in noisy.items()})[0])
     factors = clip_factors(per_example_norms(by_name), 0.3)
     clipped = {k: v / 9.0 for k, v in clipped_sum(by_name, factors).items()}
     noise = torch.randn(flat.shape[1], generator=torch.Generator().manual_seed(3)) * 1.1 * 0.3 / 9.0
@@ -142,11 +138,10 @@ def test_clipping_bounds_each_per_example_norm() -> None:
 def test_noise_std_is_sigma_times_c_over_expected_batch_size_even_for_an_empty_batch() -> None:
     gen = torch.Generator().manual_seed(7)
     sigma, c, expected = 1.3, 0.7, 25.0
-    empty = {"w": torch.zeros(0, 300, 200), "b": torch.zeros(0, 200)}
-    noisy = noisy_mean_gradient(
+    empty = torch.zeros(0, 300 * 200 + 200)
+    values = noisy_mean_gradient_flat(
         empty, max_grad_norm=c, noise_multiplier=sigma, expected_batch_size=expected, generator=gen
-    )
-    values = torch.cat([v.reshape(-1) for v in noisy.values()]).double()
+    ).double()
     target = sigma * c / expected
     # 60,200 draws: the sample std is within ~1% of the truth (se ≈ 0.29%)
     assert values.std().item() == pytest.approx(target, rel=0.015)
@@ -155,11 +150,11 @@ def test_noise_std_is_sigma_times_c_over_expected_batch_size_even_for_an_empty_b
 
 def test_noise_is_added_around_the_clipped_sum() -> None:
     gen = torch.Generator().manual_seed(8)
-    grads = {"w": torch.full((4, 50_000), 0.001)}  # norms 0.2236 < C: unclipped
-    noisy = noisy_mean_gradient(
+    grads = torch.full((4, 50_000), 0.001)  # norms 0.2236 < C: unclipped
+    noisy = noisy_mean_gradient_flat(
         grads, max_grad_norm=1.0, noise_multiplier=0.5, expected_batch_size=2.0, generator=gen
     )
-    residual = noisy["w"] * 2.0 - 0.004
+    residual = noisy * 2.0 - 0.004
     assert residual.mean().item() == pytest.approx(0.0, abs=0.02)
     assert residual.std().item() == pytest.approx(0.5, rel=0.02)
 
