@@ -200,7 +200,7 @@ class AdaDpTrainer(DpSgdTrainer):
             run.optimizer_state["adadp"] = state
         sigma_star = plan.noise_multiplier
         expected = plan.expected_batch_size
-        grads = self._per_example_gradients(run, x, y)
+        grads = run.grad_fn(run.params, x, y)  # an empty batch gives (0, *shape) tensors
         floored = self._floored_second_moment(state, p)
         # Line 7: local clipping once E′[g²] is informative; decided from released values only.
         state.local = step > p.warmup_steps and _variance_of_sqrt(floored) > p.local_clipping_threshold

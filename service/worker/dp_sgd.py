@@ -339,10 +339,10 @@ class _Run:
 
     def __post_init__(self) -> None:
         self.param_list = list(self.params.values())
-        self.update, self.update_views = _flat_buffer(self.param_list)
+        self.update, self.update_views = flat_buffer(self.param_list)
 
 
-def _flat_buffer(like: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def flat_buffer(like: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """A flat zero buffer as large as ``like`` together, and its views shaped like each tensor."""
     flat = like[0].new_zeros(sum(t.numel() for t in like))
     views = torch.split(flat, [t.numel() for t in like])
@@ -523,11 +523,6 @@ class DpSgdTrainer:
             noise=noise,
         )
 
-    def _per_example_gradients(self, run: _Run, x: torch.Tensor, y: torch.Tensor) -> Params:
-        if x.shape[0] == 0:
-            return {name: q.new_zeros((0, *q.shape)) for name, q in run.params.items()}
-        return run.grad_fn(run.params, x, y)
-
     def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         p = plan.params
         # The whole private gradient in the flat buffer: (B, P) per-example matrix → norms →
@@ -545,7 +540,7 @@ class DpSgdTrainer:
             if p.momentum > 0:  # heavy-ball momentum, as torch.optim.SGD (post-processing)
                 momentum: tuple[torch.Tensor, list[torch.Tensor]] | None = run.optimizer_state.get("momentum")
                 if momentum is None:
-                    momentum = _flat_buffer(run.param_list)
+                    momentum = flat_buffer(run.param_list)
                     momentum[0].copy_(run.update)
                     run.optimizer_state["momentum"] = momentum
                 else:

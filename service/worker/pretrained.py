@@ -73,6 +73,7 @@ from service.worker.dp_sgd import (
     TrainingError,
     default_device,
     dp_sgd_event,
+    flat_buffer,
     noisy_mean_gradient_flat,
     poisson_sample,
 )
@@ -354,22 +355,22 @@ def train_head_dp_sgd(
         )
     grad_fn = PerExampleGradients(head, head.out_features)
     params = {name: t.detach() for name, t in head.named_parameters()}
+    weights = list(params.values())
+    update, update_views = flat_buffer(weights)
     buffers: list[torch.Tensor] | None = None
     expected = run.sampling_probability * run.n_records
     for _ in range(run.steps):
         idx = poisson_sample(run.n_records, run.sampling_probability, sampler).to(features.device)
         # An empty Poisson sample is still a step: the update is then noise only.
-        noisy = noisy_mean_gradient_flat(
+        noisy_mean_gradient_flat(
             grad_fn.flat(params, features[idx], labels[idx]),
             max_grad_norm=p.max_grad_norm,
             noise_multiplier=run.noise_multiplier,
             expected_batch_size=expected,
             generator=noise,
+            out=update,
         )
-        updates = [
-            u.view_as(t)
-            for u, t in zip(noisy.split([t.numel() for t in params.values()]), params.values(), strict=True)
-        ]
+        updates = update_views
         with torch.no_grad():
             if p.momentum > 0:
                 if buffers is None:
@@ -378,7 +379,7 @@ def train_head_dp_sgd(
                     torch._foreach_mul_(buffers, p.momentum)
                     torch._foreach_add_(buffers, updates)
                 updates = buffers
-            torch._foreach_add_(list(params.values()), updates, alpha=-p.learning_rate)
+            torch._foreach_add_(weights, updates, alpha=-p.learning_rate)
 
 
 def new_head(feature_dim: int, num_classes: int, device: torch.device) -> nn.Linear:
