@@ -1,0 +1,26 @@
+"""Job fairness and limits (placeholder, filled in by the job-limits change).
+
+Revision ID: c4a1d2e3f503
+Revises: c4a1d2e3f502
+Create Date: 2026-11-25
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa  # noqa: F401
+from alembic import op  # noqa: F401
+
+revision: str = 'c4a1d2e3f503'
+down_revision: str | Sequence[str] | None = 'c4a1d2e3f502'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
