@@ -10,7 +10,15 @@ Events are stored in ledger rows that outlive refactors. Therefore:
 
 * every event serialises to JSON with a stable ``kind`` string, never a module path;
 * an event kind or a field is never removed or redefined; new fields are optional;
-* ``from_json(to_json(e)) == e`` for every event.
+* ``from_json(to_json(e)) == e`` for every event, and ``to_json`` writes only the fields of the
+  event's kind (an optional field left unset is omitted, never written as ``null``);
+* ``from_json`` **refuses every key that is not a field of the event's kind**, at any depth, with
+  an ``EventValidationError`` naming its full path (``event.event.count``). A field the ledger
+  ignored could change what ran: ``{"kind": "gaussian", "noise_multiplier": 60, "steps": 1000}``
+  or a ``count`` one level too high, inside ``poisson_sampled``, describe a thousand steps and
+  were charged as one. Refusing is also the safe side of the compatibility rule: a ledger that
+  predates a new optional field refuses an event that uses it instead of charging it as if the
+  field were absent. ``null`` stays accepted for the optional fields that ``to_json`` may omit.
 
 Validation happens when an event is built, so an invalid event never exists. Errors are
 ``EventValidationError`` and name the field (as a dotted path for nested events) and the value:
@@ -19,10 +27,15 @@ Validation happens when an event is built, so an invalid event never exists. Err
 
 from __future__ import annotations
 
+import dataclasses
+import decimal
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, ClassVar, Final
+
+import numpy as np
 
 # Structural limits: events come from untrusted clients (HTTP bodies, CLI arguments).
 MAX_NESTING_DEPTH: Final = 32
@@ -282,6 +295,15 @@ class OutputPerturbationEvent(DpEvent):
     def validate(self, path: str = "event") -> None:
         _check_positive(f"{path}.l2_sensitivity", self.l2_sensitivity)
         _check_positive(f"{path}.epsilon", self.epsilon)
+        # The trainer draws noise of scale fl(Δ₂/ε): 0 (no noise: not private at all) or ∞ (no
+        # output) cannot be what ran, and Δ₂/b would not be the ε it certifies.
+        scale = self.l2_sensitivity / self.epsilon
+        if not 0 < scale < math.inf:
+            raise EventValidationError(
+                f"{path}.epsilon",
+                f"must give a finite noise scale l2_sensitivity/epsilon > 0. Found "
+                f"l2_sensitivity={self.l2_sensitivity!r}, epsilon={self.epsilon!r} (scale {scale!r}).",
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,14 +339,61 @@ class AdaptiveGaussianEvent(DpEvent):
             _check_non_negative(f"{path}.sensitivities[{i}]", s)
         for i, sd in enumerate(self.noise_stddevs):
             _check_positive(f"{path}.noise_stddevs[{i}]", sd)
-        pairs = zip(self.sensitivities, self.noise_stddevs, strict=True)
-        total = math.fsum((s / sd) ** 2 for s, sd in pairs)
-        limit = 1.0 / (self.noise_multiplier * self.noise_multiplier)  # σ² overflows to ∞, not an error
-        if total > limit:
+        holds, total, limit = lemma1_holds(self.sensitivities, self.noise_stddevs, self.noise_multiplier)
+        if not holds:
             raise EventValidationError(
                 f"{path}.noise_stddevs",
-                f"violate Lemma 1: sum(s_i^2/sigma_i^2) = {total!r} > 1/noise_multiplier^2 = {limit!r}.",
+                f"violate Lemma 1: sum(s_i^2/sigma_i^2) = {total} > 1/noise_multiplier^2 = {limit}.",
             )
+
+
+# Above this relative margin the float test of Lemma 1 is decisive; inside it (a vector exactly at
+# the boundary, up to rounding) the test is redone in exact rational arithmetic.
+_LEMMA1_FLOAT_MARGIN: Final = 1e-9
+
+
+def lemma1_holds(
+    sensitivities: Sequence[float], noise_stddevs: Sequence[float], noise_multiplier: float
+) -> tuple[bool, str, str]:
+    """AdaDp Lemma 1's condition Σ sᵢ²/σᵢ² ≤ 1/σ*², decided exactly; also (total, limit) as text.
+
+    Arguments must be finite, s ≥ 0, σᵢ > 0 and σ* > 0 (the caller checked). The sum is taken in
+    long double (x86: exponent range ±4932, so no square of a ratio of floats over- or
+    underflows, and σ* = 5e-324 gives a finite 1/σ*²); it decides when it is finite, free of
+    underflow and more than 1e-9 (relative) away from the limit. Otherwise — at the boundary, or
+    where long double is only float64 — the test is redone in rational arithmetic, which is exact.
+    Never raises an arithmetic error (``(s/σ)**2`` of floats raises OverflowError beyond 1e154).
+    """
+    s = np.asarray(sensitivities, dtype=np.longdouble)
+    sd = np.asarray(noise_stddevs, dtype=np.longdouble)
+    sigma = np.longdouble(noise_multiplier)
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        ratios = s / sd
+        squares = ratios * ratios
+        total = np.sum(squares)
+        limit = np.longdouble(1) / (sigma * sigma)
+    tiny = np.finfo(np.longdouble).tiny
+    lost = bool(np.any((ratios != 0) & (squares < tiny)))  # an underflowed (or subnormal) square
+    if not lost and np.isfinite(total) and np.isfinite(limit) and limit >= tiny:
+        text = (_scientific(total), _scientific(limit))
+        if total < limit * (1 - _LEMMA1_FLOAT_MARGIN):
+            return True, *text
+        if total > limit * (1 + _LEMMA1_FLOAT_MARGIN):
+            return False, *text
+    exact_total = sum(
+        (Fraction(a) / Fraction(b)) ** 2 for a, b in zip(sensitivities, noise_stddevs, strict=True)
+    )
+    exact_limit = 1 / Fraction(noise_multiplier) ** 2
+    return exact_total <= exact_limit, _approximately(exact_total), _approximately(exact_limit)
+
+
+def _scientific(value: np.longdouble) -> str:
+    return np.format_float_scientific(value, precision=17, trim="-")
+
+
+def _approximately(value: Fraction) -> str:
+    """``value`` to 17 significant digits, at any magnitude (``float()`` would overflow)."""
+    return str(decimal.Context(prec=17).divide(decimal.Decimal(value.numerator), value.denominator))
 
 
 EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
@@ -492,6 +561,30 @@ _PARSERS: Final[Mapping[str, _Parser]] = {
 }
 
 
+# The JSON keys of each kind: "kind" and the dataclass fields (``to_json`` writes no others).
+_KEYS: Final[Mapping[str, frozenset[str]]] = {
+    kind: frozenset({"kind", *(f.name for f in dataclasses.fields(cls))}) for kind, cls in EVENT_TYPES.items()
+}
+
+
+def _refuse_unknown_keys(obj: Mapping[Any, Any], kind: str, path: str) -> None:
+    """Refuse a key that is not a field of ``kind``: the ledger would otherwise charge an event
+    other than the one described (a ``count`` or ``steps`` it ignored), see the module docstring."""
+    allowed = _KEYS[kind]
+    unknown = [key for key in obj if key not in allowed]
+    if unknown:
+        first = min(unknown, key=repr)  # deterministic whatever the client's key order
+        name = first if isinstance(first, str) else repr(first)
+        value = repr(obj[first])
+        if len(value) > 60:
+            value = value[:57] + "..."
+        raise EventValidationError(
+            f"{path}.{name}",
+            f"is not a field of a {kind!r} event (its fields: {', '.join(sorted(allowed))}); it is "
+            f"refused, not ignored, since it could change what ran. Found {value}.",
+        )
+
+
 def _parse(obj: object, path: str, depth: int) -> DpEvent:
     if depth > MAX_NESTING_DEPTH:
         raise EventValidationError(path, f"nests deeper than {MAX_NESTING_DEPTH} levels.")
@@ -501,6 +594,8 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
     parser = _PARSERS.get(kind) if isinstance(kind, str) else None
     if parser is None:
         raise EventValidationError(f"{path}.kind", f"must be one of {sorted(_PARSERS)}. Found {_fmt(kind)}.")
+    assert isinstance(kind, str)
+    _refuse_unknown_keys(obj, kind, path)
     try:
         return parser(obj, path, depth)
     except EventValidationError as exc:

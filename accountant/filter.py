@@ -86,6 +86,7 @@ from accountant.exact import (
     round_down,
     round_up,
 )
+from accountant.rdp import MAX_ORDER, MAX_ORDER_WORK
 
 # About twenty orders: dense where DP-SGD-like charges bind (2–16), sparse above. Every extra
 # order costs δ (the split is δ/|A|), so the grid is deliberately smaller than an accountant's.
@@ -113,7 +114,14 @@ def _floor(value: Decimal) -> Decimal:
 
 
 def check_orders(orders: Sequence[float], field: str = "orders") -> tuple[float, ...]:
-    """Validate an order grid: 1..1000 distinct finite numbers > 1, returned sorted."""
+    """Validate an order grid: 1..1000 distinct finite numbers in (1, 2^20] with Σ⌈α⌉ ≤ 2^21,
+    returned sorted.
+
+    Checked when the budget is created: the RDP accountant computes every charge's curve at these
+    orders and refuses an order above 2^20 (``accountant.rdp.MAX_ORDER``), so a grid accepted
+    here and refused there would make every reservation of the dataset fail. The sum bounds the
+    work of one sampled event's curve (``accountant.rdp.MAX_ORDER_WORK``).
+    """
     if isinstance(orders, str | bytes) or not isinstance(orders, Sequence):
         raise InvalidArgumentError(field, f"must be a list of numbers > 1. Found {orders!r}.")
     if not 1 <= len(orders) <= MAX_ORDERS:
@@ -122,11 +130,18 @@ def check_orders(orders: Sequence[float], field: str = "orders") -> tuple[float,
     for i, alpha in enumerate(orders):
         if isinstance(alpha, bool) or not isinstance(alpha, int | float):
             raise InvalidArgumentError(f"{field}[{i}]", f"must be a number > 1. Found {alpha!r}.")
-        if not math.isfinite(alpha) or alpha <= 1:
-            raise InvalidArgumentError(f"{field}[{i}]", f"must be finite and > 1. Found {alpha}.")
+        if not math.isfinite(alpha) or not 1 < alpha <= MAX_ORDER:
+            raise InvalidArgumentError(f"{field}[{i}]", f"must be finite and in (1, 2^20]. Found {alpha}.")
         out.append(float(alpha))
     if len(set(out)) != len(out):
         raise InvalidArgumentError(field, "must not repeat an order.")
+    work = sum(math.ceil(alpha) for alpha in out)
+    if work > MAX_ORDER_WORK:
+        raise InvalidArgumentError(
+            field,
+            f"must have a sum of ceil(order) of at most 2^21 = {MAX_ORDER_WORK} (every charge's RDP "
+            f"curve costs that much work). Found {work}.",
+        )
     return tuple(sorted(out))
 
 

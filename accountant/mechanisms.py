@@ -23,18 +23,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 
 from accountant.base import InvalidArgumentError
-from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent
-
-# Above this relative margin the float test of Lemma 1 is decisive; inside it (a vector exactly at
-# the boundary, up to rounding) the test is redone in exact rational arithmetic.
-_LEMMA1_FLOAT_MARGIN: Final = 1e-9
-
+from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent, lemma1_holds
 
 # ---------------------------------------------------------------------------------------------
 # Rounding and validation
@@ -324,15 +318,9 @@ def satisfies_lemma1(
     if not np.all(np.isfinite(sd)) or np.any(sd <= 0):
         i = int(np.flatnonzero(~np.isfinite(sd) | (sd <= 0))[0])
         raise InvalidArgumentError(f"noise_stddevs[{i}]", f"must be finite and > 0. Found {float(sd[i])!r}.")
-    limit = 1 / (sigma_star * sigma_star)  # a float σ² overflows to ∞ (x**2 would raise)
-    total = math.fsum(((s / sd) ** 2).tolist())
-    float_limit = float(limit)
-    if total < float_limit * (1 - _LEMMA1_FLOAT_MARGIN):
-        return True
-    if total > float_limit * (1 + _LEMMA1_FLOAT_MARGIN):
-        return False
-    exact = sum((Fraction(a) / Fraction(b)) ** 2 for a, b in zip(s.tolist(), sd.tolist(), strict=True))
-    return exact <= limit
+    # The event's own check (long double, exact at the boundary and beyond the float range).
+    holds, _, _ = lemma1_holds(s.tolist(), sd.tolist(), float(sigma_star))
+    return holds
 
 
 __all__ = [

@@ -130,12 +130,19 @@ from accountant.events import (
     SelfComposedEvent,
 )
 from accountant.mechanisms import l2dp_ml_event_epsilon, output_perturbation_event_epsilon
+from accountant.rdp import untouched_delta
 
 FloatArray = npt.NDArray[np.float64]
 
 NAME: Final = "prv"
 FALLBACK_METHOD: Final = "rdp-fallback"
 DEFAULT_EPS_ERROR: Final = 0.01
+# The mesh error is also kept below this fraction of the ε found (a finer mesh is re-run), so a
+# small ε is not inflated by an absolute 0.01: 3% leaves room for the δ − δ_err shift under the
+# 5% the ledger promises against dp-accounting's PLD.
+DEFAULT_RELATIVE_EPS_ERROR: Final = 0.03
+# ... but never below this absolute error (and never beyond REFINE_WORK: see ``_refined``).
+MIN_EPS_ERROR: Final = 1e-5
 DEFAULT_DELTA_ERROR_RATIO: Final = 1e-3
 MAX_EPS_ERROR: Final = 0.1
 # ... or, for a large ε, 0.1% of the domain half-width (≈ ε + 3).
@@ -143,6 +150,12 @@ MAX_RELATIVE_EPS_ERROR: Final = 1e-3
 MAX_GRID: Final = 2**22
 # Total work cap (distinct PRVs × grid points) before falling back to RDP.
 MAX_WORK: Final = 2 * 10**9
+# Work cap of a re-run on a finer mesh for relative precision (~1 s on one core); beyond it the
+# coarser, still valid, bound is kept and the note says so.
+REFINE_WORK: Final = 2**23
+_REFINEMENTS: Final = 2
+# Errors of the float computation that make PRV composition give up (and RDP answer instead).
+_NUMERIC_ERRORS: Final = (ValueError, RuntimeError, ArithmeticError, MemoryError)
 # FFT batches of at most this many float64 values (64 MiB). A batched rfft costs less than half
 # the CPU of one call per row (measured); one thread, so a request never takes over a shared box.
 _FFT_BATCH_VALUES: Final = 2**23
@@ -646,6 +659,7 @@ def _untouched_bound(components: dict[_Prv, int]) -> float | None:
     composition is (0, 1 − p₀)-DP (both directions of add/remove adjacency), whatever σ is:
     δ(ε) ≤ 1 − p₀ for every ε ≥ 0. A tiny q with a tiny σ is such a case: the PRV is then
     almost all an atom near 0 plus a far, negligible spike, which a grid resolves badly.
+    The same bound as the ``rdp`` accountant's (``accountant.rdp.untouched_delta``).
     """
     if not components or not all(isinstance(p, _SubsampledGaussianPrv) for p in components):
         return None
@@ -654,9 +668,7 @@ def _untouched_bound(components: dict[_Prv, int]) -> float | None:
         for p, n in components.items()
         if isinstance(p, _SubsampledGaussianPrv)
     )
-    # log1p, the products and expm1 are each within a few ulps: a 1e-12 relative margin covers
-    # them (the bound may only grow).
-    return min(1.0, -math.expm1(log_untouched) * (1 + 1e-12))
+    return untouched_delta(log_untouched)
 
 
 def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
@@ -668,7 +680,20 @@ def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
     gaussians = {prv: n for prv, n in components.items() if isinstance(prv, _GaussianPrv)}
     if len(gaussians) + sum(gaussians.values()) <= 2:
         return components
-    precision = math.fsum(n / (prv.noise_multiplier * prv.noise_multiplier) for prv, n in gaussians.items())
+    precisions = []
+    for prv, n in gaussians.items():
+        variance = prv.noise_multiplier * prv.noise_multiplier  # σ·σ: σ < 1.5e-154 underflows
+        with np.errstate(over="ignore", divide="ignore"):
+            precision_i = float(np.float64(n) / np.float64(variance))  # n/0 = ∞, not an exception
+        precisions.append(precision_i)
+    precision = math.inf if any(math.isinf(p) for p in precisions) else math.fsum(precisions)
+    if not math.isfinite(precision):
+        # Σ n/σ² beyond the float range: μ = 1/σ > 1e154, ε(δ) ≈ μ²/2 > 1e307 — no grid holds
+        # that PRV. The RDP fallback answers (ε = ∞ where α/(2σ²) overflows; a valid bound).
+        raise _PrvFailure(
+            "a Gaussian noise_multiplier is so small that 1/sigma^2 overflows (the mechanism is "
+            "not private in floating point)"
+        )
     if not precision > 0:  # every σ so large that 1/σ² underflows: let RDP bound it instead
         raise _PrvFailure("the Gaussian noise is too large to discretise (1/sigma^2 underflows)")
     sigma = 1.0 / math.sqrt(precision)
@@ -679,7 +704,17 @@ def _merge_gaussians(components: dict[_Prv, int]) -> dict[_Prv, int]:
     return merged
 
 
-def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) -> _Composed:
+def _compose(
+    components: dict[_Prv, int], eps_error: float, delta_error: float, work_cap: int = MAX_WORK
+) -> _Composed:
+    """Discretise and compose ``components`` (Gopi et al. 2021, Alg. 1 and Thm. 5.5).
+
+    Raises ``_PrvFailure`` when the grid or the work (distinct PRVs × grid points) would exceed
+    its cap (``work_cap``), or when ``delta_error`` is too small for the mesh formula.
+    """
+    # A subnormal δ (5e-324) gives δ/1000 = 0 and log(12/δ_err) = ∞: no mesh can be sized.
+    if not 0 < delta_error < 1 or not math.isfinite(12 / delta_error):
+        raise _PrvFailure(f"delta_error = {delta_error!r} is too small to size the PRV mesh")
     components = _merge_gaussians(components)
     total = sum(components.values())
     log_term = total / 2 * math.log(12 / delta_error)
@@ -700,7 +735,7 @@ def _compose(components: dict[_Prv, int], eps_error: float, delta_error: float) 
         note = f"eps_error raised from {eps_error:g} to {raised:.3g} to fit a {MAX_GRID}-point grid"
         eps_error = raised
     h = eps_error / math.sqrt(log_term)
-    if len(components) * grid_points(eps_error) > MAX_WORK:
+    if len(components) * grid_points(eps_error) > work_cap:
         raise _PrvFailure(f"{len(components)} distinct PRVs on a large grid exceed the work cap")
     aligned = Domain.create_aligned(-half_width, half_width, h)
     t_min, h = float(aligned.t_min()), float(aligned.dt())
@@ -846,17 +881,34 @@ def _delta_upper(composed: _Composed, epsilon: float) -> float:
 class PrvAccountant(PrivacyAccountant):
     """PRV composition (Gopi, Lee & Wutschitz 2021) with an RDP fallback; see the module docstring.
 
-    ``eps_error`` (default 0.01) and ``delta_error`` (default ``None``: δ/1000 for
-    ``get_epsilon(δ)``; for ``get_delta(ε)``, 1/1000 of the RDP δ or 1e-12) set the discretisation.
+    ``eps_error`` (default 0.01: the largest absolute mesh error), ``relative_eps_error``
+    (default 0.03: a finer mesh is re-run until the mesh error is at most this fraction of the ε
+    found, down to ``MIN_EPS_ERROR`` and within ``REFINE_WORK``; ``None`` keeps the absolute
+    ``eps_error`` only) and ``delta_error`` (default ``None``: δ/1000 for ``get_epsilon(δ)``; for
+    ``get_delta(ε)``, 1/1000 of the RDP δ or 1e-12) set the discretisation.
     """
 
     name = NAME
 
-    def __init__(self, eps_error: float = DEFAULT_EPS_ERROR, delta_error: float | None = None) -> None:
+    def __init__(
+        self,
+        eps_error: float = DEFAULT_EPS_ERROR,
+        delta_error: float | None = None,
+        relative_eps_error: float | None = DEFAULT_RELATIVE_EPS_ERROR,
+    ) -> None:
         if isinstance(eps_error, bool) or not isinstance(eps_error, int | float):
             raise InvalidArgumentError("eps_error", f"must be a number in (0, 1]. Found {eps_error!r}.")
         if not math.isfinite(eps_error) or not 0 < eps_error <= 1:
             raise InvalidArgumentError("eps_error", f"must be in (0, 1]. Found {eps_error!r}.")
+        if relative_eps_error is not None and (
+            isinstance(relative_eps_error, bool)
+            or not isinstance(relative_eps_error, int | float)
+            or not math.isfinite(relative_eps_error)
+            or not 0 < relative_eps_error <= 1
+        ):
+            raise InvalidArgumentError(
+                "relative_eps_error", f"must be None or a number in (0, 1]. Found {relative_eps_error!r}."
+            )
         if delta_error is not None:
             if isinstance(delta_error, bool) or not isinstance(delta_error, int | float):
                 raise InvalidArgumentError(
@@ -865,12 +917,13 @@ class PrvAccountant(PrivacyAccountant):
             if not math.isfinite(delta_error) or not 0 < delta_error < 1:
                 raise InvalidArgumentError("delta_error", f"must be in (0, 1). Found {delta_error!r}.")
         self.eps_error = float(eps_error)
+        self.relative_eps_error = None if relative_eps_error is None else float(relative_eps_error)
         self.delta_error = None if delta_error is None else float(delta_error)
         self._events: dict[DpEvent, int] = {}
         self._components: dict[_Prv, int] = {}
         self._non_private = False
         self._no_prv: _NoPrv | None = None
-        self._cache: dict[tuple[str, float], object] = {}
+        self._cache: dict[tuple[object, ...], object] = {}
 
     # -- the dispatcher --------------------------------------------------------------------
 
@@ -945,14 +998,63 @@ class PrvAccountant(PrivacyAccountant):
             bound.lower, bound.estimate, bound.upper, delta, method, reason, dict(bound.details)
         )
 
-    def _composed(self, delta_error: float) -> _Composed:
-        key = ("composed", delta_error)
+    def _composed(
+        self, delta_error: float, eps_error: float | None = None, work_cap: int = MAX_WORK
+    ) -> _Composed:
+        mesh_error = self.eps_error if eps_error is None else eps_error
+        key = ("composed", delta_error, mesh_error, work_cap)
         cached = self._cache.get(key)
         if isinstance(cached, _Composed):
             return cached
-        composed = _compose(self._components, self.eps_error, delta_error)
+        composed = _compose(self._components, mesh_error, delta_error, work_cap)
         self._cache[key] = composed
         return composed
+
+    def _wanted_eps_error(self, epsilon: float) -> float | None:
+        """The mesh error that relative precision asks for at ``epsilon`` (None: not asked)."""
+        if self.relative_eps_error is None:
+            return None
+        return min(self.eps_error, max(MIN_EPS_ERROR, self.relative_eps_error * epsilon))
+
+    def _refined(
+        self, composed: _Composed, delta: float, bounds: tuple[float, float, float]
+    ) -> tuple[_Composed, tuple[float, float, float], str]:
+        """Re-run on finer meshes until eps_error ≤ relative_eps_error · ε (at most twice).
+
+        Theorem 5.5's error is absolute: with eps_error = 0.01 an ε of 0.005 would be certified
+        as 0.016. Every mesh gives valid bounds (the theorem holds for each), so the tighter of
+        each pair is kept: the largest lower, the smallest upper. A re-run that fails or would
+        exceed ``REFINE_WORK`` leaves the last valid bounds and says so in the note.
+        """
+        lower, estimate, upper = bounds
+        for _ in range(_REFINEMENTS):
+            wanted = self._wanted_eps_error(estimate)
+            if wanted is None or composed.eps_error <= wanted:
+                return composed, (lower, estimate, upper), ""
+            try:
+                # 10% below the target: the finer estimate is usually a little smaller.
+                finer = self._composed(composed.delta_error, max(MIN_EPS_ERROR, 0.9 * wanted), REFINE_WORK)
+                finer_bounds = _epsilon_bounds(finer, delta)
+            except (_PrvFailure, AccountantError, *_NUMERIC_ERRORS) as exc:
+                note = (
+                    f"relative precision not reached: eps_error {composed.eps_error:.3g} > "
+                    f"{self.relative_eps_error:g} x epsilon ({exc})"
+                )
+                return composed, (lower, estimate, upper), note
+            if finer.eps_error >= composed.eps_error:  # the grid cap allows no finer mesh
+                break
+            lower = max(lower, finer_bounds[0])
+            upper = min(upper, finer_bounds[2])
+            estimate = min(max(finer_bounds[1], lower), upper)
+            composed = finer
+        wanted = self._wanted_eps_error(estimate)
+        if wanted is not None and composed.eps_error > wanted * (1 + 1e-9):
+            note = (
+                f"relative precision not reached: eps_error {composed.eps_error:.3g} > "
+                f"{self.relative_eps_error:g} x epsilon"
+            )
+            return composed, (lower, estimate, upper), note
+        return composed, (lower, estimate, upper), ""
 
     # -- queries -----------------------------------------------------------------------------
 
@@ -989,17 +1091,20 @@ class PrvAccountant(PrivacyAccountant):
             lower, estimate, upper = _epsilon_bounds(composed, delta)
         except _PrvFailure as exc:
             return self._fallback(delta, f"PRV composition failed: {exc}")
-        except (ValueError, RuntimeError, FloatingPointError, OverflowError, MemoryError) as exc:
+        except _NUMERIC_ERRORS as exc:
             return self._fallback(delta, f"PRV composition failed: {type(exc).__name__}: {exc}")
         except AccountantError as exc:
             return self._fallback(delta, f"PRV domain sizing failed: {exc}")
+        composed, (lower, estimate, upper), precision_note = self._refined(
+            composed, delta, (lower, estimate, upper)
+        )
         details = {
             "prv_upper": upper,
             "eps_error": composed.eps_error,
             "delta_error": composed.delta_error,
             "grid_size": float(composed.grid_size),
         }
-        notes = [composed.note] if composed.note else []
+        notes = [n for n in (composed.note, precision_note) if n]
         rdp = self._rdp_bound(delta)
         if rdp is not None:
             details["rdp_epsilon"] = rdp.upper
@@ -1027,26 +1132,46 @@ class PrvAccountant(PrivacyAccountant):
             return 0.0
         try:
             if self.delta_error is not None:
-                prv_delta = _delta_upper(self._composed(self.delta_error), epsilon)
+                prv_delta = self._delta_upper(self.delta_error, epsilon)
             else:
                 # δ_err = δ/1000 for the δ being computed: a first pass at 1/1000 of the RDP δ
                 # (≥ the true δ) gives an upper estimate; a second pass refines when it is smaller.
                 guess = rdp_delta if rdp_delta is not None and rdp_delta > 0 else 1e-9
                 delta_error = min(1e-3, max(1e-18, guess * DEFAULT_DELTA_ERROR_RATIO))
-                prv_delta = _delta_upper(self._composed(delta_error), epsilon)
+                prv_delta = self._delta_upper(delta_error, epsilon)
                 refined = max(1e-18, prv_delta * DEFAULT_DELTA_ERROR_RATIO)
                 if refined < delta_error / 10:
-                    prv_delta = min(prv_delta, _delta_upper(self._composed(refined), epsilon))
-        except (_PrvFailure, ValueError, RuntimeError, FloatingPointError, OverflowError, MemoryError):
-            return 1.0 if rdp_delta is None else rdp_delta
-        except AccountantError:
+                    prv_delta = min(prv_delta, self._delta_upper(refined, epsilon))
+        except (_PrvFailure, AccountantError, *_NUMERIC_ERRORS):
             return 1.0 if rdp_delta is None else rdp_delta
         untouched = _untouched_bound(self._components)
         if untouched is not None:  # δ(ε) ≤ 1 − p₀ for every ε ≥ 0
             prv_delta = min(prv_delta, untouched)
         return prv_delta if rdp_delta is None else min(prv_delta, rdp_delta)
 
+    def _delta_upper(self, delta_error: float, epsilon: float) -> float:
+        """δ(ε) upper bound at ``delta_error``; on a mesh finer than ``eps_error`` when relative
+        precision asks for it at this ε (the ε shift of Thm. 5.5 is absolute too), and that
+        re-run fits ``REFINE_WORK`` (otherwise the coarse, still valid, bound stands)."""
+        composed = self._composed(delta_error)
+        delta = _delta_upper(composed, epsilon)
+        wanted = self._wanted_eps_error(epsilon)
+        if wanted is not None and composed.eps_error > wanted:
+            try:
+                finer = self._composed(delta_error, wanted, REFINE_WORK)
+                delta = min(delta, _delta_upper(finer, epsilon))
+            except (_PrvFailure, AccountantError, *_NUMERIC_ERRORS):
+                pass
+        return delta
+
 
 register(NAME, PrvAccountant)
 
-__all__ = ["DEFAULT_EPS_ERROR", "FALLBACK_METHOD", "MAX_GRID", "PrvAccountant"]
+__all__ = [
+    "DEFAULT_EPS_ERROR",
+    "DEFAULT_RELATIVE_EPS_ERROR",
+    "FALLBACK_METHOD",
+    "MAX_GRID",
+    "MIN_EPS_ERROR",
+    "PrvAccountant",
+]

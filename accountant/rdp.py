@@ -115,7 +115,7 @@ from accountant.events import (
     SampledWithoutReplacementEvent,
     SelfComposedEvent,
 )
-from accountant.mechanisms import l2dp_ml_event_epsilon
+from accountant.mechanisms import l2dp_ml_event_epsilon, output_perturbation_event_epsilon
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -138,6 +138,10 @@ more integer orders up to 4096 for small-ε regimes."""
 
 MAX_ORDER: Final = float(2**20)
 """Largest order accepted: an integer order α costs O(α) work per distinct sampled event."""
+
+MAX_ORDER_WORK: Final = 2**21
+"""Largest Σ⌈α⌉ over a grid: the work of one sampled event's curve (≈ 0.25 s at the cap). A grid
+of 1000 orders near 2²⁰ would otherwise cost ~10⁹ terms (gigabytes) on every charge."""
 
 CONVERSIONS: Final = ("improved", "classic")
 
@@ -165,6 +169,13 @@ def _checked_orders(orders: Sequence[float] | FloatArray, field: str = "orders")
             raise InvalidArgumentError(
                 f"{field}[{index}]", f"must be finite and in (1, 2^20]. Found {value}."
             )
+    work = math.fsum(math.ceil(float(v)) for v in values)
+    if work > MAX_ORDER_WORK:
+        raise InvalidArgumentError(
+            field,
+            f"must have a sum of ceil(order) of at most 2^21 (the work of every sampled event's "
+            f"curve grows with it). Found {work:.0f}.",
+        )
     return np.asarray(values, dtype=np.float64)
 
 
@@ -447,6 +458,30 @@ def _log_a_fractional(*, q: float, noise_multiplier: float, alphas: FloatArray) 
     return np.where(valid, np.maximum(log_a, 0.0), np.inf)
 
 
+# Above this many matrix entries (orders × columns), ``_log_a_fractional`` runs per group of
+# orders of similar size. Below it, one matrix as always (the same bits as before).
+_FRACTIONAL_MATRIX_LIMIT: Final = 2**21
+
+
+def _log_a_fractional_grouped(*, q: float, noise_multiplier: float, alphas: FloatArray) -> FloatArray:
+    """``_log_a_fractional`` in one matrix of (orders × (⌊max α⌋ + 29)) entries when that is small,
+    else per group of orders whose ⌊α⌋ share a power of two: a grid holding many small orders and
+    one near 2²⁰ then costs about 2·Σ⌈α⌉ entries, not (number of orders) × 2²⁰ (gigabytes)."""
+    size = int(np.floor(alphas).max()) + 1 + _TAIL_TERMS
+    if alphas.size * size <= _FRACTIONAL_MATRIX_LIMIT:
+        return _log_a_fractional(q=q, noise_multiplier=noise_multiplier, alphas=alphas)
+    out = np.empty_like(alphas)
+    buckets = np.floor(np.log2(np.floor(alphas))).astype(np.int64)
+    for bucket in np.unique(buckets):
+        rows = np.flatnonzero(buckets == bucket)
+        # Rows of one call: as many as fit the limit (at least one), to bound the peak memory.
+        per_call = max(1, _FRACTIONAL_MATRIX_LIMIT // (2 ** (int(bucket) + 1) + 1 + _TAIL_TERMS))
+        for start in range(0, rows.size, per_call):
+            chunk = rows[start : start + per_call]
+            out[chunk] = _log_a_fractional(q=q, noise_multiplier=noise_multiplier, alphas=alphas[chunk])
+    return out
+
+
 def _poisson_gaussian_rdp_uncached(
     *, sampling_probability: float, noise_multiplier: float, orders: FloatArray
 ) -> FloatArray:
@@ -479,7 +514,7 @@ def _poisson_gaussian_rdp_uncached(
                 hi - 1.0
             ) * np.array([by_order[int(v)] for v in hi])
         log_a_interp = np.where(np.isnan(log_a_interp), np.inf, log_a_interp)
-        log_a_series = _log_a_fractional(q=q, noise_multiplier=sigma, alphas=fractional)
+        log_a_series = _log_a_fractional_grouped(q=q, noise_multiplier=sigma, alphas=fractional)
         log_a = np.minimum(log_a_series, log_a_interp)
         curve[~integral] = _positive(log_a / (fractional - 1.0))
     # Sampling never hurts: D_α of the sampled mechanism ≤ that of the unsampled one (couple the
@@ -667,8 +702,13 @@ def _dispatch(event: DpEvent, orders: FloatArray, *, evaluate: bool) -> FloatArr
         return _gaussian_rdp(noise_multiplier=event.noise_multiplier, orders=orders) if evaluate else zeros
     if isinstance(event, LaplaceEvent):
         return _laplace_rdp(scale=event.scale, orders=orders) if evaluate else zeros
-    if isinstance(event, PureDpEvent | OutputPerturbationEvent):
+    if isinstance(event, PureDpEvent):
         return _pure_dp_rdp(epsilon=event.epsilon, orders=orders) if evaluate else zeros
+    if isinstance(event, OutputPerturbationEvent):
+        # Δ₂/b for the float noise scale b the trainer draws with (≥ the declared ε by an ulp
+        # when fl(Δ₂/ε) rounds down), as the basic and prv accountants charge it.
+        epsilon = output_perturbation_event_epsilon(event)
+        return _pure_dp_rdp(epsilon=epsilon, orders=orders) if evaluate else zeros
     if isinstance(event, FunctionalMechanismL2DPEvent):
         return _pure_dp_rdp(epsilon=l2dp_ml_event_epsilon(event), orders=orders) if evaluate else zeros
     if isinstance(event, ApproxDpEvent):
@@ -803,12 +843,55 @@ def rdp_to_delta(
 # ---------------------------------------------------------------------------------------------
 
 
+def _log_untouched(event: DpEvent) -> float | None:
+    """log P(no step of ``event`` samples a given record) when every mechanism in ``event`` runs
+    on a Poisson sample (``no_op`` samples nothing), else ``None``.
+
+    ``self_composed`` multiplies (independent samples per run), ``composed`` adds. The inner
+    event of a Poisson sample does not matter: coupling holds for any base mechanism.
+    """
+    if isinstance(event, NoOpEvent):
+        return 0.0
+    if isinstance(event, PoissonSampledEvent):
+        return math.log1p(-event.sampling_probability) if event.sampling_probability < 1 else -math.inf
+    if isinstance(event, SelfComposedEvent):
+        inner = _log_untouched(event.event)
+        if inner is None:
+            return None
+        return 0.0 if event.count == 0 or inner == 0 else event.count * inner
+    if isinstance(event, ComposedEvent):
+        parts = [_log_untouched(child) for child in event.events]
+        if any(p is None for p in parts):
+            return None
+        return math.fsum(p for p in parts if p is not None)  # −∞ + finite = −∞, never NaN
+    return None
+
+
+def untouched_delta(log_untouched: float) -> float:
+    """1 − e^{log_untouched}, rounded up: the δ of the coupling bound (0, 1 − p₀)-DP.
+
+    Coupling (privacy amplification by subsampling, Balle, Barthe & Gaboardi 2018, Thm. 8 with a
+    base mechanism that is (∞, 1)-DP; Li, Qardaji & Su 2012): with probability
+    p₀ = Π(1 − qᵢ)^{nᵢ} no step samples the record; then the output is distributed exactly as
+    without it, so P = p₀·Q + (1 − p₀)·R and |P(S) − Q(S)| ≤ 1 − p₀ for every S (both directions
+    of add/remove adjacency). log1p, the products and expm1 are each within a few ulps: a 1e-12
+    relative margin covers them (the bound may only grow).
+    """
+    return min(1.0, -math.expm1(log_untouched) * (1 + 1e-12))
+
+
 class RdpAccountant(PrivacyAccountant):
     """Sums RDP curves over a fixed grid of orders (Mironov 2017, Prop. 1) and converts to (ε, δ).
 
     ``get_epsilon`` returns ``EpsilonBound(lower=0, estimate=ε, upper=ε)``: the RDP conversion is
     an upper bound on the true ε and RDP offers no lower bound, so ``lower`` is the trivial 0.
     ``details["order"]`` is the order that gave ε.
+
+    When every composed mechanism runs on a Poisson sample, the composition is also
+    (0, 1 − Π(1 − qᵢ)^{nᵢ})-DP by coupling (``untouched_delta``), whatever its RDP curve: for a δ
+    at least that, ε = 0 (``details["untouched_delta"]``), and ``get_delta`` never exceeds it.
+    Both are valid bounds, so the minimum is (q = 1e-9, σ = 0.01: the curve alone gives ε ≈ 4100
+    at δ = 1e-5; the coupling gives 0). RDP curves themselves (and the Rényi filter) are unchanged.
     """
 
     name = _ACCOUNTANT
@@ -817,6 +900,8 @@ class RdpAccountant(PrivacyAccountant):
         self._orders = _checked_orders(orders)
         self._conversion = _checked_conversion(conversion)
         self._rdp: FloatArray = np.zeros_like(self._orders)
+        # log P(the record is never sampled), or None once a non-sampled mechanism is composed.
+        self._log_untouched: float | None = 0.0
 
     @property
     def orders(self) -> tuple[float, ...]:
@@ -842,10 +927,31 @@ class RdpAccountant(PrivacyAccountant):
         _checked_count(count)
         curve = _dispatch(event, self._orders, evaluate=True)
         self._rdp = self._rdp + _scaled(curve, count)
+        if count > 0 and self._log_untouched is not None:
+            log_untouched = _log_untouched(event)
+            if log_untouched is None:
+                self._log_untouched = None
+            elif log_untouched != 0:
+                self._log_untouched = math.fsum((self._log_untouched, count * log_untouched))
         return self
+
+    @property
+    def untouched_delta(self) -> float | None:
+        """The coupling bound's δ (see the class docstring), or None if it does not apply."""
+        if self._log_untouched is None or self._log_untouched == 0:
+            return None  # nothing sampled, or something not sampled: no coupling bound
+        return untouched_delta(self._log_untouched)
 
     def get_epsilon(self, delta: float) -> EpsilonBound:
         check_delta(delta)
+        untouched = self.untouched_delta
+        if untouched is not None and delta >= untouched:
+            note = (
+                f"no step samples the record with probability 1 - {untouched:.3g}, so the "
+                f"composition is (0, {untouched:.3g})-DP (subsampling by coupling) and "
+                f"delta = {delta:g} covers it: epsilon = 0"
+            )
+            return EpsilonBound(0.0, 0.0, 0.0, delta, "rdp", note, {"untouched_delta": untouched})
         epsilon, order = rdp_to_epsilon(self._rdp, self._orders, delta, conversion=self._conversion)
         return EpsilonBound(
             lower=0.0,
@@ -859,7 +965,8 @@ class RdpAccountant(PrivacyAccountant):
     def get_delta(self, epsilon: float) -> float:
         check_epsilon(epsilon)
         delta, _ = rdp_to_delta(self._rdp, self._orders, epsilon, conversion=self._conversion)
-        return delta
+        untouched = self.untouched_delta
+        return delta if untouched is None else min(delta, untouched)
 
 
 register(_ACCOUNTANT, RdpAccountant)
@@ -868,8 +975,10 @@ __all__ = [
     "CONVERSIONS",
     "DEFAULT_ORDERS",
     "MAX_ORDER",
+    "MAX_ORDER_WORK",
     "RdpAccountant",
     "compute_rdp",
     "rdp_to_delta",
     "rdp_to_epsilon",
+    "untouched_delta",
 ]

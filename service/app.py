@@ -2,7 +2,8 @@
 
 Routers under ``/v1`` (``service.api``), OpenAPI at ``/openapi.json``, docs at ``/docs``; errors
 mapped to HTTP in one place (``service.api.errors``); a request-body size limit; request metrics;
-``/healthz`` (database check, no auth) and ``/metrics`` (Prometheus text, no auth).
+``/healthz`` (database check, no auth) and ``/metrics`` (Prometheus text, to the operator's
+``LEDGER_METRICS_TOKEN`` or open with ``LEDGER_METRICS_PUBLIC``; never to an API key).
 
 The lifespan opens the database (``Database(url)``, one per process) and runs the expiry sweep: a
 background task that frees reservations past their TTL every
@@ -30,6 +31,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from sqlalchemy import func, select, text
 
+from service import server_secrets
 from service.api import audit as audit_routes
 from service.api import audit_export as audit_export_routes
 from service.api import certificates as certificate_routes
@@ -38,7 +40,7 @@ from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
 from service.api import models as model_routes
 from service.api import reservations as reservation_routes
-from service.api.deps import KeyLookups, PrincipalCache
+from service.api.deps import KeyLookups, MetricsReaderDep, PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
@@ -75,6 +77,7 @@ def create_app(
             )
         )
         app.state.database = db
+        server_secrets.configure(db, settings)  # keys are hashed with this app's secret
         # Sync routes run in anyio's thread pool; its default (40) would queue requests that
         # only wait on the database.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
@@ -140,10 +143,21 @@ def create_app(
     @app.get(
         "/metrics",
         tags=["operations"],
-        summary="Prometheus metrics (text format 0.0.4)",
+        summary="Prometheus metrics (text format 0.0.4), for the operator's scraper",
+        description="Counts across every tenant, so no API key reads them: send "
+        "`Authorization: Bearer <LEDGER_METRICS_TOKEN>`, or run the server with "
+        "`LEDGER_METRICS_PUBLIC=true` (a scrape on a private network). Otherwise 401.",
         response_class=PlainTextResponse,
+        responses={
+            401: {
+                "description": "no or a wrong metrics token, or /metrics is closed (neither "
+                "LEDGER_METRICS_TOKEN nor LEDGER_METRICS_PUBLIC is set)",
+                # JSON, unlike the 200 (a "model" here would be filed under text/plain)
+                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+            }
+        },
     )
-    def prometheus_metrics() -> PlainTextResponse:
+    def prometheus_metrics(_: MetricsReaderDep) -> PlainTextResponse:
         _read_reservation_gauges(app.state.database, metrics)
         return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
 
@@ -156,9 +170,15 @@ def create_app(
 
 def _start_worker(db: Database, settings: Settings, stop: threading.Event) -> threading.Thread:
     """The in-process training worker (its job's rest is aborted and the job re-queued on stop)."""
+    from service.worker.jobs import JobLimits
     from service.worker.worker import Worker, start_thread
 
-    worker = Worker(db, artifact_dir=settings.artifact_dir, reservation_ttl_s=settings.reservation_ttl_s)
+    worker = Worker(
+        db,
+        artifact_dir=settings.artifact_dir,
+        reservation_ttl_s=settings.reservation_ttl_s,
+        limits=JobLimits.of(settings),
+    )
     return start_thread(worker, stop)
 
 

@@ -16,6 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # A bootstrap key is a bearer secret: refuse ones short enough to guess.
 MIN_KEY_LENGTH: Final = 24
+# The key-hash secret is an HMAC key (service.server_secrets): at least 32 characters.
+MIN_SECRET_LENGTH: Final = 32
 
 
 class Settings(BaseSettings):
@@ -39,6 +41,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Request bodies above this size are refused with 413 before they are parsed."""
 
+    job_max_steps: int = Field(default=1_000_000, gt=0)
+    """Training steps one job may take (DP-SGD steps; a staged job: the sum over its stages).
+    Known from the params and the ledger's batches before anything is reserved: the worker fails a
+    longer job then (``too_many_steps``); ``POST /v1/jobs`` refuses an explicit ``params.steps``
+    above it (422)."""
+
+    job_max_wall_s: float = Field(default=86_400.0, gt=0)
+    """Seconds one attempt of a job may run on a worker: past it the worker stops the job at its
+    next step, aborts the rest of its reservation and fails it (``wall_time_exceeded``)."""
+
+    max_queued_jobs_per_tenant: int = Field(default=100, gt=0)
+    """Jobs a tenant may have queued at once; ``POST /v1/jobs`` beyond it answers 409
+    ``too_many_queued_jobs``. Workers also take tenants in turn (``service.worker.jobs.claim``)."""
+
     db_pool_size: int = Field(default=20, gt=0)
     db_max_overflow: int = Field(default=20, ge=0)
     """Database connections kept open per process, and how many more may open under load.
@@ -48,11 +64,65 @@ class Settings(BaseSettings):
     http_threads: int = Field(default=64, gt=0)
     """Threads that run the (synchronous) ledger operations of concurrent requests."""
 
+    data_roots: dict[str, list[str]] = Field(default_factory=dict)
+    """Where ``file://`` data sources may live (``service.worker.data.DataRoots``), as JSON:
+    ``{"*": ["/srv/data"], "team-a": ["/srv/a"]}``. A tenant with an entry of its own uses only
+    its own roots; any other tenant uses the ``"*"`` roots; a file lies in the deepest root that
+    contains it, so a tenant's root nested in a shared one stays that tenant's. A JSON list
+    (``["/srv/data"]``) is the ``"*"`` entry. Default: none, so only ``builtin:`` sources work.
+    The API (which checks a source when an admin sets it) and every worker (which checks it again
+    when it reads) need the same roots at the same paths."""
+
+    max_source_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    """A ``file://`` data source larger than this (or, for ``.npz``, whose arrays are) is refused."""
+
     auth_cache_ttl_s: float = Field(default=0.0, ge=0, le=300)
     """Seconds a process may reuse a successful API key lookup. 0 (default): every request
     looks its key up, so a revoked key stops working at once. Above 0 the lookup (a database
     round trip on every request) is saved, and a revoked key can keep working for up to this long
     in a process that used it just before."""
+
+    key_hash_secret: SecretStr | None = None
+    """The HMAC-SHA256 key under which API keys are hashed (``service.server_secrets``), 32+
+    characters. Unset: the secret is the file ``key-hash.secret`` in ``secrets_dir``, created
+    (0600) on first use. Every process that authenticates or creates keys needs the same one."""
+
+    secrets_dir: Path | None = None
+    """Where server secrets live when ``key_hash_secret`` is unset. Default: the SQLite
+    database's folder; for a server database (PostgreSQL), ``$XDG_DATA_HOME/privacy-ledger``
+    (``~/.local/share/privacy-ledger``). Never inside the database: a dump alone must not let
+    anyone test a guessed key."""
+
+    metrics_token: SecretStr | None = None
+    """``GET /metrics`` answers only a request with ``Authorization: Bearer <metrics_token>``
+    (24+ characters). API keys never read it: its series are operator-level, across tenants."""
+
+    metrics_public: bool = False
+    """``GET /metrics`` without any credential (a scrape on a private network)."""
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _roots_list_is_every_tenant(cls, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return {"*": list(value)}
+        return value
+
+    @field_validator("data_roots")
+    @classmethod
+    def _roots_are_absolute(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        # A relative root would move with the process's working directory (the finding's host
+        # part read relative to it): refuse it at start-up rather than guess.
+        for tenant, roots in value.items():
+            if not tenant.strip():
+                raise ValueError(f"LEDGER_DATA_ROOTS: a tenant key must not be blank. Found {tenant!r}.")
+            for root in roots:
+                if not root.startswith("/") or "\0" in root:
+                    raise ValueError(
+                        f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must be an absolute path. Found {root!r}."
+                    )
+                if not root.strip("/"):  # the whole host: exactly what the roots exist to prevent
+                    raise ValueError(f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must not be '/'.")
+        return value
 
     @field_validator("bootstrap_admin_key", mode="before")
     @classmethod
@@ -66,4 +136,31 @@ class Settings(BaseSettings):
     def _key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and len(value.get_secret_value()) < MIN_KEY_LENGTH:
             raise ValueError(f"LEDGER_BOOTSTRAP_ADMIN_KEY must be at least {MIN_KEY_LENGTH} characters.")
+        return value
+
+    @field_validator("key_hash_secret", "metrics_token", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("key_hash_secret")
+    @classmethod
+    def _secret_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_SECRET_LENGTH:
+            raise ValueError(
+                f"LEDGER_KEY_HASH_SECRET must be at least {MIN_SECRET_LENGTH} characters "
+                f"(found {len(value.get_secret_value())})."
+            )
+        return value
+
+    @field_validator("metrics_token")
+    @classmethod
+    def _token_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_KEY_LENGTH:
+            raise ValueError(
+                f"LEDGER_METRICS_TOKEN must be at least {MIN_KEY_LENGTH} characters "
+                f"(found {len(value.get_secret_value())})."
+            )
         return value

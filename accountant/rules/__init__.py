@@ -33,11 +33,13 @@ from __future__ import annotations
 import decimal
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError
@@ -116,8 +118,90 @@ def canonical_json(obj: object) -> str:
 
 def event_fingerprint(event: DpEvent) -> str:
     """``sha256:<hex>`` of the event's canonical JSON (identifies the noise of a commitment)."""
-    digest = hashlib.sha256(canonical_json(ev.to_json(event)).encode()).hexdigest()
-    return f"sha256:{digest}"
+
+    def compute() -> str:
+        digest = hashlib.sha256(canonical_json(ev.to_json(event)).encode()).hexdigest()
+        return f"sha256:{digest}"
+
+    return memoized("fingerprint", None, event, None, compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prices computed once per request
+# ---------------------------------------------------------------------------------------------
+
+_T = TypeVar("_T")
+
+
+class PriceMemo:
+    """What one request's events cost under one budget, computed once and reused.
+
+    Why: a service decides a charge while it holds a lock (the ledger's write transaction), and a
+    price can take seconds (an event's RDP curve at a thousand orders). The service prices first,
+    outside the lock, with ``with pricing(memo):`` around a dry run of ``reserve`` / ``commit``,
+    and then decides under the lock inside the same ``with``: every state-independent number
+    (fingerprint, basic (ε, δ), RDP curve, ε of a fresh charge, a plan prefix's PRV ε, a geometric
+    level's price) is then a lookup, and what runs under the lock is additions and comparisons
+    on the batches' states. The numbers are the same functions' answers, so decisions are the
+    same as without a memo.
+
+    Entries are keyed by the *identity* of the event they price (events are immutable and the
+    memo holds a reference to each, so an id is never reused while it lives): an O(1) lookup,
+    where hashing a 10 000-node event is not. The memo is bound to the ``budget`` object; under
+    any other object it is not consulted (``adopt`` rebinds it to an equal one).
+    """
+
+    __slots__ = ("_values", "budget")
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self._values: dict[tuple[str, int, Hashable], tuple[object, object]] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def adopt(self, budget: Budget) -> bool:
+        """Bind the memo to ``budget`` if it equals the memo's budget (prices depend only on the
+        budget's value); whether the memo now applies to ``budget``."""
+        if self.budget is not budget and self.budget == budget:
+            self.budget = budget
+        return self.budget is budget
+
+    def get(self, name: str, anchor: object, extra: Hashable, compute: Callable[[], _T]) -> _T:
+        key = (name, id(anchor), extra)
+        hit = self._values.get(key)
+        if hit is not None and hit[0] is anchor:
+            value: _T = hit[1]  # type: ignore[assignment]
+            return value
+        value = compute()
+        self._values[key] = (anchor, value)
+        return value
+
+
+_MEMO: Final[ContextVar[PriceMemo | None]] = ContextVar("accountant_price_memo", default=None)
+
+
+@contextmanager
+def pricing(memo: PriceMemo) -> Iterator[PriceMemo]:
+    """Within the block, the pricing functions of the rules read and fill ``memo``."""
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+
+
+def memoized(
+    name: str, budget: Budget | None, anchor: object, extra: Hashable, compute: Callable[[], _T]
+) -> _T:
+    """``compute()``, or the value the active ``PriceMemo`` holds for (name, anchor, extra).
+
+    ``budget``: the budget the value depends on (``None``: none); a memo bound to another budget
+    object is not consulted."""
+    memo = _MEMO.get()
+    if memo is None or (budget is not None and memo.budget is not budget):
+        return compute()
+    return memo.get(name, anchor, extra, compute)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -914,13 +998,16 @@ __all__ = [
     "Cost",
     "GeometricSchedule",
     "NoiseCommitment",
+    "PriceMemo",
     "Settlement",
     "cancel",
     "canonical_json",
     "commit",
     "dataset_epsilon",
     "event_fingerprint",
+    "memoized",
     "naive_epsilon",
+    "pricing",
     "remaining",
     "renyi_filter",
     "reserve",

@@ -67,6 +67,7 @@ from accountant.rules import (
     Cost,
     Settlement,
     event_fingerprint,
+    memoized,
 )
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
@@ -96,6 +97,11 @@ class _Priced:
 
     @classmethod
     def of(cls, budget: Budget, event: DpEvent) -> _Priced:
+        # Once per event and budget (``PriceMemo``): every batch, level and commit reuses it.
+        return memoized("geometric", budget, event, None, lambda: cls._of(budget, event))
+
+    @classmethod
+    def _of(cls, budget: Budget, event: DpEvent) -> _Priced:
         if budget.accountant == "basic":
             eps, dlt = basic_price(event)
             return cls(budget, event, eps == 0 and dlt == 0, (eps, dlt), None)
@@ -106,6 +112,9 @@ class _Priced:
     def at(self, level: int) -> tuple[Decimal, Decimal]:
         if self.basic is not None:
             return self.basic
+        return memoized("geometric_level", self.budget, self.event, level, lambda: self._at(level))
+
+    def _at(self, level: int) -> tuple[Decimal, Decimal]:
         assert self.curve is not None and self.budget.orders is not None
         level_delta = self.budget.geometric.level_delta(self.budget.delta, level)  # type: ignore[union-attr]
         eps = rdp_epsilon(self.curve, self.budget.orders, delta_down(level_delta))

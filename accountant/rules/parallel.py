@@ -16,12 +16,18 @@ the event's RDP curve converted at the budget's δ (Balle et al. 2020, Thm. 21; 
 seeing releases of *other* batches is fine: those outputs do not depend on this batch's records.
 One DP-SGD run is one reservation, however many checkpoints it commits (progressive commits of a
 prefix of the reserved run).
+
+A charge that costs exactly nothing (ε = δ = 0: a ``no_op``, ``self_composed`` with ``count`` 0) is
+refused (``InvalidArgumentError`` naming ``event``, answered 422): it would use up the batch's one
+read while releasing nothing, so the batch could never be trained on. The other rules take a zero
+charge harmlessly (sequential and lifelong add 0; a geometric zero charge takes no level).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from accountant.base import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, to_text
 from accountant.rules import (
@@ -57,6 +63,13 @@ def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
             "(assumption S2) every batch is read once.",
         )
     cost = _price(budget, charge.event)
+    if cost.epsilon == 0 and cost.delta == 0:
+        raise InvalidArgumentError(
+            "event",
+            f"costs nothing: this {charge.event.kind!r} event has epsilon = delta = 0, and under the "
+            "parallel rule (assumption S2) a batch is read by one charge only, so a charge of 0 "
+            "would use up the batch's one read. Reserve the run that trains on the batch.",
+        )
     if not (cost.epsilon <= budget.epsilon and cost.delta <= budget.delta):
         raise BudgetExceeded(
             {"epsilon": to_text(cost.epsilon), "delta": to_text(cost.delta)},

@@ -61,6 +61,7 @@ from accountant.rules import (
     Cost,
     Settlement,
     event_fingerprint,
+    memoized,
     renyi_filter,
 )
 
@@ -84,12 +85,16 @@ def delta_down(delta: Decimal) -> float:
 
 def is_free(event: DpEvent) -> bool:
     """An event that touches no private data (no-ops, possibly composed or repeated)."""
+    return memoized("free", None, event, None, lambda: _is_free(event))
+
+
+def _is_free(event: DpEvent) -> bool:
     if isinstance(event, ev.NoOpEvent):
         return True
     if isinstance(event, ev.SelfComposedEvent):
-        return event.count == 0 or is_free(event.event)
+        return event.count == 0 or _is_free(event.event)
     if isinstance(event, ev.ComposedEvent):
-        return all(is_free(e) for e in event.events)
+        return all(_is_free(e) for e in event.events)
     return False
 
 
@@ -134,12 +139,16 @@ def basic_price(event: DpEvent) -> tuple[Decimal, Decimal]:
 
     ``UnsupportedEventError`` for Gaussian and sampled events (no pure/approximate DP form).
     """
-    return _basic_exact(event)
+    return memoized("basic", None, event, None, lambda: _basic_exact(event))
+
+
+def rdp_charge(event: DpEvent, orders: tuple[float, ...]) -> tuple[Decimal, ...]:
+    """The event's RDP at ``orders`` (``accountant.rdp.compute_rdp``), each rounded UP."""
+    return memoized("rdp", None, event, orders, lambda: _rdp_charge(event, orders))
 
 
 @lru_cache(maxsize=4096)
-def rdp_charge(event: DpEvent, orders: tuple[float, ...]) -> tuple[Decimal, ...]:
-    """The event's RDP at ``orders`` (``accountant.rdp.compute_rdp``), each rounded UP."""
+def _rdp_charge(event: DpEvent, orders: tuple[float, ...]) -> tuple[Decimal, ...]:
     if is_free(event):
         return tuple(ZERO for _ in orders)
     from accountant.rdp import compute_rdp
@@ -172,6 +181,10 @@ def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) ->
     basic: exact basic composition. rdp: the event's RDP curve converted at δ (no filter, no
     δ split: one mechanism whose parameters were fixed before it ran). prv: the PRV upper bound.
     """
+    return memoized("fresh", budget, event, delta, lambda: _fresh_price(budget, event, delta))
+
+
+def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple[Decimal, Decimal]:
     if budget.accountant == "basic":
         return basic_price(event)
     at = budget.delta if delta is None else delta
@@ -557,9 +570,15 @@ def within_budget_fresh(budget: Budget, state: BatchState) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-def _plan_target(budget: Budget, prefix: tuple[DpEvent, ...]) -> Decimal:
-    assert budget.plan_epsilon is not None
-    return min(prv_epsilon(prefix, budget.delta), budget.plan_epsilon)
+def _plan_target(budget: Budget, position: int, last: DpEvent) -> Decimal:
+    """min(PRV ε of plan entries 0..position−1 followed by ``last``, the plan's ε)."""
+    assert budget.plan is not None and budget.plan_epsilon is not None
+    plan, plan_epsilon = budget.plan, budget.plan_epsilon
+
+    def compute() -> Decimal:
+        return min(prv_epsilon((*plan[:position], last), budget.delta), plan_epsilon)
+
+    return memoized("plan_target", budget, last, position, compute)
 
 
 def _reserve_plan(budget: Budget, state: BatchState, charge: Charge) -> Admission:
@@ -583,7 +602,7 @@ def _reserve_plan(budget: Budget, state: BatchState, charge: Charge) -> Admissio
             f"the next charge on this batch must be plan entry {position}: "
             f"{ev.to_json(expected)}. Found {ev.to_json(charge.event)}.",
         )
-    target = _plan_target(budget, budget.plan[: position + 1])
+    target = _plan_target(budget, position, budget.plan[position])
     base = exact_add(state.epsilon_spent, state.epsilon_held)
     eps = max(ZERO, exact_sub(target, base))
     dlt = ZERO if target == 0 else exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held))
@@ -621,11 +640,10 @@ def _commit_plan(
     position = reserved.plan_position
     if position is None or not state.plan_open or position != state.plan_position - 1:
         raise InvalidArgumentError("reserved.plan_position", "is not the open plan entry of this batch.")
-    plan = budget.plan
 
     def price(partial: DpEvent) -> Cost:
         base = exact_sub(state.epsilon_spent, ZERO if committed_before is None else committed_before.epsilon)
-        target = _plan_target(budget, (*plan[:position], partial))
+        target = _plan_target(budget, position, partial)
         naive, _ = fresh_price(budget, partial)
         return Cost(
             max(ZERO, exact_sub(target, base)),

@@ -1,7 +1,10 @@
-"""``GET /v1/audit/verify``: walk the audit log's hash chains end to end (any scope).
+"""``GET /v1/audit/verify``: walk the caller tenant's audit hash chains end to end (any scope).
 
-Without ``dataset_id`` every chain is checked (the global chain of tenants and keys, and each
-dataset's ledger chain); with it, that dataset's chain only (another tenant's dataset is 404).
+Without ``dataset_id`` every dataset chain *of the caller's tenant* is checked; with it, that
+dataset's chain only (another tenant's dataset is 404). Other tenants' chains and the global
+chain (tenants and keys of every tenant) are not walked: their entry count and their breaks are
+not a tenant's to read. The operator's walk of everything is ``ledger verify``, which reads the
+database directly (``service.ledger.audit.verify``).
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ router = APIRouter(prefix=PREFIX, tags=["audit"])
         401: {"model": ErrorBody, "description": "missing, unknown or revoked API key"},
         404: {"model": ErrorBody, "description": "unknown dataset, or another tenant's"},
     },
-    summary="Check the audit log's hash chains; `first_broken` names the first broken entry",
+    summary="Check the caller tenant's audit hash chains; `first_broken` names the first broken entry",
+    description="Walks the dataset chains of the key's tenant (or the one `dataset_id` names) from "
+    "the genesis hash to their heads; `entries` counts those chains' entries only. Other tenants' "
+    "chains and the global chain of tenant and key events are the operator's to check "
+    "(`ledger verify`).",
 )
 def verify(principal: ViewerDep, db: DatabaseDep, dataset_id: str | None = None) -> dict[str, Any]:
     if dataset_id is not None:
         datasets.get_dataset(db, principal.tenant_id, dataset_id)  # NotFound for a foreign id
-    return audit.verify(db, dataset_id=dataset_id)
+    return audit.verify_tenant(db, principal.tenant_id, dataset_id=dataset_id)

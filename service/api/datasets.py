@@ -1,14 +1,16 @@
 """Datasets, tasks and batches: ``/v1/datasets``.
 
 Creating is ``admin``; reading is any scope. Another tenant's dataset answers 404 (the ledger
-looks every id up within the caller's tenant).
+looks every id up within the caller's tenant). A dataset's data source is an admin's too: set
+when the dataset is created (``data_source``) or later (``PUT /v1/datasets/{id}/data-source``),
+checked against the server's data roots for the caller's tenant (``LEDGER_DATA_ROOTS``).
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 
 from service.api import PREFIX
 from service.api.deps import AdminDep, DatabaseDep, IdempotencyKeyDep, ViewerDep
@@ -18,12 +20,15 @@ from service.api.schemas import (
     DatasetCreate,
     DatasetPublic,
     DatasetsPublic,
+    DataSourceSet,
     ErrorBody,
     TaskCreate,
     TaskPublic,
     TasksPublic,
 )
 from service.ledger import batches, datasets
+from service.settings import Settings
+from service.worker.data import DataRoots
 
 router = APIRouter(prefix=PREFIX, tags=["datasets"])
 
@@ -43,13 +48,54 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     summary="Create a dataset with its privacy budget",
 )
 def create_dataset(
-    body: DatasetCreate, principal: AdminDep, db: DatabaseDep, idempotency_key: IdempotencyKeyDep = None
+    body: DatasetCreate,
+    principal: AdminDep,
+    db: DatabaseDep,
+    request: Request,
+    idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
     return datasets.create_dataset(
         db,
         principal.tenant_id,
         name=body.name,
         budget=body.budget.model_dump(mode="json", exclude_none=True),
+        data_source=body.data_source,
+        data_roots=_data_roots(request),
+        idempotency_key=idempotency_key,
+    )
+
+
+def _data_roots(request: Request) -> DataRoots:
+    settings: Settings = request.app.state.settings
+    return DataRoots.of(settings)
+
+
+@router.put(
+    "/datasets/{dataset_id}/data-source",
+    response_model=DatasetPublic,
+    responses=_ERRORS,
+    summary="Set, replace or remove (null) the dataset's data source (admin; audited)",
+    description="The records every job on this dataset reads: a `builtin:` source, or a "
+    "`file:///absolute/path` (.npz, .csv) that must be a regular file of at most "
+    "`LEDGER_MAX_SOURCE_BYTES` under a data root the operator configured for the caller's tenant "
+    "(`LEDGER_DATA_ROOTS`): otherwise 422 naming `data_source`. The worker checks the file again "
+    "when it reads it. A change is appended to the dataset's audit chain "
+    "(`dataset.data_source_set`); setting the current source again changes nothing.",
+)
+def set_data_source(
+    dataset_id: str,
+    body: DataSourceSet,
+    principal: AdminDep,
+    db: DatabaseDep,
+    request: Request,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    return datasets.set_data_source(
+        db,
+        principal.tenant_id,
+        dataset_id,
+        data_source=body.data_source,
+        data_roots=_data_roots(request),
         idempotency_key=idempotency_key,
     )
 

@@ -6,11 +6,18 @@ revoked key answers 401; a key whose scope does not allow the call answers 403. 
 the ledger operations, which look objects up within the principal's tenant (another tenant's
 object is "not found"). A key's lookup may be reused for ``LEDGER_AUTH_CACHE_TTL_S`` seconds
 (off by default; see ``PrincipalCache``).
+
+``GET /metrics`` takes no API key (``require_metrics_reader``): its series count every tenant's
+calls, so a tenant's key, even an admin's, must not read them. The operator scrapes with
+``LEDGER_METRICS_TOKEN`` as the bearer token, or opens it with ``LEDGER_METRICS_PUBLIC=true``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +30,8 @@ from starlette.concurrency import run_in_threadpool
 from service.api.errors import Forbidden, Unauthorized
 from service.api.metrics import LedgerMetrics
 from service.db.session import Database
-from service.ledger.tenancy import Principal, authenticate_many, hash_key
+from service.ledger.tenancy import Principal, authenticate_many
+from service.settings import Settings
 
 _RANK: Final = {"viewer": 0, "trainer": 1, "admin": 2}
 
@@ -50,8 +58,9 @@ class PrincipalCache:
     """Successful key lookups, reused for ``ttl_s`` seconds (``LEDGER_AUTH_CACHE_TTL_S``).
 
     Off (``ttl_s == 0``) by default: then every request looks its key up and a revocation takes
-    effect at once. Only successes are kept, by the key's SHA-256, so a new key works at once
-    and an unknown key is looked up every time.
+    effect at once. Only successes are kept, by an HMAC of the key under a random key of this
+    cache (never the key itself, nor a digest anyone could test a guess against), so a new key
+    works at once and an unknown key is looked up every time.
     """
 
     MAX_ENTRIES: Final = 10_000
@@ -60,11 +69,15 @@ class PrincipalCache:
         self.ttl_s = ttl_s
         self._entries: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
         self._lock = threading.Lock()
+        self._salt = secrets.token_bytes(32)
+
+    def _digest(self, key: str) -> str:
+        return hmac.new(self._salt, key.encode(), hashlib.sha256).hexdigest()
 
     def get(self, key: str) -> Principal | None:
         if self.ttl_s <= 0:
             return None
-        digest = hash_key(key)
+        digest = self._digest(key)
         with self._lock:
             entry = self._entries.get(digest)
             if entry is None:
@@ -79,7 +92,7 @@ class PrincipalCache:
         if self.ttl_s <= 0:
             return
         with self._lock:
-            self._entries[hash_key(key)] = (principal, time.monotonic() + self.ttl_s)
+            self._entries[self._digest(key)] = (principal, time.monotonic() + self.ttl_s)
             while len(self._entries) > self.MAX_ENTRIES:
                 self._entries.popitem(last=False)
 
@@ -181,6 +194,30 @@ def require_scope(required: str) -> Callable[[Request], Awaitable[Principal]]:
 
     return check
 
+
+async def require_metrics_reader(request: Request) -> None:
+    """Let the operator's scraper through to ``/metrics``, no one else (401).
+
+    Open when ``LEDGER_METRICS_PUBLIC`` is true; otherwise the bearer token must equal
+    ``LEDGER_METRICS_TOKEN`` (compared in constant time). With neither set, ``/metrics`` is
+    closed: the counts of every tenant's reservations, refusals and routes are not a tenant's
+    to read, so no API key opens it.
+    """
+    settings: Settings = request.app.state.settings
+    if settings.metrics_public:
+        return
+    if settings.metrics_token is None:
+        raise Unauthorized(
+            "/metrics is closed: the operator sets LEDGER_METRICS_TOKEN (and scrapes with it as the "
+            "bearer token) or LEDGER_METRICS_PUBLIC=true; API keys do not read it."
+        )
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    expected = settings.metrics_token.get_secret_value()
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized("/metrics needs 'Authorization: Bearer <LEDGER_METRICS_TOKEN>'.")
+
+
+MetricsReaderDep = Annotated[None, Depends(require_metrics_reader)]
 
 AdminDep = Annotated[Principal, Depends(require_scope("admin"))]
 TrainerDep = Annotated[Principal, Depends(require_scope("trainer"))]

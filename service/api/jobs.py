@@ -10,12 +10,10 @@ before it reads data and commits before it publishes each model version
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, TrainerDep, ViewerDep
@@ -24,6 +22,9 @@ from service.api.schemas import ErrorBody
 from service.worker import jobs
 
 router = APIRouter(prefix=PREFIX, tags=["jobs"])
+
+DATASET_ID = r"^[A-Za-z0-9_.-]+$"
+"""What a dataset id is made of (``ds_<hex>``): anything else names no dataset."""
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing, unknown or revoked API key"},
@@ -34,36 +35,39 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class JobCreate(BaseModel):
-    """A job: train ``algorithm`` on the dataset's batches with ``params``.
+    """A job: train ``algorithm`` on the dataset's batches, read from the dataset's own data
+    source, with ``params``.
 
-    ``params.data_source`` (required) names the records (``builtin:digits``, ``file://….npz``,
-    ``file://….csv``, ...); ``params.model_name`` the registry name of its versions (default
-    ``<algorithm>-<dataset id>``); the other params are the trainer's (``target_epsilon`` and
-    ``delta`` or ``noise_multiplier``, ``epochs`` or ``steps``, ``expected_batch_size``,
-    ``checkpoint_every``, ``model``, ...).
+    ``params`` is a typed document, checked when the job is submitted against the algorithm's
+    declaration (``service/worker/params.py``, the same one the trainer reads): an unknown key, a
+    wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
+    the registry name of the job's versions (default ``<algorithm>-<dataset id>``); the others are
+    the trainer's (``target_epsilon`` and ``delta`` or ``noise_multiplier``, ``epochs`` or
+    ``steps``, ``expected_batch_size``, ``checkpoint_every``, ``model``, ...).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    dataset_id: str = Field(min_length=1, max_length=64)
+    dataset_id: str = Field(min_length=1, max_length=64, pattern=DATASET_ID)
     algorithm: str = Field(
         description="the algorithms a worker runs now (others of the contract: a later release)",
         json_schema_extra={"enum": list(jobs.ALGORITHMS)},
     )
     params: dict[str, Any] = Field(
-        description="`data_source` (required) and `model_name` are the job's; the rest are the "
-        "trainer's, checked when the job runs (a bad one fails the job, naming the field). The "
-        "schema's `data_source` is the common shape; the service also takes the other builtins "
-        "with their query (`builtin:split-digits?tasks=5`, ...).",
+        description=(
+            "The algorithm's params (unknown, mistyped or out-of-range keys: 422 naming "
+            "`params.<key>`) and `model_name`. Standard JSON only: NaN, Infinity (`1e999` reads as "
+            "Infinity), lone surrogates and NUL are refused (422 naming the field); at most "
+            f"{jobs.MAX_PARAMS_BYTES} bytes as JSON, {jobs.MAX_PARAMS_DEPTH} levels deep. "
+            "`data_source` is refused: the source belongs to the dataset (`PUT "
+            "/v1/datasets/{id}/data-source`). An explicit `steps` above `LEDGER_JOB_MAX_STEPS` is "
+            "refused; the steps that `epochs` imply are checked by the worker before it reserves. "
+            "The dataset is looked up first: an unknown one is a 404 whatever the params."
+        ),
         json_schema_extra={
-            "required": ["data_source"],
             "maxProperties": jobs.MAX_PARAMS_KEYS,
+            "not": {"required": ["data_source"]},
             "properties": {
-                "data_source": {
-                    "type": "string",
-                    "maxLength": jobs.MAX_URI_LENGTH,
-                    "pattern": r"^(builtin:digits|file://[^?#%\[\]]*[^?#%\[\]/.][^?#%\[\]/]*\.(npz|csv))$",
-                },
                 "model_name": {
                     "anyOf": [
                         {"type": "string", "pattern": "^" + jobs.MODEL_NAME.pattern + "$"},
@@ -73,24 +77,6 @@ class JobCreate(BaseModel):
             },
         },
     )
-
-    @field_validator("params")
-    @classmethod
-    def _data_source_is_a_uri(cls, params: dict[str, Any]) -> dict[str, Any]:
-        # urlsplit raises ValueError on a bracket outside an IPv6 host ("file://[x.npz"), which
-        # the worker's parse_source lets through (it was answered 500): refuse it here, naming
-        # the field, before the job is queued.
-        source = params.get("data_source")
-        if isinstance(source, str):
-            try:
-                urlsplit(source)
-            except ValueError as exc:
-                raise PydanticCustomError(
-                    "invalid_event",  # (a message of our own, naming its field)
-                    "{message}",
-                    {"field": "data_source", "message": f"must be a URI ({exc}). Found {source!r}."},
-                ) from None
-        return params
 
 
 class JobProgress(BaseModel):
@@ -123,13 +109,23 @@ class JobsPublic(BaseModel):
     "/jobs",
     status_code=201,
     response_model=None,
-    responses={201: documented(JobPublic, "queued"), **_ERRORS},
+    responses={
+        201: documented(JobPublic, "queued"),
+        **_ERRORS,
+        409: {
+            "model": ErrorBody,
+            "description": "`model_name_taken`: another dataset released versions of the model name, "
+            "or has a queued or running job that will (its versions would interleave with this job's); "
+            "`too_many_queued_jobs`: the tenant has `LEDGER_MAX_QUEUED_JOBS_PER_TENANT` jobs queued",
+        },
+    },
     summary="Queue a training job",
 )
 def create_job(
     body: JobCreate,
     principal: TrainerDep,
     db: DatabaseDep,
+    request: Request,
     idempotency_key: IdempotencyKeyDep = None,
 ) -> JSONResponse:
     answer = jobs.create_job(
@@ -139,6 +135,7 @@ def create_job(
         algorithm=body.algorithm,
         params=body.params,
         idempotency_key=idempotency_key,
+        limits=jobs.JobLimits.of(request.app.state.settings),
     )
     return json_answer(answer, 201)
 
@@ -146,13 +143,22 @@ def create_job(
 @router.get(
     "/jobs",
     response_model=None,
-    responses={200: documented(JobsPublic, "the tenant's jobs, newest first"), **_ERRORS},
+    responses={
+        200: documented(
+            JobsPublic,
+            f"the tenant's jobs, newest first: at most {jobs.MAX_PAGE} a page, each with its newest "
+            f"{jobs.MAX_LISTED_VERSIONS} versions (`versions_total` counts all) and params of at most "
+            f"{jobs.MAX_PARAMS_BYTES} bytes (a row stored with more by an older version shows "
+            "`params: null` and `params_omitted`)",
+        ),
+        **_ERRORS,
+    },
     summary="List jobs",
 )
 def list_jobs(
     principal: ViewerDep,
     db: DatabaseDep,
-    dataset_id: str | None = None,
+    dataset_id: Annotated[str | None, Query(max_length=64, pattern=DATASET_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:

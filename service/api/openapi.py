@@ -21,7 +21,9 @@ names the field: relations between fields (a geometric series' ``single + copies
 ratio) ≤ epsilon``, ``sample_size ≤ population_size``, AdaDp's Lemma 1 over its vectors, whose
 vectors the schema therefore leaves out), a ``prv`` plan costing more than the budget, an ``rdp``
 epsilon too small for its order grid at its delta, an event the accountant does not support, and
-a job's ``data_source`` grammar beyond its common shape. Where the service took more than the
+a job's ``data_source`` grammar beyond its common shape, and whether a dataset's ``file://``
+data source lies under the tenant's data roots as a regular file within the size limit (the
+operator's configuration and the host's state). Where the service took more than the
 schema can state, the service was narrowed to the schema (decimal strings, integer versions within
 ±10¹⁸, δ ≥ 1e-300 for ``rdp``/``prv``, printable-ASCII ``noise_commitment`` and
 ``Idempotency-Key``), so that a schema-valid request is accepted and a schema-invalid one refused.
@@ -94,6 +96,23 @@ VERSION_SCHEMA: Final[dict[str, Any]] = {
 # rdp and prv budgets split δ over an order grid (up to 1000 orders) in float64: a δ below this
 # would underflow to 0 there.
 MIN_RDP_DELTA: Final = 1e-300
+# A dataset's data source (service.worker.data): the built-ins' common shapes, or an absolute
+# file:/// path of a .npz/.csv. Whether a file lies under the tenant's data roots, exists and is a
+# regular file within LEDGER_MAX_SOURCE_BYTES is the operator's configuration and the host's
+# state, which no schema can state: such a refusal is a 422 naming `data_source`.
+DATA_SOURCE_PATTERN: Final = (
+    r"^(builtin:digits"
+    r"|builtin:split-digits\?tasks=([1-9]|10)(&seed=[0-9]{1,9})?"
+    r"|builtin:permuted-digits\?tasks=[1-9][0-9]{0,2}(&seed=[0-9]{1,9})?"
+    r"|builtin:stream(\?blocks=[1-9][0-9]{0,2}&block_size=[1-9][0-9]{0,2})?"
+    r"|file:///([^?#%\[\]\x00-\x1f\x7f]*/)?[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*\.(npz|csv))$"
+)
+DATA_SOURCE_SCHEMA: Final[dict[str, Any]] = {
+    "anyOf": [{"type": "string", "maxLength": 2000, "pattern": DATA_SOURCE_PATTERN}, {"type": "null"}],
+    "description": "the URI the worker reads the dataset's records from: `builtin:digits`, "
+    "`builtin:split-digits?tasks=5`, ... or `file:///absolute/path.npz|.csv` under a data root the "
+    "operator configured for the tenant (`LEDGER_DATA_ROOTS`); `null`: none (no job can run)",
+}
 
 
 def text_or_integer_schema(max_length: int, what: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from accountant import events as dp_events
 from accountant.exact import as_written
 from accountant.rules import MAX_COMMITMENT_LENGTH
 from service.api.openapi import (
+    DATA_SOURCE_SCHEMA,
     DECIMAL_RE,
     MIN_RDP_DELTA,
     NOT_BLANK_PATTERN,
@@ -250,15 +251,30 @@ class BudgetCreate(_Request):
         return self
 
 
+# A dataset's data source: a string or null here; its grammar and the data-root checks are the
+# ledger's (service.ledger.datasets.check_data_source), whose 422 names ``data_source``.
+DataSourceUri = Annotated[StrictStr | None, WithJsonSchema(DATA_SOURCE_SCHEMA)]
+
+
 class DatasetCreate(_Request):
     name: Name
     budget: BudgetCreate
+    data_source: DataSourceUri = None
+
+
+class DataSourceSet(_Request):
+    """``PUT /v1/datasets/{id}/data-source``: the new source, or ``null`` to remove it."""
+
+    data_source: DataSourceUri
 
 
 class DatasetPublic(_Public):
     id: Any
     name: str
     budget: dict[str, Any]
+    data_source: str | None = Field(
+        default=None, description="the URI the worker reads the records from; null: none set yet"
+    )
 
 
 class DatasetsPublic(_Public):

@@ -1,8 +1,14 @@
 """``ledger keys``: create, revoke and list API keys.
 
-``ledger keys create --tenant T --scope S`` prints the new key once; only its SHA-256 is stored,
-so it cannot be shown again. ``ledger keys revoke KEY_ID`` revokes a key by its id (the ``id``
-that ``create`` and ``list`` print, never the secret). Every change is in the audit log.
+``ledger keys create --tenant T --scope S`` prints the new key once; only its HMAC under the
+server's key-hash secret is stored, so it cannot be shown again. ``ledger keys revoke KEY_ID``
+revokes a key by its id (the ``id`` that ``create`` and ``list`` print, never the secret). Every
+change is in the audit log.
+
+The key-hash secret is the server's (``LEDGER_KEY_HASH_SECRET``, or ``key-hash.secret`` in
+``LEDGER_SECRETS_DIR``, beside a SQLite database by default): run this command with the same
+settings as ``ledger serve``. ``create`` refuses (exit 2) when the database's keys were all hashed
+with another secret: a key made here would never authenticate there.
 """
 
 from __future__ import annotations
@@ -45,13 +51,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _create(args: argparse.Namespace) -> int:
     from service.db.session import Database
     from service.ledger.errors import LedgerError
-    from service.ledger.tenancy import issue_api_key
+    from service.ledger.tenancy import check_key_hash_secret, issue_api_key
+    from service.server_secrets import SecretError
 
     db = Database(database_url(args))
     try:
+        check_key_hash_secret(db)
         record = issue_api_key(db, args.tenant, args.scope)
     except LedgerError as exc:
         print(f"ledger keys create: {exc.message}", file=sys.stderr)
+        return 2
+    except SecretError as exc:
+        print(f"ledger keys create: {exc}", file=sys.stderr)
         return 2
     finally:
         db.dispose()
@@ -61,7 +72,7 @@ def _create(args: argparse.Namespace) -> int:
         print(record["key"])
         print(
             f"(key id {record['id']}, tenant {record['tenant_id']}, scope {record['scope']}; "
-            "shown once: only its hash is stored)",
+            "shown once: only its keyed hash is stored)",
             file=sys.stderr,
         )
     return 0

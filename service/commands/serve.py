@@ -4,11 +4,15 @@ Order of start-up:
 
 1. ``alembic upgrade head`` on ``LEDGER_DATABASE_URL`` (``service.db.migrations.upgrade``): the
    app never runs on a stale schema.
-2. ``LEDGER_BOOTSTRAP_ADMIN_KEY``, when set, is made to exist as an ``admin`` key of tenant
-   ``default``. When it is not set and the database has no usable admin key at all (a first
-   start), a new admin key is created for tenant ``default`` and printed once, with the URL, so
-   the README's first command leaves a new user with a working key.
-3. uvicorn serves ``service.app`` (``--workers N`` processes; each opens its own database pool),
+2. The key-hash secret (``service.server_secrets``) is read, or created on a first start; a
+   secret that none of the stored keys was hashed with stops the start (exit 2) rather than
+   answering 401 to every key.
+3. ``LEDGER_BOOTSTRAP_ADMIN_KEY``, when set, is made to exist as an ``admin`` key of tenant
+   ``default`` — unless that key was revoked: a revoked key stays revoked, a warning says so,
+   and no key is created. When it is not set and the database has no usable admin key at all (a
+   first start), a new admin key is created for tenant ``default`` and printed once, with the
+   URL, so the README's first command leaves a new user with a working key.
+4. uvicorn serves ``service.app`` (``--workers N`` processes; each opens its own database pool),
    with what start-up allocated frozen out of the garbage collector's reach (``_frozen``).
 
 Unless ``--no-worker``, one training worker runs in-process (``service.worker.worker``): in the
@@ -170,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 
     from service.db import migrations
     from service.db.session import Database
+    from service.server_secrets import SecretError
     from service.settings import Settings
 
     if args.workers < 1:
@@ -187,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
     database = Database(url, pool_size=2, max_overflow=0)
     try:
         new_key = _ensure_admin_key(database, settings)
+    except SecretError as exc:
+        print(f"ledger serve: {exc}", file=sys.stderr)
+        return 2
     finally:
         database.dispose()
 
@@ -274,12 +282,26 @@ def _start_worker(url: str, settings: Settings) -> tuple[threading.Event, thread
 
 
 def _ensure_admin_key(database: Database, settings: Settings) -> str | None:
-    """Ensure the bootstrap key, or create (and return) a first admin key if none exists."""
+    """Ensure the bootstrap key, or create (and return) a first admin key if none exists.
+
+    Reads the key-hash secret first (``SecretError`` when it cannot be read or made, or is not
+    the one the stored keys were hashed with). A revoked bootstrap key stays revoked
+    (``ensure_bootstrap_admin_key`` logs a warning) and no other key is made in its place: the
+    operator who revoked it decides what replaces it.
+    """
     from sqlalchemy import select
 
+    from service import server_secrets
     from service.db.models import ApiKey
-    from service.ledger.tenancy import DEFAULT_TENANT, ensure_bootstrap_admin_key, issue_api_key
+    from service.ledger.tenancy import (
+        DEFAULT_TENANT,
+        check_key_hash_secret,
+        ensure_bootstrap_admin_key,
+        issue_api_key,
+    )
 
+    server_secrets.bind(database, settings)
+    check_key_hash_secret(database)
     if settings.bootstrap_admin_key is not None:
         ensure_bootstrap_admin_key(database, settings.bootstrap_admin_key.get_secret_value())
         return None

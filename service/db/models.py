@@ -37,6 +37,7 @@ from service.db.base import Base, BigId
 ID = String(40)
 NAME = String(200)
 HASH = String(64)
+DATA_SOURCE_LENGTH = 2000  # characters of a dataset's data source URI
 ZERO = text("'0'")
 GENESIS = text("'" + "0" * 64 + "'")
 
@@ -54,14 +55,26 @@ class Tenant(Base):
 
 
 class ApiKey(Base):
-    """An API key: only the SHA-256 of the key is stored, never the key."""
+    """An API key: only a hash of the key is stored, never the key.
+
+    ``hash_scheme`` ``hmac-sha256``: ``key_hash`` is HMAC-SHA256 under the server's key-hash
+    secret (``service.server_secrets``), whose public ``secret_id`` is stored with it; a database
+    dump alone lets nobody test a guess. ``sha256``: a key stored before that change, plain
+    SHA-256, rehashed with HMAC at its first successful use. ``prefix`` is what a human needs to
+    tell keys apart (``pl_`` and 4 characters), never enough to narrow a guess.
+    """
 
     __tablename__ = "api_keys"
-    __table_args__ = (CheckConstraint("scope IN ('admin', 'trainer', 'viewer')", name="scope"),)
+    __table_args__ = (
+        CheckConstraint("scope IN ('admin', 'trainer', 'viewer')", name="scope"),
+        CheckConstraint("hash_scheme IN ('sha256', 'hmac-sha256')", name="hash_scheme"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
     key_hash: Mapped[str] = mapped_column(HASH, unique=True)
+    hash_scheme: Mapped[str] = mapped_column(String(16), server_default=text("'sha256'"))
+    secret_id: Mapped[str | None] = mapped_column(String(16))
     prefix: Mapped[str] = mapped_column(String(16))
     scope: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
@@ -101,6 +114,10 @@ class Dataset(Base):
     audit_hash: Mapped[str] = mapped_column(HASH, server_default=GENESIS)
     last_release: Mapped[dict[str, Any] | None]
     last_release_at: Mapped[datetime | None]
+    data_source: Mapped[str | None] = mapped_column(String(DATA_SOURCE_LENGTH))
+    """The URI the worker reads the dataset's records from (``builtin:…`` or a ``file://`` path
+    under one of the tenant's data roots), set by an admin; ``NULL``: no job can run yet. A job
+    never names a source of its own (``service.worker.data``, DESIGN-NOTES 8)."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -316,6 +333,10 @@ class Job(Base):
         Index(None, "tenant_id", "created_at"),
         # The claim's scan: queued jobs and running ones (lease expiry is checked on those).
         Index(None, "status", "created_at"),
+        # The fair claim's "when did this tenant last get a job" (max over the tenant's jobs).
+        Index(None, "tenant_id", "claimed_at"),
+        # Submit time: is the model name another dataset's?
+        Index(None, "tenant_id", "model_name"),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
@@ -342,6 +363,8 @@ class Job(Base):
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
+    claimed_at: Mapped[datetime | None]
+    """The latest claim (``started_at`` is the first): tenants take turns by it."""
     finished_at: Mapped[datetime | None]
 
 

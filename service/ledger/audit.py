@@ -11,6 +11,11 @@ tenant_id, dataset_id, payload, created_at, prev_hash = hash_{n-1}})``; every ch
 ``GENESIS_HASH``. ``verify`` walks every chain end to end and compares its last entry with its
 head: an edited entry fails its own hash; a deleted, inserted or reordered entry breaks the
 sequence or the next entry's ``prev_hash``; a deleted tail no longer matches the head.
+
+Two walks, two audiences: ``verify`` is the operator's (``ledger verify``, reading the database
+directly): every chain of every tenant and the global chain. ``verify_tenant`` is the API's
+(``GET /v1/audit/verify``): only the caller tenant's dataset chains, so neither another tenant's
+entry count nor its breaks (nor its dataset ids) reach a tenant's key.
 """
 
 from __future__ import annotations
@@ -175,8 +180,22 @@ class Verification:
 
 
 def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
-    """Walk every chain (or one dataset's) end to end: ``{ok, entries, first_broken, ...}``."""
+    """The operator's walk (``ledger verify``): every tenant's chains and the global chain (or
+    one dataset's), ``{ok, entries, first_broken, ...}``. Never behind an API key: its count
+    and its breaks are about every tenant (``verify_tenant`` is the API's)."""
     return verify_chains(db, dataset_id=dataset_id).to_json()
+
+
+def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None) -> dict[str, Any]:
+    """The API's walk (``GET /v1/audit/verify``): ``tenant_id``'s dataset chains only (or one of
+    them), in the same answer shape.
+
+    The global chain (tenants and keys of every tenant) is left out, not filtered: its entries
+    chain through other tenants' entries, so checking "this tenant's part" would still report
+    other tenants' breaks and its length would still count their events. Another tenant's
+    chains are not read at all: neither their entries nor their breaks can reach the answer.
+    """
+    return verify_chains(db, dataset_id=dataset_id, tenant_id=tenant_id).to_json()
 
 
 @dataclass
@@ -187,88 +206,127 @@ class _Break:
     reason: str
 
 
-def verify_chains(db: Database, *, dataset_id: str | None = None) -> Verification:
-    """Heads are read first, then only entries up to them, so appends committed meanwhile are
-    ignored rather than mistaken for breaks (each head and its entries commit together)."""
+class _Walk:
+    """Checks entries chain by chain against heads read before them (see ``verify_chains``)."""
+
+    def __init__(self, heads: dict[str, tuple[int, str]]) -> None:
+        self.heads = heads
+        self.breaks: list[_Break] = []
+        self.broken: set[str] = set()
+        self.seen: dict[str, tuple[int, str]] = {}  # chain -> (last chain_seq, last hash)
+        self.entries = 0
+
+    def check(self, entry: AuditEntry) -> None:
+        chain = entry.chain
+        if chain in self.broken:
+            return
+        head = self.heads.get(chain)
+        if head is None:
+            self.breaks.append(_Break(entry.seq, chain, entry.chain_seq, "no chain head"))
+            self.broken.add(chain)
+            return
+        if entry.chain_seq > head[0]:
+            return  # appended after the heads were read
+        self.entries += 1
+        last_seq, last_hash = self.seen.get(chain, (0, GENESIS_HASH))
+        reason = None
+        if entry.chain_seq != last_seq + 1:
+            reason = "missing entry"
+        elif entry.prev_hash != last_hash:
+            reason = "prev_hash does not chain"
+        elif entry.hash != entry_hash(
+            chain=chain,
+            chain_seq=entry.chain_seq,
+            event_type=entry.event_type,
+            tenant_id=entry.tenant_id,
+            dataset_id=entry.dataset_id,
+            payload=entry.payload,
+            created_at=entry.created_at,
+            prev_hash=entry.prev_hash,
+        ):
+            reason = "entry does not match its hash"
+        if reason is not None:
+            self.breaks.append(_Break(entry.seq, chain, last_seq + 1, reason))
+            self.broken.add(chain)
+            return
+        self.seen[chain] = (entry.chain_seq, entry.hash)
+
+    def result(self) -> Verification:
+        for chain, (head_seq, head_hash) in self.heads.items():
+            if chain in self.broken:
+                continue
+            last_seq, last_hash = self.seen.get(chain, (0, GENESIS_HASH))
+            if last_seq != head_seq:
+                self.breaks.append(_Break(None, chain, last_seq + 1, "missing entry"))
+            elif last_hash != head_hash:
+                self.breaks.append(_Break(None, chain, last_seq, "last entry does not match the head"))
+        if not self.breaks:
+            return Verification(True, self.entries)
+        first = min(self.breaks, key=lambda b: (b.seq is None, b.seq or 0, b.chain))
+        return Verification(False, self.entries, first.seq, first.chain, first.chain_seq, first.reason)
+
+
+def verify_chains(
+    db: Database, *, dataset_id: str | None = None, tenant_id: str | None = None
+) -> Verification:
+    """Walk chains end to end: all of them (``tenant_id`` None, the operator's walk), or only
+    ``tenant_id``'s dataset chains; ``dataset_id`` narrows either to that dataset's chain.
+
+    Heads are read first, then only entries up to them, so appends committed meanwhile are
+    ignored rather than mistaken for breaks (each head and its entries commit together). The
+    whole walk pages through ``(chain, chain_seq)`` and so also finds entries of a chain that has
+    no head; a tenant's walk reads each of its chains by the ``(chain, chain_seq)`` index.
+    """
     with db.session(readonly=True) as session:
         heads: dict[str, tuple[int, str]] = {}
         dataset_stmt = select(Dataset.id, Dataset.audit_seq, Dataset.audit_hash)
-        if dataset_id is None:
+        if dataset_id is not None:
+            dataset_stmt = dataset_stmt.where(Dataset.id == dataset_id)
+        if tenant_id is not None:
+            dataset_stmt = dataset_stmt.where(Dataset.tenant_id == tenant_id)
+        elif dataset_id is None:
             global_head = session.execute(
                 select(AuditHead.seq, AuditHead.hash).where(AuditHead.id == HEAD_ID)
             ).one()
             heads[GLOBAL_CHAIN] = (global_head.seq, global_head.hash)
-        else:
-            dataset_stmt = dataset_stmt.where(Dataset.id == dataset_id)
         for row in session.execute(dataset_stmt):
             heads[row.id] = (row.audit_seq, row.audit_hash)
 
-        breaks: list[_Break] = []
-        broken_chains: set[str] = set()
-        seen: dict[str, tuple[int, str]] = {}  # chain -> (last chain_seq, last hash)
-        entries = 0
-        after: tuple[str, int] = ("", 0)
-        entry_stmt = select(AuditEntry)
-        if dataset_id is not None:
-            entry_stmt = entry_stmt.where(AuditEntry.chain == dataset_id)
-        while True:
-            page = session.scalars(
-                entry_stmt.where(tuple_(AuditEntry.chain, AuditEntry.chain_seq) > after)
-                .order_by(AuditEntry.chain, AuditEntry.chain_seq)
-                .limit(_VERIFY_PAGE)
-            ).all()
-            if not page:
-                break
-            for entry in page:
-                after = (entry.chain, entry.chain_seq)
-                chain = entry.chain
-                if chain in broken_chains:
-                    continue
-                head = heads.get(chain)
-                if head is None:
-                    breaks.append(_Break(entry.seq, chain, entry.chain_seq, "no chain head"))
-                    broken_chains.add(chain)
-                    continue
-                if entry.chain_seq > head[0]:
-                    continue  # appended after the heads were read
-                entries += 1
-                last_seq, last_hash = seen.get(chain, (0, GENESIS_HASH))
-                reason = None
-                if entry.chain_seq != last_seq + 1:
-                    reason = "missing entry"
-                elif entry.prev_hash != last_hash:
-                    reason = "prev_hash does not chain"
-                elif entry.hash != entry_hash(
-                    chain=chain,
-                    chain_seq=entry.chain_seq,
-                    event_type=entry.event_type,
-                    tenant_id=entry.tenant_id,
-                    dataset_id=entry.dataset_id,
-                    payload=entry.payload,
-                    created_at=entry.created_at,
-                    prev_hash=entry.prev_hash,
-                ):
-                    reason = "entry does not match its hash"
-                if reason is not None:
-                    breaks.append(_Break(entry.seq, chain, last_seq + 1, reason))
-                    broken_chains.add(chain)
-                    continue
-                seen[chain] = (entry.chain_seq, entry.hash)
-            session.expunge_all()
-
-        for chain, (head_seq, head_hash) in heads.items():
-            if chain in broken_chains:
-                continue
-            last_seq, last_hash = seen.get(chain, (0, GENESIS_HASH))
-            if last_seq != head_seq:
-                breaks.append(_Break(None, chain, last_seq + 1, "missing entry"))
-            elif last_hash != head_hash:
-                breaks.append(_Break(None, chain, last_seq, "last entry does not match the head"))
-
-    if not breaks:
-        return Verification(True, entries)
-    first = min(breaks, key=lambda b: (b.seq is None, b.seq or 0, b.chain))
-    return Verification(False, entries, first.seq, first.chain, first.chain_seq, first.reason)
+        walk = _Walk(heads)
+        if tenant_id is None:
+            entry_stmt = select(AuditEntry)
+            if dataset_id is not None:
+                entry_stmt = entry_stmt.where(AuditEntry.chain == dataset_id)
+            after: tuple[str, int] = ("", 0)
+            while True:
+                page = session.scalars(
+                    entry_stmt.where(tuple_(AuditEntry.chain, AuditEntry.chain_seq) > after)
+                    .order_by(AuditEntry.chain, AuditEntry.chain_seq)
+                    .limit(_VERIFY_PAGE)
+                ).all()
+                if not page:
+                    break
+                for entry in page:
+                    after = (entry.chain, entry.chain_seq)
+                    walk.check(entry)
+                session.expunge_all()
+        else:
+            for chain in sorted(heads):
+                position = 0
+                while True:
+                    page = session.scalars(
+                        select(AuditEntry)
+                        .where(AuditEntry.chain == chain, AuditEntry.chain_seq > position)
+                        .order_by(AuditEntry.chain_seq)
+                        .limit(_VERIFY_PAGE)
+                    ).all()
+                    if not page:
+                        break
+                    for entry in page:
+                        position = entry.chain_seq
+                        walk.check(entry)
+                    session.expunge_all()
+    return walk.result()
 
 
 __all__ = [
@@ -281,4 +339,5 @@ __all__ = [
     "entry_hash",
     "verify",
     "verify_chains",
+    "verify_tenant",
 ]

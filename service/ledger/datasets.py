@@ -6,8 +6,14 @@ dataset on ``prv`` must declare its ``plan`` of events here; its PRV ε is compu
 stored with the budget). The budget never changes afterwards, so parsed budgets are cached per
 dataset id (``budget_of``).
 
-Answers (JSON-ready): ``{id, name, budget, created_at}`` with the budget's numbers as decimal
-strings (``Budget.to_json``).
+A dataset owns its data source (``data_source``: the URI the worker reads its records from,
+``builtin:…`` or a ``file://`` path under the tenant's data roots; DESIGN-NOTES 8), set by an
+admin when the dataset is created or later (``set_data_source``), checked against the data roots
+(``service.worker.data.check_source``) before it is stored, and audited in the dataset's chain.
+A job never names a source: the worker reads the dataset's.
+
+Answers (JSON-ready): ``{id, name, budget, data_source, created_at}`` with the budget's numbers as
+decimal strings (``Budget.to_json``); ``data_source`` is ``null`` until an admin sets one.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -26,14 +32,35 @@ from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError, UnsupportedEventError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import Budget
-from service.db.models import Dataset
+from service.db.models import DATA_SOURCE_LENGTH, Dataset
 from service.db.session import Database
 from service.ledger import audit, idempotency
 from service.ledger.errors import InvalidInput, NotFound
 
+if TYPE_CHECKING:
+    from service.worker.data import DataRoots
+
 MAX_NAME_LENGTH: Final = 200
 _BUDGET_KEYS: Final = frozenset({"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan"})
 _CACHE_SIZE: Final = 4096
+
+
+# C0 control characters (U+0000-U+001F, tab included) and DEL. PostgreSQL refuses NUL in text
+# and jsonb alike (a 500, after which a commit's reservation stayed open), SQLite stores it; the
+# others would let a name forge lines in logs, exports and the dashboard. Refused in every name,
+# model and version a client sends, on both databases, before anything is read or locked.
+CONTROL_CHARACTERS: Final = frozenset(map(chr, [*range(0x20), 0x7F]))
+
+
+def check_text(value: str, field: str) -> str:
+    """``value``, or ``InvalidInput`` naming ``field`` when it holds a control character."""
+    if not CONTROL_CHARACTERS.isdisjoint(value):
+        bad = next(c for c in value if c in CONTROL_CHARACTERS)
+        raise InvalidInput(
+            field,
+            f"must not contain control characters (U+0000-U+001F, U+007F). Found {bad!r} in {value!r}.",
+        )
+    return value
 
 
 def check_name(value: object, field: str = "name") -> str:
@@ -41,7 +68,7 @@ def check_name(value: object, field: str = "name") -> str:
         raise InvalidInput(
             field, f"must be a non-empty string of at most {MAX_NAME_LENGTH} characters. Found {value!r}."
         )
-    return value
+    return check_text(value, field)
 
 
 def parse_budget(obj: object) -> Budget:
@@ -124,8 +151,29 @@ def dataset_json(row: Dataset) -> dict[str, Any]:
         "id": row.id,
         "name": row.name,
         "budget": row.budget,
+        "data_source": row.data_source,
         "created_at": row.created_at.isoformat(),
     }
+
+
+def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | None) -> str | None:
+    """``value`` if it may be the tenant's dataset's source now, else ``InvalidInput`` naming
+    ``data_source``: its syntax, and for a file the data-root checks (``service.worker.data``,
+    "Data roots"), made without opening the file. ``None`` (no source) is allowed."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > DATA_SOURCE_LENGTH:
+        raise InvalidInput(
+            "data_source", f"must be a URI string of at most {DATA_SOURCE_LENGTH} characters or null."
+        )
+    from service.worker.data import DataRoots, DataSourceError, check_source  # numpy only: no torch
+
+    roots = (data_roots or DataRoots()).for_tenant(tenant_id)
+    try:
+        check_source(value, roots)
+    except DataSourceError as exc:
+        raise InvalidInput("data_source", f"is refused: {exc}") from None
+    return value
 
 
 def load_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
@@ -142,13 +190,18 @@ def create_dataset(
     *,
     name: str,
     budget: Mapping[str, Any],
+    data_source: str | None = None,
+    data_roots: DataRoots | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Create a dataset with its budget (201). ``InvalidInput`` names a bad field."""
+    """Create a dataset with its budget and, optionally, its data source (201), checked against
+    ``data_roots`` (the operator's ``LEDGER_DATA_ROOTS``; none: only ``builtin:`` sources).
+    ``InvalidInput`` names a bad field."""
     check_name(name)
     parsed = parse_budget(budget)
     document = parsed.to_json()
+    source = check_data_source(data_source, tenant_id, data_roots)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         row = Dataset(
@@ -161,27 +214,80 @@ def create_dataset(
             epsilon_budget=parsed.epsilon,
             delta_budget=parsed.delta,
             record_salt=secrets.token_bytes(32),
+            data_source=source,
             created_at=at,
             updated_at=at,
         )
         session.add(row)
         session.flush()
+        payload: dict[str, Any] = {"name": name, "budget": document}
+        if source is not None:  # (entries of datasets without one keep their old shape)
+            payload["data_source"] = source
+        event = audit.AuditEvent("dataset.created", payload, tenant_id=tenant_id, dataset_id=row.id)
+        return idempotency.Outcome(dataset_json(row), [event])
+
+    request: dict[str, Any] = {"name": name, "budget": dict(budget)}
+    if source is not None:
+        request["data_source"] = source
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="create_dataset",
+        request=request,
+        idempotency_key=idempotency_key,
+        body=body,
+        status_code=201,
+        now=now,
+    )
+
+
+def set_data_source(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    data_source: str | None,
+    data_roots: DataRoots | None = None,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Set, replace or (``None``) remove the dataset's data source (an admin's call); the dataset.
+
+    The source is checked against ``data_roots`` first, outside the transaction (the worker
+    checks it again when it reads). A change appends ``dataset.data_source_set`` with the old and
+    the new source to the dataset's audit chain; setting the source it already has changes
+    nothing and appends nothing, so a repeated call is idempotent even without a key.
+    """
+    source = check_data_source(data_source, tenant_id, data_roots)
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        statement = select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
+        if session.get_bind().dialect.name != "sqlite":  # (SQLite: BEGIN IMMEDIATE already)
+            statement = statement.with_for_update()  # "previous" is the value this replaces
+        row = session.scalars(statement).one_or_none()
+        if row is None:
+            raise NotFound("dataset", dataset_id)
+        previous = row.data_source
+        if previous == source:
+            return idempotency.Outcome(dataset_json(row))
+        row.data_source = source
+        row.updated_at = at
+        session.flush()
         event = audit.AuditEvent(
-            "dataset.created",
-            {"name": name, "budget": document},
+            "dataset.data_source_set",
+            {"data_source": source, "previous": previous},
             tenant_id=tenant_id,
-            dataset_id=row.id,
+            dataset_id=dataset_id,
         )
         return idempotency.Outcome(dataset_json(row), [event])
 
     return idempotency.execute(
         db,
         tenant_id=tenant_id,
-        operation="create_dataset",
-        request={"name": name, "budget": dict(budget)},
+        operation="set_data_source",
+        request={"dataset_id": dataset_id, "data_source": source},
         idempotency_key=idempotency_key,
         body=body,
-        status_code=201,
         now=now,
     )
 
@@ -214,11 +320,14 @@ def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int
 __all__ = [
     "budget_of",
     "cached_budget",
+    "check_data_source",
     "check_name",
+    "check_text",
     "create_dataset",
     "dataset_json",
     "get_dataset",
     "list_datasets",
     "load_dataset",
     "parse_budget",
+    "set_data_source",
 ]

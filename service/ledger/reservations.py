@@ -48,6 +48,7 @@ import time
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -63,7 +64,7 @@ from accountant.base import AccountantError, InvalidArgumentError
 from accountant.certificates import BatchRecord
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
-from accountant.rules import BatchState, Budget, Charge, Cost
+from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo
 from service.db.base import utcnow
 from service.db.models import (
     AuditEntry,
@@ -77,8 +78,8 @@ from service.db.models import (
     Task,
 )
 from service.db.session import Database, pipelined
-from service.ledger import audit, certificates, idempotency
-from service.ledger.datasets import cached_budget
+from service.ledger import audit, certificates, idempotency, pricing
+from service.ledger.datasets import CONTROL_CHARACTERS, cached_budget, check_text
 from service.ledger.errors import (
     BudgetExceeded,
     ChargeRefused,
@@ -120,9 +121,19 @@ def _ids(value: object, field_name: str) -> list[str]:
             raise InvalidInput(f"{field_name}[{i}]", f"must be an id string. Found {item!r}.")
         if item in seen:
             raise InvalidInput(f"{field_name}[{i}]", f"repeats {item!r}.")
+        if not _can_be_id(item):  # no such batch or task (and PostgreSQL refuses NUL in a query)
+            raise NotFound("batch" if field_name == "batches" else "task", item)
         seen.add(item)
         out.append(item)
     return out
+
+
+def _can_be_id(value: object) -> bool:
+    """Whether ``value`` could be an id this ledger made (``res_<hex>``, ``batch_<hex>``, ...).
+
+    What cannot be one is "not found" without a query: a NUL in a query parameter is an error
+    on PostgreSQL (a 500), not an unknown id."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and CONTROL_CHARACTERS.isdisjoint(value)
 
 
 def parse_event(obj: object, field_name: str = "event") -> DpEvent:
@@ -148,12 +159,14 @@ def _release(release: object) -> tuple[str, str, dict[str, Any]]:
     model = release.get("model")
     if not isinstance(model, str) or not model.strip() or len(model) > 200:
         raise InvalidInput("release.model", f"must be a non-empty string (<= 200). Found {model!r}.")
+    check_text(model, "release.model")  # refused before anything is locked: the hold stays open
     version = release.get("version")
     if isinstance(version, bool) or not isinstance(version, str | int):
         raise InvalidInput("release.version", f"must be a string or an integer. Found {version!r}.")
     text = str(version)
     if not text.strip() or len(text) > 100:
         raise InvalidInput("release.version", f"must be 1-100 characters. Found {version!r}.")
+    check_text(text, "release.version")
     return model, text, {"model": model, "version": version}
 
 
@@ -221,6 +234,12 @@ class _Op:
     params: _Params
     key: str | None = None
     digest: str = ""
+    policy: pricing.Policy = pricing.DEFAULT_POLICY
+    # Set by ``_prepare``, before the spend transaction: the charge's prices, and for a
+    # progressive commit the reservation's event as parsed then (it never changes).
+    prepared: bool = False
+    memo: PriceMemo | None = None
+    reserved_event: tuple[dict[str, Any], DpEvent] | None = None
     done: bool = False
     response: dict[str, Any] | None = None
     error: BaseException | None = None
@@ -818,7 +837,11 @@ def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, A
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
         raise Conflict("this (model, version) has already been released.", reason="release_exists")
-    charge = Charge(ev.from_json(r.event), r.noise_commitment)
+    if op.reserved_event is not None and op.reserved_event[0] == r.event:
+        event = op.reserved_event[1]  # parsed (and priced with) before the transaction
+    else:
+        event = ev.from_json(r.event)
+    charge = Charge(event, r.noise_commitment)
     settled: list[tuple[_Held, BatchState, rules.Settlement]] = []
     for h in r.batches:
         before = work.states[h.batch_id]
@@ -942,6 +965,160 @@ def _expire_due(work: _Work, reservation_ids: Iterable[str], at: datetime) -> in
 
 
 # ---------------------------------------------------------------------------------------------
+# Pricing, before the transaction (``service.ledger.pricing``)
+# ---------------------------------------------------------------------------------------------
+
+_DATASET: Final = select(Dataset.tenant_id, Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
+_SNAPSHOT_BATCHES: Final = select(Batch.state).where(
+    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+_SNAPSHOT_TASKS: Final = select(Batch.state).where(
+    Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+# A dataset's tenant and budget never change: remembered per process, by id.
+_DATASETS_SIZE: Final = 4096
+_datasets: OrderedDict[str, tuple[str, Budget]] = OrderedDict()
+_datasets_lock = threading.Lock()
+
+
+def _known_dataset(dataset_id: str) -> tuple[str, Budget] | None:
+    """``(tenant id, budget)`` of the dataset when this process knows it (no I/O)."""
+    with _datasets_lock:
+        return _datasets.get(dataset_id)
+
+
+def _dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
+    """``(tenant id, budget)`` of the dataset: remembered, or one read. ``NotFound`` if none."""
+    known = _known_dataset(dataset_id)
+    if known is not None:
+        return known
+    if not _can_be_id(dataset_id):
+        raise NotFound("dataset", dataset_id)
+    rows = db.read_all(_DATASET, {"dataset_id": dataset_id})
+    if not rows:
+        raise NotFound("dataset", dataset_id)
+    stored = rows[0].budget
+    # The same Budget object the spend transaction gets (``cached_budget``): the memo applies.
+    known = (rows[0].tenant_id, cached_budget(dataset_id, lambda: stored))
+    with _datasets_lock:
+        _datasets[dataset_id] = known
+        if len(_datasets) > _DATASETS_SIZE:
+            _datasets.popitem(last=False)
+    return known
+
+
+def _priced_event(op: _Op) -> DpEvent | None:
+    """The event ``op`` asks to price: a reservation's, a progressive commit's (else ``None``)."""
+    if isinstance(op.params, _ReserveParams):
+        return op.params.charge.event
+    if isinstance(op.params, _CommitParams):
+        return op.params.partial
+    return None
+
+
+def _prices_inline(op: _Op) -> bool:
+    """Whether ``op`` is priced in its group's worker thread, just before the transaction: it
+    prices nothing, or little under a budget this process knows. Otherwise a coroutine prices it
+    in a pricing thread before it joins the group, so it never delays the group."""
+    event = _priced_event(op)
+    if event is None:
+        return True
+    known = _known_dataset(op.dataset_id)
+    return known is not None and pricing.work(known[1], [event]) <= pricing.INLINE_WORK
+
+
+def _prepare(db: Database, op: _Op) -> None:
+    """Bound, meter and price ``op``'s charge, outside any transaction (once per op).
+
+    The work (event nodes × the budget's orders) is checked against ``op.policy.max_work``
+    (``InvalidInput`` naming ``event``) and handed to ``op.policy.meter`` (which may refuse)
+    before anything is computed. Then a dry run of the rule fills ``op.memo`` with every
+    state-independent price; the spend transaction decides with the same memo (``rules.pricing``),
+    on the states it reads under the lock. The dry run decides nothing: a refusal it meets is
+    left for the transaction, except a refusal of the event itself (invalid, unsupported, or a
+    parallel read that costs nothing), which no state changes.
+    """
+    if op.prepared:
+        return
+    op.prepared = True
+    event = _priced_event(op)
+    if event is None:
+        return
+    tenant_id, budget = _dataset_budget(db, op.dataset_id)
+    if tenant_id != op.tenant_id:
+        raise NotFound("dataset", op.dataset_id)
+    units = pricing.check_work(budget, [event], op.policy.max_work)
+    if op.policy.meter is not None:
+        op.policy.meter(units)
+    memo = PriceMemo(budget)
+    with rules.pricing(memo):
+        if isinstance(op.params, _ReserveParams):
+            _dry_reserve(db, op, budget, op.params)
+        elif isinstance(op.params, _CommitParams):
+            _dry_commit(db, op, budget, op.params)
+    op.memo = memo
+
+
+def _dry_run(decide: Any, *args: Any, event_errors: bool) -> None:
+    """Run ``decide`` for its prices only. With ``event_errors``, an error of the event itself
+    (invalid, unsupported: no state changes that) is raised now, as the transaction would."""
+    try:
+        decide(*args)
+    except (rules.BudgetExceeded, rules.ChargeRefused):
+        pass  # depends on the state: decided under the lock, on the state then
+    except AccountantError as exc:
+        if event_errors:
+            raise _rule_error(exc, "") from exc
+
+
+def _dry_reserve(db: Database, op: _Op, budget: Budget, params: _ReserveParams) -> None:
+    states = [BatchState.empty()]
+    if budget.plan is not None:
+        # A declared plan prices the plan's prefix up to each batch's position: read them.
+        query = _SNAPSHOT_BATCHES if params.selector == "batches" else _SNAPSHOT_TASKS
+        rows = db.read_all(query, {"ids": params.ids, "dataset_id": op.dataset_id})
+        positions: dict[int, BatchState] = {}
+        for row in rows:
+            state = BatchState.from_json(row.state)
+            positions.setdefault(state.plan_position, replace(state, plan_open=False))
+        states = list(positions.values()) or states
+    for state in states:  # no state error is possible on these states: any error is the event's
+        _dry_run(rules.reserve, budget, state, params.charge, event_errors=True)
+
+
+def _dry_commit(db: Database, op: _Op, budget: Budget, params: _CommitParams) -> None:
+    with db.session(readonly=True) as session:
+        loaded, states, _ = _load_reservations(session.connection(), [params.reservation_id])
+    r = loaded.get(params.reservation_id)
+    if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
+        return  # refused in the transaction
+    try:
+        reserved = ev.from_json(r.event)
+    except EventValidationError:
+        return
+    op.reserved_event = (r.event, reserved)
+    charge = Charge(reserved, r.noise_commitment)
+    for h in r.batches:
+        state = BatchState.from_json(states[h.batch_id])
+        _dry_run(
+            rules.commit, budget, state, charge, h.reserved, h.committed, params.partial, event_errors=False
+        )
+
+
+def _prepared(db: Database, ops: Sequence[_Op]) -> list[_Op]:
+    """``ops`` priced (``_prepare``); an op whose pricing is refused is answered now and left out."""
+    ready: list[_Op] = []
+    for op in ops:
+        try:
+            _prepare(db, op)
+        except Exception as exc:  # its own answer (invalid, not found, rate limited, ...)
+            op.finish(None, exc)
+            continue
+        ready.append(op)
+    return ready
+
+
+# ---------------------------------------------------------------------------------------------
 # One transaction for a group of operations on one dataset
 # ---------------------------------------------------------------------------------------------
 
@@ -1008,6 +1185,32 @@ def _replay(
     return response, None
 
 
+def _replayed_reservation(op: _Op, response: Mapping[str, Any]) -> str | None:
+    """The reservation a stored answer of ``op``'s operation is about (``None``: not one)."""
+    if op.operation in ("reserve", "abort"):
+        rid = response.get("id")
+    elif op.operation == "commit":
+        reservation = response.get("reservation")
+        rid = reservation.get("id") if isinstance(reservation, Mapping) else None
+    else:
+        return None
+    return rid if isinstance(rid, str) else None
+
+
+def _refreshed(op: _Op, response: dict[str, Any], now: _Loaded | None) -> dict[str, Any]:
+    """A replay's answer: the reservation as it is *now* — its status (reserved, committed,
+    aborted or expired) and what it holds and has committed now — never the state the first
+    answer saw (a retry after an abort or an expiry must not read "reserved"). A commit's replay
+    keeps the certificate of its first answer (a certificate never changes) with the reservation
+    as it is now; a reserve's or an abort's replay is the reservation as it is now."""
+    if now is None:
+        return response
+    current = _reservation_json(now)
+    if op.operation == "commit":
+        return {**response, "reservation": current}
+    return current
+
+
 _Result = tuple[dict[str, Any] | None, BaseException | None]
 
 
@@ -1017,15 +1220,22 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_O
     results: dict[int, _Result] = {}
     stored = _stored_answers(connection, ops)
     active: list[int] = []
+    replays: list[tuple[int, dict[str, Any], str]] = []  # answered as the reservation is now
     for i, op in enumerate(ops):
         hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
-        if hit is not None:
-            results[i] = _replay(op, hit)
-        else:
+        if hit is None:
             active.append(i)
-    if not active:
+            continue
+        response, error = _replay(op, hit)
+        rid = None if response is None else _replayed_reservation(op, response)
+        if rid is None:
+            results[i] = (response, error)
+        else:
+            assert response is not None
+            replays.append((i, response, rid))
+    if not active and not replays:
         return results
-    at = max(ops[i].at for i in active)
+    at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
     due = _due_ids(connection, dataset_id, at)  # before the lock: usually nothing
     released = _released(connection, [ops[i] for i in active])  # releases are never deleted
 
@@ -1035,13 +1245,15 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_O
     if row is None:
         for i in active:
             results[i] = (None, NotFound("dataset", dataset_id))
+        for i, response, _ in replays:
+            results[i] = (response, None)
         return results
     work = _Work(
         connection,
         _Head(**row._asdict()),
         cached_budget(dataset_id, lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id})),
     )
-    reservation_ids = set(due)
+    reservation_ids = set(due) | {rid for _, _, rid in replays}
     batch_ids: set[str] = set()
     task_ids: set[str] = set()
     for i in active:
@@ -1059,6 +1271,11 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_O
     task_batches = work.load_task_batches(task_ids)
     work.released.update(released)
     expired_now = _expire_due(work, due, at)
+    for i, response, rid in replays:
+        r = work.reservations.get(rid)
+        if r is not None and r.dataset_id == work.head.id:
+            _expire_due(work, [rid], ops[i].at)  # a hold past its time is "expired" now, and freed
+        results[i] = (_refreshed(ops[i], response, work.reservations.get(rid)), None)
 
     answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
     for i in active:
@@ -1067,19 +1284,29 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_O
             results[i] = (None, NotFound("dataset", dataset_id))
             continue
         if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
-            results[i] = _replay(op, answered[(op.tenant_id, op.key)])
+            response, replay_error = _replay(op, answered[(op.tenant_id, op.key)])
+            rid = None if response is None else _replayed_reservation(op, response)
+            if response is not None and rid is not None:
+                response = _refreshed(op, response, work.reservations.get(rid))
+            results[i] = (response, replay_error)
             continue
         params = op.params
         error: LedgerError | None = None
+        # Prices come from the op's memo, filled before the transaction (``_prepare``): under
+        # the lock the rules only add and compare.
+        priced: AbstractContextManager[object] = (
+            rules.pricing(op.memo) if op.memo is not None and op.memo.adopt(work.budget) else nullcontext()
+        )
         try:
-            if isinstance(params, _ReserveParams):
-                response = _do_reserve(work, op, params, task_batches)
-            elif isinstance(params, _CommitParams):
-                response, error = _do_commit(work, op, params)
-            elif isinstance(params, _AbortParams):
-                response = _do_abort(work, op, params)
-            else:
-                response = {"expired": expired_now + _expire_due(work, params.reservation_ids, op.at)}
+            with priced:
+                if isinstance(params, _ReserveParams):
+                    response = _do_reserve(work, op, params, task_batches)
+                elif isinstance(params, _CommitParams):
+                    response, error = _do_commit(work, op, params)
+                elif isinstance(params, _AbortParams):
+                    response = _do_abort(work, op, params)
+                else:
+                    response = {"expired": expired_now + _expire_due(work, params.reservation_ids, op.at)}
         except LedgerError as exc:
             results[i] = (None, exc)
             continue
@@ -1122,18 +1349,29 @@ def _answer_raced_retries(db: Database, ops: Sequence[_Op], results: dict[int, _
     if not refused:
         return
     with db.session(readonly=True) as session:
-        stored = _stored_answers(session.connection(), [ops[i] for i in refused])
-    for i in refused:
-        hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
-        if hit is not None:
-            results[i] = _replay(ops[i], hit)
+        connection = session.connection()
+        stored = _stored_answers(connection, [ops[i] for i in refused])
+        for i in refused:
+            hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
+            if hit is None:
+                continue
+            response, error = _replay(ops[i], hit)
+            rid = None if response is None else _replayed_reservation(ops[i], response)
+            if response is not None and rid is not None:
+                loaded, _, _ = _load_reservations(connection, [rid])
+                response = _refreshed(ops[i], response, loaded.get(rid))
+            results[i] = (response, error)
 
 
 def _run_group(db: Database, dataset_id: str, ops: Sequence[_Op]) -> None:
     """Run ``ops`` in one transaction and hand every op its result once it has committed.
 
     When the transaction itself fails, each op is run alone, so a failure is its own op's only.
+    Ops not priced yet are priced first, before the transaction opens (``_prepare``).
     """
+    ops = _prepared(db, ops)
+    if not ops:
+        return
     attempt = 0
     while True:
         attempt += 1
@@ -1309,11 +1547,14 @@ def _answered(op: _Op) -> dict[str, Any]:
 
 
 def _submit(db: Database, op: _Op) -> dict[str, Any]:
+    _prepare(db, op)  # priced in the caller's thread, before it queues for the transaction
     _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
     return _answered(op)
 
 
 async def _submit_async(db: Database, op: _Op) -> dict[str, Any]:
+    if not _prices_inline(op):  # priced in a pricing thread, never on the event loop
+        await anyio.to_thread.run_sync(_prepare, db, op, limiter=op.policy.limiter)
     await _async_combiner(db, op.dataset_id).run(db, op.dataset_id, op)
     return _answered(op)
 
@@ -1344,7 +1585,7 @@ def _remember_owner(reservation_id: str, dataset_id: str, tenant_id: str) -> Non
 def _remembered_owner(reservation_id: str) -> tuple[str, str] | None:
     """``(dataset id, tenant id)`` of the reservation when this process knows it; ``NotFound``
     for what cannot be a reservation id."""
-    if not isinstance(reservation_id, str) or not reservation_id or len(reservation_id) > MAX_ID_LENGTH:
+    if not _can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with _owners_lock:
         return _owners.get(reservation_id)
@@ -1396,6 +1637,7 @@ def _reserve_op(
     idempotency_key: str | None,
     ttl_s: float,
     now: datetime | None,
+    policy: pricing.Policy | None,
 ) -> _Op:
     if (batch_ids is None) == (task_ids is None):
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
@@ -1404,13 +1646,21 @@ def _reserve_op(
     event = parse_event(event_json)
     charge = _charge(event, noise_commitment)
     document = ev.to_json(event)
-    params = _ReserveParams(selector, ids, charge, document, _ttl(ttl_s))
-    op = _Op("reserve", tenant_id, dataset_id, now or utcnow(), params)
+    if not _can_be_id(dataset_id):
+        raise NotFound("dataset", dataset_id)
+    ttl = _ttl(ttl_s)
+    params = _ReserveParams(selector, ids, charge, document, ttl)
+    op = _Op(
+        "reserve", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+    )
+    # Every field of the request: a retry that differs in any (the hold's ttl_s included) is
+    # another request, answered 409 ``idempotency_conflict``, never the first one's answer.
     request = {
         "dataset_id": dataset_id,
         selector: ids,
         "event": document,
         "noise_commitment": noise_commitment,
+        "ttl_s": ttl.total_seconds(),
     }
     return _keyed(op, idempotency_key, request)
 
@@ -1432,15 +1682,21 @@ def reserve(
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     now: datetime | None = None,
+    policy: pricing.Policy | None = None,
 ) -> dict[str, Any]:
     """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
 
     Answer: ``{id, dataset_id, status: "reserved", cost: {epsilon, delta}, committed, commits,
     noise_commitment, expires_at, created_at, closed_at, batches: [{id, epsilon, delta,
     naive_epsilon, level?, replay?}]}``; ``cost`` is the maximum over the batches (they are
-    disjoint). Raises ``InvalidInput``, ``NotFound`` (dataset, batch or task, also another
-    tenant's), ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
-    ``IdempotencyConflict``.
+    disjoint). Raises ``InvalidInput`` (also an event whose pricing is above
+    ``policy.max_work``), ``NotFound`` (dataset, batch or task, also another tenant's),
+    ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
+    ``IdempotencyConflict``, and whatever ``policy.meter`` raises.
+
+    The charge is priced before the spend transaction opens (``service.ledger.pricing``). A retry
+    with the same ``idempotency_key`` and the same request answers the reservation as it is now
+    (its current status, hold and commits), and holds nothing more.
     """
     op = _reserve_op(
         tenant_id,
@@ -1452,6 +1708,7 @@ def reserve(
         idempotency_key=idempotency_key,
         ttl_s=ttl_s,
         now=now,
+        policy=policy,
     )
     return _reserved(op, _submit(db, op))
 
@@ -1467,8 +1724,9 @@ async def reserve_async(
     noise_commitment: str | None = None,
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
+    policy: pricing.Policy | None = None,
 ) -> dict[str, Any]:
-    """``reserve`` for a coroutine."""
+    """``reserve`` for a coroutine (the charge is priced in a thread of ``policy.limiter``)."""
     op = _reserve_op(
         tenant_id,
         dataset_id,
@@ -1479,6 +1737,7 @@ async def reserve_async(
         idempotency_key=idempotency_key,
         ttl_s=ttl_s,
         now=None,
+        policy=policy,
     )
     return _reserved(op, await _submit_async(db, op))
 
@@ -1508,6 +1767,7 @@ def commit(
     event_json: object = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
+    policy: pricing.Policy | None = None,
 ) -> dict[str, Any]:
     """Turn the reservation's hold into spend, record the release, store a certificate (200).
 
@@ -1517,11 +1777,19 @@ def commit(
     certificate}, reservation: {...}}``. Raises ``NotFound``, ``InvalidInput``, ``Conflict``
     (``reservation_closed``; ``release_exists`` when the (model, version) was released before),
     ``ReservationExpired`` (its hold is freed and stays freed), ``ChargeRefused``
-    (``commit_exceeds_reservation``), ``IdempotencyConflict``.
+    (``commit_exceeds_reservation``), ``IdempotencyConflict``. A bad ``release`` (a control
+    character in ``model`` or ``version``, say) is refused before anything is locked: the
+    reservation stays open and committable.
+
+    ``event_json`` is priced before the spend transaction (bounded and metered by ``policy`` as a
+    reservation's). A retry with the same ``idempotency_key`` and request answers the first
+    commit's certificate with the reservation as it is now.
     """
     params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = _Op("commit", tenant_id, dataset_id, now or utcnow(), params)
+    op = _Op(
+        "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+    )
     return _submit(db, _keyed(op, key, request))
 
 
@@ -1533,11 +1801,12 @@ async def commit_async(
     release: Mapping[str, Any],
     event_json: object = None,
     idempotency_key: str | None = None,
+    policy: pricing.Policy | None = None,
 ) -> dict[str, Any]:
     """``commit`` for a coroutine."""
     params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = _Op("commit", tenant_id, dataset_id, utcnow(), params)
+    op = _Op("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
     return await _submit_async(db, _keyed(op, key, request))
 
 
@@ -1597,7 +1866,7 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
 
 def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
     """The reservation's JSON (another tenant's answers ``NotFound``)."""
-    if not isinstance(reservation_id, str) or len(reservation_id) > MAX_ID_LENGTH:
+    if not _can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
         loaded, _, _ = _load_reservations(session.connection(), [reservation_id])

@@ -1,17 +1,24 @@
 """Tenants and API keys.
 
 A key belongs to one tenant and carries one scope: ``admin`` (everything in the tenant),
-``trainer`` (reserve, commit, abort, jobs, reads), ``viewer`` (reads). Only ``SHA-256(key)`` is
-stored; ``authenticate`` looks the hash up (a unique index) and compares it in constant time.
-Generated keys are ``pl_`` + 43 URL-safe characters (256 random bits), so a hash lookup is as
-strong as the key. A tenant id is a short slug (``default``, ``team-a``); tenant ``default``
-holds the bootstrap admin key (``LEDGER_BOOTSTRAP_ADMIN_KEY``).
+``trainer`` (reserve, commit, abort, jobs, reads), ``viewer`` (reads). Only
+``HMAC-SHA256(server secret, key)`` is stored (``service.server_secrets``): a database dump
+alone lets nobody test a guessed key, generated or chosen. ``authenticate`` looks the digest up
+(a unique index: one indexed query for a whole batch of requests, DESIGN-NOTES 5 — which is why
+the hash is a keyed *fast* hash and not a slow one) and compares it in constant time. Generated
+keys are ``pl_`` + 43 URL-safe characters (256 random bits); a chosen key (the bootstrap key)
+must have at least ``MIN_KEY_LENGTH`` characters, and the secret is what protects it at rest.
+Keys stored before HMAC (``hash_scheme`` ``sha256``) still authenticate and are rehashed at
+their first successful use. The stored display ``prefix`` is ``pl_`` + 4 characters (nothing of
+a chosen key). A tenant id is a short slug (``default``, ``team-a``); tenant ``default`` holds
+the bootstrap admin key (``LEDGER_BOOTSTRAP_ADMIN_KEY``), which a revocation disables for good.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 from collections.abc import Iterable
@@ -19,18 +26,27 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.orm import Session
 
+from service import server_secrets
 from service.db.base import utcnow
 from service.db.models import SCOPES, ApiKey, Tenant
 from service.db.session import Database
 from service.ledger import audit
 from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.settings import MIN_KEY_LENGTH
+
+logger = logging.getLogger("service.ledger.tenancy")
 
 DEFAULT_TENANT: Final = "default"
 KEY_PREFIX: Final = "pl_"
 MAX_KEY_LENGTH: Final = 512
+# Characters of a generated key kept after ``pl_`` to show it to a human: 4 of its 43 random
+# characters (24 of 256 bits), enough to tell a tenant's keys apart, no help to a guesser.
+DISPLAY_CHARS: Final = 4
+HMAC_SCHEME: Final = "hmac-sha256"
+LEGACY_SCHEME: Final = "sha256"
 _TENANT_ID = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
@@ -47,8 +63,30 @@ class Principal:
         return SCOPES.index(self.scope) <= SCOPES.index(scope)
 
 
-def hash_key(key: str) -> str:
+def hash_key(key: str, secret: bytes) -> str:
+    """``HMAC-SHA256(secret, key)``, hex: what is stored for a key (``hash_scheme`` hmac-sha256)."""
+    return hmac.new(secret, key.encode(), hashlib.sha256).hexdigest()
+
+
+def legacy_hash_key(key: str) -> str:
+    """Plain ``SHA-256(key)``, hex: how keys were stored before HMAC (``hash_scheme`` sha256)."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def display_prefix(key: str) -> str:
+    """What is stored to show ``key`` to a human: ``pl_`` + 4 characters of a generated key;
+    nothing of a chosen key, whose first characters may be half of a human-made secret."""
+    if key.startswith(KEY_PREFIX):
+        return key[: len(KEY_PREFIX) + DISPLAY_CHARS]
+    return ""
+
+
+def _hash_columns(key: str, secret: bytes) -> dict[str, str]:
+    return {
+        "key_hash": hash_key(key, secret),
+        "hash_scheme": HMAC_SCHEME,
+        "secret_id": server_secrets.secret_id(secret),
+    }
 
 
 def check_tenant_id(tenant_id: object, field: str = "tenant") -> str:
@@ -77,6 +115,7 @@ def _key_json(key: ApiKey) -> dict[str, Any]:
         "tenant_id": key.tenant_id,
         "scope": key.scope,
         "prefix": key.prefix,
+        "hash_scheme": key.hash_scheme,
         "created_at": key.created_at.isoformat(),
         "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
     }
@@ -119,15 +158,18 @@ def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = No
     """
     check_tenant_id(tenant)
     check_scope(scope)
+    if key is not None:
+        check_chosen_key(key, "key")
     plaintext = key if key is not None else KEY_PREFIX + secrets.token_urlsafe(32)
+    secret = server_secrets.key_hash_secret(db)
     now = utcnow()
     with db.session() as session:
         _, created = _ensure_tenant(session, tenant, now)
         row = ApiKey(
             id=f"key_{secrets.token_hex(8)}",
             tenant_id=tenant,
-            key_hash=hash_key(plaintext),
-            prefix=plaintext[:10],
+            **_hash_columns(plaintext, secret),
+            prefix=display_prefix(plaintext),
             scope=scope,
             created_at=now,
             revoked_at=None,
@@ -157,9 +199,22 @@ def list_api_keys(db: Database, tenant_id: str) -> dict[str, Any]:
         return {"data": data, "count": len(data)}
 
 
+def check_chosen_key(key: object, field: str) -> str:
+    """A key a person chose: ``MIN_KEY_LENGTH``-``MAX_KEY_LENGTH`` characters, no surrounding
+    whitespace (a header carrying it would be stripped, and the key would never match)."""
+    if not isinstance(key, str) or not MIN_KEY_LENGTH <= len(key) <= MAX_KEY_LENGTH:
+        length = len(key) if isinstance(key, str) else type(key).__name__
+        raise InvalidInput(
+            field, f"must be {MIN_KEY_LENGTH}-{MAX_KEY_LENGTH} characters. Found length {length}."
+        )
+    if key != key.strip():
+        raise InvalidInput(field, "must not begin or end with whitespace.")
+    return key
+
+
 # Built once: the statement, its compiled form and cache key are reused by every request.
 _KEYS_BY_HASH: Final = select(
-    ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.revoked_at
+    ApiKey.id, ApiKey.tenant_id, ApiKey.scope, ApiKey.key_hash, ApiKey.hash_scheme, ApiKey.revoked_at
 ).where(ApiKey.key_hash.in_(bindparam("digests", expanding=True)))
 
 
@@ -172,20 +227,91 @@ def authenticate_many(db: Database, keys: Iterable[str]) -> dict[str, Principal]
     """``{key: principal}`` for those of ``keys`` that are valid and unrevoked, looked up together.
 
     One indexed lookup, one round trip (``Database.read_all``) that starts after this call: a
-    revocation committed before it is seen.
+    revocation committed before it is seen. Each key is looked up by its HMAC digest and by its
+    legacy SHA-256 digest in that one query; a row matches only the digest of its own
+    ``hash_scheme``. A legacy row that matched is rehashed with HMAC (``_rehash``).
     """
-    digests = {
-        hash_key(key): key for key in keys if isinstance(key, str) and key and len(key) <= MAX_KEY_LENGTH
-    }
-    if not digests:
+    secret = server_secrets.key_hash_secret(db)
+    wanted: dict[str, tuple[str, str]] = {}  # digest -> (key, scheme it stands for)
+    for key in keys:
+        if isinstance(key, str) and key and len(key) <= MAX_KEY_LENGTH:
+            wanted[hash_key(key, secret)] = (key, HMAC_SCHEME)
+            wanted[legacy_hash_key(key)] = (key, LEGACY_SCHEME)
+    if not wanted:
         return {}
-    rows = {row.key_hash: row for row in db.read_all(_KEYS_BY_HASH, {"digests": sorted(digests)})}
+    rows = {row.key_hash: row for row in db.read_all(_KEYS_BY_HASH, {"digests": sorted(wanted)})}
     found: dict[str, Principal] = {}
-    for digest, key in digests.items():
+    revoked: set[str] = set()
+    legacy: dict[str, tuple[str, str, str]] = {}  # key -> (key id, its SHA-256 digest, the key)
+    for digest, (key, scheme) in wanted.items():
         row = rows.get(digest)
-        if row is not None and hmac.compare_digest(row.key_hash, digest) and row.revoked_at is None:
-            found[key] = Principal(tenant_id=row.tenant_id, scope=row.scope, key_id=row.id)
+        if row is None or row.hash_scheme != scheme or not hmac.compare_digest(row.key_hash, digest):
+            continue
+        if row.revoked_at is not None:
+            revoked.add(key)  # a key stored twice (both schemes) is refused if either is revoked
+            continue
+        found[key] = Principal(tenant_id=row.tenant_id, scope=row.scope, key_id=row.id)
+        if scheme == LEGACY_SCHEME:
+            legacy[key] = (row.id, row.key_hash, key)
+    for key in revoked:
+        found.pop(key, None)
+        legacy.pop(key, None)
+    if legacy:
+        _rehash(db, list(legacy.values()), secret)
     return found
+
+
+def _rehash(db: Database, legacy: list[tuple[str, str, str]], secret: bytes) -> None:
+    """Store HMAC digests for legacy (SHA-256) keys that just authenticated.
+
+    Conditional on the row still holding the SHA-256 digest, so concurrent requests with the
+    same key rehash it once. A failure is logged and changes nothing: the key keeps working
+    (it was just proven valid) and is rehashed at a later use.
+    """
+    try:
+        with db.session() as session:
+            for key_id, old_digest, key in legacy:
+                session.execute(
+                    update(ApiKey)
+                    .where(
+                        ApiKey.id == key_id,
+                        ApiKey.key_hash == old_digest,
+                        ApiKey.hash_scheme == LEGACY_SCHEME,
+                    )
+                    .values(**_hash_columns(key, secret), prefix=display_prefix(key))
+                )
+    except Exception:  # the answer (authenticated) stands; only the upgrade is deferred
+        logger.exception("could not rehash %d legacy API key(s) with HMAC; will retry", len(legacy))
+
+
+def check_key_hash_secret(db: Database) -> None:
+    """Refuse to run with a key-hash secret that none of the stored HMAC keys was hashed with.
+
+    Keys hashed with another secret (another user's data folder, a lost or replaced secret
+    file, a different ``LEDGER_KEY_HASH_SECRET``) can never authenticate here: say so at start,
+    instead of answering 401 to every key. Keys under several secrets (some match) only warn.
+    """
+    current = server_secrets.secret_id(server_secrets.key_hash_secret(db))
+    with db.session(readonly=True) as session:
+        counts = dict(
+            session.execute(
+                select(ApiKey.secret_id, func.count())
+                .where(ApiKey.hash_scheme == HMAC_SCHEME, ApiKey.revoked_at.is_(None))
+                .group_by(ApiKey.secret_id)
+            ).all()
+        )
+    others = sum(n for sid, n in counts.items() if sid != current)
+    if not others:
+        return
+    message = (
+        f"{others} API key(s) in this database were hashed with another key-hash secret than this "
+        f"process's (secret id {current}; theirs: {sorted(str(s) for s in counts if s != current)}), "
+        "so they cannot authenticate here. Give every ledger process the same LEDGER_KEY_HASH_SECRET "
+        "or LEDGER_SECRETS_DIR (service/server_secrets.py)."
+    )
+    if current not in counts:
+        raise server_secrets.SecretError(message)
+    logger.warning("%s", message)
 
 
 def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -> dict[str, Any]:
@@ -206,14 +332,19 @@ def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -
         return _key_json(row)
 
 
-def ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
-    """Make ``key`` a valid ``admin`` key of tenant ``default`` (idempotent; run at start-up).
+def ensure_bootstrap_admin_key(db: Database, key: str) -> Principal | None:
+    """Make sure ``key`` exists as an ``admin`` key of tenant ``default`` (idempotent; run at
+    start-up); its principal, or ``None`` when the key exists but may not be that.
+
+    A key that was revoked stays revoked: the variable still being set at the next start is no
+    consent to undo a revocation (it may be exactly the leaked key). A key that already exists
+    with another tenant or scope is left as it is (making it ``default``'s admin would hand
+    more to whoever holds it). Both are logged as warnings and create nothing.
 
     Several processes may start at once: the one that loses the race to create the tenant or the
     key finds them on its next attempt.
     """
-    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidInput("LEDGER_BOOTSTRAP_ADMIN_KEY", f"must be 1-{MAX_KEY_LENGTH} characters.")
+    check_chosen_key(key, "LEDGER_BOOTSTRAP_ADMIN_KEY")
     for attempt in range(3):
         try:
             return _ensure_bootstrap_admin_key(db, key)
@@ -223,19 +354,38 @@ def ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
     raise AssertionError("unreachable")
 
 
-def _ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
-    digest = hash_key(key)
+def _ensure_bootstrap_admin_key(db: Database, key: str) -> Principal | None:
+    secret = server_secrets.key_hash_secret(db)
+    digests = {hash_key(key, secret): HMAC_SCHEME, legacy_hash_key(key): LEGACY_SCHEME}
     now = utcnow()
     with db.session() as session:
+        rows = session.scalars(select(ApiKey).where(ApiKey.key_hash.in_(sorted(digests)))).all()
+        row = next((r for r in rows if digests.get(r.key_hash) == r.hash_scheme), None)
+        if row is not None and row.revoked_at is not None:
+            logger.warning(
+                "LEDGER_BOOTSTRAP_ADMIN_KEY is the API key %s, revoked at %s: it stays revoked and no "
+                "key is created. Unset the variable, or set it to a new key.",
+                row.id,
+                row.revoked_at.isoformat(),
+            )
+            return None
+        if row is not None and (row.tenant_id, row.scope) != (DEFAULT_TENANT, "admin"):
+            logger.warning(
+                "LEDGER_BOOTSTRAP_ADMIN_KEY is the API key %s of tenant %r with scope %r: it is left "
+                "as it is and no key is created. Set the variable to a key of its own.",
+                row.id,
+                row.tenant_id,
+                row.scope,
+            )
+            return None
         _, created = _ensure_tenant(session, DEFAULT_TENANT, now)
         events = [audit.AuditEvent("tenant.created", {}, tenant_id=DEFAULT_TENANT)] if created else []
-        row = session.scalars(select(ApiKey).where(ApiKey.key_hash == digest)).one_or_none()
         if row is None:
             row = ApiKey(
                 id=f"key_{secrets.token_hex(8)}",
                 tenant_id=DEFAULT_TENANT,
-                key_hash=digest,
-                prefix=key[:10],
+                **_hash_columns(key, secret),
+                prefix=display_prefix(key),
                 scope="admin",
                 created_at=now,
                 revoked_at=None,
@@ -248,15 +398,9 @@ def _ensure_bootstrap_admin_key(db: Database, key: str) -> Principal:
                     tenant_id=DEFAULT_TENANT,
                 )
             )
-        elif (row.tenant_id, row.scope, row.revoked_at) != (DEFAULT_TENANT, "admin", None):
-            row.tenant_id, row.scope, row.revoked_at = DEFAULT_TENANT, "admin", None
-            events.append(
-                audit.AuditEvent(
-                    "api_key.restored",
-                    {"key_id": row.id, "scope": "admin", "bootstrap": True},
-                    tenant_id=DEFAULT_TENANT,
-                )
-            )
+        elif row.hash_scheme == LEGACY_SCHEME:  # the key is proven here: rehash it now
+            for column, value in {**_hash_columns(key, secret), "prefix": display_prefix(key)}.items():
+                setattr(row, column, value)
         session.flush()
         audit.append(session, events, now=now)
         return Principal(tenant_id=DEFAULT_TENANT, scope="admin", key_id=row.id)
@@ -266,14 +410,19 @@ __all__ = [
     "DEFAULT_TENANT",
     "Principal",
     "authenticate",
+    "authenticate_many",
+    "check_chosen_key",
+    "check_key_hash_secret",
     "check_scope",
     "check_tenant_id",
     "create_api_key",
     "create_tenant",
+    "display_prefix",
     "ensure_bootstrap_admin_key",
     "get_tenant",
     "hash_key",
     "issue_api_key",
+    "legacy_hash_key",
     "list_api_keys",
     "revoke_api_key",
 ]

@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import ClassVar, Final
 
 import torch
 
@@ -73,7 +73,7 @@ from service.worker.dp_sgd import (
     gaussian_like,
     per_example_norms,
 )
-from service.worker.models import InvalidParamsError, JobParams
+from service.worker.params import AdaDpParams, InvalidParamsError  # noqa: F401  (re-exported)
 
 LEMMA1_SAFETY: Final = 1e-5
 LEMMA1_RTOL: Final = 1e-12  # float64 rounding of the check itself
@@ -120,54 +120,6 @@ def check_lemma1(
     if not ratio <= limit * (1 + LEMMA1_RTOL):
         raise Lemma1Violation(step, ratio, limit)
     return ratio
-
-
-@dataclass(frozen=True, slots=True)
-class AdaDpParams(DpSgdParams):
-    """DP-SGD's params (``max_grad_norm`` is C of the warm-up; no ``momentum``) plus AdaDp's own.
-
-    ``beta`` local clipping factor β; ``gamma`` RMSProp rate γ of E[g̃²] (line 22);
-    ``gamma_prime`` decay γ′ of E′[g²] (line 23); ``local_clipping_threshold`` G;
-    ``warmup_steps`` minimum global-clipping steps; ``epsilon0`` ε₀ of the RMSProp denominator.
-    """
-
-    beta: float = 2.0
-    gamma: float = 0.1
-    gamma_prime: float = 0.9
-    local_clipping_threshold: float = 0.0
-    warmup_steps: int = 20
-    epsilon0: float = 1e-8
-    debias_second_moment: bool = True
-    cap_total_sensitivity: bool = True
-    second_moment_floor: float = 1e-12
-    relative_second_moment_floor: float = 0.01
-    learning_rate: float = 0.02
-    default_learning_rate: ClassVar[float] = 0.02
-    default_momentum: ClassVar[float] = 0.0
-
-    @classmethod
-    def _read(cls, r: JobParams) -> dict[str, Any]:
-        if r.has("momentum"):
-            raise InvalidParamsError("params.momentum", "is not an adadp param (RMSProp adapts the steps).")
-        values = super(AdaDpParams, cls)._read(r)
-        values.update(
-            beta=r.real("beta", 2.0, minimum=0, exclusive_minimum=True),
-            gamma=r.real("gamma", 0.1, minimum=0, maximum=1, exclusive_minimum=True),
-            gamma_prime=r.real("gamma_prime", 0.9, minimum=0, maximum=0.9999),
-            local_clipping_threshold=r.real("local_clipping_threshold", 0.0, minimum=0),
-            warmup_steps=r.integer("warmup_steps", 20, minimum=1),
-            epsilon0=r.real("epsilon0", 1e-8, minimum=0, exclusive_minimum=True),
-            debias_second_moment=r.boolean("debias_second_moment", True),
-            cap_total_sensitivity=r.boolean("cap_total_sensitivity", True),
-            second_moment_floor=r.real("second_moment_floor", 1e-12, minimum=0, exclusive_minimum=True),
-            relative_second_moment_floor=r.real("relative_second_moment_floor", 0.01, minimum=0, maximum=1),
-        )
-        return values
-
-    def to_json(self) -> dict[str, Any]:
-        out = super(AdaDpParams, self).to_json()
-        out.pop("momentum", None)  # not an AdaDp param
-        return out
 
 
 @dataclass

@@ -87,40 +87,26 @@ from accountant.mechanisms import (
 )
 from accountant.rules import Budget, GeometricSchedule
 from service.worker.data import LoadedData
-from service.worker.models import InvalidParamsError, JobParams
+from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    MAX_LEVEL,
+    MAX_WINDOW_LEVELS,
+    MODES,
+    ContinualParams,
+    InvalidParamsError,
+)
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
-MODES: Final = ("multi_resolution", "cumulative", "sliding_window")
 LIPSCHITZ: Final = 1.0  # logistic loss with features in the unit ball
 OPTIMISATION_TOLERANCE: Final = 1e-6  # τ = 1e-6·L/n: the Newton stop, added to the sensitivity
 MAX_NEWTON_STEPS: Final = 100
-MAX_LEVEL: Final = 60
-MAX_WINDOW_LEVELS: Final = 12
 _FLOOR_60: Final = decimal.Context(prec=60, rounding=decimal.ROUND_FLOOR)
 
 FloatArray = npt.NDArray[np.float64]
 
 
 # ---------------------------------------------------------------------------------------------
-# Params and the budget they expect
+# The budget the params expect (params: service.worker.params.ContinualParams)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ContinualParams:
-    mode: str
-    epsilon: float
-    regularization: float = 1.0
-    sampling: bool = False
-    base_blocks: int = 1
-    max_level: int = 20
-    window_levels: int = 3
-    max_blocks: int | None = None
-    seed: int | None = None
-
-    @property
-    def window_blocks(self) -> int:
-        return (1 << self.window_levels) - 1
 
 
 def geometric_schedule(mode: str, epsilon: float | Decimal | str) -> dict[str, Any]:
@@ -158,27 +144,8 @@ def schedule_of(params: ContinualParams) -> GeometricSchedule:
 
 
 def parse_params(params: Mapping[str, Any]) -> ContinualParams:
-    p = JobParams(params)
-    mode = p.string("mode", "multi_resolution", MODES)
-    epsilon = p.real("epsilon", None, minimum=0.0, exclusive_minimum=True, maximum=1e6)
-    if epsilon is None:
-        raise InvalidParamsError("params.epsilon", "is required (the geometric budget's epsilon).")
-    regularization = p.real("regularization", 1.0, minimum=0.0, exclusive_minimum=True, maximum=1e6)
-    assert regularization is not None
-    sampling = p.boolean("sampling", False)
-    base_blocks = p.integer("base_blocks", 1, minimum=1, maximum=2**20)
-    assert base_blocks is not None
-    if base_blocks & (base_blocks - 1):
-        raise InvalidParamsError("params.base_blocks", f"must be a power of two. Found {base_blocks}.")
-    max_level = p.integer("max_level", 20, minimum=0, maximum=MAX_LEVEL)
-    window_levels = p.integer("window_levels", 3, minimum=1, maximum=MAX_WINDOW_LEVELS)
-    max_blocks = p.integer("max_blocks", None, minimum=1)
-    seed = p.integer("seed", None, minimum=0, maximum=2**63 - 1)
-    p.finish()
-    assert max_level is not None and window_levels is not None
-    return ContinualParams(
-        mode, epsilon, regularization, sampling, base_blocks, max_level, window_levels, max_blocks, seed
-    )
+    """The job's params, validated (``service.worker.params.ContinualParams.read``)."""
+    return ContinualParams.read(params)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,13 @@
 """Data sources named by URI, parsed without reading anything and loaded only when called.
 
-The release flow (DESIGN.md) reserves a run's cost *before* the worker reads private data, so a
-source is two steps: ``parse_source(uri)`` validates the URI and touches nothing (the API can call
-it when a dataset is created); ``DataSource.load()`` reads the records, and the worker calls it
-only after the ledger granted the reservation. numpy only: no torch here.
+A data source belongs to a dataset: an admin of the dataset's tenant sets it
+(``service.ledger.datasets``); a job never names one (DESIGN-NOTES 8). The release flow
+(DESIGN.md) reserves a run's cost *before* the worker reads private data, so a source is three
+steps: ``parse_source(uri)`` checks the URI's syntax and touches nothing; ``check_source(uri,
+roots)`` (the API, when an admin sets the source) also checks that a file source is a regular
+file under the tenant's data roots, without opening it; ``DataSource.load(roots)`` reads the
+records, and the worker calls it only after the ledger granted the reservation, checking the
+file again as it opens it. numpy only: no torch here.
 
 URIs
 ----
@@ -40,6 +44,31 @@ URIs
   B (a ledger batch per block); a held-out test split of 2000 records from the same model. Record
   i depends only on S and i, so a longer stream extends a shorter one.
 
+Data roots (``DataRoots``, ``LEDGER_DATA_ROOTS``)
+-------------------------------------------------
+A ``file://`` source is read only from under the operator's data roots for the dataset's tenant
+(none by default: only ``builtin:`` sources work out of the box). The URI must be
+``file:///absolute/path`` (or ``file:/absolute/path``): no host part (``file://host/…`` used to be
+read relative to the working directory), no query, no ``.``, ``..`` or empty path component,
+after percent-decoding (``%2e%2e`` is ``..``), no control character. Then:
+
+* the path as named must lie under one of the tenant's roots, and so must its real path
+  (``os.path.realpath``): a symlink inside the root pointing out, or outside pointing in, is
+  refused; the real path belongs to the *deepest* configured root that contains it, which must be
+  the tenant's (a tenant's root nested inside a shared ``"*"`` root stays that tenant's);
+* the file must be a regular file (not a directory, FIFO, device or socket) of at most
+  ``LEDGER_MAX_SOURCE_BYTES``, and an ``.npz``'s arrays too, uncompressed.
+
+The worker checks all of this again when it reads (the file may have changed since the admin set
+it): it walks from the root's directory one component at a time with ``O_NOFOLLOW`` (a symlink
+swapped in anywhere on the way fails the walk), ``lstat``s the file before opening it (a FIFO or
+a device is never opened: opening either can block or have effects), opens it with
+``O_NOFOLLOW | O_NONBLOCK``, checks with ``fstat`` that the descriptor is the regular file it
+looked at and within the size, and reads the records from that descriptor only.
+
+Errors carry no data: a loading error names the line, the column and the rule, never a cell's
+contents; ``RecordMismatchError`` gives counts and ledger batch ids, never a record id.
+
 Privacy notes
 -------------
 Only the training records are private and ledgered: ``check_records`` compares the training
@@ -53,65 +82,87 @@ holds records of no task: they are outside the ledger and carry no privacy guara
 from __future__ import annotations
 
 import csv
+import io
 import math
+import os
+import stat
+import zipfile
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Final
-from urllib.parse import parse_qsl, unquote, urlsplit
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Final, TypeVar
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from service.settings import Settings
 
 DIGITS_TEST_SIZE: Final = 360
 DIGITS_SPLIT_SEED: Final = 20_240_611
 DIGITS_IMAGE_SHAPE: Final = (1, 8, 8)
 MAX_TASKS: Final = 1_000
-_SAMPLE: Final = 5  # how many offending record ids an error message names
+MAX_SOURCE_LENGTH: Final = 2_000  # characters of a source URI (the datasets.data_source column)
+DEFAULT_MAX_SOURCE_BYTES: Final = 256 * 1024 * 1024
+EVERY_TENANT: Final = "*"  # the LEDGER_DATA_ROOTS entry of tenants without one of their own
+_SAMPLE: Final = 5  # how many batch ids an error message names
 
 FloatArray = npt.NDArray[np.float32]
 LabelArray = npt.NDArray[np.int64]
 
 
 class DataSourceError(ValueError):
-    """A data source URI or its contents are invalid; the message names the URI and the field."""
+    """A data source URI or its contents are invalid; the message names the URI and the rule,
+    never a value read from the source."""
+
+
+class SourceLocationError(DataSourceError):
+    """A ``file://`` source is not a regular file of bounded size under the tenant's data roots."""
 
 
 class RecordMismatchError(DataSourceError):
     """The source's training record ids are not exactly the ledger's batches.
 
-    ``missing``: in a batch but not in the source; ``unexpected``: in the source but in no batch;
-    ``duplicated``: named twice (in two batches, or twice in the source). Each is sorted.
+    ``missing``: how many records of the ledger's batches the source lacks, and
+    ``missing_batches`` how many per ledger batch id (when known); ``unexpected``: how many of the
+    source's training records are in no batch; ``duplicated``: how many record ids are named twice
+    (in two batches, or twice in the source). Counts and batch ids only: a record id is private
+    data, and an error that echoed them let a trainer learn another tenant's ids five at a time
+    (issue 12 §1).
     """
 
     def __init__(
         self,
         uri: str,
         *,
-        missing: Sequence[str],
-        unexpected: Sequence[str],
-        duplicated: Sequence[str],
+        missing: int,
+        unexpected: int,
+        duplicated: int,
+        missing_batches: Mapping[str, int] | None = None,
     ) -> None:
         parts = []
-        for label, ids in (
-            ("in the ledger's batches but not in the source", missing),
-            ("in the source but in none of the ledger's batches", unexpected),
-            ("named more than once", duplicated),
-        ):
-            if ids:
-                shown = ", ".join(repr(i) for i in ids[:_SAMPLE])
-                more = f", … ({len(ids) - _SAMPLE} more)" if len(ids) > _SAMPLE else ""
-                parts.append(f"{len(ids)} record id(s) {label}: {shown}{more}")
+        batches = sorted((missing_batches or {}).items())
+        if missing:
+            shown = ", ".join(f"{n} of batch {b}" for b, n in batches[:_SAMPLE])
+            more = f", … ({len(batches) - _SAMPLE} more batches)" if len(batches) > _SAMPLE else ""
+            where = f" ({shown}{more})" if batches else ""
+            parts.append(f"{missing} record(s) of the ledger's batches are not in the source{where}")
+        if unexpected:
+            parts.append(f"{unexpected} training record(s) of the source are in none of the ledger's batches")
+        if duplicated:
+            parts.append(f"{duplicated} record id(s) are named more than once")
         super().__init__(
-            f"record ids of data source {uri!r} do not match the ledger's batches; "
+            f"record ids of data source {uri!r} do not match the ledger's batches: "
             + "; ".join(parts)
             + ". Training was not started."
         )
         self.uri = uri
-        self.missing = tuple(missing)
-        self.unexpected = tuple(unexpected)
-        self.duplicated = tuple(duplicated)
+        self.missing = missing
+        self.missing_batches = dict(batches)
+        self.unexpected = unexpected
+        self.duplicated = duplicated
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -196,7 +247,8 @@ class RecordIndex:
             else:
                 rows.setdefault(where[0], []).append(where[1])
         if missing:
-            raise RecordMismatchError(self.data.uri, missing=sorted(missing), unexpected=(), duplicated=())
+            # ids asked for that the source lacks: the caller's (the ledger's), counted, not named
+            raise RecordMismatchError(self.data.uri, missing=len(missing), unexpected=0, duplicated=0)
         tasks = []
         for i in sorted(rows):
             t = self.data.train[i]
@@ -238,36 +290,44 @@ class DataSource:
     block_size: int = 0
     dim: int = 0
 
-    def load(self) -> LoadedData:
-        """Read the records. Call only after the ledger granted the run's reservation."""
-        if self.kind == "npz":
-            assert self.path is not None
-            return _load_npz(self.uri, self.path)
-        if self.kind == "csv":
-            assert self.path is not None
-            return _load_csv(self.uri, self.path)
+    @property
+    def is_file(self) -> bool:
+        return self.path is not None
+
+    def load(self, roots: TenantRoots | None = None) -> LoadedData:
+        """Read the records. Call only after the ledger granted the run's reservation.
+
+        A file source is read only through ``roots`` (the dataset's tenant's data roots), and
+        checked again as it is opened (module docstring, "Data roots")."""
+        if self.path is not None:
+            if roots is None:
+                raise SourceLocationError(
+                    f"data source {self.uri!r}: a file is read only under the tenant's data roots, "
+                    "and none were given."
+                )
+            content = read_file(self, roots)
+            if self.kind == "npz":
+                return _load_npz(self.uri, content, roots.max_bytes)
+            return _load_csv(self.uri, content)
         if self.kind == "stream":
             return _load_stream(self.uri, self.blocks, self.block_size, self.dim, self.seed)
         return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public)
 
 
 def parse_source(uri: str) -> DataSource:
-    """Validate ``uri`` (see the module docstring) without reading the data it names."""
+    """Validate ``uri``'s syntax (see the module docstring) without touching the file it names."""
     if not isinstance(uri, str) or not uri:
         raise DataSourceError(f"data source must be a non-empty URI string. Found {uri!r}.")
+    if len(uri) > MAX_SOURCE_LENGTH:
+        raise DataSourceError(
+            f"data source must be at most {MAX_SOURCE_LENGTH} characters. Found {len(uri)}."
+        )
     try:
         parts = urlsplit(uri)
     except ValueError as exc:  # e.g. an unbalanced "[" in the host part
         raise DataSourceError(f"data source {uri!r} is not a valid URI: {exc}.") from None
     if parts.scheme == "file":
-        raw = unquote(parts.netloc + parts.path)
-        if parts.query or parts.fragment:
-            raise DataSourceError(f"data source {uri!r}: a file URI takes no query or fragment.")
-        path = Path(raw)
-        suffix = path.suffix.lower()
-        if suffix not in (".npz", ".csv"):
-            raise DataSourceError(f"data source {uri!r}: a file must end in .npz or .csv. Found {suffix!r}.")
-        return DataSource(uri=uri, kind=suffix[1:], path=path)
+        return DataSource(uri=uri, kind=_file_kind(uri, parts.path), path=_file_path(uri, parts))
     if parts.scheme == "builtin":
         name = parts.path
         if name not in BUILTINS:
@@ -293,6 +353,235 @@ def parse_source(uri: str) -> DataSource:
     raise DataSourceError(f"data source {uri!r}: scheme must be 'file' or 'builtin'. Found {parts.scheme!r}.")
 
 
+def _file_kind(uri: str, raw_path: str) -> str:
+    suffix = PurePosixPath(unquote(raw_path)).suffix.lower()
+    if suffix not in (".npz", ".csv"):
+        raise DataSourceError(f"data source {uri!r}: a file must end in .npz or .csv. Found {suffix!r}.")
+    return suffix[1:]
+
+
+def _file_path(uri: str, parts: SplitResult) -> Path:
+    """The absolute, normalised path a ``file:`` URI names, or ``SourceLocationError``: the
+    syntax alone refuses every way of naming a path that is not what it looks like."""
+    netloc, query, fragment, raw = parts.netloc, parts.query, parts.fragment, parts.path
+    if query or fragment:
+        raise SourceLocationError(f"data source {uri!r}: a file URI takes no query or fragment.")
+    if netloc:  # file://host/x.csv: a host part (it was read relative to the working directory)
+        raise SourceLocationError(
+            f"data source {uri!r}: a file URI takes no host part; write file:///absolute/path."
+        )
+    path = unquote(raw)  # %2e%2e is "..": check what the file system will see
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise SourceLocationError(f"data source {uri!r}: the path holds a control character.")
+    if not path.startswith("/"):
+        raise SourceLocationError(f"data source {uri!r}: the path must be absolute (file:///absolute/path).")
+    components = path[1:].split("/")
+    if any(c in ("", ".", "..") for c in components):
+        raise SourceLocationError(
+            f"data source {uri!r}: the path must not hold '..', '.' or empty components."
+        )
+    return Path(path)
+
+
+def check_source(uri: str, roots: TenantRoots) -> DataSource:
+    """``parse_source(uri)``, and for a file source the data-root checks (module docstring) as
+    they stand now — without opening the file. The API calls this when an admin sets a source."""
+    source = parse_source(uri)
+    if source.path is not None:
+        inspect_file(source, roots)
+    return source
+
+
+def load_data(uri: str, roots: TenantRoots | None = None) -> LoadedData:
+    """``parse_source(uri).load(roots)``: validate and read in one call."""
+    return parse_source(uri).load(roots)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data roots
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TenantRoots:
+    """One tenant's view of the data roots: where its file sources may live.
+
+    ``roots``: the tenant's roots as configured (absolute); ``real_roots``: the same resolved;
+    ``owners``: every configured root of every tenant, resolved, with its owner key, so that a
+    real path is attributed to the deepest root that holds it."""
+
+    tenant_id: str
+    key: str  # the LEDGER_DATA_ROOTS entry this tenant uses: its own id, or "*"
+    roots: tuple[Path, ...]
+    real_roots: tuple[Path, ...]
+    owners: tuple[tuple[Path, str], ...]
+    max_bytes: int = DEFAULT_MAX_SOURCE_BYTES
+
+    def described(self) -> str:
+        return f"tenant {self.tenant_id!r} (LEDGER_DATA_ROOTS)"
+
+
+@dataclass(frozen=True)
+class DataRoots:
+    """The operator's data roots (``LEDGER_DATA_ROOTS``): per tenant id, and ``"*"`` for every
+    tenant without an entry of its own; ``max_bytes`` is ``LEDGER_MAX_SOURCE_BYTES``."""
+
+    roots: Mapping[str, Sequence[str | os.PathLike[str]]] = field(default_factory=dict)
+    max_bytes: int = DEFAULT_MAX_SOURCE_BYTES
+
+    @classmethod
+    def of(cls, settings: Settings) -> DataRoots:
+        """The roots ``settings`` configure (``LEDGER_DATA_ROOTS``, ``LEDGER_MAX_SOURCE_BYTES``)."""
+        return cls(settings.data_roots, settings.max_source_bytes)
+
+    def for_tenant(self, tenant_id: str) -> TenantRoots:
+        """The tenant's roots, resolved now (a root may itself be a symlink the operator moves)."""
+        key = tenant_id if tenant_id in self.roots else EVERY_TENANT
+        mine = tuple(Path(os.path.normpath(r)) for r in self.roots.get(key, ()))
+        owners = tuple(
+            (Path(os.path.realpath(r)), owner) for owner, listed in self.roots.items() for r in listed
+        )
+        return TenantRoots(
+            tenant_id=tenant_id,
+            key=key,
+            roots=mine,
+            real_roots=tuple(Path(os.path.realpath(r)) for r in mine),
+            owners=owners,
+            max_bytes=self.max_bytes,
+        )
+
+
+_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def _outside(source: DataSource, roots: TenantRoots, why: str) -> SourceLocationError:
+    return SourceLocationError(
+        f"data source {source.uri!r} must name a regular file under a data root of "
+        f"{roots.described()}: {why}."
+    )
+
+
+def _locate(source: DataSource, roots: TenantRoots) -> tuple[Path, PurePosixPath]:
+    """The tenant's root (real path) holding the source's real path, and the path below it."""
+    assert source.path is not None
+    if not roots.roots:
+        raise _outside(source, roots, "no data root is configured for it, so only builtin: sources work")
+    named = source.path
+    if not any(named.is_relative_to(r) for r in roots.roots + roots.real_roots):
+        raise _outside(source, roots, "the path is not under any of its roots")
+    real = Path(os.path.realpath(named))
+    holders = [(root, owner) for root, owner in roots.owners if real.is_relative_to(root)]
+    if not holders:  # a symlink on the way leads out of every root
+        raise _outside(source, roots, "its real path (symlinks resolved) leaves the data roots")
+    depth = max(len(root.parts) for root, _ in holders)
+    deepest = [(root, owner) for root, owner in holders if len(root.parts) == depth]
+    mine = [root for root, owner in deepest if owner == roots.key]
+    if not mine:  # another tenant's root (perhaps nested inside a shared one)
+        raise _outside(source, roots, "its real path lies in another tenant's data root")
+    relative = PurePosixPath(real.relative_to(mine[0]))
+    if not relative.parts:
+        raise _outside(source, roots, "it names a data root itself, not a file")
+    return mine[0], relative
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _parent_descriptor(source: DataSource, roots: TenantRoots, root: Path, relative: PurePosixPath) -> int:
+    """An open descriptor of the directory that holds the file, reached from the root one
+    component at a time without following a symlink: a component swapped for a symlink since
+    ``realpath`` looked fails here, so the walk never leaves the root."""
+    if os.open not in os.supports_dir_fd or os.stat not in os.supports_dir_fd:
+        raise _outside(source, roots, "this platform cannot open files relative to a directory")
+    try:
+        fd = os.open(root, _DIRECTORY_FLAGS)
+    except OSError as exc:
+        raise _outside(source, roots, f"its data root cannot be opened ({type(exc).__name__})") from None
+    try:
+        for part in relative.parts[:-1]:
+            following = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = following
+    except OSError as exc:
+        os.close(fd)
+        raise _outside(
+            source, roots, f"a directory on its path is missing or is a symlink now ({type(exc).__name__})"
+        ) from None
+    return fd
+
+
+def _checked_stat(source: DataSource, roots: TenantRoots, parent: int, name: str) -> os.stat_result:
+    """``lstat`` of the file in ``parent``: a regular file within the size, or refused."""
+    try:
+        found = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        raise _outside(source, roots, "there is no such file") from None
+    except OSError as exc:
+        raise _outside(source, roots, f"it cannot be examined ({type(exc).__name__})") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise _outside(source, roots, f"it is {_kind(found.st_mode)}")
+    if found.st_size > roots.max_bytes:
+        raise _outside(
+            source,
+            roots,
+            f"it holds {found.st_size} bytes, more than LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes}",
+        )
+    return found
+
+
+def inspect_file(source: DataSource, roots: TenantRoots) -> int:
+    """Check a file source against ``roots`` as it stands now, without opening the file; its
+    size in bytes. ``SourceLocationError`` says what is wrong."""
+    root, relative = _locate(source, roots)
+    parent = _parent_descriptor(source, roots, root, relative)
+    try:
+        return _checked_stat(source, roots, parent, relative.name).st_size
+    finally:
+        os.close(parent)
+
+
+def read_file(source: DataSource, roots: TenantRoots) -> bytes:
+    """The bytes of a file source, read from a descriptor checked after it was opened (TOCTOU:
+    the admin set the source earlier; the file may have been replaced since)."""
+    root, relative = _locate(source, roots)
+    parent = _parent_descriptor(source, roots, root, relative)
+    try:
+        before = _checked_stat(source, roots, parent, relative.name)
+        try:
+            fd = os.open(relative.name, _FILE_FLAGS, dir_fd=parent)
+        except OSError as exc:  # ELOOP: replaced by a symlink after the lstat
+            raise _outside(source, roots, f"it cannot be opened ({type(exc).__name__})") from None
+    finally:
+        os.close(parent)
+    with os.fdopen(fd, "rb") as handle:
+        opened = os.fstat(handle.fileno())
+        same = (opened.st_dev, opened.st_ino) == (before.st_dev, before.st_ino)
+        if not stat.S_ISREG(opened.st_mode) or not same:
+            raise _outside(source, roots, "it was replaced while it was being opened")
+        if opened.st_size > roots.max_bytes:
+            raise _outside(
+                source,
+                roots,
+                f"it holds {opened.st_size} bytes, more than LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes}",
+            )
+        content = handle.read(roots.max_bytes + 1)  # it may grow while read: never past the limit
+    if len(content) > roots.max_bytes:
+        raise _outside(source, roots, f"it grew past LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes} while read")
+    return content
+
+
 def _query_int(
     uri: str, query: Mapping[str, str], name: str, default: int, *, minimum: int = 1, maximum: int
 ) -> int:
@@ -304,11 +593,6 @@ def _query_int(
             f"data source {uri!r}: {name} must be an integer in [{minimum}, {maximum}]. Found {text!r}."
         )
     return int(text)
-
-
-def load_data(uri: str) -> LoadedData:
-    """``parse_source(uri).load()``: validate and read in one call."""
-    return parse_source(uri).load()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,13 +611,20 @@ def check_records(data: LoadedData, batches: Mapping[str, Collection[str]]) -> N
     for records in batches.values():
         in_batches.update(records)
     in_source = Counter(data.record_ids)
-    duplicated = sorted(
-        {r for r, c in in_batches.items() if c > 1} | {r for r, c in in_source.items() if c > 1}
+    duplicated = {r for r, c in in_batches.items() if c > 1} | {r for r, c in in_source.items() if c > 1}
+    missing_batches = Counter(
+        {batch_id: sum(1 for r in records if r not in in_source) for batch_id, records in batches.items()}
     )
-    missing = sorted(in_batches.keys() - in_source.keys())
-    unexpected = sorted(in_source.keys() - in_batches.keys())
+    missing = len(in_batches.keys() - in_source.keys())
+    unexpected = len(in_source.keys() - in_batches.keys())
     if missing or unexpected or duplicated:
-        raise RecordMismatchError(data.uri, missing=missing, unexpected=unexpected, duplicated=duplicated)
+        raise RecordMismatchError(
+            data.uri,
+            missing=missing,
+            unexpected=unexpected,
+            duplicated=len(duplicated),
+            missing_batches={b: n for b, n in missing_batches.items() if n},
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,10 +649,9 @@ def _build(
             f"data source {uri!r}: {n} record ids, features {features.shape}, labels {labels.shape} "
             f"and tasks {tasks.shape} do not line up."
         )
-    counts = Counter(ids)
-    dup = sorted(r for r, c in counts.items() if c > 1)
-    if dup:
-        raise DataSourceError(f"data source {uri!r}: record_id {dup[0]!r} occurs {counts[dup[0]]} times.")
+    repeated = sum(1 for c in Counter(ids).values() if c > 1)
+    if repeated:  # counted, never named: a record id is private data
+        raise DataSourceError(f"data source {uri!r}: {repeated} record_id value(s) occur more than once.")
     flat = np.ascontiguousarray(features.reshape(n, -1), dtype=np.float32)
     if not np.isfinite(flat).all():
         raise DataSourceError(f"data source {uri!r}: features must be finite (found NaN or inf).")
@@ -425,17 +715,54 @@ def _image_shape(shape: tuple[int, ...]) -> tuple[int, int, int] | None:
     return None
 
 
-def _load_npz(uri: str, path: Path) -> LoadedData:
+def _npz_arrays(uri: str, content: bytes, max_bytes: int) -> dict[str, npt.NDArray[np.generic]]:
+    """The arrays of an ``.npz`` held in ``content``, refusing one whose arrays would take more
+    than ``max_bytes`` uncompressed (a small compressed file can inflate without bound) or whose
+    ``.npy`` header claims more elements than its member holds (numpy would allocate them first).
+    Errors name the member and the rule, never what the archive holds."""
     try:
-        archive = np.load(path, allow_pickle=False)
-    except FileNotFoundError as exc:
-        raise DataSourceError(f"data source {uri!r}: no such file {str(path)!r}.") from exc
-    except (OSError, ValueError) as exc:
-        raise DataSourceError(f"data source {uri!r}: not a readable .npz file ({exc}).") from exc
+        archive = zipfile.ZipFile(io.BytesIO(content))
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise DataSourceError(
+            f"data source {uri!r}: not a readable .npz file ({type(exc).__name__})."
+        ) from None
     with archive:
-        arrays: dict[str, npt.NDArray[np.generic]] = {
-            name: np.asarray(archive[name]) for name in archive.files
-        }
+        members = archive.infolist()
+        total = sum(m.file_size for m in members)
+        if total > max_bytes:
+            raise SourceLocationError(
+                f"data source {uri!r}: its arrays hold {total} bytes uncompressed, more than "
+                f"LEDGER_MAX_SOURCE_BYTES = {max_bytes}."
+            )
+        arrays: dict[str, npt.NDArray[np.generic]] = {}
+        for member in members:
+            name = member.filename.removesuffix(".npy")
+            try:
+                with archive.open(member) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(handle)
+                    else:
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(handle)
+                    if math.prod(shape) * dtype.itemsize > member.file_size:
+                        raise DataSourceError(
+                            f"data source {uri!r}: array {name[:40]!r} claims more data than it holds."
+                        )
+                with archive.open(member) as handle:
+                    arrays[name] = np.asarray(np.lib.format.read_array(handle, allow_pickle=False))
+            except DataSourceError:
+                raise
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:
+                # (numpy's messages can quote the header: name the type only)
+                raise DataSourceError(
+                    f"data source {uri!r}: array {name[:40]!r} is not a readable .npy array "
+                    f"({type(exc).__name__})."
+                ) from None
+    return arrays
+
+
+def _load_npz(uri: str, content: bytes, max_bytes: int) -> LoadedData:
+    arrays = _npz_arrays(uri, content, max_bytes)
 
     def pick(*names: str, required: bool = True) -> npt.NDArray[np.generic] | None:
         for name in names:
@@ -467,17 +794,29 @@ def _load_npz(uri: str, path: Path) -> LoadedData:
         raise DataSourceError(f"data source {uri!r}: test_X and test_y must be given together.")
     test = None
     if test_x is not None and test_y is not None:
+        if test_x.dtype.kind not in "fiu":
+            raise DataSourceError(f"data source {uri!r}: test_X must be numeric. Found dtype {test_x.dtype}.")
         test = (test_x.astype(np.float32), _integer_array(uri, "test_y", test_y.reshape(-1)))
     return _build(uri, ids, features.astype(np.float32), labels, tasks, test, _image_shape(features.shape))
 
 
-def _load_csv(uri: str, path: Path) -> LoadedData:
+def _column(name: str) -> str:
+    """A column's header name for an error message (the header is the file's schema, not a
+    record; shortened all the same)."""
+    return repr(name if len(name) <= 40 else name[:40] + "…")
+
+
+def _load_csv(uri: str, content: bytes) -> LoadedData:
+    """The records of a CSV file's ``content``. Errors name the line, the column and the rule,
+    never a cell's value (a cell may hold anything: the finding echoed ``'sk_live_…'``)."""
     try:
-        handle = path.open(newline="", encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise DataSourceError(f"data source {uri!r}: no such file {str(path)!r}.") from exc
-    with handle:
-        reader = csv.reader(handle)
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataSourceError(
+            f"data source {uri!r}: not UTF-8 text (an invalid byte at offset {exc.start})."
+        ) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
         header = next(reader, None)
         if header is None:
             raise DataSourceError(f"data source {uri!r}: the file is empty.")
@@ -504,12 +843,9 @@ def _load_csv(uri: str, path: Path) -> LoadedData:
                 raise DataSourceError(
                     f"data source {uri!r}: line {line} has {len(row)} fields; the header has {len(header)}."
                 )
-            try:
-                feats = [float(row[i]) for i in feature_cols]
-                label = int(row[col["label"]])
-                task = int(row[col["task"]]) if "task" in col else 0
-            except ValueError as exc:
-                raise DataSourceError(f"data source {uri!r}: line {line}: {exc}.") from exc
+            feats = [_cell(uri, row, i, header, line, float, "a number") for i in feature_cols]
+            label = _cell(uri, row, col["label"], header, line, int, "an integer")
+            task = _cell(uri, row, col["task"], header, line, int, "an integer") if "task" in col else 0
             split = row[col["split"]].strip() if "split" in col else "train"
             if split == "test":
                 test_rows.append(feats)
@@ -521,8 +857,12 @@ def _load_csv(uri: str, path: Path) -> LoadedData:
                 tasks.append(task)
             else:
                 raise DataSourceError(
-                    f"data source {uri!r}: line {line}: split must be 'train' or 'test'. Found {split!r}."
+                    f"data source {uri!r}: line {line}: column 'split' must be 'train' or 'test'."
                 )
+    except csv.Error:
+        raise DataSourceError(
+            f"data source {uri!r}: line {reader.line_num}: not well-formed CSV (csv.Error)."
+        ) from None
     d = len(feature_cols)
     test = None
     if test_rows:
@@ -536,6 +876,20 @@ def _load_csv(uri: str, path: Path) -> LoadedData:
         test,
         None,
     )
+
+
+_Cell = TypeVar("_Cell", int, float)
+
+
+def _cell(
+    uri: str, row: Sequence[str], index: int, header: Sequence[str], line: int, kind: type[_Cell], what: str
+) -> _Cell:
+    try:
+        return kind(row[index])
+    except ValueError:
+        raise DataSourceError(
+            f"data source {uri!r}: line {line}: column {_column(header[index])} is not {what}."
+        ) from None
 
 
 def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

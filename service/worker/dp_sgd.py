@@ -41,8 +41,8 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Final, Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -52,7 +52,15 @@ from torch import nn
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
 from service.worker.data import LoadedData
-from service.worker.models import InvalidParamsError, JobParams, ModelSpec, build_model
+from service.worker.models import build_model
+from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    ACCOUNTANTS,
+    MAX_STEPS,
+    DpSgdParams,
+    InvalidParamsError,
+    JobParams,
+    ModelSpec,
+)
 from service.worker.per_example_gradients import PerExampleGradients
 
 ModelState = dict[str, torch.Tensor]
@@ -60,9 +68,6 @@ Params = dict[str, torch.Tensor]
 CheckpointCallback = Callable[[int, ModelState, DpEvent], bool]
 StopCallback = Callable[[], bool]
 Status = Literal["completed", "stopped", "refused"]
-
-MAX_STEPS: Final = 10_000_000
-ACCOUNTANTS: Final = ("rdp", "prv")
 
 
 class TrainingError(RuntimeError):
@@ -83,93 +88,8 @@ def _accept(step: int, model_state: ModelState, event: DpEvent) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# Params and plan
+# The plan (params: service.worker.params.DpSgdParams)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class DpSgdParams:
-    """A DP-SGD job's params, validated. Build with ``from_params(mapping)``.
-
-    Privacy: exactly one of ``target_epsilon`` (with ``delta``; σ is calibrated) and
-    ``noise_multiplier``. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
-    Sampling: ``sampling_probability`` or ``expected_batch_size`` (q = size/N; default 64).
-    """
-
-    # Defaults tuned on builtin:digits at ε = 2 (about 92% test accuracy with the default MLP).
-    default_learning_rate: ClassVar[float] = 0.5
-    default_momentum: ClassVar[float] = 0.0
-
-    model: ModelSpec = field(default_factory=ModelSpec)
-    target_epsilon: float | None = None
-    delta: float | None = None
-    noise_multiplier: float | None = None
-    epochs: float | None = None
-    steps: int | None = None
-    expected_batch_size: int | None = None
-    sampling_probability: float | None = None
-    max_grad_norm: float = 1.0
-    learning_rate: float = 0.5
-    momentum: float = 0.0
-    checkpoint_every: int | None = None
-    seed: int | None = None
-    accountant: str = "rdp"
-    num_classes: int | None = None
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> DpSgdParams:
-        """Validate a job's params (errors name the field, e.g. ``params.learning_rate``)."""
-        reader = JobParams(params)
-        values = cls._read(reader)
-        reader.finish()
-        return cls(**values)
-
-    @classmethod
-    def _read(cls, r: JobParams) -> dict[str, Any]:
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
-        if r.has("steps") and r.has("epochs"):
-            raise InvalidParamsError("params.steps", "and params.epochs are exclusive; give one.")
-        if r.has("sampling_probability") and r.has("expected_batch_size"):
-            raise InvalidParamsError(
-                "params.sampling_probability", "and params.expected_batch_size are exclusive; give one."
-            )
-        values: dict[str, Any] = {
-            "model": ModelSpec.read(r),
-            "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-            "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
-            "epochs": r.real("epochs", None, minimum=0, maximum=1e6, exclusive_minimum=True),
-            "steps": r.integer("steps", None, minimum=1, maximum=MAX_STEPS),
-            "expected_batch_size": r.integer("expected_batch_size", None, minimum=1),
-            "sampling_probability": r.real(
-                "sampling_probability", None, minimum=0, maximum=1, exclusive_minimum=True
-            ),
-            "max_grad_norm": r.real("max_grad_norm", 1.0, minimum=0, exclusive_minimum=True),
-            "learning_rate": r.real(
-                "learning_rate", cls.default_learning_rate, minimum=0, exclusive_minimum=True
-            ),
-            "momentum": r.real("momentum", cls.default_momentum, minimum=0, maximum=0.999),
-            "checkpoint_every": r.integer("checkpoint_every", None, minimum=1, maximum=MAX_STEPS),
-            "seed": r.integer("seed", None, minimum=0, maximum=2**62),
-            "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
-            "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
-        }
-        return values
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, ModelSpec):
-                out.update(value.to_json())
-            elif value is not None:
-                out[f.name] = value
-        return out
 
 
 def dp_sgd_event(*, sampling_probability: float, noise_multiplier: float, steps: int) -> DpEvent:

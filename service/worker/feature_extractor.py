@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
@@ -32,30 +31,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from service.worker.data import TaskSplit
+from service.worker.params import ExtractorSpec
 
 COSINE_SCALE: Final = 16.0
 """s in the pre-training logits s·cos(f(x), w_c): a temperature, so softmax can saturate."""
 _BATCH: Final = 64
 _CACHE_SIZE: Final = 8
-
-
-@dataclass(frozen=True, slots=True)
-class ExtractorSpec:
-    """How the public extractor is trained: feature dimension K, epochs over the public split,
-    learning rate (Adam) and seed."""
-
-    feature_dim: int = 32
-    epochs: int = 30
-    learning_rate: float = 3e-3
-    seed: int = 0
-
-    def to_json(self) -> dict[str, int | float]:
-        return {
-            "feature_dim": self.feature_dim,
-            "pretrain_epochs": self.epochs,
-            "pretrain_learning_rate": self.learning_rate,
-            "extractor_seed": self.seed,
-        }
 
 
 class FeatureExtractor(nn.Module):

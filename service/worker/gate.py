@@ -10,10 +10,15 @@ For one claimed job (``run_job``):
    idempotency key ``job:<id>:a<attempt>:reserve``). A refusal fails the job with the ledger's
    answer (``budget_exceeded`` with ``remaining`` and ``requested``, or the rule's code) and the
    data source is never opened.
-2. **Load and check.** The data source (``params.data_source``) is loaded, and its training
+2. **Load and check.** The *dataset's* data source (``datasets.data_source``, set by an admin of
+   its tenant; a job's params never name one, and a ``params.data_source`` left by old clients is
+   ignored) is read from the dataset row, then loaded through the tenant's data roots, which the
+   loader checks again as it opens the file (``service.worker.data``, "Data roots"). Its training
    record ids must be exactly the records of the ledger's batches — compared as the ledger stores
    them, HMAC-SHA256 with the dataset's salt. A mismatch aborts the reservation and fails the job
-   before any training.
+   before any training. No error, log line or metric carries a cell of the source or a record
+   id: loading errors name lines, columns and rules; a mismatch gives counts and batch ids; a
+   training failure's message has the source's record ids masked, and its log has no locals.
 3. **Train and release.** At every checkpoint (``checkpoint_every`` steps, and the last step) the
    candidate is *staged* (weights written and fsynced under ``.staging``), then the release
    ``{model, version}`` is **committed** with the event of the steps so far (a progressive
@@ -35,8 +40,10 @@ and trains from the start; what the earlier attempts committed stays spent.
 from __future__ import annotations
 
 import logging
+import re
+import traceback
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -58,12 +65,15 @@ from service.worker.jobs import ClaimedJob, LeaseLost
 from service.worker.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
 
 if TYPE_CHECKING:
-    from service.worker.data import LoadedData
+    from service.worker.data import DataRoots, LoadedData
     from service.worker.dp_sgd import ModelState, TrainingPlan
 
 logger = logging.getLogger("service.worker.gate")
 
-Loader = Callable[[str], "LoadedData"]
+Loader = Callable[[str, str], "LoadedData"]
+"""``loader(uri, tenant_id)``: the records of the dataset's source, read within the tenant's
+data roots (``SourceLoader``)."""
+SOURCE_FIELD: Final = "data_source"  # the dataset's (errors of a job's source name it)
 _VERSION_RETRIES: Final = 20
 _SAMPLE: Final = 5
 _PLAN_EVENTS: Final = 20  # how many distinct events a staged job's recorded plan lists
@@ -77,7 +87,8 @@ class Control(Protocol):
 
     @property
     def reason(self) -> str | None:
-        """``"cancelled"``, ``"lease_lost"`` or ``"shutdown"`` once ``should_stop`` is true."""
+        """``"cancelled"``, ``"lease_lost"``, ``"wall_time"`` (the attempt ran past
+        ``LEDGER_JOB_MAX_WALL_S``) or ``"shutdown"`` once ``should_stop`` is true."""
 
     def lease_valid(self) -> bool:
         """Whether the lease is certainly still held now (checked before every commit)."""
@@ -103,10 +114,47 @@ class _Stop(Exception):
         self.outcome = outcome
 
 
-def default_loader(uri: str) -> LoadedData:
-    from service.worker.data import load_data
+@dataclass(frozen=True)
+class SourceLoader:
+    """The worker's loader: ``load_data(uri, roots.for_tenant(tenant_id))``."""
 
-    return load_data(uri)
+    roots: DataRoots
+
+    def __call__(self, uri: str, tenant_id: str) -> LoadedData:
+        from service.worker.data import load_data
+
+        return load_data(uri, self.roots.for_tenant(tenant_id))
+
+
+def default_loader(uri: str, tenant_id: str) -> LoadedData:
+    """``SourceLoader`` over the data roots of the environment's settings (``ledger worker``,
+    ``ledger serve``); an app built with explicit settings passes its own ``SourceLoader``."""
+    from service.settings import Settings
+    from service.worker.data import DataRoots
+
+    return SourceLoader(DataRoots.of(Settings()))(uri, tenant_id)
+
+
+_TOKEN: Final = re.compile(r"'([^']*)'|\"([^\"]*)\"|([^\s,;:()\[\]{}'\"]+)")
+
+
+def without_records(text: str, record_ids: Collection[str]) -> str:
+    """``text`` with every token that is a record id of the source replaced by ``<record id>``:
+    a trainer's exception (``KeyError('r17')``) must not carry private ids into a job's error."""
+    if not record_ids:
+        return text
+
+    def mask(match: re.Match[str]) -> str:
+        token = next(g for g in match.groups() if g is not None)
+        return "<record id>" if token in record_ids else match.group(0)
+
+    return _TOKEN.sub(mask, text)
+
+
+def _failure_log(exc: BaseException, record_ids: Collection[str]) -> str:
+    """The exception's type, masked message and stack frames (source lines, never locals)."""
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    return f"{type(exc).__name__}: {without_records(str(exc), record_ids)}\n{frames}"
 
 
 def _error(code: str, message: str, **details: Any) -> dict[str, Any]:
@@ -152,25 +200,28 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dic
         raise NotFound("dataset", dataset_id)
     in_ledger = {bytes(r.record_hash): r.batch_id for r in rows}
     seen: dict[bytes, str] = {}
-    unexpected: list[str] = []
-    duplicated: list[str] = []
+    unexpected = 0
+    duplicated = 0
     of_batch: dict[str, list[str]] = {}
     for record_id in data.record_ids:
         digest = record_hash(bytes(salt), str(record_id))
         if digest in seen:
-            duplicated.append(record_id)
+            duplicated += 1
             continue
         seen[digest] = record_id
         if digest not in in_ledger:
-            unexpected.append(record_id)
+            unexpected += 1
         else:
             of_batch.setdefault(in_ledger[digest], []).append(record_id)
-    # Records the source lacks are known to the ledger by hash only: name their batches.
+    # Counts and batch ids only: naming the ids let a trainer learn them from the error.
     lacking = Counter(batch for digest, batch in in_ledger.items() if digest not in seen)
-    missing = [f"<{n} record(s) of batch {batch}>" for batch, n in sorted(lacking.items())]
-    if missing or unexpected or duplicated:
+    if lacking or unexpected or duplicated:
         raise RecordMismatchError(
-            data.uri, missing=missing, unexpected=sorted(unexpected), duplicated=sorted(duplicated)
+            data.uri,
+            missing=sum(lacking.values()),
+            unexpected=unexpected,
+            duplicated=duplicated,
+            missing_batches=lacking,
         )
     return of_batch
 
@@ -303,6 +354,7 @@ class _Run:
     job: ClaimedJob
     control: Control
     artifact_dir: Path
+    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS
     trainer: Any = None
     plan: Any = None
     data: Any = None
@@ -312,6 +364,7 @@ class _Run:
     released: list[int] = field(default_factory=list)
     released_metrics: dict[str, Any] | None = None
     calls: int = 0
+    record_ids: frozenset[str] = frozenset()  # the loaded source's, masked in failures
 
 
 def run_job(
@@ -323,9 +376,11 @@ def run_job(
     reservation_ttl_s: float,
     loader: Loader = default_loader,
     device: str | None = None,
+    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS,
 ) -> Outcome:
-    """Run one claimed job through the gate (module docstring) and finish it."""
-    run = _Run(db, job, control, Path(artifact_dir))
+    """Run one claimed job through the gate (module docstring) and finish it; ``limits``: the
+    steps a plan may take (checked before anything is reserved)."""
+    run = _Run(db, job, control, Path(artifact_dir), limits)
     try:
         return _run(run, reservation_ttl_s, loader, device)
     except _Stop as stop:
@@ -336,8 +391,8 @@ def run_job(
     except Exception as exc:
         # Unexpected (the database went away, a bug): free the hold and fail the job if the
         # database lets us; if it does not, the lease expires and the job is retried.
-        logger.exception("job %s: worker error", job.id)
-        error = _error("worker_error", f"{type(exc).__name__}: {exc}")
+        logger.error("job %s: worker error: %s", job.id, _failure_log(exc, run.record_ids))
+        error = _error("worker_error", f"{type(exc).__name__}: {without_records(str(exc), run.record_ids)}")
         try:
             abort_quietly(db, job.tenant_id, run.reservation_id)
             return _finish(run, "failed", error=error)
@@ -363,6 +418,15 @@ def _stop_for(run: _Run) -> _Stop:
     reason = run.control.reason
     if reason == "cancelled":
         return _Stop(_finish(run, "cancelled"))
+    if reason == "wall_time":  # what was committed stays spent and released; the rest was aborted
+        limit = run.limits.max_wall_s
+        error = _error(
+            "wall_time_exceeded",
+            f"the job ran longer than the {limit:g} s a job may run on a worker (LEDGER_JOB_MAX_WALL_S); "
+            "it was stopped and the rest of its reservation returned.",
+            limit_s=limit,
+        )
+        return _Stop(_finish(run, "failed", error=error))
     if reason == "shutdown":
         jobs.release(run.db, run.job.lease)
         return _Stop(Outcome("released", None, list(run.released)))
@@ -405,8 +469,13 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
         if isinstance(run.trainer, StagedTrainer):
             stages = list(run.trainer.stages(params, tasks))
+            steps = sum(jobs.stage_steps(stage) for stage in stages)
         else:
             run.plan = run.trainer.plan(params, sum(batch.size for batch in batches))
+            steps = run.plan.steps
+        too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
+        if too_many is not None:  # before the reservation: nothing is held, nothing read
+            raise _fail(run, too_many)
     except InvalidParamsError as exc:
         raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
     except AccountantError as exc:  # calibration: no σ reaches the target, ...
@@ -449,8 +518,9 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     except Exception as exc:  # a failed run: Lemma 1 violated, bad params for the data, ...
         # (run.failure: the release path failed with an unknown outcome and said why)
         failure = run.failure if run.failure is not None else exc
-        logger.exception("job %s failed while training", job.id)
-        raise _fail(run, _error("training_failed", f"{type(failure).__name__}: {failure}")) from None
+        logger.error("job %s failed while training: %s", job.id, _failure_log(failure, run.record_ids))
+        message = f"{type(failure).__name__}: {without_records(str(failure), run.record_ids)}"
+        raise _fail(run, _error("training_failed", message)) from None
 
     # 4. How it ended.
     if result.status == "completed":
@@ -463,20 +533,40 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     raise _stop_for(run)
 
 
+def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
+    """The dataset's own data source, read now (an admin may have replaced it since the job was
+    queued: the job reads what the dataset owns when it runs)."""
+    with db.session(readonly=True) as session:
+        return session.scalar(
+            select(Dataset.data_source).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
+        )
+
+
 def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list[str]]]:
-    """Load the job's data source (call only once a reservation is granted) and check it against
-    the ledger's batches; a bad source fails the job. Returns the data and each batch's records."""
+    """Load the dataset's data source (call only once a reservation is granted) and check it
+    against the ledger's batches; a bad source fails the job. Returns the data and each batch's
+    records. The job's own params are not consulted: the source belongs to the dataset."""
     from service.worker.data import DataSourceError
 
+    uri = dataset_source(run.db, run.job.tenant_id, run.job.dataset_id)
+    if uri is None:
+        message = (
+            f"dataset {run.job.dataset_id!r} has no data source: an admin sets it with "
+            "PUT /v1/datasets/{id}/data-source."
+        )
+        raise _fail(run, _error("data_source", message, field=SOURCE_FIELD))
     try:
-        data = loader(str(run.job.params["data_source"]))
+        data = loader(uri, run.job.tenant_id)
+        run.record_ids = frozenset(data.record_ids)
         return data, check_source_records(run.db, run.job.dataset_id, data)
-    except DataSourceError as exc:
+    except DataSourceError as exc:  # its messages carry no cell and no record id
         code = "record_mismatch" if type(exc).__name__ == "RecordMismatchError" else "data_source"
-        raise _fail(run, _error(code, str(exc), field="params.data_source")) from None
+        raise _fail(run, _error(code, str(exc), field=SOURCE_FIELD)) from None
     except (OSError, ImportError, ValueError) as exc:  # unreadable file, loader dependency missing
-        message = f"could not load the data source: {type(exc).__name__}: {exc}"
-        raise _fail(run, _error("data_source", message, field="params.data_source")) from None
+        # the type only: a library's message may quote what it read
+        logger.error("job %s: could not load its data source: %s", run.job.id, _failure_log(exc, ()))
+        message = f"could not load the data source ({type(exc).__name__})."
+        raise _fail(run, _error("data_source", message, field=SOURCE_FIELD)) from None
 
 
 def _should_stop(run: _Run) -> bool:
@@ -639,7 +729,7 @@ def _run_staged(
             try:
                 check_source_tasks(loaded, tasks, of_batch)
             except ValueError as exc:
-                raise _fail(run, _error("record_mismatch", str(exc), field="params.data_source")) from None
+                raise _fail(run, _error("record_mismatch", str(exc), field=SOURCE_FIELD)) from None
             data = RecordIndex(loaded)
             state = run.trainer.start(params, data.restrict(()), tasks)
         records = {batch_id: tuple(of_batch.get(batch_id, ())) for batch_id in stage.batch_ids}
@@ -648,8 +738,11 @@ def _run_staged(
                 state, stage, data.restrict(r for ids in records.values() for r in ids), records
             )
         except Exception as exc:
-            logger.exception("job %s failed in stage %s", job.id, stage.index)
-            error = _error("training_failed", f"{type(exc).__name__}: {exc}", stage=stage.index)
+            logger.error(
+                "job %s failed in stage %s: %s", job.id, stage.index, _failure_log(exc, run.record_ids)
+            )
+            message = f"{type(exc).__name__}: {without_records(str(exc), run.record_ids)}"
+            error = _error("training_failed", message, stage=stage.index)
             raise _fail(run, error) from None
         run.control.set_step(stage.index)
         if run.control.should_stop() or not run.control.lease_valid():
@@ -684,6 +777,8 @@ __all__ = [
     "Outcome",
     "abort_quietly",
     "check_source_records",
+    "SourceLoader",
+    "dataset_source",
     "default_loader",
     "ledger_tasks",
     "run_job",

@@ -5,15 +5,30 @@ kept by heartbeats (``heartbeat``), and ended by the worker that holds the lease
 ``succeeded``, ``failed`` or ``cancelled``. A worker that shuts down hands its job back
 (``release``: ``queued`` again).
 
-Claim — one statement (procrastinate's shape):
+Claim — one statement (procrastinate's shape), fair between tenants:
 
-* PostgreSQL: ``UPDATE jobs SET status = 'running', lease_owner = …, attempts = attempts + 1 …
-  WHERE id = (SELECT id FROM jobs WHERE status = 'queued' OR (status = 'running' AND
-  lease_expires_at < now) ORDER BY created_at, id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING …``.
-  Concurrent claimers skip the row another one has locked, and the row's lock is held until the
-  claim commits, so one job is never handed to two workers.
+* PostgreSQL: ``UPDATE jobs SET status = 'running', lease_owner = …, attempts = attempts + 1,
+  claimed_at = now … WHERE id = (SELECT id FROM jobs AS candidate WHERE status = 'queued' OR
+  (status = 'running' AND lease_expires_at < now) ORDER BY <running jobs of the candidate's
+  tenant>, <the tenant's last claim> NULLS FIRST, created_at, id LIMIT 1 FOR UPDATE OF candidate
+  SKIP LOCKED) RETURNING …``. Concurrent claimers skip the row another one has locked, and the
+  row's lock is held until the claim commits, so one job is never handed to two workers.
 * SQLite: the same statement inside ``BEGIN IMMEDIATE`` (``Database.session``): the write lock
   is taken before the row is chosen, so claims are serialised.
+
+  Tenants take turns: a tenant with fewer jobs running goes first, then the one whose last job
+  was claimed longest ago (never: first), then the oldest job. So one tenant's queue of long jobs
+  cannot keep another tenant's job waiting behind it: with tenant A's five jobs queued before
+  tenant B's one, the second claim is B's. (Two claims racing on PostgreSQL both read the state
+  before either commits, so they may both pick the same tenant; the next claim evens it out.)
+
+Limits (``JobLimits``, from ``LEDGER_JOB_MAX_STEPS``, ``LEDGER_JOB_MAX_WALL_S``,
+``LEDGER_MAX_QUEUED_JOBS_PER_TENANT``): a tenant may have at most ``max_queued_per_tenant`` jobs
+queued (409 ``too_many_queued_jobs`` at submit); the steps a job implies are checked against
+``max_steps`` from its plan, before anything is reserved (``service.worker.gate``; an explicit
+``params.steps`` above it is refused at submit already); a worker stops an attempt that runs
+longer than ``max_wall_s``, aborts the rest of its reservation and fails it
+(``service.worker.worker.JobControl``).
 
 Leases. A lease is ``(lease_owner, attempts)``: every later write by the worker (``heartbeat``,
 ``record_reservation``, ``record_progress``, ``finish``) is conditional on both and on the job
@@ -27,46 +42,82 @@ worker holding it sees that on its next heartbeat, stops, aborts the rest of the
 and finishes the job ``cancelled``. If that worker is gone, the next claim (after the lease
 expires) does the same.
 
-Job params. ``params`` is the job's whole document. Two keys belong to the job, not to the
-trainer: ``data_source`` (required: the URI the worker loads after the reservation is granted,
-``service.worker.data``) and ``model_name`` (optional: the registry name its versions are
-published under; default ``<algorithm>-<dataset id>``). The rest are the trainer's params and
-are validated by the trainer when the job runs (the trainer's validation imports torch, which
-the API process does not load); an invalid one fails the job with the field named.
+Job params: a typed document, validated at submit, stored only once valid (``create_job``).
+
+* The document is JSON as the standard defines it: no NaN or Infinity (``1e999`` parses to
+  Infinity), no lone surrogate and no NUL in a string, at most ``MAX_PARAMS_DEPTH`` levels deep and
+  ``MAX_PARAMS_BYTES`` bytes as canonical JSON (422 naming the field). A row stored by an older
+  version may hold any of these: answers render such rows defensively (``_renderable``; params
+  above the bound are omitted and their size given) so one bad row cannot make ``GET /v1/jobs``
+  answer 500 for its whole tenant.
+* ``model_name`` (optional) is the job's: the registry name its versions are published under
+  (default ``<algorithm>-<dataset id>``). A name another dataset released versions under, or a
+  queued or running job of another dataset will publish under, is refused (409
+  ``model_name_taken``): versions are numbered per name after every release the ledger recorded
+  (``registry.next_version``), so the job's versions would interleave with another dataset's model.
+* The rest are the trainer's, checked against the algorithm's declaration
+  (``service.worker.params``, torch-free: the same reader the trainer uses when the job runs).
+* ``data_source`` is refused: the source belongs to the dataset, set by an admin
+  (``service.ledger.datasets``), and a job on a dataset without one (or without batches) is
+  refused at submit.
+
+A page of ``list_jobs`` is at most ``MAX_PAGE`` jobs, each with at most ``MAX_LISTED_VERSIONS`` of
+its versions (``versions_total`` counts them all): with params bounded, a page's client-controlled
+part is at most ``MAX_PAGE × MAX_PARAMS_BYTES`` = 3.2 MiB.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Text, and_, case, cast, func, or_, select, type_coerce, update
+from sqlalchemy.orm import Session, aliased, defer
 
 from accountant.exact import to_text
 from service.db.base import utcnow
-from service.db.models import Job, ModelVersion
+from service.db.models import Batch, Dataset, Job, ModelVersion, Release, Tenant
 from service.db.session import Database
 from service.ledger import audit, idempotency
 from service.ledger.datasets import load_dataset
 from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.settings import Settings
+from service.worker import params as job_params
 from service.worker.algorithms import TRAINERS
+
+if TYPE_CHECKING:
+    from service.worker.stages import Stage
 
 ALGORITHMS: Final = tuple(TRAINERS)
 """Algorithms a job can run (``service.worker.algorithms``)."""
-JOB_KEYS: Final = ("data_source", "model_name")
+JOB_KEYS: Final = ("model_name",)
 """Keys of ``params`` read by the job itself; the others are the trainer's."""
+LEGACY_KEYS: Final = ("data_source",)
+"""Keys that rows queued by older versions may hold: refused at submit, never passed to a trainer."""
 TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
+ACTIVE: Final = ("queued", "running")
 DEFAULT_MAX_ATTEMPTS: Final = 3
-MAX_PAGE: Final = 1000
+MAX_PAGE: Final = 100
+MAX_LISTED_VERSIONS: Final = 50
 MAX_PARAMS_KEYS: Final = 200
-MAX_URI_LENGTH: Final = 2000
+MAX_PARAMS_BYTES: Final = 32 * 1024
+"""Bytes of the params document as canonical JSON (what is stored). The largest valid documents
+(an L2DP-ML ``task_order`` for 1 000 tasks and the other keys) are under 6 KB."""
+MAX_PARAMS_DEPTH: Final = 8
+"""Nesting levels of the params document (the object itself is level 1; no trainer takes more
+than a list of numbers, level 2)."""
+MAX_KEY_LENGTH: Final = 100
 MODEL_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+SET_SOURCE: Final = (
+    "an admin sets it (POST /v1/datasets with data_source, or PUT /v1/datasets/{id}/data-source)"
+)
 
 
 class LeaseLost(Exception):
@@ -76,6 +127,40 @@ class LeaseLost(Exception):
         super().__init__(f"worker {worker_id!r} no longer holds the lease of job {job_id!r}.")
         self.job_id = job_id
         self.worker_id = worker_id
+
+
+class ModelNameTaken(Conflict):
+    """The job's model name belongs to another dataset (its versions would interleave)."""
+
+    code = "model_name_taken"
+
+
+class TooManyQueuedJobs(Conflict):
+    """The tenant already has ``LEDGER_MAX_QUEUED_JOBS_PER_TENANT`` jobs queued."""
+
+    code = "too_many_queued_jobs"
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """What one tenant's jobs may take of the shared workers (``service.settings``)."""
+
+    max_steps: int
+    max_wall_s: float
+    max_queued_per_tenant: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> JobLimits:
+        return cls(settings.job_max_steps, settings.job_max_wall_s, settings.max_queued_jobs_per_tenant)
+
+    @classmethod
+    def from_environment(cls) -> JobLimits:
+        """The limits ``LEDGER_*`` sets for this process (a worker started without explicit ones)."""
+        return cls.of(Settings())
+
+
+DEFAULT_LIMITS: Final = JobLimits.of(Settings.model_construct())
+"""The settings' defaults (no environment read)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +213,7 @@ def check_algorithm(algorithm: object) -> str:
     if algorithm in ALGORITHMS:
         assert isinstance(algorithm, str)
         return algorithm
-    raise InvalidInput("algorithm", f"must be one of {list(ALGORITHMS)}. Found {algorithm!r}.")
+    raise InvalidInput("algorithm", f"must be one of {list(ALGORITHMS)}. Found {_shown(algorithm)}.")
 
 
 def check_model_name(name: object, field: str = "params.model_name") -> str:
@@ -136,7 +221,7 @@ def check_model_name(name: object, field: str = "params.model_name") -> str:
         raise InvalidInput(
             field,
             "must be 1-200 characters of letters, digits, '.', '_' or '-', starting with a letter "
-            f"or digit. Found {name!r}.",
+            f"or digit. Found {_shown(name)}.",
         )
     return name
 
@@ -145,42 +230,150 @@ def default_model_name(algorithm: str, dataset_id: str) -> str:
     return f"{algorithm}-{dataset_id}"
 
 
-def check_params(params: object) -> dict[str, Any]:
-    """The job's params document (job keys checked here; the trainer checks the rest)."""
+def _shown(value: object, limit: int = 80) -> str:
+    """``value`` as an error message may quote it: ASCII (a lone surrogate would make the answer
+    itself unencodable), and short (a message must not echo a megabyte back)."""
+    text = ascii(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _key_field(prefix: str, key: str) -> str:
+    """``prefix.key`` as a field name an answer can carry (printable ASCII escapes, bounded)."""
+    printable = key if key.isascii() and key.isprintable() else ascii(key)[1:-1]
+    if len(printable) > MAX_KEY_LENGTH:
+        printable = printable[:MAX_KEY_LENGTH] + "..."
+    return f"{prefix}.{printable}"
+
+
+def _check_text(text: str, field: str) -> None:
+    if "\x00" in text:
+        raise InvalidInput(field, "must not contain NUL (U+0000): no database stores it in a JSON string.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise InvalidInput(
+            field,
+            f"must be Unicode text: it holds a lone surrogate U+{code:04X} at index {exc.start}, "
+            "which no UTF-8 answer can carry.",
+        ) from None
+
+
+def _check_json(value: object, field: str, depth: int) -> None:
+    """Raise ``InvalidInput`` naming the first value of ``value`` that standard JSON cannot carry."""
+    if depth > MAX_PARAMS_DEPTH:
+        raise InvalidInput(field, f"nests deeper than {MAX_PARAMS_DEPTH} levels; no trainer param does.")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput(
+                field,
+                "must be a finite number: JSON has no NaN or Infinity (and a number beyond the "
+                f"double range, such as 1e999, reads as Infinity). Found {value}.",
+            )
+    elif isinstance(value, str):
+        _check_text(value, field)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInput(field, f"keys must be strings. Found {_shown(key)}.")
+            name = _key_field(field, key)
+            if len(key) > MAX_KEY_LENGTH:
+                raise InvalidInput(name, f"is a key of {len(key)} characters; at most {MAX_KEY_LENGTH}.")
+            _check_text(key, name)
+            _check_json(item, name, depth + 1)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_json(item, f"{field}[{index}]", depth + 1)
+    elif value is not None and not isinstance(value, bool | int):
+        raise InvalidInput(
+            field, f"must be JSON (object, array, string, number, boolean or null). Found {_shown(value)}."
+        )
+
+
+def check_document(params: object) -> dict[str, Any]:
+    """The params document's shape and size: an object of at most ``MAX_PARAMS_KEYS`` keys and
+    ``MAX_PARAMS_BYTES`` bytes as JSON. Measured in C before anything walks it (walking a
+    multi-megabyte document in Python would be the attack). Its values are checked by
+    ``check_params``."""
     if params is None:
         params = {}
     if not isinstance(params, Mapping):
         raise InvalidInput("params", f"must be an object. Found {type(params).__name__}.")
     if len(params) > MAX_PARAMS_KEYS:
         raise InvalidInput("params", f"must have at most {MAX_PARAMS_KEYS} keys. Found {len(params)}.")
-    for key in params:
-        if not isinstance(key, str):
-            raise InvalidInput("params", f"keys must be strings. Found {key!r}.")
-    uri = params.get("data_source")
-    if uri is None:
-        raise InvalidInput(
-            "params.data_source",
-            "is required: the URI of the dataset's records (file://….npz, file://….csv, "
-            "builtin:digits, ...).",
-        )
-    if not isinstance(uri, str) or len(uri) > MAX_URI_LENGTH:
-        raise InvalidInput(
-            "params.data_source", f"must be a URI string of at most {MAX_URI_LENGTH} characters."
-        )
-    from service.worker.data import DataSourceError, parse_source  # numpy only: no torch
-
     try:
-        parse_source(uri)  # validates; reads nothing
-    except DataSourceError as exc:
-        raise InvalidInput("params.data_source", str(exc)) from None
-    if params.get("model_name") is not None:
-        check_model_name(params["model_name"])
+        size = len(json.dumps(params, ensure_ascii=True, separators=(",", ":"), allow_nan=True))
+    except RecursionError:
+        raise InvalidInput(
+            "params", f"nests deeper than {MAX_PARAMS_DEPTH} levels; no trainer param does."
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("params", f"must be a JSON object ({exc}).") from None
+    if size > MAX_PARAMS_BYTES:
+        raise InvalidInput("params", f"must be at most {MAX_PARAMS_BYTES} bytes as JSON. Found {size} bytes.")
     return dict(params)
 
 
+def check_params(algorithm: str, document: Mapping[str, Any], limits: JobLimits = DEFAULT_LIMITS) -> Any:
+    """The params ``check_document`` let through, validated (422 naming ``params.<key>``): as
+    standard JSON (no NaN/Infinity, lone surrogate or NUL; ``MAX_PARAMS_DEPTH`` levels), the job's
+    own keys, then the trainer's as the trainer will read them. Returns what the trainer's reader
+    made of them (its dataclass)."""
+    _check_json(document, "params", 1)
+    if "data_source" in document:
+        raise InvalidInput(
+            "params.data_source",
+            f"is not a job param: the data source belongs to the dataset; {SET_SOURCE}. A job "
+            "trains on its dataset's source and cannot name one.",
+        )
+    if document.get("model_name") is not None:
+        check_model_name(document["model_name"])
+    try:
+        parsed = job_params.validate(algorithm, trainer_params(document))
+    except job_params.InvalidParamsError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+    steps = getattr(parsed, "steps", None)
+    if isinstance(steps, int) and steps > limits.max_steps:
+        raise InvalidInput(
+            "params.steps", f"must be <= {limits.max_steps} (LEDGER_JOB_MAX_STEPS). Found {steps}."
+        )
+    return parsed
+
+
 def trainer_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The trainer's part of a job's params (without ``JOB_KEYS``)."""
-    return {k: v for k, v in params.items() if k not in JOB_KEYS}
+    """The trainer's part of a job's params (without ``JOB_KEYS`` and ``LEGACY_KEYS``)."""
+    return {k: v for k, v in params.items() if k not in JOB_KEYS and k not in LEGACY_KEYS}
+
+
+def stage_steps(stage: Stage) -> int:
+    """The training steps of one stage of a staged job, as its trainer states them in
+    ``stage.info``: ``steps`` (DP-SGD heads, NaiveGaussian), else ``epochs`` passes over each of
+    its batches (L2DP-ML), else one (a closed-form stage: class sums, private ERM)."""
+    steps = stage.info.get("steps")
+    if isinstance(steps, int) and steps >= 1:
+        return steps
+    epochs = stage.info.get("epochs")
+    if isinstance(epochs, int) and epochs >= 1:
+        return epochs * max(1, len(stage.batch_ids))
+    return 1
+
+
+def steps_refusal(steps: int, params: Mapping[str, Any], limits: JobLimits) -> dict[str, Any] | None:
+    """The job's error when ``steps`` (what its plan implies) exceed ``limits.max_steps``; the
+    worker checks it before reserving, so a refused job reads nothing and holds nothing."""
+    if steps <= limits.max_steps:
+        return None
+    field = "params.steps" if "steps" in params else "params.epochs"
+    return {
+        "error": "too_many_steps",
+        "message": (
+            f"the job's plan takes {steps} training steps, more than the {limits.max_steps} a job may "
+            f"take (LEDGER_JOB_MAX_STEPS); give fewer {field[len('params.') :]}."
+        ),
+        "field": field,
+        "steps": steps,
+        "limit": limits.max_steps,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,51 +385,222 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def job_json(row: Job, versions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
+def _renderable(value: Any, depth: int = 0) -> Any:
+    """``value`` as a strict JSON answer can carry it. Rows stored before submit-time validation
+    (or metrics a worker wrote) may hold NaN/Infinity or lone surrogates, which would make the whole
+    answer fail to encode (a 500 for every page holding the row): they are shown as text."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        return value
+    if depth >= MAX_PARAMS_DEPTH and isinstance(value, Mapping | list):
+        return f"<nested deeper than {MAX_PARAMS_DEPTH} levels: not shown>"
+    if isinstance(value, Mapping):
+        return {_renderable(str(k)): _renderable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renderable(v, depth + 1) for v in value]
+    return value
+
+
+def job_json(
+    row: Job,
+    versions: list[dict[str, Any]] | None = None,
+    *,
+    params: Any = None,
+    params_bytes: int | None = None,
+    versions_total: int | None = None,
+) -> dict[str, Any]:
+    """The job's answer. ``params``/``params_bytes``: the row's params as ``_bounded_params``
+    loaded them (default: ``row.params``, bounded here)."""
+    if params_bytes is None:
+        params, params_bytes = _bounded(row.params)
+    listed = versions if versions is not None else []
+    answer = {
         "id": row.id,
         "dataset_id": row.dataset_id,
         "algorithm": row.algorithm,
-        "params": row.params,
+        "params": _renderable(params),
         "model_name": row.model_name,
         "status": row.status,
         "progress": {"step": row.progress_step, "total": row.progress_total},
         "epsilon_committed": to_text(row.epsilon_committed),
         "delta_committed": to_text(row.delta_committed),
-        "metrics": row.metrics,
-        "error": row.error,
+        "metrics": _renderable(row.metrics),
+        "error": _renderable(row.error),
         "reservation_id": row.reservation_id,
         "attempts": row.attempts,
         "max_attempts": row.max_attempts,
         "cancel_requested": row.cancel_requested_at is not None,
-        "plan": row.plan,
-        "versions": versions if versions is not None else [],
+        "plan": _renderable(row.plan),
+        "versions": listed,
+        "versions_total": versions_total if versions_total is not None else len(listed),
         "created_at": row.created_at.isoformat(),
         "updated_at": row.updated_at.isoformat(),
         "started_at": _iso(row.started_at),
         "finished_at": _iso(row.finished_at),
     }
+    if params is None and params_bytes > MAX_PARAMS_BYTES:
+        answer["params_omitted"] = {"bytes": params_bytes, "limit": MAX_PARAMS_BYTES}
+    return answer
 
 
-def _versions_of(session: Session, job_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+def _bounded(params: Any) -> tuple[Any, int]:
+    """``(params, size)``, ``params`` ``None`` when its canonical JSON exceeds the bound."""
+    try:
+        size = len(json.dumps(params, ensure_ascii=True, separators=(",", ":"), allow_nan=True))
+    except (TypeError, ValueError, RecursionError):
+        return None, MAX_PARAMS_BYTES + 1
+    return (params if size <= MAX_PARAMS_BYTES else None), size
+
+
+def _params_columns() -> tuple[Any, Any]:
+    """The stored params' size (the stored text is canonical, ASCII-only JSON: characters are
+    bytes) and the params themselves only when within ``MAX_PARAMS_BYTES``: a row an older version
+    stored with megabytes of params is never read whole into an answer."""
+    size = func.length(cast(Job.params, Text))
+    bounded = type_coerce(case((size <= MAX_PARAMS_BYTES, Job.params)), Job.params.type)
+    return size.label("params_bytes"), bounded.label("bounded_params")
+
+
+def _select_jobs(*where: Any) -> Any:
+    size, bounded = _params_columns()
+    return select(Job, bounded, size).where(*where).options(defer(Job.params))
+
+
+def _versions_of(
+    session: Session, job_ids: list[str], *, most: int | None = None
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+    """Each job's versions (the newest ``most`` when given, oldest first) and how many it has."""
     out: dict[str, list[dict[str, Any]]] = {j: [] for j in job_ids}
+    totals: dict[str, int] = dict.fromkeys(job_ids, 0)
     if not job_ids:
-        return out
-    rows = session.execute(
-        select(ModelVersion.job_id, ModelVersion.name, ModelVersion.version, ModelVersion.step)
+        return out, totals
+    for job_id, count in session.execute(
+        select(ModelVersion.job_id, func.count())
         .where(ModelVersion.job_id.in_(job_ids))
-        .order_by(ModelVersion.version)
-    ).all()
-    for r in rows:
+        .group_by(ModelVersion.job_id)
+    ).all():
+        totals[job_id] = count
+    ranked = select(
+        ModelVersion.job_id,
+        ModelVersion.name,
+        ModelVersion.version,
+        ModelVersion.step,
+        func.row_number()
+        .over(partition_by=ModelVersion.job_id, order_by=ModelVersion.version.desc())
+        .label("rank"),
+    ).where(ModelVersion.job_id.in_(job_ids))
+    query = ranked.subquery()
+    stmt = select(query.c.job_id, query.c.name, query.c.version, query.c.step)
+    if most is not None:
+        stmt = stmt.where(query.c.rank <= most)
+    for r in session.execute(stmt.order_by(query.c.version)).all():
         out[r.job_id].append({"name": r.name, "version": r.version, "step": r.step})
-    return out
+    return out, totals
+
+
+def _answer_one(session: Session, tenant_id: str, job_id: str) -> dict[str, Any]:
+    found = (
+        session.execute(_select_jobs(Job.id == job_id, Job.tenant_id == tenant_id)).one_or_none()
+        if isinstance(job_id, str) and len(job_id) <= 64
+        else None
+    )
+    if found is None:
+        raise NotFound("job", job_id)
+    versions, totals = _versions_of(session, [job_id])
+    return job_json(
+        found[0],
+        versions[job_id],
+        params=found.bounded_params,
+        params_bytes=found.params_bytes,
+        versions_total=totals[job_id],
+    )
 
 
 def _load_job(session: Session, tenant_id: str, job_id: str) -> Job:
-    row = session.get(Job, job_id) if isinstance(job_id, str) and len(job_id) <= 64 else None
-    if row is None or row.tenant_id != tenant_id:
+    row = (
+        session.execute(
+            select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id).options(defer(Job.params))
+        ).scalar_one_or_none()
+        if isinstance(job_id, str) and len(job_id) <= 64
+        else None
+    )
+    if row is None:
         raise NotFound("job", job_id)
     return row
+
+
+def _check_dataset_can_train(session: Session, dataset: Dataset) -> None:
+    """A job on ``dataset`` could run: it has a data source and batches (422 ``dataset_id``)."""
+    if dataset.data_source is None:
+        raise InvalidInput(
+            "dataset_id",
+            f"dataset {dataset.id!r} has no data source: {SET_SOURCE}, then queue the job.",
+        )
+    if session.scalar(select(Batch.id).where(Batch.dataset_id == dataset.id).limit(1)) is None:
+        raise InvalidInput(
+            "dataset_id",
+            f"dataset {dataset.id!r} has no batches to train on: register its tasks' batches "
+            "(POST /v1/datasets/{id}/tasks/{task_id}/batches), then queue the job.",
+        )
+
+
+def _check_model_name_free(session: Session, tenant_id: str, dataset_id: str, model_name: str) -> None:
+    """409 ``model_name_taken`` when another dataset released versions of ``model_name`` or has a
+    queued or running job that will (module docstring)."""
+    released = session.execute(
+        select(Release.dataset_id, Release.version)
+        .where(Release.tenant_id == tenant_id, Release.model == model_name, Release.dataset_id != dataset_id)
+        .limit(1)
+    ).first()
+    if released is not None:
+        raise ModelNameTaken(
+            f"model {model_name!r} version {released.version!r} was released from dataset "
+            f"{released.dataset_id!r}; this job's versions of {model_name!r} (from dataset "
+            f"{dataset_id!r}) would be numbered among them. Choose another params.model_name.",
+            reason="model_name_taken",
+            model=model_name,
+            version=released.version,
+            dataset_id=released.dataset_id,
+        )
+    pending = session.execute(
+        select(Job.id, Job.dataset_id)
+        .where(
+            Job.tenant_id == tenant_id,
+            Job.model_name == model_name,
+            Job.dataset_id != dataset_id,
+            Job.status.in_(ACTIVE),
+        )
+        .limit(1)
+    ).first()
+    if pending is not None:
+        raise ModelNameTaken(
+            f"job {pending.id!r} of dataset {pending.dataset_id!r} will publish versions of model "
+            f"{model_name!r}; this job's versions (from dataset {dataset_id!r}) would be numbered "
+            "among them. Choose another params.model_name.",
+            reason="model_name_taken",
+            model=model_name,
+            job_id=pending.id,
+            dataset_id=pending.dataset_id,
+        )
+
+
+def _check_queue(session: Session, tenant_id: str, limits: JobLimits) -> None:
+    queued = session.scalar(
+        select(func.count()).select_from(Job).where(Job.tenant_id == tenant_id, Job.status == "queued")
+    )
+    if (queued or 0) >= limits.max_queued_per_tenant:
+        raise TooManyQueuedJobs(
+            f"the tenant has {queued} jobs queued, the most it may (LEDGER_MAX_QUEUED_JOBS_PER_TENANT = "
+            f"{limits.max_queued_per_tenant}); queue more once some have started, or cancel some.",
+            reason="too_many_queued_jobs",
+            queued=queued,
+            limit=limits.max_queued_per_tenant,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,17 +617,32 @@ def create_job(
     params: Mapping[str, Any] | None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     idempotency_key: str | None = None,
+    limits: JobLimits = DEFAULT_LIMITS,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Queue a job (201). ``InvalidInput`` names a bad field; ``NotFound`` an unknown dataset."""
+    """Queue a job (201). Refused, nothing is stored: ``InvalidInput`` (422) names a bad field —
+    the document, a trainer param, a dataset without a source or batches; ``NotFound`` an unknown
+    dataset (checked before the params); ``Conflict`` a model name another dataset's
+    (``model_name_taken``) or a full queue (``too_many_queued_jobs``)."""
     if not isinstance(dataset_id, str) or not dataset_id or len(dataset_id) > 64:
-        raise InvalidInput("dataset_id", f"must be a dataset id. Found {dataset_id!r}.")
+        raise InvalidInput("dataset_id", f"must be a dataset id. Found {_shown(dataset_id)}.")
+    _check_text(dataset_id, "dataset_id")
     algorithm = check_algorithm(algorithm)
-    document = check_params(params)
+    document = check_document(params)
     model_name = document.get("model_name") or default_model_name(algorithm, dataset_id)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
-        load_dataset(session, tenant_id, dataset_id)
+        # One job creation per tenant at a time (SQLite: BEGIN IMMEDIATE already), so the queue
+        # count and the model-name check hold until the row is in. FOR NO KEY UPDATE: spends'
+        # inserts referencing the tenant (FOR KEY SHARE) do not wait for it.
+        session.execute(select(Tenant.id).where(Tenant.id == tenant_id).with_for_update(key_share=True))
+        dataset = load_dataset(session, tenant_id, dataset_id)
+        # Unknown dataset first (404), then the params (422): an id that names nothing says
+        # nothing about its params.
+        check_params(algorithm, document, limits)
+        _check_dataset_can_train(session, dataset)
+        _check_model_name_free(session, tenant_id, dataset_id, model_name)
+        _check_queue(session, tenant_id, limits)
         row = Job(
             id=f"job_{secrets.token_hex(12)}",
             tenant_id=tenant_id,
@@ -303,16 +682,15 @@ def create_job(
 
 
 def get_job(db: Database, tenant_id: str, job_id: str) -> dict[str, Any]:
-    """The job (another tenant's answers ``NotFound``)."""
+    """The job (another tenant's answers ``NotFound``), with all its versions."""
     with db.session(readonly=True) as session:
-        row = _load_job(session, tenant_id, job_id)
-        return job_json(row, _versions_of(session, [row.id])[row.id])
+        return _answer_one(session, tenant_id, job_id)
 
 
 def list_jobs(
     db: Database, tenant_id: str, *, dataset_id: str | None = None, limit: int = 100, offset: int = 0
 ) -> dict[str, Any]:
-    """The tenant's jobs, newest first: ``{data, count}``."""
+    """The tenant's jobs, newest first: ``{data, count}`` (page bounds: module docstring)."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
     if offset < 0:
@@ -321,12 +699,22 @@ def list_jobs(
         where = [Job.tenant_id == tenant_id]
         if dataset_id is not None:
             where.append(Job.dataset_id == dataset_id)
-        rows = session.scalars(
-            select(Job).where(*where).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
+        found = session.execute(
+            _select_jobs(*where).order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)
         ).all()
         count = session.scalar(select(func.count()).select_from(Job).where(*where))
-        versions = _versions_of(session, [r.id for r in rows])
-        return {"data": [job_json(r, versions[r.id]) for r in rows], "count": count or 0}
+        versions, totals = _versions_of(session, [r[0].id for r in found], most=MAX_LISTED_VERSIONS)
+        data = [
+            job_json(
+                r[0],
+                versions[r[0].id],
+                params=r.bounded_params,
+                params_bytes=r.params_bytes,
+                versions_total=totals[r[0].id],
+            )
+            for r in found
+        ]
+        return {"data": data, "count": count or 0}
 
 
 def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | None = None) -> dict[str, Any]:
@@ -345,7 +733,7 @@ def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | Non
                 status=row.status,
             )
         if row.status == "cancelled" or row.cancel_requested_at is not None:
-            return job_json(row, _versions_of(session, [row.id])[row.id])
+            return _answer_one(session, tenant_id, job_id)
         if row.status == "queued":
             row.status = "cancelled"
             row.finished_at = at
@@ -365,7 +753,7 @@ def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | Non
             ],
             now=at,
         )
-        return job_json(row, _versions_of(session, [row.id])[row.id])
+        return _answer_one(session, tenant_id, job_id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -387,20 +775,40 @@ _CLAIMED_COLUMNS: Final = (
 )
 
 
-def claim(db: Database, worker_id: str, lease_s: float, *, now: datetime | None = None) -> ClaimedJob | None:
-    """Claim the oldest claimable job for ``worker_id`` for ``lease_s`` seconds (see the module
-    docstring); ``None`` when there is none. One statement, one transaction."""
-    at = now or utcnow()
-    expires = at + timedelta(seconds=lease_s)
-    claimable = (
-        select(Job.id)
-        .where(or_(Job.status == "queued", and_(Job.status == "running", Job.lease_expires_at < at)))
-        .order_by(Job.created_at, Job.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)  # SQLite: omitted; BEGIN IMMEDIATE serialises instead
+def _claim_statement(worker_id: str, at: datetime, expires: datetime) -> Any:
+    """The fair claim (module docstring): one ``UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP
+    LOCKED) RETURNING``, tenants ordered by their running jobs, then by their last claim."""
+    candidate = aliased(Job, name="candidate")
+    running = aliased(Job, name="running")
+    claimed = aliased(Job, name="claimed")
+    tenant_running = (
+        select(func.count())
+        .select_from(running)
+        .where(
+            running.tenant_id == candidate.tenant_id,
+            running.status == "running",
+            running.lease_expires_at >= at,
+        )
         .scalar_subquery()
     )
-    stmt = (
+    tenant_last_claim = (
+        select(func.max(claimed.claimed_at)).where(claimed.tenant_id == candidate.tenant_id).scalar_subquery()
+    )
+    claimable = (
+        select(candidate.id)
+        .where(
+            or_(
+                candidate.status == "queued",
+                and_(candidate.status == "running", candidate.lease_expires_at < at),
+            )
+        )
+        .order_by(tenant_running, tenant_last_claim.asc().nulls_first(), candidate.created_at, candidate.id)
+        .limit(1)
+        # SQLite: FOR UPDATE is omitted; BEGIN IMMEDIATE serialises claims instead.
+        .with_for_update(skip_locked=True, of=candidate)
+        .scalar_subquery()
+    )
+    return (
         update(Job)
         .where(Job.id == claimable)
         .values(
@@ -410,10 +818,18 @@ def claim(db: Database, worker_id: str, lease_s: float, *, now: datetime | None 
             heartbeat_at=at,
             attempts=Job.attempts + 1,
             started_at=func.coalesce(Job.started_at, at),
+            claimed_at=at,
             updated_at=at,
         )
         .returning(*_CLAIMED_COLUMNS)
     )
+
+
+def claim(db: Database, worker_id: str, lease_s: float, *, now: datetime | None = None) -> ClaimedJob | None:
+    """Claim the next job for ``worker_id`` for ``lease_s`` seconds, tenants taking turns (see the
+    module docstring); ``None`` when there is none. One statement, one transaction."""
+    at = now or utcnow()
+    stmt = _claim_statement(worker_id, at, at + timedelta(seconds=lease_s))
     with db.session() as session:
         row = session.execute(stmt).one_or_none()
     if row is None:
@@ -588,14 +1004,24 @@ def lease_is_live(session: Session, job_id: str, at: datetime) -> bool:
 
 __all__ = [
     "ALGORITHMS",
+    "DEFAULT_LIMITS",
     "DEFAULT_MAX_ATTEMPTS",
     "JOB_KEYS",
+    "LEGACY_KEYS",
+    "MAX_LISTED_VERSIONS",
+    "MAX_PAGE",
+    "MAX_PARAMS_BYTES",
+    "MAX_PARAMS_DEPTH",
     "ClaimedJob",
     "Heartbeat",
+    "JobLimits",
     "Lease",
     "LeaseLost",
+    "ModelNameTaken",
+    "TooManyQueuedJobs",
     "cancel_job",
     "check_algorithm",
+    "check_document",
     "check_model_name",
     "check_params",
     "claim",
@@ -612,5 +1038,7 @@ __all__ = [
     "record_progress",
     "record_reservation",
     "release",
+    "stage_steps",
+    "steps_refusal",
     "trainer_params",
 ]

@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -103,12 +102,18 @@ from service.worker.dp_sgd import (
     noisy_mean_gradient_flat,
     poisson_sample,
 )
-from service.worker.models import MLP, InvalidParamsError, JobParams
+from service.worker.models import MLP
+from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    MAX_EPOCHS,
+    MAX_TASKS,
+    InvalidParamsError,
+    JobParams,
+    L2dpMlParams,
+    NaiveGaussianParams,
+)
 from service.worker.per_example_gradients import PerExampleGradients
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
-MAX_EPOCHS: Final = 10_000
-MAX_TASKS: Final = 1_000
 COMMITMENT_PREFIX: Final = "l2dp-ml:"
 
 
@@ -240,48 +245,8 @@ def theta1_norm(w1: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Params and the stage plan shared by both trainers
+# The stage plan shared by both trainers (params: service.worker.params)
 # ---------------------------------------------------------------------------------------------
-
-
-def _read_epochs(r: JobParams, default: int) -> int | tuple[int, ...]:
-    if not r.has("epochs"):
-        r.integer("epochs", None)
-        return default
-    raw = r._params["epochs"]
-    if isinstance(raw, list | tuple):
-        values = r.integers("epochs", (default,))
-        if len(raw) > MAX_TASKS:
-            raise InvalidParamsError("params.epochs", f"must list at most {MAX_TASKS} tasks.")
-        if any(v > MAX_EPOCHS for v in values):
-            raise InvalidParamsError(
-                "params.epochs", f"must hold integers in [1, {MAX_EPOCHS}]. Found {raw}."
-            )
-        return values
-    value = r.integer("epochs", default, minimum=1, maximum=MAX_EPOCHS)
-    assert value is not None
-    return value
-
-
-def _read_task_order(r: JobParams) -> tuple[int, ...] | None:
-    if not r.has("task_order"):
-        r.integer("task_order", None)
-        return None
-    raw = r._params["task_order"]
-    if not isinstance(raw, list | tuple) or not 1 <= len(raw) <= MAX_TASKS:
-        raise InvalidParamsError("params.task_order", f"must be a list of task indices. Found {raw!r}.")
-    out = []
-    for item in raw:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-            raise InvalidParamsError("params.task_order", f"must hold task indices >= 0. Found {raw!r}.")
-        out.append(item)
-    r._read.add("task_order")
-    return tuple(out)
-
-
-def _read_seed(r: JobParams) -> int:
-    seed = r.integer("seed", None, minimum=0, maximum=2**62)
-    return secrets.randbits(62) if seed is None else seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,51 +347,6 @@ class LifelongRecord:
 # ---------------------------------------------------------------------------------------------
 # L2DP-ML
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class L2dpMlParams:
-    """An L2DP-ML job's params, validated (``L2dpMlTrainer.parse_params``)."""
-
-    epsilon1: float
-    epsilon2: float
-    input_dim: int
-    hidden_units: int = 8
-    theta1_norm_bound: float = 1.0
-    epochs: int | tuple[int, ...] = 1
-    task_order: tuple[int, ...] | None = None
-    learning_rate: float = 0.05
-    encoder_learning_rate: float = 0.001
-    weight_decay: float = 0.0
-    num_classes: int | None = None
-    seed: int = 0
-
-    @classmethod
-    def read(cls, params: Mapping[str, Any]) -> L2dpMlParams:
-        r = JobParams(params)
-        for required in ("epsilon1", "epsilon2", "input_dim"):
-            if not r.has(required):
-                raise InvalidParamsError(f"params.{required}", "is required.")
-        eps1 = r.real("epsilon1", None, minimum=0, exclusive_minimum=True)
-        eps2 = r.real("epsilon2", None, minimum=0, exclusive_minimum=True)
-        d = r.integer("input_dim", None, minimum=1, maximum=1_000_000)
-        assert eps1 is not None and eps2 is not None and d is not None
-        values = cls(
-            epsilon1=eps1,
-            epsilon2=eps2,
-            input_dim=d,
-            hidden_units=r.integer("hidden_units", 8, minimum=1, maximum=4096) or 8,
-            theta1_norm_bound=r.real("theta1_norm_bound", 1.0, minimum=0, exclusive_minimum=True) or 1.0,
-            epochs=_read_epochs(r, 1),
-            task_order=_read_task_order(r),
-            learning_rate=r.real("learning_rate", 0.05, minimum=0, exclusive_minimum=True) or 0.05,
-            encoder_learning_rate=r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0,
-            weight_decay=r.real("weight_decay", 0.0, minimum=0) or 0.0,
-            num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
-            seed=_read_seed(r),
-        )
-        r.finish()
-        return values
 
 
 def l2dp_ml_event(p: L2dpMlParams, batch_size: int) -> FunctionalMechanismL2DPEvent:
@@ -620,52 +540,6 @@ class L2dpMlTrainer:
 # ---------------------------------------------------------------------------------------------
 # NaiveGaussian (DP-SGD + A-gem) and the noiseless A-gem baseline
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NaiveGaussianParams:
-    """A NaiveGaussian job's params, validated. Exactly one of ``noise_multiplier`` and
-    ``target_epsilon`` (with ``delta``): the whole run's ε under a sequential Rényi filter."""
-
-    noise_multiplier: float | None
-    target_epsilon: float | None
-    delta: float | None
-    sampling_probability: float = 0.2
-    epochs: int | tuple[int, ...] = 1
-    task_order: tuple[int, ...] | None = None
-    hidden: int = 32
-    max_grad_norm: float = 1.0
-    learning_rate: float = 0.5
-    num_classes: int | None = None
-    seed: int = 0
-
-    @classmethod
-    def read(cls, params: Mapping[str, Any]) -> NaiveGaussianParams:
-        r = JobParams(params)
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
-        values = cls(
-            noise_multiplier=r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
-            target_epsilon=r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            delta=r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-            sampling_probability=r.real(
-                "sampling_probability", 0.2, minimum=0, maximum=1, exclusive_minimum=True
-            )
-            or 0.2,
-            epochs=_read_epochs(r, 1),
-            task_order=_read_task_order(r),
-            hidden=r.integer("hidden", 32, minimum=1, maximum=4096) or 32,
-            max_grad_norm=r.real("max_grad_norm", 1.0, minimum=0, exclusive_minimum=True) or 1.0,
-            learning_rate=r.real("learning_rate", 0.5, minimum=0, exclusive_minimum=True) or 0.5,
-            num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
-            seed=_read_seed(r),
-        )
-        r.finish()
-        return values
 
 
 def naive_steps(epochs: int, sampling_probability: float) -> int:

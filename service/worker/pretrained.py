@@ -78,113 +78,27 @@ from service.worker.dp_sgd import (
     poisson_sample,
 )
 from service.worker.feature_extractor import (
-    ExtractorSpec,
     FeatureExtractor,
     pretrained_extractor,
     unit_features,
 )
-from service.worker.models import InvalidParamsError, JobParams
+from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    ACCOUNTANTS,
+    HEAD_DEFAULTS,
+    HeadParams,
+    InvalidParamsError,
+    PretrainedParams,
+)
 from service.worker.per_example_gradients import PerExampleGradients
 from service.worker.stages import LedgerTask, Stage, StageRelease
 
 SUM_SENSITIVITY: Final = 1.0
 """L2 sensitivity of the C×K matrix of per-class sums of unit features under add/remove-one."""
-ACCOUNTANTS: Final = ("rdp", "prv")
 _RESOLUTION: Final = Decimal("0.0001")  # the σ grid, as accountant.calibration's default
 _MAX_K: Final = 10**10  # σ ≤ 10⁶, as accountant.calibration.MAX_NOISE_MULTIPLIER
 MAX_STEPS_PER_STAGE: Final = 1_000_000
-HEAD_DEFAULTS: Final[Mapping[str, float]] = {
-    "epochs": 10.0,
-    "expected_batch_size": 128,
-    "max_grad_norm": 1.0,
-    "learning_rate": 0.5,
-}
-"""DP-SGD defaults of the heads, tuned once on builtin:split-digits?tasks=5&public=400 at ε = 1
-(three seeds) and used for the ensemble and both baselines at every ε, as the paper does
-(App. C.1). The tuning looked at the private tasks' test accuracy and is not itself accounted."""
 
 ModelState = dict[str, torch.Tensor]
-
-
-# ---------------------------------------------------------------------------------------------
-# Params
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PretrainedParams:
-    """Params shared by the four trainers. Privacy: exactly one of ``target_epsilon`` (with
-    ``delta``; σ calibrated per stage) and ``noise_multiplier``. ``accountant`` must be the
-    budget's, so that the calibrated event costs at most ``target_epsilon`` on the ledger."""
-
-    target_epsilon: float | None = None
-    delta: float | None = None
-    noise_multiplier: float | None = None
-    accountant: str = "rdp"
-    num_classes: int | None = None
-    seed: int | None = None
-    extractor: ExtractorSpec = field(default_factory=ExtractorSpec)
-
-    @classmethod
-    def _read(cls, r: JobParams) -> dict[str, Any]:
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
-        feature_dim = r.integer("feature_dim", 32, minimum=2, maximum=4096)
-        epochs = r.integer("pretrain_epochs", 30, minimum=1, maximum=10_000)
-        lr = r.real("pretrain_learning_rate", 3e-3, minimum=0, maximum=10, exclusive_minimum=True)
-        extractor_seed = r.integer("extractor_seed", 0, minimum=0, maximum=2**62)
-        assert feature_dim is not None and epochs is not None and lr is not None
-        assert extractor_seed is not None
-        return {
-            "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-            "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
-            "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
-            "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
-            "seed": r.integer("seed", None, minimum=0, maximum=2**62),
-            "extractor": ExtractorSpec(feature_dim, epochs, lr, extractor_seed),
-        }
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> PretrainedParams:
-        reader = JobParams(params)
-        values = cls._read(reader)
-        reader.finish()
-        return cls(**values)
-
-
-@dataclass(frozen=True, slots=True)
-class HeadParams(PretrainedParams):
-    """Params of the DP-SGD heads: ``epochs`` per stage (T = ⌈epochs/q⌉), ``expected_batch_size``
-    B (q = B/N_stage), clipping bound ``max_grad_norm`` C, ``learning_rate``, ``momentum``."""
-
-    epochs: float = 10.0
-    expected_batch_size: int = 128
-    max_grad_norm: float = 1.0
-    learning_rate: float = 0.5
-    momentum: float = 0.0
-
-    @classmethod
-    def _read(cls, r: JobParams) -> dict[str, Any]:
-        values = PretrainedParams._read(r)
-        values.update(
-            epochs=r.real("epochs", HEAD_DEFAULTS["epochs"], minimum=0, maximum=1e5, exclusive_minimum=True),
-            expected_batch_size=r.integer(
-                "expected_batch_size", int(HEAD_DEFAULTS["expected_batch_size"]), minimum=1, maximum=10**9
-            ),
-            max_grad_norm=r.real(
-                "max_grad_norm", HEAD_DEFAULTS["max_grad_norm"], minimum=0, exclusive_minimum=True
-            ),
-            learning_rate=r.real(
-                "learning_rate", HEAD_DEFAULTS["learning_rate"], minimum=0, exclusive_minimum=True
-            ),
-            momentum=r.real("momentum", 0.0, minimum=0, maximum=0.999),
-        )
-        return values
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,14 @@ misreport it: each attempt spends through its own reservation and every commit i
 Shutdown (``stop_event`` set while a job runs): the job stops at its next step, the rest of its
 reservation is aborted and it goes back to the queue (``jobs.release``).
 
+Limits (``jobs.JobLimits``, from ``LEDGER_JOB_MAX_STEPS`` and ``LEDGER_JOB_MAX_WALL_S`` unless
+given): the gate refuses a plan of more steps before it reserves anything; an attempt that runs
+longer than ``max_wall_s`` (on the monotonic clock, from its claim) is stopped at its next step
+like a cancel, the rest of its reservation aborted, what it committed kept, and the job failed
+``wall_time_exceeded``. A DP-SGD run stops within one step; a staged run at the end of the stage it
+is in (a stage is trained as one unit). The limit is per attempt: a job retried after its worker
+died starts a new one.
+
 Training imports torch lazily (``service.worker.gate`` imports the trainers inside ``run_job``),
 so an idle in-process worker does not load torch into the API process.
 """
@@ -25,6 +33,7 @@ so an idle in-process worker does not load torch into the API process.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -36,7 +45,7 @@ from typing import Final
 from service.db.session import Database
 from service.ledger import reservations
 from service.worker import gate, jobs, registry
-from service.worker.jobs import ClaimedJob, LeaseLost
+from service.worker.jobs import ClaimedJob, JobLimits, LeaseLost
 
 logger = logging.getLogger("service.worker")
 
@@ -53,13 +62,22 @@ def new_worker_id() -> str:
 class JobControl:
     """The gate's ``Control`` for one claimed job, fed by the heartbeat thread."""
 
-    def __init__(self, lease_s: float, claimed_at: float, stop_event: threading.Event) -> None:
+    def __init__(
+        self,
+        lease_s: float,
+        claimed_at: float,
+        stop_event: threading.Event,
+        *,
+        max_wall_s: float = math.inf,
+    ) -> None:
         self._lease_s = lease_s
         self._deadline = claimed_at + LOCAL_DEADLINE_FRACTION * lease_s
+        self._wall_deadline = claimed_at + max_wall_s
         self._stop_event = stop_event
         self._lock = threading.Lock()
         self.cancelled = threading.Event()
         self.lost = threading.Event()
+        self.overran = threading.Event()
         self.step = 0
 
     def renewed(self, sent_at: float) -> None:
@@ -74,7 +92,14 @@ class JobControl:
     def should_stop(self) -> bool:
         if not self.lease_valid():
             self.lost.set()
-        return self.lost.is_set() or self.cancelled.is_set() or self._stop_event.is_set()
+        if time.monotonic() >= self._wall_deadline:
+            self.overran.set()
+        return (
+            self.lost.is_set()
+            or self.cancelled.is_set()
+            or self.overran.is_set()
+            or self._stop_event.is_set()
+        )
 
     @property
     def reason(self) -> str | None:
@@ -82,6 +107,8 @@ class JobControl:
             return "lease_lost"
         if self.cancelled.is_set():
             return "cancelled"
+        if self.overran.is_set():  # before shutdown: a job past its limit is failed, not re-queued
+            return "wall_time"
         if self._stop_event.is_set():
             return "shutdown"
         return None
@@ -106,6 +133,7 @@ class Worker:
         expire_every_s: float = DEFAULT_EXPIRE_EVERY_S,
         device: str | None = None,
         loader: gate.Loader | None = None,
+        limits: JobLimits | None = None,
     ) -> None:
         if lease_s <= 0 or poll_s <= 0:
             raise ValueError(f"lease_s and poll_s must be > 0. Found {lease_s}, {poll_s}.")
@@ -119,6 +147,7 @@ class Worker:
         self.expire_every_s = expire_every_s
         self.device = device
         self.loader: gate.Loader = loader if loader is not None else gate.default_loader
+        self.limits = limits if limits is not None else JobLimits.from_environment()
         self._last_expiry = 0.0
         self._idle_stop = threading.Event()
 
@@ -132,7 +161,7 @@ class Worker:
         if job is None:
             return None
         logger.info("worker %s claimed job %s (attempt %d)", self.worker_id, job.id, job.attempt)
-        control = JobControl(self.lease_s, claimed_at, stop)
+        control = JobControl(self.lease_s, claimed_at, stop, max_wall_s=self.limits.max_wall_s)
         if job.cancel_requested:
             control.cancelled.set()
         done = threading.Event()
@@ -156,6 +185,7 @@ class Worker:
             reservation_ttl_s=self.reservation_ttl_s,
             loader=self.loader,
             device=self.device,
+            limits=self.limits,
         )
         logger.info("job %s: %s %s", job.id, outcome.status, outcome.error or "")
 

@@ -43,8 +43,15 @@ upgrade(_URL)
 _DB = Database(_URL)
 atexit.register(_DB.dispose)
 _KEY = tenancy.create_api_key(_DB, "acme", "admin")
+# The same bearer opens /metrics (its operator token), so its 200 answer is checked too.
 _APP = create_app(
-    Settings(database_url=_URL, artifact_dir=_FOLDER / "artifacts", max_body_bytes=256 * 1024), database=_DB
+    Settings(
+        database_url=_URL,
+        artifact_dir=_FOLDER / "artifacts",
+        max_body_bytes=256 * 1024,
+        metrics_token=_KEY,
+    ),
+    database=_DB,
 )
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 schema = schemathesis.openapi.from_asgi(

@@ -1,8 +1,10 @@
 """API keys and record ids at rest and in logs: what an attacker with the database (or the logs)
 learns. No mocks: real keys, real databases (SQLite file bytes included), a real ``ledger serve``.
 
-* only SHA-256 hashes of keys are stored: no column of any table holds a plaintext key or its
-  secret part; ``authenticate`` compares digests with ``hmac.compare_digest``;
+* only HMAC-SHA256 digests of keys, under a server secret kept out of the database, are
+  stored: no column of any table holds a plaintext key, its secret part, its plain SHA-256 or
+  the secret; ``authenticate`` compares digests with ``hmac.compare_digest``
+  (``test_key_hashing.py``: legacy SHA-256 keys, the secret's file, chosen keys);
 * revocation takes effect on the very next request (``auth_cache_ttl_s`` defaults to 0);
 * keys never reach the logs of ``ledger serve`` with access logs on, for good and bad requests;
 * record ids are stored as HMAC-SHA256(dataset salt, id): distinctive raw ids are found in no
@@ -26,6 +28,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select, text
 from sqlalchemy.engine import URL
 
+from service import server_secrets
 from service.db.base import Base
 from service.db.session import Database
 from service.ledger import tenancy
@@ -71,15 +74,19 @@ def test_only_key_hashes_are_stored(db: Database, database_url: URL, keys: Keys)
     stored = _all_stored_text(db)
     _every_table_is_read(db)
     raw = _sqlite_bytes(database_url)
+    secret = server_secrets.key_hash_secret(db)
+    assert secret.decode() not in stored and secret not in raw
     for key in plaintexts:
         secret_part = key.removeprefix(tenancy.KEY_PREFIX)
         assert secret_part not in stored
         assert secret_part.encode() not in raw
-        # What is stored is the digest (and the 10-character display prefix, 7 random chars).
-        assert tenancy.hash_key(key) in stored
+        # What is stored is the keyed digest (and the display prefix, 4 random chars), never
+        # the plain SHA-256 a dump would let anyone test guesses against.
+        assert tenancy.hash_key(key, secret) in stored
+        assert tenancy.legacy_hash_key(key) not in stored
     with db.engine.connect() as conn:
         prefixes = [row[0] for row in conn.execute(text("SELECT prefix FROM api_keys"))]
-    assert all(len(p) <= 10 for p in prefixes)
+    assert prefixes and all(len(p) == len("pl_") + 4 and p.startswith("pl_") for p in prefixes)
 
 
 def test_key_comparison_is_constant_time() -> None:

@@ -4,6 +4,8 @@
   a fresh, migrated SQLite file or PostgreSQL database), driven by Starlette's ``TestClient``
   (real HTTP semantics through the ASGI interface, lifespan included).
 * ``keys`` — API keys for two tenants (``acme``, ``rival``) in every scope, plus a revoked key.
+* ``METRICS_TOKEN`` — the operator's ``/metrics`` token of the ``settings`` fixture and of
+  ``start_server`` (``/metrics`` takes no API key).
 * ``ledger_server`` — a real ``ledger serve`` (uvicorn) subprocess on ``database_url``, for the
   concurrency test and the command tests.
 """
@@ -38,6 +40,7 @@ with warnings.catch_warnings():
 
 ROOT = Path(__file__).resolve().parents[3]
 BOOTSTRAP_KEY = "pl_test_bootstrap_admin_key_0123456789abcdef"
+METRICS_TOKEN = "test-metrics-token-0123456789abcdef"
 
 
 def url_text(url: URL) -> str:
@@ -66,6 +69,7 @@ def settings(database_url: URL) -> Settings:
         reservation_ttl_s=3600,
         expiry_sweep_interval_s=0.2,
         max_body_bytes=256 * 1024,
+        metrics_token=METRICS_TOKEN,
     )
 
 
@@ -118,6 +122,7 @@ def start_server(
     port = free_port()
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
     child_env["PYTHONUNBUFFERED"] = "1"
+    child_env["LEDGER_METRICS_TOKEN"] = METRICS_TOKEN
     if bootstrap_key is not None:
         child_env["LEDGER_BOOTSTRAP_ADMIN_KEY"] = bootstrap_key
     child_env.update(env or {})

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import URL
 
-from tests.service.api.conftest import Server, bearer, start_server, stop_server, url_text
+from tests.service.api.conftest import METRICS_TOKEN, Server, bearer, start_server, stop_server, url_text
 
 CLIENTS = 150
 CHARGE = 0.01
@@ -57,7 +57,7 @@ async def _race(server: Server, dataset: str, batch: str) -> Counter[str]:
 @pytest.mark.slow
 def test_150_concurrent_spends_fill_the_budget_exactly(ledger_server: Server) -> None:
     _fill_the_budget(ledger_server)
-    metrics = httpx.get(f"{ledger_server.base_url}/metrics", timeout=60).text
+    metrics = httpx.get(f"{ledger_server.base_url}/metrics", headers=bearer(METRICS_TOKEN), timeout=60).text
     assert "ledger_commits_total 100" in metrics
     assert 'ledger_refusals_total{code="budget_exceeded"} 50' in metrics
 

@@ -12,7 +12,7 @@ from accountant.certificates import verify as verify_certificate
 from service.app import create_app
 from service.db.session import Database
 from service.settings import Settings
-from tests.service.api.conftest import Keys, TestClient, bearer
+from tests.service.api.conftest import METRICS_TOKEN, Keys, TestClient, bearer
 from tests.service.api.world import unique
 
 JSON = {"Content-Type": "application/json"}
@@ -216,7 +216,7 @@ def test_expired_reservations_free_their_hold_in_the_background(client: TestClie
     late = api.commit(held["id"], status=409).json()
     assert late["error"] == "reservation_expired"
     assert api.spend(dataset)["epsilon_spent"] == "0"
-    metrics = client.get("/metrics").text
+    metrics = client.get("/metrics", headers=bearer(METRICS_TOKEN)).text
     assert "ledger_reservations_expired_total 1" in metrics
 
 
@@ -239,7 +239,7 @@ def test_metrics_in_prometheus_text_format(client: TestClient, keys: Keys) -> No
     api.commit(api.reserve(dataset, batches, pure(0.6)).json()["id"])
     api.reserve(dataset, batches, pure(0.6), status=409)
     api.reserve(dataset, batches, pure(0.1))  # stays open
-    answer = client.get("/metrics")
+    answer = client.get("/metrics", headers=bearer(METRICS_TOKEN))
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = answer.text

@@ -1,4 +1,4 @@
-"""Tenants and API keys: only hashes stored, scopes, revocation, the bootstrap key."""
+"""Tenants and API keys: only keyed hashes stored, scopes, revocation, the bootstrap key."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 import pytest
 from sqlalchemy import select
 
+from service import server_secrets
 from service.db.models import ApiKey
 from service.db.session import Database
 from service.ledger import tenancy
@@ -21,7 +22,10 @@ def test_key_is_stored_as_hash_only_and_authenticates(db: Database) -> None:
     with db.session(readonly=True) as session:
         stored = session.scalars(select(ApiKey)).one()
         assert key not in (stored.key_hash, stored.prefix, stored.id)
-        assert stored.key_hash == tenancy.hash_key(key)
+        secret = server_secrets.key_hash_secret(db)
+        assert stored.key_hash == tenancy.hash_key(key, secret) != tenancy.legacy_hash_key(key)
+        assert (stored.hash_scheme, stored.secret_id) == ("hmac-sha256", server_secrets.secret_id(secret))
+        assert stored.prefix == key[:7] and stored.prefix.startswith("pl_")
     assert tenancy.authenticate(db, key + "x") is None
     assert tenancy.authenticate(db, "") is None
 
@@ -43,8 +47,10 @@ def test_bootstrap_key_is_admin_of_default_and_idempotent(db: Database) -> None:
     assert (first.tenant_id, first.scope) == ("default", "admin")
     tenancy.revoke_api_key(db, first.key_id)
     assert tenancy.authenticate(db, key) is None
-    tenancy.ensure_bootstrap_admin_key(db, key)
-    assert tenancy.authenticate(db, key) == first
+    # A revoked bootstrap key stays revoked at the next start (issue 12 §2).
+    assert tenancy.ensure_bootstrap_admin_key(db, key) is None
+    assert tenancy.authenticate(db, key) is None
+    assert len(tenancy.list_api_keys(db, "default")["data"]) == 1
 
 
 def test_scopes_and_tenant_ids_are_validated(db: Database) -> None:

@@ -1,0 +1,249 @@
+"""Per-tenant fairness and limits of the shared workers (issue 12): tenants take turns in the
+claim, a tenant's queue is bounded, a plan longer than ``LEDGER_JOB_MAX_STEPS`` is refused before
+it reserves, and an attempt past ``LEDGER_JOB_MAX_WALL_S`` is stopped and failed with the rest of
+its reservation returned. Real SQLite and PostgreSQL, real torch for the runs."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from service.db.base import utcnow
+from service.db.models import Reservation
+from service.db.session import Database
+from service.ledger import spend
+from service.worker import jobs
+from service.worker.jobs import JobLimits
+from service.worker.worker import Worker
+from tests.worker.digits_world import CountingLoader, digits_dataset, job_row, versions_of
+
+PARAMS: dict[str, Any] = {"noise_multiplier": 1.0, "steps": 10}
+
+
+def _dataset(db: Database, tenant: str, **kwargs: Any) -> str:
+    return digits_dataset(db, tenant, **{"records": [f"{tenant}-r{i}" for i in range(8)], **kwargs}).dataset_id
+
+
+def _job(db: Database, tenant: str, dataset_id: str, limits: JobLimits = jobs.DEFAULT_LIMITS, **params: Any) -> str:
+    answer = jobs.create_job(
+        db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}, limits=limits
+    )
+    return str(answer["id"])
+
+
+def _reservations(db: Database, dataset_id: str) -> list[Reservation]:
+    with db.session(readonly=True) as session:
+        return list(session.scalars(select(Reservation).where(Reservation.dataset_id == dataset_id)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fairness: the claim's order
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_tenant_queued_behind_another_tenants_jobs_gets_the_second_claim(db: Database) -> None:
+    """The finding: tenant A's long jobs kept B's job queued. A's five go first, B's one after:
+    B's job is the second claimed, not the sixth."""
+    a, b = _dataset(db, "acme"), _dataset(db, "rival")
+    a_jobs = [_job(db, "acme", a) for _ in range(5)]
+    b_job = _job(db, "rival", b)
+    now = utcnow()
+    first = jobs.claim(db, "worker-1", 600, now=now)
+    second = jobs.claim(db, "worker-2", 600, now=now + timedelta(seconds=1))
+    assert first is not None and second is not None
+    assert (first.id, second.id) == (a_jobs[0], b_job)
+    rest = [jobs.claim(db, f"worker-{n}", 600, now=now + timedelta(seconds=n)) for n in range(3, 7)]
+    assert [c.id for c in rest if c is not None] == a_jobs[1:]  # then A's, oldest first
+    assert jobs.claim(db, "worker-7", 600, now=now + timedelta(seconds=7)) is None
+
+
+def test_one_worker_alternates_between_tenants(db: Database) -> None:
+    """With one worker (a job ends before the next claim) no tenant runs anything, so the turn
+    goes to the tenant whose last job was claimed longest ago — never claimed: first."""
+    a, b, c = _dataset(db, "acme"), _dataset(db, "rival"), _dataset(db, "third")
+    queued = {
+        "acme": [_job(db, "acme", a) for _ in range(3)],
+        "rival": [_job(db, "rival", b) for _ in range(2)],
+        "third": [_job(db, "third", c)],
+    }
+    tenant_of = {job_id: tenant for tenant, ids in queued.items() for job_id in ids}
+    now = utcnow()
+    order = []
+    for n in range(6):
+        claimed = jobs.claim(db, "worker", 600, now=now + timedelta(seconds=n))
+        assert claimed is not None
+        order.append(tenant_of[claimed.id])
+        jobs.finish(db, claimed.lease, "succeeded", now=now + timedelta(seconds=n, milliseconds=500))
+    assert order == ["acme", "rival", "third", "acme", "rival", "acme"]
+    assert queued["acme"] == [
+        j for j in (jobs.get_job(db, "acme", i)["id"] for i in queued["acme"]) if j
+    ]  # (each tenant's own jobs still run oldest first: checked by the first test)
+
+
+def test_an_expired_lease_does_not_count_as_running(db: Database) -> None:
+    """A tenant whose worker died (lease expired) is not treated as busy: its job is claimable
+    again and the tenant is not pushed back behind others for a job nobody runs."""
+    a, b = _dataset(db, "acme"), _dataset(db, "rival")
+    dead_job = _job(db, "acme", a)
+    now = utcnow()
+    assert jobs.claim(db, "dead", 5, now=now) is not None
+    other = _job(db, "rival", b)
+    # At now+10 the lease expired: both tenants have no live job; rival never had a claim.
+    first = jobs.claim(db, "w1", 60, now=now + timedelta(seconds=10))
+    second = jobs.claim(db, "w2", 60, now=now + timedelta(seconds=11))
+    assert first is not None and second is not None
+    assert (first.id, second.id) == (other, dead_job)
+    assert second.attempt == 2
+
+
+def test_concurrent_claims_stay_exactly_once_across_tenants(db: Database) -> None:
+    created = {_job(db, tenant, _dataset(db, tenant)) for tenant in ("acme", "rival", "third") for _ in range(6)}
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            barrier.wait()
+            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
+                with lock:
+                    claimed.append(job.id)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(claimed) == sorted(created)
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue limit
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_tenants_queue_is_bounded_and_other_tenants_are_not(db: Database) -> None:
+    limits = JobLimits(max_steps=1000, max_wall_s=60, max_queued_per_tenant=2)
+    a, b = _dataset(db, "acme"), _dataset(db, "rival")
+    first, _ = _job(db, "acme", a, limits), _job(db, "acme", a, limits)
+    with pytest.raises(jobs.TooManyQueuedJobs) as info:
+        _job(db, "acme", a, limits)
+    assert info.value.status == 409 and info.value.code == "too_many_queued_jobs"
+    assert info.value.details["limit"] == 2 and info.value.details["queued"] == 2
+    assert jobs.list_jobs(db, "acme")["count"] == 2  # nothing stored
+    _job(db, "rival", b, limits)  # another tenant's queue is its own
+    assert jobs.claim(db, "worker", 60) is not None  # one of acme's starts: a place frees up
+    jobs.cancel_job(db, "acme", first) if job_row(db, first).status == "queued" else None
+    _job(db, "acme", a, limits)
+
+
+def test_the_queue_limit_holds_under_concurrent_submits(db: Database) -> None:
+    limits = JobLimits(max_steps=1000, max_wall_s=60, max_queued_per_tenant=3)
+    dataset_id = _dataset(db, "acme")
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def submit() -> None:
+        barrier.wait()
+        try:
+            _job(db, "acme", dataset_id, limits)
+            result = "created"
+        except jobs.TooManyQueuedJobs:
+            result = "refused"
+        with lock:
+            outcomes.append(result)
+
+    threads = [threading.Thread(target=submit) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["created"] * 3 + ["refused"] * 5
+    assert jobs.list_jobs(db, "acme")["count"] == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps and wall time (a real worker, real torch)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"epochs": 10, "expected_batch_size": 1}, "params.epochs"),  # 10 epochs of q = 1/N
+        ({"steps": 5000}, "params.steps"),  # explicit: allowed at submit under its limit
+    ],
+)
+def test_a_plan_past_the_step_limit_fails_before_it_reserves(
+    db: Database, tmp_path: Path, params: dict[str, Any], field: str
+) -> None:
+    pytest.importorskip("torch")
+    dataset_id = digits_dataset(db, epsilon="10").dataset_id
+    job_id = jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params={"noise_multiplier": 1.0, **params}
+    )["id"]
+    loader = CountingLoader()
+    limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
+    worker = Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu", limits=limits)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed"
+    assert job["error"]["error"] == "too_many_steps" and job["error"]["field"] == field
+    assert job["error"]["limit"] == 1000 and job["error"]["steps"] > 1000
+    assert loader.opened == [] and job["reservation_id"] is None and _reservations(db, dataset_id) == []
+
+
+def test_a_staged_plan_counts_the_steps_of_every_stage(db: Database, tmp_path: Path) -> None:
+    """NaiveGaussian: each task's stage runs ⌈epochs/q⌉ steps; the job's steps are their sum."""
+    pytest.importorskip("torch")
+    from tests.worker.digits_world import source_tasks, task_dataset
+
+    budget = {"rule": "sequential", "epsilon": "100", "delta": "1e-5", "accountant": "rdp"}
+    per_task = source_tasks("builtin:split-digits?tasks=3")
+    dataset_id, _ = task_dataset(db, budget, per_task, batch_size=50)
+    params = {"noise_multiplier": 1.0, "sampling_probability": 0.01, "epochs": 4, "seed": 1}  # 400 a task
+    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)["id"]
+    limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
+    worker = Worker(db, artifact_dir=tmp_path, loader=CountingLoader(), device="cpu", limits=limits)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed" and job["error"]["error"] == "too_many_steps"
+    assert job["error"]["steps"] == 1200 and job["error"]["field"] == "params.epochs"
+    assert _reservations(db, dataset_id) == []
+
+
+def test_a_job_past_its_wall_time_is_stopped_and_failed_keeping_only_what_it_committed(
+    db: Database, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    import service.worker.dp_sgd  # noqa: F401  (torch loaded before the clock starts)
+
+    dataset_id = digits_dataset(db, epsilon="1000").dataset_id
+    # 100 000 steps (minutes of work); a release every 20 steps; the worker allows 2 s.
+    params = {"noise_multiplier": 2.0, "steps": 100_000, "checkpoint_every": 20, "seed": 3}
+    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    limits = JobLimits(max_steps=1_000_000, max_wall_s=2.0, max_queued_per_tenant=10)
+    worker = Worker(db, artifact_dir=tmp_path, loader=CountingLoader(), device="cpu", limits=limits)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "failed", job
+    assert job["error"]["error"] == "wall_time_exceeded" and job["error"]["limit_s"] == 2.0
+    assert "LEDGER_JOB_MAX_WALL_S" in job["error"]["message"]
+    released = versions_of(db, job_id)
+    assert released, "the run trained and released some checkpoints before its time ran out"
+    assert 0 < job["progress"]["step"] < 100_000
+    (held,) = _reservations(db, dataset_id)
+    assert held.status == "aborted"  # the rest went back to the budget ...
+    ledger = spend.get_spend(db, "acme", dataset_id)
+    assert ledger["epsilon_held"] == "0"
+    assert ledger["epsilon_spent"] == job["epsilon_committed"] != "0"  # ... what it released stays spent
