@@ -87,6 +87,13 @@ class _Cost:
 _ZERO: Final = _Cost(Fraction(0), Fraction(0))
 
 
+def _pure(epsilon: float) -> _Cost:
+    """A formula's pure ε as a cost; one beyond the float range (∞) is no guarantee at all."""
+    if not math.isfinite(epsilon):
+        return _Cost(Fraction(0), Fraction(0), private=False)
+    return _Cost(Fraction(epsilon), Fraction(0))
+
+
 def _cost(event: DpEvent) -> _Cost:
     """The one recursive dispatcher behind ``supports``, ``compose`` and ``epsilon_delta``.
 
@@ -106,9 +113,9 @@ def _cost(event: DpEvent) -> _Cost:
         return _Cost(1 / Fraction(event.scale), Fraction(0))
     if isinstance(event, FunctionalMechanismL2DPEvent):
         # Theorem 2 of L2DP-ML, rounded up to a float by the formula itself.
-        return _Cost(Fraction(l2dp_ml_event_epsilon(event)), Fraction(0))
+        return _pure(l2dp_ml_event_epsilon(event))
     if isinstance(event, OutputPerturbationEvent):
-        return _Cost(Fraction(output_perturbation_event_epsilon(event)), Fraction(0))
+        return _pure(output_perturbation_event_epsilon(event))
     if isinstance(event, SelfComposedEvent):
         return _cost(event.event).times(event.count)
     if isinstance(event, ComposedEvent):

@@ -381,7 +381,8 @@ def lemma1_holds(
         if total > limit * (1 + _LEMMA1_FLOAT_MARGIN):
             return False, *text
     exact_total = sum(
-        (Fraction(a) / Fraction(b)) ** 2 for a, b in zip(sensitivities, noise_stddevs, strict=True)
+        ((Fraction(a) / Fraction(b)) ** 2 for a, b in zip(sensitivities, noise_stddevs, strict=True)),
+        Fraction(0),
     )
     exact_limit = 1 / Fraction(noise_multiplier) ** 2
     return exact_total <= exact_limit, _approximately(exact_total), _approximately(exact_limit)
@@ -454,10 +455,19 @@ def to_json(event: DpEvent) -> dict[str, Any]:
 def _number(obj: Mapping[str, Any], name: str, path: str) -> float:
     if name not in obj:
         raise EventValidationError(f"{path}.{name}", "is required.")
-    value = obj[name]
+    return _as_float(obj[name], f"{path}.{name}")
+
+
+def _as_float(value: object, field: str) -> float:
+    """A JSON number as a float; an integer beyond the float range (10**400) names ``field``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EventValidationError(f"{path}.{name}", f"must be a number. Found {_fmt(value)}.")
-    return float(value)
+        raise EventValidationError(field, f"must be a number. Found {_fmt(value)}.")
+    try:
+        return float(value)
+    except OverflowError:
+        raise EventValidationError(
+            field, "must be a number within the float range (|x| < 1.8e308)."
+        ) from None
 
 
 def _integer(obj: Mapping[str, Any], name: str, path: str) -> int:
@@ -479,10 +489,7 @@ def _vector(obj: Mapping[str, Any], name: str, path: str) -> tuple[float, ...] |
         raise EventValidationError(
             f"{path}.{name}", f"must be a list of at most {MAX_VECTOR_LENGTH} numbers."
         )
-    for i, item in enumerate(value):
-        if isinstance(item, bool) or not isinstance(item, int | float):
-            raise EventValidationError(f"{path}.{name}[{i}]", f"must be a number. Found {_fmt(item)}.")
-    return tuple(float(v) for v in value)
+    return tuple(_as_float(item, f"{path}.{name}[{i}]") for i, item in enumerate(value))
 
 
 _Parser = Callable[[Mapping[str, Any], str, int], DpEvent]

@@ -93,7 +93,7 @@ class EmbeddedLedger:
         from service.worker.data import load_data
 
         source = load_data(uri)
-        dataset = datasets.create_dataset(self.db, TENANT, name=name, budget=budget)
+        dataset = datasets.create_dataset(self.db, TENANT, name=name, budget=budget, data_source=uri)
         splits = {split.task: split for split in source.train if len(split)}
         order = list(task_order) if task_order is not None else sorted(splits)
         registered = []
@@ -122,7 +122,7 @@ class EmbeddedLedger:
             TENANT,
             dataset_id=dataset.id,
             algorithm=algorithm,
-            params={"data_source": dataset.uri, "model_name": model_name, **params},
+            params={"model_name": model_name, **params},
         )
         while self.worker.run_once() is not None:
             pass

@@ -775,9 +775,9 @@ def _versions_of_job(db: Database, job_id: str) -> list[int]:
 __all__ = [
     "Control",
     "Outcome",
+    "SourceLoader",
     "abort_quietly",
     "check_source_records",
-    "SourceLoader",
     "dataset_source",
     "default_loader",
     "ledger_tasks",

@@ -438,8 +438,11 @@ def test_edge_json_builds_an_event_or_names_the_field(obj: dict[str, Any]) -> No
         ([1.0], [TINY], 1.0, False),
         ([1e300], [1e-10], TINY, True),  # 1e620 ≤ 1/TINY² ≈ 4e646: holds beyond the float range
         ([1.0], [1.0], 1e-170, True),  # 1/σ*² = 1e340: a float 1/(σ*σ) was a ZeroDivisionError
-        ([1e-170], [1.0], 1e170, True),  # 1e-340 ≤ 1e-340 exactly, below the float range
-        ([1e-170], [1.0], 1e171, False),
+        # 2⁻¹¹³⁰ ≤ 2⁻¹¹³⁰ exactly, below the float range (powers of two: the floats are the
+        # reals; fl(1e-170)·fl(1e170) is above 1, so that pair violates the lemma, exactly)
+        ([2.0**-565], [1.0], 2.0**565, True),
+        ([2.0**-565], [1.0], 2.0**566, False),
+        ([1e-170], [1.0], 1e170, False),
         ([0.5] * 4, [1.0] * 4, 1.0, True),  # equality admits
     ],
 )

@@ -53,8 +53,8 @@ def _insert_legacy_key(url: URL, key_id: str, tenant: str, key: str, *, revoked:
         with database.engine.begin() as conn:
             conn.execute(
                 text(
-                    "INSERT INTO tenants (id, created_at) SELECT :t, CURRENT_TIMESTAMP "
-                    "WHERE NOT EXISTS (SELECT 1 FROM tenants WHERE id = :t)"
+                    "INSERT INTO tenants (id, created_at) SELECT CAST(:t AS VARCHAR(64)), CURRENT_TIMESTAMP "
+                    "WHERE NOT EXISTS (SELECT 1 FROM tenants WHERE id = CAST(:t AS VARCHAR(64)))"
                 ),
                 {"t": tenant},
             )

@@ -1,9 +1,10 @@
 """Datasets for the gate and worker tests, made through the ledger's own operations (no mocks).
 
 ``digits_dataset`` registers the training records of ``builtin:digits`` (scikit-learn's bundled
-8×8 digits, record ids ``digits-NNNN``) as a dataset's batches, exactly as a client would before
-it queues a job on that source. ``CountingLoader`` is the worker's real loader, counting calls,
-so a test can prove that a refused job never opened its data source.
+8×8 digits, record ids ``digits-NNNN``) as a dataset's batches, and that source as the dataset's
+own (an admin's call), exactly as a client would before it queues a job on the dataset.
+``CountingLoader`` is the worker's real loader (``gate.SourceLoader`` over the given data roots),
+counting calls, so a test can prove that a refused job never opened its data source.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from sqlalchemy import select
 from service.db.models import Job, ModelVersion, Reservation
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
-from service.worker.data import LoadedData, load_data
+from service.worker.data import DataRoots, LoadedData, load_data
+from service.worker.gate import SourceLoader
 
 DIGITS = "builtin:digits"
 _serial = itertools.count(1)
@@ -52,12 +54,14 @@ def digits_dataset(
     delta: str = "1e-5",
     n_batches: int = 2,
     records: Sequence[str] | None = None,
+    source: str | None = DIGITS,
 ) -> DigitsDataset:
-    """A sequential/RDP dataset whose batches hold ``records`` (default: every digits training id)."""
+    """A sequential/RDP dataset whose batches hold ``records`` (default: every digits training
+    id), reading ``source`` (default ``builtin:digits``; ``None``: no source set)."""
     tenancy.create_api_key(db, tenant, "viewer")  # makes sure the tenant exists
     ids = list(records if records is not None else digits_train_ids())
     dataset = datasets.create_dataset(
-        db, tenant, name=f"digits-{next(_serial)}", budget=budget(epsilon, delta)
+        db, tenant, name=f"digits-{next(_serial)}", budget=budget(epsilon, delta), data_source=source
     )
     task = batches.create_task(db, tenant, dataset["id"], name="all")
     size = -(-len(ids) // n_batches)
@@ -79,11 +83,21 @@ def task_dataset(
     batch_size: int | None = None,
     name: str = "tasks",
     tenant: str = "acme",
+    source: str | None = None,
+    data_roots: DataRoots | None = None,
 ) -> tuple[str, list[str]]:
     """A dataset with one ledger task ``t<i>`` per list of ``per_task``, cut into batches of
-    ``batch_size`` records (default: two halves). Returns the dataset id and the task ids."""
+    ``batch_size`` records (default: two halves), reading ``source`` (checked against
+    ``data_roots``; ``None``: no source set). Returns the dataset id and the task ids."""
     tenancy.create_api_key(db, tenant, "viewer")  # makes sure the tenant exists
-    dataset = datasets.create_dataset(db, tenant, name=f"{name}-{next(_serial)}", budget=budget)
+    dataset = datasets.create_dataset(
+        db,
+        tenant,
+        name=f"{name}-{next(_serial)}",
+        budget=budget,
+        data_source=source,
+        data_roots=data_roots,
+    )
     task_ids = []
     for index, ids in enumerate(per_task):
         size = batch_size or -(-len(ids) // 2)
@@ -109,18 +123,19 @@ def source_tasks(uri: str) -> list[list[str]]:
 
 @dataclass
 class CountingLoader:
-    """The worker's real loader (``load_data``), counting the sources it opened."""
+    """The worker's real loader (``SourceLoader`` over ``roots``), counting the sources it opened."""
 
     opened: list[str] = field(default_factory=list)
     delay_s: float = 0.0
+    roots: DataRoots = field(default_factory=DataRoots)
 
-    def __call__(self, uri: str) -> LoadedData:
+    def __call__(self, uri: str, tenant_id: str) -> LoadedData:
         self.opened.append(uri)
         if self.delay_s:
             import time
 
             time.sleep(self.delay_s)
-        return load_data(uri)
+        return SourceLoader(self.roots)(uri, tenant_id)
 
 
 def staged_files(artifact_dir: Path) -> list[str]:
