@@ -8,6 +8,7 @@ Secrets have no usable default: without ``LEDGER_BOOTSTRAP_ADMIN_KEY`` no key ex
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Final
 
@@ -54,6 +55,24 @@ class Settings(BaseSettings):
     max_queued_jobs_per_tenant: int = Field(default=100, gt=0)
     """Jobs a tenant may have queued at once; ``POST /v1/jobs`` beyond it answers 409
     ``too_many_queued_jobs``. Workers also take tenants in turn (``service.worker.jobs.claim``)."""
+
+    max_pricing_work: int = Field(default=20_000, gt=0)
+    """Pricing work one request may ask for: its event nodes × the budget's orders (``rdp``), × 1
+    (``basic``) or × 100 (``prv``); above it a reservation, a commit's event or a server-side
+    certificate verification is refused with a 422 naming the field (``service.ledger.pricing``).
+    The default prices in at most about 1.5 s."""
+
+    pricing_cpu_s_per_s: float = Field(default=0.5, gt=0)
+    """CPU seconds of pricing per second that one tenant's requests may use in one API process
+    (``service.api.ratelimit``); beyond it (and its burst) a request is refused with 429 and
+    ``Retry-After``. Repeated events are cached and cost microseconds."""
+
+    pricing_burst_s: float = Field(default=5.0, gt=0)
+    """How many CPU seconds of pricing a tenant may use at once (its bucket's depth)."""
+
+    pricing_threads: int = Field(default=2, gt=0)
+    """Threads that price costly events of concurrent requests (so pricing never takes the
+    threads that run spends and the other routes)."""
 
     db_pool_size: int = Field(default=20, gt=0)
     db_max_overflow: int = Field(default=20, ge=0)
@@ -120,7 +139,8 @@ class Settings(BaseSettings):
                     raise ValueError(
                         f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must be an absolute path. Found {root!r}."
                     )
-                if not root.strip("/"):  # the whole host: exactly what the roots exist to prevent
+                # the whole host: exactly what the roots exist to prevent ("/srv/.." and "/./" too)
+                if not os.path.normpath(root).strip("/") or not os.path.realpath(root).strip("/"):
                     raise ValueError(f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must not be '/'.")
         return value
 

@@ -40,7 +40,6 @@ and trains from the start; what the earlier attempts committed stays spent.
 from __future__ import annotations
 
 import logging
-import re
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -135,26 +134,61 @@ def default_loader(uri: str, tenant_id: str) -> LoadedData:
     return SourceLoader(DataRoots.of(Settings()))(uri, tenant_id)
 
 
-_TOKEN: Final = re.compile(r"'([^']*)'|\"([^\"]*)\"|([^\s,;:()\[\]{}'\"]+)")
+# Packages whose exception messages this project writes: they name fields, rules and counts,
+# never what a source holds (``DataSourceError``'s contract, ``InvalidParamsError``, the
+# accountant's errors). Any other exception's text (a builtin ``KeyError('r17')``, numpy's or
+# torch's messages quoting a value) is withheld.
+_OWN_PACKAGES: Final = ("service.", "accountant.")
 
 
 def without_records(text: str, record_ids: Collection[str]) -> str:
-    """``text`` with every token that is a record id of the source replaced by ``<record id>``:
-    a trainer's exception (``KeyError('r17')``) must not carry private ids into a job's error."""
-    if not record_ids:
+    """``text`` with every occurrence of a record id of the source replaced by ``<record id>``,
+    longest ids first, also in their escaped (``repr``) form. Belt and braces for the messages
+    ``failure_message`` keeps: they are ours and should never hold an id."""
+    ids = {r for r in record_ids if r}
+    if not ids:
         return text
+    ids |= {repr(r)[1:-1] for r in ids}
+    lengths = sorted({len(r) for r in ids}, reverse=True)
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        n = next((n for n in lengths if text[i : i + n] in ids), 0)
+        out.append("<record id>" if n else text[i])
+        i += n or 1
+    return "".join(out)
 
-    def mask(match: re.Match[str]) -> str:
-        token = next(g for g in match.groups() if g is not None)
-        return "<record id>" if token in record_ids else match.group(0)
 
-    return _TOKEN.sub(mask, text)
+def _raised_at(exc: BaseException) -> str:
+    """Where ``exc`` was raised, as the innermost frame of this project's code (file:line in
+    function): a place in our source, never a value."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "/service/" in f.filename or "/accountant/" in f.filename] or frames
+    if not ours:
+        return "an unknown place"
+    frame = ours[-1]
+    where = frame.filename
+    for marker in ("/service/", "/accountant/"):
+        if marker in where:
+            where = where[where.rindex(marker) + 1 :]
+    return f"{where}:{frame.lineno} in {frame.name}"
+
+
+def failure_message(exc: BaseException, record_ids: Collection[str]) -> str:
+    """What a job's error and the worker's log may say of a failure: the exception's type, and
+    its message only when this project wrote it (``_OWN_PACKAGES``), with the source's record ids
+    masked; otherwise where it was raised and that its text was withheld."""
+    name = type(exc).__name__
+    if type(exc).__module__.startswith(_OWN_PACKAGES):
+        return f"{name}: {without_records(str(exc), record_ids)}"
+    return f"{name} raised at {_raised_at(exc)} (its message is withheld: it may quote the data)"
 
 
 def _failure_log(exc: BaseException, record_ids: Collection[str]) -> str:
-    """The exception's type, masked message and stack frames (source lines, never locals)."""
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    return f"{type(exc).__name__}: {without_records(str(exc), record_ids)}\n{frames}"
+    """``failure_message`` and the stack's frames (file, line, function and source line: never
+    locals, never the message of a chained exception)."""
+    frames = "".join(traceback.format_list(traceback.extract_tb(exc.__traceback__)))
+    return f"{failure_message(exc, record_ids)}\n{frames}"
 
 
 def _error(code: str, message: str, **details: Any) -> dict[str, Any]:
@@ -392,7 +426,7 @@ def run_job(
         # Unexpected (the database went away, a bug): free the hold and fail the job if the
         # database lets us; if it does not, the lease expires and the job is retried.
         logger.error("job %s: worker error: %s", job.id, _failure_log(exc, run.record_ids))
-        error = _error("worker_error", f"{type(exc).__name__}: {without_records(str(exc), run.record_ids)}")
+        error = _error("worker_error", failure_message(exc, run.record_ids))
         try:
             abort_quietly(db, job.tenant_id, run.reservation_id)
             return _finish(run, "failed", error=error)
@@ -519,8 +553,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         # (run.failure: the release path failed with an unknown outcome and said why)
         failure = run.failure if run.failure is not None else exc
         logger.error("job %s failed while training: %s", job.id, _failure_log(failure, run.record_ids))
-        message = f"{type(failure).__name__}: {without_records(str(failure), run.record_ids)}"
-        raise _fail(run, _error("training_failed", message)) from None
+        raise _fail(run, _error("training_failed", failure_message(failure, run.record_ids))) from None
 
     # 4. How it ended.
     if result.status == "completed":
@@ -741,8 +774,7 @@ def _run_staged(
             logger.error(
                 "job %s failed in stage %s: %s", job.id, stage.index, _failure_log(exc, run.record_ids)
             )
-            message = f"{type(exc).__name__}: {without_records(str(exc), run.record_ids)}"
-            error = _error("training_failed", message, stage=stage.index)
+            error = _error("training_failed", failure_message(exc, run.record_ids), stage=stage.index)
             raise _fail(run, error) from None
         run.control.set_step(stage.index)
         if run.control.should_stop() or not run.control.lease_valid():

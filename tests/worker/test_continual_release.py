@@ -446,7 +446,9 @@ SOURCE = "builtin:stream?blocks=12&block_size=8&dim=3&seed=2"
 def _stream_dataset(db: Database, budget: dict[str, Any]) -> tuple[str, list[str]]:
     tenancy.create_api_key(db, "acme", "viewer")
     ids = list(load_data(SOURCE).record_ids)
-    dataset = datasets.create_dataset(db, "acme", name=f"stream-{len(budget)}", budget=budget)
+    dataset = datasets.create_dataset(
+        db, "acme", name=f"stream-{len(budget)}", budget=budget, data_source=SOURCE
+    )
     task = batches.create_task(db, "acme", dataset["id"], name="stream")
     created = batches.create_batches(
         db,
@@ -464,7 +466,7 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[s
         "acme",
         dataset_id=dataset_id,
         algorithm="continual_release",
-        params={"data_source": SOURCE, "seed": 1, **params},
+        params={"seed": 1, **params},
     )
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]

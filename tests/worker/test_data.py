@@ -1,8 +1,14 @@
-"""Data sources (service.worker.data): URIs, npz/csv round trips, built-in streams, the ledger check."""
+"""Data sources (service.worker.data): URIs, npz/csv round trips, built-in streams, the ledger check.
+
+File sources are read only under data roots (``DataRoots``): the ``roots`` fixture makes the
+test's ``tmp_path`` the one root of every tenant. Errors carry no data: they give counts, lines,
+columns and rules, never a record id or a cell (the tests assert the message and the absence).
+(The escape cases of the roots themselves: tests/security/test_data_source_escape.py.)"""
 
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +17,12 @@ import numpy as np
 import pytest
 
 from service.worker.data import (
+    DataRoots,
     DataSourceError,
     LoadedData,
     RecordMismatchError,
+    SourceLocationError,
+    TenantRoots,
     check_records,
     load_data,
     parse_source,
@@ -28,17 +37,39 @@ def digits() -> LoadedData:
     return load_data("builtin:digits")
 
 
+@pytest.fixture
+def roots(tmp_path: Path) -> TenantRoots:
+    """``tmp_path`` as the data root of every tenant, seen by tenant ``acme``."""
+    return DataRoots({"*": [str(tmp_path)]}).for_tenant("acme")
+
+
 # ---------------------------------------------------------------------------------------------
 # URIs: parsed without reading
 # ---------------------------------------------------------------------------------------------
 
 
-def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path) -> None:
+def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path, roots: TenantRoots) -> None:
     path = tmp_path / "absent.npz"
-    source = parse_source(f"file://{path}")  # no file yet: parsing must not touch it
+    uri = f"file://{path}"
+    source = parse_source(uri)  # no file yet: parsing must not touch it
     assert source.kind == "npz" and source.path == path
-    with pytest.raises(DataSourceError, match="no such file"):
-        source.load()
+    with pytest.raises(SourceLocationError) as info:
+        source.load(roots)
+    assert str(info.value) == (
+        f"data source {uri!r} must name a regular file under a data root of tenant 'acme' "
+        "(LEDGER_DATA_ROOTS): there is no such file."
+    )
+
+
+def test_a_file_source_is_not_read_without_data_roots(tmp_path: Path) -> None:
+    path = tmp_path / "d.csv"
+    path.write_text("record_id,f1,label\na,1,0\n")
+    uri = f"file://{path}"
+    with pytest.raises(SourceLocationError) as info:
+        load_data(uri)
+    assert str(info.value) == (
+        f"data source {uri!r}: a file is read only under the tenant's data roots, and none were given."
+    )
 
 
 @pytest.mark.parametrize(
@@ -49,6 +80,11 @@ def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path) -> 
         ("file:///tmp/x.parquet", ".npz or .csv"),
         ("file://[x.npz", "not a valid URI"),
         ("file:///tmp/x.npz?a=1", "no query"),
+        ("file:x.csv", "the path must be absolute"),
+        ("file://relative/x.csv", "a file URI takes no host part"),
+        ("file:///tmp/%2e%2e/x.csv", "must not hold '\\.\\.', '\\.' or empty components"),
+        ("file:///tmp//x.csv", "must not hold '\\.\\.', '\\.' or empty components"),
+        ("file:///tmp/a%0Ab/x.csv", "control character"),
         ("builtin:mnist", "unknown builtin"),
         ("builtin:permuted-digits", "needs \\?tasks=N"),
         ("builtin:permuted-digits?tasks=0", "tasks must be an integer"),
@@ -73,7 +109,7 @@ def test_builtin_streams_parse_tasks_and_seed() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_npz_round_trip_with_tasks_images_and_a_test_split(tmp_path: Path) -> None:
+def test_npz_round_trip_with_tasks_images_and_a_test_split(tmp_path: Path, roots: TenantRoots) -> None:
     rng = np.random.default_rng(0)
     ids = np.array([f"r{i}" for i in range(12)])
     images = rng.random((12, 4, 4)).astype(np.float32)
@@ -84,7 +120,7 @@ def test_npz_round_trip_with_tasks_images_and_a_test_split(tmp_path: Path) -> No
     np.savez(
         path, record_id=ids, X=images, y=labels, task=tasks, test_X=test_x, test_y=np.array([0, 1, 2, 0])
     )
-    data = load_data(f"file://{path}")
+    data = load_data(f"file://{path}", roots)
     assert data.record_ids == tuple(ids)
     assert [len(t) for t in data.train] == [5, 7]
     assert data.image_shape == (1, 4, 4) and data.n_features == 16 and data.num_classes == 3
@@ -95,10 +131,10 @@ def test_npz_round_trip_with_tasks_images_and_a_test_split(tmp_path: Path) -> No
     assert tx.shape == (4, 16) and ty.tolist() == [0, 1, 2, 0]
 
 
-def test_npz_accepts_the_features_and_label_names(tmp_path: Path) -> None:
+def test_npz_accepts_the_features_and_label_names(tmp_path: Path, roots: TenantRoots) -> None:
     path = tmp_path / "d.npz"
     np.savez(path, record_id=np.arange(3), features=np.ones((3, 5)), label=np.array([1.0, 0.0, 1.0]))
-    data = load_data(f"file://{path}")
+    data = load_data(f"file://{path}", roots)
     assert data.record_ids == ("0", "1", "2") and data.train[0].labels.dtype == np.int64
     assert data.image_shape is None  # 5 features: not square
 
@@ -107,22 +143,34 @@ def test_npz_accepts_the_features_and_label_names(tmp_path: Path) -> None:
     ("arrays", "message"),
     [
         ({"X": np.ones((2, 2)), "y": np.zeros(2)}, "needs an array 'record_id'"),
-        ({"record_id": np.array(["a", "a"]), "X": np.ones((2, 2)), "y": np.zeros(2)}, "'a' occurs 2 times"),
         ({"record_id": np.array(["a", "b"]), "X": np.ones((2, 2)), "y": np.zeros(3)}, "do not line up"),
         ({"record_id": np.array(["a", "b"]), "X": np.full((2, 2), np.nan), "y": np.zeros(2)}, "finite"),
         ({"record_id": np.array(["a", "b"]), "X": np.ones((2, 2)), "y": np.array([0.5, 1])}, "integers"),
     ],
 )
 def test_invalid_npz_contents_are_refused(
-    tmp_path: Path, arrays: dict[str, np.ndarray], message: str
+    tmp_path: Path, roots: TenantRoots, arrays: dict[str, np.ndarray], message: str
 ) -> None:
     path = tmp_path / "bad.npz"
     np.savez(path, **arrays)
-    with pytest.raises(DataSourceError, match=message):
-        load_data(f"file://{path}")
+    with pytest.raises(DataSourceError, match=re.escape(message)):
+        load_data(f"file://{path}", roots)
 
 
-def test_csv_round_trip_with_task_and_split_columns(tmp_path: Path) -> None:
+def test_an_npz_error_counts_repeated_record_ids_without_naming_them(
+    tmp_path: Path, roots: TenantRoots
+) -> None:
+    path = tmp_path / "bad.npz"
+    ids = np.array(["sk_live_repeated", "sk_live_repeated", "other"])
+    np.savez(path, record_id=ids, X=np.ones((3, 2)), y=np.zeros(3))
+    uri = f"file://{path}"
+    with pytest.raises(DataSourceError) as info:
+        load_data(uri, roots)
+    assert str(info.value) == f"data source {uri!r}: 1 record_id value(s) occur more than once."
+    assert "sk_live" not in str(info.value)
+
+
+def test_csv_round_trip_with_task_and_split_columns(tmp_path: Path, roots: TenantRoots) -> None:
     path = tmp_path / "d.csv"
     rows = [
         ["record_id", "f1", "label", "f2", "task", "split"],
@@ -133,7 +181,7 @@ def test_csv_round_trip_with_task_and_split_columns(tmp_path: Path) -> None:
     ]
     with path.open("w", newline="") as handle:
         csv.writer(handle).writerows(rows)
-    data = load_data(f"file://{path}")
+    data = load_data(f"file://{path}", roots)
     assert data.record_ids == ("a", "b", "c")
     assert [t.record_ids for t in data.train] == [("a",), ("b", "c")]
     x, y = data.train_arrays()
@@ -142,14 +190,18 @@ def test_csv_round_trip_with_task_and_split_columns(tmp_path: Path) -> None:
     assert data.test_arrays()[1].tolist() == [0]
 
 
-def test_csv_errors_name_the_line(tmp_path: Path) -> None:
+def test_csv_errors_name_the_line_and_column_not_the_value(tmp_path: Path, roots: TenantRoots) -> None:
     path = tmp_path / "d.csv"
-    path.write_text("record_id,f1,label\na,1,0\nb,oops,1\n")
-    with pytest.raises(DataSourceError, match="line 3"):
-        load_data(f"file://{path}")
+    uri = f"file://{path}"
+    path.write_text("record_id,f1,label\na,1,0\nb,sk_live_cell_value,1\n")
+    with pytest.raises(DataSourceError) as info:
+        load_data(uri, roots)
+    assert str(info.value) == f"data source {uri!r}: line 3: column 'f1' is not a number."
+    assert "sk_live_cell_value" not in str(info.value)
     path.write_text("id,f1,label\na,1,0\n")
-    with pytest.raises(DataSourceError, match="'record_id' column"):
-        load_data(f"file://{path}")
+    with pytest.raises(DataSourceError) as info:
+        load_data(uri, roots)
+    assert str(info.value) == f"data source {uri!r}: the header needs a 'record_id' column."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,31 +251,52 @@ def test_split_digits_partitions_the_classes(digits: LoadedData) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _small(tmp_path: Path) -> LoadedData:
+SMALL_IDS = ("rec-a", "rec-b", "rec-c", "rec-d")
+
+
+def _small(tmp_path: Path, roots: TenantRoots) -> LoadedData:
     path = tmp_path / "s.npz"
-    np.savez(path, record_id=np.array(["a", "b", "c", "d"]), X=np.ones((4, 2)), y=np.array([0, 1, 0, 1]))
-    return load_data(f"file://{path}")
+    np.savez(path, record_id=np.array(SMALL_IDS), X=np.ones((4, 2)), y=np.array([0, 1, 0, 1]))
+    return load_data(f"file://{path}", roots)
 
 
-def test_check_records_accepts_an_exact_match(tmp_path: Path) -> None:
-    check_records(_small(tmp_path), {"batch-1": ["a", "b"], "batch-2": ["c", "d"]})
+def test_check_records_accepts_an_exact_match(tmp_path: Path, roots: TenantRoots) -> None:
+    check_records(_small(tmp_path, roots), {"batch-1": ["rec-a", "rec-b"], "batch-2": ["rec-c", "rec-d"]})
 
 
-def test_check_records_names_missing_unexpected_and_duplicated_ids(tmp_path: Path) -> None:
-    data = _small(tmp_path)
+def test_check_records_counts_missing_unexpected_and_duplicated_ids_without_naming_them(
+    tmp_path: Path, roots: TenantRoots
+) -> None:
+    data = _small(tmp_path, roots)
     with pytest.raises(RecordMismatchError) as info:
-        check_records(data, {"b1": ["a", "b", "x"], "b2": ["b"]})
+        # rec-x is missing from the source; rec-c and rec-d are in no batch; rec-b is in two
+        check_records(data, {"b1": ["rec-a", "rec-b", "rec-x"], "b2": ["rec-b"]})
     err = info.value
-    assert err.missing == ("x",) and err.unexpected == ("c", "d") and err.duplicated == ("b",)
-    assert "'x'" in str(err) and "Training was not started" in str(err)
+    assert (err.missing, err.unexpected, err.duplicated) == (1, 2, 1)
+    assert err.missing_batches == {"b1": 1}
+    assert str(err) == (
+        f"record ids of data source {data.uri!r} do not match the ledger's batches: "
+        "1 record(s) of the ledger's batches are not in the source (1 of batch b1); "
+        "2 training record(s) of the source are in none of the ledger's batches; "
+        "1 record id(s) are named more than once. Training was not started."
+    )
+    assert "rec-" not in str(err)  # no record id, in the message or anywhere on the error
+    assert not any("rec-" in repr(value) for value in vars(err).values())
 
 
-def test_restrict_keeps_only_reserved_records(tmp_path: Path) -> None:
-    data = _small(tmp_path)
-    sub = data.restrict(["b", "d"])
-    assert sub.record_ids == ("b", "d") and sub.train_arrays()[1].tolist() == [1, 1]
-    with pytest.raises(RecordMismatchError, match="'zz'"):
-        data.restrict(["zz"])
+def test_restrict_keeps_only_reserved_records(tmp_path: Path, roots: TenantRoots) -> None:
+    data = _small(tmp_path, roots)
+    sub = data.restrict(["rec-b", "rec-d"])
+    assert sub.record_ids == ("rec-b", "rec-d") and sub.train_arrays()[1].tolist() == [1, 1]
+    with pytest.raises(RecordMismatchError) as info:
+        data.restrict(["rec-zz", "rec-b"])
+    err = info.value
+    assert (err.missing, err.unexpected, err.duplicated, err.missing_batches) == (1, 0, 0, {})
+    assert str(err) == (
+        f"record ids of data source {data.uri!r} do not match the ledger's batches: "
+        "1 record(s) of the ledger's batches are not in the source. Training was not started."
+    )
+    assert "rec-zz" not in str(err)
 
 
 def test_the_data_module_does_not_import_torch() -> None:

@@ -5,8 +5,10 @@ PostgreSQL), real torch training on builtin:digits (tiny models), real files.
   re-verifies, commits are monotone, test accuracy is recorded; a second job that needs more than
   what remains fails with the ledger's budget_exceeded details, with no data read, no version.
 * Cancel mid-run aborts the rest of the reservation; a refused commit destroys the candidate;
-  record ids that do not match the ledger's batches fail the job before training; AdaDp runs
-  through the same gate.
+  record ids that do not match the ledger's batches fail the job before training, and the error
+  gives counts and batch ids, never a record id; AdaDp runs through the same gate.
+* The job reads its dataset's own source (``builtin:digits`` here; a ``file://`` source only
+  under the data roots the worker's loader is given).
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ torch = pytest.importorskip("torch")
 from accountant.certificates import verify  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import certificates, reservations, spend  # noqa: E402
-from service.worker import jobs, registry  # noqa: E402
+from service.ledger import certificates, datasets, reservations, spend  # noqa: E402
+from service.ledger.errors import InvalidInput  # noqa: E402
+from service.worker import gate, jobs, registry  # noqa: E402
+from service.worker.data import DataRoots  # noqa: E402
+from service.worker.l2dp_ml import L2dpMlTrainer  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import (  # noqa: E402
     DIGITS,
@@ -50,9 +55,7 @@ def _worker(db: Database, artifact_dir: Path, loader: CountingLoader, **kwargs: 
 
 
 def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: Any) -> str:
-    answer = jobs.create_job(
-        db, "acme", dataset_id=dataset_id, algorithm=algorithm, params={"data_source": DIGITS, **params}
-    )
+    answer = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     return str(answer["id"])
 
 
@@ -184,29 +187,41 @@ def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) 
 
 def test_records_that_do_not_match_the_batches_fail_before_training(db: Database, artifacts: Path) -> None:
     ids = list(digits_train_ids())
-    world = digits_dataset(db, records=[*ids[:-3], "not-in-the-source"], epsilon="10")
+    ledgered = [*ids[:-3], "not-in-the-source"]  # the source's last 3 are in no batch
+    world = digits_dataset(db, records=ledgered, epsilon="10")
     worker = _worker(db, artifacts, CountingLoader())
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, seed=3)
     assert worker.run_once() == job_id
     job = jobs.get_job(db, "acme", job_id)
     assert job["status"] == "failed"
     error = job["error"]
-    assert error["error"] == "record_mismatch" and error["field"] == "params.data_source"
-    assert "digits-" in error["message"] and "1 record(s) of batch" in error["message"]
+    assert error["error"] == "record_mismatch" and error["field"] == "data_source"
+    # Counts and batch ids: the one ledgered record the source lacks is in the second batch.
+    message = error["message"]
+    lacking = f"1 record(s) of the ledger's batches are not in the source (1 of batch {world.batch_ids[1]})"
+    assert lacking in message
+    assert "3 training record(s) of the source are in none of the ledger's batches" in message
+    assert "named more than once" not in message
+    # ... and no record id, of the source or of the ledger, anywhere in the job's error.
+    shown = str(error)
+    assert [r for r in {*ids, *ledgered} if r in shown] == []
     assert job["progress"]["step"] == 0 and versions_of(db, job_id) == []
     assert reservation(db, job["reservation_id"]).status == "aborted"
     ledger = spend.get_spend(db, "acme", world.dataset_id)
     assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
 
 
-def test_invalid_trainer_params_fail_the_job_naming_the_field(db: Database, artifacts: Path) -> None:
+def test_invalid_trainer_params_are_refused_at_submit_naming_the_field(db: Database, artifacts: Path) -> None:
     world = digits_dataset(db, epsilon="10")
     loader = CountingLoader()
-    job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, epoch=3)
-    assert _worker(db, artifacts, loader).run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
-    assert job["status"] == "failed" and job["error"]["field"] == "params.epoch"
-    assert loader.opened == [] and job["reservation_id"] is None
+    with pytest.raises(InvalidInput) as refused:
+        _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, epoch=3)
+    assert refused.value.field == "params.epoch"
+    # Nothing was queued: no worker runs it, no source is opened, nothing is held.
+    assert jobs.list_jobs(db, "acme")["count"] == 0
+    assert _worker(db, artifacts, loader).run_once() is None
+    assert loader.opened == []
+    assert spend.get_spend(db, "acme", world.dataset_id)["reservations_open"] == 0
 
 
 def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
@@ -267,18 +282,63 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     assert loader.opened == [] and [v.version for v in versions_of(db, job_id)] == [1]
 
 
-def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(db: Database, artifacts: Path) -> None:
-    world = digits_dataset(db, epsilon="10")
-    job_id = jobs.create_job(
-        db,
-        "acme",
-        dataset_id=world.dataset_id,
-        algorithm="dp_sgd",
-        params={"data_source": f"file://{artifacts}/missing.npz", "noise_multiplier": 1.5, "steps": 5},
-    )["id"]
-    assert _worker(db, artifacts, CountingLoader()).run_once() == job_id
+def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(
+    db: Database, artifacts: Path, tmp_path: Path
+) -> None:
+    """The dataset's file source was there when the admin set it (under the data root), and is
+    gone when the worker reads it."""
+    root = tmp_path / "data"
+    root.mkdir()
+    roots = DataRoots({"*": [str(root)]})
+    source = root / "missing.npz"
+    source.write_bytes(b"")
+    world = digits_dataset(db, epsilon="10", source=None)
+    uri = f"file://{source}"
+    datasets.set_data_source(db, "acme", world.dataset_id, data_source=uri, data_roots=roots)
+    job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=5)
+    source.unlink()
+    loader = CountingLoader(roots=roots)
+    assert _worker(db, artifacts, loader).run_once() == job_id
     job = jobs.get_job(db, "acme", job_id)
+    assert loader.opened == [uri]
     assert job["status"] == "failed" and job["error"]["error"] == "data_source"
-    assert "missing.npz" in job["error"]["message"]
+    assert job["error"]["field"] == "data_source"
+    assert "missing.npz" in job["error"]["message"] and "no such file" in job["error"]["message"]
     assert reservation(db, job["reservation_id"]).status == "aborted"
     assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
+
+
+def test_a_record_id_in_a_trainers_exception_never_reaches_the_failure_message(db: Database) -> None:
+    """No trainer raises a record id through the gate on a consistent source, so the exception is
+    raised for real by a trainer given a record its data lacks: L2DP-ML looks each record of its
+    batches up by id and raises ``KeyError('<the id>')``. ``gate.failure_message`` (what the gate
+    puts in the job's error and the worker's log) withholds a message this project did not write,
+    and masks the source's record ids in one it did."""
+    world = digits_dataset(db, epsilon="10")
+    uri = gate.dataset_source(db, "acme", world.dataset_id)
+    assert uri == DIGITS
+    data = CountingLoader()(uri, "acme")
+    of_batch = gate.check_source_records(db, world.dataset_id, data)
+    tasks = gate.ledger_tasks(db, world.dataset_id)
+    trainer = L2dpMlTrainer(device="cpu")
+    params = trainer.parse_params({"epsilon1": 4.0, "epsilon2": 2.0, "input_dim": 64, "seed": 1})
+    (stage,) = trainer.stages(params, tasks)
+    state = trainer.start(params, data.restrict(()), tasks)
+    records = {batch_id: tuple(of_batch[batch_id]) for batch_id in stage.batch_ids}
+    lost = records[world.batch_ids[1]][17]
+    with pytest.raises(KeyError) as raised:
+        trainer.train_stage(state, stage, data.restrict(r for r in data.record_ids if r != lost), records)
+    assert lost in str(raised.value)  # the raw message names the record
+
+    message = gate.failure_message(raised.value, data.record_ids)
+    assert message.startswith("KeyError raised at service/worker/l2dp_ml.py:")
+    assert "withheld" in message and lost not in message
+
+    class OwnError(ValueError):  # a message of ours that (by mistake) quotes two ids
+        __module__ = "service.worker.example"
+
+    ours = gate.failure_message(
+        OwnError(f"batch lacks {lost!r} and x/{data.record_ids[3]}."), data.record_ids
+    )
+    assert ours.startswith("OwnError: batch lacks '<record id>' and x/<record id>.")
+    assert [r for r in data.record_ids if r in ours] == []

@@ -1,5 +1,7 @@
 """Jobs (service.worker.jobs): validation, the one-statement claim, leases, heartbeats, cancel,
-retries — on real SQLite and PostgreSQL databases. No torch: no job here trains."""
+retries, and the data source a job reads (its dataset's, when it runs) — on real SQLite and
+PostgreSQL databases. No torch, except for the one job here that trains (to show which source
+it read)."""
 
 from __future__ import annotations
 
@@ -14,12 +16,22 @@ from sqlalchemy import event
 
 from service.db.base import utcnow
 from service.db.session import Database
+from service.ledger import datasets
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 from service.worker import jobs
+from service.worker.data import load_data
 from service.worker.worker import Worker
-from tests.worker.digits_world import DIGITS, digits_dataset, job_row
+from tests.worker.digits_world import (
+    DIGITS,
+    CountingLoader,
+    budget,
+    digits_dataset,
+    digits_train_ids,
+    job_row,
+    versions_of,
+)
 
-PARAMS: dict[str, Any] = {"data_source": DIGITS, "noise_multiplier": 1.0, "steps": 10}
+PARAMS: dict[str, Any] = {"noise_multiplier": 1.0, "steps": 10}
 
 
 def _dataset(db: Database, tenant: str = "acme") -> str:
@@ -53,9 +65,10 @@ def test_create_queues_a_job(db: Database) -> None:
     ("algorithm", "params", "field"),
     [
         ("sgd", PARAMS, "algorithm"),
-        ("dp_sgd", {"steps": 10}, "params.data_source"),
-        ("dp_sgd", {"data_source": "http://example.com/x.csv"}, "params.data_source"),
-        ("dp_sgd", {"data_source": "builtin:mnist"}, "params.data_source"),
+        # A job never names its data, not even the source its dataset has: the dataset's is read.
+        ("dp_sgd", {**PARAMS, "data_source": DIGITS}, "params.data_source"),
+        ("dp_sgd", {**PARAMS, "data_source": "http://example.com/x.csv"}, "params.data_source"),
+        ("dp_sgd", {**PARAMS, "data_source": "builtin:mnist"}, "params.data_source"),
         ("dp_sgd", {**PARAMS, "model_name": "../../etc"}, "params.model_name"),
         ("dp_sgd", ["not", "an", "object"], "params"),
     ],
@@ -68,6 +81,23 @@ def test_invalid_jobs_name_the_field_and_change_nothing(
         jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     assert info.value.field == field
     assert jobs.list_jobs(db, "acme")["count"] == 0
+
+
+def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_dataset(db: Database) -> None:
+    """The source belongs to the dataset: a job on one without a source (or without batches)
+    could never run, so it is refused at submit naming ``dataset_id``, and nothing is stored."""
+    unsourced = digits_dataset(db, records=[f"r{i}" for i in range(8)], source=None).dataset_id
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)
+    assert info.value.field == "dataset_id"
+    assert "has no data source" in info.value.message and "data-source" in info.value.message
+    empty = datasets.create_dataset(db, "acme", name="no-batches", budget=budget(), data_source=DIGITS)["id"]
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=empty, algorithm="dp_sgd", params=PARAMS)
+    assert info.value.field == "dataset_id" and "has no batches" in info.value.message
+    assert jobs.list_jobs(db, "acme")["count"] == 0
+    datasets.set_data_source(db, "acme", unsourced, data_source=DIGITS)  # an admin sets it: accepted
+    assert jobs.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)["id"]
 
 
 def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
@@ -114,7 +144,9 @@ def test_claim_takes_the_oldest_queued_job_once(db: Database) -> None:
 
 
 def test_the_claim_is_one_statement(db: Database) -> None:
-    """procrastinate's shape: one UPDATE … WHERE id = (SELECT … FOR UPDATE SKIP LOCKED) RETURNING."""
+    """procrastinate's shape: one UPDATE … WHERE id = (SELECT … FROM jobs AS candidate … FOR UPDATE
+    OF candidate SKIP LOCKED) RETURNING (the fair order's subqueries read other rows of jobs: only
+    the candidate row is locked)."""
     _job(db, _dataset(db))
     statements: list[str] = []
 
@@ -131,7 +163,7 @@ def test_the_claim_is_one_statement(db: Database) -> None:
     sql = statements[0].upper()
     assert sql.startswith("UPDATE JOBS SET") and "RETURNING" in sql
     if db.is_postgresql:
-        assert "FOR UPDATE SKIP LOCKED" in sql
+        assert "FOR UPDATE OF CANDIDATE SKIP LOCKED" in sql
 
 
 def test_concurrent_claims_never_hand_one_job_to_two_workers(db: Database) -> None:
@@ -251,3 +283,27 @@ def test_a_shut_down_worker_hands_its_job_back(db: Database) -> None:
     jobs.release(db, claimed.lease)
     again = jobs.claim(db, "worker-b", 30)
     assert again is not None and again.id == job_id and again.attempt == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The data source: the dataset's, read when the job runs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_queued_job_reads_the_source_its_dataset_has_when_it_runs(db: Database, tmp_path: Path) -> None:
+    """An admin replaces the source of a dataset that has a job queued: the worker reads the
+    dataset's source when the job runs, so the job trains on the new one. The old one holds
+    other records than the dataset's batches: a job that read it would fail before training."""
+    pytest.importorskip("torch")
+    old = "builtin:stream?blocks=1&block_size=8"
+    assert set(load_data(old).record_ids).isdisjoint(digits_train_ids())
+    world = digits_dataset(db, epsilon="10", source=old)
+    job_id = _job(db, world.dataset_id)
+    datasets.set_data_source(db, "acme", world.dataset_id, data_source=DIGITS)
+    loader = CountingLoader()
+    assert Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu").run_once() == job_id
+    assert loader.opened == [DIGITS]
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert job["progress"] == {"step": 10, "total": 10}
+    assert [v.version for v in versions_of(db, job_id)] == [1]

@@ -169,16 +169,14 @@ def test_params_name_the_bad_field() -> None:
 
 def _dataset(db: Database, budget: dict[str, str]) -> tuple[str, list[list[str]]]:
     per_task = source_tasks(SOURCE)
-    dataset_id, _ = task_dataset(db, budget, per_task, batch_size=80, name="permuted")
+    dataset_id, _ = task_dataset(db, budget, per_task, batch_size=80, name="permuted", source=SOURCE)
     return dataset_id, per_task
 
 
 def _job(
     db: Database, tmp_path: Path, dataset_id: str, algorithm: str, params: dict[str, object]
 ) -> dict[str, object]:
-    job = jobs.create_job(
-        db, "acme", dataset_id=dataset_id, algorithm=algorithm, params={"data_source": SOURCE, **params}
-    )
+    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]
     return jobs.get_job(db, "acme", job["id"])

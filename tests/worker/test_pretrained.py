@@ -35,6 +35,7 @@ from accountant.certificates import verify  # noqa: E402
 from accountant.events import GaussianEvent  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import batches, certificates, datasets, spend, tenancy  # noqa: E402
+from service.ledger.errors import InvalidInput  # noqa: E402
 from service.worker import jobs, registry  # noqa: E402
 from service.worker.data import load_data  # noqa: E402
 from service.worker.dp_sgd import dp_sgd_event  # noqa: E402
@@ -229,7 +230,9 @@ def test_plan_refuses_a_run_too_long_naming_epochs() -> None:
 
 def _dataset(db: Database, rule: str, epsilon: str) -> tuple[str, list[str]]:
     budget = {"rule": rule, "epsilon": epsilon, "delta": "1e-5", "accountant": "rdp"}
-    return task_dataset(db, budget, source_tasks(SOURCE), batch_size=100, name=f"pretrained-{rule}")
+    return task_dataset(
+        db, budget, source_tasks(SOURCE), batch_size=100, name=f"pretrained-{rule}", source=SOURCE
+    )
 
 
 def _job(db: Database, tmp_path: Path, dataset_id: str, algorithm: str, **params: Any) -> dict[str, Any]:
@@ -238,7 +241,7 @@ def _job(db: Database, tmp_path: Path, dataset_id: str, algorithm: str, **params
         "acme",
         dataset_id=dataset_id,
         algorithm=algorithm,
-        params={"data_source": SOURCE, "model_name": f"{algorithm}-{dataset_id[-6:]}", **FAST, **params},
+        params={"model_name": f"{algorithm}-{dataset_id[-6:]}", **FAST, **params},
     )
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]
@@ -317,12 +320,14 @@ def test_full_data_on_a_sequential_dataset_charges_old_tasks_once_per_release(
 
 def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Path) -> None:
     tenancy.create_api_key(db, "acme", "viewer")
-    source = load_data("builtin:split-digits?tasks=2")
+    uri = "builtin:split-digits?tasks=2"
+    source = load_data(uri)
     dataset = datasets.create_dataset(
         db,
         "acme",
         name="no-public",
         budget={"rule": "parallel", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"},
+        data_source=uri,
     )
     for split in source.train:
         task = batches.create_task(db, "acme", dataset["id"], name=f"t{split.task}")
@@ -334,7 +339,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         "acme",
         dataset_id=dataset["id"],
         algorithm="cosine_classifier",
-        params={"data_source": "builtin:split-digits?tasks=2", "target_epsilon": 1.0, "delta": DELTA},
+        params={"target_epsilon": 1.0, "delta": DELTA},
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once()
     answer = jobs.get_job(db, "acme", job["id"])
@@ -343,11 +348,13 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
     assert spend.get_spend(db, "acme", dataset["id"])["epsilon_spent"] == "0"  # nothing released
 
 
-def test_invalid_params_fail_naming_the_field(db: Database, tmp_path: Path) -> None:
+def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "1")
-    job = _job(db, tmp_path, dataset_id, "peft_ensemble", target_epsilon=1.0, delta=DELTA, learning_rat=0.1)
-    assert job["status"] == "failed"
-    assert job["error"]["field"] == "params.learning_rat"
+    with pytest.raises(InvalidInput) as refused:
+        _job(db, tmp_path, dataset_id, "peft_ensemble", target_epsilon=1.0, delta=DELTA, learning_rat=0.1)
+    assert refused.value.field == "params.learning_rat"
+    assert jobs.list_jobs(db, "acme")["count"] == 0  # nothing queued, nothing to run
+    assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from sqlalchemy.engine import URL
@@ -87,7 +87,6 @@ def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: 
         )
     )
     params = {
-        "data_source": DIGITS,
         "model_name": "digits-mlp",
         "target_epsilon": 2,
         "delta": 1e-5,
@@ -101,8 +100,20 @@ def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: 
     assert client.post("/v1/jobs", headers=rival, json=body).status_code == 404
     unknown = client.post("/v1/jobs", headers=trainer, json={**body, "algorithm": "sgd"})
     assert unknown.status_code == 422 and unknown.json()["field"] == "algorithm"
-    missing = client.post("/v1/jobs", headers=trainer, json={**body, "params": {"steps": 3}})
-    assert missing.status_code == 422 and missing.json()["field"] == "params.data_source"
+
+    # The data source is the dataset's: a job cannot name one, and a dataset without one (this
+    # one so far) takes no job. Nothing is stored. Only an admin sets it.
+    named = client.post(
+        "/v1/jobs", headers=trainer, json={**body, "params": {**params, "data_source": DIGITS}}
+    )
+    assert named.status_code == 422 and named.json()["field"] == "params.data_source"
+    unsourced = client.post("/v1/jobs", headers=trainer, json=body)
+    assert unsourced.status_code == 422 and unsourced.json()["field"] == "dataset_id"
+    assert client.get("/v1/jobs", headers=viewer).json()["count"] == 0
+    source_path = f"/v1/datasets/{dataset['id']}/data-source"
+    assert client.put(source_path, headers=trainer, json={"data_source": DIGITS}).status_code == 403
+    sourced = client.put(source_path, headers=admin, json={"data_source": DIGITS})
+    assert sourced.status_code == 200 and sourced.json()["data_source"] == DIGITS
 
     job = _created(client.post("/v1/jobs", headers=trainer, json=body))
     assert job["status"] == "queued" and job["progress"] == {"step": 0, "total": None}
@@ -160,6 +171,10 @@ def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: 
 
 def _stage(artifacts: Path, job_id: str, dataset_id: str, version: int) -> registry.StagedArtifact:
     payload = f"weights of v{version}".encode()
+
+    def write(handle: IO[bytes]) -> None:
+        handle.write(payload)
+
     return registry.stage(
         artifacts,
         tenant_id="acme",
@@ -171,7 +186,7 @@ def _stage(artifacts: Path, job_id: str, dataset_id: str, version: int) -> regis
         step=version,
         metrics={"test_accuracy": 0.5},
         fmt="torch",
-        write=lambda handle: handle.write(payload),
+        write=write,
     )
 
 
@@ -184,7 +199,7 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
 ) -> None:
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
-    params = {"data_source": DIGITS, "model_name": "m"}
+    params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}  # (never trained here)
     dead = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
     live = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
     held = reservations.reserve(

@@ -10,7 +10,8 @@ contract for staged runs:
   call sees exactly the records of the batches it reserved;
 * a refused stage fails the job with the ledger's answer and the stage named; versions released
   before stay, nothing stays held;
-* ledger tasks that are not the source's tasks fail the job before any training;
+* ledger tasks that are not the source's tasks fail the job before any training, and the error
+  names no record id;
 * a retried job that had released stages is failed ``not_resumable``; one that released nothing
   runs again from the start.
 """
@@ -35,7 +36,9 @@ from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import certificates, spend  # noqa: E402
 from service.worker import algorithms, gate, jobs  # noqa: E402
+from service.worker import params as job_params  # noqa: E402
 from service.worker.data import LoadedData  # noqa: E402
+from service.worker.params import JobParams  # noqa: E402
 from service.worker.stages import LedgerTask, Stage, StageRelease  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import CountingLoader, source_tasks, task_dataset, versions_of  # noqa: E402
@@ -43,6 +46,12 @@ from tests.worker.digits_world import CountingLoader, source_tasks, task_dataset
 SOURCE = "builtin:split-digits?tasks=3"
 NOISE = 4.0
 ALGORITHM = "noisy_class_means"
+
+
+def read_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The trainer's params declaration: it takes none (an unknown key is refused at submit)."""
+    JobParams(params).finish()
+    return {}
 
 
 @dataclass
@@ -55,7 +64,7 @@ class NoisyClassMeans:
     started_with: list[int] = field(default_factory=list)
 
     def parse_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(params)
+        return read_params(params)
 
     def stages(self, params: Mapping[str, Any], tasks: Sequence[LedgerTask]) -> list[Stage]:
         event = ev.GaussianEvent(noise_multiplier=NOISE)
@@ -87,9 +96,11 @@ class NoisyClassMeans:
 
 @pytest.fixture
 def trainer(monkeypatch: pytest.MonkeyPatch) -> Iterator[NoisyClassMeans]:
-    """Register the trainer under ``ALGORITHM`` (the registry's own lookup builds it)."""
+    """Register the trainer under ``ALGORITHM`` (the registry's own lookup builds it), with its
+    params declaration (``create_job`` checks a job's params against it)."""
     instance = NoisyClassMeans()
     monkeypatch.setitem(algorithms.TRAINERS, ALGORITHM, f"{__name__}:_current")
+    monkeypatch.setitem(job_params.PARAMS, ALGORITHM, read_params)
     monkeypatch.setattr(jobs, "ALGORITHMS", (*jobs.ALGORITHMS, ALGORITHM))
     monkeypatch.setitem(globals(), "_current", lambda device: instance)
     yield instance
@@ -98,12 +109,13 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> Iterator[NoisyClassMeans]:
 def _dataset(
     db: Database, budget: Mapping[str, Any], *, mix_tasks: bool = False
 ) -> tuple[str, list[set[str]]]:
-    """The source's tasks as ledger tasks (two batches each); ``mix_tasks`` swaps one record
-    between the first two tasks, so that ledger tasks are not the source's."""
+    """The source's tasks as ledger tasks (two batches each), on a dataset reading ``SOURCE``;
+    ``mix_tasks`` swaps one record between the first two tasks, so that ledger tasks are not the
+    source's."""
     per_task = source_tasks(SOURCE)
     if mix_tasks:
         per_task[0][0], per_task[1][0] = per_task[1][0], per_task[0][0]
-    dataset_id, _ = task_dataset(db, budget, per_task, name="split-digits")
+    dataset_id, _ = task_dataset(db, budget, per_task, name="split-digits", source=SOURCE)
     return dataset_id, [set(ids) for ids in per_task]
 
 
@@ -112,9 +124,7 @@ def _budget(rule: str, epsilon: str) -> dict[str, Any]:
 
 
 def _run(db: Database, tmp_path: Path, dataset_id: str, loader: CountingLoader) -> dict[str, Any]:
-    job = jobs.create_job(
-        db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={"data_source": SOURCE}
-    )
+    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     assert worker.run_once() == job["id"]
     return jobs.get_job(db, "acme", job["id"])
@@ -191,10 +201,13 @@ def test_a_refused_later_stage_keeps_what_was_released(
 def test_ledger_tasks_that_are_not_the_source_tasks_fail_before_training(
     db: Database, tmp_path: Path, trainer: NoisyClassMeans
 ) -> None:
-    dataset_id, _ = _dataset(db, _budget("parallel", "2"), mix_tasks=True)
+    dataset_id, per_task = _dataset(db, _budget("parallel", "2"), mix_tasks=True)
     job = _run(db, tmp_path, dataset_id, CountingLoader())
     assert job["status"] == "failed"
-    assert job["error"]["error"] == "record_mismatch" and job["error"]["field"] == "params.data_source"
+    assert job["error"]["error"] == "record_mismatch" and job["error"]["field"] == "data_source"
+    assert "task 't0' are not exactly one task of the source" in job["error"]["message"]
+    shown = str(job["error"])
+    assert [r for ids in per_task for r in ids if r in shown] == []  # no record id in the error
     assert trainer.seen == [] and versions_of(db, job["id"]) == []
     answer = spend.get_spend(db, "acme", dataset_id)
     assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"
@@ -227,9 +240,7 @@ def test_a_retry_resumes_only_a_job_that_released_nothing(
     db: Database, tmp_path: Path, trainer: NoisyClassMeans, released_before: int, second_status: str
 ) -> None:
     dataset_id, _ = _dataset(db, _budget("parallel", "2"))
-    created = jobs.create_job(
-        db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={"data_source": SOURCE}
-    )
+    created = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
     artifacts = tmp_path / "artifacts"
     claimed = jobs.claim(db, "w1", 30.0)
     assert claimed is not None

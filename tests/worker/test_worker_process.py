@@ -31,7 +31,6 @@ from service.ledger import certificates, spend
 from service.worker import jobs
 from service.worker.worker import Worker
 from tests.worker.digits_world import (
-    DIGITS,
     digits_dataset,
     job_row,
     reservation,
@@ -79,7 +78,6 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
         dataset_id=world.dataset_id,
         algorithm="dp_sgd",
         params={
-            "data_source": DIGITS,
             "noise_multiplier": 1.5,
             "sampling_probability": 0.02,
             "steps": 600,
