@@ -51,9 +51,11 @@ from accountant.rules import (
     Budget,
     Charge,
     Cost,
+    PriceMemo,
     Settlement,
     canonical_json,
     commit,
+    pricing,
     reserve,
     theorem,
     within_budget,
@@ -245,10 +247,12 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     records = [BatchRecord.from_json(b, f"inputs.batches[{i}]") for i, b in enumerate(batch_objs)]
     if len({r.batch_id for r in records}) != len(records):
         return Verification(False, "inputs.batches repeats a batch")
-    for record in records:
-        problem = _check_batch(budget, charge, partial, record)
-        if problem:
-            return Verification(False, f"batch {record.batch_id!r}: {problem}")
+    # Every batch replays the same charge: its prices are computed once (``PriceMemo``).
+    with pricing(PriceMemo(budget)):
+        for record in records:
+            problem = _check_batch(budget, charge, partial, record)
+            if problem:
+                return Verification(False, f"batch {record.batch_id!r}: {problem}")
     if cert.get("result") != _result(budget, records):
         return Verification(False, "result does not match the recomputed bound")
     libraries = cert.get("libraries")

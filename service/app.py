@@ -45,6 +45,7 @@ from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
 from service.api.openapi import install as install_openapi
+from service.api.ratelimit import PricingRates
 from service.db.models import Reservation
 from service.db.session import Database
 from service.ledger import reservations
@@ -107,6 +108,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.pricing = PricingRates.of(settings)
     app.state.principals = PrincipalCache(settings.auth_cache_ttl_s)
     app.state.key_lookups = KeyLookups()
     install_error_handlers(app, metrics)

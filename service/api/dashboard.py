@@ -18,13 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Final
 
-from fastapi import APIRouter, FastAPI, Query
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
+from service.api.ratelimit import RATE_LIMITED, PricingRates
 from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
 from service.ledger import certificates, views
@@ -117,11 +118,19 @@ def epsilon_history(
 @router.post(
     "/certificates/{certificate_id}/verify",
     response_model=CertificateVerification,
-    responses=_ERRORS,
+    responses={**_ERRORS, **RATE_LIMITED},
     summary="Re-verify a stored certificate with accountant.certificates.verify",
+    description="Recomputes every price in the certificate: bounded like a reservation "
+    "(`LEDGER_MAX_PRICING_WORK`: above it a 422 naming `certificate_id`, verify offline instead) "
+    "and paid from the tenant's pricing time (429 `rate_limited` with `Retry-After`).",
 )
-def verify_certificate(certificate_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    result = certificates.verify_stored(db, principal.tenant_id, certificate_id)
+def verify_certificate(
+    certificate_id: str, principal: ViewerDep, db: DatabaseDep, request: Request
+) -> dict[str, Any]:
+    rates: PricingRates = request.app.state.pricing
+    result = certificates.verify_stored(
+        db, principal.tenant_id, certificate_id, policy=rates.policy(principal.tenant_id)
+    )
     return {"certificate_id": certificate_id, "ok": result["ok"], "reason": result["reason"]}
 
 

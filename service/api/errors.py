@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from accountant.base import InvalidArgumentError
 from accountant.events import EventValidationError
 from service.api.metrics import LedgerMetrics
-from service.ledger.errors import LedgerError
+from service.ledger.errors import LedgerError, RateLimited
 
 logger = logging.getLogger("service.api")
 
@@ -152,9 +153,12 @@ def install(app: FastAPI, metrics: LedgerMetrics) -> None:
     @app.exception_handler(LedgerError)
     async def _ledger_error(request: Request, exc: LedgerError) -> JSONResponse:
         body = exc.to_json()
-        if exc.status == 409 or exc.status == 422:
+        if exc.status in (409, 422, 429):
             refused(exc.code)
-        return error_response(exc.status, body)
+        headers = None
+        if isinstance(exc, RateLimited):
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+        return error_response(exc.status, body, headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

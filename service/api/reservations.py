@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, TrainerDep, ViewerDep
 from service.api.metrics import LedgerMetrics
+from service.api.ratelimit import RATE_LIMITED, PricingRates
 from service.api.responses import documented, json_answer
 from service.api.schemas import (
     CommitPublic,
@@ -30,7 +31,7 @@ from service.api.schemas import (
     ReservationCreate,
     ReservationPublic,
 )
-from service.ledger import reservations
+from service.ledger import pricing, reservations
 
 router = APIRouter(prefix=PREFIX, tags=["reservations"])
 
@@ -68,6 +69,7 @@ def _observe_age(metrics: LedgerMetrics, reservation: dict[str, Any], outcome: s
     responses={
         201: documented(ReservationPublic, "held: the cost per batch and when the hold expires"),
         **_ERRORS,
+        **RATE_LIMITED,
         409: {
             "model": ErrorBody,
             "description": "`budget_exceeded` (with `remaining` and `requested`), or a charge the "
@@ -95,9 +97,16 @@ async def reserve(
         noise_commitment=body.noise_commitment,
         idempotency_key=idempotency_key,
         ttl_s=body.ttl_s if body.ttl_s is not None else state.settings.reservation_ttl_s,
+        policy=_pricing(request, principal.tenant_id),
     )
     state.metrics.reservations.inc()
     return json_answer(answer, 201)
+
+
+def _pricing(request: Request, tenant_id: str) -> pricing.Policy:
+    """The request's pricing bound and the tenant's rate (``service.api.ratelimit``)."""
+    rates: PricingRates = request.app.state.pricing
+    return rates.policy(tenant_id)
 
 
 def _ids(ids: list[str | int] | None) -> list[str] | None:
@@ -120,6 +129,7 @@ def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) 
     responses={
         200: documented(CommitPublic, "committed: the stored certificate and the reservation"),
         **_ERRORS,
+        **RATE_LIMITED,
         409: {
             "model": ErrorBody,
             "description": "closed or expired reservation, a (model, version) released before, "
@@ -143,6 +153,7 @@ async def commit(
         release=body.release.model_dump(mode="json"),
         event_json=body.event,
         idempotency_key=idempotency_key,
+        policy=_pricing(request, principal.tenant_id),
     )
     metrics.commits.inc()
     reservation = answer.get("reservation")

@@ -19,11 +19,13 @@ from typing import Any, Final
 from sqlalchemy import func, select
 
 from accountant import certificates as issuing
+from accountant.base import AccountantError
 from accountant.certificates import BatchRecord
 from accountant.events import DpEvent
 from accountant.rules import Budget, Charge
 from service.db.models import Certificate, Release
 from service.db.session import Database
+from service.ledger import pricing
 from service.ledger.datasets import load_dataset
 from service.ledger.errors import InvalidInput, NotFound
 
@@ -159,10 +161,52 @@ def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[s
         return _row_json(row[0], row[1])
 
 
-def verify_stored(db: Database, tenant_id: str, certificate_id: str) -> dict[str, Any]:
-    """Re-verify a stored certificate with ``accountant.certificates.verify``: ``{ok, reason}``."""
+def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
+    """Pricing work of re-verifying ``certificate`` under ``budget``: its events' nodes (the
+    charge, the partial event, a declared plan, whose PRV ε is recomputed) and one node per batch
+    (each batch's reserve and commit is replayed on its states), times the budget's orders
+    (``service.ledger.pricing``)."""
+    inputs = certificate.get("inputs") if isinstance(certificate, Mapping) else None
+    if not isinstance(inputs, Mapping):
+        return 0
+    events: list[DpEvent] = list(budget.plan or ())
+    for obj in (inputs.get("charge"), {"event": inputs.get("partial_event")}):
+        if isinstance(obj, Mapping) and obj.get("event") is not None:
+            try:
+                events.append(Charge.from_json(obj).event)
+            except AccountantError:
+                pass  # invalid: verify says so at once, at no cost
+    batches = inputs.get("batches")
+    count = len(batches) if isinstance(batches, list) else 0
+    return (pricing.nodes(events) + count) * pricing.orders_of(budget)
+
+
+def verify_stored(
+    db: Database, tenant_id: str, certificate_id: str, *, policy: pricing.Policy | None = None
+) -> dict[str, Any]:
+    """Re-verify a stored certificate with ``accountant.certificates.verify``: ``{ok, reason}``.
+
+    Verifying recomputes every price in the certificate, which a viewer key may ask for as often
+    as it likes: it is bounded and metered as a reservation's pricing (``policy``): above
+    ``policy.max_work`` it is refused (``InvalidInput`` naming ``certificate_id``: verify it
+    offline, ``ledger check --bundle``), and the tenant's meter pays for it.
+    """
+    policy = policy or pricing.DEFAULT_POLICY
     certificate = get_certificate(db, tenant_id, certificate_id)["certificate"]
-    result = issuing.verify(certificate)
+    try:
+        budget = Budget.from_json(certificate["inputs"]["budget"])
+    except (AccountantError, KeyError, TypeError) as exc:
+        return {"ok": False, "reason": f"invalid certificate: {exc}"}
+    work = verification_work(certificate, budget)
+    if work > policy.max_work:
+        raise InvalidInput(
+            "certificate_id",
+            f"costs too much to verify on the server: {work} units of pricing work, above this "
+            f"server's limit of {policy.max_work} per request (LEDGER_MAX_PRICING_WORK). Verify it "
+            "offline: download it and run accountant.certificates.verify, or `ledger check --bundle`.",
+        )
+    with policy.metered(work):
+        result = issuing.verify(certificate)
     return {"ok": bool(result.ok), "reason": result.reason}
 
 

@@ -168,6 +168,20 @@ class ReservationExpired(Conflict):
         )
 
 
+class RateLimited(LedgerError):
+    """The tenant used up its share of a shared resource (pricing CPU time); retry later.
+
+    ``retry_after_s`` is when enough is back for the request (the API sends it as ``Retry-After``).
+    """
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, message: str, *, retry_after_s: float, **details: Any) -> None:
+        super().__init__(message, details={"retry_after_s": round(retry_after_s, 3), **details})
+        self.retry_after_s = retry_after_s
+
+
 __all__ = [
     "BatchOverlap",
     "BudgetExceeded",
@@ -178,5 +192,6 @@ __all__ = [
     "InvalidInput",
     "LedgerError",
     "NotFound",
+    "RateLimited",
     "ReservationExpired",
 ]

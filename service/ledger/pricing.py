@@ -25,17 +25,20 @@ is refused with a 422 naming ``event`` and the bound, before anything is priced 
 default, 20 000, prices in at most about 1.5 s: 1 000 nodes on the default grid of 20 orders (a
 ``composed`` of 300 DP-SGD runs), 20 nodes at 1 000 orders, 10 000 nodes on ``basic``.
 
-Who pays. ``Policy.meter`` is called with a request's work before it is priced; the HTTP API
-passes a per-tenant token bucket there (``service.api.ratelimit``), which answers 429. Async
-callers price in a worker thread of ``Policy.limiter`` (a few threads, so that pricing never
-takes the threads the spend transactions and the other routes run in), never on the event loop.
+Who pays. ``Policy.meter`` admits a request's work before it is priced and is told the CPU
+seconds the pricing took after it (``Meter``); the HTTP API passes a per-tenant budget of pricing
+CPU time there (``service.api.ratelimit``), which answers 429 with ``Retry-After``. Async callers
+price in a worker thread of ``Policy.limiter`` (a few threads, so that pricing never takes the
+threads the spend transactions and the other routes run in), never on the event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 
@@ -53,18 +56,41 @@ PRV_WORK_PER_NODE: Final = 100
 INLINE_WORK: Final = 200
 
 
+class Meter(Protocol):
+    """Who pays for one request's pricing (``service.api.ratelimit.TenantMeter``)."""
+
+    def admit(self, work: int) -> None:
+        """Before pricing ``work`` units: raise to refuse the request (nothing priced yet)."""
+
+    def spent(self, work: int, cpu_s: float) -> None:
+        """After pricing: what it took (CPU seconds of the pricing thread)."""
+
+
 @dataclass(frozen=True)
 class Policy:
     """How a request's pricing is bounded and paid for (the HTTP API builds one per request).
 
-    ``max_work``: the most work one request may ask for (422 above). ``meter``: called with the
-    request's work before it is priced (a rate limiter; it may raise to refuse the request).
+    ``max_work``: the most work one request may ask for (422 above). ``meter``: admits the
+    request's work before it is priced (it may raise to refuse) and is told the CPU time after.
     ``limiter``: the threads async callers price in (``None``: anyio's default threads).
     """
 
     max_work: int = DEFAULT_MAX_WORK
-    meter: Callable[[int], None] | None = None
+    meter: Meter | None = None
     limiter: anyio.CapacityLimiter | None = None
+
+    @contextmanager
+    def metered(self, work: int) -> Iterator[None]:
+        """Admit ``work`` (the meter may refuse), run the block, tell the meter its CPU time."""
+        if self.meter is None:
+            yield
+            return
+        self.meter.admit(work)
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.meter.spent(work, time.thread_time() - started)
 
 
 DEFAULT_POLICY: Final = Policy()
@@ -112,6 +138,7 @@ __all__ = [
     "DEFAULT_POLICY",
     "INLINE_WORK",
     "PRV_WORK_PER_NODE",
+    "Meter",
     "Policy",
     "check_work",
     "nodes",

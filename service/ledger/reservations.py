@@ -1048,10 +1048,8 @@ def _prepare(db: Database, op: _Op) -> None:
     if tenant_id != op.tenant_id:
         raise NotFound("dataset", op.dataset_id)
     units = pricing.check_work(budget, [event], op.policy.max_work)
-    if op.policy.meter is not None:
-        op.policy.meter(units)
     memo = PriceMemo(budget)
-    with rules.pricing(memo):
+    with op.policy.metered(units), rules.pricing(memo):
         if isinstance(op.params, _ReserveParams):
             _dry_reserve(db, op, budget, op.params)
         elif isinstance(op.params, _CommitParams):

@@ -438,9 +438,7 @@ class DataRoots:
         """The tenant's roots, resolved now (a root may itself be a symlink the operator moves)."""
         key = tenant_id if tenant_id in self.roots else EVERY_TENANT
         # A root that resolves to "/" now (a symlink moved since start-up) is no root at all.
-        mine = tuple(
-            Path(os.path.normpath(r)) for r in self.roots.get(key, ()) if os.path.realpath(r) != "/"
-        )
+        mine = tuple(Path(os.path.normpath(r)) for r in self.roots.get(key, ()) if os.path.realpath(r) != "/")
         owners = tuple(
             (Path(os.path.realpath(r)), owner)
             for owner, listed in self.roots.items()

@@ -1,0 +1,163 @@
+"""Per-tenant budgets of pricing CPU time: what one tenant's requests may take of the server.
+
+Pricing an event (its RDP curve, its PRV composition) is the one part of a request whose cost a
+client chooses. ``service.ledger.pricing`` bounds one request (``LEDGER_MAX_PRICING_WORK``) and
+prices it outside the spend transaction, so a costly event no longer holds the database's write
+lock. This module bounds a tenant's *rate*: each tenant has a bucket of pricing CPU seconds,
+``LEDGER_PRICING_BURST_S`` deep, refilled at ``LEDGER_PRICING_CPU_S_PER_S`` seconds per second.
+
+* ``admit(work)``: before pricing, the request's estimated cost (``SECONDS_PER_UNIT`` per unit of
+  pricing work: the measured cost of an RDP curve per event node and order, before caching) is
+  taken from the bucket; with less than that in the bucket (at most the whole bucket: one request
+  at the per-request bound must stay possible) the request is refused, 429 ``rate_limited`` with
+  ``Retry-After``, nothing priced and nothing locked. Taking the estimate at admission means that
+  concurrent requests cannot all pass on the same tokens.
+* ``spent(work, cpu_s)``: after pricing, the estimate is replaced by the CPU time the pricing
+  thread really used. A repeated event is a cache hit and costs microseconds, so a trainer that
+  reserves the same DP-SGD step event a thousand times a second pays for what it costs, not
+  for what it could have cost.
+
+Buckets live in the process (each API process meters its own requests; with N processes a
+tenant may use N times the rate). Tenants never share a bucket.
+
+Certificate verification on the server (``POST /v1/certificates/{id}/verify``) is metered by the
+same buckets (``service.ledger.certificates.verify_stored``).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+
+from service.api.schemas import ErrorBody
+from service.ledger import pricing
+from service.ledger.errors import RateLimited
+from service.settings import Settings
+
+SECONDS_PER_UNIT: Final = 75e-6
+"""Estimated CPU seconds per unit of pricing work (an uncached RDP curve: ≈ 70 µs per event node
+and order on the reference machine, docs/RELIABILITY.md)."""
+RATE_LIMITED: Final[dict[int | str, dict[str, Any]]] = {
+    429: {
+        "model": ErrorBody,
+        "description": "`rate_limited`: the tenant used its share of the server's pricing time "
+        "(`LEDGER_PRICING_CPU_S_PER_S`); `Retry-After` says when to retry",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}, "description": "seconds"}},
+    }
+}
+"""The 429 answer of the routes that price, for their OpenAPI ``responses``."""
+MAX_TENANTS: Final = 100_000
+"""Buckets kept per process (least recently used dropped; a dropped tenant starts full again)."""
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class PricingRates:
+    """Every tenant's bucket of pricing CPU seconds in this process (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        rate_s: float,
+        burst_s: float,
+        max_work: int = pricing.DEFAULT_MAX_WORK,
+        threads: int = 2,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not (rate_s > 0 and burst_s > 0):
+            raise ValueError("rate_s and burst_s must be > 0")
+        self.rate_s = rate_s
+        self.burst_s = burst_s
+        self.max_work = max_work
+        self.limiter = anyio.CapacityLimiter(threads)
+        self._clock = clock
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, settings: Settings) -> PricingRates:
+        return cls(
+            rate_s=settings.pricing_cpu_s_per_s,
+            burst_s=settings.pricing_burst_s,
+            max_work=settings.max_pricing_work,
+            threads=settings.pricing_threads,
+        )
+
+    def policy(self, tenant_id: str) -> pricing.Policy:
+        """The pricing policy of one request of ``tenant_id``."""
+        return pricing.Policy(
+            max_work=self.max_work, meter=TenantMeter(self, tenant_id), limiter=self.limiter
+        )
+
+    def _bucket(self, tenant_id: str, now: float) -> _Bucket:
+        bucket = self._buckets.get(tenant_id)
+        if bucket is None:
+            bucket = _Bucket(self.burst_s, now)
+            self._buckets[tenant_id] = bucket
+            while len(self._buckets) > MAX_TENANTS:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(tenant_id)
+            bucket.tokens = min(self.burst_s, bucket.tokens + (now - bucket.at) * self.rate_s)
+            bucket.at = now
+        return bucket
+
+    def take(self, tenant_id: str, seconds: float) -> None:
+        """Take ``seconds`` (capped at the bucket's depth) from the tenant's bucket, or raise
+        ``RateLimited`` with the wait until they are there."""
+        wanted = min(seconds, self.burst_s)
+        with self._lock:
+            bucket = self._bucket(tenant_id, self._clock())
+            if bucket.tokens < wanted:
+                wait = (wanted - bucket.tokens) / self.rate_s
+                raise RateLimited(
+                    f"this tenant has used its share of the server's pricing time (about "
+                    f"{self.rate_s:g} CPU-seconds per second, bursts of {self.burst_s:g} s; "
+                    f"LEDGER_PRICING_CPU_S_PER_S, LEDGER_PRICING_BURST_S): this request needs about "
+                    f"{wanted:.3g} s. Retry in {math.ceil(wait)} s, or send events that cost less "
+                    "to price (fewer event nodes, a budget with fewer orders).",
+                    retry_after_s=wait,
+                    tenant_id=tenant_id,
+                )
+            bucket.tokens -= wanted
+
+    def give_back(self, tenant_id: str, seconds: float) -> None:
+        """Return ``seconds`` (negative: take more; the bucket may go below 0, the next request
+        waits for it) to the tenant's bucket."""
+        with self._lock:
+            bucket = self._bucket(tenant_id, self._clock())
+            bucket.tokens = min(self.burst_s, bucket.tokens + seconds)
+
+    def tokens(self, tenant_id: str) -> float:
+        """Seconds in the tenant's bucket now (a full bucket for a tenant not seen yet)."""
+        with self._lock:
+            return self._bucket(tenant_id, self._clock()).tokens
+
+
+@dataclass(frozen=True)
+class TenantMeter:
+    """``pricing.Meter`` of one tenant's request: estimate at admission, CPU time after."""
+
+    rates: PricingRates
+    tenant_id: str
+
+    def admit(self, work: int) -> None:
+        self.rates.take(self.tenant_id, work * SECONDS_PER_UNIT)
+
+    def spent(self, work: int, cpu_s: float) -> None:
+        estimate = min(work * SECONDS_PER_UNIT, self.rates.burst_s)
+        self.rates.give_back(self.tenant_id, estimate - cpu_s)
+
+
+__all__ = ["MAX_TENANTS", "RATE_LIMITED", "SECONDS_PER_UNIT", "PricingRates", "TenantMeter"]
