@@ -471,9 +471,13 @@ class _Endpoints(Generic[J, A]):
         geometric: Mapping[str, Number] | None = None,
         orders: Sequence[float] | None = None,
         plan: Sequence[EventLike] | None = None,
+        data_source: str | None = None,
         idempotency_key: str | None = None,
     ) -> J:
-        """``POST /v1/datasets`` (admin): a dataset with its budget (numbers taken as written)."""
+        """``POST /v1/datasets`` (admin): a dataset with its budget (numbers taken as written)
+        and, if given, its ``data_source`` (the URI every job on the dataset reads: ``builtin:...``
+        or a ``file:///`` path under the server's data roots; ``InvalidInput`` names
+        ``data_source`` when the server refuses it)."""
         budget: JsonObject = {"rule": rule, "epsilon": epsilon, "delta": delta, "accountant": accountant}
         if geometric is not None:
             budget["geometric"] = dict(geometric)
@@ -481,11 +485,22 @@ class _Endpoints(Generic[J, A]):
             budget["orders"] = list(orders)
         if plan is not None:
             budget["plan"] = [event_json(e) for e in plan]
+        body: JsonObject = {"name": name, "budget": budget}
+        if data_source is not None:
+            body["data_source"] = data_source
+        return self._json(_Call("POST", "/v1/datasets", body, idempotency_key=self._key(idempotency_key)))
+
+    def set_data_source(
+        self, dataset_id: Identifier, data_source: str | None, *, idempotency_key: str | None = None
+    ) -> J:
+        """``PUT /v1/datasets/{id}/data-source`` (admin): set, replace or (``None``) remove the
+        dataset's data source; answers the dataset. Audited as ``dataset.data_source_set``;
+        setting the source it already has changes nothing."""
         return self._json(
             _Call(
-                "POST",
-                "/v1/datasets",
-                {"name": name, "budget": budget},
+                "PUT",
+                f"/v1/datasets/{_segment(dataset_id)}/data-source",
+                {"data_source": data_source},
                 idempotency_key=self._key(idempotency_key),
             )
         )
@@ -495,7 +510,7 @@ class _Endpoints(Generic[J, A]):
         return self._json(_Call("GET", "/v1/datasets", params={"limit": limit, "offset": offset}))
 
     def get_dataset(self, dataset_id: Identifier) -> J:
-        """``GET /v1/datasets/{id}``: ``{id, name, budget, created_at}``."""
+        """``GET /v1/datasets/{id}``: ``{id, name, budget, data_source, created_at}``."""
         return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}"))
 
     def create_task(self, dataset_id: Identifier, name: str, *, idempotency_key: str | None = None) -> J:
@@ -881,7 +896,9 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         return _artifact_answer(self._send(call))
 
     def metrics_text(self) -> str:
-        """``GET /metrics``: Prometheus text."""
+        """``GET /metrics``: Prometheus text. The client's key is sent as the bearer token, so
+        make this client with the operator's ``LEDGER_METRICS_TOKEN``: API keys get
+        ``Unauthorized`` (unless the server sets ``LEDGER_METRICS_PUBLIC``)."""
         return _text_answer(self._send(_Call("GET", "/metrics")))
 
     # paging ---------------------------------------------------------------------------------
@@ -1050,7 +1067,9 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
         return _artifact_answer(await self._send(call))
 
     async def metrics_text(self) -> str:
-        """``GET /metrics``: Prometheus text."""
+        """``GET /metrics``: Prometheus text. The client's key is sent as the bearer token, so
+        make this client with the operator's ``LEDGER_METRICS_TOKEN``: API keys get
+        ``Unauthorized`` (unless the server sets ``LEDGER_METRICS_PUBLIC``)."""
         return _text_answer(await self._send(_Call("GET", "/metrics")))
 
     async def iter_certificates(

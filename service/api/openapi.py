@@ -18,8 +18,10 @@ checks) can rely on the document:
 
 What JSON Schema cannot say is written in the schema's description and left to the 422 that
 names the field: relations between fields (a geometric series' ``single + copies·first/(1 −
-ratio) ≤ epsilon``, ``sample_size ≤ population_size``, AdaDp's Lemma 1 over its vectors, whose
-vectors the schema therefore leaves out), a ``prv`` plan costing more than the budget, an ``rdp``
+ratio) ≤ epsilon``, ``sample_size ≤ population_size``, an output perturbation's noise scale
+``l2_sensitivity/epsilon`` finite and > 0, AdaDp's Lemma 1 over its vectors, whose vectors the
+schema therefore leaves out), the pricing work of an event under the dataset's budget (event
+nodes × orders, at most ``LEDGER_MAX_PRICING_WORK``), a ``prv`` plan costing more than the budget, an ``rdp``
 epsilon too small for its order grid at its delta, an event the accountant does not support, and
 a job's ``data_source`` grammar beyond its common shape, and whether a dataset's ``file://``
 data source lies under the tenant's data roots as a regular file within the size limit (the
@@ -79,19 +81,27 @@ NUMBER_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
 }
 
 
-# A character that str.isspace() does not call whitespace, spelled out for every regex engine.
-NOT_BLANK_PATTERN: Final = (
-    "[^\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+# Names, models and versions: no C0 control character or DEL anywhere (PostgreSQL refuses NUL;
+# the others would forge lines in logs and exports: service.ledger.datasets.check_text), and one
+# character at least that str.isspace() does not call whitespace (spelled out for every regex
+# engine).
+_NO_CONTROL: Final = "[^\x00-\x1f\x7f]*"
+TEXT_PATTERN: Final = (
+    "^"
+    + _NO_CONTROL
+    + "[^\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    + _NO_CONTROL
+    + "$"
 )
 # Versions: at most 100 characters; an integer version is within ±10^18 (a bound every JSON
 # Schema tool reads exactly: 10^18 is a float64 too).
 VERSION_INTEGER_LIMIT: Final = 10**18
 VERSION_SCHEMA: Final[dict[str, Any]] = {
     "anyOf": [
-        {"type": "string", "minLength": 1, "maxLength": 100, "pattern": NOT_BLANK_PATTERN},
+        {"type": "string", "minLength": 1, "maxLength": 100, "pattern": TEXT_PATTERN},
         {"type": "integer", "minimum": -VERSION_INTEGER_LIMIT, "maximum": VERSION_INTEGER_LIMIT},
     ],
-    "description": "a version: 1-100 characters, not all whitespace, or an integer",
+    "description": "a version: 1-100 characters, not all whitespace, no control character, or an integer",
 }
 # rdp and prv budgets split δ over an order grid (up to 1000 orders) in float64: a δ below this
 # would underflow to 0 there.
@@ -148,6 +158,9 @@ def _kind(
         "title": kind,
         "properties": {"kind": {"type": "string", "enum": [kind]}, **fields, **(optional or {})},
         "required": ["kind", *fields],
+        # accountant.events refuses any other key, at any depth (a field it ignored could
+        # change what ran: a `count` one level too high)
+        "additionalProperties": False,
     }
 
 
@@ -162,7 +175,10 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
     "description": "A mechanism event (DESIGN.md): a stable `kind` and its parameters. Nesting "
     "depth at most 32. Relations between fields are checked by the service (422): "
     "`sample_size <= population_size`; for `adaptive_gaussian` with vectors, equal lengths and "
-    "AdaDp's Lemma 1 (sum of s_i^2/sigma_i^2 <= 1/noise_multiplier^2).",
+    "AdaDp's Lemma 1 (sum of s_i^2/sigma_i^2 <= 1/noise_multiplier^2); for `output_perturbation`, "
+    "a finite noise scale `l2_sensitivity/epsilon` > 0. Unknown fields are refused at any depth "
+    "(422 naming their path). Pricing the event under the dataset's budget may cost at most "
+    "`LEDGER_MAX_PRICING_WORK` units (event nodes x the budget's orders; 422 naming `event`).",
     "oneOf": [
         _kind("no_op"),
         _kind("non_private"),

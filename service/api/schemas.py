@@ -35,8 +35,8 @@ from service.api.openapi import (
     DATA_SOURCE_SCHEMA,
     DECIMAL_RE,
     MIN_RDP_DELTA,
-    NOT_BLANK_PATTERN,
     NUMBER_SCHEMAS,
+    TEXT_PATTERN,
     VERSION_INTEGER_LIMIT,
     VERSION_SCHEMA,
     budget_schema_extra,
@@ -156,10 +156,11 @@ def _version(value: str | int) -> str | int:
 Epsilon = Annotated[Decimal, BeforeValidator(_positive), WithJsonSchema(NUMBER_SCHEMAS["positive"])]
 Delta = Annotated[Decimal, BeforeValidator(_delta), WithJsonSchema(NUMBER_SCHEMAS["delta"])]
 Ratio = Annotated[Decimal, BeforeValidator(_ratio), WithJsonSchema(NUMBER_SCHEMAS["unit_open"])]
-# Names: 1-200 characters, not all whitespace (the ledger strips nothing, but refuses blanks).
+# Names: 1-200 characters, not all whitespace, no control character (the ledger strips nothing,
+# but refuses blanks and control characters).
 Name = Annotated[
     StrictStr,
-    Field(min_length=1, max_length=200, json_schema_extra={"pattern": NOT_BLANK_PATTERN}),
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": TEXT_PATTERN}),
     AfterValidator(_not_blank),
 ]
 # Ids travel as strings; a client may send a record id or a version as an integer.

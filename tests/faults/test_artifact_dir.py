@@ -34,13 +34,13 @@ from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset
 
 
 def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
-    world = digits_dataset(db, epsilon="10")
+    world = digits_dataset(db, epsilon="10", source=DIGITS)  # the job reads the dataset's source
     job = jobs.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
         algorithm="dp_sgd",
-        params={"data_source": DIGITS, "noise_multiplier": 1.5, "steps": 6, "checkpoint_every": 3, "seed": 3},
+        params={"noise_multiplier": 1.5, "steps": 6, "checkpoint_every": 3, "seed": 3},
     )
     worker = Worker(db, artifact_dir=artifacts, loader=CountingLoader(), device="cpu")
     try:

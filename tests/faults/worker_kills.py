@@ -172,7 +172,6 @@ def _job_params(i: int) -> dict[str, Any]:
     # ~0.5 s of training on one core: 20 steps, checkpoints at 10 and 20 (two commits, two
     # published versions per job), a one-layer MLP of 8 units.
     return {
-        "data_source": DIGITS,
         "noise_multiplier": 1.0,
         "sampling_probability": 0.02,
         "steps": 20,
@@ -226,7 +225,7 @@ def kill_worker_cycles(
     log = work_dir / "workers.log"
     db = Database(make_url(url), pool_size=2, max_overflow=0)
     probe = _Probe(url)
-    world = digits_dataset(db, epsilon="100000")
+    world = digits_dataset(db, epsilon="100000", source=DIGITS)  # every job reads the dataset's source
     worker = _Worker(url, artifacts, log, lease_s=lease_s, ttl_s=ttl_s)
     job_ids: list[str] = []
     try:

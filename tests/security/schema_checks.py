@@ -30,6 +30,13 @@ RELATIONS: Final[dict[str, re.Pattern[str]]] = {
     "plan epsilon <= budget epsilon": re.compile(r"^budget\.plan needs epsilon .* more than budget"),
     "rdp filter has an order with allowance": re.compile(r"is too small for a Rényi filter"),
     "event the accountant supports": re.compile(r"accountant '\w+' does not support event kind"),
+    "output perturbation noise scale is finite": re.compile(
+        r"must give a finite noise scale l2_sensitivity/epsilon"
+    ),
+    "data source under the tenant's data roots": re.compile(
+        r"^data_source is refused: data source .* must name a regular file under a data root"
+    ),
+    "pricing work within the server's limit": re.compile(r"costs too much to (price|verify)"),
 }
 RELATION_REFUSALS: Counter[str] = Counter()
 

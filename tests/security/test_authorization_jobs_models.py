@@ -3,8 +3,9 @@
 viewer, none, revoked) × tenant (own, foreign), from one table, with the same rules — no or a
 revoked key → 401, a scope below the route's → 403, another tenant's object → 404.
 
-Objects are real: a queued job (``jobs.create_job``) and a published model version (staged,
-committed through the ledger and published by the registry, with a real artifact file).
+Objects are real: a queued job (``jobs.create_job``, on a dataset whose data source an admin set)
+and a published model version (staged, committed through the ledger and published by the
+registry, with a real artifact file).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fastapi import FastAPI
 
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import reservations
+from service.ledger import datasets, reservations
 from service.settings import Settings
 from service.worker import jobs, registry
 from tests.service.api.conftest import Keys, TestClient
@@ -58,7 +59,7 @@ ROWS: tuple[Row, ...] = (
         lambda o: {
             "dataset_id": o.world.dataset,
             "algorithm": "dp_sgd",
-            "params": {"data_source": "builtin:digits", "noise_multiplier": 1.0, "steps": 1},
+            "params": {"noise_multiplier": 1.0, "steps": 1},
         },
     ),
     Row("GET", "/v1/jobs", "viewer", 200, foreign=200),
@@ -82,12 +83,13 @@ def _expected(row: Row, caller: str, tenant: str) -> int:
 
 def _objects(db: Database, artifacts: Path) -> Objects:
     world = make_world(db, "acme")
+    datasets.set_data_source(db, "acme", world.dataset, data_source="builtin:digits")  # (the admin's)
     job = jobs.create_job(
         db,
         "acme",
         dataset_id=world.dataset,
         algorithm="dp_sgd",
-        params={"data_source": "builtin:digits", "noise_multiplier": 1.0, "steps": 1},
+        params={"noise_multiplier": 1.0, "steps": 1},
     )
     model = unique("model")
     version = registry.next_version(db, "acme", model)

@@ -35,8 +35,9 @@ SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 
 @dataclass
 class Healthy:
-    """A dataset (sequential, basic, ε = 1) with three certified releases of model ``mlp`` (one
-    published in the model registry) and one of ``probe``; ε spent 0.5."""
+    """A dataset (sequential, basic, ε = 1, reading ``builtin:digits``) with three certified
+    releases of model ``mlp`` (one published in the model registry) and one of ``probe``; ε spent
+    0.5."""
 
     url: str
     viewer: str
@@ -53,7 +54,9 @@ def healthy(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Healthy
     admin_key = tenancy.create_api_key(db, "acme", "admin")
     viewer_key = tenancy.create_api_key(db, "acme", "viewer")
     with serve(settings, db) as url, LedgerClient(url, admin_key) as client:
-        dataset = client.create_dataset("d", rule="sequential", epsilon="1", accountant="basic")
+        dataset = client.create_dataset(
+            "d", rule="sequential", epsilon="1", accountant="basic", data_source="builtin:digits"
+        )
         task = client.create_task(dataset["id"], "t0")
         batches = [
             b["id"]
@@ -71,7 +74,7 @@ def healthy(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Healthy
             certificate_ids.append(gate.certificate["id"])
         with client.release_gate(dataset["id"], batches[:1], PureDpEvent(0.25), model="probe", version=1):
             pass
-        job = client.create_job(dataset["id"], "dp_sgd", {"data_source": "builtin:digits"})
+        job = client.create_job(dataset["id"], "dp_sgd", {"noise_multiplier": 1.0, "steps": 1})
         client.cancel_job(job["id"])
         staged = registry.stage(
             settings.artifact_dir,

@@ -4,7 +4,9 @@ The server is ``create_app`` under uvicorn on a loopback port (``tests.service.l
 The one fault injected is a lost response: a transport wrapper passes the request to the real
 server, lets it handle and answer it, then drops the answer — the only way to produce "the
 server charged, the client never heard" — so the client's retry with the same Idempotency-Key
-can be shown to charge once.
+can be shown to charge once. Another wrapper only records the bodies the client sends, to show
+what an optional argument puts on the wire. The server reads ``file://`` sources under one data
+root of tenant ``acme`` (``LEDGER_DATA_ROOTS``); ``/metrics`` opens to the operator's token only.
 """
 
 from __future__ import annotations
@@ -12,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from sqlalchemy.engine import URL
 
 from accountant.certificates import verify
@@ -44,6 +49,7 @@ from tests.service.live_server import free_port, serve, settings_for
 # Client behaviour that does not depend on the database runs on SQLite only (the backend fixture
 # of tests/conftest.py, overridden); the calls themselves run on both backends.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+METRICS_TOKEN = "client-test-metrics-token-0123456789"
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Ledger:
     keys: dict[str, str]
     settings: Settings
     db: Database
+    data_root: Path
 
     def client(self, scope: str = "admin", **kwargs: object) -> LedgerClient:
         return LedgerClient(self.url, self.keys[scope], timeout=10.0, backoff_s=0.01, **kwargs)  # type: ignore[arg-type]
@@ -59,11 +66,15 @@ class Ledger:
 
 @pytest.fixture
 def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Ledger]:
-    settings = settings_for(database_url, tmp_path / "artifacts")
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    settings = settings_for(database_url, tmp_path / "artifacts").model_copy(
+        update={"data_roots": {"acme": [str(data_root)]}, "metrics_token": SecretStr(METRICS_TOKEN)}
+    )
     keys = {scope: tenancy.create_api_key(db, "acme", scope) for scope in ("admin", "trainer", "viewer")}
     keys["rival"] = tenancy.create_api_key(db, "rival", "admin")
     with serve(settings, db) as url:
-        yield Ledger(url, keys, settings, db)
+        yield Ledger(url, keys, settings, db, data_root)
 
 
 def make_dataset(
@@ -90,9 +101,15 @@ def test_every_v1_call(ledger: Ledger) -> None:
     assert admin.healthz() == {"status": "ok", "database": "ok"}
 
     dataset = admin.create_dataset(
-        "digits", rule="sequential", epsilon=Decimal("1.0"), delta="0", accountant="basic"
+        "digits",
+        rule="sequential",
+        epsilon=Decimal("1.0"),
+        delta="0",
+        accountant="basic",
+        data_source="builtin:digits",
     )
     assert dataset["budget"]["rule"] == "sequential"
+    assert dataset["data_source"] == "builtin:digits"
     assert viewer.get_dataset(dataset["id"])["id"] == dataset["id"]
     assert dataset["id"] in {d["id"] for d in viewer.list_datasets()["data"]}
     task = admin.create_task(dataset["id"], "task-0")
@@ -148,8 +165,14 @@ def test_every_v1_call(ledger: Ledger) -> None:
     assert head == {"chain_seq": len(entries), "hash": entries[-1]["hash"]}
     assert "reservation.committed" in {e["event_type"] for e in entries}
 
-    # jobs: queue, read, list, cancel (no worker runs in this app)
-    job = trainer.create_job(dataset["id"], "dp_sgd", {"data_source": "builtin:digits", "epochs": 1})
+    # the data source: replaced by an admin (the dataset answers), then set back
+    replaced = admin.set_data_source(dataset["id"], "builtin:split-digits?tasks=2")
+    assert (replaced["id"], replaced["data_source"]) == (dataset["id"], "builtin:split-digits?tasks=2")
+    assert admin.set_data_source(dataset["id"], "builtin:digits")["data_source"] == "builtin:digits"
+    assert viewer.get_dataset(dataset["id"])["data_source"] == "builtin:digits"
+
+    # jobs: queue (on the dataset's own source), read, list, cancel (no worker runs in this app)
+    job = trainer.create_job(dataset["id"], "dp_sgd", {"noise_multiplier": 1.0, "epochs": 1})
     assert job["status"] == "queued"
     assert viewer.get_job(job["id"])["id"] == job["id"]
     assert job["id"] in {j["id"] for j in viewer.list_jobs(dataset_id=dataset["id"])["data"]}
@@ -185,9 +208,105 @@ def test_every_v1_call(ledger: Ledger) -> None:
     with pytest.raises(NotFound):
         viewer.download_artifact("mlp", 2)
 
-    assert "ledger_" in viewer.metrics_text()
+    # /metrics: the operator's token reads it; no API key does
+    with LedgerClient(ledger.url, METRICS_TOKEN, timeout=10.0) as scraper:
+        assert "ledger_" in scraper.metrics_text()
+    with pytest.raises(Unauthorized):
+        admin.metrics_text()
     for client in (admin, trainer, viewer):
         client.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# A dataset's data source
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordBodies(httpx.BaseTransport):
+    """Forwards every request to the real server, keeping the (method, path, JSON body) sent."""
+
+    inner: httpx.HTTPTransport = field(default_factory=httpx.HTTPTransport)
+    sent: list[tuple[str, str, Any]] = field(default_factory=list)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.sent.append((request.method, request.url.path, body))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_an_admin_gives_a_dataset_its_data_source_at_creation_or_later(ledger: Ledger) -> None:
+    wire = RecordBodies()
+    admin, viewer = ledger.client("admin", transport=wire), ledger.client("viewer")
+
+    # at creation: sent only when given
+    dataset_id, _, _ = make_dataset(admin)
+    method, path, body = wire.sent[0]
+    assert (method, path) == ("POST", "/v1/datasets") and "data_source" not in body
+    assert viewer.get_dataset(dataset_id)["data_source"] is None
+    with_source = admin.create_dataset("read", rule="sequential", epsilon="1", data_source="builtin:digits")
+    assert wire.sent[-1][2]["data_source"] == "builtin:digits"
+    assert with_source["data_source"] == "builtin:digits"
+    assert viewer.get_dataset(with_source["id"])["data_source"] == "builtin:digits"
+
+    # a job on a dataset without a source is refused at submit, naming the dataset
+    trainer = ledger.client("trainer")
+    with pytest.raises(InvalidInput) as no_source:
+        trainer.create_job(dataset_id, "dp_sgd", {"noise_multiplier": 1.0, "steps": 1})
+    assert no_source.value.field == "dataset_id"
+
+    # later: set (PUT; the dataset answers, and a job on it is now queued), the same again (no
+    # change), a file under the tenant's data root, then removed (null)
+    answer = admin.set_data_source(dataset_id, "builtin:digits")
+    assert wire.sent[-1] == (
+        "PUT",
+        f"/v1/datasets/{dataset_id}/data-source",
+        {"data_source": "builtin:digits"},
+    )
+    assert (answer["id"], answer["data_source"]) == (dataset_id, "builtin:digits")
+    assert (
+        trainer.create_job(dataset_id, "dp_sgd", {"noise_multiplier": 1.0, "steps": 1})["status"] == "queued"
+    )
+    assert admin.set_data_source(dataset_id, "builtin:digits")["data_source"] == "builtin:digits"
+    records = ledger.data_root / "records.csv"
+    records.write_text("id,label,x0\nr0,0,0.5\n")
+    assert admin.set_data_source(dataset_id, f"file://{records}")["data_source"] == f"file://{records}"
+    removed = admin.set_data_source(dataset_id, None)
+    assert wire.sent[-1][2] == {"data_source": None}
+    assert removed["data_source"] is None and viewer.get_dataset(dataset_id)["data_source"] is None
+
+    # each change is audited with the source it replaced; setting the same source appended nothing
+    changes = [
+        entry["payload"]
+        for entry in viewer.iter_audit_entries(dataset_id)
+        if entry["event_type"] == "dataset.data_source_set"
+    ]
+    assert changes == [
+        {"data_source": "builtin:digits", "previous": None},
+        {"data_source": f"file://{records}", "previous": "builtin:digits"},
+        {"data_source": None, "previous": f"file://{records}"},
+    ]
+
+    # refusals, typed: not an admin, another tenant's dataset, a file outside the data roots
+    with pytest.raises(Forbidden) as forbidden:
+        trainer.set_data_source(dataset_id, "builtin:digits")
+    assert (forbidden.value.scope, forbidden.value.required_scope) == ("trainer", "admin")
+    with pytest.raises(NotFound) as elsewhere:
+        ledger.client("rival").set_data_source(dataset_id, "builtin:digits")
+    assert elsewhere.value.resource == "dataset"
+    outside = ledger.data_root.parent / "outside.csv"
+    outside.write_text("id,label,x0\nr0,0,0.5\n")
+    with pytest.raises(InvalidInput) as refused:
+        admin.set_data_source(dataset_id, f"file://{outside}")
+    assert refused.value.field == "data_source"
+    with pytest.raises(InvalidInput) as refused_at_creation:
+        admin.create_dataset("d", rule="sequential", epsilon="1", data_source=f"file://{outside}")
+    assert refused_at_creation.value.field == "data_source"
+    assert viewer.get_dataset(dataset_id)["data_source"] is None
+    assert "d" not in {d["name"] for d in viewer.list_datasets()["data"]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,8 +514,18 @@ def test_async_client_and_gate(ledger: Ledger) -> None:
             ids = [c["id"] async for c in client.iter_certificates(dataset_id)]
             return await client.spend(dataset_id), ids
 
+    async def sources() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with AsyncLedgerClient(ledger.url, ledger.keys["admin"], backoff_s=0.01) as admin:
+            created = await admin.create_dataset(
+                "async", rule="sequential", epsilon="1", data_source="builtin:digits"
+            )
+            return created, await admin.set_data_source(created["id"], None)
+
     spend, ids = asyncio.run(pure())
     assert spend["epsilon_spent"] == "0.5" and len(ids) == 1
+    created, removed = asyncio.run(sources())
+    assert created["data_source"] == "builtin:digits"
+    assert (removed["id"], removed["data_source"]) == (created["id"], None)
 
 
 @SQLITE_ONLY

@@ -15,7 +15,7 @@ from typing import Any
 
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import tenancy
+from service.ledger import datasets, tenancy
 from service.settings import Settings
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import PURE, World, make_world, sequential_budget, unique
@@ -51,6 +51,9 @@ ROUTES: tuple[Route, ...] = (
     ),
     Route("GET", "/v1/datasets", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}", "viewer", 200),
+    Route(
+        "PUT", "/v1/datasets/{dataset}/data-source", "admin", 200, lambda w: {"data_source": "builtin:digits"}
+    ),
     Route("POST", "/v1/datasets/{dataset}/tasks", "admin", 201, lambda w: {"name": unique("t")}),
     Route("GET", "/v1/datasets/{dataset}/tasks", "viewer", 200),
     Route(
@@ -153,6 +156,8 @@ def test_every_route_scope_and_tenant(client: TestClient, db: Database, keys: Ke
                     )
     assert cases == len(ROUTES) * len(CALLERS) * len(TENANTS)
     assert not mismatches, "\n".join(mismatches)
+    # the refused calls ran on the shared world: none of them set its dataset's data source
+    assert datasets.get_dataset(db, "acme", shared.dataset)["data_source"] is None
 
 
 def _headers(keys: Keys, caller: str, tenant: str) -> dict[str, str]:
