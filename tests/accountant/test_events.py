@@ -216,3 +216,55 @@ def test_round_trip_property(sigma: float, q: float, count: int) -> None:
 def test_walk_lists_every_nested_event() -> None:
     event = ev.from_json(_dp_sgd())
     assert [e.kind for e in ev.walk(event)] == ["self_composed", "poisson_sampled", "gaussian"]
+
+
+def _nodes(obj: dict[str, Any], path: str = "event") -> list[tuple[dict[str, Any], str]]:
+    """Every event object inside ``obj`` with its path (``event.events[1].event``)."""
+    out = [(obj, path)]
+    if isinstance(obj.get("event"), dict):
+        out += _nodes(obj["event"], f"{path}.event")
+    for i, child in enumerate(obj.get("events", [])):
+        out += _nodes(child, f"{path}.events[{i}]")
+    return out
+
+
+@given(
+    example=st.sampled_from(
+        [
+            *EXAMPLES,
+            {
+                "kind": "composed",
+                "events": [_dp_sgd(3), {"kind": "self_composed", "count": 2, "event": GAUSSIAN}],
+            },
+        ]
+    ),
+    pick=st.integers(min_value=0),
+    name=st.sampled_from(["count", "steps", "epoch", "noise_multiplier", "events", "event", "x"]),
+)
+def test_an_unknown_field_at_any_depth_is_refused_naming_its_path(
+    example: dict[str, Any], pick: int, name: str
+) -> None:
+    """A field the ledger ignored could change what ran (``count`` one level too high inside
+    ``poisson_sampled``: a thousand steps charged as one): any key that is not a field of its
+    node's kind is refused with the node's path and the key."""
+    obj = json.loads(json.dumps(example))
+    nodes = _nodes(obj)
+    node, path = nodes[pick % len(nodes)]
+    fields = {f for f in ev.EVENT_TYPES[node["kind"]].__dataclass_fields__}
+    if name in fields:
+        return  # a field of this kind: not unknown here
+    node[name] = 1000
+    with pytest.raises(ev.EventValidationError) as refused:
+        ev.from_json(obj)
+    assert refused.value.field == f"{path}.{name}"
+    assert "refused, not ignored" in str(refused.value)
+
+
+def test_the_reviews_two_events_are_refused() -> None:
+    misplaced = {"kind": "poisson_sampled", "sampling_probability": 0.01, "count": 1000, "event": GAUSSIAN}
+    with pytest.raises(ev.EventValidationError) as refused:
+        ev.from_json(misplaced)
+    assert refused.value.field == "event.count"
+    with pytest.raises(ev.EventValidationError) as refused:
+        ev.from_json({"kind": "gaussian", "noise_multiplier": 60, "steps": 1000})
+    assert refused.value.field == "event.steps"

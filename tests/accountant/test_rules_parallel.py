@@ -94,3 +94,17 @@ def test_dataset_epsilon_is_the_max_never_the_sum(charges: list[float]) -> None:
     if len(charges) > 1:
         assert R.dataset_epsilon(BUDGET, states) < sum(Decimal(repr(e)) for e in charges)
     assert all(R.within_budget(BUDGET, s) for s in states)
+
+
+@pytest.mark.parametrize(
+    "event",
+    [ev.NoOpEvent(), ev.SelfComposedEvent(ev.LaplaceEvent(1.0), 0), ev.ComposedEvent((ev.NoOpEvent(),))],
+    ids=["no_op", "count_0", "composed_no_op"],
+)
+def test_a_charge_that_costs_nothing_is_refused_and_leaves_the_batch_unread(event: ev.DpEvent) -> None:
+    """Under S2 a batch is read by one charge: a charge of exactly 0 would use up that read while
+    releasing nothing (the review's ``self_composed`` with ``count: 0``)."""
+    with pytest.raises(R.InvalidArgumentError) as refused:
+        R.reserve(BUDGET, R.BatchState.empty(), R.Charge(event))
+    assert refused.value.field == "event" and "costs nothing" in str(refused.value)
+    run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(0.5)))  # the batch's one real read
