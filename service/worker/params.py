@@ -243,12 +243,7 @@ class DpSgdParams:
 
     @classmethod
     def _read(cls, r: JobParams) -> dict[str, Any]:
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+        privacy = _read_privacy(r)
         if r.has("steps") and r.has("epochs"):
             raise InvalidParamsError("params.steps", "and params.epochs are exclusive; give one.")
         if r.has("sampling_probability") and r.has("expected_batch_size"):
@@ -257,9 +252,7 @@ class DpSgdParams:
             )
         values: dict[str, Any] = {
             "model": ModelSpec.read(r),
-            "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-            "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
+            **privacy,
             "epochs": r.real("epochs", None, minimum=0, maximum=1e6, exclusive_minimum=True),
             "steps": r.integer("steps", None, minimum=1, maximum=MAX_STEPS),
             "expected_batch_size": r.integer("expected_batch_size", None, minimum=1),
@@ -340,6 +333,21 @@ class AdaDpParams(DpSgdParams):
 # ---------------------------------------------------------------------------------------------
 # L2DP-ML and NaiveGaussian
 # ---------------------------------------------------------------------------------------------
+
+
+def _read_privacy(r: JobParams) -> dict[str, Any]:
+    """``noise_multiplier``, or ``target_epsilon`` with ``delta`` (σ calibrated): exactly one."""
+    if r.has("target_epsilon") == r.has("noise_multiplier"):
+        raise InvalidParamsError(
+            "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
+        )
+    if r.has("target_epsilon") and not r.has("delta"):
+        raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+    return {
+        "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
+        "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
+        "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
+    }
 
 
 def _read_epochs(r: JobParams, default: int) -> int | tuple[int, ...]:
@@ -447,16 +455,9 @@ class NaiveGaussianParams:
     @classmethod
     def read(cls, params: Mapping[str, Any]) -> NaiveGaussianParams:
         r = JobParams(params)
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+        privacy = _read_privacy(r)
         values = cls(
-            noise_multiplier=r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
-            target_epsilon=r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            delta=r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
+            **privacy,
             sampling_probability=r.real(
                 "sampling_probability", 0.2, minimum=0, maximum=1, exclusive_minimum=True
             )
@@ -560,12 +561,7 @@ class PretrainedParams:
 
     @classmethod
     def _read(cls, r: JobParams) -> dict[str, Any]:
-        if r.has("target_epsilon") == r.has("noise_multiplier"):
-            raise InvalidParamsError(
-                "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-            )
-        if r.has("target_epsilon") and not r.has("delta"):
-            raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
+        privacy = _read_privacy(r)
         feature_dim = r.integer("feature_dim", 32, minimum=2, maximum=4096)
         epochs = r.integer("pretrain_epochs", 30, minimum=1, maximum=10_000)
         lr = r.real("pretrain_learning_rate", 3e-3, minimum=0, maximum=10, exclusive_minimum=True)
@@ -573,9 +569,7 @@ class PretrainedParams:
         assert feature_dim is not None and epochs is not None and lr is not None
         assert extractor_seed is not None
         return {
-            "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-            "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-            "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
+            **privacy,
             "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
             "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
             "seed": r.integer("seed", None, minimum=0, maximum=2**62),

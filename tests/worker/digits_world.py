@@ -164,3 +164,34 @@ def job_row(db: Database, job_id: str) -> Job:
         row = session.get(Job, job_id)
         assert row is not None
         return row
+
+
+def claim_concurrently(db: Database, workers: int) -> list[str]:
+    """Ids of the jobs ``workers`` threads claim, started together, until none is left (each
+    claim a separate worker id); raises the first error a claimer met."""
+    import threading
+
+    from service.worker import jobs
+
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(workers)
+    lock = threading.Lock()
+
+    def claimer(n: int) -> None:
+        try:
+            barrier.wait()
+            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
+                with lock:
+                    claimed.append(job.id)
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return claimed

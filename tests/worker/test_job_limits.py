@@ -20,7 +20,7 @@ from service.ledger import spend
 from service.worker import jobs
 from service.worker.jobs import JobLimits
 from service.worker.worker import Worker
-from tests.worker.digits_world import CountingLoader, digits_dataset, job_row, versions_of
+from tests.worker.digits_world import CountingLoader, claim_concurrently, digits_dataset, job_row, versions_of
 
 PARAMS: dict[str, Any] = {"noise_multiplier": 1.0, "steps": 10}
 
@@ -121,26 +121,7 @@ def test_concurrent_claims_stay_exactly_once_across_tenants(db: Database) -> Non
     created = {
         _job(db, tenant, _dataset(db, tenant)) for tenant in ("acme", "rival", "third") for _ in range(6)
     }
-    claimed: list[str] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(6)
-    lock = threading.Lock()
-
-    def claimer(n: int) -> None:
-        try:
-            barrier.wait()
-            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
-                with lock:
-                    claimed.append(job.id)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    claimed = claim_concurrently(db, 6)
     assert sorted(claimed) == sorted(created)
 
 

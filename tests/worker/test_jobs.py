@@ -5,7 +5,6 @@ it read)."""
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.worker.digits_world import (
     DIGITS,
     CountingLoader,
     budget,
+    claim_concurrently,
     digits_dataset,
     digits_train_ids,
     job_row,
@@ -169,26 +169,7 @@ def test_the_claim_is_one_statement(db: Database) -> None:
 def test_concurrent_claims_never_hand_one_job_to_two_workers(db: Database) -> None:
     dataset_id = _dataset(db)
     created = {_job(db, dataset_id) for _ in range(24)}
-    claimed: list[str] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
-    lock = threading.Lock()
-
-    def claimer(n: int) -> None:
-        try:
-            barrier.wait()
-            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
-                with lock:
-                    claimed.append(job.id)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    claimed = claim_concurrently(db, 8)
     assert Counter(claimed) == Counter(created)  # every job exactly once
 
 
