@@ -257,7 +257,8 @@ class _GaussianPrv(_Prv):
         return mean, 1e-15 * (abs(m) + s)
 
     def sizing_rdp(self, orders: FloatArray) -> FloatArray:
-        result: FloatArray = orders / (2 * self.noise_multiplier * self.noise_multiplier)
+        with np.errstate(divide="ignore", over="ignore"):  # σ² underflows to 0: ρ = ∞, as it is
+            result: FloatArray = orders / (2 * self.noise_multiplier * self.noise_multiplier)
         return result
 
 

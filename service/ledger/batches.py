@@ -28,7 +28,7 @@ from accountant.rules import BatchState
 from service.db.models import Batch, BatchRecord, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
-from service.ledger.datasets import check_name, load_dataset
+from service.ledger.datasets import can_be_id, check_name, load_dataset
 from service.ledger.errors import BatchOverlap, InvalidInput, NotFound
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
@@ -81,7 +81,7 @@ def batch_json(row: Batch) -> dict[str, Any]:
 
 
 def _load_task(session: Session, dataset_id: str, task_id: str) -> Task:
-    task = session.get(Task, task_id)
+    task = session.get(Task, task_id) if can_be_id(task_id) else None
     if task is None or task.dataset_id != dataset_id:
         raise NotFound("task", task_id)
     return task

@@ -26,7 +26,7 @@ from accountant.rules import Budget, Charge
 from service.db.models import Certificate, Release
 from service.db.session import Database
 from service.ledger import pricing
-from service.ledger.datasets import load_dataset
+from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import InvalidInput, NotFound
 
 MAX_PAGE: Final = 1000
@@ -150,6 +150,8 @@ def list_certificates(
 
 def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[str, Any]:
     """One certificate by id (another tenant's answers ``NotFound``)."""
+    if not can_be_id(certificate_id):
+        raise NotFound("certificate", certificate_id)
     with db.session(readonly=True) as session:
         row = session.execute(
             select(Certificate, Release)

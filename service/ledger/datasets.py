@@ -63,6 +63,17 @@ def check_text(value: str, field: str) -> str:
     return value
 
 
+MAX_ID_LENGTH: Final = 64
+
+
+def can_be_id(value: object) -> bool:
+    """Whether ``value`` could be an id this ledger made (``ds_<hex>``, ``res_<hex>``, ...).
+
+    What cannot be one is "not found" without a query: a NUL in a query parameter is an error
+    on PostgreSQL (a 500), not an unknown id."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and CONTROL_CHARACTERS.isdisjoint(value)
+
+
 def check_name(value: object, field: str = "name") -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_LENGTH:
         raise InvalidInput(
@@ -178,7 +189,7 @@ def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | Non
 
 def load_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
     """The tenant's dataset, or ``NotFound`` (another tenant's dataset is not found either)."""
-    row = session.get(Dataset, dataset_id)
+    row = session.get(Dataset, dataset_id) if can_be_id(dataset_id) else None
     if row is None or row.tenant_id != tenant_id:
         raise NotFound("dataset", dataset_id)
     return row
@@ -259,6 +270,8 @@ def set_data_source(
     nothing and appends nothing, so a repeated call is idempotent even without a key.
     """
     source = check_data_source(data_source, tenant_id, data_roots)
+    if not can_be_id(dataset_id):
+        raise NotFound("dataset", dataset_id)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         statement = select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
@@ -318,8 +331,10 @@ def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int
 
 
 __all__ = [
+    "MAX_ID_LENGTH",
     "budget_of",
     "cached_budget",
+    "can_be_id",
     "check_data_source",
     "check_name",
     "check_text",

@@ -79,7 +79,7 @@ from service.db.models import (
 )
 from service.db.session import Database, pipelined
 from service.ledger import audit, certificates, idempotency, pricing
-from service.ledger.datasets import CONTROL_CHARACTERS, cached_budget, check_text
+from service.ledger.datasets import MAX_ID_LENGTH, cached_budget, can_be_id, check_text
 from service.ledger.errors import (
     BudgetExceeded,
     ChargeRefused,
@@ -95,7 +95,6 @@ from service.ledger.errors import (
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
 MAX_BATCHES_PER_RESERVATION: Final = 10_000
-MAX_ID_LENGTH: Final = 64
 MAX_GROUP: Final = 64
 _EXPIRE_PER_TRANSACTION: Final = 500
 _RETRIES: Final = 5
@@ -121,19 +120,11 @@ def _ids(value: object, field_name: str) -> list[str]:
             raise InvalidInput(f"{field_name}[{i}]", f"must be an id string. Found {item!r}.")
         if item in seen:
             raise InvalidInput(f"{field_name}[{i}]", f"repeats {item!r}.")
-        if not _can_be_id(item):  # no such batch or task (and PostgreSQL refuses NUL in a query)
+        if not can_be_id(item):  # no such batch or task (and PostgreSQL refuses NUL in a query)
             raise NotFound("batch" if field_name == "batches" else "task", item)
         seen.add(item)
         out.append(item)
     return out
-
-
-def _can_be_id(value: object) -> bool:
-    """Whether ``value`` could be an id this ledger made (``res_<hex>``, ``batch_<hex>``, ...).
-
-    What cannot be one is "not found" without a query: a NUL in a query parameter is an error
-    on PostgreSQL (a 500), not an unknown id."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and CONTROL_CHARACTERS.isdisjoint(value)
 
 
 def parse_event(obj: object, field_name: str = "event") -> DpEvent:
@@ -992,7 +983,7 @@ def _dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
     known = _known_dataset(dataset_id)
     if known is not None:
         return known
-    if not _can_be_id(dataset_id):
+    if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
     rows = db.read_all(_DATASET, {"dataset_id": dataset_id})
     if not rows:
@@ -1224,10 +1215,10 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[_O
         if hit is None:
             active.append(i)
             continue
-        response, error = _replay(op, hit)
+        response, replay_error = _replay(op, hit)
         rid = None if response is None else _replayed_reservation(op, response)
         if rid is None:
-            results[i] = (response, error)
+            results[i] = (response, replay_error)
         else:
             assert response is not None
             replays.append((i, response, rid))
@@ -1583,7 +1574,7 @@ def _remember_owner(reservation_id: str, dataset_id: str, tenant_id: str) -> Non
 def _remembered_owner(reservation_id: str) -> tuple[str, str] | None:
     """``(dataset id, tenant id)`` of the reservation when this process knows it; ``NotFound``
     for what cannot be a reservation id."""
-    if not _can_be_id(reservation_id):
+    if not can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with _owners_lock:
         return _owners.get(reservation_id)
@@ -1644,7 +1635,7 @@ def _reserve_op(
     event = parse_event(event_json)
     charge = _charge(event, noise_commitment)
     document = ev.to_json(event)
-    if not _can_be_id(dataset_id):
+    if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
     ttl = _ttl(ttl_s)
     params = _ReserveParams(selector, ids, charge, document, ttl)
@@ -1864,7 +1855,7 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
 
 def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
     """The reservation's JSON (another tenant's answers ``NotFound``)."""
-    if not _can_be_id(reservation_id):
+    if not can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
         loaded, _, _ = _load_reservations(session.connection(), [reservation_id])

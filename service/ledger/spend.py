@@ -27,14 +27,14 @@ from sqlalchemy import select
 from accountant.exact import ZERO, exact_sub, to_text
 from service.db.models import Dataset, Task
 from service.db.session import Database
-from service.ledger.datasets import budget_of
+from service.ledger.datasets import budget_of, can_be_id
 from service.ledger.errors import NotFound
 
 
 def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     """The dataset's spend from its aggregates (another tenant's dataset is ``NotFound``)."""
     with db.session(readonly=True) as session:
-        row = session.get(Dataset, dataset_id)
+        row = session.get(Dataset, dataset_id) if can_be_id(dataset_id) else None
         if row is None or row.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
         tasks = session.execute(

@@ -491,7 +491,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
                 ),
             )
         )
-    from service.worker.models import InvalidParamsError
+    from service.worker.params import InvalidParamsError
 
     # 1. Plan and reserve: no data is read here.
     try:

@@ -86,7 +86,7 @@ from service.db.base import utcnow
 from service.db.models import Batch, Dataset, Job, ModelVersion, Release, Tenant
 from service.db.session import Database
 from service.ledger import audit, idempotency
-from service.ledger.datasets import load_dataset
+from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.worker import params as job_params
@@ -506,7 +506,7 @@ def _versions_of(
 def _answer_one(session: Session, tenant_id: str, job_id: str) -> dict[str, Any]:
     found = (
         session.execute(_select_jobs(Job.id == job_id, Job.tenant_id == tenant_id)).one_or_none()
-        if isinstance(job_id, str) and len(job_id) <= 64
+        if can_be_id(job_id)
         else None
     )
     if found is None:
@@ -526,7 +526,7 @@ def _load_job(session: Session, tenant_id: str, job_id: str) -> Job:
         session.execute(
             select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id).options(defer(Job.params))
         ).scalar_one_or_none()
-        if isinstance(job_id, str) and len(job_id) <= 64
+        if can_be_id(job_id)
         else None
     )
     if row is None:

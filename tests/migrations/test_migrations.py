@@ -123,3 +123,76 @@ def test_concurrent_upgrades_migrate_once(empty_database_url: URL) -> None:
     assert not errors
     assert migrations.is_up_to_date(empty_database_url)
     assert _diff(empty_database_url) == []
+
+
+BEFORE_DATA_SOURCE = "7b3e9c1d5a20"  # the revision before 2026_11_25_dataset_data_source
+
+
+def test_existing_datasets_get_a_source_only_from_builtin_jobs(empty_database_url: URL) -> None:
+    """The data-source migration: a dataset gets the ``builtin:`` source every one of its jobs
+    named, and nothing otherwise (a ``file://`` path may lie outside the data roots or be another
+    tenant's file: an admin sets it again, checked against the roots)."""
+    from datetime import UTC, datetime
+
+    from service.db.session import Database
+    from service.ledger import datasets, tenancy
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    named = {
+        "one_builtin": ["builtin:digits", "builtin:digits"],
+        "file": ["file:///srv/other-tenant/secret.csv"],
+        "mixed": ["builtin:digits", "file:///tmp/x.csv"],
+        "two_builtins": ["builtin:digits", "builtin:split-digits?tasks=5"],
+        "no_jobs": [],
+        "missing_key": [None],
+    }
+    try:
+        tenancy.create_api_key(db, "acme", "viewer")
+        ids = {name: datasets.create_dataset(db, "acme", name=name, budget=budget)["id"] for name in named}
+    finally:
+        db.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_DATA_SOURCE)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    jobs = sa.table(
+        "jobs",
+        *(sa.column(c) for c in ("id", "tenant_id", "dataset_id", "algorithm", "model_name", "status")),
+        sa.column("params", sa.JSON()),
+        sa.column("max_attempts", sa.Integer()),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    at = datetime.now(UTC)
+    try:
+        with engine.begin() as connection:
+            for name, sources in named.items():
+                for i, source in enumerate(sources):
+                    params = {"steps": 1} if source is None else {"data_source": source}
+                    connection.execute(
+                        jobs.insert().values(
+                            id=f"job_{name}_{i}",
+                            tenant_id="acme",
+                            dataset_id=ids[name],
+                            algorithm="dp_sgd",
+                            model_name=f"m-{name}",
+                            status="succeeded",
+                            params=params,
+                            max_attempts=3,
+                            created_at=at,
+                            updated_at=at,
+                        )
+                    )
+        migrations.upgrade(empty_database_url)
+        with engine.connect() as connection:
+            found = dict(connection.execute(sa.text("SELECT id, data_source FROM datasets")).all())
+    finally:
+        engine.dispose()
+    assert {name: found[ids[name]] for name in named} == {
+        "one_builtin": "builtin:digits",
+        "file": None,
+        "mixed": None,
+        "two_builtins": None,
+        "no_jobs": None,
+        "missing_key": None,
+    }
