@@ -3,7 +3,7 @@ at submit is what the trainer reads at run time, for every algorithm; the params
 standard JSON within its bounds (``service.worker.jobs.check_document`` / ``check_params``).
 
 No database here: these are the checks ``create_job`` runs before anything is stored (the HTTP
-tests with row counts are tests/security/test_job_params_http.py)."""
+tests with row counts are tests/security/test_red_team_findings.py)."""
 
 from __future__ import annotations
 
