@@ -72,7 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--key", default=os.environ.get("LEDGER_API_KEY"), help="trainer key ($LEDGER_API_KEY)"
     )
     parser.add_argument("--dataset", required=True, help="the ledger's dataset id of these records")
-    parser.add_argument("--data-source", default="builtin:digits", help="records (default builtin:digits)")
+    parser.add_argument(
+        "--data-source",
+        default="builtin:digits",
+        help="records this trainer reads itself (default builtin:digits; or file:///path.npz|.csv)",
+    )
     parser.add_argument("--model", default="opacus-digits", help="released model name")
     parser.add_argument("--version", help="released version (default: 1 + the last one released)")
     noise = parser.add_mutually_exclusive_group(required=True)
@@ -138,9 +142,13 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     import torch
     from opacus import PrivacyEngine
 
-    from service.worker.data import load_data
+    from service.worker.data import DataRoots, parse_source
 
-    data = load_data(args.data_source)
+    # This trainer runs outside the service and reads its own file: its folder is its data root
+    # (the service's worker reads only under the operator's LEDGER_DATA_ROOTS).
+    source = parse_source(args.data_source)
+    roots = None if source.path is None else DataRoots({"*": [str(source.path.parent)]}).for_tenant("local")
+    data = source.load(roots)
     if data.n_records != plan.n_records:
         raise RuntimeError(
             f"the ledger's batches hold {plan.n_records} records but {args.data_source} holds "
