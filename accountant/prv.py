@@ -148,6 +148,9 @@ MAX_EPS_ERROR: Final = 0.1
 # ... or, for a large ε, 0.1% of the domain half-width (≈ ε + 3).
 MAX_RELATIVE_EPS_ERROR: Final = 1e-3
 MAX_GRID: Final = 2**22
+# Above this half-width of the privacy-loss domain PRV is not attempted (RDP answers): such a
+# loss means ε ≳ 10⁵, far beyond any meaningful guarantee, and its 4M-point grid took seconds.
+MAX_HALF_WIDTH: Final = 1e5
 # Total work cap (distinct PRVs × grid points) before falling back to RDP.
 MAX_WORK: Final = 2 * 10**9
 # Work cap of a re-run on a finer mesh for relative precision (~1 s on one core); beyond it the
@@ -720,6 +723,13 @@ def _compose(
     total = sum(components.values())
     log_term = total / 2 * math.log(12 / delta_error)
     half_width = _domain_half_width(components, total, eps_error, delta_error)
+    if half_width > MAX_HALF_WIDTH:
+        # A privacy loss spread this wide means an ε above 10⁵: a 4M-point grid could
+        # not resolve it to the requested precision, and RDP bounds it at once.
+        raise _PrvFailure(
+            f"the privacy loss spans ±{half_width:.3g}, beyond the grid's ±{MAX_HALF_WIDTH:g} "
+            "(an epsilon above 10^5)"
+        )
     note = ""
 
     def grid_points(err: float) -> int:
