@@ -167,6 +167,7 @@ def issue(
     reservation_id: str,
     release: Mapping[str, Any],
     partial_event: DpEvent | None = None,
+    previous_event: DpEvent | None = None,
     release_id: str | None = None,
     dataset_id: str | None = None,
     issued_at: str | None = None,
@@ -175,7 +176,9 @@ def issue(
 
     Pure and cheap (no accounting): call it inside the commit transaction with the records the
     ledger just computed. ``release`` must be JSON (e.g. ``{"model": ..., "version": ...}``);
-    ``issued_at`` is passed by the caller so the certificate is deterministic.
+    ``issued_at`` is passed by the caller so the certificate is deterministic. ``previous_event``
+    is the run so far the reservation's previous commit settled (a progressive commit must extend
+    it); it is written as ``inputs.previous_partial_event`` only when there is one.
     """
     if not batches:
         raise InvalidArgumentError("batches", "must name at least one batch.")
@@ -200,6 +203,7 @@ def issue(
             "charge": charge.to_json(),
             "partial_event": None if partial_event is None else ev.to_json(partial_event),
             "batches": [b.to_json() for b in batches],
+            **({} if previous_event is None else {"previous_partial_event": ev.to_json(previous_event)}),
         },
         "result": _result(budget, batches),
         "libraries": dict(library_versions()),
@@ -237,6 +241,8 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     charge = Charge.from_json(inputs["charge"])
     partial_obj = inputs.get("partial_event")
     partial = None if partial_obj is None else ev.from_json(partial_obj, "inputs.partial_event")
+    previous_obj = inputs.get("previous_partial_event")
+    previous = None if previous_obj is None else ev.from_json(previous_obj, "inputs.previous_partial_event")
     expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": theorem(budget)}
     for name, value in expected.items():
         if cert.get(name) != value:
@@ -250,7 +256,7 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     # Every batch replays the same charge: its prices are computed once (``PriceMemo``).
     with pricing(PriceMemo(budget)):
         for record in records:
-            problem = _check_batch(budget, charge, partial, record)
+            problem = _check_batch(budget, charge, partial, previous, record)
             if problem:
                 return Verification(False, f"batch {record.batch_id!r}: {problem}")
     if cert.get("result") != _result(budget, records):
@@ -266,12 +272,14 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     )
 
 
-def _check_batch(budget: Budget, charge: Charge, partial: DpEvent | None, record: BatchRecord) -> str:
+def _check_batch(
+    budget: Budget, charge: Charge, partial: DpEvent | None, previous: DpEvent | None, record: BatchRecord
+) -> str:
     admission = reserve(budget, record.state_at_reserve, charge)
     if admission.cost != record.reserved:
         return "the reserved cost does not follow from state_at_reserve"
     settlement = commit(
-        budget, record.state_before, charge, record.reserved, record.committed_before, partial
+        budget, record.state_before, charge, record.reserved, record.committed_before, partial, previous
     )
     if settlement != Settlement(record.state_after, record.committed):
         return "the commit does not follow from state_before (state_after or committed differs)"

@@ -932,16 +932,45 @@ def commit(
     reserved: Cost,
     committed_before: Cost | None,
     partial_event: DpEvent | None = None,
+    previous_event: DpEvent | None = None,
 ) -> Settlement:
     """Commit the run so far (``partial_event``; ``None`` = the whole reserved charge).
 
     ``committed_before`` is the previous ``Settlement.committed`` of this reservation (``None``
-    for its first commit). The new cumulative cost is never more than ``reserved``
-    (``ChargeRefused("commit_exceeds_reservation")``) and never less than ``committed_before``
-    (spend is never taken back). A partial event that is a prefix of the reserved one (fewer
-    steps of a ``self_composed``, a prefix of a ``composed``) is capped at the reserved cost.
+    for its first commit), ``previous_event`` the run so far that commit settled (``None``: the
+    first commit). The new cumulative cost is never more than ``reserved`` and never less than
+    ``committed_before`` (spend is never taken back).
+
+    A progressive commit describes *the reserved run, cut short*: ``partial_event`` must be a
+    prefix of the reserved event (``sequential.is_prefix``: the same mechanism with fewer steps of
+    a ``self_composed``, a prefix of a ``composed``), and each commit's run must extend the
+    previous one. Otherwise the ledger would price an event chosen after the reservation — fresh
+    noise passed off as a replay, a PRV plan entry swapped for another mechanism, two unrelated
+    "runs so far" charged as their maximum instead of their composition — so it is refused:
+    ``ChargeRefused`` ``commit_not_prefix`` / ``commit_does_not_extend`` (409).
     """
+    from accountant.rules.sequential import is_prefix
+
+    if partial_event is not None and not is_prefix(partial_event, charge.event):
+        raise ChargeRefused(
+            "commit_not_prefix",
+            f"the committed event {_shown(partial_event)} is not a prefix of the reserved event "
+            f"{_shown(charge.event)}: a progressive commit reports the reserved run cut short "
+            "(the same mechanism, fewer steps), never another event. Reserve what ran instead.",
+        )
+    if previous_event is not None and not is_prefix(previous_event, partial_event or charge.event):
+        raise ChargeRefused(
+            "commit_does_not_extend",
+            f"the committed event {_shown(partial_event or charge.event)} does not extend the run "
+            f"committed before ({_shown(previous_event)}): each progressive commit reports the "
+            "same run, further along.",
+        )
     return _rule(budget).commit(budget, state, charge, reserved, committed_before, partial_event)
+
+
+def _shown(event: DpEvent, limit: int = 200) -> str:
+    text = canonical_json(ev.to_json(event))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:

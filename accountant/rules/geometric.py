@@ -192,7 +192,7 @@ def commit(
         # The level is occupied as a whole once anything from it is released.
         return Cost(allowance, dlt, eps, fingerprint, level=reserved.level)
 
-    now = progressive_cost(reserved, committed_before, charge, partial_event, price)
+    now = progressive_cost(reserved, committed_before, partial_event, price)
     return Settlement(settle_additive(state, now, committed_before), now)
 
 

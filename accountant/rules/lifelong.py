@@ -134,7 +134,6 @@ def commit(
         now = progressive_cost(
             reserved,
             committed_before,
-            charge,
             partial_event,
             lambda partial: _replay_cost(budget, partial, reserved.noise_commitment),
         )

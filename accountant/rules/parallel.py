@@ -92,9 +92,7 @@ def commit(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
-    now = progressive_cost(
-        reserved, committed_before, charge, partial_event, lambda partial: _price(budget, partial)
-    )
+    now = progressive_cost(reserved, committed_before, partial_event, lambda partial: _price(budget, partial))
     return Settlement(settle_additive(state, now, committed_before), now)
 
 

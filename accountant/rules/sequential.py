@@ -395,28 +395,10 @@ def is_prefix(partial: DpEvent, event: DpEvent) -> bool:
     return False
 
 
-def bound_by_reservation(cost: Cost, reserved: Cost, *, prefix: bool, compare_epsilon: bool = True) -> Cost:
-    """Never more than reserved: a prefix's cost is capped at the reserved cost (it is at most
-    that mathematically; the cap absorbs numerical noise); any other event must fit it."""
-    pairs = [("naive_epsilon", cost.naive_epsilon, reserved.naive_epsilon)]
-    if compare_epsilon:
-        pairs += [("epsilon", cost.epsilon, reserved.epsilon), ("delta", cost.delta, reserved.delta)]
-    over = [name for name, now, cap in pairs if now > cap]
-    rdp_over = (
-        cost.rdp is not None
-        and reserved.rdp is not None
-        and any(c > r for c, r in zip(cost.rdp, reserved.rdp, strict=True))
-    )
-    if rdp_over:
-        over.append("rdp")
-    if not over:
-        return cost
-    if not prefix:
-        raise ChargeRefused(
-            "commit_exceeds_reservation",
-            f"the run so far costs more than was reserved ({', '.join(over)}); reserve the "
-            "larger charge instead.",
-        )
+def bound_by_reservation(cost: Cost, reserved: Cost, *, compare_epsilon: bool = True) -> Cost:
+    """Never more than reserved: the run so far is a prefix of the reserved run (``rules.commit``
+    refuses anything else), so its cost is at most the reserved cost mathematically; the cap
+    absorbs numerical noise (a prefix priced on its own may round a hair above the whole)."""
     return _pointwise(min, cost, reserved, compare_epsilon=compare_epsilon)
 
 
@@ -447,7 +429,6 @@ def _pointwise(
 def progressive_cost(
     reserved: Cost,
     committed_before: Cost | None,
-    charge: Charge,
     partial_event: DpEvent | None,
     price: Callable[[DpEvent], Cost],
 ) -> Cost:
@@ -457,9 +438,7 @@ def progressive_cost(
     if partial_event is None:
         now = reserved
     else:
-        now = bound_by_reservation(
-            price(partial_event), reserved, prefix=is_prefix(partial_event, charge.event)
-        )
+        now = bound_by_reservation(price(partial_event), reserved)
     return at_least(now, committed_before)
 
 
@@ -476,12 +455,7 @@ def commit_fresh(
         now = replace(reserved, epsilon=ZERO, delta=ZERO) if budget.uses_filter else reserved
     else:
         now = price_fresh(budget, partial_event, reserved.noise_commitment)
-        now = bound_by_reservation(
-            now,
-            reserved,
-            prefix=is_prefix(partial_event, charge.event),
-            compare_epsilon=not budget.uses_filter,
-        )
+        now = bound_by_reservation(now, reserved, compare_epsilon=not budget.uses_filter)
     now = at_least(now, committed_before, compare_epsilon=not budget.uses_filter)
     if budget.uses_filter:
         assert budget.orders is not None and now.rdp is not None
@@ -653,7 +627,7 @@ def _commit_plan(
             plan_position=position,
         )
 
-    now = progressive_cost(reserved, committed_before, charge, partial_event, price)
+    now = progressive_cost(reserved, committed_before, partial_event, price)
     new_state = settle_additive(state, now, committed_before)
     return Settlement(replace(new_state, plan_open=partial_event is not None), now)
 

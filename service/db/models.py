@@ -176,7 +176,9 @@ class Reservation(Base):
     """A held charge: ``reserved`` until committed in full, aborted, or expired.
 
     ``epsilon`` / ``delta`` are the reserved cost (maximum over the batches it reads);
-    ``committed_epsilon`` / ``committed_delta`` what progressive commits have turned into spend.
+    ``committed_epsilon`` / ``committed_delta`` what progressive commits have turned into spend;
+    ``committed_event`` the run so far the last progressive commit reported (the next one must
+    extend it; ``accountant.rules.commit``).
     """
 
     __tablename__ = "reservations"
@@ -210,6 +212,7 @@ class Reservation(Base):
     committed_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
     committed_delta: Mapped[Decimal] = mapped_column(server_default=ZERO)
     commits: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    committed_event: Mapped[dict[str, Any] | None]
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime]
     closed_at: Mapped[datetime | None]

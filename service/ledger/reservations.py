@@ -275,6 +275,7 @@ class _Loaded:
     expires_at: datetime
     created_at: datetime
     closed_at: datetime | None
+    committed_event: dict[str, Any] | None = None
     batches: tuple[_Held, ...] = ()
 
 
@@ -290,6 +291,7 @@ _RESERVATION_COLUMNS: Final = (
     Reservation.committed_epsilon,
     Reservation.committed_delta,
     Reservation.commits,
+    Reservation.committed_event,
     Reservation.expires_at,
     Reservation.created_at,
     Reservation.closed_at,
@@ -605,6 +607,7 @@ class _Work:
                         "committed_epsilon": r.committed_epsilon,
                         "committed_delta": r.committed_delta,
                         "commits": r.commits,
+                        "committed_event": r.committed_event,
                     }
                     for r in changed
                 ],
@@ -690,6 +693,7 @@ def _reservation_row(r: _Loaded) -> dict[str, Any]:
         "committed_epsilon": r.committed_epsilon,
         "committed_delta": r.committed_delta,
         "commits": r.commits,
+        "committed_event": r.committed_event,
         "expires_at": r.expires_at,
         "created_at": r.created_at,
         "closed_at": r.closed_at,
@@ -833,11 +837,15 @@ def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, A
     else:
         event = ev.from_json(r.event)
     charge = Charge(event, r.noise_commitment)
+    # The run the previous progressive commit reported: this one must extend it.
+    previous = None if r.committed_event is None else ev.from_json(r.committed_event)
     settled: list[tuple[_Held, BatchState, rules.Settlement]] = []
     for h in r.batches:
         before = work.states[h.batch_id]
         try:
-            settlement = rules.commit(work.budget, before, charge, h.reserved, h.committed, params.partial)
+            settlement = rules.commit(
+                work.budget, before, charge, h.reserved, h.committed, params.partial, previous
+            )
         except AccountantError as exc:
             raise _rule_error(exc, h.batch_id) from exc
         settled.append((h, before, settlement))
@@ -864,6 +872,7 @@ def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, A
         reservation_id=r.id,
         release=params.release,
         partial_event=params.partial,
+        previous_event=previous,
         release_id=release_id,
         dataset_id=work.head.id,
         issued_at=op.at,
@@ -885,6 +894,7 @@ def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, A
         committed_epsilon=committed_epsilon,
         committed_delta=committed_delta,
         commits=r.commits + 1,
+        committed_event=None if params.partial is None else ev.to_json(params.partial),
         batches=tuple(replace(h, committed=s.committed) for h, _, s in settled),
     )
     work.put_reservation(r)

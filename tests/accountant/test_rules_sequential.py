@@ -215,17 +215,31 @@ def test_progressive_commit_moves_hold_to_spend_and_cancel_returns_the_rest() ->
     assert closed.reads == 2  # something was committed: the read stays
 
 
-def test_commit_never_exceeds_the_reservation() -> None:
+def test_a_commit_reports_the_reserved_run_cut_short_never_another_event() -> None:
+    """More steps than reserved, or any other event — even one that costs less — is refused: the
+    ledger would otherwise price an event chosen after the reservation (issue 13 §1)."""
     charge = R.Charge(RUN)
     admission = R.reserve(BASIC, R.BatchState.empty(), charge)
-    with pytest.raises(R.ChargeRefused) as info:
-        R.commit(BASIC, admission.state, charge, admission.cost, None, steps(501))
-    assert info.value.code == "commit_exceeds_reservation"
-    with pytest.raises(R.ChargeRefused):
-        R.commit(BASIC, admission.state, charge, admission.cost, None, ev.PureDpEvent(0.6))
-    # Another event that costs no more than reserved is accepted.
-    settled = R.commit(BASIC, admission.state, charge, admission.cost, None, ev.PureDpEvent(0.25))
-    assert settled.committed.epsilon == Decimal("0.25")
+    for other in (steps(501), ev.PureDpEvent(0.6), ev.PureDpEvent(0.25), ev.LaplaceEvent(100.0)):
+        with pytest.raises(R.ChargeRefused) as info:
+            R.commit(BASIC, admission.state, charge, admission.cost, None, other)
+        assert info.value.code == "commit_not_prefix"
+    assert R.commit(
+        BASIC, admission.state, charge, admission.cost, None, steps(250)
+    ).committed.epsilon == Decimal("0.25")
+
+
+def test_each_commit_extends_the_one_before() -> None:
+    charge = R.Charge(RUN)
+    admission = R.reserve(BASIC, R.BatchState.empty(), charge)
+    first = R.commit(BASIC, admission.state, charge, admission.cost, None, steps(300))
+    with pytest.raises(R.ChargeRefused) as info:  # an earlier checkpoint is not further along
+        R.commit(BASIC, first.state, charge, admission.cost, first.committed, steps(200), steps(300))
+    assert info.value.code == "commit_does_not_extend"
+    later = R.commit(BASIC, first.state, charge, admission.cost, first.committed, steps(400), steps(300))
+    assert later.committed.epsilon == Decimal("0.4")
+    whole = R.commit(BASIC, later.state, charge, admission.cost, later.committed, None, steps(400))
+    assert whole.committed.epsilon == Decimal("0.5")
 
 
 def test_is_prefix() -> None:
@@ -416,3 +430,63 @@ def test_rdp_filter_costs_stay_within_the_reservation_under_concurrent_holds() -
     assert settled.committed.rdp == second.cost.rdp
     assert settled.state.epsilon_held == 0 and settled.state.rdp_held is None
     assert settled.state == run(budget, R.BatchState.empty(), small)
+
+
+# What "prefix" means, per event kind (``accountant.rules.sequential.is_prefix``): running the
+# partial event is the first part of running the reserved one, so its transcript is a prefix of
+# the full transcript and its privacy loss can only be smaller (post-processing).
+_base = st.one_of(
+    st.floats(0.3, 5.0).map(ev.GaussianEvent),
+    st.floats(0.5, 5.0).map(ev.LaplaceEvent),
+    st.floats(0.01, 1.0).map(ev.PureDpEvent),
+    st.tuples(st.floats(0.001, 0.5), st.floats(0.5, 3.0)).map(
+        lambda t: ev.PoissonSampledEvent(t[0], ev.GaussianEvent(t[1]))
+    ),
+)
+_run = st.one_of(
+    _base,
+    st.tuples(_base, st.integers(1, 50)).map(lambda t: ev.SelfComposedEvent(t[0], t[1])),
+    st.lists(_base, min_size=1, max_size=5).map(lambda xs: ev.ComposedEvent(tuple(xs))),
+)
+
+
+@st.composite
+def _run_and_prefix(draw: st.DrawFn) -> tuple[ev.DpEvent, ev.DpEvent]:
+    """A reserved run and one of its prefixes, cut short the ways a trainer cuts a run."""
+    run = draw(_run)
+    if isinstance(run, ev.SelfComposedEvent):
+        k = draw(st.integers(0, run.count))
+        return run, draw(st.sampled_from([ev.SelfComposedEvent(run.event, k), run.event if k else run]))
+    if isinstance(run, ev.ComposedEvent):
+        n = draw(st.integers(1, len(run.events)))
+        return run, ev.ComposedEvent(run.events[:n])
+    return run, run
+
+
+@settings(max_examples=300, deadline=None)
+@given(pair=_run_and_prefix())
+def test_a_prefix_is_a_prefix_and_never_costs_more(pair: tuple[ev.DpEvent, ev.DpEvent]) -> None:
+    from accountant.rdp import RdpAccountant
+    from accountant.rules.sequential import is_prefix
+
+    run, prefix = pair
+    assert is_prefix(prefix, run)
+    full = RdpAccountant().compose(run).get_epsilon(1e-5).upper
+    part = RdpAccountant().compose(prefix).get_epsilon(1e-5).upper
+    assert part <= full * (1 + 1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(run=_run, other=_base, extra=st.integers(1, 5))
+def test_more_steps_or_another_mechanism_is_never_a_prefix(
+    run: ev.DpEvent, other: ev.DpEvent, extra: int
+) -> None:
+    from accountant.rules.sequential import is_prefix
+
+    if isinstance(run, ev.SelfComposedEvent):
+        assert not is_prefix(ev.SelfComposedEvent(run.event, run.count + extra), run)
+    if isinstance(run, ev.ComposedEvent):
+        assert not is_prefix(ev.ComposedEvent((*run.events, other)), run)
+    if other != run and not (isinstance(run, ev.SelfComposedEvent) and other == run.event):
+        if not (isinstance(run, ev.ComposedEvent) and other == run.events[0]):
+            assert not is_prefix(other, run)
