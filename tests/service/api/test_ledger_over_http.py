@@ -185,18 +185,21 @@ def test_idempotent_retries_charge_once(client: TestClient, keys: Keys) -> None:
 def test_progressive_commit_then_abort_returns_the_rest(client: TestClient, keys: Keys) -> None:
     api = Api(client, keys.get("acme", "trainer"))
     dataset, batches = Api(client, keys.get("acme", "admin")).dataset(SEQUENTIAL)
-    held = api.reserve(dataset, batches, pure(0.5)).json()
-    api.commit(held["id"], event=pure(0.2))
-    api.commit(held["id"], event=pure(0.3))
+    def steps(n: int) -> dict[str, Any]:
+        return {"kind": "self_composed", "count": n, "event": pure(0.1)}
+
+    held = api.reserve(dataset, batches, steps(5)).json()
+    api.commit(held["id"], event=steps(2))
+    api.commit(held["id"], event=steps(3))
     spend = api.spend(dataset)
     assert spend["epsilon_spent"] == "0.3" and spend["epsilon_held"] == "0.2"
     aborted = api.call("POST", f"/v1/reservations/{held['id']}/abort", status=200).json()
     assert aborted["status"] == "aborted"
     spend = api.spend(dataset)
     assert spend["epsilon_spent"] == "0.3" and spend["epsilon_held"] == "0"
-    # A commit costing more than reserved is refused.
-    held = api.reserve(dataset, batches, pure(0.1)).json()
-    assert api.commit(held["id"], event=pure(0.2), status=None).status_code == 409
+    # A commit of more than was reserved is refused.
+    held = api.reserve(dataset, batches, steps(1)).json()
+    assert api.commit(held["id"], event=steps(2), status=409).json()["error"] == "commit_not_prefix"
 
 
 def test_expired_reservations_free_their_hold_in_the_background(client: TestClient, keys: Keys) -> None:
