@@ -46,7 +46,9 @@ from service.db.models import Job
 from service.db.session import Database
 from service.settings import Settings
 from service.worker import jobs
-from tests.service.api.conftest import Keys, bearer
+from tests.service.api import test_ledger_over_http as http
+from tests.service.api.conftest import Keys
+from tests.service.api.test_ledger_over_http import pure
 from tests.service.api.world import unique
 
 JSON = {"Content-Type": "application/json"}
@@ -56,24 +58,9 @@ RDP = {"rule": "sequential", "epsilon": "100", "delta": "1e-5", "accountant": "r
 CONTROL = ["\x00", "\x01", "\t", "\n", "\x1b", "\x1f", "\x7f"]
 
 
-def pure(epsilon: float) -> dict[str, Any]:
-    return {"kind": "pure_dp", "epsilon": epsilon}
-
-
-class Api:
-    """A caller with one API key on the test client; ``call`` asserts the status when given one."""
-
-    def __init__(self, client: TestClient, key: str) -> None:
-        self.client = client
-        self.headers = bearer(key)
-
-    def call(
-        self, method: str, path: str, body: Any = None, status: int | None = None, **headers: str
-    ) -> Any:
-        answer = self.client.request(method, path, json=body, headers={**self.headers, **headers})
-        if status is not None:
-            assert answer.status_code == status, answer.text[:1000]
-        return answer
+class Api(http.Api):
+    """``test_ledger_over_http.Api`` (one API key on the test client; ``call`` asserts a given
+    status) with what these tests need besides: raw bodies, one-batch datasets, state snapshots."""
 
     def raw(self, method: str, path: str, content: bytes) -> Any:
         """``content`` sent as is: JSON that httpx would refuse to encode (lone surrogates, NaN)."""
@@ -99,10 +86,6 @@ class Api:
 
     def reservation(self, reservation: str) -> dict[str, Any]:
         answer: dict[str, Any] = self.call("GET", f"/v1/reservations/{reservation}", status=200).json()
-        return answer
-
-    def spend(self, dataset: str) -> dict[str, Any]:
-        answer: dict[str, Any] = self.call("GET", f"/v1/datasets/{dataset}/spend", status=200).json()
         return answer
 
     def state(self, dataset: str | None = None) -> dict[str, Any]:
