@@ -185,6 +185,7 @@ def test_idempotent_retries_charge_once(client: TestClient, keys: Keys) -> None:
 def test_progressive_commit_then_abort_returns_the_rest(client: TestClient, keys: Keys) -> None:
     api = Api(client, keys.get("acme", "trainer"))
     dataset, batches = Api(client, keys.get("acme", "admin")).dataset(SEQUENTIAL)
+
     def steps(n: int) -> dict[str, Any]:
         return {"kind": "self_composed", "count": n, "event": pure(0.1)}
 
