@@ -197,6 +197,97 @@ def rdp_epsilon(rdp: Sequence[Decimal], orders: Sequence[float], delta: float) -
     return best
 
 
+# Budget-placed grids (``placed_grid``): the core spans 0.55–0.95 × x_B in steps of ×1.2, where
+# α = 1 + x_B is the order at which a Gaussian-shaped spend (ρ ∝ α) exactly uses up (ε, δ); the
+# tail adds orders at ×2, ×4, … above the core (at least four, and on up to α = 512, for spends far
+# below the budget) and one at ½ below it. Chosen on DP-SGD
+# runs calibrated to 80–100% of budgets ε ∈ {4, 8, 16}, δ ∈ {1e-5, 1e-7} (docs/ACCOUNTING.md).
+_CORE_LOW: Final = 0.55
+_CORE_STEP: Final = 1.2
+_CORE_ORDERS: Final = 4
+_TAIL_ABOVE: Final = 4
+_TAIL_TOP: Final = 512.0
+_TAIL_WEIGHT: Final = Decimal("0.01")
+
+
+def placed_grid(epsilon: Decimal, delta: Decimal) -> tuple[tuple[float, ...], tuple[Decimal, ...]]:
+    """Orders and δ weights of a Rényi filter placed for the budget (ε, δ).
+
+    Where the filter binds. A run that uses up the budget is certified at the order α* that
+    minimises ρ(α) + g(α, δ_α). For a spend shaped like a Gaussian mechanism's (ρ = cα) that is
+    α* = 1 + x_B with x_B ≈ 2·log(1/δ)/ε; a subsampled Gaussian's curve bends up, which moves
+    its α* down, to about 0.5–1.1 × x_B for DP-SGD runs calibrated to the budget. The core orders
+    cover that range; the tail orders certify much smaller spends (large α*) and larger ones.
+
+    Why weights. A δ share w·δ costs log(1/w)/(α − 1) at its order (``conversion_offset``), a
+    penalty that is largest at small α. Core orders therefore get weights ∝ exp(−η·ε·x) (x = α −
+    1), η fixed by the core's total of 0.99: the relative penalty log(1/w)/(x·ε) is then about η
+    at every core order (instead of log K/(x·ε), largest at the smallest x, with equal shares).
+    The tail orders share the remaining 0.01 equally.
+
+    The grid is a function of (ε, δ) alone and is stored with the budget, so a filter built from
+    it is as data-independent as one on a fixed grid (the filter's proof needs only that orders
+    and shares are fixed before the first charge). Orders are rounded to 4 significant digits,
+    weights down to 6, so they read well and sum to at most 1.
+    """
+    eps, dlt = float(epsilon), float(delta)
+    x_b = _binding_x(eps, dlt)
+    core = [x_b * _CORE_LOW * _CORE_STEP**j for j in range(_CORE_ORDERS)]
+    tail = [core[-1] * 2.0 ** (j + 1) for j in range(_TAIL_ABOVE)]
+    while 1.0 + tail[-1] * 2.0 <= _TAIL_TOP:
+        tail.append(tail[-1] * 2.0)
+    tail.append(core[0] / 2.0)
+    chosen: dict[float, bool] = {}
+    for i, x in enumerate(core + tail):
+        alpha = float(f"{1.0 + x:.4g}")
+        if 1.0 < alpha <= MAX_ORDER and alpha not in chosen:
+            chosen[alpha] = i < len(core)
+    while sum(math.ceil(a) for a in chosen) > MAX_ORDER_WORK:
+        del chosen[max(chosen)]
+    orders = sorted(chosen)
+    core_x = [a - 1.0 for a in orders if chosen[a]]
+    tail_n = len(orders) - len(core_x)
+    core_total = 1.0 - float(_TAIL_WEIGHT) if tail_n else 1.0
+    eta = _weight_rate(core_x, eps, core_total)
+    weights = []
+    for a in orders:
+        w = math.exp(-eta * eps * (a - 1.0)) if chosen[a] else float(_TAIL_WEIGHT) / tail_n
+        weights.append(_DOWN6.plus(Decimal(repr(w))))
+    return tuple(orders), tuple(weights)
+
+
+_DOWN6: Final = decimal.Context(prec=6, rounding=ROUND_FLOOR)
+
+
+def _binding_x(epsilon: float, delta: float) -> float:
+    """x_B = α* − 1 for a spend ρ(α) = c·α whose best conversion at δ is exactly ε."""
+    alphas = [1.0 + 10.0 ** (k / 200.0) for k in range(-800, 1201)]  # α − 1 from 1e-4 to 1e6
+    alphas = [a for a in alphas if a <= MAX_ORDER]
+    offsets = [math.log1p(-1.0 / a) - (math.log(delta) + math.log(a)) / (a - 1.0) for a in alphas]
+
+    def best(c: float) -> tuple[float, float]:
+        return min((c * a + g, a) for a, g in zip(alphas, offsets, strict=True))
+
+    lo, hi = 0.0, 1.0
+    while best(hi)[0] < epsilon:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if best(mid)[0] < epsilon else (lo, mid)
+    return best(hi)[1] - 1.0
+
+
+def _weight_rate(xs: Sequence[float], epsilon: float, total: float) -> float:
+    """η with Σ exp(−η·ε·x) = total over the core orders (bisection; the sum falls with η)."""
+    lo, hi = 0.0, 1.0
+    while sum(math.exp(-hi * epsilon * x) for x in xs) > total:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if sum(math.exp(-mid * epsilon * x) for x in xs) > total else (lo, mid)
+    return hi
+
+
 class RenyiFilter:
     """Rényi privacy filter with an (ε, δ) budget over a fixed order grid (see module docstring).
 
@@ -204,7 +295,17 @@ class RenyiFilter:
     ``delta_per_order`` is the δ_α of every active order (δ/|A|, rounded down).
     """
 
-    __slots__ = ("active", "allowance", "delta", "delta_per_order", "epsilon", "offset", "orders")
+    __slots__ = (
+        "active",
+        "allowance",
+        "delta",
+        "delta_per_order",
+        "delta_shares",
+        "epsilon",
+        "offset",
+        "orders",
+        "weights",
+    )
 
     def __init__(
         self,
@@ -212,6 +313,7 @@ class RenyiFilter:
         epsilon: Decimal | float | str,
         delta: Decimal | float | str,
         orders: Sequence[float],
+        weights: Sequence[Decimal | str] | None = None,
     ) -> None:
         eps = _decimal("epsilon", epsilon)
         dlt = _decimal("delta", delta)
@@ -224,8 +326,16 @@ class RenyiFilter:
         self.epsilon: Decimal = eps
         self.delta: Decimal = dlt
         self.orders: tuple[float, ...] = check_orders(orders)
-        grid_delta = _delta_share(dlt, len(self.orders))
-        candidates = [exact_sub(eps, conversion_offset(a, grid_delta)) > 0 for a in self.orders]
+        self.weights: tuple[Decimal, ...] | None = (
+            None if weights is None else check_weights(weights, len(self.orders))
+        )
+        if self.weights is None:
+            grid_deltas = [_delta_share(dlt, len(self.orders))] * len(self.orders)
+        else:
+            grid_deltas = [_weighted_share(dlt, w, Decimal(1)) for w in self.weights]
+        candidates = [
+            exact_sub(eps, conversion_offset(a, d)) > 0 for a, d in zip(self.orders, grid_deltas, strict=True)
+        ]
         n_active = sum(candidates)
         if n_active == 0:
             raise InvalidArgumentError(
@@ -233,12 +343,21 @@ class RenyiFilter:
                 f"is too small for a Rényi filter at delta={dlt}: no order of the grid has a "
                 f"positive allowance. Found {eps}.",
             )
-        self.delta_per_order: float = _delta_share(dlt, n_active)
+        # δ is split over the active orders only: equally (no weights), or in proportion to the
+        # weights renormalised over the active set (each share ≥ its share of the whole grid).
+        if self.weights is None:
+            shares = [_delta_share(dlt, n_active)] * len(self.orders)
+        else:
+            active_weight = sum((w for w, on in zip(self.weights, candidates, strict=True) if on), ZERO)
+            shares = [_weighted_share(dlt, w, active_weight) for w in self.weights]
+        self.delta_shares: tuple[float, ...] = tuple(shares)
+        self.delta_per_order: float = min(d for d, on in zip(shares, candidates, strict=True) if on)
         self.offset: tuple[Decimal, ...] = tuple(
-            conversion_offset(a, self.delta_per_order) for a in self.orders
+            conversion_offset(a, d) for a, d in zip(self.orders, shares, strict=True)
         )
         self.allowance: tuple[Decimal, ...] = tuple(_floor(exact_sub(eps, g)) for g in self.offset)
-        # Active = positive at δ/K; δ/|A| ≥ δ/K only enlarges their allowances.
+        # Active = positive at the grid-wide share; the active-set share is no smaller, so their
+        # allowances only grow.
         self.active: tuple[bool, ...] = tuple(candidates)
 
     def __repr__(self) -> str:
@@ -305,11 +424,49 @@ def _delta_share(delta: Decimal, parts: int) -> float:
     return math.nextafter(math.nextafter(share, 0.0), 0.0)
 
 
+def _weighted_share(delta: Decimal, weight: Decimal, total: Decimal) -> float:
+    """δ·weight/total as a float rounded DOWN: the exact Decimal quotient rounded down, then
+    two ulps below its float (absorbing the Decimal→float conversion)."""
+    share = _DOWN.divide(_DOWN.multiply(delta, weight), total)
+    return math.nextafter(math.nextafter(float(share), 0.0), 0.0)
+
+
+def check_weights(
+    weights: Sequence[Decimal | str], n: int, field: str = "delta_weights"
+) -> tuple[Decimal, ...]:
+    """Validate δ weights: one per order, each a number in (0, 1], summing to at most 1 (exact)."""
+    if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
+        raise InvalidArgumentError(field, f"must be a list of numbers, one per order. Found {weights!r}.")
+    if len(weights) != n:
+        raise InvalidArgumentError(field, f"must hold one weight per order ({n}). Found {len(weights)}.")
+    out: list[Decimal] = []
+    for i, w in enumerate(weights):
+        if isinstance(w, bool) or not isinstance(w, Decimal | str | int | float):
+            raise InvalidArgumentError(f"{field}[{i}]", f"must be a number in (0, 1]. Found {w!r}.")
+        try:
+            value = as_written(w)
+        except (ValueError, TypeError, ArithmeticError):
+            raise InvalidArgumentError(f"{field}[{i}]", f"must be a number in (0, 1]. Found {w!r}.") from None
+        if not value.is_finite() or not 0 < value <= 1:
+            raise InvalidArgumentError(f"{field}[{i}]", f"must be a number in (0, 1]. Found {w!r}.")
+        out.append(value)
+    total = ZERO
+    for value in out:
+        total = exact_add(total, value)
+    if total > 1:
+        raise InvalidArgumentError(
+            field, f"must sum to at most 1 (a union bound over the orders). Found {total}."
+        )
+    return tuple(out)
+
+
 __all__ = [
     "DEFAULT_FILTER_ORDERS",
     "RenyiFilter",
     "as_charge",
     "check_orders",
+    "check_weights",
     "conversion_offset",
+    "placed_grid",
     "rdp_epsilon",
 ]

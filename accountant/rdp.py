@@ -849,7 +849,7 @@ def rdp_to_delta(
 # ---------------------------------------------------------------------------------------------
 
 
-def _log_untouched(event: DpEvent) -> float | None:
+def log_untouched(event: DpEvent) -> float | None:
     """log P(no step of ``event`` samples a given record) when every mechanism in ``event`` runs
     on a Poisson sample (``no_op`` samples nothing), else ``None``.
 
@@ -861,12 +861,12 @@ def _log_untouched(event: DpEvent) -> float | None:
     if isinstance(event, PoissonSampledEvent):
         return math.log1p(-event.sampling_probability) if event.sampling_probability < 1 else -math.inf
     if isinstance(event, SelfComposedEvent):
-        inner = _log_untouched(event.event)
+        inner = log_untouched(event.event)
         if inner is None:
             return None
         return 0.0 if event.count == 0 or inner == 0 else event.count * inner
     if isinstance(event, ComposedEvent):
-        parts = [_log_untouched(child) for child in event.events]
+        parts = [log_untouched(child) for child in event.events]
         if any(p is None for p in parts):
             return None
         return math.fsum(p for p in parts if p is not None)  # −∞ + finite = −∞, never NaN
@@ -934,11 +934,11 @@ class RdpAccountant(PrivacyAccountant):
         curve = _dispatch(event, self._orders, evaluate=True)
         self._rdp = self._rdp + _scaled(curve, count)
         if count > 0 and self._log_untouched is not None:
-            log_untouched = _log_untouched(event)
-            if log_untouched is None:
+            log_p0 = log_untouched(event)
+            if log_p0 is None:
                 self._log_untouched = None
-            elif log_untouched != 0:
-                self._log_untouched = math.fsum((self._log_untouched, count * log_untouched))
+            elif log_p0 != 0:
+                self._log_untouched = math.fsum((self._log_untouched, count * log_p0))
         return self
 
     @property
@@ -984,6 +984,7 @@ __all__ = [
     "MAX_ORDER_WORK",
     "RdpAccountant",
     "compute_rdp",
+    "log_untouched",
     "rdp_to_delta",
     "rdp_to_epsilon",
     "untouched_delta",

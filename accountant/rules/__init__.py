@@ -45,7 +45,7 @@ from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, as_written, exact_mul, exact_sub, to_text
-from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders
+from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -337,6 +337,7 @@ class Budget:
     orders: tuple[float, ...] | None = None
     plan: tuple[DpEvent, ...] | None = None
     plan_epsilon: Decimal | None = None
+    delta_weights: tuple[Decimal, ...] | None = None
 
     @classmethod
     def create(
@@ -349,8 +350,13 @@ class Budget:
         geometric: GeometricSchedule | Mapping[str, Any] | None = None,
         orders: Sequence[float] | None = None,
         plan: Sequence[DpEvent] | None = None,
+        delta_weights: Sequence[Decimal | str] | None = None,
     ) -> Budget:
-        """Validate and fill defaults. ``InvalidArgumentError`` names the field (``budget.*``)."""
+        """Validate and fill defaults. ``InvalidArgumentError`` names the field (``budget.*``).
+
+        A Rényi-filter budget (``rdp``, sequential or lifelong) without ``orders`` gets a grid
+        placed for its (ε, δ) with non-uniform δ weights (``accountant.filter.placed_grid``);
+        with ``orders`` and no ``delta_weights``, δ is split equally over the active orders."""
         return cls._build(
             rule=rule,
             epsilon=epsilon,
@@ -360,6 +366,8 @@ class Budget:
             orders=orders,
             plan=plan,
             plan_epsilon=None,
+            delta_weights=delta_weights,
+            place_grid=True,
         )
 
     @classmethod
@@ -374,6 +382,8 @@ class Budget:
         orders: object,
         plan: object,
         plan_epsilon: Decimal | None,
+        delta_weights: object = None,
+        place_grid: bool = False,
     ) -> Budget:
         if not isinstance(rule, str) or rule not in RULES:
             raise InvalidArgumentError("budget.rule", f"must be one of {list(RULES)}. Found {rule!r}.")
@@ -405,13 +415,31 @@ class Budget:
             raise InvalidArgumentError(
                 "budget.orders", f"applies to accountant 'rdp' only. Found accountant {accountant!r}."
             )
-        if accountant == "rdp":
-            grid = check_orders(
-                DEFAULT_FILTER_ORDERS if orders is None else orders,  # type: ignore[arg-type]
-                "budget.orders",
+        weights: tuple[Decimal, ...] | None = None
+        if delta_weights is not None and (accountant != "rdp" or rule not in ("sequential", "lifelong")):
+            raise InvalidArgumentError(
+                "budget.delta_weights",
+                "applies to a Rényi filter only (accountant 'rdp', rule sequential or lifelong).",
             )
+        if delta_weights is not None and orders is None:
+            raise InvalidArgumentError("budget.delta_weights", "needs budget.orders (one weight per order).")
+        if accountant == "rdp":
+            if orders is None and place_grid and rule in ("sequential", "lifelong"):
+                grid, weights = placed_grid(eps, dlt)
+            else:
+                grid = check_orders(
+                    DEFAULT_FILTER_ORDERS if orders is None else orders,  # type: ignore[arg-type]
+                    "budget.orders",
+                )
+                if delta_weights is not None:
+                    if not isinstance(orders, Sequence) or list(grid) != [float(a) for a in orders]:
+                        raise InvalidArgumentError(
+                            "budget.orders",
+                            "must be sorted in increasing order when budget.delta_weights is given.",
+                        )
+                    weights = check_weights(delta_weights, len(grid), "budget.delta_weights")  # type: ignore[arg-type]
         steps = cls._plan(rule, accountant, plan)
-        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None)
+        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights)
         if budget.uses_filter:
             try:
                 renyi_filter(budget)
@@ -548,6 +576,11 @@ class Budget:
             "orders": None if self.orders is None else list(self.orders),
             "plan": None if self.plan is None else [ev.to_json(e) for e in self.plan],
             "plan_epsilon": None if self.plan_epsilon is None else to_text(self.plan_epsilon),
+            **(
+                {}
+                if self.delta_weights is None
+                else {"delta_weights": [to_text(w) for w in self.delta_weights]}
+            ),
         }
 
     @classmethod
@@ -575,6 +608,7 @@ class Budget:
             orders=obj.get("orders"),
             plan=plan,
             plan_epsilon=plan_epsilon,
+            delta_weights=obj.get("delta_weights"),
         )
         if not trust_plan_epsilon and stored is not None and budget.plan_epsilon is not None:
             if _budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
@@ -593,15 +627,17 @@ def _event(field_name: str, index: int, obj: object) -> DpEvent:
 
 
 @lru_cache(maxsize=256)
-def _filter_for(epsilon: Decimal, delta: Decimal, orders: tuple[float, ...]) -> RenyiFilter:
-    return RenyiFilter(epsilon=epsilon, delta=delta, orders=orders)
+def _filter_for(
+    epsilon: Decimal, delta: Decimal, orders: tuple[float, ...], weights: tuple[Decimal, ...] | None
+) -> RenyiFilter:
+    return RenyiFilter(epsilon=epsilon, delta=delta, orders=orders, weights=weights)
 
 
 def renyi_filter(budget: Budget) -> RenyiFilter:
     """The budget's Rényi filter (accountant ``rdp``); built once per (ε, δ, orders)."""
     if budget.orders is None:
         raise InvalidArgumentError("budget.orders", "is needed for a Rényi filter.")
-    return _filter_for(budget.epsilon, budget.delta, budget.orders)
+    return _filter_for(budget.epsilon, budget.delta, budget.orders, budget.delta_weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -965,7 +1001,25 @@ def commit(
             f"committed before ({_shown(previous_event)}): each progressive commit reports the "
             "same run, further along.",
         )
-    return _rule(budget).commit(budget, state, charge, reserved, committed_before, partial_event)
+    settlement = _rule(budget).commit(budget, state, charge, reserved, committed_before, partial_event)
+    return settlement if budget.rule == "geometric" else _naive_at_least_spent(settlement)
+
+
+def _naive_at_least_spent(settlement: Settlement) -> Settlement:
+    """``naive_sequential_epsilon`` is never below what the ledger charged the batch.
+
+    The naive figure adds each charge's ε converted on its own the way the rule converts, so a
+    single release's naive figure is the ledger's charge, and a sum of them is at least the
+    filter's ε of the sum whenever the conversion offsets at the binding orders are ≥ 0 (RDP
+    curves grow with the order). Where an offset is negative (a large δ share at a high order)
+    the sum could fall a little short; then the ledger's own spend is the floor, so "without
+    this rule" never looks cheaper than "with it". Not for ``geometric``: there the spend is the
+    levels' allowances, reserved whole by design (a first 0.1 takes a level of ε/4), and the
+    naive figure is the plain sum of the charges' ε′ (module ``geometric``)."""
+    state = settlement.state
+    if state.naive_epsilon >= state.epsilon_spent:
+        return settlement
+    return replace(settlement, state=replace(state, naive_epsilon=state.epsilon_spent))
 
 
 def _shown(event: DpEvent, limit: int = 200) -> str:

@@ -56,7 +56,6 @@ from decimal import Decimal
 
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sum, to_text
-from accountant.filter import rdp_epsilon
 from accountant.rules import (
     MAX_GEOMETRIC_LEVEL,
     Admission,
@@ -72,9 +71,9 @@ from accountant.rules import (
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
     basic_price,
-    delta_down,
+    fresh_price,
+    is_free,
     progressive_cost,
-    rdp_charge,
     release_additive,
     settle_additive,
 )
@@ -93,7 +92,6 @@ class _Priced:
     event: DpEvent
     free: bool
     basic: tuple[Decimal, Decimal] | None
-    curve: tuple[Decimal, ...] | None
 
     @classmethod
     def of(cls, budget: Budget, event: DpEvent) -> _Priced:
@@ -104,10 +102,8 @@ class _Priced:
     def _of(cls, budget: Budget, event: DpEvent) -> _Priced:
         if budget.accountant == "basic":
             eps, dlt = basic_price(event)
-            return cls(budget, event, eps == 0 and dlt == 0, (eps, dlt), None)
-        assert budget.orders is not None
-        curve = rdp_charge(event, budget.orders)
-        return cls(budget, event, all(v == 0 for v in curve), None, curve)
+            return cls(budget, event, eps == 0 and dlt == 0, (eps, dlt))
+        return cls(budget, event, is_free(event), None)
 
     def at(self, level: int) -> tuple[Decimal, Decimal]:
         if self.basic is not None:
@@ -115,10 +111,10 @@ class _Priced:
         return memoized("geometric_level", self.budget, self.event, level, lambda: self._at(level))
 
     def _at(self, level: int) -> tuple[Decimal, Decimal]:
-        assert self.curve is not None and self.budget.orders is not None
+        # The event alone at the level's δ share: one mechanism, no filter, so the accountant's
+        # full grid, the coupling bound and an exact basic bound all apply (``fresh_price``).
         level_delta = self.budget.geometric.level_delta(self.budget.delta, level)  # type: ignore[union-attr]
-        eps = rdp_epsilon(self.curve, self.budget.orders, delta_down(level_delta))
-        return eps, (level_delta if eps > 0 else ZERO)
+        return fresh_price(self.budget, self.event, level_delta)
 
     def fits(self, level: int) -> bool:
         eps, dlt = self.at(level)

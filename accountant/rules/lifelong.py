@@ -51,7 +51,7 @@ from accountant.rules.sequential import (
     THEOREMS,
     cancel_fresh,
     commit_fresh,
-    fresh_price,
+    naive_price,
     progressive_cost,
     remaining_fresh,
     reserve_fresh,
@@ -90,7 +90,7 @@ def _without(state: BatchState, commitment: str) -> BatchState:
 
 def _replay_cost(budget: Budget, event: DpEvent, commitment: str | None) -> Cost:
     """A replay of committed noise is post-processing: ε = δ = 0; only the naive count grows."""
-    naive, _ = fresh_price(budget, event)
+    naive = naive_price(budget, event)
     return Cost(ZERO, ZERO, naive, event_fingerprint(event), replay=True, noise_commitment=commitment)
 
 

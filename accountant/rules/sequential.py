@@ -175,11 +175,36 @@ def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
     return prv_epsilon(plan, delta)
 
 
+def single_charge_orders(budget: Budget) -> tuple[float, ...]:
+    """The order grid a single charge is priced on (accountant ``rdp``): the RDP accountant's own
+    grid (``accountant.rdp.DEFAULT_ORDERS``, what ``ledger epsilon --accountant rdp`` uses) joined
+    with the budget's filter orders. A single charge needs no filter, so it needs no fixed grid:
+    any grid gives a valid bound and a finer one a tighter bound."""
+    assert budget.orders is not None
+    return _joined_orders(budget.orders)
+
+
+@lru_cache(maxsize=64)
+def _joined_orders(orders: tuple[float, ...]) -> tuple[float, ...]:
+    from accountant.rdp import DEFAULT_ORDERS
+
+    return tuple(sorted(set(DEFAULT_ORDERS) | set(orders)))
+
+
 def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) -> tuple[Decimal, Decimal]:
     """(ε, δ) of ``event`` as ONE charge run on its own, at δ (default the budget's).
 
-    basic: exact basic composition. rdp: the event's RDP curve converted at δ (no filter, no
-    δ split: one mechanism whose parameters were fixed before it ran). prv: the PRV upper bound.
+    One mechanism whose parameters were fixed before it ran needs no filter and no δ split, so
+    its price is the smallest of the valid bounds we have:
+
+    * ``basic`` (every accountant): exact basic composition, when its δ fits — a pure ``ε``
+      costs exactly ``ε``;
+    * ``rdp``: the event's RDP curve on the accountant's full grid (``single_charge_orders``)
+      converted at δ (Balle et al. 2020, Thm. 21), or ε = 0 when every step runs on a Poisson
+      sample and δ covers the coupling bound 1 − Π(1 − qᵢ) (``accountant.rdp.untouched_delta``);
+    * ``prv``: the PRV upper bound.
+
+    The δ charged is the budget's δ (or the given one), or the basic δ when that bound is used.
     """
     return memoized("fresh", budget, event, delta, lambda: _fresh_price(budget, event, delta))
 
@@ -191,11 +216,47 @@ def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple
     if is_free(event):
         return ZERO, ZERO
     if budget.accountant == "rdp":
-        assert budget.orders is not None
-        eps = rdp_epsilon(rdp_charge(event, budget.orders), budget.orders, delta_down(at))
+        eps, dlt = _single_rdp_price(event, single_charge_orders(budget), at)
     else:
-        eps = prv_epsilon((event,), at)
-    return eps, (at if eps > 0 else ZERO)
+        eps, dlt = prv_epsilon((event,), at), at
+    exact = _basic_if_supported(event)
+    if exact is not None and exact[1] <= at and exact[0] <= eps:
+        return exact
+    return eps, dlt
+
+
+def naive_price(budget: Budget, event: DpEvent) -> Decimal:
+    """The ε ``event`` would cost as the batch's only charge, converted the way the budget
+    converts its spend: the Rényi filter's own ``epsilon_of`` (its grid and δ split) for a filter
+    budget, else ``fresh_price``. ``naive_sequential_epsilon`` adds these up; with the same
+    conversion a single release's naive figure equals the ledger's charge (never below it)."""
+    if budget.uses_filter:
+        assert budget.orders is not None
+        return renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders))
+    return fresh_price(budget, event)[0]
+
+
+def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal) -> tuple[Decimal, Decimal]:
+    from accountant.rdp import log_untouched, untouched_delta
+
+    log_p0 = log_untouched(event)
+    if log_p0 is not None and log_p0 != 0:
+        coupling = round_up(untouched_delta(log_p0))
+        if coupling <= delta:
+            return ZERO, coupling  # (0, 1 − p₀)-DP by coupling, whatever the curve
+    curve = rdp_charge(event, orders)
+    if all(v == 0 for v in curve):
+        return ZERO, ZERO  # ρ(α) = 0 at every order: the output does not depend on the record
+    return rdp_epsilon(curve, orders, delta_down(delta)), delta
+
+
+def _basic_if_supported(event: DpEvent) -> tuple[Decimal, Decimal] | None:
+    from accountant.base import UnsupportedEventError
+
+    try:
+        return basic_price(event)
+    except UnsupportedEventError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,7 +381,7 @@ def reserve_fresh(
         new_state = derive_filter_state(
             budget, replace(state, rdp_held=canonical(held), reads=state.reads + 1)
         )
-        naive, _ = fresh_price(budget, event)
+        naive = naive_price(budget, event)
         cost = Cost(
             epsilon=exact_sub(exact_add(new_state.epsilon_spent, new_state.epsilon_held), before),
             delta=exact_sub(
@@ -356,7 +417,7 @@ def price_fresh(budget: Budget, event: DpEvent, noise_commitment: str | None) ->
     """The cumulative cost of the run ``event`` for a fresh charge (before settling)."""
     if budget.uses_filter:
         assert budget.orders is not None
-        naive, _ = fresh_price(budget, event)
+        naive = naive_price(budget, event)
         return Cost(
             ZERO,
             ZERO,
@@ -733,11 +794,13 @@ __all__ = [
     "commit",
     "fresh_price",
     "is_prefix",
+    "naive_price",
     "plan_epsilon",
     "prv_epsilon",
     "rdp_charge",
     "remaining",
     "reserve",
+    "single_charge_orders",
     "theorem",
     "within_budget",
 ]

@@ -100,6 +100,11 @@ def orders_of(budget: Budget) -> int:
     """The budget's cost per event node: its order grid (``rdp``), 1 (``basic``), or
     ``PRV_WORK_PER_NODE`` (``prv``)."""
     if budget.accountant == "rdp":
+        if budget.rule in ("parallel", "geometric"):
+            # A single charge is priced on the accountant's full grid, not the filter's.
+            from accountant.rules.sequential import single_charge_orders
+
+            return len(single_charge_orders(budget))
         return len(budget.orders or ())
     if budget.accountant == "prv":
         return PRV_WORK_PER_NODE

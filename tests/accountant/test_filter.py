@@ -220,7 +220,7 @@ def test_ledger_on_rdp_admits_exactly_while_the_filter_condition_holds(
     for q, sigma, steps in stream:
         event = ev.SelfComposedEvent(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), steps)
         charge = list(rdp_charge(event, f.orders))
-        spent = list(state.rdp_spent or [ZERO] * N)
+        spent = list(state.rdp_spent or [ZERO] * len(f.orders))
         expected = condition(f, spent, charge)
         try:
             admission = R.reserve(budget, state, R.Charge(event))
