@@ -9,7 +9,9 @@ certificate verifies iff the ledger's decision follows from its inputs under tha
 
 What a certificate holds (``issue``):
 
-* ``rule``, ``accountant``, ``theorem``; the caller's ids (``dataset_id``, ``reservation_id``,
+* ``rule``, ``accountant``, ``theorem``; ``analyses`` when the charge holds an L2DP-ML event:
+  which analysis of Thm. 2 it is priced with ("paper" or "sound", DESIGN-NOTES note 21);
+  the caller's ids (``dataset_id``, ``reservation_id``,
   ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
 * ``inputs``: the budget (with its δ, order grid, geometric schedule or plan), the charge (event
   and noise commitment), the ``partial_event`` of a progressive commit, and for every batch the
@@ -46,6 +48,7 @@ from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, to_text
+from accountant.mechanisms import l2dp_ml_analysis_text
 from accountant.rules import (
     BatchState,
     Budget,
@@ -159,6 +162,18 @@ def _result(budget: Budget, records: Sequence[BatchRecord]) -> dict[str, Any]:
     return result
 
 
+def charged_analyses(event: DpEvent) -> list[str]:
+    """The analyses the charge's paper-specific events are priced with, in words, without
+    repeats (``accountant.mechanisms.l2dp_ml_analysis_text``); ``[]`` when there is none."""
+    out: list[str] = []
+    for node in ev.walk(event):
+        if isinstance(node, ev.FunctionalMechanismL2DPEvent):
+            text = l2dp_ml_analysis_text(node)
+            if text not in out:
+                out.append(text)
+    return out
+
+
 def issue(
     *,
     budget: Budget,
@@ -208,6 +223,9 @@ def issue(
         "result": _result(budget, batches),
         "libraries": dict(library_versions()),
     }
+    analyses = charged_analyses(charge.event)
+    if analyses:
+        body["analyses"] = analyses
     try:
         body["hash"] = content_hash(body)
     except (TypeError, ValueError) as exc:
@@ -247,6 +265,10 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     for name, value in expected.items():
         if cert.get(name) != value:
             return Verification(False, f"{name} does not match the budget: {cert.get(name)!r}")
+    # Certificates issued before ``analyses`` existed lack it; one that has it must say what the
+    # charge's events are priced with.
+    if "analyses" in cert and cert["analyses"] != charged_analyses(charge.event):
+        return Verification(False, f"analyses does not match the charge: {cert['analyses']!r}")
     batch_objs = inputs["batches"]
     if not isinstance(batch_objs, list) or not batch_objs:
         return Verification(False, "inputs.batches must list at least one batch")
@@ -293,6 +315,7 @@ __all__ = [
     "CERTIFICATE_VERSION",
     "BatchRecord",
     "Verification",
+    "charged_analyses",
     "content_hash",
     "issue",
     "library_versions",

@@ -43,6 +43,9 @@ MAX_COMPOSED_EVENTS: Final = 10_000
 MAX_COUNT: Final = 10**18
 MAX_VECTOR_LENGTH: Final = 1_000_000
 
+# ``FunctionalMechanismL2DPEvent.analysis``: Thm. 2 as printed, or with the input term re-derived.
+L2DP_ML_ANALYSES: Final = ("paper", "sound")
+
 
 class InvalidFieldError(ValueError):
     """A named input field is invalid: ``field`` is its dotted path, ``message`` what is wrong,
@@ -253,6 +256,20 @@ class FunctionalMechanismL2DPEvent(DpEvent):
 
     ``theta1_norm_bound`` is the bound on the maximum column 1-norm of θ1 that the trainer
     enforces (by projection after every step); the guarantee holds only under that bound.
+
+    ``analysis`` (optional, added later; docs/DESIGN-NOTES.md note 21) says which input
+    perturbation ran and which bound is charged:
+
+    * ``"paper"`` — Alg. 2 as printed: **one** vector χ1 shared by every record of the batch,
+      charged Thm. 2's ε1/γx = ε1|B|/Δ_R. That term is the Laplace bound for an ℓ1 sensitivity of
+      1, but a record of [0, 1]^d moves by up to d, and with a shared χ1 the differences
+      x̄_r − x̄_s = x_r − x_s are published without noise: we know no finite bound for it.
+    * ``"sound"`` — an independent χ1 per record (same scale Δ_R/(ε1|B|) per coordinate),
+      charged d·ε1/γx = ε1|B|/(|h1| + 2): replace-one neighbours (the batch size is public), one
+      record moves by ≤ d in ℓ1. The other three terms are Thm. 2's.
+    * absent (``None``) — **the paper's analysis**: what every event stored before the field
+      existed meant; it is priced exactly as before, so stored rows keep their price and
+      fingerprint. New clients should name the analysis; the built-in worker sends ``"sound"``.
     """
 
     kind: ClassVar[str] = "l2dp_ml_functional"
@@ -263,8 +280,20 @@ class FunctionalMechanismL2DPEvent(DpEvent):
     output_hidden_units: int
     batch_size: int
     theta1_norm_bound: float
+    analysis: str | None = None
+
+    @property
+    def charged_analysis(self) -> str:
+        """``"paper"`` or ``"sound"``: the analysis this event is priced with (absent = paper)."""
+        return self.analysis if self.analysis is not None else "paper"
 
     def validate(self, path: str = "event") -> None:
+        if self.analysis is not None and self.analysis not in L2DP_ML_ANALYSES:
+            raise EventValidationError(
+                f"{path}.analysis",
+                f"must be one of {', '.join(repr(a) for a in L2DP_ML_ANALYSES)} (or absent: "
+                f"'paper'). Found {_fmt(self.analysis)}.",
+            )
         _check_positive(f"{path}.epsilon1", self.epsilon1)
         _check_positive(f"{path}.epsilon2", self.epsilon2)
         _check_count(f"{path}.input_dim", self.input_dim)
@@ -547,6 +576,22 @@ def _parse_adaptive(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
     )
 
 
+def _parse_l2dp(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    analysis = obj.get("analysis")
+    if analysis is not None and not isinstance(analysis, str):
+        raise EventValidationError(f"{path}.analysis", f"must be a string. Found {_fmt(analysis)}.")
+    return FunctionalMechanismL2DPEvent(
+        epsilon1=_number(obj, "epsilon1", path),
+        epsilon2=_number(obj, "epsilon2", path),
+        input_dim=_integer(obj, "input_dim", path),
+        hidden_units=_integer(obj, "hidden_units", path),
+        output_hidden_units=_integer(obj, "output_hidden_units", path),
+        batch_size=_integer(obj, "batch_size", path),
+        theta1_norm_bound=_number(obj, "theta1_norm_bound", path),
+        analysis=analysis,
+    )
+
+
 _PARSERS: Final[Mapping[str, _Parser]] = {
     "no_op": lambda obj, path, depth: NoOpEvent(),
     "non_private": lambda obj, path, depth: NonPrivateEvent(),
@@ -558,11 +603,7 @@ _PARSERS: Final[Mapping[str, _Parser]] = {
     "sampled_without_replacement": _parse_without_replacement,
     "self_composed": _parse_self_composed,
     "composed": _parse_composed,
-    "l2dp_ml_functional": _parse_simple(
-        FunctionalMechanismL2DPEvent,
-        ["epsilon1", "epsilon2", "theta1_norm_bound"],
-        ["input_dim", "hidden_units", "output_hidden_units", "batch_size"],
-    ),
+    "l2dp_ml_functional": _parse_l2dp,
     "output_perturbation": _parse_simple(OutputPerturbationEvent, ["l2_sensitivity", "epsilon"]),
     "adaptive_gaussian": _parse_adaptive,
 }
@@ -630,10 +671,56 @@ def walk(event: DpEvent) -> list[DpEvent]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Neighbouring relations (docs/DESIGN-NOTES.md note 21)
+# ---------------------------------------------------------------------------------------------
+
+ADD_REMOVE: Final = "add_remove"
+REPLACE_ONE: Final = "replace_one"
+
+
+def neighbouring_relations(event: DpEvent) -> dict[str, str]:
+    """The neighbouring relations ``event``'s guarantee is stated under, each with the kind of the
+    first event in the tree that fixes it: ``{"add_remove": "poisson_sampled", ...}``.
+
+    * ``poisson_sampled`` → add/remove one record: the accountants' bounds for it (exact RDP of
+      the sampled Gaussian, Mironov, Talwar & Zhang 2019; the PRV "remove" pair) are add/remove.
+    * ``sampled_without_replacement`` → replace-one: Wang, Balle & Kasiviswanathan 2019, Thm. 27,
+      is stated for substitution, with the dataset size public.
+    * ``l2dp_ml_functional`` → replace-one: its batches have a declared, public size |B| (the
+      noise is scaled by 1/|B|), and the ``"sound"`` analysis releases one perturbed row per
+      record, which no add/remove analysis can hide.
+    * ``output_perturbation`` → replace-one: Chaudhuri, Monteleoni & Sarwate 2011's sensitivity
+      2L/(λn) is for datasets of the same size n differing in one entry.
+
+    Every other kind (Gaussian, Laplace, pure/approx DP, AdaDp, no-op, non-private) states no
+    relation: its sensitivity or (ε, δ) is taken to be the one of the batch's relation (a client
+    computing a sum's sensitivity under replace-one uses twice the add/remove value). An empty
+    answer means the event is neutral; two keys mean it mixes relations.
+    """
+    found: dict[str, str] = {}
+    for node in walk(event):
+        relation = _RELATION_OF_KIND.get(node.kind)
+        if relation is not None and relation not in found:
+            found[relation] = node.kind
+    return found
+
+
+_RELATION_OF_KIND: Final[Mapping[str, str]] = {
+    "poisson_sampled": ADD_REMOVE,
+    "sampled_without_replacement": REPLACE_ONE,
+    "l2dp_ml_functional": REPLACE_ONE,
+    "output_perturbation": REPLACE_ONE,
+}
+
+
 __all__ = [
+    "ADD_REMOVE",
     "EVENT_TYPES",
+    "L2DP_ML_ANALYSES",
     "MAX_COUNT",
     "MAX_NESTING_DEPTH",
+    "REPLACE_ONE",
     "AdaptiveGaussianEvent",
     "ApproxDpEvent",
     "ComposedEvent",
@@ -651,6 +738,7 @@ __all__ = [
     "SampledWithoutReplacementEvent",
     "SelfComposedEvent",
     "from_json",
+    "neighbouring_relations",
     "to_json",
     "validate",
     "walk",

@@ -84,6 +84,7 @@ def l2dp_ml_epsilon(
     hidden_units: int,
     batch_size: int,
     theta1_norm_bound: float,
+    analysis: str = "paper",
 ) -> float:
     """Pure ε of one L2DP-ML batch perturbation: Phan et al., Lifelong DP, **Theorem 2**.
 
@@ -99,7 +100,18 @@ def l2dp_ml_epsilon(
 
     ε2 is the output layer's budget (its sensitivity 2|hπ| sets the noise, not ε). The value is
     computed exactly and rounded up to the next float.
+
+    ``analysis="sound"`` replaces the input term ε1/γx by d·ε1/γx = ε1|B|/(|h1| + 2)
+    (docs/DESIGN-NOTES.md note 21). x̄_r = x_r + χ1_r/|B| adds Laplace noise of scale
+    b = Δ_R/(ε1|B|) to each coordinate; ε1/γx = ε1|B|/Δ_R = 1/b is the Laplace bound for an ℓ1
+    sensitivity of 1 (the paper's "Lemma 2 of Phan et al. 2020"), but two records of [0, 1]^d
+    differ by up to d in ℓ1, so one record's x̄_r is (d/b)-DP and no better (the Laplace bound is
+    attained at the corners). That bound holds for an *independent* χ1_r per record under
+    replace-one neighbours; with Alg. 2's single shared χ1 (``"paper"``) the batch's x̄ publishes
+    x_r − x_s exactly and has no finite ε, so ``"paper"`` is the paper's claim, not a bound.
     """
+    if analysis not in ("paper", "sound"):
+        raise InvalidArgumentError("analysis", f"must be 'paper' or 'sound'. Found {analysis!r}.")
     eps1 = _positive("epsilon1", epsilon1)
     eps2 = _positive("epsilon2", epsilon2)
     d = _count("input_dim", input_dim)
@@ -109,7 +121,8 @@ def l2dp_ml_epsilon(
     delta_r = Fraction(d * (h1 + 2))
     gamma_x = delta_r / batch
     gamma = 2 * delta_r / (batch * theta)
-    return float_up(eps1 + eps1 / gamma_x + eps1 / gamma + eps2)
+    input_term = eps1 / gamma_x if analysis == "paper" else d * eps1 / gamma_x
+    return float_up(eps1 + input_term + eps1 / gamma + eps2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,6 +169,23 @@ def l2dp_ml_event_epsilon(event: FunctionalMechanismL2DPEvent) -> float:
         hidden_units=event.hidden_units,
         batch_size=event.batch_size,
         theta1_norm_bound=event.theta1_norm_bound,
+        analysis=event.charged_analysis,
+    )
+
+
+def l2dp_ml_analysis_text(event: FunctionalMechanismL2DPEvent) -> str:
+    """Which analysis of L2DP-ML Thm. 2 the event is charged under, in words (certificates)."""
+    if event.charged_analysis == "sound":
+        return (
+            "L2DP-ML Thm. 2 with the input term re-derived (analysis 'sound'): "
+            "eps1 + d*eps1/gamma_x + eps1/gamma + eps2, independent input noise per record, "
+            "replace-one neighbours (docs/DESIGN-NOTES.md note 21)"
+        )
+    return (
+        "L2DP-ML Thm. 2 as printed (analysis 'paper'"
+        + ("" if event.analysis is not None else ", the meaning of an event without 'analysis'")
+        + "): eps1 + eps1/gamma_x + eps1/gamma + eps2, one shared input-noise vector per batch; "
+        "the paper's claim, optimistic (docs/DESIGN-NOTES.md note 21)"
     )
 
 
@@ -330,6 +360,7 @@ __all__ = [
     "continual_release_sampling_probability",
     "float_down",
     "float_up",
+    "l2dp_ml_analysis_text",
     "l2dp_ml_epsilon",
     "l2dp_ml_event_epsilon",
     "output_perturbation_epsilon",

@@ -802,6 +802,9 @@ class BatchState:
     ``rdp_spent`` / ``rdp_held`` (Rényi filter per-order sums; ``None`` = all zero), ``levels``
     (geometric levels in use, sorted), ``noise_commitments`` (lifelong, sorted),
     ``plan_position`` / ``plan_open`` (prv: plan entries claimed; a reservation is open).
+    ``neighbouring_relation``: ``"add_remove"`` or ``"replace_one"`` once a charge whose event
+    states one has been reserved on the batch (``None``: none has; rows stored before the field
+    existed read as ``None``). Charges under the other relation are refused (``reserve``).
     """
 
     epsilon_spent: Decimal = ZERO
@@ -816,6 +819,7 @@ class BatchState:
     noise_commitments: tuple[NoiseCommitment, ...] = field(default=())
     plan_position: int = 0
     plan_open: bool = False
+    neighbouring_relation: str | None = None
 
     @classmethod
     def empty(cls) -> BatchState:
@@ -835,6 +839,12 @@ class BatchState:
             "noise_commitments": [c.to_json() for c in self.noise_commitments],
             "plan_position": self.plan_position,
             "plan_open": self.plan_open,
+            # Omitted when unset, so a state without a relation serialises as before.
+            **(
+                {}
+                if self.neighbouring_relation is None
+                else {"neighbouring_relation": self.neighbouring_relation}
+            ),
         }
 
     @classmethod
@@ -871,6 +881,12 @@ class BatchState:
         plan_open = obj.get("plan_open", False)
         if not isinstance(plan_open, bool):
             raise InvalidArgumentError(f"{path}.plan_open", "must be a boolean.")
+        relation = obj.get("neighbouring_relation")
+        if relation is not None and relation not in (ev.ADD_REMOVE, ev.REPLACE_ONE):
+            raise InvalidArgumentError(
+                f"{path}.neighbouring_relation",
+                f"must be {ev.ADD_REMOVE!r}, {ev.REPLACE_ONE!r} or absent. Found {relation!r}.",
+            )
         state = cls(
             epsilon_spent=_decimal_field(obj, "epsilon_spent", path),
             epsilon_held=_decimal_field(obj, "epsilon_held", path),
@@ -884,6 +900,7 @@ class BatchState:
             noise_commitments=tuple(commitments),
             plan_position=_int_field(obj, "plan_position", path) or 0,
             plan_open=plan_open,
+            neighbouring_relation=relation,
         )
         for name in ("epsilon_spent", "epsilon_held", "delta_spent", "delta_held", "naive_epsilon"):
             if getattr(state, name) < 0:
@@ -955,10 +972,54 @@ def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
 
     Raises ``BudgetExceeded`` (does not fit), ``ChargeRefused`` (the rule forbids it: codes
     ``batch_already_read``, ``noise_commitment_mismatch``, ``noise_commitment_pending``,
-    ``outside_plan``, ``plan_step_pending``) or ``UnsupportedEventError`` (the accountant cannot
-    account the event).
+    ``outside_plan``, ``plan_step_pending``, ``mixed_neighbouring_relations``) or
+    ``UnsupportedEventError`` (the accountant cannot account the event).
+
+    Every rule composes charges on a batch under **one** neighbouring relation
+    (``neighbouring_relation``): the first charge whose event states one fixes it for the batch.
     """
-    return _rule(budget).reserve(budget, state, charge)
+    relation = neighbouring_relation(state, charge.event)
+    admission = _rule(budget).reserve(budget, state, charge)
+    if relation is not None and admission.state.neighbouring_relation != relation:
+        admission = replace(admission, state=replace(admission.state, neighbouring_relation=relation))
+    return admission
+
+
+_RELATION_WORDS: Final = {ev.ADD_REMOVE: "add/remove-one", ev.REPLACE_ONE: "replace-one"}
+
+
+def neighbouring_relation(state: BatchState, event: DpEvent) -> str | None:
+    """The neighbouring relation ``event`` is stated under (``None``: it states none), checked
+    against the batch's; ``ChargeRefused`` ``mixed_neighbouring_relations`` when they differ or
+    the event itself mixes them (docs/DESIGN-NOTES.md note 21).
+
+    A guarantee under add/remove neighbours and one under replace-one neighbours do not compose
+    into a guarantee under either as stated: composition theorems (basic, Rényi, PRV) take every
+    mechanism's bound over the *same* pairs of neighbouring datasets. Replace-one is two
+    add/remove steps, so an (ε, δ) add/remove bound gives (2ε, (1 + e^ε)δ) under replace-one
+    (group privacy, Dwork & Roth 2014 Thm. 2.2), and no replace-one bound gives any add/remove
+    bound (a released count is 0-DP under replace-one). The ledger refuses instead of converting.
+    """
+    found = ev.neighbouring_relations(event)
+    if len(found) > 1:
+        raise ChargeRefused(
+            "mixed_neighbouring_relations",
+            f"the event mixes add/remove-one neighbours (its {found[ev.ADD_REMOVE]!r} event) and "
+            f"replace-one neighbours (its {found[ev.REPLACE_ONE]!r} event); their bounds do not "
+            "compose as stated. Reserve events of one relation on a batch.",
+        )
+    if not found:
+        return None
+    ((relation, kind),) = found.items()
+    held = state.neighbouring_relation
+    if held is not None and held != relation:
+        raise ChargeRefused(
+            "mixed_neighbouring_relations",
+            f"this batch's charges are stated under {_RELATION_WORDS[held]} neighbours; a "
+            f"{kind!r} event is stated under {_RELATION_WORDS[relation]} neighbours, and the two "
+            "do not compose as stated. Reserve events of one relation on a batch.",
+        )
+    return relation
 
 
 def commit(
@@ -1030,8 +1091,15 @@ def _shown(event: DpEvent, limit: int = 200) -> str:
 def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
     """Abort / expire: return ``reserved − committed`` from held; with ``committed is None`` also
     free the reservation's slot (parallel read, geometric level, noise commitment, plan entry).
-    After progressive commits, ``cancel`` closes the reservation (it may return nothing)."""
-    return _rule(budget).cancel(budget, state, reserved, committed)
+    After progressive commits, ``cancel`` closes the reservation (it may return nothing).
+
+    Once no reservation is left on the batch (``reads`` back to 0: nothing held, nothing
+    committed), its neighbouring relation is freed too, so a reserve-then-abort leaves the batch
+    exactly as it was."""
+    after = _rule(budget).cancel(budget, state, reserved, committed)
+    if after.reads == 0 and after.neighbouring_relation is not None:
+        after = replace(after, neighbouring_relation=None)
+    return after
 
 
 def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
@@ -1090,6 +1158,7 @@ __all__ = [
     "event_fingerprint",
     "memoized",
     "naive_epsilon",
+    "neighbouring_relation",
     "pricing",
     "remaining",
     "renyi_filter",

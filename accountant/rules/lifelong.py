@@ -5,7 +5,10 @@ the episodic memory is perturbed once, with one Laplace noise draw, and every la
 on the perturbed batch — episodic-memory replays at later tasks, extra epochs, other task orders —
 touches only the perturbed data, so it is **post-processing** (Dwork & Roth 2014, Prop. 2.1) and
 the lifelong budget ε = ε1 + ε1/γx + ε1/γ + ε2 does not grow with the number of tasks (unlike
-naive per-task composition, their Thm. 1).
+naive per-task composition, their Thm. 1). What one batch's perturbation costs is the event's
+business: ``l2dp_ml_functional`` names its analysis (Thm. 2 as printed, or with the input term
+re-derived as d·ε1/γx for per-record noise; docs/DESIGN-NOTES.md note 21), and the certificate's
+``analyses`` says which was charged. This rule relies only on the replay argument.
 
 The ledger records a batch's noise draw as a *noise commitment* (an opaque id) together with
 the fingerprint (sha256 of the canonical JSON) of the event it was drawn for:

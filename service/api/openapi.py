@@ -204,6 +204,16 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
                 "batch_size": _count(1),
                 "theta1_norm_bound": _POSITIVE,
             },
+            optional={
+                "analysis": {
+                    "type": "string",
+                    "enum": ["paper", "sound"],
+                    "description": "which analysis of L2DP-ML Thm. 2 is charged (DESIGN-NOTES "
+                    "note 21): 'sound' = independent input noise per record, input term "
+                    "d*eps1/gamma_x; 'paper' = one shared input-noise vector, Thm. 2 as printed. "
+                    "Absent means 'paper' (what events stored before the field meant).",
+                }
+            },
         ),
         _kind("output_perturbation", {"l2_sensitivity": _POSITIVE, "epsilon": _POSITIVE}),
         # The optional per-coordinate vectors (equal lengths, given together, Lemma 1) are
@@ -230,7 +240,8 @@ _COMMON: Final[dict[str, str]] = {
 }
 _MUTATION: Final[dict[str, str]] = {
     "409": "conflicts with the ledger's state (an `Idempotency-Key` reused with another request, "
-    "an object in a state that does not allow the call, ...)",
+    "an object in a state that does not allow the call, charges of two neighbouring relations "
+    "on one batch (`mixed_neighbouring_relations`), ...)",
 }
 _BODY: Final[dict[str, str]] = {
     "413": "the body is larger than the server's LEDGER_MAX_BODY_BYTES",

@@ -11,7 +11,10 @@ h = θ1ᵀx) with h = clip(W1 x, −1, 1). G is the output layer W2 (K × |hπ|)
 so |hπ| = |h1| (see "Departures" below). Per batch B of the declared size |B| one noise draw,
 fixed for every later read (Alg. 2 lines 1–2, Eq. 13):
 
-* x̄ = x + χ1/|B|,   χ1 ~ Lap(Δ_R/ε1)^d,    Δ_R = d(|h1| + 2);
+* x̄_r = x_r + χ1_r/|B|,   χ1_r ~ Lap(Δ_R/ε1)^d,    Δ_R = d(|h1| + 2) — an independent χ1_r
+  per record with the default ``analysis: "sound"``; one χ1 shared by the batch's records with
+  ``analysis: "paper"`` (Alg. 2 as printed, whose Thm. 2 term we do not believe: note 21 of
+  docs/DESIGN-NOTES.md);
 * h̄ = clip(W1 x̄, −1, 1) + 2χ2/|B|,   χ2 ~ Lap(Δ_R/ε1)^{|h1|};
 * the output layer's label coefficients Σ_r hπ_r y_rkᵀ + χ3_k (mean form: + χ3_k/|B|),
   χ3_k ~ Lap(Δ_L/ε2)^{|hπ|} for each class k, Δ_L = 2|hπ|.
@@ -35,7 +38,8 @@ any data is read, joins the memory (Alg. 2 lines 17–18).
 Ledger. The dataset's rule is ``lifelong``. Stage τ reserves the event
 ``FunctionalMechanismL2DPEvent(ε1, ε2, d, |h1|, |hπ|, |B|, bound)`` on task τ's batches and the
 memory's batches with the job's ``noise_commitment``: a task batch's first read creates the
-commitment and costs Thm. 2's ε = ε1 + ε1/γx + ε1/γ + ε2; the memory batches are replays of the
+commitment and costs Thm. 2's ε = ε1 + s·ε1/γx + ε1/γ + ε2 (s = d for the default
+``analysis: "sound"``, 1 for ``"paper"``; docs/DESIGN-NOTES.md note 21); the memory batches are replays of the
 same noise and cost 0. So the dataset's ε after any number of tasks, epochs or task orders is one
 batch's ε. The noise is a deterministic function of (seed, batch id) and the commitment is
 ``"l2dp-ml:" + sha256(seed)``: a replay really uses the same draw, and a job with another seed
@@ -51,10 +55,11 @@ Departures from the paper (docs/experiments/lifelong.md):
   coefficients only, so hidden layers of G trained through L̄ would read labels outside it.
 * The declared |B| is the largest batch of the dataset: every batch's noise is divided by it, so
   a smaller last batch gets the same noise the event is costed for.
-* Thm. 2 itself is the paper's claim and the ledger's ``lifelong`` rule implements it; the
-  weaknesses we see in it (one noise vector shared by all records of a batch; the ε1/γx term's
-  per-coordinate sensitivity; fixed χ3 against coefficients that move with θ1) are listed in
-  docs/experiments/lifelong.md.
+* Input noise is drawn per record by default (``analysis: "sound"``), charged d·ε1/γx: one
+  vector shared by the batch (Alg. 2, ``"paper"``) publishes x̄_r − x̄_s = x_r − x_s, and the
+  paper's ε1/γx assumes an ℓ1 sensitivity of 1 where a record moves by d (note 21 of
+  docs/DESIGN-NOTES.md). Fixed χ3 against coefficients that move with θ1 remains an open
+  concern (docs/experiments/lifelong.md).
 
 NaiveGaussian (``NaiveGaussianTrainer``)
 ----------------------------------------
@@ -128,6 +133,8 @@ class NoiseScales:
 
     ``input``: of χ1/|B| on each coordinate of x̄ (Δ_R/(ε1|B|)); ``hidden``: of 2χ2/|B| on each
     unit of h̄ (2Δ_R/(ε1|B|)); ``labels``: of χ3 on each summed label coefficient (Δ_L/ε2).
+    ``sensitivity_input``: the ℓ1 sensitivity the event's analysis charges the input noise for —
+    d for ``"sound"`` (a record of [0, 1]^d moves by ≤ d), 1 for ``"paper"`` (Thm. 2's ε1/γx).
     """
 
     input: float
@@ -135,13 +142,15 @@ class NoiseScales:
     labels: float
     sensitivity_r: int
     sensitivity_l: int
+    sensitivity_input: int = 1
 
 
 def noise_scales(event: FunctionalMechanismL2DPEvent) -> NoiseScales:
     """The scales the trainer draws with for ``event`` (module docstring). Each term of Thm. 2 is
     sensitivity/scale of one of them: ε1 = Δ_R/(Δ_R/ε1), ε1/γx = 1/input,
-    ε1/γ = ‖θ̄1‖/hidden, ε2 = Δ_L/labels (``tests/worker/test_l2dp_ml.py`` checks the sum against
-    ``accountant.mechanisms.l2dp_ml_event_epsilon``)."""
+    ε1/γ = ‖θ̄1‖/hidden, ε2 = Δ_L/labels, and the input term sensitivity_input/input (``"sound"``:
+    d/input = d·ε1/γx; ``"paper"``: 1/input = ε1/γx). ``tests/worker/test_l2dp_ml.py`` checks the
+    sum against ``accountant.mechanisms.l2dp_ml_event_epsilon``."""
     delta_r = event.input_dim * (event.hidden_units + 2)
     delta_l = 2 * event.output_hidden_units
     scale_r = delta_r / event.epsilon1
@@ -151,6 +160,7 @@ def noise_scales(event: FunctionalMechanismL2DPEvent) -> NoiseScales:
         labels=delta_l / event.epsilon2,
         sensitivity_r=delta_r,
         sensitivity_l=delta_l,
+        sensitivity_input=event.input_dim if event.charged_analysis == "sound" else 1,
     )
 
 
@@ -162,18 +172,20 @@ def epsilon1_for(
     hidden_units: int,
     batch_size: int,
     theta1_norm_bound: float,
+    analysis: str = "sound",
 ) -> float:
     """The largest ε1 (up to a relative 1e-12) whose Thm. 2 ε with ``epsilon2``, as the ledger
     prices the event (``accountant.rules.sequential.basic_price``: exact decimals, rounded up), is
-    ≤ ``target_epsilon`` taken as written: ε = ε1·(1 + |B|/Δ_R + |B|·‖θ̄1‖/(2Δ_R)) + ε2, solved,
-    then stepped down past rounding."""
+    ≤ ``target_epsilon`` taken as written: ε = ε1·(1 + s·|B|/Δ_R + |B|·‖θ̄1‖/(2Δ_R)) + ε2 (s = d
+    for ``analysis="sound"``, 1 for ``"paper"``), solved, then stepped down past rounding."""
     from accountant.exact import as_written
     from accountant.rules.sequential import basic_price
 
     if not 0 < epsilon2 < target_epsilon:
         raise InvalidParamsError("epsilon2", f"must be in (0, target_epsilon). Found {epsilon2}.")
     delta_r = input_dim * (hidden_units + 2)
-    factor = 1 + batch_size / delta_r + batch_size * theta1_norm_bound / (2 * delta_r)
+    input_sensitivity = input_dim if analysis == "sound" else 1
+    factor = 1 + input_sensitivity * batch_size / delta_r + batch_size * theta1_norm_bound / (2 * delta_r)
     eps1 = (target_epsilon - epsilon2) / factor
     target = as_written(target_epsilon)
 
@@ -186,6 +198,7 @@ def epsilon1_for(
             output_hidden_units=hidden_units,
             batch_size=batch_size,
             theta1_norm_bound=theta1_norm_bound,
+            analysis=analysis,
         )
         return basic_price(event)[0]
 
@@ -213,6 +226,20 @@ def batch_noise(
     chi2 = rng.laplace(0.0, 1.0, hidden_units)
     chi3 = rng.laplace(0.0, 1.0, (hidden_units, num_classes))
     return chi1, chi2, chi3
+
+
+def record_input_noise(seed: int, batch_id: str, record_ids: Sequence[str], *, input_dim: int) -> np.ndarray:
+    """Standard Laplace χ1_r (d,) for each record, stacked (n, d): the ``"sound"`` analysis's
+    independent input noise. Each row is a deterministic function of (seed, batch id, record id),
+    so every read of the batch sees the same draw whatever order its records come in."""
+    batch_key = hashlib.sha256(batch_id.encode()).digest()
+    rows = []
+    for record_id in record_ids:
+        key = batch_key + hashlib.sha256(f"record {record_id}".encode()).digest()
+        words = [int.from_bytes(key[i : i + 4], "little") for i in range(0, len(key), 4)]
+        rng = np.random.default_rng(np.random.SeedSequence([seed & (2**64 - 1), 1, *words]))
+        rows.append(rng.laplace(0.0, 1.0, input_dim))
+    return np.stack(rows) if rows else np.zeros((0, input_dim))
 
 
 def project_l1_rows(matrix: torch.Tensor, radius: float) -> torch.Tensor:
@@ -359,6 +386,7 @@ def l2dp_ml_event(p: L2dpMlParams, batch_size: int) -> FunctionalMechanismL2DPEv
         output_hidden_units=p.hidden_units,
         batch_size=batch_size,
         theta1_norm_bound=p.theta1_norm_bound,
+        analysis=p.analysis,
     )
 
 
@@ -452,9 +480,15 @@ class L2dpMlTrainer:
     # -- one batch ----------------------------------------------------------------------------
 
     def perturb(
-        self, state: L2dpMlState, batch_id: str, features: np.ndarray, labels: np.ndarray
+        self,
+        state: L2dpMlState,
+        batch_id: str,
+        features: np.ndarray,
+        labels: np.ndarray,
+        record_ids: Sequence[str],
     ) -> PerturbedBatch:
-        """The batch's single perturbation (Alg. 2 line 2), reproducible from (seed, batch id)."""
+        """The batch's single perturbation (Alg. 2 line 2), reproducible from (seed, batch id,
+        record ids): per-record input noise for ``"sound"``, one shared vector for ``"paper"``."""
         p, s = state.params, state.scales
         chi1, chi2, chi3 = batch_noise(
             p.seed,
@@ -464,6 +498,10 @@ class L2dpMlTrainer:
             num_classes=state.num_classes,
         )
         x = np.clip(features.astype(np.float64), 0.0, 1.0)
+        if state.event.charged_analysis == "sound":
+            if len(record_ids) != x.shape[0]:
+                raise ValueError(f"batch {batch_id!r}: {x.shape[0]} rows but {len(record_ids)} record ids")
+            chi1 = record_input_noise(p.seed, batch_id, record_ids, input_dim=p.input_dim)
         x_bar = torch.from_numpy(x + s.input * chi1).to(self.device)
         one_hot = F.one_hot(torch.from_numpy(labels), state.num_classes).to(self.device, torch.float64)
         return PerturbedBatch(
@@ -517,7 +555,7 @@ class L2dpMlTrainer:
             rows = [index[r] for r in ids]
             features[batch_id] = np.stack([split.features[i] for split, i in rows])
             labels[batch_id] = np.asarray([split.labels[i] for split, i in rows], dtype=np.int64)
-        perturbed = {b: self.perturb(state, b, features[b], labels[b]) for b in records}
+        perturbed = {b: self.perturb(state, b, features[b], labels[b], records[b]) for b in records}
         current = [perturbed[b] for b in task.batch_ids]
         memory = [perturbed[b] for b in state.plan.memory_before(position)]
         order = np.random.default_rng(np.random.SeedSequence([state.params.seed, 3, position]))
@@ -829,5 +867,6 @@ __all__ = [
     "noise_scales",
     "project_l1_rows",
     "project_theta1",
+    "record_input_noise",
     "train_noiseless_agem",
 ]

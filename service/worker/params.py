@@ -406,6 +406,9 @@ class L2dpMlParams:
     weight_decay: float = 0.0
     num_classes: int | None = None
     seed: int = 0
+    # Which analysis of Thm. 2 the run is charged under (``FunctionalMechanismL2DPEvent``):
+    # "sound" draws independent input noise per record; "paper" Alg. 2's one shared vector.
+    analysis: str = "sound"
 
     @classmethod
     def read(cls, params: Mapping[str, Any]) -> L2dpMlParams:
@@ -430,6 +433,7 @@ class L2dpMlParams:
             weight_decay=r.real("weight_decay", 0.0, minimum=0) or 0.0,
             num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
             seed=_read_seed(r),
+            analysis=r.string("analysis", "sound", ("sound", "paper")),
         )
         r.finish()
         return values

@@ -26,6 +26,7 @@ from service.worker.l2dp_ml import (  # noqa: E402
     noise_commitment,
     noise_scales,
     project_theta1,
+    record_input_noise,
     theta1_norm,
 )
 from service.worker.models import InvalidParamsError  # noqa: E402
@@ -35,9 +36,23 @@ from tests.worker.digits_world import source_tasks, task_dataset, versions_of  #
 SOURCE = "builtin:permuted-digits?tasks=3&seed=1"
 
 
-def _event(eps1: float = 2.0, eps2: float = 1.0, h1: int = 4, batch: int = 72, bound: float = 2.0):  # type: ignore[no-untyped-def]
+def _event(
+    eps1: float = 2.0,
+    eps2: float = 1.0,
+    h1: int = 4,
+    batch: int = 72,
+    bound: float = 2.0,
+    analysis: str = "paper",
+):  # type: ignore[no-untyped-def]
     params = L2dpMlParams.read(
-        {"epsilon1": eps1, "epsilon2": eps2, "input_dim": 64, "hidden_units": h1, "theta1_norm_bound": bound}
+        {
+            "epsilon1": eps1,
+            "epsilon2": eps2,
+            "input_dim": 64,
+            "hidden_units": h1,
+            "theta1_norm_bound": bound,
+            "analysis": analysis,
+        }
     )
     return l2dp_ml_event(params, batch)
 
@@ -64,6 +79,49 @@ def test_noise_scales_spend_exactly_the_event_epsilon(
     ]
     assert math.isclose(math.fsum(terms), l2dp_ml_event_epsilon(event), rel_tol=1e-12)
     assert s.input == pytest.approx(64 * (h1 + 2) / (eps1 * batch))
+
+
+@pytest.mark.parametrize(
+    ("eps1", "eps2", "h1", "batch", "bound"), [(2.0, 1.0, 4, 72, 2.0), (0.5, 3.0, 16, 500, 1.0)]
+)
+def test_sound_noise_scales_spend_exactly_the_sound_event_epsilon(
+    eps1: float, eps2: float, h1: int, batch: int, bound: float
+) -> None:
+    """The default analysis, "sound": the input term is d/scale = ε1|B|/(|h1| + 2), d times the
+    paper's (DESIGN-NOTES note 21); the other terms are the paper's."""
+    event = _event(eps1, eps2, h1, batch, bound, analysis="sound")
+    assert event.analysis == "sound"
+    s = noise_scales(event)
+    assert s.sensitivity_input == 64
+    terms = [eps1, s.sensitivity_input / s.input, bound / s.hidden, s.sensitivity_l / s.labels]
+    assert math.isclose(terms[1], eps1 * batch / (h1 + 2), rel_tol=1e-12)
+    assert math.isclose(math.fsum(terms), l2dp_ml_event_epsilon(event), rel_tol=1e-12)
+    assert l2dp_ml_event_epsilon(_event(eps1, eps2, h1, batch, bound)) < l2dp_ml_event_epsilon(event)
+
+
+def test_the_worker_requests_the_sound_analysis_by_default() -> None:
+    params = L2dpMlParams.read({"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64})
+    assert params.analysis == "sound" and l2dp_ml_event(params, 10).analysis == "sound"
+    with pytest.raises(InvalidParamsError, match=r"params\.analysis"):
+        L2dpMlParams.read({"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "analysis": "tight"})
+
+
+def test_sound_input_noise_is_independent_per_record_and_fixed_per_record() -> None:
+    """The "sound" analysis needs an independent χ1_r per record (a shared one publishes
+    x̄_r − x̄_s = x_r − x_s); a replay, in any record order, sees the same rows."""
+    ids = [f"r{i}" for i in range(300)]
+    a = record_input_noise(7, "batch-0", ids, input_dim=64)
+    again = record_input_noise(7, "batch-0", list(reversed(ids)), input_dim=64)
+    assert np.array_equal(a, again[::-1])
+    assert not np.array_equal(a, record_input_noise(8, "batch-0", ids, input_dim=64))
+    assert not np.array_equal(a, record_input_noise(7, "batch-1", ids, input_dim=64))
+    # Rows are independent standard Laplace draws: no two rows alike, and the pooled law is Lap(1).
+    assert len({row.tobytes() for row in a}) == len(ids)
+    from scipy import stats
+
+    assert stats.kstest(a.ravel(), "laplace").statistic < 0.012
+    correlation = np.corrcoef(a[:, 0], a[:, 1])[0, 1]
+    assert abs(correlation) < 0.25
 
 
 def test_sampled_noise_has_the_calibrated_laplace_law_and_is_fixed_per_batch() -> None:
@@ -104,13 +162,20 @@ def test_label_coefficient_mechanism_loses_exactly_epsilon2_on_neighbouring_batc
     assert loss.max() == pytest.approx(event.epsilon2, abs=0.12)
 
 
-def test_epsilon1_for_meets_the_target_and_no_more() -> None:
+@pytest.mark.parametrize("analysis", ["paper", "sound"])
+def test_epsilon1_for_meets_the_target_and_no_more(analysis: str) -> None:
     eps1 = epsilon1_for(
-        target_epsilon=10.0, epsilon2=4.0, input_dim=64, hidden_units=4, batch_size=72, theta1_norm_bound=2.0
+        target_epsilon=10.0,
+        epsilon2=4.0,
+        input_dim=64,
+        hidden_units=4,
+        batch_size=72,
+        theta1_norm_bound=2.0,
+        analysis=analysis,
     )
-    event = _event(eps1, 4.0)
+    event = _event(eps1, 4.0, analysis=analysis)
     assert l2dp_ml_event_epsilon(event) <= 10.0 + 1e-12
-    assert l2dp_ml_event_epsilon(_event(eps1 * 1.001, 4.0)) > 10.0
+    assert l2dp_ml_event_epsilon(_event(eps1 * 1.001, 4.0, analysis=analysis)) > 10.0
 
 
 def test_theta1_projection_enforces_the_declared_bound() -> None:
@@ -183,7 +248,8 @@ def _job(
 
 
 L2DP = {
-    "epsilon1": 4.0,
+    # The worker's default analysis is "sound" (input term d·ε1/γx): ε1 = 0.4 costs ≈ 7.8 a batch.
+    "epsilon1": 0.4,
     "epsilon2": 2.0,
     "input_dim": 64,
     "hidden_units": 4,
@@ -204,7 +270,12 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
     assert all(v.metrics["theta1_norm"] <= 2.0 + 1e-6 for v in versions)
     assert all(0.0 <= v.metrics["average_accuracy"] <= 1.0 for v in versions)
     assert "average_forgetting" in versions[-1].metrics
-    one_batch = Decimal(repr(l2dp_ml_event_epsilon(_event(4.0, 2.0, 4, 80, 2.0))))
+    one_batch = Decimal(repr(l2dp_ml_event_epsilon(_event(0.4, 2.0, 4, 80, 2.0, analysis="sound"))))
+    from service.ledger import certificates
+
+    certificate = certificates.get_certificate(db, "acme", versions[0].certificate_id)["certificate"]
+    assert certificate["inputs"]["charge"]["event"]["analysis"] == "sound"
+    assert "analysis 'sound'" in certificate["analyses"][0]
     answer = spend.get_spend(db, "acme", dataset_id)
     assert Decimal(answer["epsilon_spent"]) == pytest.approx(one_batch, rel=Decimal("1e-15"))
     # Task 1's memory batch was read by all three stages: the naive count is 3× one batch.
