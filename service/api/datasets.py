@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 
 from service.api import PREFIX
 from service.api.deps import AdminDep, DatabaseDep, IdempotencyKeyDep, ViewerDep
+from service.api.ratelimit import RATE_LIMITED, PricingRates
 from service.api.schemas import (
     BatchesCreate,
     BatchesPublic,
@@ -22,11 +23,13 @@ from service.api.schemas import (
     DatasetsPublic,
     DataSourceSet,
     ErrorBody,
+    QuoteCreate,
+    QuotePublic,
     TaskCreate,
     TaskPublic,
     TasksPublic,
 )
-from service.ledger import batches, datasets
+from service.ledger import batches, datasets, quotes
 from service.settings import Settings
 from service.worker.data import DataRoots
 
@@ -189,3 +192,31 @@ def create_batches(
 )
 def list_batches(dataset_id: str, task_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
     return batches.list_batches(db, principal.tenant_id, dataset_id, task_id=task_id)
+
+
+@router.post(
+    "/datasets/{dataset_id}/quote",
+    response_model=QuotePublic,
+    responses={**_ERRORS, **RATE_LIMITED},
+    summary="What a charge would cost on this dataset (dry run: nothing held)",
+    description="Prices `event` on the named batches or tasks (neither: on a new batch) under the "
+    "dataset's own budget, exactly as a reservation would, and holds nothing. `admitted` says "
+    "whether a reservation would be admitted now; `refused` carries the 409 it would get "
+    "(`budget_exceeded` with `requested` and `remaining`). Calibrate noise to `cost`: it is what "
+    "this dataset charges, which a Rényi filter's δ split can make larger than another "
+    "accountant's figure. Metered like a reservation (`LEDGER_MAX_PRICING_WORK`, 429).",
+)
+def quote(
+    dataset_id: str, body: QuoteCreate, principal: ViewerDep, db: DatabaseDep, request: Request
+) -> dict[str, Any]:
+    rates: PricingRates = request.app.state.pricing
+    return quotes.quote(
+        db,
+        principal.tenant_id,
+        dataset_id,
+        event_json=body.event,
+        batch_ids=None if body.batches is None else [str(i) for i in body.batches],
+        task_ids=None if body.tasks is None else [str(i) for i in body.tasks],
+        noise_commitment=body.noise_commitment,
+        policy=rates.policy(principal.tenant_id),
+    )

@@ -397,9 +397,8 @@ def budget_schema_extra(schema: dict[str, Any]) -> None:
     )
 
 
-def reservation_schema_extra(schema: dict[str, Any]) -> None:
-    """``ReservationCreate``: ``batches`` xor ``tasks``, distinct id strings, at most
-    ``MAX_BATCHES_PER_RESERVATION``."""
+def _target_ids(schema: dict[str, Any]) -> None:
+    """``batches`` / ``tasks``: distinct id strings, at most ``MAX_BATCHES_PER_RESERVATION``."""
     from service.ledger.reservations import MAX_BATCHES_PER_RESERVATION
 
     properties = schema.setdefault("properties", {})
@@ -412,7 +411,21 @@ def reservation_schema_extra(schema: dict[str, Any]) -> None:
                 variant["items"] = {"type": "string", "minLength": 1, "maxLength": 64}
                 variant["uniqueItems"] = True
                 variant["maxItems"] = MAX_BATCHES_PER_RESERVATION
+
+
+def reservation_schema_extra(schema: dict[str, Any]) -> None:
+    """``ReservationCreate``: ``batches`` xor ``tasks`` (``_target_ids``)."""
+    _target_ids(schema)
     schema["anyOf"] = [
         {"required": ["batches"], "properties": {"batches": {"type": "array"}, "tasks": _NULL}},
         {"required": ["tasks"], "properties": {"tasks": {"type": "array"}, "batches": _NULL}},
     ]
+
+
+def quote_schema_extra(schema: dict[str, Any]) -> None:
+    """``QuoteCreate``: at most one of ``batches`` and ``tasks`` (neither: a new batch)."""
+    _target_ids(schema)
+    schema["not"] = {
+        "required": ["batches", "tasks"],
+        "properties": {"batches": {"type": "array"}, "tasks": {"type": "array"}},
+    }

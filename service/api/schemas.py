@@ -40,6 +40,7 @@ from service.api.openapi import (
     VERSION_INTEGER_LIMIT,
     VERSION_SCHEMA,
     budget_schema_extra,
+    quote_schema_extra,
     reservation_schema_extra,
     text_or_integer_schema,
 )
@@ -356,6 +357,29 @@ class ReservationCreate(_Request):
         return self
 
 
+class QuoteCreate(_Request):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=quote_schema_extra)
+
+    batches: list[ObjectId] | None = Field(default=None, min_length=1)
+    tasks: list[ObjectId] | None = Field(default=None, min_length=1)
+    event: EventJson
+    noise_commitment: (
+        Annotated[StrictStr, Field(min_length=1, max_length=MAX_COMMITMENT_LENGTH, pattern=r"^[\x20-\x7e]+$")]
+        | None
+    ) = None
+
+    @model_validator(mode="after")
+    def _target_and_event(self) -> QuoteCreate:
+        if self.batches is not None and self.tasks is not None:
+            raise PydanticCustomError(
+                "quote_target",
+                "give at most one of batches or tasks (none: a new batch).",
+                {"field": "batches"},
+            )
+        _check_event(self.event, "event")
+        return self
+
+
 class CostPublic(_Public):
     epsilon: str
     delta: str
@@ -368,6 +392,22 @@ class BatchCostPublic(_Public):
     naive_epsilon: str
     level: int | None = None
     replay: bool | None = None
+
+
+class QuoteRefusal(_Public):
+    code: str
+    message: str
+    batch_id: str | None = None
+    requested: CostPublic | None = None
+    remaining: CostPublic | None = None
+
+
+class QuotePublic(_Public):
+    dataset_id: str
+    admitted: bool
+    cost: CostPublic
+    batches: list[BatchCostPublic]
+    refused: QuoteRefusal | None
 
 
 class ReservationPublic(_Public):

@@ -1,0 +1,120 @@
+"""Dry-run quotes: what a charge *would* cost on a dataset's batches, nothing held or written.
+
+``POST /v1/datasets/{id}/quote`` answers the cost the ledger would certify for an event on the
+named batches (or tasks), or on a fresh batch of the dataset when none are named, under the
+dataset's own budget: the same rule, accountant, grid and δ split a reservation meets
+(``accountant.rules.reserve`` on the batches' current states). Clients calibrate to it — a DP-SGD
+run's σ chosen so that the *dataset's* price fits what is left, not a price computed on another
+accountant's grid (Opacus's RDP, dp-accounting's PLD), which a Rényi filter with a δ split can
+exceed.
+
+A quote is advisory: the states may change before a reservation arrives, and the reservation
+decides. It prices exactly like a reservation, so it is bounded and metered the same way
+(``service.ledger.pricing``), and it reads only the tenant's own dataset (another tenant's is
+``NotFound``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import bindparam, select
+
+from accountant import rules
+from accountant.base import AccountantError
+from accountant.exact import ZERO, to_text
+from accountant.rules import BatchState, PriceMemo
+from service.db.models import Batch
+from service.db.session import Database
+from service.ledger import pricing
+from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.reservations import (
+    _batch_cost_json,
+    _charge,
+    _dataset_budget,
+    _ids,
+    _rule_error,
+    parse_event,
+)
+
+_BATCHES = select(Batch.id, Batch.state).where(
+    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+_TASKS = select(Batch.id, Batch.state).where(
+    Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+FRESH_BATCH = "(new batch)"
+
+
+def quote(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    event_json: object,
+    batch_ids: Sequence[str] | None = None,
+    task_ids: Sequence[str] | None = None,
+    noise_commitment: str | None = None,
+    policy: pricing.Policy | None = None,
+) -> dict[str, Any]:
+    """``{dataset_id, admitted, cost: {epsilon, delta}, batches: [{id, epsilon, delta,
+    naive_epsilon, level?, replay?}], refused}``: ``cost`` is the maximum over the batches (what a
+    reservation would hold), or the refused charge's ``requested`` cost; ``refused`` is ``None``
+    or ``{code, message, batch_id, requested?, remaining?}`` (the 409 a reservation would get).
+
+    Raises ``InvalidInput`` (bad event, ids, or pricing above ``policy.max_work``) and
+    ``NotFound`` (dataset, batch or task; also another tenant's)."""
+    if batch_ids is not None and task_ids is not None:
+        raise InvalidInput("batches", "give at most one of batches or tasks.")
+    event = parse_event(event_json)
+    charge = _charge(event, noise_commitment)
+    tenant, budget = _dataset_budget(db, dataset_id)
+    if tenant != tenant_id:
+        raise NotFound("dataset", dataset_id)
+    states: list[tuple[str, BatchState]] = [(FRESH_BATCH, BatchState.empty())]
+    if batch_ids is not None or task_ids is not None:
+        selector = "batches" if batch_ids is not None else "tasks"
+        ids = _ids(batch_ids if batch_ids is not None else task_ids, selector)
+        query = _BATCHES if selector == "batches" else _TASKS
+        rows = db.read_all(query, {"ids": ids, "dataset_id": dataset_id})
+        found = {row.id: BatchState.from_json(row.state) for row in rows}
+        if selector == "batches":
+            missing = [i for i in ids if i not in found]
+            if missing:
+                raise NotFound("batch", missing[0])
+        elif not found:
+            raise NotFound("task", ids[0])
+        states = sorted(found.items())
+    policy = policy or pricing.DEFAULT_POLICY
+    units = pricing.check_work(budget, [event], policy.max_work)
+    answers: list[dict[str, Any]] = []
+    refused: dict[str, Any] | None = None
+    epsilon, delta = ZERO, ZERO
+    with policy.metered(units), rules.pricing(PriceMemo(budget)):
+        for batch_id, state in states:
+            try:
+                cost = rules.reserve(budget, state, charge).cost
+            except AccountantError as exc:
+                error = _rule_error(exc, batch_id)
+                if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
+                    raise error from exc
+                refused = {"code": error.code, "message": error.message, **error.details}
+                requested = getattr(exc, "requested", None)
+                if requested:
+                    epsilon = max(epsilon, Decimal(requested["epsilon"]))
+                    delta = max(delta, Decimal(requested["delta"]))
+                continue
+            answers.append(_batch_cost_json(batch_id, cost))
+            epsilon, delta = max(epsilon, cost.epsilon), max(delta, cost.delta)
+    return {
+        "dataset_id": dataset_id,
+        "admitted": refused is None,
+        "cost": {"epsilon": to_text(epsilon), "delta": to_text(delta)},
+        "batches": answers,
+        "refused": refused,
+    }
+
+
+__all__ = ["FRESH_BATCH", "quote"]
