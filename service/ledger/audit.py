@@ -167,9 +167,10 @@ class Verification:
     chain: str | None = None
     chain_seq: int | None = None
     reason: str | None = None
+    head: tuple[int, str] | None = None  # (chain_seq, hash) of the one chain a dataset walk read
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        answer: dict[str, Any] = {
             "ok": self.ok,
             "entries": self.entries,
             "first_broken": self.first_broken,
@@ -177,6 +178,9 @@ class Verification:
             "chain_seq": self.chain_seq,
             "reason": self.reason,
         }
+        if self.head is not None:
+            answer["head"] = {"chain_seq": self.head[0], "hash": self.head[1]}
+        return answer
 
 
 def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
@@ -188,7 +192,7 @@ def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
 
 def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None) -> dict[str, Any]:
     """The API's walk (``GET /v1/audit/verify``): ``tenant_id``'s dataset chains only (or one of
-    them), in the same answer shape.
+    them), in the same answer shape; with ``dataset_id``, ``head`` is the head walked to.
 
     The global chain (tenants and keys of every tenant) is left out, not filtered: its entries
     chain through other tenants' entries, so checking "this tenant's part" would still report
@@ -326,7 +330,10 @@ def verify_chains(
                         position = entry.chain_seq
                         walk.check(entry)
                     session.expunge_all()
-    return walk.result()
+    result = walk.result()
+    if dataset_id is not None and dataset_id in heads:
+        result.head = heads[dataset_id]
+    return result
 
 
 __all__ = [

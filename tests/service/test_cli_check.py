@@ -125,6 +125,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
         "releases": True,
         "budget": True,
         "audit chain": True,
+        "signatures": True,
         "max epsilon": True,
     }
     releases = next(c for c in report["checks"] if c["name"] == "releases")
@@ -136,7 +137,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
 def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
     assert code == 1
-    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 5" in out
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 6" in out
 
     # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
     code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
@@ -162,7 +163,13 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
     code, out, _ = run(healthy.online("--json"), capsys)
     assert code == 1
     result = checks(out)
-    assert result == {"certificates": False, "releases": True, "budget": True, "audit chain": True}
+    assert result == {
+        "certificates": False,
+        "releases": True,
+        "budget": True,
+        "audit chain": True,
+        "signatures": True,  # the signature is over the stored hash, which the edit left alone
+    }
 
     with healthy.db.session() as session:
         entry = session.scalars(
@@ -279,6 +286,7 @@ def test_export_then_check_the_bundle_offline(
         "releases": True,
         "budget": True,
         "audit chain": True,
+        "signatures": True,
     }
     code, out, _ = run(["check", "--bundle", str(path), "--max-epsilon", "0.45"], capsys)
     assert code == 1 and "0.5 > 0.45" in out
