@@ -178,6 +178,8 @@ def read_public_key(entry: str, what: str) -> PublicKey:
     """A retired key: base64 of the raw public key (as the well-known route lists it), or the
     path of a PEM file holding the public or the private key."""
     text = entry.strip()
+    if not text:
+        raise SigningKeyError(f"{what} must not be blank.")
     try:
         raw = _unb64(text, what, _RAW_KEY_BYTES)
     except SigningKeyError:
