@@ -13,6 +13,8 @@ import base64
 import copy
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from sqlalchemy import update
+from sqlalchemy.engine import URL
 
 from accountant import certificates as accountant_certificates
 from accountant import events as ev
@@ -32,7 +35,7 @@ from service.db.models import Certificate
 from service.db.session import Database
 from service.ledger import signing
 from service.settings import Settings
-from tests.service.api.conftest import Keys, TestClient, bearer
+from tests.service.api.conftest import ROOT, Keys, TestClient, bearer, free_port, url_text
 from tests.service.api.world import make_world
 
 WELL_KNOWN = "/.well-known/privacy-ledger/signing-keys"
@@ -282,6 +285,25 @@ def test_an_unreadable_configured_key_stops_the_start(
                 settings.model_copy(update={"secrets_dir": tmp_path, "signing_keys_retired": retired}),
                 settings.database_url,
             )
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_ledger_serve_refuses_to_start_with_an_unreadable_key(database_url: URL, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nbroken\n-----END PRIVATE KEY-----\n")
+    env = {**os.environ, "LEDGER_SIGNING_KEY": str(bad)}
+    env.pop("LEDGER_BOOTSTRAP_ADMIN_KEY", None)
+    command = [sys.executable, "-m", "service.cli", "serve", "--port", str(free_port()), "--no-worker"]
+    served = subprocess.run(
+        [*command, "--database-url", url_text(database_url)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert served.returncode == 2, served.stderr
+    assert f"ledger serve: LEDGER_SIGNING_KEY ({bad}) is not an unencrypted PEM private key" in served.stderr
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
