@@ -82,9 +82,11 @@ def create_app(
         )
         app.state.database = db
         server_secrets.configure(db, settings)  # keys are hashed with this app's secret
-        # Certificates are signed with this app's key: one that cannot be read stops the start
-        # (SecretError), not the first commit.
-        server_secrets.bind_signing_keys(db, settings)
+        # Certificates are signed with this app's key. A configured one that cannot be read stops
+        # the start (SecretError), not the first commit; the default file, like the key-hash
+        # secret, is made at its first use (``ledger serve`` makes both before it starts).
+        if settings.signing_key is not None or settings.signing_keys_retired:
+            server_secrets.bind_signing_keys(db, settings)
         # Sync routes run in anyio's thread pool; its default (40) would queue requests that
         # only wait on the database.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
