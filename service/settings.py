@@ -117,7 +117,8 @@ class Settings(BaseSettings):
     """The Ed25519 private key (unencrypted PKCS#8 PEM file) that signs every certificate and
     every audit-chain head the server hands out (``service.ledger.signing``). Unset: the file
     ``signing-key.pem`` in ``secrets_dir``, created (0600) on first use (``ledger serve``: at
-    start). Set to a file that cannot be read, the server refuses to start. Every process that commits needs the same key."""
+    start). Set to a file that cannot be read, the server refuses to start. Every process that
+    commits needs the same key."""
 
     signing_keys_retired: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Keys that signed before a rotation and still verify, never sign: each the base64 raw

@@ -170,17 +170,15 @@ class Verification:
     head: tuple[int, str] | None = None  # (chain_seq, hash) of the one chain a dataset walk read
 
     def to_json(self) -> dict[str, Any]:
-        answer: dict[str, Any] = {
+        return {
             "ok": self.ok,
             "entries": self.entries,
             "first_broken": self.first_broken,
             "chain": self.chain,
             "chain_seq": self.chain_seq,
             "reason": self.reason,
+            "head": None if self.head is None else {"chain_seq": self.head[0], "hash": self.head[1]},
         }
-        if self.head is not None:
-            answer["head"] = {"chain_seq": self.head[0], "hash": self.head[1]}
-        return answer
 
 
 def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
