@@ -22,7 +22,9 @@ What a certificate holds (``issue``):
   largest cumulative cost of this reservation, and for geometric budgets the levels used and the
   infinite-horizon bound first/(1 − ratio);
 * ``libraries``: versions of numpy, scipy, prv-accountant and privacy-ledger;
-* ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else.
+* ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else but
+  ``signature``: the service adds a ``signature`` of the hash after issuing
+  (``service.ledger.signing``), and the hash must not depend on it.
 
 ``verify(cert)`` fails on any edited field: an edit without a new hash breaks the hash; an edit
 with a recomputed hash breaks a recomputation (the reserved cost from ``state_at_reserve``, the
@@ -67,6 +69,7 @@ from accountant.rules import (
 CERTIFICATE_VERSION: Final = 1
 CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
 _LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
+_UNHASHED: Final = frozenset({"hash", "signature"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +141,9 @@ def library_versions() -> dict[str, str]:
 
 
 def content_hash(certificate: Mapping[str, Any]) -> str:
-    """``sha256:<hex>`` of the canonical JSON of every field but ``hash``."""
-    body = {k: v for k, v in certificate.items() if k != "hash"}
+    """``sha256:<hex>`` of the canonical JSON of every field but ``hash`` and ``signature`` (the
+    signature is over the hash; this module neither makes nor checks it)."""
+    body = {k: v for k, v in certificate.items() if k not in _UNHASHED}
     return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 

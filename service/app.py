@@ -2,7 +2,9 @@
 
 Routers under ``/v1`` (``service.api``), OpenAPI at ``/openapi.json``, docs at ``/docs``; errors
 mapped to HTTP in one place (``service.api.errors``); a request-body size limit; request metrics;
-``/healthz`` (database check, no auth) and ``/metrics`` (Prometheus text, to the operator's
+``/healthz`` (database check, no auth), the signing keys at
+``/.well-known/privacy-ledger/signing-keys`` (no auth; ``service.api.signing_keys``) and
+``/metrics`` (Prometheus text, to the operator's
 ``LEDGER_METRICS_TOKEN`` or open with ``LEDGER_METRICS_PUBLIC``; never to an API key).
 
 The lifespan opens the database (``Database(url)``, one per process) and runs the expiry sweep: a
@@ -40,6 +42,7 @@ from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
 from service.api import models as model_routes
 from service.api import reservations as reservation_routes
+from service.api import signing_keys as signing_key_routes
 from service.api.deps import KeyLookups, MetricsReaderDep, PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
@@ -79,6 +82,11 @@ def create_app(
         )
         app.state.database = db
         server_secrets.configure(db, settings)  # keys are hashed with this app's secret
+        # Certificates are signed with this app's key. A configured one that cannot be read stops
+        # the start (SecretError), not the first commit; the default file, like the key-hash
+        # secret, is made at its first use (``ledger serve`` makes both before it starts).
+        if settings.signing_key is not None or settings.signing_keys_retired:
+            server_secrets.bind_signing_keys(db, settings)
         # Sync routes run in anyio's thread pool; its default (40) would queue requests that
         # only wait on the database.
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.http_threads
@@ -124,6 +132,7 @@ def create_app(
         job_routes,
         model_routes,
         dashboard_routes,
+        signing_key_routes,
     ):
         app.include_router(module.router)
     dashboard_routes.mount_web(app)  # the dashboard: / and /static (service/web)

@@ -664,6 +664,11 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
+    def signing_keys(self) -> J:
+        """``GET /.well-known/privacy-ledger/signing-keys``: ``{keys: [{key_id, algorithm,
+        public_key, status}]}``, the keys that verify the server's signatures (no key needed)."""
+        return self._json(_Call("GET", "/.well-known/privacy-ledger/signing-keys"))
+
     # dashboard reads ---------------------------------------------------------------------------
 
     def list_spend(self, *, limit: int = 100, offset: int = 0) -> J:
@@ -702,9 +707,10 @@ class _Endpoints(Generic[J, A]):
         )
 
     def verify_certificate_on_server(self, certificate_id: str) -> J:
-        """``POST /v1/certificates/{id}/verify``: the server re-verifies a stored certificate
-        (``{certificate_id, ok, reason}``). To trust no server, verify the certificate of
-        ``get_certificate`` yourself with ``accountant.certificates.verify``."""
+        """``POST /v1/certificates/{id}/verify``: the server re-verifies a stored certificate and
+        its signature (``{certificate_id, ok, reason, signature}``). To trust no server, verify the
+        certificate of ``get_certificate`` yourself with ``accountant.certificates.verify`` and its
+        signature with ``service.ledger.signing.check_certificate`` under keys you pinned."""
         return self._json(_Call("POST", f"/v1/certificates/{_segment(certificate_id)}/verify"))
 
     # jobs ------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """Server secrets: what the ledger keeps *outside* its database, in one place.
 
-Today one secret: the **key-hash secret**, the HMAC-SHA256 key under which API keys are hashed
+Two secrets. The **key-hash secret**, the HMAC-SHA256 key under which API keys are hashed
 (``service.ledger.tenancy``). The database holds ``HMAC(secret, key)`` only, so a dump of it
 alone lets nobody test a guessed key offline, however the key was chosen: the guess needs the
-secret too. (The certificate-signing key planned next belongs beside it, in ``secrets_dir``.)
+secret too. The **signing key**, the Ed25519 key that signs certificates and audit-chain heads
+(``service.ledger.signing``): ``LEDGER_SIGNING_KEY`` (a PEM file), else ``signing-key.pem`` in
+the same folder as the key-hash secret (rules 2 and 3 below), created the same way on first use;
+``LEDGER_SIGNING_KEYS_RETIRED`` lists the keys rotated out, which still verify.
 
 Where the secret comes from, first match wins (settings in ``service.settings``):
 
@@ -40,6 +43,8 @@ from typing import TYPE_CHECKING, Final
 
 from sqlalchemy.engine import URL, make_url
 
+from service.ledger import signing
+from service.ledger.signing import KeyRing
 from service.settings import MIN_SECRET_LENGTH, Settings
 
 if TYPE_CHECKING:
@@ -48,6 +53,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("service.server_secrets")
 
 KEY_HASH_SECRET_FILE: Final = "key-hash.secret"
+SIGNING_KEY_FILE: Final = "signing-key.pem"
 _SECRET_ID_LABEL: Final = b"privacy-ledger key-hash secret id v1"
 
 
@@ -100,15 +106,27 @@ def _read(path: Path) -> bytes:
 
 
 def _read_or_create(path: Path) -> bytes:
-    if path.exists():
-        return _read(path)
+    if not path.exists():
+        _create_once(
+            path,
+            (secrets.token_hex(32) + "\n").encode("ascii"),
+            "key-hash secret",
+            "API keys are hashed with it",
+            "LEDGER_KEY_HASH_SECRET",
+        )
+    return _read(path)
+
+
+def _create_once(path: Path, content: bytes, what: str, why: str, setting: str) -> None:
+    """Write ``content`` to ``path`` (0600) unless a file is there already: to a temporary file
+    first, then hard-linked into place, so processes starting together all read the one that won."""
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(descriptor, "w", encoding="ascii") as handle:
-                handle.write(secrets.token_hex(32) + "\n")
+            with os.fdopen(descriptor, "wb") as handle:
+                handle.write(content)
                 handle.flush()
                 os.fsync(handle.fileno())
             try:
@@ -117,22 +135,69 @@ def _read_or_create(path: Path) -> bytes:
                 pass
             else:
                 logger.warning(
-                    "created the key-hash secret %s (API keys are hashed with it; back it up with "
-                    "the database, but not inside it)",
+                    "created the %s %s (%s; back it up with the database, but not inside it)",
+                    what,
                     path,
+                    why,
                 )
         finally:
             temporary.unlink(missing_ok=True)
     except OSError as exc:
         raise SecretError(
-            f"cannot create the key-hash secret file {path}: {exc}. Set LEDGER_SECRETS_DIR to a "
-            "folder this process can write, or LEDGER_KEY_HASH_SECRET."
+            f"cannot create the {what} file {path}: {exc}. Set LEDGER_SECRETS_DIR to a "
+            f"folder this process can write, or {setting}."
         ) from exc
-    return _read(path)
+
+
+def load_signing_keys(settings: Settings, database_url: str | URL) -> KeyRing:
+    """The signing key ``settings`` name (``LEDGER_SIGNING_KEY``, else ``signing-key.pem`` in the
+    secrets folder, created on first use) and the retired keys that still verify
+    (``LEDGER_SIGNING_KEYS_RETIRED``). A configured file that cannot be read is an error, never
+    replaced: a new key would leave every certificate signed so far unverifiable."""
+    try:
+        if settings.signing_key is not None:
+            path = Path(settings.signing_key).expanduser()
+            active = signing.read_private_key(path, "LEDGER_SIGNING_KEY")
+        else:
+            folder = settings.secrets_dir
+            path = Path(folder or default_secrets_dir(database_url)).expanduser() / SIGNING_KEY_FILE
+            if not path.exists():
+                _create_once(
+                    path,
+                    signing.SigningKey.generate().pem(),
+                    "certificate-signing key",
+                    "certificates and audit heads are signed with it; without it, or its public "
+                    "key in LEDGER_SIGNING_KEYS_RETIRED, they no longer verify",
+                    "LEDGER_SIGNING_KEY",
+                )
+            active = signing.read_private_key(path, "the signing key file")
+        _warn_if_shared(path, "signing key")
+        retired = tuple(
+            signing.read_public_key(entry, f"LEDGER_SIGNING_KEYS_RETIRED[{i}]")
+            for i, entry in enumerate(settings.signing_keys_retired)
+        )
+    except signing.SigningKeyError as exc:
+        raise SecretError(str(exc)) from exc
+    return signing.KeyRing(active, tuple(k for k in retired if k.key_id != active.public.key_id))
+
+
+def _warn_if_shared(path: Path, what: str) -> None:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logger.warning(
+            "the %s file %s can be read by other users (mode %o); chmod 600 it",
+            what,
+            path,
+            stat.S_IMODE(mode),
+        )
 
 
 _settings: weakref.WeakKeyDictionary[Database, Settings] = weakref.WeakKeyDictionary()
 _secrets: weakref.WeakKeyDictionary[Database, bytes] = weakref.WeakKeyDictionary()
+_key_rings: weakref.WeakKeyDictionary[Database, KeyRing] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -145,16 +210,43 @@ def configure(db: Database, settings: Settings) -> None:
     with _lock:
         _settings[db] = settings
         _secrets.pop(db, None)
+        _key_rings.pop(db, None)
 
 
 def bind(db: Database, settings: Settings) -> bytes:
-    """``configure``, and read (or make) the key-hash secret now: ``ledger serve`` does so at
-    start, so that a secret that cannot be read fails the start and not the first request."""
+    """``configure``, and read (or make) the key-hash secret and the signing key now: ``ledger
+    serve`` does so at start, so that a secret that cannot be read fails the start and not the
+    first request."""
     secret = load_key_hash_secret(settings, db.url)
+    ring = load_signing_keys(settings, db.url)
     with _lock:
         _settings[db] = settings
         _secrets[db] = secret
+        _key_rings[db] = ring
     return secret
+
+
+def bind_signing_keys(db: Database, settings: Settings) -> KeyRing:
+    """``configure``, and read (or make) the signing key now. The app's start does so: a
+    configured key that cannot be read stops the server rather than the first commit."""
+    ring = load_signing_keys(settings, db.url)
+    with _lock:
+        _settings[db] = settings
+        _secrets.pop(db, None)
+        _key_rings[db] = ring
+    return ring
+
+
+def signing_keys(db: Database) -> KeyRing:
+    """``db``'s signing keys, from its ``configure``'d settings, else the environment's."""
+    ring = _key_rings.get(db)
+    if ring is None:
+        with _lock:
+            ring = _key_rings.get(db)
+            if ring is None:
+                ring = load_signing_keys(_settings.get(db) or Settings(), db.url)
+                _key_rings[db] = ring
+    return ring
 
 
 def key_hash_secret(db: Database) -> bytes:
@@ -171,11 +263,15 @@ def key_hash_secret(db: Database) -> bytes:
 
 __all__ = [
     "KEY_HASH_SECRET_FILE",
+    "SIGNING_KEY_FILE",
     "SecretError",
     "bind",
+    "bind_signing_keys",
     "configure",
     "default_secrets_dir",
     "key_hash_secret",
     "load_key_hash_secret",
+    "load_signing_keys",
     "secret_id",
+    "signing_keys",
 ]

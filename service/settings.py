@@ -8,12 +8,13 @@ Secrets have no usable default: without ``LEDGER_BOOTSTRAP_ADMIN_KEY`` no key ex
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Final
+from typing import Annotated, Final
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A bootstrap key is a bearer secret: refuse ones short enough to guess.
 MIN_KEY_LENGTH: Final = 24
@@ -112,6 +113,19 @@ class Settings(BaseSettings):
     (``~/.local/share/privacy-ledger``). Never inside the database: a dump alone must not let
     anyone test a guessed key."""
 
+    signing_key: Path | None = None
+    """The Ed25519 private key (unencrypted PKCS#8 PEM file) that signs every certificate and
+    every audit-chain head the server hands out (``service.ledger.signing``). Unset: the file
+    ``signing-key.pem`` in ``secrets_dir``, created (0600) on first use (``ledger serve``: at
+    start). Set to a file that cannot be read, the server refuses to start. Every process that
+    commits needs the same key."""
+
+    signing_keys_retired: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Keys that signed before a rotation and still verify, never sign: each the base64 raw
+    public key the well-known route listed, or the path of a PEM file (public or private key); a
+    JSON list or comma-separated. Rotate by moving the old ``signing_key`` here and pointing
+    ``signing_key`` at a new file: old certificates keep verifying, new ones carry the new key."""
+
     metrics_token: SecretStr | None = None
     """``GET /metrics`` answers only a request with ``Authorization: Bearer <metrics_token>``
     (24+ characters). API keys never read it: its series are operator-level, across tenants."""
@@ -142,6 +156,26 @@ class Settings(BaseSettings):
                 # the whole host: exactly what the roots exist to prevent ("/srv/.." and "/./" too)
                 if not os.path.normpath(root).strip("/") or not os.path.realpath(root).strip("/"):
                     raise ValueError(f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must not be '/'.")
+        return value
+
+    @field_validator("signing_keys_retired", mode="before")
+    @classmethod
+    def _retired_keys_list(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError as exc:
+                    raise ValueError(f"LEDGER_SIGNING_KEYS_RETIRED is not a JSON list: {exc}") from None
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("signing_key", mode="before")
+    @classmethod
+    def _empty_path_is_none(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
 
     @field_validator("bootstrap_admin_key", mode="before")

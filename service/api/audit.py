@@ -5,6 +5,9 @@ dataset's chain only (another tenant's dataset is 404). Other tenants' chains an
 chain (tenants and keys of every tenant) are not walked: their entry count and their breaks are
 not a tenant's to read. The operator's walk of everything is ``ledger verify``, which reads the
 database directly (``service.ledger.audit.verify``).
+
+With ``dataset_id`` the answer also holds ``head`` ``{chain_seq, hash, signature}``: the head the
+walk reached, signed by the server's key (``service.ledger.signing``).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from service import server_secrets
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
 from service.api.schemas import AuditVerification, ErrorBody
-from service.ledger import audit, datasets
+from service.ledger import audit, datasets, signing
 
 router = APIRouter(prefix=PREFIX, tags=["audit"])
 
@@ -32,9 +36,15 @@ router = APIRouter(prefix=PREFIX, tags=["audit"])
     description="Walks the dataset chains of the key's tenant (or the one `dataset_id` names) from "
     "the genesis hash to their heads; `entries` counts those chains' entries only. Other tenants' "
     "chains and the global chain of tenant and key events are the operator's to check "
-    "(`ledger verify`).",
+    "(`ledger verify`). With `dataset_id`, `head` is the head walked to, signed by the server "
+    "(`GET /.well-known/privacy-ledger/signing-keys`).",
 )
 def verify(principal: ViewerDep, db: DatabaseDep, dataset_id: str | None = None) -> dict[str, Any]:
     if dataset_id is not None:
         datasets.get_dataset(db, principal.tenant_id, dataset_id)  # NotFound for a foreign id
-    return audit.verify_tenant(db, principal.tenant_id, dataset_id=dataset_id)
+    result = audit.verify_tenant(db, principal.tenant_id, dataset_id=dataset_id)
+    head = result.get("head")
+    if dataset_id is not None and head is not None:
+        key = server_secrets.signing_keys(db).active
+        result["head"] = signing.signed_head(dataset_id, head["chain_seq"], head["hash"], key)
+    return result

@@ -7,9 +7,11 @@ the ``reservation.committed`` entry that recorded its content hash.
 
 Answer::
 
-    {dataset_id, head: {chain_seq, hash}, data: [entry, ...], count, next_after}
+    {dataset_id, head: {chain_seq, hash, signature}, data: [entry, ...], count, next_after}
 
-``head`` is the chain head stored on the dataset row, read first in the same read transaction;
+``head`` is the chain head stored on the dataset row, read first in the same read transaction,
+with the server's signature of ``(dataset_id, chain_seq, hash)`` (``service.ledger.signing``): a
+bundle's head is the server's statement, which a chain rewritten elsewhere cannot reproduce;
 entries appended after it are left out, so a page never runs past its head. An entry is
 ``{seq, chain, chain_seq, event_type, tenant_id, dataset_id, payload, prev_hash, hash,
 created_at}`` with ``created_at`` in exactly the form its hash covers (``…T…​.ffffffZ``). Pages
@@ -26,12 +28,14 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
+from service import server_secrets
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
 from service.api.responses import json_answer
 from service.api.schemas import ErrorBody
 from service.db.models import AuditEntry
 from service.db.session import Database
+from service.ledger import signing
 from service.ledger.datasets import load_dataset
 
 MAX_PAGE: Final = 5000
@@ -43,7 +47,9 @@ router = APIRouter(prefix=PREFIX, tags=["audit"])
 
 
 def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, limit: int) -> dict[str, Any]:
-    """One page of the dataset's chain, up to its head (another tenant's dataset: ``NotFound``)."""
+    """One page of the dataset's chain, up to its head (another tenant's dataset: ``NotFound``),
+    the head signed by the server's active key."""
+    key = server_secrets.signing_keys(db).active
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)
         head_seq, head_hash = dataset.audit_seq, dataset.audit_hash
@@ -75,7 +81,7 @@ def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, lim
         last: int = rows[-1].chain_seq if rows else after
     return {
         "dataset_id": dataset_id,
-        "head": {"chain_seq": head_seq, "hash": head_hash},
+        "head": signing.signed_head(dataset_id, head_seq, head_hash, key),
         "data": data,
         "count": len(data),
         "next_after": last if data and last < head_seq else None,

@@ -7,8 +7,8 @@ answer 404). Thin: each calls one ledger view (``service.ledger.views``) or
 * ``GET /v1/datasets/{id}/releases`` — the release timeline with each certificate's headline.
 * ``GET /v1/datasets/{id}/epsilon-history`` — ledger ε against naive sequential ε per task.
 * ``POST /v1/certificates/{id}/verify`` — re-verify a stored certificate on the server with
-  ``accountant.certificates.verify`` (offline: from the certificate's own contents; changes
-  nothing, so a viewer key may call it).
+  ``accountant.certificates.verify`` (offline: from the certificate's own contents) and check its
+  signature under the server's keys (changes nothing, so a viewer key may call it).
 
 ``mount_web(app)`` serves the dashboard itself (``service/web``): ``/`` and ``/static/*``.
 """
@@ -16,7 +16,7 @@ answer 404). Thin: each calls one ledger view (``service.ledger.views``) or
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
@@ -46,10 +46,20 @@ class _Page(BaseModel):
     count: int
 
 
+class SignatureVerification(BaseModel):
+    """The certificate's signature under this server's keys (``service.ledger.signing``)."""
+
+    status: Literal["valid", "invalid", "unsigned", "unknown_key", "malformed"]
+    key_id: str | None
+    key_status: Literal["active", "retired"] | None
+    reason: str
+
+
 class CertificateVerification(BaseModel):
     certificate_id: str
     ok: bool
     reason: str
+    signature: SignatureVerification
 
 
 @router.get(
@@ -119,8 +129,12 @@ def epsilon_history(
     "/certificates/{certificate_id}/verify",
     response_model=CertificateVerification,
     responses={**_ERRORS, **RATE_LIMITED},
-    summary="Re-verify a stored certificate with accountant.certificates.verify",
-    description="Recomputes every price in the certificate: bounded like a reservation "
+    summary="Re-verify a stored certificate: its inputs (accountant.certificates.verify) and its signature",
+    description="`ok` only when the certificate's bound follows from its inputs *and* its "
+    "`signature` verifies under one of this server's keys (active or retired; "
+    "`GET /.well-known/privacy-ledger/signing-keys`); `signature.status` says which: `valid`, "
+    "`invalid` (forged or edited), `unsigned` (issued before certificates were signed), "
+    "`unknown_key` or `malformed`. Recomputes every price in the certificate: bounded like a reservation "
     "(`LEDGER_MAX_PRICING_WORK`: above it a 422 naming `certificate_id`, verify offline instead) "
     "and paid from the tenant's pricing time (429 `rate_limited` with `Retry-After`).",
 )
@@ -131,7 +145,7 @@ def verify_certificate(
     result = certificates.verify_stored(
         db, principal.tenant_id, certificate_id, policy=rates.policy(principal.tenant_id)
     )
-    return {"certificate_id": certificate_id, "ok": result["ok"], "reason": result["reason"]}
+    return {"certificate_id": certificate_id, **result}
 
 
 # ---------------------------------------------------------------------------------------------

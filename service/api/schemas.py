@@ -488,9 +488,37 @@ class SpendPublic(_Public):
     tasks: list[TaskSpend]
 
 
+class SignaturePublic(_Public):
+    """An Ed25519 signature by the server's key ``key_id`` (``service.ledger.signing``)."""
+
+    algorithm: Literal["Ed25519"]
+    key_id: str
+    value: str = Field(description="base64 of the 64-byte signature")
+
+
+class SignedHead(_Public):
+    chain_seq: int
+    hash: str
+    signature: SignaturePublic
+
+
 class AuditVerification(_Public):
     ok: bool
     entries: int
+    head: SignedHead | None = Field(
+        default=None, description="with `dataset_id`: the head walked to, signed by the server"
+    )
+
+
+class SigningKeyPublic(_Public):
+    key_id: str = Field(description="16 hex characters of the SHA-256 of the raw public key")
+    algorithm: Literal["Ed25519"]
+    public_key: str = Field(description="base64 of the raw 32-byte public key")
+    status: Literal["active", "retired"]
+
+
+class SigningKeysPublic(_Public):
+    keys: list[SigningKeyPublic]
 
 
 class ErrorBody(_Public):

@@ -6,6 +6,7 @@
                  [--model NAME] [--max-epsilon 2.0] [--json]
     ledger check --bundle ledger.json [--model NAME] [--max-epsilon 2.0] [--json]
     ledger check ... --pin ledger-2026-11-01.json   # today's ledger must extend that export
+    ledger check --bundle ledger.json --trusted-keys signing-keys.json   # pin the signer
 
 Online, it reads the dataset's ledger over HTTP API v1 into the same bundle ``ledger export``
 writes (``service.commands.export.collect``); with ``--bundle`` it reads an exported one and
@@ -33,6 +34,17 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``max epsilon`` (``--max-epsilon E``)
     a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
     certificates states) is ≤ E.
+``signatures``
+    every certificate's ``signature`` (over its content hash) and the audit head's (over the
+    dataset, ``chain_seq`` and ``hash``) verify under a trusted Ed25519 key
+    (``service.ledger.signing``). This is what catches a forgery that edits a certificate's event,
+    budget and states consistently, recomputes its hash, rewrites the chain to match and
+    recomputes the bundle hash: every other check passes on it. Trusted keys are the *pinned*
+    ones (``--trusted-key KEYID:BASE64``, repeatable, or ``--trusted-keys FILE``, the JSON of
+    ``GET /.well-known/privacy-ledger/signing-keys`` fetched from the server itself); without
+    them, the keys the bundle (or the server, online) declares, which only shows the bundle is
+    self-consistent, and the report says so. An unsigned certificate (issued before the ledger
+    signed) fails: nothing shows the server issued it.
 ``bundle`` (``--bundle`` only)
     the bundle's own hash matches (damage or an edit without recomputing it).
 ``pin`` (``--pin OLD_BUNDLE``, repeatable)
@@ -59,7 +71,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.commands.export import (
     BUNDLE_KIND,
@@ -69,6 +81,9 @@ from service.commands.export import (
     committed_certificate_id,
     connection_error,
 )
+
+if TYPE_CHECKING:
+    from service.ledger.signing import PublicKey
 
 Json = dict[str, Any]
 
@@ -101,6 +116,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a bundle exported earlier (ledger export) that today's ledger must extend: its "
         "audit head still in the chain, its certificates still present, spend not decreased "
         "(repeatable)",
+    )
+    parser.add_argument(
+        "--trusted-key",
+        action="append",
+        default=[],
+        metavar="KEYID:BASE64",
+        help="pin a signing key the certificates and the audit head must be signed by (a key of "
+        "GET /.well-known/privacy-ledger/signing-keys; repeatable). Without a pinned key, the keys "
+        "the bundle or server declares are used and the report says the signer is self-declared",
+    )
+    parser.add_argument(
+        "--trusted-keys",
+        metavar="FILE",
+        help="pin every key of this JSON file, as GET /.well-known/privacy-ledger/signing-keys answers it",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
@@ -407,6 +436,62 @@ def _audit(bundle: Json) -> Finding:
     return Finding("audit chain", not problems, detail, problems)
 
 
+@dataclass(frozen=True)
+class Trust:
+    """The keys signatures are checked against: ``pinned`` by the verifier (``--trusted-key``,
+    ``--trusted-keys``), or ``None``: the ones the bundle declares."""
+
+    pinned: Mapping[str, PublicKey] | None = None
+    source: str = ""
+
+
+def _signatures(bundle: Json, trust: Trust, declared_by: str) -> Finding:
+    from service.ledger import signing
+
+    if trust.pinned is not None:
+        keys: Mapping[str, PublicKey] = trust.pinned
+        trusted = f"pinned ({trust.source})"
+    else:
+        document = bundle.get("signing_keys")
+        if document is None:
+            return Finding(
+                "signatures",
+                False,
+                f"the {declared_by} declares no signing keys and none is pinned",
+                ["no key to check signatures with: pass --trusted-key or --trusted-keys"],
+            )
+        try:
+            keys = signing.keys_from_json(document, "signing_keys")
+        except signing.SigningKeyError as exc:
+            return Finding("signatures", False, "the declared signing keys are malformed", [str(exc)])
+        trusted = (
+            f"self-declared by the {declared_by}, not pinned: pass --trusted-key or --trusted-keys "
+            "to trust a signer"
+        )
+    problems: list[str] = []
+    checks = []
+    for stored in bundle["certificates"]:
+        check = signing.check_certificate(stored["certificate"], keys)
+        checks.append(check)
+        if not check.ok:
+            problems.append(f"certificate {stored.get('id')}: {check.reason}")
+    head = bundle["audit"].get("head")
+    if head is not None:
+        check = signing.check_head(bundle["dataset"]["id"], head, keys)
+        checks.append(check)
+        if not check.ok:
+            problems.append(f"audit head (entry {head.get('chain_seq')}): {check.reason}")
+    signers = ", ".join(signing.key_ids(c for c in checks if c.ok)) or "none"
+    what = f"{len(bundle['certificates'])} certificate(s)"
+    if head is not None:
+        what += " and the audit head"
+    if problems:
+        detail = f"{len(problems)} of the signatures of {what} do not verify; signer {trusted}"
+    else:
+        detail = f"{what} signed by key(s) {signers}, {trusted}"
+    return Finding("signatures", not problems, detail, problems)
+
+
 def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
     if model is None:
         eps_reported, _, eps_certified, _ = _spent(bundle)
@@ -489,9 +574,13 @@ def evaluate(
     model: str | None = None,
     max_epsilon: Decimal | None = None,
     pins: Mapping[str, Json] | None = None,
+    trust: Trust | None = None,
 ) -> Report:
     """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds). ``pins``: bundles
-    exported earlier (by their file name) that ``bundle`` must extend."""
+    exported earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its
+    signatures must verify under (default: the ones it declares)."""
+    trust = trust or Trust()
+    declared_by = "bundle" if mode == "bundle" else "server"
     findings: list[Finding] = []
     if mode == "bundle":
         findings.append(_bundle_integrity(bundle))
@@ -501,6 +590,7 @@ def evaluate(
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
+    findings.append(_guarded("signatures", lambda: _signatures(bundle, trust, declared_by)))
     if max_epsilon is not None:
         findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model)))
     dataset = bundle.get("dataset") or {}
@@ -520,6 +610,7 @@ def evaluate(
         else len(bundle["audit"]["entries"]),
         "model": model,
         "max_epsilon": None if max_epsilon is None else str(max_epsilon),
+        "signer_trust": "pinned" if trust.pinned is not None else "self-declared",
     }
     return Report(str(dataset.get("id")), source, mode, findings, summary)
 
@@ -559,8 +650,38 @@ def load_bundle(path: str) -> Json:
     return bundle
 
 
+def _trust(args: argparse.Namespace) -> Trust:
+    """The keys ``--trusted-key`` and ``--trusted-keys`` pin (none given: ``Trust()``)."""
+    from service.ledger import signing
+
+    pinned: dict[str, PublicKey] = {}
+    sources = []
+    try:
+        for i, text in enumerate(getattr(args, "trusted_key", None) or []):
+            key = signing.trusted_key(text, f"--trusted-key[{i}]")
+            pinned[key.key_id] = key
+        if getattr(args, "trusted_keys", None):
+            path = args.trusted_keys
+            try:
+                document = json.loads(Path(path).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"--trusted-keys: cannot read {path} as JSON: {exc}") from exc
+            pinned.update(signing.keys_from_json(document, f"--trusted-keys {path}"))
+            sources.append(f"--trusted-keys {path}")
+    except signing.SigningKeyError as exc:
+        raise UsageError(str(exc)) from exc
+    if getattr(args, "trusted_key", None):
+        sources.insert(0, "--trusted-key")
+    if not sources:
+        return Trust()
+    if not pinned:
+        raise UsageError(f"{' and '.join(sources)} pin no key.")
+    return Trust(pinned, " and ".join(sources))
+
+
 def _report(args: argparse.Namespace) -> Report:
     max_epsilon = _bound(args.max_epsilon)
+    trust = _trust(args)
     pins = {path: load_bundle(path) for path in getattr(args, "pin", None) or []}
     if args.bundle is not None:
         bundle = load_bundle(args.bundle)
@@ -568,7 +689,13 @@ def _report(args: argparse.Namespace) -> Report:
         if args.dataset is not None and args.dataset != dataset_id:
             raise UsageError(f"--dataset {args.dataset} but the bundle holds dataset {dataset_id}.")
         return evaluate(
-            bundle, mode="bundle", source=args.bundle, model=args.model, max_epsilon=max_epsilon, pins=pins
+            bundle,
+            mode="bundle",
+            source=args.bundle,
+            model=args.model,
+            max_epsilon=max_epsilon,
+            pins=pins,
+            trust=trust,
         )
 
     from service.client import LedgerClient, LedgerError
@@ -585,7 +712,13 @@ def _report(args: argparse.Namespace) -> Report:
     except LedgerError as exc:
         raise UsageError(f"ledger check: {exc}") from exc
     return evaluate(
-        bundle, mode="online", source=args.url, model=args.model, max_epsilon=max_epsilon, pins=pins
+        bundle,
+        mode="online",
+        source=args.url,
+        model=args.model,
+        max_epsilon=max_epsilon,
+        pins=pins,
+        trust=trust,
     )
 
 

@@ -16,11 +16,15 @@ The bundle is composed from HTTP API v1 reads only (``service.client.LedgerClien
   exports; ``entries`` is then ``null`` and an offline check can only report the server's verdict;
 * ``models``: the model registry's versions of every model the certificates name (or
   ``--model``) that were trained on this dataset (``GET /v1/models/{name}/versions``);
+* ``signing_keys``: the server's public keys (``GET /.well-known/privacy-ledger/signing-keys``),
+  which verify each certificate's ``signature`` and the ``signature`` of ``audit.head``
+  (``service.ledger.signing``); ``null`` from a server that signs nothing. Keys a bundle carries
+  are only *declared* by it: ``ledger check --trusted-key`` / ``--trusted-keys`` pins the keys a
+  verifier fetched from the server itself;
 * ``bundle_hash``: ``sha256:`` over the canonical JSON of everything else. It detects a bundle
   damaged or edited after export (an edit with a recomputed hash is caught by the recomputations
   of ``ledger check``, which derive the budget check and the chain from the certificates and the
-  entries themselves; a bundle carries no signature, so compare its ``audit.head.hash`` with the
-  live server's to pin it to the ledger it came from).
+  entries themselves, and by the signatures, which nobody without the server's key can remake).
 
 Exit 0 when written; 2 on usage or connection errors, an unknown dataset or a refused key.
 """
@@ -108,6 +112,7 @@ def collect(client: LedgerClient, dataset_id: str, *, model: str | None = None) 
             known.add(certificate_id)
     verdict = client.verify_audit(dataset_id)
     spend = client.spend(dataset_id)
+    keys = signing_keys(client)
     models = registry_versions(client, dataset_id, model_names(certificates, model))
     bundle: dict[str, Any] = {
         "kind": BUNDLE_KIND,
@@ -119,9 +124,20 @@ def collect(client: LedgerClient, dataset_id: str, *, model: str | None = None) 
         "certificates": certificates,
         "audit": {"head": head, "entries": entries, "verify": verdict},
         "models": models,
+        "signing_keys": keys,
     }
     bundle["bundle_hash"] = bundle_hash(bundle)
     return bundle
+
+
+def signing_keys(client: LedgerClient) -> dict[str, Any] | None:
+    """The server's public signing keys, or ``None`` from a server without the well-known route."""
+    from service.client import NotFound
+
+    try:
+        return client.signing_keys()
+    except NotFound:
+        return None
 
 
 def committed_certificate_id(entry: dict[str, Any]) -> str | None:

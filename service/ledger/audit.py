@@ -167,6 +167,7 @@ class Verification:
     chain: str | None = None
     chain_seq: int | None = None
     reason: str | None = None
+    head: tuple[int, str] | None = None  # (chain_seq, hash) of the one chain a dataset walk read
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -176,6 +177,7 @@ class Verification:
             "chain": self.chain,
             "chain_seq": self.chain_seq,
             "reason": self.reason,
+            "head": None if self.head is None else {"chain_seq": self.head[0], "hash": self.head[1]},
         }
 
 
@@ -188,7 +190,7 @@ def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
 
 def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None) -> dict[str, Any]:
     """The API's walk (``GET /v1/audit/verify``): ``tenant_id``'s dataset chains only (or one of
-    them), in the same answer shape.
+    them), in the same answer shape; with ``dataset_id``, ``head`` is the head walked to.
 
     The global chain (tenants and keys of every tenant) is left out, not filtered: its entries
     chain through other tenants' entries, so checking "this tenant's part" would still report
@@ -326,7 +328,10 @@ def verify_chains(
                         position = entry.chain_seq
                         walk.check(entry)
                     session.expunge_all()
-    return walk.result()
+    result = walk.result()
+    if dataset_id is not None and dataset_id in heads:
+        result.head = heads[dataset_id]
+    return result
 
 
 __all__ = [

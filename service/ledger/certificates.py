@@ -3,7 +3,9 @@
 A certificate is the frozen JSON record ``accountant.certificates.issue`` returns: rule,
 accountant, inputs (events, δ, the per-batch histories the commit touched), the result bound,
 library versions and a content hash; ``accountant.certificates.verify`` re-checks it offline from
-its own contents. The ledger stores it unchanged (``certificates.body``) with its content hash.
+its own contents. The ledger signs it with its active key (``signature``, over the content hash,
+which does not cover it: ``service.ledger.signing``) and stores it unchanged
+(``certificates.body``) with its content hash.
 
 Answer shape: ``{id, dataset_id, reservation_id, release, content_hash, created_at,
 certificate}`` where ``certificate`` is the issued record itself (its ``hash`` field is
@@ -23,11 +25,13 @@ from accountant.base import AccountantError
 from accountant.certificates import BatchRecord
 from accountant.events import DpEvent
 from accountant.rules import Budget, Charge
+from service import server_secrets
 from service.db.models import Certificate, Release
 from service.db.session import Database
-from service.ledger import pricing
+from service.ledger import pricing, signing
 from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.signing import SigningKey
 
 MAX_PAGE: Final = 1000
 
@@ -44,9 +48,11 @@ def issue(
     release_id: str,
     dataset_id: str,
     issued_at: datetime,
+    signer: SigningKey,
 ) -> dict[str, Any]:
-    """The certificate of one commit (``accountant.certificates.issue``: pure, no accounting)."""
-    return issuing.issue(
+    """The certificate of one commit (``accountant.certificates.issue``: pure, no accounting),
+    signed by ``signer`` (its ``signature`` is over its content hash, which does not cover it)."""
+    body = issuing.issue(
         budget=budget,
         charge=charge,
         batches=batches,
@@ -58,6 +64,7 @@ def issue(
         dataset_id=dataset_id,
         issued_at=issued_at.isoformat(),
     )
+    return signing.sign_certificate(body, signer)
 
 
 def stored_row(
@@ -188,7 +195,15 @@ def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
 def verify_stored(
     db: Database, tenant_id: str, certificate_id: str, *, policy: pricing.Policy | None = None
 ) -> dict[str, Any]:
-    """Re-verify a stored certificate with ``accountant.certificates.verify``: ``{ok, reason}``.
+    """Re-verify a stored certificate: ``{ok, reason, signature}``.
+
+    ``ok`` needs both halves: ``accountant.certificates.verify`` recomputes the bound from the
+    certificate's own inputs (integrity: an edit breaks the hash or a recomputation), and its
+    ``signature`` verifies under one of this server's keys, active or retired (authenticity: a
+    forgery with consistent inputs and a recomputed hash has no valid signature). ``signature``
+    says which (``service.ledger.signing.SignatureCheck``). A certificate issued before the
+    ledger signed certificates is ``unsigned``, never signed now: a row edited in the database
+    would be signed just the same (docs/DESIGN-NOTES.md, note 20).
 
     Verifying recomputes every price in the certificate, which a viewer key may ask for as often
     as it likes: it is bounded and metered as a reservation's pricing (``policy``): above
@@ -197,10 +212,11 @@ def verify_stored(
     """
     policy = policy or pricing.DEFAULT_POLICY
     certificate = get_certificate(db, tenant_id, certificate_id)["certificate"]
+    signature = signature_status(db, certificate)
     try:
         budget = Budget.from_json(certificate["inputs"]["budget"])
     except (AccountantError, KeyError, TypeError) as exc:
-        return {"ok": False, "reason": f"invalid certificate: {exc}"}
+        return {"ok": False, "reason": f"invalid certificate: {exc}", "signature": signature.to_json()}
     work = verification_work(certificate, budget)
     if work > policy.max_work:
         raise InvalidInput(
@@ -211,7 +227,33 @@ def verify_stored(
         )
     with policy.metered(work):
         result = issuing.verify(certificate)
-    return {"ok": bool(result.ok), "reason": result.reason}
+    if not result.ok:
+        reason = result.reason
+    elif not signature.ok:
+        reason = f"its inputs re-verify, but {signature.reason}"
+    else:
+        reason = f"{result.reason}; {signature.reason}"
+    return {"ok": bool(result.ok and signature.ok), "reason": reason, "signature": signature.to_json()}
+
+
+def signature_status(db: Database, certificate: Mapping[str, Any]) -> signing.SignatureCheck:
+    """The signature of ``certificate`` checked against this server's keys (active and retired)."""
+    check = signing.check_certificate(certificate, server_secrets.signing_keys(db).public_keys())
+    if check.status == "unsigned":
+        return signing.SignatureCheck(
+            "unsigned",
+            None,
+            "the certificate is not signed (issued before this ledger signed certificates): "
+            "nothing shows that this server issued it",
+        )
+    if check.status == "unknown_key":
+        return signing.SignatureCheck(
+            "unknown_key",
+            check.key_id,
+            f"certificate.signature.key_id {check.key_id!r} is none of this server's keys, active "
+            "or retired (LEDGER_SIGNING_KEY, LEDGER_SIGNING_KEYS_RETIRED)",
+        )
+    return check
 
 
 __all__ = [
@@ -220,6 +262,7 @@ __all__ = [
     "issue",
     "list_certificates",
     "row_json",
+    "signature_status",
     "stored_row",
     "verify_stored",
 ]

@@ -65,6 +65,7 @@ from accountant.certificates import BatchRecord
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo
+from service import server_secrets
 from service.db.base import utcnow
 from service.db.models import (
     AuditEntry,
@@ -91,6 +92,7 @@ from service.ledger.errors import (
     NotFound,
     ReservationExpired,
 )
+from service.ledger.signing import SigningKey
 
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
@@ -199,6 +201,7 @@ class _CommitParams:
     version: str
     release: dict[str, Any]
     partial: DpEvent | None
+    signer: SigningKey  # the server's active key: it signs the certificate (service.ledger.signing)
 
 
 @dataclass(frozen=True)
@@ -876,6 +879,7 @@ def _do_commit(work: _Work, op: _Op, params: _CommitParams) -> tuple[dict[str, A
         release_id=release_id,
         dataset_id=work.head.id,
         issued_at=op.at,
+        signer=params.signer,
     )
     # Decided: apply.
     for h, _, s in settled:
@@ -1742,13 +1746,18 @@ async def reserve_async(
 
 
 def _commit_request(
-    reservation_id: str, release: Mapping[str, Any], event_json: object, idempotency_key: str | None
+    db: Database,
+    reservation_id: str,
+    release: Mapping[str, Any],
+    event_json: object,
+    idempotency_key: str | None,
 ) -> tuple[_CommitParams, str | None, dict[str, Any]]:
     """A commit's parameters, its idempotency key and the request its key is bound to."""
     model, version, release_json = _release(release)
     partial = parse_event(event_json) if event_json is not None else None
     key = idempotency.check_key(idempotency_key)
-    params = _CommitParams(reservation_id, model, version, release_json, partial)
+    signer = server_secrets.signing_keys(db).active
+    params = _CommitParams(reservation_id, model, version, release_json, partial, signer)
     request = {
         "reservation_id": reservation_id,
         "release": release_json,
@@ -1784,7 +1793,7 @@ def commit(
     reservation's). A retry with the same ``idempotency_key`` and request answers the first
     commit's certificate with the reservation as it is now.
     """
-    params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = _Op(
         "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
@@ -1803,7 +1812,7 @@ async def commit_async(
     policy: pricing.Policy | None = None,
 ) -> dict[str, Any]:
     """``commit`` for a coroutine."""
-    params, key, request = _commit_request(reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = _Op("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
     return await _submit_async(db, _keyed(op, key, request))

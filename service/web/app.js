@@ -723,6 +723,12 @@
     const result = cert.result || {};
     const verifyResult = h("span", { id: "verify-result", class: "verify-result", text: "not verified yet" });
     const verifyButton = h("button", { id: "verify-button", type: "button", onclick: verify, text: "Verify" });
+    const signature = cert.signature || null;
+    const signatureResult = h("span", {
+      id: "signature-result",
+      class: "verify-result" + (signature ? "" : " bad"),
+      text: signature ? "signed by key " + signature.key_id + " — not checked yet" : "unsigned — nothing shows this server issued it",
+    });
     fill(view, 
       h("p", { class: "crumbs" },
         h("a", { href: "#/datasets", text: "Datasets" }), " / ",
@@ -730,8 +736,9 @@
       h("h1", { text: "Certificate for " + releaseText(stored.release) }),
       h("section", { class: "card", id: "section-verify" },
         h("h2", { text: "Verification" }),
-        h("p", { class: "muted", text: "Asks the server to re-check this certificate offline from its own contents (accountant.certificates.verify): the content hash, the budget, every batch's reserve and commit recomputed under the rule, and the result." }),
-        h("div", { class: "verify-row" }, verifyButton, verifyResult)),
+        h("p", { class: "muted", text: "Asks the server to re-check this certificate offline from its own contents (accountant.certificates.verify): the content hash, the budget, every batch's reserve and commit recomputed under the rule, and the result; and its Ed25519 signature under the server's keys (/.well-known/privacy-ledger/signing-keys), which a forgery with consistent inputs and a recomputed hash cannot have." }),
+        h("div", { class: "verify-row" }, verifyButton, verifyResult),
+        h("div", { class: "verify-row" }, h("span", { class: "muted", text: "Signature" }), signatureResult)),
       h("section", { class: "card", id: "section-summary" },
         h("h2", { text: "Rule and theorem" }),
         dl([
@@ -742,6 +749,7 @@
           ["Certificate id", stored.id],
           ["Reservation", stored.reservation_id],
           ["Content hash", stored.content_hash, "cert-hash"],
+          ["Signed by key", signature ? signature.key_id + " (" + signature.algorithm + ")" : "unsigned", "cert-signer"],
         ])),
       h("section", { class: "card", id: "section-result" },
         h("h2", { text: "Result" }),
@@ -774,6 +782,12 @@
         if (gen !== generation) return;
         verifyResult.className = "verify-result " + (answer.ok ? "ok" : "bad");
         verifyResult.textContent = (answer.ok ? "valid" : "INVALID") + " — " + answer.reason;
+        const checked = answer.signature || {};
+        signatureResult.className = "verify-result " + (checked.status === "valid" ? "ok" : "bad");
+        signatureResult.dataset.status = checked.status || "";
+        signatureResult.textContent = checked.status === "valid"
+          ? "signed by key " + checked.key_id + " (" + checked.key_status + ") — valid"
+          : (checked.key_id ? "key " + checked.key_id + " — " : "") + String(checked.status || "unknown").toUpperCase().replace("_", " ") + " — " + checked.reason;
       } catch (error) {
         verifyResult.className = "verify-result bad";
         verifyResult.textContent = "could not verify: " + error.message;

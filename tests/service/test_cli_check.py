@@ -7,6 +7,7 @@ tampered with in the database, a tampered bundle); 2: usage or connection errors
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Iterator
@@ -125,6 +126,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
         "releases": True,
         "budget": True,
         "audit chain": True,
+        "signatures": True,
         "max epsilon": True,
     }
     releases = next(c for c in report["checks"] if c["name"] == "releases")
@@ -136,7 +138,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
 def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
     assert code == 1
-    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 5" in out
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 6" in out
 
     # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
     code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
@@ -162,7 +164,13 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
     code, out, _ = run(healthy.online("--json"), capsys)
     assert code == 1
     result = checks(out)
-    assert result == {"certificates": False, "releases": True, "budget": True, "audit chain": True}
+    assert result == {
+        "certificates": False,
+        "releases": True,
+        "budget": True,
+        "audit chain": True,
+        "signatures": True,  # the signature is over the stored hash, which the edit left alone
+    }
 
     with healthy.db.session() as session:
         entry = session.scalars(
@@ -279,6 +287,7 @@ def test_export_then_check_the_bundle_offline(
         "releases": True,
         "budget": True,
         "audit chain": True,
+        "signatures": True,
     }
     code, out, _ = run(["check", "--bundle", str(path), "--max-epsilon", "0.45"], capsys)
     assert code == 1 and "0.5 > 0.45" in out
@@ -370,3 +379,151 @@ def test_bundle_usage_errors_exit_2(
         capsys,
     )
     assert code == 2 and not (tmp_path / "x.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Signatures: a consistent forgery, a tampered head, pinned and self-declared signers
+# ---------------------------------------------------------------------------------------------
+
+
+def _rechain(bundle: dict[str, Any]) -> None:
+    """Recompute every audit entry's hash and the head (no secret needed), as a forger would."""
+    from service.commands.check import _parse_timestamp
+    from service.ledger.audit import GENESIS_HASH, entry_hash
+
+    prev = GENESIS_HASH
+    for entry in bundle["audit"]["entries"]:
+        entry["prev_hash"] = prev
+        entry["hash"] = prev = entry_hash(
+            chain=entry["chain"],
+            chain_seq=entry["chain_seq"],
+            event_type=entry["event_type"],
+            tenant_id=entry["tenant_id"],
+            dataset_id=entry["dataset_id"],
+            payload=entry["payload"],
+            created_at=_parse_timestamp(entry["created_at"]),
+            prev_hash=entry["prev_hash"],
+        )
+    bundle["audit"]["head"]["hash"] = prev
+
+
+def _forge_first_certificate(bundle: dict[str, Any]) -> None:
+    """The first certificate re-issued for a cheaper charge (hash recomputed), the chain entry that
+    recorded its hash edited and the chain recomputed: every check but the signatures holds."""
+    from tests.service.api.test_signatures import forge
+
+    stored = bundle["certificates"][0]
+    genuine = stored["certificate"]
+    forged = {**forge(genuine, 0.0625), "signature": genuine["signature"]}
+    stored["certificate"], stored["content_hash"] = forged, forged["hash"]
+    for entry in bundle["audit"]["entries"]:
+        if entry["payload"].get("certificate_id") == stored["id"]:
+            entry["payload"]["content_hash"] = forged["hash"]
+    _rechain(bundle)
+
+
+@SQLITE_ONLY
+def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.ledger import signing
+
+    path = tmp_path / "ledger.json"
+    original = export(healthy, path, capsys)
+    with LedgerClient(healthy.url, healthy.viewer) as client:
+        served_keys = client.signing_keys()
+    assert original["signing_keys"] == served_keys
+    keys_file = tmp_path / "signing-keys.json"
+    keys_file.write_text(json.dumps(served_keys))
+    (key,) = signing.keys_from_json(served_keys, "keys").values()
+    pinned_key = f"{key.key_id}:{base64.b64encode(key.raw).decode()}"
+
+    # intact: self-declared unless pinned, and the report says which
+    code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+    assert code == 0, out
+    report = json.loads(out)
+    detail = next(c["detail"] for c in report["checks"] if c["name"] == "signatures")
+    assert detail.startswith(f"4 certificate(s) and the audit head signed by key(s) {key.key_id}")
+    assert "self-declared by the bundle, not pinned" in detail
+    assert report["summary"]["signer_trust"] == "self-declared"
+    for pin in (["--trusted-keys", str(keys_file)], ["--trusted-key", pinned_key]):
+        code, out, _ = run(["check", "--bundle", str(path), *pin], capsys)
+        assert code == 0, out
+        assert "PASS  signatures" in out and "pinned (--trusted-key" in out
+
+    def verdicts(bundle: dict[str, Any], *extra: str) -> tuple[int, dict[str, bool], str]:
+        write(path, bundle)
+        code, out, _ = run(["check", "--bundle", str(path), "--json", *extra], capsys)
+        report = json.loads(out)
+        problems = "\n".join(p for c in report["checks"] for p in c["problems"])
+        return code, {c["name"]: c["ok"] for c in report["checks"] if not c["ok"]}, problems
+
+    # the consistent forgery: certificate, chain and bundle hash all recomputed
+    forged = copy.deepcopy(original)
+    _forge_first_certificate(forged)
+    code, failed, problems = verdicts(forged)
+    assert (code, failed) == (1, {"signatures": False})
+    first = forged["certificates"][0]["id"]
+    assert f"certificate {first}: certificate.signature does not verify under key {key.key_id}" in problems
+    assert "audit head (entry" in problems and "audit head.signature does not verify" in problems
+
+    # ... re-signed with the forger's own key, which the bundle now declares: the bundle is
+    # self-consistent, which is all a self-declared key shows; the pinned key refuses it
+    own = signing.SigningKey.generate()
+    for stored in forged["certificates"]:
+        stored["certificate"] = signing.sign_certificate(stored["certificate"], own)
+    head = forged["audit"]["head"]
+    forged["audit"]["head"] = signing.signed_head(
+        forged["dataset"]["id"], head["chain_seq"], head["hash"], own
+    )
+    forged["signing_keys"] = {"keys": [own.public.to_json()]}
+    code, failed, _ = verdicts(forged)
+    assert (code, failed) == (0, {})
+    code, failed, problems = verdicts(forged, "--trusted-keys", str(keys_file))
+    assert (code, failed) == (1, {"signatures": False})
+    assert f"certificate.signature.key_id {own.public.key_id!r} is not a trusted key" in problems
+
+    # a tampered signed head: the chain check fails, and so does its signature
+    tampered = copy.deepcopy(original)
+    tampered["audit"]["head"]["chain_seq"] -= 1
+    code, failed, problems = verdicts(tampered, "--trusted-key", pinned_key)
+    assert (code, failed) == (1, {"audit chain": False, "signatures": False})
+    assert "audit head.signature does not verify" in problems
+
+    # a certificate stripped of its signature (as one issued before signing): not trusted
+    unsigned = copy.deepcopy(original)
+    del unsigned["certificates"][1]["certificate"]["signature"]
+    code, failed, problems = verdicts(unsigned)
+    assert (code, failed) == (1, {"signatures": False})
+    assert "certificate is not signed" in problems
+
+    # a bundle that declares no keys, none pinned
+    keyless = copy.deepcopy(original)
+    keyless["signing_keys"] = None
+    code, failed, problems = verdicts(keyless)
+    assert (code, failed) == (1, {"signatures": False}) and "--trusted-key" in problems
+
+
+@SQLITE_ONLY
+def test_a_bad_trusted_key_is_a_usage_error(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "ledger.json"
+    export(healthy, path, capsys)
+    raw = base64.b64encode(bytes(32)).decode()
+    for bad, message in (
+        ("no-colon", "--trusted-key[0] must be KEYID:BASE64"),
+        ("abcd:%%%", "--trusted-key[0] is not base64"),
+        (f"0123456789abcdef:{raw}", "--trusted-key[0]: key id '0123456789abcdef' is not this key's"),
+    ):
+        code, _, err = run(["check", "--bundle", str(path), "--trusted-key", bad], capsys)
+        assert code == 2 and message in err, err
+    (tmp_path / "keys.json").write_text(json.dumps({"keys": [{"key_id": "x", "algorithm": "RSA"}]}))
+    code, _, err = run(
+        ["check", "--bundle", str(path), "--trusted-keys", str(tmp_path / "keys.json")], capsys
+    )
+    assert code == 2 and ".keys[0].algorithm must be 'Ed25519'" in err
+    code, _, err = run(
+        ["check", "--bundle", str(path), "--trusted-keys", str(tmp_path / "none.json")], capsys
+    )
+    assert code == 2 and "--trusted-keys: cannot read" in err

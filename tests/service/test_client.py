@@ -41,7 +41,7 @@ from service.client import (
     Unauthorized,
 )
 from service.db.session import Database
-from service.ledger import tenancy
+from service.ledger import signing, tenancy
 from service.settings import Settings
 from service.worker import registry
 from tests.service.live_server import free_port, serve, settings_for
@@ -162,7 +162,12 @@ def test_every_v1_call(ledger: Ledger) -> None:
     entries = list(viewer.iter_audit_entries(dataset["id"], page_size=2))
     assert [e["chain_seq"] for e in entries] == list(range(1, len(entries) + 1))
     head = viewer.audit_entries(dataset["id"], limit=1)["head"]
-    assert head == {"chain_seq": len(entries), "hash": entries[-1]["hash"]}
+    assert (head["chain_seq"], head["hash"]) == (len(entries), entries[-1]["hash"])
+    # the head and the certificate are signed by the key the well-known route lists
+    keys = signing.keys_from_json(viewer.signing_keys(), "signing_keys")
+    assert [k.status for k in keys.values()] == ["active"]
+    assert signing.check_head(dataset["id"], head, keys).ok
+    assert signing.check_certificate(certificate["certificate"], keys).ok
     assert "reservation.committed" in {e["event_type"] for e in entries}
 
     # the data source: replaced by an admin (the dataset answers), then set back

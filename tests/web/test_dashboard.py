@@ -442,6 +442,9 @@ def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
     )
     assert len(all_of(browser, "#cert-batches tbody tr")) == len(body["inputs"]["batches"]) == 40
     assert text_of(browser, "#verify-result") == "not verified yet"
+    key_id = body["signature"]["key_id"]
+    assert text_of(browser, "#cert-signer") == f"{key_id} (Ed25519)"
+    assert text_of(browser, "#signature-result") == f"signed by key {key_id} — not checked yet"
 
     browser.find_element(By.ID, "verify-button").click()
     result = wait_for(
@@ -450,6 +453,8 @@ def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
     )
     assert "ok" in browser.find_element(By.ID, "verify-result").get_attribute("class")
     assert result.startswith("valid — ")
+    assert text_of(browser, "#signature-result") == f"signed by key {key_id} (active) — valid"
+    assert "ok" in browser.find_element(By.ID, "signature-result").get_attribute("class")
     screenshot(browser, "05-certificate-verified")
 
 

@@ -14,6 +14,7 @@ from service.db.session import Database
 from service.ledger import audit, idempotency, reservations, spend
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict
 from service.ledger.reservations import _AbortParams, _CommitParams, _Op, _ReserveParams, _run_group
+from service.ledger.signing import SigningKey
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
@@ -38,10 +39,17 @@ def _reserve_op(ds: str, batch_ids: list[str], epsilon: float, key: str | None =
     return reservations._keyed(op, key, request)
 
 
+_SIGNER = SigningKey.generate()  # the server's key in ledger serve; any key will do here
+
+
 def _commit_op(ds: str, reservation_id: str, version: int) -> _Op:
     release = {"model": "m", "version": version}
     return _Op(
-        "commit", "t1", ds, datetime.now(UTC), _CommitParams(reservation_id, "m", str(version), release, None)
+        "commit",
+        "t1",
+        ds,
+        datetime.now(UTC),
+        _CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
     )
 
 
