@@ -588,6 +588,27 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
+    def quote(
+        self,
+        dataset_id: Identifier,
+        event: EventLike,
+        *,
+        batches: Sequence[Identifier] | None = None,
+        tasks: Sequence[Identifier] | None = None,
+        noise_commitment: str | None = None,
+    ) -> J:
+        """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on ``batches``
+        (or ``tasks``; neither: a new batch) under the dataset's own budget — ``{admitted, cost:
+        {epsilon, delta}, batches, refused}``. Nothing is held; the reservation decides."""
+        body: JsonObject = {"event": event_json(event)}
+        if batches is not None:
+            body["batches"] = list(batches)
+        if tasks is not None:
+            body["tasks"] = list(tasks)
+        if noise_commitment is not None:
+            body["noise_commitment"] = noise_commitment
+        return self._json(_Call("POST", f"/v1/datasets/{_segment(dataset_id)}/quote", body))
+
     def get_reservation(self, reservation_id: str) -> J:
         """``GET /v1/reservations/{id}``."""
         return self._json(_Call("GET", f"/v1/reservations/{_segment(reservation_id)}"))

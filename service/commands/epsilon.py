@@ -7,6 +7,11 @@ or ``prv``; the default is ``rdp``: the accountant the ledger's adaptive budgets
 defined for every DP-SGD event. ``prv`` gives the tighter numerical value for this fixed
 (pre-declared) sequence and says when it fell back to RDP.
 
+With ``--dataset ID`` (and ``--url`` / ``--key``, defaults ``$LEDGER_URL`` / ``$LEDGER_API_KEY``) it
+asks the server what the event would cost on that dataset (``POST /v1/datasets/{id}/quote``: the
+dataset's own rule, accountant, grid and δ, on a new batch or on ``--batch`` ids), which is the
+number to calibrate to; ``--delta`` and ``--accountant`` then do not apply. Nothing is held.
+
 Prints one JSON object on stdout::
 
     {"epsilon": {"lower": ..., "estimate": ..., "upper": ...}, "delta": ...,
@@ -42,6 +47,7 @@ from accountant.events import (
     from_json,
     to_json,
 )
+from service.commands.export import add_connection_arguments
 
 DEFAULT_ACCOUNTANT = "rdp"
 _PROG = "ledger epsilon"
@@ -63,7 +69,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--sampling-probability", type=float, metavar="Q", help="DP-SGD Poisson sampling probability"
     )
     parser.add_argument("--steps", type=int, metavar="T", help="number of DP-SGD steps")
-    parser.add_argument("--delta", type=float, required=True, help="the delta of (epsilon, delta)-DP")
+    parser.add_argument("--delta", type=float, help="the delta of (epsilon, delta)-DP (not with --dataset)")
+    parser.add_argument("--dataset", help="price on this dataset of a running server (its own budget)")
+    parser.add_argument(
+        "--batch", action="append", metavar="ID", help="with --dataset: price on these batches"
+    )
+    add_connection_arguments(parser)
     parser.add_argument(
         "--accountant",
         default=DEFAULT_ACCOUNTANT,
@@ -74,7 +85,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        result = compute(args)
+        result = quote(args) if args.dataset is not None else compute(args)
     except _UsageError as exc:
         print(f"{_PROG}: {exc}", file=sys.stderr)
         return 2
@@ -124,8 +135,32 @@ def _number(value: float) -> float | str:
     return value
 
 
+def quote(args: argparse.Namespace) -> dict[str, Any]:
+    """``--dataset``: the server's quote for the event on that dataset."""
+    from service.client import LedgerClient, LedgerError
+
+    if args.delta is not None or args.accountant != DEFAULT_ACCOUNTANT:
+        raise _UsageError(
+            "--delta and --accountant do not apply with --dataset (the dataset's budget decides)."
+        )
+    if not args.url or not args.key:
+        raise _UsageError("--dataset needs --url and --key (or $LEDGER_URL and $LEDGER_API_KEY).")
+    event = _event(args)
+    try:
+        with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
+            answer = dict(client.quote(args.dataset, to_json(event), batches=args.batch))
+    except LedgerError as exc:
+        raise _UsageError(f"--dataset: {exc}") from None
+    answer["event"] = to_json(event)
+    return answer
+
+
 def compute(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON answer for parsed arguments; raises ``_UsageError`` naming the bad input."""
+    if args.delta is None:
+        raise _UsageError("--delta is required (or --dataset, to price on a dataset's own budget).")
+    if args.batch:
+        raise _UsageError("--batch applies with --dataset only.")
     delta = args.delta
     if not math.isfinite(delta) or not 0 <= delta < 1:
         raise _UsageError(f"--delta must be in [0, 1). Found {delta!r}.")

@@ -9,8 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import URL
 
 from service.cli import main
+from service.client import LedgerClient
+from service.db.session import Database
+from service.ledger import tenancy
+from tests.service.live_server import serve, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DP_SGD = ["--noise-multiplier", "1.1", "--sampling-probability", "0.004", "--steps", "14060"]
@@ -180,3 +185,40 @@ def test_bad_input_exits_2_naming_the_field(
     assert code == 2
     assert captured.out == ""
     assert names in captured.err
+
+
+def test_dataset_prices_on_the_datasets_own_budget(
+    database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dataset``: the server's quote (a Rényi filter budget charges more than plain RDP at the
+    same δ, and that is the number to calibrate to); nothing is held."""
+    admin_key = tenancy.create_api_key(db, "acme", "admin")
+    viewer_key = tenancy.create_api_key(db, "acme", "viewer")
+    with (
+        serve(settings_for(database_url, tmp_path / "artifacts"), db) as url,
+        LedgerClient(url, admin_key) as client,
+    ):
+        dataset = client.create_dataset("d", rule="sequential", epsilon="8", delta="1e-5", accountant="rdp")
+        run = ("--noise-multiplier", "1.0", "--sampling-probability", "0.01", "--steps", "2000")
+        code, quoted, err = _run(capsys, *run, "--dataset", dataset["id"], "--url", url, "--key", viewer_key)
+        assert code == 0, err
+        assert quoted is not None and quoted["admitted"] is True
+        code, plain, _ = _run(capsys, *run, "--delta", "1e-5")
+        assert plain is not None
+        assert plain["epsilon"]["upper"] < float(quoted["cost"]["epsilon"]) <= 8
+        assert client.spend(dataset["id"])["epsilon_spent"] == "0"
+        code, _, err = _run(
+            capsys,
+            *run,
+            "--dataset",
+            dataset["id"],
+            "--url",
+            url,
+            "--key",
+            viewer_key,
+            "--delta",
+            "1e-5",
+        )
+        assert code == 2 and "--delta" in err
+        code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key)
+        assert code == 2 and "--dataset" in err
