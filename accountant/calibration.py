@@ -22,7 +22,7 @@ from decimal import Decimal
 from typing import Final
 
 from accountant.base import InvalidArgumentError, make_accountant
-from accountant.events import MAX_COUNT, GaussianEvent, PoissonSampledEvent
+from accountant.events import MAX_COUNT, DpEvent, GaussianEvent, PoissonSampledEvent
 
 MAX_NOISE_MULTIPLIER: Final = 1e6
 """The largest σ considered: if even this σ misses the target, calibration fails."""
@@ -131,6 +131,41 @@ def calibrate_noise_multiplier(
     return sigma(k)
 
 
+def calibrate_to_price(
+    make_event: Callable[[float], DpEvent],
+    *,
+    start: float,
+    target_epsilon: float,
+    price: Callable[[DpEvent], Decimal],
+    resolution: float = 1e-4,
+) -> float:
+    """The smallest σ = k·``resolution`` with ``price(make_event(σ)) ≤ target_epsilon``.
+
+    ``price`` is what a ledger would *charge* the event (a dataset's quote: its rule, grid and δ
+    split), which can exceed an accountant's own ε for the same event — a Rényi filter splits δ
+    over its orders. ``start`` is a σ to search from (the accountant's own calibration, a
+    lower bound when the price is at least the accountant's ε). The price must fall as σ grows,
+    as every accountant's ε does (larger noise is post-processing of smaller).
+
+    ``InvalidArgumentError`` naming ``target_epsilon`` when no σ up to ``MAX_NOISE_MULTIPLIER``
+    is priced at or below the target."""
+    target = Decimal(repr(_check_target_epsilon(target_epsilon)))
+    step = _check_resolution(resolution)
+
+    def meets(k: int) -> bool:
+        return price(make_event(float(Decimal(k) * step))) <= target
+
+    k_max = int(Decimal(repr(MAX_NOISE_MULTIPLIER)) / step)
+    k = _smallest_meeting(meets, k_start=max(1, int(Decimal(repr(float(start))) / step)), k_max=k_max)
+    if k is None:
+        raise InvalidArgumentError(
+            "target_epsilon",
+            f"cannot be reached: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} is charged more "
+            f"than {target} on this budget.",
+        )
+    return float(Decimal(k) * step)
+
+
 def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int) -> int | None:
     """The smallest k in [1, k_max] with ``meets(k)`` (``meets`` monotone: False then True), or
     None if ``meets(k_max)`` fails. Exponential search from ``k_start`` (halving or doubling) for
@@ -165,4 +200,4 @@ def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int)
     return passing
 
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier"]
+__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_to_price"]

@@ -9,8 +9,9 @@ The order is the point (DESIGN.md, "Release flow"):
    not from the data. The plan is exactly what Opacus will run with Poisson sampling: sampling
    probability ``q = 1 / ceil(n / B)`` (Opacus's ``DPDataLoader`` samples each record with
    probability ``1 / len(data_loader)``), ``steps = epochs * ceil(n / B)``, and the noise
-   multiplier σ given or calibrated to ``--target-epsilon`` at the budget's δ
-   (``accountant.calibration.calibrate_noise_multiplier``). The event is
+   multiplier σ given or calibrated so that the *dataset* charges at most ``--target-epsilon``
+   (``LedgerClient.calibrate_noise_multiplier``: the dataset's own quote, which a Rényi-filter
+   budget makes larger than Opacus's RDP ε for the same σ). The event is
    ``self_composed(poisson_sampled(gaussian(σ), q), steps)``.
 2. **Reserve** that cost on every batch of the dataset (``LedgerClient.release_gate``). A
    refusal (``BudgetExceeded``) ends the run here — the data is never loaded, torch is never
@@ -115,7 +116,13 @@ def next_version(client: LedgerClient, dataset_id: str, model: str) -> str:
     return str(max(numbers, default=0) + 1)
 
 
-def make_plan(args: argparse.Namespace, n_records: int, budget: dict[str, Any]) -> Plan:
+def make_plan(
+    args: argparse.Namespace,
+    n_records: int,
+    budget: dict[str, Any],
+    client: LedgerClient | None = None,
+    tasks: list[str] | None = None,
+) -> Plan:
     steps_per_epoch = math.ceil(n_records / args.expected_batch_size)
     q = 1.0 / steps_per_epoch  # what Opacus's DPDataLoader samples with
     delta = args.delta if args.delta is not None else float(budget["delta"])
@@ -126,13 +133,22 @@ def make_plan(args: argparse.Namespace, n_records: int, budget: dict[str, Any]) 
             raise ValueError(
                 f"calibrating sigma needs a delta in (0, 1), the budget's is {delta}: pass --delta"
             )
-        sigma = calibrate_noise_multiplier(
-            target_epsilon=args.target_epsilon,
-            delta=delta,
-            sampling_probability=q,
-            steps=args.epochs * steps_per_epoch,
-            accountant="rdp",
-        )
+        if client is not None and args.delta is None:
+            sigma = client.calibrate_noise_multiplier(
+                args.dataset,
+                target_epsilon=args.target_epsilon,
+                sampling_probability=q,
+                steps=args.epochs * steps_per_epoch,
+                tasks=tasks,
+            )
+        else:  # offline, or a δ of the caller's own: the RDP accountant's σ
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=args.target_epsilon,
+                delta=delta,
+                sampling_probability=q,
+                steps=args.epochs * steps_per_epoch,
+                accountant="rdp",
+            )
     return Plan(n_records, args.expected_batch_size, steps_per_epoch, args.epochs, q, sigma, delta)
 
 
@@ -228,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dataset {args.dataset} has no batches", file=sys.stderr)
             return 2
         try:
-            plan = make_plan(args, n_records, dataset["budget"])
-        except ValueError as exc:  # accountant.base.InvalidArgumentError is a ValueError
+            plan = make_plan(args, n_records, dataset["budget"], client, tasks)
+        except (ValueError, LedgerError) as exc:  # InvalidArgumentError is a ValueError
             print(f"cannot plan the run: {exc}", file=sys.stderr)
             return 2
         event = plan.event()

@@ -928,6 +928,48 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         ``Unauthorized`` (unless the server sets ``LEDGER_METRICS_PUBLIC``)."""
         return _text_answer(self._send(_Call("GET", "/metrics")))
 
+    def calibrate_noise_multiplier(
+        self,
+        dataset_id: Identifier,
+        *,
+        target_epsilon: float,
+        sampling_probability: float,
+        steps: int,
+        batches: Sequence[Identifier] | None = None,
+        tasks: Sequence[Identifier] | None = None,
+    ) -> float:
+        """The smallest σ (grid 10⁻⁴) for which ``steps`` steps of DP-SGD (Poisson sampling at
+        ``sampling_probability``) are *charged* at most ``target_epsilon`` on the dataset — its
+        quote (``quote``) on ``batches`` / ``tasks`` (neither: a new batch), not another
+        accountant's ε: a Rényi-filter budget charges more than plain RDP, so a σ from Opacus's
+        or dp-accounting's accountant can be refused. Searches up from the RDP accountant's σ at
+        the budget's δ (``accountant.calibration.calibrate_to_price``). The reservation decides:
+        the states may change in between."""
+        from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
+
+        budget = self.get_dataset(dataset_id)["budget"]
+        delta = float(budget["delta"])
+        start = (
+            calibrate_noise_multiplier(
+                target_epsilon=target_epsilon,
+                delta=delta,
+                sampling_probability=sampling_probability,
+                steps=steps,
+            )
+            if 0 < delta < 1
+            else 1.0
+        )
+
+        def event(sigma: float) -> DpEvent:
+            return dp_events.SelfComposedEvent(
+                dp_events.PoissonSampledEvent(sampling_probability, dp_events.GaussianEvent(sigma)), steps
+            )
+
+        def price(run: DpEvent) -> Decimal:
+            return Decimal(self.quote(dataset_id, run, batches=batches, tasks=tasks)["cost"]["epsilon"])
+
+        return calibrate_to_price(event, start=start, target_epsilon=target_epsilon, price=price)
+
     # paging ---------------------------------------------------------------------------------
 
     def iter_certificates(self, dataset_id: Identifier, *, page_size: int = 500) -> Iterator[JsonObject]:

@@ -42,6 +42,7 @@ import math
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -289,8 +290,17 @@ class DpSgdTrainer:
             )
         return self.params_type.from_params(params)
 
-    def plan(self, params: Mapping[str, Any] | DpSgdParams, n_records: int) -> TrainingPlan:
-        """The run's cost from its params and the record count alone; reads no data."""
+    def plan(
+        self,
+        params: Mapping[str, Any] | DpSgdParams,
+        n_records: int,
+        price: Callable[[DpEvent], Decimal] | None = None,
+    ) -> TrainingPlan:
+        """The run's cost from its params and the record count alone; reads no data.
+
+        With ``target_epsilon``, σ is calibrated so that ``price`` — what the dataset's ledger
+        would charge the run (the gate passes a quote on the job's batches) — is at most the
+        target; without ``price``, so that the params' ``accountant`` gives at most the target."""
         p = self.parse_params(params)
         if isinstance(n_records, bool) or not isinstance(n_records, int) or n_records < 1:
             raise InvalidParamsError("n_records", f"must be an integer >= 1. Found {n_records!r}.")
@@ -314,6 +324,7 @@ class DpSgdTrainer:
                 sampling_probability=q,
                 steps=steps,
                 accountant=p.accountant,
+                price=price,
             )
         event = dp_sgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)
         return TrainingPlan(self.algorithm, event, steps, sigma, q, n_records, p)
@@ -477,23 +488,32 @@ class DpSgdTrainer:
 
 
 def _calibrate(
-    *, target_epsilon: float, delta: float, sampling_probability: float, steps: int, accountant: str
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: int,
+    accountant: str,
+    price: Callable[[DpEvent], Decimal] | None,
 ) -> float:
-    try:
-        from accountant.calibration import calibrate_noise_multiplier
-    except ImportError as exc:  # the module is written alongside this one
-        raise TrainingError(
-            "accountant.calibration is not available to turn target_epsilon into a noise "
-            "multiplier; give params.noise_multiplier instead."
-        ) from exc
-    return float(
-        calibrate_noise_multiplier(
-            target_epsilon=target_epsilon,
-            delta=delta,
-            sampling_probability=sampling_probability,
-            steps=steps,
-            accountant=accountant,
-        )
+    from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
+
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        sampling_probability=sampling_probability,
+        steps=steps,
+        accountant=accountant,
+    )
+    if price is None:
+        return float(sigma)
+    # The ledger may charge more than the accountant's ε (a Rényi filter splits δ over its
+    # orders): search up from the accountant's σ for one the dataset's price meets.
+    return calibrate_to_price(
+        lambda s: dp_sgd_event(sampling_probability=sampling_probability, noise_multiplier=s, steps=steps),
+        start=sigma,
+        target_epsilon=target_epsilon,
+        price=price,
     )
 
 

@@ -64,7 +64,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from accountant.calibration import calibrate_noise_multiplier
+from accountant.base import InvalidArgumentError
+from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
 from accountant.rules.sequential import fresh_price
@@ -95,7 +96,6 @@ from service.worker.stages import LedgerTask, Stage, StageRelease
 SUM_SENSITIVITY: Final = 1.0
 """L2 sensitivity of the C×K matrix of per-class sums of unit features under add/remove-one."""
 _RESOLUTION: Final = Decimal("0.0001")  # the σ grid, as accountant.calibration's default
-_MAX_K: Final = 10**10  # σ ≤ 10⁶, as accountant.calibration.MAX_NOISE_MULTIPLIER
 MAX_STEPS_PER_STAGE: Final = 1_000_000
 
 ModelState = dict[str, torch.Tensor]
@@ -109,7 +109,7 @@ ModelState = dict[str, torch.Tensor]
 def single_charge_epsilon(event: DpEvent, *, delta: float, accountant: str) -> Decimal:
     """The ε the ledger charges ``event`` as one charge on its own at ``delta`` — what a
     ``parallel`` batch pays (``accountant.rules.sequential.fresh_price``: for ``rdp`` the event's
-    curve on the budget's default grid of orders, converted at δ; for ``prv`` its upper bound)."""
+    curve on the accountant's full grid, converted at δ; for ``prv`` its upper bound)."""
     budget = Budget.create(rule="parallel", epsilon=1, delta=repr(float(delta)), accountant=accountant)
     return fresh_price(budget, event)[0]
 
@@ -122,38 +122,18 @@ def calibrate_to_ledger(
     delta: float,
     accountant: str,
 ) -> float:
-    """The smallest σ = k·10⁻⁴ with ``single_charge_epsilon(make_event(σ)) ≤ target_epsilon``.
-
-    ``start`` is the accountant's own calibration (``accountant.calibration``), which uses a
-    finer grid of orders than a budget and so lands a hair below the ledger's price: search up
-    from it for a passing σ, then bisect on the integer k. ε decreases in σ for these events
-    (larger noise is post-processing of smaller), so the predicate is monotone."""
-    target = Decimal(repr(float(target_epsilon)))
-
-    def meets(k: int) -> bool:
-        event = make_event(float(Decimal(k) * _RESOLUTION))
-        return single_charge_epsilon(event, delta=delta, accountant=accountant) <= target
-
-    k = max(1, int(Decimal(repr(start)) / _RESOLUTION))
-    if meets(k):
-        failing, passing = 0, k
-    else:
-        failing, step = k, 1
-        while not meets(k + step):
-            failing = k + step
-            step *= 2
-            if k + step > _MAX_K:
-                raise TrainingError(
-                    f"no noise multiplier up to {_MAX_K * _RESOLUTION} reaches epsilon {target}."
-                )
-        passing = k + step
-    while passing - failing > 1:
-        middle = (passing + failing) // 2
-        if meets(middle):
-            passing = middle
-        else:
-            failing = middle
-    return float(Decimal(passing) * _RESOLUTION)
+    """The smallest σ = k·10⁻⁴ with ``single_charge_epsilon(make_event(σ)) ≤ target_epsilon``
+    (``accountant.calibration.calibrate_to_price``, searching from the accountant's own σ)."""
+    try:
+        return calibrate_to_price(
+            make_event,
+            start=start,
+            target_epsilon=target_epsilon,
+            price=lambda event: single_charge_epsilon(event, delta=delta, accountant=accountant),
+            resolution=float(_RESOLUTION),
+        )
+    except InvalidArgumentError as exc:
+        raise TrainingError(exc.message) from None
 
 
 def gaussian_noise_multiplier(*, target_epsilon: float, delta: float, accountant: str = "rdp") -> float:

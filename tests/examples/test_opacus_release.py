@@ -102,3 +102,19 @@ def test_release_through_the_gate_then_refused_before_touching_data(
         assert ledger_main(["check", "--url", server.base_url, "--key", server.admin_key,
                             "--dataset", dataset["id"], "--model", "opacus-digits"]) == 0  # fmt: skip
         assert "result: PASS" in capsys.readouterr().out
+
+        # Calibrated to the whole budget on a fresh dataset: σ comes from the dataset's own quote
+        # (the RDP accountant's σ is charged more than 1.2 by the budget's Rényi filter and was
+        # refused), so the run fits and spends at most the budget.
+        fresh = admin.create_dataset(
+            "digits-2", rule="sequential", epsilon="1.2", delta="1e-5", accountant="rdp"
+        )
+        task = admin.create_task(fresh["id"], "all digits")
+        admin.create_batches(
+            fresh["id"], task["id"], [{"name": f"b{i}", "records": list(record_ids[i::4])} for i in range(4)]
+        )
+        third = run_example(
+            server, fresh["id"], tmp_path / "third", "--target-epsilon", "1.2", "--model", "calibrated"
+        )
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert 1.1 < float(admin.spend(fresh["id"])["epsilon_spent"]) <= 1.2

@@ -59,6 +59,12 @@ def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: A
     return str(answer["id"])
 
 
+def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> dict[str, Any]:
+    from service.ledger import quotes
+
+    return quotes.quote(db, "acme", dataset_id, event_json=event)
+
+
 def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
     out = []
     for v in versions:
@@ -124,6 +130,31 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     after = spend.get_spend(db, "acme", world.dataset_id)
     assert after["epsilon_spent"] == before["epsilon_spent"] and after["epsilon_held"] == "0"
     assert staged_files(artifacts) == []
+
+
+def test_target_epsilon_is_calibrated_to_what_the_dataset_charges(db: Database, artifacts: Path) -> None:
+    """``target_epsilon: 2`` on an rdp budget of ε = 2 was refused ("requested 2.3485": σ came
+    from the RDP accountant, the budget's Rényi filter charges more). σ is now calibrated to the
+    dataset's own quote: the run fits and is charged at most 2, with a σ no larger than needed."""
+    from accountant.calibration import calibrate_noise_multiplier
+
+    world = digits_dataset(db, epsilon="2", delta="1e-5")
+    worker = _worker(db, artifacts, CountingLoader())
+    job_id = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, seed=3)
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert Decimal("1.9") < Decimal(job["epsilon_committed"]) <= 2
+    event = job["plan"]["event"]
+    sigma = event["event"]["event"]["noise_multiplier"]
+    q, steps = event["event"]["sampling_probability"], event["count"]
+    plain = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sampling_probability=q, steps=steps)
+    assert sigma > plain  # more noise than the accountant alone asks: the filter's δ split
+    lighter = dict(
+        event, event=dict(event["event"], event={"kind": "gaussian", "noise_multiplier": sigma - 1e-3})
+    )
+    quoted = reservations_quote(db, world.dataset_id, lighter)
+    assert Decimal(quoted["cost"]["epsilon"]) > 0 and not quoted["admitted"]
 
 
 def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Database, artifacts: Path) -> None:
