@@ -7,7 +7,8 @@ bought with a looser number) and as a ratio to ours.
 (a) 10⁶ homogeneous Poisson-subsampled-Gaussian steps (q = 0.004, σ = 1.1, δ = 1e-5): our ``rdp``
     and ``prv`` accountants vs dp-accounting RDP and PLD and prv-accountant's ``PRVAccountant``.
 (b) A plan of 200 distinct subsampled-Gaussian entries × 50 steps each, admitted one at a time as
-    a ledger does: our Rényi-filter admission (``accountant.filter.RenyiFilter`` with the RDP of
+    a ledger does: our Rényi-filter admission on a budget ε = 4 (the grid placed for the budget,
+    next to the fixed 20-order grid with equal δ shares) (``accountant.filter.RenyiFilter`` with the RDP of
     each entry from ``accountant.rdp.compute_rdp``; the filter's per-order sums make each admission
     O(#orders)), our tight PRV value of the whole plan, and the one-at-a-time recomputation with
     dp-accounting RDP, dp-accounting PLD and prv-accountant. Under ``--quick`` the slow
@@ -172,13 +173,23 @@ def bench_homogeneous(quick: bool) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _filter_admissions(params: list[tuple[float, float]]) -> dict[str, Any]:
+def _filter_admissions(
+    params: list[tuple[float, float]], budget_epsilon: Decimal, *, placed: bool
+) -> dict[str, Any]:
+    """Admit the plan's entries one at a time through a Rényi filter of budget (ε, 1e-5): the
+    fixed 20-order grid with equal δ shares, or the grid placed for the budget
+    (``accountant.filter.placed_grid``: orders around where the budget binds, δ weights)."""
     from accountant.exact import exact_add
-    from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, as_charge
+    from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, as_charge, placed_grid, rdp_epsilon
     from accountant.rdp import compute_rdp
 
-    orders = tuple(DEFAULT_FILTER_ORDERS)
-    renyi = RenyiFilter(epsilon=Decimal(1000), delta=Decimal(str(DELTA)), orders=orders)
+    delta = Decimal(str(DELTA))
+    if placed:
+        orders, weights = placed_grid(budget_epsilon, delta)
+        renyi = RenyiFilter(epsilon=budget_epsilon, delta=delta, orders=orders, weights=weights)
+    else:
+        orders = tuple(DEFAULT_FILTER_ORDERS)
+        renyi = RenyiFilter(epsilon=budget_epsilon, delta=delta, orders=orders)
     spent = tuple(Decimal(0) for _ in orders)
     admitted = 0
     start = time.perf_counter()
@@ -188,10 +199,8 @@ def _filter_admissions(params: list[tuple[float, float]]) -> dict[str, Any]:
             spent = tuple(exact_add(a, b) for a, b in zip(spent, charge, strict=True))
             admitted += 1
     seconds = time.perf_counter() - start
-    # The (ε, δ) the filter's sums certify for this budget's δ split (a progress value) and the
-    # same sums converted without a split (what one fixed RDP composition gives).
-    from accountant.filter import rdp_epsilon
-
+    # The ε the filter's sums certify for this budget's δ split (a progress value) and the same
+    # sums converted without a split (what one fixed RDP composition on these orders gives).
     return {
         "seconds": seconds,
         "admitted": admitted,
@@ -250,10 +259,16 @@ def bench_plan(quick: bool, cap_s: float | None) -> list[dict[str, Any]]:
     params = _plan_parameters()
     rows: list[dict[str, Any]] = []
 
-    filter_label = "ours RDP-filter admission, one at a time"
+    filter_label = "ours RDP-filter admission, one at a time (budget 4, placed grid)"
     plan_label = "ours tight PRV of the whole plan"
-    result = _filter_admissions(params)
+    result = _filter_admissions(params, Decimal(4), placed=True)
     rows.append({"case": "b", "what": filter_label, **result})
+    for label, budget_epsilon in [
+        ("ours RDP-filter, fixed 20-order grid, equal δ shares (budget 4)", Decimal(4)),
+        ("ours RDP-filter, fixed 20-order grid, equal δ shares (budget 1000, as before)", Decimal(1000)),
+    ]:
+        result = _filter_admissions(params, budget_epsilon, placed=False)
+        rows.append({"case": "b", "what": label, "vs": filter_label, **result})
     seconds, result = _timed(lambda: _ours_prv_plan(params))
     rows.append({"case": "b", "what": plan_label, "seconds": seconds, **result})
 

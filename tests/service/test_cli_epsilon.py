@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,11 +188,9 @@ def test_bad_input_exits_2_naming_the_field(
     assert names in captured.err
 
 
-def test_dataset_prices_on_the_datasets_own_budget(
-    database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``--dataset``: the server's quote (a Rényi filter budget charges more than plain RDP at the
-    same δ, and that is the number to calibrate to); nothing is held."""
+@pytest.fixture
+def quoting(database_url: URL, db: Database, tmp_path: Path) -> Iterator[tuple[str, str, str, LedgerClient]]:
+    """A running server with a sequential/rdp dataset of ε = 8: (url, viewer key, dataset, admin)."""
     admin_key = tenancy.create_api_key(db, "acme", "admin")
     viewer_key = tenancy.create_api_key(db, "acme", "viewer")
     with (
@@ -199,26 +198,26 @@ def test_dataset_prices_on_the_datasets_own_budget(
         LedgerClient(url, admin_key) as client,
     ):
         dataset = client.create_dataset("d", rule="sequential", epsilon="8", delta="1e-5", accountant="rdp")
-        run = ("--noise-multiplier", "1.0", "--sampling-probability", "0.01", "--steps", "2000")
-        code, quoted, err = _run(capsys, *run, "--dataset", dataset["id"], "--url", url, "--key", viewer_key)
-        assert code == 0, err
-        assert quoted is not None and quoted["admitted"] is True
-        code, plain, _ = _run(capsys, *run, "--delta", "1e-5")
-        assert plain is not None
-        assert plain["epsilon"]["upper"] < float(quoted["cost"]["epsilon"]) <= 8
-        assert client.spend(dataset["id"])["epsilon_spent"] == "0"
-        code, _, err = _run(
-            capsys,
-            *run,
-            "--dataset",
-            dataset["id"],
-            "--url",
-            url,
-            "--key",
-            viewer_key,
-            "--delta",
-            "1e-5",
-        )
-        assert code == 2 and "--delta" in err
-        code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key)
-        assert code == 2 and "--dataset" in err
+        yield url, viewer_key, dataset["id"], client
+
+
+def test_dataset_prices_on_the_datasets_own_budget(
+    quoting: tuple[str, str, str, LedgerClient], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dataset``: the server's quote (a Rényi filter budget charges more than plain RDP at the
+    same δ, and that is the number to calibrate to); nothing is held."""
+    url, viewer_key, dataset_id, client = quoting
+    run = ("--noise-multiplier", "1.0", "--sampling-probability", "0.01", "--steps", "2000")
+    code, quoted, err = _run(capsys, *run, "--dataset", dataset_id, "--url", url, "--key", viewer_key)
+    assert code == 0, err
+    assert quoted is not None and quoted["admitted"] is True
+    code, plain, _ = _run(capsys, *run, "--delta", "1e-5")
+    assert plain is not None
+    assert plain["epsilon"]["upper"] < float(quoted["cost"]["epsilon"]) <= 8
+    assert client.spend(dataset_id)["epsilon_spent"] == "0"
+    code, _, err = _run(
+        capsys, *run, "--dataset", dataset_id, "--url", url, "--key", viewer_key, "--delta", "1e-5"
+    )
+    assert code == 2 and "--delta" in err
+    code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key)
+    assert code == 2 and "--dataset" in err

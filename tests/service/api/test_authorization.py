@@ -71,6 +71,9 @@ ROUTES: tuple[Route, ...] = (
         201,
         lambda w: {"batches": [w.batch], "event": PURE},
     ),
+    Route(
+        "POST", "/v1/datasets/{dataset}/quote", "viewer", 200, lambda w: {"batches": [w.batch], "event": PURE}
+    ),
     Route("GET", "/v1/reservations/{reservation}", "viewer", 200),
     Route(
         "POST",
