@@ -22,9 +22,11 @@ The ledger wants an (ε, δ) budget, not an (α, B) one, and no single order is 
 sequence of charges. The filter therefore runs one Feldman–Zrnic filter per order α of a grid
 fixed at budget creation and admits a charge iff **some** order still fits:
 
-1. δ split. Let K be the grid size. An order is *active* iff ε − g(α, δ/K) > 0 (an order
-   without positive allowance can never admit anything). Let A be the active set; every active
-   order gets δ_α = δ/|A| (≥ δ/K, so every active order stays positive) and the allowance
+1. δ split. Each order α has a weight w_α, Σ w_α ≤ 1: equal (1/K for a grid of K orders), or
+   the weights stored with the budget (``placed_grid``: a grid placed for the budget's (ε, δ)).
+   An order is *active* iff ε − g(α, w_α·δ) > 0 (an order without positive allowance can never
+   admit anything). Let A be the active set; every active order gets δ_α = δ·w_α/Σ_{β∈A} w_β
+   (≥ w_α·δ, so every active order stays positive; with equal weights δ/|A|) and the allowance
 
        B(α) = ε − g(α, δ_α),   rounded DOWN to 18 significant digits,
 
@@ -48,8 +50,9 @@ neighbouring D, D′
     P[M(D) ∈ S] = Σ_α P[M_α(D) ∈ S ∩ H_α] ≤ Σ_α (e^ε P[M_α(D′) ∈ S ∩ H_α] + δ_α)
                 = e^ε P[M(D′) ∈ S] + Σ_{α∈A} δ_α = e^ε P[M(D′) ∈ S] + δ.
 
-So the filter is (ε, δ)-DP under fully adaptive choices, with δ split equally over the |A| active
-orders (a union bound). Refused charges are never run; a reservation that is aborted before its
+So the filter is (ε, δ)-DP under fully adaptive choices, with δ split over the active orders (a
+union bound; Σ_{α∈A} δ_α ≤ δ whatever the weights, as long as they are fixed before the first
+charge). Refused charges are never run; a reservation that is aborted before its
 output is released is likewise never part of the transcript.
 
 ``epsilon_of(spent)`` is a progress indicator, not a separate guarantee (a data-dependent ε would

@@ -238,6 +238,23 @@ def _json_default(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable: {value!r}")
 
 
+def _charge_body(
+    event: EventLike,
+    batches: Sequence[Identifier] | None,
+    tasks: Sequence[Identifier] | None,
+    noise_commitment: str | None,
+) -> JsonObject:
+    """The body of a reservation or a quote: the event and what it is charged on."""
+    body: JsonObject = {"event": event_json(event)}
+    if batches is not None:
+        body["batches"] = list(batches)
+    if tasks is not None:
+        body["tasks"] = list(tasks)
+    if noise_commitment is not None:
+        body["noise_commitment"] = noise_commitment
+    return body
+
+
 def _segment(value: Identifier) -> str:
     return quote(str(value), safe="")
 
@@ -570,13 +587,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/datasets/{id}/reservations`` (trainer): certify and hold the charge of
         ``event`` on ``batches`` (or every batch of ``tasks``). ``BudgetExceeded`` when it does
         not fit; ``Conflict`` when the rule refuses it."""
-        body: JsonObject = {"event": event_json(event)}
-        if batches is not None:
-            body["batches"] = list(batches)
-        if tasks is not None:
-            body["tasks"] = list(tasks)
-        if noise_commitment is not None:
-            body["noise_commitment"] = noise_commitment
+        body = _charge_body(event, batches, tasks, noise_commitment)
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
         return self._json(
@@ -600,13 +611,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on ``batches``
         (or ``tasks``; neither: a new batch) under the dataset's own budget — ``{admitted, cost:
         {epsilon, delta}, batches, refused}``. Nothing is held; the reservation decides."""
-        body: JsonObject = {"event": event_json(event)}
-        if batches is not None:
-            body["batches"] = list(batches)
-        if tasks is not None:
-            body["tasks"] = list(tasks)
-        if noise_commitment is not None:
-            body["noise_commitment"] = noise_commitment
+        body = _charge_body(event, batches, tasks, noise_commitment)
         return self._json(_Call("POST", f"/v1/datasets/{_segment(dataset_id)}/quote", body))
 
     def get_reservation(self, reservation_id: str) -> J:

@@ -38,8 +38,9 @@ import secrets
 import stat
 import threading
 import weakref
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy.engine import URL, make_url
 
@@ -237,28 +238,30 @@ def bind_signing_keys(db: Database, settings: Settings) -> KeyRing:
     return ring
 
 
+_T = TypeVar("_T")
+
+
+def _loaded(cache: MutableMapping[Database, _T], db: Database, load: Callable[[Settings, Any], _T]) -> _T:
+    """``cache[db]``, loaded once (under the lock) from ``db``'s ``configure``'d settings, else
+    the environment's."""
+    value = cache.get(db)
+    if value is None:
+        with _lock:
+            value = cache.get(db)
+            if value is None:
+                value = load(_settings.get(db) or Settings(), db.url)
+                cache[db] = value
+    return value
+
+
 def signing_keys(db: Database) -> KeyRing:
     """``db``'s signing keys, from its ``configure``'d settings, else the environment's."""
-    ring = _key_rings.get(db)
-    if ring is None:
-        with _lock:
-            ring = _key_rings.get(db)
-            if ring is None:
-                ring = load_signing_keys(_settings.get(db) or Settings(), db.url)
-                _key_rings[db] = ring
-    return ring
+    return _loaded(_key_rings, db, load_signing_keys)
 
 
 def key_hash_secret(db: Database) -> bytes:
     """``db``'s key-hash secret, from its ``configure``'d settings, else the environment's."""
-    secret = _secrets.get(db)
-    if secret is None:
-        with _lock:
-            secret = _secrets.get(db)
-            if secret is None:
-                secret = load_key_hash_secret(_settings.get(db) or Settings(), db.url)
-                _secrets[db] = secret
-    return secret
+    return _loaded(_secrets, db, load_key_hash_secret)
 
 
 __all__ = [

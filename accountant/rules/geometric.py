@@ -18,8 +18,10 @@ first/(1 − ratio) ≤ ε checked exactly at creation). Level k grants
 both in Decimal, exact whenever they fit 60 significant digits and rounded down otherwise. The
 δ shares keep the block's δ bounded over the infinite horizon too (charging the budget's δ at
 every level would not be). A charge's (ε′, δ′) at level k is, for ``basic``, its exact basic
-composition (independent of k); for ``rdp``, its RDP curve converted at δ_k (Balle et al. 2020,
-Thm. 21: one mechanism, parameters fixed before it ran) with δ′ = δ_k. It fits level k iff
+composition (independent of k); for ``rdp``, the event's price as one charge at δ_k
+(``sequential.fresh_price``: its RDP curve on the accountant's full grid converted at δ_k, Balle
+et al. 2020, Thm. 21 — one mechanism, parameters fixed before it ran — or the coupling or exact
+basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound used). It fits level k iff
 ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
 
 Sub-budgets (Thm. 7). The sliding window charges a block once at ε/3 (the base model) and along

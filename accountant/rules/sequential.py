@@ -8,7 +8,8 @@ Theorems relied on, by the budget's accountant:
   (Rogers, Roth, Ullman & Vadhan 2016, the basic-composition privacy filter). Costs are exact
   decimals: a user's ε is taken as written (100 charges of 0.01 fill ε = 1.0 exactly).
 * ``rdp`` — the **Rényi privacy filter** of ``accountant.filter``: Feldman & Zrnic 2021,
-  Thm. 3.1, at every order of the budget's grid, δ split equally over the active orders, with the
+  Thm. 3.1, at every order of the budget's grid, δ split over the active orders (equally, or by
+  the weights of a grid placed for the budget, ``accountant.filter.placed_grid``), with the
   improved RDP→DP conversion (Balle et al. 2020, Thm. 21). The batch keeps its per-order sums;
   its ε fields are derived from them (``RenyiFilter.epsilon_of``).
 * ``prv`` — the **PRV accountant's upper bound** (Gopi, Lee & Wutschitz 2021, Thm. 5.5: the

@@ -99,3 +99,22 @@ def test_weights_are_validated_naming_the_field() -> None:
     with pytest.raises(InvalidArgumentError) as refused:
         Budget.from_json({**base, "accountant": "rdp", "rule": "parallel", "delta_weights": ["0.5", "0.5"]})
     assert refused.value.field == "budget.delta_weights"
+
+
+def test_a_partial_run_reported_high_still_leaves_the_capacity() -> None:
+    """Two identical runs whose composition is 90% of the budget by dp-accounting: the first is
+    reported above its plain ε (a progress value), yet both are admitted, and the certified total
+    is within 1.10× of the plain ε of what ran."""
+    from accountant import rules as R
+
+    q, steps = 0.01, 1000
+    sigma = calibrated_sigma(q, 2 * steps, 7.2, 1e-5)  # the pair as one run of 2·steps
+    budget = Budget.create(rule="sequential", epsilon=8, delta="1e-5", accountant="rdp")
+    state = R.BatchState.empty()
+    run = _event(q, sigma, steps)
+    for _ in range(2):
+        admission = R.reserve(budget, state, R.Charge(run))
+        state = R.commit(budget, admission.state, R.Charge(run), admission.cost, None).state
+    plain_total = _dpa_epsilon(q, sigma, 2 * steps, 1e-5)
+    assert plain_total * (1 - 1e-9) <= float(state.epsilon_spent) <= 1.10 * plain_total
+    assert float(state.epsilon_spent) <= 8
