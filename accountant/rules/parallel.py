@@ -16,8 +16,8 @@ the budget's δ (Balle et al. 2020, Thm. 21; no filter, no δ split), or ε = 0 
 of Poisson sampling, ``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 2021); and for every
 accountant the exact basic (ε, δ) when it is smaller and its δ fits (a pure ε costs exactly ε).
 Choosing a batch's event after seeing releases of *other* batches is fine: those outputs do not
-depend on this batch's records. One DP-SGD run is one reservation, however many checkpoints it commits (progressive commits of a
-prefix of the reserved run).
+depend on this batch's records. One DP-SGD run is one reservation, however many checkpoints it
+commits (progressive commits of a prefix of the reserved run).
 
 A charge that costs exactly nothing (ε = δ = 0: a ``no_op``, ``self_composed`` with ``count`` 0) is
 refused (``InvalidArgumentError`` naming ``event``, answered 422): it would use up the batch's one
