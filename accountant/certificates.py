@@ -58,9 +58,11 @@ from accountant.rules import (
     Cost,
     PriceMemo,
     Settlement,
+    active_pricing,
     canonical_json,
     commit,
     pricing,
+    pricing_version,
     reserve,
     theorem,
     within_budget,
@@ -226,6 +228,7 @@ def issue(
         },
         "result": _result(budget, batches),
         "libraries": dict(library_versions()),
+        "pricing": active_pricing(),
     }
     analyses = charged_analyses(charge.event)
     if analyses:
@@ -238,7 +241,11 @@ def issue(
 
 
 def verify(certificate: Mapping[str, Any]) -> Verification:
-    """Recompute everything from the certificate alone; ``ok`` only if every check passes."""
+    """Recompute everything from the certificate alone; ``ok`` only if every check passes.
+
+    Prices are recomputed under the certificate's ``pricing`` version (``rules.PRICING_VERSION``;
+    absent: 1, the certificates issued before versions were recorded), so a certificate keeps
+    verifying after an upgrade that prices charges tighter."""
     try:
         return _verify(certificate)
     except (AccountantError, EventValidationError, ValueError, TypeError, KeyError) as exc:
@@ -256,6 +263,14 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
         return Verification(False, f"content hash mismatch: stored {stored}, computed {actual}")
     if cert.get("version") != CERTIFICATE_VERSION or cert.get("kind") != CERTIFICATE_KIND:
         return Verification(False, f"unknown certificate version {cert.get('version')!r}")
+    version = cert.get("pricing", 1)
+    if isinstance(version, bool) or version not in (1, 2):
+        return Verification(False, f"unknown pricing version {version!r}")
+    with pricing_version(version):
+        return _verify_content(cert)
+
+
+def _verify_content(cert: Mapping[str, Any]) -> Verification:
     inputs = cert["inputs"]
     budget = Budget.from_json(inputs["budget"], trust_plan_epsilon=False)
     if budget.to_json() != inputs["budget"]:

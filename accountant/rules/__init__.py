@@ -194,14 +194,51 @@ def pricing(memo: PriceMemo) -> Iterator[PriceMemo]:
 def memoized(
     name: str, budget: Budget | None, anchor: object, extra: Hashable, compute: Callable[[], _T]
 ) -> _T:
-    """``compute()``, or the value the active ``PriceMemo`` holds for (name, anchor, extra).
+    """``compute()``, or the value the active ``PriceMemo`` holds for (name, anchor, extra) under
+    the active pricing version.
 
     ``budget``: the budget the value depends on (``None``: none); a memo bound to another budget
     object is not consulted."""
     memo = _MEMO.get()
     if memo is None or (budget is not None and memo.budget is not budget):
         return compute()
-    return memo.get(name, anchor, extra, compute)
+    return memo.get(name, anchor, (extra, _PRICING.get()), compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pricing versions
+# ---------------------------------------------------------------------------------------------
+
+PRICING_VERSION: Final = 2
+"""How single charges and the naive figure are priced (certificates record it as ``pricing``).
+
+1 — before issue 13 §3: a single charge (``parallel``, a ``geometric`` level) on the budget's
+    order grid with δ charged only when ε > 0; the naive figure each charge's single-charge ε.
+2 — a single charge is the minimum of the RDP bound on the accountant's full grid, the coupling
+    bound and the exact basic bound; the naive figure uses the rule's own conversion and is
+    floored at the batch's spend (``sequential.fresh_price``, ``naive_price``).
+
+Both are valid upper bounds; a certificate re-verifies under the version that issued it, so an
+upgrade never turns a stored certificate invalid. New charges use ``PRICING_VERSION``."""
+
+_PRICING: Final[ContextVar[int]] = ContextVar("accountant_pricing_version", default=PRICING_VERSION)
+
+
+@contextmanager
+def pricing_version(version: int) -> Iterator[int]:
+    """Within the block, charges are priced as ``version`` prices them (certificate replays)."""
+    if version not in (1, 2):
+        raise InvalidArgumentError("pricing", f"must be 1 or 2. Found {version!r}.")
+    token = _PRICING.set(version)
+    try:
+        yield version
+    finally:
+        _PRICING.reset(token)
+
+
+def active_pricing() -> int:
+    """The pricing version in force (``PRICING_VERSION`` unless a replay set another)."""
+    return _PRICING.get()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1063,7 +1100,9 @@ def commit(
             "same run, further along.",
         )
     settlement = _rule(budget).commit(budget, state, charge, reserved, committed_before, partial_event)
-    return settlement if budget.rule == "geometric" else _naive_at_least_spent(settlement)
+    if budget.rule == "geometric" or active_pricing() < 2:
+        return settlement
+    return _naive_at_least_spent(settlement)
 
 
 def _naive_at_least_spent(settlement: Settlement) -> Settlement:
@@ -1138,6 +1177,7 @@ __all__ = [
     "ACCOUNTANTS",
     "MAX_GEOMETRIC_COPIES",
     "MAX_GEOMETRIC_LEVEL",
+    "PRICING_VERSION",
     "RULES",
     "SUPPORTED",
     "Admission",
@@ -1151,6 +1191,7 @@ __all__ = [
     "NoiseCommitment",
     "PriceMemo",
     "Settlement",
+    "active_pricing",
     "cancel",
     "canonical_json",
     "commit",
@@ -1160,6 +1201,7 @@ __all__ = [
     "naive_epsilon",
     "neighbouring_relation",
     "pricing",
+    "pricing_version",
     "remaining",
     "renyi_filter",
     "reserve",

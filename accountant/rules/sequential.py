@@ -61,6 +61,7 @@ from accountant.rules import (
     ChargeRefused,
     Cost,
     Settlement,
+    active_pricing,
     event_fingerprint,
     memoized,
     renyi_filter,
@@ -216,6 +217,14 @@ def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple
     at = budget.delta if delta is None else delta
     if is_free(event):
         return ZERO, ZERO
+    if active_pricing() < 2:  # a certificate issued before pricing version 2, replayed
+        assert budget.orders is not None or budget.accountant == "prv"
+        if budget.accountant == "rdp":
+            assert budget.orders is not None
+            legacy = rdp_epsilon(rdp_charge(event, budget.orders), budget.orders, delta_down(at))
+        else:
+            legacy = prv_epsilon((event,), at)
+        return legacy, (at if legacy > 0 else ZERO)
     if budget.accountant == "rdp":
         eps, dlt = _single_rdp_price(event, single_charge_orders(budget), at)
     else:
@@ -231,7 +240,7 @@ def naive_price(budget: Budget, event: DpEvent) -> Decimal:
     converts its spend: the Rényi filter's own ``epsilon_of`` (its grid and δ split) for a filter
     budget, else ``fresh_price``. ``naive_sequential_epsilon`` adds these up; with the same
     conversion a single release's naive figure equals the ledger's charge (never below it)."""
-    if budget.uses_filter:
+    if budget.uses_filter and active_pricing() >= 2:
         assert budget.orders is not None
         return renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders))
     return fresh_price(budget, event)[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -210,3 +211,32 @@ def test_issue_refuses_bad_arguments() -> None:
         issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), batches=[record], reservation_id="r",
               release={"x": float("nan")})  # fmt: skip
     assert not verify("not a certificate").ok  # type: ignore[arg-type]
+
+
+def _issued_before_pricing_versions() -> dict[str, dict[str, Any]]:
+    """The scenarios as the ledger issued them before pricing versions were recorded: priced
+    under version 1, without the ``pricing`` field (re-hashed)."""
+    with R.pricing_version(1):
+        old = scenarios()
+    for cert in old.values():
+        del cert["pricing"]
+        cert["hash"] = content_hash(cert)
+    return old
+
+
+def test_certificates_issued_before_an_upgrade_still_verify() -> None:
+    """Pricing version 2 charges a parallel/rdp DP-SGD run on the accountant's full grid; a
+    certificate issued under version 1 (the budget's grid) re-verifies under its own version, and
+    does not under the new one (its numbers are the old ones)."""
+    old = _issued_before_pricing_versions()
+    for name, cert in old.items():
+        assert verify(cert).ok, (name, verify(cert).reason)
+    new, before = SCENARIOS["parallel-rdp-progressive"], old["parallel-rdp-progressive"]
+    assert new["pricing"] == R.PRICING_VERSION == 2
+    assert Decimal(new["result"]["epsilon"]) < Decimal(before["result"]["epsilon"])
+    relabelled = {**before, "pricing": 2}
+    relabelled["hash"] = content_hash(relabelled)
+    assert not verify(relabelled).ok
+    unknown = {**SCENARIOS["sequential-basic"], "pricing": 3}
+    unknown["hash"] = content_hash(unknown)
+    assert "unknown pricing version" in verify(unknown).reason
