@@ -39,7 +39,6 @@ transaction, with the ``Admission``/``Settlement`` values the ledger just comput
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -48,6 +47,7 @@ from typing import Any, Final
 
 from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError
+from accountant.canonical import sha256_hex
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, to_text
 from accountant.mechanisms import l2dp_ml_analysis_text
@@ -59,7 +59,6 @@ from accountant.rules import (
     PriceMemo,
     Settlement,
     active_pricing,
-    canonical_json,
     commit,
     pricing,
     pricing_version,
@@ -146,7 +145,7 @@ def content_hash(certificate: Mapping[str, Any]) -> str:
     """``sha256:<hex>`` of the canonical JSON of every field but ``hash`` and ``signature`` (the
     signature is over the hash; this module neither makes nor checks it)."""
     body = {k: v for k, v in certificate.items() if k not in _UNHASHED}
-    return "sha256:" + hashlib.sha256(canonical_json(body).encode()).hexdigest()
+    return "sha256:" + sha256_hex(body)
 
 
 def _result(budget: Budget, records: Sequence[BatchRecord]) -> dict[str, Any]:

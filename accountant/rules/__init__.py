@@ -31,8 +31,6 @@ is authoritative (for the Rényi filter its ε fields are derived from per-order
 from __future__ import annotations
 
 import decimal
-import hashlib
-import json
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -43,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from accountant import events as ev
 from accountant.base import AccountantError, InvalidArgumentError
+from accountant.canonical import canonical_json, sha256_hex
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, as_written, exact_mul, exact_sub, to_text
 from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
@@ -111,17 +110,11 @@ class ChargeRefused(AccountantError):
 # ---------------------------------------------------------------------------------------------
 
 
-def canonical_json(obj: object) -> str:
-    """Sorted keys, no spaces, no NaN: the byte string that hashes and fingerprints use."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
 def event_fingerprint(event: DpEvent) -> str:
     """``sha256:<hex>`` of the event's canonical JSON (identifies the noise of a commitment)."""
 
     def compute() -> str:
-        digest = hashlib.sha256(canonical_json(ev.to_json(event)).encode()).hexdigest()
-        return f"sha256:{digest}"
+        return f"sha256:{sha256_hex(ev.to_json(event))}"
 
     return memoized("fingerprint", None, event, None, compute)
 

@@ -21,13 +21,13 @@ are ordered by ``chain_seq``: ``after`` is the last ``chain_seq`` already read (
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import select
 
+from accountant.canonical import timestamp
 from service import server_secrets
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
@@ -39,9 +39,6 @@ from service.ledger import signing
 from service.ledger.datasets import load_dataset
 
 MAX_PAGE: Final = 5000
-# The form ``service.ledger.audit.entry_hash`` hashes ``created_at`` in (microseconds, UTC, "Z"):
-# ``datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)`` gives the hashed instant back.
-TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%S.%fZ"
 
 router = APIRouter(prefix=PREFIX, tags=["audit"])
 
@@ -74,7 +71,7 @@ def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, lim
                 "payload": row.payload,
                 "prev_hash": row.prev_hash,
                 "hash": row.hash,
-                "created_at": _timestamp(row.created_at),
+                "created_at": timestamp(row.created_at),
             }
             for row in rows
         ]
@@ -86,10 +83,6 @@ def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, lim
         "count": len(data),
         "next_after": last if data and last < head_seq else None,
     }
-
-
-def _timestamp(value: datetime) -> str:
-    return value.astimezone(UTC).strftime(TIMESTAMP_FORMAT)
 
 
 @router.get(

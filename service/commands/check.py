@@ -73,6 +73,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accountant.canonical import parse_timestamp
 from service.commands.export import (
     BUNDLE_KIND,
     BUNDLE_VERSION,
@@ -352,12 +353,6 @@ def _budget(bundle: Json) -> Finding:
     return Finding("budget", not problems, detail, problems)
 
 
-def _parse_timestamp(text: str) -> datetime:
-    from service.api.audit_export import TIMESTAMP_FORMAT
-
-    return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=UTC)
-
-
 def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[str]:
     from service.ledger.audit import GENESIS_HASH, entry_hash
 
@@ -377,7 +372,7 @@ def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[s
             tenant_id=entry["tenant_id"],
             dataset_id=entry["dataset_id"],
             payload=entry["payload"],
-            created_at=_parse_timestamp(entry["created_at"]),
+            created_at=parse_timestamp(entry["created_at"]),
             prev_hash=entry["prev_hash"],
         )
         if digest != entry["hash"]:

@@ -32,7 +32,6 @@ Exit 0 when written; 2 on usage or connection errors, an unknown dataset or a re
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -41,11 +40,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from accountant.canonical import sha256_hex
+
 if TYPE_CHECKING:
     from service.client import LedgerClient
 
 BUNDLE_KIND: Final = "privacy-ledger/bundle"
-BUNDLE_VERSION: Final = 1
+BUNDLE_VERSION: Final = 2  # 2: hashed with accountant.canonical (ASCII), signing keys included
 URL_ENV: Final = "LEDGER_URL"
 KEY_ENV: Final = "LEDGER_API_KEY"
 
@@ -77,14 +78,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def bundle_hash(bundle: dict[str, Any]) -> str:
     """``sha256:`` over the canonical JSON of every field but ``bundle_hash``."""
     body = {k: v for k, v in bundle.items() if k != "bundle_hash"}
-    return "sha256:" + hashlib.sha256(canonical(body).encode()).hexdigest()
+    return "sha256:" + sha256_hex(body)
 
 
 def model_names(certificates: Iterable[dict[str, Any]], model: str | None) -> list[str]:

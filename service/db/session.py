@@ -22,7 +22,6 @@ through the models' metadata.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +42,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import Pool
 
+from accountant import canonical
 from service.db.models import Base, Dataset
 from service.ledger.errors import (
     BatchOverlap,
@@ -55,8 +55,8 @@ DEFAULT_BUSY_TIMEOUT_S: Final = 60.0
 
 
 def canonical_json(value: Any) -> str:
-    """JSON text with sorted keys and no spaces: the stored form of every document."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_default)
+    """The stored form of every document: ``accountant.canonical`` JSON, refusing Decimals."""
+    return canonical.canonical_json(value, default=_default)
 
 
 def _default(value: Any) -> Any:

@@ -20,18 +20,18 @@ entry count nor its breaks (nor its dataset ids) reach a tenant's key.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
+from accountant.canonical import sha256_hex, timestamp
 from service.db.base import utcnow
 from service.db.models import AuditEntry, AuditHead, Dataset
-from service.db.session import Database, canonical_json
+from service.db.session import Database
 
 GENESIS_HASH: Final = "0" * 64
 GLOBAL_CHAIN: Final = "global"
@@ -57,10 +57,6 @@ class AuditEvent:
         return self.dataset_id if self.dataset_id is not None else GLOBAL_CHAIN
 
 
-def _timestamp(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def entry_hash(
     *,
     chain: str,
@@ -79,10 +75,10 @@ def entry_hash(
         "tenant_id": tenant_id,
         "dataset_id": dataset_id,
         "payload": payload,
-        "created_at": _timestamp(created_at),
+        "created_at": timestamp(created_at),
         "prev_hash": prev_hash,
     }
-    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+    return sha256_hex(document)
 
 
 def chain_rows(

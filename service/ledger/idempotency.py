@@ -18,8 +18,6 @@ retry the whole transaction on a deadlock or serialization failure.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from accountant.canonical import sha256_hex
 from accountant.exact import to_text
 from service.db.base import utcnow
 from service.db.models import IdempotencyKey
@@ -74,13 +73,7 @@ def check_key(key: str | None) -> str | None:
 
 def request_hash(operation: str, request: Mapping[str, Any]) -> str:
     """SHA-256 of the canonical JSON of the operation and its request (decimals as text)."""
-    document = json.dumps(
-        {"operation": operation, "request": request},
-        sort_keys=True,
-        separators=(",", ":"),
-        default=_as_text,
-    )
-    return hashlib.sha256(document.encode()).hexdigest()
+    return sha256_hex({"operation": operation, "request": request}, default=_as_text)
 
 
 def _as_text(value: Any) -> Any:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Any, Final, Literal
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from accountant.canonical import canonical_bytes
 
 ALGORITHM: Final = "Ed25519"
 CERTIFICATE_SIGNATURE_KIND: Final = "privacy-ledger/certificate-signature"
@@ -247,16 +248,14 @@ def keys_from_json(document: object, what: str) -> dict[str, PublicKey]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _message(document: Mapping[str, Any]) -> bytes:
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
 def certificate_message(content_hash: str) -> bytes:
-    return _message({"kind": CERTIFICATE_SIGNATURE_KIND, "content_hash": content_hash})
+    return canonical_bytes({"kind": CERTIFICATE_SIGNATURE_KIND, "content_hash": content_hash})
 
 
 def head_message(chain: str, chain_seq: int, head_hash: str) -> bytes:
-    return _message({"kind": HEAD_SIGNATURE_KIND, "chain": chain, "chain_seq": chain_seq, "hash": head_hash})
+    return canonical_bytes(
+        {"kind": HEAD_SIGNATURE_KIND, "chain": chain, "chain_seq": chain_seq, "hash": head_hash}
+    )
 
 
 def sign_certificate(certificate: Mapping[str, Any], key: SigningKey) -> dict[str, Any]:

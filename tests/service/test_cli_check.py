@@ -388,7 +388,7 @@ def test_bundle_usage_errors_exit_2(
 
 def _rechain(bundle: dict[str, Any]) -> None:
     """Recompute every audit entry's hash and the head (no secret needed), as a forger would."""
-    from service.commands.check import _parse_timestamp
+    from accountant.canonical import parse_timestamp
     from service.ledger.audit import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH
@@ -401,7 +401,7 @@ def _rechain(bundle: dict[str, Any]) -> None:
             tenant_id=entry["tenant_id"],
             dataset_id=entry["dataset_id"],
             payload=entry["payload"],
-            created_at=_parse_timestamp(entry["created_at"]),
+            created_at=parse_timestamp(entry["created_at"]),
             prev_hash=entry["prev_hash"],
         )
     bundle["audit"]["head"]["hash"] = prev
