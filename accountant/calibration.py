@@ -104,31 +104,21 @@ def calibrate_noise_multiplier(
     step = _check_resolution(resolution)
     make_accountant(accountant)  # an unknown name fails here, naming "accountant"
 
-    def sigma(k: int) -> float:
-        return float(Decimal(k) * step)
-
-    def meets(k: int) -> bool:
-        return (
-            _epsilon_upper(
-                accountant=accountant,
-                noise_multiplier=sigma(k),
-                sampling_probability=q,
-                steps=steps,
-                delta=delta,
-            )
-            <= target
+    def meets(sigma: float) -> bool:
+        upper = _epsilon_upper(
+            accountant=accountant, noise_multiplier=sigma, sampling_probability=q, steps=steps, delta=delta
         )
+        return upper <= target
 
-    k_max = int(Decimal(repr(MAX_NOISE_MULTIPLIER)) / step)
-    k = _smallest_meeting(meets, k_start=int(1 / step), k_max=k_max)
-    if k is None:
+    try:
+        return smallest_noise(meets, start=1.0, resolution=float(step))
+    except InvalidArgumentError:
         raise InvalidArgumentError(
             "target_epsilon",
             f"cannot be reached: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} gives an epsilon "
             f"upper bound above {target} at delta={delta} for sampling_probability={q} and "
             f"steps={steps}.",
-        )
-    return sigma(k)
+        ) from None
 
 
 def calibrate_to_price(
@@ -150,20 +140,31 @@ def calibrate_to_price(
     ``InvalidArgumentError`` naming ``target_epsilon`` when no σ up to ``MAX_NOISE_MULTIPLIER``
     is priced at or below the target."""
     target = Decimal(repr(_check_target_epsilon(target_epsilon)))
+    return smallest_noise(
+        lambda sigma: price(make_event(sigma)) <= target, start=start, resolution=resolution
+    )
+
+
+def smallest_noise(meets: Callable[[float], bool], *, start: float = 1.0, resolution: float = 1e-4) -> float:
+    """The smallest σ = k·``resolution`` (k ≥ 1) with ``meets(σ)``, searching from ``start``:
+    the one "double, then bisect" search every calibration uses. ``meets`` must be monotone in σ
+    (False, then True). ``InvalidArgumentError`` naming ``target_epsilon`` when even
+    ``MAX_NOISE_MULTIPLIER`` does not meet it."""
     step = _check_resolution(resolution)
 
-    def meets(k: int) -> bool:
-        return price(make_event(float(Decimal(k) * step))) <= target
+    def sigma(k: int) -> float:
+        return float(Decimal(k) * step)
 
     k_max = int(Decimal(repr(MAX_NOISE_MULTIPLIER)) / step)
-    k = _smallest_meeting(meets, k_start=max(1, int(Decimal(repr(float(start))) / step)), k_max=k_max)
+    k = _smallest_meeting(
+        lambda k: meets(sigma(k)), k_start=max(1, int(Decimal(repr(float(start))) / step)), k_max=k_max
+    )
     if k is None:
         raise InvalidArgumentError(
             "target_epsilon",
-            f"cannot be reached: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} is charged more "
-            f"than {target} on this budget.",
+            f"cannot be reached: even noise_multiplier={MAX_NOISE_MULTIPLIER:g} does not meet it.",
         )
-    return float(Decimal(k) * step)
+    return sigma(k)
 
 
 def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int) -> int | None:
@@ -200,4 +201,4 @@ def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int)
     return passing
 
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_to_price"]
+__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_to_price", "smallest_noise"]

@@ -588,9 +588,11 @@ def naive_steps(epochs: int, sampling_probability: float) -> int:
 def calibrate_sequential_noise(
     *, target_epsilon: float, delta: float, sampling_probability: float, steps: Sequence[int]
 ) -> float:
-    """The smallest σ (to 1e-3, relative) whose stages, all charged to one batch (the first task's
-    memory batch reads every stage), fit the Rényi filter of a ``sequential``/``rdp`` budget
-    (ε, δ) with the default order grid: exactly the ledger's admission test."""
+    """The smallest σ (grid 10⁻⁴, ``accountant.calibration.smallest_noise``) whose stages, all
+    charged to one batch (the first task's memory batch reads every stage), fit the Rényi filter
+    of a ``sequential``/``rdp`` budget (ε, δ) with its placed grid: the ledger's admission test."""
+    from accountant.base import InvalidArgumentError
+    from accountant.calibration import smallest_noise
     from accountant.exact import exact_add
     from accountant.rules import Budget, renyi_filter
     from accountant.rules.sequential import rdp_charge
@@ -612,15 +614,12 @@ def calibrate_sequential_noise(
             total = tuple(exact_add(a, b) for a, b in zip(total, charge, strict=True))
         return flt.fits(total)
 
-    lo, hi = 0.05, 1.0
-    while not fits(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1e4:
-            raise InvalidParamsError("params.target_epsilon", f"cannot be reached. Found {target_epsilon}.")
-    while hi / lo > 1.001:
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return hi
+    try:
+        return smallest_noise(fits)
+    except InvalidArgumentError:
+        raise InvalidParamsError(
+            "params.target_epsilon", f"cannot be reached. Found {target_epsilon}."
+        ) from None
 
 
 @dataclass
