@@ -4,7 +4,7 @@ Run ``python bench/training.py [--quick] [--model mlp|cnn]`` from the repository
 table and writes ``bench/results/training.json`` (``training-<model>.json`` for a non-default
 model).
 
-Same everything: model (``service.worker.models``), data (``builtin:digits``, 1437 training
+Same everything: model (``service.worker.nets``), data (``builtin:digits``, 1437 training
 records, the fixed 360-image test split), learning rate, clipping norm C, and the privacy plan.
 The sampling probability is q = 1/⌈N/B⌉ for expected batch size B — exactly the rate Opacus's
 ``PrivacyEngine.make_private(poisson_sampling=True)`` derives from a loader of batch size B — so

@@ -7,7 +7,7 @@ training modules, so the service runs (and its tests pass) without torch install
   ``builtin:digits``, ``builtin:permuted-digits?tasks=N``, ``builtin:split-digits?tasks=N``),
   parsed without reading anything and loaded only when called; the check that a source's record
   ids are exactly the ledger's batches. numpy only, no torch.
-* ``service.worker.models`` — the MLP and the small CNN, chosen by job params.
+* ``service.worker.nets`` — the MLP and the small CNN, chosen by job params.
 * ``service.worker.dp_sgd`` — DP-SGD with true Poisson sampling and ``torch.func`` per-example
   gradients: ``DpSgdTrainer.plan`` (the cost of the whole run, before any data is read) and
   ``DpSgdTrainer.train`` (checkpoint callbacks that commit before each release).

@@ -53,7 +53,7 @@ from torch import nn
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
 from service.worker.data import LoadedData
-from service.worker.models import build_model
+from service.worker.nets import build_model
 from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     MAX_STEPS,

@@ -107,7 +107,7 @@ from service.worker.dp_sgd import (
     noisy_mean_gradient_flat,
     poisson_sample,
 )
-from service.worker.models import MLP
+from service.worker.nets import MLP
 from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_EPOCHS,
     MAX_TASKS,

@@ -15,7 +15,7 @@ from service.worker import adadp  # noqa: E402
 from service.worker.adadp import AdaDpParams, AdaDpTrainer, Lemma1Violation, check_lemma1  # noqa: E402
 from service.worker.data import LoadedData, TaskSplit, load_data  # noqa: E402
 from service.worker.dp_sgd import DpSgdTrainer, dp_sgd_event  # noqa: E402
-from service.worker.models import InvalidParamsError  # noqa: E402
+from service.worker.nets import InvalidParamsError  # noqa: E402
 
 CPU = torch.device("cpu")
 

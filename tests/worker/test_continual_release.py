@@ -48,7 +48,7 @@ from service.worker.continual_release import (  # noqa: E402
     sliding_window_chain,
 )
 from service.worker.data import DataSourceError, load_data, parse_source  # noqa: E402
-from service.worker.models import InvalidParamsError  # noqa: E402
+from service.worker.nets import InvalidParamsError  # noqa: E402
 from service.worker.stages import LedgerBatch, LedgerTask, Stage  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import versions_of  # noqa: E402

@@ -28,7 +28,7 @@ from service.worker.dp_sgd import (  # noqa: E402
     poisson_sample,
     run_with_reservation,
 )
-from service.worker.models import InvalidParamsError, ModelSpec, build_model  # noqa: E402
+from service.worker.nets import InvalidParamsError, ModelSpec, build_model  # noqa: E402
 from service.worker.per_example_gradients import (  # noqa: E402
     PerExampleGradients,
     flatten_per_example,

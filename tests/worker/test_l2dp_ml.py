@@ -29,7 +29,7 @@ from service.worker.l2dp_ml import (  # noqa: E402
     record_input_noise,
     theta1_norm,
 )
-from service.worker.models import InvalidParamsError  # noqa: E402
+from service.worker.nets import InvalidParamsError  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import source_tasks, task_dataset, versions_of  # noqa: E402
 

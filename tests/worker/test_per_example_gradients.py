@@ -12,7 +12,7 @@ from torch import nn  # noqa: E402
 from service.worker import per_example_gradients  # noqa: E402
 from service.worker.data import load_data  # noqa: E402
 from service.worker.dp_sgd import DpSgdTrainer, ModelState  # noqa: E402
-from service.worker.models import ModelSpec, build_model  # noqa: E402
+from service.worker.nets import ModelSpec, build_model  # noqa: E402
 from service.worker.per_example_gradients import PerExampleGradients  # noqa: E402
 
 

@@ -215,7 +215,7 @@ def test_a_dp_sgd_step_adds_noise_of_std_sigma_c_over_expected_batch() -> None:
 
 
 def test_plan_refuses_a_run_too_long_naming_epochs() -> None:
-    from service.worker.models import InvalidParamsError
+    from service.worker.nets import InvalidParamsError
 
     p = HeadParams.from_params({"noise_multiplier": 1.0, "epochs": 1e5, "expected_batch_size": 1})
     with pytest.raises(InvalidParamsError) as info:

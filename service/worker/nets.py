@@ -1,4 +1,6 @@
-"""The models the worker trains: an MLP and a small CNN for 8×8 images, chosen by job params.
+"""The networks the worker trains (torch): an MLP and a small CNN for 8×8 images, chosen by job
+params. Called ``nets``: ``service/db/models.py`` is the ORM, ``service/api/models.py`` the model
+registry's routes.
 
 Both are built only from layers whose per-example gradients ``torch.func.vmap`` computes exactly
 (``Linear``, ``Conv2d``, ``ReLU``, pooling). There is no batch normalisation: it mixes the
