@@ -281,12 +281,6 @@ class Database:
         with self.session(readonly=True) as session:
             return list(session.execute(statement, parameters).all())
 
-    @contextmanager
-    def spend_transaction(self, dataset_id: str) -> Iterator[tuple[Session, Dataset | None]]:
-        """A write session with the dataset's ledger head locked (``None``: no such dataset)."""
-        with self.session() as session:
-            yield session, lock_ledger_head(session, dataset_id)
-
     def dispose(self) -> None:
         self.engine.dispose()
 
