@@ -172,7 +172,7 @@ _NULL_ONLY: Final = {
 
 EVENT_SCHEMA: Final[dict[str, Any]] = {
     "title": "Event",
-    "description": "A mechanism event (DESIGN.md): a stable `kind` and its parameters. Nesting "
+    "description": "A mechanism event: a stable `kind` and its parameters (docs/event.schema.json). Nesting "
     "depth at most 32. Relations between fields are checked by the service (422): "
     "`sample_size <= population_size`; for `adaptive_gaussian` with vectors, equal lengths and "
     "AdaDp's Lemma 1 (sum of s_i^2/sigma_i^2 <= 1/noise_multiplier^2); for `output_perturbation`, "
@@ -225,6 +225,29 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
         ),
     ],
 }
+
+
+EVENT_SCHEMA_PATH: Final = "/schemas/event.json"
+
+
+def event_json_schema() -> dict[str, Any]:
+    """``EVENT_SCHEMA`` as a standalone JSON Schema (draft 2020-12; nested events refer to the
+    root), served at ``EVENT_SCHEMA_PATH`` and kept in ``docs/event.schema.json``."""
+
+    def rooted(node: Any) -> Any:
+        if node == _REF:
+            return {"$ref": "#"}
+        if isinstance(node, dict):
+            return {k: rooted(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [rooted(v) for v in node]
+        return node
+
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://privacy-ledger.invalid/schemas/event.json",
+        **rooted(EVENT_SCHEMA),
+    }
 
 
 # ---- answers ------------------------------------------------------------------------------------

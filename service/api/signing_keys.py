@@ -1,6 +1,7 @@
-"""``GET /.well-known/privacy-ledger/signing-keys``: the public keys that verify this server's
-signatures (no key needed: they are public, and a verifier must be able to fetch them before it
-holds any credential).
+"""Public documents, no API key needed: ``GET /.well-known/privacy-ledger/signing-keys`` (the
+public keys that verify this server's signatures: a verifier must be able to fetch them before it
+holds any credential) and ``GET /schemas/event.json`` (the JSON Schema of every event kind, also in
+``docs/event.schema.json``).
 
 Answer: ``{"keys": [{key_id, algorithm: "Ed25519", public_key, status}]}`` — ``public_key`` the
 base64 of the raw 32-byte key, ``status`` ``active`` (signs what is issued now; listed first) or
@@ -15,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service import server_secrets
+from service.api.openapi import EVENT_SCHEMA_PATH, event_json_schema
 from service.api.schemas import SigningKeysPublic
 from service.ledger.signing import WELL_KNOWN_PATH
 
@@ -30,3 +32,14 @@ router = APIRouter(tags=["signatures"])
 )
 def signing_keys(request: Request) -> dict[str, Any]:
     return server_secrets.signing_keys(request.app.state.database).to_json()
+
+
+@router.get(
+    EVENT_SCHEMA_PATH,
+    tags=["schemas"],
+    summary="The JSON Schema of a mechanism event (every kind)",
+    description="No API key needed. Draft 2020-12; nested events refer to the root. The service "
+    "checks more than the schema can say (relations between fields; 422 naming the field).",
+)
+def event_schema() -> dict[str, Any]:
+    return event_json_schema()
