@@ -42,7 +42,7 @@ COPY service ./service
 COPY alembic ./alembic
 # Editable install: the migrations are found next to the `service` package (service.db.migrations).
 RUN python -m venv /opt/ledger \
- && /opt/ledger/bin/pip install -e ".[postgres]" \
+ && /opt/ledger/bin/pip install -e ".[server,postgres]" \
  && mkdir -p /var/lib/ledger/artifacts \
  && chown -R ledger:ledger /var/lib/ledger
 ENV PATH=/opt/ledger/bin:$PATH \

@@ -273,7 +273,7 @@ def test_migrations_at_start_up(dockerfile: Dockerfile, tmp_path: Path) -> None:
     # the migrations are found next to the editable install of `service`
     copies = " ".join(dockerfile.stages["base"].all("COPY"))
     assert "alembic" in copies and "service" in copies and "accountant" in copies
-    assert 'pip install -e ".[postgres]"' in " ".join(dockerfile.stages["base"].all("RUN"))
+    assert 'pip install -e ".[server,postgres]"' in " ".join(dockerfile.stages["base"].all("RUN"))
 
     from service.db import migrations
 

@@ -64,18 +64,65 @@ def _installed_closure(requirements: list[str]) -> set[str]:
     return closure
 
 
-def test_the_core_install_has_every_library_the_service_imports() -> None:
-    """``pip install privacy-ledger`` (no extra) must run the service, the CLI and the Python
-    client; only the worker and the experiments (the ``worker`` extra) may import more."""
-    core = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    closure = _installed_closure(core)
+# What a plain install (no extra) must run: the accountants, the client and the client-side
+# commands with what they import (issue 14 §4). Everything else in `service/` is the server's,
+# `service/worker/` and `service/experiments/` the worker's.
+CLIENT_SIDE = (
+    "service/__init__.py",
+    "service/cli.py",
+    "service/client.py",
+    "service/commands/__init__.py",
+    "service/commands/epsilon.py",
+    "service/commands/check.py",
+    "service/commands/export.py",
+    "service/ledger/signing.py",
+    "service/ledger/audit_hash.py",
+)
+
+
+def _extra(relative: str) -> str | None:
+    """The extra a source file's imports may come from (``None``: the core install)."""
+    if relative.startswith("accountant/") or relative in CLIENT_SIDE:
+        return None
+    if relative.startswith(("service/worker/", "service/experiments/")):
+        return "worker"
+    return "server"
+
+
+def _guards_import(node: ast.AST) -> bool:
+    """A ``try`` whose handlers catch ``ImportError`` / ``ModuleNotFoundError``."""
+    if not isinstance(node, ast.Try):
+        return False
+    names = set()
+    for handler in node.handlers:
+        kinds = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        names |= {k.id for k in kinds if isinstance(k, ast.Name)}
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+def test_each_install_has_every_library_its_code_imports() -> None:
+    """``pip install privacy-ledger`` (no extra) runs the accountants, the client and ``ledger
+    epsilon`` / ``check`` / ``export``; the ``server`` extra adds what the service imports; the
+    ``worker`` extra (which includes ``server``) what the trainers and experiments import."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = project["dependencies"]
+    server = [*core, *project["optional-dependencies"]["server"]]
+    worker = [*server, *(r for r in project["optional-dependencies"]["worker"] if "privacy-ledger" not in r)]
+    closures = {
+        None: _installed_closure(core),
+        "server": _installed_closure(server),
+        "worker": _installed_closure(worker),
+    }
     providers = importlib.metadata.packages_distributions()
     missing: dict[str, set[str]] = {}
     for path in [*ROOT.glob("service/**/*.py"), *ROOT.glob("accountant/**/*.py")]:
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith(("service/worker/", "service/experiments/")):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        closure = closures[_extra(relative)]
+        tree = ast.parse(path.read_text())
+        optional = {id(n) for t in ast.walk(tree) if _guards_import(t) for b in t.body for n in ast.walk(b)}  # type: ignore[attr-defined]
+        for node in ast.walk(tree):
+            if id(node) in optional:
+                continue  # `try: import x / except ImportError:` — used when installed
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -89,7 +136,8 @@ def test_the_core_install_has_every_library_the_service_imports() -> None:
                 names = {d.lower().replace("_", "-") for d in providers.get(top, [])}
                 if not names & closure:
                     missing.setdefault(top, set()).add(relative)
-    assert not missing, f"imported but not a core dependency: {missing}"
+    assert not missing, f"imported but not in that install: {missing}"
+    assert "privacy-ledger[server]" in project["optional-dependencies"]["worker"]
 
 
 def test_top_level_layout_is_the_agreed_one() -> None:

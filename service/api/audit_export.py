@@ -2,7 +2,7 @@
 
 ``GET /v1/audit/verify`` answers whether the chains are intact; this route hands out the entries
 themselves, so that ``ledger export`` can bundle a dataset's chain and ``ledger check --bundle``
-can recompute every hash offline (``service.ledger.audit.entry_hash``) and tie each certificate to
+can recompute every hash offline (``service.ledger.audit_hash.entry_hash``) and tie each certificate to
 the ``reservation.committed`` entry that recorded its content hash.
 
 Answer::

@@ -28,7 +28,7 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     prove fails too.
 ``audit chain``
     the server's verdict (``GET /v1/audit/verify``) is ``ok``; the chain's entries are recomputed
-    hash by hash from the genesis hash to the head (``service.ledger.audit.entry_hash``); every
+    hash by hash from the genesis hash to the head (``service.ledger.audit_hash.entry_hash``); every
     certificate is recorded, with its content hash, by a ``reservation.committed`` entry, and every
     such entry's certificate is present (none hidden, none added).
 ``max epsilon`` (``--max-epsilon E``)
@@ -354,7 +354,7 @@ def _budget(bundle: Json) -> Finding:
 
 
 def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[str]:
-    from service.ledger.audit import GENESIS_HASH, entry_hash
+    from service.ledger.audit_hash import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH
     for position, entry in enumerate(entries, start=1):

@@ -28,12 +28,11 @@ from typing import Any, Final
 from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from accountant.canonical import sha256_hex, timestamp
 from service.db.base import utcnow
 from service.db.models import AuditEntry, AuditHead, Dataset
 from service.db.session import Database
+from service.ledger.audit_hash import GENESIS_HASH, entry_hash
 
-GENESIS_HASH: Final = "0" * 64
 GLOBAL_CHAIN: Final = "global"
 HEAD_ID: Final = 1
 _VERIFY_PAGE: Final = 2000
@@ -55,30 +54,6 @@ class AuditEvent:
     @property
     def chain(self) -> str:
         return self.dataset_id if self.dataset_id is not None else GLOBAL_CHAIN
-
-
-def entry_hash(
-    *,
-    chain: str,
-    chain_seq: int,
-    event_type: str,
-    tenant_id: str | None,
-    dataset_id: str | None,
-    payload: Mapping[str, Any],
-    created_at: datetime,
-    prev_hash: str,
-) -> str:
-    document = {
-        "chain": chain,
-        "chain_seq": chain_seq,
-        "event_type": event_type,
-        "tenant_id": tenant_id,
-        "dataset_id": dataset_id,
-        "payload": payload,
-        "created_at": timestamp(created_at),
-        "prev_hash": prev_hash,
-    }
-    return sha256_hex(document)
 
 
 def chain_rows(

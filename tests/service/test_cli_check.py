@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,7 @@ from tests.service.live_server import free_port, serve, settings_for
 
 # Reading the ledger runs on both backends; what only depends on the CLI or on a bundle file
 # runs on SQLite (the backend fixture of tests/conftest.py, overridden).
+ROOT = Path(__file__).resolve().parents[2]
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 
 
@@ -389,7 +392,7 @@ def test_bundle_usage_errors_exit_2(
 def _rechain(bundle: dict[str, Any]) -> None:
     """Recompute every audit entry's hash and the head (no secret needed), as a forger would."""
     from accountant.canonical import parse_timestamp
-    from service.ledger.audit import GENESIS_HASH, entry_hash
+    from service.ledger.audit_hash import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH
     for entry in bundle["audit"]["entries"]:
@@ -527,3 +530,74 @@ def test_a_bad_trusted_key_is_a_usage_error(
         ["check", "--bundle", str(path), "--trusted-keys", str(tmp_path / "none.json")], capsys
     )
     assert code == 2 and "--trusted-keys: cannot read" in err
+
+
+SERVER_PACKAGES = (
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "pydantic",
+    "pydantic_settings",
+    "torch",
+)
+_WITHOUT_SERVER = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NotInstalled(MetaPathFinder):
+    # A plain `pip install privacy-ledger`: the server's and the worker's packages are absent.
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {packages}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from service.cli import main
+code = main(sys.argv[1:])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in {packages})
+assert not loaded, loaded
+sys.exit(code)
+"""
+
+
+def _without_server(*argv: str) -> subprocess.CompletedProcess[str]:
+    script = _WITHOUT_SERVER.format(packages=set(SERVER_PACKAGES))
+    return subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT
+    )
+
+
+def test_the_client_side_commands_need_no_server_packages(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14 §4: `ledger epsilon`, `ledger export`, `ledger check` (online and `--bundle`) run
+    with none of FastAPI, uvicorn, SQLAlchemy, Alembic, pydantic or torch importable; a server
+    command says which extra it needs."""
+    path = tmp_path / "ledger.json"
+    exported = _without_server(
+        "export", "--url", healthy.url, "--key", healthy.viewer, "--dataset", healthy.dataset, "-o", str(path)
+    )
+    assert exported.returncode == 0, exported.stderr
+    checked = _without_server("check", "--bundle", str(path), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checks(checked.stdout)["signatures"] is True
+    online = _without_server(
+        "check", "--url", healthy.url, "--key", healthy.viewer, "--dataset", healthy.dataset
+    )
+    assert online.returncode == 0, online.stdout + online.stderr
+    epsilon = _without_server(
+        "epsilon",
+        "--noise-multiplier",
+        "1.1",
+        "--sampling-probability",
+        "0.01",
+        "--steps",
+        "100",
+        "--delta",
+        "1e-5",
+    )
+    assert epsilon.returncode == 0 and json.loads(epsilon.stdout)["epsilon"]["upper"] > 0, epsilon.stderr
+    serve = _without_server("serve")
+    assert serve.returncode == 2 and "pip install 'privacy-ledger[server]'" in serve.stderr
