@@ -64,6 +64,7 @@ an unknown dataset.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -580,7 +581,7 @@ def evaluate(
     if mode == "bundle":
         findings.append(_bundle_integrity(bundle))
     for pin_source, old in (pins or {}).items():
-        findings.append(_guarded("pin", lambda old=old, src=pin_source: _pin(bundle, old, src)))
+        findings.append(_guarded("pin", functools.partial(_pin, bundle, old, pin_source)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle)))

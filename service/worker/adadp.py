@@ -62,7 +62,6 @@ from typing import ClassVar, Final
 import torch
 
 from service.worker.dp_sgd import (
-    DpSgdParams,
     DpSgdTrainer,
     Params,
     TrainingError,
@@ -73,7 +72,7 @@ from service.worker.dp_sgd import (
     gaussian_like,
     per_example_norms,
 )
-from service.worker.params import AdaDpParams, InvalidParamsError  # noqa: F401  (re-exported)
+from service.worker.params import AdaDpParams, DpSgdParams, InvalidParamsError  # noqa: F401  (re-exported)
 
 LEMMA1_SAFETY: Final = 1e-5
 LEMMA1_RTOL: Final = 1e-12  # float64 rounding of the check itself
