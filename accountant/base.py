@@ -1,4 +1,5 @@
-"""The accountant interface, its result type and the registry of accountants by name.
+"""The accountant interface and its result type (the registry of accountants by name is
+``accountant.registry``, above the accountants; the errors are ``accountant.errors``).
 
 An accountant is a pure consumer of mechanism events (``accountant.events``) behind one small
 interface, as in dp_accounting's ``PrivacyAccountant``:
@@ -16,34 +17,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
-
-
-class AccountantError(Exception):
-    """Base class of the accountant's typed errors."""
-
-
-class UnsupportedEventError(AccountantError):
-    """The accountant cannot account for ``event`` (the innermost unsupported event)."""
-
-    def __init__(self, accountant: str, event: DpEvent, reason: str = "") -> None:
-        detail = f": {reason}" if reason else ""
-        super().__init__(f"accountant {accountant!r} does not support event kind {event.kind!r}{detail}")
-        self.accountant = accountant
-        self.event = event
-        self.reason = reason
-
-
-class InvalidArgumentError(AccountantError, ValueError):
-    """A non-event argument (δ, ε, orders, ...) is invalid. ``field`` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,34 +99,3 @@ class PrivacyAccountant(ABC):
     @abstractmethod
     def get_delta(self, epsilon: float) -> float:
         """An upper bound on δ for ``epsilon`` for everything composed so far."""
-
-
-_REGISTRY: dict[str, Callable[[], PrivacyAccountant]] = {}
-
-
-def register(name: str, factory: Callable[[], PrivacyAccountant]) -> None:
-    _REGISTRY[name] = factory
-
-
-def accountant_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def make_accountant(name: str) -> PrivacyAccountant:
-    """A fresh accountant by registry name (``basic``, ``rdp``, ``prv``)."""
-    _load_builtin()
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise InvalidArgumentError(
-            "accountant", f"must be one of {sorted(_REGISTRY)}. Found {name!r}."
-        ) from None
-    return factory()
-
-
-def _load_builtin() -> None:
-    # Importing the modules registers them; done lazily to keep import cycles out.
-    import accountant.basic
-    import accountant.prv
-    import accountant.rdp  # noqa: F401

@@ -31,15 +31,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Final
 
-from accountant.base import (
-    EpsilonBound,
-    InvalidArgumentError,
-    PrivacyAccountant,
-    UnsupportedEventError,
-    check_delta,
-    check_epsilon,
-    register,
-)
+from accountant.base import EpsilonBound, PrivacyAccountant, check_delta, check_epsilon
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.events import (
     MAX_COUNT,
     AdaptiveGaussianEvent,
@@ -204,7 +197,5 @@ class BasicAccountant(PrivacyAccountant):
             return 1.0
         return self.delta_spent
 
-
-register(NAME, BasicAccountant)
 
 __all__ = ["BasicAccountant", "epsilon_delta"]

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Final
 
-from accountant.base import InvalidArgumentError, make_accountant
+from accountant.errors import InvalidArgumentError
 from accountant.events import MAX_COUNT, DpEvent, GaussianEvent, PoissonSampledEvent
+from accountant.registry import make_accountant
 
 MAX_NOISE_MULTIPLIER: Final = 1e6
 """The largest σ considered: if even this σ misses the target, calibration fails."""

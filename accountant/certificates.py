@@ -46,8 +46,8 @@ from importlib import metadata
 from typing import Any, Final
 
 from accountant import events as ev
-from accountant.base import AccountantError, InvalidArgumentError
 from accountant.canonical import sha256_hex
+from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, to_text
 from accountant.mechanisms import l2dp_ml_analysis_text

@@ -27,7 +27,7 @@ from fractions import Fraction
 import numpy as np
 import numpy.typing as npt
 
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent, lemma1_holds
 
 # ---------------------------------------------------------------------------------------------

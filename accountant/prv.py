@@ -91,6 +91,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -102,17 +103,9 @@ from prv_accountant.privacy_random_variables import LaplaceMechanism, PureDPMech
 from scipy.signal import lfilter
 from scipy.special import log_ndtr, ndtr, ndtri
 
-from accountant.base import (
-    AccountantError,
-    EpsilonBound,
-    InvalidArgumentError,
-    PrivacyAccountant,
-    UnsupportedEventError,
-    check_delta,
-    check_epsilon,
-    make_accountant,
-    register,
-)
+from accountant.base import EpsilonBound, PrivacyAccountant, check_delta, check_epsilon
+from accountant.basic import BasicAccountant
+from accountant.errors import AccountantError, InvalidArgumentError, UnsupportedEventError
 from accountant.events import (
     MAX_COUNT,
     AdaptiveGaussianEvent,
@@ -130,11 +123,17 @@ from accountant.events import (
     SelfComposedEvent,
 )
 from accountant.mechanisms import l2dp_ml_event_epsilon, output_perturbation_event_epsilon
-from accountant.rdp import untouched_delta
+from accountant.rdp import RdpAccountant, untouched_delta
 
 FloatArray = npt.NDArray[np.float64]
 
 NAME: Final = "prv"
+# The accountants PRV falls back on for events it has no PRV of (imported, not looked up in
+# ``accountant.registry``, which sits above every accountant).
+_FALLBACKS: Final[dict[str, Callable[[], PrivacyAccountant]]] = {
+    "rdp": RdpAccountant,
+    "basic": BasicAccountant,
+}
 FALLBACK_METHOD: Final = "rdp-fallback"
 DEFAULT_EPS_ERROR: Final = 0.01
 # The mesh error is also kept below this fraction of the ε found (a finer mesh is re-run), so a
@@ -943,7 +942,7 @@ class PrvAccountant(PrivacyAccountant):
         try:
             return _plan(event), None
         except _NoPrv as no_prv:
-            rdp = make_accountant("rdp")
+            rdp = RdpAccountant()
             try:
                 rdp.compose(event)
             except UnsupportedEventError as exc:
@@ -975,7 +974,7 @@ class PrvAccountant(PrivacyAccountant):
     # -- helpers -----------------------------------------------------------------------------
 
     def _fallback_accountant(self, name: str) -> PrivacyAccountant | None:
-        accountant = make_accountant(name)
+        accountant = _FALLBACKS[name]()
         try:
             for event, count in self._events.items():
                 accountant.compose(event, count)
@@ -1175,8 +1174,6 @@ class PrvAccountant(PrivacyAccountant):
                 pass
         return delta
 
-
-register(NAME, PrvAccountant)
 
 __all__ = [
     "DEFAULT_EPS_ERROR",

@@ -89,15 +89,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy import special
 
-from accountant.base import (
-    EpsilonBound,
-    InvalidArgumentError,
-    PrivacyAccountant,
-    UnsupportedEventError,
-    check_delta,
-    check_epsilon,
-    register,
-)
+from accountant.base import EpsilonBound, PrivacyAccountant, check_delta, check_epsilon
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.events import (
     MAX_COUNT,
     AdaptiveGaussianEvent,
@@ -119,7 +112,7 @@ from accountant.mechanisms import l2dp_ml_event_epsilon, output_perturbation_eve
 
 FloatArray = npt.NDArray[np.float64]
 
-_ACCOUNTANT: Final = "rdp"
+NAME: Final = "rdp"
 
 DEFAULT_ORDERS: Final[tuple[float, ...]] = tuple(
     sorted(
@@ -140,7 +133,7 @@ MAX_ORDER: Final = float(2**20)
 """Largest order accepted: an integer order α costs O(α) work per distinct sampled event."""
 
 MAX_ORDER_WORK: Final = 2**21
-"""Largest Σ⌈α⌉ of a grid a *ledger budget* may declare (``accountant.filter.check_orders``): the
+"""Largest Σ⌈α⌉ of a grid a *ledger budget* may declare (``accountant.rdp_filter.check_orders``): the
 work of one sampled event's curve (≈ 0.25 s at the cap), paid on every charge. A grid of 1000
 orders near 2²⁰ would otherwise cost ~10⁹ terms (gigabytes) per charge. The accountant itself
 takes any grid its caller chooses (a fine grid of 10⁵ small orders is a published test case)."""
@@ -657,7 +650,7 @@ def _gaussian_precision(event: DpEvent) -> float:
     if isinstance(event, ComposedEvent):
         return math.fsum(_gaussian_precision(e) for e in event.events)
     raise UnsupportedEventError(
-        _ACCOUNTANT,
+        NAME,
         event,
         "RDP amplification by sampling is implemented for Gaussian noise only; the sampled event "
         "must wrap gaussian or adaptive_gaussian events (or compositions of them)",
@@ -710,7 +703,7 @@ def _dispatch(event: DpEvent, orders: FloatArray, *, evaluate: bool) -> FloatArr
         if event.delta == 0:
             return _pure_dp_rdp(epsilon=event.epsilon, orders=orders) if evaluate else zeros
         raise UnsupportedEventError(
-            _ACCOUNTANT, event, "no RDP guarantee follows from (epsilon, delta)-DP with delta > 0"
+            NAME, event, "no RDP guarantee follows from (epsilon, delta)-DP with delta > 0"
         )
     if isinstance(event, SelfComposedEvent):
         inner = _dispatch(event.event, orders, evaluate=evaluate)
@@ -740,7 +733,7 @@ def _dispatch(event: DpEvent, orders: FloatArray, *, evaluate: bool) -> FloatArr
             orders=orders,
             evaluate=evaluate,
         )
-    raise UnsupportedEventError(_ACCOUNTANT, event, "unknown event kind")
+    raise UnsupportedEventError(NAME, event, "unknown event kind")
 
 
 def compute_rdp(event: DpEvent, orders: Sequence[float] = DEFAULT_ORDERS) -> FloatArray:
@@ -900,7 +893,7 @@ class RdpAccountant(PrivacyAccountant):
     at δ = 1e-5; the coupling gives 0). RDP curves themselves (and the Rényi filter) are unchanged.
     """
 
-    name = _ACCOUNTANT
+    name = NAME
 
     def __init__(self, orders: Sequence[float] = DEFAULT_ORDERS, conversion: str = "improved") -> None:
         self._orders = _checked_orders(orders)
@@ -974,8 +967,6 @@ class RdpAccountant(PrivacyAccountant):
         untouched = self.untouched_delta
         return delta if untouched is None else min(delta, untouched)
 
-
-register(_ACCOUNTANT, RdpAccountant)
 
 __all__ = [
     "CONVERSIONS",

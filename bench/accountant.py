@@ -8,10 +8,10 @@ bought with a looser number) and as a ratio to ours.
     and ``prv`` accountants vs dp-accounting RDP and PLD and prv-accountant's ``PRVAccountant``.
 (b) A plan of 200 distinct subsampled-Gaussian entries × 50 steps each, admitted one at a time as
     a ledger does: our Rényi-filter admission on a budget ε = 4 (the grid placed for the budget,
-    next to the fixed 20-order grid with equal δ shares) (``accountant.filter.RenyiFilter`` with the RDP of
-    each entry from ``accountant.rdp.compute_rdp``; the filter's per-order sums make each admission
-    O(#orders)), our tight PRV value of the whole plan, and the one-at-a-time recomputation with
-    dp-accounting RDP, dp-accounting PLD and prv-accountant. Under ``--quick`` the slow
+    next to the fixed 20-order grid with equal δ shares) (``accountant.rdp_filter.RenyiFilter``
+    with the RDP of each entry from ``accountant.rdp.compute_rdp``; the filter's per-order sums
+    make each admission O(#orders)), our tight PRV value of the whole plan, and the one-at-a-time
+    recomputation with dp-accounting RDP, dp-accounting PLD and prv-accountant. Under ``--quick`` the slow
     one-at-a-time runs stop at a time cap and their totals are *extrapolated* (marked so).
 (c) Admission of one new charge against a batch whose history holds 10⁴ charges
     (``accountant.rules.reserve`` on a ``BatchState`` built from 10⁴ committed charges).
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore")
 
 from accountant import events as ev  # noqa: E402
-from accountant.base import make_accountant  # noqa: E402
+from accountant.registry import make_accountant  # noqa: E402
 
 DELTA = 1e-5
 HOMOGENEOUS = {"sampling_probability": 0.004, "noise_multiplier": 1.1, "steps": 10**6}
@@ -178,10 +178,10 @@ def _filter_admissions(
 ) -> dict[str, Any]:
     """Admit the plan's entries one at a time through a Rényi filter of budget (ε, 1e-5): the
     fixed 20-order grid with equal δ shares, or the grid placed for the budget
-    (``accountant.filter.placed_grid``: orders around where the budget binds, δ weights)."""
+    (``accountant.rdp_filter.placed_grid``: orders around where the budget binds, δ weights)."""
     from accountant.exact import exact_add
-    from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, as_charge, placed_grid, rdp_epsilon
     from accountant.rdp import compute_rdp
+    from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, as_charge, placed_grid, rdp_epsilon
 
     delta = Decimal(str(DELTA))
     if placed:
@@ -414,7 +414,7 @@ def bench_history(quick: bool) -> list[dict[str, Any]]:
         held = admission.state
         if accountant_name == "rdp" and held.rdp_spent is not None and budget.orders is not None:
             from accountant.exact import exact_add
-            from accountant.filter import rdp_epsilon
+            from accountant.rdp_filter import rdp_epsilon
 
             sums = [
                 exact_add(a, b)
@@ -532,7 +532,7 @@ def _warm_up() -> None:
         make_accountant(name).compose(_entry_event(0.01, 1.0, 2)).get_epsilon(DELTA)
     dp_accounting.rdp.RdpAccountant().compose(_dpa_event(0.01, 1.0, 2)).get_epsilon(DELTA)
     try:
-        import accountant.filter
+        import accountant.rdp_filter
         import accountant.rules  # noqa: F401
     except ImportError:
         pass

@@ -28,8 +28,8 @@ warnings.filterwarnings("ignore")
 
 from accountant import events as ev  # noqa: E402
 from accountant import rules  # noqa: E402
-from accountant.filter import DEFAULT_FILTER_ORDERS  # noqa: E402
 from accountant.rdp import DEFAULT_ORDERS  # noqa: E402
+from accountant.rdp_filter import DEFAULT_FILTER_ORDERS  # noqa: E402
 from accountant.rules.sequential import rdp_charge  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "charges.json"
@@ -185,7 +185,7 @@ FILTER_RUNS = [(q, epochs) for q in (0.004, 0.01, 0.05) for epochs in (5, 20, 50
 
 def _calibrated_sigma(q: float, steps: int, target: float, delta: float) -> float | None:
     """σ with our RDP accountant's ε = ``target`` (bisection), or None if out of reach."""
-    from accountant.base import make_accountant
+    from accountant.registry import make_accountant
 
     def epsilon(sigma: float) -> float:
         return make_accountant("rdp").compose(_dpsgd(q, sigma, steps)).get_epsilon(delta).upper
@@ -204,8 +204,8 @@ def filter_placement() -> list[dict[str, Any]]:
     it (90–100%: the runs whose admission the filter decides) and far below it (35–50%)."""
     import statistics
 
-    from accountant.base import make_accountant
-    from accountant.filter import RenyiFilter
+    from accountant.rdp_filter import RenyiFilter
+    from accountant.registry import make_accountant
 
     out = []
     for eps, delta in FILTER_BUDGETS:

@@ -40,11 +40,11 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, Protocol, TypeVar
 
 from accountant import events as ev
-from accountant.base import AccountantError, InvalidArgumentError
 from accountant.canonical import canonical_json, sha256_hex
+from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, as_written, exact_mul, exact_sub, to_text
-from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
+from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -385,7 +385,7 @@ class Budget:
         """Validate and fill defaults. ``InvalidArgumentError`` names the field (``budget.*``).
 
         A Rényi-filter budget (``rdp``, sequential or lifelong) without ``orders`` gets a grid
-        placed for its (ε, δ) with non-uniform δ weights (``accountant.filter.placed_grid``);
+        placed for its (ε, δ) with non-uniform δ weights (``accountant.rdp_filter.placed_grid``);
         with ``orders`` and no ``delta_weights``, δ is split equally over the active orders."""
         return cls._build(
             rule=rule,

@@ -35,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import replace
 
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sub
 from accountant.rules import (

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, to_text
 from accountant.rules import (

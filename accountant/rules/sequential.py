@@ -7,9 +7,9 @@ Theorems relied on, by the budget's accountant:
   seeing earlier outputs, provided charges are admitted only while Σεᵢ ≤ ε and Σδᵢ ≤ δ
   (Rogers, Roth, Ullman & Vadhan 2016, the basic-composition privacy filter). Costs are exact
   decimals: a user's ε is taken as written (100 charges of 0.01 fill ε = 1.0 exactly).
-* ``rdp`` — the **Rényi privacy filter** of ``accountant.filter``: Feldman & Zrnic 2021,
+* ``rdp`` — the **Rényi privacy filter** of ``accountant.rdp_filter``: Feldman & Zrnic 2021,
   Thm. 3.1, at every order of the budget's grid, δ split over the active orders (equally, or by
-  the weights of a grid placed for the budget, ``accountant.filter.placed_grid``), with the
+  the weights of a grid placed for the budget, ``accountant.rdp_filter.placed_grid``), with the
   improved RDP→DP conversion (Balle et al. 2020, Thm. 21). The batch keeps its per-order sums;
   its ε fields are derived from them (``RenyiFilter.epsilon_of``).
 * ``prv`` — the **PRV accountant's upper bound** (Gopi, Lee & Wutschitz 2021, Thm. 5.5: the
@@ -38,7 +38,7 @@ from functools import lru_cache
 from typing import Final
 
 from accountant import events as ev
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import (
     INFINITY,
@@ -51,7 +51,7 @@ from accountant.exact import (
     round_up,
     to_text,
 )
-from accountant.filter import as_charge, rdp_epsilon
+from accountant.rdp_filter import as_charge, rdp_epsilon
 from accountant.rules import (
     Admission,
     BatchState,
@@ -164,7 +164,7 @@ def prv_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
     steps = tuple(e for e in plan if not is_free(e))
     if not steps:
         return ZERO
-    from accountant.base import make_accountant
+    from accountant.registry import make_accountant
 
     accountant = make_accountant("prv")
     for step in steps:
@@ -261,7 +261,7 @@ def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal)
 
 
 def _basic_if_supported(event: DpEvent) -> tuple[Decimal, Decimal] | None:
-    from accountant.base import UnsupportedEventError
+    from accountant.errors import UnsupportedEventError
 
     try:
         return basic_price(event)

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import EventValidationError
 from service.api.metrics import LedgerMetrics
 from service.ledger.errors import LedgerError, RateLimited

@@ -360,7 +360,7 @@ def _when(
 
 def budget_schema_extra(schema: dict[str, Any]) -> None:
     """Complete ``BudgetCreate``'s schema with the rules that tie its fields together."""
-    from accountant.filter import MAX_ORDERS
+    from accountant.rdp_filter import MAX_ORDERS
     from accountant.rules import ACCOUNTANTS, MAX_PLAN_EVENTS, SUPPORTED
 
     properties = schema.setdefault("properties", {})

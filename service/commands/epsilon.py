@@ -30,13 +30,7 @@ import math
 import sys
 from typing import Any
 
-from accountant.base import (
-    AccountantError,
-    InvalidArgumentError,
-    UnsupportedEventError,
-    accountant_names,
-    make_accountant,
-)
+from accountant.errors import AccountantError, InvalidArgumentError, UnsupportedEventError
 from accountant.events import (
     MAX_COUNT,
     DpEvent,
@@ -47,6 +41,7 @@ from accountant.events import (
     from_json,
     to_json,
 )
+from accountant.registry import accountant_names, make_accountant
 from service.commands.export import add_connection_arguments
 
 DEFAULT_ACCOUNTANT = "rdp"

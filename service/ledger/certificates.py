@@ -21,8 +21,8 @@ from typing import Any, Final
 from sqlalchemy import func, select
 
 from accountant import certificates as issuing
-from accountant.base import AccountantError
 from accountant.certificates import BatchRecord
+from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.rules import Budget, Charge
 from service import server_secrets

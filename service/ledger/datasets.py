@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from accountant import events as ev
-from accountant.base import AccountantError, InvalidArgumentError, UnsupportedEventError
+from accountant.errors import AccountantError, InvalidArgumentError, UnsupportedEventError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import Budget
 from service.db.models import DATA_SOURCE_LENGTH, Dataset

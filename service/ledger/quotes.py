@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 
 from accountant import rules
-from accountant.base import AccountantError
+from accountant.errors import AccountantError
 from accountant.exact import ZERO, to_text
 from accountant.rules import BatchState, PriceMemo
 from service.db.models import Batch

@@ -60,8 +60,8 @@ from sqlalchemy.exc import OperationalError
 
 from accountant import events as ev
 from accountant import rules
-from accountant.base import AccountantError, InvalidArgumentError
 from accountant.certificates import BatchRecord
+from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo

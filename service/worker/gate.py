@@ -51,7 +51,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 from sqlalchemy import select
 
 from accountant import events as ev
-from accountant.base import AccountantError
+from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task

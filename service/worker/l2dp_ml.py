@@ -591,8 +591,8 @@ def calibrate_sequential_noise(
     """The smallest σ (grid 10⁻⁴, ``accountant.calibration.smallest_noise``) whose stages, all
     charged to one batch (the first task's memory batch reads every stage), fit the Rényi filter
     of a ``sequential``/``rdp`` budget (ε, δ) with its placed grid: the ledger's admission test."""
-    from accountant.base import InvalidArgumentError
     from accountant.calibration import smallest_noise
+    from accountant.errors import InvalidArgumentError
     from accountant.exact import exact_add
     from accountant.rules import Budget, renyi_filter
     from accountant.rules.sequential import rdp_charge

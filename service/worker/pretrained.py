@@ -64,8 +64,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from accountant.base import InvalidArgumentError
 from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
+from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
 from accountant.rules.sequential import fresh_price

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accountant import events as ev
-from accountant.base import InvalidArgumentError, UnsupportedEventError
 from accountant.basic import BasicAccountant, epsilon_delta
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.mechanisms import l2dp_ml_epsilon
 
 L2DP = ev.FunctionalMechanismL2DPEvent(

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accountant import events as ev
-from accountant.base import InvalidArgumentError, make_accountant
 from accountant.calibration import MAX_NOISE_MULTIPLIER, calibrate_noise_multiplier
+from accountant.errors import InvalidArgumentError
+from accountant.registry import make_accountant
 
 
 def upper(sigma: float, *, q: float, steps: int, delta: float, accountant: str = "rdp") -> float:

@@ -200,7 +200,7 @@ def test_inputs_that_change_a_decision_fail_with_a_recomputed_hash() -> None:
 
 
 def test_issue_refuses_bad_arguments() -> None:
-    from accountant.base import InvalidArgumentError
+    from accountant.errors import InvalidArgumentError
 
     budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
     with pytest.raises(InvalidArgumentError, match="batches"):

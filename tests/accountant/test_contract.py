@@ -16,7 +16,9 @@ from typing import ClassVar
 import pytest
 
 from accountant import events as ev
-from accountant.base import EpsilonBound, PrivacyAccountant, UnsupportedEventError, make_accountant
+from accountant.base import EpsilonBound, PrivacyAccountant
+from accountant.errors import UnsupportedEventError
+from accountant.registry import make_accountant
 
 GAUSSIAN = ev.GaussianEvent(noise_multiplier=1.2)
 SAMPLED = ev.PoissonSampledEvent(sampling_probability=0.01, event=ev.GaussianEvent(1.0))

@@ -1,6 +1,6 @@
 """The Rényi privacy filter: it admits a charge iff the filter condition holds.
 
-Condition (accountant.filter): ∃ active order α with S_α + c_α ≤ B(α), where
+Condition (accountant.rdp_filter): ∃ active order α with S_α + c_α ≤ B(α), where
 B(α) = ε − g(α, δ/|A|) rounded down and g is the improved RDP→DP conversion offset.
 dp-accounting (an independent implementation) is the oracle for the conversion and for the RDP
 of subsampled-Gaussian charges.
@@ -18,9 +18,9 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp  # type: ignore[
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.exact import INFINITY, ZERO
-from accountant.filter import (
+from accountant.rdp_filter import (
     DEFAULT_FILTER_ORDERS,
     RenyiFilter,
     as_charge,

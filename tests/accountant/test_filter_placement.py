@@ -1,4 +1,4 @@
-"""A Rényi filter placed for its budget (``accountant.filter.placed_grid``), issue 13 §3.
+"""A Rényi filter placed for its budget (``accountant.rdp_filter.placed_grid``), issue 13 §3.
 
 Typical DP-SGD runs calibrated near the budget (dp-accounting RDP ε = 7.5 on an ε = 8, δ = 1e-5
 budget) are certified within 1.10× of dp-accounting's RDP ε at the median and never below it;
@@ -14,7 +14,7 @@ from decimal import Decimal
 import pytest
 
 from accountant import events as ev
-from accountant.filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_weights, placed_grid
+from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_weights, placed_grid
 from accountant.rules import Budget, renyi_filter
 from accountant.rules.sequential import rdp_charge
 from tests.service.api.test_tight_charges import _dpa_epsilon, calibrated_sigma
@@ -84,7 +84,7 @@ def test_stored_budgets_without_weights_keep_equal_shares() -> None:
 
 
 def test_weights_are_validated_naming_the_field() -> None:
-    from accountant.base import InvalidArgumentError
+    from accountant.errors import InvalidArgumentError
 
     base = {"rule": "sequential", "epsilon": "1", "delta": "1e-5", "accountant": "rdp", "orders": [2.0, 4.0]}
     for weights, field in [

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from accountant import mechanisms as mech
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.events import OutputPerturbationEvent
 
 # ---------------------------------------------------------------------------------------------

@@ -28,10 +28,12 @@ from hypothesis import strategies as st
 from scipy.special import log_ndtr
 
 from accountant import events as ev
-from accountant.base import EpsilonBound, UnsupportedEventError, make_accountant
+from accountant.base import EpsilonBound
+from accountant.errors import UnsupportedEventError
 from accountant.mechanisms import output_perturbation_event_epsilon, satisfies_lemma1
 from accountant.prv import PrvAccountant
 from accountant.rdp import RdpAccountant
+from accountant.registry import make_accountant
 
 warnings.filterwarnings("ignore", module="prv_accountant")
 

@@ -23,8 +23,9 @@ from prv_accountant.privacy_random_variables import (
 
 from accountant import events as ev
 from accountant import prv as prv_module
-from accountant.base import InvalidArgumentError, UnsupportedEventError, make_accountant
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.prv import PrvAccountant
+from accountant.registry import make_accountant
 
 warnings.filterwarnings("ignore", module="prv_accountant")
 

@@ -20,12 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from accountant import events as ev
-from accountant.base import (
-    EpsilonBound,
-    InvalidArgumentError,
-    UnsupportedEventError,
-    make_accountant,
-)
+from accountant.base import EpsilonBound
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.mechanisms import l2dp_ml_epsilon
 from accountant.rdp import (
     DEFAULT_ORDERS,
@@ -34,6 +30,7 @@ from accountant.rdp import (
     rdp_to_delta,
     rdp_to_epsilon,
 )
+from accountant.registry import make_accountant
 
 ORDERS = np.asarray(DEFAULT_ORDERS)
 # Hypothesis examples each compute a few curves (~3 ms each): keep the counts small.

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from accountant import events as ev
 from accountant import rules as R
-from accountant.base import InvalidArgumentError
+from accountant.errors import InvalidArgumentError
 from accountant.exact import exact_add, exact_sub, exact_sum
 from accountant.rules import geometric
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from accountant import events as ev
 from accountant import rules as R
-from accountant.base import InvalidArgumentError, UnsupportedEventError
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 
 HAS_RDP = importlib.util.find_spec("accountant.rdp") is not None
 needs_rdp = pytest.mark.skipif(not HAS_RDP, reason="accountant.rdp is not written yet")

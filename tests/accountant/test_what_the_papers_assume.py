@@ -20,8 +20,8 @@ from scipy import stats
 from accountant import events as ev
 from accountant import mechanisms as mech
 from accountant import rules as R
-from accountant.base import InvalidArgumentError
 from accountant.certificates import BatchRecord, content_hash, issue, verify
+from accountant.errors import InvalidArgumentError
 
 D, H1, BATCH, EPS1, EPS2, BOUND = 64, 4, 72, 2.0, 1.0, 2.0
 

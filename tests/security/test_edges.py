@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 
 from accountant import events as ev
-from accountant.base import AccountantError, make_accountant
+from accountant.errors import AccountantError
 from accountant.events import MAX_NESTING_DEPTH
+from accountant.registry import make_accountant
 from service.ledger.reservations import MAX_BATCHES_PER_RESERVATION
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import unique

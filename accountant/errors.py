@@ -1,0 +1,39 @@
+"""The accountant's typed errors: a leaf module every other module may import.
+
+``AccountantError`` is the base; ``InvalidArgumentError`` names the bad non-event argument
+(``field``), ``UnsupportedEventError`` the accountant and the event it cannot account for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from accountant.events import DpEvent
+
+
+class AccountantError(Exception):
+    """Base class of the accountant's typed errors."""
+
+
+class UnsupportedEventError(AccountantError):
+    """The accountant cannot account for ``event`` (the innermost unsupported event)."""
+
+    def __init__(self, accountant: str, event: DpEvent, reason: str = "") -> None:
+        detail = f": {reason}" if reason else ""
+        super().__init__(f"accountant {accountant!r} does not support event kind {event.kind!r}{detail}")
+        self.accountant = accountant
+        self.event = event
+        self.reason = reason
+
+
+class InvalidArgumentError(AccountantError, ValueError):
+    """A non-event argument (δ, ε, orders, ...) is invalid. ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
+
+
+__all__ = ["AccountantError", "InvalidArgumentError", "UnsupportedEventError"]
