@@ -6,7 +6,7 @@ SHA-256 (or Ed25519) over the **canonical JSON** of a document: keys sorted, no 
 (``\\uXXXX`` escapes), NaN and infinities refused. Timestamps inside hashed documents are UTC with
 microseconds, ``2026-11-25T18:00:00.000000Z``. A verifier recomputes these bytes, so two encoders
 that differ in one flag would break verification silently; every hash goes through here
-(``tests/test_repository.py`` checks that nothing else calls ``json.dumps(..., sort_keys=True)``
+(``tests/test_hashing.py`` checks that nothing else calls ``json.dumps(..., sort_keys=True)``
 or formats a hashed timestamp).
 """
 

@@ -1,4 +1,4 @@
-"""Exact budget arithmetic (DESIGN.md, "Numerical safety").
+"""Exact budget arithmetic (docs/ARCHITECTURE.md, "Numerical safety").
 
 Budgets and spends are kept as ``Decimal``:
 

@@ -3,7 +3,7 @@
 Pure functions of the mechanism parameters; no state. Numbers that a ledger compares with a budget
 (the ε of a mechanism) are computed in exact rational arithmetic (``fractions.Fraction``: every
 float is a dyadic rational, and the formulas below are sums, products and quotients) and then
-rounded *up* to the next float, so float error can never grant extra privacy loss (DESIGN.md,
+rounded *up* to the next float, so float error can never grant extra privacy loss (docs/ARCHITECTURE.md,
 "Numerical safety"). Noise scales are rounded the other way: up, too, since more noise never hurts
 privacy. Sampling probabilities are rounded *down* (sampling less never hurts privacy).
 

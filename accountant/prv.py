@@ -84,7 +84,8 @@ When both are available, ``upper = min(PRV upper, RDP ε)``: both are valid uppe
 minimum is too (the note says when RDP was the smaller).
 
 Tight PRV values assume the sequence of mechanisms was fixed in advance (a *declared plan*;
-DESIGN.md): the ledger does not use this accountant for ad-hoc adaptive admission.
+docs/ARCHITECTURE.md, "Adaptive composition"): the ledger does not use this accountant for ad-hoc
+adaptive admission.
 """
 
 from __future__ import annotations

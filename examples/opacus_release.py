@@ -3,7 +3,7 @@
     python examples/opacus_release.py --url http://127.0.0.1:8000 --key "$LEDGER_API_KEY" \\
         --dataset ds_… --target-epsilon 1.0 --epochs 2 --expected-batch-size 128
 
-The order is the point (DESIGN.md, "Release flow"):
+The order is the point (docs/ARCHITECTURE.md, "Release flow"):
 
 1. **Plan, touching no data.** The number of records ``n`` comes from the ledger's batch sizes,
    not from the data. The plan is exactly what Opacus will run with Poisson sampling: sampling

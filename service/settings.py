@@ -1,7 +1,8 @@
 """The service's configuration: one settings class, environment variables prefixed ``LEDGER_``.
 
 ``LEDGER_DATABASE_URL``, ``LEDGER_BOOTSTRAP_ADMIN_KEY``, ``LEDGER_ARTIFACT_DIR``,
-``LEDGER_RESERVATION_TTL_S`` are the names DESIGN.md fixes; the rest are operational limits.
+``LEDGER_RESERVATION_TTL_S`` are the names the original design fixed (docs/ARCHITECTURE.md,
+"Configuration and command line"); the rest are operational limits.
 Secrets have no usable default: without ``LEDGER_BOOTSTRAP_ADMIN_KEY`` no key exists until
 ``ledger serve`` (first start) or ``ledger keys create`` makes one and prints it once.
 """

@@ -1156,8 +1156,8 @@ def dataset_epsilon(budget: Budget, states: Iterable[BatchState]) -> Decimal:
 
 
 def naive_epsilon(states: Iterable[BatchState]) -> Decimal:
-    """DESIGN.md's ``naive_sequential_epsilon``: max over batches of the plain sum of every
-    committed charge's ε as if fresh (replays and geometric levels counted)."""
+    """``naive_sequential_epsilon`` (docs/ARCHITECTURE.md, "The naive figure"): max over batches
+    of the sum of every committed charge's ε as if fresh (replays and geometric levels counted)."""
     return max((s.naive_epsilon for s in states), default=ZERO)
 
 

@@ -2,10 +2,10 @@
 
 ``Authorization: Bearer <key>`` on every call but ``/healthz``. A missing, malformed, unknown or
 revoked key answers 401; a key whose scope does not allow the call answers 403. Scopes nest:
-``admin`` ⊇ ``trainer`` ⊇ ``viewer`` (DESIGN.md, "HTTP API v1"). Tenancy is enforced below, by
-the ledger operations, which look objects up within the principal's tenant (another tenant's
-object is "not found"). A key's lookup may be reused for ``LEDGER_AUTH_CACHE_TTL_S`` seconds
-(off by default; see ``PrincipalCache``).
+``admin`` ⊇ ``trainer`` ⊇ ``viewer`` (docs/ARCHITECTURE.md, "Tenancy, keys and scopes"). Tenancy is
+enforced below, by the ledger operations, which look objects up within the principal's tenant
+(another tenant's object is "not found"). A key's lookup may be reused for
+``LEDGER_AUTH_CACHE_TTL_S`` seconds (off by default; see ``PrincipalCache``).
 
 ``GET /metrics`` takes no API key (``require_metrics_reader``): its series count every tenant's
 calls, so a tenant's key, even an admin's, must not read them. The operator scrapes with

@@ -1,4 +1,4 @@
-"""Request and response schemas of HTTP API v1 (DESIGN.md, "HTTP API v1").
+"""Request and response schemas of HTTP API v1 (docs/ARCHITECTURE.md, "HTTP API v1").
 
 Requests are validated here, field by field, so a 422 names the field and the value
 (``"budget.epsilon must be finite and > 0. Found nan."``). Numbers a user sends are kept as the
@@ -226,7 +226,8 @@ class BudgetCreate(_Request):
     plan: list[EventJson] | None = Field(
         default=None,
         description="Declared plan (a sequence of events fixed in advance); required for "
-        "`prv`, which is valid only for a plan (DESIGN.md, adaptive composition).",
+        "`sequential` on `prv`, which is valid only for a plan (docs/ARCHITECTURE.md, "
+        '"Adaptive composition").',
     )
     orders: list[float] | None = Field(
         default=None, description="RDP orders of the Rényi filter (`rdp`); fixed at creation."

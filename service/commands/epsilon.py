@@ -1,11 +1,11 @@
 """``ledger epsilon``: the accountant from the shell, JSON out.
 
-Give the mechanism either as an event (``--event '<json>'``, the event JSON of DESIGN.md) or with
-the DP-SGD shorthand ``--noise-multiplier σ --sampling-probability q --steps T`` (T steps of the
-Poisson-subsampled Gaussian), and the δ (``--delta``). ``--accountant`` picks ``basic``, ``rdp``
-or ``prv``; the default is ``rdp``: the accountant the ledger's adaptive budgets use, fast and
-defined for every DP-SGD event. ``prv`` gives the tighter numerical value for this fixed
-(pre-declared) sequence and says when it fell back to RDP.
+Give the mechanism either as an event (``--event '<json>'``, the event JSON of docs/ARCHITECTURE.md,
+"Mechanism events") or with the DP-SGD shorthand ``--noise-multiplier σ --sampling-probability q
+--steps T`` (T steps of the Poisson-subsampled Gaussian), and the δ (``--delta``). ``--accountant``
+picks ``basic``, ``rdp`` or ``prv``; the default is ``rdp``: the accountant the ledger's adaptive
+budgets use, fast and defined for every DP-SGD event. ``prv`` gives the tighter numerical value for
+this fixed (pre-declared) sequence and says when it fell back to RDP.
 
 With ``--dataset ID`` (and ``--url`` / ``--key``, defaults ``$LEDGER_URL`` / ``$LEDGER_API_KEY``) it
 asks the server what the event would cost on that dataset (``POST /v1/datasets/{id}/quote``: the

@@ -1,6 +1,6 @@
 """Declarative base and the column types the ledger needs on both SQLite and PostgreSQL.
 
-* ``ExactDecimal`` — budgets and spends as exact decimals (DESIGN.md, "Numerical safety"):
+* ``ExactDecimal`` — budgets and spends as exact decimals (docs/ARCHITECTURE.md, "Numerical safety"):
   ``NUMERIC`` without precision on PostgreSQL (arbitrary precision, ``Infinity`` allowed since
   PostgreSQL 14), canonical decimal text (``accountant.exact.to_text``) on SQLite, whose own
   NUMERIC affinity would turn the value into a binary float. Python sees ``Decimal`` either way.

@@ -4,8 +4,9 @@ worker, never in the API process).
 Two kinds of trainer (``service.worker.gate``): a *one-reservation* run (DP-SGD, AdaDp: the whole
 run reserved once, checkpoints committed progressively) and a *staged* run
 (``service.worker.stages.StagedTrainer``: one reservation, commit and version per task or per
-block). The first six names are DESIGN.md's HTTP contract; the rest are the baselines the papers
-compare against, runnable as jobs so that their ledger spend is shown next to the algorithms'.
+block). The first six names are the HTTP contract (docs/ARCHITECTURE.md, "Jobs and the worker"); the
+rest are the baselines the papers compare against, runnable as jobs so that their ledger spend is
+shown next to the algorithms'.
 """
 
 from __future__ import annotations

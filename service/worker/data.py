@@ -2,7 +2,7 @@
 
 A data source belongs to a dataset: an admin of the dataset's tenant sets it
 (``service.ledger.datasets``); a job never names one (DESIGN-NOTES 8). The release flow
-(DESIGN.md) reserves a run's cost *before* the worker reads private data, so a source is three
+(docs/ARCHITECTURE.md) reserves a run's cost *before* the worker reads private data, so a source is three
 steps: ``parse_source(uri)`` checks the URI's syntax and touches nothing; ``check_source(uri,
 roots)`` (the API, when an admin sets the source) also checks that a file source is a regular
 file under the tenant's data roots, without opening it; ``DataSource.load(roots)`` reads the

@@ -6,7 +6,8 @@ The algorithm is Abadi et al. (2016), as Alg. A1 of the DP continual-learning pa
 * **Poisson sampling, for real.** Every step includes each record independently with probability
   q, so the batch size varies, and an empty batch is still a step (the update is noise only). Only
   then is the run the mechanism ``PoissonSampled(q, Gaussian(σ))`` the accountant charges —
-  shuffled fixed-size batches would be a different mechanism (DESIGN.md, issue 4).
+  shuffled fixed-size batches would be a different mechanism (docs/ARCHITECTURE.md, "The DP-SGD
+  step"; issue 4).
 * **Normalise by the expected batch size q·N**, not by the drawn size |Lₜ| as Alg. A1's line 8
   does: |Lₜ| depends on the data, so dividing by it would leak outside the Gaussian mechanism
   (add/remove-one neighbours change it by one). q·N is public.

@@ -1,5 +1,5 @@
 """The release gate: no data is read before the ledger holds the run's cost, and no model
-version is published before the ledger committed it (DESIGN.md, "Release flow").
+version is published before the ledger committed it (docs/ARCHITECTURE.md, "Release flow").
 
 For one claimed job (``run_job``):
 

@@ -1,5 +1,5 @@
 """Staged runs: jobs that release one model version per *stage* (a task, a block of a stream),
-each stage behind its own reservation (DESIGN.md, "Release flow").
+each stage behind its own reservation (docs/ARCHITECTURE.md, "Release flow").
 
 DP-SGD and AdaDp are one-reservation runs: the whole run is reserved on every batch and each
 checkpoint is a progressive commit (``service.worker.gate``). The seed algorithms of the lifelong,

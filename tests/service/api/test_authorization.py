@@ -1,4 +1,4 @@
-"""Every route × scope × tenant, from one table: allowed, or refused as DESIGN.md says.
+"""Every route × scope × tenant, from one table: allowed, or refused as docs/ARCHITECTURE.md says.
 
 Scopes nest (admin ⊇ trainer ⊇ viewer). No key or a revoked key → 401; a scope below the route's
 → 403 (decided before any lookup, so it leaks nothing); another tenant's object → 404, exactly as
