@@ -4,17 +4,17 @@ Run ``python bench/training.py [--quick] [--model mlp|cnn]`` from the repository
 table and writes ``bench/results/training.json`` (``training-<model>.json`` for a non-default
 model).
 
-Same everything: model (``service.worker.nets``), data (``builtin:digits``, 1437 training
+Same everything: model (``service.training.nets``), data (``builtin:digits``, 1437 training
 records, the fixed 360-image test split), learning rate, clipping norm C, and the privacy plan.
 The sampling probability is q = 1/⌈N/B⌉ for expected batch size B — exactly the rate Opacus's
 ``PrivacyEngine.make_private(poisson_sampling=True)`` derives from a loader of batch size B — so
 all three sample with the same q for the same T = epochs/q steps. σ comes from our calibration
 (``accountant.calibration``) for the target (ε, δ); Opacus gets that σ.
 
-* ``ours`` — ``service.worker.dp_sgd.DpSgdTrainer.train`` as the worker runs it (Poisson
+* ``ours`` — ``service.training.dp_sgd.DpSgdTrainer.train`` as the worker runs it (Poisson
   sampling, ``torch.func`` per-example gradients, clip, noise, SGD), no Opacus.
   Its per-example gradients' ``vmap(grad(functional_call))`` program is traced once it is hot
-  (``service.worker.per_example_gradients``: after 64 calls, ≈ 0.5 s, once per process and
+  (``service.training.per_example_gradients``: after 64 calls, ≈ 0.5 s, once per process and
   architecture, as a worker serving many jobs pays it) — in the warm-up run, whose ``warmup_s``
   includes it.
 * ``ours_eager`` — the same with tracing off (``TRACE_AFTER`` = ∞): the transforms run eagerly at
@@ -23,7 +23,7 @@ all three sample with the same q for the same T = epochs/q steps. σ comes from 
   ``DataLoader`` of the same tensors; its hooks compute per-sample gradients; its ``DPOptimizer``
   clips and adds noise, normalising by its expected batch size int(N·q).
 * ``non_private`` — plain SGD on the same Poisson-sampled batches (mean loss, no clip, no noise).
-* ``adadp`` — for the record, ``service.worker.adadp.AdaDpTrainer`` at the same (q, σ* = σ, T),
+* ``adadp`` — for the record, ``service.training.adadp.AdaDpTrainer`` at the same (q, σ* = σ, T),
   so the same ε, with its own defaults (RMSProp η = 0.02, β = 2). The targets concern ``ours``
   (and are also given for ``ours_eager``).
 
@@ -126,9 +126,9 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
     warnings.filterwarnings("ignore")
     import torch
 
-    from service.worker.adadp import AdaDpTrainer
-    from service.worker.data import load_data
-    from service.worker.dp_sgd import DpSgdTrainer, poisson_sample
+    from service.training.adadp import AdaDpTrainer
+    from service.training.data import load_data
+    from service.training.dp_sgd import DpSgdTrainer, poisson_sample
 
     torch.set_num_threads(config["threads"])
     device = torch.device(config["device"])
@@ -145,7 +145,7 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
     if config["hidden"] is not None:
         params["hidden"] = config["hidden"]
     if method == "ours_eager":
-        from service.worker import per_example_gradients
+        from service.training import per_example_gradients
 
         per_example_gradients.TRACE_AFTER = sys.maxsize
     if method == "adadp":  # its own optimiser and defaults (RMSProp: η = 0.02, β = 2)
@@ -275,7 +275,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
 
     from accountant.calibration import calibrate_noise_multiplier
     from accountant.rdp import RdpAccountant
-    from service.worker.dp_sgd import dp_sgd_event
+    from service.training.dp_sgd import dp_sgd_event
 
     n_records = 1437  # builtin:digits training split
     batches_per_epoch = math.ceil(n_records / args.batch_size)

@@ -158,7 +158,7 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     import torch
     from opacus import PrivacyEngine
 
-    from service.worker.data import DataRoots, parse_source
+    from service.training.data import DataRoots, parse_source
 
     # This trainer runs outside the service and reads its own file: its folder is its data root
     # (the service's worker reads only under the operator's LEDGER_DATA_ROOTS).

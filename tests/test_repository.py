@@ -84,7 +84,7 @@ def _extra(relative: str) -> str | None:
     """The extra a source file's imports may come from (``None``: the core install)."""
     if relative.startswith("accountant/") or relative in CLIENT_SIDE:
         return None
-    if relative.startswith(("service/worker/", "service/experiments/")):
+    if relative.startswith(("service/worker/", "service/training/", "service/experiments/")):
         return "worker"
     return "server"
 

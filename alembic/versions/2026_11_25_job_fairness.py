@@ -4,7 +4,7 @@ Revision ID: c4a1d2e3f503
 Revises: c4a1d2e3f502
 Create Date: 2026-11-25
 
-The claim (``service.worker.jobs.claim``) now orders claimable jobs so that tenants take turns:
+The claim (``service.ledger.jobs.claim``) now orders claimable jobs so that tenants take turns:
 first by how many jobs of the job's tenant are running, then by when that tenant last had a job
 claimed (``max(claimed_at)`` over its jobs, an index-only lookup on ``(tenant_id, claimed_at)``),
 then by age. ``claimed_at`` is set at every claim (``started_at`` keeps the first). Existing

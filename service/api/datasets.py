@@ -31,7 +31,7 @@ from service.api.schemas import (
 )
 from service.ledger import batches, datasets, quotes
 from service.settings import Settings
-from service.worker.data import DataRoots
+from service.training.data import DataRoots
 
 router = APIRouter(prefix=PREFIX, tags=["datasets"])
 

@@ -19,7 +19,7 @@ from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, TrainerDep, ViewerDep
 from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
-from service.worker import jobs
+from service.ledger import jobs
 
 router = APIRouter(prefix=PREFIX, tags=["jobs"])
 
@@ -39,7 +39,7 @@ class JobCreate(BaseModel):
     source, with ``params``.
 
     ``params`` is a typed document, checked when the job is submitted against the algorithm's
-    declaration (``service/worker/params.py``, the same one the trainer reads): an unknown key, a
+    declaration (``service/training/params.py``, the same one the trainer reads): an unknown key, a
     wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
     the registry name of the job's versions (default ``<algorithm>-<dataset id>``); the others are
     the trainer's (``target_epsilon`` and ``delta`` or ``noise_multiplier``, ``epochs`` or

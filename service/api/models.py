@@ -19,7 +19,7 @@ from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
 from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
-from service.worker import registry
+from service.ledger import model_registry as registry
 
 router = APIRouter(prefix=PREFIX, tags=["models"])
 

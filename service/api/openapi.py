@@ -106,7 +106,7 @@ VERSION_SCHEMA: Final[dict[str, Any]] = {
 # rdp and prv budgets split δ over an order grid (up to 1000 orders) in float64: a δ below this
 # would underflow to 0 there.
 MIN_RDP_DELTA: Final = 1e-300
-# A dataset's data source (service.worker.data): the built-ins' common shapes, or an absolute
+# A dataset's data source (service.training.data): the built-ins' common shapes, or an absolute
 # file:/// path of a .npz/.csv. Whether a file lies under the tenant's data roots, exists and is a
 # regular file within LEDGER_MAX_SOURCE_BYTES is the operator's configuration and the host's
 # state, which no schema can state: such a refusal is a 422 naming `data_source`.

@@ -117,7 +117,7 @@ class Dataset(Base):
     data_source: Mapped[str | None] = mapped_column(String(DATA_SOURCE_LENGTH))
     """The URI the worker reads the dataset's records from (``builtin:…`` or a ``file://`` path
     under one of the tenant's data roots), set by an admin; ``NULL``: no job can run yet. A job
-    never names a source of its own (``service.worker.data``, DESIGN-NOTES 8)."""
+    never names a source of its own (``service.training.data``, DESIGN-NOTES 8)."""
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 
@@ -321,7 +321,7 @@ JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 
 
 class Job(Base):
-    """A training job (``service.worker.jobs`` does all database work for jobs).
+    """A training job (``service.ledger.jobs`` does all database work for jobs).
 
     A worker *claims* a job with a lease (``lease_owner``, ``lease_expires_at``) and keeps it by
     heartbeating; a ``running`` job whose lease expired is claimable again (``attempts`` + 1, up

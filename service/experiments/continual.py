@@ -112,7 +112,7 @@ def _nonprivate(
 ) -> npt.NDArray[np.float64]:
     """The non-private L2-regularised logistic regression (same λ, no noise) on blocks
     [first, stop): the data owner's reference, never released."""
-    from service.worker.continual_release import fit_biased_logistic, project_to_unit_ball
+    from service.training.continual_release import fit_biased_logistic, project_to_unit_ball
 
     if window not in cache:
         first, stop = window
@@ -138,8 +138,8 @@ def _window_of(mode: str, metrics: dict[str, Any], window_blocks: int) -> tuple[
 
 
 def run(args: argparse.Namespace) -> int:
-    from service.worker.continual_release import budget_for, evaluate, project_to_unit_ball
-    from service.worker.data import load_data
+    from service.training.continual_release import budget_for, evaluate, project_to_unit_ball
+    from service.training.data import load_data
 
     out: Path = args.out
     blocks, block_size, dim = _sizes(args)

@@ -17,9 +17,9 @@ from typing import Any
 
 from service.db.migrations import upgrade
 from service.db.session import Database
-from service.ledger import batches, datasets, spend, tenancy
+from service.ledger import batches, datasets, jobs, spend, tenancy
+from service.ledger import model_registry as registry
 from service.ledger.errors import NotFound
-from service.worker import jobs, registry
 from service.worker.worker import Worker
 
 TENANT = "experiments"
@@ -90,7 +90,7 @@ class EmbeddedLedger:
         """A dataset with ``budget`` whose ledger tasks are the source's tasks (in ``task_order``,
         default the source's), each cut into batches of ``batch_size`` records in source order
         (the last one may be smaller)."""
-        from service.worker.data import load_data
+        from service.training.data import load_data
 
         source = load_data(uri)
         dataset = datasets.create_dataset(self.db, TENANT, name=name, budget=budget, data_source=uri)

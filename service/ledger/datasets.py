@@ -9,7 +9,7 @@ dataset id (``budget_of``).
 A dataset owns its data source (``data_source``: the URI the worker reads its records from,
 ``builtin:…`` or a ``file://`` path under the tenant's data roots; DESIGN-NOTES 8), set by an
 admin when the dataset is created or later (``set_data_source``), checked against the data roots
-(``service.worker.data.check_source``) before it is stored, and audited in the dataset's chain.
+(``service.training.data.check_source``) before it is stored, and audited in the dataset's chain.
 A job never names a source: the worker reads the dataset's.
 
 Answers (JSON-ready): ``{id, name, budget, data_source, created_at}`` with the budget's numbers as
@@ -38,7 +38,7 @@ from service.ledger import audit, idempotency
 from service.ledger.errors import InvalidInput, NotFound
 
 if TYPE_CHECKING:
-    from service.worker.data import DataRoots
+    from service.training.data import DataRoots
 
 MAX_NAME_LENGTH: Final = 200
 _BUDGET_KEYS: Final = frozenset({"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan"})
@@ -169,7 +169,7 @@ def dataset_json(row: Dataset) -> dict[str, Any]:
 
 def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | None) -> str | None:
     """``value`` if it may be the tenant's dataset's source now, else ``InvalidInput`` naming
-    ``data_source``: its syntax, and for a file the data-root checks (``service.worker.data``,
+    ``data_source``: its syntax, and for a file the data-root checks (``service.training.data``,
     "Data roots"), made without opening the file. ``None`` (no source) is allowed."""
     if value is None:
         return None
@@ -177,7 +177,7 @@ def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | Non
         raise InvalidInput(
             "data_source", f"must be a URI string of at most {DATA_SOURCE_LENGTH} characters or null."
         )
-    from service.worker.data import DataRoots, DataSourceError, check_source  # numpy only: no torch
+    from service.training.data import DataRoots, DataSourceError, check_source  # numpy only: no torch
 
     roots = (data_roots or DataRoots()).for_tenant(tenant_id)
     try:

@@ -13,7 +13,7 @@ For one claimed job (``run_job``):
 2. **Load and check.** The *dataset's* data source (``datasets.data_source``, set by an admin of
    its tenant; a job's params never name one, and a ``params.data_source`` left by old clients is
    ignored) is read from the dataset row, then loaded through the tenant's data roots, which the
-   loader checks again as it opens the file (``service.worker.data``, "Data roots"). Its training
+   loader checks again as it opens the file (``service.training.data``, "Data roots"). Its training
    record ids must be exactly the records of the ledger's batches — compared as the ledger stores
    them, HMAC-SHA256 with the dataset's salt. A mismatch aborts the reservation and fails the job
    before any training. No error, log line or metric carries a cell of the source or a record
@@ -23,7 +23,7 @@ For one claimed job (``run_job``):
    candidate is *staged* (weights written and fsynced under ``.staging``), then the release
    ``{model, version}`` is **committed** with the event of the steps so far (a progressive
    commit; the last one, for the whole run, closes the reservation), and only then *published*
-   (``service.worker.registry``). A refused commit destroys the candidate and stops the run.
+   (``service.ledger.model_registry``). A refused commit destroys the candidate and stops the run.
 4. **Stop.** Cancel, a lost lease, a worker shutdown, a refused commit or a failure abort the
    rest of the reservation: what was committed stays spent, the rest returns to the budget.
 
@@ -56,17 +56,17 @@ from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database
-from service.ledger import quotes, reservations
+from service.ledger import jobs, quotes, reservations
+from service.ledger import model_registry as registry
 from service.ledger.batches import record_hash
 from service.ledger.errors import Conflict, LedgerError, NotFound
-from service.worker import jobs, registry
-from service.worker.algorithms import trainer_for
-from service.worker.jobs import ClaimedJob, LeaseLost
-from service.worker.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
+from service.ledger.jobs import ClaimedJob, LeaseLost
+from service.training.algorithms import trainer_for
+from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
 
 if TYPE_CHECKING:
-    from service.worker.data import DataRoots, LoadedData
-    from service.worker.dp_sgd import ModelState, TrainingPlan
+    from service.training.data import DataRoots, LoadedData
+    from service.training.dp_sgd import ModelState, TrainingPlan
 
 logger = logging.getLogger("service.worker.gate")
 
@@ -121,7 +121,7 @@ class SourceLoader:
     roots: DataRoots
 
     def __call__(self, uri: str, tenant_id: str) -> LoadedData:
-        from service.worker.data import load_data
+        from service.training.data import load_data
 
         return load_data(uri, self.roots.for_tenant(tenant_id))
 
@@ -130,7 +130,7 @@ def default_loader(uri: str, tenant_id: str) -> LoadedData:
     """``SourceLoader`` over the data roots of the environment's settings (``ledger worker``,
     ``ledger serve``); an app built with explicit settings passes its own ``SourceLoader``."""
     from service.settings import Settings
-    from service.worker.data import DataRoots
+    from service.training.data import DataRoots
 
     return SourceLoader(DataRoots.of(Settings()))(uri, tenant_id)
 
@@ -224,7 +224,7 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dic
 
     Raises ``RecordMismatchError`` unless the source's training record ids are exactly the records
     of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
-    from service.worker.data import RecordMismatchError
+    from service.training.data import RecordMismatchError
 
     with db.session(readonly=True) as session:
         salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
@@ -266,7 +266,7 @@ def check_source_tasks(
 ) -> None:
     """Raise ``DataSourceError`` unless every ledger task holds exactly the records of one task
     of the source, each source task matched once (a staged run reads task by task)."""
-    from service.worker.data import DataSourceError
+    from service.training.data import DataSourceError
 
     source_task = {r: split.task for split in data.train for r in split.record_ids}
     sizes = {split.task: len(split) for split in data.train if len(split)}
@@ -504,7 +504,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
                 ),
             )
         )
-    from service.worker.params import InvalidParamsError
+    from service.training.params import InvalidParamsError
 
     # 1. Plan and reserve: no data is read here.
     try:
@@ -594,7 +594,7 @@ def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list
     """Load the dataset's data source (call only once a reservation is granted) and check it
     against the ledger's batches; a bad source fails the job. Returns the data and each batch's
     records. The job's own params are not consulted: the source belongs to the dataset."""
-    from service.worker.data import DataSourceError
+    from service.training.data import DataSourceError
 
     uri = dataset_source(run.db, run.job.tenant_id, run.job.dataset_id)
     if uri is None:
@@ -707,7 +707,7 @@ def _release(
 
 
 # ---------------------------------------------------------------------------------------------
-# Staged runs (service.worker.stages): one reservation, commit and version per stage
+# Staged runs (service.training.stages): one reservation, commit and version per stage
 # ---------------------------------------------------------------------------------------------
 
 
@@ -747,7 +747,7 @@ def _run_staged(
     if not stages:
         raise _fail(run, _error("invalid_input", "the run has no stages for this dataset.", field="params"))
     jobs.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
-    from service.worker.data import RecordIndex
+    from service.training.data import RecordIndex
 
     data: RecordIndex | None = None
     of_batch: dict[str, list[str]] = {}

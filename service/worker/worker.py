@@ -1,6 +1,6 @@
 """The worker loop: claim a job, keep its lease with a heartbeat thread, run it through the gate.
 
-``Worker.run_once()`` claims one job (``service.worker.jobs.claim``) and runs it to its end;
+``Worker.run_once()`` claims one job (``service.ledger.jobs.claim``) and runs it to its end;
 ``Worker.run_forever(stop_event)`` does that until ``stop_event`` is set, sleeping ``poll_s``
 when the queue is empty. On start it sweeps the staging area left by crashed workers
 (``registry.sweep``), and every ``expire_every_s`` it expires reservations past their TTL
@@ -43,9 +43,10 @@ from pathlib import Path
 from typing import Final
 
 from service.db.session import Database
-from service.ledger import reservations
-from service.worker import gate, jobs, registry
-from service.worker.jobs import ClaimedJob, JobLimits, LeaseLost
+from service.ledger import jobs, reservations
+from service.ledger import model_registry as registry
+from service.ledger.jobs import ClaimedJob, JobLimits, LeaseLost
+from service.worker import gate
 
 logger = logging.getLogger("service.worker")
 

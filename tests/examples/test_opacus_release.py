@@ -19,7 +19,7 @@ import pytest
 from accountant.certificates import verify
 from service.cli import main as ledger_main
 from service.client import LedgerClient
-from service.worker.data import load_data
+from service.training.data import load_data
 from tests.service.api.conftest import Server, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,8 @@ pytest.importorskip("torch")
 from sqlalchemy import text
 
 from service.db.session import Database
-from service.worker import jobs, registry
+from service.ledger import jobs
+from service.ledger import model_registry as registry
 from service.worker.worker import Worker
 from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset
 

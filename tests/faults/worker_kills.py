@@ -44,8 +44,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from service.db.session import Database
-from service.ledger import spend, tenancy
-from service.worker import jobs
+from service.ledger import jobs, spend, tenancy
 from tests.service.api.conftest import ROOT, start_server, stop_server
 from tests.worker.digits_world import DIGITS, digits_dataset, staged_files
 

@@ -20,9 +20,9 @@ from fastapi import FastAPI
 
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import datasets, reservations
+from service.ledger import datasets, jobs, reservations
+from service.ledger import model_registry as registry
 from service.settings import Settings
-from service.worker import jobs, registry
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_authorization import CALLERS, RANK, TENANTS, _check, _headers
 from tests.service.api.world import PURE, World, make_world, unique

@@ -45,7 +45,7 @@ from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
 from service.settings import Settings
-from service.worker.data import DataRoots, SourceLocationError, TenantRoots, check_source, load_data
+from service.training.data import DataRoots, SourceLocationError, TenantRoots, check_source, load_data
 from tests.service.api.conftest import Keys, bearer
 from tests.worker.digits_world import budget
 
@@ -608,7 +608,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
     symlink to a file outside the roots (same record ids: it would train); the worker refuses
     it with ``data_source`` and nothing of the outside file reaches the job."""
     pytest.importorskip("torch")
-    from service.worker import jobs
+    from service.ledger import jobs
     from service.worker.gate import SourceLoader
     from service.worker.worker import Worker
 

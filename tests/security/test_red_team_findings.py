@@ -44,8 +44,8 @@ from service.app import create_app
 from service.db.base import utcnow
 from service.db.models import Job
 from service.db.session import Database
+from service.ledger import jobs
 from service.settings import Settings
-from service.worker import jobs
 from tests.service.api import test_ledger_over_http as http
 from tests.service.api.conftest import Keys
 from tests.service.api.test_ledger_over_http import pure

@@ -27,8 +27,8 @@ from service.client import LedgerClient
 from service.commands.export import bundle_hash
 from service.db.models import AuditEntry, Certificate
 from service.db.session import Database
+from service.ledger import model_registry as registry
 from service.ledger import tenancy
-from service.worker import registry
 from tests.service.live_server import free_port, serve, settings_for
 
 # Reading the ledger runs on both backends; what only depends on the CLI or on a bundle file

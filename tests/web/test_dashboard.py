@@ -6,7 +6,7 @@ The data is seeded over HTTP with the bootstrap admin key: a sequential dataset 
 dataset whose first task's episodic memory is replayed at every later task; a geometric dataset
 whose blocks use different levels; and a training job. The browser signs in with a *viewer* key
 and the tests assert the values shown against the API's own answers. The job's progress is
-advanced by the worker's own job operations (``service.worker.jobs``: claim, plan, progress,
+advanced by the worker's own job operations (``service.ledger.jobs``: claim, plan, progress,
 finish) on the same database while the page stays open, so the page must update by itself.
 
 Screenshots of every page go to ``test-artifacts/dashboard/``. Without Chromium (or Selenium)
@@ -30,8 +30,7 @@ import httpx
 import pytest
 
 from service.db.session import Database
-from service.ledger import tenancy
-from service.worker import jobs
+from service.ledger import jobs, tenancy
 from tests.service.api.conftest import ROOT, Server, bearer, start_server, stop_server
 
 pytestmark = pytest.mark.slow

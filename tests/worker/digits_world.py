@@ -21,7 +21,7 @@ from sqlalchemy import select
 from service.db.models import Job, ModelVersion, Reservation
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
-from service.worker.data import DataRoots, LoadedData, load_data
+from service.training.data import DataRoots, LoadedData, load_data
 from service.worker.gate import SourceLoader
 
 DIGITS = "builtin:digits"
@@ -171,7 +171,7 @@ def claim_concurrently(db: Database, workers: int) -> list[str]:
     claim a separate worker id); raises the first error a claimer met."""
     import threading
 
-    from service.worker import jobs
+    from service.ledger import jobs
 
     claimed: list[str] = []
     errors: list[BaseException] = []

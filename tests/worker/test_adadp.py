@@ -1,4 +1,4 @@
-"""AdaDp, sound variant (service.worker.adadp): Lemma 1 at every step, the event, training."""
+"""AdaDp, sound variant (service.training.adadp): Lemma 1 at every step, the event, training."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 import numpy as np  # noqa: E402
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent  # noqa: E402
-from service.worker import adadp  # noqa: E402
-from service.worker.adadp import AdaDpParams, AdaDpTrainer, Lemma1Violation, check_lemma1  # noqa: E402
-from service.worker.data import LoadedData, TaskSplit, load_data  # noqa: E402
-from service.worker.dp_sgd import DpSgdTrainer, dp_sgd_event  # noqa: E402
-from service.worker.nets import InvalidParamsError  # noqa: E402
+from service.training import adadp  # noqa: E402
+from service.training.adadp import AdaDpParams, AdaDpTrainer, Lemma1Violation, check_lemma1  # noqa: E402
+from service.training.data import LoadedData, TaskSplit, load_data  # noqa: E402
+from service.training.dp_sgd import DpSgdTrainer, dp_sgd_event  # noqa: E402
+from service.training.nets import InvalidParamsError  # noqa: E402
 
 CPU = torch.device("cpu")
 

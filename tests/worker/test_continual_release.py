@@ -1,4 +1,4 @@
-"""Continual and sliding-window release (service.worker.continual_release) and builtin:stream.
+"""Continual and sliding-window release (service.training.continual_release) and builtin:stream.
 
 * Noise calibration against each stage's event ε: the paper's noise scales (Alg. 2, 3, 5, 6, 7),
   every event's ε meets its geometric level exactly, and the trainer's released noise, sampled,
@@ -36,9 +36,15 @@ from accountant.mechanisms import (  # noqa: E402
     continual_release_sampling_probability,
 )
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, certificates, datasets, spend, tenancy  # noqa: E402
-from service.worker import jobs  # noqa: E402
-from service.worker.continual_release import (  # noqa: E402
+from service.ledger import (  # noqa: E402
+    batches,
+    certificates,
+    datasets,
+    jobs,
+    spend,
+    tenancy,
+)
+from service.training.continual_release import (  # noqa: E402
     ContinualReleaseTrainer,
     budget_for,
     fit_biased_logistic,
@@ -47,9 +53,9 @@ from service.worker.continual_release import (  # noqa: E402
     schedule_of,
     sliding_window_chain,
 )
-from service.worker.data import DataSourceError, load_data, parse_source  # noqa: E402
-from service.worker.nets import InvalidParamsError  # noqa: E402
-from service.worker.stages import LedgerBatch, LedgerTask, Stage  # noqa: E402
+from service.training.data import DataSourceError, load_data, parse_source  # noqa: E402
+from service.training.nets import InvalidParamsError  # noqa: E402
+from service.training.stages import LedgerBatch, LedgerTask, Stage  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import versions_of  # noqa: E402
 
@@ -255,7 +261,7 @@ def test_released_noise_is_norm_gamma_with_uniform_direction_at_the_events_epsil
 def test_sampled_stage_trains_on_a_sample_normalised_by_the_whole_window(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from service.worker import continual_release
+    from service.training import continual_release
 
     solved: list[tuple[int, int]] = []
     original = continual_release.fit_biased_logistic

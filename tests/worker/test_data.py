@@ -1,4 +1,4 @@
-"""Data sources (service.worker.data): URIs, npz/csv round trips, built-in streams, the ledger check.
+"""Data sources (service.training.data): URIs, npz/csv round trips, built-in streams, the ledger check.
 
 File sources are read only under data roots (``DataRoots``): the ``roots`` fixture makes the
 test's ``tmp_path`` the one root of every tenant. Errors carry no data: they give counts, lines,
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.worker.data import (
+from service.training.data import (
     DataRoots,
     DataSourceError,
     LoadedData,
@@ -302,7 +302,7 @@ def test_restrict_keeps_only_reserved_records(tmp_path: Path, roots: TenantRoots
 def test_the_data_module_does_not_import_torch() -> None:
     """The API can validate a source URI (``parse_source``) in a process without torch."""
     code = (
-        "import sys; import service.worker.data as d; d.parse_source('builtin:digits'); "
+        "import sys; import service.training.data as d; d.parse_source('builtin:digits'); "
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""DP-SGD (service.worker.dp_sgd): per-example gradients, Poisson sampling, clipping, noise, plan, train."""
+"""DP-SGD (service.training.dp_sgd): per-example gradients, Poisson sampling, clipping, noise, plan, train."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from torch import nn  # noqa: E402
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent  # noqa: E402
 from accountant.events import from_json as event_from_json  # noqa: E402
-from service.worker.data import LoadedData, TaskSplit, load_data  # noqa: E402
-from service.worker.dp_sgd import (  # noqa: E402
+from service.training.data import LoadedData, TaskSplit, load_data  # noqa: E402
+from service.training.dp_sgd import (  # noqa: E402
     DpSgdParams,
     DpSgdTrainer,
     ModelState,
@@ -28,8 +28,8 @@ from service.worker.dp_sgd import (  # noqa: E402
     poisson_sample,
     run_with_reservation,
 )
-from service.worker.nets import InvalidParamsError, ModelSpec, build_model  # noqa: E402
-from service.worker.per_example_gradients import (  # noqa: E402
+from service.training.nets import InvalidParamsError, ModelSpec, build_model  # noqa: E402
+from service.training.per_example_gradients import (  # noqa: E402
     PerExampleGradients,
     flatten_per_example,
 )

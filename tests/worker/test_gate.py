@@ -28,11 +28,12 @@ torch = pytest.importorskip("torch")
 from accountant.certificates import verify  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import certificates, datasets, reservations, spend  # noqa: E402
+from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
+from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
-from service.worker import gate, jobs, registry  # noqa: E402
-from service.worker.data import DataRoots  # noqa: E402
-from service.worker.l2dp_ml import L2dpMlTrainer  # noqa: E402
+from service.training.data import DataRoots  # noqa: E402
+from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
+from service.worker import gate  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import (  # noqa: E402
     DIGITS,
@@ -362,7 +363,7 @@ def test_a_record_id_in_a_trainers_exception_never_reaches_the_failure_message(d
     assert lost in str(raised.value)  # the raw message names the record
 
     message = gate.failure_message(raised.value, data.record_ids)
-    assert message.startswith("KeyError raised at service/worker/l2dp_ml.py:")
+    assert message.startswith("KeyError raised at service/training/l2dp_ml.py:")
     assert "withheld" in message and lost not in message
 
     class OwnError(ValueError):  # a message of ours that (by mistake) quotes two ids

@@ -16,9 +16,8 @@ from sqlalchemy import select
 from service.db.base import utcnow
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import spend
-from service.worker import jobs
-from service.worker.jobs import JobLimits
+from service.ledger import jobs, spend
+from service.ledger.jobs import JobLimits
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, claim_concurrently, digits_dataset, job_row, versions_of
 
@@ -44,7 +43,7 @@ def _warm_up_per_example_gradients(torch: Any) -> None:
     """Run DP-SGD's per-example gradients once in this process, before a wall clock starts: the
     first call imports part of torch lazily (torch._dynamo, seconds on a loaded machine), which
     would otherwise count against a job's LEDGER_JOB_MAX_WALL_S."""
-    from service.worker.per_example_gradients import PerExampleGradients
+    from service.training.per_example_gradients import PerExampleGradients
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
     gradients = PerExampleGradients(model, 2)

@@ -1,6 +1,6 @@
-"""Job params as one typed, torch-free declaration (``service.worker.params``): what the API checks
+"""Job params as one typed, torch-free declaration (``service.training.params``): what the API checks
 at submit is what the trainer reads at run time, for every algorithm; the params document is
-standard JSON within its bounds (``service.worker.jobs.check_document`` / ``check_params``).
+standard JSON within its bounds (``service.ledger.jobs.check_document`` / ``check_params``).
 
 No database here: these are the checks ``create_job`` runs before anything is stored (the HTTP
 tests with row counts are tests/security/test_red_team_findings.py)."""
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from service.ledger import jobs
 from service.ledger.errors import InvalidInput
-from service.worker import jobs
-from service.worker import params as job_params
-from service.worker.algorithms import TRAINERS
+from service.training import params as job_params
+from service.training.algorithms import TRAINERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def test_every_algorithm_has_a_declaration() -> None:
 @pytest.mark.parametrize(("algorithm", "params"), VALID)
 def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: dict[str, Any]) -> None:
     pytest.importorskip("torch")
-    from service.worker.algorithms import trainer_for
+    from service.training.algorithms import trainer_for
 
     declared = job_params.validate(algorithm, params)
     assert trainer_for(algorithm, "cpu").parse_params(params) == declared
@@ -194,7 +194,7 @@ def test_the_api_validates_params_without_loading_torch() -> None:
     code = (
         "import sys\n"
         "from service.api import jobs as routes\n"
-        "from service.worker import jobs\n"
+        "from service.ledger import jobs\n"
         "for algorithm in jobs.ALGORITHMS:\n"
         "    try:\n"
         "        jobs.check_params(algorithm, {'noise_multiplier': 1.0})\n"

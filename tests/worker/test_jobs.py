@@ -1,4 +1,4 @@
-"""Jobs (service.worker.jobs): validation, the one-statement claim, leases, heartbeats, cancel,
+"""Jobs (service.ledger.jobs): validation, the one-statement claim, leases, heartbeats, cancel,
 retries, and the data source a job reads (its dataset's, when it runs) — on real SQLite and
 PostgreSQL databases. No torch, except for the one job here that trains (to show which source
 it read)."""
@@ -15,10 +15,9 @@ from sqlalchemy import event
 
 from service.db.base import utcnow
 from service.db.session import Database
-from service.ledger import datasets
+from service.ledger import datasets, jobs
 from service.ledger.errors import Conflict, InvalidInput, NotFound
-from service.worker import jobs
-from service.worker.data import load_data
+from service.training.data import load_data
 from service.worker.worker import Worker
 from tests.worker.digits_world import (
     DIGITS,

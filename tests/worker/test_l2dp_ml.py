@@ -1,4 +1,4 @@
-"""L2DP-ML's mechanism and the A-gem projection (``service.worker.l2dp_ml``, ``agem``), and both
+"""L2DP-ML's mechanism and the A-gem projection (``service.training.l2dp_ml``, ``agem``), and both
 lifelong trainers as staged jobs behind the gate on a real ledger (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ torch = pytest.importorskip("torch")
 
 from accountant.mechanisms import l2dp_ml_event_epsilon  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import spend  # noqa: E402
-from service.worker import jobs  # noqa: E402
-from service.worker.agem import agem_project, average_accuracy, average_forgetting  # noqa: E402
-from service.worker.l2dp_ml import (  # noqa: E402
+from service.ledger import (  # noqa: E402
+    jobs,
+    spend,
+)
+from service.training.agem import agem_project, average_accuracy, average_forgetting  # noqa: E402
+from service.training.l2dp_ml import (  # noqa: E402
     L2dpMlParams,
     L2dpMlTrainer,
     batch_noise,
@@ -29,7 +31,7 @@ from service.worker.l2dp_ml import (  # noqa: E402
     record_input_noise,
     theta1_norm,
 )
-from service.worker.nets import InvalidParamsError  # noqa: E402
+from service.training.nets import InvalidParamsError  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import source_tasks, task_dataset, versions_of  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Per-example gradients (service.worker.per_example_gradients): the traced graphs are the eager
+"""Per-example gradients (service.training.per_example_gradients): the traced graphs are the eager
 ``torch.func`` program, bit for bit, and they are used only when hot."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from service.worker import per_example_gradients  # noqa: E402
-from service.worker.data import load_data  # noqa: E402
-from service.worker.dp_sgd import DpSgdTrainer, ModelState  # noqa: E402
-from service.worker.nets import ModelSpec, build_model  # noqa: E402
-from service.worker.per_example_gradients import PerExampleGradients  # noqa: E402
+from service.training import per_example_gradients  # noqa: E402
+from service.training.data import load_data  # noqa: E402
+from service.training.dp_sgd import DpSgdTrainer, ModelState  # noqa: E402
+from service.training.nets import ModelSpec, build_model  # noqa: E402
+from service.training.per_example_gradients import PerExampleGradients  # noqa: E402
 
 
 def _model(kind: str, hidden: tuple[int, ...], seed: int = 0) -> nn.Module:

@@ -1,4 +1,4 @@
-"""DP continual learning with a pre-trained model (service.worker.pretrained).
+"""DP continual learning with a pre-trained model (service.training.pretrained).
 
 Mechanism calibration, each against the ε its event is charged:
 
@@ -34,13 +34,13 @@ from scipy.stats import norm  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
 from accountant.events import GaussianEvent  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, certificates, datasets, spend, tenancy  # noqa: E402
+from service.ledger import batches, certificates, datasets, jobs, spend, tenancy  # noqa: E402
+from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
-from service.worker import jobs, registry  # noqa: E402
-from service.worker.data import load_data  # noqa: E402
-from service.worker.dp_sgd import dp_sgd_event  # noqa: E402
-from service.worker.feature_extractor import ExtractorSpec, pretrained_extractor, unit_features  # noqa: E402
-from service.worker.pretrained import (  # noqa: E402
+from service.training.data import load_data  # noqa: E402
+from service.training.dp_sgd import dp_sgd_event  # noqa: E402
+from service.training.feature_extractor import ExtractorSpec, pretrained_extractor, unit_features  # noqa: E402
+from service.training.pretrained import (  # noqa: E402
     SUM_SENSITIVITY,
     HeadParams,
     HeadRun,
@@ -53,7 +53,7 @@ from service.worker.pretrained import (  # noqa: E402
     single_charge_epsilon,
     train_head_dp_sgd,
 )
-from service.worker.stages import LedgerBatch, LedgerTask  # noqa: E402
+from service.training.stages import LedgerBatch, LedgerTask  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import source_tasks, task_dataset  # noqa: E402
 
@@ -141,7 +141,7 @@ def test_released_class_sums_carry_gaussian_noise_of_the_events_scale_on_every_c
 
 
 def test_class_sums_refuse_features_that_are_not_unit_norm() -> None:
-    from service.worker.dp_sgd import TrainingError
+    from service.training.dp_sgd import TrainingError
 
     with pytest.raises(TrainingError, match="unit-norm"):
         noisy_class_sums(
@@ -185,7 +185,7 @@ def test_each_peft_stage_is_one_dp_sgd_run_on_its_task_charged_within_epsilon(ep
 
 
 def test_full_data_stages_read_every_task_so_far() -> None:
-    from service.worker.pretrained import PeftFullDataTrainer
+    from service.training.pretrained import PeftFullDataTrainer
 
     trainer = PeftFullDataTrainer(device="cpu")
     params = trainer.parse_params({"target_epsilon": 1.0, "delta": DELTA})
@@ -215,7 +215,7 @@ def test_a_dp_sgd_step_adds_noise_of_std_sigma_c_over_expected_batch() -> None:
 
 
 def test_plan_refuses_a_run_too_long_naming_epochs() -> None:
-    from service.worker.nets import InvalidParamsError
+    from service.training.nets import InvalidParamsError
 
     p = HeadParams.from_params({"noise_multiplier": 1.0, "epochs": 1e5, "expected_batch_size": 1})
     with pytest.raises(InvalidParamsError) as info:
@@ -358,7 +358,7 @@ def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp
 
 
 # ---------------------------------------------------------------------------------------------
-# The public split of the built-ins (service.worker.data, ``&public=P``)
+# The public split of the built-ins (service.training.data, ``&public=P``)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -387,7 +387,7 @@ def test_public_split_is_disjoint_from_every_task_and_leaves_the_default_unchang
     ],
 )
 def test_bad_public_splits_are_refused_naming_the_parameter(uri: str, message: str) -> None:
-    from service.worker.data import DataSourceError, parse_source
+    from service.training.data import DataSourceError, parse_source
 
     with pytest.raises(DataSourceError) as info:
         parse_source(uri)

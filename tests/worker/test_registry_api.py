@@ -22,9 +22,9 @@ from accountant.certificates import verify
 from service.app import create_app
 from service.db.base import utcnow
 from service.db.session import Database
-from service.ledger import reservations, tenancy
+from service.ledger import jobs, reservations, tenancy
+from service.ledger import model_registry as registry
 from service.settings import Settings
-from service.worker import jobs, registry
 from tests.worker.digits_world import DIGITS, digits_dataset, digits_train_ids, staged_files
 
 with warnings.catch_warnings():
@@ -255,7 +255,7 @@ def test_the_api_process_does_not_import_torch(tmp_path: Path) -> None:
         "from service.app import create_app\n"
         "from service.settings import Settings\n"
         f"create_app(Settings(database_url='sqlite:///{tmp_path}/x.db'), worker=True)\n"
-        "import service.worker.worker, service.worker.gate, service.worker.registry\n"
+        "import service.worker.worker, service.worker.gate, service.ledger.model_registry\n"
         "print('torch' in sys.modules)\n"
     )
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))

@@ -1,4 +1,4 @@
-"""Staged runs through the gate (service.worker.stages): one reservation, commit and version per
+"""Staged runs through the gate (service.training.stages): one reservation, commit and version per
 task, on a real ledger (SQLite and PostgreSQL) over builtin:split-digits.
 
 The trainer here is a small but genuine DP mechanism, not a stub: a nearest-centroid classifier
@@ -34,12 +34,17 @@ from accountant import events as ev  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import certificates, spend  # noqa: E402
-from service.worker import algorithms, gate, jobs  # noqa: E402
-from service.worker import params as job_params  # noqa: E402
-from service.worker.data import LoadedData  # noqa: E402
-from service.worker.params import JobParams  # noqa: E402
-from service.worker.stages import LedgerTask, Stage, StageRelease  # noqa: E402
+from service.ledger import (  # noqa: E402
+    certificates,
+    jobs,
+    spend,
+)
+from service.training import algorithms  # noqa: E402
+from service.training import params as job_params  # noqa: E402
+from service.training.data import LoadedData  # noqa: E402
+from service.training.params import JobParams  # noqa: E402
+from service.training.stages import LedgerTask, Stage, StageRelease  # noqa: E402
+from service.worker import gate  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import CountingLoader, source_tasks, task_dataset, versions_of  # noqa: E402
 

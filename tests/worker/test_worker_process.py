@@ -27,8 +27,7 @@ pytest.importorskip("torch")
 from accountant.certificates import verify
 from service.db.models import Release
 from service.db.session import Database
-from service.ledger import certificates, spend
-from service.worker import jobs
+from service.ledger import certificates, jobs, spend
 from service.worker.worker import Worker
 from tests.worker.digits_world import (
     digits_dataset,

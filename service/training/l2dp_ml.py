@@ -63,7 +63,7 @@ Departures from the paper (docs/experiments/lifelong.md):
 
 NaiveGaussian (``NaiveGaussianTrainer``)
 ----------------------------------------
-The paper's baseline, what Thm. 1 warns about: DP-SGD (``service.worker.dp_sgd`` helpers) with
+The paper's baseline, what Thm. 1 warns about: DP-SGD (``service.training.dp_sgd`` helpers) with
 A-gem, where g is the noisy clipped gradient of a Poisson sample (probability q) of task τ's
 records and g_ref that of a Poisson sample (same q) of the memory's records. Each record is in
 one of the two pools, so stage τ is the event ``SelfComposed(PoissonSampled(q, Gaussian(σ)), T_τ)``
@@ -92,7 +92,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from accountant.events import DpEvent, FunctionalMechanismL2DPEvent
-from service.worker.agem import (
+from service.training.agem import (
     agem_project,
     average_accuracy,
     average_forgetting,
@@ -100,15 +100,15 @@ from service.worker.agem import (
     flatten,
     unflatten,
 )
-from service.worker.data import LoadedData, TaskSplit
-from service.worker.dp_sgd import (
+from service.training.data import LoadedData, TaskSplit
+from service.training.dp_sgd import (
     default_device,
     dp_sgd_event,
     noisy_mean_gradient_flat,
     poisson_sample,
 )
-from service.worker.nets import MLP
-from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.training.nets import MLP
+from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_EPOCHS,
     MAX_TASKS,
     InvalidParamsError,
@@ -116,8 +116,8 @@ from service.worker.params import (  # noqa: F401  (re-exported: declared in the
     L2dpMlParams,
     NaiveGaussianParams,
 )
-from service.worker.per_example_gradients import PerExampleGradients
-from service.worker.stages import LedgerTask, Stage, StageRelease
+from service.training.per_example_gradients import PerExampleGradients
+from service.training.stages import LedgerTask, Stage, StageRelease
 
 COMMITMENT_PREFIX: Final = "l2dp-ml:"
 
@@ -272,7 +272,7 @@ def theta1_norm(w1: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# The stage plan shared by both trainers (params: service.worker.params)
+# The stage plan shared by both trainers (params: service.training.params)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -415,7 +415,7 @@ class L2dpMlState:
 
 
 class L2dpMlTrainer:
-    """L2DP-ML as a staged trainer (module docstring; ``service.worker.stages``)."""
+    """L2DP-ML as a staged trainer (module docstring; ``service.training.stages``)."""
 
     algorithm: ClassVar[str] = "l2dp_ml"
 

@@ -3,9 +3,9 @@ and the paper's two baselines, each a staged job behind the release gate.
 
 Paper: Tobaben, Klasson, Li, Solin & Honkela, "Differentially Private Continual Learning using
 Pre-Trained Models" (``dp-continual-learning-pretrained.txt``). A frozen extractor f_θ
-pre-trained on public data (``service.worker.feature_extractor``; here: the source's public split)
+pre-trained on public data (``service.training.feature_extractor``; here: the source's public split)
 turns every image into a unit-norm feature u = f_θ(x)/‖f_θ(x)‖ ∈ ℝᴷ. Tasks arrive one by one; after
-each task a model is released (one stage of ``service.worker.stages`` per ledger task).
+each task a model is released (one stage of ``service.training.stages`` per ledger task).
 
 Assumptions (Sec. 3): **S1** the set of classes is known — every release covers all C classes
 (all class sums; heads of output width C), so a release does not reveal which classes a task
@@ -13,7 +13,7 @@ held; **S2** tasks are disjoint and no record is stored or replayed, so each tas
 and parallel composition applies. The ledger's ``parallel`` rule *enforces* S2: a second read of
 a batch is refused (``batch_already_read``).
 
-Algorithms (``service.worker.algorithms``):
+Algorithms (``service.training.algorithms``):
 
 * ``cosine_classifier`` (Alg. A4, Eq. 2–3). Stage t reads task t once and releases, for **every**
   class c, s_c ← s_c + Σ_{x∈D_t, y=c} u(x) + N(0, σ²I) (Eq. 2: classes absent from the task get
@@ -39,7 +39,7 @@ Algorithms (``service.worker.algorithms``):
   not: it needs a ``sequential`` dataset (the same records registered as another dataset),
   where task 1 bears t charges after stage t. On a ``parallel`` dataset stage 2 is refused.
 
-DP-SGD is ``service.worker.dp_sgd``'s (true Poisson sampling, clipping to C, noise σC, division
+DP-SGD is ``service.training.dp_sgd``'s (true Poisson sampling, clipping to C, noise σC, division
 by the public q·N — a departure from Alg. A1's |L_t| explained there); this module only calls its
 public helpers. Metrics of each release (on the public test splits): per-task accuracy a_{t,i}
 for every test task, average accuracy A_t over the tasks seen so far (Eq. A4) and average
@@ -47,7 +47,7 @@ forgetting F_t (Eq. A5–A6, with the maximum over the releases since task i was
 Chaudhry et al. 2018 define it).
 
 Randomness: ``seed`` makes a run reproducible (tests, experiments); without one a job draws it
-from ``secrets`` and never reports it (see ``service.worker.dp_sgd``). ``extractor_seed`` seeds
+from ``secrets`` and never reports it (see ``service.training.dp_sgd``). ``extractor_seed`` seeds
 the public pre-training only: it is public.
 """
 
@@ -69,8 +69,8 @@ from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
 from accountant.rules.sequential import fresh_price
-from service.worker.data import LoadedData
-from service.worker.dp_sgd import (
+from service.training.data import LoadedData
+from service.training.dp_sgd import (
     TrainingError,
     default_device,
     dp_sgd_event,
@@ -78,20 +78,20 @@ from service.worker.dp_sgd import (
     noisy_mean_gradient_flat,
     poisson_sample,
 )
-from service.worker.feature_extractor import (
+from service.training.feature_extractor import (
     FeatureExtractor,
     pretrained_extractor,
     unit_features,
 )
-from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     HEAD_DEFAULTS,
     HeadParams,
     InvalidParamsError,
     PretrainedParams,
 )
-from service.worker.per_example_gradients import PerExampleGradients
-from service.worker.stages import LedgerTask, Stage, StageRelease
+from service.training.per_example_gradients import PerExampleGradients
+from service.training.stages import LedgerTask, Stage, StageRelease
 
 SUM_SENSITIVITY: Final = 1.0
 """L2 sensitivity of the C×K matrix of per-class sums of unit features under add/remove-one."""
@@ -239,7 +239,7 @@ def train_head_dp_sgd(
     sampler: torch.Generator,
     noise: torch.Generator,
 ) -> None:
-    """DP-SGD (``service.worker.dp_sgd``'s steps) on a linear head over frozen features, in place.
+    """DP-SGD (``service.training.dp_sgd``'s steps) on a linear head over frozen features, in place.
 
     Each step: a Poisson sample of probability q, per-example gradients, each clipped to C,
     summed, plus N(0, σ²C²), divided by q·N; then SGD (with optional heavy-ball momentum)."""

@@ -3,7 +3,7 @@ worker, never in the API process).
 
 Two kinds of trainer (``service.worker.gate``): a *one-reservation* run (DP-SGD, AdaDp: the whole
 run reserved once, checkpoints committed progressively) and a *staged* run
-(``service.worker.stages.StagedTrainer``: one reservation, commit and version per task or per
+(``service.training.stages.StagedTrainer``: one reservation, commit and version per task or per
 block). The first six names are the HTTP contract (docs/ARCHITECTURE.md, "Jobs and the worker"); the
 rest are the baselines the papers compare against, runnable as jobs so that their ledger spend is
 shown next to the algorithms'.
@@ -15,16 +15,16 @@ import importlib
 from typing import Any, Final
 
 TRAINERS: Final[dict[str, str]] = {
-    "dp_sgd": "service.worker.dp_sgd:DpSgdTrainer",
-    "adadp": "service.worker.adadp:AdaDpTrainer",
-    "l2dp_ml": "service.worker.l2dp_ml:L2dpMlTrainer",
-    "continual_release": "service.worker.continual_release:ContinualReleaseTrainer",
-    "cosine_classifier": "service.worker.pretrained:CosineClassifierTrainer",
-    "peft_ensemble": "service.worker.pretrained:PeftEnsembleTrainer",
+    "dp_sgd": "service.training.dp_sgd:DpSgdTrainer",
+    "adadp": "service.training.adadp:AdaDpTrainer",
+    "l2dp_ml": "service.training.l2dp_ml:L2dpMlTrainer",
+    "continual_release": "service.training.continual_release:ContinualReleaseTrainer",
+    "cosine_classifier": "service.training.pretrained:CosineClassifierTrainer",
+    "peft_ensemble": "service.training.pretrained:PeftEnsembleTrainer",
     # Baselines
-    "naive_gaussian": "service.worker.l2dp_ml:NaiveGaussianTrainer",
-    "peft_naive": "service.worker.pretrained:PeftNaiveTrainer",
-    "peft_full_data": "service.worker.pretrained:PeftFullDataTrainer",
+    "naive_gaussian": "service.training.l2dp_ml:NaiveGaussianTrainer",
+    "peft_naive": "service.training.pretrained:PeftNaiveTrainer",
+    "peft_full_data": "service.training.pretrained:PeftFullDataTrainer",
 }
 """Every algorithm a job may name, in the order the API lists them."""
 

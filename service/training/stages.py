@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from accountant.events import DpEvent
 
 if TYPE_CHECKING:
-    from service.worker.data import LoadedData
-    from service.worker.dp_sgd import ModelState
+    from service.training.data import LoadedData
+    from service.training.dp_sgd import ModelState
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Paper: ``continual-sliding-window-release.txt`` (Watson, Ghosh, Rozemberczki & S
 of blocks of b₀ records arrives; the ledger holds one batch per block (the batches of the
 dataset's tasks, in task and position order, are the blocks in arrival order), and the dataset's
 budget uses the ``geometric`` rule. Every release is a *stage* of a staged run
-(``service.worker.stages``): the gate reserves the stage's event on exactly the blocks the
+(``service.training.stages``): the gate reserves the stage's event on exactly the blocks the
 release reads, hands the trainer their records, commits and publishes one model version.
 
 The private ERM (every mode)
@@ -86,15 +86,15 @@ from accountant.mechanisms import (
     sample_output_perturbation_noise,
 )
 from accountant.rules import Budget, GeometricSchedule
-from service.worker.data import LoadedData
-from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.training.data import LoadedData
+from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_LEVEL,
     MAX_WINDOW_LEVELS,
     MODES,
     ContinualParams,
     InvalidParamsError,
 )
-from service.worker.stages import LedgerTask, Stage, StageRelease
+from service.training.stages import LedgerTask, Stage, StageRelease
 
 LIPSCHITZ: Final = 1.0  # logistic loss with features in the unit ball
 OPTIMISATION_TOLERANCE: Final = 1e-6  # τ = 1e-6·L/n: the Newton stop, added to the sensitivity
@@ -105,7 +105,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 # ---------------------------------------------------------------------------------------------
-# The budget the params expect (params: service.worker.params.ContinualParams)
+# The budget the params expect (params: service.training.params.ContinualParams)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -144,7 +144,7 @@ def schedule_of(params: ContinualParams) -> GeometricSchedule:
 
 
 def parse_params(params: Mapping[str, Any]) -> ContinualParams:
-    """The job's params, validated (``service.worker.params.ContinualParams.read``)."""
+    """The job's params, validated (``service.training.params.ContinualParams.read``)."""
     return ContinualParams.read(params)
 
 
@@ -479,7 +479,7 @@ def stream_blocks(tasks: Sequence[LedgerTask], max_blocks: int | None) -> tuple[
 
 
 class ContinualReleaseTrainer:
-    """``continual_release``: a staged trainer (``service.worker.stages.StagedTrainer``)."""
+    """``continual_release``: a staged trainer (``service.training.stages.StagedTrainer``)."""
 
     def __init__(self, device: str | None = None) -> None:
         self.device = device  # numpy only: the device is not used

@@ -50,7 +50,7 @@ from service.db.session import Database
 from service.ledger import audit
 from service.ledger.certificates import get_certificate
 from service.ledger.errors import Conflict, InvalidInput, NotFound
-from service.worker.jobs import check_model_name, lease_is_live
+from service.ledger.jobs import check_model_name, lease_is_live
 
 STAGING: Final = ".staging"
 SIDECAR: Final = ".json"

@@ -56,7 +56,7 @@ Job params: a typed document, validated at submit, stored only once valid (``cre
   ``model_name_taken``): versions are numbered per name after every release the ledger recorded
   (``registry.next_version``), so the job's versions would interleave with another dataset's model.
 * The rest are the trainer's, checked against the algorithm's declaration
-  (``service.worker.params``, torch-free: the same reader the trainer uses when the job runs).
+  (``service.training.params``, torch-free: the same reader the trainer uses when the job runs).
 * ``data_source`` is refused: the source belongs to the dataset, set by an admin
   (``service.ledger.datasets``), and a job on a dataset without one (or without batches) is
   refused at submit.
@@ -89,14 +89,14 @@ from service.ledger import audit, idempotency
 from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 from service.settings import Settings
-from service.worker import params as job_params
-from service.worker.algorithms import TRAINERS
+from service.training import params as job_params
+from service.training.algorithms import TRAINERS
 
 if TYPE_CHECKING:
-    from service.worker.stages import Stage
+    from service.training.stages import Stage
 
 ALGORITHMS: Final = tuple(TRAINERS)
-"""Algorithms a job can run (``service.worker.algorithms``)."""
+"""Algorithms a job can run (``service.training.algorithms``)."""
 JOB_KEYS: Final = ("model_name",)
 """Keys of ``params`` read by the job itself; the others are the trainer's."""
 LEGACY_KEYS: Final = ("data_source",)

@@ -17,7 +17,7 @@ Gaussian mechanism with noise multiplier σ* whenever Σ sᵢ²/σᵢ² ≤ 1/σ
 carries over unchanged: whitening by diag(σᵢ) turns the step into an isotropic Gaussian mechanism
 of L2 sensitivity ≤ 1/σ*, so a run is accounted exactly as DP-SGD with noise multiplier σ*:
 ``SelfComposed(PoissonSampled(q, Gaussian(σ*)), T)`` (the same event shape as
-``service.worker.dp_sgd``; ``accountant.rdp`` would account ``AdaptiveGaussianEvent(σ*)`` the same
+``service.training.dp_sgd``; ``accountant.rdp`` would account ``AdaptiveGaussianEvent(σ*)`` the same
 way). The condition is *checked at every step* on the float32 tensors actually used; a violation
 raises ``Lemma1Violation``, which fails the job. The largest Σ sᵢ²/σᵢ² seen is reported in the
 metrics (``lemma1_max_ratio``, next to ``lemma1_limit`` = 1/σ*²). σᵢ carries a safety factor
@@ -61,7 +61,7 @@ from typing import ClassVar, Final
 
 import torch
 
-from service.worker.dp_sgd import (
+from service.training.dp_sgd import (
     DpSgdTrainer,
     Params,
     TrainingError,
@@ -72,7 +72,7 @@ from service.worker.dp_sgd import (
     gaussian_like,
     per_example_norms,
 )
-from service.worker.params import AdaDpParams, DpSgdParams, InvalidParamsError  # noqa: F401  (re-exported)
+from service.training.params import AdaDpParams, DpSgdParams, InvalidParamsError  # noqa: F401  (re-exported)
 
 LEMMA1_SAFETY: Final = 1e-5
 LEMMA1_RTOL: Final = 1e-12  # float64 rounding of the check itself

@@ -1,7 +1,7 @@
 """Job params: the typed document each algorithm takes, declared once and torch-free.
 
 The API checks a job's params against its algorithm's declaration when the job is submitted
-(``service.worker.jobs.create_job``: an unknown key, a wrong type or a value out of range is a 422
+(``service.ledger.jobs.create_job``: an unknown key, a wrong type or a value out of range is a 422
 naming ``params.<key>``), and the trainer reads them through the same declaration when the job
 runs (``trainer.parse_params``). One definition, so what the API accepted is what the trainer
 runs: a job can no longer be queued (201) and then fail on a param.
@@ -10,7 +10,7 @@ Each algorithm's params are a frozen dataclass whose ``from_params``/``read`` st
 takes with its type, range and default through ``JobParams``'s typed getters (``real``,
 ``integer``, ``string`` with choices, ``boolean``, ``integers``), and refuses keys that no getter
 read (``JobParams.finish``), so a typo (``"epoch"``) is refused instead of silently training
-with a default. ``PARAMS`` maps each algorithm of ``service.worker.algorithms.TRAINERS`` to its
+with a default. ``PARAMS`` maps each algorithm of ``service.training.algorithms.TRAINERS`` to its
 reader; ``validate(algorithm, params)`` is what the API calls.
 
 This module imports neither torch nor numpy: the API process loads it. The trainer modules

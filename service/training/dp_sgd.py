@@ -53,9 +53,9 @@ from torch import nn
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
-from service.worker.data import LoadedData
-from service.worker.nets import build_model
-from service.worker.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.training.data import LoadedData
+from service.training.nets import build_model
+from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     MAX_STEPS,
     DpSgdParams,
@@ -63,7 +63,7 @@ from service.worker.params import (  # noqa: F401  (re-exported: declared in the
     JobParams,
     ModelSpec,
 )
-from service.worker.per_example_gradients import PerExampleGradients
+from service.training.per_example_gradients import PerExampleGradients
 
 ModelState = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
@@ -90,7 +90,7 @@ def _accept(step: int, model_state: ModelState, event: DpEvent) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plan (params: service.worker.params.DpSgdParams)
+# The plan (params: service.training.params.DpSgdParams)
 # ---------------------------------------------------------------------------------------------
 
 
