@@ -82,7 +82,8 @@ def _checked(result: JobResult, what: str) -> JobResult:
 
 def run(args: argparse.Namespace) -> int:
     from service.training.data import load_data
-    from service.training.l2dp_ml import L2dpMlParams, epsilon1_for, l2dp_ml_event, train_noiseless_agem
+    from service.training.l2dp_ml import L2dpMlParams, epsilon1_for, l2dp_ml_event
+    from service.training.lifelong_baselines import train_noiseless_agem
 
     quick = bool(args.quick)
     tasks = args.tasks or (3 if quick else 10)

@@ -1,6 +1,6 @@
 """A-gem's projected gradient, the episodic memory of fixed batches, and the lifelong metrics.
 
-Shared by the L2DP-ML trainer, the NaiveGaussian baseline (``service.training.l2dp_ml``) and the
+Shared by the L2DP-ML trainer, the NaiveGaussian baseline (``service.training.lifelong_baselines``) and the
 noiseless A-gem baseline of ``ledger experiment lifelong``.
 
 * **Projection** (lifelong-dp-l2dp-ml.txt, Eq. 2; Alg. 2 line 15; Chaudhry et al. 2019):

@@ -22,7 +22,7 @@ TRAINERS: Final[dict[str, str]] = {
     "cosine_classifier": "service.training.pretrained:CosineClassifierTrainer",
     "peft_ensemble": "service.training.pretrained:PeftEnsembleTrainer",
     # Baselines
-    "naive_gaussian": "service.training.l2dp_ml:NaiveGaussianTrainer",
+    "naive_gaussian": "service.training.lifelong_baselines:NaiveGaussianTrainer",
     "peft_naive": "service.training.pretrained:PeftNaiveTrainer",
     "peft_full_data": "service.training.pretrained:PeftFullDataTrainer",
 }

@@ -1,0 +1,333 @@
+"""The baselines of the lifelong experiment, next to L2DP-ML (``service.training.l2dp_ml``):
+
+* **NaiveGaussian** (DP-SGD + A-gem): Gaussian noise on the task gradient g and on the memory
+  gradient g_ref, Poisson sampling; every stage is a charge composed sequentially (the first
+  task's memory batch reads every stage), σ calibrated so that all stages fit the budget's Rényi
+  filter (``calibrate_sequential_noise``).
+* **A-gem without noise**, run outside the ledger (``train_noiseless_agem``): no finite ε, the
+  utility ceiling the private models are compared with.
+
+Both share the task plan and the per-task records of L2DP-ML (``make_plan``, ``LifelongRecord``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad
+
+from accountant.events import DpEvent
+from service.training.agem import (
+    agem_project,
+    flatten,
+    unflatten,
+)
+from service.training.data import LoadedData
+from service.training.dp_sgd import (
+    default_device,
+    dp_sgd_event,
+    noisy_mean_gradient_flat,
+    poisson_sample,
+)
+from service.training.l2dp_ml import LifelongRecord, Plan, make_plan
+from service.training.nets import MLP
+from service.training.params import (
+    InvalidParamsError,
+    NaiveGaussianParams,
+)
+from service.training.per_example_gradients import PerExampleGradients
+from service.training.stages import LedgerTask, Stage, StageRelease
+
+# ---------------------------------------------------------------------------------------------
+# NaiveGaussian (DP-SGD + A-gem) and the noiseless A-gem baseline
+# ---------------------------------------------------------------------------------------------
+
+
+def naive_steps(epochs: int, sampling_probability: float) -> int:
+    """T = ⌈epochs/q⌉ Poisson-sampled steps."""
+    return max(1, math.ceil(epochs / sampling_probability - 1e-9))
+
+
+def calibrate_sequential_noise(
+    *, target_epsilon: float, delta: float, sampling_probability: float, steps: Sequence[int]
+) -> float:
+    """The smallest σ (grid 10⁻⁴, ``accountant.calibration.smallest_noise``) whose stages, all
+    charged to one batch (the first task's memory batch reads every stage), fit the Rényi filter
+    of a ``sequential``/``rdp`` budget (ε, δ) with its placed grid: the ledger's admission test."""
+    from accountant.calibration import smallest_noise
+    from accountant.errors import InvalidArgumentError
+    from accountant.exact import exact_add
+    from accountant.rules import Budget, renyi_filter
+    from accountant.rules.sequential import rdp_charge
+
+    budget = Budget.create(
+        rule="sequential", epsilon=repr(target_epsilon), delta=repr(delta), accountant="rdp"
+    )
+    assert budget.orders is not None
+    orders = budget.orders
+    flt = renyi_filter(budget)
+
+    def fits(sigma: float) -> bool:
+        total = tuple(Decimal(0) for _ in orders)
+        for t in steps:
+            charge = rdp_charge(
+                dp_sgd_event(sampling_probability=sampling_probability, noise_multiplier=sigma, steps=t),
+                orders,
+            )
+            total = tuple(exact_add(a, b) for a, b in zip(total, charge, strict=True))
+        return flt.fits(total)
+
+    try:
+        return smallest_noise(fits)
+    except InvalidArgumentError:
+        raise InvalidParamsError(
+            "params.target_epsilon", f"cannot be reached. Found {target_epsilon}."
+        ) from None
+
+
+@dataclass
+class AgemMlp:
+    """An MLP trained with A-gem: ``gradient(x, y)`` gives g (noisy or exact); the projection and
+    the SGD step are shared."""
+
+    model: nn.Module
+    params: dict[str, torch.Tensor]
+    learning_rate: float
+
+    @classmethod
+    def build(
+        cls,
+        n_features: int,
+        hidden: int,
+        num_classes: int,
+        seed: int,
+        learning_rate: float,
+        device: torch.device,
+    ) -> AgemMlp:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(np.random.SeedSequence([seed, 1]).generate_state(1)[0]))
+            model = MLP(n_features, (hidden,), num_classes)
+        model = model.to(device)
+        return cls(model, {n: q.detach() for n, q in model.named_parameters()}, learning_rate)
+
+    def step(self, g: torch.Tensor, g_ref: torch.Tensor | None) -> None:
+        if g_ref is not None:
+            g = agem_project(g, g_ref)
+        values = list(self.params.values())
+        for tensor, update in zip(values, unflatten(g, values), strict=True):
+            tensor.sub_(self.learning_rate * update)
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        x = torch.from_numpy(features.astype(np.float32)).to(next(iter(self.params.values())).device)
+        with torch.no_grad():
+            logits = functional_call(self.model, self.params, (x,))
+        predicted: np.ndarray = logits.argmax(dim=1).cpu().numpy()
+        return predicted
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {name: value.detach().to("cpu", copy=True) for name, value in self.params.items()}
+
+
+@dataclass
+class NaiveGaussianState:
+    params: NaiveGaussianParams
+    plan: Plan
+    noise_multiplier: float
+    learner: AgemMlp
+    grad_fn: PerExampleGradients
+    record: LifelongRecord
+    sampler: torch.Generator
+    noise: torch.Generator
+    position: int = 0
+
+
+class NaiveGaussianTrainer:
+    """NaiveGaussian: DP-SGD + A-gem with Gaussian-noised g and g_ref, charged sequentially."""
+
+    algorithm: ClassVar[str] = "naive_gaussian"
+
+    def __init__(self, *, device: str | torch.device | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self._sigma: dict[tuple[Any, ...], float] = {}
+
+    def parse_params(self, params: Mapping[str, Any]) -> NaiveGaussianParams:
+        return NaiveGaussianParams.read(params)
+
+    def _noise_multiplier(self, p: NaiveGaussianParams, plan: Plan) -> float:
+        if p.noise_multiplier is not None:
+            return p.noise_multiplier
+        assert p.target_epsilon is not None and p.delta is not None
+        steps = tuple(naive_steps(e, p.sampling_probability) for e in plan.epochs)
+        key = (p.target_epsilon, p.delta, p.sampling_probability, steps)
+        if key not in self._sigma:
+            self._sigma[key] = calibrate_sequential_noise(
+                target_epsilon=p.target_epsilon,
+                delta=p.delta,
+                sampling_probability=p.sampling_probability,
+                steps=steps,
+            )
+        return self._sigma[key]
+
+    def _plan(self, p: NaiveGaussianParams, tasks: Sequence[LedgerTask]) -> Plan:
+        return make_plan(tasks, task_order=p.task_order, epochs=p.epochs, seed=p.seed)
+
+    def stages(self, params: NaiveGaussianParams, tasks: Sequence[LedgerTask]) -> list[Stage]:
+        plan = self._plan(params, tasks)
+        sigma = self._noise_multiplier(params, plan)
+        out = []
+        for position, task in enumerate(plan.order):
+            memory = plan.memory_before(position)
+            steps = naive_steps(plan.epochs[position], params.sampling_probability)
+            event: DpEvent = dp_sgd_event(
+                sampling_probability=params.sampling_probability, noise_multiplier=sigma, steps=steps
+            )
+            out.append(
+                Stage(
+                    index=position + 1,
+                    name=f"task {task.name}",
+                    batch_ids=(*task.batch_ids, *memory),
+                    event=event,
+                    info={
+                        "task": task.index,
+                        "epochs": plan.epochs[position],
+                        "steps": steps,
+                        "noise_multiplier": sigma,
+                        "memory_batches": len(memory),
+                    },
+                )
+            )
+        return out
+
+    def start(
+        self, params: NaiveGaussianParams, data: LoadedData, tasks: Sequence[LedgerTask]
+    ) -> NaiveGaussianState:
+        num_classes = params.num_classes if params.num_classes is not None else data.num_classes
+        plan = self._plan(params, tasks)
+        learner = AgemMlp.build(
+            data.n_features, params.hidden, num_classes, params.seed, params.learning_rate, self.device
+        )
+        seeds = np.random.SeedSequence([params.seed, 4]).generate_state(2, dtype=np.uint64)
+        sampler = torch.Generator(device="cpu")
+        sampler.manual_seed(int(seeds[0]))
+        noise = torch.Generator(device=self.device)
+        noise.manual_seed(int(seeds[1]))
+        return NaiveGaussianState(
+            params,
+            plan,
+            self._noise_multiplier(params, plan),
+            learner,
+            PerExampleGradients(learner.model, num_classes),
+            LifelongRecord.of(data),
+            sampler,
+            noise,
+        )
+
+    def _noisy_gradient(self, state: NaiveGaussianState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        p = state.params
+        idx = poisson_sample(x.shape[0], p.sampling_probability, state.sampler).to(x.device)
+        # Flat, in the learner's parameter order; an empty Poisson sample gives noise only.
+        return noisy_mean_gradient_flat(
+            state.grad_fn.flat(state.learner.params, x[idx], y[idx]),
+            max_grad_norm=p.max_grad_norm,
+            noise_multiplier=state.noise_multiplier,
+            expected_batch_size=p.sampling_probability * x.shape[0],
+            generator=state.noise,
+        )
+
+    def train_stage(
+        self,
+        state: NaiveGaussianState,
+        stage: Stage,
+        data: LoadedData,
+        records: Mapping[str, tuple[str, ...]],
+    ) -> StageRelease:
+        position = state.position
+        task = state.plan.order[position]
+        current_ids = {r for b in task.batch_ids for r in records[b]}
+        memory_ids = {r for b in state.plan.memory_before(position) for r in records[b]}
+        features, labels = data.train_arrays()
+        ids = data.record_ids
+        cur = np.asarray([r in current_ids for r in ids])
+        mem = np.asarray([r in memory_ids for r in ids])
+        x = torch.from_numpy(features).to(self.device)
+        y = torch.from_numpy(labels).to(self.device)
+        x_cur, y_cur = x[torch.from_numpy(cur).to(self.device)], y[torch.from_numpy(cur).to(self.device)]
+        x_mem, y_mem = x[torch.from_numpy(mem).to(self.device)], y[torch.from_numpy(mem).to(self.device)]
+        steps = naive_steps(state.plan.epochs[position], state.params.sampling_probability)
+        for _ in range(steps):
+            g = self._noisy_gradient(state, x_cur, y_cur)
+            g_ref = self._noisy_gradient(state, x_mem, y_mem) if x_mem.shape[0] else None
+            state.learner.step(g, g_ref)
+        state.record.learnt(data, sorted(current_ids))
+        state.position += 1
+        metrics = state.record.evaluate(state.learner.predict)
+        metrics["epochs"] = state.plan.epochs[position]
+        return StageRelease(state.learner.model_state(), metrics)
+
+
+def train_noiseless_agem(
+    data: LoadedData,
+    *,
+    task_order: Sequence[int],
+    batch_size: int,
+    epochs: Sequence[int],
+    hidden: int = 32,
+    learning_rate: float = 0.5,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Non-private A-gem (Chaudhry et al. 2019) on the same fixed batches: exact mean gradients,
+    one random batch per task joins the memory. Returns each task's metrics (``LifelongRecord``).
+    Not a job: it has no finite ε."""
+    dev = torch.device(device) if device is not None else default_device()
+    splits = {s.task: s for s in data.train}
+    learner = AgemMlp.build(data.n_features, hidden, data.num_classes, seed, learning_rate, dev)
+
+    def loss(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(learner.model, params, (x,)), y)
+
+    gradient = grad(loss)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 5]))
+    record = LifelongRecord.of(data)
+    memory: list[tuple[torch.Tensor, torch.Tensor]] = []
+    out = []
+    for position, task in enumerate(task_order):
+        split = splits[task]
+        batches = []
+        for start in range(0, len(split), batch_size):
+            x = torch.from_numpy(split.features[start : start + batch_size]).to(dev)
+            y = torch.from_numpy(split.labels[start : start + batch_size]).to(dev)
+            batches.append((x, y))
+        for _ in range(epochs[position]):
+            for i in rng.permutation(len(batches)):
+                x, y = batches[int(i)]
+                g_dict = gradient(learner.params, x, y)
+                g = flatten([g_dict[n] for n in learner.params])
+                g_ref = None
+                if memory:
+                    xm, ym = memory[int(rng.integers(len(memory)))]
+                    r_dict = gradient(learner.params, xm, ym)
+                    g_ref = flatten([r_dict[n] for n in learner.params])
+                learner.step(g, g_ref)
+        memory.append(batches[int(rng.integers(len(batches)))])
+        record.seen.append(task)
+        out.append(record.evaluate(learner.predict))
+    return out
+
+
+__all__ = [
+    "AgemMlp",
+    "NaiveGaussianParams",
+    "NaiveGaussianTrainer",
+    "calibrate_sequential_noise",
+    "naive_steps",
+    "train_noiseless_agem",
+]
