@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from accountant import events as ev
 from accountant import rules as R
+from accountant.errors import InvalidArgumentError
 
 BUDGET = R.Budget.create(rule="parallel", epsilon=1.0, delta=1e-5, accountant="basic")
 DPSGD = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1)), 1000)
@@ -104,7 +105,7 @@ def test_dataset_epsilon_is_the_max_never_the_sum(charges: list[float]) -> None:
 def test_a_charge_that_costs_nothing_is_refused_and_leaves_the_batch_unread(event: ev.DpEvent) -> None:
     """Under S2 a batch is read by one charge: a charge of exactly 0 would use up that read while
     releasing nothing (the review's ``self_composed`` with ``count: 0``)."""
-    with pytest.raises(R.InvalidArgumentError) as refused:
+    with pytest.raises(InvalidArgumentError) as refused:
         R.reserve(BUDGET, R.BatchState.empty(), R.Charge(event))
     assert refused.value.field == "event" and "costs nothing" in str(refused.value)
     run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(0.5)))  # the batch's one real read

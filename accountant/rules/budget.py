@@ -1,0 +1,480 @@
+"""A dataset's budget: rule, (ε, δ), accountant and the rule's fixed parameters (``Budget``,
+``GeometricSchedule``), validated once when the dataset is created; the Rényi filter it implies
+(``renyi_filter``)."""
+
+from __future__ import annotations
+
+import decimal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from functools import lru_cache
+from typing import Any, Final
+
+from accountant import events as ev
+from accountant.errors import InvalidArgumentError
+from accountant.events import DpEvent, EventValidationError
+from accountant.exact import ZERO, as_written, exact_mul, exact_sub, to_text
+from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
+
+RULES: Final = ("lifelong", "parallel", "sequential", "geometric")
+ACCOUNTANTS: Final = ("basic", "rdp", "prv")
+# Which accountants each rule accepts, and why the others are refused (Budget.create).
+SUPPORTED: Final[Mapping[str, tuple[str, ...]]] = {
+    "sequential": ("basic", "rdp", "prv"),
+    "parallel": ("basic", "rdp", "prv"),
+    "lifelong": ("basic", "rdp"),
+    "geometric": ("basic", "rdp"),
+}
+_REFUSAL_REASON: Final[Mapping[tuple[str, str], str]] = {
+    ("lifelong", "prv"): (
+        "fresh-noise charges on a lifelong batch are chosen adaptively, and tight PRV numbers "
+        "hold only for a plan fixed in advance"
+    ),
+    ("geometric", "prv"): (
+        "a geometric level search evaluates each charge at several level deltas, and levels are "
+        "chosen adaptively; use 'rdp' or 'basic'"
+    ),
+}
+MAX_PLAN_EVENTS: Final = 10_000
+# Geometric levels 0..MAX_GEOMETRIC_LEVEL. With the default ratio 1/2 level 1000's allowance is
+# first·2⁻¹⁰⁰⁰ ≈ 1e-301·first: below any ε an accountant computes in floating point (it is
+# subnormal as a float), so no real charge needs a deeper level. For ratios near 1 it caps one
+# block at 1001 releases. The cap also bounds the level search (binary search over 0..1000).
+MAX_GEOMETRIC_LEVEL: Final = 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# Budget
+# ---------------------------------------------------------------------------------------------
+
+_GEOMETRIC_PRECISION: Final = 60
+_LEVEL_DOWN: Final = decimal.Context(
+    prec=_GEOMETRIC_PRECISION, rounding=ROUND_FLOOR, Emax=10**6, Emin=-(10**6)
+)
+_BOUND_UP: Final = decimal.Context(prec=18, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
+
+
+def _power_down(base: Decimal, exponent: int) -> Decimal:
+    """baseᵉ for 0 ≤ base ≤ 1, rounded DOWN (exact whenever it fits 60 digits).
+
+    Square-and-multiply in a floor context: each product of non-negative lower bounds, floored,
+    is again a lower bound, so an allowance is never overstated.
+    """
+    result = Decimal(1)
+    square = base
+    while exponent:
+        if exponent & 1:
+            result = _LEVEL_DOWN.multiply(result, square)
+        exponent >>= 1
+        if exponent:
+            square = _LEVEL_DOWN.multiply(square, square)
+    return result
+
+
+@lru_cache(maxsize=8192)
+def _level_allowance(first: Decimal, ratio: Decimal, level: int) -> Decimal:
+    return _LEVEL_DOWN.multiply(first, _power_down(ratio, level))
+
+
+@lru_cache(maxsize=8192)
+def _level_delta(delta: Decimal, ratio: Decimal, level: int) -> Decimal:
+    share = _LEVEL_DOWN.multiply(delta, _LEVEL_DOWN.subtract(Decimal(1), ratio))
+    return _LEVEL_DOWN.multiply(share, _power_down(ratio, level))
+
+
+@dataclass(frozen=True, slots=True)
+class GeometricSchedule:
+    """Level k of a block has the allowance first·ratioᵏ (and δ·(1−ratio)·ratioᵏ), used once.
+
+    Sub-budgets (Thm. 7, the sliding window: "three sub-budgets of ε/3, one single, two
+    geometric"): ``copies`` geometric series first·ratioᵐ run side by side, and ``single`` > 0
+    adds one level used once. Levels are their allowances in non-increasing order (so best fit
+    stays a search over a monotone sequence): level 0 is ``single`` when there is one, then each
+    term first·ratioᵐ ``copies`` times in a row. The defaults (``copies`` 1, no ``single``) are the
+    plain series. A block's total is at most single + copies·first/(1−ratio).
+    """
+
+    first: Decimal
+    ratio: Decimal
+    copies: int = 1
+    single: Decimal = ZERO
+
+    def _term(self, level: int) -> int | None:
+        """The series index m of ``level`` (None: the single level)."""
+        if self.single > 0:
+            if level == 0:
+                return None
+            level -= 1
+        return level // self.copies
+
+    def allowance(self, level: int) -> Decimal:
+        """first·ratioᵐ of the level's term m (or ``single``), exact in Decimal (rounded down past
+        60 significant digits)."""
+        term = self._term(level)
+        if term is None:
+            return self.single
+        return _level_allowance(self.first, self.ratio, term)
+
+    def level_delta(self, delta: Decimal, level: int) -> Decimal:
+        """Level k's share of the budget's δ: δ·(1−ratio)·ratioᵏ for the plain series; with
+        sub-budgets, δ·allowance/total (total = single + copies·first/(1−ratio), rounded up), so
+        the shares of all levels sum to ≤ δ."""
+        if self.copies == 1 and self.single == 0:
+            return _level_delta(delta, self.ratio, level)
+        total = self.infinite_horizon_bound()
+        term = self._term(level)
+        if term is None:
+            return _LEVEL_DOWN.divide(_LEVEL_DOWN.multiply(delta, self.single), total)
+        coefficient = _LEVEL_DOWN.divide(_LEVEL_DOWN.multiply(delta, self.first), total)
+        return _LEVEL_DOWN.multiply(coefficient, _power_down(self.ratio, term))
+
+    def infinite_horizon_bound(self) -> Decimal:
+        """single + copies·first/(1−ratio), rounded up: the most a block can ever spend, whatever
+        the horizon."""
+        series = _BOUND_UP.divide(self.first, exact_sub(Decimal(1), self.ratio))
+        if self.copies == 1 and self.single == 0:
+            return series
+        return _BOUND_UP.add(self.single, _BOUND_UP.multiply(Decimal(self.copies), series))
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"first": to_text(self.first), "ratio": to_text(self.ratio)}
+        if self.copies != 1:
+            out["copies"] = self.copies
+        if self.single != 0:
+            out["single"] = to_text(self.single)
+        return out
+
+
+MAX_GEOMETRIC_COPIES: Final = 64
+
+
+def _budget_number(field_name: str, value: object) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise InvalidArgumentError(field_name, f"must be a number. Found {value!r}.")
+    try:
+        number = as_written(value)
+    except (ValueError, TypeError, ArithmeticError):
+        raise InvalidArgumentError(field_name, f"must be a number. Found {value!r}.") from None
+    if not number.is_finite():
+        raise InvalidArgumentError(field_name, f"must be finite. Found {value!r}.")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A dataset's budget: rule, (ε, δ), accountant, and the rule's fixed parameters.
+
+    ``orders`` is the Rényi filter's grid (accountant ``rdp``), ``plan`` the declared plan and
+    ``plan_epsilon`` its PRV upper ε at δ (sequential ``prv``). Build with ``create``.
+    """
+
+    rule: str
+    epsilon: Decimal
+    delta: Decimal
+    accountant: str
+    geometric: GeometricSchedule | None = None
+    orders: tuple[float, ...] | None = None
+    plan: tuple[DpEvent, ...] | None = None
+    plan_epsilon: Decimal | None = None
+    delta_weights: tuple[Decimal, ...] | None = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        rule: str,
+        epsilon: Decimal | float | int | str,
+        delta: Decimal | float | int | str,
+        accountant: str,
+        geometric: GeometricSchedule | Mapping[str, Any] | None = None,
+        orders: Sequence[float] | None = None,
+        plan: Sequence[DpEvent] | None = None,
+        delta_weights: Sequence[Decimal | str] | None = None,
+    ) -> Budget:
+        """Validate and fill defaults. ``InvalidArgumentError`` names the field (``budget.*``).
+
+        A Rényi-filter budget (``rdp``, sequential or lifelong) without ``orders`` gets a grid
+        placed for its (ε, δ) with non-uniform δ weights (``accountant.rdp_filter.placed_grid``);
+        with ``orders`` and no ``delta_weights``, δ is split equally over the active orders."""
+        return cls._build(
+            rule=rule,
+            epsilon=epsilon,
+            delta=delta,
+            accountant=accountant,
+            geometric=geometric,
+            orders=orders,
+            plan=plan,
+            plan_epsilon=None,
+            delta_weights=delta_weights,
+            place_grid=True,
+        )
+
+    @classmethod
+    def _build(
+        cls,
+        *,
+        rule: object,
+        epsilon: object,
+        delta: object,
+        accountant: object,
+        geometric: object,
+        orders: object,
+        plan: object,
+        plan_epsilon: Decimal | None,
+        delta_weights: object = None,
+        place_grid: bool = False,
+    ) -> Budget:
+        if not isinstance(rule, str) or rule not in RULES:
+            raise InvalidArgumentError("budget.rule", f"must be one of {list(RULES)}. Found {rule!r}.")
+        if not isinstance(accountant, str) or accountant not in ACCOUNTANTS:
+            raise InvalidArgumentError(
+                "budget.accountant", f"must be one of {list(ACCOUNTANTS)}. Found {accountant!r}."
+            )
+        if accountant not in SUPPORTED[rule]:
+            reason = _REFUSAL_REASON.get((rule, accountant), "not a valid combination")
+            raise InvalidArgumentError(
+                "budget.accountant",
+                f"must be one of {list(SUPPORTED[rule])} for rule {rule!r} ({reason}). Found {accountant!r}.",
+            )
+        eps = _budget_number("budget.epsilon", epsilon)
+        if eps <= 0:
+            raise InvalidArgumentError("budget.epsilon", f"must be finite and > 0. Found {epsilon!r}.")
+        dlt = _budget_number("budget.delta", delta)
+        if not 0 <= dlt < 1:
+            raise InvalidArgumentError("budget.delta", f"must be in [0, 1). Found {delta!r}.")
+        if accountant in ("rdp", "prv") and dlt == 0:
+            raise InvalidArgumentError(
+                "budget.delta",
+                f"must be > 0 for accountant {accountant!r} (it bounds (epsilon, delta)-DP with "
+                f"delta > 0; use 'basic' for pure DP). Found {delta!r}.",
+            )
+        schedule = cls._schedule(rule, eps, geometric)
+        grid: tuple[float, ...] | None = None
+        if orders is not None and accountant != "rdp":
+            raise InvalidArgumentError(
+                "budget.orders", f"applies to accountant 'rdp' only. Found accountant {accountant!r}."
+            )
+        weights: tuple[Decimal, ...] | None = None
+        if delta_weights is not None and (accountant != "rdp" or rule not in ("sequential", "lifelong")):
+            raise InvalidArgumentError(
+                "budget.delta_weights",
+                "applies to a Rényi filter only (accountant 'rdp', rule sequential or lifelong).",
+            )
+        if delta_weights is not None and orders is None:
+            raise InvalidArgumentError("budget.delta_weights", "needs budget.orders (one weight per order).")
+        if accountant == "rdp":
+            if orders is None and place_grid and rule in ("sequential", "lifelong"):
+                grid, weights = placed_grid(eps, dlt)
+            else:
+                grid = check_orders(
+                    DEFAULT_FILTER_ORDERS if orders is None else orders,  # type: ignore[arg-type]
+                    "budget.orders",
+                )
+                if delta_weights is not None:
+                    if not isinstance(orders, Sequence) or list(grid) != [float(a) for a in orders]:
+                        raise InvalidArgumentError(
+                            "budget.orders",
+                            "must be sorted in increasing order when budget.delta_weights is given.",
+                        )
+                    weights = check_weights(delta_weights, len(grid), "budget.delta_weights")  # type: ignore[arg-type]
+        steps = cls._plan(rule, accountant, plan)
+        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights)
+        if budget.uses_filter:
+            try:
+                renyi_filter(budget)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(f"budget.{exc.field}", exc.message) from None
+        if steps is not None:
+            if plan_epsilon is None:
+                from accountant.rules.sequential import plan_epsilon as compute_plan_epsilon
+
+                plan_epsilon = compute_plan_epsilon(steps, dlt)
+            if not plan_epsilon <= eps:
+                raise InvalidArgumentError(
+                    "budget.plan",
+                    f"needs epsilon {to_text(plan_epsilon)} (PRV upper bound at delta={dlt}), "
+                    f"more than budget.epsilon {to_text(eps)}.",
+                )
+            budget = replace(budget, plan_epsilon=plan_epsilon)
+        return budget
+
+    @staticmethod
+    def _schedule(rule: str, eps: Decimal, geometric: object) -> GeometricSchedule | None:
+        if rule != "geometric":
+            if geometric is not None:
+                raise InvalidArgumentError(
+                    "budget.geometric", f"applies to rule 'geometric' only. Found rule {rule!r}."
+                )
+            return None
+        if geometric is None:
+            return GeometricSchedule(exact_mul(eps, Decimal("0.5")), Decimal("0.5"))
+        if isinstance(geometric, GeometricSchedule):
+            first_in: object = geometric.first
+            ratio_in: object = geometric.ratio
+            copies_in: object = geometric.copies
+            single_in: object = geometric.single
+        elif isinstance(geometric, Mapping):
+            first_in = geometric.get("first")
+            ratio_in = geometric.get("ratio", Decimal("0.5"))
+            copies_in = geometric.get("copies", 1)
+            single_in = geometric.get("single", ZERO)
+        else:
+            raise InvalidArgumentError(
+                "budget.geometric", f"must be an object {{first, ratio}}. Found {geometric!r}."
+            )
+        ratio = _budget_number("budget.geometric.ratio", ratio_in)
+        if not 0 < ratio < 1:
+            raise InvalidArgumentError("budget.geometric.ratio", f"must be in (0, 1). Found {ratio_in!r}.")
+        if (
+            isinstance(copies_in, bool)
+            or not isinstance(copies_in, int)
+            or not 1 <= copies_in <= MAX_GEOMETRIC_COPIES
+        ):
+            raise InvalidArgumentError(
+                "budget.geometric.copies",
+                f"must be an integer in [1, {MAX_GEOMETRIC_COPIES}]. Found {copies_in!r}.",
+            )
+        single = _budget_number("budget.geometric.single", single_in)
+        if not 0 <= single <= eps:
+            raise InvalidArgumentError(
+                "budget.geometric.single", f"must be in [0, epsilon]. Found {single_in!r}."
+            )
+        if first_in is None:
+            if copies_in == 1 and single == 0:
+                first_in = exact_mul(eps, Decimal("0.5"))  # the default series ε/2, ε/4, ...
+            else:  # what the single level leaves, shared by the copies: (ε − single)(1 − ratio)/copies
+                left = _LEVEL_DOWN.multiply(exact_sub(eps, single), exact_sub(Decimal(1), ratio))
+                first_in = _LEVEL_DOWN.divide(left, Decimal(copies_in))
+        first = _budget_number("budget.geometric.first", first_in)
+        if first <= 0:
+            raise InvalidArgumentError("budget.geometric.first", f"must be > 0. Found {first_in!r}.")
+        if 0 < single < first:
+            raise InvalidArgumentError(
+                "budget.geometric.single",
+                f"must be 0 or >= first (levels keep non-increasing allowances). Found "
+                f"single={to_text(single)}, first={to_text(first)}.",
+            )
+        schedule = GeometricSchedule(first, ratio, copies_in, single)
+        if copies_in == 1 and single == 0:
+            # first/(1 − ratio) ≤ ε, checked exactly as first ≤ ε·(1 − ratio).
+            fits = first <= exact_mul(eps, exact_sub(Decimal(1), ratio))
+        else:
+            # single + copies·first/(1 − ratio) ≤ ε, exactly: copies·first ≤ (ε − single)(1 − ratio).
+            fits = exact_mul(Decimal(copies_in), first) <= exact_mul(
+                exact_sub(eps, single), exact_sub(Decimal(1), ratio)
+            )
+        if not fits:
+            raise InvalidArgumentError(
+                "budget.geometric.first",
+                f"must satisfy single + copies*first/(1 - ratio) <= epsilon (the infinite-horizon "
+                f"bound). Found first={to_text(first)}, ratio={to_text(ratio)}, copies={copies_in}, "
+                f"single={to_text(single)}, epsilon={to_text(eps)}.",
+            )
+        return schedule
+
+    @staticmethod
+    def _plan(rule: str, accountant: str, plan: object) -> tuple[DpEvent, ...] | None:
+        needs_plan = rule == "sequential" and accountant == "prv"
+        if plan is None:
+            if needs_plan:
+                raise InvalidArgumentError(
+                    "budget.plan",
+                    "is required for accountant 'prv' with rule 'sequential': tight PRV numbers "
+                    "hold only for a plan of events declared when the budget is created.",
+                )
+            return None
+        if not needs_plan:
+            raise InvalidArgumentError(
+                "budget.plan",
+                f"applies to rule 'sequential' with accountant 'prv' only. Found rule {rule!r}, "
+                f"accountant {accountant!r}.",
+            )
+        if isinstance(plan, str | bytes) or not isinstance(plan, Sequence):
+            raise InvalidArgumentError("budget.plan", f"must be a list of events. Found {plan!r}.")
+        if not 1 <= len(plan) <= MAX_PLAN_EVENTS:
+            raise InvalidArgumentError(
+                "budget.plan", f"must hold 1 to {MAX_PLAN_EVENTS} events. Found {len(plan)}."
+            )
+        for i, step in enumerate(plan):
+            if not isinstance(step, DpEvent):
+                raise InvalidArgumentError(f"budget.plan[{i}]", f"must be an event. Found {step!r}.")
+        return tuple(plan)
+
+    @property
+    def uses_filter(self) -> bool:
+        """Charges compose through the Rényi filter (sequential or lifelong on ``rdp``)."""
+        return self.accountant == "rdp" and self.rule in ("sequential", "lifelong")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "epsilon": to_text(self.epsilon),
+            "delta": to_text(self.delta),
+            "accountant": self.accountant,
+            "geometric": None if self.geometric is None else self.geometric.to_json(),
+            "orders": None if self.orders is None else list(self.orders),
+            "plan": None if self.plan is None else [ev.to_json(e) for e in self.plan],
+            "plan_epsilon": None if self.plan_epsilon is None else to_text(self.plan_epsilon),
+            **(
+                {}
+                if self.delta_weights is None
+                else {"delta_weights": [to_text(w) for w in self.delta_weights]}
+            ),
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, *, trust_plan_epsilon: bool = True) -> Budget:
+        """Parse and validate. A stored ``plan_epsilon`` is reused unless told not to trust it
+        (``certificates.verify`` recomputes it); the PRV computation is the expensive part."""
+        if not isinstance(obj, Mapping):
+            raise InvalidArgumentError("budget", f"must be an object. Found {obj!r}.")
+        plan_obj = obj.get("plan")
+        plan: list[DpEvent] | None = None
+        if plan_obj is not None:
+            if not isinstance(plan_obj, list):
+                raise InvalidArgumentError("budget.plan", "must be a list of events.")
+            plan = [_event("budget.plan", i, e) for i, e in enumerate(plan_obj)]
+        stored = obj.get("plan_epsilon")
+        plan_epsilon = None
+        if trust_plan_epsilon and stored is not None:
+            plan_epsilon = _budget_number("budget.plan_epsilon", stored)
+        budget = cls._build(
+            rule=obj.get("rule"),
+            epsilon=obj.get("epsilon"),
+            delta=obj.get("delta"),
+            accountant=obj.get("accountant"),
+            geometric=obj.get("geometric"),
+            orders=obj.get("orders"),
+            plan=plan,
+            plan_epsilon=plan_epsilon,
+            delta_weights=obj.get("delta_weights"),
+        )
+        if not trust_plan_epsilon and stored is not None and budget.plan_epsilon is not None:
+            if _budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
+                raise InvalidArgumentError(
+                    "budget.plan_epsilon",
+                    f"does not match the plan: recomputed {to_text(budget.plan_epsilon)}, stored {stored!r}.",
+                )
+        return budget
+
+
+def _event(field_name: str, index: int, obj: object) -> DpEvent:
+    try:
+        return ev.from_json(obj, f"{field_name}[{index}]")
+    except EventValidationError as exc:
+        raise InvalidArgumentError(exc.field, exc.message) from None
+
+
+@lru_cache(maxsize=256)
+def _filter_for(
+    epsilon: Decimal, delta: Decimal, orders: tuple[float, ...], weights: tuple[Decimal, ...] | None
+) -> RenyiFilter:
+    return RenyiFilter(epsilon=epsilon, delta=delta, orders=orders, weights=weights)
+
+
+def renyi_filter(budget: Budget) -> RenyiFilter:
+    """The budget's Rényi filter (accountant ``rdp``); built once per (ε, δ, orders)."""
+    if budget.orders is None:
+        raise InvalidArgumentError("budget.orders", "is needed for a Rényi filter.")
+    return _filter_for(budget.epsilon, budget.delta, budget.orders, budget.delta_weights)
