@@ -30,7 +30,7 @@ from accountant import events as ev  # noqa: E402
 from accountant import rules  # noqa: E402
 from accountant.rdp import DEFAULT_ORDERS  # noqa: E402
 from accountant.rdp_filter import DEFAULT_FILTER_ORDERS  # noqa: E402
-from accountant.rules.sequential import rdp_charge  # noqa: E402
+from accountant.rules.prices import rdp_charge  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "charges.json"
 

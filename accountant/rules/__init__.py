@@ -188,14 +188,14 @@ def commit(
     ``committed_before`` (spend is never taken back).
 
     A progressive commit describes *the reserved run, cut short*: ``partial_event`` must be a
-    prefix of the reserved event (``sequential.is_prefix``: the same mechanism with fewer steps of
+    prefix of the reserved event (``bookkeeping.is_prefix``: the same mechanism with fewer steps of
     a ``self_composed``, a prefix of a ``composed``), and each commit's run must extend the
     previous one. Otherwise the ledger would price an event chosen after the reservation — fresh
     noise passed off as a replay, a PRV plan entry swapped for another mechanism, two unrelated
     "runs so far" charged as their maximum instead of their composition — so it is refused:
     ``ChargeRefused`` ``commit_not_prefix`` / ``commit_does_not_extend`` (409).
     """
-    from accountant.rules.sequential import is_prefix
+    from accountant.rules.bookkeeping import is_prefix
 
     if partial_event is not None and not is_prefix(partial_event, charge.event):
         raise ChargeRefused(

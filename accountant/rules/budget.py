@@ -287,7 +287,7 @@ class Budget:
                 raise InvalidArgumentError(f"budget.{exc.field}", exc.message) from None
         if steps is not None:
             if plan_epsilon is None:
-                from accountant.rules.sequential import plan_epsilon as compute_plan_epsilon
+                from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
 
                 plan_epsilon = compute_plan_epsilon(steps, dlt)
             if not plan_epsilon <= eps:

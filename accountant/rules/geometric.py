@@ -19,7 +19,7 @@ both in Decimal, exact whenever they fit 60 significant digits and rounded down 
 δ shares keep the block's δ bounded over the infinite horizon too (charging the budget's δ at
 every level would not be). A charge's (ε′, δ′) at level k is, for ``basic``, its exact basic
 composition (independent of k); for ``rdp``, the event's price as one charge at δ_k
-(``sequential.fresh_price``: its RDP curve on the accountant's full grid converted at δ_k, Balle
+(``prices.fresh_price``: its RDP curve on the accountant's full grid converted at δ_k, Balle
 et al. 2020, Thm. 21 — one mechanism, parameters fixed before it ran — or the coupling or exact
 basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound used). It fits level k iff
 ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
@@ -58,27 +58,13 @@ from decimal import Decimal
 
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sum, to_text
-from accountant.rules import (
-    MAX_GEOMETRIC_LEVEL,
-    Admission,
-    BatchState,
-    Budget,
-    BudgetExceeded,
-    Charge,
-    Cost,
-    Settlement,
-    event_fingerprint,
-    memoized,
-)
-from accountant.rules.sequential import (
-    PARALLEL_OVER_BATCHES,
-    basic_price,
-    fresh_price,
-    is_free,
-    progressive_cost,
-    release_additive,
-    settle_additive,
-)
+from accountant.rules.bookkeeping import progressive_cost, release_additive, settle_additive
+from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, Budget
+from accountant.rules.errors import BudgetExceeded
+from accountant.rules.memo import event_fingerprint, memoized
+from accountant.rules.prices import basic_price, fresh_price, is_free
+from accountant.rules.sequential import PARALLEL_OVER_BATCHES
+from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 
 def _grant(budget: Budget, level: int) -> tuple[Decimal, Decimal]:

@@ -38,28 +38,21 @@ from dataclasses import replace
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sub
-from accountant.rules import (
-    Admission,
-    BatchState,
-    Budget,
-    Charge,
-    ChargeRefused,
-    Cost,
-    NoiseCommitment,
-    Settlement,
-    event_fingerprint,
-)
+from accountant.rules.bookkeeping import progressive_cost
+from accountant.rules.budget import Budget
+from accountant.rules.errors import ChargeRefused
+from accountant.rules.memo import event_fingerprint
+from accountant.rules.prices import naive_price
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
     THEOREMS,
     cancel_fresh,
     commit_fresh,
-    naive_price,
-    progressive_cost,
     remaining_fresh,
     reserve_fresh,
     within_budget_fresh,
 )
+from accountant.rules.state import Admission, BatchState, Charge, Cost, NoiseCommitment, Settlement
 
 
 def _index(state: BatchState, commitment: str) -> int:

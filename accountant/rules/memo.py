@@ -120,7 +120,7 @@ PRICING_VERSION: Final = 2
     order grid with δ charged only when ε > 0; the naive figure each charge's single-charge ε.
 2 — a single charge is the minimum of the RDP bound on the accountant's full grid, the coupling
     bound and the exact basic bound; the naive figure uses the rule's own conversion and is
-    floored at the batch's spend (``sequential.fresh_price``, ``naive_price``).
+    floored at the batch's spend (``prices.fresh_price``, ``naive_price``).
 
 Both are valid upper bounds; a certificate re-verifies under the version that issued it, so an
 upgrade never turns a stored certificate invalid. New charges use ``PRICING_VERSION``."""

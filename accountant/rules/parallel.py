@@ -10,7 +10,7 @@ is refused (``ChargeRefused("batch_already_read")``, answered 409), so each reco
 one charge.
 
 The one charge of a batch is one mechanism whose parameters are fixed before it runs; its
-(ε, δ) is the accountant's bound for that event alone (``sequential.fresh_price``): ``basic`` exact
+(ε, δ) is the accountant's bound for that event alone (``prices.fresh_price``): ``basic`` exact
 basic composition, ``rdp`` the event's RDP curve on the accountant's full order grid converted at
 the budget's δ (Balle et al. 2020, Thm. 21; no filter, no δ split), or ε = 0 by the coupling bound
 of Poisson sampling, ``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 2021); and for every
@@ -32,24 +32,13 @@ from dataclasses import replace
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, to_text
-from accountant.rules import (
-    Admission,
-    BatchState,
-    Budget,
-    BudgetExceeded,
-    Charge,
-    ChargeRefused,
-    Cost,
-    Settlement,
-    event_fingerprint,
-)
-from accountant.rules.sequential import (
-    PARALLEL_OVER_BATCHES,
-    fresh_price,
-    progressive_cost,
-    release_additive,
-    settle_additive,
-)
+from accountant.rules.bookkeeping import progressive_cost, release_additive, settle_additive
+from accountant.rules.budget import Budget
+from accountant.rules.errors import BudgetExceeded, ChargeRefused
+from accountant.rules.memo import event_fingerprint
+from accountant.rules.prices import fresh_price
+from accountant.rules.sequential import PARALLEL_OVER_BATCHES
+from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 
 def _price(budget: Budget, event: DpEvent) -> Cost:

@@ -29,12 +29,8 @@ single charge — the naive count and the parallel rule's cost).
 
 from __future__ import annotations
 
-import decimal
-import math
-from collections.abc import Callable, Sequence
 from dataclasses import replace
-from decimal import ROUND_CEILING, Decimal
-from functools import lru_cache
+from decimal import Decimal
 from typing import Final
 
 from accountant import events as ev
@@ -42,297 +38,29 @@ from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
 from accountant.exact import (
     INFINITY,
-    SIGNIFICANT_DIGITS,
     ZERO,
-    as_written,
     exact_add,
-    exact_mul,
     exact_sub,
-    round_up,
     to_text,
 )
-from accountant.rdp_filter import as_charge, rdp_epsilon
-from accountant.rules import (
-    Admission,
-    BatchState,
-    Budget,
-    BudgetExceeded,
-    Charge,
-    ChargeRefused,
-    Cost,
-    Settlement,
-    active_pricing,
-    event_fingerprint,
-    memoized,
-    renyi_filter,
+from accountant.rules.bookkeeping import (
+    at_least,
+    bound_by_reservation,
+    canonical,
+    naive_step,
+    progressive_cost,
+    release_additive,
+    settle_additive,
+    vadd,
+    vector,
+    vsub,
+    zeros,
 )
-
-_UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
-
-
-def ceil18(value: Decimal) -> Decimal:
-    """Round a computed cost up to 18 significant digits (short numbers are unchanged)."""
-    return value if value.is_infinite() or value == 0 else _UP.plus(value)
-
-
-def delta_down(delta: Decimal) -> float:
-    """A float ≤ the Decimal δ (a smaller δ gives a larger, safe ε)."""
-    return math.nextafter(float(delta), 0.0) if delta > 0 else 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Pricing: what an event costs under the budget's accountant
-# ---------------------------------------------------------------------------------------------
-
-
-def is_free(event: DpEvent) -> bool:
-    """An event that touches no private data (no-ops, possibly composed or repeated)."""
-    return memoized("free", None, event, None, lambda: _is_free(event))
-
-
-def _is_free(event: DpEvent) -> bool:
-    if isinstance(event, ev.NoOpEvent):
-        return True
-    if isinstance(event, ev.SelfComposedEvent):
-        return event.count == 0 or _is_free(event.event)
-    if isinstance(event, ev.ComposedEvent):
-        return all(_is_free(e) for e in event.events)
-    return False
-
-
-def _basic_exact(event: DpEvent) -> tuple[Decimal, Decimal]:
-    """Basic composition in exact decimals; user-written ε and δ are taken as written."""
-    if isinstance(event, ev.NoOpEvent):
-        return ZERO, ZERO
-    if isinstance(event, ev.NonPrivateEvent):
-        return INFINITY, ZERO
-    if isinstance(event, ev.PureDpEvent):
-        return as_written(event.epsilon), ZERO
-    if isinstance(event, ev.ApproxDpEvent):
-        return as_written(event.epsilon), as_written(event.delta)
-    if isinstance(event, ev.LaplaceEvent):
-        # Pure ε = 1/scale (sensitivity 1), the quotient rounded up.
-        return _UP.divide(Decimal(1), as_written(event.scale)), ZERO
-    if isinstance(event, ev.OutputPerturbationEvent):
-        return as_written(event.epsilon), ZERO
-    if isinstance(event, ev.SelfComposedEvent):
-        if event.count == 0 or is_free(event.event):
-            return ZERO, ZERO
-        eps, dlt = _basic_exact(event.event)
-        count = Decimal(event.count)
-        return (INFINITY if eps.is_infinite() else exact_mul(eps, count)), exact_mul(dlt, count)
-    if isinstance(event, ev.ComposedEvent):
-        eps_total, dlt_total = ZERO, ZERO
-        for child in event.events:
-            eps, dlt = _basic_exact(child)
-            eps_total = INFINITY if eps.is_infinite() else exact_add(eps_total, eps)
-            dlt_total = exact_add(dlt_total, dlt)
-        return eps_total, dlt_total
-    # Formulas computed in floating point (e.g. L2DP-ML's Thm. 2): accountant.basic, rounded up.
-    from accountant.basic import epsilon_delta
-
-    eps_f, dlt_f = epsilon_delta(event)
-    return round_up(eps_f), round_up(dlt_f)
-
-
-def basic_price(event: DpEvent) -> tuple[Decimal, Decimal]:
-    """(ε, δ) of ``event`` by basic composition in exact decimals: user numbers as written
-    (``exact.as_written``), counts and sums exact, float formulas and 1/scale rounded up to 18 digits.
-
-    ``UnsupportedEventError`` for Gaussian and sampled events (no pure/approximate DP form).
-    """
-    return memoized("basic", None, event, None, lambda: _basic_exact(event))
-
-
-def rdp_charge(event: DpEvent, orders: tuple[float, ...]) -> tuple[Decimal, ...]:
-    """The event's RDP at ``orders`` (``accountant.rdp.compute_rdp``), each rounded UP."""
-    return memoized("rdp", None, event, orders, lambda: _rdp_charge(event, orders))
-
-
-@lru_cache(maxsize=4096)
-def _rdp_charge(event: DpEvent, orders: tuple[float, ...]) -> tuple[Decimal, ...]:
-    if is_free(event):
-        return tuple(ZERO for _ in orders)
-    from accountant.rdp import compute_rdp
-
-    return as_charge([float(v) for v in compute_rdp(event, orders)])
-
-
-@lru_cache(maxsize=1024)
-def prv_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
-    """PRV upper ε of the non-adaptive composition ``plan`` at δ (``accountant.prv``)."""
-    steps = tuple(e for e in plan if not is_free(e))
-    if not steps:
-        return ZERO
-    from accountant.registry import make_accountant
-
-    accountant = make_accountant("prv")
-    for step in steps:
-        accountant.compose(step)
-    return ceil18(round_up(accountant.get_epsilon(delta_down(delta)).upper))
-
-
-def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
-    """A declared plan's ε: PRV upper bound of all its events at the budget's δ."""
-    return prv_epsilon(plan, delta)
-
-
-def single_charge_orders(budget: Budget) -> tuple[float, ...]:
-    """The order grid a single charge is priced on (accountant ``rdp``): the RDP accountant's own
-    grid (``accountant.rdp.DEFAULT_ORDERS``, what ``ledger epsilon --accountant rdp`` uses) joined
-    with the budget's filter orders. A single charge needs no filter, so it needs no fixed grid:
-    any grid gives a valid bound and a finer one a tighter bound."""
-    assert budget.orders is not None
-    return _joined_orders(budget.orders)
-
-
-@lru_cache(maxsize=64)
-def _joined_orders(orders: tuple[float, ...]) -> tuple[float, ...]:
-    from accountant.rdp import DEFAULT_ORDERS
-
-    return tuple(sorted(set(DEFAULT_ORDERS) | set(orders)))
-
-
-def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) -> tuple[Decimal, Decimal]:
-    """(ε, δ) of ``event`` as ONE charge run on its own, at δ (default the budget's).
-
-    One mechanism whose parameters were fixed before it ran needs no filter and no δ split, so
-    its price is the smallest of the valid bounds we have:
-
-    * ``basic`` (every accountant): exact basic composition, when its δ fits — a pure ``ε``
-      costs exactly ``ε``;
-    * ``rdp``: the event's RDP curve on the accountant's full grid (``single_charge_orders``)
-      converted at δ (Balle et al. 2020, Thm. 21), or ε = 0 when every step runs on a Poisson
-      sample and δ covers the coupling bound 1 − Π(1 − qᵢ) (``accountant.rdp.untouched_delta``);
-    * ``prv``: the PRV upper bound.
-
-    The δ charged is the budget's δ (or the given one), or the basic δ when that bound is used.
-    """
-    return memoized("fresh", budget, event, delta, lambda: _fresh_price(budget, event, delta))
-
-
-def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple[Decimal, Decimal]:
-    if budget.accountant == "basic":
-        return basic_price(event)
-    at = budget.delta if delta is None else delta
-    if is_free(event):
-        return ZERO, ZERO
-    if active_pricing() < 2:  # a certificate issued before pricing version 2, replayed
-        assert budget.orders is not None or budget.accountant == "prv"
-        if budget.accountant == "rdp":
-            assert budget.orders is not None
-            legacy = rdp_epsilon(rdp_charge(event, budget.orders), budget.orders, delta_down(at))
-        else:
-            legacy = prv_epsilon((event,), at)
-        return legacy, (at if legacy > 0 else ZERO)
-    if budget.accountant == "rdp":
-        eps, dlt = _single_rdp_price(event, single_charge_orders(budget), at)
-    else:
-        eps, dlt = prv_epsilon((event,), at), at
-    exact = _basic_if_supported(event)
-    if exact is not None and exact[1] <= at and exact[0] <= eps:
-        return exact
-    return eps, dlt
-
-
-def naive_price(budget: Budget, event: DpEvent) -> Decimal:
-    """The ε ``event`` would cost as the batch's only charge, converted the way the budget
-    converts its spend: the Rényi filter's own ``epsilon_of`` (its grid and δ split) for a filter
-    budget, else ``fresh_price``. ``naive_sequential_epsilon`` adds these up; with the same
-    conversion a single release's naive figure equals the ledger's charge (never below it)."""
-    if budget.uses_filter and active_pricing() >= 2:
-        assert budget.orders is not None
-        return renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders))
-    return fresh_price(budget, event)[0]
-
-
-def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal) -> tuple[Decimal, Decimal]:
-    from accountant.rdp import log_untouched, untouched_delta
-
-    log_p0 = log_untouched(event)
-    if log_p0 is not None and log_p0 != 0:
-        coupling = round_up(untouched_delta(log_p0))
-        if coupling <= delta:
-            return ZERO, coupling  # (0, 1 − p₀)-DP by coupling, whatever the curve
-    curve = rdp_charge(event, orders)
-    if all(v == 0 for v in curve):
-        return ZERO, ZERO  # ρ(α) = 0 at every order: the output does not depend on the record
-    return rdp_epsilon(curve, orders, delta_down(delta)), delta
-
-
-def _basic_if_supported(event: DpEvent) -> tuple[Decimal, Decimal] | None:
-    from accountant.errors import UnsupportedEventError
-
-    try:
-        return basic_price(event)
-    except UnsupportedEventError:
-        return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Exact vectors (per-order RDP sums)
-# ---------------------------------------------------------------------------------------------
-
-
-def zeros(n: int) -> tuple[Decimal, ...]:
-    return tuple(ZERO for _ in range(n))
-
-
-def vector(value: tuple[Decimal, ...] | None, n: int) -> tuple[Decimal, ...]:
-    return zeros(n) if value is None else value
-
-
-def vadd(a: Sequence[Decimal], b: Sequence[Decimal]) -> tuple[Decimal, ...]:
-    return tuple(exact_add(x, y) for x, y in zip(a, b, strict=True))
-
-
-def vsub(a: Sequence[Decimal], b: Sequence[Decimal], what: str) -> tuple[Decimal, ...]:
-    out = tuple(exact_sub(x, y) for x, y in zip(a, b, strict=True))
-    if any(v < 0 for v in out):
-        raise InvalidArgumentError(f"state.{what}", "holds less than the reservation returns.")
-    return out
-
-
-def canonical(value: Sequence[Decimal]) -> tuple[Decimal, ...] | None:
-    """All-zero sums are stored as ``None``, so reserve-then-cancel restores the state exactly."""
-    return None if all(v == 0 for v in value) else tuple(value)
-
-
-def sub(a: Decimal, b: Decimal, what: str) -> Decimal:
-    out = exact_sub(a, b)
-    if out < 0:
-        raise InvalidArgumentError(f"state.{what}", "holds less than the reservation returns.")
-    return out
-
-
-def settle_additive(state: BatchState, now: Cost, before: Cost | None) -> BatchState:
-    """Move ``now − before`` (cumulative committed costs) from held to spent, exactly."""
-    step_eps = exact_sub(now.epsilon, ZERO if before is None else before.epsilon)
-    step_dlt = exact_sub(now.delta, ZERO if before is None else before.delta)
-    return replace(
-        state,
-        epsilon_spent=exact_add(state.epsilon_spent, step_eps),
-        epsilon_held=sub(state.epsilon_held, step_eps, "epsilon_held"),
-        delta_spent=exact_add(state.delta_spent, step_dlt),
-        delta_held=sub(state.delta_held, step_dlt, "delta_held"),
-        naive_epsilon=exact_add(state.naive_epsilon, _naive_step(now, before)),
-    )
-
-
-def release_additive(state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
-    """Return ``reserved − committed`` from held; with nothing committed, the read too."""
-    reads = state.reads - 1 if committed is None else state.reads
-    if reads < 0:
-        raise InvalidArgumentError("state.reads", "has no reservation to cancel.")
-    rest_eps = max(ZERO, exact_sub(reserved.epsilon, ZERO if committed is None else committed.epsilon))
-    rest_dlt = max(ZERO, exact_sub(reserved.delta, ZERO if committed is None else committed.delta))
-    return replace(
-        state,
-        epsilon_held=sub(state.epsilon_held, rest_eps, "epsilon_held"),
-        delta_held=sub(state.delta_held, rest_dlt, "delta_held"),
-        reads=reads,
-    )
-
+from accountant.rules.budget import Budget, renyi_filter
+from accountant.rules.errors import BudgetExceeded, ChargeRefused
+from accountant.rules.memo import event_fingerprint, memoized
+from accountant.rules.prices import basic_price, fresh_price, naive_price, prv_epsilon, rdp_charge
+from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 # ---------------------------------------------------------------------------------------------
 # Fresh charges composed sequentially (basic sum or Rényi filter): shared with ``lifelong``
@@ -440,79 +168,6 @@ def price_fresh(budget: Budget, event: DpEvent, noise_commitment: str | None) ->
     return Cost(eps, dlt, eps, event_fingerprint(event), noise_commitment=noise_commitment)
 
 
-def is_prefix(partial: DpEvent, event: DpEvent) -> bool:
-    """Whether running ``partial`` is a prefix of running ``event`` (its output is part of the
-    full run's transcript, so its privacy loss is at most the full run's)."""
-    if partial == event or is_free(partial):
-        return True
-    if isinstance(event, ev.SelfComposedEvent) and event.count >= 1:
-        inner = event.event
-        if partial == inner:
-            return True
-        if isinstance(partial, ev.SelfComposedEvent):
-            return partial.event == inner and partial.count <= event.count
-        if isinstance(partial, ev.ComposedEvent):
-            return len(partial.events) <= event.count and all(e == inner for e in partial.events)
-        return False
-    if isinstance(event, ev.ComposedEvent) and event.events:
-        if not isinstance(partial, ev.ComposedEvent):
-            return is_prefix(partial, event.events[0])
-        n = len(partial.events)
-        if n == 0:
-            return True
-        if n > len(event.events) or partial.events[: n - 1] != event.events[: n - 1]:
-            return False
-        return is_prefix(partial.events[n - 1], event.events[n - 1])
-    return False
-
-
-def bound_by_reservation(cost: Cost, reserved: Cost, *, compare_epsilon: bool = True) -> Cost:
-    """Never more than reserved: the run so far is a prefix of the reserved run (``rules.commit``
-    refuses anything else), so its cost is at most the reserved cost mathematically; the cap
-    absorbs numerical noise (a prefix priced on its own may round a hair above the whole)."""
-    return _pointwise(min, cost, reserved, compare_epsilon=compare_epsilon)
-
-
-def at_least(cost: Cost, before: Cost | None, *, compare_epsilon: bool = True) -> Cost:
-    """Spend is never taken back: the cumulative cost is at least what was committed before
-    (the maximum of two upper bounds on the same run is an upper bound)."""
-    if before is None:
-        return cost
-    return _pointwise(max, cost, before, compare_epsilon=compare_epsilon)
-
-
-def _pointwise(
-    pick: Callable[[Decimal, Decimal], Decimal], cost: Cost, other: Cost, *, compare_epsilon: bool
-) -> Cost:
-    """``cost`` with each bound replaced by ``pick`` of it and ``other``'s: the naive ε, the
-    per-order RDP (when both have it) and, with ``compare_epsilon``, ε and δ."""
-    return replace(
-        cost,
-        epsilon=pick(cost.epsilon, other.epsilon) if compare_epsilon else cost.epsilon,
-        delta=pick(cost.delta, other.delta) if compare_epsilon else cost.delta,
-        naive_epsilon=pick(cost.naive_epsilon, other.naive_epsilon),
-        rdp=None
-        if cost.rdp is None or other.rdp is None
-        else tuple(pick(c, o) for c, o in zip(cost.rdp, other.rdp, strict=True)),
-    )
-
-
-def progressive_cost(
-    reserved: Cost,
-    committed_before: Cost | None,
-    partial_event: DpEvent | None,
-    price: Callable[[DpEvent], Cost],
-) -> Cost:
-    """The cumulative cost a commit settles: the reserved cost for the whole run, or the
-    ``price`` of the run so far (``partial_event``) bounded by the reservation; never less than
-    what was committed before."""
-    if partial_event is None:
-        now = reserved
-    else:
-        now = bound_by_reservation(price(partial_event), reserved)
-    return at_least(now, committed_before)
-
-
 def commit_fresh(
     budget: Budget,
     state: BatchState,
@@ -544,7 +199,7 @@ def commit_fresh(
                 state,
                 rdp_spent=canonical(spent),
                 rdp_held=canonical(held),
-                naive_epsilon=exact_add(state.naive_epsilon, _naive_step(now, committed_before)),
+                naive_epsilon=exact_add(state.naive_epsilon, naive_step(now, committed_before)),
             ),
         )
         # The ε/δ of a filter charge are indicators (the batch's derived ε is not additive):
@@ -561,10 +216,6 @@ def commit_fresh(
         )
         return Settlement(new_state, now)
     return Settlement(settle_additive(state, now, committed_before), now)
-
-
-def _naive_step(now: Cost, before: Cost | None) -> Decimal:
-    return exact_sub(now.naive_epsilon, ZERO if before is None else before.naive_epsilon)
 
 
 def cancel_fresh(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
@@ -799,18 +450,19 @@ def theorem(budget: Budget) -> str:
 
 
 __all__ = [
-    "basic_price",
+    "PARALLEL_OVER_BATCHES",
+    "THEOREMS",
     "cancel",
+    "cancel_fresh",
     "commit",
-    "fresh_price",
-    "is_prefix",
-    "naive_price",
-    "plan_epsilon",
-    "prv_epsilon",
-    "rdp_charge",
+    "commit_fresh",
+    "derive_filter_state",
+    "price_fresh",
     "remaining",
+    "remaining_fresh",
     "reserve",
-    "single_charge_orders",
+    "reserve_fresh",
     "theorem",
     "within_budget",
+    "within_budget_fresh",
 ]

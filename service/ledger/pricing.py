@@ -102,7 +102,7 @@ def orders_of(budget: Budget) -> int:
     if budget.accountant == "rdp":
         if budget.rule in ("parallel", "geometric"):
             # A single charge is priced on the accountant's full grid, not the filter's.
-            from accountant.rules.sequential import single_charge_orders
+            from accountant.rules.prices import single_charge_orders
 
             return len(single_charge_orders(budget))
         return len(budget.orders or ())

@@ -167,11 +167,11 @@ def epsilon1_for(
     analysis: str = "sound",
 ) -> float:
     """The largest ε1 (up to a relative 1e-12) whose Thm. 2 ε with ``epsilon2``, as the ledger
-    prices the event (``accountant.rules.sequential.basic_price``: exact decimals, rounded up), is
+    prices the event (``accountant.rules.prices.basic_price``: exact decimals, rounded up), is
     ≤ ``target_epsilon`` taken as written: ε = ε1·(1 + s·|B|/Δ_R + |B|·‖θ̄1‖/(2Δ_R)) + ε2 (s = d
     for ``analysis="sound"``, 1 for ``"paper"``), solved, then stepped down past rounding."""
     from accountant.exact import as_written
-    from accountant.rules.sequential import basic_price
+    from accountant.rules.prices import basic_price
 
     if not 0 < epsilon2 < target_epsilon:
         raise InvalidParamsError("epsilon2", f"must be in (0, target_epsilon). Found {epsilon2}.")

@@ -66,7 +66,7 @@ def calibrate_sequential_noise(
     from accountant.errors import InvalidArgumentError
     from accountant.exact import exact_add
     from accountant.rules import Budget, renyi_filter
-    from accountant.rules.sequential import rdp_charge
+    from accountant.rules.prices import rdp_charge
 
     budget = Budget.create(
         rule="sequential", epsilon=repr(target_epsilon), delta=repr(delta), accountant="rdp"

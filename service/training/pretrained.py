@@ -68,7 +68,7 @@ from accountant.calibration import calibrate_noise_multiplier, calibrate_to_pric
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
-from accountant.rules.sequential import fresh_price
+from accountant.rules.prices import fresh_price
 from service.training.data import LoadedData
 from service.training.dp_sgd import (
     TrainingError,
@@ -108,7 +108,7 @@ ModelState = dict[str, torch.Tensor]
 
 def single_charge_epsilon(event: DpEvent, *, delta: float, accountant: str) -> Decimal:
     """The ε the ledger charges ``event`` as one charge on its own at ``delta`` — what a
-    ``parallel`` batch pays (``accountant.rules.sequential.fresh_price``: for ``rdp`` the event's
+    ``parallel`` batch pays (``accountant.rules.prices.fresh_price``: for ``rdp`` the event's
     curve on the accountant's full grid, converted at δ; for ``prv`` its upper bound)."""
     budget = Budget.create(rule="parallel", epsilon=1, delta=repr(float(delta)), accountant=accountant)
     return fresh_price(budget, event)[0]

@@ -212,7 +212,7 @@ def test_ledger_on_rdp_admits_exactly_while_the_filter_condition_holds(
     """The same through accountant.rules with our own RDP (accountant.rdp) of each event."""
     from accountant import events as ev
     from accountant import rules as R
-    from accountant.rules.sequential import rdp_charge
+    from accountant.rules.prices import rdp_charge
 
     budget = R.Budget.create(rule="sequential", epsilon="3.0", delta="1e-6", accountant="rdp")
     f = R.renyi_filter(budget)

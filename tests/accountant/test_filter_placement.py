@@ -16,7 +16,7 @@ import pytest
 from accountant import events as ev
 from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_weights, placed_grid
 from accountant.rules import Budget, renyi_filter
-from accountant.rules.sequential import rdp_charge
+from accountant.rules.prices import rdp_charge
 from tests.service.api.test_tight_charges import _dpa_epsilon, calibrated_sigma
 
 RUNS = [

@@ -243,7 +243,7 @@ def test_each_commit_extends_the_one_before() -> None:
 
 
 def test_is_prefix() -> None:
-    from accountant.rules.sequential import is_prefix
+    from accountant.rules.bookkeeping import is_prefix
 
     g = ev.GaussianEvent(1.0)
     assert is_prefix(ev.SelfComposedEvent(g, 3), ev.SelfComposedEvent(g, 5))
@@ -332,7 +332,7 @@ def test_dataset_epsilon_is_the_max_over_batches() -> None:
 @needs_rdp
 def test_rdp_budget_admits_subsampled_gaussian_charges_until_the_filter_says_no() -> None:
     from accountant.rules import renyi_filter
-    from accountant.rules.sequential import rdp_charge
+    from accountant.rules.prices import rdp_charge
 
     budget = R.Budget.create(rule="sequential", epsilon=2.0, delta=1e-5, accountant="rdp")
     f = renyi_filter(budget)
@@ -432,7 +432,7 @@ def test_rdp_filter_costs_stay_within_the_reservation_under_concurrent_holds() -
     assert settled.state == run(budget, R.BatchState.empty(), small)
 
 
-# What "prefix" means, per event kind (``accountant.rules.sequential.is_prefix``): running the
+# What "prefix" means, per event kind (``accountant.rules.bookkeeping.is_prefix``): running the
 # partial event is the first part of running the reserved one, so its transcript is a prefix of
 # the full transcript and its privacy loss can only be smaller (post-processing).
 _base = st.one_of(
@@ -467,7 +467,7 @@ def _run_and_prefix(draw: st.DrawFn) -> tuple[ev.DpEvent, ev.DpEvent]:
 @given(pair=_run_and_prefix())
 def test_a_prefix_is_a_prefix_and_never_costs_more(pair: tuple[ev.DpEvent, ev.DpEvent]) -> None:
     from accountant.rdp import RdpAccountant
-    from accountant.rules.sequential import is_prefix
+    from accountant.rules.bookkeeping import is_prefix
 
     run, prefix = pair
     assert is_prefix(prefix, run)
@@ -481,7 +481,7 @@ def test_a_prefix_is_a_prefix_and_never_costs_more(pair: tuple[ev.DpEvent, ev.Dp
 def test_more_steps_or_another_mechanism_is_never_a_prefix(
     run: ev.DpEvent, other: ev.DpEvent, extra: int
 ) -> None:
-    from accountant.rules.sequential import is_prefix
+    from accountant.rules.bookkeeping import is_prefix
 
     if isinstance(run, ev.SelfComposedEvent):
         assert not is_prefix(ev.SelfComposedEvent(run.event, run.count + extra), run)
