@@ -43,6 +43,8 @@ EXPIRE_PER_TRANSACTION: Final = 500
 
 
 # ---------------------------------------------------------------------------------------------
+# Loaded state
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -553,7 +555,6 @@ def _reservation_batch_row(reservation_id: str, h: Held) -> dict[str, Any]:
 
 
 _DATASET: Final = select(Dataset.tenant_id, Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
-
 # A dataset's tenant and budget never change: remembered per process, by id.
 _DATASETS_SIZE: Final = 4096
 _datasets: OrderedDict[str, tuple[str, Budget]] = OrderedDict()
