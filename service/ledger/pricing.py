@@ -9,10 +9,11 @@ on SQLite). So the ledger prices *before* the transaction opens, and decides ins
 * a dataset's budget never changes once the dataset exists, so every state-independent number of
   a charge (its fingerprint, basic (ε, δ), per-order RDP curve, the ε of a fresh charge, a plan
   prefix's PRV ε, a geometric level's price) follows from the event and the budget alone;
-* ``prepare`` computes them in a dry run of ``accountant.rules.reserve`` / ``commit`` with an
-  ``accountant.rules.PriceMemo`` active, outside any transaction; the spend transaction runs the
-  same functions with the same memo, so what it does under the lock is additions and comparisons
-  on the batches' states (the Rényi filter's per-order sums, a geometric block's free levels);
+* ``spending.prices.prepare`` computes them in a dry run of ``accountant.rules.reserve`` /
+  ``commit`` with an ``accountant.rules.PriceMemo`` active, outside any transaction; the spend
+  transaction runs the same functions with the same memo, so what it does under the lock is
+  additions and comparisons on the batches' states (the Rényi filter's per-order sums, a
+  geometric block's free levels);
 * the ``rdp_charge`` / ``prv_epsilon`` caches keep curves across requests (keyed by the event and
   the budget's orders / δ), so a trainer that repeats an event prices it once per process.
 

@@ -30,14 +30,10 @@ from service.db.models import Batch
 from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.reservations import (
-    _batch_cost_json,
-    _charge,
-    _dataset_budget,
-    _ids,
-    _rule_error,
-    parse_event,
-)
+from service.ledger.spending import requests
+from service.ledger.spending.decisions import rule_error
+from service.ledger.spending.requests import parse_event
+from service.ledger.spending.store import batch_cost_json, dataset_budget
 
 _BATCHES = select(Batch.id, Batch.state).where(
     Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
@@ -69,14 +65,14 @@ def quote(
     if batch_ids is not None and task_ids is not None:
         raise InvalidInput("batches", "give at most one of batches or tasks.")
     event = parse_event(event_json)
-    charge = _charge(event, noise_commitment)
-    tenant, budget = _dataset_budget(db, dataset_id)
+    charge = requests.charge(event, noise_commitment)
+    tenant, budget = dataset_budget(db, dataset_id)
     if tenant != tenant_id:
         raise NotFound("dataset", dataset_id)
     states: list[tuple[str, BatchState]] = [(FRESH_BATCH, BatchState.empty())]
     if batch_ids is not None or task_ids is not None:
         selector = "batches" if batch_ids is not None else "tasks"
-        ids = _ids(batch_ids if batch_ids is not None else task_ids, selector)
+        ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
         query = _BATCHES if selector == "batches" else _TASKS
         rows = db.read_all(query, {"ids": ids, "dataset_id": dataset_id})
         found = {row.id: BatchState.from_json(row.state) for row in rows}
@@ -97,7 +93,7 @@ def quote(
             try:
                 cost = rules.reserve(budget, state, charge).cost
             except AccountantError as exc:
-                error = _rule_error(exc, batch_id)
+                error = rule_error(exc, batch_id)
                 if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
                     raise error from exc
                 refused = {"code": error.code, "message": error.message, **error.details}
@@ -106,7 +102,7 @@ def quote(
                     epsilon = max(epsilon, Decimal(requested["epsilon"]))
                     delta = max(delta, Decimal(requested["delta"]))
                 continue
-            answers.append(_batch_cost_json(batch_id, cost))
+            answers.append(batch_cost_json(batch_id, cost))
             epsilon, delta = max(epsilon, cost.epsilon), max(delta, cost.delta)
     return {
         "dataset_id": dataset_id,

@@ -1,0 +1,20 @@
+"""The spend transactions, split by concern (``service.ledger.reservations`` is the public API):
+
+* ``requests``: parsed input and the operations (``Op``) it becomes;
+* ``store``: persistence — loaded reservations, the locked ledger head (``Work``), the statements;
+* ``prices``: pricing of a spend before its transaction;
+* ``decisions``: reserve, commit, abort and expire, decided on loaded state;
+* ``engine``: group commit — group transactions, retries, ``Combiner`` and ``AsyncCombiner`` —
+  which calls the decisions only through the ``Domain`` registered here.
+"""
+
+from service.ledger.spending import decisions, engine, prices
+
+engine.register(
+    engine.Domain(
+        decide=decisions.decide,
+        expire=decisions.expire,
+        prepare=prices.prepare,
+        prices_inline=prices.prices_inline,
+    )
+)

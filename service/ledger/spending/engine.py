@@ -1,0 +1,423 @@
+"""Group commit: concurrent spends on one dataset decided in ONE database transaction.
+
+A durable commit waits for the write-ahead log to reach the disk, and the ledger head stays locked
+until it has, so one-transaction-per-spend caps a hot dataset at about one spend per disk flush.
+Concurrent spends on one dataset within a process are therefore combined: the first caller
+becomes the leader, takes every spend queued for the dataset, and runs them in ONE transaction —
+each decided in turn on the states the previous ones left, exactly as if they had run one after
+the other; a refused spend changes nothing and gets its own error. Each caller gets its answer
+after that transaction commits. If the group transaction itself fails (a constraint race with
+another process, a deadlock), each spend is retried alone, so one spend's failure is never
+another's. Spends from other processes serialise on the ledger head as before. Callers in
+threads (the worker, the CLI) queue on ``Combiner``, whose first caller leads; coroutines (the
+HTTP routes) queue on ``AsyncCombiner``, whose drain task runs each group in one worker thread.
+
+The engine knows nothing of what a spend decides: the domain registers one ``Domain`` (its
+``decide`` for each operation, with pricing before the transaction and expiry of what is due),
+and the engine handles idempotent replays, the locked ledger head, retries and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import anyio.to_thread
+from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
+
+from accountant import rules
+from service.db.session import Database
+from service.ledger.errors import DuplicateIdempotencyKey, IdempotencyConflict, LedgerError, NotFound
+from service.ledger.spending.requests import Op
+from service.ledger.spending.store import (
+    Work,
+    due_ids,
+    load_reservations,
+    refreshed,
+    released,
+    replayed_reservation,
+    stored_answers,
+)
+
+MAX_GROUP: Final = 64
+_RETRIES: Final = 5
+_TRANSIENT_SQLSTATES: Final = frozenset({"40P01", "40001"})
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The seam between the engine and what it runs: how an operation is priced before its
+    transaction and decided in it (``spending.decisions``, ``spending.prices``)."""
+
+    decide: Callable[[Work, Op], tuple[dict[str, Any], LedgerError | None]]
+    """Decide ``op`` on the locked ``Work`` and apply it: its answer, or the error it answers
+    while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
+    expire: Callable[[Work, Iterable[str], datetime], int]
+    """Expire those of the reservations that are open and due at the time: how many."""
+    prepare: Callable[[Database, Op], None]
+    """Price ``op`` outside any transaction (once per op); raises the op's own refusal."""
+    prices_inline: Callable[[Op], bool]
+    """Whether ``op`` is priced in its group's worker thread rather than before it queues."""
+
+
+_registered: Domain | None = None
+
+
+def register(domain: Domain) -> None:
+    """Make ``domain`` what every group decides with (``service.ledger.spending`` does, once)."""
+    global _registered
+    _registered = domain
+
+
+def _domain() -> Domain:
+    assert _registered is not None, "service.ledger.spending registers the domain on import"
+    return _registered
+
+
+Result = tuple[dict[str, Any] | None, BaseException | None]
+
+
+def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[Op]) -> dict[int, Result]:
+    """Decide and write every operation of ``ops`` in ``connection``'s transaction; their results
+    (answer or error) by position. Raises only for failures of the transaction itself."""
+    results: dict[int, Result] = {}
+    stored = stored_answers(connection, ops)
+    active: list[int] = []
+    replays: list[tuple[int, dict[str, Any], str]] = []  # answered as the reservation is now
+    for i, op in enumerate(ops):
+        hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
+        if hit is None:
+            active.append(i)
+            continue
+        response, replay_error = _replay(op, hit)
+        rid = None if response is None else replayed_reservation(op, response)
+        if rid is None:
+            results[i] = (response, replay_error)
+        else:
+            assert response is not None
+            replays.append((i, response, rid))
+    if not active and not replays:
+        return results
+    at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
+    due = due_ids(connection, dataset_id, at)  # before the lock: usually nothing
+    already = released(connection, [ops[i] for i in active])  # releases are never deleted
+
+    work = Work.open(connection, dataset_id)
+    if work is None:
+        for i in active:
+            results[i] = (None, NotFound("dataset", dataset_id))
+        for i, response, _ in replays:
+            results[i] = (response, None)
+        return results
+    domain = _domain()
+    work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
+    work.released.update(already)
+    work.expired_on_open = domain.expire(work, due, at)
+    for i, response, rid in replays:
+        r = work.reservations.get(rid)
+        if r is not None and r.dataset_id == work.head.id:
+            domain.expire(work, [rid], ops[i].at)  # a hold past its time is "expired" now, and freed
+        results[i] = (refreshed(ops[i], response, work.reservations.get(rid)), None)
+
+    answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+    for i in active:
+        op = ops[i]
+        if op.tenant_id != work.head.tenant_id:
+            results[i] = (None, NotFound("dataset", dataset_id))
+            continue
+        if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
+            response, replay_error = _replay(op, answered[(op.tenant_id, op.key)])
+            rid = None if response is None else replayed_reservation(op, response)
+            if response is not None and rid is not None:
+                response = refreshed(op, response, work.reservations.get(rid))
+            results[i] = (response, replay_error)
+            continue
+        # Prices come from the op's memo, filled before the transaction (``prepare``): under
+        # the lock the rules only add and compare.
+        priced: AbstractContextManager[object] = (
+            rules.pricing(op.memo) if op.memo is not None and op.memo.adopt(work.budget) else nullcontext()
+        )
+        try:
+            with priced:
+                response, error = domain.decide(work, op)
+        except LedgerError as exc:
+            results[i] = (None, exc)
+            continue
+        results[i] = (None if error else response, error)
+        if op.key is not None and error is None:
+            answered[(op.tenant_id, op.key)] = (op.operation, op.digest, response)
+            work.idempotency.append(
+                {
+                    "tenant_id": op.tenant_id,
+                    "key": op.key,
+                    "operation": op.operation,
+                    "request_hash": op.digest,
+                    "response": response,
+                    "status_code": op.status_code,
+                    "created_at": op.at,
+                }
+            )
+    if work.events:  # every change is audited: no event, nothing changed (a refusal changes nothing)
+        work.flush()
+    return results
+
+
+def _replay(
+    op: Op, stored: tuple[str, str, dict[str, Any]]
+) -> tuple[dict[str, Any] | None, LedgerError | None]:
+    operation, digest, response = stored
+    if operation != op.operation or digest != op.digest:
+        return None, IdempotencyConflict(op.key or "")
+    return response, None
+
+
+def _prepared(db: Database, ops: Sequence[Op]) -> list[Op]:
+    """``ops`` priced (``prepare``); an op whose pricing is refused is answered now and left out."""
+    ready: list[Op] = []
+    for op in ops:
+        try:
+            _domain().prepare(db, op)
+        except Exception as exc:  # its own answer (invalid, not found, rate limited, ...)
+            op.finish(None, exc)
+            continue
+        ready.append(op)
+    return ready
+
+
+def _is_transient(exc: OperationalError) -> bool:
+    return getattr(exc.orig, "sqlstate", None) in _TRANSIENT_SQLSTATES or "database is locked" in str(
+        exc.orig
+    )
+
+
+def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Result]) -> None:
+    """A retry can race its first attempt (in another process): its key lookup found nothing,
+    then the first attempt's commit made it fail (e.g. "already committed"). If an answer for
+    its key is stored now, that is its answer."""
+    refused = [
+        i
+        for i, op in enumerate(ops)
+        if op.key is not None
+        and isinstance(results[i][1], LedgerError)
+        and not isinstance(results[i][1], IdempotencyConflict)
+    ]
+    if not refused:
+        return
+    with db.session(readonly=True) as session:
+        connection = session.connection()
+        stored = stored_answers(connection, [ops[i] for i in refused])
+        for i in refused:
+            hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
+            if hit is None:
+                continue
+            response, error = _replay(ops[i], hit)
+            rid = None if response is None else replayed_reservation(ops[i], response)
+            if response is not None and rid is not None:
+                loaded, _, _ = load_reservations(connection, [rid])
+                response = refreshed(ops[i], response, loaded.get(rid))
+            results[i] = (response, error)
+
+
+def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
+    """Run ``ops`` in one transaction and hand every op its result once it has committed.
+
+    When the transaction itself fails, each op is run alone, so a failure is its own op's only.
+    Ops not priced yet are priced first, before the transaction opens (``prepare``).
+    """
+    ops = _prepared(db, ops)
+    if not ops:
+        return
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with db.transaction() as connection:
+                results = _group_transaction(connection, dataset_id, ops)
+        except OperationalError as exc:
+            if attempt <= _RETRIES and _is_transient(exc):
+                time.sleep(0.002 * attempt)
+                continue
+            failure: BaseException = exc
+        except DuplicateIdempotencyKey as exc:
+            if attempt <= _RETRIES and len(ops) == 1:
+                continue  # a retry in another process committed first: its answer is there now
+            failure = exc
+        except Exception as exc:  # the group failed as a whole: isolate it
+            failure = exc
+        else:
+            _answer_raced_retries(db, ops, results)
+            for i, op in enumerate(ops):
+                op.finish(*results[i])
+            return
+        if len(ops) == 1:
+            ops[0].finish(None, failure)
+            return
+        for op in ops:
+            run_group(db, dataset_id, [op])
+        return
+
+
+class Combiner:
+    """Queues the spends of one dataset in one process; one caller at a time leads a group.
+
+    Each waiting caller sleeps on its own op's ``wake`` event and is woken exactly once: when its
+    op is answered, or when the leader hands it the lead (its op still queued). A leader whose own
+    op is answered hands the lead to the oldest queued op, so no caller waits on another's
+    transaction longer than it must, and nobody is woken just to go back to sleep (a shared
+    condition's ``notify_all`` woke every waiter after every group).
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queue: deque[Op] = deque()
+        self.busy = False
+
+    def run(self, db: Database, dataset_id: str, op: Op) -> None:
+        wake = op.wake = threading.Event()
+        with self.lock:
+            self.queue.append(op)
+            lead = not self.busy
+            self.busy = True
+        if not lead:
+            wake.wait()
+            if op.done:
+                return
+            # handed the lead: ``busy`` stayed True for us, and our op is still queued
+        while True:
+            with self.lock:
+                group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
+            try:
+                run_group(db, dataset_id, group)
+            except BaseException:
+                self._settle(group, op)
+                with self.lock:
+                    if op in self.queue:  # not in this group: it leaves with the exception
+                        self.queue.remove(op)
+                    self._pass_lead()
+                raise
+            self._settle(group, op)
+            if op.done:
+                with self.lock:
+                    self._pass_lead()
+                return
+
+    @staticmethod
+    def _settle(group: list[Op], leader: Op) -> None:
+        for member in group:  # never leave a caller waiting, whatever happened
+            if not member.done:
+                member.finish(None, RuntimeError("the spend transaction was interrupted"))
+            if member is not leader:
+                _wake(member)
+
+    def _pass_lead(self) -> None:
+        """Under ``lock``: the oldest waiter leads the next group, or nobody leads."""
+        if self.queue:
+            _wake(self.queue[0])
+        else:
+            self.busy = False
+
+
+def _wake(op: Op) -> None:
+    assert op.wake is not None  # queued by ``Combiner.run``
+    op.wake.set()
+
+
+_combiners_lock = threading.Lock()
+_combiners: weakref.WeakKeyDictionary[Database, dict[str, Combiner]] = weakref.WeakKeyDictionary()
+
+
+def _combiner(db: Database, dataset_id: str) -> Combiner:
+    with _combiners_lock:
+        registry = _combiners.setdefault(db, {})
+        combiner = registry.get(dataset_id)
+        if combiner is None:
+            combiner = registry[dataset_id] = Combiner()
+        return combiner
+
+
+class AsyncCombiner:
+    """Queues the spends of one dataset made by the coroutines of one event loop (the HTTP routes).
+
+    A caller waits on a future, not in a thread of its own: one drain task runs the queue in
+    groups, each group in one worker thread (``run_group``), and resolves the group's futures
+    once its transaction has committed. A request thus costs no thread hop of its own, and each
+    group holds every spend that arrived while the previous one ran. Spends that sync callers of
+    the same process make on the dataset (``Combiner``) serialise with these on the ledger head,
+    like those of another process.
+    """
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[Op, asyncio.Future[None]]] = deque()
+        self.drain: asyncio.Task[None] | None = None
+
+    async def run(self, db: Database, dataset_id: str, op: Op) -> None:
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+        self.queue.append((op, answered))
+        if self.drain is None:
+            self.drain = loop.create_task(self._drain(db, dataset_id))
+        await answered
+
+    async def _drain(self, db: Database, dataset_id: str) -> None:
+        try:
+            while self.queue:
+                group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
+                try:
+                    await anyio.to_thread.run_sync(run_group, db, dataset_id, [op for op, _ in group])
+                finally:
+                    _answer(group)
+        finally:
+            self.drain = None
+            _answer([self.queue.popleft() for _ in range(len(self.queue))])  # left by a cancellation
+
+
+def _answer(group: Iterable[tuple[Op, asyncio.Future[None]]]) -> None:
+    for op, answered in group:  # never leave a caller waiting, whatever happened
+        if not op.done:
+            op.finish(None, RuntimeError("the spend transaction was interrupted"))
+        if not answered.done():
+            answered.set_result(None)
+
+
+_async_combiners: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, AsyncCombiner]]
+] = weakref.WeakKeyDictionary()
+
+
+def _async_combiner(db: Database, dataset_id: str) -> AsyncCombiner:
+    loop = asyncio.get_running_loop()
+    with _combiners_lock:
+        registry = _async_combiners.setdefault(loop, weakref.WeakKeyDictionary()).setdefault(db, {})
+        combiner = registry.get(dataset_id)
+        if combiner is None:
+            combiner = registry[dataset_id] = AsyncCombiner()
+        return combiner
+
+
+def _answered(op: Op) -> dict[str, Any]:
+    if op.error is not None:
+        raise op.error
+    assert op.response is not None
+    return op.response
+
+
+def submit(db: Database, op: Op) -> dict[str, Any]:
+    _domain().prepare(db, op)  # priced in the caller's thread, before it queues for the transaction
+    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+    return _answered(op)
+
+
+async def submit_async(db: Database, op: Op) -> dict[str, Any]:
+    if not _domain().prices_inline(op):  # priced in a pricing thread, never on the event loop
+        await anyio.to_thread.run_sync(_domain().prepare, db, op, limiter=op.policy.limiter)
+    await _async_combiner(db, op.dataset_id).run(db, op.dataset_id, op)
+    return _answered(op)

@@ -1,0 +1,129 @@
+"""Pricing of a spend, before its transaction (``service.ledger.pricing``).
+
+A reservation's charge and a progressive commit's event are bounded, metered and priced outside
+any transaction; the spend transaction then decides with the same memo (``rules.pricing``), on
+the states it reads under the lock, so under the lock the rules only add and compare.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Final
+
+from sqlalchemy import bindparam, select
+
+from accountant import events as ev
+from accountant import rules
+from accountant.errors import AccountantError
+from accountant.events import DpEvent, EventValidationError
+from accountant.rules import BatchState, Budget, Charge, PriceMemo
+from service.db.models import Batch
+from service.db.session import Database
+from service.ledger import pricing
+from service.ledger.errors import NotFound
+from service.ledger.spending.decisions import rule_error
+from service.ledger.spending.requests import CommitParams, Op, ReserveParams
+from service.ledger.spending.store import dataset_budget, known_dataset, load_reservations
+
+_SNAPSHOT_BATCHES: Final = select(Batch.state).where(
+    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+_SNAPSHOT_TASKS: Final = select(Batch.state).where(
+    Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+)
+
+
+def _priced_event(op: Op) -> DpEvent | None:
+    """The event ``op`` asks to price: a reservation's, a progressive commit's (else ``None``)."""
+    if isinstance(op.params, ReserveParams):
+        return op.params.charge.event
+    if isinstance(op.params, CommitParams):
+        return op.params.partial
+    return None
+
+
+def prices_inline(op: Op) -> bool:
+    """Whether ``op`` is priced in its group's worker thread, just before the transaction: it
+    prices nothing, or little under a budget this process knows. Otherwise a coroutine prices it
+    in a pricing thread before it joins the group, so it never delays the group."""
+    event = _priced_event(op)
+    if event is None:
+        return True
+    known = known_dataset(op.dataset_id)
+    return known is not None and pricing.work(known[1], [event]) <= pricing.INLINE_WORK
+
+
+def prepare(db: Database, op: Op) -> None:
+    """Bound, meter and price ``op``'s charge, outside any transaction (once per op).
+
+    The work (event nodes × the budget's orders) is checked against ``op.policy.max_work``
+    (``InvalidInput`` naming ``event``) and handed to ``op.policy.meter`` (which may refuse)
+    before anything is computed. Then a dry run of the rule fills ``op.memo`` with every
+    state-independent price; the spend transaction decides with the same memo (``rules.pricing``),
+    on the states it reads under the lock. The dry run decides nothing: a refusal it meets is
+    left for the transaction, except a refusal of the event itself (invalid, unsupported, or a
+    parallel read that costs nothing), which no state changes.
+    """
+    if op.prepared:
+        return
+    op.prepared = True
+    event = _priced_event(op)
+    if event is None:
+        return
+    tenant_id, budget = dataset_budget(db, op.dataset_id)
+    if tenant_id != op.tenant_id:
+        raise NotFound("dataset", op.dataset_id)
+    units = pricing.check_work(budget, [event], op.policy.max_work)
+    memo = PriceMemo(budget)
+    with op.policy.metered(units), rules.pricing(memo):
+        if isinstance(op.params, ReserveParams):
+            _dry_reserve(db, op, budget, op.params)
+        elif isinstance(op.params, CommitParams):
+            _dry_commit(db, op, budget, op.params)
+    op.memo = memo
+
+
+def _dry_run(decide: Any, *args: Any, event_errors: bool) -> None:
+    """Run ``decide`` for its prices only. With ``event_errors``, an error of the event itself
+    (invalid, unsupported: no state changes that) is raised now, as the transaction would."""
+    try:
+        decide(*args)
+    except (rules.BudgetExceeded, rules.ChargeRefused):
+        pass  # depends on the state: decided under the lock, on the state then
+    except AccountantError as exc:
+        if event_errors:
+            raise rule_error(exc, "") from exc
+
+
+def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) -> None:
+    states = [BatchState.empty()]
+    if budget.plan is not None:
+        # A declared plan prices the plan's prefix up to each batch's position: read them.
+        query = _SNAPSHOT_BATCHES if params.selector == "batches" else _SNAPSHOT_TASKS
+        rows = db.read_all(query, {"ids": params.ids, "dataset_id": op.dataset_id})
+        positions: dict[int, BatchState] = {}
+        for row in rows:
+            state = BatchState.from_json(row.state)
+            positions.setdefault(state.plan_position, replace(state, plan_open=False))
+        states = list(positions.values()) or states
+    for state in states:  # no state error is possible on these states: any error is the event's
+        _dry_run(rules.reserve, budget, state, params.charge, event_errors=True)
+
+
+def _dry_commit(db: Database, op: Op, budget: Budget, params: CommitParams) -> None:
+    with db.session(readonly=True) as session:
+        loaded, states, _ = load_reservations(session.connection(), [params.reservation_id])
+    r = loaded.get(params.reservation_id)
+    if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
+        return  # refused in the transaction
+    try:
+        reserved = ev.from_json(r.event)
+    except EventValidationError:
+        return
+    op.reserved_event = (r.event, reserved)
+    charge = Charge(reserved, r.noise_commitment)
+    for h in r.batches:
+        state = BatchState.from_json(states[h.batch_id])
+        _dry_run(
+            rules.commit, budget, state, charge, h.reserved, h.committed, params.partial, event_errors=False
+        )

@@ -1,0 +1,167 @@
+"""What a caller asks of the spend transactions: parsed input and the operations it becomes.
+
+Parsing refuses bad input before anything is locked (``InvalidInput`` names the field and the
+value); an ``Op`` is one reserve, commit, abort or expiry waiting for (or holding) its answer.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from accountant import events as ev
+from accountant.errors import InvalidArgumentError
+from accountant.events import DpEvent, EventValidationError
+from accountant.rules import Charge, PriceMemo
+from service.ledger import idempotency, pricing
+from service.ledger.datasets import MAX_ID_LENGTH, can_be_id, check_text
+from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.signing import SigningKey
+
+DEFAULT_TTL_S: Final = 3600.0
+MAX_TTL_S: Final = 30 * 24 * 3600.0
+MAX_BATCHES_PER_RESERVATION: Final = 10_000
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+# ---------------------------------------------------------------------------------------------
+
+
+def ids(value: object, field_name: str) -> list[str]:
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes) or not value:
+        raise InvalidInput(field_name, "must be a non-empty list of ids.")
+    if len(value) > MAX_BATCHES_PER_RESERVATION:
+        raise InvalidInput(
+            field_name, f"must hold at most {MAX_BATCHES_PER_RESERVATION} ids. Found {len(value)}."
+        )
+    out: list[str] = []
+    seen: set[str] = set()
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item or len(item) > MAX_ID_LENGTH:
+            raise InvalidInput(f"{field_name}[{i}]", f"must be an id string. Found {item!r}.")
+        if item in seen:
+            raise InvalidInput(f"{field_name}[{i}]", f"repeats {item!r}.")
+        if not can_be_id(item):  # no such batch or task (and PostgreSQL refuses NUL in a query)
+            raise NotFound("batch" if field_name == "batches" else "task", item)
+        seen.add(item)
+        out.append(item)
+    return out
+
+
+def parse_event(obj: object, field_name: str = "event") -> DpEvent:
+    """A mechanism event from its JSON; ``InvalidInput`` names the bad field (``event.scale``)."""
+    try:
+        return ev.from_json(obj, field_name)
+    except EventValidationError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+
+
+def charge(event: DpEvent, noise_commitment: object) -> Charge:
+    if noise_commitment is not None and not isinstance(noise_commitment, str):
+        raise InvalidInput("noise_commitment", f"must be a string. Found {noise_commitment!r}.")
+    try:
+        return Charge(event, noise_commitment)
+    except InvalidArgumentError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+
+
+def release(release: object) -> tuple[str, str, dict[str, Any]]:
+    if not isinstance(release, Mapping):
+        raise InvalidInput("release", f"must be an object {{model, version}}. Found {release!r}.")
+    model = release.get("model")
+    if not isinstance(model, str) or not model.strip() or len(model) > 200:
+        raise InvalidInput("release.model", f"must be a non-empty string (<= 200). Found {model!r}.")
+    check_text(model, "release.model")  # refused before anything is locked: the hold stays open
+    version = release.get("version")
+    if isinstance(version, bool) or not isinstance(version, str | int):
+        raise InvalidInput("release.version", f"must be a string or an integer. Found {version!r}.")
+    text = str(version)
+    if not text.strip() or len(text) > 100:
+        raise InvalidInput("release.version", f"must be 1-100 characters. Found {version!r}.")
+    check_text(text, "release.version")
+    return model, text, {"model": model, "version": version}
+
+
+def ttl(ttl_s: float) -> timedelta:
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s <= MAX_TTL_S:
+        raise InvalidInput("ttl_s", f"must be in (0, {MAX_TTL_S:g}] seconds. Found {ttl_s!r}.")
+    return timedelta(seconds=float(ttl_s))
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations: what a caller asks for, and its answer
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReserveParams:
+    selector: str  # "batches" | "tasks"
+    ids: list[str]
+    charge: Charge
+    event_document: dict[str, Any]
+    ttl: timedelta
+
+
+@dataclass(frozen=True)
+class CommitParams:
+    reservation_id: str
+    model: str
+    version: str
+    release: dict[str, Any]
+    partial: DpEvent | None
+    signer: SigningKey  # the server's active key: it signs the certificate (service.ledger.signing)
+
+
+@dataclass(frozen=True)
+class AbortParams:
+    reservation_id: str
+
+
+@dataclass(frozen=True)
+class ExpireParams:
+    reservation_ids: list[str]
+
+
+Params = ReserveParams | CommitParams | AbortParams | ExpireParams
+
+
+@dataclass(eq=False)
+class Op:
+    """One spend operation waiting for (or holding) its answer."""
+
+    operation: str
+    tenant_id: str
+    dataset_id: str
+    at: datetime
+    params: Params
+    key: str | None = None
+    digest: str = ""
+    policy: pricing.Policy = pricing.DEFAULT_POLICY
+    # Set by ``prices.prepare``, before the spend transaction: the charge's prices, and for a
+    # progressive commit the reservation's event as parsed then (it never changes).
+    prepared: bool = False
+    memo: PriceMemo | None = None
+    reserved_event: tuple[dict[str, Any], DpEvent] | None = None
+    done: bool = False
+    response: dict[str, Any] | None = None
+    error: BaseException | None = None
+    wake: threading.Event | None = field(default=None, repr=False)  # a sync caller's (``engine.Combiner``)
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status of its first answer: 201 for a new reservation, else 200."""
+        return 201 if self.operation == "reserve" else 200
+
+    def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
+        self.response, self.error, self.done = response, error, True
+
+
+def keyed(op: Op, key: str | None, request: Mapping[str, Any]) -> Op:
+    """``op`` bound to its idempotency key and the request that key stands for."""
+    op.key = idempotency.check_key(key)
+    op.digest = idempotency.request_hash(op.operation, request) if op.key is not None else ""
+    return op
