@@ -33,6 +33,7 @@ from sqlalchemy import (
     Engine,
     PrimaryKeyConstraint,
     UniqueConstraint,
+    bindparam,
     create_engine,
     event,
     select,
@@ -310,21 +311,38 @@ def pipelined(connection: Connection) -> Iterator[None]:
         raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=connection.dialect) from exc
 
 
-def lock_ledger_head(session: Session, dataset_id: str) -> Dataset | None:
-    """Lock and (re)load the dataset row, the ledger head of every spend on the dataset.
+LEDGER_HEAD_COLUMNS: Final = (
+    Dataset.id,
+    Dataset.tenant_id,
+    Dataset.epsilon_spent,
+    Dataset.delta_spent,
+    Dataset.naive_epsilon,
+    Dataset.epsilon_held,
+    Dataset.reservations_open,
+    Dataset.charges_committed,
+    Dataset.ledger_version,
+    Dataset.audit_seq,
+    Dataset.audit_hash,
+)
+_HEAD: Final = select(*LEDGER_HEAD_COLUMNS).where(Dataset.id == bindparam("dataset_id"))
+_HEAD_FOR_UPDATE: Final = _HEAD.with_for_update()
+
+
+def lock_ledger_head(connection: Connection, dataset_id: str) -> Any:
+    """Lock the dataset's row, the ledger head of every write to the dataset's ledger, and read
+    its aggregates (a row of ``LEDGER_HEAD_COLUMNS``; ``None``: no such dataset). The one way to lock it:
+    spends (``service.ledger.spending.store.Work.open``) and batch creation use it alike.
 
     PostgreSQL: ``SELECT … FOR UPDATE``; concurrent spends on the dataset wait here. SQLite: the
     write transaction already holds the database's write lock (``BEGIN IMMEDIATE``).
     """
-    stmt = select(Dataset).where(Dataset.id == dataset_id).execution_options(populate_existing=True)
-    bind = session.get_bind()
-    if bind.dialect.name != "sqlite":
-        stmt = stmt.with_for_update()
-    return session.scalars(stmt).one_or_none()
+    statement = _HEAD if connection.dialect.name == "sqlite" else _HEAD_FOR_UPDATE
+    return connection.execute(statement, {"dataset_id": dataset_id}).one_or_none()
 
 
 __all__ = [
     "CONSTRAINT_ERRORS",
+    "LEDGER_HEAD_COLUMNS",
     "Database",
     "canonical_json",
     "constraint_name",

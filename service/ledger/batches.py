@@ -206,7 +206,7 @@ def create_batches(
     hashes = [[record_hash(salt, key) for key in keys] for _, keys, _ in parsed]
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
-        head = lock_ledger_head(session, dataset_id)
+        head = lock_ledger_head(session.connection(), dataset_id)
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
         _load_task(session, dataset_id, task_id)

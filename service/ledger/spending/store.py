@@ -33,7 +33,7 @@ from service.db.models import (
     ReservationBatch,
     Task,
 )
-from service.db.session import Database, pipelined
+from service.db.session import Database, lock_ledger_head, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import NotFound
@@ -196,20 +196,6 @@ def reservation_json(r: Loaded) -> dict[str, Any]:
 # The work of one spend transaction: the locked head, states, and the writes to make
 # ---------------------------------------------------------------------------------------------
 
-_HEAD_COLUMNS: Final = (
-    Dataset.id,
-    Dataset.tenant_id,
-    Dataset.epsilon_spent,
-    Dataset.delta_spent,
-    Dataset.naive_epsilon,
-    Dataset.epsilon_held,
-    Dataset.reservations_open,
-    Dataset.charges_committed,
-    Dataset.ledger_version,
-    Dataset.audit_seq,
-    Dataset.audit_hash,
-)
-
 
 @dataclass
 class Head:
@@ -315,9 +301,7 @@ class Work:
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
         """The work of a spend transaction on the dataset, its ledger head locked (``None``: no
         such dataset)."""
-        # SQLite's write lock is already held (BEGIN IMMEDIATE).
-        head = _HEAD if connection.dialect.name == "sqlite" else _HEAD_FOR_UPDATE
-        row = connection.execute(head, {"dataset_id": dataset_id}).one_or_none()
+        row = lock_ledger_head(connection, dataset_id)
         if row is None:
             return None
         return cls(
@@ -606,8 +590,6 @@ _STORED_ANSWERS: Final = select(
 _RELEASED: Final = select(Release.tenant_id, Release.model, Release.version).where(
     tuple_(Release.tenant_id, Release.model, Release.version).in_(bindparam("releases", expanding=True))
 )
-_HEAD: Final = select(*_HEAD_COLUMNS).where(Dataset.id == bindparam("dataset_id"))
-_HEAD_FOR_UPDATE: Final = _HEAD.with_for_update()
 _BUDGET: Final = select(Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
 
 

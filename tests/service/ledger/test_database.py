@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 
 from service.db.models import Dataset, Tenant
 from service.db.session import Database, lock_ledger_head
@@ -94,11 +94,13 @@ def test_ledger_head_lock_serialises_spends(db: Database) -> None:
     def bump() -> None:
         for _ in range(10):
             with db.session() as session:
-                head = lock_ledger_head(session, "ds_1")
+                head = lock_ledger_head(session.connection(), "ds_1")
                 assert head is not None
                 version = head.ledger_version
                 time.sleep(0.001)
-                head.ledger_version = version + 1
+                session.execute(
+                    update(Dataset).where(Dataset.id == "ds_1").values(ledger_version=version + 1)
+                )
 
     threads = [threading.Thread(target=bump) for _ in range(4)]
     for t in threads:
