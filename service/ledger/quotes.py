@@ -16,7 +16,7 @@ decides. It prices exactly like a reservation, so it is bounded and metered the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -24,8 +24,9 @@ from sqlalchemy import bindparam, select
 
 from accountant import rules
 from accountant.errors import AccountantError
+from accountant.events import DpEvent
 from accountant.exact import ZERO, to_text
-from accountant.rules import BatchState, PriceMemo
+from accountant.rules import BatchState, Budget, Charge, PriceMemo
 from service.db.models import Batch
 from service.db.session import Database
 from service.ledger import pricing
@@ -64,27 +65,66 @@ def quote(
     ``NotFound`` (dataset, batch or task; also another tenant's)."""
     if batch_ids is not None and task_ids is not None:
         raise InvalidInput("batches", "give at most one of batches or tasks.")
-    event = parse_event(event_json)
-    charge = requests.charge(event, noise_commitment)
+    charge = requests.charge(parse_event(event_json), noise_commitment)
+    budget = _own_budget(db, tenant_id, dataset_id)
+    states = _states(db, dataset_id, batch_ids, task_ids)
+    return _priced(dataset_id, budget, charge, states, policy or pricing.DEFAULT_POLICY)
+
+
+def price_function(
+    db: Database, tenant_id: str, dataset_id: str, batch_ids: Sequence[str]
+) -> Callable[[DpEvent], Decimal]:
+    """``event -> ε`` a reservation on ``batch_ids`` would be charged (``quote``'s ``cost``), for
+    a calibration that prices many events: the budget and the batches' states are read once, on
+    the first call, and reused (the reservation decides on the states it reads under the lock)."""
+    loaded: list[tuple[Budget, list[tuple[str, BatchState]]]] = []
+
+    def price(event: DpEvent) -> Decimal:
+        if not loaded:
+            budget = _own_budget(db, tenant_id, dataset_id)
+            loaded.append((budget, _states(db, dataset_id, batch_ids, None)))
+        budget, states = loaded[0]
+        answer = _priced(dataset_id, budget, requests.charge(event, None), states, pricing.DEFAULT_POLICY)
+        return Decimal(answer["cost"]["epsilon"])
+
+    return price
+
+
+def _own_budget(db: Database, tenant_id: str, dataset_id: str) -> Budget:
     tenant, budget = dataset_budget(db, dataset_id)
     if tenant != tenant_id:
         raise NotFound("dataset", dataset_id)
-    states: list[tuple[str, BatchState]] = [(FRESH_BATCH, BatchState.empty())]
-    if batch_ids is not None or task_ids is not None:
-        selector = "batches" if batch_ids is not None else "tasks"
-        ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
-        query = _BATCHES if selector == "batches" else _TASKS
-        rows = db.read_all(query, {"ids": ids, "dataset_id": dataset_id})
-        found = {row.id: BatchState.from_json(row.state) for row in rows}
-        if selector == "batches":
-            missing = [i for i in ids if i not in found]
-            if missing:
-                raise NotFound("batch", missing[0])
-        elif not found:
-            raise NotFound("task", ids[0])
-        states = sorted(found.items())
-    policy = policy or pricing.DEFAULT_POLICY
-    units = pricing.check_work(budget, [event], policy.max_work)
+    return budget
+
+
+def _states(
+    db: Database, dataset_id: str, batch_ids: Sequence[str] | None, task_ids: Sequence[str] | None
+) -> list[tuple[str, BatchState]]:
+    """The named batches' (or the tasks' batches') states, sorted by id; none named: a new batch."""
+    if batch_ids is None and task_ids is None:
+        return [(FRESH_BATCH, BatchState.empty())]
+    selector = "batches" if batch_ids is not None else "tasks"
+    ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
+    query = _BATCHES if selector == "batches" else _TASKS
+    rows = db.read_all(query, {"ids": ids, "dataset_id": dataset_id})
+    found = {row.id: BatchState.from_json(row.state) for row in rows}
+    if selector == "batches":
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFound("batch", missing[0])
+    elif not found:
+        raise NotFound("task", ids[0])
+    return sorted(found.items())
+
+
+def _priced(
+    dataset_id: str,
+    budget: Budget,
+    charge: Charge,
+    states: Sequence[tuple[str, BatchState]],
+    policy: pricing.Policy,
+) -> dict[str, Any]:
+    units = pricing.check_work(budget, [charge.event], policy.max_work)
     answers: list[dict[str, Any]] = []
     refused: dict[str, Any] | None = None
     epsilon, delta = ZERO, ZERO
@@ -97,10 +137,9 @@ def quote(
                 if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
                     raise error from exc
                 refused = {"code": error.code, "message": error.message, **error.details}
-                requested = getattr(exc, "requested", None)
-                if requested:
-                    epsilon = max(epsilon, Decimal(requested["epsilon"]))
-                    delta = max(delta, Decimal(requested["delta"]))
+                if isinstance(exc, rules.BudgetExceeded):
+                    epsilon = max(epsilon, Decimal(exc.requested["epsilon"]))
+                    delta = max(delta, Decimal(exc.requested["delta"]))
                 continue
             answers.append(batch_cost_json(batch_id, cost))
             epsilon, delta = max(epsilon, cost.epsilon), max(delta, cost.delta)
@@ -113,4 +152,4 @@ def quote(
     }
 
 
-__all__ = ["FRESH_BATCH", "quote"]
+__all__ = ["FRESH_BATCH", "price_function", "quote"]

@@ -52,7 +52,6 @@ from sqlalchemy import select
 
 from accountant import events as ev
 from accountant.errors import AccountantError
-from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database
@@ -360,18 +359,6 @@ def _completed_before(run: _Run) -> bool:
     return True
 
 
-def _dataset_price(db: Database, job: Any, batches: Sequence[Any]) -> Callable[[DpEvent], Decimal]:
-    """What the job's dataset would charge an event on the batches the job reserves (a quote:
-    ``service.ledger.quotes``), so ``target_epsilon`` calibrates to the dataset's own price."""
-    ids = [batch.id for batch in batches]
-
-    def price(event: DpEvent) -> Decimal:
-        answer = quotes.quote(db, job.tenant_id, job.dataset_id, event_json=ev.to_json(event), batch_ids=ids)
-        return Decimal(answer["cost"]["epsilon"])
-
-    return price
-
-
 def _reserve_key(job_id: str, attempt: int, stage: int | None = None) -> str:
     if stage is None:
         return f"job:{job_id}:a{attempt}:reserve"
@@ -518,9 +505,9 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             stages = list(run.trainer.stages(params, tasks))
             steps = sum(jobs.stage_steps(stage) for stage in stages)
         else:
-            run.plan = run.trainer.plan(
-                params, sum(batch.size for batch in batches), price=_dataset_price(db, job, batches)
-            )
+            # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
+            price = quotes.price_function(db, job.tenant_id, job.dataset_id, [b.id for b in batches])
+            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches), price=price)
             steps = run.plan.steps
         too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
