@@ -16,6 +16,7 @@ from functools import lru_cache
 from typing import Final
 
 from accountant import events as ev
+from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
 from accountant.exact import (
     INFINITY,
@@ -181,7 +182,6 @@ def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple
     if is_free(event):
         return ZERO, ZERO
     if active_pricing() < 2:  # a certificate issued before pricing version 2, replayed
-        assert budget.orders is not None or budget.accountant == "prv"
         if budget.accountant == "rdp":
             assert budget.orders is not None
             legacy = rdp_epsilon(rdp_charge(event, budget.orders), budget.orders, delta_down(at))
@@ -224,8 +224,6 @@ def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal)
 
 
 def _basic_if_supported(event: DpEvent) -> tuple[Decimal, Decimal] | None:
-    from accountant.errors import UnsupportedEventError
-
     try:
         return basic_price(event)
     except UnsupportedEventError:
