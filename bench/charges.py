@@ -94,6 +94,15 @@ def _prv(event: ev.DpEvent, delta: float) -> float | None:
     return float(accountant.compute_epsilon(delta, [t for _, _, t in steps])[2])
 
 
+# One ε = 8, δ = 1e-5 sequential budget, with the grid placed for it or the fixed 20-order grid.
+SEQUENTIAL_PLACED: dict[str, Any] = {
+    "rule": "sequential",
+    "epsilon": "8",
+    "delta": "1e-5",
+    "accountant": "rdp",
+}
+SEQUENTIAL_FIXED_GRID: dict[str, Any] = {**SEQUENTIAL_PLACED, "orders": list(DEFAULT_FILTER_ORDERS)}
+
 CASES: list[tuple[str, dict[str, Any], ev.DpEvent]] = [
     (
         "parallel, rdp: one DP-SGD run (audit: 7.2x before)",
@@ -117,34 +126,22 @@ CASES: list[tuple[str, dict[str, Any], ev.DpEvent]] = [
     ),
     (
         "sequential, rdp filter placed for (8, 1e-5): DP-SGD at ~7.5",
-        {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"},
+        SEQUENTIAL_PLACED,
         _dpsgd(0.01, 0.686, 2000),
     ),
     (
         "sequential, rdp filter, fixed 20 orders, equal shares: same run",
-        {
-            "rule": "sequential",
-            "epsilon": "8",
-            "delta": "1e-5",
-            "accountant": "rdp",
-            "orders": list(DEFAULT_FILTER_ORDERS),
-        },
+        SEQUENTIAL_FIXED_GRID,
         _dpsgd(0.01, 0.686, 2000),
     ),
     (
         "sequential, rdp filter placed for (8, 1e-5): DP-SGD at ~3 (far below the budget)",
-        {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"},
+        SEQUENTIAL_PLACED,
         _dpsgd(0.01, 1.0, 2000),
     ),
     (
         "sequential, rdp filter, fixed 20 orders, equal shares: same run at ~3",
-        {
-            "rule": "sequential",
-            "epsilon": "8",
-            "delta": "1e-5",
-            "accountant": "rdp",
-            "orders": list(DEFAULT_FILTER_ORDERS),
-        },
+        SEQUENTIAL_FIXED_GRID,
         _dpsgd(0.01, 1.0, 2000),
     ),
     (
