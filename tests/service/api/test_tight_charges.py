@@ -145,3 +145,21 @@ def test_naive_is_never_below_the_ledger_on_a_single_release(client: TestClient,
         trainer.commit(held["id"])
         spend = admin.spend(dataset)
         assert Decimal(spend["naive_sequential_epsilon"]) >= Decimal(spend["epsilon_spent"]) > 0, rule
+
+
+def test_a_client_cannot_choose_the_filters_delta_weights(client: TestClient, keys: Keys) -> None:
+    """The weights are derived from (ε, δ) at creation; a client that sends its own (e.g. all δ on
+    one order, with orders of its choosing) is refused, naming the field, and nothing is created."""
+    admin = Api(client, keys.get("acme", "admin"))
+    before = admin.call("GET", "/v1/datasets", status=200).json()["data"]
+    budget = {
+        "rule": "sequential",
+        "epsilon": "8",
+        "delta": "1e-5",
+        "accountant": "rdp",
+        "orders": [2.0, 4.0],
+        "delta_weights": ["1", "0.000001"],
+    }
+    refused = admin.call("POST", "/v1/datasets", {"name": "d", "budget": budget}, 422).json()
+    assert "delta_weights" in refused["field"]
+    assert admin.call("GET", "/v1/datasets", status=200).json()["data"] == before
