@@ -39,7 +39,8 @@ transaction, with the ``Admission``/``Settlement`` values the ledger just comput
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -67,7 +68,9 @@ from accountant.rules import (
     within_budget,
 )
 
-CERTIFICATE_VERSION: Final = 1
+CERTIFICATE_VERSION: Final = 2
+"""2: the batches are grouped into classes (``ClassRecord``) and committed to by a ``BatchSet``;
+1: one ``BatchRecord`` per batch (still verified)."""
 CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
 _LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
 _UNHASHED: Final = frozenset({"hash", "signature"})
@@ -122,6 +125,100 @@ class BatchRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassRecord:
+    """The batches of a commit that share one transition: the reservation class they belong to
+    (``reservation_class``: they were in one state when reserved), how many they are, and the
+    fields of a ``BatchRecord``. Every batch of a class replays the same pure functions on the same
+    inputs, so checking the class checks each of its batches."""
+
+    reservation_class: int
+    batches: int
+    state_at_reserve: BatchState
+    reserved: Cost
+    state_before: BatchState
+    committed_before: Cost | None
+    state_after: BatchState
+    committed: Cost
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "class": self.reservation_class,
+            "batches": self.batches,
+            "state_at_reserve": self.state_at_reserve.to_json(),
+            "reserved": self.reserved.to_json(),
+            "state_before": self.state_before.to_json(),
+            "committed_before": None if self.committed_before is None else self.committed_before.to_json(),
+            "state_after": self.state_after.to_json(),
+            "committed": self.committed.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, path: str) -> ClassRecord:
+        if not isinstance(obj, Mapping):
+            raise InvalidArgumentError(path, "must be an object.")
+        index, count = obj.get("class"), obj.get("batches")
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise InvalidArgumentError(f"{path}.class", "must be an integer >= 0.")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidArgumentError(f"{path}.batches", "must be an integer >= 1.")
+        record = BatchRecord.from_json({**obj, "batch_id": "-"}, path)
+        return cls(
+            reservation_class=index,
+            batches=count,
+            state_at_reserve=record.state_at_reserve,
+            reserved=record.reserved,
+            state_before=record.state_before,
+            committed_before=record.committed_before,
+            state_after=record.state_after,
+            committed=record.committed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSet:
+    """Which batches a reservation reads: how many, and ``hash`` = ``batch_set_hash`` of the
+    (batch id, reservation class) pairs. The pairs themselves are served page by page and
+    exported in bundles; ``check_batch_set`` checks them against a certificate."""
+
+    count: int
+    hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "hash": self.hash}
+
+
+def batch_set_hash(members: Iterable[tuple[str, int]]) -> str:
+    """``sha256:`` + SHA-256 over the lines ``"<batch id> <class>\\n"`` (UTF-8) in ascending
+    order of batch id (code points). Streaming, so a verifier never holds a JSON list of 10⁶ ids."""
+    digest = hashlib.sha256()
+    for batch_id, index in sorted(members):
+        digest.update(f"{batch_id} {index}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def check_batch_set(certificate: Mapping[str, Any], members: Sequence[tuple[str, int]]) -> Verification:
+    """Whether ``members`` (batch id, class) are the batches a version-2 certificate commits to:
+    the hash matches, no batch repeats, and each class has as many batches as the certificate's
+    classes say."""
+    inputs = certificate.get("inputs")
+    if not isinstance(inputs, Mapping) or not isinstance(inputs.get("batch_set"), Mapping):
+        return Verification(False, "the certificate commits to no batch set (version 1 lists its batches)")
+    stated = inputs["batch_set"]
+    if len({b for b, _ in members}) != len(members):
+        return Verification(False, "the batch list repeats a batch")
+    if len(members) != stated.get("count") or batch_set_hash(members) != stated.get("hash"):
+        return Verification(False, "the batch list does not match the certificate's batch_set")
+    counts: dict[int, int] = {}
+    for _, index in members:
+        counts[index] = counts.get(index, 0) + 1
+    for c in inputs.get("classes", []):
+        counts[c["class"]] = counts.get(c["class"], 0) - c["batches"]
+    if any(counts.values()):
+        return Verification(False, "the batch list's classes do not match the certificate's counts")
+    return Verification(True, f"{len(members)} batch(es) match the certificate's batch_set")
+
+
+@dataclass(frozen=True, slots=True)
 class Verification:
     """``verify``'s answer: ``ok``, and ``reason`` (what failed, or what was checked)."""
 
@@ -148,7 +245,7 @@ def content_hash(certificate: Mapping[str, Any]) -> str:
     return "sha256:" + sha256_hex(body)
 
 
-def _result(budget: Budget, records: Sequence[BatchRecord]) -> dict[str, Any]:
+def _result(budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecord]) -> dict[str, Any]:
     after = [r.state_after for r in records]
     result: dict[str, Any] = {
         "epsilon": to_text(max((s.epsilon_spent for s in after), default=ZERO)),
@@ -163,7 +260,11 @@ def _result(budget: Budget, records: Sequence[BatchRecord]) -> dict[str, Any]:
     }
     if budget.geometric is not None:
         result["infinite_horizon_bound"] = to_text(budget.geometric.infinite_horizon_bound())
-        result["levels"] = {r.batch_id: r.committed.level for r in records}
+        result["levels"] = (
+            [r.committed.level for r in records]
+            if all(isinstance(r, ClassRecord) for r in records)
+            else {r.batch_id: r.committed.level for r in records if isinstance(r, BatchRecord)}
+        )
     return result
 
 
@@ -183,7 +284,8 @@ def issue(
     *,
     budget: Budget,
     charge: Charge,
-    batches: Sequence[BatchRecord],
+    classes: Sequence[ClassRecord],
+    batch_set: BatchSet,
     reservation_id: str,
     release: Mapping[str, Any],
     partial_event: DpEvent | None = None,
@@ -200,11 +302,10 @@ def issue(
     is the run so far the reservation's previous commit settled (a progressive commit must extend
     it); it is written as ``inputs.previous_partial_event`` only when there is one.
     """
-    if not batches:
-        raise InvalidArgumentError("batches", "must name at least one batch.")
-    ids = [b.batch_id for b in batches]
-    if len(set(ids)) != len(ids):
-        raise InvalidArgumentError("batches", "must not repeat a batch.")
+    if not classes:
+        raise InvalidArgumentError("classes", "must name at least one class of batches.")
+    if sum(c.batches for c in classes) != batch_set.count:
+        raise InvalidArgumentError("classes", f"must cover the batch set's {batch_set.count} batches.")
     if not isinstance(release, Mapping):
         raise InvalidArgumentError("release", f"must be an object. Found {release!r}.")
     body: dict[str, Any] = {
@@ -222,10 +323,11 @@ def issue(
             "budget": budget.to_json(),
             "charge": charge.to_json(),
             "partial_event": None if partial_event is None else ev.to_json(partial_event),
-            "batches": [b.to_json() for b in batches],
+            "classes": [c.to_json() for c in classes],
+            "batch_set": batch_set.to_json(),
             **({} if previous_event is None else {"previous_partial_event": ev.to_json(previous_event)}),
         },
-        "result": _result(budget, batches),
+        "result": _result(budget, classes),
         "libraries": dict(library_versions()),
         "pricing": active_pricing(),
     }
@@ -260,7 +362,7 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     actual = content_hash(cert)
     if actual != stored:
         return Verification(False, f"content hash mismatch: stored {stored}, computed {actual}")
-    if cert.get("version") != CERTIFICATE_VERSION or cert.get("kind") != CERTIFICATE_KIND:
+    if cert.get("version") not in (1, CERTIFICATE_VERSION) or cert.get("kind") != CERTIFICATE_KIND:
         return Verification(False, f"unknown certificate version {cert.get('version')!r}")
     version = cert.get("pricing", 1)
     if isinstance(version, bool) or version not in (1, 2):
@@ -287,18 +389,40 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     # charge's events are priced with.
     if "analyses" in cert and cert["analyses"] != charged_analyses(charge.event):
         return Verification(False, f"analyses does not match the charge: {cert['analyses']!r}")
-    batch_objs = inputs["batches"]
-    if not isinstance(batch_objs, list) or not batch_objs:
-        return Verification(False, "inputs.batches must list at least one batch")
-    records = [BatchRecord.from_json(b, f"inputs.batches[{i}]") for i, b in enumerate(batch_objs)]
-    if len({r.batch_id for r in records}) != len(records):
-        return Verification(False, "inputs.batches repeats a batch")
+    records: list[BatchRecord] | list[ClassRecord]
+    if cert["version"] == 1:
+        batch_objs = inputs["batches"]
+        if not isinstance(batch_objs, list) or not batch_objs:
+            return Verification(False, "inputs.batches must list at least one batch")
+        records = [BatchRecord.from_json(b, f"inputs.batches[{i}]") for i, b in enumerate(batch_objs)]
+        if len({r.batch_id for r in records}) != len(records):
+            return Verification(False, "inputs.batches repeats a batch")
+        labels = [f"batch {r.batch_id!r}" for r in records]
+        count = len(records)
+    else:
+        class_objs = inputs["classes"]
+        if not isinstance(class_objs, list) or not class_objs:
+            return Verification(False, "inputs.classes must list at least one class")
+        records = [ClassRecord.from_json(c, f"inputs.classes[{i}]") for i, c in enumerate(class_objs)]
+        labels = [f"class {r.reservation_class} ({r.batches} batch(es))" for r in records]
+        count = sum(r.batches for r in records)
+        stated = inputs["batch_set"]
+        if not isinstance(stated, Mapping) or stated.get("count") != count:
+            return Verification(False, "inputs.batch_set.count does not match the classes' batches")
+        for r in records:  # a reservation class was reserved once, from one state
+            first = next(x for x in records if x.reservation_class == r.reservation_class)
+            if (r.state_at_reserve, r.reserved, r.committed_before) != (
+                first.state_at_reserve,
+                first.reserved,
+                first.committed_before,
+            ):
+                return Verification(False, f"class {r.reservation_class} is not one reservation class")
     # Every batch replays the same charge: its prices are computed once (``PriceMemo``).
     with pricing(PriceMemo(budget)):
-        for record in records:
+        for record, label in zip(list[BatchRecord | ClassRecord](records), labels, strict=True):
             problem = _check_batch(budget, charge, partial, previous, record)
             if problem:
-                return Verification(False, f"batch {record.batch_id!r}: {problem}")
+                return Verification(False, f"{label}: {problem}")
     if cert.get("result") != _result(budget, records):
         return Verification(False, "result does not match the recomputed bound")
     libraries = cert.get("libraries")
@@ -306,14 +430,18 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
         return Verification(False, "libraries must map names to versions")
     return Verification(
         True,
-        f"hash, {len(records)} batch(es) recomputed under rule {budget.rule!r} / accountant "
+        f"hash, {count} batch(es) recomputed under rule {budget.rule!r} / accountant "
         f"{budget.accountant!r}; epsilon {cert['result']['epsilon']} within budget "
         f"{to_text(budget.epsilon)}",
     )
 
 
 def _check_batch(
-    budget: Budget, charge: Charge, partial: DpEvent | None, previous: DpEvent | None, record: BatchRecord
+    budget: Budget,
+    charge: Charge,
+    partial: DpEvent | None,
+    previous: DpEvent | None,
+    record: BatchRecord | ClassRecord,
 ) -> str:
     admission = reserve(budget, record.state_at_reserve, charge)
     if admission.cost != record.reserved:
@@ -332,8 +460,12 @@ __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
     "BatchRecord",
+    "BatchSet",
+    "ClassRecord",
     "Verification",
+    "batch_set_hash",
     "charged_analyses",
+    "check_batch_set",
     "content_hash",
     "issue",
     "library_versions",

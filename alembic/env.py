@@ -61,12 +61,23 @@ def run_migrations_online() -> None:
                 transactional_ddl=True,
                 compare_type=True,
             )
+            if is_sqlite:
+                # SQLite's documented procedure for rebuilding a table that other rows reference
+                # (https://www.sqlite.org/lang_altertable.html#otheralter): foreign keys off
+                # *outside* the transaction (the pragma is a no-op inside one), then
+                # ``foreign_key_check`` before commit. Set on the driver's connection: a
+                # statement through ``connection`` would begin the transaction first.
+                connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
             with context.begin_transaction():
                 if connection.dialect.name == "postgresql":
                     connection.execute(
                         text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY}
                     )
                 context.run_migrations()
+                if is_sqlite:
+                    broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise RuntimeError(f"the migration left rows without their parent: {broken[:5]}")
     finally:
         engine.dispose()
 

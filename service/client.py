@@ -618,6 +618,13 @@ class _Endpoints(Generic[J, A]):
         """``GET /v1/reservations/{id}``."""
         return self._json(_Call("GET", f"/v1/reservations/{_segment(reservation_id)}"))
 
+    def reservation_batches(self, reservation_id: str, *, after: str | None = None, limit: int = 1000) -> J:
+        """``GET /v1/reservations/{id}/batches``: a page of ``{id, class}`` in ascending id order."""
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
+        return self._json(_Call("GET", f"/v1/reservations/{_segment(reservation_id)}/batches", params=params))
+
     def commit(
         self,
         reservation_id: str,
@@ -976,6 +983,18 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         return calibrate_to_price(event, start=start, target_epsilon=target_epsilon, price=price)
 
     # paging ---------------------------------------------------------------------------------
+
+    def iter_reservation_batches(
+        self, reservation_id: str, *, page_size: int = 10_000
+    ) -> Iterator[tuple[str, int]]:
+        """Every (batch id, class) of the reservation: what its ``batch_set`` commits to."""
+        after: str | None = None
+        while True:
+            page: JsonObject = self.reservation_batches(reservation_id, after=after, limit=page_size)
+            yield from ((b["id"], b["class"]) for b in page["data"])
+            after = page["next"]
+            if after is None:
+                return
 
     def iter_certificates(self, dataset_id: Identifier, *, page_size: int = 500) -> Iterator[JsonObject]:
         """Every certificate of the dataset, oldest first, page by page."""

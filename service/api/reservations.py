@@ -14,9 +14,9 @@ ledger work once the spends were grouped.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from service.api import PREFIX
@@ -28,6 +28,7 @@ from service.api.schemas import (
     CommitPublic,
     CommitRequest,
     ErrorBody,
+    ReservationBatchesPublic,
     ReservationCreate,
     ReservationPublic,
 )
@@ -121,6 +122,27 @@ def _ids(ids: list[str | int] | None) -> list[str] | None:
 )
 def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
     return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id))
+
+
+@router.get(
+    "/reservations/{reservation_id}/batches",
+    response_model=None,
+    responses={
+        200: documented(ReservationBatchesPublic, "a page of the batches, in ascending id order"),
+        **_ERRORS,
+    },
+    summary="The batches a reservation reads, with their class, page by page",
+)
+def list_reservation_batches(
+    reservation_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    after: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=reservations.MAX_BATCH_PAGE)] = 1000,
+) -> JSONResponse:
+    return json_answer(
+        reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
+    )
 
 
 @router.post(

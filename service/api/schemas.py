@@ -395,6 +395,38 @@ class BatchCostPublic(_Public):
     replay: bool | None = None
 
 
+class ReservationClassPublic(_Public):
+    class_: int = Field(alias="class", description="the reservation class: batches reserved from one state")
+    batches: int
+    epsilon: str
+    delta: str
+    naive_epsilon: str
+    level: int | None = None
+    replay: bool | None = None
+
+
+class ReservationBatchesSummary(_Public):
+    count: int = Field(description="how many batches the reservation reads")
+    batch_set: str = Field(
+        description="sha256 over the lines '<batch id> <class>\\n' in ascending batch id order; "
+        "the pairs are paged by GET /v1/reservations/{id}/batches"
+    )
+    classes: list[ReservationClassPublic]
+
+
+class ReservationBatchPublic(_Public):
+    id: str
+    class_: int = Field(alias="class")
+
+
+class ReservationBatchesPublic(_Public):
+    reservation_id: str
+    count: int
+    batch_set: str
+    data: list[ReservationBatchPublic]
+    next: str | None = Field(description="pass as `after` for the next page; null on the last")
+
+
 class QuoteRefusal(_Public):
     code: str
     message: str
@@ -422,7 +454,7 @@ class ReservationPublic(_Public):
     expires_at: str
     created_at: str
     closed_at: str | None
-    batches: list[BatchCostPublic]
+    batches: ReservationBatchesSummary
 
 
 class Release(_Request):

@@ -220,11 +220,12 @@ def _guarded(name: str, check: Callable[[], Finding]) -> Finding:
 
 
 def _certificates(bundle: Json) -> Finding:
-    from accountant.certificates import verify
+    from accountant.certificates import check_batch_set, verify
 
     dataset = bundle["dataset"]
     problems: list[str] = []
     certificates = bundle["certificates"]
+    batch_sets = bundle.get("batch_sets") or {}
     for stored in certificates:
         cid = stored.get("id")
         body = stored["certificate"]
@@ -232,6 +233,14 @@ def _certificates(bundle: Json) -> Finding:
         if not result.ok:
             problems.append(f"certificate {cid}: does not re-verify: {result.reason}")
             continue
+        if "batch_set" in body["inputs"]:  # version 2: the batches are listed beside it
+            members = batch_sets.get(body.get("reservation_id"))
+            if members is None:
+                problems.append(f"certificate {cid}: the bundle lacks the batches of its reservation")
+            else:
+                listed = check_batch_set(body, [(str(b), int(k)) for b, k in members])
+                if not listed.ok:
+                    problems.append(f"certificate {cid}: {listed.reason}")
         if stored.get("content_hash") != body.get("hash"):
             problems.append(
                 f"certificate {cid}: stored hash {stored.get('content_hash')} != {body.get('hash')}"

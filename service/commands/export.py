@@ -10,6 +10,9 @@ The bundle is composed from HTTP API v1 reads only (``service.client.LedgerClien
 * ``dataset`` (``GET /v1/datasets/{id}``: its budget) and ``spend`` (``GET …/spend``);
 * ``certificates``: every certificate of the dataset (``GET …/certificates``, all pages), each
   re-verifiable offline with ``accountant.certificates.verify``;
+* ``batch_sets``: for each reservation a certificate names, its (batch id, class) pairs
+  (``GET /v1/reservations/{id}/batches``, all pages): what the certificate's ``batch_set``
+  commits to (``accountant.certificates.check_batch_set``);
 * ``audit``: the dataset's hash chain — ``head`` and every ``entries`` row
   (``GET /v1/datasets/{id}/audit``), so the chain can be recomputed offline — and the server's own
   verdict (``GET /v1/audit/verify?dataset_id=…``). A server without the entries route still
@@ -111,6 +114,13 @@ def collect(client: LedgerClient, dataset_id: str, *, model: str | None = None) 
     spend = client.spend(dataset_id)
     keys = signing_keys(client)
     models = registry_versions(client, dataset_id, model_names(certificates, model))
+    # The batches each certificate's ``batch_set`` commits to (version 2), once per reservation.
+    batch_sets = {
+        rid: [list(pair) for pair in client.iter_reservation_batches(rid)]
+        for rid in sorted(
+            {c["reservation_id"] for c in certificates if "batch_set" in c["certificate"]["inputs"]}
+        )
+    }
     bundle: dict[str, Any] = {
         "kind": BUNDLE_KIND,
         "version": BUNDLE_VERSION,
@@ -122,6 +132,7 @@ def collect(client: LedgerClient, dataset_id: str, *, model: str | None = None) 
         "audit": {"head": head, "entries": entries, "verify": verdict},
         "models": models,
         "signing_keys": keys,
+        "batch_sets": batch_sets,
     }
     bundle["bundle_hash"] = bundle_hash(bundle)
     return bundle

@@ -4,8 +4,9 @@ The schema is created and changed only by the Alembic migrations in ``alembic/ve
 (``tests/migrations``) checks that these models and the migrations agree on both databases.
 
 Aggregates live next to what they aggregate and are updated in the spend transaction that
-changes them (``service.ledger.reservations``): a batch row carries its ``BatchState`` (the
-per-batch history under the dataset's rule) and the numbers read from it; a task row carries the
+changes them (``service.ledger.reservations``): a batch row names its ``BatchState`` (the
+per-batch history under the dataset's rule; one ``batch_states`` row per distinct state) and
+carries the numbers read from it; a task row carries the
 maximum over its batches; the dataset row — the *ledger head*, locked by every spend — carries the
 maximum over all batches. Reads never scan charges.
 
@@ -137,14 +138,33 @@ class Task(Base):
     created_at: Mapped[datetime]
 
 
+class BatchStateRow(Base):
+    """One distinct per-batch ledger state (``BatchState``) of a dataset, stored once.
+
+    Content-addressed: ``id`` is ``"bs_"`` + SHA-256 of the dataset id and the state's canonical
+    JSON (``service.ledger.spending.classes.state_id``), so batches that have had the same charges
+    share one row, and a charge is decided once per distinct state it touches
+    (docs/ARCHITECTURE.md, "Batch state classes"). Rows are immutable; a batch moves to another
+    state by changing its ``state_id``.
+    """
+
+    __tablename__ = "batch_states"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    state: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
 class Batch(Base):
-    """An immutable, fixed batch of records and its per-batch ledger state (``BatchState``).
+    """An immutable, fixed batch of records; ``state_id`` names its ledger state (a
+    ``BatchStateRow``), and the numbers read from it are kept beside it for the views.
 
     ``position``: its place among the task's batches (0, 1, ...), in the order they were given.
     """
 
     __tablename__ = "batches"
-    __table_args__ = (UniqueConstraint("task_id", "position"),)
+    __table_args__ = (UniqueConstraint("task_id", "position"), Index(None, "state_id"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
@@ -152,7 +172,7 @@ class Batch(Base):
     position: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(NAME)
     size: Mapped[int] = mapped_column(Integer)
-    state: Mapped[dict[str, Any]]
+    state_id: Mapped[str] = mapped_column(ForeignKey("batch_states.id"))
     epsilon_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
     epsilon_held: Mapped[Decimal] = mapped_column(server_default=ZERO)
     delta_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
@@ -178,7 +198,8 @@ class Reservation(Base):
     ``epsilon`` / ``delta`` are the reserved cost (maximum over the batches it reads);
     ``committed_epsilon`` / ``committed_delta`` what progressive commits have turned into spend;
     ``committed_event`` the run so far the last progressive commit reported (the next one must
-    extend it; ``accountant.rules.commit``).
+    extend it; ``accountant.rules.commit``); ``batches`` how many batches it reads and
+    ``batch_set`` the commitment to which (``accountant.certificates.batch_set_hash``).
     """
 
     __tablename__ = "reservations"
@@ -213,23 +234,38 @@ class Reservation(Base):
     committed_delta: Mapped[Decimal] = mapped_column(server_default=ZERO)
     commits: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     committed_event: Mapped[dict[str, Any] | None]
+    batches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    batch_set: Mapped[str] = mapped_column(String(80), server_default=text("''"))
     expires_at: Mapped[datetime]
     created_at: Mapped[datetime]
     closed_at: Mapped[datetime | None]
 
 
+class ReservationClass(Base):
+    """What one reservation holds on the batches that were in one state when it was reserved:
+    that state (a certificate input), the reserved ``Cost``, the cumulative committed one, and
+    how many batches. ``index`` numbers the classes of a reservation (0, 1, ...)."""
+
+    __tablename__ = "reservation_classes"
+
+    reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state_at_reserve: Mapped[dict[str, Any]]
+    cost: Mapped[dict[str, Any]]
+    committed: Mapped[dict[str, Any] | None]
+    batches: Mapped[int] = mapped_column(Integer)
+
+
 class ReservationBatch(Base):
-    """What one reservation holds on one batch: the batch's state it was admitted against (a
-    certificate input), the reserved ``Cost`` and the cumulative committed one."""
+    """A batch a reservation reads, and its ``ReservationClass`` (``class_index``): one narrow row
+    per batch, written by one set-based statement."""
 
     __tablename__ = "reservation_batches"
 
     reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), primary_key=True)
     batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
     position: Mapped[int] = mapped_column(Integer)
-    state_at_reserve: Mapped[dict[str, Any]]
-    cost: Mapped[dict[str, Any]]
-    committed: Mapped[dict[str, Any] | None]
+    class_index: Mapped[int] = mapped_column(Integer)
 
 
 class Release(Base):

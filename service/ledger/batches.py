@@ -25,18 +25,19 @@ from sqlalchemy.orm import Session
 
 from accountant.exact import to_text
 from accountant.rules import BatchState
-from service.db.models import Batch, BatchRecord, Task
+from service.db.models import Batch, BatchRecord, BatchStateRow, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.datasets import can_be_id, check_name, load_dataset
 from service.ledger.errors import BatchOverlap, InvalidInput, NotFound
+from service.ledger.spending.store import state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 MAX_RECORDS_PER_REQUEST: Final = 2_000_000
 MAX_RECORD_ID_LENGTH: Final = 256
 _INSERT_CHUNK: Final = 10_000
 _LOOKUP_CHUNK: Final = 1_000
-_EMPTY_STATE: Final = BatchState.empty().to_json()
+_EMPTY_STATE: Final = BatchState.empty()
 
 
 def record_key(record: object, field: str) -> str:
@@ -211,6 +212,12 @@ def create_batches(
             raise NotFound("dataset", dataset_id)
         _load_task(session, dataset_id, task_id)
         existing = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
+        empty = state_id(dataset_id, _EMPTY_STATE)  # every new batch starts in the empty state
+        if session.get(BatchStateRow, empty) is None:
+            session.execute(
+                insert(BatchStateRow),
+                [{"id": empty, "dataset_id": dataset_id, "state": _EMPTY_STATE.to_json(), "created_at": at}],
+            )
         rows = [
             {
                 "id": f"batch_{secrets.token_hex(12)}",
@@ -219,7 +226,7 @@ def create_batches(
                 "position": (existing or 0) + i,
                 "name": name,
                 "size": len(keys),
-                "state": _EMPTY_STATE,
+                "state_id": empty,
                 "created_at": at,
             }
             for i, (name, keys, _) in enumerate(parsed)

@@ -1,7 +1,8 @@
 """Certificates: issued by ``accountant.certificates`` at every commit, stored, listed, fetched.
 
 A certificate is the frozen JSON record ``accountant.certificates.issue`` returns: rule,
-accountant, inputs (events, δ, the per-batch histories the commit touched), the result bound,
+accountant, inputs (events, δ, the histories of the classes of batches the commit touched and the
+commitment to which batches: ``batch_set``), the result bound,
 library versions and a content hash; ``accountant.certificates.verify`` re-checks it offline from
 its own contents. The ledger signs it with its active key (``signature``, over the content hash,
 which does not cover it: ``service.ledger.signing``) and stores it unchanged
@@ -21,7 +22,7 @@ from typing import Any, Final
 from sqlalchemy import func, select
 
 from accountant import certificates as issuing
-from accountant.certificates import BatchRecord
+from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.rules import Budget, Charge
@@ -40,7 +41,8 @@ def issue(
     *,
     budget: Budget,
     charge: Charge,
-    batches: Sequence[BatchRecord],
+    classes: Sequence[ClassRecord],
+    batch_set: BatchSet,
     reservation_id: str,
     release: Mapping[str, Any],
     partial_event: DpEvent | None,
@@ -55,7 +57,8 @@ def issue(
     body = issuing.issue(
         budget=budget,
         charge=charge,
-        batches=batches,
+        classes=classes,
+        batch_set=batch_set,
         reservation_id=reservation_id,
         release=dict(release),
         partial_event=partial_event,
@@ -174,9 +177,9 @@ def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[s
 
 def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
     """Pricing work of re-verifying ``certificate`` under ``budget``: its events' nodes (the
-    charge, the partial event, a declared plan, whose PRV ε is recomputed) and one node per batch
-    (each batch's reserve and commit is replayed on its states), times the budget's orders
-    (``service.ledger.pricing``)."""
+    charge, the partial event, a declared plan, whose PRV ε is recomputed) and one node per class
+    of batches (version 1: per batch; each reserve and commit is replayed on its states), times
+    the budget's orders (``service.ledger.pricing``)."""
     inputs = certificate.get("inputs") if isinstance(certificate, Mapping) else None
     if not isinstance(inputs, Mapping):
         return 0
@@ -187,8 +190,8 @@ def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
                 events.append(Charge.from_json(obj).event)
             except AccountantError:
                 pass  # invalid: verify says so at once, at no cost
-    batches = inputs.get("batches")
-    count = len(batches) if isinstance(batches, list) else 0
+    records = inputs.get("classes", inputs.get("batches"))  # version 2: classes; 1: batches
+    count = len(records) if isinstance(records, list) else 0
     return (pricing.nodes(events) + count) * pricing.orders_of(budget)
 
 
@@ -257,7 +260,6 @@ def signature_status(db: Database, certificate: Mapping[str, Any]) -> signing.Si
 
 
 __all__ = [
-    "BatchRecord",
     "get_certificate",
     "issue",
     "list_certificates",

@@ -20,28 +20,19 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, select
-
 from accountant import rules
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, to_text
 from accountant.rules import BatchState, Budget, Charge, PriceMemo
-from service.db.models import Batch
 from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending import requests
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import parse_event
-from service.ledger.spending.store import batch_cost_json, dataset_budget
+from service.ledger.spending.store import batch_cost_json, batch_states, dataset_budget
 
-_BATCHES = select(Batch.id, Batch.state).where(
-    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
-)
-_TASKS = select(Batch.id, Batch.state).where(
-    Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
-)
 FRESH_BATCH = "(new batch)"
 
 
@@ -105,9 +96,8 @@ def _states(
         return [(FRESH_BATCH, BatchState.empty())]
     selector = "batches" if batch_ids is not None else "tasks"
     ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
-    query = _BATCHES if selector == "batches" else _TASKS
-    rows = db.read_all(query, {"ids": ids, "dataset_id": dataset_id})
-    found = {row.id: BatchState.from_json(row.state) for row in rows}
+    of_batch, states = batch_states(db, dataset_id, selector, ids)
+    found = {batch_id: states[state_id] for batch_id, state_id in of_batch.items()}
     if selector == "batches":
         missing = [i for i in ids if i not in found]
         if missing:

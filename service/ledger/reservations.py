@@ -53,12 +53,12 @@ from datetime import datetime
 from typing import Any, Final
 
 import anyio.to_thread
-from sqlalchemy import bindparam, select
+from sqlalchemy import ColumnElement, bindparam, select
 
 from accountant import events as ev
 from service import server_secrets
 from service.db.base import utcnow
-from service.db.models import Reservation
+from service.db.models import Reservation, ReservationBatch
 from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
@@ -386,23 +386,81 @@ def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[s
     if not can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
-        loaded, _, _ = load_reservations(session.connection(), [reservation_id])
+        loaded = load_reservations(session.connection(), [reservation_id])
     r = loaded.get(reservation_id)
     if r is None or r.tenant_id != tenant_id:
         raise NotFound("reservation", reservation_id)
     return reservation_json(r)
 
 
+MAX_BATCH_PAGE: Final = 10_000
+
+
+def list_batches(
+    db: Database, tenant_id: str, reservation_id: str, *, after: str | None = None, limit: int = 1000
+) -> dict[str, Any]:
+    """A page of the batches a reservation reads, in ascending id order (code points), with their
+    reservation class: ``{reservation_id, count, batch_set, data: [{id, class}], next}``. ``next``
+    is the ``after`` of the next page (``None``: the last). The pairs of every page, in order, are
+    what ``batch_set`` commits to (``accountant.certificates.batch_set_hash``)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH_PAGE:
+        raise InvalidInput("limit", f"must be an integer in [1, {MAX_BATCH_PAGE}]. Found {limit!r}.")
+    if after is not None and (not isinstance(after, str) or len(after) > 200):
+        raise InvalidInput("after", f"must be a batch id. Found {after!r}.")
+    if not can_be_id(reservation_id):
+        raise NotFound("reservation", reservation_id)
+    with db.session(readonly=True) as session:
+        connection = session.connection()
+        r = load_reservations(connection, [reservation_id]).get(reservation_id)
+        if r is None or r.tenant_id != tenant_id:
+            raise NotFound("reservation", reservation_id)
+        # The hash's order: code points, not the locale's.
+        column: ColumnElement[str] = (
+            ReservationBatch.batch_id.collate("C")
+            if connection.dialect.name == "postgresql"
+            else ReservationBatch.batch_id.expression
+        )
+        query = select(ReservationBatch.batch_id, ReservationBatch.class_index).where(
+            ReservationBatch.reservation_id == reservation_id
+        )
+        if after is not None:
+            query = query.where(column > after)
+        rows = connection.execute(query.order_by(column).limit(limit + 1)).all()
+    data = [{"id": batch_id, "class": index} for batch_id, index in rows[:limit]]
+    return {
+        "reservation_id": reservation_id,
+        "count": r.batches,
+        "batch_set": r.batch_set,
+        "data": data,
+        "next": data[-1]["id"] if len(rows) > limit else None,
+    }
+
+
+def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple[str, int]]:
+    """Every (batch id, class) of the reservation, page by page (``list_batches``)."""
+    out: list[tuple[str, int]] = []
+    after: str | None = None
+    while True:
+        page = list_batches(db, tenant_id, reservation_id, after=after, limit=MAX_BATCH_PAGE)
+        out.extend((b["id"], b["class"]) for b in page["data"])
+        after = page["next"]
+        if after is None:
+            return out
+
+
 __all__ = [
     "DEFAULT_TTL_S",
     "MAX_BATCHES_PER_RESERVATION",
+    "MAX_BATCH_PAGE",
     "MAX_TTL_S",
     "abort",
     "abort_async",
+    "all_batches",
     "commit",
     "commit_async",
     "expire_due",
     "get_reservation",
+    "list_batches",
     "parse_event",
     "reserve",
     "reserve_async",

@@ -26,7 +26,7 @@ from typing import Any, Final
 from sqlalchemy import func, select
 
 from accountant.exact import ZERO, exact_sub, to_text
-from service.db.models import Batch, Certificate, Dataset, Release, ReservationBatch, Task
+from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger.datasets import budget_of, load_dataset
 from service.ledger.errors import InvalidInput
@@ -104,15 +104,16 @@ def batch_spend(
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)
         rows = session.execute(
-            select(Batch, Task.name)
+            select(Batch, Task.name, BatchStateRow.state)
             .join(Task, Task.id == Batch.task_id)
+            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
             .where(Batch.dataset_id == dataset_id)
             .order_by(Task.created_at, Task.id, Batch.position)
             .limit(limit)
             .offset(offset)
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id))
-        data = [_batch_json(batch, task_name) for batch, task_name in rows]
+        data = [_batch_json(batch, task_name, state) for batch, task_name, state in rows]
         answer: dict[str, Any] = {
             "dataset_id": dataset.id,
             "rule": dataset.rule,
@@ -134,8 +135,8 @@ def batch_spend(
     return answer
 
 
-def _batch_json(row: Batch, task_name: str) -> dict[str, Any]:
-    state = row.state if isinstance(row.state, dict) else {}
+def _batch_json(row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]:
+    state = stored_state if isinstance(stored_state, dict) else {}
     levels = state.get("levels", [])
     return {
         "id": row.id,

@@ -786,10 +786,11 @@ def _run_staged(
         if answer is None:
             raise _fail(run, run.refusal or _error("refused", "the ledger refused the release."))
         run.reservation_id = None  # committed in full: closed
-        for batch in answer["reservation"]["batches"]:
-            b = batch["id"]
-            charged[b] = exact_add(charged.get(b, ZERO), Decimal(batch["epsilon"]))
-            delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(batch["delta"]))
+        reservation = answer["reservation"]
+        cost_of = {c["class"]: c for c in reservation["batches"]["classes"]}
+        for b, index in reservations.all_batches(db, job.tenant_id, reservation["id"]):
+            charged[b] = exact_add(charged.get(b, ZERO), Decimal(cost_of[index]["epsilon"]))
+            delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(cost_of[index]["delta"]))
         jobs.record_progress(
             db,
             job.lease,

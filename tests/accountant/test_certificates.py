@@ -19,7 +19,16 @@ import pytest
 
 from accountant import events as ev
 from accountant import rules as R
-from accountant.certificates import BatchRecord, content_hash, issue, library_versions, verify
+from accountant.certificates import (
+    BatchSet,
+    ClassRecord,
+    batch_set_hash,
+    check_batch_set,
+    content_hash,
+    issue,
+    library_versions,
+    verify,
+)
 
 DPSGD_STEP = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1))
 
@@ -32,18 +41,44 @@ def certify(
 ) -> dict[str, Any]:
     """Reserve ``charge`` on every batch, commit it (or ``partial``) and certify the commit."""
     records = []
-    for i, state in enumerate(states):
+    for i, state in enumerate(states):  # one batch per state: class i is batch-i
         admission = R.reserve(budget, state, charge)
         settled = R.commit(budget, admission.state, charge, admission.cost, None, partial)
         records.append(
-            BatchRecord(f"batch-{i}", state, admission.cost, admission.state, None, settled.state,
-                        settled.committed)
-        )  # fmt: skip
+            ClassRecord(i, 1, state, admission.cost, admission.state, None, settled.state, settled.committed)
+        )
     return issue(
-        budget=budget, charge=charge, batches=records, reservation_id="res-1",
-        release={"model": "m", "version": 3}, partial_event=partial, release_id="rel-1",
-        dataset_id="ds-1", issued_at="2024-01-01T00:00:00Z",
+        budget=budget, charge=charge, classes=records, batch_set=members_set(len(states)),
+        reservation_id="res-1", release={"model": "m", "version": 3}, partial_event=partial,
+        release_id="rel-1", dataset_id="ds-1", issued_at="2024-01-01T00:00:00Z",
     )  # fmt: skip
+
+
+def members(count: int) -> list[tuple[str, int]]:
+    return [(f"batch-{i}", i) for i in range(count)]
+
+
+def members_set(count: int) -> BatchSet:
+    return BatchSet(count, batch_set_hash(members(count)))
+
+
+def as_version_1(cert: dict[str, Any]) -> dict[str, Any]:
+    """The certificate as version 1 issued it: one record per batch (here, per class: each class
+    is one batch), a levels map by batch id, no batch set; re-hashed."""
+    old = copy.deepcopy(cert)
+    inputs = old["inputs"]
+    inputs["batches"] = [
+        {"batch_id": f"batch-{c.pop('class')}", **{k: v for k, v in c.items() if k != "batches"}}
+        for c in inputs.pop("classes")
+    ]
+    del inputs["batch_set"]
+    if "levels" in old["result"]:
+        old["result"]["levels"] = {
+            b["batch_id"]: lvl for b, lvl in zip(inputs["batches"], old["result"]["levels"], strict=True)
+        }
+    old["version"] = 1
+    old["hash"] = content_hash(old)
+    return old
 
 
 def spent(budget: R.Budget, charge: R.Charge) -> R.BatchState:
@@ -96,11 +131,11 @@ def test_issued_certificates_verify_also_after_a_json_round_trip(name: str) -> N
 def test_certificate_content() -> None:
     geo = SCENARIOS["geometric"]
     assert geo["result"]["infinite_horizon_bound"] == "1"
-    assert geo["result"]["levels"] == {"batch-0": 1}  # level 2 was used by the first 0.1
+    assert geo["result"]["levels"] == [1]  # level 2 was used by the first 0.1
     assert geo["result"]["epsilon"] == "0.375"
     assert geo["result"]["naive_epsilon"] == "0.2"
     replay = SCENARIOS["lifelong-replay"]
-    assert replay["inputs"]["batches"][0]["committed"]["replay"] is True
+    assert replay["inputs"]["classes"][0]["committed"]["replay"] is True
     assert replay["result"]["charge"]["epsilon"] == "0"
     seq = SCENARIOS["sequential-basic"]
     assert seq["result"]["epsilon"] == "0.21"
@@ -172,7 +207,7 @@ def test_edits_with_a_recomputed_hash_fail_a_recomputation(name: str) -> None:
     for path, value in leaves(cert):
         derived = (
             path[:1] in (("result",), ("theorem",), ("rule",), ("accountant",))
-            or (path[:2] == ("inputs", "batches") and path[3] in DERIVED)
+            or (path[:2] == ("inputs", "classes") and path[3] in DERIVED)
             or path == ("inputs", "budget", "plan_epsilon")
         )
         if not derived or (path[-1] == "fingerprint" and value is None):
@@ -190,7 +225,9 @@ def test_inputs_that_change_a_decision_fail_with_a_recomputed_hash() -> None:
     cert = SCENARIOS["sequential-basic"]
     for path, value in [
         (("inputs", "budget", "epsilon"), "0.1"),  # the state after no longer fits
-        (("inputs", "batches", 1, "state_before", "epsilon_held"), "0"),  # no hold to commit
+        (("inputs", "classes", 1, "state_before", "epsilon_held"), "0"),  # no hold to commit
+        (("inputs", "classes", 1, "batches"), 2),  # more batches than the batch set holds
+        (("inputs", "batch_set", "count"), 3),
         (("inputs", "charge", "event", "epsilon"), 0.02),  # another charge, other costs
         (("inputs", "budget", "rule"), "parallel"),
     ]:
@@ -203,13 +240,17 @@ def test_issue_refuses_bad_arguments() -> None:
     from accountant.errors import InvalidArgumentError
 
     budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
-    with pytest.raises(InvalidArgumentError, match="batches"):
-        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), batches=[], reservation_id="r", release={})
+    with pytest.raises(InvalidArgumentError, match="classes"):
+        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), classes=[], batch_set=members_set(0),
+              reservation_id="r", release={})  # fmt: skip
     cert = certify(budget, R.Charge(ev.NoOpEvent()), [R.BatchState.empty()])
-    record = BatchRecord.from_json(cert["inputs"]["batches"][0], "b")
+    record = ClassRecord.from_json(cert["inputs"]["classes"][0], "b")
+    with pytest.raises(InvalidArgumentError, match="classes"):  # 1 batch in the classes, 2 in the set
+        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), classes=[record], batch_set=members_set(2),
+              reservation_id="r", release={})  # fmt: skip
     with pytest.raises(InvalidArgumentError, match="release"):
-        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), batches=[record], reservation_id="r",
-              release={"x": float("nan")})  # fmt: skip
+        issue(budget=budget, charge=R.Charge(ev.NoOpEvent()), classes=[record], batch_set=members_set(1),
+              reservation_id="r", release={"x": float("nan")})  # fmt: skip
     assert not verify("not a certificate").ok  # type: ignore[arg-type]
 
 
@@ -240,3 +281,40 @@ def test_certificates_issued_before_an_upgrade_still_verify() -> None:
     unknown = {**SCENARIOS["sequential-basic"], "pricing": 3}
     unknown["hash"] = content_hash(unknown)
     assert "unknown pricing version" in verify(unknown).reason
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_version_1_certificates_one_record_per_batch_still_verify(name: str) -> None:
+    old = as_version_1(SCENARIOS[name])
+    assert verify(old).ok, verify(old).reason
+    forged = copy.deepcopy(old)
+    committed = forged["inputs"]["batches"][0]["committed"]
+    committed["epsilon"] = changed(committed["epsilon"])
+    forged["hash"] = content_hash(forged)
+    assert not verify(forged).ok
+
+
+def test_the_batch_list_is_checked_against_the_batch_set() -> None:
+    cert = SCENARIOS["sequential-basic"]  # two classes of one batch each
+    assert check_batch_set(cert, members(2)).ok
+    assert not check_batch_set(cert, members(1)).ok  # one batch left out
+    assert not check_batch_set(cert, [("batch-0", 0), ("batch-9", 1)]).ok  # another batch
+    assert not check_batch_set(cert, [("batch-0", 1), ("batch-1", 0)]).ok  # classes swapped
+    assert not check_batch_set(cert, [("batch-0", 0), ("batch-0", 0)]).ok  # repeated
+    assert not check_batch_set(as_version_1(cert), members(2)).ok  # version 1 lists its batches
+
+
+def test_a_class_counts_its_batches_once_each() -> None:
+    """A class of 1000 batches in one state verifies with one replay, and says so."""
+    budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
+    charge = R.Charge(ev.PureDpEvent(0.1))
+    admission = R.reserve(budget, R.BatchState.empty(), charge)
+    settled = R.commit(budget, admission.state, charge, admission.cost, None)
+    record = ClassRecord(0, 1000, R.BatchState.empty(), admission.cost, admission.state, None,
+                         settled.state, settled.committed)  # fmt: skip
+    ids = [(f"b{i:04d}", 0) for i in range(1000)]
+    cert = issue(budget=budget, charge=charge, classes=[record],
+                 batch_set=BatchSet(1000, batch_set_hash(ids)), reservation_id="r", release={})  # fmt: skip
+    assert verify(cert).ok and "1000 batch(es)" in verify(cert).reason
+    assert check_batch_set(cert, ids).ok
+    assert len(json.dumps(cert)) < 8000

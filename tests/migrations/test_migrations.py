@@ -196,3 +196,67 @@ def test_existing_datasets_get_a_source_only_from_builtin_jobs(empty_database_ur
         "no_jobs": None,
         "missing_key": None,
     }
+
+
+BEFORE_STATE_CLASSES = "c4a1d2e3f504"
+
+
+def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_url: URL) -> None:
+    """The state-class migration: a ledger with committed charges on some batches and an open
+    reservation on others is expanded back to one state per batch (downgrade) and regrouped
+    (upgrade) with every batch's state, every hold and every reservation intact: the open
+    reservation still commits, and its certificate verifies and lists the right batches."""
+    from accountant.certificates import check_batch_set, verify
+    from service.db.session import Database
+    from service.ledger import batches, datasets, reservations, tenancy, views
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    try:
+        tenancy.create_api_key(db, "acme", "viewer")
+        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        task = batches.create_task(db, "acme", ds, name="t")["id"]
+        made = batches.create_batches(
+            db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(6)]
+        )
+        ids = [b["id"] for b in made["data"]]
+        spent = reservations.reserve(
+            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[:4]
+        )
+        reservations.commit(db, "acme", spent["id"], release={"model": "m", "version": "1"})
+        held = reservations.reserve(
+            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[2:]
+        )
+        before = views.batch_spend(db, "acme", ds)["data"]
+        members = reservations.all_batches(db, "acme", held["id"])
+    finally:
+        db.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_STATE_CLASSES)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(sa.text("SELECT id, state FROM batches")).all()
+            states = {i: (s if isinstance(s, dict) else __import__("json").loads(s)) for i, s in rows}
+            held_rows = connection.execute(
+                sa.text("SELECT batch_id FROM reservation_batches WHERE reservation_id = :r"),
+                {"r": held["id"]},
+            ).all()
+    finally:
+        engine.dispose()
+    assert states[ids[0]]["epsilon_spent"] == "0.25" and states[ids[5]]["epsilon_held"] == "0.5"
+    assert states[ids[2]]["epsilon_spent"] == "0.25" and states[ids[2]]["epsilon_held"] == "0.5"
+    assert sorted(r.batch_id for r in held_rows) == sorted(ids[2:])
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        assert views.batch_spend(db, "acme", ds)["data"] == before
+        assert reservations.get_reservation(db, "acme", held["id"])["batches"] == held["batches"]
+        assert reservations.all_batches(db, "acme", held["id"]) == members
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        certificate = answer["certificate"]["certificate"]
+        assert verify(certificate).ok
+        assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
+        assert check_batch_set(certificate, members).ok
+    finally:
+        db.dispose()

@@ -439,7 +439,10 @@ def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
         json.loads(browser.find_element(By.ID, "cert-event").get_attribute("textContent"))
         == (body["inputs"]["charge"])
     )
-    assert len(all_of(browser, "#cert-batches tbody tr")) == len(body["inputs"]["batches"]) == 40
+    # 40 batches in one state: one class, one row
+    assert len(all_of(browser, "#cert-batches tbody tr")) == len(body["inputs"]["classes"]) == 1
+    assert body["inputs"]["batch_set"]["count"] == 40
+    assert "40 batches" in text_of(browser, "#cert-batches tbody tr")
     assert text_of(browser, "#verify-result") == "not verified yet"
     key_id = body["signature"]["key_id"]
     assert text_of(browser, "#cert-signer") == f"{key_id} (Ed25519)"

@@ -25,7 +25,7 @@ from typing import Any
 
 from accountant import events as ev
 from accountant import rules
-from accountant.certificates import BatchRecord
+from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.exact import ZERO, exact_sub
 from accountant.rules import BatchState, Charge
@@ -46,7 +46,15 @@ from service.ledger.spending.requests import (
     Op,
     ReserveParams,
 )
-from service.ledger.spending.store import Held, Loaded, Work, cost_json, reservation_json
+from service.ledger.spending.store import (
+    HeldClass,
+    Loaded,
+    Move,
+    Work,
+    cost_json,
+    members_of,
+    reservation_json,
+)
 
 
 def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
@@ -64,17 +72,21 @@ def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
 
 
 def _close(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
-    """Abort or expire ``r``: return every batch's uncommitted hold (``rules.cancel``)."""
-    states: list[tuple[str, BatchState]] = []
-    for h in r.batches:
-        try:
-            states.append(
-                (h.batch_id, rules.cancel(work.budget, work.states[h.batch_id], h.reserved, h.committed))
-            )
-        except AccountantError as exc:
-            raise rule_error(exc, h.batch_id) from exc
-    for batch_id, state in states:
-        work.set_state(batch_id, state)
+    """Abort or expire ``r``: return every class's uncommitted hold (``rules.cancel``), decided
+    once per (reservation class, current state)."""
+    plans: list[tuple[int, list[Move]]] = []
+    for index, groups in work.groups(r.id).items():
+        c = r.classes[index]
+        moves = []
+        for state_id, count, tasks in groups:
+            try:
+                after = rules.cancel(work.budget, work.state(state_id), c.reserved, c.committed)
+            except AccountantError as exc:
+                raise rule_error(exc, work.example_batch(r.id, index, state_id)) from exc
+            moves.append(Move(state_id, after, count, tasks))
+        plans.append((index, moves))
+    for index, moves in plans:
+        work.move(members_of(r.id, index), moves, at)
     work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
     work.head.reservations_open -= 1
     closed = replace(r, status=status, closed_at=at)
@@ -94,30 +106,16 @@ def _close(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
 
 
 def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
-    task_batches = work.task_batches
-    if params.selector == "batches":
-        batch_ids = params.ids
-        for batch_id in batch_ids:
-            if batch_id not in work.states:
-                raise NotFound("batch", batch_id)
-    else:
-        batch_ids = []
-        for task_id in params.ids:
-            if task_id not in task_batches:
-                raise NotFound("task", task_id)
-            batch_ids.extend(task_batches[task_id])
-        if not batch_ids:
-            raise InvalidInput("tasks", "the tasks have no batches.")
-        if len(batch_ids) > MAX_BATCHES_PER_RESERVATION:
-            raise InvalidInput("tasks", f"cover more than {MAX_BATCHES_PER_RESERVATION} batches.")
-    admissions: list[tuple[str, rules.Admission]] = []
-    for batch_id in batch_ids:  # decide on every batch before holding on any
+    selection = work.select(params.selector, params.ids, MAX_BATCHES_PER_RESERVATION)
+    work.load_states(selection.counts)
+    admissions: dict[str, rules.Admission] = {}
+    for state_id in selection.classes:  # decide on every state before holding on any
         try:
-            admissions.append((batch_id, rules.reserve(work.budget, work.states[batch_id], params.charge)))
+            admissions[state_id] = rules.reserve(work.budget, work.state(state_id), params.charge)
         except AccountantError as exc:
-            raise rule_error(exc, batch_id) from exc
-    epsilon = max(a.cost.epsilon for _, a in admissions)
-    delta = max(a.cost.delta for _, a in admissions)
+            raise rule_error(exc, selection.example[state_id]) from exc
+    epsilon = max(a.cost.epsilon for a in admissions.values())
+    delta = max(a.cost.delta for a in admissions.values())
     r = Loaded(
         id=f"res_{secrets.token_hex(12)}",
         tenant_id=op.tenant_id,
@@ -133,14 +131,33 @@ def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
         expires_at=op.at + params.ttl,
         created_at=op.at,
         closed_at=None,
-        batches=tuple(
-            Held(b, work.batch_task[b], i, work.states[b].to_json(), a.cost, None)
-            for i, (b, a) in enumerate(admissions)
+        batches=selection.batches,
+        batch_set=selection.batch_set,
+        classes=tuple(
+            HeldClass(
+                index,
+                work.state(state_id).to_json(),
+                admissions[state_id].cost,
+                None,
+                selection.counts[state_id],
+            )
+            for state_id, index in selection.classes.items()
         ),
     )
-    for batch_id, admission in admissions:
-        work.set_state(batch_id, admission.state)
-    work.put_reservation(r, new=True)
+    work.add_reservation(r, selection)
+    work.move(
+        selection.where,
+        [
+            Move(
+                state_id,
+                admissions[state_id].state,
+                selection.counts[state_id],
+                frozenset(selection.tasks[state_id]),
+            )
+            for state_id in selection.classes
+        ],
+        op.at,
+    )
     work.hold(epsilon)
     work.head.reservations_open += 1
     response = reservation_json(r)
@@ -177,7 +194,10 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
         )
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
-        raise Conflict("this (model, version) has already been released.", reason="release_exists")
+        raise Conflict(
+            f"model {params.model!r} version {params.version!r} has already been released.",
+            reason="release_exists",
+        )
     if op.reserved_event is not None and op.reserved_event[0] == r.event:
         event = op.reserved_event[1]  # parsed (and priced with) before the transaction
     else:
@@ -185,36 +205,42 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
     charge = Charge(event, r.noise_commitment)
     # The run the previous progressive commit reported: this one must extend it.
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    settled: list[tuple[Held, BatchState, rules.Settlement]] = []
-    for h in r.batches:
-        before = work.states[h.batch_id]
-        try:
-            settlement = rules.commit(
-                work.budget, before, charge, h.reserved, h.committed, params.partial, previous
+    # Decided once per (reservation class, current state): equal inputs, equal settlements.
+    records: list[ClassRecord] = []
+    moves: dict[int, list[Move]] = {}
+    for index, groups in work.groups(r.id).items():
+        c = r.classes[index]
+        for state_id, count, tasks in groups:
+            before = work.state(state_id)
+            try:
+                settlement = rules.commit(
+                    work.budget, before, charge, c.reserved, c.committed, params.partial, previous
+                )
+            except AccountantError as exc:
+                raise rule_error(exc, work.example_batch(r.id, index, state_id)) from exc
+            records.append(
+                ClassRecord(
+                    reservation_class=index,
+                    batches=count,
+                    state_at_reserve=BatchState.from_json(c.state_at_reserve),
+                    reserved=c.reserved,
+                    state_before=before,
+                    committed_before=c.committed,
+                    state_after=settlement.state,
+                    committed=settlement.committed,
+                )
             )
-        except AccountantError as exc:
-            raise rule_error(exc, h.batch_id) from exc
-        settled.append((h, before, settlement))
+            moves.setdefault(index, []).append(Move(state_id, settlement.state, count, tasks))
     closes = params.partial is None
-    committed_epsilon = max(s.committed.epsilon for _, _, s in settled)
-    committed_delta = max(s.committed.delta for _, _, s in settled)
+    committed_epsilon = max(x.committed.epsilon for x in records)
+    committed_delta = max(x.committed.delta for x in records)
     release_id = f"rel_{secrets.token_hex(12)}"
     certificate_id = f"cert_{secrets.token_hex(12)}"
     body = certificates.issue(
         budget=work.budget,
         charge=charge,
-        batches=[
-            BatchRecord(
-                batch_id=h.batch_id,
-                state_at_reserve=BatchState.from_json(h.state_at_reserve),
-                reserved=h.reserved,
-                state_before=before,
-                committed_before=h.committed,
-                state_after=s.state,
-                committed=s.committed,
-            )
-            for h, before, s in settled
-        ],
+        classes=records,
+        batch_set=BatchSet(r.batches, r.batch_set),
         reservation_id=r.id,
         release=params.release,
         partial_event=params.partial,
@@ -225,8 +251,9 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
         signer=params.signer,
     )
     # Decided: apply.
-    for h, _, s in settled:
-        work.set_state(h.batch_id, s.state)
+    for index, class_moves in moves.items():
+        work.move(members_of(r.id, index), class_moves, op.at)
+    committed_of = {x.reservation_class: x.committed for x in records}  # equal within a class
     if closes:  # the rest of the hold returns with the final commit
         work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
         work.head.reservations_open -= 1
@@ -242,7 +269,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
         committed_delta=committed_delta,
         commits=r.commits + 1,
         committed_event=None if params.partial is None else ev.to_json(params.partial),
-        batches=tuple(replace(h, committed=s.committed) for h, _, s in settled),
+        classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
     )
     work.put_reservation(r)
     work.released.add(release_key)

@@ -222,7 +222,7 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
             response, error = _replay(ops[i], hit)
             rid = None if response is None else replayed_reservation(ops[i], response)
             if response is not None and rid is not None:
-                loaded, _, _ = load_reservations(connection, [rid])
+                loaded = load_reservations(connection, [rid])
                 response = refreshed(ops[i], response, loaded.get(rid))
             results[i] = (response, error)
 

@@ -8,29 +8,19 @@ the states it reads under the lock, so under the lock the rules only add and com
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Final
-
-from sqlalchemy import bindparam, select
+from typing import Any
 
 from accountant import events as ev
 from accountant import rules
 from accountant.errors import AccountantError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import BatchState, Budget, Charge, PriceMemo
-from service.db.models import Batch
 from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import CommitParams, Op, ReserveParams
-from service.ledger.spending.store import dataset_budget, known_dataset, load_reservations
-
-_SNAPSHOT_BATCHES: Final = select(Batch.state).where(
-    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
-)
-_SNAPSHOT_TASKS: Final = select(Batch.state).where(
-    Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
-)
+from service.ledger.spending.store import batch_states, dataset_budget, known_dataset, load_reservations
 
 
 def _priced_event(op: Op) -> DpEvent | None:
@@ -99,11 +89,9 @@ def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) ->
     states = [BatchState.empty()]
     if budget.plan is not None:
         # A declared plan prices the plan's prefix up to each batch's position: read them.
-        query = _SNAPSHOT_BATCHES if params.selector == "batches" else _SNAPSHOT_TASKS
-        rows = db.read_all(query, {"ids": params.ids, "dataset_id": op.dataset_id})
+        _, distinct = batch_states(db, op.dataset_id, params.selector, params.ids)
         positions: dict[int, BatchState] = {}
-        for row in rows:
-            state = BatchState.from_json(row.state)
+        for state in distinct.values():
             positions.setdefault(state.plan_position, replace(state, plan_open=False))
         states = list(positions.values()) or states
     for state in states:  # no state error is possible on these states: any error is the event's
@@ -112,8 +100,7 @@ def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) ->
 
 def _dry_commit(db: Database, op: Op, budget: Budget, params: CommitParams) -> None:
     with db.session(readonly=True) as session:
-        loaded, states, _ = load_reservations(session.connection(), [params.reservation_id])
-    r = loaded.get(params.reservation_id)
+        r = load_reservations(session.connection(), [params.reservation_id]).get(params.reservation_id)
     if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
         return  # refused in the transaction
     try:
@@ -122,8 +109,8 @@ def _dry_commit(db: Database, op: Op, budget: Budget, params: CommitParams) -> N
         return
     op.reserved_event = (r.event, reserved)
     charge = Charge(reserved, r.noise_commitment)
-    for h in r.batches:
-        state = BatchState.from_json(states[h.batch_id])
+    for c in r.classes:  # on the states they were reserved from: the prices are state-independent
+        state = BatchState.from_json(c.state_at_reserve)
         _dry_run(
-            rules.commit, budget, state, charge, h.reserved, h.committed, params.partial, event_errors=False
+            rules.commit, budget, state, charge, c.reserved, c.committed, params.partial, event_errors=False
         )

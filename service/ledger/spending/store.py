@@ -9,6 +9,7 @@ SQLAlchemy Core statements on the transaction's connection, sent together
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,26 +18,29 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import Connection, bindparam, insert, select, tuple_, update
+from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, literal, select, tuple_, update
 
+from accountant.canonical import canonical_bytes
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget, Cost
 from service.db.base import utcnow
 from service.db.models import (
     AuditEntry,
     Batch,
+    BatchStateRow,
     Certificate,
     Dataset,
     IdempotencyKey,
     Release,
     Reservation,
     ReservationBatch,
+    ReservationClass,
     Task,
 )
 from service.db.session import Database, lock_ledger_head, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
-from service.ledger.errors import NotFound
+from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op
 
 EXPIRE_PER_TRANSACTION: Final = 500
@@ -48,15 +52,15 @@ EXPIRE_PER_TRANSACTION: Final = 500
 
 
 @dataclass(frozen=True)
-class Held:
-    """One batch of a reservation: what it was admitted against, reserved, and has committed."""
+class HeldClass:
+    """The batches of a reservation that were in one state when it was reserved (a *reservation
+    class*): that state, the reserved cost, the cumulative committed one, and how many batches."""
 
-    batch_id: str
-    task_id: str
-    position: int
+    index: int
     state_at_reserve: dict[str, Any]
     reserved: Cost
     committed: Cost | None
+    batches: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,9 @@ class Loaded:
     created_at: datetime
     closed_at: datetime | None
     committed_event: dict[str, Any] | None = None
-    batches: tuple[Held, ...] = ()
+    batches: int = 0
+    batch_set: str = ""
+    classes: tuple[HeldClass, ...] = ()
 
 
 _RESERVATION_COLUMNS: Final = (
@@ -94,6 +100,8 @@ _RESERVATION_COLUMNS: Final = (
     Reservation.committed_delta,
     Reservation.commits,
     Reservation.committed_event,
+    Reservation.batches,
+    Reservation.batch_set,
     Reservation.expires_at,
     Reservation.created_at,
     Reservation.closed_at,
@@ -101,61 +109,38 @@ _RESERVATION_COLUMNS: Final = (
 
 
 # Statements of the spend transaction, built once: each execution reuses the compiled form.
-_LOAD_RESERVATIONS: Final = (
-    select(
-        *_RESERVATION_COLUMNS,
-        ReservationBatch.batch_id,
-        ReservationBatch.position,
-        ReservationBatch.state_at_reserve,
-        ReservationBatch.cost,
-        ReservationBatch.committed,
-        Batch.task_id,
-        Batch.state,
-        Task.epsilon_spent.label("task_epsilon"),
-        Task.delta_spent.label("task_delta"),
-        Task.naive_epsilon.label("task_naive"),
-    )
-    .join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id)
-    .join(Batch, Batch.id == ReservationBatch.batch_id)
-    .join(Task, Task.id == Batch.task_id)
-    .where(Reservation.id.in_(bindparam("ids", expanding=True)))
-    .order_by(Reservation.id, ReservationBatch.position)
+_LOAD_RESERVATIONS: Final = select(*_RESERVATION_COLUMNS).where(
+    Reservation.id.in_(bindparam("ids", expanding=True))
+)
+_LOAD_CLASSES: Final = (
+    select(*ReservationClass.__table__.columns)
+    .where(ReservationClass.reservation_id.in_(bindparam("ids", expanding=True)))
+    .order_by(ReservationClass.reservation_id, ReservationClass.index)
 )
 
 
-def load_reservations(
-    connection: Connection, reservation_ids: Iterable[str]
-) -> tuple[dict[str, Loaded], dict[str, dict[str, Any]], dict[str, tuple[str, tuple[Decimal, ...]]]]:
-    """Reservations with their batches, the batches' states and their tasks' aggregates, in one
-    query: ``(reservations, batch states, {batch id: (task id, task aggregates)})``."""
+def load_reservations(connection: Connection, reservation_ids: Iterable[str]) -> dict[str, Loaded]:
+    """Reservations with their classes, in two queries (nothing per batch)."""
     ids = sorted(set(reservation_ids))
     if not ids:
-        return {}, {}, {}
+        return {}
     rows = connection.execute(_LOAD_RESERVATIONS, {"ids": ids}).all()
-    names = [c.key for c in _RESERVATION_COLUMNS]
-    held: dict[str, list[Held]] = {}
-    first: dict[str, Any] = {}
-    states: dict[str, dict[str, Any]] = {}
-    tasks: dict[str, tuple[str, tuple[Decimal, ...]]] = {}
-    for r in rows:
-        first.setdefault(r.id, r)
-        held.setdefault(r.id, []).append(
-            Held(
-                batch_id=r.batch_id,
-                task_id=r.task_id,
-                position=r.position,
-                state_at_reserve=r.state_at_reserve,
-                reserved=Cost.from_json(r.cost),
-                committed=None if r.committed is None else Cost.from_json(r.committed),
+    classes: dict[str, list[HeldClass]] = {}
+    for c in connection.execute(_LOAD_CLASSES, {"ids": ids}):
+        classes.setdefault(c.reservation_id, []).append(
+            HeldClass(
+                index=c._mapping["index"],  # ``Row.index`` is the tuple method
+                state_at_reserve=c.state_at_reserve,
+                reserved=Cost.from_json(c.cost),
+                committed=None if c.committed is None else Cost.from_json(c.committed),
+                batches=c.batches,
             )
         )
-        states[r.batch_id] = r.state
-        tasks[r.batch_id] = (r.task_id, (r.task_epsilon, r.task_delta, r.task_naive))
-    loaded = {
-        rid: Loaded(**{n: getattr(row, n) for n in names}, batches=tuple(held[rid]))
-        for rid, row in first.items()
+    names = [c.key for c in _RESERVATION_COLUMNS]
+    return {
+        row.id: Loaded(**{n: getattr(row, n) for n in names}, classes=tuple(classes.get(row.id, ())))
+        for row in rows
     }
-    return loaded, states, tasks
 
 
 def cost_json(epsilon: Decimal, delta: Decimal) -> dict[str, str]:
@@ -163,8 +148,11 @@ def cost_json(epsilon: Decimal, delta: Decimal) -> dict[str, str]:
 
 
 def batch_cost_json(batch_id: str, cost: Cost) -> dict[str, Any]:
+    return {"id": batch_id, **_cost_fields(cost)}
+
+
+def _cost_fields(cost: Cost) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": batch_id,
         "epsilon": to_text(cost.epsilon),
         "delta": to_text(cost.delta),
         "naive_epsilon": to_text(cost.naive_epsilon),
@@ -174,6 +162,11 @@ def batch_cost_json(batch_id: str, cost: Cost) -> dict[str, Any]:
     if cost.replay:
         out["replay"] = True
     return out
+
+
+def class_cost_json(c: HeldClass) -> dict[str, Any]:
+    """One reservation class in an answer: its index, how many batches, and their reserved cost."""
+    return {"class": c.index, "batches": c.batches, **_cost_fields(c.reserved)}
 
 
 def reservation_json(r: Loaded) -> dict[str, Any]:
@@ -188,8 +181,55 @@ def reservation_json(r: Loaded) -> dict[str, Any]:
         "expires_at": r.expires_at.isoformat(),
         "created_at": r.created_at.isoformat(),
         "closed_at": r.closed_at.isoformat() if r.closed_at is not None else None,
-        "batches": [batch_cost_json(b.batch_id, b.reserved) for b in r.batches],
+        # Per reservation class, never per batch: the batches are paged by
+        # GET /v1/reservations/{id}/batches and committed to by ``batch_set``.
+        "batches": {
+            "count": r.batches,
+            "batch_set": r.batch_set,
+            "classes": [class_cost_json(c) for c in r.classes],
+        },
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch states: stored once per distinct state, named by their content
+# ---------------------------------------------------------------------------------------------
+
+
+def state_id(dataset_id: str, state: BatchState) -> str:
+    """The id of ``state`` in the dataset: ``"bs_"`` + SHA-256 of the dataset id, a NUL byte and
+    the state's canonical JSON, cut to 37 hex digits (148 bits). Equal states share one row."""
+    digest = hashlib.sha256(dataset_id.encode() + b"\0" + canonical_bytes(state.to_json())).hexdigest()
+    return "bs_" + digest[:37]
+
+
+@dataclass
+class Selection:
+    """The batches one reservation reads, grouped by their current state: ``counts[state id]``,
+    the tasks with batches in each state, the reservation's batch count and ``batch_set``, and the
+    predicate that selects them (``where``) for the set-based writes."""
+
+    where: ColumnElement[bool]
+    counts: dict[str, int]
+    tasks: dict[str, set[str]]
+    classes: dict[str, int]  # state id -> reservation class index (first appearance, by batch id)
+    batch_set: str
+    positions: list[tuple[str, int]] | None  # explicitly named batches: (id, place in request)
+    example: dict[str, str]  # state id -> a batch in it (the first named), for error messages
+
+    @property
+    def batches(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class Move:
+    """Batches (``where``) in state ``source`` go to ``target``; ``tasks`` are their tasks."""
+
+    source: str
+    target: BatchState
+    count: int
+    tasks: frozenset[str]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,24 +256,27 @@ class Head:
     last_release_at: datetime | None = None
 
 
-_LOAD_BATCHES: Final = select(Batch.id, Batch.task_id, Batch.state).where(
-    Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+_LOAD_STATES: Final = select(BatchStateRow.id, BatchStateRow.state).where(
+    BatchStateRow.id.in_(bindparam("ids", expanding=True))
 )
 _TASKS_OF_DATASET: Final = select(Task.id).where(
     Task.id.in_(bindparam("ids", expanding=True)), Task.dataset_id == bindparam("dataset_id")
 )
-_BATCHES_OF_TASKS: Final = (
-    select(Batch.id, Batch.task_id, Batch.state)
-    .where(Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id"))
-    .order_by(Batch.task_id, Batch.position)
+_TASK_AGGREGATES: Final = select(Task.id, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
+    Task.id.in_(bindparam("ids", expanding=True))
 )
-_TASK_AGGREGATES: Final = select(Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
-    Task.id == bindparam("id")
+_RESERVATION_GROUPS: Final = (
+    select(ReservationBatch.class_index, Batch.state_id, Batch.task_id, func.count())
+    .join(Batch, Batch.id == ReservationBatch.batch_id)
+    .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
+    .group_by(ReservationBatch.class_index, Batch.state_id, Batch.task_id)
 )
 # Executed on the transaction's Connection with one parameter set per row (executemany): plain
 # Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
 # implicit RETURNING of generated keys), so the writes can be sent pipelined (``flush``).
+_INSERT_STATES: Final = insert(BatchStateRow).inline()
 _INSERT_RESERVATIONS: Final = insert(Reservation).inline()
+_INSERT_RESERVATION_CLASSES: Final = insert(ReservationClass).inline()
 _INSERT_RESERVATION_BATCHES: Final = insert(ReservationBatch).inline()
 _INSERT_RELEASES: Final = insert(Release).inline()
 _INSERT_CERTIFICATES: Final = insert(Certificate).inline()
@@ -241,11 +284,10 @@ _INSERT_IDEMPOTENCY_KEYS: Final = insert(IdempotencyKey).inline()
 _INSERT_AUDIT_ENTRIES: Final = insert(AuditEntry).inline()
 # The SET clause of an executemany UPDATE is every parameter named after a column.
 _UPDATE_RESERVATIONS: Final = update(Reservation).where(Reservation.id == bindparam("reservation_id"))
-_UPDATE_RESERVATION_BATCHES: Final = update(ReservationBatch).where(
-    ReservationBatch.reservation_id == bindparam("held_reservation_id"),
-    ReservationBatch.batch_id == bindparam("held_batch_id"),
+_UPDATE_RESERVATION_CLASSES: Final = update(ReservationClass).where(
+    ReservationClass.reservation_id == bindparam("held_reservation_id"),
+    ReservationClass.index == bindparam("held_index"),
 )
-_UPDATE_BATCHES: Final = update(Batch).where(Batch.id == bindparam("batch_id"))
 _UPDATE_TASKS: Final = update(Task).where(Task.id == bindparam("task_id"))
 _HEAD_WRITTEN: Final = (
     "ledger_version",
@@ -269,32 +311,41 @@ _UPDATE_HEAD_RELEASED: Final = _UPDATE_HEAD.values(
 )
 
 
+def members_of(reservation_id: str, class_index: int) -> ColumnElement[bool]:
+    """The predicate on ``batches`` of the batches of one reservation class."""
+    return Batch.id.in_(
+        select(ReservationBatch.batch_id).where(
+            ReservationBatch.reservation_id == reservation_id, ReservationBatch.class_index == class_index
+        )
+    )
+
+
 @dataclass
 class Work:
-    """Everything one spend transaction reads and will write.
+    """Everything one spend transaction reads and writes.
 
-    Operations *decide* first (reading only; they may raise a ``LedgerError``) and then *apply*
-    (writing into this object only, never raising), so a refused operation leaves no trace.
-    ``flush`` writes the result with one statement per table.
+    Operations *decide* first (reading only; they may raise a ``LedgerError``) and then *apply*.
+    What a later operation of the same group must read — reservations, their classes and
+    batches, the batches' states — is written as it is applied, with one set-based statement per
+    distinct state (``move``), never one per batch; the aggregates (head, tasks), reservation
+    updates, releases, certificates, idempotency keys and audit entries are written once by
+    ``flush``. A refused operation writes nothing.
     """
 
     connection: Connection
     head: Head
     budget: Budget
-    states: dict[str, BatchState] = field(default_factory=dict)
-    batch_task: dict[str, str] = field(default_factory=dict)
+    states: dict[str, BatchState] = field(default_factory=dict)  # by state id, as loaded
+    stored_states: set[str] = field(default_factory=set)  # state ids known to have a row
     tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
     reservations: dict[str, Loaded] = field(default_factory=dict)
-    new_reservations: set[str] = field(default_factory=set)
     dirty_reservations: set[str] = field(default_factory=set)
-    dirty_batches: set[str] = field(default_factory=set)
     dirty_tasks: set[str] = field(default_factory=set)
     releases: list[dict[str, Any]] = field(default_factory=list)
     released: set[tuple[str, str, str]] = field(default_factory=set)
     certificates: list[dict[str, Any]] = field(default_factory=list)
     idempotency: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
-    task_batches: dict[str, list[str]] = field(default_factory=dict)  # of the tasks reserved on
     expired_on_open: int = 0  # due reservations expired as the transaction opened
 
     @classmethod
@@ -313,57 +364,113 @@ class Work:
     # -- loading -------------------------------------------------------------------------------
 
     def load_for(self, ops: Iterable[Op], reservation_ids: Iterable[str]) -> None:
-        """Load what ``ops`` decide on, and the reservations ``reservation_ids``."""
+        """Load the reservations ``ops`` decide on, and ``reservation_ids``."""
         wanted = set(reservation_ids)
-        batch_ids: set[str] = set()
-        task_ids: set[str] = set()
         for op in ops:
             params = op.params
             if isinstance(params, CommitParams | AbortParams):
                 wanted.add(params.reservation_id)
             elif isinstance(params, ExpireParams):
                 wanted.update(params.reservation_ids)
-            elif params.selector == "batches":
-                batch_ids.update(params.ids)
-            else:
-                task_ids.update(params.ids)
         self.load_reservations(wanted)
-        self.load_batches(batch_ids)
-        self.task_batches = self.load_task_batches(task_ids)
 
     def load_reservations(self, ids: Iterable[str]) -> None:
-        wanted = [i for i in ids if i not in self.reservations]
-        loaded, states, tasks = load_reservations(self.connection, wanted)
-        self.reservations.update(loaded)
-        for batch_id, state in states.items():
-            self.states.setdefault(batch_id, BatchState.from_json(state))
-        for batch_id, (task_id, aggregates) in tasks.items():
-            self.batch_task[batch_id] = task_id
-            self.tasks.setdefault(task_id, aggregates)
+        self.reservations.update(
+            load_reservations(self.connection, [i for i in ids if i not in self.reservations])
+        )
 
-    def load_batches(self, ids: Iterable[str]) -> None:
+    def state(self, state_id: str) -> BatchState:
+        """The state stored under ``state_id`` (read once per transaction)."""
+        if state_id not in self.states:
+            self.load_states([state_id])
+        return self.states[state_id]
+
+    def load_states(self, ids: Iterable[str]) -> None:
         wanted = sorted({i for i in ids if i not in self.states})
-        if not wanted:
-            return
-        for row in self.connection.execute(_LOAD_BATCHES, {"ids": wanted, "dataset_id": self.head.id}):
-            self.states[row.id] = BatchState.from_json(row.state)
-            self.batch_task[row.id] = row.task_id
+        if wanted:
+            for row in self.connection.execute(_LOAD_STATES, {"ids": wanted}):
+                self.states[row.id] = BatchState.from_json(row.state)
+                self.stored_states.add(row.id)
 
-    def load_task_batches(self, task_ids: Iterable[str]) -> dict[str, list[str]]:
-        """``{task id: its batch ids in order}`` for the tasks of this dataset."""
-        wanted = sorted(set(task_ids))
-        if not wanted:
-            return {}
-        out: dict[str, list[str]] = {
-            t: []
-            for t in self.connection.scalars(_TASKS_OF_DATASET, {"ids": wanted, "dataset_id": self.head.id})
-        }
-        rows = self.connection.execute(_BATCHES_OF_TASKS, {"ids": list(out), "dataset_id": self.head.id})
-        for row in rows:
-            out[row.task_id].append(row.id)
-            self.states.setdefault(row.id, BatchState.from_json(row.state))
-            self.batch_task[row.id] = row.task_id
+    def select(self, selector: str, ids: Sequence[str], most: int) -> Selection:
+        """The batches a reservation reads (``selector`` ``"batches"`` or ``"tasks"``), grouped
+        by state. ``NotFound`` names the first batch or task not in this dataset; ``InvalidInput``
+        when the tasks have no batches or more than ``most``.
+
+        One pass over ``(id, state id, task id)`` in ascending id order, kept as counters and a
+        running SHA-256 (``batch_set``), not as a list: memory grows with the distinct states
+        and tasks, not with the batches."""
+        dataset_id = self.head.id
+        if selector == "batches":
+            where = Batch.id.in_(list(ids))
+        else:
+            found = set(
+                self.connection.scalars(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
+            )
+            for task_id in ids:
+                if task_id not in found:
+                    raise NotFound("task", task_id)
+            where = Batch.task_id.in_(list(ids))
+        order = Batch.id.collate("C") if self.connection.dialect.name == "postgresql" else Batch.id
+        rows = self.connection.execute(
+            select(Batch.id, Batch.state_id, Batch.task_id)
+            .where(Batch.dataset_id == dataset_id, where)
+            .order_by(order)
+            .execution_options(yield_per=10_000)
+        )
+        counts: dict[str, int] = {}
+        tasks: dict[str, set[str]] = {}
+        classes: dict[str, int] = {}
+        named: dict[str, str] | None = {} if selector == "batches" else None  # batch -> state
+        example: dict[str, str] = {}  # state -> its first batch (named in errors)
+        digest = hashlib.sha256()
+        total = 0
+        for batch_id, state_id_, task_id in rows:
+            index = classes.setdefault(state_id_, len(classes))
+            digest.update(f"{batch_id} {index}\n".encode())
+            counts[state_id_] = counts.get(state_id_, 0) + 1
+            tasks.setdefault(state_id_, set()).add(task_id)
+            total += 1
+            if total > most:
+                raise InvalidInput("tasks", f"cover more than {most} batches.")
+            if named is not None:
+                named[batch_id] = state_id_
+            else:
+                example.setdefault(state_id_, batch_id)
+        if named is not None:
+            for batch_id in ids:  # in the order named: the first missing, the first of a state
+                if batch_id not in named:
+                    raise NotFound("batch", batch_id)
+                example.setdefault(named[batch_id], batch_id)
+        if not total:
+            raise InvalidInput("tasks", "the tasks have no batches.")
+        positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
+        return Selection(where, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example)
+
+    def groups(self, reservation_id: str) -> dict[int, list[tuple[str, int, frozenset[str]]]]:
+        """``{class index: [(current state id, batches, their tasks)]}`` of a reservation: one
+        aggregate query over its batches, one row per (class, state, task)."""
+        found: dict[tuple[int, str], tuple[int, set[str]]] = {}
+        for index, state_id_, task_id, count in self.connection.execute(
+            _RESERVATION_GROUPS, {"reservation_id": reservation_id}
+        ):
+            total, tasks = found.get((index, state_id_), (0, set()))
+            tasks.add(task_id)
+            found[(index, state_id_)] = (total + count, tasks)
+        self.load_states(state for _, state in found)
+        out: dict[int, list[tuple[str, int, frozenset[str]]]] = {}
+        for (index, state_id_), (count, tasks) in sorted(found.items()):
+            out.setdefault(index, []).append((state_id_, count, frozenset(tasks)))
         return out
+
+    def example_batch(self, reservation_id: str, class_index: int, state_id_: str) -> str:
+        """A batch of the reservation class in state ``state_id_``, to name in an error."""
+        found = self.connection.scalar(
+            select(func.min(Batch.id)).where(
+                Batch.state_id == state_id_, members_of(reservation_id, class_index)
+            )
+        )
+        return str(found)
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -371,11 +478,51 @@ class Work:
         event = audit.AuditEvent(event_type, payload, tenant_id=self.head.tenant_id, dataset_id=self.head.id)
         self.events.append((event, at))
 
-    def set_state(self, batch_id: str, state: BatchState) -> None:
-        """Store a batch's new state and raise the task's and the dataset's maxima with it."""
-        before = self.states[batch_id]
-        self.states[batch_id] = state
-        self.dirty_batches.add(batch_id)
+    def intern(self, state: BatchState, at: datetime) -> str:
+        """The id of ``state``'s row, written if it is new."""
+        sid = state_id(self.head.id, state)
+        if sid not in self.stored_states:
+            self.load_states([sid])
+            if sid not in self.stored_states:
+                self.connection.execute(
+                    _INSERT_STATES,
+                    [{"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}],
+                )
+                self.stored_states.add(sid)
+            self.states[sid] = state
+        return sid
+
+    def move(self, where: ColumnElement[bool], moves: Sequence[Move], at: datetime) -> None:
+        """Move the batches ``where`` selects from each move's source state to its target: one
+        UPDATE per distinct state, ordered so that no batch moves twice (a move into a state
+        that is another move's source goes after it), and raise the task and dataset maxima."""
+        pending = [m for m in moves if state_id(self.head.id, m.target) != m.source]
+        targets = {id(m): self.intern(m.target, at) for m in pending}
+        while pending:
+            ready = [m for m in pending if not any(o.source == targets[id(m)] for o in pending if o is not m)]
+            if not ready:
+                raise RuntimeError("batch state moves form a cycle")  # impossible: rules are monotone
+            for m in ready:
+                t = m.target
+                moved = self.connection.execute(
+                    update(Batch)
+                    .where(Batch.dataset_id == self.head.id, Batch.state_id == m.source, where)
+                    .values(
+                        state_id=targets[id(m)],
+                        epsilon_spent=t.epsilon_spent,
+                        epsilon_held=t.epsilon_held,
+                        delta_spent=t.delta_spent,
+                        naive_epsilon=t.naive_epsilon,
+                    )
+                ).rowcount
+                if moved != m.count:  # the head is locked: nothing else moves these batches
+                    raise RuntimeError(f"moved {moved} batches out of state {m.source}, expected {m.count}")
+            pending = [m for m in pending if m not in ready]
+        for m in moves:
+            self._raise_maxima(self.state(m.source), m.target, m.tasks)
+
+    def _raise_maxima(self, before: BatchState, state: BatchState, tasks: Iterable[str]) -> None:
+        """Raise the tasks' and the dataset's maxima with a state some of their batches moved to."""
         spent = (state.epsilon_spent, state.delta_spent, state.naive_epsilon)
         if spent == (before.epsilon_spent, before.delta_spent, before.naive_epsilon):
             return  # holds move, spend does not: no maximum changes
@@ -383,18 +530,70 @@ class Work:
         head.epsilon_spent = max(head.epsilon_spent, state.epsilon_spent)
         head.delta_spent = max(head.delta_spent, state.delta_spent)
         head.naive_epsilon = max(head.naive_epsilon, state.naive_epsilon)
-        task_id = self.batch_task[batch_id]
-        if task_id not in self.tasks:  # commits load their tasks; load it if anything else spends
-            self.tasks[task_id] = tuple(self.connection.execute(_TASK_AGGREGATES, {"id": task_id}).one())
-        eps, dlt, naive = self.tasks[task_id]
-        raised = (max(eps, state.epsilon_spent), max(dlt, state.delta_spent), max(naive, state.naive_epsilon))
-        if raised != (eps, dlt, naive):
-            self.tasks[task_id] = raised
-            self.dirty_tasks.add(task_id)
+        missing = sorted(t for t in tasks if t not in self.tasks)
+        if missing:
+            for row in self.connection.execute(_TASK_AGGREGATES, {"ids": missing}):
+                self.tasks[row.id] = (row.epsilon_spent, row.delta_spent, row.naive_epsilon)
+        for task_id in tasks:
+            eps, dlt, naive = self.tasks[task_id]
+            raised = (max(eps, spent[0]), max(dlt, spent[1]), max(naive, spent[2]))
+            if raised != (eps, dlt, naive):
+                self.tasks[task_id] = raised
+                self.dirty_tasks.add(task_id)
 
-    def put_reservation(self, r: Loaded, *, new: bool = False) -> None:
+    def add_reservation(self, r: Loaded, selection: Selection) -> None:
+        """Write a new reservation, its classes and its batches (one narrow row each, by one
+        statement per class), before its batches move."""
         self.reservations[r.id] = r
-        (self.new_reservations if new else self.dirty_reservations).add(r.id)
+        execute = self.connection.execute
+        execute(_INSERT_RESERVATIONS, [_reservation_row(r)])
+        execute(
+            _INSERT_RESERVATION_CLASSES,
+            [
+                {
+                    "reservation_id": r.id,
+                    "index": c.index,
+                    "state_at_reserve": c.state_at_reserve,
+                    "cost": c.reserved.to_json(),
+                    "committed": None,
+                    "batches": c.batches,
+                }
+                for c in r.classes
+            ],
+        )
+        if selection.positions is not None:
+            index_of = selection.classes
+            state_of = dict(
+                execute(
+                    select(Batch.id, Batch.state_id).where(Batch.dataset_id == self.head.id, selection.where)
+                ).all()
+            )
+            execute(
+                _INSERT_RESERVATION_BATCHES,
+                [
+                    {
+                        "reservation_id": r.id,
+                        "batch_id": b,
+                        "position": i,
+                        "class_index": index_of[state_of[b]],
+                    }
+                    for b, i in selection.positions
+                ],
+            )
+            return
+        for sid, index in selection.classes.items():
+            execute(
+                insert(ReservationBatch).from_select(
+                    ["reservation_id", "batch_id", "position", "class_index"],
+                    select(literal(r.id), Batch.id, Batch.position, literal(index)).where(
+                        Batch.dataset_id == self.head.id, Batch.state_id == sid, selection.where
+                    ),
+                )
+            )
+
+    def put_reservation(self, r: Loaded) -> None:
+        self.reservations[r.id] = r
+        self.dirty_reservations.add(r.id)
 
     def hold(self, epsilon: Decimal) -> None:
         self.head.epsilon_held = exact_add(self.head.epsilon_held, epsilon)
@@ -410,14 +609,7 @@ class Work:
 
     def _write(self) -> None:
         execute = self.connection.execute
-        new = [self.reservations[i] for i in sorted(self.new_reservations)]
-        if new:
-            execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in new])
-            execute(
-                _INSERT_RESERVATION_BATCHES,
-                [_reservation_batch_row(r.id, h) for r in new for h in r.batches],
-            )
-        changed = [self.reservations[i] for i in sorted(self.dirty_reservations - self.new_reservations)]
+        changed = [self.reservations[i] for i in sorted(self.dirty_reservations)]
         if changed:
             execute(
                 _UPDATE_RESERVATIONS,
@@ -435,15 +627,13 @@ class Work:
                 ],
             )
             committed = [
-                {"held_reservation_id": r.id, "held_batch_id": h.batch_id, "committed": h.committed.to_json()}
+                {"held_reservation_id": r.id, "held_index": c.index, "committed": c.committed.to_json()}
                 for r in changed
-                for h in r.batches
-                if h.committed is not None
+                for c in r.classes
+                if c.committed is not None
             ]
             if committed:
-                execute(_UPDATE_RESERVATION_BATCHES, committed)
-        if self.dirty_batches:
-            execute(_UPDATE_BATCHES, [_batch_row(b, self.states[b]) for b in sorted(self.dirty_batches)])
+                execute(_UPDATE_RESERVATION_CLASSES, committed)
         if self.dirty_tasks:
             execute(
                 _UPDATE_TASKS,
@@ -491,17 +681,6 @@ class Work:
             self.connection.execute(_UPDATE_HEAD_RELEASED, values)
 
 
-def _batch_row(batch_id: str, state: BatchState) -> dict[str, Any]:
-    return {
-        "batch_id": batch_id,
-        "state": state.to_json(),
-        "epsilon_spent": state.epsilon_spent,
-        "epsilon_held": state.epsilon_held,
-        "delta_spent": state.delta_spent,
-        "naive_epsilon": state.naive_epsilon,
-    }
-
-
 def _reservation_row(r: Loaded) -> dict[str, Any]:
     return {
         "id": r.id,
@@ -516,20 +695,11 @@ def _reservation_row(r: Loaded) -> dict[str, Any]:
         "committed_delta": r.committed_delta,
         "commits": r.commits,
         "committed_event": r.committed_event,
+        "batches": r.batches,
+        "batch_set": r.batch_set,
         "expires_at": r.expires_at,
         "created_at": r.created_at,
         "closed_at": r.closed_at,
-    }
-
-
-def _reservation_batch_row(reservation_id: str, h: Held) -> dict[str, Any]:
-    return {
-        "reservation_id": reservation_id,
-        "batch_id": h.batch_id,
-        "position": h.position,
-        "state_at_reserve": h.state_at_reserve,
-        "cost": h.reserved.to_json(),
-        "committed": None if h.committed is None else h.committed.to_json(),
     }
 
 
@@ -569,6 +739,32 @@ def dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
         if len(_datasets) > _DATASETS_SIZE:
             _datasets.popitem(last=False)
     return known
+
+
+_BATCH_STATE_IDS: Final = {
+    "batches": select(Batch.id, Batch.state_id).where(
+        Batch.id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+    ),
+    "tasks": select(Batch.id, Batch.state_id).where(
+        Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id")
+    ),
+}
+
+
+def batch_states(
+    db: Database, dataset_id: str, selector: str, ids: Sequence[str]
+) -> tuple[dict[str, str], dict[str, BatchState]]:
+    """``({batch id: state id}, {state id: state})`` of the named batches (or the tasks'
+    batches), read outside the spend transaction; each distinct state is parsed once."""
+    rows = db.read_all(_BATCH_STATE_IDS[selector], {"ids": list(ids), "dataset_id": dataset_id})
+    of_batch = {row.id: row.state_id for row in rows}
+    wanted = sorted(set(of_batch.values()))
+    states = (
+        {row.id: BatchState.from_json(row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})}
+        if wanted
+        else {}
+    )
+    return of_batch, states
 
 
 _DUE: Final = (

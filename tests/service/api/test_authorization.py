@@ -75,6 +75,7 @@ ROUTES: tuple[Route, ...] = (
         "POST", "/v1/datasets/{dataset}/quote", "viewer", 200, lambda w: {"batches": [w.batch], "event": PURE}
     ),
     Route("GET", "/v1/reservations/{reservation}", "viewer", 200),
+    Route("GET", "/v1/reservations/{reservation}/batches", "viewer", 200),
     Route(
         "POST",
         "/v1/reservations/{reservation}/commit",

@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL
 
 from accountant import certificates as accountant_certificates
 from accountant import events as ev
-from accountant.certificates import BatchRecord
+from accountant.certificates import BatchSet, ClassRecord
 from accountant.rules import BatchState, Budget, Charge, commit, reserve
 from service import server_secrets
 from service.app import create_app
@@ -48,20 +48,21 @@ def forge(certificate: dict[str, Any], epsilon: float) -> dict[str, Any]:
     budget = Budget.from_json(inputs["budget"])
     charge = Charge(ev.from_json({"kind": "pure_dp", "epsilon": epsilon}, "event"), None)
     records = []
-    for batch in inputs["batches"]:
-        at_reserve = BatchState.from_json(batch["state_at_reserve"])
-        before = BatchState.from_json(batch["state_before"])
+    for c in inputs["classes"]:
+        at_reserve = BatchState.from_json(c["state_at_reserve"])
+        before = BatchState.from_json(c["state_before"])
         reserved = reserve(budget, at_reserve, charge).cost
         settled = commit(budget, before, charge, reserved, None, None, None)
         records.append(
-            BatchRecord(
-                batch["batch_id"], at_reserve, reserved, before, None, settled.state, settled.committed
+            ClassRecord(
+                c["class"], c["batches"], at_reserve, reserved, before, None, settled.state, settled.committed
             )
         )
     return accountant_certificates.issue(
         budget=budget,
         charge=charge,
-        batches=records,
+        classes=records,
+        batch_set=BatchSet(inputs["batch_set"]["count"], inputs["batch_set"]["hash"]),
         reservation_id=certificate["reservation_id"],
         release=certificate["release"],
         release_id=certificate["release_id"],

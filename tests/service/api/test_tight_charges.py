@@ -76,8 +76,10 @@ def test_a_geometric_charge_takes_the_level_its_own_epsilon_fits(client: TestCli
         steps *= 2
     assert _dpa_epsilon(0.01, sigma, steps, 1e-5 / 4) < 0.25
     held = trainer.reserve(dataset, batches, _dpsgd(0.01, sigma, steps)).json()
-    assert held["batches"][0]["level"] == 1
-    assert float(held["batches"][0]["naive_epsilon"]) <= 1.02 * _dpa_epsilon(0.01, sigma, steps, 1e-5 / 4)
+    assert held["batches"]["classes"][0]["level"] == 1
+    assert float(held["batches"]["classes"][0]["naive_epsilon"]) <= 1.02 * _dpa_epsilon(
+        0.01, sigma, steps, 1e-5 / 4
+    )
 
 
 def calibrated_sigma(q: float, steps: int, target: float, delta: float) -> float:

@@ -289,7 +289,8 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
 def test_reserve_by_tasks(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC, tasks=[2, 3])
     r = reservations.reserve(ledger, "t1", ds.id, task_ids=[ds.tasks[1]], event_json=pure(0.2))
-    assert [b["id"] for b in r["batches"]] == ds.batches[1]
+    assert r["batches"]["count"] == len(ds.batches[1])
+    assert sorted(b for b, _ in reservations.all_batches(ledger, "t1", r["id"])) == sorted(ds.batches[1])
     reservations.commit(ledger, "t1", r["id"], release=release(1))
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0", "0.2"]
