@@ -163,6 +163,7 @@ def upgrade() -> None:
             (batch_id, _document(at_reserve), _document(cost), _document(committed))
         )
     for reservation_id, members in by_reservation.items():
+        members.sort(key=lambda m: m[0])  # classes numbered by first batch id, as the ledger does
         index_of: dict[str, int] = {}
         counts: list[int] = []
         marks: list[dict[str, Any]] = []
@@ -212,6 +213,7 @@ def upgrade() -> None:
         batch_op.drop_column('state_at_reserve')
         batch_op.drop_column('cost')
         batch_op.drop_column('committed')
+        batch_op.create_index(batch_op.f('ix_reservation_batches_reservation_id_class_index'), ['reservation_id', 'class_index'], unique=False)
     with op.batch_alter_table('batches', schema=None) as batch_op:
         batch_op.alter_column('state_id', existing_type=sa.String(length=40), nullable=False)
         batch_op.create_foreign_key(batch_op.f('fk_batches_state_id_batch_states'), 'batch_states', ['state_id'], ['id'])
@@ -267,6 +269,7 @@ def downgrade() -> None:
         batch_op.drop_column('batch_set')
         batch_op.drop_column('batches')
     with op.batch_alter_table('reservation_batches', schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f('ix_reservation_batches_reservation_id_class_index'))
         batch_op.alter_column('state_at_reserve', existing_type=sa.JSON(), nullable=False)
         batch_op.alter_column('cost', existing_type=sa.JSON(), nullable=False)
         batch_op.drop_column('class_index')

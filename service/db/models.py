@@ -261,6 +261,8 @@ class ReservationBatch(Base):
     per batch, written by one set-based statement."""
 
     __tablename__ = "reservation_batches"
+    # A reservation class's batches, found without reading the reservation's other classes.
+    __table_args__ = (Index(None, "reservation_id", "class_index"),)
 
     reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), primary_key=True)
     batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)

@@ -13,7 +13,6 @@ one can name the record it shares.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping, Sequence
@@ -54,7 +53,8 @@ def record_key(record: object, field: str) -> str:
 
 
 def record_hash(salt: bytes, key: str) -> bytes:
-    return hmac.new(salt, key.encode(), hashlib.sha256).digest()
+    """HMAC-SHA256(salt, key): ``hmac.digest``, the one-shot C path (3x ``hmac.new``)."""
+    return hmac.digest(salt, key.encode(), "sha256")
 
 
 def task_json(row: Task) -> dict[str, Any]:
@@ -231,14 +231,15 @@ def create_batches(
             }
             for i, (name, keys, _) in enumerate(parsed)
         ]
-        session.execute(insert(Batch), rows)
+        connection = session.connection()  # Core executemany: no ORM bookkeeping per row
+        connection.execute(insert(Batch.__table__), rows)
         records = [
             {"dataset_id": dataset_id, "batch_id": row["id"], "record_hash": digest}
             for row, digests in zip(rows, hashes, strict=True)
             for digest in digests
         ]
         for start in range(0, len(records), _INSERT_CHUNK):
-            session.execute(insert(BatchRecord), records[start : start + _INSERT_CHUNK])
+            connection.execute(insert(BatchRecord.__table__), records[start : start + _INSERT_CHUNK])
         data = [
             {
                 "id": row["id"],

@@ -1,0 +1,250 @@
+"""Charges over many batches: cost grows with the distinct states touched, not the batch count
+(issue 15). Printed, and written as JSON (``--json``, default ``bench/results/scale.json``):
+
+* ``ratio``: reserve + commit of one charge over ``--wide`` batches (default 10 000) against the
+  same over 10, on a ``basic`` and an ``rdp`` budget (target ≤ 20×), and the commit answer's bytes
+  (target ≤ 256 KB);
+* ``heterogeneous``: the same wide charge after 100 earlier charges of different ε on 100 groups
+  of its batches, so they are in 100 states (the number of classes it decided on is printed);
+* ``large``: ``--large`` batches (default 10⁶) of ``--records`` records each, created through the
+  ledger (records/s), one reserve + commit over all of them (time, batch-charges/s next to Halo's
+  81 M bucket charges in under a minute ≈ 1.35 M/s, and the peak Python memory of the charge), and
+  the spend query's p50 / p99 over 200 calls.
+
+Through the ledger's own functions (``service.ledger``) on a fresh database: the server's work
+without HTTP. Usage (repository root)::
+
+    python bench/scale.py [--backend sqlite|postgresql] [--postgres-url URL] [--large 1000000]
+        [--records 10] [--wide 10000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from service.db import migrations  # noqa: E402
+from service.db.session import Database  # noqa: E402
+from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
+
+TENANT = "bench"
+RESULTS = ROOT / "bench" / "results" / "scale.json"
+HALO_CHARGES_PER_S = 81e6 / 60
+BUDGETS = {
+    "basic": {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"},
+    "rdp": {"rule": "sequential", "epsilon": "1000", "delta": "1e-5", "accountant": "rdp"},
+}
+EVENTS = {
+    "basic": {"kind": "pure_dp", "epsilon": 0.01},
+    "rdp": {
+        "kind": "self_composed",
+        "count": 1000,
+        "event": {
+            "kind": "poisson_sampled",
+            "sampling_probability": 0.01,
+            "event": {"kind": "gaussian", "noise_multiplier": 1.1},
+        },
+    },
+}
+PER_REQUEST = 10_000  # batches per create_batches call (the API's limit)
+
+
+@contextmanager
+def fresh_database(backend: str, postgres_url: str | None) -> Iterator[str]:
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory() as workdir:
+            yield f"sqlite:///{workdir}/scale.db"
+        return
+    import psycopg
+
+    if not postgres_url:
+        raise SystemExit("PostgreSQL: give --postgres-url")
+    server = make_url(postgres_url)
+    name = f"ledger_scale_{secrets.token_hex(6)}"
+    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def make_dataset(db: Database, accountant: str, count: int, records: int) -> tuple[str, list[str], float]:
+    """A dataset of ``count`` batches in tasks of ``PER_REQUEST``: (id, task ids, seconds)."""
+    ds = datasets.create_dataset(db, TENANT, name=f"{accountant}-{count}", budget=BUDGETS[accountant])["id"]
+    tasks: list[str] = []
+    started = time.perf_counter()
+    for start in range(0, count, PER_REQUEST):
+        task = batches.create_task(db, TENANT, ds, name=f"task-{start}")["id"]
+        tasks.append(task)
+        size = min(PER_REQUEST, count - start)
+        batches.create_batches(
+            db,
+            TENANT,
+            ds,
+            task,
+            batches=[
+                {"name": f"b{start + i}", "records": [f"r{start + i}-{j}" for j in range(records)]}
+                for i in range(size)
+            ],
+        )
+    return ds, tasks, time.perf_counter() - started
+
+
+_versions = iter(range(10**9))
+
+
+def charge(
+    db: Database,
+    ds: str,
+    accountant: str,
+    *,
+    tasks: list[str] | None = None,
+    batch_ids: list[str] | None = None,
+) -> tuple[float, int, dict[str, Any]]:
+    """One reserve + commit: (seconds, commit answer bytes, reservation answer)."""
+    started = time.perf_counter()
+    held = reservations.reserve(
+        db, TENANT, ds, event_json=EVENTS[accountant], task_ids=tasks, batch_ids=batch_ids
+    )
+    answer = reservations.commit(
+        db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
+    )
+    seconds = time.perf_counter() - started
+    return seconds, len(json.dumps(answer)), held
+
+
+def ratio(db: Database, wide: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for accountant in BUDGETS:
+        row: dict[str, Any] = {}
+        for count in (10, wide):
+            ds, tasks, _ = make_dataset(db, accountant, count, 5)
+            charge(db, ds, accountant, tasks=tasks)  # the first prices the event (memoised after)
+            runs = [charge(db, ds, accountant, tasks=tasks) for _ in range(3)]
+            row[str(count)] = {
+                "seconds": statistics.median(r[0] for r in runs),
+                "commit_bytes": max(r[1] for r in runs),
+            }
+        row["ratio"] = row[str(wide)]["seconds"] / row["10"]["seconds"]
+        out[accountant] = row
+        print(
+            f"{accountant:>5}: reserve+commit over 10 batches {row['10']['seconds'] * 1e3:7.1f} ms, over "
+            f"{wide} {row[str(wide)]['seconds'] * 1e3:7.1f} ms: {row['ratio']:.1f}x (target <= 20x); commit "
+            f"answer {row[str(wide)]['commit_bytes'] / 1024:.1f} KB (target <= 256 KB)"
+        )
+    return out
+
+
+def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
+    ds, tasks, _ = make_dataset(db, "basic", wide, 5)
+    ids = [b["id"] for t in tasks for b in batches_of(db, ds, t)]
+    for k in range(100):  # earlier charges on 100 groups, each its own ε: 100 distinct states
+        group = ids[k * wide // 100 : (k + 1) * wide // 100]
+        event = {"kind": "pure_dp", "epsilon": 0.001 * (k + 1)}
+        held = reservations.reserve(db, TENANT, ds, event_json=event, batch_ids=group)
+        reservations.commit(
+            db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
+        )
+    seconds, size, held = charge(db, ds, "basic", tasks=tasks)
+    classes = len(held["batches"]["classes"])
+    print(
+        f"heterogeneous: {wide} batches in {classes} states: reserve+commit {seconds * 1e3:.1f} ms, "
+        f"answer {size / 1024:.1f} KB"
+    )
+    return {"batches": wide, "classes": classes, "seconds": seconds, "commit_bytes": size}
+
+
+def batches_of(db: Database, ds: str, task: str) -> list[dict[str, Any]]:
+    return list(batches.list_batches(db, TENANT, ds, task_id=task)["data"])
+
+
+def large(db: Database, count: int, records: int) -> dict[str, Any]:
+    ds, tasks, created_s = make_dataset(db, "basic", count, records)
+    rate = count * records / created_s
+    print(
+        f"created {count} batches ({count * records} records) in {created_s:.1f} s: {rate:,.0f} "
+        "records/s (goal >= 100,000)"
+    )
+    charge(db, ds, "basic", tasks=tasks)  # the first charge: all batches in the empty state
+    seconds, size, _ = charge(db, ds, "basic", tasks=tasks)
+    tracemalloc.start()
+    charge(db, ds, "basic", tasks=tasks)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    per_s = count / seconds
+    print(
+        f"reserve+commit over {count} batches: {seconds:.2f} s ({per_s:,.0f} batch-charges/s, "
+        f"{per_s / HALO_CHARGES_PER_S:.2f}x Halo's 1.35 M/s), answer {size / 1024:.1f} KB, "
+        f"peak Python memory {peak / 2**20:.1f} MiB"
+    )
+    times = []
+    for _ in range(200):
+        started = time.perf_counter()
+        spend.get_spend(db, TENANT, ds)
+        times.append(time.perf_counter() - started)
+    times.sort()
+    p50, p99 = times[len(times) // 2], times[int(len(times) * 0.99) - 1]
+    print(f"spend query at {count} batches: p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms (target < 20 ms)")
+    return {
+        "batches": count,
+        "records": count * records,
+        "create_s": created_s,
+        "records_per_s": rate,
+        "charge_s": seconds,
+        "batch_charges_per_s": per_s,
+        "halo_ratio": per_s / HALO_CHARGES_PER_S,
+        "charge_peak_python_mib": peak / 2**20,
+        "commit_bytes": size,
+        "spend_p50_ms": p50 * 1e3,
+        "spend_p99_ms": p99 * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--backend", choices=("sqlite", "postgresql"), default="sqlite")
+    parser.add_argument("--postgres-url", default=None)
+    parser.add_argument("--wide", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=1_000_000, help="0 skips the large case")
+    parser.add_argument("--records", type=int, default=10)
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    with fresh_database(args.backend, args.postgres_url) as url:
+        migrations.upgrade(url)
+        db = Database(url)
+        try:
+            tenancy.create_tenant(db, TENANT)
+            print(f"backend: {args.backend}")
+            result: dict[str, Any] = {"backend": args.backend, "ratio": ratio(db, args.wide)}
+            result["heterogeneous"] = heterogeneous(db, args.wide)
+            if args.large:
+                result["large"] = large(db, args.large, args.records)
+        finally:
+            db.dispose()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"written: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
