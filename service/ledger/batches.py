@@ -232,14 +232,14 @@ def create_batches(
             for i, (name, keys, _) in enumerate(parsed)
         ]
         connection = session.connection()  # Core executemany: no ORM bookkeeping per row
-        connection.execute(insert(Batch.__table__), rows)
+        connection.execute(insert(Batch), rows)
         records = [
             {"dataset_id": dataset_id, "batch_id": row["id"], "record_hash": digest}
             for row, digests in zip(rows, hashes, strict=True)
             for digest in digests
         ]
         for start in range(0, len(records), _INSERT_CHUNK):
-            connection.execute(insert(BatchRecord.__table__), records[start : start + _INSERT_CHUNK])
+            connection.execute(insert(BatchRecord), records[start : start + _INSERT_CHUNK])
         data = [
             {
                 "id": row["id"],
