@@ -555,6 +555,19 @@ class Budget:
         return budget
 
 
+def grown_from(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> bool:
+    """Whether the budget JSON ``later`` is ``earlier`` with zero or more plan segments declared
+    after it (``Budget.with_segment``): every other field equal, ``earlier``'s segments a prefix
+    of ``later``'s. A certificate is issued under the budget as it stood then; a budget changes
+    in no other way."""
+    before = earlier.get("segments") or []
+    after = later.get("segments") or []
+    if not isinstance(before, list) or not isinstance(after, list) or after[: len(before)] != before:
+        return False
+    rest = {k: v for k, v in earlier.items() if k != "segments"}
+    return rest == {k: v for k, v in later.items() if k != "segments"}
+
+
 _Parsed = tuple[tuple[DpEvent, ...], Decimal, Decimal | None]
 
 

@@ -221,6 +221,7 @@ def _guarded(name: str, check: Callable[[], Finding]) -> Finding:
 
 def _certificates(bundle: Json) -> Finding:
     from accountant.certificates import verify
+    from accountant.rules.budget import grown_from
 
     dataset = bundle["dataset"]
     problems: list[str] = []
@@ -238,7 +239,8 @@ def _certificates(bundle: Json) -> Finding:
             )
         if body.get("dataset_id") != dataset["id"]:
             problems.append(f"certificate {cid}: certifies dataset {body.get('dataset_id')!r}")
-        if body["inputs"]["budget"] != dataset["budget"]:
+        # Issued under the budget as it stood then: the dataset's, or it before later plan segments.
+        if not grown_from(body["inputs"]["budget"], dataset["budget"]):
             problems.append(f"certificate {cid}: certified under a budget that is not the dataset's")
         if stored.get("release") != body.get("release"):
             problems.append(f"certificate {cid}: stored release {stored.get('release')} != certified")
@@ -314,6 +316,21 @@ def _spent(bundle: Json) -> tuple[Decimal, Decimal, Decimal, Decimal]:
     )
 
 
+def _segments(budget: Json) -> list[str]:
+    """A budget's declared plan segments, recomputed offline: each one's PRV ε at its δ share, and
+    Σεᵢ ≤ ε, Σδᵢ ≤ δ (``Budget.from_json`` without trusting the stored numbers)."""
+    from accountant.errors import AccountantError
+    from accountant.rules import Budget
+
+    try:
+        recomputed = Budget.from_json(budget, trust_plan_epsilon=False)
+    except AccountantError as exc:
+        return [f"the budget's plan segments do not hold: {exc}"]
+    if recomputed.to_json() != budget:
+        return ["the budget's plan segments do not match their PRV recomputation"]
+    return []
+
+
 def _budget(bundle: Json) -> Finding:
     budget = bundle["dataset"]["budget"]
     spend = bundle["spend"]
@@ -331,6 +348,8 @@ def _budget(bundle: Json) -> Finding:
         problems.append(
             f"the spend reports an epsilon budget of {spend['epsilon_budget']}, the dataset's is {epsilon}"
         )
+    if budget.get("segments"):
+        problems.extend(_segments(budget))
     if eps_spent > epsilon:
         problems.append(f"epsilon spent {eps_spent} exceeds the budget {epsilon}")
     if delta_spent > delta:

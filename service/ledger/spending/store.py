@@ -37,7 +37,7 @@ from service.db.session import Database, lock_ledger_head, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import NotFound
-from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op
+from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op, SegmentParams
 
 EXPIRE_PER_TRANSACTION: Final = 500
 
@@ -212,6 +212,7 @@ class Head:
     ledger_version: int
     audit_seq: int
     audit_hash: str
+    plan_segments: int
     last_release: dict[str, Any] | None = None
     last_release_at: datetime | None = None
 
@@ -226,6 +227,11 @@ _BATCHES_OF_TASKS: Final = (
     select(Batch.id, Batch.task_id, Batch.state)
     .where(Batch.task_id.in_(bindparam("ids", expanding=True)), Batch.dataset_id == bindparam("dataset_id"))
     .order_by(Batch.task_id, Batch.position)
+)
+_BATCHES_OF_DATASET: Final = (
+    select(Batch.id, Batch.task_id, Batch.state)
+    .where(Batch.dataset_id == bindparam("dataset_id"))
+    .order_by(Batch.id)
 )
 _TASK_AGGREGATES: Final = select(Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
     Task.id == bindparam("id")
@@ -267,6 +273,11 @@ _UPDATE_HEAD: Final = (
 _UPDATE_HEAD_RELEASED: Final = _UPDATE_HEAD.values(
     last_release=bindparam("last_release"), last_release_at=bindparam("last_release_at")
 )
+_UPDATE_BUDGET: Final = (
+    update(Dataset)
+    .where(Dataset.id == bindparam("dataset_id"))
+    .values(budget=bindparam("budget"), plan_segments=bindparam("plan_segments"))
+)
 
 
 @dataclass
@@ -296,6 +307,7 @@ class Work:
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     task_batches: dict[str, list[str]] = field(default_factory=dict)  # of the tasks reserved on
     expired_on_open: int = 0  # due reservations expired as the transaction opened
+    budget_grown: bool = False  # a plan segment was declared: the budget is written with the head
 
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
@@ -304,11 +316,15 @@ class Work:
         row = lock_ledger_head(connection, dataset_id)
         if row is None:
             return None
-        return cls(
-            connection,
-            Head(**row._asdict()),
-            cached_budget(dataset_id, lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id})),
+        head = Head(**row._asdict())
+        # The head's segment count says which budget is current: a budget another process grew
+        # by a plan segment since this one cached it is read again.
+        budget = cached_budget(
+            dataset_id,
+            lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id}),
+            segments=head.plan_segments,
         )
+        return cls(connection, head, budget)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -323,6 +339,8 @@ class Work:
                 wanted.add(params.reservation_id)
             elif isinstance(params, ExpireParams):
                 wanted.update(params.reservation_ids)
+            elif isinstance(params, SegmentParams):
+                continue  # it loads every batch itself (``decisions.declare_segment``)
             elif params.selector == "batches":
                 batch_ids.update(params.ids)
             else:
@@ -348,6 +366,18 @@ class Work:
         for row in self.connection.execute(_LOAD_BATCHES, {"ids": wanted, "dataset_id": self.head.id}):
             self.states[row.id] = BatchState.from_json(row.state)
             self.batch_task[row.id] = row.task_id
+
+    def load_all_batches(self) -> None:
+        """Load every batch of the dataset (declaring a plan segment closes the open one on all)."""
+        for row in self.connection.execute(_BATCHES_OF_DATASET, {"dataset_id": self.head.id}):
+            self.states.setdefault(row.id, BatchState.from_json(row.state))
+            self.batch_task[row.id] = row.task_id
+
+    def grow_budget(self, budget: Budget) -> None:
+        """The budget with one more declared plan segment, written with the head (``flush``)."""
+        self.budget = budget
+        self.head.plan_segments = len(budget.segments)
+        self.budget_grown = True
 
     def load_task_batches(self, task_ids: Iterable[str]) -> dict[str, list[str]]:
         """``{task id: its batch ids in order}`` for the tasks of this dataset."""
@@ -489,6 +519,11 @@ class Work:
         else:
             values.update(last_release=head.last_release, last_release_at=head.last_release_at)
             self.connection.execute(_UPDATE_HEAD_RELEASED, values)
+        if self.budget_grown:
+            self.connection.execute(
+                _UPDATE_BUDGET,
+                {"dataset_id": head.id, "budget": self.budget.to_json(), "plan_segments": head.plan_segments},
+            )
 
 
 def _batch_row(batch_id: str, state: BatchState) -> dict[str, Any]:
@@ -538,8 +573,12 @@ def _reservation_batch_row(reservation_id: str, h: Held) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-_DATASET: Final = select(Dataset.tenant_id, Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
-# A dataset's tenant and budget never change: remembered per process, by id.
+_DATASET: Final = select(Dataset.tenant_id, Dataset.budget, Dataset.plan_segments).where(
+    Dataset.id == bindparam("dataset_id")
+)
+_SEGMENTS: Final = select(Dataset.plan_segments).where(Dataset.id == bindparam("dataset_id"))
+# A dataset's tenant never changes and its budget only grows plan segments: remembered per
+# process, by id (``dataset_budget`` checks the segment count of a budget with a plan).
 _DATASETS_SIZE: Final = 4096
 _datasets: OrderedDict[str, tuple[str, Budget]] = OrderedDict()
 _datasets_lock = threading.Lock()
@@ -552,9 +591,16 @@ def known_dataset(dataset_id: str) -> tuple[str, Budget] | None:
 
 
 def dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
-    """``(tenant id, budget)`` of the dataset: remembered, or one read. ``NotFound`` if none."""
+    """``(tenant id, budget)`` of the dataset: remembered, or one read. ``NotFound`` if none.
+
+    A budget with a declared plan can grow plan segments: its remembered form is used only while
+    the row's ``plan_segments`` still matches (one small read)."""
     known = known_dataset(dataset_id)
-    if known is not None:
+    if known is not None and (
+        known[1].plan is None
+        or [r.plan_segments for r in db.read_all(_SEGMENTS, {"dataset_id": dataset_id})]
+        == [len(known[1].segments)]
+    ):
         return known
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
@@ -563,7 +609,7 @@ def dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
         raise NotFound("dataset", dataset_id)
     stored = rows[0].budget
     # The same Budget object the spend transaction gets (``cached_budget``): the memo applies.
-    known = (rows[0].tenant_id, cached_budget(dataset_id, lambda: stored))
+    known = (rows[0].tenant_id, cached_budget(dataset_id, lambda: stored, segments=rows[0].plan_segments))
     with _datasets_lock:
         _datasets[dataset_id] = known
         if len(_datasets) > _DATASETS_SIZE:
