@@ -422,10 +422,13 @@ def close_segment(budget: Budget, state: BatchState) -> BatchState:
     if state.plan_position == 0:
         return state
     closed_eps, closed_dlt = _closed_cost(budget, state)
+    spent = max(state.epsilon_spent, exact_add(closed_eps, segment.epsilon))
     return replace(
         state,
-        epsilon_spent=max(state.epsilon_spent, exact_add(closed_eps, segment.epsilon)),
+        epsilon_spent=spent,
         delta_spent=max(state.delta_spent, exact_add(closed_dlt, segment.delta)),
+        # The naive figure is never below the spend (``rules._naive_at_least_spent``).
+        naive_epsilon=max(state.naive_epsilon, spent),
         plan_position=0,
         plan_closed=(*state.plan_closed, index),
     )

@@ -428,6 +428,23 @@ def _anchoring(certificates: Iterable[Json], entries: list[Json]) -> list[str]:
     return problems
 
 
+def _declared_segments(budget: Json, entries: list[Json]) -> list[str]:
+    """The budget's plan segments are the ones the chain recorded declaring (``plan.segment_declared``),
+    in order: a segment left out of the exported budget, or one the chain never saw, is found."""
+    recorded = [
+        {k: e["payload"].get(k) for k in ("plan", "delta", "epsilon")}
+        for e in sorted(entries, key=lambda e: e["chain_seq"])
+        if e.get("event_type") == "plan.segment_declared"
+    ]
+    listed = list(budget.get("segments") or [])
+    if recorded == listed:
+        return []
+    return [
+        f"the budget lists {len(listed)} plan segment(s), the audit chain records declaring "
+        f"{len(recorded)}, and they differ"
+    ]
+
+
 def _audit(bundle: Json) -> Finding:
     audit = bundle["audit"]
     verdict = audit["verify"]
@@ -443,6 +460,7 @@ def _audit(bundle: Json) -> Finding:
         return Finding("audit chain", not problems, detail, problems)
     problems.extend(_recompute_chain(bundle["dataset"]["id"], audit["head"], entries))
     problems.extend(_anchoring(bundle["certificates"], entries))
+    problems.extend(_declared_segments(bundle["dataset"]["budget"], entries))
     committed = sum(committed_certificate_id(e) is not None for e in entries)
     detail = (
         f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "

@@ -105,6 +105,7 @@ def test_a_closed_segment_is_charged_in_full_on_batches_that_ran_any_of_it_and_n
     # Where the segment stopped may depend on what it released: the whole segment is charged.
     assert closed.epsilon_spent == budget.plan_epsilon and closed.delta_spent == SHARE
     assert closed.plan_closed == (0,) and closed.plan_position == 0
+    assert closed.naive_epsilon >= closed.epsilon_spent  # the naive figure is never below the spend
     assert R.close_segment(budget, untouched) == untouched  # ran none of it: charged nothing
 
     grown = budget.with_segment([SECOND], SHARE)

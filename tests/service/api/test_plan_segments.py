@@ -241,9 +241,10 @@ def test_ledger_check_recomputes_the_segments_from_the_bundle(
     settings = settings_for(database_url, tmp_path / "artifacts")
     admin_key = tenancy.create_api_key(db, "acme", "admin")
     viewer_key = tenancy.create_api_key(db, "acme", "viewer")
+    small = dpsgd(0.01, 3.0, 100)
     with serve(settings, db) as url, LedgerClient(url, admin_key) as client:
         ds = client.create_dataset(
-            "d", rule="sequential", epsilon=2, delta="1e-5", accountant="prv", plan=[FIRST], plan_delta="5e-6"
+            "d", rule="sequential", epsilon=2, delta="1e-5", accountant="prv", plan=[FIRST], plan_delta="3e-6"
         )
         task = client.create_task(ds["id"], "t")
         batch = client.create_batches(ds["id"], task["id"], [{"name": "b", "records": ["r"]}])["data"][0][
@@ -251,25 +252,35 @@ def test_ledger_check_recomputes_the_segments_from_the_bundle(
         ]
         with client.release_gate(ds["id"], [batch], FIRST, model="m", version=1):
             pass
-        segment = client.declare_plan_segment(ds["id"], [SECOND], delta="5e-6")
-        assert segment["index"] == 1
+        assert client.declare_plan_segment(ds["id"], [SECOND], delta="3e-6")["index"] == 1
         with client.release_gate(ds["id"], [batch], SECOND, model="m", version=2):
             pass
-        with pytest.raises(LedgerError):
-            client.declare_plan_segment(ds["id"], [SECOND], delta="1e-6")  # no δ left
+        assert client.declare_plan_segment(ds["id"], [small], delta="3e-6")["index"] == 2  # not run
+        with pytest.raises(LedgerError) as info:
+            client.declare_plan_segment(ds["id"], [small], delta="2e-6")  # 1e-6 of δ is left
+        assert "delta" in str(info.value)
         path = tmp_path / "bundle.json"
         assert (
             main(["export", "--url", url, "--key", viewer_key, "--dataset", ds["id"], "-o", str(path)]) == 0
         )
     capsys.readouterr()
-    assert main(["check", "--bundle", str(path), "--json"]) == 0
+    assert main(["check", "--bundle", str(path), "--json"]) == 0, capsys.readouterr().out
     report = json.loads(capsys.readouterr().out)
-    assert {c["name"]: c["ok"] for c in report["checks"]}["certificates"] is True
-    # A bundle whose segment claims less ε than its plan costs fails offline.
-    bundle = json.loads(path.read_text())
-    bundle["dataset"]["budget"]["segments"][0]["epsilon"] = "0.01"
-    bundle["bundle_hash"] = bundle_hash(bundle)
-    path.write_text(json.dumps(bundle))
-    assert main(["check", "--bundle", str(path), "--json"]) == 1
-    failed = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
-    assert failed["budget"]["ok"] is False
+    assert all(c["ok"] for c in report["checks"]), report
+    original = json.loads(path.read_text())
+
+    def checked(bundle: dict[str, Any]) -> dict[str, bool]:
+        bundle["bundle_hash"] = bundle_hash(bundle)
+        path.write_text(json.dumps(bundle))
+        assert main(["check", "--bundle", str(path), "--json"]) == 1
+        return {c["name"]: c["ok"] for c in json.loads(capsys.readouterr().out)["checks"]}
+
+    # A segment that claims less ε than PRV gives its plan is recomputed offline.
+    lied = json.loads(json.dumps(original))
+    lied["dataset"]["budget"]["segments"][0]["epsilon"] = "0.01"
+    assert checked(lied)["budget"] is False
+    # A declared segment left out of the exported budget: the audit chain recorded it.
+    hidden = json.loads(json.dumps(original))
+    hidden["dataset"]["budget"]["segments"] = hidden["dataset"]["budget"]["segments"][:1]
+    found = checked(hidden)
+    assert found["audit chain"] is False and found["certificates"] is True
