@@ -568,11 +568,11 @@ def grown_from(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> bool:
     return rest == {k: v for k, v in later.items() if k != "segments"}
 
 
-_Parsed = tuple[tuple[DpEvent, ...], Decimal, Decimal | None]
+_Parsed = tuple[tuple[DpEvent, ...], Decimal, Decimal, bool]
 
 
 def _parsed_segments(obj: object, trust_epsilon: bool) -> list[_Parsed] | None:
-    """A stored budget's ``segments``: (plan, δᵢ, stored εᵢ or ``None`` to recompute it)."""
+    """A stored budget's ``segments``: (plan, δᵢ, stored εᵢ, whether to trust it)."""
     if obj is None:
         return None
     if not isinstance(obj, list) or not obj:
@@ -588,7 +588,7 @@ def _parsed_segments(obj: object, trust_epsilon: bool) -> list[_Parsed] | None:
         plan = tuple(_event(f"{path}.plan", j, e) for j, e in enumerate(plan_obj))
         delta = _budget_number(f"{path}.delta", item["delta"])
         stored = _budget_number(f"{path}.epsilon", item["epsilon"])
-        out.append((plan, delta, stored if trust_epsilon else None))
+        out.append((plan, delta, stored, trust_epsilon))
     return out
 
 
@@ -598,10 +598,16 @@ def _stored_segments(budget: Budget, segments: object) -> Budget:
     assert isinstance(segments, list)
     if budget.plan is None:
         raise InvalidArgumentError("budget.segments", "apply to a declared plan only (sequential, prv).")
-    for i, (plan, delta, stored) in enumerate(segments):
+    for i, (plan, delta, stored, trusted) in enumerate(segments):
         try:
-            if stored is None:
+            if not trusted:
                 budget = budget.with_segment(plan, delta)
+                if budget.segments[-1].epsilon != stored:
+                    raise InvalidArgumentError(
+                        "epsilon",
+                        f"does not match the plan: recomputed {to_text(budget.segments[-1].epsilon)}, "
+                        f"stored {to_text(stored)}.",
+                    )
             else:
                 steps = budget._plan(budget.rule, budget.accountant, plan, "plan")
                 assert steps is not None

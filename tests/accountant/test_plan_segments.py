@@ -207,4 +207,9 @@ def test_budgets_from_before_segments_serialise_and_cite_as_before() -> None:
     assert Budget.from_json(whole.to_json(), trust_plan_epsilon=False) == whole
     grown = budget_with_share().with_segment([SECOND], SHARE)
     assert Budget.from_json(grown.to_json(), trust_plan_epsilon=False) == grown
+    stored = grown.to_json()
+    stored["segments"][0]["epsilon"] = "0.1"
+    with pytest.raises(InvalidArgumentError) as info:
+        Budget.from_json(stored, trust_plan_epsilon=False)
+    assert info.value.field == "budget.segments[0].epsilon"
     assert "plan_closed" not in BatchState.empty().to_json()
