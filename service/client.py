@@ -490,6 +490,7 @@ class _Endpoints(Generic[J, A]):
         plan: Sequence[EventLike] | None = None,
         data_source: str | None = None,
         idempotency_key: str | None = None,
+        plan_delta: Number | None = None,
     ) -> J:
         """``POST /v1/datasets`` (admin): a dataset with its budget (numbers taken as written)
         and, if given, its ``data_source`` (the URI every job on the dataset reads: ``builtin:...``
@@ -502,6 +503,8 @@ class _Endpoints(Generic[J, A]):
             budget["orders"] = list(orders)
         if plan is not None:
             budget["plan"] = [event_json(e) for e in plan]
+        if plan_delta is not None:
+            budget["plan_delta"] = plan_delta
         body: JsonObject = {"name": name, "budget": budget}
         if data_source is not None:
             body["data_source"] = data_source
@@ -518,6 +521,27 @@ class _Endpoints(Generic[J, A]):
                 "PUT",
                 f"/v1/datasets/{_segment(dataset_id)}/data-source",
                 {"data_source": data_source},
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def declare_plan_segment(
+        self,
+        dataset_id: Identifier,
+        plan: Sequence[EventLike],
+        *,
+        delta: Number,
+        idempotency_key: str | None = None,
+    ) -> J:
+        """``POST /v1/datasets/{id}/plan-segments`` (admin): the next declared plan of a sequential
+        ``prv`` budget, priced by PRV at ``delta`` (a share of the budget's δ). Answer ``{index,
+        plan, delta, epsilon, declared, left, closed_batches, theorem}``; the open segment closes
+        (a batch that ran any of it is charged all of it)."""
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/datasets/{_segment(dataset_id)}/plan-segments",
+                {"plan": [event_json(e) for e in plan], "delta": delta},
                 idempotency_key=self._key(idempotency_key),
             )
         )

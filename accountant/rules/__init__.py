@@ -48,6 +48,7 @@ from accountant.rules.budget import (
     SUPPORTED,
     Budget,
     GeometricSchedule,
+    PlanSegment,
     renyi_filter,
 )
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
@@ -253,6 +254,16 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     return after
 
 
+def close_segment(budget: Budget, state: BatchState) -> BatchState:
+    """The batch's state once the open plan segment of a sequential ``prv`` budget is closed, as
+    declaring the next segment does (``sequential.close_segment``: a batch that ran any of it is
+    charged its whole declared (εᵢ, δᵢ)). ``ChargeRefused`` ``plan_step_pending`` while an entry
+    is reserved and not settled; ``InvalidArgumentError`` on any other budget."""
+    from accountant.rules import sequential
+
+    return sequential.close_segment(budget, state)
+
+
 def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
     """What this batch can still take: the largest single charge that would fit now, in the
     rule's terms (geometric: the largest free level; parallel: 0 once read)."""
@@ -303,11 +314,13 @@ __all__ = [
     "Cost",
     "GeometricSchedule",
     "NoiseCommitment",
+    "PlanSegment",
     "PriceMemo",
     "Settlement",
     "active_pricing",
     "cancel",
     "canonical_json",
+    "close_segment",
     "commit",
     "dataset_epsilon",
     "event_fingerprint",

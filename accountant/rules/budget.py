@@ -1,6 +1,7 @@
 """A dataset's budget: rule, (ε, δ), accountant and the rule's fixed parameters (``Budget``,
 ``GeometricSchedule``), validated once when the dataset is created; the Rényi filter it implies
-(``renyi_filter``)."""
+(``renyi_filter``); the declared plan segments of a sequential ``prv`` budget (``PlanSegment``,
+``Budget.with_segment``), the one part of a budget that grows after creation."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Final
 from accountant import events as ev
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
-from accountant.exact import ZERO, as_written, exact_mul, exact_sub, to_text
+from accountant.exact import ZERO, as_written, exact_mul, exact_sub, exact_sum, to_text
 from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
 
 RULES: Final = ("lifelong", "parallel", "sequential", "geometric")
@@ -149,6 +150,28 @@ class GeometricSchedule:
 MAX_GEOMETRIC_COPIES: Final = 64
 
 
+@dataclass(frozen=True, slots=True)
+class PlanSegment:
+    """One declared plan of a sequential ``prv`` budget: its events, the share ``delta`` of the
+    budget's δ it is priced at, and ``epsilon``, the PRV upper ε of the whole plan at that δ.
+
+    Segment i's (εᵢ, δᵢ) are fixed when it is declared, before any of its events runs; segments
+    compose by basic composition under fully adaptive choice (Rogers, Roth, Ullman & Vadhan 2016,
+    Thm. 3.6): the plan of segment i + 1 may depend on what segments 0..i released, as long as
+    Σεᵢ ≤ ε and Σδᵢ ≤ δ (``Budget.with_segment`` checks both, exactly)."""
+
+    plan: tuple[DpEvent, ...]
+    delta: Decimal
+    epsilon: Decimal
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "plan": [ev.to_json(e) for e in self.plan],
+            "delta": to_text(self.delta),
+            "epsilon": to_text(self.epsilon),
+        }
+
+
 def _budget_number(field_name: str, value: object) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise InvalidArgumentError(field_name, f"must be a number. Found {value!r}.")
@@ -166,7 +189,9 @@ class Budget:
     """A dataset's budget: rule, (ε, δ), accountant, and the rule's fixed parameters.
 
     ``orders`` is the Rényi filter's grid (accountant ``rdp``), ``plan`` the declared plan and
-    ``plan_epsilon`` its PRV upper ε at δ (sequential ``prv``). Build with ``create``.
+    ``plan_epsilon`` its PRV upper ε at ``plan_delta`` (sequential ``prv``; ``plan_delta`` ``None``:
+    the whole δ, as every budget created before segments existed), ``segments`` the plans declared
+    after creation (``with_segment``). Build with ``create``.
     """
 
     rule: str
@@ -178,6 +203,8 @@ class Budget:
     plan: tuple[DpEvent, ...] | None = None
     plan_epsilon: Decimal | None = None
     delta_weights: tuple[Decimal, ...] | None = None
+    plan_delta: Decimal | None = None
+    segments: tuple[PlanSegment, ...] = ()
 
     @classmethod
     def create(
@@ -191,12 +218,15 @@ class Budget:
         orders: Sequence[float] | None = None,
         plan: Sequence[DpEvent] | None = None,
         delta_weights: Sequence[Decimal | str] | None = None,
+        plan_delta: Decimal | float | str | None = None,
     ) -> Budget:
         """Validate and fill defaults. ``InvalidArgumentError`` names the field (``budget.*``).
 
         A Rényi-filter budget (``rdp``, sequential or lifelong) without ``orders`` gets a grid
         placed for its (ε, δ) with non-uniform δ weights (``accountant.rdp_filter.placed_grid``);
-        with ``orders`` and no ``delta_weights``, δ is split equally over the active orders."""
+        with ``orders`` and no ``delta_weights``, δ is split equally over the active orders.
+        ``plan_delta``: the share of δ the declared plan is priced at, leaving the rest for later
+        segments (``with_segment``); ``None``: the whole δ (no segment with δ > 0 can follow)."""
         return cls._build(
             rule=rule,
             epsilon=epsilon,
@@ -208,6 +238,7 @@ class Budget:
             plan_epsilon=None,
             delta_weights=delta_weights,
             place_grid=True,
+            plan_delta=plan_delta,
         )
 
     @classmethod
@@ -224,6 +255,8 @@ class Budget:
         plan_epsilon: Decimal | None,
         delta_weights: object = None,
         place_grid: bool = False,
+        plan_delta: object = None,
+        segments: object = None,
     ) -> Budget:
         if not isinstance(rule, str) or rule not in RULES:
             raise InvalidArgumentError("budget.rule", f"must be one of {list(RULES)}. Found {rule!r}.")
@@ -279,7 +312,20 @@ class Budget:
                         )
                     weights = check_weights(delta_weights, len(grid), "budget.delta_weights")  # type: ignore[arg-type]
         steps = cls._plan(rule, accountant, plan)
-        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights)
+        share: Decimal | None = None
+        if plan_delta is not None:
+            if steps is None:
+                raise InvalidArgumentError(
+                    "budget.plan_delta",
+                    "applies to a declared plan only (rule 'sequential', accountant 'prv').",
+                )
+            share = _budget_number("budget.plan_delta", plan_delta)
+            if not 0 < share <= dlt:
+                raise InvalidArgumentError(
+                    "budget.plan_delta",
+                    f"must be in (0, budget.delta = {to_text(dlt)}]. Found {plan_delta!r}.",
+                )
+        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights, share)
         if budget.uses_filter:
             try:
                 renyi_filter(budget)
@@ -289,15 +335,60 @@ class Budget:
             if plan_epsilon is None:
                 from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
 
-                plan_epsilon = compute_plan_epsilon(steps, dlt)
+                plan_epsilon = compute_plan_epsilon(steps, budget.first_plan_delta)
             if not plan_epsilon <= eps:
                 raise InvalidArgumentError(
                     "budget.plan",
-                    f"needs epsilon {to_text(plan_epsilon)} (PRV upper bound at delta={dlt}), "
-                    f"more than budget.epsilon {to_text(eps)}.",
+                    f"needs epsilon {to_text(plan_epsilon)} (PRV upper bound at delta="
+                    f"{to_text(budget.first_plan_delta)}), more than budget.epsilon {to_text(eps)}.",
                 )
             budget = replace(budget, plan_epsilon=plan_epsilon)
+        if segments is not None:
+            budget = _stored_segments(budget, segments)
         return budget
+
+    @property
+    def first_plan_delta(self) -> Decimal:
+        """The δ the plan declared at creation is priced at (``plan_delta``, else the whole δ)."""
+        return self.delta if self.plan_delta is None else self.plan_delta
+
+    @property
+    def plan_segments(self) -> tuple[PlanSegment, ...]:
+        """Every declared plan in order: the plan declared at creation, then ``segments``
+        (empty unless sequential ``prv``). The last one is the open segment."""
+        if self.plan is None or self.plan_epsilon is None:
+            return ()
+        return (PlanSegment(self.plan, self.first_plan_delta, self.plan_epsilon), *self.segments)
+
+    def with_segment(self, plan: Sequence[DpEvent], delta: Decimal | float | str) -> Budget:
+        """This budget with one more declared plan segment, priced by PRV at ``delta``.
+
+        The segment's (εᵢ, δᵢ) = (PRV upper ε of ``plan`` at δᵢ, δᵢ) are fixed now, before any of
+        its events runs, and admitted only while Σεᵢ ≤ ε and Σδᵢ ≤ δ over every segment declared
+        so far: the basic-composition privacy filter (Rogers, Roth, Ullman & Vadhan 2016,
+        Thm. 3.6), valid when each segment's plan and δᵢ are chosen after seeing what earlier
+        segments released. ``InvalidArgumentError`` names ``plan``, ``plan[i]`` or ``delta``."""
+        if self.rule != "sequential" or self.accountant != "prv" or self.plan is None:
+            raise InvalidArgumentError(
+                "plan",
+                "plan segments apply to a budget with rule 'sequential' and accountant 'prv' only. "
+                f"Found rule {self.rule!r}, accountant {self.accountant!r}.",
+            )
+        steps = self._plan(self.rule, self.accountant, plan, "plan")
+        assert steps is not None
+        share = _budget_number("delta", delta)
+        held = exact_sum(s.delta for s in self.plan_segments)
+        left = exact_sub(self.delta, held)
+        if not 0 < share <= left:
+            raise InvalidArgumentError(
+                "delta",
+                f"must be in (0, {to_text(left)}]: the budget's delta {to_text(self.delta)} less the "
+                f"{to_text(held)} its {len(self.plan_segments)} declared segment(s) hold. Found {delta!r}.",
+            )
+        from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
+
+        segment = PlanSegment(steps, share, compute_plan_epsilon(steps, share))
+        return _with_segments(self, (*self.segments, segment), "plan")
 
     @staticmethod
     def _schedule(rule: str, eps: Decimal, geometric: object) -> GeometricSchedule | None:
@@ -374,7 +465,9 @@ class Budget:
         return schedule
 
     @staticmethod
-    def _plan(rule: str, accountant: str, plan: object) -> tuple[DpEvent, ...] | None:
+    def _plan(
+        rule: str, accountant: str, plan: object, field: str = "budget.plan"
+    ) -> tuple[DpEvent, ...] | None:
         needs_plan = rule == "sequential" and accountant == "prv"
         if plan is None:
             if needs_plan:
@@ -391,14 +484,12 @@ class Budget:
                 f"accountant {accountant!r}.",
             )
         if isinstance(plan, str | bytes) or not isinstance(plan, Sequence):
-            raise InvalidArgumentError("budget.plan", f"must be a list of events. Found {plan!r}.")
+            raise InvalidArgumentError(field, f"must be a list of events. Found {plan!r}.")
         if not 1 <= len(plan) <= MAX_PLAN_EVENTS:
-            raise InvalidArgumentError(
-                "budget.plan", f"must hold 1 to {MAX_PLAN_EVENTS} events. Found {len(plan)}."
-            )
+            raise InvalidArgumentError(field, f"must hold 1 to {MAX_PLAN_EVENTS} events. Found {len(plan)}.")
         for i, step in enumerate(plan):
             if not isinstance(step, DpEvent):
-                raise InvalidArgumentError(f"budget.plan[{i}]", f"must be an event. Found {step!r}.")
+                raise InvalidArgumentError(f"{field}[{i}]", f"must be an event. Found {step!r}.")
         return tuple(plan)
 
     @property
@@ -421,6 +512,9 @@ class Budget:
                 if self.delta_weights is None
                 else {"delta_weights": [to_text(w) for w in self.delta_weights]}
             ),
+            # Omitted when unset, so a budget without segments serialises (and hashes) as before.
+            **({} if self.plan_delta is None else {"plan_delta": to_text(self.plan_delta)}),
+            **({} if not self.segments else {"segments": [s.to_json() for s in self.segments]}),
         }
 
     @classmethod
@@ -449,6 +543,8 @@ class Budget:
             plan=plan,
             plan_epsilon=plan_epsilon,
             delta_weights=obj.get("delta_weights"),
+            plan_delta=obj.get("plan_delta"),
+            segments=_parsed_segments(obj.get("segments"), trust_plan_epsilon),
         )
         if not trust_plan_epsilon and stored is not None and budget.plan_epsilon is not None:
             if _budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
@@ -457,6 +553,91 @@ class Budget:
                     f"does not match the plan: recomputed {to_text(budget.plan_epsilon)}, stored {stored!r}.",
                 )
         return budget
+
+
+def grown_from(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> bool:
+    """Whether the budget JSON ``later`` is ``earlier`` with zero or more plan segments declared
+    after it (``Budget.with_segment``): every other field equal, ``earlier``'s segments a prefix
+    of ``later``'s. A certificate is issued under the budget as it stood then; a budget changes
+    in no other way."""
+    before = earlier.get("segments") or []
+    after = later.get("segments") or []
+    if not isinstance(before, list) or not isinstance(after, list) or after[: len(before)] != before:
+        return False
+    rest = {k: v for k, v in earlier.items() if k != "segments"}
+    return rest == {k: v for k, v in later.items() if k != "segments"}
+
+
+_Parsed = tuple[tuple[DpEvent, ...], Decimal, Decimal, bool]
+
+
+def _parsed_segments(obj: object, trust_epsilon: bool) -> list[_Parsed] | None:
+    """A stored budget's ``segments``: (plan, δᵢ, stored εᵢ, whether to trust it)."""
+    if obj is None:
+        return None
+    if not isinstance(obj, list) or not obj:
+        raise InvalidArgumentError("budget.segments", "must be a non-empty list of segments.")
+    out: list[_Parsed] = []
+    for i, item in enumerate(obj):
+        path = f"budget.segments[{i}]"
+        if not isinstance(item, Mapping) or set(item) != {"plan", "delta", "epsilon"}:
+            raise InvalidArgumentError(path, "must be an object {plan, delta, epsilon}.")
+        plan_obj = item["plan"]
+        if not isinstance(plan_obj, list):
+            raise InvalidArgumentError(f"{path}.plan", "must be a list of events.")
+        plan = tuple(_event(f"{path}.plan", j, e) for j, e in enumerate(plan_obj))
+        delta = _budget_number(f"{path}.delta", item["delta"])
+        stored = _budget_number(f"{path}.epsilon", item["epsilon"])
+        out.append((plan, delta, stored, trust_epsilon))
+    return out
+
+
+def _stored_segments(budget: Budget, segments: object) -> Budget:
+    """``budget`` with the segments a stored budget lists, each checked as ``with_segment``
+    checked it; an ε that is not trusted is recomputed and must equal the stored one."""
+    assert isinstance(segments, list)
+    if budget.plan is None:
+        raise InvalidArgumentError("budget.segments", "apply to a declared plan only (sequential, prv).")
+    for i, (plan, delta, stored, trusted) in enumerate(segments):
+        try:
+            if not trusted:
+                budget = budget.with_segment(plan, delta)
+                if budget.segments[-1].epsilon != stored:
+                    raise InvalidArgumentError(
+                        "epsilon",
+                        f"does not match the plan: recomputed {to_text(budget.segments[-1].epsilon)}, "
+                        f"stored {to_text(stored)}.",
+                    )
+            else:
+                steps = budget._plan(budget.rule, budget.accountant, plan, "plan")
+                assert steps is not None
+                budget = _with_segments(budget, (*budget.segments, PlanSegment(steps, delta, stored)), "plan")
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"budget.segments[{i}].{exc.field}", exc.message) from None
+    return budget
+
+
+def _with_segments(budget: Budget, segments: tuple[PlanSegment, ...], field: str) -> Budget:
+    """``budget`` with ``segments``, refused unless Σεᵢ ≤ ε and Σδᵢ ≤ δ over every declared
+    segment (the basic-composition filter's condition, exact in decimals)."""
+    grown = replace(budget, segments=segments)
+    total_eps = exact_sum(s.epsilon for s in grown.plan_segments)
+    total_delta = exact_sum(s.delta for s in grown.plan_segments)
+    last = grown.plan_segments[-1]
+    if total_delta > budget.delta or last.delta <= 0:
+        raise InvalidArgumentError(
+            "delta",
+            f"the segments' deltas sum to {to_text(total_delta)}, more than budget.delta "
+            f"{to_text(budget.delta)} (each must be > 0).",
+        )
+    if total_eps > budget.epsilon:
+        raise InvalidArgumentError(
+            field,
+            f"needs epsilon {to_text(last.epsilon)} (PRV upper bound at delta={to_text(last.delta)}); "
+            f"with the {to_text(exact_sub(total_eps, last.epsilon))} the earlier segments hold that is "
+            f"{to_text(total_eps)}, more than budget.epsilon {to_text(budget.epsilon)}.",
+        )
+    return grown
 
 
 def _event(field_name: str, index: int, obj: object) -> DpEvent:

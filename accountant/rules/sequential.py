@@ -22,6 +22,17 @@ Theorems relied on, by the budget's accountant:
   It is kept non-decreasing by taking the maximum with the spend before (a larger number is
   still an upper bound).
 
+  **Plan segments.** A budget may declare further plans after creation (``Budget.with_segment``),
+  each priced (εᵢ, δᵢ) = (PRV upper ε at its share δᵢ, δᵢ) when it is declared, before any of it
+  runs. Segments compose by **basic composition under fully adaptive choice** — the
+  basic-composition privacy filter of Rogers, Roth, Ullman & Vadhan 2016 (Thm. 3.6): the
+  (εᵢ, δᵢ) of segment i may depend on everything segments 0..i−1 released, provided Σεᵢ ≤ ε and
+  Σδᵢ ≤ δ. PRV profiles of adaptively chosen segments are *not* composed: a filter over whole
+  privacy profiles is not valid in general (natural approximate-DP filters can fail against an
+  adaptive analyst). Declaring a segment closes the open one on every batch
+  (``close_segment``): a batch that ran any of it is charged its whole (εᵢ, δᵢ), one that ran
+  none of it nothing. Within the open segment a batch runs its entries in order, as above.
+
 The other rule modules reuse this module's pricing: ``basic_price`` (exact), ``rdp_charge``
 (per-order RDP rounded up), ``prv_epsilon`` and ``fresh_price`` (a charge's ε as a fresh,
 single charge — the naive count and the parallel rule's cost).
@@ -41,6 +52,7 @@ from accountant.exact import (
     ZERO,
     exact_add,
     exact_sub,
+    exact_sum,
     to_text,
 )
 from accountant.rules.bookkeeping import (
@@ -56,7 +68,7 @@ from accountant.rules.bookkeeping import (
     vsub,
     zeros,
 )
-from accountant.rules.budget import Budget, renyi_filter
+from accountant.rules.budget import Budget, PlanSegment, renyi_filter
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
 from accountant.rules.memo import event_fingerprint, memoized
 from accountant.rules.prices import basic_price, fresh_price, naive_price, prv_epsilon, rdp_charge
@@ -266,44 +278,66 @@ def within_budget_fresh(budget: Budget, state: BatchState) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+def _open_segment(budget: Budget) -> tuple[int, PlanSegment]:
+    """The segment reservations run now: the last one declared."""
+    segments = budget.plan_segments
+    assert segments, "a sequential prv budget has a declared plan"
+    return len(segments) - 1, segments[-1]
+
+
+def _closed_cost(budget: Budget, state: BatchState) -> tuple[Decimal, Decimal]:
+    """(Σεᵢ, Σδᵢ) of the closed segments this batch ran: each is charged its whole declared
+    (εᵢ, δᵢ), however much of it ran (``close_segment``)."""
+    segments = budget.plan_segments
+    return (
+        exact_sum(segments[i].epsilon for i in state.plan_closed),
+        exact_sum(segments[i].delta for i in state.plan_closed),
+    )
+
+
 def _plan_target(budget: Budget, position: int, last: DpEvent) -> Decimal:
-    """min(PRV ε of plan entries 0..position−1 followed by ``last``, the plan's ε)."""
-    assert budget.plan is not None and budget.plan_epsilon is not None
-    plan, plan_epsilon = budget.plan, budget.plan_epsilon
+    """min(PRV ε of the open segment's entries 0..position−1 followed by ``last``, the
+    segment's ε), both at the segment's δ."""
+    index, segment = _open_segment(budget)
 
     def compute() -> Decimal:
-        return min(prv_epsilon((*plan[:position], last), budget.delta), plan_epsilon)
+        return min(prv_epsilon((*segment.plan[:position], last), segment.delta), segment.epsilon)
 
-    return memoized("plan_target", budget, last, position, compute)
+    return memoized("plan_target", budget, last, (index, position), compute)
 
 
 def _reserve_plan(budget: Budget, state: BatchState, charge: Charge) -> Admission:
-    assert budget.plan is not None
+    index, segment = _open_segment(budget)
+    plan = segment.plan
     position = state.plan_position
+    named = "the declared plan" if index == 0 else f"plan segment {index}"
     if state.plan_open:
         raise ChargeRefused(
             "plan_step_pending",
-            f"plan entry {position - 1} is reserved on this batch and not settled; commit or "
+            f"entry {position - 1} of {named} is reserved on this batch and not settled; commit or "
             "abort it first (a declared plan runs in order).",
         )
-    if position >= len(budget.plan):
+    if position >= len(plan):
         raise ChargeRefused(
             "outside_plan",
-            f"all {len(budget.plan)} entries of the declared plan have been used on this batch.",
+            f"all {len(plan)} entries of {named} have been used on this batch; declare a new plan "
+            "segment to spend what the budget has left.",
         )
-    expected = budget.plan[position]
+    expected = plan[position]
     if charge.event != expected:
         raise ChargeRefused(
             "outside_plan",
-            f"the next charge on this batch must be plan entry {position}: "
+            f"the next charge on this batch must be entry {position} of {named}: "
             f"{ev.to_json(expected)}. Found {ev.to_json(charge.event)}.",
         )
-    target = _plan_target(budget, position, budget.plan[position])
+    closed_eps, closed_dlt = _closed_cost(budget, state)
+    target = exact_add(closed_eps, _plan_target(budget, position, expected))
     base = exact_add(state.epsilon_spent, state.epsilon_held)
     eps = max(ZERO, exact_sub(target, base))
-    dlt = ZERO if target == 0 else exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held))
-    dlt = max(ZERO, dlt)
-    if exact_add(base, eps) > budget.epsilon:  # cannot happen: target ≤ plan ε ≤ ε
+    # The segment's δᵢ is charged with its first entry that costs anything.
+    target_dlt = closed_dlt if target == closed_eps else exact_add(closed_dlt, segment.delta)
+    dlt = max(ZERO, exact_sub(target_dlt, exact_add(state.delta_spent, state.delta_held)))
+    if exact_add(base, eps) > budget.epsilon:  # cannot happen: Σεᵢ ≤ ε (Budget.with_segment)
         raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
     naive, _ = fresh_price(budget, charge.event)
     cost = Cost(
@@ -332,14 +366,14 @@ def _commit_plan(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
-    assert budget.plan is not None
     position = reserved.plan_position
     if position is None or not state.plan_open or position != state.plan_position - 1:
         raise InvalidArgumentError("reserved.plan_position", "is not the open plan entry of this batch.")
+    closed_eps, _ = _closed_cost(budget, state)
 
     def price(partial: DpEvent) -> Cost:
         base = exact_sub(state.epsilon_spent, ZERO if committed_before is None else committed_before.epsilon)
-        target = _plan_target(budget, position, partial)
+        target = exact_add(closed_eps, _plan_target(budget, position, partial))
         naive, _ = fresh_price(budget, partial)
         return Cost(
             max(ZERO, exact_sub(target, base)),
@@ -363,6 +397,40 @@ def _cancel_plan(budget: Budget, state: BatchState, reserved: Cost, committed: C
         released,
         plan_position=position if committed is None else state.plan_position,
         plan_open=False,
+    )
+
+
+def close_segment(budget: Budget, state: BatchState) -> BatchState:
+    """The batch's state once the open segment of ``budget`` is closed (a new one is declared).
+
+    A batch that ran any entry of it (``plan_position`` > 0) is charged the segment's whole
+    declared (εᵢ, δᵢ), not the PRV ε of the prefix it ran: where a segment stopped may depend on
+    what it released, and a filter's parameters must be fixed before the mechanism runs
+    (Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6); charging the realised prefix would be an
+    odometer, which that paper shows cannot be had at a filter's price. A batch that ran none of
+    it is charged nothing: it ran no mechanism of the segment, which is (0, 0)-DP on its records.
+    Refused while an entry is reserved and not settled (``plan_step_pending``)."""
+    if budget.rule != "sequential" or budget.accountant != "prv":
+        raise InvalidArgumentError("budget", "plan segments apply to a sequential prv budget only.")
+    index, segment = _open_segment(budget)
+    if state.plan_open:
+        raise ChargeRefused(
+            "plan_step_pending",
+            f"entry {state.plan_position - 1} of the open plan segment is reserved on this batch and "
+            "not settled; commit or abort it before declaring the next segment.",
+        )
+    if state.plan_position == 0:
+        return state
+    closed_eps, closed_dlt = _closed_cost(budget, state)
+    spent = max(state.epsilon_spent, exact_add(closed_eps, segment.epsilon))
+    return replace(
+        state,
+        epsilon_spent=spent,
+        delta_spent=max(state.delta_spent, exact_add(closed_dlt, segment.delta)),
+        # The naive figure is never below the spend (``rules._naive_at_least_spent``).
+        naive_epsilon=max(state.naive_epsilon, spent),
+        plan_position=0,
+        plan_closed=(*state.plan_closed, index),
     )
 
 
@@ -398,7 +466,6 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
 
 def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
     if budget.accountant == "prv":
-        assert budget.plan_epsilon is not None
         used = exact_add(state.epsilon_spent, state.epsilon_held)
         return {
             "epsilon": to_text(max(ZERO, exact_sub(budget.epsilon, used))),
@@ -411,11 +478,18 @@ def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
 
 def within_budget(budget: Budget, state: BatchState) -> bool:
     if budget.accountant == "prv":
-        assert budget.plan is not None and budget.plan_epsilon is not None
+        index, segment = _open_segment(budget)
+        if list(state.plan_closed) != sorted(set(state.plan_closed)) or any(
+            not 0 <= i < index for i in state.plan_closed
+        ):
+            return False
+        closed_eps, closed_dlt = _closed_cost(budget, state)
         return (
-            exact_add(state.epsilon_spent, state.epsilon_held) <= budget.plan_epsilon <= budget.epsilon
-            and exact_add(state.delta_spent, state.delta_held) <= budget.delta
-            and state.plan_position <= len(budget.plan)
+            exact_add(state.epsilon_spent, state.epsilon_held) <= exact_add(closed_eps, segment.epsilon)
+            and exact_add(state.delta_spent, state.delta_held) <= exact_add(closed_dlt, segment.delta)
+            and exact_sum(s.epsilon for s in budget.plan_segments) <= budget.epsilon
+            and exact_sum(s.delta for s in budget.plan_segments) <= budget.delta
+            and state.plan_position <= len(segment.plan)
         )
     return within_budget_fresh(budget, state)
 
@@ -439,6 +513,16 @@ THEOREMS: Final = {
         "post-processing of the whole plan (Dwork & Roth 2014, Prop. 2.1)."
     ),
 }
+SEGMENTS_THEOREM: Final = (
+    "Sequential composition per batch of declared plan segments: each segment a non-adaptive "
+    "plan priced (epsilon_i, delta_i) by the PRV accountant's upper bound at its delta share "
+    "(Gopi, Lee & Wutschitz 2021; a prefix is post-processing of the whole segment, Dwork & Roth "
+    "2014, Prop. 2.1), fixed when it is declared; segments composed by basic composition under "
+    "fully adaptive choice of the segments and their parameters, admitted while sum epsilon_i <= "
+    "epsilon and sum delta_i <= delta (Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6, the "
+    "basic-composition privacy filter); a closed segment is charged its whole (epsilon_i, delta_i) "
+    "on every batch that ran any of it."
+)
 PARALLEL_OVER_BATCHES: Final = (
     " Disjoint batches compose in parallel: the dataset's epsilon is the maximum over batches "
     "(McSherry 2009, Thm. 4)."
@@ -446,14 +530,20 @@ PARALLEL_OVER_BATCHES: Final = (
 
 
 def theorem(budget: Budget) -> str:
+    # A budget created before segments existed (plan at the whole δ, none declared since) cites
+    # what it always cited, so its certificates re-verify unchanged.
+    if budget.accountant == "prv" and (budget.plan_delta is not None or budget.segments):
+        return SEGMENTS_THEOREM + PARALLEL_OVER_BATCHES
     return THEOREMS[budget.accountant] + PARALLEL_OVER_BATCHES
 
 
 __all__ = [
     "PARALLEL_OVER_BATCHES",
+    "SEGMENTS_THEOREM",
     "THEOREMS",
     "cancel",
     "cancel_fresh",
+    "close_segment",
     "commit",
     "commit_fresh",
     "derive_filter_state",

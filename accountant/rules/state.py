@@ -179,7 +179,9 @@ class BatchState:
     as fresh. ``reads``: reservations on the batch not cancelled before any commit. Rule state:
     ``rdp_spent`` / ``rdp_held`` (Rényi filter per-order sums; ``None`` = all zero), ``levels``
     (geometric levels in use, sorted), ``noise_commitments`` (lifelong, sorted),
-    ``plan_position`` / ``plan_open`` (prv: plan entries claimed; a reservation is open).
+    ``plan_position`` / ``plan_open`` (prv: entries of the open plan segment claimed; a
+    reservation is open), ``plan_closed`` (prv: the closed segments this batch ran, each charged
+    its whole declared (εᵢ, δᵢ); omitted from the JSON while empty).
     ``neighbouring_relation``: ``"add_remove"`` or ``"replace_one"`` once a charge whose event
     states one has been reserved on the batch (``None``: none has; rows stored before the field
     existed read as ``None``). Charges under the other relation are refused (``reserve``).
@@ -198,6 +200,7 @@ class BatchState:
     plan_position: int = 0
     plan_open: bool = False
     neighbouring_relation: str | None = None
+    plan_closed: tuple[int, ...] = ()
 
     @classmethod
     def empty(cls) -> BatchState:
@@ -223,6 +226,7 @@ class BatchState:
                 if self.neighbouring_relation is None
                 else {"neighbouring_relation": self.neighbouring_relation}
             ),
+            **({} if not self.plan_closed else {"plan_closed": list(self.plan_closed)}),
         }
 
     @classmethod
@@ -265,6 +269,15 @@ class BatchState:
                 f"{path}.neighbouring_relation",
                 f"must be {ev.ADD_REMOVE!r}, {ev.REPLACE_ONE!r} or absent. Found {relation!r}.",
             )
+        closed = obj.get("plan_closed", [])
+        if (
+            not isinstance(closed, list)
+            or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in closed)
+            or sorted(set(closed)) != closed
+        ):
+            raise InvalidArgumentError(
+                f"{path}.plan_closed", f"must be a sorted list of distinct segment indexes. Found {closed!r}."
+            )
         state = cls(
             epsilon_spent=_decimal_field(obj, "epsilon_spent", path),
             epsilon_held=_decimal_field(obj, "epsilon_held", path),
@@ -279,6 +292,7 @@ class BatchState:
             plan_position=_int_field(obj, "plan_position", path) or 0,
             plan_open=plan_open,
             neighbouring_relation=relation,
+            plan_closed=tuple(closed),
         )
         for name in ("epsilon_spent", "epsilon_held", "delta_spent", "delta_held", "naive_epsilon"):
             if getattr(state, name) < 0:

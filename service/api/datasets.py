@@ -1,7 +1,9 @@
 """Datasets, tasks and batches: ``/v1/datasets``.
 
 Creating is ``admin``; reading is any scope. Another tenant's dataset answers 404 (the ledger
-looks every id up within the caller's tenant). A dataset's data source is an admin's too: set
+looks every id up within the caller's tenant). An admin declares the next plan segment of a
+sequential ``prv`` budget (``POST /v1/datasets/{id}/plan-segments``,
+``service.ledger.plan_segments``). A dataset's data source is an admin's too: set
 when the dataset is created (``data_source``) or later (``PUT /v1/datasets/{id}/data-source``),
 checked against the server's data roots for the caller's tenant (``LEDGER_DATA_ROOTS``).
 """
@@ -23,13 +25,15 @@ from service.api.schemas import (
     DatasetsPublic,
     DataSourceSet,
     ErrorBody,
+    PlanSegmentCreate,
+    PlanSegmentPublic,
     QuoteCreate,
     QuotePublic,
     TaskCreate,
     TaskPublic,
     TasksPublic,
 )
-from service.ledger import batches, datasets, quotes
+from service.ledger import batches, datasets, plan_segments, quotes
 from service.settings import Settings
 from service.training.data import DataRoots
 
@@ -218,5 +222,44 @@ def quote(
         batch_ids=None if body.batches is None else [str(i) for i in body.batches],
         task_ids=None if body.tasks is None else [str(i) for i in body.tasks],
         noise_commitment=body.noise_commitment,
+        policy=rates.policy(principal.tenant_id),
+    )
+
+
+@router.post(
+    "/datasets/{dataset_id}/plan-segments",
+    status_code=201,
+    response_model=PlanSegmentPublic,
+    responses={
+        **_ERRORS,
+        **RATE_LIMITED,
+        409: {
+            "model": ErrorBody,
+            "description": "`plan_step_pending`: a reservation of the dataset is open; nothing changes",
+        },
+    },
+    summary="Declare the next plan segment of a sequential prv budget (admin; audited)",
+    description="Prices `plan` with PRV at `delta`, a share of the budget's delta, and makes it the "
+    "open segment: reservations then run its entries in order. Segments compose by basic "
+    "composition, valid when each is chosen after seeing what earlier ones released (Rogers, Roth, "
+    "Ullman & Vadhan 2016, Thm. 3.6): refused (422 naming `plan` or `delta`) unless the segments' "
+    "epsilons and deltas sum to at most the budget's. Declaring closes the open segment: every "
+    "batch that ran any of it is charged its whole epsilon and delta.",
+)
+async def declare_plan_segment(
+    dataset_id: str,
+    body: PlanSegmentCreate,
+    principal: AdminDep,
+    request: Request,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    rates: PricingRates = request.app.state.pricing
+    return await plan_segments.declare_segment_async(
+        request.app.state.database,
+        principal.tenant_id,
+        dataset_id,
+        plan_json=body.plan,
+        delta=str(body.delta),
+        idempotency_key=idempotency_key,
         policy=rates.policy(principal.tenant_id),
     )

@@ -232,6 +232,11 @@ class BudgetCreate(_Request):
     orders: list[float] | None = Field(
         default=None, description="RDP orders of the Rényi filter (`rdp`); fixed at creation."
     )
+    plan_delta: Delta | None = Field(
+        default=None,
+        description="The share of `delta` the declared `plan` is priced at (default: all of it); "
+        "the rest is left for later plan segments (`POST /v1/datasets/{id}/plan-segments`).",
+    )
 
     @model_validator(mode="after")
     def _events_parse(self) -> BudgetCreate:
@@ -283,6 +288,32 @@ class DatasetPublic(_Public):
 class DatasetsPublic(_Public):
     data: list[DatasetPublic]
     count: int
+
+
+class PlanSegmentCreate(_Request):
+    """``POST /v1/datasets/{id}/plan-segments``: the next declared plan of a sequential `prv`
+    budget and the share of the budget's δ it is priced at."""
+
+    plan: list[EventJson] = Field(min_length=1, description="The segment's events, run in order.")
+    delta: Delta = Field(description="This segment's share of the budget's delta (> 0).")
+
+    @model_validator(mode="after")
+    def _events_parse(self) -> PlanSegmentCreate:
+        for index, event in enumerate(self.plan):
+            _check_event(event, f"plan[{index}]")
+        return self
+
+
+class PlanSegmentPublic(_Public):
+    dataset_id: Any
+    index: int
+    plan: list[dict[str, Any]]
+    delta: str
+    epsilon: str
+    declared: dict[str, str]
+    left: dict[str, str]
+    closed_batches: int
+    theorem: str
 
 
 # ---------------------------------------------------------------------------------------------

@@ -221,6 +221,7 @@ def _guarded(name: str, check: Callable[[], Finding]) -> Finding:
 
 def _certificates(bundle: Json) -> Finding:
     from accountant.certificates import check_batch_set, verify
+    from accountant.rules.budget import grown_from
 
     dataset = bundle["dataset"]
     problems: list[str] = []
@@ -247,7 +248,8 @@ def _certificates(bundle: Json) -> Finding:
             )
         if body.get("dataset_id") != dataset["id"]:
             problems.append(f"certificate {cid}: certifies dataset {body.get('dataset_id')!r}")
-        if body["inputs"]["budget"] != dataset["budget"]:
+        # Issued under the budget as it stood then: the dataset's, or it before later plan segments.
+        if not grown_from(body["inputs"]["budget"], dataset["budget"]):
             problems.append(f"certificate {cid}: certified under a budget that is not the dataset's")
         if stored.get("release") != body.get("release"):
             problems.append(f"certificate {cid}: stored release {stored.get('release')} != certified")
@@ -323,6 +325,21 @@ def _spent(bundle: Json) -> tuple[Decimal, Decimal, Decimal, Decimal]:
     )
 
 
+def _segments(budget: Json) -> list[str]:
+    """A budget's declared plan segments, recomputed offline: each one's PRV ε at its δ share, and
+    Σεᵢ ≤ ε, Σδᵢ ≤ δ (``Budget.from_json`` without trusting the stored numbers)."""
+    from accountant.errors import AccountantError
+    from accountant.rules import Budget
+
+    try:
+        recomputed = Budget.from_json(budget, trust_plan_epsilon=False)
+    except AccountantError as exc:
+        return [f"the budget's plan segments do not hold: {exc}"]
+    if recomputed.to_json() != budget:
+        return ["the budget's plan segments do not match their PRV recomputation"]
+    return []
+
+
 def _budget(bundle: Json) -> Finding:
     budget = bundle["dataset"]["budget"]
     spend = bundle["spend"]
@@ -340,6 +357,8 @@ def _budget(bundle: Json) -> Finding:
         problems.append(
             f"the spend reports an epsilon budget of {spend['epsilon_budget']}, the dataset's is {epsilon}"
         )
+    if budget.get("segments"):
+        problems.extend(_segments(budget))
     if eps_spent > epsilon:
         problems.append(f"epsilon spent {eps_spent} exceeds the budget {epsilon}")
     if delta_spent > delta:
@@ -418,6 +437,23 @@ def _anchoring(certificates: Iterable[Json], entries: list[Json]) -> list[str]:
     return problems
 
 
+def _declared_segments(budget: Json, entries: list[Json]) -> list[str]:
+    """The budget's plan segments are the ones the chain recorded declaring (``plan.segment_declared``),
+    in order: a segment left out of the exported budget, or one the chain never saw, is found."""
+    recorded = [
+        {k: e["payload"].get(k) for k in ("plan", "delta", "epsilon")}
+        for e in sorted(entries, key=lambda e: e["chain_seq"])
+        if e.get("event_type") == "plan.segment_declared"
+    ]
+    listed = list(budget.get("segments") or [])
+    if recorded == listed:
+        return []
+    return [
+        f"the budget lists {len(listed)} plan segment(s), the audit chain records declaring "
+        f"{len(recorded)}, and they differ"
+    ]
+
+
 def _audit(bundle: Json) -> Finding:
     audit = bundle["audit"]
     verdict = audit["verify"]
@@ -433,6 +469,7 @@ def _audit(bundle: Json) -> Finding:
         return Finding("audit chain", not problems, detail, problems)
     problems.extend(_recompute_chain(bundle["dataset"]["id"], audit["head"], entries))
     problems.extend(_anchoring(bundle["certificates"], entries))
+    problems.extend(_declared_segments(bundle["dataset"]["budget"], entries))
     committed = sum(committed_certificate_id(e) is not None for e in entries)
     detail = (
         f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "

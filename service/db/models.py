@@ -115,6 +115,10 @@ class Dataset(Base):
     audit_hash: Mapped[str] = mapped_column(HASH, server_default=GENESIS)
     last_release: Mapped[dict[str, Any] | None]
     last_release_at: Mapped[datetime | None]
+    plan_segments: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """How many plan segments a sequential ``prv`` budget has declared since it was created (its
+    ``budget`` lists them); read with the ledger head, so a process whose cached budget lists fewer
+    reads the budget again (``service.ledger.spending.store.Work.open``)."""
     data_source: Mapped[str | None] = mapped_column(String(DATA_SOURCE_LENGTH))
     """The URI the worker reads the dataset's records from (``builtin:…`` or a ``file://`` path
     under one of the tenant's data roots), set by an admin; ``NULL``: no job can run yet. A job

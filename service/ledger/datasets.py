@@ -3,8 +3,10 @@
 A dataset is created with a budget ``{rule, epsilon, delta, accountant, geometric?: {first,
 ratio}, orders?, plan?: [events]}``, validated by ``accountant.rules.Budget.create`` (a sequential
 dataset on ``prv`` must declare its ``plan`` of events here; its PRV ε is computed once, now, and
-stored with the budget). The budget never changes afterwards, so parsed budgets are cached per
-dataset id (``budget_of``).
+stored with the budget; ``plan_delta`` prices it at a share of δ, leaving the rest for later plan
+segments, ``service.ledger.plan_segments``). The budget changes afterwards only by growing
+segments, counted in ``datasets.plan_segments``, so parsed budgets are cached per dataset id and
+read again when the count moves (``cached_budget``).
 
 A dataset owns its data source (``data_source``: the URI the worker reads its records from,
 ``builtin:…`` or a ``file://`` path under the tenant's data roots; DESIGN-NOTES 8), set by an
@@ -41,7 +43,9 @@ if TYPE_CHECKING:
     from service.training.data import DataRoots
 
 MAX_NAME_LENGTH: Final = 200
-_BUDGET_KEYS: Final = frozenset({"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan"})
+_BUDGET_KEYS: Final = frozenset(
+    {"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan", "plan_delta"}
+)
 _CACHE_SIZE: Final = 4096
 
 
@@ -113,6 +117,7 @@ def parse_budget(obj: object) -> Budget:
             geometric=obj.get("geometric"),
             orders=orders,
             plan=plan,
+            plan_delta=obj.get("plan_delta"),
         )
     except InvalidArgumentError as exc:
         raise InvalidInput(exc.field, exc.message) from None
@@ -123,17 +128,19 @@ def parse_budget(obj: object) -> Budget:
 
 
 class _BudgetCache:
-    """Parsed budgets by dataset id (budgets are immutable, so entries never go stale)."""
+    """Parsed budgets by dataset id. A budget changes only by growing plan segments
+    (``Budget.with_segment``), so an entry is current iff it lists as many segments as the
+    dataset row's ``plan_segments`` says; a caller that read that count passes it."""
 
     def __init__(self, size: int) -> None:
         self._size = size
         self._items: OrderedDict[str, Budget] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, dataset_id: str, load: Callable[[], Any]) -> Budget:
+    def get(self, dataset_id: str, load: Callable[[], Any], segments: int | None = None) -> Budget:
         with self._lock:
             budget = self._items.get(dataset_id)
-            if budget is not None:
+            if budget is not None and (segments is None or len(budget.segments) == segments):
                 self._items.move_to_end(dataset_id)
                 return budget
         budget = Budget.from_json(load())
@@ -148,13 +155,14 @@ _budgets: Final = _BudgetCache(_CACHE_SIZE)
 
 
 def budget_of(dataset: Dataset) -> Budget:
-    """The dataset's parsed budget (cached)."""
-    return _budgets.get(dataset.id, lambda: dataset.budget)
+    """The dataset's parsed budget (cached; read again when the row lists more plan segments)."""
+    return _budgets.get(dataset.id, lambda: dataset.budget, dataset.plan_segments)
 
 
-def cached_budget(dataset_id: str, load: Callable[[], Any]) -> Budget:
-    """The parsed budget of ``dataset_id``; ``load()`` returns its stored JSON on a cache miss."""
-    return _budgets.get(dataset_id, load)
+def cached_budget(dataset_id: str, load: Callable[[], Any], *, segments: int | None = None) -> Budget:
+    """The parsed budget of ``dataset_id``; ``load()`` returns its stored JSON on a cache miss,
+    or when the cached one does not list ``segments`` plan segments (the count just read)."""
+    return _budgets.get(dataset_id, load, segments)
 
 
 def dataset_json(row: Dataset) -> dict[str, Any]:

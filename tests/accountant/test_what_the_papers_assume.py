@@ -20,10 +20,12 @@ from scipy import stats
 from accountant import events as ev
 from accountant import mechanisms as mech
 from accountant import rules as R
-from accountant.certificates import BatchRecord, content_hash, issue, verify
+from accountant.certificates import BatchSet, ClassRecord, batch_set_hash, content_hash, issue, verify
 from accountant.errors import InvalidArgumentError
 
 D, H1, BATCH, EPS1, EPS2, BOUND = 64, 4, 72, 2.0, 1.0, 2.0
+
+ONE_BATCH = BatchSet(1, batch_set_hash([("b", 0)]))
 
 
 def l2dp(analysis: str | None) -> ev.FunctionalMechanismL2DPEvent:
@@ -149,8 +151,15 @@ def _certificate(charge: R.Charge) -> dict[str, Any]:
     state = R.BatchState.empty()
     admission = R.reserve(budget, state, charge)
     settled = R.commit(budget, admission.state, charge, admission.cost, None)
-    record = BatchRecord("b", state, admission.cost, admission.state, None, settled.state, settled.committed)
-    return issue(budget=budget, charge=charge, batches=[record], reservation_id="r", release={"v": 1})
+    record = ClassRecord(0, 1, state, admission.cost, admission.state, None, settled.state, settled.committed)
+    return issue(
+        budget=budget,
+        charge=charge,
+        classes=[record],
+        batch_set=ONE_BATCH,
+        reservation_id="r",
+        release={"v": 1},
+    )
 
 
 def test_the_certificate_names_the_analysis_charged() -> None:

@@ -260,3 +260,56 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
         assert check_batch_set(certificate, members).ok
     finally:
         db.dispose()
+
+
+BEFORE_PLAN_SEGMENTS = "c4a1d2e3f505"  # the revision before 2026_11_25_plan_segments
+
+
+def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_one(
+    empty_database_url: URL,
+) -> None:
+    """Code from before ``datasets.plan_segments`` reads a budget as its first plan alone: a batch
+    whose first plan was closed could run it again. The downgrade refuses while any dataset has
+    declared a segment, changes nothing, and goes through once none has (the count reset here by
+    hand, as an operator would after deciding what those budgets become)."""
+    from service.db.session import Database
+    from service.ledger import datasets, plan_segments, tenancy
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    pure = {"kind": "pure_dp", "epsilon": 0.5}
+    budget = {
+        "rule": "sequential",
+        "epsilon": "2",
+        "delta": "1e-5",
+        "accountant": "prv",
+        "plan": [pure],
+        "plan_delta": "5e-6",
+    }
+    try:
+        tenancy.create_tenant(db, "acme")
+        plain = datasets.create_dataset(db, "acme", name="plain", budget=budget)["id"]
+        segmented = datasets.create_dataset(db, "acme", name="segmented", budget=budget)["id"]
+        plan_segments.declare_segment(db, "acme", segmented, plan_json=[pure], delta="5e-6")
+    finally:
+        db.dispose()
+    try:
+        migrations.downgrade(empty_database_url, BEFORE_PLAN_SEGMENTS)
+    except RuntimeError as exc:
+        assert segmented in str(exc) and plain not in str(exc)
+    else:
+        raise AssertionError("the downgrade went through with a declared segment")
+    assert migrations.is_up_to_date(empty_database_url)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            assert dict(connection.execute(sa.text("SELECT id, plan_segments FROM datasets")).all()) == {
+                plain: 0,
+                segmented: 1,
+            }
+            connection.execute(sa.text("UPDATE datasets SET plan_segments = 0"))
+    finally:
+        engine.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_PLAN_SEGMENTS)
+    migrations.upgrade(empty_database_url)
+    assert _diff(empty_database_url) == []

@@ -11,6 +11,9 @@ Each operation *decides* first (reading only; it may raise a ``LedgerError``) an
   progressive commit and the reservation stays open.
 * ``abort`` returns what was held and not committed (``accountant.rules.cancel``).
 * ``expire`` does the same for reservations past their ``expires_at``.
+* ``declare_segment`` grows a sequential ``prv`` budget by one declared plan segment
+  (``Budget.with_segment``) and closes the open segment on every batch (``rules.close_segment``);
+  refused while any reservation is open.
 
 ``decide`` is the one seam the group-commit engine (``spending.engine``) calls for each operation.
 """
@@ -27,8 +30,9 @@ from accountant import events as ev
 from accountant import rules
 from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError, InvalidArgumentError
-from accountant.exact import ZERO, exact_sub
+from accountant.exact import ZERO, exact_sub, exact_sum, to_text
 from accountant.rules import BatchState, Charge
+from service.db.models import Batch
 from service.ledger import certificates
 from service.ledger.errors import (
     BudgetExceeded,
@@ -45,6 +49,7 @@ from service.ledger.spending.requests import (
     CommitParams,
     Op,
     ReserveParams,
+    SegmentParams,
 )
 from service.ledger.spending.store import (
     HeldClass,
@@ -68,6 +73,8 @@ def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
         return commit(work, op, params)
     if isinstance(params, AbortParams):
         return abort(work, op, params), None
+    if isinstance(params, SegmentParams):
+        return declare_segment(work, op, params), None
     return {"expired": work.expired_on_open + expire(work, params.reservation_ids, op.at)}, None
 
 
@@ -337,6 +344,68 @@ def expire(work: Work, reservation_ids: Iterable[str], at: datetime) -> int:
             _close(work, r, "expired", at)
             expired += 1
     return expired
+
+
+def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]:
+    """Declare the next plan segment of the dataset's sequential ``prv`` budget.
+
+    Decided on the locked head, so it is ordered with every reservation of the dataset (and with
+    another declaration: the second one is priced against the budget the first one left). While
+    any reservation is open the open segment cannot close — its certificate must be issued under
+    the budget it was reserved under — so the declaration is refused (``plan_step_pending``);
+    due reservations have already expired (``engine``). Then every batch's state is closed
+    (``rules.close_segment``: a batch that ran any of the open segment is charged its whole
+    (εᵢ, δᵢ)) and the budget is written with the head."""
+    budget = work.budget
+    if op.tenant_id != work.head.tenant_id:
+        raise NotFound("dataset", work.head.id)
+    try:
+        grown = budget.with_segment(params.plan, params.delta)
+    except InvalidArgumentError as exc:
+        raise InvalidInput(exc.field, exc.message) from exc
+    except AccountantError as exc:  # an event PRV cannot account (UnsupportedEventError)
+        raise InvalidInput("plan", str(exc)) from exc
+    if work.head.reservations_open > 0:
+        raise ChargeRefused(
+            "plan_step_pending",
+            f"{work.head.reservations_open} reservation(s) of this dataset are open; commit or abort "
+            "them before declaring the next plan segment (the open segment closes when it is declared).",
+        )
+    moves: list[Move] = []
+    for state_id, count, tasks in work.dataset_groups():  # once per distinct state
+        state = work.state(state_id)
+        try:
+            after = rules.close_segment(budget, state)
+        except AccountantError as exc:
+            raise rule_error(exc, work.example_of_state(state_id)) from exc
+        if after != state:
+            moves.append(Move(state_id, after, count, tasks))
+    work.move(Batch.dataset_id == work.head.id, moves, op.at)  # decided: apply
+    work.grow_budget(grown)
+    index = len(grown.plan_segments) - 1
+    segment = grown.plan_segments[index]
+    held_eps = exact_sum(s.epsilon for s in grown.plan_segments)
+    held_dlt = exact_sum(s.delta for s in grown.plan_segments)
+    response = {
+        "dataset_id": work.head.id,
+        "index": index,
+        "plan": params.plan_document,
+        "delta": to_text(segment.delta),
+        "epsilon": to_text(segment.epsilon),
+        "declared": {"epsilon": to_text(held_eps), "delta": to_text(held_dlt)},
+        "left": {
+            "epsilon": to_text(exact_sub(grown.epsilon, held_eps)),
+            "delta": to_text(exact_sub(grown.delta, held_dlt)),
+        },
+        "closed_batches": sum(m.count for m in moves),
+        "theorem": rules.theorem(grown),
+    }
+    work.audit(
+        "plan.segment_declared",
+        {k: response[k] for k in ("index", "plan", "delta", "epsilon", "declared", "closed_batches")},
+        op.at,
+    )
+    return response
 
 
 def rule_error(exc: AccountantError, batch_id: str) -> LedgerError:

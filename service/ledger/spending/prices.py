@@ -19,7 +19,7 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
-from service.ledger.spending.requests import CommitParams, Op, ReserveParams
+from service.ledger.spending.requests import CommitParams, Op, ReserveParams, SegmentParams
 from service.ledger.spending.store import batch_states, dataset_budget, known_dataset, load_reservations
 
 
@@ -36,6 +36,8 @@ def prices_inline(op: Op) -> bool:
     """Whether ``op`` is priced in its group's worker thread, just before the transaction: it
     prices nothing, or little under a budget this process knows. Otherwise a coroutine prices it
     in a pricing thread before it joins the group, so it never delays the group."""
+    if isinstance(op.params, SegmentParams):
+        return False  # a whole plan's PRV: priced in a pricing thread, never in the group's
     event = _priced_event(op)
     if event is None:
         return True
@@ -57,6 +59,9 @@ def prepare(db: Database, op: Op) -> None:
     if op.prepared:
         return
     op.prepared = True
+    if isinstance(op.params, SegmentParams):
+        _price_segment(db, op, op.params)
+        return
     event = _priced_event(op)
     if event is None:
         return
@@ -71,6 +76,21 @@ def prepare(db: Database, op: Op) -> None:
         elif isinstance(op.params, CommitParams):
             _dry_commit(db, op, budget, op.params)
     op.memo = memo
+
+
+def _price_segment(db: Database, op: Op, params: SegmentParams) -> None:
+    """Bound and meter a plan segment's PRV (``pricing.check_work``, naming ``plan``), then
+    compute it: ``prices.plan_epsilon`` remembers it, so the declaration under the lock is a
+    lookup. Refusals that depend on the budget are decided in the transaction."""
+    tenant_id, budget = dataset_budget(db, op.dataset_id)
+    if tenant_id != op.tenant_id:
+        raise NotFound("dataset", op.dataset_id)
+    units = pricing.check_work(budget, list(params.plan), op.policy.max_work, "plan")
+    with op.policy.metered(units):
+        try:
+            budget.with_segment(params.plan, params.delta)
+        except AccountantError:
+            pass  # decided in the transaction, on the budget as it is then
 
 
 def _dry_run(decide: Any, *args: Any, event_errors: bool) -> None:

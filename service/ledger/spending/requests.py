@@ -10,6 +10,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any, Final
 
 from accountant import events as ev
@@ -126,7 +127,16 @@ class ExpireParams:
     reservation_ids: list[str]
 
 
-Params = ReserveParams | CommitParams | AbortParams | ExpireParams
+@dataclass(frozen=True)
+class SegmentParams:
+    """Declare the next plan segment of a sequential ``prv`` budget (``decisions.declare_segment``)."""
+
+    plan: tuple[DpEvent, ...]
+    plan_document: list[dict[str, Any]]
+    delta: Decimal
+
+
+Params = ReserveParams | CommitParams | AbortParams | ExpireParams | SegmentParams
 
 
 @dataclass(eq=False)
@@ -153,8 +163,8 @@ class Op:
 
     @property
     def status_code(self) -> int:
-        """The HTTP status of its first answer: 201 for a new reservation, else 200."""
-        return 201 if self.operation == "reserve" else 200
+        """The HTTP status of its first answer: 201 for a new reservation or plan segment, else 200."""
+        return 201 if self.operation in ("reserve", "declare_segment") else 200
 
     def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         self.response, self.error, self.done = response, error, True

@@ -252,6 +252,7 @@ class Head:
     ledger_version: int
     audit_seq: int
     audit_hash: str
+    plan_segments: int
     last_release: dict[str, Any] | None = None
     last_release_at: datetime | None = None
 
@@ -270,6 +271,11 @@ _RESERVATION_GROUPS: Final = (
     .join(Batch, Batch.id == ReservationBatch.batch_id)
     .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
     .group_by(ReservationBatch.class_index, Batch.state_id, Batch.task_id)
+)
+_DATASET_GROUPS: Final = (
+    select(Batch.state_id, Batch.task_id, func.count())
+    .where(Batch.dataset_id == bindparam("dataset_id"))
+    .group_by(Batch.state_id, Batch.task_id)
 )
 # Executed on the transaction's Connection with one parameter set per row (executemany): plain
 # Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
@@ -309,6 +315,11 @@ _UPDATE_HEAD: Final = (
 _UPDATE_HEAD_RELEASED: Final = _UPDATE_HEAD.values(
     last_release=bindparam("last_release"), last_release_at=bindparam("last_release_at")
 )
+_UPDATE_BUDGET: Final = (
+    update(Dataset)
+    .where(Dataset.id == bindparam("dataset_id"))
+    .values(budget=bindparam("budget"), plan_segments=bindparam("plan_segments"))
+)
 
 
 def members_of(reservation_id: str, class_index: int) -> ColumnElement[bool]:
@@ -347,6 +358,7 @@ class Work:
     idempotency: list[dict[str, Any]] = field(default_factory=list)
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     expired_on_open: int = 0  # due reservations expired as the transaction opened
+    budget_grown: bool = False  # a plan segment was declared: the budget is written with the head
 
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
@@ -355,11 +367,15 @@ class Work:
         row = lock_ledger_head(connection, dataset_id)
         if row is None:
             return None
-        return cls(
-            connection,
-            Head(**row._asdict()),
-            cached_budget(dataset_id, lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id})),
+        head = Head(**row._asdict())
+        # The head's segment count says which budget is current: a budget another process grew
+        # by a plan segment since this one cached it is read again.
+        budget = cached_budget(
+            dataset_id,
+            lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id}),
+            segments=head.plan_segments,
         )
+        return cls(connection, head, budget)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -462,6 +478,24 @@ class Work:
         for (index, state_id_), (count, tasks) in sorted(found.items()):
             out.setdefault(index, []).append((state_id_, count, frozenset(tasks)))
         return out
+
+    def dataset_groups(self) -> list[tuple[str, int, frozenset[str]]]:
+        """``[(state id, batches, their tasks)]`` over every batch of the dataset: one aggregate
+        query, one row per (state, task)."""
+        found: dict[str, tuple[int, set[str]]] = {}
+        for state_id_, task_id, count in self.connection.execute(
+            _DATASET_GROUPS, {"dataset_id": self.head.id}
+        ):
+            total, tasks = found.get(state_id_, (0, set()))
+            tasks.add(task_id)
+            found[state_id_] = (total + count, tasks)
+        self.load_states(found)
+        return [(sid, count, frozenset(tasks)) for sid, (count, tasks) in sorted(found.items())]
+
+    def example_of_state(self, state_id_: str) -> str:
+        """A batch of the dataset in state ``state_id_``, to name in an error."""
+        found = self.connection.scalar(select(func.min(Batch.id)).where(Batch.state_id == state_id_))
+        return str(found)
 
     def example_batch(self, reservation_id: str, class_index: int, state_id_: str) -> str:
         """A batch of the reservation class in state ``state_id_``, to name in an error."""
@@ -591,6 +625,12 @@ class Work:
                 )
             )
 
+    def grow_budget(self, budget: Budget) -> None:
+        """The budget with one more declared plan segment, written with the head (``flush``)."""
+        self.budget = budget
+        self.head.plan_segments = len(budget.segments)
+        self.budget_grown = True
+
     def put_reservation(self, r: Loaded) -> None:
         self.reservations[r.id] = r
         self.dirty_reservations.add(r.id)
@@ -679,6 +719,11 @@ class Work:
         else:
             values.update(last_release=head.last_release, last_release_at=head.last_release_at)
             self.connection.execute(_UPDATE_HEAD_RELEASED, values)
+        if self.budget_grown:
+            self.connection.execute(
+                _UPDATE_BUDGET,
+                {"dataset_id": head.id, "budget": self.budget.to_json(), "plan_segments": head.plan_segments},
+            )
 
 
 def _reservation_row(r: Loaded) -> dict[str, Any]:
@@ -708,8 +753,12 @@ def _reservation_row(r: Loaded) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-_DATASET: Final = select(Dataset.tenant_id, Dataset.budget).where(Dataset.id == bindparam("dataset_id"))
-# A dataset's tenant and budget never change: remembered per process, by id.
+_DATASET: Final = select(Dataset.tenant_id, Dataset.budget, Dataset.plan_segments).where(
+    Dataset.id == bindparam("dataset_id")
+)
+_SEGMENTS: Final = select(Dataset.plan_segments).where(Dataset.id == bindparam("dataset_id"))
+# A dataset's tenant never changes and its budget only grows plan segments: remembered per
+# process, by id (``dataset_budget`` checks the segment count of a budget with a plan).
 _DATASETS_SIZE: Final = 4096
 _datasets: OrderedDict[str, tuple[str, Budget]] = OrderedDict()
 _datasets_lock = threading.Lock()
@@ -722,9 +771,16 @@ def known_dataset(dataset_id: str) -> tuple[str, Budget] | None:
 
 
 def dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
-    """``(tenant id, budget)`` of the dataset: remembered, or one read. ``NotFound`` if none."""
+    """``(tenant id, budget)`` of the dataset: remembered, or one read. ``NotFound`` if none.
+
+    A budget with a declared plan can grow plan segments: its remembered form is used only while
+    the row's ``plan_segments`` still matches (one small read)."""
     known = known_dataset(dataset_id)
-    if known is not None:
+    if known is not None and (
+        known[1].plan is None
+        or [r.plan_segments for r in db.read_all(_SEGMENTS, {"dataset_id": dataset_id})]
+        == [len(known[1].segments)]
+    ):
         return known
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
@@ -733,7 +789,7 @@ def dataset_budget(db: Database, dataset_id: str) -> tuple[str, Budget]:
         raise NotFound("dataset", dataset_id)
     stored = rows[0].budget
     # The same Budget object the spend transaction gets (``cached_budget``): the memo applies.
-    known = (rows[0].tenant_id, cached_budget(dataset_id, lambda: stored))
+    known = (rows[0].tenant_id, cached_budget(dataset_id, lambda: stored, segments=rows[0].plan_segments))
     with _datasets_lock:
         _datasets[dataset_id] = known
         if len(_datasets) > _DATASETS_SIZE:

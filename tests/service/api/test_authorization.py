@@ -96,6 +96,15 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/datasets/{dataset}/releases", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}/epsilon-history", "viewer", 200),
     Route("POST", "/v1/certificates/{certificate}/verify", "viewer", 200),
+    # The world's budget is sequential/basic: an allowed declaration reaches the ledger and is
+    # refused there (422 naming `plan`); the declared path is tests/service/api/test_plan_segments.py.
+    Route(
+        "POST",
+        "/v1/datasets/{dataset}/plan-segments",
+        "admin",
+        422,
+        lambda w: {"plan": [PURE], "delta": "1e-6"},
+    ),
 )
 
 # Routes of the training worker and the model registry: their objects (jobs, published model
@@ -177,7 +186,7 @@ def _check(route: Route, caller: str, tenant: str, expected: int, answer: Any, w
         return f"expected {expected}, got {answer.status_code} {answer.text[:300]}"
     body = answer.json()
     if expected >= 400:
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found"}[expected]
+        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid_input"}[expected]
         if body.get("error") != code or not body.get("message"):
             return f"error body {body}"
         if expected == 401 and answer.headers.get("www-authenticate") != "Bearer":

@@ -1,0 +1,126 @@
+"""Plan segments: a sequential ``prv`` budget takes a new declared plan once its plan is used up.
+
+A ``prv`` budget prices a *declared* plan tightly, which is valid only because the plan is fixed
+before anything runs; once the plan is used up, what the budget has left could not be spent. A
+**plan segment** is a further declared plan: ``declare_segment`` prices it with PRV at a share
+``delta`` of the budget's δ (its (εᵢ, δᵢ) fixed now, before any of it runs), appends it to the
+budget, and makes it the open segment; reservations then run its entries in order, exactly as
+the first plan's. Segments compose by basic composition under fully adaptive choice (the
+basic-composition privacy filter of Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6): each may be
+chosen after seeing what the earlier ones released, while Σεᵢ ≤ ε and Σδᵢ ≤ δ.
+
+Declaring closes the open segment on every batch (``accountant.rules.close_segment``): a batch
+that ran any of it is charged its whole (εᵢ, δᵢ); it can never run its remaining entries. A
+declaration is refused while any reservation of the dataset is open (``plan_step_pending``), and
+it is a spend transaction like a reservation (the ledger head locked, idempotent with
+``Idempotency-Key``, audited as ``plan.segment_declared``, metered like a reservation).
+
+Answer: ``{dataset_id, index, plan, delta, epsilon, declared: {epsilon, delta}, left: {epsilon,
+delta}, closed_batches, theorem}`` — ``declared`` sums every segment's (εᵢ, δᵢ), ``left`` is what
+a further segment may still take.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from accountant import events as ev
+from accountant.errors import InvalidArgumentError
+from accountant.rules.budget import MAX_PLAN_EVENTS, _budget_number
+from service.db.base import utcnow
+from service.db.session import Database
+from service.ledger import pricing
+from service.ledger.datasets import can_be_id
+from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.spending.engine import submit, submit_async
+from service.ledger.spending.requests import Op, SegmentParams, keyed, parse_event
+
+
+def _segment_op(
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    plan_json: object,
+    delta: object,
+    idempotency_key: str | None,
+    now: datetime | None,
+    policy: pricing.Policy | None,
+) -> Op:
+    if not isinstance(plan_json, list) or not 1 <= len(plan_json) <= MAX_PLAN_EVENTS:
+        raise InvalidInput(
+            "plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {plan_json!r:.200}."
+        )
+    plan = tuple(parse_event(item, f"plan[{i}]") for i, item in enumerate(plan_json))
+    if isinstance(delta, bool) or not isinstance(delta, int | float | str):
+        raise InvalidInput("delta", f"must be a number. Found {delta!r}.")
+    try:
+        share = _budget_number("delta", delta)
+    except InvalidArgumentError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+    if not can_be_id(dataset_id):
+        raise NotFound("dataset", dataset_id)
+    document = [ev.to_json(e) for e in plan]
+    params = SegmentParams(plan, document, share)
+    op = Op(
+        "declare_segment",
+        tenant_id,
+        dataset_id,
+        now or utcnow(),
+        params,
+        policy=policy or pricing.DEFAULT_POLICY,
+    )
+    return keyed(op, idempotency_key, {"dataset_id": dataset_id, "plan": document, "delta": str(share)})
+
+
+def declare_segment(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    plan_json: object,
+    delta: object,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+    policy: pricing.Policy | None = None,
+) -> dict[str, Any]:
+    """Declare the next plan segment (module docstring). Raises ``InvalidInput`` naming ``plan``,
+    ``plan[i]...`` or ``delta`` (also: not a sequential ``prv`` budget, a segment that does not fit
+    what the budget has left), ``NotFound`` (also another tenant's dataset), ``ChargeRefused``
+    ``plan_step_pending`` (a reservation is open), ``IdempotencyConflict``."""
+    op = _segment_op(
+        tenant_id,
+        dataset_id,
+        plan_json=plan_json,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=now,
+        policy=policy,
+    )
+    return submit(db, op)
+
+
+async def declare_segment_async(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    plan_json: object,
+    delta: object,
+    idempotency_key: str | None = None,
+    policy: pricing.Policy | None = None,
+) -> dict[str, Any]:
+    """``declare_segment`` for a coroutine (the plan is priced in a thread of ``policy.limiter``)."""
+    op = _segment_op(
+        tenant_id,
+        dataset_id,
+        plan_json=plan_json,
+        delta=delta,
+        idempotency_key=idempotency_key,
+        now=None,
+        policy=policy,
+    )
+    return await submit_async(db, op)
+
+
+__all__ = ["declare_segment", "declare_segment_async"]
