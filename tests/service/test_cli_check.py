@@ -59,7 +59,7 @@ def healthy(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Healthy
     viewer_key = tenancy.create_api_key(db, "acme", "viewer")
     with serve(settings, db) as url, LedgerClient(url, admin_key) as client:
         dataset = client.create_dataset(
-            "d", rule="sequential", epsilon="1", accountant="basic", data_source="builtin:digits"
+            "d", rule="sequential", epsilon="1", delta=0, accountant="basic", data_source="builtin:digits"
         )
         task = client.create_task(dataset["id"], "t0")
         batches = [
