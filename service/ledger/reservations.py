@@ -194,8 +194,10 @@ def _reserve_op(
         "ttl_s": ttl.total_seconds(),
     }
     named: tuple[str, str] | None = None
-    if release is not None:  # only then part of the request: earlier keys keep their hash
-        model, version, request["release"] = requests.release(release)
+    if release is not None:
+        # Checked, not reserved, so not part of the keyed request: a retry naming another release
+        # gets its first answer, as a retry of the reservation it is.
+        model, version, _ = requests.release(release)
         named = (model, version)
     return keyed(op, idempotency_key, request), named
 

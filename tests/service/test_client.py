@@ -492,12 +492,13 @@ def test_release_gate_aborts_when_the_commit_is_refused(ledger: Ledger) -> None:
     admin = ledger.client("admin")
     dataset_id, _, batches = make_dataset(admin, epsilon="1")
     trainer = ledger.client("trainer")
-    with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.25), model="m", version=1):
-        pass
-    with pytest.raises(Conflict) as refused:  # (m, 1) was released before
+    with pytest.raises(Conflict) as refused:
+        # reserved while (m, 1) is free (the reserve checks it) ...
         with trainer.release_gate(dataset_id, batches[1:2], PureDpEvent(0.25), model="m", version=1) as gate:
-            pass
-    assert refused.value.code != "budget_exceeded"
+            # ... and released by another run before this one commits
+            with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.25), model="m", version=1):
+                pass
+    assert refused.value.details["reason"] == "release_exists"
     assert gate.status == "aborted"
     assert admin.spend(dataset_id)["epsilon_held"] == "0"
 
