@@ -117,8 +117,13 @@ def markdown(version: Mapping[str, Any]) -> str:
         (
             "Budget",
             f"ε = {s['budget']['epsilon']}, δ = {s['budget']['delta']}; remaining "
-            f"ε = {s['budget']['epsilon_remaining']}, δ = {s['budget']['delta_remaining']} "
-            f"({s['budget']['scope']})",
+            f"ε = {s['budget']['epsilon_remaining']}"
+            + (
+                f", δ = {s['budget']['delta_remaining']}"
+                if s["budget"]["delta_remaining"] is not None
+                else ""
+            )
+            + f" ({s['budget']['scope']}; {s['budget']['delta_note']})",
         ),
         (
             "Certificate",

@@ -136,6 +136,9 @@ def dp_statement(
         clipping = plan["params"].get("max_grad_norm")
     source = None if model_spec is None else model_spec.get("data_source")
     budget = result["budget"]
+    # RDP and PRV convert at the budget's own δ: every release holds at that δ and none spends
+    # it, so "δ remaining" would read 0 after the first release. Basic composition sums δ.
+    delta_sums = body["accountant"] == "basic"
     return {
         "version": STATEMENT_VERSION,
         "guidelines": GUIDELINES,
@@ -175,7 +178,11 @@ def dp_statement(
             "epsilon": budget["epsilon"],
             "delta": budget["delta"],
             "epsilon_remaining": _sub(budget["epsilon"], result["epsilon"]),
-            "delta_remaining": _sub(budget["delta"], result["delta"]),
+            "delta_remaining": _sub(budget["delta"], result["delta"]) if delta_sums else None,
+            "delta_note": "delta adds up over releases (basic composition)"
+            if delta_sums
+            else "every release holds at the budget's delta, at which the accountant converts; "
+            "releases spend epsilon, not delta",
             "scope": "on the batches this version read, right after its release",
         },
         "certificate": {

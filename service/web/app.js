@@ -726,8 +726,9 @@
     for (let i = 1; i <= xMax; i += xStep) xTicks.push(i);
     const last = points[points.length - 1];
     const ratio = num(last.epsilon) > 0 ? num(last.naive_sequential_epsilon) / num(last.epsilon) : 0;
-    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + last.epsilon +
-      " · naive sequential ε " + last.naive_sequential_epsilon + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
+    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + sig(last.epsilon, "up") +
+      " · naive sequential ε " + sig(last.naive_sequential_epsilon, "up") + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
+    const exactCaption = "ledger ε " + last.epsilon + " · naive sequential ε " + last.naive_sequential_epsilon;
     return h("div", {},
       s("svg", { id: "lifelong-curve", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
         yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
@@ -746,7 +747,7 @@
           "data-full": last.naive_sequential_epsilon, text: "naive " + sig(last.naive_sequential_epsilon, "up") }, title("naive sequential ε " + last.naive_sequential_epsilon)),
         s("text", { class: "series-label ledger-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, y(num(last.epsilon)) + 14),
           "data-full": last.epsilon, text: "ledger " + sig(last.epsilon, "up") }, title("ledger ε " + last.epsilon))),
-      h("p", { id: "curve-caption", class: "caption", text: caption }),
+      h("p", { id: "curve-caption", class: "caption", title: exactCaption, text: caption }),
       h("p", { class: "legend" },
         h("span", { class: "swatch swatch-spent" }), "ledger ε (replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
         h("span", { class: "swatch swatch-naive" }), "naive sequential ε (every read counted as fresh: grows with tasks, Thm. 1)"));
@@ -1149,7 +1150,8 @@
           ["noise multiplier σ", mech.noise_multiplier === null || mech.noise_multiplier === undefined ? null : String(mech.noise_multiplier), "statement-sigma"],
           ["clipping norm C", mech.clipping_norm !== null && mech.clipping_norm !== undefined ? String(mech.clipping_norm) : mech.clipping_norm_source, "statement-clipping"],
           ["public / pre-trained data", st.public_data],
-          ["budget remaining", st.budget ? h("span", {}, "ε ", exact("span", { id: "statement-remaining" }, st.budget.epsilon_remaining, "down"), " of ", exact("span", {}, st.budget.epsilon), ", δ ", exact("span", {}, st.budget.delta_remaining, "down"), " — " + st.budget.scope) : null],
+          ["budget remaining", st.budget ? h("span", {}, "ε ", exact("span", { id: "statement-remaining" }, st.budget.epsilon_remaining, "down"), " of ", exact("span", {}, st.budget.epsilon),
+            st.budget.delta_remaining === null ? "" : [", δ ", exact("span", {}, st.budget.delta_remaining, "down")], " — " + st.budget.scope + "; " + st.budget.delta_note) : null],
           ["certificate", st.certificate ? h("a", { href: "#/certificates/" + encodeURIComponent(st.certificate.id), text: st.certificate.id }) : null],
         ])),
       h("section", { class: "card", id: "section-model" },

@@ -652,31 +652,6 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
     assert browser_errors(browser) == []
 
 
-def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
-    sign_in(browser, seeded)
-    # A key the server no longer accepts: the next call answers 401 and the page signs out.
-    browser.execute_script(
-        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');"
-    )
-    go(browser, seeded, "#/datasets")
-    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
-    message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
-    assert "401" in message and "unknown or revoked API key" in message
-    assert browser.execute_script("return window.sessionStorage.length;") == 0
-    screenshot(browser, "10-signed-out-after-401")
-
-    sign_in(browser, seeded)
-    go(browser, seeded, "#/jobs")
-    wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
-    stop_server(seeded.server.process)  # the ledger goes away while the page polls
-    banner = wait_for(
-        "the network error",
-        lambda: "Network error" in text_of(browser, "#banner") and text_of(browser, "#banner"),
-    )
-    assert seeded.server.base_url in banner
-    screenshot(browser, "11-network-error")
-
-
 # ---------------------------------------------------------------------------------------------
 # Issue 16: the rough edges a trial found, each with its screenshot
 
@@ -767,10 +742,10 @@ def test_numbers_show_four_significant_digits_and_the_exact_value_on_hover_and_c
     assert copied == repr(LONG_EPSILON)
     copied_row = browser.execute_script(COPY_SCRIPT, row)
     assert repr(LONG_EPSILON) in copied_row and spend["epsilon_remaining"] in copied_row
+    screenshot(browser, "14-four-significant-digits")
     go(browser, seeded, f"#/datasets/{seeded.long_decimals}")
     stat = wait_for("the stats", lambda: all_of(browser, "#stat-naive"))[0]
     assert (stat.text, stat.get_attribute("title")) == ("0.3704", spend["naive_sequential_epsilon"])
-    screenshot(browser, "14-four-significant-digits")
 
 
 def test_jobs_table_fits_1400_px_and_a_failed_job_says_why(browser: Any, seeded: Seeded) -> None:
@@ -867,10 +842,45 @@ def test_model_version_page_shows_its_dp_statement(browser: Any, seeded: Seeded)
 
 def test_api_docs_load_swagger_ui_from_this_server(browser: Any, seeded: Seeded) -> None:
     browser.get(seeded.server.base_url + "/docs")
-    wait_for("Swagger UI", lambda: "privacy-ledger" in text_of(browser, ".swagger-ui .info .title"))
-    wait_for("the operations", lambda: len(all_of(browser, ".swagger-ui .opblock")) > 10)
-    resources = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name);")
-    assert any(url.endswith("/static/vendor/swagger-ui/swagger-ui-bundle.js") for url in resources), resources
-    assert all(url.startswith(seeded.server.base_url) for url in resources), resources
-    screenshot(browser, "18-api-docs-local-assets")
-    assert browser_errors(browser) == []
+    try:
+        wait_for("Swagger UI", lambda: "privacy-ledger" in text_of(browser, ".swagger-ui .info .title"))
+        wait_for("the operations", lambda: len(all_of(browser, ".swagger-ui .opblock")) > 10)
+        resources = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name);"
+        )
+        assert any(url.endswith("/static/vendor/swagger-ui/swagger-ui-bundle.js") for url in resources), (
+            resources
+        )
+        assert all(url.startswith(seeded.server.base_url) for url in resources), resources
+        screenshot(browser, "18-api-docs-local-assets")
+        assert browser_errors(browser) == []
+    finally:
+        browser.get(seeded.server.base_url + "/#/datasets")  # back to the dashboard for the next test
+
+
+# The last test: it stops the server.
+
+
+def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    # A key the server no longer accepts: the next call answers 401 and the page signs out.
+    browser.execute_script(
+        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');"
+    )
+    go(browser, seeded, "#/datasets")
+    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
+    message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
+    assert "401" in message and "unknown or revoked API key" in message
+    assert browser.execute_script("return window.sessionStorage.length;") == 0
+    screenshot(browser, "10-signed-out-after-401")
+
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/jobs")
+    wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
+    stop_server(seeded.server.process)  # the ledger goes away while the page polls
+    banner = wait_for(
+        "the network error",
+        lambda: "Network error" in text_of(browser, "#banner") and text_of(browser, "#banner"),
+    )
+    assert seeded.server.base_url in banner
+    screenshot(browser, "11-network-error")

@@ -28,6 +28,7 @@ from service.commands.export import collect
 from service.db.models import ModelVersion
 from service.db.session import Database
 from service.ledger import tenancy
+from service.ledger.dp_statement import dp_statement
 from service.training.data import digits_split, load_data
 from tests.service.live_server import serve, settings_for
 
@@ -152,6 +153,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     assert Decimal(statement["budget"]["epsilon_remaining"]) == Decimal("10") - Decimal(
         certificate["result"]["epsilon"]
     )
+    assert statement["budget"]["delta_remaining"] is None  # RDP converts at the budget's δ: not spent
     assert statement["certificate"]["id"] == version["certificate_id"]
     # Never less than an independent accountant gives for the same run.
     oracle = _dp_accounting_epsilon(plan["sampling_probability"], 1.1, 120, 1e-5)
@@ -198,8 +200,23 @@ def test_a_taken_release_is_refused_at_reserve_naming_model_and_version(
     dataset = admin.create_dataset("d", rule="sequential", epsilon="1", delta="0", accountant="basic")
     task = admin.create_task(dataset["id"], "t")
     (batch,) = admin.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r1"]}])["data"]
-    with trainer.release_gate(dataset["id"], [batch["id"]], PureDpEvent(0.25), model="clf", version=1):
+    with trainer.release_gate(
+        dataset["id"], [batch["id"]], PureDpEvent(0.25), model="clf", version=1
+    ) as gate:
         pass
+
+    # A release the ledger did not train: its statement says what the ledger cannot know.
+    assert gate.certificate is not None
+    statement = dp_statement(gate.certificate, job=None, model_spec=None)
+    assert statement["guarantee"]["epsilon"] == "0.25" and statement["accounting"]["accountant"] == "basic"
+    assert statement["mechanism"]["sampler"] is None and statement["mechanism"]["event_kinds"] == ["pure_dp"]
+    assert statement["mechanism"]["clipping_norm"] is None
+    assert "not known to the ledger" in statement["mechanism"]["clipping_norm_source"]
+    assert statement["public_data"].startswith("not known to the ledger")
+    assert statement["privacy_unit"]["relation"] == []  # pure DP states none: the batch's
+    assert (
+        statement["budget"]["epsilon_remaining"] == "0.75" and statement["budget"]["delta_remaining"] == "0"
+    )
     trained = []
     with (
         pytest.raises(Conflict) as taken,
