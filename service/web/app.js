@@ -254,8 +254,9 @@
       text = inside.getAttribute("data-full");
     } else {
       const fragment = range.cloneContents();
-      for (const node of fragment.querySelectorAll("[data-full]")) node.textContent = node.getAttribute("data-full");
-      if (!fragment.querySelector || fragment.querySelectorAll("*").length === 0) return;
+      const numbers = fragment.querySelectorAll("[data-full]");
+      if (numbers.length === 0) return;  // nothing shortened in the selection: the browser copies
+      for (const node of numbers) node.textContent = node.getAttribute("data-full");
       text = fragment.textContent;
     }
     event.clipboardData.setData("text/plain", text);

@@ -855,7 +855,7 @@ def test_api_docs_load_swagger_ui_from_this_server(browser: Any, seeded: Seeded)
         screenshot(browser, "18-api-docs-local-assets")
         assert browser_errors(browser) == []
     finally:
-        browser.get(seeded.server.base_url + "/#/datasets")  # back to the dashboard for the next test
+        browser.get(seeded.server.base_url + "/#/jobs")  # back to the dashboard for the next test
 
 
 # The last test: it stops the server.
