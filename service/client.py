@@ -398,33 +398,6 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
     )
 
 
-def _module_of(spec: Mapping[str, Any], artifact: Artifact) -> Any:
-    """Build the network ``spec`` names and load ``artifact``'s state dict into it (torch)."""
-    import io
-
-    import torch
-
-    from service.training.nets import build_model
-    from service.training.params import ModelSpec
-
-    module = build_model(
-        ModelSpec(kind=str(spec["model"]), hidden=tuple(int(w) for w in spec["hidden"])),
-        n_features=int(spec["n_features"]),
-        num_classes=int(spec["num_classes"]),
-        image_shape=None if spec.get("image_shape") is None else tuple(spec["image_shape"]),
-    )
-    if artifact.format == "safetensors":
-        from safetensors.torch import load as load_safetensors  # type: ignore[import-not-found]
-
-        state = load_safetensors(artifact.content)
-    else:  # torch.save of a state dict: tensors only, so weights_only refuses anything else
-        state = torch.load(io.BytesIO(artifact.content), map_location="cpu", weights_only=True)
-    module.load_state_dict(state)
-    module.eval()
-    setattr(module, "model_spec", dict(spec))  # noqa: B010 (a Module's __setattr__ is typed for tensors)
-    return module
-
-
 def _text_answer(response: httpx.Response) -> str:
     if not response.is_success:
         raise error_from_response(response)
@@ -1080,7 +1053,9 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
                 code="model_not_loadable",
             )
         artifact = self.download_artifact(name, version)
-        return _module_of(spec, artifact)
+        from service.training.nets import load_released  # torch: only here
+
+        return load_released(spec, artifact.content, artifact.format or "torch")
 
     # paging ---------------------------------------------------------------------------------
 
