@@ -111,7 +111,7 @@ def create_app(
         summary="Per-dataset, per-task, per-batch privacy budget ledgers with certified releases.",
         lifespan=lifespan,
         openapi_url="/openapi.json",
-        docs_url="/docs",
+        docs_url=None,  # /docs: Swagger UI from vendored files (dashboard_routes.mount_web)
         redoc_url=None,
     )
     app.state.settings = settings

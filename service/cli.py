@@ -28,6 +28,7 @@ _COMMANDS: Final[dict[str, tuple[str, str | None]]] = {
         "server",
     ),
     "export": ("export a dataset's ledger (budget, spend, certificates, audit chain) as a JSON bundle", None),
+    "model-card": ("a model version's DP statement as a model card (Hugging Face front matter)", None),
     "experiment": ("reproduce a paper's claim at small scale (JSON report, PNG plots, table)", "worker"),
 }
 
@@ -58,7 +59,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             subparsers.add_parser(name, help=summary, add_help=False)
             continue
         try:
-            module = importlib.import_module(f"service.commands.{name}")
+            module = importlib.import_module(f"service.commands.{name.replace('-', '_')}")
         except ModuleNotFoundError as exc:
             if argv is None:
                 subparsers.add_parser(name, help=summary, add_help=False)

@@ -483,8 +483,8 @@ class _Endpoints(Generic[J, A]):
         *,
         rule: str,
         epsilon: Number,
-        delta: Number = 0,
-        accountant: str = "basic",
+        delta: Number,
+        accountant: str = "rdp",
         geometric: Mapping[str, Number] | None = None,
         orders: Sequence[float] | None = None,
         plan: Sequence[EventLike] | None = None,
@@ -493,7 +493,13 @@ class _Endpoints(Generic[J, A]):
         plan_delta: Number | None = None,
     ) -> J:
         """``POST /v1/datasets`` (admin): a dataset with its budget (numbers taken as written)
-        and, if given, its ``data_source`` (the URI every job on the dataset reads: ``builtin:...``
+        and, if given, its ``data_source``.
+
+        ``delta`` has no default: it must be chosen against the number of records (δ well below
+        1/N), and 0 (pure DP) refuses every Gaussian charge, DP-SGD's included. ``accountant``
+        defaults to ``"rdp"``, which prices DP-SGD (the Poisson-subsampled Gaussian) and every
+        other event kind; ``"basic"`` prices pure and (ε, δ) events only, ``"prv"`` needs a
+        declared ``plan`` (the URI every job on the dataset reads: ``builtin:...``
         or a ``file:///`` path under the server's data roots; ``InvalidInput`` names
         ``data_source`` when the server refuses it)."""
         budget: JsonObject = {"rule": rule, "epsilon": epsilon, "delta": delta, "accountant": accountant}
@@ -606,14 +612,18 @@ class _Endpoints(Generic[J, A]):
         tasks: Sequence[Identifier] | None = None,
         noise_commitment: str | None = None,
         ttl_s: float | None = None,
+        release: Mapping[str, Identifier] | None = None,
         idempotency_key: str | None = None,
     ) -> J:
         """``POST /v1/datasets/{id}/reservations`` (trainer): certify and hold the charge of
         ``event`` on ``batches`` (or every batch of ``tasks``). ``BudgetExceeded`` when it does
-        not fit; ``Conflict`` when the rule refuses it."""
+        not fit; ``Conflict`` when the rule refuses it, or (``release_exists``) when ``release``
+        (``{model, version}``, the release the run will be committed as) was released before."""
         body = _charge_body(event, batches, tasks, noise_commitment)
         if ttl_s is not None:
             body["ttl_s"] = ttl_s
+        if release is not None:
+            body["release"] = {"model": release["model"], "version": release["version"]}
         return self._json(
             _Call(
                 "POST",
@@ -1006,6 +1016,78 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
 
         return calibrate_to_price(event, start=start, target_epsilon=target_epsilon, price=price)
 
+    def register_source(
+        self,
+        dataset_id: Identifier,
+        *,
+        source: str | None = None,
+        batch_size: int | None = None,
+        roots: Any = None,
+    ) -> list[JsonObject]:
+        """Register the training records of a data source as the dataset's tasks and batches:
+        one task per task of the source (``task-0``, ``task-1``, ...), its records in source
+        order cut into batches of ``batch_size`` (default: one batch per task), named
+        ``task-<t>/batch-<i>``. Answers ``[{id, name, batches: [{id, name, size}]}]``.
+
+        ``source``: the URI (default: the dataset's ``data_source``), read *here*, by this
+        process: ``builtin:`` sources need numpy and scikit-learn, a ``file://`` source the
+        ``roots`` (``service.training.data.TenantRoots``) it lies under. The record ids of the
+        built-in sources are public (``digits-0000`` ... ``digits-1796``, ``stream-0000000`` ...;
+        ``service.training.data``); a job's run reserves on every batch and checks that the
+        source's training records are exactly the batches' records. Idempotency keys are derived
+        from the dataset, the source and the task, so running it again after a failure creates
+        nothing twice."""
+        from service.training.data import load_data  # numpy (and sklearn for the digits): lazily
+
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1. Found {batch_size!r}.")
+        uri = source if source is not None else self.get_dataset(dataset_id).get("data_source")
+        if not uri:
+            raise ValueError(f"dataset {dataset_id!r} has no data_source; pass source=.")
+        data = load_data(str(uri), roots)
+        run = hashlib.sha256(f"{dataset_id}\n{uri}".encode()).hexdigest()[:24]
+        out: list[JsonObject] = []
+        for split in data.train:
+            if not len(split):
+                continue
+            records = list(split.record_ids)
+            size = batch_size or len(records)
+            name = f"task-{split.task}"
+            task = self.create_task(dataset_id, name, idempotency_key=f"register:{run}:{name}")
+            batches = [
+                {"name": f"{name}/batch-{i // size:04d}", "records": records[i : i + size]}
+                for i in range(0, len(records), size)
+            ]
+            created = self.create_batches(
+                dataset_id, task["id"], batches, idempotency_key=f"register:{run}:{name}:batches"
+            )
+            out.append({"id": task["id"], "name": name, "batches": created["data"]})
+        return out
+
+    def load_model(self, name: str, version: int) -> Any:
+        """The released version as a ``torch.nn.Module`` in eval mode, ready to predict: rebuilt
+        from the architecture the version records (``model_spec``), with the downloaded weights
+        (checked against their recorded SHA-256). Feed it the source's records after
+        ``model_spec["preprocessing"]`` (``{"kind": "scale", "divide_by": 16}`` for the digits:
+        raw pixel values / 16), flattened, float32; it answers class logits. The module's
+        ``model_spec`` attribute holds the spec.
+
+        Needs torch (imported only here: the rest of the client runs without it). A version
+        that records no architecture (published before it was recorded, or by a staged trainer)
+        raises ``LedgerError`` ``model_not_loadable``."""
+        answer = self.get_model_version(name, version)
+        spec = answer.get("model_spec")
+        if not isinstance(spec, dict) or spec.get("builder") != "service.training.nets.build_model":
+            raise LedgerError(
+                f"model {name!r} version {version} records no architecture to rebuild it from "
+                f"(algorithm {answer.get('algorithm')!r}); download its weights with download_artifact.",
+                code="model_not_loadable",
+            )
+        artifact = self.download_artifact(name, version)
+        from service.training.nets import load_released  # torch: only here
+
+        return load_released(spec, artifact.content, artifact.format or "torch")
+
     # paging ---------------------------------------------------------------------------------
 
     def iter_reservation_batches(
@@ -1069,6 +1151,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             tasks=tasks,
             noise_commitment=noise_commitment,
             ttl_s=ttl_s,
+            release={"model": model, "version": version},  # a taken release is refused before training
             idempotency_key=f"{base}:reserve",
         )
         if idempotency_key is not None:  # a replayed reserve answers its first answer: look now
@@ -1234,6 +1317,7 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
             tasks=tasks,
             noise_commitment=noise_commitment,
             ttl_s=ttl_s,
+            release={"model": model, "version": version},  # a taken release is refused before training
             idempotency_key=f"{base}:reserve",
         )
         if idempotency_key is not None:  # a replayed reserve answers its first answer: look now

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict
 
@@ -161,9 +162,33 @@ CONTENT_SECURITY_POLICY: Final = (
 )
 
 
+SWAGGER_UI: Final = "/static/vendor/swagger-ui"
+"""Swagger UI's files, vendored (``service/web/vendor/swagger-ui/README.md``): no CDN."""
+DOCS_CONTENT_SECURITY_POLICY: Final = (
+    # Swagger UI starts from one inline script (FastAPI's page) and styles inline; everything it
+    # loads is this origin's, so the browser refuses any other (a CDN among them).
+    "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
+
+
 def mount_web(app: FastAPI) -> None:
-    """Serve the dashboard: ``GET /`` answers ``index.html``; ``/static/*`` its files."""
+    """Serve the dashboard: ``GET /`` answers ``index.html``; ``/static/*`` its files; ``/docs``
+    Swagger UI from the vendored files (the app is made with ``docs_url=None``)."""
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        page = get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+            swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+            swagger_favicon_url=f"{SWAGGER_UI}/favicon-32x32.png",
+        )
+        page.headers["Content-Security-Policy"] = DOCS_CONTENT_SECURITY_POLICY
+        return page
 
     @app.get("/", include_in_schema=False)
     def dashboard_index() -> FileResponse:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
@@ -41,6 +41,16 @@ class ModelVersionPublic(BaseModel):
     certificate_id: str
     metrics: dict[str, Any]
     artifact: dict[str, Any]
+    model_spec: dict[str, Any] | None = Field(
+        default=None,
+        description="architecture and preprocessing (`LedgerClient.load_model` rebuilds the module "
+        "from it); null for versions published before it was recorded and staged trainers'",
+    )
+    dp_statement: dict[str, Any] | None = Field(
+        default=None,
+        description="one version only: its DP statement (Ponomareva et al. 2023, Section 5.3), "
+        "derived from its certificate and its job's plan (`service.ledger.dp_statement`)",
+    )
     created_at: str
 
 

@@ -99,6 +99,7 @@ async def reserve(
         idempotency_key=idempotency_key,
         ttl_s=body.ttl_s if body.ttl_s is not None else state.settings.reservation_ttl_s,
         policy=_pricing(request, principal.tenant_id),
+        release=None if body.release is None else body.release.model_dump(),
     )
     state.metrics.reservations.inc()
     return json_answer(answer, 201)

@@ -357,6 +357,11 @@ class BatchesPublic(_Public):
 # reservations and commits
 
 
+class Release(_Request):
+    model: Name
+    version: Version
+
+
 class ReservationCreate(_Request):
     model_config = ConfigDict(extra="forbid", json_schema_extra=reservation_schema_extra)
 
@@ -375,6 +380,12 @@ class ReservationCreate(_Request):
         default=None,
         description="Seconds until the hold expires unless committed or aborted "
         "(default: the server's LEDGER_RESERVATION_TTL_S).",
+    )
+    release: Release | None = Field(
+        default=None,
+        description="The `{model, version}` the run will be committed as: a release that exists "
+        "already is refused now (409 `release_exists` naming both), before anything is held or "
+        "trained. Not reserved: the commit names it again.",
     )
 
     @model_validator(mode="after")
@@ -486,11 +497,6 @@ class ReservationPublic(_Public):
     created_at: str
     closed_at: str | None
     batches: ReservationBatchesSummary
-
-
-class Release(_Request):
-    model: Name
-    version: Version
 
 
 class CommitRequest(_Request):

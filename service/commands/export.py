@@ -182,7 +182,8 @@ def read_chain(
 def registry_versions(
     client: LedgerClient, dataset_id: str, names: Iterable[str]
 ) -> dict[str, list[dict[str, Any]]]:
-    """The registry's versions of each model trained on ``dataset_id`` (none: ``[]``)."""
+    """The registry's versions of each model trained on ``dataset_id`` (none: ``[]``), each with
+    its ``dp_statement``."""
     from service.client import NotFound
 
     models: dict[str, list[dict[str, Any]]] = {}
@@ -191,7 +192,12 @@ def registry_versions(
             versions = list(client.iter_model_versions(name))
         except NotFound:
             versions = []  # released by an external trainer only: nothing in the registry
-        models[name] = [v for v in versions if v.get("dataset_id") == dataset_id]
+        models[name] = [
+            # each with its DP statement (Ponomareva et al. 2023, §5.3), derived by the server
+            {**v, "dp_statement": client.get_model_version(name, int(v["version"])).get("dp_statement")}
+            for v in versions
+            if v.get("dataset_id") == dataset_id
+        ]
     return models
 
 

@@ -434,6 +434,9 @@ class ModelVersion(Base):
     artifact_bytes: Mapped[int] = mapped_column(BigInteger)
     artifact_format: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
+    # The architecture and preprocessing (``service.training.dp_sgd.DpSgdTrainer.model_spec``);
+    # NULL for versions published before it was recorded and for staged trainers' models.
+    model_spec: Mapped[dict[str, Any] | None]
 
 
 __all__ = [

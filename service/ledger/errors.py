@@ -139,6 +139,20 @@ class Conflict(LedgerError):
         self.reason = reason
 
 
+class ReleaseExists(Conflict):
+    """The (model, version) was released before: a release is recorded once per tenant. Raised
+    at commit, and at reserve when the caller names its release there (checked before training)."""
+
+    def __init__(self, model: str, version: str) -> None:
+        super().__init__(
+            f"model {model!r} version {version!r} has already been released; release this run "
+            "under another version (or another model name).",
+            reason="release_exists",
+            model=model,
+            version=version,
+        )
+
+
 class DuplicateIdempotencyKey(Conflict):
     """Another request with the same Idempotency-Key committed first (a race between retries).
 
@@ -193,5 +207,6 @@ __all__ = [
     "LedgerError",
     "NotFound",
     "RateLimited",
+    "ReleaseExists",
     "ReservationExpired",
 ]

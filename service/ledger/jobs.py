@@ -51,7 +51,7 @@ Job params: a typed document, validated at submit, stored only once valid (``cre
   above the bound are omitted and their size given) so one bad row cannot make ``GET /v1/jobs``
   answer 500 for its whole tenant.
 * ``model_name`` (optional) is the job's: the registry name its versions are published under
-  (default ``<algorithm>-<dataset id>``). A name another dataset released versions under, or a
+  (default ``<algorithm>-<job id>``, unique per job). A name another dataset released versions under, or a
   queued or running job of another dataset will publish under, is refused (409
   ``model_name_taken``): versions are numbered per name after every release the ledger recorded
   (``registry.next_version``), so the job's versions would interleave with another dataset's model.
@@ -226,8 +226,10 @@ def check_model_name(name: object, field: str = "params.model_name") -> str:
     return name
 
 
-def default_model_name(algorithm: str, dataset_id: str) -> str:
-    return f"{algorithm}-{dataset_id}"
+def default_model_name(algorithm: str, job_id: str) -> str:
+    """``<algorithm>-<job id>``: unique per job, so a job without ``model_name`` never numbers
+    its versions among another job's (two jobs on one dataset used to share a name)."""
+    return f"{algorithm}-{job_id}"
 
 
 def _shown(value: object, limit: int = 80) -> str:
@@ -629,7 +631,8 @@ def create_job(
     _check_text(dataset_id, "dataset_id")
     algorithm = check_algorithm(algorithm)
     document = check_document(params)
-    model_name = document.get("model_name") or default_model_name(algorithm, dataset_id)
+    job_id = f"job_{secrets.token_hex(12)}"
+    model_name = document.get("model_name") or default_model_name(algorithm, job_id)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         # One job creation per tenant at a time (SQLite: BEGIN IMMEDIATE already), so the queue
@@ -644,7 +647,7 @@ def create_job(
         _check_model_name_free(session, tenant_id, dataset_id, model_name)
         _check_queue(session, tenant_id, limits)
         row = Job(
-            id=f"job_{secrets.token_hex(12)}",
+            id=job_id,
             tenant_id=tenant_id,
             dataset_id=dataset_id,
             algorithm=algorithm,

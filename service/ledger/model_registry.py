@@ -49,6 +49,7 @@ from service.db.models import Certificate, Job, ModelVersion, Release
 from service.db.session import Database
 from service.ledger import audit
 from service.ledger.certificates import get_certificate
+from service.ledger.dp_statement import dp_statement
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 from service.ledger.jobs import check_model_name, lease_is_live
 
@@ -76,6 +77,7 @@ class StagedArtifact:
     bytes: int
     staging_name: str  # file name under <artifact dir>/.staging/
     final_path: str  # relative to the artifact dir
+    model_spec: dict[str, Any] | None = None  # architecture and preprocessing (load_model)
 
     def staging_path(self, artifact_dir: Path) -> Path:
         return Path(artifact_dir) / STAGING / self.staging_name
@@ -88,7 +90,8 @@ class StagedArtifact:
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> StagedArtifact:
-        return cls(**{k: obj[k] for k in cls.__dataclass_fields__})
+        # ``model_spec`` is optional: sidecars written before it was recorded lack it.
+        return cls(**{k: obj[k] for k in cls.__dataclass_fields__ if k in obj or k != "model_spec"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,8 +150,10 @@ def stage(
     metrics: Mapping[str, Any],
     fmt: str,
     write: Callable[[IO[bytes]], None],
+    model_spec: Mapping[str, Any] | None = None,
 ) -> StagedArtifact:
-    """Write a candidate's weights (``write`` serialises them to a binary file) and its sidecar."""
+    """Write a candidate's weights (``write`` serialises them to a binary file) and its sidecar;
+    ``model_spec``: what the weights are (architecture, preprocessing), published with them."""
     if fmt not in EXTENSIONS:
         raise ValueError(f"artifact format must be one of {sorted(EXTENSIONS)}. Found {fmt!r}.")
     folder = Path(artifact_dir) / STAGING
@@ -170,6 +175,7 @@ def stage(
         bytes=path.stat().st_size,
         staging_name=staging_name,
         final_path=final_path(tenant_id, name, version, fmt),
+        model_spec=None if model_spec is None else dict(model_spec),
     )
     document = json.dumps(staged.to_json(), sort_keys=True).encode()
 
@@ -233,6 +239,7 @@ def version_json(row: ModelVersion) -> dict[str, Any]:
             "bytes": row.artifact_bytes,
             "url": f"/v1/models/{row.name}/versions/{row.version}/artifact",
         },
+        "model_spec": row.model_spec,
         "created_at": row.created_at.isoformat(),
     }
 
@@ -269,6 +276,7 @@ def publish(
                 artifact_bytes=staged.bytes,
                 artifact_format=staged.format,
                 created_at=at,
+                model_spec=staged.model_spec,
             )
             session.add(row)
             session.flush()
@@ -409,14 +417,17 @@ def _load_version(session: Session, tenant_id: str, name: str, version: int) -> 
 
 
 def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[str, Any]:
-    """One version with its certificate (re-verifiable offline), metrics, job and creation time."""
+    """One version with its certificate (re-verifiable offline), its DP statement
+    (``service.ledger.dp_statement``), metrics, job, ``model_spec`` and creation time."""
     name = _name(name)
     with db.session(readonly=True) as session:
         row = _load_version(session, tenant_id, name, version)
         answer = version_json(row)
         job = session.get(Job, row.job_id)
         answer["algorithm"] = job.algorithm if job is not None else None
+        trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
     answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
+    answer["dp_statement"] = dp_statement(answer["certificate"], job=trained_by, model_spec=row.model_spec)
     return answer
 
 

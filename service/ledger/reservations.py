@@ -58,11 +58,11 @@ from sqlalchemy import ColumnElement, bindparam, select
 from accountant import events as ev
 from service import server_secrets
 from service.db.base import utcnow
-from service.db.models import Reservation, ReservationBatch
+from service.db.models import Release, Reservation, ReservationBatch
 from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
-from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.errors import InvalidInput, NotFound, ReleaseExists
 from service.ledger.spending import requests
 from service.ledger.spending.engine import submit, submit_async
 from service.ledger.spending.requests import (
@@ -86,6 +86,11 @@ _owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
 _owners_lock = threading.Lock()
 _OWNER: Final = select(Reservation.dataset_id, Reservation.tenant_id).where(
     Reservation.id == bindparam("reservation_id")
+)
+_RELEASE: Final = select(Release.id).where(
+    Release.tenant_id == bindparam("tenant_id"),
+    Release.model == bindparam("model"),
+    Release.version == bindparam("version"),
 )
 
 
@@ -133,6 +138,17 @@ async def _dataset_of_async(db: Database, tenant_id: str, reservation_id: str) -
     return _dataset_in_tenant(owner, tenant_id, reservation_id)
 
 
+def _release_free(db: Database, tenant_id: str, release: tuple[str, str] | None) -> None:
+    """``ReleaseExists`` when the release a reservation names was released before: found before
+    anything is held or trained. The commit checks again (in its transaction): two reservations
+    may name the same release, and only the first commit gets it."""
+    if release is None:
+        return
+    model, version = release
+    if db.read_all(_RELEASE, {"tenant_id": tenant_id, "model": model, "version": version}):
+        raise ReleaseExists(model, version)
+
+
 # ---------------------------------------------------------------------------------------------
 # Public operations. ``reserve``, ``commit`` and ``abort`` block their thread until the spend has
 # committed; ``reserve_async``, ``commit_async`` and ``abort_async`` are the same operations for
@@ -152,7 +168,8 @@ def _reserve_op(
     ttl_s: float,
     now: datetime | None,
     policy: pricing.Policy | None,
-) -> Op:
+    release: Mapping[str, Any] | None = None,
+) -> tuple[Op, tuple[str, str] | None]:
     if (batch_ids is None) == (task_ids is None):
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
     selector = "batches" if batch_ids is not None else "tasks"
@@ -176,7 +193,13 @@ def _reserve_op(
         "noise_commitment": noise_commitment,
         "ttl_s": ttl.total_seconds(),
     }
-    return keyed(op, idempotency_key, request)
+    named: tuple[str, str] | None = None
+    if release is not None:
+        # Checked, not reserved, so not part of the keyed request: a retry naming another release
+        # gets its first answer, as a retry of the reservation it is.
+        model, version, _ = requests.release(release)
+        named = (model, version)
+    return keyed(op, idempotency_key, request), named
 
 
 def _reserved(op: Op, answer: dict[str, Any]) -> dict[str, Any]:
@@ -197,12 +220,19 @@ def reserve(
     ttl_s: float = DEFAULT_TTL_S,
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
+    release: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
 
+    ``release``: the ``{model, version}`` the run will be committed as, if the caller knows it
+    now; a release that exists already is refused here (``ReleaseExists``, naming both) instead
+    of at commit, after the training. It is not reserved: the commit names its release again.
+
     Answer: ``{id, dataset_id, status: "reserved", cost: {epsilon, delta}, committed, commits,
-    noise_commitment, expires_at, created_at, closed_at, batches: [{id, epsilon, delta,
-    naive_epsilon, level?, replay?}]}``; ``cost`` is the maximum over the batches (they are
+    noise_commitment, expires_at, created_at, closed_at, batches: {count, batch_set, classes:
+    [{class, batches, epsilon, delta, naive_epsilon, level?, replay?}]}}`` — one entry per
+    reservation class (the batches it read in one state; ``list_batches`` pages them);
+    ``cost`` is the maximum over the batches (they are
     disjoint). Raises ``InvalidInput`` (also an event whose pricing is above
     ``policy.max_work``), ``NotFound`` (dataset, batch or task, also another tenant's),
     ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
@@ -212,7 +242,7 @@ def reserve(
     with the same ``idempotency_key`` and the same request answers the reservation as it is now
     (its current status, hold and commits), and holds nothing more.
     """
-    op = _reserve_op(
+    op, named = _reserve_op(
         tenant_id,
         dataset_id,
         event_json=event_json,
@@ -223,7 +253,9 @@ def reserve(
         ttl_s=ttl_s,
         now=now,
         policy=policy,
+        release=release,
     )
+    _release_free(db, tenant_id, named)
     return _reserved(op, submit(db, op))
 
 
@@ -239,9 +271,10 @@ async def reserve_async(
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     policy: pricing.Policy | None = None,
+    release: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``reserve`` for a coroutine (the charge is priced in a thread of ``policy.limiter``)."""
-    op = _reserve_op(
+    op, named = _reserve_op(
         tenant_id,
         dataset_id,
         event_json=event_json,
@@ -252,7 +285,10 @@ async def reserve_async(
         ttl_s=ttl_s,
         now=None,
         policy=policy,
+        release=release,
     )
+    if named is not None:
+        await anyio.to_thread.run_sync(_release_free, db, tenant_id, named)
     return _reserved(op, await submit_async(db, op))
 
 

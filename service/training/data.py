@@ -113,6 +113,12 @@ FloatArray = npt.NDArray[np.float32]
 LabelArray = npt.NDArray[np.int64]
 
 
+IDENTITY: Final[Mapping[str, object]] = {
+    "kind": "identity",
+    "input": "the source's feature values as stored, flattened in row-major order",
+}
+
+
 class DataSourceError(ValueError):
     """A data source URI or its contents are invalid; the message names the URI and the rule,
     never a value read from the source."""
@@ -202,6 +208,10 @@ class LoadedData:
     image_shape: tuple[int, int, int] | None = None
     public: tuple[TaskSplit, ...] = ()
     """Records declared public (``&public=P``): in no task, never ledgered, kept by ``restrict``."""
+    preprocessing: Mapping[str, object] = field(default_factory=lambda: dict(IDENTITY))
+    """How the source's raw records became ``features`` (recorded with every model version, so
+    that a loaded model is fed what it was trained on): ``{"kind": "identity"}`` (features as
+    stored, flattened) or ``{"kind": "scale", "divide_by": d, ...}`` (raw values / d)."""
 
     @property
     def n_records(self) -> int:
@@ -956,6 +966,17 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
         n_features=64,
         image_shape=DIGITS_IMAGE_SHAPE,
         public=(split(0, public_idx, None),) if public else (),
+        preprocessing={
+            "kind": "scale",
+            "divide_by": 16,
+            "input": "sklearn.datasets.load_digits().data: the 64 pixel values (0-16) of an 8x8 "
+            "image, row-major",
+            **(
+                {"permuted": "task t's pixels permuted by a seeded permutation (task 0: none)"}
+                if kind == "permuted-digits"
+                else {}
+            ),
+        },
     )
 
 

@@ -424,6 +424,23 @@ class DpSgdTrainer:
             image_shape=data.image_shape,
         )
 
+    def model_spec(self, data: LoadedData, p: DpSgdParams) -> dict[str, Any]:
+        """What a released state dict is, recorded with every version: the arguments of
+        ``service.training.nets.build_model`` and the source's ``preprocessing`` — what
+        ``LedgerClient.load_model`` rebuilds the module from."""
+        return {
+            "builder": "service.training.nets.build_model",
+            "model": p.model.kind,
+            "hidden": list(p.model.hidden),
+            "n_features": data.n_features,
+            "num_classes": self._num_classes(data, p),
+            "image_shape": None if data.image_shape is None else list(data.image_shape),
+            "input_dtype": "float32",
+            "output": "class logits",
+            "preprocessing": dict(data.preprocessing),
+            "data_source": data.uri,
+        }
+
     def initial_model(self, data: LoadedData, params: DpSgdParams, seed: int) -> nn.Module:
         """The model a run with ``seed`` starts from (on this trainer's device).
 

@@ -21,8 +21,10 @@ re-exported here.
 
 from __future__ import annotations
 
+import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,3 +104,28 @@ def build_model(
             f"shape {image_shape}.",
         )
     return SmallCNN(image_shape, spec.hidden, num_classes)
+
+
+def load_released(spec: Mapping[str, Any], content: bytes, fmt: str) -> nn.Module:
+    """A released version rebuilt: the network its ``model_spec`` names
+    (``DpSgdTrainer.model_spec``), its weights loaded from ``content`` (``fmt``: "safetensors"
+    or "torch", a ``torch.save`` of the state dict read with ``weights_only``, so nothing but
+    tensors is unpickled), in eval mode, with the spec as ``model_spec``."""
+    module = build_model(
+        ModelSpec(kind=str(spec["model"]), hidden=tuple(int(w) for w in spec["hidden"])),
+        n_features=int(spec["n_features"]),
+        num_classes=int(spec["num_classes"]),
+        image_shape=None if spec.get("image_shape") is None else tuple(spec["image_shape"]),
+    )
+    if fmt == "safetensors":
+        try:
+            from safetensors.torch import load as load_safetensors  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ImportError("this version's weights are safetensors: pip install safetensors") from exc
+        state = load_safetensors(content)
+    else:
+        state = torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
+    module.load_state_dict(state)
+    module.eval()
+    setattr(module, "model_spec", dict(spec))  # noqa: B010 (a Module's __setattr__ is typed for tensors)
+    return module

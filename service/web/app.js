@@ -214,6 +214,55 @@
     return Number.isFinite(value) ? value : 0;
   }
 
+  /**
+   * A ledger number (a decimal string) shown with 4 significant digits. `way` is "up" for what
+   * was spent or held (a shown spend is never below the ledger's) and "down" for what remains;
+   * otherwise the nearest. The exact value goes in `title` (hover) and `data-full` (copy), see
+   * `exact` and the copy handler below.
+   */
+  function sig(text, way) {
+    if (text === null || text === undefined || text === "") return "—";
+    const str = String(text);
+    const value = Number(str);
+    if (!Number.isFinite(value) || !/^-?[0-9]*\.?[0-9]+(e[-+]?[0-9]+)?$/i.test(str)) return str;
+    if (value === 0) return "0";
+    let shown = Number(value.toPrecision(4));
+    const unit = Math.pow(10, Math.floor(Math.log10(Math.abs(shown))) - 3);
+    if (way === "up" && shown < value) shown = Number((shown + unit).toPrecision(4));
+    if (way === "down" && shown > value) shown = Number((shown - unit).toPrecision(4));
+    const abs = Math.abs(shown);
+    if (abs >= 1e6 || abs < 1e-4) return shown.toExponential(3).replace(/\.?0+e/, "e");
+    return String(shown);
+  }
+
+  /** An element showing `value` with 4 significant digits, the exact value on hover and copy. */
+  function exact(tag, attrs, value, way) {
+    const full = value === null || value === undefined ? "" : String(value);
+    return h(tag, Object.assign({}, attrs, { title: full, "data-full": full, text: sig(value, way) }));
+  }
+
+  // Copying shown numbers copies their exact values: each `data-full` element in the selection
+  // is replaced by its full value.
+  document.addEventListener("copy", (event) => {
+    const selection = window.getSelection();
+    if (!selection || selection.rangeCount === 0 || selection.isCollapsed) return;
+    const range = selection.getRangeAt(0);
+    const start = range.commonAncestorContainer;
+    const inside = (start.nodeType === 1 ? start : start.parentElement).closest("[data-full]");
+    let text;
+    if (inside) {
+      text = inside.getAttribute("data-full");
+    } else {
+      const fragment = range.cloneContents();
+      const numbers = fragment.querySelectorAll("[data-full]");
+      if (numbers.length === 0) return;  // nothing shortened in the selection: the browser copies
+      for (const node of numbers) node.textContent = node.getAttribute("data-full");
+      text = fragment.textContent;
+    }
+    event.clipboardData.setData("text/plain", text);
+    event.preventDefault();
+  });
+
   /** Short label for chart axes and bar ends (the exact value is in the element's title). */
   function short(value) {
     if (value === 0) return "0";
@@ -300,6 +349,7 @@
     else if (parts[0] === "datasets" && parts[1]) page = datasetPage(gen, parts[1]);
     else if (parts[0] === "certificates" && parts[1]) page = certificatePage(gen, parts[1]);
     else if (parts[0] === "jobs" && parts[1]) page = jobPage(gen, parts[1]);
+    else if (parts[0] === "models" && parts[1] && parts[2]) page = modelVersionPage(gen, parts[1], parts[2]);
     else if (parts[0] === "jobs") page = jobsPage(gen);
     else if (parts.length === 0 || parts[0] === "datasets") page = datasetsPage(gen);
     else page = Promise.resolve(add(view, h("p", { class: "empty", text: "No such page: #" + parts.join("/") })));
@@ -382,10 +432,10 @@
       return h("tr", { "data-dataset-id": d.id },
         h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
         h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
-        h("td", { class: "num budget", title: "δ " + d.delta_budget, text: d.epsilon_budget }),
-        h("td", { class: "num spent", text: d.epsilon_spent }),
-        h("td", { class: "num remaining", text: d.epsilon_remaining }),
-        h("td", { class: "num held", text: d.epsilon_held }),
+        exact("td", { class: "num budget" }, d.epsilon_budget),
+        exact("td", { class: "num spent" }, d.epsilon_spent, "up"),
+        exact("td", { class: "num remaining" }, d.epsilon_remaining, "down"),
+        exact("td", { class: "num held" }, d.epsilon_held, "up"),
         h("td", { class: "meter-cell" }, meter(fraction, heldFraction, d.epsilon_spent + " of " + d.epsilon_budget + " spent")),
         h("td", { class: "last-release" },
           h("span", { text: releaseText(d.last_release) }),
@@ -482,12 +532,13 @@
 
   function stats(spend) {
     const item = (label, value, id) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", id, text: value }));
+    const number = (label, value, id, way) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), exact("div", { class: "stat-value", id }, value, way));
     return h("div", { class: "stats" },
-      item("ε spent", spend.epsilon_spent, "stat-spent"),
-      item("ε held (open reservations)", spend.epsilon_held, "stat-held"),
-      item("ε remaining", spend.epsilon_remaining, "stat-remaining"),
-      item("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive"),
-      item("δ spent", spend.delta_spent, "stat-delta"),
+      number("ε spent", spend.epsilon_spent, "stat-spent", "up"),
+      number("ε held (open reservations)", spend.epsilon_held, "stat-held", "up"),
+      number("ε remaining", spend.epsilon_remaining, "stat-remaining", "down"),
+      number("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive", "up"),
+      number("δ spent", spend.delta_spent, "stat-delta", "up"),
       item("releases (commits)", String(spend.charges_committed), "stat-commits"),
       item("open reservations", String(spend.reservations_open), "stat-open"),
       item("last release", releaseText(spend.last_release), "stat-last-release"));
@@ -503,11 +554,12 @@
     const x = (v) => left + (v / total) * W;
     const spentW = x(spent) - left;
     const heldW = Math.max(0, Math.min(x(spent + held), W) - x(spent));
-    const label = "spent " + spend.epsilon_spent + " · held " + spend.epsilon_held + " · remaining " + spend.epsilon_remaining + " of ε " + spend.epsilon_budget;
+    const label = "spent " + sig(spend.epsilon_spent, "up") + " · held " + sig(spend.epsilon_held, "up") + " · remaining " + sig(spend.epsilon_remaining, "down") + " of ε " + sig(spend.epsilon_budget);
+    const exactLabel = "spent " + spend.epsilon_spent + " · held " + spend.epsilon_held + " · remaining " + spend.epsilon_remaining + " of ε " + spend.epsilon_budget;
     const percent = budget > 0 ? Math.round((spent / budget) * 1000) / 10 : 0;
     const ticks = niceTicks(total, 6).filter((t) => t <= total * 1.0001);
     return h("div", { class: "gauge" },
-      h("p", { id: "gauge-label", class: "gauge-label", text: label }),
+      h("p", { id: "gauge-label", class: "gauge-label", title: exactLabel, "data-full": exactLabel, text: label }),
       s("svg", { id: "gauge", viewBox: "0 0 " + (W + 2) + " " + H, class: "chart", role: "img", "aria-label": label,
         "data-spent": spend.epsilon_spent, "data-held": spend.epsilon_held, "data-budget": spend.epsilon_budget },
         title(label),
@@ -536,8 +588,11 @@
     function draw(start) {
       const shown = tasks.slice(start, start + TASK_BAR_PAGE);
       const budget = num(spend.epsilon_budget);
-      const top = Math.max(budget, ...shown.map((t) => Math.max(num(t.epsilon_spent), num(t.naive_sequential_epsilon)))) || 1;
-      const labelW = 170, valueW = 150, W = 760, rowH = 24, barH = 15;
+      const largest = Math.max(budget, ...shown.map((t) => Math.max(num(t.epsilon_spent), num(t.naive_sequential_epsilon)))) || 1;
+      // The axis ends at its last tick, a round number at or above every value: no mark beyond it.
+      const ticks = niceTicks(largest, 5);
+      const top = ticks[ticks.length - 1];
+      const labelW = 170, valueW = 170, W = 760, rowH = 24, barH = 15;
       const plotW = W - labelW - valueW;
       const H = shown.length * rowH + 26;
       const x = (v) => labelW + (v / top) * plotW;
@@ -551,17 +606,18 @@
           s("rect", { class: "bar", x: labelW, y, width: Math.max(1, x(spent) - labelW), height: barH, rx: 2,
             "data-task-id": t.id, "data-epsilon": t.epsilon_spent }, title(text)),
           naive > spent ? s("line", { class: "naive-mark", x1: x(naive), x2: x(naive), y1: y - 2, y2: y + barH + 2 }, title("naive sequential ε " + t.naive_sequential_epsilon)) : null,
-          s("text", { class: "bar-value", x: W - valueW + 8, y: y + barH - 3,
-            text: t.epsilon_spent + (naive > spent ? " (naive " + t.naive_sequential_epsilon + ")" : "") }));
+          s("text", { class: "bar-value", x: W - valueW + 12, y: y + barH - 3, "data-full": t.epsilon_spent,
+            text: sig(t.epsilon_spent, "up") + (naive > spent ? " (naive " + sig(t.naive_sequential_epsilon, "up") + ")" : "") },
+            title(text)));
       });
       const axisY = shown.length * rowH + 8;
-      const ticks = niceTicks(top, 5).filter((t) => t <= top * 1.0001);
       fill(wrapper, 
         s("svg", { id: "task-bars", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": "ε spent per task" },
           ticks.map((t) => s("line", { class: "grid", x1: x(t), x2: x(t), y1: 0, y2: axisY })),
           s("line", { class: "budget-line", x1: x(budget), x2: x(budget), y1: 0, y2: axisY }, title("budget ε " + spend.epsilon_budget)),
           rows,
-          ticks.map((t) => s("text", { class: "tick", x: x(t), y: axisY + 14, "text-anchor": "middle", text: short(t) }))),
+          s("line", { class: "axis", x1: labelW, x2: x(top), y1: axisY, y2: axisY }),
+          ticks.map((t) => s("text", { class: "tick", x: x(t), y: axisY + 14, "text-anchor": t === top ? "end" : "middle", text: short(t) }))),
         h("p", { class: "legend" },
           h("span", { class: "swatch swatch-spent" }), "ledger ε of the task's batches (max over its batches) ",
           h("span", { class: "swatch swatch-naive" }), "naive sequential ε ",
@@ -658,7 +714,7 @@
   function lifelongCurve(history) {
     const points = history.data;
     if (points.length === 0) return h("p", { class: "empty", text: "No releases yet." });
-    const W = 760, H = 300, L = 56, R = 130, T = 14, B = 40;
+    const W = 760, H = 300, L = 56, R = 150, T = 14, B = 40;
     const budget = num(history.epsilon_budget);
     const xMax = Math.max(history.tasks, points[points.length - 1].task_index, 2);
     const yTop = Math.max(budget, ...points.map((p) => num(p.naive_sequential_epsilon)), ...points.map((p) => num(p.epsilon))) * 1.08 || 1;
@@ -671,8 +727,9 @@
     for (let i = 1; i <= xMax; i += xStep) xTicks.push(i);
     const last = points[points.length - 1];
     const ratio = num(last.epsilon) > 0 ? num(last.naive_sequential_epsilon) / num(last.epsilon) : 0;
-    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + last.epsilon +
-      " · naive sequential ε " + last.naive_sequential_epsilon + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
+    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + sig(last.epsilon, "up") +
+      " · naive sequential ε " + sig(last.naive_sequential_epsilon, "up") + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
+    const exactCaption = "ledger ε " + last.epsilon + " · naive sequential ε " + last.naive_sequential_epsilon;
     return h("div", {},
       s("svg", { id: "lifelong-curve", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
         yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
@@ -680,16 +737,18 @@
         s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "tasks" }),
         s("text", { class: "axis-title", x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + (H - T - B) / 2) + ")", text: "ε" }),
         s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + history.epsilon_budget)),
-        s("text", { class: "series-label budget-text", x: W - R + 6, y: y(budget) + 4, text: "budget " + history.epsilon_budget }),
+        s("text", { class: "series-label budget-text", x: W - R + 6, y: y(budget) + 4, "data-full": history.epsilon_budget, text: "budget " + sig(history.epsilon_budget) }),
         s("path", { class: "series-naive", d: line("naive_sequential_epsilon") }),
         s("path", { class: "series-ledger", d: line("epsilon") }),
         points.map((p) => s("circle", { class: "pt-naive", cx: x(p.task_index), cy: y(num(p.naive_sequential_epsilon)), r: 3.5,
           "data-task-index": p.task_index, "data-epsilon": p.naive_sequential_epsilon }, title("task " + p.task_index + ": naive sequential ε " + p.naive_sequential_epsilon))),
         points.map((p) => s("circle", { class: "pt-ledger", cx: x(p.task_index), cy: y(num(p.epsilon)), r: 3.5,
           "data-task-index": p.task_index, "data-epsilon": p.epsilon }, title("task " + p.task_index + ": ledger ε " + p.epsilon))),
-        s("text", { class: "series-label naive-text", x: x(last.task_index) + 8, y: y(num(last.naive_sequential_epsilon)) + 4, text: "naive " + last.naive_sequential_epsilon }),
-        s("text", { class: "series-label ledger-text", x: x(last.task_index) + 8, y: y(num(last.epsilon)) + 14, text: "ledger " + last.epsilon })),
-      h("p", { id: "curve-caption", class: "caption", text: caption }),
+        s("text", { class: "series-label naive-text", x: x(last.task_index) + 8, y: Math.max(T + 4, y(num(last.naive_sequential_epsilon)) + 4),
+          "data-full": last.naive_sequential_epsilon, text: "naive " + sig(last.naive_sequential_epsilon, "up") }, title("naive sequential ε " + last.naive_sequential_epsilon)),
+        s("text", { class: "series-label ledger-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, y(num(last.epsilon)) + 14),
+          "data-full": last.epsilon, text: "ledger " + sig(last.epsilon, "up") }, title("ledger ε " + last.epsilon))),
+      h("p", { id: "curve-caption", class: "caption", title: exactCaption, text: caption }),
       h("p", { class: "legend" },
         h("span", { class: "swatch swatch-spent" }), "ledger ε (replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
         h("span", { class: "swatch swatch-naive" }), "naive sequential ε (every read counted as fresh: grows with tasks, Thm. 1)"));
@@ -704,9 +763,9 @@
           h("a", { class: "release-name", href: "#/certificates/" + encodeURIComponent(r.certificate_id), text: r.model + " v" + r.version }),
           h("span", { class: "muted small", text: " " + when(r.created_at) })),
         h("div", { class: "release-body" },
-          h("span", { class: "chip", text: "charge ε " + r.charge.epsilon }),
-          h("span", { class: "chip", text: "ε after " + r.epsilon }),
-          r.delta && r.delta !== "0" ? h("span", { class: "chip", text: "δ after " + r.delta }) : null,
+          h("span", { class: "chip", title: r.charge.epsilon, "data-full": r.charge.epsilon, text: "charge ε " + sig(r.charge.epsilon, "up") }),
+          h("span", { class: "chip", title: r.epsilon, "data-full": r.epsilon, text: "ε after " + sig(r.epsilon, "up") }),
+          r.delta && r.delta !== "0" ? h("span", { class: "chip", title: r.delta, "data-full": r.delta, text: "δ after " + sig(r.delta, "up") }) : null,
           h("span", { class: r.within_budget ? "chip ok" : "chip bad", text: r.within_budget ? "within budget" : "over budget" }),
           h("span", { class: "muted small theorem", title: r.theorem || "", text: clip(r.theorem || "", 110) })),
         h("a", { class: "small", href: "#/certificates/" + encodeURIComponent(r.certificate_id), text: "open certificate " + r.certificate_id + " ›" }))));
@@ -754,9 +813,9 @@
       h("section", { class: "card", id: "section-result" },
         h("h2", { text: "Result" }),
         dl([
-          ["ε after (max over the batches read)", result.epsilon, "cert-epsilon"],
-          ["δ after", result.delta],
-          ["naive sequential ε after", result.naive_epsilon],
+          ["ε after (max over the batches read)", exact("span", {}, result.epsilon, "up"), "cert-epsilon"],
+          ["δ after", exact("span", {}, result.delta, "up")],
+          ["naive sequential ε after", exact("span", {}, result.naive_epsilon, "up")],
           ["this charge", result.charge ? "ε " + result.charge.epsilon + ", δ " + result.charge.delta : null, "cert-charge"],
           ["budget", result.budget ? "ε " + result.budget.epsilon + ", δ " + result.budget.delta : null],
           ["within budget", result.within_budget === undefined ? null : String(result.within_budget), "cert-within"],
@@ -801,7 +860,7 @@
 
   function dl(items) {
     return h("dl", { class: "facts" }, items.filter(([, v]) => v !== null && v !== undefined && v !== "").map(([k, v, id]) =>
-      [h("dt", { text: k }), h("dd", { id: id || null, text: v })]));
+      [h("dt", { text: k }), v instanceof Node ? h("dd", { id: id || null }, v) : h("dd", { id: id || null, text: v })]));
   }
 
   function pre(value, id) {
@@ -856,7 +915,7 @@
   }
 
   function formatMetric(value) {
-    if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number.parseFloat(value.toPrecision(5)));
+    if (typeof value === "number") return Number.isInteger(value) ? String(value) : String(Number.parseFloat(value.toPrecision(4)));
     if (value === null) return "—";
     if (typeof value === "object") return JSON.stringify(value);
     return String(value);
@@ -887,18 +946,26 @@
 
   function jobsTable(page) {
     if (page.count === 0) return h("p", { class: "empty", text: "No jobs yet. Queue one with POST /v1/jobs (a trainer key)." });
-    return h("table", { id: "jobs-table", class: "table" },
+    return h("table", { id: "jobs-table", class: "table jobs" },
       h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "ε committed", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
       h("tbody", {}, page.data.map((j) => h("tr", { "data-job-id": j.id },
-        h("td", {}, h("a", { class: "mono", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
-        h("td", {}, h("a", { class: "mono small", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
+        h("td", {}, h("a", { class: "mono id", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
+        h("td", {}, h("a", { class: "mono small id", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
         h("td", { text: j.algorithm }),
-        h("td", { class: "status" }, statusChip(j.status)),
+        h("td", { class: "status" }, statusChip(j.status), failureReason(j)),
         h("td", { class: "progress-cell" }, progressBar(j), h("span", { class: "small block progress-text", text: progressText(j) })),
-        h("td", { class: "num epsilon", text: j.epsilon_committed }),
+        exact("td", { class: "num epsilon" }, j.epsilon_committed, "up"),
         h("td", { class: "small metrics", text: metricsText(j.metrics) }),
         h("td", { class: "num", text: String((j.versions || []).length) }),
         h("td", { class: "small", text: when(j.updated_at) })))));
+  }
+
+  /** Why a job failed, in the list: the error code and the start of its message (all on hover). */
+  function failureReason(job) {
+    if (!job.error) return null;
+    const code = job.error.error || "error";
+    const full = code + ": " + (job.error.message || "");
+    return h("span", { class: "small block failure-reason", title: full, text: clip(full, 90) });
   }
 
   async function jobPage(gen, id) {
@@ -949,8 +1016,8 @@
           h("span", { class: "muted", text: " · model " + job.model_name + " · attempt " + job.attempts + " of " + job.max_attempts })),
         h("div", { class: "job-progress" }, progressBar(job, "job-progress"), h("span", { id: "job-progress-text", text: progressText(job) })),
         h("div", { class: "stats" },
-          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε committed" }), h("div", { class: "stat-value", id: "job-epsilon", text: job.epsilon_committed })),
-          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), h("div", { class: "stat-value", text: job.delta_committed || "0" })),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε committed" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), exact("div", { class: "stat-value" }, job.delta_committed || "0", "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "started" }), h("div", { class: "stat-value small", text: when(job.started_at) })),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "updated" }), h("div", { class: "stat-value small", id: "job-updated", "data-polls": polls, text: when(job.updated_at) }))),
         job.error ? h("p", { class: "notice error", id: "job-error", text: "Error: " + (job.error.message || JSON.stringify(job.error)) }) : null,
@@ -959,7 +1026,33 @@
         h("h2", { text: "Metrics" }),
         Object.keys(metrics).length === 0 ? h("p", { class: "empty", text: "No metrics yet." }) :
           h("table", { class: "table compact", id: "job-metrics" }, h("tbody", {}, Object.entries(metrics).map(([k, v]) =>
-            h("tr", { "data-metric": k }, h("th", { text: k }), h("td", { class: "num", text: formatMetric(v) })))))));
+            h("tr", { "data-metric": k }, h("th", { text: k }), h("td", { class: "num", title: String(v), "data-full": String(v), text: formatMetric(v) })))))),
+      planSection(job));
+  }
+
+  /** The plan the worker recorded before it reserved (what the charge is for) and the params. */
+  function planSection(job) {
+    const plan = job.plan || null;
+    const rows = [];
+    if (plan && plan.kind === "staged") {
+      rows.push(["stages", String(plan.stages), "plan-stages"]);
+    } else if (plan) {
+      const q = plan.sampling_probability;
+      rows.push(["noise multiplier σ", plan.noise_multiplier === undefined ? null : exact("span", {}, plan.noise_multiplier), "plan-sigma"]);
+      rows.push(["sampling probability q (Poisson)", q === undefined ? null : exact("span", {}, q), "plan-q"]);
+      rows.push(["steps", plan.steps === undefined ? null : String(plan.steps), "plan-steps"]);
+      rows.push(["records", plan.n_records === undefined ? null : String(plan.n_records), "plan-records"]);
+      if (q !== undefined && plan.n_records !== undefined) rows.push(["expected batch size q·N", sig(String(q * plan.n_records))]);
+      const clipping = plan.params && plan.params.max_grad_norm;
+      rows.push(["clipping norm C", clipping === undefined || clipping === null ? null : String(clipping), "plan-clipping"]);
+    }
+    return h("section", { class: "card", id: "section-plan" },
+      h("h2", { text: "Plan and params" }),
+      plan ? h("p", { class: "muted", text: "What the worker reserved before it read any data: the charge is for this event." }) :
+        h("p", { class: "empty", text: "No plan yet: the worker records it when it claims the job, before it reserves." }),
+      plan ? dl(rows) : null,
+      plan && (plan.event || plan.events) ? [h("h3", { text: plan.event ? "Event (the charge)" : "Events of the stages" }), pre(plan.event || plan.events, "plan-event")] : null,
+      h("h3", { text: "Params (as submitted, validated)" }), pre(job.params || {}, "job-params"));
   }
 
   async function versionsList(job) {
@@ -977,17 +1070,102 @@
       if (error instanceof ApiError && error.status === 401) throw error;
       certificates = {};
     }
-    add(wrapper, h("table", { class: "table compact" },
-      h("thead", {}, h("tr", {}, ["Version", "Step", "Metrics", "Certificate"].map((t) => h("th", { text: t })))),
+    add(wrapper, h("table", { class: "table compact", id: "versions-table" },
+      h("thead", {}, h("tr", {}, ["Version", "Step", "Metrics", "Certificate", "Weights"].map((t) => h("th", { text: t })))),
       h("tbody", {}, versions.map((v) => {
         const known = certificates[v.version];
-        return h("tr", {},
-          h("td", { text: v.name + " v" + v.version }),
+        return h("tr", { "data-version": v.version },
+          h("td", {}, h("a", { class: "version-link", href: modelHref(v.name, v.version), text: v.name + " v" + v.version })),
           h("td", { class: "num", text: String(v.step) }),
           h("td", { class: "small", text: known ? metricsText(known.metrics) : "—" }),
-          h("td", {}, known ? h("a", { href: "#/certificates/" + encodeURIComponent(known.certificate_id), text: known.certificate_id }) : "—"));
+          h("td", {}, known ? h("a", { class: "mono small id", href: "#/certificates/" + encodeURIComponent(known.certificate_id), text: known.certificate_id }) : "—"),
+          h("td", {}, known ? downloadButton(known) : "—"));
       }))));
     return wrapper;
+  }
+
+  function modelHref(name, version) {
+    return "#/models/" + encodeURIComponent(name) + "/" + encodeURIComponent(version);
+  }
+
+  /**
+   * The artifact needs the session's key (Authorization header), so a plain link cannot fetch
+   * it: the button fetches it, checks its SHA-256 against the one recorded at publication, and
+   * saves it under the server's file name.
+   */
+  function downloadButton(version) {
+    const status = h("span", { class: "small muted download-status" });
+    const button = h("button", { type: "button", class: "download", "data-sha256": version.artifact.sha256,
+      text: "Download " + version.artifact.format + " (" + Math.max(1, Math.round(version.artifact.bytes / 1024)) + " KiB)" });
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      status.textContent = " downloading…";
+      try {
+        const response = await fetch(version.artifact.url, { headers: { Authorization: "Bearer " + getKey() }, cache: "no-store", credentials: "omit" });
+        if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
+        const bytes = await response.arrayBuffer();
+        const digest = Array.from(new Uint8Array(await crypto.subtle.digest("SHA-256", bytes))).map((b) => b.toString(16).padStart(2, "0")).join("");
+        if (digest !== version.artifact.sha256) throw new Error("the artifact's SHA-256 " + digest + " is not the recorded " + version.artifact.sha256);
+        const disposition = response.headers.get("content-disposition") || "";
+        const match = /filename="?([^";]+)"?/.exec(disposition);
+        const link = h("a", { href: URL.createObjectURL(new Blob([bytes], { type: "application/octet-stream" })), download: match ? match[1] : version.name + "-v" + version.version });
+        document.body.appendChild(link);
+        link.click();
+        link.remove();
+        status.textContent = " saved (SHA-256 checked)";
+      } catch (error) {
+        status.textContent = " failed: " + error.message;
+        showError(error);
+      } finally {
+        button.disabled = false;
+      }
+    });
+    return h("span", {}, button, status);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // A model version: its DP statement (Ponomareva et al. 2023, §5.3), architecture, weights
+
+  async function modelVersionPage(gen, name, version) {
+    const v = await api("/v1/models/" + encodeURIComponent(name) + "/versions/" + encodeURIComponent(version));
+    if (gen !== generation) return;
+    const st = v.dp_statement || {};
+    const mech = st.mechanism || {};
+    const sampler = mech.sampler || null;
+    const spec = v.model_spec || null;
+    fill(view,
+      h("p", { class: "crumbs" }, h("a", { href: "#/jobs/" + encodeURIComponent(v.job_id), text: "Job " + v.job_id }), " / " + v.name + " v" + v.version),
+      h("h1", { text: v.name + " v" + v.version }),
+      h("section", { class: "card", id: "section-statement" },
+        h("h2", { text: "DP statement" }),
+        h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate and its job's plan; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
+        dl([
+          ["guarantee", st.guarantee ? h("span", {}, "(ε = ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ = ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope) : null],
+          ["this release", st.release ? h("span", {}, "ε = ", exact("span", {}, st.release.epsilon, "up"), ", δ = ", exact("span", {}, st.release.delta, "up"), " — " + st.release.scope) : null],
+          ["privacy unit", st.privacy_unit ? st.privacy_unit.description : null, "statement-unit"],
+          ["granularity", st.granularity],
+          ["accountant", st.accounting ? st.accounting.accountant : null, "statement-accountant"],
+          ["conversion", st.accounting ? st.accounting.conversion : null],
+          ["rule and theorem", st.accounting ? st.accounting.rule + ": " + st.accounting.theorem : null],
+          ["sampler", sampler ? sampler.description + (sampler.sampling_probability !== undefined ? " (q = " + sampler.sampling_probability + ")" : "") : "not one DP-SGD run", "statement-sampler"],
+          ["steps", mech.steps === null || mech.steps === undefined ? null : String(mech.steps), "statement-steps"],
+          ["noise multiplier σ", mech.noise_multiplier === null || mech.noise_multiplier === undefined ? null : String(mech.noise_multiplier), "statement-sigma"],
+          ["clipping norm C", mech.clipping_norm !== null && mech.clipping_norm !== undefined ? String(mech.clipping_norm) : mech.clipping_norm_source, "statement-clipping"],
+          ["public / pre-trained data", st.public_data],
+          ["budget remaining", st.budget ? h("span", {}, "ε ", exact("span", { id: "statement-remaining" }, st.budget.epsilon_remaining, "down"), " of ", exact("span", {}, st.budget.epsilon),
+            st.budget.delta_remaining === null ? "" : [", δ ", exact("span", {}, st.budget.delta_remaining, "down")], " — " + st.budget.scope + "; " + st.budget.delta_note) : null],
+          ["certificate", st.certificate ? h("a", { href: "#/certificates/" + encodeURIComponent(st.certificate.id), text: st.certificate.id }) : null],
+        ])),
+      h("section", { class: "card", id: "section-model" },
+        h("h2", { text: "Model" }),
+        spec ? dl([
+          ["architecture", spec.model + " " + JSON.stringify(spec.hidden) + ", " + spec.n_features + " inputs → " + spec.num_classes + " class logits", "model-architecture"],
+          ["preprocessing", JSON.stringify(spec.preprocessing), "model-preprocessing"],
+          ["data source", spec.data_source],
+          ["load it", "LedgerClient(url, key).load_model(" + JSON.stringify(v.name) + ", " + v.version + ")"],
+        ]) : h("p", { class: "empty", text: "This version records no architecture (published before it was recorded, or a staged trainer's): download the weights." }),
+        h("h3", { text: "Metrics" }), pre(v.metrics || {}, "model-metrics"),
+        h("h3", { text: "Weights" }), downloadButton(v)));
   }
 
   // ------------------------------------------------------------------------------------------

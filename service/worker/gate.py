@@ -397,6 +397,7 @@ class _Run:
     failure: BaseException | None = None
     released: list[int] = field(default_factory=list)
     released_metrics: dict[str, Any] | None = None
+    model_spec: dict[str, Any] | None = None  # what the released weights are (load_model)
     calls: int = 0
     record_ids: frozenset[str] = frozenset()  # the loaded source's, masked in failures
 
@@ -540,6 +541,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
 
     # 2. Load the records (only now) and check them against the ledger's batches.
     run.data, _ = _load_checked(run, loader)
+    if hasattr(run.trainer, "model_spec"):
+        run.model_spec = run.trainer.model_spec(run.data, plan.params)
 
     # 3. Train; every release goes through _checkpoint.
     try:
@@ -658,6 +661,7 @@ def _release(
             metrics=metrics,
             fmt=fmt,
             write=write,
+            model_spec=run.model_spec,
         )
         try:
             answer = reservations.commit(

@@ -36,11 +36,14 @@ def settings_for(database_url: URL, artifact_dir: Path) -> Settings:
 
 
 @contextmanager
-def serve(settings: Settings, db: Database, *, timeout_s: float = 15.0) -> Iterator[str]:
-    """Serve the app on ``db`` (no training worker); yields the base URL."""
+def serve(
+    settings: Settings, db: Database, *, timeout_s: float = 15.0, worker: bool = False
+) -> Iterator[str]:
+    """Serve the app on ``db`` (with its in-process training worker if ``worker``); yields the
+    base URL."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings, database=db),
+        create_app(settings, database=db, worker=worker),
         host="127.0.0.1",
         port=port,
         log_level="warning",

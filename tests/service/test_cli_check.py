@@ -59,7 +59,7 @@ def healthy(database_url: URL, db: Database, tmp_path: Path) -> Iterator[Healthy
     viewer_key = tenancy.create_api_key(db, "acme", "viewer")
     with serve(settings, db) as url, LedgerClient(url, admin_key) as client:
         dataset = client.create_dataset(
-            "d", rule="sequential", epsilon="1", accountant="basic", data_source="builtin:digits"
+            "d", rule="sequential", epsilon="1", delta=0, accountant="basic", data_source="builtin:digits"
         )
         task = client.create_task(dataset["id"], "t0")
         batches = [
@@ -572,7 +572,8 @@ def _without_server(*argv: str) -> subprocess.CompletedProcess[str]:
 def test_the_client_side_commands_need_no_server_packages(
     healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 14 §4: `ledger epsilon`, `ledger export`, `ledger check` (online and `--bundle`) run
+    """Issue 14 §4: `ledger epsilon`, `ledger export`, `ledger check` (online and `--bundle`) and
+    `ledger model-card` run
     with none of FastAPI, uvicorn, SQLAlchemy, Alembic, pydantic or torch importable; a server
     command says which extra it needs."""
     path = tmp_path / "ledger.json"
@@ -599,5 +600,7 @@ def test_the_client_side_commands_need_no_server_packages(
         "1e-5",
     )
     assert epsilon.returncode == 0 and json.loads(epsilon.stdout)["epsilon"]["upper"] > 0, epsilon.stderr
+    card = _without_server("model-card", "--url", healthy.url, "--key", healthy.viewer, "no-such-model", "1")
+    assert card.returncode == 2 and "not_found" in card.stderr, card.stderr  # read, and answered, client side
     serve = _without_server("serve")
     assert serve.returncode == 2 and "pip install 'privacy-ledger[server]'" in serve.stderr

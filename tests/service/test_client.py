@@ -252,7 +252,9 @@ def test_an_admin_gives_a_dataset_its_data_source_at_creation_or_later(ledger: L
     method, path, body = wire.sent[0]
     assert (method, path) == ("POST", "/v1/datasets") and "data_source" not in body
     assert viewer.get_dataset(dataset_id)["data_source"] is None
-    with_source = admin.create_dataset("read", rule="sequential", epsilon="1", data_source="builtin:digits")
+    with_source = admin.create_dataset(
+        "read", rule="sequential", epsilon="1", delta=0, accountant="basic", data_source="builtin:digits"
+    )
     assert wire.sent[-1][2]["data_source"] == "builtin:digits"
     assert with_source["data_source"] == "builtin:digits"
     assert viewer.get_dataset(with_source["id"])["data_source"] == "builtin:digits"
@@ -308,7 +310,9 @@ def test_an_admin_gives_a_dataset_its_data_source_at_creation_or_later(ledger: L
         admin.set_data_source(dataset_id, f"file://{outside}")
     assert refused.value.field == "data_source"
     with pytest.raises(InvalidInput) as refused_at_creation:
-        admin.create_dataset("d", rule="sequential", epsilon="1", data_source=f"file://{outside}")
+        admin.create_dataset(
+            "d", rule="sequential", epsilon="1", delta=0, accountant="basic", data_source=f"file://{outside}"
+        )
     assert refused_at_creation.value.field == "data_source"
     assert viewer.get_dataset(dataset_id)["data_source"] is None
     assert "d" not in {d["name"] for d in viewer.list_datasets()["data"]}
@@ -339,7 +343,7 @@ def test_errors_are_typed(ledger: Ledger) -> None:
         ledger.client("rival").spend(dataset_id)
 
     with pytest.raises(InvalidInput) as invalid:
-        admin.create_dataset("bad", rule="sequential", epsilon=float("nan"))
+        admin.create_dataset("bad", rule="sequential", epsilon=float("nan"), delta=0, accountant="basic")
     assert invalid.value.field == "budget.epsilon"
     assert "nan" in invalid.value.message
     with pytest.raises(InvalidInput) as bad_event:
@@ -488,12 +492,13 @@ def test_release_gate_aborts_when_the_commit_is_refused(ledger: Ledger) -> None:
     admin = ledger.client("admin")
     dataset_id, _, batches = make_dataset(admin, epsilon="1")
     trainer = ledger.client("trainer")
-    with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.25), model="m", version=1):
-        pass
-    with pytest.raises(Conflict) as refused:  # (m, 1) was released before
+    with pytest.raises(Conflict) as refused:
+        # reserved while (m, 1) is free (the reserve checks it) ...
         with trainer.release_gate(dataset_id, batches[1:2], PureDpEvent(0.25), model="m", version=1) as gate:
-            pass
-    assert refused.value.code != "budget_exceeded"
+            # ... and released by another run before this one commits
+            with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.25), model="m", version=1):
+                pass
+    assert refused.value.details["reason"] == "release_exists"
     assert gate.status == "aborted"
     assert admin.spend(dataset_id)["epsilon_held"] == "0"
 
@@ -522,7 +527,12 @@ def test_async_client_and_gate(ledger: Ledger) -> None:
     async def sources() -> tuple[dict[str, Any], dict[str, Any]]:
         async with AsyncLedgerClient(ledger.url, ledger.keys["admin"], backoff_s=0.01) as admin:
             created = await admin.create_dataset(
-                "async", rule="sequential", epsilon="1", data_source="builtin:digits"
+                "async",
+                rule="sequential",
+                epsilon="1",
+                delta=0,
+                accountant="basic",
+                data_source="builtin:digits",
             )
             return created, await admin.set_data_source(created["id"], None)
 

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts" / "dashboard"
+DOWNLOADS = Path(tempfile.mkdtemp(prefix="ledger-downloads-"))
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -82,6 +83,10 @@ class Seeded:
     geometric: str
     job: str
     lifelong_tasks: int
+    long_decimals: str  # a lifelong dataset whose charges have 18 significant digits
+    digits: str  # an RDP dataset a real DP-SGD job trained on
+    trained_job: str  # that job: succeeded, one published version of TRAINED_MODEL
+    failed_job: str  # a job the ledger refused (budget_exceeded)
 
     def get(self, path: str) -> Any:
         answer = httpx.get(self.server.base_url + path, headers=bearer(self.viewer_key), timeout=10)
@@ -136,7 +141,46 @@ class Api:
         )
 
 
-def _seed(server: Server, database_url: str) -> Seeded:
+TRAINED_MODEL = "digits-mlp"
+TRAINED_PARAMS = {
+    "model_name": TRAINED_MODEL,
+    "noise_multiplier": 1.0,
+    "steps": 40,
+    "expected_batch_size": 64,
+    "max_grad_norm": 1.2,
+    "seed": 1,
+}
+LONG_EPSILON = 0.12345678901234568  # a JSON number: the ledger keeps its 17 significant digits
+
+
+def _seed_trained(server: Server, database_url: str, artifact_dir: Path) -> tuple[str, str, str]:
+    """An RDP dataset registered from ``builtin:digits`` (the client's helper), a DP-SGD job the
+    worker trains for real (run here, on the server's database and artifact folder), and a job
+    the ledger refuses at reserve (its run costs more than the budget)."""
+    from service.client import LedgerClient
+    from service.worker.worker import Worker
+
+    with LedgerClient(server.base_url, server.admin_key, timeout=30) as admin:
+        digits = admin.create_dataset(
+            "digits-dp", rule="sequential", epsilon="8", delta="1e-5", data_source="builtin:digits"
+        )
+        admin.register_source(digits["id"], batch_size=500)
+        trained = admin.create_job(digits["id"], "dp_sgd", TRAINED_PARAMS)["id"]
+        failed = admin.create_job(
+            digits["id"],
+            "dp_sgd",
+            {"model_name": "too-costly", "noise_multiplier": 0.3, "steps": 3000, "expected_batch_size": 64},
+        )["id"]
+    db = Database(database_url, pool_size=1, max_overflow=0)
+    try:
+        worker = Worker(db, artifact_dir=artifact_dir)
+        assert worker.run_once() == trained and worker.run_once() == failed
+    finally:
+        db.dispose()
+    return digits["id"], trained, failed
+
+
+def _seed(server: Server, database_url: str, artifact_dir: Path) -> Seeded:
     api = Api(server.base_url, server.admin_key)
 
     sequential = api.dataset(
@@ -180,6 +224,29 @@ def _seed(server: Server, database_url: str) -> Seeded:
             version += 1
             api.release(geometric, {"batches": [block]}, epsilon, "window-model", version)
 
+    long_decimals = api.dataset(
+        "long-decimals", {"rule": "lifelong", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    )
+    _, (long_memory,) = api.task(long_decimals, "first", ["first/memory"])
+    for k, name in enumerate(("first", "second-task-with-a-long-name", "third")):
+        batches = [long_memory]
+        if k:
+            _, (batch,) = api.task(long_decimals, name, [f"{name}/batch"])
+            batches = [batch, long_memory]
+        body = {
+            "batches": batches,
+            "event": {"kind": "pure_dp", "epsilon": LONG_EPSILON},
+            "noise_commitment": "memory",
+        }
+        reservation = api.post(f"/v1/datasets/{long_decimals}/reservations", body)
+        api.post(
+            f"/v1/reservations/{reservation['id']}/commit",
+            {"release": {"model": "long", "version": k + 1}},
+            status=200,
+        )
+
+    digits, trained_job, failed_job = _seed_trained(server, database_url, artifact_dir)
+
     job = api.post(
         "/v1/jobs",
         {
@@ -200,16 +267,31 @@ def _seed(server: Server, database_url: str) -> Seeded:
     finally:
         db.dispose()
     api.client.close()
-    return Seeded(server, database_url, viewer, sequential, lifelong, geometric, job, tasks)
+    return Seeded(
+        server,
+        database_url,
+        viewer,
+        sequential,
+        lifelong,
+        geometric,
+        job,
+        tasks,
+        long_decimals,
+        digits,
+        trained_job,
+        failed_job,
+    )
 
 
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
     _require_browser()
-    url = f"sqlite:///{tmp_path_factory.mktemp('dashboard') / 'ledger.db'}"
-    server = start_server(url)
+    folder = tmp_path_factory.mktemp("dashboard")
+    url = f"sqlite:///{folder / 'ledger.db'}"
+    artifact_dir = folder / "artifacts"
+    server = start_server(url, env={"LEDGER_ARTIFACT_DIR": str(artifact_dir)})
     try:
-        yield _seed(server, url)
+        yield _seed(server, url, artifact_dir)
     finally:
         stop_server(server.process)
 
@@ -226,7 +308,12 @@ def browser(seeded: Seeded) -> Iterator[Any]:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    DOWNLOADS.mkdir(parents=True, exist_ok=True)
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(DOWNLOADS), "download.prompt_for_download": False}
+    )
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(DOWNLOADS)})
     driver.set_page_load_timeout(30)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -271,10 +358,10 @@ def go(driver: Any, seeded: Seeded, hash_route: str) -> None:
     driver.execute_script("window.location.hash = arguments[0];", hash_route)
 
 
-def screenshot(driver: Any, name: str) -> Path:
+def screenshot(driver: Any, name: str, width: int = 1280) -> Path:
     """A full-page screenshot (the window is stretched to the page's height first)."""
     height = int(driver.execute_script("return Math.ceil(document.documentElement.scrollHeight);"))
-    driver.set_window_size(1280, max(900, min(height + 20, 6000)))
+    driver.set_window_size(width, max(900, min(height + 20, 6000)))
     driver.execute_script("window.scrollTo(0, 0);")
     time.sleep(0.15)  # let layout settle at the new size
     path = ARTIFACTS / f"{name}.png"
@@ -341,20 +428,28 @@ def test_datasets_table_shows_the_apis_spend(browser: Any, seeded: Seeded) -> No
     sign_in(browser, seeded)
     go(browser, seeded, "#/datasets")
     rows = wait_for(
-        "three datasets",
+        "five datasets",
         lambda: (
-            len(all_of(browser, "#datasets-table tbody tr")) == 3
+            len(all_of(browser, "#datasets-table tbody tr")) == 5
             and all_of(browser, "#datasets-table tbody tr")
         ),
     )
     shown = {row.get_attribute("data-dataset-id"): row for row in rows}
-    assert set(shown) == {seeded.sequential, seeded.lifelong, seeded.geometric}
+    assert set(shown) == {
+        seeded.sequential,
+        seeded.lifelong,
+        seeded.geometric,
+        seeded.long_decimals,
+        seeded.digits,
+    }
     for dataset_id, row in shown.items():
         spend = seeded.get(f"/v1/datasets/{dataset_id}/spend")
         cells = {
-            name: row.find_element("css selector", f"td.{name}").text
-            for name in ("rule", "budget", "spent", "remaining", "held", "last-release")
+            name: row.find_element("css selector", f"td.{name}").get_attribute("data-full")
+            for name in ("budget", "spent", "remaining", "held")
         }
+        cells["rule"] = row.find_element("css selector", "td.rule").text
+        cells["last-release"] = row.find_element("css selector", "td.last-release").text
         assert cells["budget"] == spend["epsilon_budget"]
         assert cells["spent"] == spend["epsilon_spent"]
         assert cells["remaining"] == spend["epsilon_remaining"]
@@ -434,7 +529,10 @@ def test_certificate_shows_rule_theorem_inputs_and_verifies_on_the_server(
     assert text_of(browser, "#cert-theorem") == body["theorem"] and body["theorem"]
     assert text_of(browser, "#cert-accountant") == "basic"
     assert text_of(browser, "#cert-hash") == stored["content_hash"]
-    assert text_of(browser, "#cert-epsilon") == body["result"]["epsilon"]
+    assert (
+        browser.find_element(By.CSS_SELECTOR, "#cert-epsilon [data-full]").get_attribute("data-full")
+        == (body["result"]["epsilon"])
+    )
     assert (
         json.loads(browser.find_element(By.ID, "cert-event").get_attribute("textContent"))
         == (body["inputs"]["charge"])
@@ -555,6 +653,215 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
     assert text_of(browser, "#job-epsilon") == "0.9"
     assert browser.execute_script("return window.__not_reloaded === true;")  # same page all along
     assert browser_errors(browser) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 16: the rough edges a trial found, each with its screenshot
+
+
+def _boxes(driver: Any, css: str) -> list[dict[str, float]]:
+    """Each SVG element's box in its SVG's user units, with the viewBox width as ``limit``."""
+    return list(
+        driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map(e => {"
+            "  const b = e.getBBox(); const svg = e.ownerSVGElement;"
+            "  return {x: b.x, y: b.y, right: b.x + b.width, bottom: b.y + b.height,"
+            "          limit: svg.viewBox.baseVal.width, height: svg.viewBox.baseVal.height}; });",
+            css,
+        )
+    )
+
+
+def test_spend_per_task_value_labels_fit_and_naive_marks_stay_on_the_axis(
+    browser: Any, seeded: Seeded
+) -> None:
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/datasets/{seeded.long_decimals}")
+    labels = wait_for("the task bars", lambda: all_of(browser, "#task-bars text.bar-value"))
+    spend = seeded.get(f"/v1/datasets/{seeded.long_decimals}/spend")
+    assert [t.get_attribute("data-full") for t in labels] == [t["epsilon_spent"] for t in spend["tasks"]]
+    # 17 significant digits: three reads of the memory batch, each charged alone
+    assert spend["tasks"][0]["naive_sequential_epsilon"] == str(3 * Decimal(repr(LONG_EPSILON)))
+    # 4 significant digits, spends rounded up: never shown below what the ledger holds.
+    assert labels[0].text == "0.1235 (naive 0.3704)"
+    boxes = _boxes(browser, "#task-bars text.bar-value")
+    assert boxes and all(0 <= b["x"] and b["right"] <= b["limit"] for b in boxes), boxes
+    # Every naive mark lies on the axis, whose end is its last tick.
+    axis_end = float(browser.find_element("css selector", "#task-bars line.axis").get_attribute("x2"))
+    marks = [float(m.get_attribute("x1")) for m in all_of(browser, "#task-bars line.naive-mark")]
+    assert marks and all(x <= axis_end + 1e-9 for x in marks), (marks, axis_end)
+    ticks = [t.text for t in all_of(browser, "#task-bars text.tick")]
+    assert float(ticks[-1]) >= max(float(t["naive_sequential_epsilon"]) for t in spend["tasks"])
+    screenshot(browser, "12-task-bars-labels-fit")
+
+    # The lifelong chart's end labels stay inside the chart.
+    go(browser, seeded, f"#/datasets/{seeded.lifelong}")
+    wait_for("the lifelong curve", lambda: all_of(browser, "#lifelong-curve text.series-label"))
+    for dataset in (seeded.lifelong, seeded.long_decimals):
+        go(browser, seeded, f"#/datasets/{dataset}")
+        wait_for("the end labels", lambda: len(all_of(browser, "#lifelong-curve text.series-label")) == 3)
+        boxes = _boxes(browser, "#lifelong-curve text.series-label")
+        assert all(
+            0 <= b["x"] and b["right"] <= b["limit"] and 0 <= b["y"] and b["bottom"] <= b["height"]
+            for b in boxes
+        ), boxes
+    assert text_of(browser, "#lifelong-curve text.naive-text") == "naive 0.3704"
+    screenshot(browser, "13-lifelong-end-labels")
+
+
+COPY_SCRIPT = """
+const node = arguments[0];
+const range = document.createRange();
+range.selectNodeContents(node);
+const selection = window.getSelection();
+selection.removeAllRanges();
+selection.addRange(range);
+const event = new ClipboardEvent("copy", {clipboardData: new DataTransfer(), bubbles: true});
+node.dispatchEvent(event);
+return event.clipboardData.getData("text/plain");
+"""
+"""Select ``arguments[0]``'s contents and copy them as a user would (the page's copy handler runs)."""
+
+
+def test_numbers_show_four_significant_digits_and_the_exact_value_on_hover_and_copy(
+    browser: Any, seeded: Seeded
+) -> None:
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/datasets")
+    row = wait_for(
+        "the long-decimals row",
+        lambda: all_of(browser, f"#datasets-table tr[data-dataset-id='{seeded.long_decimals}']"),
+    )[0]
+    spend = seeded.get(f"/v1/datasets/{seeded.long_decimals}/spend")
+    spent = row.find_element("css selector", "td.spent")
+    remaining = row.find_element("css selector", "td.remaining")
+    assert spend["epsilon_spent"] == repr(LONG_EPSILON)
+    assert (spent.text, spent.get_attribute("title")) == ("0.1235", repr(LONG_EPSILON))  # up
+    assert (remaining.text, remaining.get_attribute("title")) == (
+        "0.8765",
+        spend["epsilon_remaining"],
+    )  # down
+    copied = browser.execute_script(COPY_SCRIPT, spent)
+    assert copied == repr(LONG_EPSILON)
+    copied_row = browser.execute_script(COPY_SCRIPT, row)
+    assert repr(LONG_EPSILON) in copied_row and spend["epsilon_remaining"] in copied_row
+    screenshot(browser, "14-four-significant-digits")
+    go(browser, seeded, f"#/datasets/{seeded.long_decimals}")
+    stat = wait_for("the stats", lambda: all_of(browser, "#stat-naive"))[0]
+    assert (stat.text, stat.get_attribute("title")) == ("0.3704", spend["naive_sequential_epsilon"])
+
+
+def test_jobs_table_fits_1400_px_and_a_failed_job_says_why(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    browser.set_window_size(1400, 900)
+    try:
+        go(browser, seeded, "#/jobs")
+        row = wait_for(
+            "the failed job", lambda: all_of(browser, f"#jobs-table tr[data-job-id='{seeded.failed_job}']")
+        )[0]
+        job = seeded.get(f"/v1/jobs/{seeded.failed_job}")
+        assert job["status"] == "failed" and job["error"]["error"] == "budget_exceeded"
+        reason = row.find_element("css selector", ".failure-reason")
+        assert reason.text.startswith("budget_exceeded: requested epsilon=")
+        assert reason.get_attribute("title") == f"budget_exceeded: {job['error']['message']}"
+        width = browser.execute_script("return window.innerWidth;")
+        table_right = browser.execute_script(
+            "return document.getElementById('jobs-table').getBoundingClientRect().right;"
+        )
+        page_width = browser.execute_script("return document.documentElement.scrollWidth;")
+        assert table_right <= width and page_width <= width, (table_right, page_width, width)
+        overflowing = browser.execute_script(
+            "return Array.from(document.querySelectorAll('#jobs-table td'))"
+            ".filter(td => td.scrollWidth > td.clientWidth + 1).length;"
+        )
+        assert overflowing == 0
+        screenshot(browser, "15-jobs-1400px-failure-reason", width=1400)
+    finally:
+        browser.set_window_size(1280, 900)
+
+
+def test_job_page_shows_plan_params_and_downloads_the_checked_artifact(browser: Any, seeded: Seeded) -> None:
+    import hashlib
+
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/jobs/{seeded.trained_job}")
+    wait_for("the plan", lambda: all_of(browser, "#plan-sigma"))
+    job = seeded.get(f"/v1/jobs/{seeded.trained_job}")
+    plan = job["plan"]
+    assert text_of(browser, "#plan-sigma") == "1" and plan["noise_multiplier"] == 1.0
+    q = browser.find_element(By.CSS_SELECTOR, "#plan-q [data-full]")
+    assert float(q.get_attribute("data-full")) == plan["sampling_probability"]
+    assert text_of(browser, "#plan-steps") == "40" == str(plan["steps"])
+    assert text_of(browser, "#plan-clipping") == "1.2"
+    assert json.loads(browser.find_element(By.ID, "job-params").get_attribute("textContent")) == job["params"]
+    assert json.loads(browser.find_element(By.ID, "plan-event").get_attribute("textContent")) == plan["event"]
+
+    version = seeded.get(f"/v1/models/{TRAINED_MODEL}/versions/1")
+    button = wait_for("the download button", lambda: all_of(browser, "#versions-table button.download"))[0]
+    assert button.get_attribute("data-sha256") == version["artifact"]["sha256"]
+    screenshot(browser, "16-job-plan-params-versions")
+    button.click()
+    wait_for(
+        "the check", lambda: "saved (SHA-256 checked)" in text_of(browser, "#versions-table .download-status")
+    )
+    saved = wait_for(
+        "the downloaded file",
+        lambda: [
+            p
+            for p in DOWNLOADS.iterdir()
+            if p.name.startswith(f"{TRAINED_MODEL}-v1") and not p.name.endswith(".crdownload")
+        ],
+    )
+    assert hashlib.sha256(saved[0].read_bytes()).hexdigest() == version["artifact"]["sha256"]
+    assert browser_errors(browser) == []
+
+
+def test_model_version_page_shows_its_dp_statement(browser: Any, seeded: Seeded) -> None:
+    from selenium.webdriver.common.by import By
+
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/jobs/{seeded.trained_job}")
+    wait_for("the version link", lambda: all_of(browser, "#versions-table a.version-link"))[0].click()
+    wait_for("the statement", lambda: all_of(browser, "#statement-epsilon"))
+    statement = seeded.get(f"/v1/models/{TRAINED_MODEL}/versions/1")["dp_statement"]
+    epsilon = browser.find_element(By.ID, "statement-epsilon")
+    assert epsilon.get_attribute("data-full") == statement["guarantee"]["epsilon"]
+    assert float(epsilon.text) >= float(statement["guarantee"]["epsilon"])  # rounded up
+    assert text_of(browser, "#statement-accountant") == "rdp"
+    assert text_of(browser, "#statement-steps") == "40"
+    assert text_of(browser, "#statement-sigma") == "1"
+    assert text_of(browser, "#statement-clipping") == "1.2"
+    assert text_of(browser, "#statement-unit") == statement["privacy_unit"]["description"]
+    assert (
+        browser.find_element(By.ID, "statement-remaining").get_attribute("data-full")
+        == (statement["budget"]["epsilon_remaining"])
+    )
+    assert '"divide_by":16' in text_of(browser, "#model-preprocessing")
+    screenshot(browser, "17-model-version-dp-statement")
+    assert browser_errors(browser) == []
+
+
+def test_api_docs_load_swagger_ui_from_this_server(browser: Any, seeded: Seeded) -> None:
+    browser.get(seeded.server.base_url + "/docs")
+    try:
+        wait_for("Swagger UI", lambda: "privacy-ledger" in text_of(browser, ".swagger-ui .info .title"))
+        wait_for("the operations", lambda: len(all_of(browser, ".swagger-ui .opblock")) > 10)
+        resources = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => e.name);"
+        )
+        assert any(url.endswith("/static/vendor/swagger-ui/swagger-ui-bundle.js") for url in resources), (
+            resources
+        )
+        assert all(url.startswith(seeded.server.base_url) for url in resources), resources
+        screenshot(browser, "18-api-docs-local-assets")
+        assert browser_errors(browser) == []
+    finally:
+        browser.get(seeded.server.base_url + "/#/jobs")  # back to the dashboard for the next test
+
+
+# The last test: it stops the server.
 
 
 def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:

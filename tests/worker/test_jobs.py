@@ -55,7 +55,7 @@ def test_create_queues_a_job(db: Database) -> None:
     assert answer["status"] == "queued"
     assert answer["progress"] == {"step": 0, "total": None}
     assert answer["epsilon_committed"] == "0"
-    assert answer["model_name"] == f"adadp-{dataset_id}"
+    assert answer["model_name"] == f"adadp-{answer['id']}"  # unique per job
     assert answer["attempts"] == 0 and answer["versions"] == []
     assert jobs.get_job(db, "acme", answer["id"])["id"] == answer["id"]
 
@@ -136,7 +136,7 @@ def test_claim_takes_the_oldest_queued_job_once(db: Database) -> None:
     b = jobs.claim(db, "worker-b", 30)
     assert a is not None and b is not None
     assert (a.id, b.id) == (first, second)
-    assert a.attempt == 1 and a.params == PARAMS and a.model_name == f"dp_sgd-{dataset_id}"
+    assert a.attempt == 1 and a.params == PARAMS and a.model_name == f"dp_sgd-{a.id}"
     assert jobs.claim(db, "worker-c", 30) is None
     row = job_row(db, first)
     assert row.status == "running" and row.lease_owner == "worker-a" and row.started_at is not None

@@ -41,6 +41,7 @@ from service.ledger.errors import (
     InvalidInput,
     LedgerError,
     NotFound,
+    ReleaseExists,
     ReservationExpired,
 )
 from service.ledger.spending.requests import (
@@ -201,10 +202,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
         )
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
-        raise Conflict(
-            f"model {params.model!r} version {params.version!r} has already been released.",
-            reason="release_exists",
-        )
+        raise ReleaseExists(params.model, params.version)
     if op.reserved_event is not None and op.reserved_event[0] == r.event:
         event = op.reserved_event[1]  # parsed (and priced with) before the transaction
     else:

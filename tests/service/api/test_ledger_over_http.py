@@ -288,6 +288,11 @@ def test_openapi_and_docs(client: TestClient) -> None:
         assert name in schemas, name
     docs = client.get("/docs")
     assert docs.status_code == 200 and "swagger" in docs.text.lower()
+    # Swagger UI's files are served by this app (vendored), never from a CDN.
+    assert "https://" not in docs.text and "/static/vendor/swagger-ui/swagger-ui-bundle.js" in docs.text
+    assert "default-src 'none'" in docs.headers["content-security-policy"]
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert client.get(f"/static/vendor/swagger-ui/{asset}").status_code == 200
 
 
 def test_app_opens_its_own_database(settings: Settings, db: Database, keys: Keys) -> None:
