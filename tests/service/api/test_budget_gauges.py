@@ -59,10 +59,8 @@ def url(database_url: URL, db: Database, tmp_path: Path) -> Iterator[str]:
 
 def test_every_tenant_s_datasets_with_the_api_s_numbers(url: str, keys: dict[str, str]) -> None:
     with LedgerClient(url, keys["acme"]) as acme, LedgerClient(url, keys["rival"]) as rival:
-        # a name a label must escape: quotes, a backslash and a newline
-        spent = acme.create_dataset(
-            'a "b"\\c', rule="sequential", epsilon="2", delta="0", accountant="basic"
-        )
+        # a name a label must escape: quotes and a backslash (names refuse control characters)
+        spent = acme.create_dataset('a "b"\\c', rule="sequential", epsilon="2", delta="0", accountant="basic")
         task = acme.create_task(spent["id"], "t")
         batch = acme.create_batches(spent["id"], task["id"], [{"name": "b", "records": ["r"]}])["data"][0]
         with acme.release_gate(
