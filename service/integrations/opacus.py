@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
@@ -60,7 +60,8 @@ OPACUS_ISSUES: Final = "Opacus issues #813 and #819"
 
 class UndescribedRun(ValueError):
     """An Opacus run whose privacy loss the ledger's events cannot state; the message says why
-    and what to change. Nothing was reserved."""
+    and what to change. Raised before reserving, or inside the gate, which then aborts: nothing
+    is released either way."""
 
 
 def _sampler_name(data_loader: torch.utils.data.DataLoader[Any]) -> str:
@@ -112,10 +113,6 @@ def event_from_opacus(
     return SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
 
 
-def _steps_run(history: Sequence[tuple[float, float, int]]) -> int:
-    return sum(int(entry[2]) for entry in history)
-
-
 @dataclass
 class OpacusRun:
     """What ``make_private_with_epsilon`` yields: Opacus's private ``module``, ``optimizer`` and
@@ -128,32 +125,25 @@ class OpacusRun:
     data_loader: torch.utils.data.DataLoader[Any]
     event: SelfComposedEvent
     gate: ReleaseGate
-    _history_start: tuple[int, int] = field(repr=False, default=(0, 0))
 
     @property
     def certificate(self) -> JsonObject | None:
         return self.gate.certificate
 
     def steps_run(self) -> int:
-        """DP-SGD steps Opacus's accountant recorded since the reservation, checked to be the
+        """DP-SGD steps Opacus's accountant recorded (the engine was fresh), checked to be the
         reserved step (σ, q): a change of either inside the run is not the reserved event."""
-        history: list[tuple[float, float, int]] = list(self.engine.accountant.history)
-        length, last_steps = self._history_start
-        new = history[length:]
-        steps = _steps_run(new)
-        if length and len(history) >= length:  # Opacus merges a repeated (σ, q) into the last entry
-            steps += int(history[length - 1][2]) - last_steps
-            if int(history[length - 1][2]) != last_steps:
-                new = [history[length - 1], *new]
         step = self.event.event
         assert isinstance(step, PoissonSampledEvent) and isinstance(step.event, GaussianEvent)
-        for sigma, q, _ in new:
+        steps = 0
+        for sigma, q, count in self.engine.accountant.history:
             if float(sigma) != step.event.noise_multiplier or float(q) != step.sampling_probability:
                 raise UndescribedRun(
                     f"Opacus ran steps with noise_multiplier={sigma}, sample_rate={q}; the ledger "
                     f"reserved noise_multiplier={step.event.noise_multiplier}, "
                     f"sample_rate={step.sampling_probability}. Nothing is released."
                 )
+            steps += int(count)
         return steps
 
 
@@ -204,6 +194,9 @@ def make_private_with_epsilon(
     nothing ran). The data loader's dataset must hold exactly the records of those batches."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise UndescribedRun(f"epochs must be an integer >= 1. Found {epochs!r}.")
+    if engine.accountant.history:
+        # the steps of this release are read from the engine's accountant: it must hold no others
+        raise UndescribedRun("engine has accounted steps already: make a new PrivacyEngine per release.")
     steps_per_epoch = len(data_loader)
     if steps_per_epoch < 1:
         raise UndescribedRun("data_loader has no batches.")
@@ -246,9 +239,7 @@ def make_private_with_epsilon(
         event = event_from_opacus(private_optimizer, private_loader, epochs)
         if event != planned:
             raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
-        history = list(engine.accountant.history)
-        start = (len(history), int(history[-1][2]) if history else 0)
-        run = OpacusRun(engine, private_module, private_optimizer, private_loader, event, gate, start)
+        run = OpacusRun(engine, private_module, private_optimizer, private_loader, event, gate)
         yield run
         steps = run.steps_run()
         if steps > event.count:

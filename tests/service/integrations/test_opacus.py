@@ -179,7 +179,13 @@ def _dataset(ledger: LedgerClient, epsilon: str = "2", records: int = RECORDS) -
     return dataset["id"], task["id"]
 
 
-def _gate(ledger: LedgerClient, dataset_id: str, records: CountedRecords, **changes: Any) -> Any:
+def _gate(
+    ledger: LedgerClient,
+    dataset_id: str,
+    records: CountedRecords,
+    engine: PrivacyEngine | None = None,
+    **changes: Any,
+) -> Any:
     module, optimizer, loader = _trainable(records, batch_size=BATCH)
     arguments: dict[str, Any] = {
         "dataset_id": dataset_id,
@@ -193,7 +199,7 @@ def _gate(ledger: LedgerClient, dataset_id: str, records: CountedRecords, **chan
         "version": "1",
         **changes,
     }
-    return make_private_with_epsilon(ledger, PrivacyEngine(accountant="rdp"), **arguments)
+    return make_private_with_epsilon(ledger, engine or PrivacyEngine(accountant="rdp"), **arguments)
 
 
 @SQLITE_ONLY
@@ -264,3 +270,27 @@ def test_a_loader_over_other_records_is_refused_before_reserving(ledger: LedgerC
             raise AssertionError("the block must not run")
     assert records.reads == 0
     assert ledger.spend(dataset_id)["reservations_open"] == 0
+
+
+@SQLITE_ONLY
+def test_a_noise_multiplier_changed_in_the_run_releases_nothing(ledger: LedgerClient) -> None:
+    dataset_id, _ = _dataset(ledger)
+    with pytest.raises(UndescribedRun, match=r"Opacus ran steps with noise_multiplier=0\.5"):
+        with _gate(ledger, dataset_id, CountedRecords()) as run:
+            _train(run, steps=3)
+            run.optimizer.noise_multiplier = 0.5  # less noise than reserved
+            _train(run, steps=3)
+    assert run.certificate is None and run.gate.status == "aborted"
+    assert float(ledger.spend(dataset_id)["epsilon_spent"]) == 0
+
+
+@SQLITE_ONLY
+def test_an_engine_that_accounted_other_steps_is_refused(ledger: LedgerClient) -> None:
+    dataset_id, _ = _dataset(ledger)
+    engine = PrivacyEngine(accountant="rdp")
+    engine.accountant.step(noise_multiplier=1.0, sample_rate=0.1)  # an earlier run's step
+    records = CountedRecords()
+    with pytest.raises(UndescribedRun, match="make a new PrivacyEngine per release"):
+        with _gate(ledger, dataset_id, records, engine):
+            raise AssertionError("the block must not run")
+    assert records.reads == 0 and ledger.spend(dataset_id)["reservations_open"] == 0
