@@ -42,7 +42,7 @@ mapped until a released dp-accounting has it to test the round trip against.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeGuard, runtime_checkable
 
 from accountant import events as ev
 
@@ -143,3 +143,43 @@ def to_dp_accounting_json(event: ev.DpEvent) -> dict[str, Any]:
     elif name in _NESTED:
         out["event"] = to_dp_accounting_json(event.children()[0])
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# dp_accounting's objects, read without importing dp_accounting
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class DpAccountingEvent(Protocol):
+    """A ``dp_accounting.DpEvent``, as far as reading it goes."""
+
+    def to_named_tuple(self) -> Any: ...
+
+
+def is_dp_accounting_event(obj: object) -> TypeGuard[DpAccountingEvent]:
+    """Whether ``obj`` is a dp_accounting ``DpEvent`` (by its module: nothing is imported)."""
+    return type(obj).__module__.split(".")[0] == "dp_accounting" and isinstance(obj, DpAccountingEvent)
+
+
+def _plain(value: Any) -> Any:
+    """A named tuple tree (``DpEvent.to_named_tuple()``) as JSON values."""
+    if hasattr(value, "_asdict"):
+        return {k: _plain(v) for k, v in value._asdict().items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def dp_accounting_json(event: DpAccountingEvent) -> dict[str, Any]:
+    """dp_accounting's JSON form of its event: ``to_named_tuple()`` as a JSON object."""
+    form = _plain(event.to_named_tuple())
+    if not isinstance(form, dict):
+        raise ev.EventValidationError("event", f"must be a dp_accounting DpEvent. Found {event!r}.")
+    return form
+
+
+def from_dp_accounting(event: DpAccountingEvent) -> ev.DpEvent:
+    """The ledger event of a dp_accounting event; ``EventValidationError`` names the first field
+    or class the ledger does not share (``event.event.class_name``)."""
+    return ev.from_json(dp_accounting_json(event))

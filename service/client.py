@@ -31,7 +31,7 @@ by hand:
   ``batch_already_read``, a closed reservation, ...), ``ServerError``; a server that could not be
   reached raises ``LedgerUnavailable``.
 * **Events** are ``accountant.events`` objects, dp_accounting ``DpEvent`` objects of the kinds
-  both share (``service.integrations.dp_accounting``) or JSON (``{"kind": "gaussian", ...}``).
+  both share (``accountant.dp_accounting_form``) or JSON (``{"kind": "gaussian", ...}``).
 * **The release gate** (``release_gate``): reserve on enter, commit ``{model, version}`` on a
   clean exit, abort on an exception. Nothing is released without a certificate: code after the
   ``with`` block runs only once the ledger committed.
@@ -60,12 +60,11 @@ from urllib.parse import quote
 import httpx
 
 from accountant import events as dp_events
+from accountant.dp_accounting_form import DpAccountingEvent, from_dp_accounting, is_dp_accounting_event
 from accountant.events import DpEvent
 
 JsonObject = dict[str, Any]
-# An ``accountant.events`` event, a dp_accounting ``DpEvent`` (``object``: dp_accounting is not a
-# dependency of the client), or an event's JSON.
-EventLike = DpEvent | Mapping[str, Any] | object
+EventLike = DpEvent | Mapping[str, Any] | DpAccountingEvent
 Number = float | int | str | Decimal
 Identifier = str | int
 
@@ -226,13 +225,11 @@ def error_from_response(response: httpx.Response) -> LedgerError:
 
 def event_json(event: EventLike) -> JsonObject:
     """The JSON of an event: an ``accountant.events`` object, a dp_accounting ``DpEvent`` (of a
-    kind both share: ``service.integrations.dp_accounting``), or a mapping taken as it is."""
+    kind both share: ``accountant.dp_accounting_form``), or a mapping taken as it is."""
     if isinstance(event, DpEvent):
         return dp_events.to_json(event)
     if isinstance(event, Mapping):
         return dict(event)
-    from service.integrations.dp_accounting import from_dp_accounting, is_dp_accounting_event
-
     if is_dp_accounting_event(event):
         return dp_events.to_json(from_dp_accounting(event))
     raise TypeError(

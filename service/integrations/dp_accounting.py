@@ -13,55 +13,25 @@
 
 ``LedgerClient`` takes a dp_accounting event wherever it takes an event (it converts with
 ``from_dp_accounting``, so an event the ledger cannot describe is refused before anything is
-sent). Reading one needs nothing from dp_accounting but the object's own ``to_named_tuple()``;
-building one (``to_dp_accounting``) imports dp_accounting.
+sent). Reading one needs nothing from dp_accounting but the object's own ``to_named_tuple()``
+(``accountant.dp_accounting_form``); building one (``to_dp_accounting``) imports dp_accounting.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any
+
+import dp_accounting
 
 from accountant import dp_accounting_form
 from accountant import events as ev
+from accountant.dp_accounting_form import dp_accounting_json, from_dp_accounting
 
-
-@runtime_checkable
-class DpAccountingEvent(Protocol):
-    """A ``dp_accounting.DpEvent``, as far as reading it goes."""
-
-    def to_named_tuple(self) -> Any: ...
-
-
-def is_dp_accounting_event(obj: object) -> TypeGuard[DpAccountingEvent]:
-    """Whether ``obj`` is a dp_accounting ``DpEvent`` (by its module: nothing is imported)."""
-    return type(obj).__module__.split(".")[0] == "dp_accounting" and isinstance(obj, DpAccountingEvent)
-
-
-def _plain(value: Any) -> Any:
-    """A named tuple tree (``DpEvent.to_named_tuple()``) as JSON values."""
-    if hasattr(value, "_asdict"):
-        return {k: _plain(v) for k, v in value._asdict().items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def dp_accounting_json(event: DpAccountingEvent) -> dict[str, Any]:
-    """dp_accounting's JSON form of its event: ``to_named_tuple()`` as a JSON object."""
-    form = _plain(event.to_named_tuple())
-    assert isinstance(form, dict)
-    return form
-
-
-def from_dp_accounting(event: DpAccountingEvent) -> ev.DpEvent:
-    """The ledger event of a dp_accounting event; ``EventValidationError`` names the first field
-    or class the ledger does not share (``event.event.class_name``)."""
-    return ev.from_json(dp_accounting_json(event))
+__all__ = ["dp_accounting_json", "from_dp_accounting", "to_dp_accounting"]
 
 
 def to_dp_accounting(event: ev.DpEvent) -> Any:
     """The dp_accounting event of a ledger event; ``ValueError`` for a kind dp_accounting lacks."""
-    import dp_accounting
 
     def build(node: dict[str, Any]) -> Any:
         cls = getattr(dp_accounting.dp_event, node["class_name"])
