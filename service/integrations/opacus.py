@@ -39,6 +39,7 @@ or steps at another σ or q, raise instead: nothing is released.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ from service.client import Identifier, JsonObject, LedgerClient, ReleaseGate
 # exact types, since subclasses (AdaClip, the distributed ones) change that.
 _GAUSSIAN_STEP: Final = (DPOptimizer, DPPerLayerOptimizer, DPOptimizerFastGradientClipping)
 OPACUS_ISSUES: Final = "Opacus issues #813 and #819"
+
+logger = logging.getLogger(__name__)
 
 
 class UndescribedRun(ValueError):
@@ -85,6 +88,17 @@ def poisson_sampling(data_loader: torch.utils.data.DataLoader[Any]) -> tuple[flo
             "opacus.data_loader.DPDataLoader.from_data_loader(loader)."
         )
     return float(batch_sampler.sample_rate), len(batch_sampler)
+
+
+def charging_for(event: SelfComposedEvent) -> str:
+    """``event_from_opacus``'s event in words: what the ledger charges for."""
+    step = event.event
+    assert isinstance(step, PoissonSampledEvent) and isinstance(step.event, GaussianEvent)
+    return (
+        f"{event.count} DP-SGD steps, each the Gaussian mechanism with noise multiplier "
+        f"{step.event.noise_multiplier} on a Poisson sample of the records (each included with "
+        f"probability {step.sampling_probability}, Opacus's UniformWithReplacementSampler)"
+    )
 
 
 def event_from_opacus(
@@ -129,6 +143,11 @@ class OpacusRun:
     @property
     def certificate(self) -> JsonObject | None:
         return self.gate.certificate
+
+    @property
+    def charging_for(self) -> str:
+        """What the reservation charges for, in words."""
+        return charging_for(self.event)
 
     def steps_run(self) -> int:
         """DP-SGD steps Opacus's accountant recorded (the engine was fresh), checked to be the
@@ -240,6 +259,7 @@ def make_private_with_epsilon(
         if event != planned:
             raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
         run = OpacusRun(engine, private_module, private_optimizer, private_loader, event, gate)
+        logger.info("reserved %s on dataset %s: %s", gate.reservation_id, dataset_id, run.charging_for)
         yield run
         steps = run.steps_run()
         if steps > event.count:

@@ -213,6 +213,9 @@ def test_the_gate_calibrates_on_the_quote_reserves_before_reading_and_commits(le
         step = run.event.event
         sigma, q = step.event.noise_multiplier, step.sampling_probability
         assert (q, run.event.count) == (0.1, 10)
+        assert run.charging_for.startswith(
+            f"10 DP-SGD steps, each the Gaussian mechanism with noise multiplier {sigma}"
+        )
         assert _train(run) == 10
     assert records.reads > 0
     certificate = run.certificate
