@@ -638,6 +638,8 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
         raise EventValidationError(path, f"nests deeper than {MAX_NESTING_DEPTH} levels.")
     if not isinstance(obj, Mapping):
         raise EventValidationError(path, f"must be an event object. Found {_fmt(obj)}.")
+    if "class_name" in obj and "kind" not in obj:
+        return _parse_dp_accounting(obj, path, depth)
     kind = obj.get("kind")
     parser = _PARSERS.get(kind) if isinstance(kind, str) else None
     if parser is None:
@@ -655,8 +657,27 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
         raise
 
 
+def _parse_dp_accounting(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    """An event in dp_accounting's form (``accountant.dp_accounting_form``); a bad value is
+    named by its dp_accounting field (``LaplaceDpEvent.noise_multiplier``, not ``scale``)."""
+    from accountant import dp_accounting_form  # it imports this module
+
+    translated = dp_accounting_form.to_ledger_json(obj, path)
+    try:
+        return _parse(translated, path, depth)
+    except EventValidationError as exc:
+        own, dot, field = exc.field.rpartition(".")
+        if dot and own == path:
+            raise EventValidationError(
+                f"{path}.{dp_accounting_form.dp_accounting_field(translated['kind'], field)}", exc.message
+            ) from None
+        raise
+
+
 def from_json(obj: object, path: str = "event") -> DpEvent:
-    """Parse and validate an event from its JSON object. Errors name the dotted field path."""
+    """Parse and validate an event from its JSON object — the ledger's (``kind``) or
+    dp_accounting's (``class_name``, ``accountant.dp_accounting_form``), nested in either form.
+    Errors name the dotted field path."""
     return _parse(obj, path, 0)
 
 

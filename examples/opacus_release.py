@@ -22,12 +22,20 @@ The order is the point (docs/ARCHITECTURE.md, "Release flow"):
 5. **Save the checkpoint only after the commit**, with its certificate inside, and only if the
    certificate re-verifies offline (``accountant.certificates.verify``).
 
-Exit status: 0 released; 2 usage or connection error; 3 refused by the ledger; 1 anything else.
+Before it talks to the ledger it imports torch and Opacus (``pip install "privacy-ledger[opacus]"``):
+a missing one ends the run with exit status 2 and nothing reserved. Opacus's own loader and
+optimizer are then read back (``service.integrations.opacus.event_from_opacus``) and must be the
+reserved event. ``service.integrations.opacus.make_private_with_epsilon`` does all of this in one
+call (README, "Opacus").
+
+Exit status: 0 released; 2 usage, missing package or connection error; 3 refused by the ledger; 1
+anything else.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
@@ -97,6 +105,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.epochs < 1 or args.expected_batch_size < 1:
         parser.error("--epochs and --expected-batch-size must be >= 1")
     return args
+
+
+def missing_packages() -> list[str]:
+    """The training packages that do not import: checked before anything is reserved."""
+    missing = []
+    for name in ("torch", "opacus"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
 
 
 def ledger_batches(client: LedgerClient, dataset_id: str) -> tuple[list[str], int]:
@@ -191,10 +210,11 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
             max_grad_norm=args.max_grad_norm,
             poisson_sampling=True,
         )
-    if not math.isclose(loader.sample_rate, plan.sampling_probability, rel_tol=1e-12):
-        raise RuntimeError(
-            f"Opacus samples with q={loader.sample_rate}, the plan with {plan.sampling_probability}"
-        )
+    from service.integrations.opacus import event_from_opacus
+
+    built = event_from_opacus(optimizer, loader, plan.epochs)  # what Opacus will run
+    if built != plan.event():
+        raise RuntimeError(f"Opacus runs {built}, the ledger reserved {plan.event()}")
     loss_fn = torch.nn.CrossEntropyLoss()
     steps = 0
     for _ in range(plan.epochs):
@@ -232,6 +252,14 @@ def save_checkpoint(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        print(
+            f'cannot train: {", ".join(missing)} not installed (pip install "privacy-ledger[opacus]"); '
+            "nothing was reserved",
+            file=sys.stderr,
+        )
+        return 2
     with LedgerClient(args.url, args.key) as client:
         try:
             dataset = client.get_dataset(args.dataset)

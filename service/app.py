@@ -51,7 +51,7 @@ from service.api.openapi import install as install_openapi
 from service.api.ratelimit import PricingRates
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import reservations
+from service.ledger import reservations, views
 from service.settings import Settings
 
 logger = logging.getLogger("service.app")
@@ -170,6 +170,8 @@ def create_app(
     )
     def prometheus_metrics(_: MetricsReaderDep) -> PlainTextResponse:
         _read_reservation_gauges(app.state.database, metrics)
+        if settings.metrics_dataset_gauges:
+            _read_budget_gauges(app.state.database, metrics)
         return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE)
 
     # Outermost first: the size limit answers 413 before anything reads the body; the metrics
@@ -210,6 +212,28 @@ def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:
             oldest = oldest.replace(tzinfo=UTC)
         age = max(0.0, (datetime.now(UTC) - oldest).total_seconds())
     metrics.oldest_open_reservation_age.set(age)
+
+
+def _read_budget_gauges(db: Database, metrics: LedgerMetrics) -> None:
+    """Each dataset's budget, spent, held, remaining and naive ε, read when scraped."""
+    try:
+        datasets = views.every_dataset_spend(db)
+    except Exception as exc:  # a scrape must not fail because the database is down
+        logger.warning("could not read budget gauges: %s", exc)
+        return
+    for gauge, field in (
+        (metrics.budget_epsilon, "epsilon_budget"),
+        (metrics.budget_spent, "epsilon_spent"),
+        (metrics.budget_held, "epsilon_held"),
+        (metrics.budget_remaining, "epsilon_remaining"),
+        (metrics.budget_naive, "naive_sequential_epsilon"),
+    ):
+        gauge.replace(
+            {
+                (d["tenant_id"], d["id"], d["name"], d["rule"], d["accountant"]): float(d[field])
+                for d in datasets
+            }
+        )
 
 
 async def _expiry_sweep(db: Database, settings: Settings, metrics: LedgerMetrics) -> None:

@@ -30,7 +30,8 @@ by hand:
   ``InvalidInput`` (``field``), ``Conflict`` (any other 409: a rule's refusal such as
   ``batch_already_read``, a closed reservation, ...), ``ServerError``; a server that could not be
   reached raises ``LedgerUnavailable``.
-* **Events** are ``accountant.events`` objects or their JSON (``{"kind": "gaussian", ...}``).
+* **Events** are ``accountant.events`` objects, dp_accounting ``DpEvent`` objects of the kinds
+  both share (``accountant.dp_accounting_form``) or JSON (``{"kind": "gaussian", ...}``).
 * **The release gate** (``release_gate``): reserve on enter, commit ``{model, version}`` on a
   clean exit, abort on an exception. Nothing is released without a certificate: code after the
   ``with`` block runs only once the ledger committed.
@@ -59,10 +60,11 @@ from urllib.parse import quote
 import httpx
 
 from accountant import events as dp_events
+from accountant.dp_accounting_form import DpAccountingEvent, from_dp_accounting, is_dp_accounting_event
 from accountant.events import DpEvent
 
 JsonObject = dict[str, Any]
-EventLike = DpEvent | Mapping[str, Any]
+EventLike = DpEvent | Mapping[str, Any] | DpAccountingEvent
 Number = float | int | str | Decimal
 Identifier = str | int
 
@@ -222,12 +224,18 @@ def error_from_response(response: httpx.Response) -> LedgerError:
 
 
 def event_json(event: EventLike) -> JsonObject:
-    """The JSON of an event: an ``accountant.events`` object, or a mapping taken as it is."""
+    """The JSON of an event: an ``accountant.events`` object, a dp_accounting ``DpEvent`` (of a
+    kind both share: ``accountant.dp_accounting_form``), or a mapping taken as it is."""
     if isinstance(event, DpEvent):
         return dp_events.to_json(event)
     if isinstance(event, Mapping):
         return dict(event)
-    raise TypeError(f"event must be an accountant.events.DpEvent or a JSON object. Found {event!r}.")
+    if is_dp_accounting_event(event):
+        return dp_events.to_json(from_dp_accounting(event))
+    raise TypeError(
+        "event must be an accountant.events.DpEvent, a dp_accounting DpEvent or a JSON object. "
+        f"Found {event!r}."
+    )
 
 
 def _json_default(value: object) -> object:

@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     metrics_public: bool = False
     """``GET /metrics`` without any credential (a scrape on a private network)."""
 
+    metrics_dataset_gauges: bool = True
+    """``GET /metrics`` carries per-dataset budget gauges (``ledger_dataset_epsilon_*``, labelled
+    by tenant and dataset; one read of the dataset heads per scrape). ``false`` drops them."""
+
     @field_validator("data_roots", mode="before")
     @classmethod
     def _roots_list_is_every_tenant(cls, value: object) -> object:

@@ -127,6 +127,13 @@ class Gauge(_Metric):
         with self._lock:
             self._values[key] = value
 
+    def replace(self, values: dict[LabelValues, float]) -> None:
+        """Every series at once (label values in ``labels`` order): series not given are gone."""
+        if any(len(key) != len(self.label_names) for key in values):
+            raise ValueError(f"{self.name} takes labels {self.label_names}")
+        with self._lock:
+            self._values = dict(values)
+
     def render(self) -> list[str]:
         if self.callback is not None:
             items = sorted(self.callback())
@@ -232,6 +239,30 @@ class LedgerMetrics:
             "ledger_oldest_open_reservation_age_seconds",
             "Age of the oldest reservation still holding budget (0 when none).",
         )
+        # Per dataset, every tenant's (the operator's scrape; LEDGER_METRICS_DATASET_GAUGES=false
+        # drops them): the dataset head's numbers as the API answers them (decimal → float).
+        budget_labels = ("tenant", "dataset", "name", "rule", "accountant")
+        self.budget_epsilon = Gauge(
+            "ledger_dataset_epsilon_budget", "The dataset's epsilon budget.", budget_labels
+        )
+        self.budget_spent = Gauge(
+            "ledger_dataset_epsilon_spent",
+            "Epsilon spent on the dataset (committed releases).",
+            budget_labels,
+        )
+        self.budget_held = Gauge(
+            "ledger_dataset_epsilon_held", "Epsilon held by the dataset's open reservations.", budget_labels
+        )
+        self.budget_remaining = Gauge(
+            "ledger_dataset_epsilon_remaining",
+            "Epsilon budget minus spent (what GET /v1/datasets/{id}/spend answers as epsilon_remaining).",
+            budget_labels,
+        )
+        self.budget_naive = Gauge(
+            "ledger_dataset_naive_sequential_epsilon",
+            "Epsilon the dataset's commits would cost under naive sequential composition.",
+            budget_labels,
+        )
         for metric in (
             self.requests,
             self.request_latency,
@@ -243,6 +274,11 @@ class LedgerMetrics:
             self.reservation_age,
             self.open_reservations,
             self.oldest_open_reservation_age,
+            self.budget_epsilon,
+            self.budget_spent,
+            self.budget_held,
+            self.budget_remaining,
+            self.budget_naive,
         ):
             self.registry.register(metric)
 

@@ -164,6 +164,22 @@ def _kind(
     }
 
 
+def _dp_accounting(class_name: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """dp_accounting's form of a shared event (``accountant.dp_accounting_form``)."""
+    fields = fields or {}
+    return {
+        "type": "object",
+        "title": class_name,
+        "properties": {
+            "class_name": {"type": "string", "enum": [class_name]},
+            "module_name": {"type": "string", "enum": ["dp_accounting.dp_event"]},
+            **fields,
+        },
+        "required": ["class_name", *fields],
+        "additionalProperties": False,
+    }
+
+
 _NULL_ONLY: Final = {
     "type": "null",
     "description": f"or a list of at most {MAX_VECTOR_LENGTH} numbers > 0 (both lists of equal "
@@ -172,7 +188,9 @@ _NULL_ONLY: Final = {
 
 EVENT_SCHEMA: Final[dict[str, Any]] = {
     "title": "Event",
-    "description": "A mechanism event: a stable `kind` and its parameters (docs/event.schema.json). Nesting "
+    "description": "A mechanism event: a stable `kind` and its parameters (docs/event.schema.json), or "
+    "dp_accounting's form of a shared event (its `DpEvent.to_named_tuple()` as JSON: `class_name`, "
+    "optional `module_name`, the fields). Nesting "
     "depth at most 32. Relations between fields are checked by the service (422): "
     "`sample_size <= population_size`; for `adaptive_gaussian` with vectors, equal lengths and "
     "AdaDp's Lemma 1 (sum of s_i^2/sigma_i^2 <= 1/noise_multiplier^2); for `output_perturbation`, "
@@ -222,6 +240,20 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
             "adaptive_gaussian",
             {"noise_multiplier": _POSITIVE},
             optional={"sensitivities": _NULL_ONLY, "noise_stddevs": _NULL_ONLY},
+        ),
+        # dp_accounting's DpEvent.to_named_tuple() as JSON, for the classes the ledger shares
+        _dp_accounting("NoOpDpEvent"),
+        _dp_accounting("NonPrivateDpEvent"),
+        _dp_accounting("GaussianDpEvent", {"noise_multiplier": _POSITIVE}),
+        _dp_accounting("LaplaceDpEvent", {"noise_multiplier": _POSITIVE}),
+        _dp_accounting("PoissonSampledDpEvent", {"sampling_probability": _PROBABILITY, "event": _REF}),
+        _dp_accounting(
+            "SampledWithoutReplacementDpEvent",
+            {"source_dataset_size": _count(1), "sample_size": _count(1), "event": _REF},
+        ),
+        _dp_accounting("SelfComposedDpEvent", {"event": _REF, "count": _count(0)}),
+        _dp_accounting(
+            "ComposedDpEvent", {"events": {"type": "array", "items": _REF, "maxItems": MAX_COMPOSED_EVENTS}}
         ),
     ],
 }

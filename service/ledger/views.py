@@ -89,6 +89,14 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
         return {"data": [_summary_json(r) for r in rows], "count": count or 0}
 
 
+def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
+    """Every tenant's datasets with their spend (the operator's ``/metrics``, never a tenant's
+    answer): ``[{tenant_id, **spend summary}]``, one query on the ledger heads."""
+    with db.session(readonly=True) as session:
+        rows = session.scalars(select(Dataset).order_by(Dataset.tenant_id, Dataset.id)).all()
+        return [{"tenant_id": r.tenant_id, **_summary_json(r)} for r in rows]
+
+
 def batch_spend(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = 500, offset: int = 0
 ) -> dict[str, Any]:

@@ -40,10 +40,11 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def run_example(
-    server: Server, dataset_id: str, output: Path, *noise: str
+    server: Server, dataset_id: str, output: Path, *noise: str, shadow: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The example as a subprocess; ``shadow``: a folder put first on its path (to hide a package)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join([*([str(shadow)] if shadow else []), str(ROOT)])
     env["LEDGER_API_KEY"] = server.admin_key  # the key from the environment, as in CI
     command = [
         sys.executable, str(EXAMPLE), "--url", server.base_url, "--dataset", dataset_id,
@@ -118,3 +119,21 @@ def test_release_through_the_gate_then_refused_before_touching_data(
         )
         assert third.returncode == 0, third.stdout + third.stderr
         assert 1.1 < float(admin.spend(fresh["id"])["epsilon_spent"]) <= 1.2
+
+
+def test_without_opacus_nothing_is_reserved(server: Server, tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow" / "opacus"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("opacus is hidden by the test")\n')
+    with LedgerClient(server.base_url, server.admin_key) as admin:
+        dataset = admin.create_dataset("d", rule="sequential", epsilon="1.2", delta="1e-5", accountant="rdp")
+        task = admin.create_task(dataset["id"], "t")
+        admin.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["digits-0000"]}])
+        run = run_example(
+            server, dataset["id"], tmp_path / "out", "--noise-multiplier", "2", shadow=shadow.parent
+        )
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert "opacus not installed" in run.stderr and "nothing was reserved" in run.stderr
+        spend = admin.spend(dataset["id"])
+        assert spend["reservations_open"] == 0 and float(spend["epsilon_held"]) == 0
+        assert list(admin.iter_certificates(dataset["id"])) == []

@@ -11,6 +11,7 @@ import jsonschema_rs
 import pytest
 
 from accountant import events as ev
+from accountant.dp_accounting_form import SHARED
 from tests.service.api.conftest import TestClient
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,6 +27,17 @@ DPSGD = {
     },
 }
 
+DP_ACCOUNTING_DPSGD = {
+    "module_name": "dp_accounting.dp_event",
+    "class_name": "SelfComposedDpEvent",
+    "count": 1000,
+    "event": {
+        "class_name": "PoissonSampledDpEvent",
+        "sampling_probability": 0.01,
+        "event": {"class_name": "GaussianDpEvent", "noise_multiplier": 1.1},
+    },
+}
+
 
 def test_served_without_a_key_and_equal_to_the_docs(client: TestClient) -> None:
     answer = client.get("/schemas/event.json")
@@ -35,8 +47,13 @@ def test_served_without_a_key_and_equal_to_the_docs(client: TestClient) -> None:
 
 def test_every_kind_the_accountant_parses_is_in_the_schema() -> None:
     schema = json.loads(DOCS.read_text(encoding="utf-8"))
-    kinds = {variant["properties"]["kind"]["enum"][0] for variant in schema["oneOf"]}
+    kinds = {v["properties"]["kind"]["enum"][0] for v in schema["oneOf"] if "kind" in v["properties"]}
     assert kinds == set(ev.EVENT_TYPES)
+    # and dp_accounting's form of every class the ledger shares (accountant.dp_accounting_form)
+    classes = {
+        v["properties"]["class_name"]["enum"][0] for v in schema["oneOf"] if "class_name" in v["properties"]
+    }
+    assert classes == set(SHARED)
 
 
 @pytest.mark.parametrize(
@@ -50,6 +67,11 @@ def test_every_kind_the_accountant_parses_is_in_the_schema() -> None:
         ({"kind": "gaussian", "noise_multiplier": 60, "steps": 1000}, False),
         ({"kind": "gaussian"}, False),
         ({"kind": "unknown"}, False),
+        (DP_ACCOUNTING_DPSGD, True),
+        ({**DP_ACCOUNTING_DPSGD, "steps": 1000}, False),
+        ({**DP_ACCOUNTING_DPSGD, "module_name": "os"}, False),
+        ({"class_name": "ZCDpEvent", "epsilon": 1.0}, False),
+        ({"class_name": "GaussianDpEvent", "kind": "gaussian", "noise_multiplier": 1.0}, False),
     ],
 )
 def test_the_schema_and_the_parser_agree(event: dict[str, object], valid: bool) -> None:

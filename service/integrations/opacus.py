@@ -1,0 +1,270 @@
+"""Opacus behind the ledger's gate: the event of a ``PrivacyEngine`` run, read from what Opacus
+built, and ``make_private_with_epsilon`` calibrated against the dataset's own quote.
+
+::
+
+    from opacus import PrivacyEngine
+    from service.integrations.opacus import make_private_with_epsilon
+
+    with make_private_with_epsilon(
+        ledger, PrivacyEngine(), dataset_id=ds, module=net, optimizer=sgd, data_loader=loader,
+        target_epsilon=1.0, epochs=2, max_grad_norm=1.0, model="mlp", version="3",
+    ) as run:                                    # reserved: no batch has been read yet
+        for _ in range(2):
+            for x, y in run.data_loader: ...     # run.module, run.optimizer
+    save(run.module, run.certificate)            # only after the ledger committed
+
+What it charges for: ``self_composed(poisson_sampled(gaussian(σ), q), steps)`` — ``steps``
+DP-SGD steps, each a Gaussian mechanism of noise multiplier σ (``DPOptimizer.noise_multiplier``,
+noise σ·C for per-sample gradients clipped to C) on a Poisson sample in which every record is
+included independently with probability q (Opacus's ``UniformWithReplacementSampler``, the
+``batch_sampler`` of a ``DPDataLoader``). That is the only sampler the event describes. A plain
+``DataLoader`` (``RandomSampler`` or ``SequentialSampler`` with a fixed batch size: shuffled or
+fixed batches) is refused: Opacus's accountant charges it as if it were Poisson sampled with
+q = batch_size/n, which under-reports ε (Opacus issues #813, #819; shuffling amplifies less than
+Poisson sampling), and the ledger has no event for shuffling. Distributed samplers and optimizers,
+and adaptive clipping (``AdaClipDPOptimizer``, whose noise is split with the clipping quantile),
+are refused too, by name.
+
+σ comes from the dataset's quote (``LedgerClient.calibrate_noise_multiplier``), not from Opacus's
+accountant: a Rényi-filter budget charges more than plain RDP for the same σ, so Opacus's own
+σ for the target ε could be refused. The reservation is made before ``make_private`` (which
+reads one record for its shapes), so no record is read unreserved; the event Opacus then built
+is checked to be the one reserved. On a clean exit the gate
+commits what Opacus's accountant recorded as run (``engine.accountant.history``): all the
+reserved steps, or fewer (a progressive commit; the rest is returned). More steps than reserved,
+or steps at another σ or q, raise instead: nothing is released.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import torch
+from opacus import PrivacyEngine
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping, DPPerLayerOptimizer
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+
+from accountant.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
+from service.client import Identifier, JsonObject, LedgerClient, ReleaseGate
+
+# The optimizers whose step is one Gaussian mechanism of ``noise_multiplier`` on the clipped sum:
+# exact types, since subclasses (AdaClip, the distributed ones) change that.
+_GAUSSIAN_STEP: Final = (DPOptimizer, DPPerLayerOptimizer, DPOptimizerFastGradientClipping)
+OPACUS_ISSUES: Final = "Opacus issues #813 and #819"
+
+logger = logging.getLogger(__name__)
+
+
+class UndescribedRun(ValueError):
+    """An Opacus run whose privacy loss the ledger's events cannot state; the message says why
+    and what to change. Raised before reserving, or inside the gate, which then aborts: nothing
+    is released either way."""
+
+
+def _sampler_name(data_loader: torch.utils.data.DataLoader[Any]) -> str:
+    batch_sampler = data_loader.batch_sampler
+    inner = getattr(batch_sampler, "sampler", None)
+    name = type(batch_sampler).__name__
+    return f"{name}({type(inner).__name__})" if inner is not None else name
+
+
+def poisson_sampling(data_loader: torch.utils.data.DataLoader[Any]) -> tuple[float, int]:
+    """``(q, steps per epoch)`` of a loader that samples as Poisson: its ``batch_sampler`` is
+    exactly Opacus's ``UniformWithReplacementSampler``. Any other sampler: ``UndescribedRun``."""
+    batch_sampler: Any = data_loader.batch_sampler
+    if type(batch_sampler) is not UniformWithReplacementSampler:
+        raise UndescribedRun(
+            f"data_loader samples with {_sampler_name(data_loader)}, not Poisson sampling: each "
+            "record in exactly one batch of a fixed size per epoch. Accounting that as Poisson "
+            f"sampling with q = batch_size/n under-reports epsilon ({OPACUS_ISSUES}), and the "
+            "ledger has no event for shuffled batches, so it is refused. Make the loader private "
+            "with Poisson sampling: PrivacyEngine.make_private(..., poisson_sampling=True) or "
+            "opacus.data_loader.DPDataLoader.from_data_loader(loader)."
+        )
+    return float(batch_sampler.sample_rate), len(batch_sampler)
+
+
+def charging_for(event: SelfComposedEvent) -> str:
+    """``event_from_opacus``'s event in words: what the ledger charges for."""
+    step = event.event
+    assert isinstance(step, PoissonSampledEvent) and isinstance(step.event, GaussianEvent)
+    return (
+        f"{event.count} DP-SGD steps, each the Gaussian mechanism with noise multiplier "
+        f"{step.event.noise_multiplier} on a Poisson sample of the records (each included with "
+        f"probability {step.sampling_probability}, Opacus's UniformWithReplacementSampler)"
+    )
+
+
+def event_from_opacus(
+    optimizer: torch.optim.Optimizer, data_loader: torch.utils.data.DataLoader[Any], epochs: int
+) -> SelfComposedEvent:
+    """The event of ``epochs`` epochs of Opacus DP-SGD with ``optimizer`` (what
+    ``make_private`` returned) over ``data_loader`` (its ``DPDataLoader``):
+    ``self_composed(poisson_sampled(gaussian(σ), q), epochs · steps_per_epoch)``.
+    ``UndescribedRun`` for what the event cannot describe (see the module docstring)."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise UndescribedRun(f"epochs must be an integer >= 1. Found {epochs!r}.")
+    if type(optimizer) not in _GAUSSIAN_STEP:
+        raise UndescribedRun(
+            f"optimizer is a {type(optimizer).__name__}, not one of "
+            f"{', '.join(c.__name__ for c in _GAUSSIAN_STEP)}: its step is not one Gaussian "
+            "mechanism of optimizer.noise_multiplier that the ledger can charge (a plain torch "
+            "optimizer adds no noise; adaptive clipping and distributed optimizers are not described)."
+        )
+    assert isinstance(optimizer, DPOptimizer)  # every type in _GAUSSIAN_STEP is one
+    sigma = float(optimizer.noise_multiplier)
+    if not math.isfinite(sigma) or sigma <= 0:
+        raise UndescribedRun(
+            f"optimizer.noise_multiplier must be finite and > 0 (else the run is not private). Found {sigma}."
+        )
+    q, steps_per_epoch = poisson_sampling(data_loader)
+    return SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
+
+
+@dataclass
+class OpacusRun:
+    """What ``make_private_with_epsilon`` yields: Opacus's private ``module``, ``optimizer`` and
+    ``data_loader``, the reserved ``event``, and the ledger's ``gate`` (its ``certificate``
+    after a clean exit)."""
+
+    engine: PrivacyEngine
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    data_loader: torch.utils.data.DataLoader[Any]
+    event: SelfComposedEvent
+    gate: ReleaseGate
+
+    @property
+    def certificate(self) -> JsonObject | None:
+        return self.gate.certificate
+
+    @property
+    def charging_for(self) -> str:
+        """What the reservation charges for, in words."""
+        return charging_for(self.event)
+
+    def steps_run(self) -> int:
+        """DP-SGD steps Opacus's accountant recorded (the engine was fresh), checked to be the
+        reserved step (σ, q): a change of either inside the run is not the reserved event."""
+        step = self.event.event
+        assert isinstance(step, PoissonSampledEvent) and isinstance(step.event, GaussianEvent)
+        steps = 0
+        for sigma, q, count in self.engine.accountant.history:
+            if float(sigma) != step.event.noise_multiplier or float(q) != step.sampling_probability:
+                raise UndescribedRun(
+                    f"Opacus ran steps with noise_multiplier={sigma}, sample_rate={q}; the ledger "
+                    f"reserved noise_multiplier={step.event.noise_multiplier}, "
+                    f"sample_rate={step.sampling_probability}. Nothing is released."
+                )
+            steps += int(count)
+        return steps
+
+
+def _ledger_records(
+    client: LedgerClient,
+    dataset_id: Identifier,
+    batches: Sequence[Identifier] | None,
+    tasks: Sequence[Identifier] | None,
+) -> tuple[list[Identifier], int]:
+    """The charged tasks (``tasks``, or every task of the dataset) and how many records the
+    charged batches hold, from the ledger alone."""
+    task_ids: list[Identifier] = (
+        list(tasks) if tasks is not None else [t["id"] for t in client.list_tasks(dataset_id)["data"]]
+    )
+    wanted = None if batches is None else {str(b) for b in batches}
+    sizes = {
+        b["id"]: int(b["size"])
+        for t in task_ids
+        for b in client.list_batches(dataset_id, t)["data"]
+        if wanted is None or b["id"] in wanted
+    }
+    return task_ids, sum(sizes.values())
+
+
+@contextlib.contextmanager
+def make_private_with_epsilon(
+    client: LedgerClient,
+    engine: PrivacyEngine,
+    *,
+    dataset_id: Identifier,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: torch.utils.data.DataLoader[Any],
+    target_epsilon: float,
+    epochs: int,
+    max_grad_norm: float,
+    model: str,
+    version: Identifier,
+    batches: Sequence[Identifier] | None = None,
+    tasks: Sequence[Identifier] | None = None,
+    idempotency_key: str | None = None,
+) -> Iterator[OpacusRun]:
+    """``PrivacyEngine.make_private_with_epsilon`` behind the ledger's gate (module docstring):
+    σ calibrated so that the dataset *charges* at most ``target_epsilon`` for ``epochs`` epochs
+    on ``batches`` (or every batch of ``tasks``; neither: every task of the dataset); Poisson
+    sampling with Opacus's q = 1/len(data_loader); the reservation made before the block runs,
+    the release ``{model, version}`` committed on a clean exit (``BudgetExceeded`` on enter:
+    nothing ran). The data loader's dataset must hold exactly the records of those batches."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise UndescribedRun(f"epochs must be an integer >= 1. Found {epochs!r}.")
+    if engine.accountant.history:
+        # the steps of this release are read from the engine's accountant: it must hold no others
+        raise UndescribedRun("engine has accounted steps already: make a new PrivacyEngine per release.")
+    steps_per_epoch = len(data_loader)
+    if steps_per_epoch < 1:
+        raise UndescribedRun("data_loader has no batches.")
+    records = len(data_loader.dataset)  # type: ignore[arg-type]
+    task_ids, charged = _ledger_records(client, dataset_id, batches, tasks)
+    if records != charged:
+        raise UndescribedRun(
+            f"data_loader.dataset holds {records} records but the charged batches of dataset "
+            f"{dataset_id} hold {charged}: the reservation would not cover the records read."
+        )
+    q = 1.0 / steps_per_epoch  # what Opacus's DPDataLoader.from_data_loader samples with
+    sigma = client.calibrate_noise_multiplier(
+        dataset_id,
+        target_epsilon=target_epsilon,
+        sampling_probability=q,
+        steps=epochs * steps_per_epoch,
+        batches=batches,
+        tasks=task_ids if batches is None else None,
+    )
+    planned = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
+    # Reserve first: make_private itself reads a record (DPDataLoader takes the shapes of
+    # dataset[0] for empty Poisson batches).
+    with client.release_gate(
+        dataset_id,
+        batches,
+        planned,
+        tasks=task_ids if batches is None else None,
+        model=model,
+        version=version,
+        idempotency_key=idempotency_key,
+    ) as gate:
+        private_module, private_optimizer, private_loader = engine.make_private(
+            module=module,
+            optimizer=optimizer,
+            data_loader=data_loader,
+            noise_multiplier=sigma,
+            max_grad_norm=max_grad_norm,
+            poisson_sampling=True,
+        )
+        event = event_from_opacus(private_optimizer, private_loader, epochs)
+        if event != planned:
+            raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
+        run = OpacusRun(engine, private_module, private_optimizer, private_loader, event, gate)
+        logger.info("reserved %s on dataset %s: %s", gate.reservation_id, dataset_id, run.charging_for)
+        yield run
+        steps = run.steps_run()
+        if steps > event.count:
+            raise UndescribedRun(
+                f"Opacus ran {steps} steps, the ledger reserved {event.count}: nothing is released."
+            )
+        if steps < event.count:  # commit what ran; the gate returns the rest of the hold
+            gate.commit_event = SelfComposedEvent(event.event, steps)
