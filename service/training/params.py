@@ -330,6 +330,11 @@ class AdaDpParams(DpSgdParams):
         return out
 
 
+MAX_CANARIES: Final = 10_000
+"""A step widens the private gradient by one coordinate per canary (``privacy_audit``): the
+per-example matrix is (B + sampled canaries) × (P + m), which this keeps within memory."""
+
+
 @dataclass(frozen=True, slots=True)
 class PrivacyAuditParams(DpSgdParams):
     """DP-SGD's params — the run audited, as a release would run it — plus the audit's own
@@ -348,7 +353,7 @@ class PrivacyAuditParams(DpSgdParams):
                 "params.delta", "is required for an audit: the δ of the (ε, δ) claim it tests."
             )
         values.update(
-            canaries=r.integer("canaries", 1000, minimum=2, maximum=100_000),
+            canaries=r.integer("canaries", 1000, minimum=2, maximum=MAX_CANARIES),
             confidence=r.real("confidence", 0.95, minimum=0.5, maximum=0.999999),
         )
         return values
@@ -672,6 +677,7 @@ __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_HIDDEN",
     "HEAD_DEFAULTS",
+    "MAX_CANARIES",
     "MAX_EPOCHS",
     "MAX_LAYERS",
     "MAX_LEVEL",
