@@ -57,6 +57,7 @@ from service.training.dp_sgd import (
     DpSgdTrainer,
     ModelState,
     TrainingPlan,
+    TrainingResult,
     _Run,
     noisy_mean_gradient_flat,
 )
@@ -152,7 +153,7 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         canaries.scores += canaries.wide[n_params:]
         canaries.steps += 1
 
-    def train(self, data: LoadedData, plan: TrainingPlan, **kwargs: Any) -> Any:
+    def train(self, data: LoadedData, plan: TrainingPlan, **kwargs: Any) -> TrainingResult:
         self._plan = plan
         return super().train(data, plan, **kwargs)
 

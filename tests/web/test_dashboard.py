@@ -554,31 +554,6 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
     assert browser_errors(browser) == []
 
 
-def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
-    sign_in(browser, seeded)
-    # A key the server no longer accepts: the next call answers 401 and the page signs out.
-    browser.execute_script(
-        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');"
-    )
-    go(browser, seeded, "#/datasets")
-    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
-    message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
-    assert "401" in message and "unknown or revoked API key" in message
-    assert browser.execute_script("return window.sessionStorage.length;") == 0
-    screenshot(browser, "10-signed-out-after-401")
-
-    sign_in(browser, seeded)
-    go(browser, seeded, "#/jobs")
-    wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
-    stop_server(seeded.server.process)  # the ledger goes away while the page polls
-    banner = wait_for(
-        "the network error",
-        lambda: "Network error" in text_of(browser, "#banner") and text_of(browser, "#banner"),
-    )
-    assert seeded.server.base_url in banner
-    screenshot(browser, "11-network-error")
-
-
 def test_an_audited_release_shows_its_lower_bound_beside_the_certified_epsilon(
     browser: Any, seeded: Seeded, tmp_path: Path
 ) -> None:
@@ -632,5 +607,30 @@ def test_an_audited_release_shows_its_lower_bound_beside_the_certified_epsilon(
     assert text_of(browser, "#cert-audit-counts") == (
         f"200 canaries, {audit['correct']} of {audit['guesses']} guesses right"
     )
-    screenshot(browser, "10-certificate-audited")
+    screenshot(browser, "12-certificate-audited")
     assert browser_errors(browser) == []
+
+
+def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
+    sign_in(browser, seeded)
+    # A key the server no longer accepts: the next call answers 401 and the page signs out.
+    browser.execute_script(
+        "window.sessionStorage.setItem('privacy-ledger.api-key', 'pl_revoked_or_unknown');"
+    )
+    go(browser, seeded, "#/datasets")
+    wait_for("the sign-in page", lambda: browser.current_url.endswith("#/signin"))
+    message = wait_for("the 401 message", lambda: text_of(browser, "#signin-message"))
+    assert "401" in message and "unknown or revoked API key" in message
+    assert browser.execute_script("return window.sessionStorage.length;") == 0
+    screenshot(browser, "10-signed-out-after-401")
+
+    sign_in(browser, seeded)
+    go(browser, seeded, "#/jobs")
+    wait_for("the jobs table", lambda: all_of(browser, "#jobs-table"))
+    stop_server(seeded.server.process)  # the ledger goes away while the page polls
+    banner = wait_for(
+        "the network error",
+        lambda: "Network error" in text_of(browser, "#banner") and text_of(browser, "#banner"),
+    )
+    assert seeded.server.base_url in banner
+    screenshot(browser, "11-network-error")
