@@ -34,6 +34,11 @@ Canaries are the auditor's own synthetic records: they hold nothing of the datas
 still reads every record of the dataset's batches, so the gate reserves and commits it as any
 DP-SGD job, and the model it releases is a DP-SGD model of the data whose certificate holds.
 
+What the audit publishes costs nothing beyond the run: the mechanism's output is the noisy
+(P + m)-coordinate gradient of every step (each data row still has norm ≤ C there, so the
+charged event covers all of it), the model is a function of its first P coordinates and the
+scores of its last m, and the inclusions are drawn independently of the data.
+
 Broken privacy (``Breakage``) exists for the self-test only (tests/worker/test_privacy_audit.py,
 ``bench/auditing.py``): a trainer built with ``breakage=...`` drops the noise, the clip, or
 divides σ by 10 while its plan — and so the ledger's charge and the certificate — still claims

@@ -130,8 +130,10 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
     )
     assert certified["consistent"] is True and certified["epsilon_lower"] < certified["epsilon_upper"]
     assert answer["privacy_audit"]["epsilon_lower"] == audit["epsilon_lower"]
-    # a plain DP-SGD version has no audit block
+    # a plain DP-SGD version has no audit block; a malformed record is shown, not compared
     assert registry.privacy_audit({"test_accuracy": 0.9}, answer["certificate"]) is None
+    malformed = {"privacy_audit": {**audit, "correct": "all"}}
+    assert registry.privacy_audit(malformed, answer["certificate"])["certified"] is None  # type: ignore[index]
 
 
 @pytest.mark.parametrize(
