@@ -18,6 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -175,6 +176,9 @@ def test_ledger_check_fails_a_lower_bound_above_the_certified_epsilon(
     with serve(settings, db) as url:
         online = ["--url", url, "--key", viewer, "--dataset", world.dataset_id]
         assert main(["export", *online, "-o", str(path)]) == 0
+        shown = httpx.get(f"{url}/v1/models/audit/versions/1", headers={"Authorization": f"Bearer {viewer}"})
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["privacy_audit"]["certified"]["consistent"] is True  # over HTTP too
         capsys.readouterr()
         code = main(["check", *online, "--json"])
     out = capsys.readouterr().out
