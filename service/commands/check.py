@@ -34,6 +34,10 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``max epsilon`` (``--max-epsilon E``)
     a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
     certificates states) is ≤ E.
+``privacy audit`` (only where a version carries one, ``dp_sgd_audit``)
+    every audited version's ε lower bound (one-run auditing, ``accountant.auditing``), recomputed
+    here at its certificate's δ from the audit's counts, is at most the ε its certificate states
+    for the run; a lower bound above the upper bound means the code or the accounting is wrong.
 ``signatures``
     every certificate's ``signature`` (over its content hash) and the audit head's (over the
     dataset, ``chain_seq`` and ``hash``) verify under a trusted Ed25519 key
@@ -553,6 +557,58 @@ def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
     return Finding("max epsilon", ok, detail, [] if ok else [detail])
 
 
+def _audited_versions(bundle: Json, model: str | None) -> list[tuple[str, Json]]:
+    registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    names = sorted(registry) if model is None else [model]
+    return [
+        (name, version)
+        for name in names
+        for version in registry.get(name, [])
+        if isinstance((version.get("metrics") or {}).get("privacy_audit"), Mapping)
+    ]
+
+
+def _has_privacy_audits(bundle: Json, model: str | None) -> bool:
+    try:
+        return bool(_audited_versions(bundle, model))
+    except (AttributeError, TypeError):
+        return True  # malformed: the guarded check reports it
+
+
+def _privacy_audits(bundle: Json, model: str | None) -> Finding:
+    """Every audited version's ε lower bound, recomputed at its certificate's δ from the audit's
+    counts, is at most the ε its certificate states for the run (``against_certificate``)."""
+    from accountant.auditing import against_certificate
+
+    by_id = {c["id"]: c for c in bundle["certificates"]}
+    problems: list[str] = []
+    audited = _audited_versions(bundle, model)
+    for name, version in audited:
+        label = f"{name}/{version.get('version')}"
+        certificate = by_id.get(version.get("certificate_id"))
+        if certificate is None:
+            problems.append(f"audited version {label}: no certificate to compare with")
+            continue
+        charge = certificate["certificate"]["result"]["charge"]
+        upper = _number(charge["epsilon"], "result.charge.epsilon")
+        delta = _number(charge["delta"], "result.charge.delta")
+        compared = against_certificate(
+            version["metrics"]["privacy_audit"], epsilon_upper=float(upper), delta_upper=float(delta)
+        )
+        if not compared["consistent"]:
+            problems.append(
+                f"audited version {label}: epsilon lower bound {compared['epsilon_lower']:.4f} "
+                f"(confidence {compared['confidence']}, delta {delta}) exceeds the certified "
+                f"epsilon {upper}: the training code or its accounting is wrong"
+            )
+    detail = (
+        f"{len(audited)} audited version(s), each lower bound <= its certified epsilon"
+        if not problems
+        else f"{len(problems)} of {len(audited)} audited version(s) contradict their certificate"
+    )
+    return Finding("privacy audit", not problems, detail, problems)
+
+
 def _bundle_integrity(bundle: Json) -> Finding:
     stored = bundle.get("bundle_hash")
     actual = bundle_hash(bundle)
@@ -635,6 +691,8 @@ def evaluate(
     findings.append(_guarded("signatures", lambda: _signatures(bundle, trust, declared_by)))
     if max_epsilon is not None:
         findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model)))
+    if _has_privacy_audits(bundle, model):  # only where a version was audited (dp_sgd_audit)
+        findings.append(_guarded("privacy audit", lambda: _privacy_audits(bundle, model)))
     dataset = bundle.get("dataset") or {}
     budget = dataset.get("budget") or {}
     spend = bundle.get("spend") or {}

@@ -44,6 +44,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from accountant.auditing import against_certificate
+from accountant.errors import InvalidArgumentError
 from service.db.base import utcnow
 from service.db.models import Certificate, Job, ModelVersion, Release
 from service.db.session import Database
@@ -428,7 +430,27 @@ def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[s
         trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
     answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
     answer["dp_statement"] = dp_statement(answer["certificate"], job=trained_by, model_spec=row.model_spec)
+    audited = privacy_audit(answer["metrics"], answer["certificate"])
+    if audited is not None:
+        answer["privacy_audit"] = audited
     return answer
+
+
+def privacy_audit(metrics: Mapping[str, Any], certificate: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A ``dp_sgd_audit`` version's audited ε lower bound beside its certified upper bound (the
+    certificate's charge: the run's committed cost), recomputed at the certificate's δ
+    (``accountant.auditing.against_certificate``); ``None`` for a version without an audit."""
+    record = metrics.get("privacy_audit")
+    if not isinstance(record, Mapping):
+        return None
+    charge = certificate["certificate"]["result"]["charge"]
+    try:
+        certified: dict[str, Any] | None = against_certificate(
+            record, epsilon_upper=float(charge["epsilon"]), delta_upper=float(charge["delta"])
+        )
+    except InvalidArgumentError:  # a stored record the worker did not write: shown, not compared
+        certified = None  # (``ledger check`` fails it as malformed)
+    return {**record, "certified": certified}
 
 
 def artifact_file(

@@ -25,6 +25,8 @@ TRAINERS: Final[dict[str, str]] = {
     "naive_gaussian": "service.training.lifelong_baselines:NaiveGaussianTrainer",
     "peft_naive": "service.training.pretrained:PeftNaiveTrainer",
     "peft_full_data": "service.training.pretrained:PeftFullDataTrainer",
+    # One-run privacy audit of a DP-SGD run (an ε lower bound beside the certified upper bound)
+    "dp_sgd_audit": "service.training.privacy_audit:PrivacyAuditTrainer",
 }
 """Every algorithm a job may name, in the order the API lists them."""
 

@@ -472,18 +472,22 @@ class DpSgdTrainer:
             noise=noise,
         )
 
-    def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
-        p = plan.params
-        # The whole private gradient in the flat buffer: (B, P) per-example matrix → norms →
-        # clip factors → noise drawn in place → one addmv (noisy_mean_gradient_flat).
+    def _private_gradient(self, run: _Run, plan: TrainingPlan, x: torch.Tensor, y: torch.Tensor) -> None:
+        """The whole private gradient in the flat buffer ``run.update``: (B, P) per-example
+        matrix → norms → clip factors → noise drawn in place → one addmv
+        (``noisy_mean_gradient_flat``). The privacy audit adds its canaries' rows here."""
         noisy_mean_gradient_flat(
             run.grad_fn.flat(run.params, x, y),
-            max_grad_norm=p.max_grad_norm,
+            max_grad_norm=plan.params.max_grad_norm,
             noise_multiplier=plan.noise_multiplier,
             expected_batch_size=plan.expected_batch_size,
             generator=run.noise,
             out=run.update,
         )
+
+    def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
+        p = plan.params
+        self._private_gradient(run, plan, x, y)
         updates = run.update_views
         with torch.no_grad():
             if p.momentum > 0:  # heavy-ball momentum, as torch.optim.SGD (post-processing)

@@ -330,6 +330,35 @@ class AdaDpParams(DpSgdParams):
         return out
 
 
+MAX_CANARIES: Final = 10_000
+"""A step widens the private gradient by one coordinate per canary (``privacy_audit``): the
+per-example matrix is (B + sampled canaries) × (P + m), which this keeps within memory."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrivacyAuditParams(DpSgdParams):
+    """DP-SGD's params — the run audited, as a release would run it — plus the audit's own
+    (``service.training.privacy_audit``): ``canaries`` m (each included with probability 1/2)
+    and ``confidence`` 1 − β of the lower bound. ``delta`` is required: the δ of the (ε, δ)
+    claim the audit tests."""
+
+    canaries: int = 1000
+    confidence: float = 0.95
+
+    @classmethod
+    def _read(cls, r: JobParams) -> dict[str, Any]:
+        values = super(PrivacyAuditParams, cls)._read(r)
+        if values["delta"] is None:
+            raise InvalidParamsError(
+                "params.delta", "is required for an audit: the δ of the (ε, δ) claim it tests."
+            )
+        values.update(
+            canaries=r.integer("canaries", 1000, minimum=2, maximum=MAX_CANARIES),
+            confidence=r.real("confidence", 0.95, minimum=0.5, maximum=0.999999),
+        )
+        return values
+
+
 # ---------------------------------------------------------------------------------------------
 # L2DP-ML and NaiveGaussian
 # ---------------------------------------------------------------------------------------------
@@ -621,6 +650,7 @@ class HeadParams(PretrainedParams):
 PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "dp_sgd": DpSgdParams.from_params,
     "adadp": AdaDpParams.from_params,
+    "dp_sgd_audit": PrivacyAuditParams.from_params,
     "l2dp_ml": L2dpMlParams.read,
     "continual_release": ContinualParams.read,
     "cosine_classifier": PretrainedParams.from_params,
@@ -647,6 +677,7 @@ __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_HIDDEN",
     "HEAD_DEFAULTS",
+    "MAX_CANARIES",
     "MAX_EPOCHS",
     "MAX_LAYERS",
     "MAX_LEVEL",
@@ -668,5 +699,6 @@ __all__ = [
     "ModelSpec",
     "NaiveGaussianParams",
     "PretrainedParams",
+    "PrivacyAuditParams",
     "validate",
 ]

@@ -776,6 +776,7 @@
 
   async function certificatePage(gen, id) {
     const stored = await api("/v1/certificates/" + encodeURIComponent(id));
+    const audited = await privacyAuditOf(stored.release);
     if (gen !== generation) return;
     const cert = stored.certificate || {};
     const inputs = cert.inputs || {};
@@ -817,6 +818,8 @@
           ["δ after", exact("span", {}, result.delta, "up")],
           ["naive sequential ε after", exact("span", {}, result.naive_epsilon, "up")],
           ["this charge", result.charge ? "ε " + result.charge.epsilon + ", δ " + result.charge.delta : null, "cert-charge"],
+          ["audited ε lower bound (one run)", audited ? auditText(audited.certified) : null, "cert-audit"],
+          ["audit", audited ? audited.canaries + " canaries, " + audited.correct + " of " + audited.guesses + " guesses right" : null, "cert-audit-counts"],
           ["budget", result.budget ? "ε " + result.budget.epsilon + ", δ " + result.budget.delta : null],
           ["within budget", result.within_budget === undefined ? null : String(result.within_budget), "cert-within"],
           ["infinite-horizon bound", result.infinite_horizon_bound],
@@ -856,6 +859,24 @@
         verifyButton.disabled = false;
       }
     }
+  }
+
+  /** The audited lower bound of a dp_sgd_audit release (null for any other release). */
+  async function privacyAuditOf(release) {
+    if (!release || !release.model || !/^[1-9][0-9]*$/.test(String(release.version))) return null;
+    try {
+      const version = await api("/v1/models/" + encodeURIComponent(release.model) + "/versions/" + encodeURIComponent(release.version));
+      return version.privacy_audit || null;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) throw error;
+      return null; // released by an external trainer: no registry version, no audit
+    }
+  }
+
+  function auditText(certified) {
+    const lower = Number.parseFloat(certified.epsilon_lower.toPrecision(4));
+    return "ε ≥ " + lower + " at confidence " + certified.confidence + " (δ " + certified.delta + ") — certified ε ≤ " + certified.epsilon_upper +
+      (certified.consistent ? "" : " — CONTRADICTED: the lower bound exceeds the certified bound");
   }
 
   function dl(items) {

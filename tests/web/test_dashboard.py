@@ -864,6 +864,63 @@ def test_api_docs_load_swagger_ui_from_this_server(browser: Any, seeded: Seeded)
 # The last test: it stops the server.
 
 
+def test_an_audited_release_shows_its_lower_bound_beside_the_certified_epsilon(
+    browser: Any, seeded: Seeded, tmp_path: Path
+) -> None:
+    """A ``dp_sgd_audit`` version — its audit from a real audited DP-SGD run on digits — on its
+    certificate's page: the lower bound, recomputed at the certificate's δ, beside its ε."""
+    pytest.importorskip("torch")
+    from service.ledger import model_registry as registry
+    from service.training.data import load_data
+    from service.training.privacy_audit import PrivacyAuditTrainer
+
+    trainer = PrivacyAuditTrainer(device="cpu")
+    data = load_data("builtin:digits")
+    params = {"noise_multiplier": 1.0, "delta": 1e-5, "steps": 30, "canaries": 200, "seed": 1}
+    audit = trainer.train(data, trainer.plan(params, data.n_records)).metrics["privacy_audit"]
+
+    api = Api(seeded.server.base_url, seeded.server.admin_key)
+    budget = {"rule": "sequential", "epsilon": "3", "delta": "0", "accountant": "basic"}
+    dataset = api.dataset("audited", budget, source="builtin:digits")
+    _, batches = api.task(dataset, "all", ["b0"])
+    certificate_id = api.release(dataset, {"batches": batches}, 0.5, "audited-model", 1)["certificate"]["id"]
+    job = api.post("/v1/jobs", {"dataset_id": dataset, "algorithm": "dp_sgd_audit", "params": params})["id"]
+    api.post(f"/v1/jobs/{job}/cancel", status=200)  # (no worker runs here: the version is published below)
+    api.client.close()
+    db = Database(seeded.database_url, pool_size=1, max_overflow=0)
+    try:
+        staged = registry.stage(
+            tmp_path,
+            tenant_id="default",
+            name="audited-model",
+            version=1,
+            job_id=job,
+            attempt=1,
+            dataset_id=dataset,
+            step=30,
+            metrics={"privacy_audit": audit},
+            fmt="torch",
+            write=lambda h: h.write(b"w"),
+        )
+        registry.publish(db, tmp_path, staged, certificate_id=certificate_id)
+    finally:
+        db.dispose()
+    certified = seeded.get("/v1/models/audited-model/versions/1")["privacy_audit"]["certified"]
+    assert certified["epsilon_upper"] == 0.5 and certified["delta"] == 0.0 and certified["consistent"] is True
+
+    sign_in(browser, seeded)
+    go(browser, seeded, f"#/certificates/{certificate_id}")
+    shown = wait_for("the audited bound", lambda: text_of(browser, "#cert-audit"))
+    lower = float(f"{certified['epsilon_lower']:.4g}")  # the page's toPrecision(4)
+    assert shown.startswith(f"ε ≥ {lower:g} at confidence 0.95")
+    assert "certified ε ≤ 0.5" in shown and "CONTRADICTED" not in shown
+    assert text_of(browser, "#cert-audit-counts") == (
+        f"200 canaries, {audit['correct']} of {audit['guesses']} guesses right"
+    )
+    screenshot(browser, "12-certificate-audited")
+    assert browser_errors(browser) == []
+
+
 def test_a_refused_key_returns_to_sign_in_and_network_errors_are_shown(browser: Any, seeded: Seeded) -> None:
     sign_in(browser, seeded)
     # A key the server no longer accepts: the next call answers 401 and the page signs out.

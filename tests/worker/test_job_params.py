@@ -67,6 +67,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("peft_naive", {"noise_multiplier": 2.0, "learning_rate": 1.0, "max_grad_norm": 0.5}),
     ("peft_full_data", {"target_epsilon": 1.0, "delta": 1e-5, "accountant": "prv", "momentum": 0.9}),
     ("naive_gaussian", {"noise_multiplier": 1.0, "sampling_probability": 0.2, "epochs": [1, 1], "seed": 5}),
+    ("dp_sgd_audit", {"target_epsilon": 2.0, "delta": 1e-5, "canaries": 500, "confidence": 0.99}),
 ]
 
 
