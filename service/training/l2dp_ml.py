@@ -112,6 +112,9 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
 from service.training.stages import LedgerTask, Stage, StageRelease
 
 COMMITMENT_PREFIX: Final = "l2dp-ml:"
+# Tikhonov damping of the output layer's Newton step (``L2dpMlTrainer.gradient``): keeps the solve
+# defined when hidden units are dead (constant 0) in a batch.
+NEWTON_DAMPING: Final = 1e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,7 +510,8 @@ class L2dpMlTrainer:
     def gradient(
         w1: torch.Tensor, w2: torch.Tensor, batch: PerturbedBatch, weight_decay: float = 0.0
     ) -> torch.Tensor:
-        """g = {∇θ1 R̄_B, ∇θ2 L̄_B} at (W1, W2), flat (module docstring), mean over the batch."""
+        """g = {∇θ1 R̄_B, H⁻¹∇θ2 L̄_B} at (W1, W2), flat (module docstring), mean over the batch;
+        θ2's part is the Newton direction of the quadratic L̄ (H its damped Hessian)."""
         n = batch.x_bar.shape[0]
         h_bar = (batch.x_bar @ w1.T).clamp(-1.0, 1.0) + batch.hidden_noise  # (n, h1)
         # Eq. 13: ∂R̄/∂θ1[s, j] = Σ_r h̄_rj (½ − x̄_rs); W1 = θ1ᵀ, so ∂/∂W1[j, s].
@@ -517,6 +521,15 @@ class L2dpMlTrainer:
         # ∂L̄/∂W2_k = Σ_r (½ + ¼ z_rk) hπ_r − (Σ_r y_rk hπ_r + χ3_k)
         coefficients = (batch.labels.T @ h_pi + batch.label_noise.T) / n  # (K, hπ)
         g2 = (0.5 + 0.25 * z).T @ h_pi / n - coefficients + weight_decay * w2
+        # L̄ is quadratic in W2 with Hessian ¼ Σ_r hπ_r hπ_rᵀ (+ weight decay) for every class:
+        # step along the Newton direction, so that ϱ = 1 reaches the batch's minimiser. Plain
+        # gradient steps crawl (|hπ| ≈ 0.05–0.3, so curvature ≈ 10⁻³–10⁻²: docs/experiments/
+        # lifelong.md, "Why L2DP-ML is near chance"). The Hessian is computed from h̄ only, so it
+        # is post-processing of what the event already charges for.
+        hessian = 0.25 * (h_pi.T @ h_pi) / n
+        damping = NEWTON_DAMPING + weight_decay
+        hessian = hessian + damping * torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
+        g2 = torch.linalg.solve(hessian, g2.T).T
         return flatten([g1, g2])
 
     def _step(self, state: L2dpMlState, batch: PerturbedBatch, memory: Sequence[PerturbedBatch]) -> None:
