@@ -390,6 +390,12 @@ def _read_seed(r: JobParams) -> int:
     return secrets.randbits(62) if seed is None else seed
 
 
+MAX_HIDDEN_NOISE_SCALE: Final = 0.5
+"""The largest Laplace scale of L2DP-ML's hidden-unit noise a job may ask for without
+``noise_check: false``: on 2 tasks of builtin:permuted-synthetic-digits the model was at chance
+(≤ 0.12) for every scale ≥ 1.47 and above it (0.27–0.56) only at ≤ 0.27 (bench/l2dp_ml_utility.py)."""
+
+
 @dataclass(frozen=True, slots=True)
 class L2dpMlParams:
     """An L2DP-ML job's params, validated (``L2dpMlTrainer.parse_params``)."""
@@ -411,6 +417,36 @@ class L2dpMlParams:
     # Which analysis of Thm. 2 the run is charged under (``FunctionalMechanismL2DPEvent``):
     # "sound" draws independent input noise per record; "paper" Alg. 2's one shared vector.
     analysis: str = "sound"
+    # Refuse at submission a run whose hidden-layer noise swamps the units (``check_batch_size``);
+    # false runs it anyway (the accounting experiments do, on purpose).
+    noise_check: bool = True
+
+    def hidden_noise_scale(self, batch_size: int) -> float:
+        """The Laplace scale 2Δ_R/(ε1|B|) of h̄'s noise (Alg. 2 line 2; Δ_R = d(|h1| + 2)); the
+        input noise's is half of it."""
+        return 2 * self.input_dim * (self.hidden_units + 2) / (self.epsilon1 * batch_size)
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Refuse (``params.epsilon1``) a run on batches of at most ``batch_size`` records whose
+        hidden units, clipped to [−1, 1], would get Laplace noise of scale above
+        ``MAX_HIDDEN_NOISE_SCALE``: measured at chance there (docs/experiments/lifelong.md, "Why
+        L2DP-ML is near chance"). The message states the batch size or ε1 it needs, and that under
+        Thm. 2 a larger |B| raises the batch's ε in proportion (γx, γ ∝ 1/|B|)."""
+        scale = self.hidden_noise_scale(batch_size)
+        if not self.noise_check or scale <= MAX_HIDDEN_NOISE_SCALE:
+            return
+        needed = 2 * self.input_dim * (self.hidden_units + 2) / MAX_HIDDEN_NOISE_SCALE
+        raise InvalidParamsError(
+            "params.epsilon1",
+            f"is too small for this dataset: with input_dim = {self.input_dim}, hidden_units = "
+            f"{self.hidden_units} and the dataset's largest batch of {batch_size} records, the hidden "
+            f"layer's Laplace noise has scale 2Δ_R/(ε1·|B|) = {scale:.3g} against units in [-1, 1] "
+            f"(more than {MAX_HIDDEN_NOISE_SCALE}), so the model would be at chance. It needs "
+            f"ε1·|B| >= {needed:.6g}: batches of >= {math.ceil(needed / self.epsilon1)} records at "
+            f"ε1 = {self.epsilon1:g}, or ε1 >= {needed / batch_size:.4g} at |B| = {batch_size} (Thm. 2 "
+            "charges ε1·|B| in proportion, so either raises the batch's ε). Set params.noise_check "
+            "to false to run it anyway.",
+        )
 
     @classmethod
     def read(cls, params: Mapping[str, Any]) -> L2dpMlParams:
@@ -436,6 +472,7 @@ class L2dpMlParams:
             num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
             seed=_read_seed(r),
             analysis=r.string("analysis", "sound", ("sound", "paper")),
+            noise_check=r.boolean("noise_check", True),
         )
         r.finish()
         return values

@@ -279,7 +279,30 @@ L2DP = {
     "hidden_units": 4,
     "theta1_norm_bound": 2.0,
     "seed": 11,
+    # the accounting on 80-record batches, not the model: its noise would be refused otherwise
+    "noise_check": False,
 }
+
+
+def test_a_job_whose_noise_would_swamp_the_model_is_refused_at_submission(db: Database) -> None:
+    """Batches of 80 records: 2Δ_R/(ε1|B|) ≤ 0.5 needs ε1 ≥ 2·64·34/(0.5·80) = 108.8 with the
+    default |h1| = 32. Below it: 422 naming params.epsilon1 and the batch size it needs, no job."""
+    from service.ledger.errors import InvalidInput
+
+    dataset_id, _ = _dataset(db, {"rule": "lifelong", "epsilon": "1000", "delta": "0", "accountant": "basic"})
+    params = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "seed": 1}
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
+    assert info.value.field == "params.epsilon1"
+    assert "batches of >= 8704 records at ε1 = 1" in str(info.value)
+    assert "ε1 >= 108.8 at |B| = 80" in str(info.value)
+    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 0
+    enough = {**params, "epsilon1": 108.8}
+    jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=enough)
+    jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params={**params, "noise_check": False}
+    )
+    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
 
 
 def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Database, tmp_path: Path) -> None:
