@@ -29,11 +29,14 @@ convention):
 
 A step on a task batch B (Alg. 2 lines 11–16): g on B; if the episodic memory is not empty, g_ref
 on one memory batch drawn at random; g̃ = A-gem projection (``agem``); θ ← θ − ϱ g̃ (ϱ per part:
-``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2); then θ1 is projected so that both
-its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the bound the event declares
-and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection soft-thresholds, so the
-second one keeps the first one's bound). After task τ one batch of it, drawn from the seed before
-any data is read, joins the memory (Alg. 2 lines 17–18).
+``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2, θ2's part the Newton direction of the
+quadratic L̄). Under ``analysis: "sound"`` θ1 stays at its seeded initial value (encoder
+learning rate 0, g's θ1 part left out of the projection), so every read of a batch computes the
+same label coefficients and ε2 bounds them (``service.training.params``). Otherwise θ1 is
+projected so that both its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the
+bound the event declares and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection
+soft-thresholds, so the second one keeps the first one's bound). After task τ one batch of it,
+drawn from the seed before any data is read, joins the memory (Alg. 2 lines 17–18).
 
 Ledger. The dataset's rule is ``lifelong``. Stage τ reserves the event
 ``FunctionalMechanismL2DPEvent(ε1, ε2, d, |h1|, |hπ|, |B|, bound)`` on task τ's batches and the
@@ -532,15 +535,22 @@ class L2dpMlTrainer:
         g2 = torch.linalg.solve(hessian, g2.T).T
         return flatten([g1, g2])
 
+    def _gradient_to_step(self, state: L2dpMlState, batch: PerturbedBatch, *, frozen: bool) -> torch.Tensor:
+        g = self.gradient(state.w1, state.w2, batch, state.params.weight_decay)
+        if frozen:
+            g[: state.w1.numel()] = 0.0
+        return g
+
     def _step(self, state: L2dpMlState, batch: PerturbedBatch, memory: Sequence[PerturbedBatch]) -> None:
         p = state.params
-        g = self.gradient(state.w1, state.w2, batch, p.weight_decay)
+        frozen = p.encoder_learning_rate == 0.0  # θ1 does not move: A-gem projects θ2's part only
+        g = self._gradient_to_step(state, batch, frozen=frozen)
         if memory:
             reference = memory[int(state.picker.integers(len(memory)))]
-            g = agem_project(g, self.gradient(state.w1, state.w2, reference, p.weight_decay))
+            g = agem_project(g, self._gradient_to_step(state, reference, frozen=frozen))
         g1, g2 = unflatten(g, [state.w1, state.w2])
-        w1 = state.w1 - p.encoder_learning_rate * g1
-        state.w1 = project_theta1(w1, p.theta1_norm_bound)
+        if not frozen:
+            state.w1 = project_theta1(state.w1 - p.encoder_learning_rate * g1, p.theta1_norm_bound)
         state.w2 = state.w2 - p.learning_rate * g2
 
     def predict(self, w1: torch.Tensor, w2: torch.Tensor, features: np.ndarray) -> np.ndarray:

@@ -390,6 +390,27 @@ def _read_seed(r: JobParams) -> int:
     return secrets.randbits(62) if seed is None else seed
 
 
+def _read_encoder_learning_rate(r: JobParams, analysis: str) -> float:
+    """θ1's ϱ: 0.001 by default under ``"paper"``; under ``"sound"`` 0, and nothing else.
+
+    Why (docs/DESIGN-NOTES.md, note "L2DP-ML at a realistic size"): the label coefficients
+    Σ_r hπ_r y_rᵀ + χ3 of a batch are computed at every read with the batch's one χ3. If θ1 moved
+    between reads (another epoch, a memory replay, a second job with the same seed), two reads
+    would publish two coefficients with the same noise, whose difference is noiseless, and ε2 would
+    not bound them. With θ1 fixed at its seeded, data-independent initial value, every read of a
+    batch computes the same coefficients: one Laplace release, which the ε2 term does bound."""
+    if analysis == "paper":
+        return r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0
+    rate = r.real("encoder_learning_rate", 0.0, minimum=0) or 0.0
+    if rate != 0.0:
+        raise InvalidParamsError(
+            "params.encoder_learning_rate",
+            f"must be 0 under analysis 'sound' (θ1 stays at its seeded initial value, so that every "
+            f"read of a batch computes the same label coefficients and ε2 bounds them). Found {rate}.",
+        )
+    return 0.0
+
+
 MAX_HIDDEN_NOISE_SCALE: Final = 0.5
 """The largest Laplace scale of L2DP-ML's hidden-unit noise a job may ask for without
 ``noise_check: false``: on 2 tasks of builtin:permuted-synthetic-digits the model was at chance
@@ -410,7 +431,7 @@ class L2dpMlParams:
     epochs: int | tuple[int, ...] = 1
     task_order: tuple[int, ...] | None = None
     learning_rate: float = 0.5
-    encoder_learning_rate: float = 0.001
+    encoder_learning_rate: float = 0.0  # "paper": 0.001 by default; "sound": must be 0
     weight_decay: float = 0.0
     num_classes: int | None = None
     seed: int = 0
@@ -454,6 +475,7 @@ class L2dpMlParams:
         for required in ("epsilon1", "epsilon2", "input_dim"):
             if not r.has(required):
                 raise InvalidParamsError(f"params.{required}", "is required.")
+        analysis = r.string("analysis", "sound", ("sound", "paper"))
         eps1 = r.real("epsilon1", None, minimum=0, exclusive_minimum=True)
         eps2 = r.real("epsilon2", None, minimum=0, exclusive_minimum=True)
         d = r.integer("input_dim", None, minimum=1, maximum=1_000_000)
@@ -467,11 +489,11 @@ class L2dpMlParams:
             epochs=_read_epochs(r, 1),
             task_order=_read_task_order(r),
             learning_rate=r.real("learning_rate", 0.5, minimum=0, exclusive_minimum=True) or 0.5,
-            encoder_learning_rate=r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0,
+            encoder_learning_rate=_read_encoder_learning_rate(r, analysis),
             weight_decay=r.real("weight_decay", 0.0, minimum=0) or 0.0,
             num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
             seed=_read_seed(r),
-            analysis=r.string("analysis", "sound", ("sound", "paper")),
+            analysis=analysis,
             noise_check=r.boolean("noise_check", True),
         )
         r.finish()

@@ -238,8 +238,21 @@ def test_the_network_learns_without_noise_with_the_default_step() -> None:
     state = trainer.start(params, data, [task])
     state.scales = replace(state.scales, input=0.0, hidden=0.0, labels=0.0)
     (stage,) = trainer.stages(params, [task])
+    initial = state.w1.clone()
     metrics = trainer.train_stage(state, stage, data, records).metrics
     assert metrics["test_accuracy"] > 0.55
+    # "sound": θ1 stays at its seeded value, so every read computes the same label coefficients
+    assert torch.equal(state.w1, initial)
+
+
+def test_the_sound_analysis_keeps_theta1_fixed_so_chi3_is_used_once() -> None:
+    sound = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64}
+    assert L2dpMlParams.read(sound).encoder_learning_rate == 0.0
+    assert L2dpMlParams.read({**sound, "analysis": "paper"}).encoder_learning_rate == 0.001
+    with pytest.raises(InvalidParamsError) as info:
+        L2dpMlParams.read({**sound, "encoder_learning_rate": 0.001})
+    assert info.value.field == "params.encoder_learning_rate"
+    assert "must be 0 under analysis 'sound'" in info.value.message
 
 
 def test_params_name_the_bad_field() -> None:
