@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="sound",
         help="which analysis of Thm. 2 L2DP-ML is charged under (docs/DESIGN-NOTES.md note 21)",
     )
-    parser.add_argument("--learning-rate", type=float, default=5.0, help="L2DP-ML's ϱ for θ2")
+    parser.add_argument(
+        "--learning-rate", type=float, default=0.5, help="L2DP-ML's ϱ for θ2 (a Newton step: ≤ 1)"
+    )
     parser.add_argument(
         "--no-heterogeneous", action="store_true", help="skip the second (heterogeneous) L2DP-ML job"
     )
