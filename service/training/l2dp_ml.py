@@ -61,8 +61,11 @@ Departures from the paper (docs/experiments/lifelong.md):
 * Input noise is drawn per record by default (``analysis: "sound"``), charged d·ε1/γx: one
   vector shared by the batch (Alg. 2, ``"paper"``) publishes x̄_r − x̄_s = x_r − x_s, and the
   paper's ε1/γx assumes an ℓ1 sensitivity of 1 where a record moves by d (note 21 of
-  docs/DESIGN-NOTES.md). Fixed χ3 against coefficients that move with θ1 remains an open
-  concern (docs/experiments/lifelong.md).
+  docs/DESIGN-NOTES.md). Fixed χ3 against coefficients that move with θ1: under ``"sound"`` θ1
+  stays at its seeded initial value, so the coefficients do not move and χ3 is used once; under
+  ``"paper"`` θ1 trains and the concern stands (docs/experiments/lifelong.md).
+* θ2 steps along the Newton direction of the quadratic L̄ (a plain gradient step crawled; the
+  damped Hessian ¼ Σ hπ hπᵀ/|B| is computed from h̄ only).
 
 NaiveGaussian (``service.training.lifelong_baselines.NaiveGaussianTrainer``)
 ------------------------------------------------------------------------
