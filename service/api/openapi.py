@@ -114,6 +114,7 @@ DATA_SOURCE_PATTERN: Final = (
     r"^(builtin:digits"
     r"|builtin:split-digits\?tasks=([1-9]|10)(&seed=[0-9]{1,9})?"
     r"|builtin:permuted-digits\?tasks=[1-9][0-9]{0,2}(&seed=[0-9]{1,9})?"
+    r"|builtin:(permuted|split)-synthetic-digits\?tasks=([1-9]|10)&per_task=[1-9][0-9]{0,4}(&seed=[0-9]{1,9})?"
     r"|builtin:stream(\?blocks=[1-9][0-9]{0,2}&block_size=[1-9][0-9]{0,2})?"
     r"|file:///([^?#%\[\]\x00-\x1f\x7f]*/)?[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*\.(npz|csv))$"
 )

@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--learning-rate", type=float, default=None, help="DP-SGD learning rate (trainer default)"
     )
+    parser.add_argument(
+        "--per-task",
+        type=int,
+        default=None,
+        help="records per task: use builtin:split-synthetic-digits at this size (default: the "
+        "bundled digits, builtin:split-digits)",
+    )
 
 
 def _config(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,7 +107,12 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     if args.learning_rate is not None:
         head["learning_rate"] = args.learning_rate
     return {
-        "source": f"builtin:split-digits?tasks={tasks}&seed={args.seed}&public={public}",
+        "source": (
+            f"builtin:split-digits?tasks={tasks}&seed={args.seed}&public={public}"
+            if args.per_task is None
+            else f"builtin:split-synthetic-digits?tasks={tasks}&per_task={args.per_task}"
+            f"&seed={args.seed}&public={public}"
+        ),
         "tasks": tasks,
         "public": public,
         "epsilons": epsilons,

@@ -551,6 +551,19 @@ def _check_dataset_can_train(session: Session, dataset: Dataset) -> None:
         )
 
 
+def _check_batch_size(session: Session, dataset: Dataset, parsed: Any) -> None:
+    """422 naming the param when the trainer's params refuse the dataset's largest batch
+    (``check_batch_size``: a run whose noise would leave the model at chance, e.g. L2DP-ML)."""
+    check = getattr(parsed, "check_batch_size", None)
+    if check is None:
+        return
+    largest = session.scalar(select(func.max(Batch.size)).where(Batch.dataset_id == dataset.id))
+    try:
+        check(int(largest or 0))
+    except job_params.InvalidParamsError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+
+
 def _check_model_name_free(session: Session, tenant_id: str, dataset_id: str, model_name: str) -> None:
     """409 ``model_name_taken`` when another dataset released versions of ``model_name`` or has a
     queued or running job that will (module docstring)."""
@@ -642,8 +655,9 @@ def create_job(
         dataset = load_dataset(session, tenant_id, dataset_id)
         # Unknown dataset first (404), then the params (422): an id that names nothing says
         # nothing about its params.
-        check_params(algorithm, document, limits)
+        parsed = check_params(algorithm, document, limits)
         _check_dataset_can_train(session, dataset)
+        _check_batch_size(session, dataset, parsed)
         _check_model_name_free(session, tenant_id, dataset_id, model_name)
         _check_queue(session, tenant_id, limits)
         row = Job(

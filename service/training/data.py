@@ -36,6 +36,21 @@ URIs
   task, are never ledgered, and serve to pre-train a feature extractor (the pre-trained models of
   the DP continual-learning paper). Declared public by the operator: the same distribution as the
   private tasks, disjoint records — as ImageNet pre-training is for CIFAR in that paper.
+* ``builtin:permuted-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` and
+  ``builtin:split-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` — the digits at a
+  realistic size, generated, no download: M records per task (up to 100 000; N·M ≤ 1 000 000),
+  each an independent draw — a random training image of scikit-learn's digits (the **public**
+  templates, bundled constants) under a random affine warp (rotation ±10°, scale 0.9–1.1, shift
+  ±0.6 px, bilinear), a random contrast (×0.75–1.25) and pixel noise (σ = 0.05), clipped to [0, 1].
+  ``permuted-…``: task t draws from all ten classes and permutes the 64 pixels by πₜ (π₀ the
+  identity); ``split-…``: the ten classes in N ≤ 10 contiguous groups, task t draws from its
+  group. The test split of each task (``SYNTHETIC_TEST_PER_TASK`` records) is drawn from the 360
+  **held-out** digits as templates, so accuracy measures generalisation to unseen writers, not
+  recall of a template. ``public=P`` (≤ 100 000) adds P records from their own draw, unpermuted,
+  of every class. Record ids ``sdigits-TTT-IIIIII`` (task, position) and ``sdigits-public-IIIIII``;
+  task t's records depend only on (S, t, M). The privacy unit is one generated record: the
+  templates are public constants (as MNIST-1D's templates are), and records are independent given
+  them, so a record's DP guarantee means what it says for the generated data set.
 * ``builtin:stream?blocks=N&block_size=B[&dim=D][&seed=S]`` — a synthetic stream for continual
   release (defaults N=64, B=50, D=10, S=0): binary labels from a fixed, seeded logistic model
   P(y=1|x) = σ(θ*ᵀx) with ‖θ*‖ = 8, features uniform on the unit sphere (so ‖x‖ ≤ 1, which the
@@ -280,7 +295,15 @@ def _concat(splits: Sequence[TaskSplit], n_features: int) -> tuple[FloatArray, L
 # URIs
 # ---------------------------------------------------------------------------------------------
 
-BUILTINS: Final = ("digits", "permuted-digits", "split-digits", "stream")
+BUILTINS: Final = (
+    "digits",
+    "permuted-digits",
+    "split-digits",
+    "stream",
+    "permuted-synthetic-digits",
+    "split-synthetic-digits",
+)
+SYNTHETIC_BUILTINS: Final = ("permuted-synthetic-digits", "split-synthetic-digits")
 PUBLIC_SPLIT_BUILTINS: Final = ("permuted-digits", "split-digits")
 MAX_PUBLIC_DIGITS: Final = 1_000  # of the 1437 training images: leave every task some records
 PUBLIC_SPLIT_STREAM: Final = 0x7075626C  # "publ": the public draw's own seed stream
@@ -291,7 +314,7 @@ class DataSource:
     """A parsed, validated source URI. Nothing is read until ``load()``."""
 
     uri: str
-    kind: str  # "npz" | "csv" | "digits" | "permuted-digits" | "split-digits" | "stream"
+    kind: str  # "npz" | "csv" | "stream" | one of BUILTINS
     path: Path | None = None
     tasks: int = 1
     seed: int = 0
@@ -299,6 +322,7 @@ class DataSource:
     blocks: int = 0  # stream: blocks, block_size, dim
     block_size: int = 0
     dim: int = 0
+    per_task: int = 0  # synthetic digits: records per task
 
     @property
     def is_file(self) -> bool:
@@ -321,6 +345,10 @@ class DataSource:
             return _load_csv(self.uri, content)
         if self.kind == "stream":
             return _load_stream(self.uri, self.blocks, self.block_size, self.dim, self.seed)
+        if self.kind in SYNTHETIC_BUILTINS:
+            return _load_synthetic_digits(
+                self.uri, self.kind, self.tasks, self.per_task, self.seed, self.public
+            )
         return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public)
 
 
@@ -348,6 +376,8 @@ def parse_source(uri: str) -> DataSource:
             raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
         if name == "stream":
             return _parse_stream(uri, query)
+        if name in SYNTHETIC_BUILTINS:
+            return _parse_synthetic_digits(uri, name, query)
         allowed = {"tasks", "seed"} if name != "digits" else set()
         if name in PUBLIC_SPLIT_BUILTINS:
             allowed.add("public")
@@ -1040,4 +1070,125 @@ def _load_stream(uri: str, blocks: int, block_size: int, dim: int, seed: int) ->
         test=(TaskSplit(0, test_ids, test_x, test_y),),
         num_classes=2,
         n_features=dim,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# builtin:permuted-synthetic-digits, builtin:split-synthetic-digits (generated at any size)
+# ---------------------------------------------------------------------------------------------
+
+SYNTHETIC_MAX_PER_TASK: Final = 100_000
+SYNTHETIC_MAX_RECORDS: Final = 1_000_000  # 256 MB of float32 features at most
+SYNTHETIC_MAX_PUBLIC: Final = 100_000
+SYNTHETIC_TEST_PER_TASK: Final = 1_000
+_SYNTHETIC_SEED: Final = 0x73796E74  # "synt": the generator's own seed stream
+_TEST_DRAW: Final = 1_000_001  # task index of the test draws' streams (no task has it)
+_PUBLIC_DRAW: Final = 1_000_002
+
+
+def _parse_synthetic_digits(uri: str, name: str, query: Mapping[str, str]) -> DataSource:
+    unknown = sorted(set(query) - {"tasks", "per_task", "seed", "public"})
+    if unknown:
+        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
+    for needed in ("tasks", "per_task"):
+        if needed not in query:
+            raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N&per_task=M.")
+    split = name == "split-synthetic-digits"
+    tasks = _query_int(uri, query, "tasks", 1, maximum=10 if split else MAX_TASKS)
+    per_task = _query_int(uri, query, "per_task", 1, maximum=SYNTHETIC_MAX_PER_TASK)
+    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
+    public = _query_int(uri, query, "public", 0, minimum=0, maximum=SYNTHETIC_MAX_PUBLIC)
+    if tasks * per_task > SYNTHETIC_MAX_RECORDS:
+        raise DataSourceError(
+            f"data source {uri!r}: tasks*per_task must be <= {SYNTHETIC_MAX_RECORDS}. "
+            f"Found {tasks * per_task}."
+        )
+    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public, per_task=per_task)
+
+
+def synthetic_digit_images(
+    templates: FloatArray, template_labels: LabelArray, n: int, rng: np.random.Generator
+) -> tuple[FloatArray, LabelArray]:
+    """n independent records: a uniformly drawn template (8×8, [0, 1]) under a random affine warp
+    (bilinear, zero outside), a random contrast and Gaussian pixel noise, clipped to [0, 1]."""
+    pick = rng.integers(0, len(templates), n)
+    angle = rng.uniform(-np.pi / 18, np.pi / 18, n)
+    scale = rng.uniform(0.9, 1.1, n)
+    shift = rng.uniform(-0.6, 0.6, (n, 2))
+    contrast = rng.uniform(0.75, 1.25, n)
+    noise = rng.normal(0.0, 0.05, (n, 64))
+    # Output pixel p (row, col) reads the template at A⁻¹(p − c) + c − shift, c the image centre.
+    rows, cols = np.meshgrid(np.arange(8.0) - 3.5, np.arange(8.0) - 3.5, indexing="ij")
+    cos, sin = np.cos(angle)[:, None] / scale[:, None], np.sin(angle)[:, None] / scale[:, None]
+    src_r = cos * rows.ravel() - sin * cols.ravel() + 3.5 - shift[:, :1]
+    src_c = sin * rows.ravel() + cos * cols.ravel() + 3.5 - shift[:, 1:]
+    padded = np.zeros((n, 10, 10))  # one zero pixel around: bilinear reads outside as 0
+    padded[:, 1:9, 1:9] = templates[pick].reshape(n, 8, 8)
+    src_r = np.clip(src_r + 1.0, 0.0, 8.999)
+    src_c = np.clip(src_c + 1.0, 0.0, 8.999)
+    r0, c0 = np.floor(src_r).astype(np.int64), np.floor(src_c).astype(np.int64)
+    fr, fc = src_r - r0, src_c - c0
+    flat = padded.reshape(n, 100)
+
+    def at(r: npt.NDArray[np.int64], c: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        return np.take_along_axis(flat, r * 10 + c, axis=1)
+
+    warped = (
+        at(r0, c0) * (1 - fr) * (1 - fc)
+        + at(r0, c0 + 1) * (1 - fr) * fc
+        + at(r0 + 1, c0) * fr * (1 - fc)
+        + at(r0 + 1, c0 + 1) * fr * fc
+    )
+    images = np.clip(warped * contrast[:, None] + noise, 0.0, 1.0).astype(np.float32)
+    return np.ascontiguousarray(images), template_labels[pick].astype(np.int64)
+
+
+def _load_synthetic_digits(
+    uri: str, kind: str, n_tasks: int, per_task: int, seed: int, public: int
+) -> LoadedData:
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
+
+    bunch = load_digits()
+    images = (np.asarray(bunch.data, dtype=np.float32) / 16.0).reshape(-1, 64)
+    labels = np.asarray(bunch.target, dtype=np.int64)
+    train_idx, test_idx = digits_split()  # held-out writers' templates for the test draws
+    split = kind == "split-synthetic-digits"
+    groups = np.array_split(np.arange(10), n_tasks) if split else [np.arange(10)] * n_tasks
+
+    def draw(
+        idx: npt.NDArray[np.int64], classes: npt.NDArray[np.int64], n: int, task: int
+    ) -> tuple[FloatArray, LabelArray]:
+        chosen = idx[np.isin(labels[idx], classes)]
+        rng = np.random.default_rng((seed, _SYNTHETIC_SEED, int(split), task))
+        return synthetic_digit_images(images[chosen], labels[chosen], n, rng)
+
+    permutations = [np.arange(64, dtype=np.int64)] + [
+        np.random.default_rng((seed, _SYNTHETIC_SEED, 2, t)).permutation(64) for t in range(1, n_tasks)
+    ]
+    train, test = [], []
+    shared_test = None if split else draw(test_idx, np.arange(10), SYNTHETIC_TEST_PER_TASK, _TEST_DRAW)
+    for t in range(n_tasks):
+        x, y = draw(train_idx, groups[t], per_task, t)
+        tx, ty = (
+            shared_test
+            if shared_test is not None
+            else draw(test_idx, groups[t], SYNTHETIC_TEST_PER_TASK, _TEST_DRAW + 10 + t)
+        )
+        perm = permutations[t] if not split else permutations[0]
+        ids = tuple(f"sdigits-{t:03d}-{i:06d}" for i in range(per_task))
+        train.append(TaskSplit(t, ids, np.ascontiguousarray(x[:, perm]), y))
+        test_ids = tuple(f"sdigits-test-{t:03d}-{i:06d}" for i in range(len(ty)))
+        test.append(TaskSplit(t, test_ids, np.ascontiguousarray(tx[:, perm]), ty))
+    public_splits: tuple[TaskSplit, ...] = ()
+    if public:
+        px, py = draw(train_idx, np.arange(10), public, _PUBLIC_DRAW)
+        public_splits = (TaskSplit(0, tuple(f"sdigits-public-{i:06d}" for i in range(public)), px, py),)
+    return LoadedData(
+        uri=uri,
+        train=tuple(train),
+        test=tuple(test),
+        num_classes=10,
+        n_features=64,
+        image_shape=DIGITS_IMAGE_SHAPE,
+        public=public_splits,
     )

@@ -29,11 +29,14 @@ convention):
 
 A step on a task batch B (Alg. 2 lines 11–16): g on B; if the episodic memory is not empty, g_ref
 on one memory batch drawn at random; g̃ = A-gem projection (``agem``); θ ← θ − ϱ g̃ (ϱ per part:
-``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2); then θ1 is projected so that both
-its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the bound the event declares
-and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection soft-thresholds, so the
-second one keeps the first one's bound). After task τ one batch of it, drawn from the seed before
-any data is read, joins the memory (Alg. 2 lines 17–18).
+``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2, θ2's part the Newton direction of the
+quadratic L̄). Under ``analysis: "sound"`` θ1 stays at its seeded initial value (encoder
+learning rate 0, g's θ1 part left out of the projection), so every read of a batch computes the
+same label coefficients and ε2 bounds them (``service.training.params``). Otherwise θ1 is
+projected so that both its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the
+bound the event declares and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection
+soft-thresholds, so the second one keeps the first one's bound). After task τ one batch of it,
+drawn from the seed before any data is read, joins the memory (Alg. 2 lines 17–18).
 
 Ledger. The dataset's rule is ``lifelong``. Stage τ reserves the event
 ``FunctionalMechanismL2DPEvent(ε1, ε2, d, |h1|, |hπ|, |B|, bound)`` on task τ's batches and the
@@ -58,8 +61,11 @@ Departures from the paper (docs/experiments/lifelong.md):
 * Input noise is drawn per record by default (``analysis: "sound"``), charged d·ε1/γx: one
   vector shared by the batch (Alg. 2, ``"paper"``) publishes x̄_r − x̄_s = x_r − x_s, and the
   paper's ε1/γx assumes an ℓ1 sensitivity of 1 where a record moves by d (note 21 of
-  docs/DESIGN-NOTES.md). Fixed χ3 against coefficients that move with θ1 remains an open
-  concern (docs/experiments/lifelong.md).
+  docs/DESIGN-NOTES.md). Fixed χ3 against coefficients that move with θ1: under ``"sound"`` θ1
+  stays at its seeded initial value, so the coefficients do not move and χ3 is used once; under
+  ``"paper"`` θ1 trains and the concern stands (docs/experiments/lifelong.md).
+* θ2 steps along the Newton direction of the quadratic L̄ (a plain gradient step crawled; the
+  damped Hessian ¼ Σ hπ hπᵀ/|B| is computed from h̄ only).
 
 NaiveGaussian (``service.training.lifelong_baselines.NaiveGaussianTrainer``)
 ------------------------------------------------------------------------
@@ -112,6 +118,9 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
 from service.training.stages import LedgerTask, Stage, StageRelease
 
 COMMITMENT_PREFIX: Final = "l2dp-ml:"
+# Tikhonov damping of the output layer's Newton step (``L2dpMlTrainer.gradient``): keeps the solve
+# defined when hidden units are dead (constant 0) in a batch.
+NEWTON_DAMPING: Final = 1e-3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -507,7 +516,8 @@ class L2dpMlTrainer:
     def gradient(
         w1: torch.Tensor, w2: torch.Tensor, batch: PerturbedBatch, weight_decay: float = 0.0
     ) -> torch.Tensor:
-        """g = {∇θ1 R̄_B, ∇θ2 L̄_B} at (W1, W2), flat (module docstring), mean over the batch."""
+        """g = {∇θ1 R̄_B, H⁻¹∇θ2 L̄_B} at (W1, W2), flat (module docstring), mean over the batch;
+        θ2's part is the Newton direction of the quadratic L̄ (H its damped Hessian)."""
         n = batch.x_bar.shape[0]
         h_bar = (batch.x_bar @ w1.T).clamp(-1.0, 1.0) + batch.hidden_noise  # (n, h1)
         # Eq. 13: ∂R̄/∂θ1[s, j] = Σ_r h̄_rj (½ − x̄_rs); W1 = θ1ᵀ, so ∂/∂W1[j, s].
@@ -517,17 +527,33 @@ class L2dpMlTrainer:
         # ∂L̄/∂W2_k = Σ_r (½ + ¼ z_rk) hπ_r − (Σ_r y_rk hπ_r + χ3_k)
         coefficients = (batch.labels.T @ h_pi + batch.label_noise.T) / n  # (K, hπ)
         g2 = (0.5 + 0.25 * z).T @ h_pi / n - coefficients + weight_decay * w2
+        # L̄ is quadratic in W2 with Hessian ¼ Σ_r hπ_r hπ_rᵀ (+ weight decay) for every class:
+        # step along the Newton direction, so that ϱ = 1 reaches the batch's minimiser. Plain
+        # gradient steps crawl (|hπ| ≈ 0.05–0.3, so curvature ≈ 10⁻³–10⁻²: docs/experiments/
+        # lifelong.md, "Why L2DP-ML is near chance"). The Hessian is computed from h̄ only, so it
+        # is post-processing of what the event already charges for.
+        hessian = 0.25 * (h_pi.T @ h_pi) / n
+        damping = NEWTON_DAMPING + weight_decay
+        hessian = hessian + damping * torch.eye(hessian.shape[0], dtype=hessian.dtype, device=hessian.device)
+        g2 = torch.linalg.solve(hessian, g2.T).T
         return flatten([g1, g2])
+
+    def _gradient_to_step(self, state: L2dpMlState, batch: PerturbedBatch, *, frozen: bool) -> torch.Tensor:
+        g = self.gradient(state.w1, state.w2, batch, state.params.weight_decay)
+        if frozen:
+            g[: state.w1.numel()] = 0.0
+        return g
 
     def _step(self, state: L2dpMlState, batch: PerturbedBatch, memory: Sequence[PerturbedBatch]) -> None:
         p = state.params
-        g = self.gradient(state.w1, state.w2, batch, p.weight_decay)
+        frozen = p.encoder_learning_rate == 0.0  # θ1 does not move: A-gem projects θ2's part only
+        g = self._gradient_to_step(state, batch, frozen=frozen)
         if memory:
             reference = memory[int(state.picker.integers(len(memory)))]
-            g = agem_project(g, self.gradient(state.w1, state.w2, reference, p.weight_decay))
+            g = agem_project(g, self._gradient_to_step(state, reference, frozen=frozen))
         g1, g2 = unflatten(g, [state.w1, state.w2])
-        w1 = state.w1 - p.encoder_learning_rate * g1
-        state.w1 = project_theta1(w1, p.theta1_norm_bound)
+        if not frozen:
+            state.w1 = project_theta1(state.w1 - p.encoder_learning_rate * g1, p.theta1_norm_bound)
         state.w2 = state.w2 - p.learning_rate * g2
 
     def predict(self, w1: torch.Tensor, w2: torch.Tensor, features: np.ndarray) -> np.ndarray:

@@ -419,6 +419,33 @@ def _read_seed(r: JobParams) -> int:
     return secrets.randbits(62) if seed is None else seed
 
 
+def _read_encoder_learning_rate(r: JobParams, analysis: str) -> float:
+    """θ1's ϱ: 0.001 by default under ``"paper"``; under ``"sound"`` 0, and nothing else.
+
+    Why (docs/DESIGN-NOTES.md, note "L2DP-ML at a realistic size"): the label coefficients
+    Σ_r hπ_r y_rᵀ + χ3 of a batch are computed at every read with the batch's one χ3. If θ1 moved
+    between reads (another epoch, a memory replay, a second job with the same seed), two reads
+    would publish two coefficients with the same noise, whose difference is noiseless, and ε2 would
+    not bound them. With θ1 fixed at its seeded, data-independent initial value, every read of a
+    batch computes the same coefficients: one Laplace release, which the ε2 term does bound."""
+    if analysis == "paper":
+        return r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0
+    rate = r.real("encoder_learning_rate", 0.0, minimum=0) or 0.0
+    if rate != 0.0:
+        raise InvalidParamsError(
+            "params.encoder_learning_rate",
+            f"must be 0 under analysis 'sound' (θ1 stays at its seeded initial value, so that every "
+            f"read of a batch computes the same label coefficients and ε2 bounds them). Found {rate}.",
+        )
+    return 0.0
+
+
+MAX_HIDDEN_NOISE_SCALE: Final = 0.5
+"""The largest Laplace scale of L2DP-ML's hidden-unit noise a job may ask for without
+``noise_check: false``: on 2 tasks of builtin:permuted-synthetic-digits the model was at chance
+(≤ 0.12) for every scale ≥ 1.47 and above it (0.27–0.56) only at ≤ 0.27 (bench/l2dp_ml_utility.py)."""
+
+
 @dataclass(frozen=True, slots=True)
 class L2dpMlParams:
     """An L2DP-ML job's params, validated (``L2dpMlTrainer.parse_params``)."""
@@ -426,18 +453,50 @@ class L2dpMlParams:
     epsilon1: float
     epsilon2: float
     input_dim: int
-    hidden_units: int = 8
+    # |h1| and ϱ tuned without noise on builtin:permuted-synthetic-digits (docs/experiments/
+    # lifelong.md): 8 units and ϱ = 0.05 (a gradient step) reached 0.3; 32 and a Newton step 0.66.
+    hidden_units: int = 32
     theta1_norm_bound: float = 1.0
     epochs: int | tuple[int, ...] = 1
     task_order: tuple[int, ...] | None = None
-    learning_rate: float = 0.05
-    encoder_learning_rate: float = 0.001
+    learning_rate: float = 0.5
+    encoder_learning_rate: float = 0.0  # "paper": 0.001 by default; "sound": must be 0
     weight_decay: float = 0.0
     num_classes: int | None = None
     seed: int = 0
     # Which analysis of Thm. 2 the run is charged under (``FunctionalMechanismL2DPEvent``):
     # "sound" draws independent input noise per record; "paper" Alg. 2's one shared vector.
     analysis: str = "sound"
+    # Refuse at submission a run whose hidden-layer noise swamps the units (``check_batch_size``);
+    # false runs it anyway (the accounting experiments do, on purpose).
+    noise_check: bool = True
+
+    def hidden_noise_scale(self, batch_size: int) -> float:
+        """The Laplace scale 2Δ_R/(ε1|B|) of h̄'s noise (Alg. 2 line 2; Δ_R = d(|h1| + 2)); the
+        input noise's is half of it."""
+        return 2 * self.input_dim * (self.hidden_units + 2) / (self.epsilon1 * batch_size)
+
+    def check_batch_size(self, batch_size: int) -> None:
+        """Refuse (``params.epsilon1``) a run on batches of at most ``batch_size`` records whose
+        hidden units, clipped to [−1, 1], would get Laplace noise of scale above
+        ``MAX_HIDDEN_NOISE_SCALE``: measured at chance there (docs/experiments/lifelong.md, "Why
+        L2DP-ML is near chance"). The message states the batch size or ε1 it needs, and that under
+        Thm. 2 a larger |B| raises the batch's ε in proportion (γx, γ ∝ 1/|B|)."""
+        scale = self.hidden_noise_scale(batch_size)
+        if not self.noise_check or scale <= MAX_HIDDEN_NOISE_SCALE:
+            return
+        needed = 2 * self.input_dim * (self.hidden_units + 2) / MAX_HIDDEN_NOISE_SCALE
+        raise InvalidParamsError(
+            "params.epsilon1",
+            f"is too small for this dataset: with input_dim = {self.input_dim}, hidden_units = "
+            f"{self.hidden_units} and the dataset's largest batch of {batch_size} records, the hidden "
+            f"layer's Laplace noise has scale 2Δ_R/(ε1·|B|) = {scale:.3g} against units in [-1, 1] "
+            f"(more than {MAX_HIDDEN_NOISE_SCALE}), so the model would be at chance. It needs "
+            f"ε1·|B| >= {needed:.6g}: batches of >= {math.ceil(needed / self.epsilon1)} records at "
+            f"ε1 = {self.epsilon1:g}, or ε1 >= {needed / batch_size:.4g} at |B| = {batch_size} (Thm. 2 "
+            "charges ε1·|B| in proportion, so either raises the batch's ε). Set params.noise_check "
+            "to false to run it anyway.",
+        )
 
     @classmethod
     def read(cls, params: Mapping[str, Any]) -> L2dpMlParams:
@@ -445,6 +504,7 @@ class L2dpMlParams:
         for required in ("epsilon1", "epsilon2", "input_dim"):
             if not r.has(required):
                 raise InvalidParamsError(f"params.{required}", "is required.")
+        analysis = r.string("analysis", "sound", ("sound", "paper"))
         eps1 = r.real("epsilon1", None, minimum=0, exclusive_minimum=True)
         eps2 = r.real("epsilon2", None, minimum=0, exclusive_minimum=True)
         d = r.integer("input_dim", None, minimum=1, maximum=1_000_000)
@@ -453,16 +513,17 @@ class L2dpMlParams:
             epsilon1=eps1,
             epsilon2=eps2,
             input_dim=d,
-            hidden_units=r.integer("hidden_units", 8, minimum=1, maximum=4096) or 8,
+            hidden_units=r.integer("hidden_units", 32, minimum=1, maximum=4096) or 32,
             theta1_norm_bound=r.real("theta1_norm_bound", 1.0, minimum=0, exclusive_minimum=True) or 1.0,
             epochs=_read_epochs(r, 1),
             task_order=_read_task_order(r),
-            learning_rate=r.real("learning_rate", 0.05, minimum=0, exclusive_minimum=True) or 0.05,
-            encoder_learning_rate=r.real("encoder_learning_rate", 0.001, minimum=0) or 0.0,
+            learning_rate=r.real("learning_rate", 0.5, minimum=0, exclusive_minimum=True) or 0.5,
+            encoder_learning_rate=_read_encoder_learning_rate(r, analysis),
             weight_decay=r.real("weight_decay", 0.0, minimum=0) or 0.0,
             num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
             seed=_read_seed(r),
-            analysis=r.string("analysis", "sound", ("sound", "paper")),
+            analysis=analysis,
+            noise_check=r.boolean("noise_check", True),
         )
         r.finish()
         return values

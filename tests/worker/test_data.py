@@ -92,6 +92,12 @@ def test_a_file_source_is_not_read_without_data_roots(tmp_path: Path) -> None:
         ("builtin:split-digits?tasks=11", "tasks must be an integer in \\[1, 10\\]"),
         ("builtin:split-digits?tasks=2&colour=red", "unknown query parameter 'colour'"),
         ("builtin:digits?tasks=2", "unknown query parameter 'tasks'"),
+        ("builtin:permuted-synthetic-digits?tasks=2", "needs \\?tasks=N&per_task=M"),
+        ("builtin:permuted-synthetic-digits?tasks=2&per_task=0", "per_task must be an integer"),
+        ("builtin:permuted-synthetic-digits?tasks=20&per_task=100000", "tasks\\*per_task must be <= 1000000"),
+        ("builtin:split-synthetic-digits?tasks=11&per_task=10", "tasks must be an integer in \\[1, 10\\]"),
+        ("builtin:split-synthetic-digits?tasks=2&per_task=10&size=3", "unknown query parameter 'size'"),
+        ("builtin:split-synthetic-digits?tasks=2&per_task=10&public=100001", "public must be an integer"),
     ],
 )
 def test_bad_uris_are_refused_with_a_message_naming_them(uri: str, message: str) -> None:
@@ -102,6 +108,33 @@ def test_bad_uris_are_refused_with_a_message_naming_them(uri: str, message: str)
 def test_builtin_streams_parse_tasks_and_seed() -> None:
     source = parse_source("builtin:permuted-digits?tasks=4&seed=7")
     assert (source.kind, source.tasks, source.seed) == ("permuted-digits", 4, 7)
+
+
+def test_synthetic_digits_are_deterministic_independent_of_size_and_learnable() -> None:
+    """Task t's records depend on (seed, t, per_task) only; ids are unique; pixels lie in [0, 1];
+    tasks are permuted copies of one law; a linear model learns them (the point of the source)."""
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped,unused-ignore]
+
+    small = load_data("builtin:permuted-synthetic-digits?tasks=2&per_task=3000&seed=3")
+    large = load_data("builtin:permuted-synthetic-digits?tasks=3&per_task=3000&seed=3")
+    other = load_data("builtin:permuted-synthetic-digits?tasks=2&per_task=3000&seed=4")
+    for a, b in zip(small.train, large.train, strict=False):
+        assert a.record_ids == b.record_ids and np.array_equal(a.features, b.features)
+    assert not np.array_equal(small.train[1].features, other.train[1].features)
+    ids = large.record_ids
+    assert len(set(ids)) == len(ids) == 9000 and ids[0] == "sdigits-000-000000"
+    x, y = small.train[0].features, small.train[0].labels
+    assert x.shape == (3000, 64) and 0.0 <= x.min() and x.max() <= 1.0
+    assert np.bincount(y, minlength=10).min() > 200  # every class drawn
+    # task 1 is task 0's law under one fixed pixel permutation: its test split is task 0's, permuted
+    assert np.allclose(np.sort(small.test[1].features, axis=1), np.sort(small.test[0].features, axis=1))
+    model = LogisticRegression(max_iter=500).fit(x, y)
+    # held-out writers' templates: accuracy is generalisation, not recall of a template
+    assert model.score(small.test[0].features, small.test[0].labels) > 0.75
+    split = load_data("builtin:split-synthetic-digits?tasks=5&per_task=500&public=300")
+    assert [sorted(set(t.labels.tolist())) for t in split.train] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert [sorted(set(t.labels.tolist())) for t in split.test] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+    assert len(split.public[0]) == 300 and not set(split.public[0].record_ids) & set(split.record_ids)
 
 
 # ---------------------------------------------------------------------------------------------

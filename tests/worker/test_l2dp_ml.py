@@ -220,6 +220,41 @@ def test_metrics_follow_the_paper() -> None:
     assert average_forgetting(acc, 3) == pytest.approx((0.3 - 0.05) / 2)
 
 
+def test_the_network_learns_without_noise_with_the_default_step() -> None:
+    """What the architecture can learn at all: the worker's trainer with every noise scale set to
+    0, default params, on one task of generated digits (a linear model reaches ≈ 0.86 there). The
+    plain gradient step on L̄ crawled (curvature ¼|hπ|² ≈ 10⁻³) and stayed near chance."""
+    from dataclasses import replace
+
+    from service.training.data import load_data
+    from service.training.stages import LedgerBatch, LedgerTask
+
+    data = load_data("builtin:permuted-synthetic-digits?tasks=1&per_task=3000&seed=5")
+    ids = data.train[0].record_ids
+    records = {f"b{i}": ids[i * 500 : (i + 1) * 500] for i in range(6)}
+    task = LedgerTask("t0", 0, "task-0", tuple(LedgerBatch(b, "t0", i, 500) for i, b in enumerate(records)))
+    trainer = L2dpMlTrainer(device="cpu")
+    params = trainer.parse_params({"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "epochs": 3, "seed": 5})
+    state = trainer.start(params, data, [task])
+    state.scales = replace(state.scales, input=0.0, hidden=0.0, labels=0.0)
+    (stage,) = trainer.stages(params, [task])
+    initial = state.w1.clone()
+    metrics = trainer.train_stage(state, stage, data, records).metrics
+    assert metrics["test_accuracy"] > 0.55
+    # "sound": θ1 stays at its seeded value, so every read computes the same label coefficients
+    assert torch.equal(state.w1, initial)
+
+
+def test_the_sound_analysis_keeps_theta1_fixed_so_chi3_is_used_once() -> None:
+    sound = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64}
+    assert L2dpMlParams.read(sound).encoder_learning_rate == 0.0
+    assert L2dpMlParams.read({**sound, "analysis": "paper"}).encoder_learning_rate == 0.001
+    with pytest.raises(InvalidParamsError) as info:
+        L2dpMlParams.read({**sound, "encoder_learning_rate": 0.001})
+    assert info.value.field == "params.encoder_learning_rate"
+    assert "must be 0 under analysis 'sound'" in info.value.message
+
+
 def test_params_name_the_bad_field() -> None:
     with pytest.raises(InvalidParamsError) as info:
         L2dpMlTrainer(device="cpu").parse_params({"epsilon1": 1.0, "epsilon2": 1.0})
@@ -257,7 +292,30 @@ L2DP = {
     "hidden_units": 4,
     "theta1_norm_bound": 2.0,
     "seed": 11,
+    # the accounting on 80-record batches, not the model: its noise would be refused otherwise
+    "noise_check": False,
 }
+
+
+def test_a_job_whose_noise_would_swamp_the_model_is_refused_at_submission(db: Database) -> None:
+    """Batches of 80 records: 2Δ_R/(ε1|B|) ≤ 0.5 needs ε1 ≥ 2·64·34/(0.5·80) = 108.8 with the
+    default |h1| = 32. Below it: 422 naming params.epsilon1 and the batch size it needs, no job."""
+    from service.ledger.errors import InvalidInput
+
+    dataset_id, _ = _dataset(db, {"rule": "lifelong", "epsilon": "1000", "delta": "0", "accountant": "basic"})
+    params = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "seed": 1}
+    with pytest.raises(InvalidInput) as info:
+        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
+    assert info.value.field == "params.epsilon1"
+    assert "batches of >= 8704 records at ε1 = 1" in str(info.value)
+    assert "ε1 >= 108.8 at |B| = 80" in str(info.value)
+    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 0
+    enough = {**params, "epsilon1": 108.8}
+    jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=enough)
+    jobs.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params={**params, "noise_check": False}
+    )
+    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
 
 
 def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Database, tmp_path: Path) -> None:
