@@ -454,8 +454,8 @@ def budget_schema_extra(schema: dict[str, Any]) -> None:
 
 
 def _target_ids(schema: dict[str, Any]) -> None:
-    """``batches`` / ``tasks``: distinct id strings, at most ``MAX_BATCHES_PER_RESERVATION``."""
-    from service.ledger.reservations import MAX_BATCHES_PER_RESERVATION
+    """``batches`` / ``tasks``: distinct id strings, at most ``MAX_IDS_PER_REQUEST``."""
+    from service.ledger.spending.requests import MAX_IDS_PER_REQUEST
 
     properties = schema.setdefault("properties", {})
     for name in ("batches", "tasks"):
@@ -466,7 +466,7 @@ def _target_ids(schema: dict[str, Any]) -> None:
                 # decimal string, so [1, "1"] would be a repeat JSON Schema cannot see
                 variant["items"] = {"type": "string", "minLength": 1, "maxLength": 64}
                 variant["uniqueItems"] = True
-                variant["maxItems"] = MAX_BATCHES_PER_RESERVATION
+                variant["maxItems"] = MAX_IDS_PER_REQUEST
 
 
 def reservation_schema_extra(schema: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ answers in well under a second, and where δ ≥ 1 − Π(1 − qᵢ)^{nᵢ} wit
 
 Limits (DESIGN / service code): body size (``LEDGER_MAX_BODY_BYTES``, 413), records per batch
 call (``MAX_RECORDS_PER_REQUEST``), record id length, batches per reservation
-(``MAX_BATCHES_PER_RESERVATION``), event nesting depth (``MAX_NESTING_DEPTH``) — each a 4xx.
+(``MAX_IDS_PER_REQUEST``), event nesting depth (``MAX_NESTING_DEPTH``) — each a 4xx.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.events import MAX_NESTING_DEPTH
 from accountant.registry import make_accountant
-from service.ledger.reservations import MAX_BATCHES_PER_RESERVATION
+from service.ledger.spending.requests import MAX_IDS_PER_REQUEST
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import unique
 
@@ -296,8 +296,8 @@ def test_limits_are_refused_with_4xx(client: TestClient, keys: Keys) -> None:
         headers=admin,
     )
     assert answer.status_code == 422 and "records" in answer.json()["field"], answer.text
-    # batches per reservation (ids need not exist: the count is refused first, or they are 4xx)
-    many = [f"b_{i:024x}" for i in range(MAX_BATCHES_PER_RESERVATION + 1)]
+    # ids per reservation request (ids need not exist: the count is refused first, or they are 4xx)
+    many = [f"b_{i:024x}" for i in range(MAX_IDS_PER_REQUEST + 1)]
     answer = _timed(
         client,
         "POST",

@@ -24,7 +24,10 @@ from service.ledger.signing import SigningKey
 
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
-MAX_BATCHES_PER_RESERVATION: Final = 10_000
+MAX_IDS_PER_REQUEST: Final = 10_000  # batch or task ids named in one request
+# Batches one reservation may read (its tasks' batches): decided per distinct state, written by
+# one statement per state (docs/ARCHITECTURE.md, "Batch state classes").
+MAX_BATCHES_PER_RESERVATION: Final = 2_000_000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -35,10 +38,8 @@ MAX_BATCHES_PER_RESERVATION: Final = 10_000
 def ids(value: object, field_name: str) -> list[str]:
     if not isinstance(value, Sequence) or isinstance(value, str | bytes) or not value:
         raise InvalidInput(field_name, "must be a non-empty list of ids.")
-    if len(value) > MAX_BATCHES_PER_RESERVATION:
-        raise InvalidInput(
-            field_name, f"must hold at most {MAX_BATCHES_PER_RESERVATION} ids. Found {len(value)}."
-        )
+    if len(value) > MAX_IDS_PER_REQUEST:
+        raise InvalidInput(field_name, f"must hold at most {MAX_IDS_PER_REQUEST} ids. Found {len(value)}.")
     out: list[str] = []
     seen: set[str] = set()
     for i, item in enumerate(value):

@@ -428,11 +428,11 @@ class Work:
                     raise NotFound("task", task_id)
             where = Batch.task_id.in_(list(ids))
         order = Batch.id.collate("C") if self.connection.dialect.name == "postgresql" else Batch.id
-        rows = self.connection.execute(
+        result = self.connection.execute(
             select(Batch.id, Batch.state_id, Batch.task_id)
             .where(Batch.dataset_id == dataset_id, where)
             .order_by(order)
-            .execution_options(yield_per=10_000)
+            .execution_options(yield_per=50_000)
         )
         counts: dict[str, int] = {}
         tasks: dict[str, set[str]] = {}
@@ -441,22 +441,29 @@ class Work:
         example: dict[str, str] = {}  # state -> its first batch (named in errors)
         digest = hashlib.sha256()
         total = 0
-        for batch_id, state_id_, task_id in rows:
-            index = classes.setdefault(state_id_, len(classes))
-            digest.update(f"{batch_id} {index}\n".encode())
-            counts[state_id_] = counts.get(state_id_, 0) + 1
-            tasks.setdefault(state_id_, set()).add(task_id)
-            total += 1
+        for part in result.partitions():
+            lines = []
+            for batch_id, state_id_, task_id in part:
+                index = classes.get(state_id_)
+                if index is None:
+                    index = classes[state_id_] = len(classes)
+                    counts[state_id_], tasks[state_id_] = 0, set()
+                    example[state_id_] = batch_id
+                lines.append(f"{batch_id} {index}\n")
+                counts[state_id_] += 1
+                tasks[state_id_].add(task_id)
+                if named is not None:
+                    named[batch_id] = state_id_
+            digest.update("".join(lines).encode())
+            total += len(part)
             if total > most:
                 raise InvalidInput("tasks", f"cover more than {most} batches.")
-            if named is not None:
-                named[batch_id] = state_id_
-            else:
-                example.setdefault(state_id_, batch_id)
         if named is not None:
             for batch_id in ids:  # in the order named: the first missing, the first of a state
                 if batch_id not in named:
                     raise NotFound("batch", batch_id)
+            example = {}
+            for batch_id in ids:
                 example.setdefault(named[batch_id], batch_id)
         if not total:
             raise InvalidInput("tasks", "the tasks have no batches.")
