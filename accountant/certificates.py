@@ -95,15 +95,7 @@ class BatchRecord:
     committed: Cost
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
-            "state_at_reserve": self.state_at_reserve.to_json(),
-            "reserved": self.reserved.to_json(),
-            "state_before": self.state_before.to_json(),
-            "committed_before": None if self.committed_before is None else self.committed_before.to_json(),
-            "state_after": self.state_after.to_json(),
-            "committed": self.committed.to_json(),
-        }
+        return {"batch_id": self.batch_id, **_transition_json(self)}
 
     @classmethod
     def from_json(cls, obj: object, path: str) -> BatchRecord:
@@ -141,16 +133,7 @@ class ClassRecord:
     committed: Cost
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "class": self.reservation_class,
-            "batches": self.batches,
-            "state_at_reserve": self.state_at_reserve.to_json(),
-            "reserved": self.reserved.to_json(),
-            "state_before": self.state_before.to_json(),
-            "committed_before": None if self.committed_before is None else self.committed_before.to_json(),
-            "state_after": self.state_after.to_json(),
-            "committed": self.committed.to_json(),
-        }
+        return {"class": self.reservation_class, "batches": self.batches, **_transition_json(self)}
 
     @classmethod
     def from_json(cls, obj: object, path: str) -> ClassRecord:
@@ -172,6 +155,19 @@ class ClassRecord:
             state_after=record.state_after,
             committed=record.committed,
         )
+
+
+def _transition_json(record: BatchRecord | ClassRecord) -> dict[str, Any]:
+    """The fields a batch record and a class record share: its states and costs."""
+    before = record.committed_before
+    return {
+        "state_at_reserve": record.state_at_reserve.to_json(),
+        "reserved": record.reserved.to_json(),
+        "state_before": record.state_before.to_json(),
+        "committed_before": None if before is None else before.to_json(),
+        "state_after": record.state_after.to_json(),
+        "committed": record.committed.to_json(),
+    }
 
 
 @dataclass(frozen=True, slots=True)

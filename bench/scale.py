@@ -22,22 +22,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import statistics
 import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy.engine import make_url  # noqa: E402
 
+from bench.ledger import fresh_database  # noqa: E402
 from service.db import migrations  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
@@ -62,28 +59,6 @@ EVENTS = {
     },
 }
 PER_REQUEST = 10_000  # batches per create_batches call (the API's limit)
-
-
-@contextmanager
-def fresh_database(backend: str, postgres_url: str | None) -> Iterator[str]:
-    if backend == "sqlite":
-        with tempfile.TemporaryDirectory() as workdir:
-            yield f"sqlite:///{workdir}/scale.db"
-        return
-    import psycopg
-
-    if not postgres_url:
-        raise SystemExit("PostgreSQL: give --postgres-url")
-    server = make_url(postgres_url)
-    name = f"ledger_scale_{secrets.token_hex(6)}"
-    dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.set(drivername="postgresql+psycopg", database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def make_dataset(db: Database, accountant: str, count: int, records: int) -> tuple[str, list[str], float]:
@@ -229,7 +204,10 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    with fresh_database(args.backend, args.postgres_url) as url:
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        fresh_database(args.backend, args.postgres_url, Path(workdir)) as url,
+    ):
         migrations.upgrade(url)
         db = Database(url)
         try:
