@@ -917,7 +917,7 @@ def test_an_audited_release_shows_its_lower_bound_beside_the_certified_epsilon(
     assert text_of(browser, "#cert-audit-counts") == (
         f"200 canaries, {audit['correct']} of {audit['guesses']} guesses right"
     )
-    screenshot(browser, "12-certificate-audited")
+    screenshot(browser, "19-certificate-audited")
     assert browser_errors(browser) == []
 
 
