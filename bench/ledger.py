@@ -79,16 +79,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-from sqlalchemy import select, text, update  # noqa: E402
+from sqlalchemy import insert, select, text, update  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
 from accountant import events as dp_events  # noqa: E402
 from accountant import rules  # noqa: E402
 from accountant.exact import exact_mul, to_text  # noqa: E402
 from service.db import migrations  # noqa: E402
-from service.db.models import Batch, Dataset, Reservation, ReservationBatch, Task  # noqa: E402
+from service.db.base import utcnow  # noqa: E402
+from service.db.models import (  # noqa: E402
+    Batch,
+    BatchStateRow,
+    Dataset,
+    Reservation,
+    ReservationBatch,
+    ReservationClass,
+    Task,
+)
 from service.db.session import Database  # noqa: E402
 from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
+from service.ledger.spending.store import state_id  # noqa: E402
 
 ADMIN_KEY = "pl_bench_" + secrets.token_urlsafe(24)
 TENANT = "default"
@@ -166,10 +176,8 @@ def _clone_rows(db: Database, template_id: str, count: int) -> None:
     """``count`` copies of the template reservation and its per-batch rows, new ids."""
     series = _series_cte(db.dialect, count)
     res_cols = [c.name for c in Reservation.__table__.columns]
-    rb_cols = [c.name for c in ReservationBatch.__table__.columns]
     new_id = "'res_seed_' || CAST(s.i AS TEXT)"
     res_select = ", ".join(new_id if c == "id" else f"r.{c}" for c in res_cols)
-    rb_select = ", ".join(new_id if c == "reservation_id" else f"rb.{c}" for c in rb_cols)
     with db.session() as session:
         session.execute(
             text(
@@ -178,14 +186,18 @@ def _clone_rows(db: Database, template_id: str, count: int) -> None:
             ),
             {"template": template_id},
         )
-        session.execute(
-            text(
-                f"INSERT INTO reservation_batches ({', '.join(rb_cols)}) "
-                f"SELECT {rb_select} FROM reservation_batches rb, {series} "
-                "WHERE rb.reservation_id = :template"
-            ),
-            {"template": template_id},
-        )
+        for table in (ReservationClass.__table__, ReservationBatch.__table__):
+            cols = [c.name for c in table.columns]
+            # "index" is a keyword: every column quoted.
+            chosen = ", ".join(new_id if c == "reservation_id" else f'x."{c}"' for c in cols)
+            quoted = ", ".join(f'"{c}"' for c in cols)
+            session.execute(
+                text(
+                    f"INSERT INTO {table.name} ({quoted}) "
+                    f"SELECT {chosen} FROM {table.name} x, {series} WHERE x.reservation_id = :template"
+                ),
+                {"template": template_id},
+            )
 
 
 def seed_charges(db: Database, count: int) -> Seeded:
@@ -203,7 +215,9 @@ def seed_charges(db: Database, count: int) -> Seeded:
         batch = session.get(Batch, batch_id)
         assert dataset is not None and batch is not None
         budget = rules.Budget.from_json(dataset.budget)
-        state = rules.BatchState.from_json(batch.state)
+        stored_state = session.get(BatchStateRow, batch.state_id)
+        assert stored_state is not None
+        state = rules.BatchState.from_json(stored_state.state)
         task_id = batch.task_id
     charge = rules.Charge(dp_events.from_json(event))
     for _ in range(clones):
@@ -214,11 +228,17 @@ def seed_charges(db: Database, count: int) -> Seeded:
     started = time.perf_counter()
     _clone_rows(db, held["id"], clones)
     with db.session() as session:
+        final = state_id(dataset_id, state)
+        session.execute(
+            insert(BatchStateRow).values(
+                id=final, dataset_id=dataset_id, state=state.to_json(), created_at=utcnow()
+            )
+        )
         session.execute(
             update(Batch)
             .where(Batch.id == batch_id)
             .values(
-                state=state.to_json(),
+                state_id=final,
                 epsilon_spent=state.epsilon_spent,
                 epsilon_held=state.epsilon_held,
                 delta_spent=state.delta_spent,
