@@ -81,8 +81,18 @@ CLIENT_SIDE = (
 )
 
 
+# The adapters (service/integrations/): each one's library comes with an extra of its own.
+INTEGRATIONS = {
+    "service/integrations/opacus.py": "opacus",
+    "service/integrations/mlflow.py": "mlflow",
+    "service/integrations/dp_accounting.py": "dp-accounting",
+}
+
+
 def _extra(relative: str) -> str | None:
     """The extra a source file's imports may come from (``None``: the core install)."""
+    if relative in INTEGRATIONS:
+        return INTEGRATIONS[relative]
     if relative.startswith("accountant/") or relative in CLIENT_SIDE:
         return None
     if relative.startswith(("service/worker/", "service/training/", "service/experiments/")):
@@ -109,10 +119,24 @@ def test_each_install_has_every_library_its_code_imports() -> None:
     core = project["dependencies"]
     server = [*core, *project["optional-dependencies"]["server"]]
     worker = [*server, *(r for r in project["optional-dependencies"]["worker"] if "privacy-ledger" not in r)]
-    closures = {
+    extras = project["optional-dependencies"]
+
+    def requirements(extra: str) -> list[str]:
+        """An extra's requirements, ``privacy-ledger[x]`` expanded to x's."""
+        out: list[str] = []
+        for r in extras[extra]:
+            if r.startswith("privacy-ledger["):
+                for inner in r[len("privacy-ledger[") : -1].split(","):
+                    out += requirements(inner)
+            else:
+                out.append(r)
+        return out
+
+    closures: dict[str | None, set[str]] = {
         None: _installed_closure(core),
         "server": _installed_closure(server),
         "worker": _installed_closure(worker),
+        **{e: _installed_closure([*core, *requirements(e)]) for e in set(INTEGRATIONS.values())},
     }
     providers = importlib.metadata.packages_distributions()
     missing: dict[str, set[str]] = {}

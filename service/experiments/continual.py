@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from service.experiments.embedded import TENANT, EmbeddedLedger, JobResult, RegisteredDataset
 from service.experiments.report import pyplot, save_figure, table, write_json
-from service.ledger import certificates, reservations
+from service.ledger import certificates
 
 MODES = ("multi_resolution", "cumulative", "sliding_window")
 COLUMNS = (
@@ -88,7 +88,7 @@ def _certified(ledger: EmbeddedLedger, result: JobResult, batch_index: dict[str,
         body = certificates.get_certificate(ledger.db, TENANT, version["certificate_id"])["certificate"]
         running = max(running, Decimal(body["result"]["epsilon"]))
         trajectory.append(float(running))
-        levels = _levels_by_batch(ledger, body)
+        levels = certificates.levels_by_batch(ledger.db, TENANT, body)
         metrics = version["metrics"]
         first, stop = metrics["blocks"]
         ordered = sorted(levels, key=lambda b: batch_index[b])
@@ -101,18 +101,6 @@ def _certified(ledger: EmbeddedLedger, result: JobResult, batch_index: dict[str,
         for b in levels:
             reads[b] = reads.get(b, 0) + 1
     return {"trajectory": trajectory, "mismatches": mismatches, "max_reads": max(reads.values(), default=0)}
-
-
-def _levels_by_batch(ledger: EmbeddedLedger, body: dict[str, Any]) -> dict[str, int]:
-    """``{batch id: geometric level}`` of a certificate: each class's committed level, for the
-    batches the certificate's batch set lists in that class (version 1 certificates map batches
-    to levels themselves)."""
-    levels = body["result"]["levels"]
-    if isinstance(levels, dict):
-        return {str(b): int(k) for b, k in levels.items()}
-    of_class = {c["class"]: c["committed"]["level"] for c in body["inputs"]["classes"]}
-    members = reservations.all_batches(ledger.db, TENANT, body["reservation_id"])
-    return {batch_id: int(of_class[index]) for batch_id, index in members}
 
 
 def _nonprivate(
