@@ -437,7 +437,7 @@ def budget_schema_extra(schema: dict[str, Any]) -> None:
                 "required": ["plan"],
                 "properties": {"plan": {"type": "array", "minItems": 1, "maxItems": MAX_PLAN_EVENTS}},
             },
-            {"properties": {"plan": _NULL}},
+            {"properties": {"plan": _NULL, "plan_delta": _NULL}},
             required=["rule", "accountant"],
         ),
     ]
@@ -446,7 +446,8 @@ def budget_schema_extra(schema: dict[str, Any]) -> None:
         "A privacy budget. Checked by the service beyond this schema (422 naming the field): "
         "a geometric series must satisfy single + copies*first/(1 - ratio) <= epsilon with "
         "single in [0, epsilon] and single 0 or >= first, a prv "
-        "plan must fit the budget (its PRV epsilon <= epsilon), and an rdp budget's epsilon "
+        "plan must fit the budget (its PRV epsilon <= epsilon) and its plan_delta the budget's "
+        "delta, and an rdp budget's epsilon "
         "must leave a positive allowance at some order of its grid at its delta, and every "
         "plan event must be one the accountant supports (sampling amplifies Gaussian noise "
         "only)."

@@ -37,6 +37,7 @@ RELATIONS: Final[dict[str, re.Pattern[str]]] = {
         r"^data_source is refused: data source .* must name a regular file under a data root"
     ),
     "pricing work within the server's limit": re.compile(r"costs too much to (price|verify)"),
+    "plan_delta <= budget delta": re.compile(r"^budget\.plan_delta must be in \(0, budget\.delta = "),
 }
 RELATION_REFUSALS: Counter[str] = Counter()
 

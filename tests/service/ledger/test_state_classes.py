@@ -120,7 +120,7 @@ def _stored_states(db: Database, dataset_id: str) -> dict[str, rules.BatchState]
 
 
 @pytest.mark.parametrize("rule", sorted(BUDGETS))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=steps)
 def test_any_charges_on_any_subsets_match_one_state_per_batch(
     ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tuple[Any, ...]]
