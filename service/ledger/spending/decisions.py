@@ -90,7 +90,7 @@ def _close(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
             try:
                 after = rules.cancel(work.budget, work.state(state_id), c.reserved, c.committed)
             except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(r.id, index, state_id)) from exc
+                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
             moves.append(Move(state_id, after, count, tasks))
         plans.append((index, moves))
     for index, moves in plans:
@@ -222,7 +222,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
                     work.budget, before, charge, c.reserved, c.committed, params.partial, previous
                 )
             except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(r.id, index, state_id)) from exc
+                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
             records.append(
                 ClassRecord(
                     reservation_class=index,
@@ -375,7 +375,7 @@ def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]
         try:
             after = rules.close_segment(budget, state)
         except AccountantError as exc:
-            raise rule_error(exc, work.example_of_state(state_id)) from exc
+            raise rule_error(exc, work.example_batch(state_id)) from exc
         if after != state:
             moves.append(Move(state_id, after, count, tasks))
     work.move(Batch.dataset_id == work.head.id, moves, op.at)  # decided: apply

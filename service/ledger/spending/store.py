@@ -499,19 +499,10 @@ class Work:
         self.load_states(found)
         return [(sid, count, frozenset(tasks)) for sid, (count, tasks) in sorted(found.items())]
 
-    def example_of_state(self, state_id_: str) -> str:
-        """A batch of the dataset in state ``state_id_``, to name in an error."""
-        found = self.connection.scalar(select(func.min(Batch.id)).where(Batch.state_id == state_id_))
-        return str(found)
-
-    def example_batch(self, reservation_id: str, class_index: int, state_id_: str) -> str:
-        """A batch of the reservation class in state ``state_id_``, to name in an error."""
-        found = self.connection.scalar(
-            select(func.min(Batch.id)).where(
-                Batch.state_id == state_id_, members_of(reservation_id, class_index)
-            )
-        )
-        return str(found)
+    def example_batch(self, state_id_: str, where: ColumnElement[bool] | None = None) -> str:
+        """A batch in state ``state_id_`` (of those ``where`` selects), to name in an error."""
+        query = select(func.min(Batch.id)).where(Batch.state_id == state_id_)
+        return str(self.connection.scalar(query if where is None else query.where(where)))
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -537,8 +528,8 @@ class Work:
         """Move the batches ``where`` selects from each move's source state to its target: one
         UPDATE per distinct state, ordered so that no batch moves twice (a move into a state
         that is another move's source goes after it), and raise the task and dataset maxima."""
-        pending = [m for m in moves if state_id(self.head.id, m.target) != m.source]
-        targets = {id(m): self.intern(m.target, at) for m in pending}
+        targets = {id(m): self.intern(m.target, at) for m in moves}  # each state hashed once
+        pending = [m for m in moves if targets[id(m)] != m.source]
         while pending:
             ready = [m for m in pending if not any(o.source == targets[id(m)] for o in pending if o is not m)]
             if not ready:
