@@ -234,17 +234,7 @@ def seed_charges(db: Database, count: int) -> Seeded:
                 id=final, dataset_id=dataset_id, state=state.to_json(), created_at=utcnow()
             )
         )
-        session.execute(
-            update(Batch)
-            .where(Batch.id == batch_id)
-            .values(
-                state_id=final,
-                epsilon_spent=state.epsilon_spent,
-                epsilon_held=state.epsilon_held,
-                delta_spent=state.delta_spent,
-                naive_epsilon=state.naive_epsilon,
-            )
-        )
+        session.execute(update(Batch).where(Batch.id == batch_id).values(state_id=final))
         session.execute(
             update(Task)
             .where(Task.id == task_id)

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.orm import Session
 
-from accountant.exact import to_text
 from accountant.rules import BatchState
 from service.db.models import Batch, BatchRecord, BatchStateRow, Task
 from service.db.session import Database, lock_ledger_head
@@ -66,7 +65,8 @@ def task_json(row: Task) -> dict[str, Any]:
     }
 
 
-def batch_json(row: Batch) -> dict[str, Any]:
+def batch_json(row: Batch, state: Mapping[str, Any]) -> dict[str, Any]:
+    """A batch with the spend its state (a ``BatchStateRow``'s JSON) records."""
     return {
         "id": row.id,
         "task_id": row.task_id,
@@ -74,10 +74,17 @@ def batch_json(row: Batch) -> dict[str, Any]:
         "name": row.name,
         "size": row.size,
         "created_at": row.created_at.isoformat(),
-        "epsilon_spent": to_text(row.epsilon_spent),
-        "epsilon_held": to_text(row.epsilon_held),
-        "delta_spent": to_text(row.delta_spent),
-        "naive_sequential_epsilon": to_text(row.naive_epsilon),
+        **spend_of_state(state),
+    }
+
+
+def spend_of_state(state: Mapping[str, Any]) -> dict[str, str]:
+    """A batch's spend fields, read from its stored state (canonical decimal text)."""
+    return {
+        "epsilon_spent": str(state.get("epsilon_spent", "0")),
+        "epsilon_held": str(state.get("epsilon_held", "0")),
+        "delta_spent": str(state.get("delta_spent", "0")),
+        "naive_sequential_epsilon": str(state.get("naive_epsilon", "0")),
     }
 
 
@@ -231,15 +238,19 @@ def create_batches(
             }
             for i, (name, keys, _) in enumerate(parsed)
         ]
-        connection = session.connection()  # Core executemany: no ORM bookkeeping per row
-        connection.execute(insert(Batch), rows)
-        records = [
-            {"dataset_id": dataset_id, "batch_id": row["id"], "record_hash": digest}
-            for row, digests in zip(rows, hashes, strict=True)
-            for digest in digests
-        ]
-        for start in range(0, len(records), _INSERT_CHUNK):
-            connection.execute(insert(BatchRecord), records[start : start + _INSERT_CHUNK])
+        connection = session.connection()
+        if connection.dialect.name == "postgresql":  # COPY: a pipelined INSERT took 20 µs a row
+            _copy(connection, _COPY_BATCHES, ([row[c] for c in _BATCH_COLUMNS] for row in rows))
+        else:  # Core executemany: no ORM bookkeeping per row
+            connection.execute(insert(Batch), rows)
+        insert_records(
+            connection,
+            (
+                (dataset_id, str(row["id"]), digest)
+                for row, digests in zip(rows, hashes, strict=True)
+                for digest in digests
+            ),
+        )
         data = [
             {
                 "id": row["id"],
@@ -282,6 +293,43 @@ def create_batches(
         raise BatchOverlap(shared) from exc
 
 
+def insert_records(connection: Connection, records: Iterable[tuple[str, str, bytes]]) -> None:
+    """Insert ``(dataset id, batch id, record hash)`` rows into ``batch_records`` at the driver
+    level: ``COPY`` on PostgreSQL, a prepared ``executemany`` on SQLite (per-row parameter
+    building by the Core took a third of a creation's time). A record already in the dataset
+    raises ``BatchOverlap`` (unnamed: ``create_batches`` names it)."""
+    if connection.dialect.name == "postgresql":
+        import psycopg
+
+        try:
+            _copy(connection, _COPY_RECORDS, records)
+        except psycopg.errors.UniqueViolation as exc:
+            raise BatchOverlap(None) from exc
+        return
+    chunk: list[tuple[str, str, bytes]] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) == _INSERT_CHUNK:
+            connection.exec_driver_sql(_INSERT_RECORDS, chunk)
+            chunk = []
+    if chunk:
+        connection.exec_driver_sql(_INSERT_RECORDS, chunk)
+
+
+def _copy(connection: Connection, statement: str, rows: Iterable[Sequence[object]]) -> None:
+    """``COPY … FROM STDIN`` of ``rows`` on the transaction's PostgreSQL connection."""
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    with cursor.copy(statement) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+_BATCH_COLUMNS: Final = ("id", "dataset_id", "task_id", "position", "name", "size", "state_id", "created_at")
+_COPY_BATCHES: Final = f"COPY batches ({', '.join(_BATCH_COLUMNS)}) FROM STDIN"
+_INSERT_RECORDS: Final = "INSERT INTO batch_records (dataset_id, batch_id, record_hash) VALUES (?, ?, ?)"
+_COPY_RECORDS: Final = "COPY batch_records (dataset_id, batch_id, record_hash) FROM STDIN"
+
+
 def _first_shared_record(
     db: Database,
     dataset_id: str,
@@ -310,10 +358,18 @@ def _first_shared_record(
 def get_batch(db: Database, tenant_id: str, dataset_id: str, batch_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
-        row = session.get(Batch, batch_id)
-        if row is None or row.dataset_id != dataset_id:
+        found = (
+            session.execute(
+                select(Batch, BatchStateRow.state)
+                .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+                .where(Batch.id == batch_id)
+            ).first()
+            if can_be_id(batch_id)
+            else None
+        )
+        if found is None or found[0].dataset_id != dataset_id:
             raise NotFound("batch", batch_id)
-        return batch_json(row)
+        return batch_json(*found)
 
 
 def list_batches(
@@ -322,12 +378,14 @@ def list_batches(
     """The dataset's (or one task's) batches with their spend: ``{data, count}``."""
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
-        stmt = select(Batch).where(Batch.dataset_id == dataset_id)
-        if task_id is not None:
+        stmt = select(Batch, BatchStateRow.state).join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+        if task_id is None:
+            stmt = stmt.where(Batch.dataset_id == dataset_id)
+        else:
             _load_task(session, dataset_id, task_id)
-            stmt = select(Batch).where(Batch.task_id == task_id)
-        rows = session.scalars(stmt.order_by(Batch.created_at, Batch.task_id, Batch.position)).all()
-        return {"data": [batch_json(r) for r in rows], "count": len(rows)}
+            stmt = stmt.where(Batch.task_id == task_id)
+        rows = session.execute(stmt.order_by(Batch.created_at, Batch.task_id, Batch.position)).all()
+        return {"data": [batch_json(b, state) for b, state in rows], "count": len(rows)}
 
 
 def count_records(db: Database, dataset_id: str) -> int:

@@ -28,6 +28,7 @@ from sqlalchemy import func, select
 from accountant.exact import ZERO, exact_sub, to_text
 from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
 from service.db.session import Database
+from service.ledger.batches import spend_of_state
 from service.ledger.datasets import budget_of, load_dataset
 from service.ledger.errors import InvalidInput
 
@@ -153,10 +154,7 @@ def _batch_json(row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]
         "task_name": task_name,
         "position": row.position,
         "size": row.size,
-        "epsilon_spent": to_text(row.epsilon_spent),
-        "epsilon_held": to_text(row.epsilon_held),
-        "delta_spent": to_text(row.delta_spent),
-        "naive_sequential_epsilon": to_text(row.naive_epsilon),
+        **spend_of_state(state),
         "reads": int(state.get("reads", 0)),
         "levels": [int(k) for k in levels] if isinstance(levels, list) else [],
     }

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 import threading
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -313,3 +314,97 @@ def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_on
     migrations.downgrade(empty_database_url, BEFORE_PLAN_SEGMENTS)
     migrations.upgrade(empty_database_url)
     assert _diff(empty_database_url) == []
+
+
+BEFORE_LEAN_BATCHES = "c4a1d2e3f5a1"  # the revision before 2026_11_26_lean_batch_pointers
+
+
+def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
+    """Lean batch rows: downgraded, each batch's copied spend columns are refilled from its state
+    (held, spent and untouched batches alike) and the index and foreign keys come back; upgraded,
+    they go, and on PostgreSQL ``batches`` leaves half of each page free (heap-only moves)."""
+    from service.db.session import Database
+    from service.ledger import batches, datasets, reservations, tenancy
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    try:
+        tenancy.create_api_key(db, "acme", "viewer")
+        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        task = batches.create_task(db, "acme", ds, name="t")["id"]
+        made = batches.create_batches(
+            db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(3)]
+        )
+        ids = [b["id"] for b in made["data"]]
+        spent = reservations.reserve(
+            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[:2]
+        )
+        reservations.commit(db, "acme", spent["id"], release={"model": "m", "version": "1"})
+        reservations.reserve(
+            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[1:]
+        )
+        shown = {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]}
+    finally:
+        db.dispose()
+    assert shown[ids[1]]["epsilon_spent"] == "0.25" and shown[ids[1]]["epsilon_held"] == "0.5"
+
+    def inspect() -> tuple[dict[str, tuple[str, ...]], set[str], set[str], Any]:
+        engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+        try:
+            with engine.connect() as connection:
+                info = sa.inspect(connection)
+                columns = {c["name"] for c in info.get_columns("batches")}
+                spend: dict[str, tuple[str, ...]] = {}
+                if "epsilon_spent" in columns:
+                    for row in connection.execute(
+                        sa.text(
+                            "SELECT id, epsilon_spent, epsilon_held, delta_spent, naive_epsilon FROM batches"
+                        )
+                    ):
+                        spend[row[0]] = tuple(str(Decimal(str(v)).normalize()) for v in row[1:])
+                keys = {
+                    fk["name"]
+                    for table in ("batches", "batch_records", "reservation_batches")
+                    for fk in info.get_foreign_keys(table)
+                }
+                indexes = {ix["name"] for ix in info.get_indexes("batches")}
+                options = (
+                    connection.scalar(sa.text("SELECT reloptions FROM pg_class WHERE relname = 'batches'"))
+                    if connection.dialect.name == "postgresql"
+                    else None
+                )
+                return spend, keys, indexes, options
+        finally:
+            engine.dispose()
+
+    spend, keys, indexes, options = inspect()
+    assert spend == {} and "ix_batches_state_id" not in indexes
+    assert not keys & {
+        "fk_batches_state_id_batch_states",
+        "fk_reservation_batches_batch_id_batches",
+        "fk_batch_records_batch_id_batches",
+    }
+    if empty_database_url.get_backend_name() == "postgresql":
+        assert options == ["fillfactor=50"]
+
+    migrations.downgrade(empty_database_url, BEFORE_LEAN_BATCHES)
+    spend, keys, indexes, options = inspect()
+    for batch_id, b in shown.items():
+        expected = (b["epsilon_spent"], b["epsilon_held"], b["delta_spent"], b["naive_sequential_epsilon"])
+        assert spend[batch_id] == tuple(str(Decimal(v).normalize()) for v in expected)
+    assert "ix_batches_state_id" in indexes
+    assert {
+        "fk_batches_state_id_batch_states",
+        "fk_reservation_batches_batch_id_batches",
+        "fk_reservation_batches_reservation_id_reservations",
+        "fk_batch_records_batch_id_batches",
+        "fk_batch_records_dataset_id_datasets",
+    } <= keys
+    assert options is None
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        assert {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]} == shown
+    finally:
+        db.dispose()

@@ -18,13 +18,29 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Connection, bindparam, func, insert, literal, select, tuple_, update
+from sqlalchemy import (
+    Column,
+    ColumnElement,
+    Connection,
+    Integer,
+    MetaData,
+    Table,
+    bindparam,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    update,
+)
+from sqlalchemy.schema import CreateTable
 
 from accountant.canonical import canonical_bytes
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget, Cost
 from service.db.base import utcnow
 from service.db.models import (
+    ID,
     AuditEntry,
     Batch,
     BatchStateRow,
@@ -322,6 +338,19 @@ _UPDATE_BUDGET: Final = (
 )
 
 
+# A per-connection scratch table: the states one statement maps batches from, with the state
+# each moves to (``Work.move``) or the reservation class it joins (``Work.add_reservation``), so
+# a statement over many states joins one table by key instead of testing a list per batch.
+STATE_MAP: Final = Table(
+    "ledger_state_map",
+    MetaData(),
+    Column("state_id", ID, primary_key=True),
+    Column("target", ID),
+    Column("class_index", Integer),
+    prefixes=["TEMPORARY"],
+)
+
+
 def members_of(reservation_id: str, class_index: int) -> ColumnElement[bool]:
     """The predicate on ``batches`` of the batches of one reservation class."""
     return Batch.id.in_(
@@ -501,7 +530,9 @@ class Work:
 
     def example_batch(self, state_id_: str, where: ColumnElement[bool] | None = None) -> str:
         """A batch in state ``state_id_`` (of those ``where`` selects), to name in an error."""
-        query = select(func.min(Batch.id)).where(Batch.state_id == state_id_)
+        query = select(func.min(Batch.id)).where(
+            Batch.dataset_id == self.head.id, Batch.state_id == state_id_
+        )
         return str(self.connection.scalar(query if where is None else query.where(where)))
 
     # -- applying --------------------------------------------------------------------------------
@@ -525,31 +556,32 @@ class Work:
         return sid
 
     def move(self, where: ColumnElement[bool], moves: Sequence[Move], at: datetime) -> None:
-        """Move the batches ``where`` selects from each move's source state to its target: one
-        UPDATE per distinct state, ordered so that no batch moves twice (a move into a state
-        that is another move's source goes after it), and raise the task and dataset maxima."""
+        """Move the batches ``where`` selects from each move's source state to its target, and
+        raise the task and dataset maxima. One UPDATE: from one state, with the target as a
+        literal; from several, through the transaction's state map (``_map_states``), so every
+        batch is rewritten once from the state it was in (a move into another move's source
+        state cannot move a batch twice) in time linear in the batches, however many states."""
         targets = {id(m): self.intern(m.target, at) for m in moves}  # each state hashed once
-        pending = [m for m in moves if targets[id(m)] != m.source]
-        while pending:
-            ready = [m for m in pending if not any(o.source == targets[id(m)] for o in pending if o is not m)]
-            if not ready:
-                raise RuntimeError("batch state moves form a cycle")  # impossible: rules are monotone
-            for m in ready:
-                t = m.target
-                moved = self.connection.execute(
-                    update(Batch)
-                    .where(Batch.dataset_id == self.head.id, Batch.state_id == m.source, where)
-                    .values(
-                        state_id=targets[id(m)],
-                        epsilon_spent=t.epsilon_spent,
-                        epsilon_held=t.epsilon_held,
-                        delta_spent=t.delta_spent,
-                        naive_epsilon=t.naive_epsilon,
-                    )
-                ).rowcount
-                if moved != m.count:  # the head is locked: nothing else moves these batches
-                    raise RuntimeError(f"moved {moved} batches out of state {m.source}, expected {m.count}")
-            pending = [m for m in pending if m not in ready]
+        pending = {m.source: (targets[id(m)], m.count) for m in moves if targets[id(m)] != m.source}
+        if len(pending) == 1:
+            [(source, (target, expected))] = pending.items()
+            statement = (
+                update(Batch)
+                .where(Batch.dataset_id == self.head.id, Batch.state_id == source, where)
+                .values(state_id=target)
+            )
+        elif pending:
+            expected = sum(count for _, count in pending.values())
+            self._map_states({source: (target, None) for source, (target, _) in pending.items()})
+            statement = (
+                update(Batch)
+                .where(Batch.dataset_id == self.head.id, Batch.state_id == STATE_MAP.c.state_id, where)
+                .values(state_id=STATE_MAP.c.target)
+            )
+        if pending:
+            moved = self.connection.execute(statement).rowcount
+            if moved != expected:  # the head is locked: nothing else moves these batches
+                raise RuntimeError(f"moved {moved} batches out of {len(pending)} states, expected {expected}")
         for m in moves:
             self._raise_maxima(self.state(m.source), m.target, m.tasks)
 
@@ -613,15 +645,31 @@ class Work:
                 ],
             )
             return
-        for sid, index in selection.classes.items():
-            execute(
-                insert(ReservationBatch).from_select(
-                    ["reservation_id", "batch_id", "position", "class_index"],
-                    select(literal(r.id), Batch.id, Batch.position, literal(index)).where(
-                        Batch.dataset_id == self.head.id, Batch.state_id == sid, selection.where
-                    ),
-                )
+        columns = ["reservation_id", "batch_id", "position", "class_index"]
+        chosen = (Batch.dataset_id == self.head.id, selection.where)
+        if len(selection.classes) == 1:  # the head is locked: every chosen batch is in its state
+            rows = select(literal(r.id), Batch.id, Batch.position, literal(0)).where(*chosen)
+        else:  # the class of each batch, from its state, through the state map
+            self._map_states({sid: (None, index) for sid, index in selection.classes.items()})
+            rows = select(literal(r.id), Batch.id, Batch.position, STATE_MAP.c.class_index).where(
+                *chosen, Batch.state_id == STATE_MAP.c.state_id
             )
+        # In key order: the index on (reservation, batch) grows at its right edge.
+        execute(insert(ReservationBatch).from_select(columns, rows.order_by(Batch.id)))
+
+    def _map_states(self, mapping: Mapping[str, tuple[str | None, int | None]]) -> None:
+        """Fill the connection's state map (``STATE_MAP``, a temporary table: created on first
+        use, emptied here) with ``{state id: (target state id, class index)}``."""
+        execute = self.connection.execute
+        execute(CreateTable(STATE_MAP, if_not_exists=True))
+        execute(STATE_MAP.delete())
+        execute(
+            STATE_MAP.insert(),
+            [
+                {"state_id": sid, "target": target, "class_index": index}
+                for sid, (target, index) in mapping.items()
+            ],
+        )
 
     def grow_budget(self, budget: Budget) -> None:
         """The budget with one more declared plan segment, written with the head (``flush``)."""
