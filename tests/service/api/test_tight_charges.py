@@ -11,6 +11,7 @@ from typing import Any
 
 import dp_accounting
 from dp_accounting import rdp as dpa_rdp
+from scipy.optimize import brentq
 
 from accountant.rdp import DEFAULT_ORDERS
 from tests.service.api.conftest import Keys, TestClient
@@ -83,12 +84,9 @@ def test_a_geometric_charge_takes_the_level_its_own_epsilon_fits(client: TestCli
 
 
 def calibrated_sigma(q: float, steps: int, target: float, delta: float) -> float:
-    """σ for which dp-accounting's RDP ε (our accountant's grid) is ``target`` (bisection)."""
-    lo, hi = 0.3, 50.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _dpa_epsilon(q, mid, steps, delta) > target else (lo, mid)
-    return hi
+    """σ for which dp-accounting's RDP ε (our accountant's grid) is ``target``: Brent's method on
+    [0.3, 50] to 1e-6 in σ (about ten evaluations of dp-accounting, where bisection took 40)."""
+    return float(brentq(lambda sigma: _dpa_epsilon(q, sigma, steps, delta) - target, 0.3, 50.0, xtol=1e-6))
 
 
 def test_the_renyi_filter_placed_for_the_budget_is_within_ten_percent(client: TestClient, keys: Keys) -> None:

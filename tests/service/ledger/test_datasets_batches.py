@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from service.db.models import BatchRecord
@@ -135,3 +139,17 @@ def test_batch_input_errors_name_the_field(ledger: Database) -> None:
         batches.create_batches(ledger, "t2", ds, task, batches=[{"name": "b", "records": ["a"]}])
     with pytest.raises(NotFound):
         batches.create_task(ledger, "t2", ds, name="x")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    salt=st.binary(min_size=0, max_size=100),
+    keys=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=20),
+)
+def test_record_hashes_keyed_once_equal_hmac_sha256(salt: bytes, keys: list[str]) -> None:
+    """The creation path's hashes (one keyed HMAC copied per record) are HMAC-SHA256 exactly, as
+    the worker's gate recomputes them one at a time (``record_hash``): salts shorter and longer
+    than SHA-256's 64-byte block, any text."""
+    expected = [hmac.new(salt, k.encode(), hashlib.sha256).digest() for k in keys]
+    assert batches.record_hashes(salt, keys) == expected
+    assert [batches.record_hash(salt, k) for k in keys] == expected
