@@ -393,6 +393,7 @@ def _when(
 
 def budget_schema_extra(schema: dict[str, Any]) -> None:
     """Complete ``BudgetCreate``'s schema with the rules that tie its fields together."""
+    from accountant.rdp import MAX_ORDER
     from accountant.rdp_filter import MAX_ORDERS
     from accountant.rules import ACCOUNTANTS, MAX_PLAN_EVENTS, SUPPORTED
 
@@ -401,14 +402,16 @@ def budget_schema_extra(schema: dict[str, Any]) -> None:
         "anyOf": [
             {
                 "type": "array",
-                "items": {"type": "number", "exclusiveMinimum": 1},
+                "items": {"type": "number", "exclusiveMinimum": 1, "maximum": MAX_ORDER},
                 "minItems": 1,
                 "maxItems": MAX_ORDERS,
                 "uniqueItems": True,
             },
             _NULL,
         ],
-        "description": "RDP orders of the Rényi filter (`rdp` only), distinct, each > 1; fixed at creation.",
+        "description": (
+            "RDP orders of the Rényi filter (`rdp` only), distinct, each in (1, 2^20]; fixed at creation."
+        ),
     }
     relations: list[dict[str, Any]] = []
     for rule, accountants in SUPPORTED.items():

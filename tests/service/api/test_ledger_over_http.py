@@ -295,6 +295,34 @@ def test_openapi_and_docs(client: TestClient) -> None:
         assert client.get(f"/static/vendor/swagger-ui/{asset}").status_code == 200
 
 
+def test_the_documented_range_of_rdp_orders_is_the_one_enforced(client: TestClient, keys: Keys) -> None:
+    """Found by schemathesis: an order above 2^20 was schema-valid but refused. The document now
+    states the accountant's bound, so a valid order at the bound is accepted and one above it is
+    refused naming the field."""
+    from accountant.rdp import MAX_ORDER
+
+    spec = client.get("/openapi.json").json()
+    budget = spec["components"]["schemas"]["BudgetCreate"]
+    items = budget["properties"]["orders"]["anyOf"][0]["items"]
+    assert items["maximum"] == MAX_ORDER and items["exclusiveMinimum"] == 1
+    admin = bearer(keys.get("acme", "admin"))
+    for orders, status in (([2.0, MAX_ORDER], 201), ([2.0, MAX_ORDER * 1.5], 422)):
+        body = {
+            "name": f"d{status}",
+            "budget": {
+                "rule": "sequential",
+                "epsilon": 1,
+                "delta": "1e-5",
+                "accountant": "rdp",
+                "orders": orders,
+            },
+        }
+        answer = client.post("/v1/datasets", json=body, headers=admin)
+        assert answer.status_code == status, answer.text
+        if status == 422:
+            assert answer.json()["field"] == "budget.orders[1]"
+
+
 def test_app_opens_its_own_database(settings: Settings, db: Database, keys: Keys) -> None:
     """Without ``database=``, the app opens ``settings.database_url`` itself (as uvicorn runs)."""
     app: FastAPI = create_app(settings)
