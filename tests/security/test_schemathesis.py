@@ -35,8 +35,8 @@ from service.settings import Settings  # noqa: E402
 
 # 10, not 15: the event schema now holds dp-accounting's JSON forms too, and generating events
 # for every operation that takes one made this test ~5 min of CI; the larger run is the bench.
-# (Fewer does not help: 7 examples took 158 s here against 142 s for 10 — the time goes to
-# building the strategies from the schema, not to the examples.)
+# (Fewer does not help: 7 examples took 158 s here against 142 s for 10; the time does not
+# follow the number of examples.)
 MAX_EXAMPLES = 10
 
 # Built at import (schemathesis parametrises from a schema object): a migrated SQLite file.
