@@ -655,7 +655,11 @@ class Work:
                 *chosen, Batch.state_id == STATE_MAP.c.state_id
             )
         # In key order: the index on (reservation, batch) grows at its right edge.
-        execute(insert(ReservationBatch).from_select(columns, rows.order_by(Batch.id)))
+        written = execute(insert(ReservationBatch).from_select(columns, rows.order_by(Batch.id))).rowcount
+        # The head is locked: the selection cannot have changed (-1: a driver that does not count
+        # an INSERT ... SELECT; the move that follows checks its count either way).
+        if written not in (-1, selection.batches):
+            raise RuntimeError(f"wrote {written} reservation batches, expected {selection.batches}")
 
     def _map_states(self, mapping: Mapping[str, tuple[str | None, int | None]]) -> None:
         """Fill the connection's state map (``STATE_MAP``, a temporary table: created on first
