@@ -316,12 +316,13 @@ def insert_records(connection: Connection, records: Iterable[tuple[str, str, byt
     building by the Core took a third of a creation's time). A record already in the dataset
     raises ``BatchOverlap`` (unnamed: ``create_batches`` names it)."""
     if connection.dialect.name == "postgresql":
-        import psycopg
-
         try:
             _copy(connection, _COPY_RECORDS, records)
-        except psycopg.errors.UniqueViolation as exc:
-            raise BatchOverlap(None) from exc
+        except Exception as exc:  # the driver's own error: COPY runs below SQLAlchemy
+            diag = getattr(exc, "diag", None)
+            if getattr(diag, "constraint_name", None) == "uq_batch_records_dataset_id_record_hash":
+                raise BatchOverlap(None) from exc
+            raise
         return
     chunk: list[tuple[str, str, bytes]] = []
     for record in records:
