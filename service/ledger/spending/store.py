@@ -367,9 +367,9 @@ class Work:
     Operations *decide* first (reading only; they may raise a ``LedgerError``) and then *apply*.
     What a later operation of the same group must read — reservations, their classes and
     batches, the batches' states — is written as it is applied, with one set-based statement per
-    distinct state (``move``), never one per batch; the aggregates (head, tasks), reservation
-    updates, releases, certificates, idempotency keys and audit entries are written once by
-    ``flush``. A refused operation writes nothing.
+    move (``move``; through a state map when several states move), never one per batch; the
+    aggregates (head, tasks), reservation updates, releases, certificates, idempotency keys and
+    audit entries are written once by ``flush``. A refused operation writes nothing.
     """
 
     connection: Connection
