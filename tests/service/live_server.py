@@ -49,6 +49,11 @@ def serve(
         log_level="warning",
         access_log=False,
         lifespan="on",
+        # Keep the test process's logging as it is: uvicorn's dictConfig would close every
+        # existing handler, and absl's (installed on the root logger when dp-accounting is
+        # imported) then closes the stream it holds — pytest's capture of an earlier test, so
+        # later tests in the process failed with "I/O operation on closed file".
+        log_config=None,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
