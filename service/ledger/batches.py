@@ -39,14 +39,17 @@ _LOOKUP_CHUNK: Final = 1_000
 _EMPTY_STATE: Final = BatchState.empty()
 
 
-def record_key(record: object, field: str) -> str:
-    """The canonical text of a record id (``InvalidInput`` naming ``field`` if it is not one)."""
-    if isinstance(record, bool):
-        raise InvalidInput(field, f"must be a string or an integer. Found {record!r}.")
-    if isinstance(record, int):
-        return str(record)
+def record_key(record: object, batch: int, index: int) -> str:
+    """The canonical text of a record id, record ``index`` of ``batches[batch]`` (``InvalidInput``
+    naming ``batches[batch].records[index]`` if it is not one). Strings are tested first and the
+    field's name is built only for an error: this runs once per record of a creation."""
     if isinstance(record, str) and 1 <= len(record) <= MAX_RECORD_ID_LENGTH:
         return record
+    if isinstance(record, int) and not isinstance(record, bool):
+        return str(record)
+    field = f"batches[{batch}].records[{index}]"
+    if isinstance(record, bool):
+        raise InvalidInput(field, f"must be a string or an integer. Found {record!r}.")
     raise InvalidInput(
         field, f"must be a string of 1-{MAX_RECORD_ID_LENGTH} characters or an integer. Found {record!r}."
     )
@@ -197,12 +200,8 @@ def _parse_batches(batches: object) -> Parsed:
         keys: list[str] = []
         given: list[str | int] = []
         for j, record in enumerate(records):
-            as_given: str | int
-            if type(record) is str and 0 < len(record) <= MAX_RECORD_ID_LENGTH:  # the common case
-                key = as_given = record
-            else:
-                key = record_key(record, f"batches[{i}].records[{j}]")
-                as_given = record if isinstance(record, int) else key
+            key = record_key(record, i, j)
+            as_given = record if isinstance(record, int) else key
             if key in seen:
                 raise BatchOverlap(as_given)
             seen.add(key)
