@@ -199,6 +199,32 @@ def test_existing_datasets_get_a_source_only_from_builtin_jobs(empty_database_ur
     }
 
 
+def _a_spend_and_a_hold(
+    db: Any, batches_made: int, spent: slice, held: slice
+) -> tuple[str, list[str], dict[str, Any]]:
+    """A basic ε = 1 dataset of tenant ``acme`` (with a viewer key) and ``batches_made``
+    one-record batches: ε 0.25 reserved and committed on ``spent`` of them, then ε 0.5 held on
+    ``held``. ``(dataset id, batch ids, the open reservation)``."""
+    from service.ledger import batches, datasets, reservations, tenancy
+
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    tenancy.create_api_key(db, "acme", "viewer")
+    ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+    task = batches.create_task(db, "acme", ds, name="t")["id"]
+    made = batches.create_batches(
+        db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(batches_made)]
+    )
+    ids = [b["id"] for b in made["data"]]
+    charge = reservations.reserve(
+        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[spent]
+    )
+    reservations.commit(db, "acme", charge["id"], release={"model": "m", "version": "1"})
+    hold = reservations.reserve(
+        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[held]
+    )
+    return ds, ids, hold
+
+
 BEFORE_STATE_CLASSES = "c4a1d2e3f504"
 
 
@@ -209,26 +235,12 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
     reservation still commits, and its certificate verifies and lists the right batches."""
     from accountant.certificates import check_batch_set, verify
     from service.db.session import Database
-    from service.ledger import batches, datasets, reservations, tenancy, views
+    from service.ledger import reservations, views
 
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
-    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     try:
-        tenancy.create_api_key(db, "acme", "viewer")
-        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
-        task = batches.create_task(db, "acme", ds, name="t")["id"]
-        made = batches.create_batches(
-            db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(6)]
-        )
-        ids = [b["id"] for b in made["data"]]
-        spent = reservations.reserve(
-            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[:4]
-        )
-        reservations.commit(db, "acme", spent["id"], release={"model": "m", "version": "1"})
-        held = reservations.reserve(
-            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[2:]
-        )
+        ds, ids, held = _a_spend_and_a_hold(db, 6, spent=slice(None, 4), held=slice(2, None))
         before = views.batch_spend(db, "acme", ds)["data"]
         members = reservations.all_batches(db, "acme", held["id"])
     finally:
@@ -324,26 +336,12 @@ def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
     (held, spent and untouched batches alike) and the index and foreign keys come back; upgraded,
     they go, and on PostgreSQL ``batches`` leaves half of each page free (heap-only moves)."""
     from service.db.session import Database
-    from service.ledger import batches, datasets, reservations, tenancy
+    from service.ledger import batches
 
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
-    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     try:
-        tenancy.create_api_key(db, "acme", "viewer")
-        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
-        task = batches.create_task(db, "acme", ds, name="t")["id"]
-        made = batches.create_batches(
-            db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(3)]
-        )
-        ids = [b["id"] for b in made["data"]]
-        spent = reservations.reserve(
-            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[:2]
-        )
-        reservations.commit(db, "acme", spent["id"], release={"model": "m", "version": "1"})
-        reservations.reserve(
-            db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[1:]
-        )
+        ds, ids, _ = _a_spend_and_a_hold(db, 3, spent=slice(None, 2), held=slice(1, None))
         shown = {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]}
     finally:
         db.dispose()
