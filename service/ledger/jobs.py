@@ -313,7 +313,29 @@ def check_document(params: object) -> dict[str, Any]:
         raise InvalidInput("params", f"must be a JSON object ({exc}).") from None
     if size > MAX_PARAMS_BYTES:
         raise InvalidInput("params", f"must be at most {MAX_PARAMS_BYTES} bytes as JSON. Found {size} bytes.")
+    # The RecursionError above is not a bound: Python 3.12's C encoder recurses far deeper than
+    # 3.11's (a 5 000-level document encodes there; seen on the GPU machine). The size is bounded
+    # now, so a walk that stops one level past the limit is cheap; ``check_params`` then names the
+    # exact path of anything just past the limit.
+    if _nests_deeper(params, MAX_PARAMS_DEPTH + 1):
+        raise InvalidInput("params", f"nests deeper than {MAX_PARAMS_DEPTH} levels; no trainer param does.")
     return dict(params)
+
+
+def _nests_deeper(document: object, limit: int) -> bool:
+    """Whether ``document`` holds a container more than ``limit`` levels deep (it is level 1)."""
+    level: list[object] = [document]
+    for _ in range(limit):
+        children: list[object] = []
+        for value in level:
+            if isinstance(value, Mapping):
+                children.extend(v for v in value.values() if isinstance(v, Mapping | list))
+            elif isinstance(value, list):
+                children.extend(v for v in value if isinstance(v, Mapping | list))
+        if not children:
+            return False
+        level = children
+    return True
 
 
 def check_params(algorithm: str, document: Mapping[str, Any], limits: JobLimits = DEFAULT_LIMITS) -> Any:

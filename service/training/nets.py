@@ -106,6 +106,20 @@ def build_model(
     return SmallCNN(image_shape, spec.hidden, num_classes)
 
 
+def load_state(content: bytes, fmt: str) -> dict[str, torch.Tensor]:
+    """A released artifact's state dict, as the worker wrote it (``fmt``: "safetensors", or
+    "torch": a ``torch.save`` read with ``weights_only``, so nothing but tensors is unpickled)."""
+    if fmt == "safetensors":
+        try:
+            from safetensors.torch import load as load_safetensors  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise ImportError("this version's weights are safetensors: pip install safetensors") from exc
+        state: dict[str, torch.Tensor] = load_safetensors(content)
+        return state
+    loaded: dict[str, torch.Tensor] = torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
+    return loaded
+
+
 def load_released(spec: Mapping[str, Any], content: bytes, fmt: str) -> nn.Module:
     """A released version rebuilt: the network its ``model_spec`` names
     (``DpSgdTrainer.model_spec``), its weights loaded from ``content`` (``fmt``: "safetensors"
@@ -117,15 +131,7 @@ def load_released(spec: Mapping[str, Any], content: bytes, fmt: str) -> nn.Modul
         num_classes=int(spec["num_classes"]),
         image_shape=None if spec.get("image_shape") is None else tuple(spec["image_shape"]),
     )
-    if fmt == "safetensors":
-        try:
-            from safetensors.torch import load as load_safetensors  # type: ignore[import-not-found]
-        except ImportError as exc:
-            raise ImportError("this version's weights are safetensors: pip install safetensors") from exc
-        state = load_safetensors(content)
-    else:
-        state = torch.load(io.BytesIO(content), map_location="cpu", weights_only=True)
-    module.load_state_dict(state)
+    module.load_state_dict(load_state(content, fmt))
     module.eval()
     setattr(module, "model_spec", dict(spec))  # noqa: B010 (a Module's __setattr__ is typed for tensors)
     return module

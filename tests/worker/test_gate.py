@@ -33,6 +33,7 @@ from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
 from service.training.data import DataRoots  # noqa: E402
 from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
+from service.training.nets import load_state  # noqa: E402
 from service.worker import gate  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import (  # noqa: E402
@@ -108,7 +109,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     # Its artifact is the committed model: hash as recorded, loadable, the MLP's weights.
     path = artifacts / final.artifact_path
     assert hashlib.sha256(path.read_bytes()).hexdigest() == final.artifact_sha256
-    state = torch.load(path, weights_only=True)
+    state = load_state(path.read_bytes(), final.artifact_format)  # safetensors where installed
     assert {k: tuple(t.shape) for k, t in state.items()}["net.1.weight"] == (64, 64)
     assert staged_files(artifacts) == []
 

@@ -174,6 +174,14 @@ def test_the_document_is_bounded_before_it_is_walked() -> None:
     with pytest.raises(InvalidInput) as info:
         jobs.check_document({"a": deep})
     assert info.value.field == "params" and "deeper" in info.value.message
+    # Deep but small enough for any encoder (Python 3.12's C encoder takes 5 000 levels): refused by
+    # the bounded walk, not by a RecursionError.
+    shallow_enough_to_encode: Any = 1
+    for _ in range(20):
+        shallow_enough_to_encode = {"k": shallow_enough_to_encode}
+    with pytest.raises(InvalidInput) as info:
+        jobs.check_document({"a": shallow_enough_to_encode})
+    assert info.value.field == "params" and "deeper" in info.value.message
     with pytest.raises(InvalidInput):
         jobs.check_document({f"k{i}": i for i in range(jobs.MAX_PARAMS_KEYS + 1)})
     with pytest.raises(InvalidInput):
