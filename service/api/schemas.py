@@ -360,6 +360,12 @@ class BatchesPublic(_Public):
 class Release(_Request):
     model: Name
     version: Version
+    artifact_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None,
+        description="The SHA-256 (64 lowercase hex digits) of the released artifact's bytes: "
+        "stated in the certificate, so its signature binds those bytes to the release "
+        "(`LedgerClient.load_model` and `ledger check` compare them). Optional.",
+    )
 
 
 class ReservationCreate(_Request):

@@ -20,8 +20,9 @@ For one claimed job (``run_job``):
    id: loading errors name lines, columns and rules; a mismatch gives counts and batch ids; a
    training failure's message has the source's record ids masked, and its log has no locals.
 3. **Train and release.** At every checkpoint (``checkpoint_every`` steps, and the last step) the
-   candidate is *staged* (weights written and fsynced under ``.staging``), then the release
-   ``{model, version}`` is **committed** with the event of the steps so far (a progressive
+   candidate is *staged* (weights written and fsynced under ``.staging``, their SHA-256 taken),
+   then the release ``{model, version, artifact_sha256}`` is **committed** (so the signed
+   certificate names those bytes) with the event of the steps so far (a progressive
    commit; the last one, for the whole run, closes the reservation), and only then *published*
    (``service.ledger.model_registry``). A refused commit destroys the candidate and stops the run.
 4. **Stop.** Cancel, a lost lease, a worker shutdown, a refused commit or a failure abort the
@@ -668,7 +669,8 @@ def _release(
                 db,
                 job.tenant_id,
                 run.reservation_id or "",
-                release={"model": job.model_name, "version": version},
+                # The weights' SHA-256, known before the commit: the signed certificate binds it.
+                release={"model": job.model_name, "version": version, "artifact_sha256": staged.sha256},
                 event_json=event_json,
                 idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
             )
