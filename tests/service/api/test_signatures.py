@@ -338,6 +338,13 @@ def test_ledger_serve_refuses_to_start_when_a_signing_key_is_missing(
     assert f"ledger serve: this database holds certificates or audit heads signed by key(s) {lost_id}" in (
         served.stderr
     )
+    worker = [sys.executable, "-m", "service.cli", "worker", "--once", "--artifact-dir", str(tmp_path / "a")]
+    worker += ["--database-url", url_text(database_url)]
+    refused = subprocess.run(worker, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert f"ledger worker: this database holds certificates or audit heads signed by key(s) {lost_id}" in (
+        refused.stderr
+    )
     assert declared_lost(db) == []
 
     process = subprocess.Popen(
