@@ -50,7 +50,7 @@ from accountant import events as ev
 from accountant.canonical import sha256_hex
 from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
-from accountant.exact import ZERO, to_text
+from accountant.exact import ZERO, exact_add, to_text
 from accountant.mechanisms import l2dp_ml_analysis_text
 from accountant.rules import (
     BatchState,
@@ -61,6 +61,7 @@ from accountant.rules import (
     Settlement,
     active_pricing,
     commit,
+    delta_of_what_ran,
     pricing,
     pricing_version,
     reserve,
@@ -439,6 +440,15 @@ def _check_batch(
     previous: DpEvent | None,
     record: BatchRecord | ClassRecord,
 ) -> str:
+    # A certificate states the δ of what ran. The replay alone accepted certificates the ledger
+    # issued before issue 24 §6 (a plan entry of PRV ε 0 charged (0, 0)); this check, made first,
+    # refuses them with the reason, whatever rule version issued them.
+    ran = delta_of_what_ran(budget, record.state_after)
+    if exact_add(record.state_after.delta_spent, record.state_after.delta_held) < ran:
+        return (
+            f"state_after charges delta {to_text(record.state_after.delta_spent)} below the "
+            f"{to_text(ran)} of the plan segments the batch ran"
+        )
     admission = reserve(budget, record.state_at_reserve, charge)
     if admission.cost != record.reserved:
         return "the reserved cost does not follow from state_at_reserve"

@@ -54,7 +54,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass, field
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
-from typing import Any, Final, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -67,6 +67,9 @@ JsonObject = dict[str, Any]
 EventLike = DpEvent | Mapping[str, Any] | DpAccountingEvent
 Number = float | int | str | Decimal
 Identifier = str | int
+
+if TYPE_CHECKING:
+    from service.ledger.signing import PublicKey
 
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_RETRIES: Final = 3
@@ -406,6 +409,44 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
     )
 
 
+def certified_artifact(version: Mapping[str, Any], artifact: Artifact, keys: Mapping[str, PublicKey]) -> None:
+    """``LedgerError`` ``artifact_not_certified`` unless ``artifact``'s bytes are the ones the
+    model ``version``'s certificate (as ``get_model_version`` answers it) certifies: the
+    certificate's content hash is its content's, its signature verifies under ``keys``, its
+    release is this ``{name, version}`` and states ``artifact_sha256`` = SHA-256 of the bytes.
+    The ``X-Artifact-SHA256`` header and the version record come from the same server as the
+    bytes, so matching them shows no more than that the server is self-consistent."""
+    from accountant.certificates import content_hash
+    from service.ledger.signing import check_certificate
+
+    name, number = version.get("name"), version.get("version")
+    label = f"model {name!r} version {number}"
+    holder = version.get("certificate")
+    certificate = holder.get("certificate") if isinstance(holder, Mapping) else None
+    problem = ""
+    if not isinstance(certificate, Mapping):
+        problem = "the version comes with no certificate"
+    elif content_hash(certificate) != certificate.get("hash"):
+        problem = "its certificate's content does not match its hash"
+    elif not (signature := check_certificate(certificate, keys)).ok:
+        problem = f"its certificate's signature is not valid: {signature.reason}"
+    else:
+        release = certificate.get("release") or {}
+        certified = release.get("artifact_sha256")
+        if (release.get("model"), str(release.get("version"))) != (name, str(number)):
+            problem = f"its certificate certifies release {release.get('model')}/{release.get('version')}"
+        elif certified is None:
+            problem = (
+                "its certificate names no artifact (published before releases stated their "
+                "artifact's SHA-256): nothing signed vouches for these bytes; download_artifact "
+                "checks them against the server's record only"
+            )
+        elif certified != artifact.sha256:
+            problem = f"its bytes have SHA-256 {artifact.sha256}, its signed certificate states {certified}"
+    if problem:
+        raise LedgerError(f"{label}: {problem}.", code="artifact_not_certified")
+
+
 def _text_answer(response: httpx.Response) -> str:
     if not response.is_success:
         raise error_from_response(response)
@@ -674,12 +715,18 @@ class _Endpoints(Generic[J, A]):
         model: str,
         version: Identifier,
         event: EventLike | None = None,
+        artifact_sha256: str | None = None,
         idempotency_key: str | None = None,
     ) -> J:
         """``POST /v1/reservations/{id}/commit`` (trainer): release ``{model, version}``;
-        ``event`` commits progressively the cost of the run so far (never more than reserved).
+        ``event`` commits progressively the cost of the run so far (never more than reserved);
+        ``artifact_sha256`` (hex SHA-256 of the released weights' bytes) is stated in the signed
+        certificate, which then vouches for those bytes (``load_model`` checks them).
         Answer ``{certificate, reservation}``."""
-        body: JsonObject = {"release": {"model": model, "version": version}}
+        release: JsonObject = {"model": model, "version": version}
+        if artifact_sha256 is not None:
+            release["artifact_sha256"] = artifact_sha256
+        body: JsonObject = {"release": release}
         if event is not None:
             body["event"] = event_json(event)
         return self._json(
@@ -852,8 +899,10 @@ class ReleaseGate:
     exit, the ``certificate`` of the committed release.
 
     ``commit_event``: set it inside the block to commit only the cost of what actually ran (a run
-    stopped early); the rest of the hold is then aborted. ``withhold()``: release nothing — the
-    exit aborts the reservation instead of committing it.
+    stopped early); the rest of the hold is then aborted. ``artifact_sha256``: set it inside the
+    block (the hex SHA-256 of the weights you will publish) to have the signed certificate name
+    those bytes. ``withhold()``: release nothing — the exit aborts the reservation instead of
+    committing it.
     """
 
     dataset_id: str
@@ -863,6 +912,7 @@ class ReleaseGate:
     certificate: JsonObject | None = None
     commit_answer: JsonObject | None = None
     commit_event: EventLike | None = None
+    artifact_sha256: str | None = None
     status: str = "reserved"  # reserved | committed | aborted | withheld
     _withheld: bool = field(default=False, repr=False)
 
@@ -1072,13 +1122,19 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             out.append({"id": task["id"], "name": name, "batches": created["data"]})
         return out
 
-    def load_model(self, name: str, version: int) -> Any:
+    def load_model(
+        self, name: str, version: int, *, trusted_keys: Mapping[str, PublicKey] | None = None
+    ) -> Any:
         """The released version as a ``torch.nn.Module`` in eval mode, ready to predict: rebuilt
-        from the architecture the version records (``model_spec``), with the downloaded weights
-        (checked against their recorded SHA-256). Feed it the source's records after
-        ``model_spec["preprocessing"]`` (``{"kind": "scale", "divide_by": 16}`` for the digits:
-        raw pixel values / 16), flattened, float32; it answers class logits. The module's
-        ``model_spec`` attribute holds the spec.
+        from the architecture the version records (``model_spec``), with the downloaded weights,
+        whose SHA-256 must be the one the version's *signed certificate* states for the release
+        ``{name, version}`` (``certified_artifact``; ``LedgerError`` ``artifact_not_certified``
+        otherwise, nothing loaded). ``trusted_keys``: the signing keys you pinned
+        (``service.ledger.signing.keys_from_json``); default: the keys the server lists.
+
+        Feed it the source's records after ``model_spec["preprocessing"]`` (``{"kind": "scale",
+        "divide_by": 16}`` for the digits: raw pixel values / 16), flattened, float32; it
+        answers class logits. The module's ``model_spec`` attribute holds the spec.
 
         Needs torch (imported only here: the rest of the client runs without it). A version
         that records no architecture (published before it was recorded, or by a staged trainer)
@@ -1092,6 +1148,12 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
                 code="model_not_loadable",
             )
         artifact = self.download_artifact(name, version)
+        keys = trusted_keys
+        if keys is None:
+            from service.ledger.signing import keys_from_json
+
+            keys = keys_from_json(self.signing_keys(), "the server's signing keys")
+        certified_artifact(answer, artifact, keys)
         from service.training.nets import load_released  # torch: only here
 
         return load_released(spec, artifact.content, artifact.format or "torch")
@@ -1181,6 +1243,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
                 model=model,
                 version=version,
                 event=gate.commit_event,
+                artifact_sha256=gate.artifact_sha256,
                 idempotency_key=f"{base}:commit",
             )
         except LedgerError as exc:
@@ -1347,6 +1410,7 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
                 model=model,
                 version=version,
                 event=gate.commit_event,
+                artifact_sha256=gate.artifact_sha256,
                 idempotency_key=f"{base}:commit",
             )
         except LedgerError as exc:

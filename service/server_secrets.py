@@ -6,7 +6,10 @@ alone lets nobody test a guessed key offline, however the key was chosen: the gu
 secret too. The **signing key**, the Ed25519 key that signs certificates and audit-chain heads
 (``service.ledger.signing``): ``LEDGER_SIGNING_KEY`` (a PEM file), else ``signing-key.pem`` in
 the same folder as the key-hash secret (rules 2 and 3 below), created the same way on first use;
-``LEDGER_SIGNING_KEYS_RETIRED`` lists the keys rotated out, which still verify.
+``LEDGER_SIGNING_KEYS_RETIRED`` lists the keys rotated out, which still verify. A key ring is
+admitted by the database's key custody before it signs (``service.ledger.signing_custody``): a
+process whose keys would orphan what an earlier key signed refuses to start, unless that key is
+declared lost (``LEDGER_SIGNING_KEYS_LOST``, audited).
 
 Where the secret comes from, first match wins (settings in ``service.settings``):
 
@@ -214,12 +217,29 @@ def configure(db: Database, settings: Settings) -> None:
         _key_rings.pop(db, None)
 
 
+def admitted_signing_keys(settings: Settings, db: Database) -> KeyRing:
+    """``load_signing_keys``, admitted by the database's key custody before anything is signed
+    with it (``service.ledger.signing_custody.admit``): ``SecretError`` while the database records
+    a key that is neither active nor retired here and not declared lost
+    (``LEDGER_SIGNING_KEYS_LOST``). This is what stops a lost key file from being replaced by a
+    new key silently."""
+    from service.ledger.signing_custody import UnknownSigningKeys, admit
+
+    ring = load_signing_keys(settings, db.url)
+    try:
+        admit(db, ring, lost=settings.signing_keys_lost)
+    except UnknownSigningKeys as exc:
+        raise SecretError(str(exc)) from exc
+    return ring
+
+
 def bind(db: Database, settings: Settings) -> bytes:
     """``configure``, and read (or make) the key-hash secret and the signing key now: ``ledger
-    serve`` does so at start, so that a secret that cannot be read fails the start and not the
+    serve`` does so at start, so that a secret that cannot be read, or a signing key that would
+    orphan what earlier keys signed (``admitted_signing_keys``), fails the start and not the
     first request."""
     secret = load_key_hash_secret(settings, db.url)
-    ring = load_signing_keys(settings, db.url)
+    ring = admitted_signing_keys(settings, db)
     with _lock:
         _settings[db] = settings
         _secrets[db] = secret
@@ -230,7 +250,7 @@ def bind(db: Database, settings: Settings) -> bytes:
 def bind_signing_keys(db: Database, settings: Settings) -> KeyRing:
     """``configure``, and read (or make) the signing key now. The app's start does so: a
     configured key that cannot be read stops the server rather than the first commit."""
-    ring = load_signing_keys(settings, db.url)
+    ring = admitted_signing_keys(settings, db)
     with _lock:
         _settings[db] = settings
         _secrets.pop(db, None)
@@ -255,8 +275,9 @@ def _loaded(cache: MutableMapping[Database, _T], db: Database, load: Callable[[S
 
 
 def signing_keys(db: Database) -> KeyRing:
-    """``db``'s signing keys, from its ``configure``'d settings, else the environment's."""
-    return _loaded(_key_rings, db, load_signing_keys)
+    """``db``'s signing keys, from its ``configure``'d settings, else the environment's, admitted
+    by the database's key custody when first loaded (``admitted_signing_keys``)."""
+    return _loaded(_key_rings, db, lambda settings, _: admitted_signing_keys(settings, db))
 
 
 def key_hash_secret(db: Database) -> bytes:
@@ -268,6 +289,7 @@ __all__ = [
     "KEY_HASH_SECRET_FILE",
     "SIGNING_KEY_FILE",
     "SecretError",
+    "admitted_signing_keys",
     "bind",
     "bind_signing_keys",
     "configure",

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Final
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A bootstrap key is a bearer secret: refuse ones short enough to guess.
@@ -127,6 +127,14 @@ class Settings(BaseSettings):
     JSON list or comma-separated. Rotate by moving the old ``signing_key`` here and pointing
     ``signing_key`` at a new file: old certificates keep verifying, new ones carry the new key."""
 
+    signing_keys_lost: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Key ids (16 hex characters, as certificates name them) an admin declares lost for good. A
+    process refuses to start while the database records a key that signed for it and is neither
+    ``signing_key`` nor one of ``signing_keys_retired`` (a lost key file replaced by a new key
+    would leave what it signed unverifiable, silently); a key listed here is accepted instead,
+    once: it is marked lost and ``signing_key.declared_lost`` is appended to the audit log
+    (``service.ledger.signing_custody``). A JSON list or comma-separated."""
+
     metrics_token: SecretStr | None = None
     """``GET /metrics`` answers only a request with ``Authorization: Bearer <metrics_token>``
     (24+ characters). API keys never read it: its series are operator-level, across tenants."""
@@ -163,16 +171,17 @@ class Settings(BaseSettings):
                     raise ValueError(f"LEDGER_DATA_ROOTS[{tenant!r}]: a root must not be '/'.")
         return value
 
-    @field_validator("signing_keys_retired", mode="before")
+    @field_validator("signing_keys_retired", "signing_keys_lost", mode="before")
     @classmethod
-    def _retired_keys_list(cls, value: object) -> object:
+    def _key_lists(cls, value: object, info: ValidationInfo) -> object:
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
                 try:
                     return json.loads(text)
                 except ValueError as exc:
-                    raise ValueError(f"LEDGER_SIGNING_KEYS_RETIRED is not a JSON list: {exc}") from None
+                    setting = f"LEDGER_{str(info.field_name).upper()}"
+                    raise ValueError(f"{setting} is not a JSON list: {exc}") from None
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 

@@ -264,6 +264,17 @@ def close_segment(budget: Budget, state: BatchState) -> BatchState:
     return sequential.close_segment(budget, state)
 
 
+def delta_of_what_ran(budget: Budget, state: BatchState) -> Decimal:
+    """The least δ (spent + held) a batch in ``state`` must be charged for what it ran: on a
+    sequential ``prv`` budget the whole δᵢ of every plan segment it ran any entry of
+    (``sequential.plan_delta_ran``); 0 under the other rules, whose δ each charge prices itself."""
+    if budget.rule != "sequential" or budget.accountant != "prv":
+        return ZERO
+    from accountant.rules import sequential
+
+    return sequential.plan_delta_ran(budget, state)
+
+
 def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
     """What this batch can still take: the largest single charge that would fit now, in the
     rule's terms (geometric: the largest free level; parallel: 0 once read)."""
@@ -323,6 +334,7 @@ __all__ = [
     "close_segment",
     "commit",
     "dataset_epsilon",
+    "delta_of_what_ran",
     "event_fingerprint",
     "memoized",
     "naive_epsilon",

@@ -334,8 +334,11 @@ def _reserve_plan(budget: Budget, state: BatchState, charge: Charge) -> Admissio
     target = exact_add(closed_eps, _plan_target(budget, position, expected))
     base = exact_add(state.epsilon_spent, state.epsilon_held)
     eps = max(ZERO, exact_sub(target, base))
-    # The segment's δᵢ is charged with its first entry that costs anything.
-    target_dlt = closed_dlt if target == closed_eps else exact_add(closed_dlt, segment.delta)
+    # The segment's δᵢ is charged with its first entry, whatever that entry's ε: an entry whose
+    # PRV ε is 0 at δᵢ is (0, δᵢ)-DP, not (0, 0)-DP (100 steps at q = 1e-6 with σ = 0.001 reveal
+    # a record with probability ≈ 1e-4). δ charged with the first entry that costs ε > 0
+    # certified such a run (0, 0) (issue 24 §6).
+    target_dlt = exact_add(closed_dlt, segment.delta)
     dlt = max(ZERO, exact_sub(target_dlt, exact_add(state.delta_spent, state.delta_held)))
     if exact_add(base, eps) > budget.epsilon:  # cannot happen: Σεᵢ ≤ ε (Budget.with_segment)
         raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
@@ -432,6 +435,15 @@ def close_segment(budget: Budget, state: BatchState) -> BatchState:
         plan_position=0,
         plan_closed=(*state.plan_closed, index),
     )
+
+
+def plan_delta_ran(budget: Budget, state: BatchState) -> Decimal:
+    """The least δ a batch in ``state`` is charged for the plan segments it ran: the whole δᵢ of
+    every closed segment it ran, and of the open segment once any entry of it is reserved.
+    Certificate verification checks a batch's δ against it (``accountant.certificates``)."""
+    _, segment = _open_segment(budget)
+    _, closed_dlt = _closed_cost(budget, state)
+    return closed_dlt if state.plan_position == 0 else exact_add(closed_dlt, segment.delta)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -547,6 +559,7 @@ __all__ = [
     "commit",
     "commit_fresh",
     "derive_filter_state",
+    "plan_delta_ran",
     "price_fresh",
     "remaining",
     "remaining_fresh",

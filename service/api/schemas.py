@@ -362,6 +362,17 @@ class Release(_Request):
     version: Version
 
 
+class ReleaseCommitted(Release):
+    """The release a commit records; ``artifact_sha256`` is stated in its certificate."""
+
+    artifact_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        default=None,
+        description="The SHA-256 (64 lowercase hex digits) of the released artifact's bytes: "
+        "stated in the certificate, so its signature binds those bytes to the release "
+        "(`LedgerClient.load_model` and `ledger check` compare them). Optional.",
+    )
+
+
 class ReservationCreate(_Request):
     model_config = ConfigDict(extra="forbid", json_schema_extra=reservation_schema_extra)
 
@@ -500,7 +511,7 @@ class ReservationPublic(_Public):
 
 
 class CommitRequest(_Request):
-    release: Release
+    release: ReleaseCommitted
     event: EventJson | None = Field(
         default=None,
         description="Progressive commit: the cost of the run so far, as an event (never more "

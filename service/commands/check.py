@@ -21,6 +21,10 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     unique, and each model-registry version trained on the dataset (``--model``: of that model)
     points at a certificate of this dataset that certifies exactly that ``{model, version}``.
     ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
+``artifacts`` (online only)
+    every registry version's bytes, downloaded, have the SHA-256 its signed certificate states
+    for the release (``release.artifact_sha256``), and so does the version record; versions whose
+    certificate states none (published before releases did) are counted, not failed.
 ``budget``
     spend ≤ budget under the dataset's rule: the ε and δ spent — the larger of what the server
     reports and what the certificates prove (the maximum over batches of their committed state,
@@ -89,6 +93,7 @@ from service.commands.export import (
 )
 
 if TYPE_CHECKING:
+    from service.client import LedgerClient
     from service.ledger.signing import PublicKey
 
 Json = dict[str, Any]
@@ -308,6 +313,58 @@ def _releases(bundle: Json, model: str | None) -> Finding:
         "each with a committed certificate"
     )
     return Finding("releases", not problems, detail, problems)
+
+
+def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str], model: str | None) -> Finding:
+    """Online: every registry version's bytes as the server serves them (``served``: their
+    SHA-256, or why they could not be read) are the bytes its signed certificate states
+    (``release.artifact_sha256``), and so is the version record's SHA-256. A certificate that
+    states none (issued before releases named their artifact) binds no bytes: counted, not failed."""
+    by_id = {c["id"]: c for c in bundle["certificates"]}
+    registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    problems: list[str] = []
+    bound = unbound = 0
+    for name in sorted(registry) if model is None else [model]:
+        for version in registry.get(name, []):
+            label = f"{name}/{version.get('version')}"
+            certificate = by_id.get(version.get("certificate_id"))
+            if certificate is None:
+                continue  # the releases finding reports it
+            certified = (certificate["certificate"].get("release") or {}).get("artifact_sha256")
+            if certified is None:
+                unbound += 1
+                continue
+            bound += 1
+            recorded = (version.get("artifact") or {}).get("sha256")
+            actual = served.get((name, str(version.get("version"))), "not downloaded")
+            if recorded != certified:
+                problems.append(
+                    f"registry version {label}: records SHA-256 {recorded}, its certificate {certified}"
+                )
+            if actual != certified:
+                problems.append(
+                    f"registry version {label}: serves bytes of SHA-256 {actual}, "
+                    f"its certificate states {certified}"
+                )
+    detail = f"{bound} version(s) serve the bytes their signed certificate states"
+    if unbound:
+        detail += f"; {unbound} published before releases stated their artifact (bytes not certified)"
+    return Finding("artifacts", not problems, detail, problems)
+
+
+def _served_artifacts(client: LedgerClient, bundle: Json) -> dict[tuple[str, str], str]:
+    """The SHA-256 of every registry version's bytes as the server serves them now."""
+    from service.client import LedgerError
+
+    served: dict[tuple[str, str], str] = {}
+    for name, versions in (bundle.get("models") or {}).items():
+        for version in versions:
+            key = (name, str(version["version"]))
+            try:
+                served[key] = client.download_artifact(name, int(version["version"])).sha256
+            except LedgerError as exc:
+                served[key] = f"unreadable ({exc})"
+    return served
 
 
 def _spent(bundle: Json) -> tuple[Decimal, Decimal, Decimal, Decimal]:
@@ -673,10 +730,12 @@ def evaluate(
     max_epsilon: Decimal | None = None,
     pins: Mapping[str, Json] | None = None,
     trust: Trust | None = None,
+    served: Mapping[tuple[str, str], str] | None = None,
 ) -> Report:
     """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds). ``pins``: bundles
     exported earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its
-    signatures must verify under (default: the ones it declares)."""
+    signatures must verify under (default: the ones it declares); ``served`` (online): the
+    SHA-256 of each registry version's bytes as downloaded (the ``artifacts`` finding)."""
     trust = trust or Trust()
     declared_by = "bundle" if mode == "bundle" else "server"
     findings: list[Finding] = []
@@ -686,6 +745,8 @@ def evaluate(
         findings.append(_guarded("pin", functools.partial(_pin, bundle, old, pin_source)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
+    if served is not None:
+        findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
     findings.append(_guarded("signatures", lambda: _signatures(bundle, trust, declared_by)))
@@ -809,6 +870,7 @@ def _report(args: argparse.Namespace) -> Report:
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
             bundle = collect(client, args.dataset, model=args.model)
+            served = _served_artifacts(client, bundle)
     except LedgerError as exc:
         raise UsageError(f"ledger check: {exc}") from exc
     return evaluate(
@@ -819,6 +881,7 @@ def _report(args: argparse.Namespace) -> Report:
         max_epsilon=max_epsilon,
         pins=pins,
         trust=trust,
+        served=served,
     )
 
 

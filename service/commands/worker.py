@@ -66,6 +66,16 @@ def run(args: argparse.Namespace) -> int:
     url = database_url(args)
     migrations.upgrade(url)
     database = Database(url, pool_size=2, max_overflow=2)
+    # The worker signs what it commits: its keys must not orphan what earlier keys signed
+    # (service.ledger.signing_custody), checked now rather than at the first job's commit.
+    from service import server_secrets
+
+    try:
+        server_secrets.bind_signing_keys(database, settings)
+    except server_secrets.SecretError as exc:
+        database.dispose()
+        print(f"ledger worker: {exc}", file=sys.stderr)
+        return 2
     worker = Worker(
         database,
         artifact_dir=args.artifact_dir or settings.artifact_dir,

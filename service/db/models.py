@@ -311,6 +311,19 @@ class Certificate(Base):
     created_at: Mapped[datetime]
 
 
+class SigningKeyRecord(Base):
+    """A key that has signed certificates or audit heads for this database: ``public_key`` (base64
+    of the raw 32 bytes; NULL for keys recorded from certificates issued before this table), and
+    ``lost_at`` once an admin declared it lost (``service.ledger.signing_custody``)."""
+
+    __tablename__ = "signing_keys"
+
+    key_id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    public_key: Mapped[str | None] = mapped_column(String(64))
+    first_seen_at: Mapped[datetime]
+    lost_at: Mapped[datetime | None]
+
+
 class IdempotencyKey(Base):
     """The first answer to a mutating request made with an ``Idempotency-Key``."""
 
@@ -463,6 +476,7 @@ __all__ = [
     "Release",
     "Reservation",
     "ReservationBatch",
+    "SigningKeyRecord",
     "Task",
     "Tenant",
 ]

@@ -348,6 +348,37 @@ def lock_ledger_head(connection: Connection, dataset_id: str) -> Any:
     return connection.execute(statement, {"dataset_id": dataset_id}).one_or_none()
 
 
+# SQLSTATEs of errors a later transaction does not repeat: serialization failure, deadlock
+# (the transaction was rolled back), the backend terminated or the server shutting down or not
+# yet up (class 57P), and the connection classes (08xxx).
+_TRANSIENT_SQLSTATES: Final = frozenset({"40001", "40P01", "57P01", "57P02", "57P03"})
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) is a database error that a later
+    transaction, on a new connection, is expected not to meet: a terminated or lost connection,
+    a serialization failure, a deadlock, SQLite busy past its timeout, the pool exhausted. A job
+    that meets one is retried, not failed (``service.worker.gate``)."""
+    from sqlalchemy import exc as sa_exc
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, sa_exc.TimeoutError):  # no pooled connection in time
+            return True
+        if isinstance(current, DBAPIError):
+            if current.connection_invalidated:
+                return True
+            sqlstate = getattr(current.orig, "sqlstate", None) or ""
+            if sqlstate in _TRANSIENT_SQLSTATES or sqlstate.startswith("08"):
+                return True
+            if isinstance(current, sa_exc.OperationalError) and "database is locked" in str(current.orig):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 __all__ = [
     "CONSTRAINT_ERRORS",
     "LEDGER_HEAD_COLUMNS",
@@ -355,6 +386,7 @@ __all__ = [
     "canonical_json",
     "constraint_name",
     "create_ledger_engine",
+    "is_transient_error",
     "lock_ledger_head",
     "pipelined",
     "translate_integrity_error",

@@ -215,14 +215,37 @@ def next_version(db: Database, tenant_id: str, name: str) -> int:
     return max([0, published or 0, *numbers]) + 1
 
 
-def certificate_of_release(session: Session, tenant_id: str, name: str, version: int) -> str | None:
-    """The id of the certificate the ledger stored for the release ``{name, version}``."""
-    found: str | None = session.scalar(
-        select(Certificate.id)
+def certificate_of_candidate(session: Session, staged: StagedArtifact) -> str | None:
+    """The id of the certificate of ``staged``'s own release, or ``None``.
+
+    A certificate of the release ``{name, version}`` is the candidate's only if it names the
+    candidate's bytes (its ``release.artifact_sha256``); one issued before releases named their
+    artifact, only if its reservation is the candidate's job's. A certificate of the same model
+    and version that another job or an external trainer committed is not: publishing the
+    candidate under it would publish weights nobody committed (issue 24 §6)."""
+    row = session.execute(
+        select(Certificate.id, Certificate.body, Certificate.reservation_id)
         .join(Release, Release.id == Certificate.release_id)
-        .where(Release.tenant_id == tenant_id, Release.model == name, Release.version == str(version))
-    )
-    return found
+        .where(
+            Release.tenant_id == staged.tenant_id,
+            Release.model == staged.name,
+            Release.version == str(staged.version),
+        )
+    ).one_or_none()
+    if row is None:
+        return None
+    certified = certified_sha256(row.body)
+    if certified is not None:
+        return str(row.id) if certified == staged.sha256 else None
+    job_reservation = session.scalar(select(Job.reservation_id).where(Job.id == staged.job_id))
+    return str(row.id) if job_reservation is not None and row.reservation_id == job_reservation else None
+
+
+def certified_sha256(certificate: Mapping[str, Any]) -> str | None:
+    """The artifact SHA-256 a certificate's release states (``None``: it names no artifact)."""
+    release = certificate.get("release")
+    digest = release.get("artifact_sha256") if isinstance(release, Mapping) else None
+    return digest if isinstance(digest, str) else None
 
 
 def version_json(row: ModelVersion) -> dict[str, Any]:
@@ -254,7 +277,10 @@ def publish(
     certificate_id: str,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Publish a staged candidate whose release the ledger committed (see the module docstring)."""
+    """Publish a staged candidate whose release the ledger committed (see the module docstring).
+
+    ``Conflict`` ``artifact_not_certified`` when the certificate names other bytes than the
+    candidate's: the registry never serves weights under a certificate of other weights."""
     artifact_dir = Path(artifact_dir)
     source = staged.staging_path(artifact_dir)
     target = artifact_dir / staged.final_path
@@ -263,6 +289,14 @@ def publish(
     moved = False
     try:
         with db.session() as session:
+            certificate = session.scalar(select(Certificate.body).where(Certificate.id == certificate_id))
+            certified = None if certificate is None else certified_sha256(certificate)
+            if certified is not None and certified != staged.sha256:
+                raise Conflict(
+                    f"certificate {certificate_id} certifies artifact SHA-256 {certified}, not the "
+                    f"staged candidate's {staged.sha256}.",
+                    reason="artifact_not_certified",
+                )
             row = ModelVersion(
                 id=f"mv_{secrets.token_hex(12)}",
                 tenant_id=staged.tenant_id,
@@ -325,9 +359,9 @@ def publish(
 def sweep(
     db: Database, artifact_dir: Path, *, job_id: str | None = None, now: datetime | None = None
 ) -> dict[str, list[str]]:
-    """Resolve staged candidates left by crashed workers: publish those whose release has a
-    certificate (roll forward), delete the others. Candidates of jobs a live worker holds are
-    left alone, unless ``job_id`` names the job the caller itself holds."""
+    """Resolve staged candidates left by crashed workers: publish those whose own release has a
+    certificate (``certificate_of_candidate``: roll forward), delete the others. Candidates of
+    jobs a live worker holds are left alone, unless ``job_id`` names the job the caller holds."""
     folder = Path(artifact_dir) / STAGING
     out: dict[str, list[str]] = {"published": [], "discarded": [], "skipped": []}
     if not folder.is_dir():
@@ -352,7 +386,7 @@ def sweep(
                     ModelVersion.job_id == staged.job_id,
                 )
             )
-            certificate_id = certificate_of_release(session, staged.tenant_id, staged.name, staged.version)
+            certificate_id = certificate_of_candidate(session, staged)
         if published is not None:  # published; only the sidecar was left
             sidecar.unlink(missing_ok=True)
         elif certificate_id is not None:
@@ -472,7 +506,8 @@ __all__ = [
     "STAGING",
     "StagedArtifact",
     "artifact_file",
-    "certificate_of_release",
+    "certificate_of_candidate",
+    "certified_sha256",
     "discard",
     "final_path",
     "get_version",

@@ -20,12 +20,16 @@ For one claimed job (``run_job``):
    id: loading errors name lines, columns and rules; a mismatch gives counts and batch ids; a
    training failure's message has the source's record ids masked, and its log has no locals.
 3. **Train and release.** At every checkpoint (``checkpoint_every`` steps, and the last step) the
-   candidate is *staged* (weights written and fsynced under ``.staging``), then the release
-   ``{model, version}`` is **committed** with the event of the steps so far (a progressive
+   candidate is *staged* (weights written and fsynced under ``.staging``, their SHA-256 taken),
+   then the release ``{model, version, artifact_sha256}`` is **committed** (so the signed
+   certificate names those bytes) with the event of the steps so far (a progressive
    commit; the last one, for the whole run, closes the reservation), and only then *published*
    (``service.ledger.model_registry``). A refused commit destroys the candidate and stops the run.
 4. **Stop.** Cancel, a lost lease, a worker shutdown, a refused commit or a failure abort the
-   rest of the reservation: what was committed stays spent, the rest returns to the budget.
+   rest of the reservation: what was committed stays spent, the rest returns to the budget. A
+   transient database error (a terminated connection, a serialization failure, a deadlock:
+   ``service.db.session.is_transient_error``) ends the attempt, not the job: it goes back to the
+   queue for its next attempt, as after a shutdown.
 
 Only released numbers leave the run: a version's metrics are those of the committed model, on
 the held-out test split; the metrics of a run that stopped early are those of its last release
@@ -54,7 +58,7 @@ from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.exact import ZERO, exact_add
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
-from service.db.session import Database
+from service.db.session import Database, is_transient_error
 from service.ledger import jobs, quotes, reservations
 from service.ledger import model_registry as registry
 from service.ledger.batches import record_hash
@@ -98,7 +102,8 @@ class Control(Protocol):
 
 @dataclass
 class Outcome:
-    """How the gate left the job: ``status`` as stored, or ``lease_lost`` / ``released``."""
+    """How the gate left the job: ``status`` as stored, or ``lease_lost`` / ``released`` /
+    ``requeued`` (a transient database error ended the attempt: the job is queued again)."""
 
     status: str
     error: dict[str, Any] | None = None
@@ -424,7 +429,9 @@ def run_job(
         abort_quietly(db, job.tenant_id, run.reservation_id)
         return Outcome("lease_lost")
     except Exception as exc:
-        # Unexpected (the database went away, a bug): free the hold and fail the job if the
+        if is_transient_error(exc):  # the next attempt is expected not to meet it
+            return _requeue(run, exc)
+        # Unexpected (a bug, a permanent database error): free the hold and fail the job if the
         # database lets us; if it does not, the lease expires and the job is retried.
         logger.error("job %s: worker error: %s", job.id, _failure_log(exc, run.record_ids))
         error = _error("worker_error", failure_message(exc, run.record_ids))
@@ -434,6 +441,29 @@ def run_job(
         except Exception:
             logger.exception("job %s: could not record the failure", job.id)
             return Outcome("lease_lost", error)
+
+
+def _requeue(run: _Run, exc: BaseException) -> Outcome:
+    """A transient database error (``service.db.session.is_transient_error``: a terminated
+    connection, a serialization failure, a deadlock) ended this attempt, not the job: abort the
+    rest of the reservation as any stopped attempt does, and hand the job back to the queue for
+    its next attempt (``jobs.release``; attempts still count, up to ``max_attempts``). A release
+    whose commit's outcome is unknown stays staged: the next attempt's sweep publishes it if the
+    commit landed. If the database refuses this too, the lease expires and the job is retried."""
+    cause = type(getattr(exc, "orig", None) or exc).__name__
+    logger.warning(
+        "job %s: transient database error (%s) in attempt %d; requeued", run.job.id, cause, run.job.attempt
+    )
+    error = _error(
+        "transient_database_error", f"attempt {run.job.attempt} met a transient database error ({cause})."
+    )
+    try:
+        abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+        jobs.release(run.db, run.job.lease)
+    except Exception:
+        logger.exception("job %s: could not requeue it; its lease will expire", run.job.id)
+        return Outcome("lease_lost", error, list(run.released))
+    return Outcome("requeued", error, list(run.released))
 
 
 def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> Outcome:
@@ -557,6 +587,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     except Exception as exc:  # a failed run: Lemma 1 violated, bad params for the data, ...
         # (run.failure: the release path failed with an unknown outcome and said why)
         failure = run.failure if run.failure is not None else exc
+        if is_transient_error(failure):
+            raise _Stop(_requeue(run, failure)) from None
         logger.error("job %s failed while training: %s", job.id, _failure_log(failure, run.record_ids))
         raise _fail(run, _error("training_failed", failure_message(failure, run.record_ids))) from None
 
@@ -668,7 +700,8 @@ def _release(
                 db,
                 job.tenant_id,
                 run.reservation_id or "",
-                release={"model": job.model_name, "version": version},
+                # The weights' SHA-256, known before the commit: the signed certificate binds it.
+                release={"model": job.model_name, "version": version, "artifact_sha256": staged.sha256},
                 event_json=event_json,
                 idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
             )

@@ -216,3 +216,74 @@ def test_budgets_from_before_segments_serialise_and_cite_as_before() -> None:
         Budget.from_json(stored, trust_plan_epsilon=False)
     assert info.value.field == "budget.segments[0].epsilon"
     assert "plan_closed" not in BatchState.empty().to_json()
+
+
+# Issue 24 §6: 100 steps at q = 1e-6 with σ = 0.001 reveal a record with probability
+# 1 − (1 − 1e-6)^100 ≈ 1e-4: PRV says ε = 0 at δ = 1e-4, and the run is (0, ≈1e-4)-DP.
+NEARLY_FREE = dpsgd(1e-6, 0.001, 100)
+
+
+def test_an_entry_of_prv_epsilon_zero_is_charged_and_certified_the_segments_delta() -> None:
+    budget = Budget.create(
+        rule="sequential", epsilon=1, delta=Decimal("1e-4"), accountant="prv", plan=[NEARLY_FREE]
+    )
+    assert budget.plan_epsilon == 0
+    start = BatchState.empty()
+    admission = R.reserve(budget, start, Charge(NEARLY_FREE))
+    assert (admission.cost.epsilon, admission.cost.delta) == (0, Decimal("1e-4"))
+    settled = R.commit(budget, admission.state, Charge(NEARLY_FREE), admission.cost, None)
+    assert (settled.state.epsilon_spent, settled.state.delta_spent) == (0, Decimal("1e-4"))
+    cert = issue(
+        budget=budget,
+        charge=Charge(NEARLY_FREE),
+        batch_set=ONE_BATCH,
+        classes=[
+            ClassRecord(0, 1, start, admission.cost, admission.state, None, settled.state, settled.committed)
+        ],
+        reservation_id="r",
+        release={"model": "m", "version": 1},
+    )
+    assert (cert["result"]["epsilon"], cert["result"]["delta"]) == ("0", "0.0001")
+    assert verify(cert).ok, verify(cert).reason
+
+    # What the ledger issued before the fix: the same run certified (0, 0), hash recomputed.
+    zero = {"delta": "0"}
+    (record,) = cert["inputs"]["classes"]
+    understated = {
+        **cert,
+        "inputs": {
+            **cert["inputs"],
+            "classes": [
+                {
+                    **record,
+                    "reserved": {**record["reserved"], **zero},
+                    "state_before": {**record["state_before"], "delta_held": "0"},
+                    "committed": {**record["committed"], **zero},
+                    "state_after": {**record["state_after"], "delta_spent": "0"},
+                }
+            ],
+        },
+        "result": {**cert["result"], "delta": "0", "charge": {**cert["result"]["charge"], **zero}},
+    }
+    understated["hash"] = content_hash(understated)
+    verdict = verify(understated)
+    assert not verdict.ok
+    assert "delta" in verdict.reason
+
+
+def test_every_later_segment_charges_its_delta_with_its_first_entry_too() -> None:
+    budget = Budget.create(
+        rule="sequential",
+        epsilon=2,
+        delta=Decimal("3e-4"),
+        accountant="prv",
+        plan=[FIRST],
+        plan_delta=Decimal("1e-4"),
+    )
+    first = run(budget, BatchState.empty(), FIRST)
+    grown = budget.with_segment([NEARLY_FREE], Decimal("1e-4"))
+    start = R.close_segment(budget, first)
+    second = run(grown, start, NEARLY_FREE)
+    assert second.epsilon_spent == first.epsilon_spent
+    assert second.delta_spent == Decimal("2e-4")
+    assert R.delta_of_what_ran(grown, second) == Decimal("2e-4")

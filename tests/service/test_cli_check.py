@@ -127,6 +127,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
     assert checks(out) == {
         "certificates": True,
         "releases": True,
+        "artifacts": True,
         "budget": True,
         "audit chain": True,
         "signatures": True,
@@ -141,7 +142,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
 def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
     assert code == 1
-    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 6" in out
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 7" in out
 
     # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
     code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
@@ -170,6 +171,7 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
     assert result == {
         "certificates": False,
         "releases": True,
+        "artifacts": True,
         "budget": True,
         "audit chain": True,
         "signatures": True,  # the signature is over the stored hash, which the edit left alone

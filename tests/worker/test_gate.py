@@ -74,7 +74,11 @@ def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
         body = answer["certificate"]
         check = verify(body)
         assert check.ok, check.reason
-        assert body["release"] == {"model": v.name, "version": v.version}
+        assert body["release"] == {
+            "model": v.name,
+            "version": v.version,
+            "artifact_sha256": v.artifact_sha256,
+        }
         out.append(Decimal(body["result"]["charge"]["epsilon"]))
     return out
 

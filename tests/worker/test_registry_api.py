@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from sqlalchemy import update
 from sqlalchemy.engine import URL
 
 from accountant.certificates import verify
 from service.app import create_app
 from service.db.base import utcnow
+from service.db.models import Job
 from service.db.session import Database
 from service.ledger import jobs, reservations, tenancy
 from service.ledger import model_registry as registry
+from service.ledger.errors import Conflict, NotFound
 from service.settings import Settings
 from tests.worker.digits_world import DIGITS, digits_dataset, digits_train_ids, staged_files
 
@@ -138,7 +141,11 @@ def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: 
     assert version["metrics"]["test_accuracy"] > 0.8
     certificate = version["certificate"]
     assert certificate["id"] == version["certificate_id"]
-    assert certificate["release"] == {"model": "digits-mlp", "version": 3}
+    assert certificate["release"] == {
+        "model": "digits-mlp",
+        "version": 3,
+        "artifact_sha256": version["artifact"]["sha256"],
+    }
     assert verify(certificate["certificate"]).ok
     assert certificate["certificate"]["result"]["charge"]["epsilon"] == job["epsilon_committed"]
 
@@ -211,18 +218,17 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
         batch_ids=list(world.batch_ids),
     )
 
-    def commit(version: int, steps: int) -> str:
-        answer = reservations.commit(
-            db, "acme", held["id"], release={"model": "m", "version": version}, event_json=_steps(steps)
-        )
+    def commit(staged: registry.StagedArtifact, steps: int) -> str:
+        release = {"model": "m", "version": staged.version, "artifact_sha256": staged.sha256}
+        answer = reservations.commit(db, "acme", held["id"], release=release, event_json=_steps(steps))
         return str(answer["certificate"]["id"])
 
     # v1: crashed after the commit, before the publication.
     one = _stage(artifacts, dead, world.dataset_id, 1)
-    cert_one = commit(1, 1)
+    cert_one = commit(one, 1)
     # v2: crashed inside the publication, after the file moved, before the row committed.
     two = _stage(artifacts, dead, world.dataset_id, 2)
-    cert_two = commit(2, 2)
+    cert_two = commit(two, 2)
     (artifacts / two.final_path).parent.mkdir(parents=True, exist_ok=True)
     os.replace(two.staging_path(artifacts), artifacts / two.final_path)
     # v3: crashed before its commit: never certified.
@@ -248,6 +254,51 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
     assert all(name.startswith(live) for name in staged_files(artifacts))
     assert registry.next_version(db, "acme", "m") == 3
     assert registry.sweep(db, artifacts)["published"] == []  # nothing left to do
+
+
+def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
+    db: Database, tmp_path: Path
+) -> None:
+    """Issue 24 §6: job A stages v1 and dies before its commit; another committer then takes
+    release m/1 (the version numbers staged candidates do not reserve). The sweep published A's
+    uncommitted weights under that other certificate."""
+    artifacts = tmp_path / "artifacts"
+    world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
+    params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}
+    dead = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
+    orphan = _stage(artifacts, dead, world.dataset_id, 1)
+    other = reservations.reserve(
+        db, "acme", world.dataset_id, event_json=_steps(1), batch_ids=list(world.batch_ids)
+    )
+    other_weights = hashlib.sha256(b"the other trainer's weights").hexdigest()
+    certified = reservations.commit(
+        db, "acme", other["id"], release={"model": "m", "version": 1, "artifact_sha256": other_weights}
+    )
+    assert certified["certificate"]["certificate"]["release"]["artifact_sha256"] == other_weights
+
+    outcome = registry.sweep(db, artifacts, now=utcnow())
+    assert outcome["published"] == [] and outcome["discarded"] == [orphan.staging_name]
+    with pytest.raises(NotFound):
+        registry.list_versions(db, "acme", "m")
+    assert staged_files(artifacts) == []
+    # publish itself refuses bytes the certificate does not name.
+    again = _stage(artifacts, dead, world.dataset_id, 1)
+    with pytest.raises(Conflict) as refused:
+        registry.publish(db, artifacts, again, certificate_id=certified["certificate"]["id"])
+    assert refused.value.reason == "artifact_not_certified"
+
+    # A certificate issued before releases named their artifact is the candidate's only when its
+    # reservation is the candidate's job's.
+    held = reservations.reserve(
+        db, "acme", world.dataset_id, event_json=_steps(1), batch_ids=list(world.batch_ids)
+    )
+    legacy = _stage(artifacts, dead, world.dataset_id, 2)
+    reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 2})
+    assert registry.sweep(db, artifacts)["discarded"] == [again.staging_name, legacy.staging_name]
+    legacy = _stage(artifacts, dead, world.dataset_id, 2)
+    with db.session() as session:
+        session.execute(update(Job).where(Job.id == dead).values(reservation_id=held["id"]))
+    assert registry.sweep(db, artifacts)["published"] == [legacy.staging_name]
 
 
 def test_the_api_process_does_not_import_torch(tmp_path: Path) -> None:

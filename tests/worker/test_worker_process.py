@@ -108,7 +108,11 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
     assert Decimal(spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"]) > 0
     for version in versions_of(db, job_id):  # nothing published without a commit
         certificate = certificates.get_certificate(db, "acme", version.certificate_id)
-        assert certificate["release"] == {"model": "crash-test", "version": version.version}
+        assert certificate["release"] == {
+            "model": "crash-test",
+            "version": version.version,
+            "artifact_sha256": version.artifact_sha256,
+        }
         assert certificate["reservation_id"] == first.id
 
     # No one else may take the job while the lease lasts; once it expired, another worker does.

@@ -6,6 +6,7 @@ value); an ``Op`` is one reserve, commit, abort or expiry waiting for (or holdin
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ MAX_IDS_PER_REQUEST: Final = 10_000  # batch or task ids named in one request
 # Batches one reservation may read (its tasks' batches): decided per distinct state, written by
 # one statement per state (docs/ARCHITECTURE.md, "Batch state classes").
 MAX_BATCHES_PER_RESERVATION: Final = 2_000_000
+_SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +87,18 @@ def release(release: object) -> tuple[str, str, dict[str, Any]]:
     if not text.strip() or len(text) > 100:
         raise InvalidInput("release.version", f"must be 1-100 characters. Found {version!r}.")
     check_text(text, "release.version")
-    return model, text, {"model": model, "version": version}
+    answer: dict[str, Any] = {"model": model, "version": version}
+    # Optional: the SHA-256 of the released artifact's bytes. It goes into the certificate, so
+    # the signature binds those bytes to the release (``LedgerClient.load_model`` checks them).
+    digest = release.get("artifact_sha256")
+    if digest is not None:
+        if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
+            raise InvalidInput(
+                "release.artifact_sha256",
+                f"must be the artifact's SHA-256 as 64 lowercase hex digits. Found {digest!r}.",
+            )
+        answer["artifact_sha256"] = digest
+    return model, text, answer
 
 
 def ttl(ttl_s: float) -> timedelta:

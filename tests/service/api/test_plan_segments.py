@@ -284,3 +284,22 @@ def test_ledger_check_recomputes_the_segments_from_the_bundle(
     hidden["dataset"]["budget"]["segments"] = hidden["dataset"]["budget"]["segments"][:1]
     found = checked(hidden)
     assert found["audit chain"] is False and found["certificates"] is True
+
+
+def test_an_entry_of_prv_epsilon_zero_is_charged_and_certified_the_segments_delta(
+    client: TestClient, keys: Keys
+) -> None:
+    """Issue 24 §6: 100 steps at q = 1e-6, σ = 0.001 cost PRV ε 0 at δ = 1e-4 and are
+    (0, ≈1e-4)-DP; the commit charged and certified (0, 0), signed, and verify said ok."""
+    admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
+    nearly_free = dpsgd(1e-6, 0.001, 100)
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "1e-4", "accountant": "prv"}
+    dataset, batches = admin.dataset({**budget, "plan": [nearly_free]}, 2)
+    held = trainer.reserve(dataset, batches, nearly_free).json()
+    issued = trainer.commit(held["id"]).json()["certificate"]
+    body = certificate(admin, issued["id"])
+    assert (body["result"]["epsilon"], body["result"]["delta"]) == ("0", "0.0001")
+    assert body["result"]["charge"] == {"epsilon": "0", "delta": "0.0001"}
+    assert verify(body).ok, verify(body).reason
+    spend = admin.spend(dataset)
+    assert (Decimal(spend["epsilon_spent"]), Decimal(spend["delta_spent"])) == (0, Decimal("1e-4"))

@@ -15,14 +15,16 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.engine import URL
 
 from accountant import certificates as accountant_certificates
@@ -31,9 +33,10 @@ from accountant.certificates import BatchSet, ClassRecord
 from accountant.rules import BatchState, Budget, Charge, commit, reserve
 from service import server_secrets
 from service.app import create_app
-from service.db.models import Certificate
+from service.db.models import AuditEntry, Certificate
 from service.db.session import Database
-from service.ledger import signing
+from service.ledger import signing, tenancy
+from service.ledger.certificates import verify_stored
 from service.settings import Settings
 from tests.service.api.conftest import ROOT, Keys, TestClient, bearer, free_port, url_text
 from tests.service.api.world import make_world
@@ -251,13 +254,122 @@ def test_rotation_keeps_retired_keys_verifying_and_a_dropped_key_unknown(
     with running(by_file, db) as client:
         assert verify(client, old, viewer)["ok"] is True
 
-    # key 1 dropped entirely: what it signed no longer verifies, and the answer says why
-    with running(settings.model_copy(update={"signing_key": tmp_path / "key-2.pem"}), db) as client:
+    # key 1 dropped entirely: the start is refused (issue 24 §6), naming the key and the way out
+    dropped = settings.model_copy(update={"signing_key": tmp_path / "key-2.pem"})
+    with pytest.raises(server_secrets.SecretError, match=f"signed by key\\(s\\) {first.public.key_id}"):
+        with running(dropped, db):
+            pass
+    # declared lost by an admin: the start goes on, audited once; what it signed no longer
+    # verifies, and the answer says why
+    declared = dropped.model_copy(update={"signing_keys_lost": [first.public.key_id]})
+    with running(declared, db) as client:
         result = verify(client, old, viewer)
         assert (result["ok"], result["signature"]["status"]) == (False, "unknown_key")
         assert result["signature"]["key_id"] == first.public.key_id
         assert f"key_id {first.public.key_id!r} is none of this server's keys" in result["reason"]
         assert verify(client, new, viewer)["ok"] is True
+    assert declared_lost(db) == [first.public.key_id]
+    with running(dropped, db) as client:  # declared once: later starts need no declaration
+        assert verify(client, new, viewer)["ok"] is True
+    assert declared_lost(db) == [first.public.key_id]
+
+
+def declared_lost(db: Database) -> list[str]:
+    """The key ids the global audit chain says were declared lost, in order."""
+    with db.session(readonly=True) as session:
+        return [
+            e.payload["key_id"]
+            for e in session.scalars(
+                select(AuditEntry)
+                .where(AuditEntry.chain == "global", AuditEntry.event_type == "signing_key.declared_lost")
+                .order_by(AuditEntry.seq)
+            )
+        ]
+
+
+def signer_of(db: Database, certificate_id: str) -> str:
+    with db.session(readonly=True) as session:
+        body = session.scalars(select(Certificate.body).where(Certificate.id == certificate_id)).one()
+    return str(body["signature"]["key_id"])
+
+
+def test_a_lost_default_key_file_is_not_replaced_silently(
+    settings: Settings, db: Database, tmp_path: Path
+) -> None:
+    """Issue 24 §6: ``signing-key.pem`` in the secrets folder is deleted; the next start made a
+    new one and served on, and every earlier certificate verified ``unknown_key``."""
+    here = settings.model_copy(update={"secrets_dir": tmp_path / "secrets"})
+    with running(here, db):
+        tenancy.create_api_key(db, "acme", "viewer")  # the tenant
+        old = make_world(db, "acme").certificate
+    lost_id = signer_of(db, old)
+    assert verify_stored(db, "acme", old)["ok"] is True
+    (tmp_path / "secrets" / server_secrets.SIGNING_KEY_FILE).unlink()
+    for _ in range(2):  # the key made at the refused start does not make the next one pass
+        with pytest.raises(server_secrets.SecretError, match=f"LEDGER_SIGNING_KEYS_LOST={lost_id}"):
+            server_secrets.bind(db, here)  # what ``ledger serve`` does before it serves
+    with running(here, db):  # an app made elsewhere signs nothing with the new key either
+        with pytest.raises(server_secrets.SecretError, match=lost_id):
+            server_secrets.signing_keys(db)
+    assert declared_lost(db) == []
+    with running(here.model_copy(update={"signing_keys_lost": [lost_id]}), db):
+        assert verify_stored(db, "acme", old)["signature"]["status"] == "unknown_key"
+        assert signer_of(db, make_world(db, "acme").certificate) != lost_id
+    assert declared_lost(db) == [lost_id]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_ledger_serve_refuses_to_start_when_a_signing_key_is_missing(
+    settings: Settings, database_url: URL, db: Database, tmp_path: Path
+) -> None:
+    folder = tmp_path / "secrets"
+    with running(settings.model_copy(update={"secrets_dir": folder}), db):
+        tenancy.create_api_key(db, "acme", "viewer")  # the tenant, its key hashed as serve will
+        lost_id = signer_of(db, make_world(db, "acme").certificate)
+    (folder / server_secrets.SIGNING_KEY_FILE).unlink()
+    env = {**os.environ, "LEDGER_SECRETS_DIR": str(folder)}
+    for name in ("LEDGER_SIGNING_KEY", "LEDGER_SIGNING_KEYS_RETIRED", "LEDGER_BOOTSTRAP_ADMIN_KEY"):
+        env.pop(name, None)
+    port = free_port()
+    command = [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--no-worker"]
+    command += ["--database-url", url_text(database_url)]
+    served = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert served.returncode == 2, served.stderr
+    assert f"ledger serve: this database holds certificates or audit heads signed by key(s) {lost_id}" in (
+        served.stderr
+    )
+    worker = [sys.executable, "-m", "service.cli", "worker", "--once", "--artifact-dir", str(tmp_path / "a")]
+    worker += ["--database-url", url_text(database_url)]
+    refused = subprocess.run(worker, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr
+    assert f"ledger worker: this database holds certificates or audit heads signed by key(s) {lost_id}" in (
+        refused.stderr
+    )
+    assert declared_lost(db) == []
+
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env={**env, "LEDGER_SIGNING_KEYS_LOST": lost_id},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}{WELL_KNOWN}", timeout=1.0)
+            except httpx.HTTPError:
+                time.sleep(0.2)
+                continue
+            assert answer.status_code == 200 and lost_id not in answer.text
+            break
+        else:
+            raise AssertionError(f"ledger serve did not start: exit {process.poll()}")
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert declared_lost(db) == [lost_id]
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
