@@ -64,13 +64,19 @@ from accountant.rules import (
     pricing,
     pricing_version,
     reserve,
+    stated_theorem,
     theorem,
     within_budget,
 )
+from accountant.rules.memo import PRICING_VERSIONS
+from accountant.statements import release_guarantee
 
-CERTIFICATE_VERSION: Final = 2
-"""2: the batches are grouped into classes (``ClassRecord``) and committed to by a ``BatchSet``;
-1: one ``BatchRecord`` per batch (still verified)."""
+CERTIFICATE_VERSION: Final = 3
+"""3: ``theorem`` is ``rules.stated_theorem`` (written from the budget's own parameters) and
+``result`` states the release's ``guarantee`` and its ``budget_share`` (``accountant.statements``);
+2: the batches are grouped into classes (``ClassRecord``) and committed to by a ``BatchSet``;
+1: one ``BatchRecord`` per batch. Versions 1 and 2 still verify, against ``rules.theorem``."""
+CERTIFICATE_VERSIONS: Final = (1, 2, 3)
 CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
 _LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
 _UNHASHED: Final = frozenset({"hash", "signature"})
@@ -241,7 +247,14 @@ def content_hash(certificate: Mapping[str, Any]) -> str:
     return "sha256:" + sha256_hex(body)
 
 
-def _result(budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecord]) -> dict[str, Any]:
+def _result(
+    budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecord], version: int = CERTIFICATE_VERSION
+) -> dict[str, Any]:
+    """The certificate's ``result``. ``epsilon`` / ``delta``: the largest spend of the touched
+    batches after the commit, in the rule's units (for a Rényi filter its progress, not a
+    guarantee); ``charge``: this reservation's largest committed cost. Version 3 adds
+    ``guarantee`` (the (ε, δ)-DP guarantee of the release, ``accountant.statements``) and
+    ``budget_share`` (``charge`` under a name that says what it is: budget consumed, not DP)."""
     after = [r.state_after for r in records]
     result: dict[str, Any] = {
         "epsilon": to_text(max((s.epsilon_spent for s in after), default=ZERO)),
@@ -254,6 +267,10 @@ def _result(budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecor
         "budget": {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)},
         "within_budget": True,
     }
+    if version >= 3:
+        eps, dlt = release_guarantee(budget, records)
+        result["guarantee"] = {"epsilon": to_text(eps), "delta": to_text(dlt)}
+        result["budget_share"] = dict(result["charge"])
     if budget.geometric is not None:
         result["infinite_horizon_bound"] = to_text(budget.geometric.infinite_horizon_bound())
         result["levels"] = (
@@ -309,7 +326,7 @@ def issue(
         "kind": CERTIFICATE_KIND,
         "rule": budget.rule,
         "accountant": budget.accountant,
-        "theorem": theorem(budget),
+        "theorem": stated_theorem(budget),
         "dataset_id": dataset_id,
         "reservation_id": reservation_id,
         "release_id": release_id,
@@ -358,10 +375,10 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     actual = content_hash(cert)
     if actual != stored:
         return Verification(False, f"content hash mismatch: stored {stored}, computed {actual}")
-    if cert.get("version") not in (1, CERTIFICATE_VERSION) or cert.get("kind") != CERTIFICATE_KIND:
+    if cert.get("version") not in CERTIFICATE_VERSIONS or cert.get("kind") != CERTIFICATE_KIND:
         return Verification(False, f"unknown certificate version {cert.get('version')!r}")
     version = cert.get("pricing", 1)
-    if isinstance(version, bool) or version not in (1, 2):
+    if isinstance(version, bool) or version not in PRICING_VERSIONS:
         return Verification(False, f"unknown pricing version {version!r}")
     with pricing_version(version):
         return _verify_content(cert)
@@ -377,7 +394,8 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     partial = None if partial_obj is None else ev.from_json(partial_obj, "inputs.partial_event")
     previous_obj = inputs.get("previous_partial_event")
     previous = None if previous_obj is None else ev.from_json(previous_obj, "inputs.previous_partial_event")
-    expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": theorem(budget)}
+    cited = stated_theorem(budget) if cert["version"] >= 3 else theorem(budget)
+    expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": cited}
     for name, value in expected.items():
         if cert.get(name) != value:
             return Verification(False, f"{name} does not match the budget: {cert.get(name)!r}")
@@ -419,7 +437,7 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
             problem = _check_batch(budget, charge, partial, previous, record)
             if problem:
                 return Verification(False, f"{label}: {problem}")
-    if cert.get("result") != _result(budget, records):
+    if cert.get("result") != _result(budget, records, cert["version"]):
         return Verification(False, "result does not match the recomputed bound")
     libraries = cert.get("libraries")
     if not isinstance(libraries, Mapping) or not all(isinstance(v, str) for v in libraries.values()):
@@ -455,6 +473,7 @@ def _check_batch(
 __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
+    "CERTIFICATE_VERSIONS",
     "BatchRecord",
     "BatchSet",
     "ClassRecord",

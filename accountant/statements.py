@@ -1,0 +1,173 @@
+"""What a release's numbers mean: three figures, each a valid bound for what it names.
+
+A release (a commit, hence a certificate) is described by three different numbers, never to be
+confused (issue 24 §3):
+
+* ``guarantee`` — the (ε, δ)-DP guarantee of the released model: of every release computed from
+  the batches it read, up to and including it, under the budget's rule, **valid whatever the
+  trainer chose after seeing earlier outputs, stopping early included** (``release_guarantee``).
+  By rule:
+
+  - Rényi filter (``sequential`` / ``lifelong`` on ``rdp``): the filter's budget (ε, δ), once
+    anything ran on the batch (Feldman & Zrnic 2021, Thm. 3.1 with the conversion of
+    ``accountant.rdp_filter``). The filter's progress ``epsilon_of(spent)`` is *not* a
+    guarantee: a data-dependent ε would be a privacy odometer, which the filter does not give
+    (Rogers, Roth, Ullman & Vadhan 2016; Whitehouse, Ramdas, Rogers & Wu 2023).
+  - declared plan segments (``sequential`` / ``prv``): Σ of the closed segments' (εᵢ, δᵢ) it ran
+    plus the open segment's whole (εᵢ, δᵢ) once any of it ran — a segment stopped early is
+    post-processing of the whole segment (Dwork & Roth 2014, Prop. 2.1) — composed by the
+    basic-composition filter (Rogers et al. 2016, Thm. 3.6).
+  - ``parallel``: the batch's one charge; on ``rdp`` / ``prv`` the whole reserved run (a run
+    stopped early is post-processing of it), on ``basic`` the exact sum of what ran (a valid
+    odometer: Rogers et al. 2016 show basic composition holds for odometers).
+  - ``basic`` sums (``sequential``, ``lifelong``) and ``geometric`` levels: the batch's spend,
+    an exact sum of per-charge (εᵢ, δᵢ) (geometric: whole level allowances), a valid odometer.
+
+  Disjoint batches compose in parallel (McSherry 2009, Thm. 4): the maximum over the batches.
+* ``run_alone`` — the (ε, δ) of the run that produced the release as the only mechanism ever run
+  on its records, at the budget's δ, by the tightest accountant we have for it: the PRV upper
+  bound (Gopi, Lee & Wutschitz 2021, Thm. 5.5) or the exact basic composition when smaller (a
+  pure ε is exact). It bounds that run alone, not what was released before it from the same
+  records; it is computed for the whole reserved run, which bounds a run stopped early.
+* ``budget_share`` — how much of the budget the release consumed: the reservation's committed
+  cost in the rule's own units (filter progress, a segment's share, a level's allowance). It is a
+  budget figure, **not** a DP guarantee.
+
+``shown`` writes a number for people: 4 significant digits rounded toward the safe side (ε and δ
+up, what remains down); machine-readable fields keep the exact decimal text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from typing import Any, Final, Literal
+
+from accountant.errors import UnsupportedEventError
+from accountant.events import DpEvent
+from accountant.exact import INFINITY, ZERO, exact_sum, to_text
+from accountant.rules import BatchState, Budget, Cost
+from accountant.rules.prices import basic_price, prv_epsilon
+
+SHOWN_DIGITS: Final = 4
+
+
+def shown(value: Decimal | str | int, way: Literal["up", "down"] = "up", digits: int = SHOWN_DIGITS) -> str:
+    """``value`` in ``digits`` significant digits, rounded ``way`` ("up" for an ε or δ bound, so
+    the shown number is still a bound; "down" for what remains). Plain decimal text below 10¹⁵
+    and from 10⁻⁶ (``1.042``, ``0.00001``), else scientific (``9.997e-7``); "inf" for ∞."""
+    number = value if isinstance(value, Decimal) else Decimal(str(value))
+    if number.is_infinite():
+        return "inf" if number > 0 else "-inf"
+    if number.is_nan():
+        raise InvalidOperation(f"value must be a number. Found {value!r}.")
+    if number == 0:
+        return "0"
+    quantum = Decimal(1).scaleb(number.adjusted() - digits + 1)
+    rounded = number.quantize(quantum, rounding=ROUND_CEILING if way == "up" else ROUND_FLOOR)
+    if rounded.adjusted() > number.adjusted():  # 9.9996 → 10.00: keep `digits` digits
+        rounded = rounded.quantize(quantum.scaleb(1))
+    if -6 <= rounded.adjusted() < 15:
+        text = f"{rounded:f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    mantissa, exponent = f"{rounded:E}".split("E")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The guarantee of a release
+# ---------------------------------------------------------------------------------------------
+
+GUARANTEE_SCOPE: Final = (
+    "every release computed from the batches this version read, up to and including this one, "
+    "under the dataset's rule; valid whatever was chosen after seeing earlier outputs, stopping "
+    "early included"
+)
+
+
+def batch_guarantee(
+    budget: Budget, state: BatchState, reserved: Cost | None = None
+) -> tuple[Decimal, Decimal]:
+    """The (ε, δ) guarantee of everything released from one batch in ``state`` (module
+    docstring); ``reserved``: the reservation's reserved cost, when known (a ``parallel`` run
+    committed from a prefix under pricing versions 1–2 is bounded by it)."""
+    ran = state.epsilon_spent > 0 or state.delta_spent > 0
+    if not ran:
+        return ZERO, ZERO
+    if budget.uses_filter:
+        return budget.epsilon, budget.delta
+    eps, dlt = state.epsilon_spent, state.delta_spent
+    if budget.rule == "sequential" and budget.accountant == "prv":
+        segments = budget.plan_segments
+        closed = [segments[i] for i in state.plan_closed if 0 <= i < len(segments)]
+        opened = [segments[-1]] if state.plan_position > 0 else []
+        eps = max(eps, exact_sum(s.epsilon for s in (*closed, *opened)))
+        dlt = max(dlt, exact_sum(s.delta for s in (*closed, *opened)))
+    elif budget.rule == "parallel" and budget.accountant != "basic" and reserved is not None:
+        eps, dlt = max(eps, reserved.epsilon), max(dlt, reserved.delta)
+    return eps, dlt
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What ``release_guarantee`` reads of a certificate's batch or class record."""
+
+    state_after: BatchState
+    reserved: Cost
+
+
+def release_guarantee(budget: Budget, records: Iterable[Transition | Any]) -> tuple[Decimal, Decimal]:
+    """The guarantee of a release: the maximum over the batches it read (parallel composition over
+    disjoint batches) of ``batch_guarantee`` after its commit. ``records``: anything with
+    ``state_after`` and ``reserved`` (``accountant.certificates.BatchRecord`` / ``ClassRecord``)."""
+    pairs = [batch_guarantee(budget, r.state_after, r.reserved) for r in records]
+    return max((p[0] for p in pairs), default=ZERO), max((p[1] for p in pairs), default=ZERO)
+
+
+# ---------------------------------------------------------------------------------------------
+# The run alone
+# ---------------------------------------------------------------------------------------------
+
+RUN_ALONE_SCOPE: Final = (
+    "the run that produced this version alone, as if it were the only mechanism ever run on these "
+    "records (the whole reserved run, which bounds a run stopped early); not a guarantee for the "
+    "releases before it from the same records"
+)
+
+
+def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
+    """``{epsilon, delta, accountant}``: the run ``event`` alone at δ = ``delta`` (the budget's),
+    the smaller of its exact basic composition (when its δ fits) and the PRV upper bound (Gopi,
+    Lee & Wutschitz 2021, Thm. 5.5; ``accountant.prv``, which falls back to RDP where PRV does
+    not apply). ε = ∞ when neither bounds it at this δ (a Gaussian at δ = 0)."""
+    best: dict[str, str] = {"epsilon": to_text(INFINITY), "delta": to_text(delta), "accountant": "none"}
+    try:
+        eps, dlt = basic_price(event)
+    except UnsupportedEventError:
+        pass
+    else:
+        if dlt <= delta:
+            best = {"epsilon": to_text(eps), "delta": to_text(dlt), "accountant": "basic (exact)"}
+    if delta > 0:
+        try:
+            upper = prv_epsilon((event,), delta)
+        except UnsupportedEventError:
+            return best
+        if upper < Decimal(best["epsilon"]):
+            best = {"epsilon": to_text(upper), "delta": to_text(delta), "accountant": "prv (upper bound)"}
+    return best
+
+
+__all__ = [
+    "GUARANTEE_SCOPE",
+    "RUN_ALONE_SCOPE",
+    "SHOWN_DIGITS",
+    "Transition",
+    "batch_guarantee",
+    "release_guarantee",
+    "run_alone",
+    "shown",
+]
