@@ -33,49 +33,22 @@ confused (issue 24 §3):
   cost in the rule's own units (filter progress, a segment's share, a level's allowance). It is a
   budget figure, **not** a DP guarantee.
 
-``shown`` writes a number for people: 4 significant digits rounded toward the safe side (ε and δ
-up, what remains down); machine-readable fields keep the exact decimal text.
+``shown`` (``accountant.exact``) writes a number for people: 4 significant digits rounded toward
+the safe side (ε and δ up, what remains down); machine-readable fields keep the exact text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
-from typing import Any, Final, Literal
+from decimal import Decimal
+from typing import Any, Final
 
 from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
-from accountant.exact import INFINITY, ZERO, exact_sum, to_text
+from accountant.exact import INFINITY, SHOWN_DIGITS, ZERO, exact_sum, shown, to_text
 from accountant.rules import BatchState, Budget, Cost
 from accountant.rules.prices import basic_price, prv_epsilon
-
-SHOWN_DIGITS: Final = 4
-
-
-def shown(value: Decimal | str | int, way: Literal["up", "down"] = "up", digits: int = SHOWN_DIGITS) -> str:
-    """``value`` in ``digits`` significant digits, rounded ``way`` ("up" for an ε or δ bound, so
-    the shown number is still a bound; "down" for what remains). Plain decimal text below 10¹⁵
-    and from 10⁻⁶ (``1.042``, ``0.00001``), else scientific (``9.997e-7``); "inf" for ∞."""
-    number = value if isinstance(value, Decimal) else Decimal(str(value))
-    if number.is_infinite():
-        return "inf" if number > 0 else "-inf"
-    if number.is_nan():
-        raise InvalidOperation(f"value must be a number. Found {value!r}.")
-    if number == 0:
-        return "0"
-    quantum = Decimal(1).scaleb(number.adjusted() - digits + 1)
-    rounded = number.quantize(quantum, rounding=ROUND_CEILING if way == "up" else ROUND_FLOOR)
-    if rounded.adjusted() > number.adjusted():  # 9.9996 → 10.00: keep `digits` digits
-        rounded = rounded.quantize(quantum.scaleb(1))
-    if -6 <= rounded.adjusted() < 15:
-        text = f"{rounded:f}"
-        return text.rstrip("0").rstrip(".") if "." in text else text
-    mantissa, exponent = f"{rounded:E}".split("E")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
-
 
 # ---------------------------------------------------------------------------------------------
 # The guarantee of a release
@@ -109,6 +82,32 @@ def batch_guarantee(
     elif budget.rule == "parallel" and budget.accountant != "basic" and reserved is not None:
         eps, dlt = max(eps, reserved.epsilon), max(dlt, reserved.delta)
     return eps, dlt
+
+
+def spend_guarantee(budget: Budget, epsilon_spent: Decimal, delta_spent: Decimal) -> tuple[Decimal, Decimal]:
+    """The guarantee of everything released from a dataset (or task), read from its aggregates:
+    the maxima over its batches of the committed spend. A Rényi filter's spend is its progress,
+    so the guarantee is the filter's budget once anything ran; every other rule's spend is the
+    guarantee (for plan segments and parallel runs since pricing version 3, which charges a
+    segment or a run stopped early whole)."""
+    if epsilon_spent <= 0 and delta_spent <= 0:
+        return ZERO, ZERO
+    if budget.uses_filter:
+        return budget.epsilon, budget.delta
+    return epsilon_spent, delta_spent
+
+
+SPEND_MEANING: Final = {
+    "filter": "the Renyi filter's progress on the most-spent batch: a budget share, not a DP guarantee "
+    "(the guarantee is the filter's budget once anything ran)",
+    "other": "the (epsilon, delta) guarantee of everything released from the most-spent batch under "
+    "the rule (also what the budget has used)",
+}
+
+
+def spend_meaning(budget: Budget) -> str:
+    """What a spend view's ``epsilon_spent`` is under ``budget``."""
+    return SPEND_MEANING["filter" if budget.uses_filter else "other"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,4 +169,6 @@ __all__ = [
     "release_guarantee",
     "run_alone",
     "shown",
+    "spend_guarantee",
+    "spend_meaning",
 ]

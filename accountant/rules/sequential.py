@@ -53,6 +53,7 @@ from accountant.exact import (
     exact_add,
     exact_sub,
     exact_sum,
+    shown,
     to_text,
 )
 from accountant.rules.bookkeeping import (
@@ -552,22 +553,15 @@ def filter_words(budget: Budget) -> str:
     shares = sorted({Decimal(repr(f.delta_shares[i])) for i in active})
     equal = budget.delta_weights is None or len({budget.delta_weights[i] for i in active}) == 1
     how = (
-        f"equally (delta_alpha = {_shown_share(shares[0])} each)"
+        f"equally (delta_alpha = {shown(shares[0], 'down')} each)"
         if equal
         else "in proportion to the weights fixed at budget creation (delta_alpha from "
-        f"{_shown_share(shares[0])} to {_shown_share(shares[-1])})"
+        f"{shown(shares[0], 'down')} to {shown(shares[-1], 'down')})"
     )
     return (
         f"at the {len(f.orders)} orders of a grid fixed at budget creation ({len(active)} active, alpha "
         f"{f.orders[active[0]]:g} to {f.orders[active[-1]]:g}), delta = {to_text(budget.delta)} split "
         f"over the active orders {how}"
-    )
-
-
-def _shown_share(share: Decimal) -> str:
-    """A δ share in 4 significant digits, rounded down (each share is at least this)."""
-    return f"{share.quantize(Decimal(1).scaleb(share.adjusted() - 3), rounding='ROUND_FLOOR'):E}".replace(
-        "E", "e"
     )
 
 
@@ -588,8 +582,8 @@ def stated_theorem(budget: Budget) -> str:
             + PARALLEL_OVER_BATCHES
         )
     segments = "; ".join(
-        f"segment {i}: {len(s.plan)} event(s), (epsilon_{i}, delta_{i}) = ({to_text(s.epsilon)}, "
-        f"{to_text(s.delta)})"
+        f"segment {i}: {len(s.plan)} event(s), (epsilon_{i}, delta_{i}) <= ({shown(s.epsilon)}, "
+        f"{shown(s.delta)})"
         for i, s in enumerate(budget.plan_segments)
     )
     return (

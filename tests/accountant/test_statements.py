@@ -172,7 +172,9 @@ def test_the_theorem_states_the_delta_split_the_filter_uses() -> None:
         plan_delta="5e-6",
     ).with_segment([ev.PureDpEvent(0.5)], "5e-6")
     text = R.stated_theorem(segments)
-    second = f"segment 1: 1 event(s), (epsilon_1, delta_1) = ({segments.segments[0].epsilon}, 0.000005)"
+    second = (
+        f"segment 1: 1 event(s), (epsilon_1, delta_1) <= ({shown(segments.segments[0].epsilon)}, 0.000005)"
+    )
     assert second in text and "charged whole" in text
     for rule, accountant in (("parallel", "rdp"), ("lifelong", "basic"), ("geometric", "basic")):
         budget = Budget.create(
