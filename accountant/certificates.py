@@ -9,7 +9,8 @@ certificate verifies iff the ledger's decision follows from its inputs under tha
 
 What a certificate holds (``issue``):
 
-* ``rule``, ``accountant``, ``theorem``; ``analyses`` when the charge holds an L2DP-ML event:
+* ``rule``, ``accountant``, ``theorem`` (version 3: ``rules.stated_theorem``, written from the
+  budget's parameters; versions 1–2: the fixed ``rules.theorem``); ``analyses`` when the charge holds an L2DP-ML event:
   which analysis of Thm. 2 it is priced with ("paper" or "sound", DESIGN-NOTES note 21);
   the caller's ids (``dataset_id``, ``reservation_id``,
   ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
@@ -18,9 +19,12 @@ What a certificate holds (``issue``):
   reservation touched: the state the reservation was admitted against (``state_at_reserve``),
   the reserved cost, the state just before this commit, the cost committed before, the state
   after and the cumulative committed cost;
-* ``result``: over the touched batches, the largest ε, δ and naive ε after the commit, the
-  largest cumulative cost of this reservation, and for geometric budgets the levels used and the
-  infinite-horizon bound first/(1 − ratio);
+* ``result``: over the touched batches, the largest ε, δ and naive ε after the commit (the spend
+  in the rule's units: for a Rényi filter its progress), the largest cumulative cost of this
+  reservation (``charge``), and for geometric budgets the levels used and the infinite-horizon
+  bound first/(1 − ratio); since version 3 ``guarantee``, the release's (ε, δ)-DP guarantee, valid
+  under adaptive stopping (``accountant.statements.release_guarantee``), and ``budget_share``
+  (``charge`` named for what it is: budget consumed, not a guarantee);
 * ``libraries``: versions of numpy, scipy, prv-accountant and privacy-ledger;
 * ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else but
   ``signature``: the service adds a ``signature`` of the hash after issuing

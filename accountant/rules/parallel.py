@@ -17,7 +17,10 @@ of Poisson sampling, ``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 20
 accountant the exact basic (ε, δ) when it is smaller and its δ fits (a pure ε costs exactly ε).
 Choosing a batch's event after seeing releases of *other* batches is fine: those outputs do not
 depend on this batch's records. One DP-SGD run is one reservation, however many checkpoints it
-commits (progressive commits of a prefix of the reserved run).
+commits (progressive commits of a prefix of the reserved run). Since pricing version 3 a
+checkpoint on ``rdp`` / ``prv`` settles the whole reserved run: a trainer may stop on what it saw,
+and a run stopped early is post-processing of the whole run (Dwork & Roth 2014, Prop. 2.1), while
+its prefix's ε is no guarantee; ``basic`` keeps the exact sum of what ran (a valid odometer).
 
 A charge that costs exactly nothing (ε = δ = 0: a ``no_op``, ``self_composed`` with ``count`` 0) is
 refused (``InvalidArgumentError`` naming ``event``, answered 422): it would use up the batch's one

@@ -990,7 +990,7 @@
   function jobsTable(page) {
     if (page.count === 0) return h("p", { class: "empty", text: "No jobs yet. Queue one with POST /v1/jobs (a trainer key)." });
     return h("table", { id: "jobs-table", class: "table jobs" },
-      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "ε committed", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
+      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "budget share ε", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
       h("tbody", {}, page.data.map((j) => h("tr", { "data-job-id": j.id },
         h("td", {}, h("a", { class: "mono id", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
         h("td", {}, h("a", { class: "mono small id", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
@@ -1059,7 +1059,7 @@
           h("span", { class: "muted", text: " · model " + job.model_name + " · attempt " + job.attempts + " of " + job.max_attempts })),
         h("div", { class: "job-progress" }, progressBar(job, "job-progress"), h("span", { id: "job-progress-text", text: progressText(job) })),
         h("div", { class: "stats" },
-          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε committed" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "budget share ε committed (not a guarantee)" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), exact("div", { class: "stat-value" }, job.delta_committed || "0", "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "started" }), h("div", { class: "stat-value small", text: when(job.started_at) })),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "updated" }), h("div", { class: "stat-value small", id: "job-updated", "data-polls": polls, text: when(job.updated_at) }))),
