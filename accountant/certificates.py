@@ -10,9 +10,9 @@ certificate verifies iff the ledger's decision follows from its inputs under tha
 What a certificate holds (``issue``):
 
 * ``rule``, ``accountant``, ``theorem`` (version 3: ``rules.stated_theorem``, written from the
-  budget's parameters; versions 1–2: the fixed ``rules.theorem``); ``analyses`` when the charge holds an L2DP-ML event:
-  which analysis of Thm. 2 it is priced with ("paper" or "sound", DESIGN-NOTES note 21);
-  the caller's ids (``dataset_id``, ``reservation_id``,
+  budget's parameters; versions 1–2: the fixed ``rules.theorem``); ``analyses`` when the charge
+  holds an L2DP-ML event: which analysis of Thm. 2 it is priced with ("paper" or "sound",
+  DESIGN-NOTES note 21); the caller's ids (``dataset_id``, ``reservation_id``,
   ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
 * ``inputs``: the budget (with its δ, order grid, geometric schedule or plan), the charge (event
   and noise commitment), the ``partial_event`` of a progressive commit, and for every batch the

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from accountant.errors import UnsupportedEventError
+from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import INFINITY, SHOWN_DIGITS, ZERO, exact_sum, shown, to_text
 from accountant.rules import BatchState, Budget, Cost
@@ -145,7 +145,7 @@ def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
     best: dict[str, str] = {"epsilon": to_text(INFINITY), "delta": to_text(delta), "accountant": "none"}
     try:
         eps, dlt = basic_price(event)
-    except UnsupportedEventError:
+    except AccountantError:
         pass
     else:
         if dlt <= delta:
@@ -153,7 +153,7 @@ def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
     if delta > 0:
         try:
             upper = prv_epsilon((event,), delta)
-        except UnsupportedEventError:
+        except AccountantError:
             return best
         if upper < Decimal(best["epsilon"]):
             best = {"epsilon": to_text(upper), "delta": to_text(delta), "accountant": "prv (upper bound)"}
