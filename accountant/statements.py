@@ -25,10 +25,11 @@ confused (issue 24 §3):
 
   Disjoint batches compose in parallel (McSherry 2009, Thm. 4): the maximum over the batches.
 * ``run_alone`` — the (ε, δ) of the run that produced the release as the only mechanism ever run
-  on its records, at the budget's δ, by the tightest accountant we have for it: the PRV upper
-  bound (Gopi, Lee & Wutschitz 2021, Thm. 5.5) or the exact basic composition when smaller (a
-  pure ε is exact). It bounds that run alone, not what was released before it from the same
-  records; it is computed for the whole reserved run, which bounds a run stopped early.
+  on its records, at the budget's δ, by the tightest accountant we have for it: the exact ε of a
+  lone Gaussian run (Balle & Wang 2018, Thm. 8), else the PRV upper bound (Gopi, Lee & Wutschitz
+  2021, Thm. 5.5) or the exact basic composition when smaller (a pure ε is exact). It bounds
+  that run alone, not what was released before it from the same records; it is computed for the
+  whole reserved run, which bounds a run stopped early.
 * ``budget_share`` — how much of the budget the release consumed: the reservation's committed
   cost in the rule's own units (filter progress, a segment's share, a level's allowance). It is a
   budget figure, **not** a DP guarantee.
@@ -39,11 +40,13 @@ the safe side (ε and δ up, what remains down); machine-readable fields keep th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 from typing import Any, Final
 
+from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import INFINITY, SHOWN_DIGITS, ZERO, exact_sum, shown, to_text
@@ -137,11 +140,59 @@ RUN_ALONE_SCOPE: Final = (
 )
 
 
+def _gaussian_mu(event: DpEvent) -> float | None:
+    """μ of a lone Gaussian run (k Gaussians of σ, sensitivity 1: μ = √k/σ), else ``None``."""
+    count, inner = (event.count, event.event) if isinstance(event, ev.SelfComposedEvent) else (1, event)
+    if isinstance(inner, ev.GaussianEvent) and count > 0:
+        return math.sqrt(count) / inner.noise_multiplier
+    return None
+
+
+def _gaussian_delta(mu: float, epsilon: float) -> float:
+    """δ(ε) of the Gaussian mechanism with μ = sensitivity/σ: Balle & Wang 2018, Thm. 8,
+    Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), the second term in logs (no overflow)."""
+    from scipy.stats import norm
+
+    return float(norm.cdf(mu / 2 - epsilon / mu) - math.exp(epsilon + norm.logcdf(-mu / 2 - epsilon / mu)))
+
+
+_GAUSSIAN_SLACK: Final = 1e-14
+"""Absolute bound on the float error of ``_gaussian_delta`` (both terms are ≤ 1 and computed to a
+few ulps), required as headroom below δ before an exact ε is stated."""
+
+
+def gaussian_epsilon(mu: float, delta: Decimal) -> Decimal | None:
+    """The exact ε at δ of a Gaussian run with μ = √k/σ (the analytic Gaussian mechanism, Balle &
+    Wang 2018, Thm. 8: tight, not a bound), rounded up: the root of δ(ε) = δ is found in floats,
+    moved up by a relative 10⁻⁹, and stated only if δ at that ε is below δ by more than the float
+    error (``None`` otherwise: the caller falls back to an upper bound)."""
+    from scipy.optimize import brentq
+
+    target = float(delta)
+    if not 0 < target < 1 or _gaussian_delta(mu, 0.0) <= target:
+        return None if not 0 < target < 1 else ZERO
+    high = 1.0
+    while _gaussian_delta(mu, high) > target:
+        high *= 2
+        if high > 1e6:
+            return None
+    root = float(brentq(lambda e: _gaussian_delta(mu, e) - target, 0.0, high, xtol=1e-15, rtol=1e-15))
+    stated = math.nextafter(root * (1 + 1e-9) + 1e-12, math.inf)
+    if _gaussian_delta(mu, stated) + _GAUSSIAN_SLACK > target:
+        return None
+    return Decimal(repr(stated)).quantize(Decimal("1e-12"), rounding=ROUND_CEILING)
+
+
 def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
-    """``{epsilon, delta, accountant}``: the run ``event`` alone at δ = ``delta`` (the budget's),
-    the smaller of its exact basic composition (when its δ fits) and the PRV upper bound (Gopi,
-    Lee & Wutschitz 2021, Thm. 5.5; ``accountant.prv``, which falls back to RDP where PRV does
-    not apply). ε = ∞ when neither bounds it at this δ (a Gaussian at δ = 0)."""
+    """``{epsilon, delta, accountant}``: the run ``event`` alone at δ = ``delta`` (the budget's):
+    for a lone Gaussian run its exact ε (``gaussian_epsilon``), else the smaller of its exact basic
+    composition (when its δ fits) and the PRV upper bound (Gopi, Lee & Wutschitz 2021, Thm. 5.5;
+    ``accountant.prv``, which falls back to RDP where PRV does not apply). ε = ∞ when neither
+    bounds it at this δ (a Gaussian at δ = 0)."""
+    mu = _gaussian_mu(event)
+    exact = None if mu is None or delta <= 0 else gaussian_epsilon(mu, delta)
+    if exact is not None:
+        return {"epsilon": to_text(exact), "delta": to_text(delta), "accountant": "exact (analytic Gaussian)"}
     best: dict[str, str] = {"epsilon": to_text(INFINITY), "delta": to_text(delta), "accountant": "none"}
     try:
         eps, dlt = basic_price(event)
@@ -166,6 +217,7 @@ __all__ = [
     "SHOWN_DIGITS",
     "Transition",
     "batch_guarantee",
+    "gaussian_epsilon",
     "release_guarantee",
     "run_alone",
     "shown",

@@ -242,3 +242,20 @@ def test_shown_is_a_bound_on_the_side_it_rounds_to(value: Decimal, way: str) -> 
     text = shown(value, way)  # type: ignore[arg-type]
     assert (Decimal(text) >= value) if way == "up" else (Decimal(text) <= value)
     assert len(Decimal(text).normalize().as_tuple().digits) <= 4
+
+
+@pytest.mark.parametrize(("sigma", "count"), [(2.0, 10), (1.0, 1), (50.0, 1), (0.8, 200)])
+def test_a_lone_gaussian_run_states_its_exact_epsilon(sigma: float, count: int) -> None:
+    """Balle & Wang 2018, Thm. 8 (the analytic Gaussian): within prv-accountant's bounds for the
+    same run, and no larger than the PRV upper bound the ledger would state otherwise."""
+    from prv_accountant.privacy_random_variables import GaussianMechanism
+
+    event = ev.SelfComposedEvent(ev.GaussianEvent(sigma), count) if count > 1 else ev.GaussianEvent(sigma)
+    alone = run_alone(event, DELTA)
+    assert alone["accountant"] == "exact (analytic Gaussian)"
+    library = PRVAccountant(
+        GaussianMechanism(sigma), max_self_compositions=count, eps_error=0.01, delta_error=1e-10
+    )
+    lower, _, upper = library.compute_epsilon(float(DELTA), count)
+    assert lower <= float(alone["epsilon"]) <= upper
+    assert Decimal(alone["epsilon"]) <= prv_epsilon((event,), DELTA)
