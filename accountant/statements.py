@@ -21,7 +21,10 @@ confused (issue 24 §3):
     stopped early is post-processing of it), on ``basic`` the exact sum of what ran (a valid
     odometer: Rogers et al. 2016 show basic composition holds for odometers).
   - ``basic`` sums (``sequential``, ``lifelong``) and ``geometric`` levels: the batch's spend,
-    an exact sum of per-charge (εᵢ, δᵢ) (geometric: whole level allowances), a valid odometer.
+    an exact sum of per-charge εᵢ (geometric: whole level allowances), at the budget's δ: basic
+    composition is a valid privacy odometer, Σεᵢ with a δ_g fixed in advance that bounds Σδᵢ on
+    every path (Rogers, Roth, Ullman & Vadhan 2016), which admission keeps at most the budget's
+    δ. The same δ for plan segments, whose δᵢ are chosen adaptively too.
 
   Disjoint batches compose in parallel (McSherry 2009, Thm. 4): the maximum over the batches.
 * ``run_alone`` — the (ε, δ) of the run that produced the release as the only mechanism ever run
@@ -76,15 +79,23 @@ def batch_guarantee(
     if budget.uses_filter:
         return budget.epsilon, budget.delta
     eps, dlt = state.epsilon_spent, state.delta_spent
+    if budget.rule == "parallel":
+        if budget.accountant != "basic" and reserved is not None:
+            eps, dlt = max(eps, reserved.epsilon), max(dlt, reserved.delta)
+        return eps, dlt
     if budget.rule == "sequential" and budget.accountant == "prv":
         segments = budget.plan_segments
         closed = [segments[i] for i in state.plan_closed if 0 <= i < len(segments)]
         opened = [segments[-1]] if state.plan_position > 0 else []
         eps = max(eps, exact_sum(s.epsilon for s in (*closed, *opened)))
-        dlt = max(dlt, exact_sum(s.delta for s in (*closed, *opened)))
-    elif budget.rule == "parallel" and budget.accountant != "basic" and reserved is not None:
-        eps, dlt = max(eps, reserved.epsilon), max(dlt, reserved.delta)
-    return eps, dlt
+    return eps, _odometer_delta(budget, dlt)
+
+
+def _odometer_delta(budget: Budget, delta_spent: Decimal) -> Decimal:
+    """The δ of a realised sum of adaptively chosen (εᵢ, δᵢ): an odometer's δ is fixed before
+    anything runs (Rogers, Roth, Ullman & Vadhan 2016: Σεᵢ is valid with δ_g whenever Σδᵢ ≤ δ_g
+    on every path), and the ledger admits charges only while Σδᵢ ≤ the budget's δ: that δ."""
+    return max(delta_spent, budget.delta)
 
 
 def spend_guarantee(budget: Budget, epsilon_spent: Decimal, delta_spent: Decimal) -> tuple[Decimal, Decimal]:
@@ -92,12 +103,15 @@ def spend_guarantee(budget: Budget, epsilon_spent: Decimal, delta_spent: Decimal
     the maxima over its batches of the committed spend. A Rényi filter's spend is its progress,
     so the guarantee is the filter's budget once anything ran; every other rule's spend is the
     guarantee (for plan segments and parallel runs since pricing version 3, which charges a
-    segment or a run stopped early whole)."""
+    segment or a run stopped early whole), with the budget's δ where charges were chosen
+    adaptively (``_odometer_delta``)."""
     if epsilon_spent <= 0 and delta_spent <= 0:
         return ZERO, ZERO
     if budget.uses_filter:
         return budget.epsilon, budget.delta
-    return epsilon_spent, delta_spent
+    if budget.rule == "parallel":
+        return epsilon_spent, delta_spent
+    return epsilon_spent, _odometer_delta(budget, delta_spent)
 
 
 SPEND_MEANING: Final = {

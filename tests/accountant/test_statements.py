@@ -259,3 +259,19 @@ def test_a_lone_gaussian_run_states_its_exact_epsilon(sigma: float, count: int) 
     lower, _, upper = library.compute_epsilon(float(DELTA), count)
     assert lower <= float(alone["epsilon"]) <= upper
     assert Decimal(alone["epsilon"]) <= prv_epsilon((event,), DELTA)
+
+
+def test_adaptively_chosen_basic_charges_state_their_sum_at_the_budget_delta() -> None:
+    """Basic composition is a privacy odometer for the realised Σεᵢ with a δ fixed in advance that
+    bounds Σδᵢ on every path (Rogers, Roth, Ullman & Vadhan 2016): the budget's δ, not the δ the
+    charges so far happened to use."""
+    budget = Budget.create(rule="sequential", epsilon=1, delta=DELTA, accountant="basic")
+    cert, state = certify_commit(budget, BatchState.empty(), Charge(ev.PureDpEvent(0.3)))
+    assert state.delta_spent == 0 and batch_guarantee(budget, state) == (Decimal("0.3"), DELTA)
+    assert cert["result"]["guarantee"] == {"epsilon": "0.3", "delta": "0.00001"}  # type: ignore[index]
+    pure = Budget.create(rule="sequential", epsilon=1, delta=0, accountant="basic")
+    _, state = certify_commit(pure, BatchState.empty(), Charge(ev.PureDpEvent(0.3)))
+    assert batch_guarantee(pure, state) == (Decimal("0.3"), 0)
+    parallel = Budget.create(rule="parallel", epsilon=1, delta=DELTA, accountant="basic")
+    _, state = certify_commit(parallel, BatchState.empty(), Charge(ev.PureDpEvent(0.3)))
+    assert batch_guarantee(parallel, state) == (Decimal("0.3"), 0)  # one charge, fixed in advance
