@@ -143,9 +143,9 @@ def covers(budget: Budget) -> str:
     if budget.rule == "sequential" and budget.accountant == "prv":
         return (
             "the declared plan segments that ran on the batches this version read, each whole once "
-            "any of it ran, at the budget's delta (a segment stopped early is post-processing of the whole segment, Dwork & "
-            "Roth 2014, Prop. 2.1), summed by the basic-composition filter (Rogers, Roth, Ullman & "
-            "Vadhan 2016, Thm. 3.6)"
+            "any of it ran, at the budget's delta (a segment stopped early is post-processing of the "
+            "whole segment, Dwork & Roth 2014, Prop. 2.1), summed by the basic-composition filter "
+            "(Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6)"
         )
     if budget.rule == "parallel":
         return (
@@ -155,8 +155,8 @@ def covers(budget: Budget) -> str:
     if budget.rule == "geometric":
         return (
             "the geometric levels used on the blocks this version read, each level's whole "
-            "allowance, summed by basic composition with adaptive parameters, at the budget's delta (Rogers, Roth, Ullman "
-            "& Vadhan 2016)"
+            "allowance, summed by basic composition with adaptive parameters, at the budget's delta "
+            "(Rogers, Roth, Ullman & Vadhan 2016)"
         )
     return (
         "every charge on the batches this version read up to and including this release, summed "
