@@ -24,15 +24,16 @@ Three figures, each a valid bound for what it names (``accountant.statements``; 
   certificate's inputs by the same function. For a Rényi filter it is the filter's budget, never
   its progress;
 * ``run_alone`` — the run that produced this version as if it were the only mechanism ever run
-  on its records: its (ε, δ) at the budget's δ by the PRV upper bound or the exact basic
-  composition (``accountant.statements.run_alone``), for the whole reserved run;
+  on its records: its (ε, δ) at the budget's δ — exact for a lone Gaussian run, else the PRV
+  upper bound or the exact basic composition (``accountant.statements.run_alone``) — for the whole
+  reserved run; the privacy audit of a ``dp_sgd_audit`` version is compared with it;
 * ``budget_share`` — the budget the release consumed (the reservation's committed cost, in the
   rule's units), labelled as what it is: not a DP guarantee.
 
 ``release`` (statement version 1: the committed cost, which for a filter or a plan segment is no
 guarantee of anything) now carries ``run_alone``'s numbers, for API users that read it.
 ``accounting.theorem`` is written from the budget's parameters (``rules.stated_theorem``).
-Numbers are exact decimal strings; ``accountant.statements.shown`` writes them for people.
+Numbers are exact decimal strings; ``accountant.exact.shown`` writes them for people.
 """
 
 from __future__ import annotations
