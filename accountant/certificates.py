@@ -9,18 +9,22 @@ certificate verifies iff the ledger's decision follows from its inputs under tha
 
 What a certificate holds (``issue``):
 
-* ``rule``, ``accountant``, ``theorem``; ``analyses`` when the charge holds an L2DP-ML event:
-  which analysis of Thm. 2 it is priced with ("paper" or "sound", DESIGN-NOTES note 21);
-  the caller's ids (``dataset_id``, ``reservation_id``,
+* ``rule``, ``accountant``, ``theorem`` (version 3: ``rules.stated_theorem``, written from the
+  budget's parameters; versions 1–2: the fixed ``rules.theorem``); ``analyses`` when the charge
+  holds an L2DP-ML event: which analysis of Thm. 2 it is priced with ("paper" or "sound",
+  DESIGN-NOTES note 21); the caller's ids (``dataset_id``, ``reservation_id``,
   ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
 * ``inputs``: the budget (with its δ, order grid, geometric schedule or plan), the charge (event
   and noise commitment), the ``partial_event`` of a progressive commit, and for every batch the
   reservation touched: the state the reservation was admitted against (``state_at_reserve``),
   the reserved cost, the state just before this commit, the cost committed before, the state
   after and the cumulative committed cost;
-* ``result``: over the touched batches, the largest ε, δ and naive ε after the commit, the
-  largest cumulative cost of this reservation, and for geometric budgets the levels used and the
-  infinite-horizon bound first/(1 − ratio);
+* ``result``: over the touched batches, the largest ε, δ and naive ε after the commit (the spend
+  in the rule's units: for a Rényi filter its progress), the largest cumulative cost of this
+  reservation (``charge``), and for geometric budgets the levels used and the infinite-horizon
+  bound first/(1 − ratio); since version 3 ``guarantee``, the release's (ε, δ)-DP guarantee, valid
+  under adaptive stopping (``accountant.statements.release_guarantee``), and ``budget_share``
+  (``charge`` named for what it is: budget consumed, not a guarantee);
 * ``libraries``: versions of numpy, scipy, prv-accountant and privacy-ledger;
 * ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else but
   ``signature``: the service adds a ``signature`` of the hash after issuing
@@ -65,13 +69,19 @@ from accountant.rules import (
     pricing,
     pricing_version,
     reserve,
+    stated_theorem,
     theorem,
     within_budget,
 )
+from accountant.rules.memo import PRICING_VERSIONS
+from accountant.statements import release_guarantee
 
-CERTIFICATE_VERSION: Final = 2
-"""2: the batches are grouped into classes (``ClassRecord``) and committed to by a ``BatchSet``;
-1: one ``BatchRecord`` per batch (still verified)."""
+CERTIFICATE_VERSION: Final = 3
+"""3: ``theorem`` is ``rules.stated_theorem`` (written from the budget's own parameters) and
+``result`` states the release's ``guarantee`` and its ``budget_share`` (``accountant.statements``);
+2: the batches are grouped into classes (``ClassRecord``) and committed to by a ``BatchSet``;
+1: one ``BatchRecord`` per batch. Versions 1 and 2 still verify, against ``rules.theorem``."""
+CERTIFICATE_VERSIONS: Final = (1, 2, 3)
 CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
 _LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
 _UNHASHED: Final = frozenset({"hash", "signature"})
@@ -242,7 +252,14 @@ def content_hash(certificate: Mapping[str, Any]) -> str:
     return "sha256:" + sha256_hex(body)
 
 
-def _result(budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecord]) -> dict[str, Any]:
+def _result(
+    budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecord], version: int = CERTIFICATE_VERSION
+) -> dict[str, Any]:
+    """The certificate's ``result``. ``epsilon`` / ``delta``: the largest spend of the touched
+    batches after the commit, in the rule's units (for a Rényi filter its progress, not a
+    guarantee); ``charge``: this reservation's largest committed cost. Version 3 adds
+    ``guarantee`` (the (ε, δ)-DP guarantee of the release, ``accountant.statements``) and
+    ``budget_share`` (``charge`` under a name that says what it is: budget consumed, not DP)."""
     after = [r.state_after for r in records]
     result: dict[str, Any] = {
         "epsilon": to_text(max((s.epsilon_spent for s in after), default=ZERO)),
@@ -255,6 +272,10 @@ def _result(budget: Budget, records: Sequence[BatchRecord] | Sequence[ClassRecor
         "budget": {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)},
         "within_budget": True,
     }
+    if version >= 3:
+        eps, dlt = release_guarantee(budget, records)
+        result["guarantee"] = {"epsilon": to_text(eps), "delta": to_text(dlt)}
+        result["budget_share"] = dict(result["charge"])
     if budget.geometric is not None:
         result["infinite_horizon_bound"] = to_text(budget.geometric.infinite_horizon_bound())
         result["levels"] = (
@@ -310,7 +331,7 @@ def issue(
         "kind": CERTIFICATE_KIND,
         "rule": budget.rule,
         "accountant": budget.accountant,
-        "theorem": theorem(budget),
+        "theorem": stated_theorem(budget),
         "dataset_id": dataset_id,
         "reservation_id": reservation_id,
         "release_id": release_id,
@@ -359,10 +380,10 @@ def _verify(cert: Mapping[str, Any]) -> Verification:
     actual = content_hash(cert)
     if actual != stored:
         return Verification(False, f"content hash mismatch: stored {stored}, computed {actual}")
-    if cert.get("version") not in (1, CERTIFICATE_VERSION) or cert.get("kind") != CERTIFICATE_KIND:
+    if cert.get("version") not in CERTIFICATE_VERSIONS or cert.get("kind") != CERTIFICATE_KIND:
         return Verification(False, f"unknown certificate version {cert.get('version')!r}")
     version = cert.get("pricing", 1)
-    if isinstance(version, bool) or version not in (1, 2):
+    if isinstance(version, bool) or version not in PRICING_VERSIONS:
         return Verification(False, f"unknown pricing version {version!r}")
     with pricing_version(version):
         return _verify_content(cert)
@@ -378,7 +399,8 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     partial = None if partial_obj is None else ev.from_json(partial_obj, "inputs.partial_event")
     previous_obj = inputs.get("previous_partial_event")
     previous = None if previous_obj is None else ev.from_json(previous_obj, "inputs.previous_partial_event")
-    expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": theorem(budget)}
+    cited = stated_theorem(budget) if cert["version"] >= 3 else theorem(budget)
+    expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": cited}
     for name, value in expected.items():
         if cert.get(name) != value:
             return Verification(False, f"{name} does not match the budget: {cert.get(name)!r}")
@@ -420,7 +442,7 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
             problem = _check_batch(budget, charge, partial, previous, record)
             if problem:
                 return Verification(False, f"{label}: {problem}")
-    if cert.get("result") != _result(budget, records):
+    if cert.get("result") != _result(budget, records, cert["version"]):
         return Verification(False, "result does not match the recomputed bound")
     libraries = cert.get("libraries")
     if not isinstance(libraries, Mapping) or not all(isinstance(v, str) for v in libraries.values()):
@@ -465,6 +487,7 @@ def _check_batch(
 __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
+    "CERTIFICATE_VERSIONS",
     "BatchRecord",
     "BatchSet",
     "ClassRecord",

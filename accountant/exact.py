@@ -23,8 +23,8 @@ from __future__ import annotations
 import decimal
 import math
 from collections.abc import Iterable
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
-from typing import Final
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from typing import Final, Literal
 
 SIGNIFICANT_DIGITS: Final = 18
 # Floats k/2^q with odd k of at most this many bits are read at their exact binary value.
@@ -122,3 +122,30 @@ def to_text(value: Decimal) -> str:
     if -40 <= exponent <= 0 or (exponent > 0 and normal.adjusted() < 40):
         return format(normal, "f")
     return str(normal)
+
+
+SHOWN_DIGITS: Final = 4
+
+
+def shown(value: Decimal | str | int, way: Literal["up", "down"] = "up", digits: int = SHOWN_DIGITS) -> str:
+    """``value`` in ``digits`` significant digits, rounded ``way`` ("up" for an ε or δ bound, so
+    the shown number is still a bound; "down" for what remains). Plain decimal text below 10¹⁵
+    and from 10⁻⁶ (``1.042``, ``0.00001``), else scientific (``9.997e-7``); "inf" for ∞."""
+    number = value if isinstance(value, Decimal) else Decimal(str(value))
+    if number.is_infinite():
+        return "inf" if number > 0 else "-inf"
+    if number.is_nan():
+        raise InvalidOperation(f"value must be a number. Found {value!r}.")
+    if number == 0:
+        return "0"
+    quantum = Decimal(1).scaleb(number.adjusted() - digits + 1)
+    rounded = number.quantize(quantum, rounding=ROUND_CEILING if way == "up" else ROUND_FLOOR)
+    if rounded.adjusted() > number.adjusted():  # 9.9996 → 10.00: keep `digits` digits
+        rounded = rounded.quantize(quantum.scaleb(1))
+    if -6 <= rounded.adjusted() < 15:
+        text = f"{rounded:f}"
+        return text.rstrip("0").rstrip(".") if "." in text else text
+    mantissa, exponent = f"{rounded:E}".split("E")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"

@@ -286,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
             with client.release_gate(
                 args.dataset, None, event, tasks=tasks, model=args.model, version=version
             ) as gate:
-                print(f"reserved {gate.reservation_id}: epsilon {gate.cost.get('epsilon')}", flush=True)
+                print(
+                    f"reserved {gate.reservation_id}: budget share epsilon {gate.cost.get('epsilon')} "
+                    "(not a DP guarantee)",
+                    flush=True,
+                )
                 state, metrics = train(args, plan)
                 if metrics["steps"] < plan.steps:  # commit what ran; the gate returns the rest
                     gate.commit_event = replace(plan, epochs=1, steps_per_epoch=int(metrics["steps"])).event()
@@ -321,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "released": {"model": args.model, "version": version},
                 "certificate_id": stored["id"],
-                "epsilon": stored["certificate"]["result"]["epsilon"],
+                # The release's guarantee (issue 24 §3), and the budget it consumed: a budget
+                # share, not a guarantee (for a Rényi filter, the growth of its progress).
+                "guarantee": stored["certificate"]["result"]["guarantee"],
+                "budget_share": stored["certificate"]["result"]["budget_share"],
                 "checkpoint": str(path),
                 "metrics": metrics,
             }

@@ -54,6 +54,7 @@ from accountant.rules.budget import (
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
 from accountant.rules.memo import (
     PRICING_VERSION,
+    PRICING_VERSIONS,
     PriceMemo,
     active_pricing,
     event_fingerprint,
@@ -101,6 +102,8 @@ class _Rule(Protocol):
     def within_budget(self, budget: Budget, state: BatchState) -> bool: ...
 
     def theorem(self, budget: Budget) -> str: ...
+
+    def stated_theorem(self, budget: Budget) -> str: ...
 
 
 def _rule(budget: Budget) -> _Rule:
@@ -307,6 +310,12 @@ def theorem(budget: Budget) -> str:
     return _rule(budget).theorem(budget)
 
 
+def stated_theorem(budget: Budget) -> str:
+    """The theorem with the budget's own parameters (its (ε, δ), the filter's actual δ split,
+    the plan segments' (εᵢ, δᵢ)): what certificates of version 3 cite and statements show."""
+    return _rule(budget).stated_theorem(budget)
+
+
 __all__ = [
     "ACCOUNTANTS",
     "MAX_COMMITMENT_LENGTH",
@@ -314,6 +323,7 @@ __all__ = [
     "MAX_GEOMETRIC_LEVEL",
     "MAX_PLAN_EVENTS",
     "PRICING_VERSION",
+    "PRICING_VERSIONS",
     "RULES",
     "SUPPORTED",
     "Admission",
@@ -344,6 +354,7 @@ __all__ = [
     "remaining",
     "renyi_filter",
     "reserve",
+    "stated_theorem",
     "theorem",
     "within_budget",
 ]

@@ -63,7 +63,7 @@ from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, Budget
 from accountant.rules.errors import BudgetExceeded
 from accountant.rules.memo import event_fingerprint, memoized
 from accountant.rules.prices import basic_price, fresh_price, is_free
-from accountant.rules.sequential import PARALLEL_OVER_BATCHES
+from accountant.rules.sequential import PARALLEL_OVER_BATCHES, budget_words
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 
@@ -242,4 +242,11 @@ def theorem(budget: Budget) -> str:
         "Roth 2014, Thm. 3.16; Rogers et al. 2016), so a block's total over an infinite horizon is "
         f"<= single + copies*first/(1-ratio) = {to_text(schedule.infinite_horizon_bound())} <= epsilon."
         + PARALLEL_OVER_BATCHES
+    )
+
+
+def stated_theorem(budget: Budget) -> str:
+    """``theorem`` (already written from the schedule) with the budget's (ε, δ)."""
+    return theorem(budget).replace(
+        PARALLEL_OVER_BATCHES, f" Budget per block {budget_words(budget)}." + PARALLEL_OVER_BATCHES
     )

@@ -52,6 +52,9 @@ from accountant.rules.sequential import (
     reserve_fresh,
     within_budget_fresh,
 )
+from accountant.rules.sequential import (
+    stated_theorem as sequential_theorem,
+)
 from accountant.rules.state import Admission, BatchState, Charge, Cost, NoiseCommitment, Settlement
 
 
@@ -173,4 +176,13 @@ def theorem(budget: Budget) -> str:
         "2014, Prop. 2.1) and cost 0; fresh noise is a new charge. "
         + THEOREMS[budget.accountant]
         + PARALLEL_OVER_BATCHES
+    )
+
+
+def stated_theorem(budget: Budget) -> str:
+    """``theorem`` with the budget's own parameters (the fresh charges' filter and its δ split)."""
+    return (
+        "Lifelong DP (L2DP-ML, Phan et al., Thm. 2): a batch perturbed once, its noise recorded "
+        "as a noise commitment; replays of committed noise are post-processing (Dwork & Roth "
+        "2014, Prop. 2.1) and cost 0; fresh noise is a new charge. " + sequential_theorem(budget)
     )

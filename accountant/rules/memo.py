@@ -113,7 +113,7 @@ def memoized(
 # Pricing versions
 # ---------------------------------------------------------------------------------------------
 
-PRICING_VERSION: Final = 2
+PRICING_VERSION: Final = 3
 """How single charges and the naive figure are priced (certificates record it as ``pricing``).
 
 1 — before issue 13 §3: a single charge (``parallel``, a ``geometric`` level) on the budget's
@@ -121,18 +121,27 @@ PRICING_VERSION: Final = 2
 2 — a single charge is the minimum of the RDP bound on the accountant's full grid, the coupling
     bound and the exact basic bound; the naive figure uses the rule's own conversion and is
     floored at the batch's spend (``prices.fresh_price``, ``naive_price``).
+3 — issue 24 §4: where a run may be stopped early because of what it released, the spend is the
+    whole run's, never the prefix's (a prefix's ε is no guarantee under adaptive stopping; the
+    whole run's output bounds any stopping by post-processing, Dwork & Roth 2014, Prop. 2.1): a
+    declared plan segment (``sequential`` / ``prv``) is charged its whole (εᵢ, δᵢ) from its first
+    entry that costs anything, and a ``parallel`` progressive commit on an ``rdp`` or ``prv``
+    budget the whole reserved run (a ``basic`` prefix is a sum of per-step charges, a valid
+    odometer, and stays as it was).
 
-Both are valid upper bounds; a certificate re-verifies under the version that issued it, so an
-upgrade never turns a stored certificate invalid. New charges use ``PRICING_VERSION``."""
+All are valid upper bounds for non-adaptive runs, and 3 also under adaptive stopping; a
+certificate re-verifies under the version that issued it, so an upgrade never turns a stored
+certificate invalid. New charges use ``PRICING_VERSION``."""
 
+PRICING_VERSIONS: Final = (1, 2, 3)
 _PRICING: Final[ContextVar[int]] = ContextVar("accountant_pricing_version", default=PRICING_VERSION)
 
 
 @contextmanager
 def pricing_version(version: int) -> Iterator[int]:
     """Within the block, charges are priced as ``version`` prices them (certificate replays)."""
-    if version not in (1, 2):
-        raise InvalidArgumentError("pricing", f"must be 1 or 2. Found {version!r}.")
+    if version not in PRICING_VERSIONS:
+        raise InvalidArgumentError("pricing", f"must be 1, 2 or 3. Found {version!r}.")
     token = _PRICING.set(version)
     try:
         yield version

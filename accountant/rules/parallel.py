@@ -17,7 +17,10 @@ of Poisson sampling, ``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 20
 accountant the exact basic (ε, δ) when it is smaller and its δ fits (a pure ε costs exactly ε).
 Choosing a batch's event after seeing releases of *other* batches is fine: those outputs do not
 depend on this batch's records. One DP-SGD run is one reservation, however many checkpoints it
-commits (progressive commits of a prefix of the reserved run).
+commits (progressive commits of a prefix of the reserved run). Since pricing version 3 a
+checkpoint on ``rdp`` / ``prv`` settles the whole reserved run: a trainer may stop on what it saw,
+and a run stopped early is post-processing of the whole run (Dwork & Roth 2014, Prop. 2.1), while
+its prefix's ε is no guarantee; ``basic`` keeps the exact sum of what ran (a valid odometer).
 
 A charge that costs exactly nothing (ε = δ = 0: a ``no_op``, ``self_composed`` with ``count`` 0) is
 refused (``InvalidArgumentError`` naming ``event``, answered 422): it would use up the batch's one
@@ -35,9 +38,9 @@ from accountant.exact import ZERO, exact_add, to_text
 from accountant.rules.bookkeeping import progressive_cost, release_additive, settle_additive
 from accountant.rules.budget import Budget
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
-from accountant.rules.memo import event_fingerprint
+from accountant.rules.memo import active_pricing, event_fingerprint
 from accountant.rules.prices import fresh_price
-from accountant.rules.sequential import PARALLEL_OVER_BATCHES
+from accountant.rules.sequential import PARALLEL_OVER_BATCHES, budget_words
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 
@@ -83,6 +86,13 @@ def commit(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
+    # Pricing version 3: on ``rdp`` / ``prv`` a checkpoint settles the whole reserved run. Where
+    # the run stops may depend on what it released, and the prefix's ε is then no guarantee; the
+    # whole run's is (the stopped run is post-processing of it, Dwork & Roth 2014, Prop. 2.1).
+    # It costs no capacity: the batch is read once whatever it is charged. ``basic`` prices each
+    # step exactly and adds them, a valid privacy odometer (Rogers, Roth, Ullman & Vadhan 2016).
+    if partial_event is not None and budget.accountant != "basic" and active_pricing() >= 3:
+        partial_event = None
     now = progressive_cost(reserved, committed_before, partial_event, lambda partial: _price(budget, partial))
     return Settlement(settle_additive(state, now, committed_before), now)
 
@@ -118,3 +128,16 @@ def theorem(budget: Budget) -> str:
         "learning with pre-trained models, enforced: each batch is read by one charge, costed "
         f"alone by {how}." + PARALLEL_OVER_BATCHES
     )
+
+
+def stated_theorem(budget: Budget) -> str:
+    """``theorem`` with the budget's (ε, δ), and what a run stopped early is charged."""
+    stopped = (
+        "a run stopped early is charged the sum of its steps' exact costs (a valid privacy odometer, "
+        "Rogers, Roth, Ullman & Vadhan 2016)"
+        if budget.accountant == "basic"
+        else "a run stopped early, even because of what it released, is charged the whole reserved "
+        "run, of which it is post-processing (Dwork & Roth 2014, Prop. 2.1)"
+    )
+    stated = f" Budget {budget_words(budget)} per charge; {stopped}."
+    return theorem(budget).replace(PARALLEL_OVER_BATCHES, stated + PARALLEL_OVER_BATCHES)

@@ -53,6 +53,7 @@ from accountant.exact import (
     exact_add,
     exact_sub,
     exact_sum,
+    shown,
     to_text,
 )
 from accountant.rules.bookkeeping import (
@@ -70,8 +71,8 @@ from accountant.rules.bookkeeping import (
 )
 from accountant.rules.budget import Budget, PlanSegment, renyi_filter
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
-from accountant.rules.memo import event_fingerprint, memoized
-from accountant.rules.prices import basic_price, fresh_price, naive_price, prv_epsilon, rdp_charge
+from accountant.rules.memo import active_pricing, event_fingerprint, memoized
+from accountant.rules.prices import basic_price, fresh_price, is_free, naive_price, prv_epsilon, rdp_charge
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 # ---------------------------------------------------------------------------------------------
@@ -296,12 +297,23 @@ def _closed_cost(budget: Budget, state: BatchState) -> tuple[Decimal, Decimal]:
 
 
 def _plan_target(budget: Budget, position: int, last: DpEvent) -> Decimal:
-    """min(PRV ε of the open segment's entries 0..position−1 followed by ``last``, the
-    segment's ε), both at the segment's δ."""
+    """What the open segment costs a batch that ran its entries 0..position−1 followed by
+    ``last``: the segment's whole ε once any of them costs anything (pricing version 3), else 0.
+
+    A trainer may stop a segment early because of what it released; the ε of the prefix that ran
+    is then no (ε, δ) guarantee (that would be a privacy odometer; Rogers, Roth, Ullman & Vadhan
+    2016), while the whole segment's ε bounds any stopping rule: the stopped run is a
+    post-processing of the whole segment's output (Dwork & Roth 2014, Prop. 2.1). Charging it at
+    the first entry costs no capacity — ``close_segment`` charges it anyway, and segments are
+    admitted by their declared Σεᵢ ≤ ε, not by spend. Versions 1–2 (certificate replays) charged
+    min(PRV ε of the prefix, the segment's ε), at the segment's δ."""
     index, segment = _open_segment(budget)
+    ran = (*segment.plan[:position], last)
 
     def compute() -> Decimal:
-        return min(prv_epsilon((*segment.plan[:position], last), segment.delta), segment.epsilon)
+        if active_pricing() >= 3:
+            return ZERO if all(is_free(e) for e in ran) else segment.epsilon
+        return min(prv_epsilon(ran, segment.delta), segment.epsilon)
 
     return memoized("plan_target", budget, last, (index, position), compute)
 
@@ -541,9 +553,69 @@ PARALLEL_OVER_BATCHES: Final = (
 )
 
 
+def budget_words(budget: Budget) -> str:
+    """The budget's (ε, δ) as a theorem text states it."""
+    return f"(epsilon = {to_text(budget.epsilon)}, delta = {to_text(budget.delta)})"
+
+
+def filter_words(budget: Budget) -> str:
+    """How the budget's Rényi filter splits δ, from its actual orders and weights."""
+    f = renyi_filter(budget)
+    active = [i for i, on in enumerate(f.active) if on]
+    shares = sorted({Decimal(repr(f.delta_shares[i])) for i in active})
+    equal = budget.delta_weights is None or len({budget.delta_weights[i] for i in active}) == 1
+    how = (
+        f"equally (delta_alpha = {shown(shares[0], 'down')} each)"
+        if equal
+        else "in proportion to the weights fixed at budget creation (delta_alpha from "
+        f"{shown(shares[0], 'down')} to {shown(shares[-1], 'down')})"
+    )
+    return (
+        f"at the {len(f.orders)} orders of a grid fixed at budget creation ({len(active)} active, alpha "
+        f"{f.orders[active[0]]:g} to {f.orders[active[-1]]:g}), delta = {to_text(budget.delta)} split "
+        f"over the active orders {how}"
+    )
+
+
+def stated_theorem(budget: Budget) -> str:
+    """The theorem with the budget's own parameters (certificate version 3): its (ε, δ), and for
+    the filter the orders and the δ split that is actually used — never "split equally" when the
+    weights are not equal; for plan segments, each segment's (εᵢ, δᵢ)."""
+    if budget.accountant == "basic":
+        return THEOREMS["basic"] + f" Budget per batch {budget_words(budget)}." + PARALLEL_OVER_BATCHES
+    if budget.accountant == "rdp":
+        return (
+            "Sequential composition per batch by a Renyi privacy filter (Feldman & Zrnic 2021, "
+            f"Thm. 3.1) with budget {budget_words(budget)} {filter_words(budget)}; a union bound over "
+            "the orders' filter events (Lecuyer 2021); improved RDP-to-DP conversion (Balle et al. 2020, "
+            "Thm. 21; Canonne, Kamath & Steinke 2020, Prop. 12). The guarantee of every release is "
+            "the filter's (epsilon, delta) under fully adaptive choices, stopping included; the "
+            "filter's progress is no guarantee of its own (that would be a privacy odometer)."
+            + PARALLEL_OVER_BATCHES
+        )
+    segments = "; ".join(
+        f"segment {i}: {len(s.plan)} event(s), (epsilon_{i}, delta_{i}) <= ({shown(s.epsilon)}, "
+        f"{shown(s.delta)})"
+        for i, s in enumerate(budget.plan_segments)
+    )
+    return (
+        "Sequential composition per batch of declared plan segments, each a non-adaptive plan "
+        "priced (epsilon_i, delta_i) by the PRV accountant's upper bound at its delta share (Gopi, "
+        "Lee & Wutschitz 2021) when it is declared, and charged whole on a batch from its first entry "
+        "that costs anything: a run stopped early, even because of what it released, is "
+        "post-processing of the whole segment (Dwork & Roth 2014, Prop. 2.1); segments composed by "
+        "basic composition under fully adaptive choice, admitted while sum epsilon_i <= epsilon and "
+        "sum delta_i <= delta (Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6); budget "
+        f"{budget_words(budget)}; {segments}." + PARALLEL_OVER_BATCHES
+    )
+
+
 def theorem(budget: Budget) -> str:
-    # A budget created before segments existed (plan at the whole δ, none declared since) cites
-    # what it always cited, so its certificates re-verify unchanged.
+    """The theorem certificate versions 1 and 2 cite (kept word for word: they re-verify
+    against it); version 3 cites ``stated_theorem``.
+
+    A budget created before segments existed (plan at the whole δ, none declared since) cites
+    what it always cited, so its certificates re-verify unchanged."""
     if budget.accountant == "prv" and (budget.plan_delta is not None or budget.segments):
         return SEGMENTS_THEOREM + PARALLEL_OVER_BATCHES
     return THEOREMS[budget.accountant] + PARALLEL_OVER_BATCHES
@@ -553,18 +625,21 @@ __all__ = [
     "PARALLEL_OVER_BATCHES",
     "SEGMENTS_THEOREM",
     "THEOREMS",
+    "budget_words",
     "cancel",
     "cancel_fresh",
     "close_segment",
     "commit",
     "commit_fresh",
     "derive_filter_state",
+    "filter_words",
     "plan_delta_ran",
     "price_fresh",
     "remaining",
     "remaining_fresh",
     "reserve",
     "reserve_fresh",
+    "stated_theorem",
     "theorem",
     "within_budget",
     "within_budget_fresh",

@@ -558,14 +558,28 @@ class TaskSpend(_Public):
     epsilon_spent: str
 
 
+class GuaranteePublic(_Public):
+    """The (ε, δ)-DP guarantee of everything released so far, valid under adaptive stopping
+    (``accountant.statements``), and what it covers under the rule."""
+
+    epsilon: str
+    delta: str
+    covers: str
+
+
 class SpendPublic(_Public):
     rule: str
     epsilon_budget: str
     delta_budget: str
-    epsilon_spent: str
+    epsilon_spent: str = Field(description="the most-spent batch's spend; see epsilon_spent_is")
     delta_spent: str
     epsilon_remaining: str
     naive_sequential_epsilon: str
+    guarantee: GuaranteePublic
+    epsilon_spent_is: str = Field(
+        description="what epsilon_spent is under the rule: the guarantee, or (Renyi filter) its "
+        "progress, a budget share that is not a DP guarantee"
+    )
     tasks: list[TaskSpend]
 
 

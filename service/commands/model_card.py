@@ -6,7 +6,9 @@ Client side (a plain install): it reads ``GET /v1/models/{name}/versions/{v}`` w
 and renders the ``dp_statement`` the server derived from the version's certificate
 (``service.ledger.dp_statement``); nothing in it is typed in by hand. The front matter's values
 are JSON scalars, which YAML reads as the same values, so the numbers stay the exact decimal
-strings the ledger certified.
+strings the ledger certified. The markdown shows each number in 4 significant digits rounded
+toward the safe side (``accountant.statements.shown``: ε and δ up, what remains down) and says
+what it bounds: the release's guarantee, the run alone, the budget share (not a guarantee).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from accountant.statements import shown
 from service.commands.export import add_connection_arguments, connection_error
 
 
@@ -48,6 +51,11 @@ def front_matter(version: Mapping[str, Any]) -> str:
     fields = {
         "epsilon": s["guarantee"]["epsilon"],
         "delta": s["guarantee"]["delta"],
+        "run_alone_epsilon": s["run_alone"]["epsilon"],
+        "run_alone_delta": s["run_alone"]["delta"],
+        "run_alone_accountant": s["run_alone"]["accountant"],
+        "budget_share_epsilon": s["budget_share"]["epsilon"],
+        "budget_share_delta": s["budget_share"]["delta"],
         "privacy_unit": s["privacy_unit"]["unit"],
         "neighbouring_relation": ",".join(s["privacy_unit"]["relation"]) or None,
         "accountant": s["accounting"]["accountant"],
@@ -57,9 +65,8 @@ def front_matter(version: Mapping[str, Any]) -> str:
         "steps": mechanism.get("steps"),
         "noise_multiplier": mechanism.get("noise_multiplier"),
         "clipping_norm": mechanism.get("clipping_norm"),
-        "release_epsilon": s["release"]["epsilon"],
-        "release_delta": s["release"]["delta"],
         "budget_epsilon": s["budget"]["epsilon"],
+        "budget_delta": s["budget"]["delta"],
         "budget_epsilon_remaining": s["budget"]["epsilon_remaining"],
         "certificate_id": s["certificate"]["id"],
         "certificate_hash": s["certificate"]["hash"],
@@ -89,18 +96,27 @@ def markdown(version: Mapping[str, Any]) -> str:
     else:
         how = sampler["description"]
         if sampler.get("sampling_probability") is not None:
-            how += f" (q = {sampler['sampling_probability']})"
+            how += f" (q ≈ {float(sampler['sampling_probability']):.4g})"
     clipping = mechanism.get("clipping_norm")
+    guarantee, alone, share, budget = s["guarantee"], s["run_alone"], s["budget_share"], s["budget"]
     rows = [
         ("Privacy unit", s["privacy_unit"]["description"]),
         ("Granularity", s["granularity"]),
         (
-            "Guarantee",
-            f"(ε = {s['guarantee']['epsilon']}, δ = {s['guarantee']['delta']})-DP: {s['guarantee']['scope']}",
+            "Guarantee of this model",
+            f"({_eps(guarantee['epsilon'])}, {_delta(guarantee['delta'])})-DP: {guarantee['scope']}; "
+            f"it covers {guarantee['covers']}",
         ),
         (
-            "This release",
-            f"ε = {s['release']['epsilon']}, δ = {s['release']['delta']}: {s['release']['scope']}",
+            "This run alone",
+            f"({_eps(alone['epsilon'])}, {_delta(alone['delta'])})-DP by {alone['accountant']}: "
+            f"{alone['scope']}",
+        ),
+        (
+            "Budget share",
+            f"ε {shown(share['epsilon'])} of the budget's {shown(budget['epsilon'])}"
+            + (f", δ {shown(share['delta'])}" if budget["delta_remaining"] is not None else "")
+            + f": {share['scope']}",
         ),
         ("Accountant", s["accounting"]["accountant"]),
         ("Conversion", s["accounting"]["conversion"]),
@@ -116,14 +132,14 @@ def markdown(version: Mapping[str, Any]) -> str:
         ("Public / pre-trained data", s["public_data"]),
         (
             "Budget",
-            f"ε = {s['budget']['epsilon']}, δ = {s['budget']['delta']}; remaining "
-            f"ε = {s['budget']['epsilon_remaining']}"
+            f"ε = {shown(budget['epsilon'])}, δ = {shown(budget['delta'])}; remaining "
+            f"ε = {shown(budget['epsilon_remaining'], 'down')}"
             + (
-                f", δ = {s['budget']['delta_remaining']}"
-                if s["budget"]["delta_remaining"] is not None
+                f", δ = {shown(budget['delta_remaining'], 'down')}"
+                if budget["delta_remaining"] is not None
                 else ""
             )
-            + f" ({s['budget']['scope']}; {s['budget']['delta_note']})",
+            + f" ({budget['scope']}; {budget['delta_note']})",
         ),
         (
             "Certificate",
@@ -138,6 +154,14 @@ def markdown(version: Mapping[str, Any]) -> str:
         f"that certified it; the fields follow {s['guidelines']}.\n\n"
         f"| field | value |\n|---|---|\n{body}\n"
     )
+
+
+def _eps(value: str) -> str:
+    return f"ε ≤ {shown(value)}" if value != "0" else "ε = 0"
+
+
+def _delta(value: str) -> str:
+    return f"δ ≤ {shown(value)}" if value != "0" else "δ = 0"
 
 
 def _cell(text: str) -> str:

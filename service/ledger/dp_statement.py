@@ -15,10 +15,25 @@ A release made by a client's own trainer (``release_gate``) has a certificate an
 statement then says what the ledger cannot know (the clipping norm, pre-training) instead of
 repeating a client's claim.
 
-The headline ε, δ (``guarantee``) is the certificate's ``result``: the privacy loss, under the
-dataset's rule, of *every* release computed from the batches this version read, up to and
-including it — the guarantee a record's owner has once this version is public. ``release`` is
-the cost of the run that produced this version alone (its reservation's committed cost).
+Three figures, each a valid bound for what it names (``accountant.statements``; issue 24 §3):
+
+* ``guarantee`` — the (ε, δ)-DP guarantee of the released model: of *every* release computed
+  from the batches this version read, up to and including it, under the dataset's rule, valid
+  whatever the trainer chose after seeing earlier outputs (early stopping included). A version-3
+  certificate states it (``result.guarantee``); for older ones it is derived from the
+  certificate's inputs by the same function. For a Rényi filter it is the filter's budget, never
+  its progress;
+* ``run_alone`` — the run that produced this version as if it were the only mechanism ever run
+  on its records: its (ε, δ) at the budget's δ — exact for a lone Gaussian run, else the PRV
+  upper bound or the exact basic composition (``accountant.statements.run_alone``) — for the whole
+  reserved run; the privacy audit of a ``dp_sgd_audit`` version is compared with it;
+* ``budget_share`` — the budget the release consumed (the reservation's committed cost, in the
+  rule's units), labelled as what it is: not a DP guarantee.
+
+``release`` (statement version 1: the committed cost, which for a filter or a plan segment is no
+guarantee of anything) now carries ``run_alone``'s numbers, for API users that read it.
+``accounting.theorem`` is written from the budget's parameters (``rules.stated_theorem``).
+Numbers are exact decimal strings; ``accountant.exact.shown`` writes them for people.
 """
 
 from __future__ import annotations
@@ -28,9 +43,12 @@ from decimal import Decimal
 from typing import Any, Final
 
 from accountant import events as ev
+from accountant.certificates import BatchRecord, ClassRecord
 from accountant.exact import to_text
+from accountant.rules import Budget, Charge, stated_theorem
+from accountant.statements import GUARANTEE_SCOPE, RUN_ALONE_SCOPE, release_guarantee, run_alone
 
-STATEMENT_VERSION: Final = 1
+STATEMENT_VERSION: Final = 2
 GUIDELINES: Final = "Ponomareva et al. 2023, How to DP-fy ML, Section 5.3 (reporting)"
 
 CONVERSIONS: Final[Mapping[str, str]] = {
@@ -108,6 +126,63 @@ def _public_data(algorithm: str | None, source: str | None) -> str:
     return "none declared by the source; see the algorithm's documentation"
 
 
+BUDGET_SHARE_SCOPE: Final = (
+    "the budget this release consumed, in the rule's units (the reservation's committed cost: for a "
+    "Renyi filter the growth of its progress, for a plan segment its share, for a geometric level "
+    "its allowance); a budget figure, NOT a DP guarantee"
+)
+
+
+def covers(budget: Budget) -> str:
+    """What the guarantee covers under ``budget``'s rule, and the theorem it rests on."""
+    if budget.uses_filter:
+        return (
+            "the Renyi filter's budget on each batch this version read: all releases from those "
+            "batches together, past and future, under fully adaptive choices including early "
+            "stopping (Feldman & Zrnic 2021, Thm. 3.1); the filter's progress is a budget share"
+        )
+    if budget.rule == "sequential" and budget.accountant == "prv":
+        return (
+            "the declared plan segments that ran on the batches this version read, each whole once "
+            "any of it ran, at the budget's delta (a segment stopped early is post-processing of the "
+            "whole segment, Dwork & Roth 2014, Prop. 2.1), summed by the basic-composition filter "
+            "(Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6)"
+        )
+    if budget.rule == "parallel":
+        return (
+            "the one charge of each batch this version read (the whole reserved run, or on basic the "
+            "exact sum of what ran); disjoint batches compose in parallel (McSherry 2009, Thm. 4)"
+        )
+    if budget.rule == "geometric":
+        return (
+            "the geometric levels used on the blocks this version read, each level's whole "
+            "allowance, summed by basic composition with adaptive parameters, at the budget's delta "
+            "(Rogers, Roth, Ullman & Vadhan 2016)"
+        )
+    return (
+        "every charge on the batches this version read up to and including this release, summed "
+        "exactly by basic composition, which holds as a privacy odometer at the budget's delta "
+        "(Rogers, Roth, Ullman & Vadhan 2016)"
+    )
+
+
+def guarantee_of(body: Mapping[str, Any]) -> tuple[str, str]:
+    """The guarantee (ε, δ) of the release a certificate ``body`` justifies: its
+    ``result.guarantee`` (version 3), else the same figure derived from its records
+    (``accountant.statements.release_guarantee``)."""
+    stated = body["result"].get("guarantee")
+    if isinstance(stated, Mapping):
+        return str(stated["epsilon"]), str(stated["delta"])
+    inputs = body["inputs"]
+    records: list[BatchRecord] | list[ClassRecord]
+    if "classes" in inputs:
+        records = [ClassRecord.from_json(c, f"inputs.classes[{i}]") for i, c in enumerate(inputs["classes"])]
+    else:
+        records = [BatchRecord.from_json(b, f"inputs.batches[{i}]") for i, b in enumerate(inputs["batches"])]
+    eps, dlt = release_guarantee(Budget.from_json(inputs["budget"]), records)
+    return to_text(eps), to_text(dlt)
+
+
 def dp_statement(
     certificate: Mapping[str, Any],
     *,
@@ -120,6 +195,8 @@ def dp_statement(
     body = certificate["certificate"]
     inputs = body["inputs"]
     result = body["result"]
+    budget_obj = Budget.from_json(inputs["budget"])
+    reserved = Charge.from_json(inputs["charge"]).event
     charged = ev.from_json(inputs["partial_event"] or inputs["charge"]["event"])
     mechanism = _mechanism(charged)
     relations = ev.neighbouring_relations(charged)
@@ -136,6 +213,8 @@ def dp_statement(
         clipping = plan["params"].get("max_grad_norm")
     source = None if model_spec is None else model_spec.get("data_source")
     budget = result["budget"]
+    guarantee = guarantee_of(body)
+    alone = run_alone(reserved, budget_obj.delta)
     # RDP and PRV convert at the budget's own δ: every release holds at that δ and none spends
     # it, so "δ remaining" would read 0 after the first release. Basic composition sums δ.
     delta_sums = body["accountant"] == "basic"
@@ -145,21 +224,27 @@ def dp_statement(
         "privacy_unit": {"unit": "record", "relation": sorted(relations), "description": unit},
         "granularity": _PER_PERSON,
         "guarantee": {
-            "epsilon": result["epsilon"],
-            "delta": result["delta"],
-            "scope": "every release computed from the batches this version read, up to and "
-            "including this one, under the dataset's rule",
+            "epsilon": guarantee[0],
+            "delta": guarantee[1],
+            "scope": GUARANTEE_SCOPE,
+            "covers": covers(budget_obj),
         },
-        "release": {
+        "run_alone": {**alone, "scope": RUN_ALONE_SCOPE},
+        "budget_share": {
             "epsilon": result["charge"]["epsilon"],
             "delta": result["charge"]["delta"],
-            "scope": "the run that produced this version alone",
+            "scope": BUDGET_SHARE_SCOPE,
+        },
+        "release": {
+            "epsilon": alone["epsilon"],
+            "delta": alone["delta"],
+            "scope": "deprecated (statement version 1): the numbers of run_alone",
         },
         "accounting": {
             "accountant": body["accountant"],
             "conversion": CONVERSIONS.get(body["accountant"], body["accountant"]),
             "rule": body["rule"],
-            "theorem": body["theorem"],
+            "theorem": stated_theorem(budget_obj),
         },
         "mechanism": {
             **mechanism,
@@ -183,7 +268,8 @@ def dp_statement(
             if delta_sums
             else "every release holds at the budget's delta, at which the accountant converts; "
             "releases spend epsilon, not delta",
-            "scope": "on the batches this version read, right after its release",
+            "scope": "budget shares on the batches this version read, right after its release (what "
+            "the rule lets later releases use; not a DP guarantee)",
         },
         "certificate": {
             "id": certificate["id"],
@@ -194,4 +280,12 @@ def dp_statement(
     }
 
 
-__all__ = ["CONVERSIONS", "GUIDELINES", "STATEMENT_VERSION", "dp_statement"]
+__all__ = [
+    "BUDGET_SHARE_SCOPE",
+    "CONVERSIONS",
+    "GUIDELINES",
+    "STATEMENT_VERSION",
+    "covers",
+    "dp_statement",
+    "guarantee_of",
+]

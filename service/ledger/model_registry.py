@@ -464,23 +464,25 @@ def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[s
         trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
     answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
     answer["dp_statement"] = dp_statement(answer["certificate"], job=trained_by, model_spec=row.model_spec)
-    audited = privacy_audit(answer["metrics"], answer["certificate"])
+    audited = privacy_audit(answer["metrics"], answer["dp_statement"]["run_alone"])
     if audited is not None:
         answer["privacy_audit"] = audited
     return answer
 
 
-def privacy_audit(metrics: Mapping[str, Any], certificate: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A ``dp_sgd_audit`` version's audited ε lower bound beside its certified upper bound (the
-    certificate's charge: the run's committed cost), recomputed at the certificate's δ
-    (``accountant.auditing.against_certificate``); ``None`` for a version without an audit."""
+def privacy_audit(metrics: Mapping[str, Any], run_alone: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A ``dp_sgd_audit`` version's audited ε lower bound beside the upper bound of the same run
+    (the statement's ``run_alone``: the run's own (ε, δ) at the budget's δ), recomputed at that δ
+    (``accountant.auditing.against_certificate``); ``None`` for a version without an audit.
+
+    Not the certificate's charge: under a Rényi filter or a plan segment that is a budget share
+    (the growth of the filter's progress, δ = 0 after the first release), no bound on the run."""
     record = metrics.get("privacy_audit")
     if not isinstance(record, Mapping):
         return None
-    charge = certificate["certificate"]["result"]["charge"]
     try:
         certified: dict[str, Any] | None = against_certificate(
-            record, epsilon_upper=float(charge["epsilon"]), delta_upper=float(charge["delta"])
+            record, epsilon_upper=float(run_alone["epsilon"]), delta_upper=float(run_alone["delta"])
         )
     except InvalidArgumentError:  # a stored record the worker did not write: shown, not compared
         certified = None  # (``ledger check`` fails it as malformed)

@@ -10,8 +10,14 @@ Answer (numbers are decimal strings — exact, as stored; never binary floats)::
     {dataset_id, rule, accountant, epsilon_budget, delta_budget,
      epsilon_spent, delta_spent, epsilon_remaining, naive_sequential_epsilon,
      epsilon_held, reservations_open, charges_committed, ledger_version, last_release,
+     guarantee: {epsilon, delta, covers}, epsilon_spent_is,
      geometric?: {first, ratio, infinite_horizon_bound},
      tasks: [{id, name, epsilon_spent, delta_spent, naive_sequential_epsilon}]}
+
+``guarantee`` is the (ε, δ)-DP guarantee of everything released from the dataset so far, valid
+under adaptive stopping (``accountant.statements.spend_guarantee``): for a Rényi filter the
+filter's budget once anything ran, whose ``epsilon_spent`` is its progress — a budget share, not
+a guarantee (``epsilon_spent_is`` says which it is).
 
 ``epsilon_remaining`` is ``epsilon_budget − epsilon_spent`` (the most-spent batch's headroom;
 what one more charge may cost also depends on the rule, e.g. geometric levels, and on open
@@ -25,9 +31,11 @@ from typing import Any
 from sqlalchemy import select
 
 from accountant.exact import ZERO, exact_sub, to_text
+from accountant.statements import spend_guarantee, spend_meaning
 from service.db.models import Dataset, Task
 from service.db.session import Database
 from service.ledger.datasets import budget_of, can_be_id
+from service.ledger.dp_statement import covers
 from service.ledger.errors import NotFound
 
 
@@ -68,7 +76,11 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
             for t in tasks
         ],
     }
-    schedule = budget_of(row).geometric
+    budget = budget_of(row)
+    eps, dlt = spend_guarantee(budget, row.epsilon_spent, row.delta_spent)
+    answer["guarantee"] = {"epsilon": to_text(eps), "delta": to_text(dlt), "covers": covers(budget)}
+    answer["epsilon_spent_is"] = spend_meaning(budget)
+    schedule = budget.geometric
     if schedule is not None:
         answer["geometric"] = {
             **schedule.to_json(),

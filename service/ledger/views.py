@@ -25,7 +25,10 @@ from typing import Any, Final
 
 from sqlalchemy import func, select
 
+from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, to_text
+from accountant.rules import BatchState, Budget
+from accountant.statements import batch_guarantee, spend_guarantee
 from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
@@ -48,6 +51,11 @@ def _remaining(row: Dataset) -> str:
     return to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent)))
 
 
+def _guarantee_json(row: Dataset) -> dict[str, str]:
+    eps, dlt = spend_guarantee(budget_of(row), row.epsilon_spent, row.delta_spent)
+    return {"epsilon": to_text(eps), "delta": to_text(dlt)}
+
+
 def _summary_json(row: Dataset) -> dict[str, Any]:
     return {
         "id": row.id,
@@ -61,6 +69,7 @@ def _summary_json(row: Dataset) -> dict[str, Any]:
         "epsilon_remaining": _remaining(row),
         "epsilon_held": to_text(row.epsilon_held),
         "naive_sequential_epsilon": to_text(row.naive_epsilon),
+        "guarantee": _guarantee_json(row),
         "reservations_open": row.reservations_open,
         "charges_committed": row.charges_committed,
         "last_release": row.last_release,
@@ -105,9 +114,12 @@ def batch_spend(
 
     ``{dataset_id, rule, epsilon_budget, epsilon_spent, count, limit, offset, data: [{id, name,
     task_id, task_name, position, size, epsilon_spent, epsilon_held, delta_spent,
-    naive_sequential_epsilon, reads, levels}], geometric?: {first, ratio,
-    infinite_horizon_bound, allowances: {level: ε}}}``. ``levels``: the geometric levels the
-    block (batch) uses, held or committed; ``allowances`` covers the levels on this page.
+    naive_sequential_epsilon, reads, levels, guarantee: {epsilon, delta}}], guarantee,
+    geometric?: {first, ratio, infinite_horizon_bound, allowances: {level: ε}}}``. ``levels``: the
+    geometric levels the block (batch) uses, held or committed; ``allowances`` covers the levels
+    on this page. ``guarantee``: the (ε, δ) guarantee of what was released from the batch
+    (``accountant.statements.batch_guarantee``: a plan segment that ran whole, a Rényi filter's
+    budget — whose ``epsilon_spent`` is its progress, not a guarantee).
     """
     _check_page(limit, offset, MAX_BATCH_PAGE)
     with db.session(readonly=True) as session:
@@ -122,18 +134,20 @@ def batch_spend(
             .offset(offset)
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id))
-        data = [_batch_json(batch, task_name, state) for batch, task_name, state in rows]
+        budget = budget_of(dataset)
+        data = [_batch_json(budget, batch, task_name, state) for batch, task_name, state in rows]
         answer: dict[str, Any] = {
             "dataset_id": dataset.id,
             "rule": dataset.rule,
             "epsilon_budget": to_text(dataset.epsilon_budget),
             "epsilon_spent": to_text(dataset.epsilon_spent),
+            "guarantee": _guarantee_json(dataset),
             "count": count or 0,
             "limit": limit,
             "offset": offset,
             "data": data,
         }
-        schedule = budget_of(dataset).geometric
+        schedule = budget.geometric
     if schedule is not None:
         used = sorted({level for item in data for level in item["levels"]})
         answer["geometric"] = {
@@ -144,9 +158,14 @@ def batch_spend(
     return answer
 
 
-def _batch_json(row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]:
+def _batch_json(budget: Budget, row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]:
     state = stored_state if isinstance(stored_state, dict) else {}
     levels = state.get("levels", [])
+    try:
+        eps, dlt = batch_guarantee(budget, BatchState.from_json(state))
+        guarantee: dict[str, str] | None = {"epsilon": to_text(eps), "delta": to_text(dlt)}
+    except InvalidArgumentError:  # a state the ledger did not write: shown, not interpreted
+        guarantee = None
     return {
         "id": row.id,
         "name": row.name,
@@ -157,6 +176,7 @@ def _batch_json(row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]
         **spend_of_state(state),
         "reads": int(state.get("reads", 0)),
         "levels": [int(k) for k in levels] if isinstance(levels, list) else [],
+        "guarantee": guarantee,
     }
 
 
@@ -167,6 +187,8 @@ _RESULT_DELTA = Certificate.body[("result", "delta")].as_string()
 _RESULT_NAIVE = Certificate.body[("result", "naive_epsilon")].as_string()
 _CHARGE_EPSILON = Certificate.body[("result", "charge", "epsilon")].as_string()
 _CHARGE_DELTA = Certificate.body[("result", "charge", "delta")].as_string()
+_GUARANTEE_EPSILON = Certificate.body[("result", "guarantee", "epsilon")].as_string()
+_GUARANTEE_DELTA = Certificate.body[("result", "guarantee", "delta")].as_string()
 _WITHIN_BUDGET = Certificate.body[("result", "within_budget")].as_boolean()
 _THEOREM = Certificate.body["theorem"].as_string()
 
@@ -178,9 +200,12 @@ def releases(
 
     Each item: ``{certificate_id, release_id, reservation_id, model, version, created_at,
     content_hash, theorem, epsilon, delta, naive_epsilon, charge: {epsilon, delta},
-    within_budget}`` — ``epsilon`` / ``naive_epsilon`` are the certificate's result (the largest
-    over the batches the release read, after it). The full certificate is
-    ``GET /v1/certificates/{certificate_id}``.
+    budget_share: {epsilon, delta}, guarantee: {epsilon, delta} | null, within_budget}`` —
+    ``epsilon`` / ``naive_epsilon`` are the certificate's result (the largest spend over the
+    batches the release read, after it; for a Rényi filter its progress); ``guarantee`` the
+    release's (ε, δ) guarantee, stated by certificates of version 3 (``null`` before: the
+    version's ``dp_statement`` derives it); ``budget_share`` (= ``charge``) what the release
+    consumed, not a guarantee. The full certificate is ``GET /v1/certificates/{certificate_id}``.
     """
     _check_page(limit, offset)
     with db.session(readonly=True) as session:
@@ -200,6 +225,8 @@ def releases(
                 _RESULT_NAIVE.label("naive_epsilon"),
                 _CHARGE_EPSILON.label("charge_epsilon"),
                 _CHARGE_DELTA.label("charge_delta"),
+                _GUARANTEE_EPSILON.label("guarantee_epsilon"),
+                _GUARANTEE_DELTA.label("guarantee_delta"),
                 _WITHIN_BUDGET.label("within_budget"),
             )
             .join(Release, Release.id == Certificate.release_id)
@@ -226,6 +253,10 @@ def releases(
                 "delta": r.delta,
                 "naive_epsilon": r.naive_epsilon,
                 "charge": {"epsilon": r.charge_epsilon, "delta": r.charge_delta},
+                "budget_share": {"epsilon": r.charge_epsilon, "delta": r.charge_delta},
+                "guarantee": None
+                if r.guarantee_epsilon is None
+                else {"epsilon": r.guarantee_epsilon, "delta": r.guarantee_delta},
                 "within_budget": None if r.within_budget is None else bool(r.within_budget),
             }
             for r in rows

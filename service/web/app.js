@@ -222,17 +222,35 @@
    */
   function sig(text, way) {
     if (text === null || text === undefined || text === "") return "—";
-    const str = String(text);
-    const value = Number(str);
-    if (!Number.isFinite(value) || !/^-?[0-9]*\.?[0-9]+(e[-+]?[0-9]+)?$/i.test(str)) return str;
-    if (value === 0) return "0";
-    let shown = Number(value.toPrecision(4));
-    const unit = Math.pow(10, Math.floor(Math.log10(Math.abs(shown))) - 3);
-    if (way === "up" && shown < value) shown = Number((shown + unit).toPrecision(4));
-    if (way === "down" && shown > value) shown = Number((shown - unit).toPrecision(4));
-    const abs = Math.abs(shown);
-    if (abs >= 1e6 || abs < 1e-4) return shown.toExponential(3).replace(/\.?0+e/, "e");
-    return String(shown);
+    const str = String(text).trim();
+    if (/^infinity$/i.test(str)) return "∞";
+    // Rounded on the decimal digits themselves, never through a binary float: the exact value
+    // 0.49980000000000001 shown "up" is 0.4999 (a float reads it as 0.4998, below the bound).
+    const m = /^(-?)([0-9]*)\.?([0-9]*)(?:e([-+]?[0-9]+))?$/i.exec(str);
+    if (!m || m[2] + m[3] === "") return str;
+    const all = m[2] + m[3];
+    const significant = all.replace(/^0+/, "");
+    if (significant === "" || /^0*$/.test(significant)) return "0";
+    let adjusted = significant.length - 1 + Number(m[4] || 0) - m[3].length;
+    let kept = (significant + "000").slice(0, 4);
+    const dropped = significant.slice(4);
+    const negative = m[1] === "-";
+    const towardLarger = way === "up" ? !negative : way === "down" ? negative : dropped !== "" && dropped[0] >= "5";
+    if (towardLarger && /[1-9]/.test(dropped)) {
+      kept = String(Number(kept) + 1);
+      if (kept.length > 4) { kept = kept.slice(0, 4); adjusted += 1; }
+    }
+    let body;
+    if (adjusted >= 6 || adjusted < -4) {
+      body = (kept[0] + "." + kept.slice(1)).replace(/\.?0+$/, "") + "e" + adjusted;
+    } else if (adjusted >= 3) {
+      body = kept + "0".repeat(adjusted - 3);
+    } else if (adjusted >= 0) {
+      body = (kept.slice(0, adjusted + 1) + "." + kept.slice(adjusted + 1)).replace(/\.?0+$/, "");
+    } else {
+      body = ("0." + "0".repeat(-adjusted - 1) + kept).replace(/0+$/, "");
+    }
+    return (negative ? "-" : "") + body;
   }
 
   /** An element showing `value` with 4 significant digits, the exact value on hover and copy. */
@@ -534,7 +552,9 @@
     const item = (label, value, id) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), h("div", { class: "stat-value", id, text: value }));
     const number = (label, value, id, way) => h("div", { class: "stat" }, h("div", { class: "stat-label", text: label }), exact("div", { class: "stat-value", id }, value, way));
     return h("div", { class: "stats" },
-      number("ε spent", spend.epsilon_spent, "stat-spent", "up"),
+      spend.guarantee ? h("div", { class: "stat", title: spend.guarantee.covers || "" }, h("div", { class: "stat-label", text: "guarantee (every release so far)" }),
+        h("div", { class: "stat-value", id: "stat-guarantee" }, "ε ", exact("span", {}, spend.guarantee.epsilon, "up"), ", δ ", exact("span", {}, spend.guarantee.delta, "up"))) : null,
+      number(spend.rule !== "parallel" && spend.accountant === "rdp" && spend.rule !== "geometric" ? "budget used (filter progress, not a guarantee)" : "ε spent", spend.epsilon_spent, "stat-spent", "up"),
       number("ε held (open reservations)", spend.epsilon_held, "stat-held", "up"),
       number("ε remaining", spend.epsilon_remaining, "stat-remaining", "down"),
       number("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive", "up"),
@@ -763,7 +783,8 @@
           h("a", { class: "release-name", href: "#/certificates/" + encodeURIComponent(r.certificate_id), text: r.model + " v" + r.version }),
           h("span", { class: "muted small", text: " " + when(r.created_at) })),
         h("div", { class: "release-body" },
-          h("span", { class: "chip", title: r.charge.epsilon, "data-full": r.charge.epsilon, text: "charge ε " + sig(r.charge.epsilon, "up") }),
+          r.guarantee ? h("span", { class: "chip", title: r.guarantee.epsilon, "data-full": r.guarantee.epsilon, text: "guarantee ε " + sig(r.guarantee.epsilon, "up") }) : null,
+          h("span", { class: "chip", title: r.charge.epsilon + " (a budget share, not a guarantee)", "data-full": r.charge.epsilon, text: "budget share ε " + sig(r.charge.epsilon, "up") }),
           h("span", { class: "chip", title: r.epsilon, "data-full": r.epsilon, text: "ε after " + sig(r.epsilon, "up") }),
           r.delta && r.delta !== "0" ? h("span", { class: "chip", title: r.delta, "data-full": r.delta, text: "δ after " + sig(r.delta, "up") }) : null,
           h("span", { class: r.within_budget ? "chip ok" : "chip bad", text: r.within_budget ? "within budget" : "over budget" }),
@@ -814,13 +835,14 @@
       h("section", { class: "card", id: "section-result" },
         h("h2", { text: "Result" }),
         dl([
-          ["ε after (max over the batches read)", exact("span", {}, result.epsilon, "up"), "cert-epsilon"],
+          ["guarantee of the release (every release from the batches read, adaptive stopping included)", result.guarantee ? h("span", {}, "ε ", exact("span", {}, result.guarantee.epsilon, "up"), ", δ ", exact("span", {}, result.guarantee.delta, "up")) : "not stated (certificate version " + cert.version + "): see the model version's DP statement", "cert-guarantee"],
+          ["spend after (max over the batches read; for a Rényi filter its progress)", exact("span", {}, result.epsilon, "up"), "cert-epsilon"],
           ["δ after", exact("span", {}, result.delta, "up")],
           ["naive sequential ε after", exact("span", {}, result.naive_epsilon, "up")],
-          ["this charge", result.charge ? "ε " + result.charge.epsilon + ", δ " + result.charge.delta : null, "cert-charge"],
+          ["budget share of this release (not a guarantee)", result.charge ? h("span", {}, "ε ", exact("span", {}, result.charge.epsilon, "up"), ", δ ", exact("span", {}, result.charge.delta, "up")) : null, "cert-charge"],
           ["audited ε lower bound (one run)", audited ? auditText(audited.certified) : null, "cert-audit"],
           ["audit", audited ? audited.canaries + " canaries, " + audited.correct + " of " + audited.guesses + " guesses right" : null, "cert-audit-counts"],
-          ["budget", result.budget ? "ε " + result.budget.epsilon + ", δ " + result.budget.delta : null],
+          ["budget", result.budget ? h("span", {}, "ε ", exact("span", {}, result.budget.epsilon), ", δ ", exact("span", {}, result.budget.delta)) : null],
           ["within budget", result.within_budget === undefined ? null : String(result.within_budget), "cert-within"],
           ["infinite-horizon bound", result.infinite_horizon_bound],
           ["levels", result.levels ? (Array.isArray(result.levels) ? result.levels.join(", ") : Object.entries(result.levels).map(([b, k]) => b + ": " + k).join(", ")) : null],
@@ -968,7 +990,7 @@
   function jobsTable(page) {
     if (page.count === 0) return h("p", { class: "empty", text: "No jobs yet. Queue one with POST /v1/jobs (a trainer key)." });
     return h("table", { id: "jobs-table", class: "table jobs" },
-      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "ε committed", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
+      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "budget share ε", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
       h("tbody", {}, page.data.map((j) => h("tr", { "data-job-id": j.id },
         h("td", {}, h("a", { class: "mono id", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
         h("td", {}, h("a", { class: "mono small id", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
@@ -1037,7 +1059,7 @@
           h("span", { class: "muted", text: " · model " + job.model_name + " · attempt " + job.attempts + " of " + job.max_attempts })),
         h("div", { class: "job-progress" }, progressBar(job, "job-progress"), h("span", { id: "job-progress-text", text: progressText(job) })),
         h("div", { class: "stats" },
-          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε committed" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
+          h("div", { class: "stat" }, h("div", { class: "stat-label", text: "budget share ε committed (not a guarantee)" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), exact("div", { class: "stat-value" }, job.delta_committed || "0", "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "started" }), h("div", { class: "stat-value small", text: when(job.started_at) })),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "updated" }), h("div", { class: "stat-value small", id: "job-updated", "data-polls": polls, text: when(job.updated_at) }))),
@@ -1161,14 +1183,15 @@
         h("h2", { text: "DP statement" }),
         h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate and its job's plan; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
         dl([
-          ["guarantee", st.guarantee ? h("span", {}, "(ε = ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ = ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope) : null],
-          ["this release", st.release ? h("span", {}, "ε = ", exact("span", {}, st.release.epsilon, "up"), ", δ = ", exact("span", {}, st.release.delta, "up"), " — " + st.release.scope) : null],
+          ["guarantee of this model", st.guarantee ? h("span", {}, "(ε ≤ ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ ≤ ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope + (st.guarantee.covers ? "; it covers " + st.guarantee.covers : "")) : null],
+          ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope) : null],
+          ["budget share", st.budget_share ? h("span", { id: "statement-budget-share" }, "ε ", exact("span", {}, st.budget_share.epsilon, "up"), " — " + st.budget_share.scope) : null],
           ["privacy unit", st.privacy_unit ? st.privacy_unit.description : null, "statement-unit"],
           ["granularity", st.granularity],
           ["accountant", st.accounting ? st.accounting.accountant : null, "statement-accountant"],
           ["conversion", st.accounting ? st.accounting.conversion : null],
           ["rule and theorem", st.accounting ? st.accounting.rule + ": " + st.accounting.theorem : null],
-          ["sampler", sampler ? sampler.description + (sampler.sampling_probability !== undefined ? " (q = " + sampler.sampling_probability + ")" : "") : "not one DP-SGD run", "statement-sampler"],
+          ["sampler", sampler ? sampler.description + (sampler.sampling_probability !== undefined ? " (q ≈ " + sig(sampler.sampling_probability) + ")" : "") : "not one DP-SGD run", "statement-sampler"],
           ["steps", mech.steps === null || mech.steps === undefined ? null : String(mech.steps), "statement-steps"],
           ["noise multiplier σ", mech.noise_multiplier === null || mech.noise_multiplier === undefined ? null : String(mech.noise_multiplier), "statement-sigma"],
           ["clipping norm C", mech.clipping_norm !== null && mech.clipping_norm !== undefined ? String(mech.clipping_norm) : mech.clipping_norm_source, "statement-clipping"],

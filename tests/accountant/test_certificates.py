@@ -62,10 +62,21 @@ def members_set(count: int) -> BatchSet:
     return BatchSet(count, batch_set_hash(members(count)))
 
 
+def as_version_2(cert: dict[str, Any]) -> dict[str, Any]:
+    """The certificate as version 2 issued it: the fixed theorem text (``rules.theorem``), no
+    ``guarantee`` or ``budget_share`` in its result; re-hashed."""
+    old = copy.deepcopy(cert)
+    old["theorem"] = R.theorem(R.Budget.from_json(old["inputs"]["budget"]))
+    del old["result"]["guarantee"], old["result"]["budget_share"]
+    old["version"] = 2
+    old["hash"] = content_hash(old)
+    return old
+
+
 def as_version_1(cert: dict[str, Any]) -> dict[str, Any]:
     """The certificate as version 1 issued it: one record per batch (here, per class: each class
     is one batch), a levels map by batch id, no batch set; re-hashed."""
-    old = copy.deepcopy(cert)
+    old = as_version_2(cert)
     inputs = old["inputs"]
     inputs["batches"] = [
         {"batch_id": f"batch-{c.pop('class')}", **{k: v for k, v in c.items() if k != "batches"}}
@@ -124,7 +135,7 @@ def test_issued_certificates_verify_also_after_a_json_round_trip(name: str) -> N
     assert result.ok, result.reason
     assert verify(json.loads(json.dumps(cert))).ok
     assert cert["hash"] == content_hash(cert)
-    assert cert["theorem"] == R.theorem(R.Budget.from_json(cert["inputs"]["budget"]))
+    assert cert["theorem"] == R.stated_theorem(R.Budget.from_json(cert["inputs"]["budget"]))
     assert set(cert["libraries"]) == {"numpy", "scipy", "prv-accountant", "privacy-ledger"}
 
 
@@ -258,7 +269,7 @@ def _issued_before_pricing_versions() -> dict[str, dict[str, Any]]:
     """The scenarios as the ledger issued them before pricing versions were recorded: priced
     under version 1, without the ``pricing`` field (re-hashed)."""
     with R.pricing_version(1):
-        old = scenarios()
+        old = {name: as_version_2(cert) for name, cert in scenarios().items()}
     for cert in old.values():
         del cert["pricing"]
         cert["hash"] = content_hash(cert)
@@ -272,13 +283,15 @@ def test_certificates_issued_before_an_upgrade_still_verify() -> None:
     old = _issued_before_pricing_versions()
     for name, cert in old.items():
         assert verify(cert).ok, (name, verify(cert).reason)
-    new, before = SCENARIOS["parallel-rdp-progressive"], old["parallel-rdp-progressive"]
-    assert new["pricing"] == R.PRICING_VERSION == 2
+    with R.pricing_version(2):
+        new = as_version_2(scenarios()["parallel-rdp-progressive"])
+    before = old["parallel-rdp-progressive"]
+    assert new["pricing"] == 2 and verify(new).ok
     assert Decimal(new["result"]["epsilon"]) < Decimal(before["result"]["epsilon"])
     relabelled = {**before, "pricing": 2}
     relabelled["hash"] = content_hash(relabelled)
     assert not verify(relabelled).ok
-    unknown = {**SCENARIOS["sequential-basic"], "pricing": 3}
+    unknown = {**SCENARIOS["sequential-basic"], "pricing": 4}
     unknown["hash"] = content_hash(unknown)
     assert "unknown pricing version" in verify(unknown).reason
 

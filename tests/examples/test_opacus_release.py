@@ -77,6 +77,9 @@ def test_release_through_the_gate_then_refused_before_touching_data(
         checkpoint = Path(released["checkpoint"])
         assert checkpoint.is_file() and checkpoint.parent == output
         assert released["released"] == {"model": "opacus-digits", "version": "1"}
+        # What it prints says what each number is: the filter's guarantee, and a budget share.
+        assert released["guarantee"] == {"epsilon": "1.2", "delta": "0.00001"} and "epsilon" not in released
+        assert 0 < float(released["budget_share"]["epsilon"]) <= 1.2
 
         import torch
 

@@ -9,6 +9,7 @@ A real server (uvicorn on a loopback port, its in-process worker training for re
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from decimal import Decimal
@@ -18,10 +19,13 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prv_accountant import PRVAccountant
+from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
 from sqlalchemy import update
 from sqlalchemy.engine import URL
 
 from accountant.events import GaussianEvent, PoissonSampledEvent, PureDpEvent, SelfComposedEvent
+from accountant.exact import shown
 from service.cli import main as ledger_main
 from service.client import Conflict, InvalidInput, LedgerClient, LedgerError
 from service.commands.export import collect
@@ -133,12 +137,18 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     statement = version["dp_statement"]
     certificate = version["certificate"]["certificate"]
     plan = trainer.get_job(job["id"])["plan"]
-    assert statement["guarantee"] == {
-        "epsilon": certificate["result"]["epsilon"],
-        "delta": certificate["result"]["delta"],
-        "scope": statement["guarantee"]["scope"],
-    }
-    assert statement["release"]["epsilon"] == certificate["result"]["charge"]["epsilon"]
+    # Three figures, each valid for what it names (issue 24 §3): the release's guarantee is the
+    # Rényi filter's budget (its progress is no guarantee), the run alone its own PRV bound at the
+    # budget's δ, the budget share the reservation's committed cost, labelled as not a guarantee.
+    assert statement["guarantee"]["epsilon"] == certificate["result"]["guarantee"]["epsilon"] == "10"
+    assert statement["guarantee"]["delta"] == certificate["result"]["guarantee"]["delta"] == "0.00001"
+    assert "stopping" in statement["guarantee"]["scope"] and "Feldman" in statement["guarantee"]["covers"]
+    assert Decimal(certificate["result"]["epsilon"]) < 10  # the filter's progress
+    assert statement["budget_share"]["epsilon"] == certificate["result"]["charge"]["epsilon"]
+    assert "NOT a DP guarantee" in statement["budget_share"]["scope"]
+    alone = statement["run_alone"]
+    assert alone["accountant"] == "prv (upper bound)" and alone["delta"] == "0.00001"
+    assert statement["release"]["epsilon"] == alone["epsilon"]  # version 1's field, now true
     assert statement["privacy_unit"]["relation"] == ["add_remove"]
     assert statement["accounting"]["accountant"] == "rdp" and statement["accounting"]["rule"] == "sequential"
     assert statement["accounting"]["theorem"] == certificate["theorem"]
@@ -155,9 +165,16 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     )
     assert statement["budget"]["delta_remaining"] is None  # RDP converts at the budget's δ: not spent
     assert statement["certificate"]["id"] == version["certificate_id"]
-    # Never less than an independent accountant gives for the same run.
+    # The run alone: never below prv-accountant's lower bound, tighter than dp-accounting's RDP.
     oracle = _dp_accounting_epsilon(plan["sampling_probability"], 1.1, 120, 1e-5)
-    assert float(statement["guarantee"]["epsilon"]) >= oracle
+    library = PRVAccountant(
+        PoissonSubsampledGaussianMechanism(plan["sampling_probability"], 1.1),
+        max_self_compositions=120,
+        eps_error=0.01,
+        delta_error=1e-9,
+    )
+    lower, _, _ = library.compute_epsilon(1e-5, 120)
+    assert lower <= float(alone["epsilon"]) < oracle <= float(statement["guarantee"]["epsilon"])
 
     # The model card: Hugging Face front matter that parses to the statement, and the markdown.
     card_path = tmp_path / "README.md"
@@ -178,6 +195,23 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     assert dp["certificate_hash"] == certificate["hash"]
     assert "## Differential privacy" in markdown and "| Privacy unit |" in markdown
     assert statement["accounting"]["theorem"] in markdown
+    assert (
+        dp["run_alone_epsilon"] == alone["epsilon"]
+        and dp["budget_share_epsilon"] == (statement["budget_share"]["epsilon"])
+    )
+    rows = {line.split(" | ")[0][2:]: line for line in markdown.splitlines() if line.startswith("| ")}
+    assert "(ε ≤ 10, δ ≤ 0.00001)-DP" in rows["Guarantee of this model"]
+    assert f"(ε ≤ {shown(alone['epsilon'])}, δ ≤ 0.00001)-DP by prv" in rows["This run alone"]
+    assert "NOT a DP guarantee" in rows["Budget share"] and "This release" not in rows
+    # 4 significant digits, rounded up, everywhere a person reads a number (the hash aside).
+    long_numbers = [
+        number
+        for name, row in rows.items()
+        if name != "Certificate"
+        for number in re.findall(r"\d+\.\d+(?:e-?\d+)?", row)
+        if len(Decimal(number).normalize().as_tuple().digits) > 4
+    ]
+    assert long_numbers == []
 
     # Exported bundles carry the statement with each version.
     bundle = collect(viewer, dataset["id"], model=name)
@@ -209,6 +243,11 @@ def test_a_taken_release_is_refused_at_reserve_naming_model_and_version(
     assert gate.certificate is not None
     statement = dp_statement(gate.certificate, job=None, model_spec=None)
     assert statement["guarantee"]["epsilon"] == "0.25" and statement["accounting"]["accountant"] == "basic"
+    assert statement["run_alone"] == {
+        **statement["run_alone"],
+        "epsilon": "0.25",
+        "accountant": "basic (exact)",
+    }
     assert statement["mechanism"]["sampler"] is None and statement["mechanism"]["event_kinds"] == ["pure_dp"]
     assert statement["mechanism"]["clipping_norm"] is None
     assert "not known to the ledger" in statement["mechanism"]["clipping_norm_source"]

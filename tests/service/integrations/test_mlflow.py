@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,16 @@ def test_a_release_is_logged_to_the_active_run(
     logged = tracking.get_run(run.info.run_id).data
     body = certificate["certificate"]
     result = body["result"]
-    assert logged.metrics["dp_epsilon"] == float(result["epsilon"]) > 0
-    assert logged.metrics["dp_delta"] == float(result["delta"])
-    assert logged.metrics["dp_charge_epsilon"] == float(result["charge"]["epsilon"])
+    # The guarantee of a Rényi-filter release is the filter's budget, not its progress (issue 24 §3).
+    assert result["guarantee"] == {"epsilon": "4", "delta": "0.00001"}
+    assert 0 < float(result["epsilon"]) < 4
+    assert logged.metrics["dp_epsilon"] == 4.0 and logged.metrics["dp_delta"] == 1e-5
+    # The budget share, as a float never below the exact decimal.
+    share = logged.metrics["dp_budget_share_epsilon"]
+    assert share == logged.metrics["dp_charge_epsilon"] and Decimal(share) >= Decimal(
+        result["charge"]["epsilon"]
+    )
+    assert share == pytest.approx(float(result["charge"]["epsilon"]), rel=1e-15)
     assert logged.metrics["dp_epsilon_budget"] == 4.0
     assert logged.params == {
         "dp_accountant": "rdp",
@@ -89,9 +97,9 @@ def test_a_release_is_logged_to_the_active_run(
     }
     assert logged.tags["dp_theorem"] == body["theorem"]
     statement = logged.tags["dp_statement"]
-    assert (
-        result["epsilon"] in statement and certificate["id"] in statement and "rule sequential" in statement
-    )
+    assert "(epsilon <= 4, delta <= 0.00001)" in statement and "not a guarantee" in statement
+    assert certificate["id"] in statement and "rule sequential" in statement
+    assert result["epsilon"] not in statement  # no 17-digit numbers
     # the certificate itself, as the ledger answered it, re-verifies from the artifact
     folder = tracking.download_artifacts(run.info.run_id, "privacy-ledger", str(tmp_path / "download"))
     attached = json.loads((Path(folder) / f"certificate-{certificate['id']}.json").read_text())
