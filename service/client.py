@@ -648,12 +648,23 @@ class _Endpoints(Generic[J, A]):
         *,
         batches: Sequence[Identifier] | None = None,
         tasks: Sequence[Identifier] | None = None,
+        new_batch: bool = False,
         noise_commitment: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
     ) -> J:
-        """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on ``batches``
-        (or ``tasks``; neither: a new batch) under the dataset's own budget — ``{admitted, cost:
-        {epsilon, delta}, batches, refused}``. Nothing is held; the reservation decides."""
+        """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on exactly one
+        of ``batches``, ``tasks`` or a new batch (``new_batch=True``) under the dataset's own
+        budget — ``{on, admitted, cost: {epsilon, delta}, totals, classes, next_offset,
+        refused}``, one entry per state class (``limit`` of them from ``offset``). Nothing is
+        held; the reservation decides."""
         body = _charge_body(event, batches, tasks, noise_commitment)
+        if new_batch:
+            body["new_batch"] = True
+        if limit is not None:
+            body["limit"] = limit
+        if offset is not None:
+            body["offset"] = offset
         return self._json(_Call("POST", f"/v1/datasets/{_segment(dataset_id)}/quote", body))
 
     def get_reservation(self, reservation_id: str) -> J:

@@ -507,8 +507,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             steps = sum(jobs.stage_steps(stage) for stage in stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
-            price = quotes.price_function(db, job.tenant_id, job.dataset_id, [b.id for b in batches])
-            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches), price=price)
+            prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
+            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches), price=prices.price)
             steps = run.plan.steps
         too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
