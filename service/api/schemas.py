@@ -22,7 +22,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    StrictInt,
     StrictStr,
     WithJsonSchema,
     model_validator,
@@ -415,13 +414,13 @@ class QuoteCreate(_Request):
         Annotated[StrictStr, Field(min_length=1, max_length=MAX_COMMITMENT_LENGTH, pattern=r"^[\x20-\x7e]+$")]
         | None
     ) = None
-    limit: StrictInt = Field(
+    limit: int = Field(
         default=DEFAULT_CLASSES_PER_PAGE,
         ge=1,
         le=MAX_CLASSES_PER_PAGE,
         description="how many state classes the answer lists",
     )
-    offset: StrictInt = Field(default=0, ge=0, description="the first state class listed (`next_offset`)")
+    offset: int = Field(default=0, ge=0, description="the first state class listed (`next_offset`)")
 
     @model_validator(mode="after")
     def _target_and_event(self) -> QuoteCreate:
