@@ -22,6 +22,7 @@ from accountant.calibration import calibrate_to_price
 from service.db.session import Database
 from service.ledger import batches, datasets, pricing, quotes, reservations
 from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.spending.store import dataset_budget
 
 BASIC = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
 MANY = 10_000
@@ -162,7 +163,7 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
     budget = {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"}
     ds, ids = _dataset(ledger, 50, budget)
     event = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.0)), 100)
-    budget_of = datasets_budget(ledger, ds)
+    budget_of = dataset_budget(ledger, ds)[1]
     meter = RecordingMeter()
     quotes.quote(
         ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(meter=meter)
@@ -174,12 +175,6 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
             ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(max_work=1)
         )
     assert caught.value.field == "event"
-
-
-def datasets_budget(db: Database, dataset_id: str) -> rules.Budget:
-    from service.ledger.spending.store import dataset_budget
-
-    return dataset_budget(db, dataset_id)[1]
 
 
 def test_a_calibration_prices_each_sigma_once_per_class(ledger: Database, pricings: list[int]) -> None:
