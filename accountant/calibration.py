@@ -6,6 +6,15 @@ accountant (``accountant.base.make_accountant``), decreases as σ grows: for RDP
 curve decreases in σ (a larger σ is post-processing of a smaller one: add independent noise), and
 the conversion to ε is monotone in the curve; PRV/PLD bounds follow the same true privacy curve.
 
+What a target means. ``target_epsilon`` is what Opacus users mean by it: the run's *own* ε at δ
+by the tight accountant (``TIGHT_ACCOUNTANT``, PRV; Gopi, Lee & Wutschitz 2021), whatever
+budget it is charged to (``calibrate_to_epsilon``; ``calibrate_noise_multiplier`` with
+``accountant="prv"`` for DP-SGD). What a dataset *charges* for that run can be more (a Rényi
+filter splits δ over its orders) or fit or not in what is left; calibrating to the charge is a
+separate, explicitly named target (``target_budget_epsilon``: ``calibrate_to_price``). When the
+budget cannot admit a run calibrated to ``target_epsilon``, ``largest_fitting_epsilon`` names the
+largest target that fits.
+
 ``calibrate_noise_multiplier`` searches the grid σ_k = k·resolution (k = 1, 2, ...), each σ_k the
 float nearest the decimal k·resolution, for the smallest σ_k whose ε **upper** bound is ≤ the
 target: an exponential search for a bracket, then bisection on the integer k. The σ returned is
@@ -18,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import ROUND_FLOOR, Decimal
 from typing import Final
 
 from accountant.errors import InvalidArgumentError
@@ -122,6 +131,78 @@ def calibrate_noise_multiplier(
         ) from None
 
 
+TIGHT_ACCOUNTANT: Final = "prv"
+"""The accountant ``target_epsilon`` is met under: PRV's upper bound (its RDP fallback where PRV
+cannot account the event, which its ``EpsilonBound`` says)."""
+
+
+def tight_epsilon(event: DpEvent, delta: float) -> float:
+    """The ε upper bound of ``event`` at ``delta`` by ``TIGHT_ACCOUNTANT``: the run's own ε."""
+    return make_accountant(TIGHT_ACCOUNTANT).compose(event, 1).get_epsilon(_check_delta(delta)).upper
+
+
+def calibrate_to_epsilon(
+    make_event: Callable[[float], DpEvent],
+    *,
+    target_epsilon: float,
+    delta: float,
+    start: float = 1.0,
+    resolution: float = 1e-4,
+) -> float:
+    """The smallest σ = k·``resolution`` whose run ``make_event(σ)`` has ``tight_epsilon`` ≤
+    ``target_epsilon`` at ``delta``: ``target_epsilon`` as Opacus users mean it (the run's own ε,
+    not what a budget charges for it). ``InvalidArgumentError`` naming ``target_epsilon`` when no
+    σ up to ``MAX_NOISE_MULTIPLIER`` reaches it."""
+    target = _check_target_epsilon(target_epsilon)
+    delta = _check_delta(delta)
+    return smallest_noise(
+        lambda sigma: tight_epsilon(make_event(sigma), delta) <= target, start=start, resolution=resolution
+    )
+
+
+_FIT_DIGITS: Final = Decimal("0.0001")  # the largest fitting target is named to 4 decimals, rounded down
+_FIT_TRIES: Final = 20
+
+
+def largest_fitting_epsilon(
+    make_event: Callable[[float], DpEvent],
+    *,
+    admits: Callable[[DpEvent], bool],
+    delta: float,
+    start: float = 1.0,
+    resolution: float = 1e-4,
+) -> float | None:
+    """The largest ``target_epsilon`` (to 4 decimals, rounded down) whose run, calibrated by
+    ``calibrate_to_epsilon``, ``admits`` accepts (a dataset's quote: the budget can hold it);
+    ``None`` when no σ up to ``MAX_NOISE_MULTIPLIER`` is admitted.
+
+    ``admits`` must be monotone in σ (more noise is charged no more). The smallest admitted σ*
+    is searched first; its run's tight ε, rounded down, is the candidate. The candidate is
+    checked by calibrating to it and asking ``admits`` again (a numerical accountant need not be
+    exactly monotone), lowered by 0.1% until it is admitted: the named target always fits."""
+    delta = _check_delta(delta)
+    try:
+        sigma = smallest_noise(lambda s: admits(make_event(s)), start=start, resolution=resolution)
+    except InvalidArgumentError:
+        return None
+    candidate = Decimal(repr(tight_epsilon(make_event(sigma), delta))).quantize(
+        _FIT_DIGITS, rounding=ROUND_FLOOR
+    )
+    for _ in range(_FIT_TRIES):
+        if candidate <= 0:
+            return None
+        try:
+            calibrated = calibrate_to_epsilon(
+                make_event, target_epsilon=float(candidate), delta=delta, start=sigma, resolution=resolution
+            )
+        except InvalidArgumentError:
+            return None
+        if admits(make_event(calibrated)):
+            return float(candidate)
+        candidate = (candidate * Decimal("0.999")).quantize(_FIT_DIGITS, rounding=ROUND_FLOOR)
+    return None
+
+
 def calibrate_to_price(
     make_event: Callable[[float], DpEvent],
     *,
@@ -202,4 +283,13 @@ def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int)
     return passing
 
 
-__all__ = ["MAX_NOISE_MULTIPLIER", "calibrate_noise_multiplier", "calibrate_to_price", "smallest_noise"]
+__all__ = [
+    "MAX_NOISE_MULTIPLIER",
+    "TIGHT_ACCOUNTANT",
+    "calibrate_noise_multiplier",
+    "calibrate_to_epsilon",
+    "calibrate_to_price",
+    "largest_fitting_epsilon",
+    "smallest_noise",
+    "tight_epsilon",
+]

@@ -9,9 +9,14 @@ The order is the point (docs/ARCHITECTURE.md, "Release flow"):
    not from the data. The plan is exactly what Opacus will run with Poisson sampling: sampling
    probability ``q = 1 / ceil(n / B)`` (Opacus's ``DPDataLoader`` samples each record with
    probability ``1 / len(data_loader)``), ``steps = epochs * ceil(n / B)``, and the noise
-   multiplier σ given or calibrated so that the *dataset* charges at most ``--target-epsilon``
-   (``LedgerClient.calibrate_noise_multiplier``: the dataset's own quote, which a Rényi-filter
-   budget makes larger than Opacus's RDP ε for the same σ). The event is
+   multiplier σ: given (``--noise-multiplier``); or calibrated so that the run's *own* ε at the
+   budget's δ by the tight accountant (PRV) is at most ``--target-epsilon`` — what Opacus means
+   by it, and what Opacus's PRV accountant then reports — and refused here, before any data is
+   read, when the dataset's budget cannot admit that run, naming the largest ``--target-epsilon``
+   that fits; or calibrated so that the *dataset charges* at most ``--target-budget-epsilon``
+   (its own quote, which a Rényi-filter budget makes larger than the run's own ε). Both numbers
+   are printed: the run's own ε (ours and Opacus's PRV accountant) and what the dataset charges.
+   (``LedgerClient.calibrate_noise_multiplier``.) The event is
    ``self_composed(poisson_sampled(gaussian(σ), q), steps)``.
 2. **Reserve** that cost on every batch of the dataset (``LedgerClient.release_gate``). A
    refusal (``BudgetExceeded``) ends the run here — the data is never loaded, torch is never
@@ -45,7 +50,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from accountant.calibration import calibrate_noise_multiplier
+from accountant.calibration import TIGHT_ACCOUNTANT, calibrate_noise_multiplier, tight_epsilon
 from accountant.certificates import verify
 from accountant.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from service.client import BudgetExceeded, Conflict, LedgerClient, LedgerError
@@ -74,6 +79,11 @@ class Plan:
         )
 
 
+def own_epsilon(plan: Plan) -> float | None:
+    """The run's own ε at the plan's δ by PRV (``None`` when δ is not in (0, 1))."""
+    return tight_epsilon(plan.event(), plan.delta) if 0 < plan.delta < 1 else None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--url", default=os.environ.get("LEDGER_URL"), help="ledger URL ($LEDGER_URL)")
@@ -89,9 +99,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model", default="opacus-digits", help="released model name")
     parser.add_argument("--version", help="released version (default: 1 + the last one released)")
     noise = parser.add_mutually_exclusive_group(required=True)
-    noise.add_argument("--target-epsilon", type=float, help="calibrate sigma to this epsilon")
+    noise.add_argument(
+        "--target-epsilon",
+        type=float,
+        help="calibrate sigma so that this run's own epsilon (PRV) is at most this",
+    )
+    noise.add_argument(
+        "--target-budget-epsilon",
+        type=float,
+        help="calibrate sigma so that the dataset charges at most this (its quote)",
+    )
     noise.add_argument("--noise-multiplier", type=float, help="use this sigma")
-    parser.add_argument("--delta", type=float, help="delta of the calibration (default: the budget's)")
+    parser.add_argument("--delta", type=float, help="delta of the run's epsilon (default: the budget's)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--expected-batch-size", type=int, default=128)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -145,6 +164,7 @@ def make_plan(
     steps_per_epoch = math.ceil(n_records / args.expected_batch_size)
     q = 1.0 / steps_per_epoch  # what Opacus's DPDataLoader samples with
     delta = args.delta if args.delta is not None else float(budget["delta"])
+    steps = args.epochs * steps_per_epoch
     if args.noise_multiplier is not None:
         sigma = args.noise_multiplier
     else:
@@ -152,22 +172,26 @@ def make_plan(
             raise ValueError(
                 f"calibrating sigma needs a delta in (0, 1), the budget's is {delta}: pass --delta"
             )
-        if client is not None and args.delta is None:
+        if client is not None:  # BudgetExceeded (largest_target_epsilon) when the run cannot fit
             sigma = client.calibrate_noise_multiplier(
                 args.dataset,
                 target_epsilon=args.target_epsilon,
+                target_budget_epsilon=args.target_budget_epsilon,
+                delta=delta,
                 sampling_probability=q,
-                steps=args.epochs * steps_per_epoch,
+                steps=steps,
                 tasks=tasks,
             )
-        else:  # offline, or a δ of the caller's own: the RDP accountant's σ
+        elif args.target_epsilon is not None:  # offline: the run's own ε by PRV
             sigma = calibrate_noise_multiplier(
                 target_epsilon=args.target_epsilon,
                 delta=delta,
                 sampling_probability=q,
-                steps=args.epochs * steps_per_epoch,
-                accountant="rdp",
+                steps=steps,
+                accountant=TIGHT_ACCOUNTANT,
             )
+        else:
+            raise ValueError("--target-budget-epsilon needs the ledger: it calibrates to the dataset's quote")
     return Plan(n_records, args.expected_batch_size, steps_per_epoch, args.epochs, q, sigma, delta)
 
 
@@ -199,7 +223,7 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
         torch.nn.Linear(args.hidden, data.num_classes),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-    engine = PrivacyEngine(accountant="rdp")
+    engine = PrivacyEngine(accountant="prv")  # Opacus's tight accountant: its ε is comparable
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns that its RNG is not cryptographically secure
         model, optimizer, loader = engine.make_private(
@@ -232,7 +256,8 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
         )
     metrics = {
         "test_accuracy": accuracy,
-        "opacus_epsilon": float(engine.get_epsilon(plan.delta)),
+        "opacus_epsilon": float(engine.get_epsilon(plan.delta)),  # Opacus's PRV, of the steps run
+        "run_epsilon": own_epsilon(plan),  # ours, PRV upper bound
         "steps": steps,
     }
     state = {k.removeprefix("_module."): v.detach().clone() for k, v in model.state_dict().items()}
@@ -273,13 +298,24 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             plan = make_plan(args, n_records, dataset["budget"], client, tasks)
+        except BudgetExceeded as refused:  # the run of --target-epsilon does not fit
+            largest = refused.largest_target_epsilon
+            fits = "no --target-epsilon fits" if largest is None else f"the largest that fits is {largest}"
+            print(
+                f"refused by the ledger before training (budget_exceeded): a run of --target-epsilon "
+                f"{args.target_epsilon} does not fit the budget; {fits}. No data was read, nothing was "
+                "reserved",
+                flush=True,
+            )
+            return EXIT_REFUSED
         except (ValueError, LedgerError) as exc:  # InvalidArgumentError is a ValueError
             print(f"cannot plan the run: {exc}", file=sys.stderr)
             return 2
         event = plan.event()
         print(
             f"plan: n={plan.n_records} q={plan.sampling_probability:.6g} sigma={plan.noise_multiplier:.6g} "
-            f"steps={plan.steps}; reserving {args.model} v{version} on dataset {args.dataset}",
+            f"steps={plan.steps}; the run's own epsilon {own_epsilon(plan)} at delta "
+            f"{plan.delta:g} (PRV); reserving {args.model} v{version} on dataset {args.dataset}",
             flush=True,
         )
         try:
@@ -288,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             ) as gate:
                 print(
                     f"reserved {gate.reservation_id}: budget share epsilon {gate.cost.get('epsilon')} "
-                    "(not a DP guarantee)",
+                    "(what the dataset charges; not a DP guarantee)",
                     flush=True,
                 )
                 state, metrics = train(args, plan)
@@ -329,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
                 # share, not a guarantee (for a Rényi filter, the growth of its progress).
                 "guarantee": stored["certificate"]["result"]["guarantee"],
                 "budget_share": stored["certificate"]["result"]["budget_share"],
+                # This run's own ε at the budget's δ (what target_epsilon calibrates), by our PRV
+                # accountant and by Opacus's.
+                "run_epsilon": {
+                    "ledger_prv": metrics["run_epsilon"],
+                    "opacus_prv": metrics["opacus_epsilon"],
+                },
                 "checkpoint": str(path),
                 "metrics": metrics,
             }

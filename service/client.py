@@ -170,6 +170,13 @@ class BudgetExceeded(Conflict):
     def batch_id(self) -> str | None:
         return self.details.get("batch_id")
 
+    @property
+    def largest_target_epsilon(self) -> float | None:
+        """Set when a run calibrated to ``target_epsilon`` does not fit: the largest
+        ``target_epsilon`` whose run the budget admits (``None``: none does)."""
+        value = self.details.get("largest_target_epsilon")
+        return float(value) if isinstance(value, int | float) else None
+
 
 class BatchOverlap(Conflict):
     """409 ``batch_overlap``: ``record_id`` is already in a batch of the dataset."""
@@ -689,12 +696,23 @@ class _Endpoints(Generic[J, A]):
         *,
         batches: Sequence[Identifier] | None = None,
         tasks: Sequence[Identifier] | None = None,
+        new_batch: bool = False,
         noise_commitment: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
     ) -> J:
-        """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on ``batches``
-        (or ``tasks``; neither: a new batch) under the dataset's own budget — ``{admitted, cost:
-        {epsilon, delta}, batches, refused}``. Nothing is held; the reservation decides."""
+        """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on exactly one
+        of ``batches``, ``tasks`` or a new batch (``new_batch=True``) under the dataset's own
+        budget — ``{on, admitted, cost: {epsilon, delta}, totals, classes, next_offset,
+        refused}``, one entry per state class (``limit`` of them from ``offset``). Nothing is
+        held; the reservation decides."""
         body = _charge_body(event, batches, tasks, noise_commitment)
+        if new_batch:
+            body["new_batch"] = True
+        if limit is not None:
+            body["limit"] = limit
+        if offset is not None:
+            body["offset"] = offset
         return self._json(_Call("POST", f"/v1/datasets/{_segment(dataset_id)}/quote", body))
 
     def get_reservation(self, reservation_id: str) -> J:
@@ -1036,43 +1054,100 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         self,
         dataset_id: Identifier,
         *,
-        target_epsilon: float,
         sampling_probability: float,
         steps: int,
+        target_epsilon: float | None = None,
+        target_budget_epsilon: float | None = None,
+        delta: float | None = None,
         batches: Sequence[Identifier] | None = None,
         tasks: Sequence[Identifier] | None = None,
+        new_batch: bool = False,
     ) -> float:
-        """The smallest σ (grid 10⁻⁴) for which ``steps`` steps of DP-SGD (Poisson sampling at
-        ``sampling_probability``) are *charged* at most ``target_epsilon`` on the dataset — its
-        quote (``quote``) on ``batches`` / ``tasks`` (neither: a new batch), not another
-        accountant's ε: a Rényi-filter budget charges more than plain RDP, so a σ from Opacus's
-        or dp-accounting's accountant can be refused. Searches up from the RDP accountant's σ at
-        the budget's δ (``accountant.calibration.calibrate_to_price``). The reservation decides:
-        the states may change in between."""
-        from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
+        """σ (grid 10⁻⁴) for ``steps`` steps of DP-SGD (Poisson sampling at
+        ``sampling_probability``) charged to the dataset on exactly one of ``batches``,
+        ``tasks`` or a new batch (``new_batch=True``). Give exactly one target:
 
-        budget = self.get_dataset(dataset_id)["budget"]
-        delta = float(budget["delta"])
-        start = (
-            calibrate_noise_multiplier(
-                target_epsilon=target_epsilon,
-                delta=delta,
-                sampling_probability=sampling_probability,
-                steps=steps,
-            )
-            if 0 < delta < 1
-            else 1.0
+        * ``target_epsilon``: the run's *own* ε at ``delta`` (default: the budget's δ) by the
+          tight accountant (PRV upper bound), what Opacus users mean — the smallest σ meeting it
+          (``accountant.calibration.calibrate_noise_multiplier(accountant="prv")``). If the
+          dataset's quote does not admit that run, ``BudgetExceeded`` before anything is held or
+          read, its ``largest_target_epsilon`` the largest target that fits (``None``: none does).
+        * ``target_budget_epsilon``: what the *dataset charges* for the run (its quote; a Rényi
+          filter charges more than plain RDP) is at most this — the smallest σ whose quote is
+          (``accountant.calibration.calibrate_to_price``, searched up from the RDP accountant's σ).
+
+        The reservation decides: the states may change in between."""
+        from accountant.calibration import (
+            TIGHT_ACCOUNTANT,
+            calibrate_noise_multiplier,
+            calibrate_to_price,
+            largest_fitting_epsilon,
         )
+
+        if (target_epsilon is None) == (target_budget_epsilon is None):
+            raise ValueError(
+                "give exactly one of target_epsilon (the run's own epsilon) and target_budget_epsilon "
+                f"(what the dataset charges). Found {target_epsilon!r} and {target_budget_epsilon!r}."
+            )
+        budget_delta = float(self.get_dataset(dataset_id)["budget"]["delta"])
+        at = budget_delta if delta is None else delta
 
         def event(sigma: float) -> DpEvent:
             return dp_events.SelfComposedEvent(
                 dp_events.PoissonSampledEvent(sampling_probability, dp_events.GaussianEvent(sigma)), steps
             )
 
-        def price(run: DpEvent) -> Decimal:
-            return Decimal(self.quote(dataset_id, run, batches=batches, tasks=tasks)["cost"]["epsilon"])
+        def quoted(run: DpEvent) -> JsonObject:
+            return self.quote(dataset_id, run, batches=batches, tasks=tasks, new_batch=new_batch, limit=1)
 
-        return calibrate_to_price(event, start=start, target_epsilon=target_epsilon, price=price)
+        if target_epsilon is not None:
+            if not 0 < at < 1:
+                raise ValueError(
+                    f"delta must be in (0, 1) for target_epsilon; the budget's is {budget_delta}."
+                )
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=target_epsilon,
+                delta=at,
+                sampling_probability=sampling_probability,
+                steps=steps,
+                accountant=TIGHT_ACCOUNTANT,
+            )
+            answer = quoted(event(sigma))
+            if answer["admitted"]:
+                return sigma
+            largest = largest_fitting_epsilon(
+                event, admits=lambda run: bool(quoted(run)["admitted"]), delta=at, start=sigma
+            )
+            fits = f"the largest that fits is {largest}" if largest is not None else "none fits"
+            raise BudgetExceeded(
+                f"a run of target_epsilon={target_epsilon} (its own epsilon at delta={at}: "
+                f"sigma={sigma}) does not fit dataset {dataset_id}'s budget; {fits}. Nothing was held.",
+                code="budget_exceeded",
+                status=409,
+                details={
+                    **{
+                        k: v for k, v in (answer.get("refused") or {}).items() if k not in ("code", "message")
+                    },
+                    "field": "target_epsilon",
+                    "largest_target_epsilon": largest,
+                },
+            )
+        assert target_budget_epsilon is not None
+        start = (
+            calibrate_noise_multiplier(
+                target_epsilon=target_budget_epsilon,
+                delta=at,
+                sampling_probability=sampling_probability,
+                steps=steps,
+            )
+            if 0 < at < 1
+            else 1.0
+        )
+
+        def price(run: DpEvent) -> Decimal:
+            return Decimal(quoted(run)["cost"]["epsilon"])
+
+        return calibrate_to_price(event, start=start, target_epsilon=target_budget_epsilon, price=price)
 
     def register_source(
         self,

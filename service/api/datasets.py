@@ -10,8 +10,10 @@ checked against the server's data roots for the caller's tenant (``LEDGER_DATA_R
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Query, Request
 
 from service.api import PREFIX
@@ -203,27 +205,39 @@ def list_batches(dataset_id: str, task_id: str, principal: ViewerDep, db: Databa
     response_model=QuotePublic,
     responses={**_ERRORS, **RATE_LIMITED},
     summary="What a charge would cost on this dataset (dry run: nothing held)",
-    description="Prices `event` on the named batches or tasks (neither: on a new batch) under the "
-    "dataset's own budget, exactly as a reservation would, and holds nothing. `admitted` says "
-    "whether a reservation would be admitted now; `refused` carries the 409 it would get "
-    "(`budget_exceeded` with `requested` and `remaining`). Calibrate noise to `cost`: it is what "
-    "this dataset charges, which a Rényi filter's δ split can make larger than another "
-    "accountant's figure. Metered like a reservation (`LEDGER_MAX_PRICING_WORK`, 429).",
+    description="Prices `event` on exactly one target — `batches`, `tasks`, or `new_batch: true` "
+    "(a new, empty batch) — under the dataset's own budget, exactly as a reservation would, and "
+    "holds nothing. Priced once per state class (batches in one state cost the same): `classes` "
+    "lists each class's batch count, a sample `batch_id`, its cost and whether it is admitted, "
+    "`limit` at a time from `offset` (`next_offset`); `totals` counts batches and classes. "
+    "`admitted` says whether a reservation would be admitted now; `refused` carries the 409 it "
+    "would get (`budget_exceeded` with `requested` and `remaining`). Calibrate noise to `cost`: it "
+    "is what this dataset charges, which a Rényi filter's δ split can make larger than another "
+    "accountant's figure. Metered by its work (the event's, plus the budget's orders per class; "
+    "`LEDGER_MAX_PRICING_WORK`, 429) and priced in the pricing threads.",
 )
-def quote(
+async def quote(
     dataset_id: str, body: QuoteCreate, principal: ViewerDep, db: DatabaseDep, request: Request
 ) -> dict[str, Any]:
     rates: PricingRates = request.app.state.pricing
-    return quotes.quote(
+    policy = rates.policy(principal.tenant_id)
+    run = functools.partial(
+        quotes.quote,
         db,
         principal.tenant_id,
         dataset_id,
         event_json=body.event,
         batch_ids=None if body.batches is None else [str(i) for i in body.batches],
         task_ids=None if body.tasks is None else [str(i) for i in body.tasks],
+        new_batch=body.new_batch is True,
         noise_commitment=body.noise_commitment,
-        policy=rates.policy(principal.tenant_id),
+        policy=policy,
+        limit=body.limit,
+        offset=body.offset,
     )
+    # In the pricing threads, never the threads every other route runs in (a tenant's quotes
+    # cannot slow another tenant's reads).
+    return await anyio.to_thread.run_sync(run, limiter=policy.limiter)
 
 
 @router.post(

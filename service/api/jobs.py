@@ -42,8 +42,10 @@ class JobCreate(BaseModel):
     declaration (``service/training/params.py``, the same one the trainer reads): an unknown key, a
     wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
     the registry name of the job's versions (default ``<algorithm>-<dataset id>``); the others are
-    the trainer's (``target_epsilon`` and ``delta`` or ``noise_multiplier``, ``epochs`` or
-    ``steps``, ``expected_batch_size``, ``checkpoint_every``, ``model``, ...).
+    the trainer's (DP-SGD: ``target_epsilon`` — the run's own ε by PRV — or
+    ``target_budget_epsilon`` — what the dataset charges — or ``noise_multiplier``, with
+    ``delta`` defaulting to the budget's; ``epochs`` or ``steps``, ``expected_batch_size``,
+    ``checkpoint_every``, ``model``, ...).
     """
 
     model_config = ConfigDict(extra="forbid")

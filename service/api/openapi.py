@@ -483,9 +483,14 @@ def reservation_schema_extra(schema: dict[str, Any]) -> None:
 
 
 def quote_schema_extra(schema: dict[str, Any]) -> None:
-    """``QuoteCreate``: at most one of ``batches`` and ``tasks`` (neither: a new batch)."""
+    """``QuoteCreate``: exactly one of ``batches``, ``tasks`` and ``new_batch: true``."""
     _target_ids(schema)
-    schema["not"] = {
-        "required": ["batches", "tasks"],
-        "properties": {"batches": {"type": "array"}, "tasks": {"type": "array"}},
-    }
+    others = {"batches": _NULL, "tasks": _NULL, "new_batch": _NULL}
+    schema["oneOf"] = [
+        {"required": [name], "properties": {**others, name: shape}}
+        for name, shape in (
+            ("batches", {"type": "array"}),
+            ("tasks", {"type": "array"}),
+            ("new_batch", {"const": True}),
+        )
+    ]

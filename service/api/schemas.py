@@ -45,6 +45,7 @@ from service.api.openapi import (
     text_or_integer_schema,
 )
 from service.ledger.batches import MAX_RECORD_ID_LENGTH
+from service.ledger.quotes import DEFAULT_CLASSES_PER_PAGE, MAX_CLASSES_PER_PAGE
 from service.ledger.reservations import MAX_TTL_S
 
 # ---------------------------------------------------------------------------------------------
@@ -416,18 +417,29 @@ class QuoteCreate(_Request):
 
     batches: list[ObjectId] | None = Field(default=None, min_length=1)
     tasks: list[ObjectId] | None = Field(default=None, min_length=1)
+    new_batch: Literal[True] | None = Field(
+        default=None, description="price on a new, empty batch of the dataset (instead of batches or tasks)"
+    )
     event: EventJson
     noise_commitment: (
         Annotated[StrictStr, Field(min_length=1, max_length=MAX_COMMITMENT_LENGTH, pattern=r"^[\x20-\x7e]+$")]
         | None
     ) = None
+    limit: int = Field(
+        default=DEFAULT_CLASSES_PER_PAGE,
+        ge=1,
+        le=MAX_CLASSES_PER_PAGE,
+        description="how many state classes the answer lists",
+    )
+    offset: int = Field(default=0, ge=0, description="the first state class listed (`next_offset`)")
 
     @model_validator(mode="after")
     def _target_and_event(self) -> QuoteCreate:
-        if self.batches is not None and self.tasks is not None:
+        given = [x for x in (self.batches, self.tasks, self.new_batch) if x is not None]
+        if len(given) != 1:
             raise PydanticCustomError(
                 "quote_target",
-                "give at most one of batches or tasks (none: a new batch).",
+                "give exactly one of batches, tasks or new_batch: true.",
                 {"field": "batches"},
             )
         _check_event(self.event, "event")
@@ -437,15 +449,6 @@ class QuoteCreate(_Request):
 class CostPublic(_Public):
     epsilon: str
     delta: str
-
-
-class BatchCostPublic(_Public):
-    id: str
-    epsilon: str
-    delta: str
-    naive_epsilon: str
-    level: int | None = None
-    replay: bool | None = None
 
 
 class ReservationClassPublic(_Public):
@@ -488,11 +491,33 @@ class QuoteRefusal(_Public):
     remaining: CostPublic | None = None
 
 
+class QuoteClassPublic(_Public):
+    batches: int = Field(description="how many of the quoted batches are in this state")
+    batch_id: str | None = Field(description="one of them (the smallest id); null for the new batch")
+    admitted: bool
+    epsilon: str | None = Field(default=None, description="the charge, or what a refused one asks for")
+    delta: str | None = None
+    naive_epsilon: str | None = None
+    level: int | None = None
+    replay: bool | None = None
+    refused: QuoteRefusal | None
+
+
+class QuoteTotals(_Public):
+    batches: int
+    classes: int = Field(description="distinct batch states: each priced once")
+    admitted_batches: int
+    refused_batches: int
+
+
 class QuotePublic(_Public):
     dataset_id: str
+    on: Literal["batches", "tasks", "new_batch"] = Field(description="what was priced")
     admitted: bool
     cost: CostPublic
-    batches: list[BatchCostPublic]
+    totals: QuoteTotals
+    classes: list[QuoteClassPublic] = Field(description="per state class, by sample batch id")
+    next_offset: int | None = Field(description="`offset` of the next page of classes; null on the last")
     refused: QuoteRefusal | None
 
 

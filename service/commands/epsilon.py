@@ -9,8 +9,9 @@ this fixed (pre-declared) sequence and says when it fell back to RDP.
 
 With ``--dataset ID`` (and ``--url`` / ``--key``, defaults ``$LEDGER_URL`` / ``$LEDGER_API_KEY``) it
 asks the server what the event would cost on that dataset (``POST /v1/datasets/{id}/quote``: the
-dataset's own rule, accountant, grid and δ, on a new batch or on ``--batch`` ids), which is the
-number to calibrate to; ``--delta`` and ``--accountant`` then do not apply. Nothing is held.
+dataset's own rule, accountant, grid and δ, on the ``--batch`` ids or, with ``--new-batch``, on a
+new empty batch: one of the two is required), which is the number to calibrate to; ``--delta`` and
+``--accountant`` then do not apply. Nothing is held.
 
 Prints one JSON object on stdout::
 
@@ -68,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--dataset", help="price on this dataset of a running server (its own budget)")
     parser.add_argument(
         "--batch", action="append", metavar="ID", help="with --dataset: price on these batches"
+    )
+    parser.add_argument(
+        "--new-batch", action="store_true", help="with --dataset: price on a new, empty batch instead"
     )
     add_connection_arguments(parser)
     parser.add_argument(
@@ -140,10 +144,14 @@ def quote(args: argparse.Namespace) -> dict[str, Any]:
         )
     if not args.url or not args.key:
         raise _UsageError("--dataset needs --url and --key (or $LEDGER_URL and $LEDGER_API_KEY).")
+    if bool(args.batch) == args.new_batch:
+        raise _UsageError("--dataset needs --batch ID (repeatable) or --new-batch (one of the two).")
     event = _event(args)
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
-            answer = dict(client.quote(args.dataset, to_json(event), batches=args.batch))
+            answer = dict(
+                client.quote(args.dataset, to_json(event), batches=args.batch, new_batch=args.new_batch)
+            )
     except LedgerError as exc:
         raise _UsageError(f"--dataset: {exc}") from None
     answer["event"] = to_json(event)
@@ -154,8 +162,8 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON answer for parsed arguments; raises ``_UsageError`` naming the bad input."""
     if args.delta is None:
         raise _UsageError("--delta is required (or --dataset, to price on a dataset's own budget).")
-    if args.batch:
-        raise _UsageError("--batch applies with --dataset only.")
+    if args.batch or args.new_batch:
+        raise _UsageError("--batch and --new-batch apply with --dataset only.")
     delta = args.delta
     if not math.isfinite(delta) or not 0 <= delta < 1:
         raise _UsageError(f"--delta must be in [0, 1). Found {delta!r}.")

@@ -26,11 +26,14 @@ Poisson sampling), and the ledger has no event for shuffling. Distributed sample
 and adaptive clipping (``AdaClipDPOptimizer``, whose noise is split with the clipping quantile),
 are refused too, by name.
 
-σ comes from the dataset's quote (``LedgerClient.calibrate_noise_multiplier``), not from Opacus's
-accountant: a Rényi-filter budget charges more than plain RDP for the same σ, so Opacus's own
-σ for the target ε could be refused. The reservation is made before ``make_private`` (which
-reads one record for its shapes), so no record is read unreserved; the event Opacus then built
-is checked to be the one reserved. On a clean exit the gate
+``target_epsilon`` means what it means to Opacus: the run's own ε at the budget's δ by the tight
+accountant (PRV, as ``get_noise_multiplier(accountant="prv")``), σ the smallest that meets it;
+before anything is reserved or read, the dataset's quote must admit that run, else
+``BudgetExceeded`` names the largest ``target_epsilon`` that fits. A Rényi-filter budget charges
+such a run more than its own ε; to calibrate to what the *dataset charges* instead, pass
+``target_budget_epsilon`` (``LedgerClient.calibrate_noise_multiplier``). The reservation is made
+before ``make_private`` (which reads one record for its shapes), so no record is read unreserved;
+the event Opacus then built is checked to be the one reserved. On a clean exit the gate
 commits what Opacus's accountant recorded as run (``engine.accountant.history``): all the
 reserved steps, or fewer (a progressive commit; the rest is returned). More steps than reserved,
 or steps at another σ or q, raise instead: nothing is released.
@@ -196,18 +199,21 @@ def make_private_with_epsilon(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     data_loader: torch.utils.data.DataLoader[Any],
-    target_epsilon: float,
+    target_epsilon: float | None = None,
     epochs: int,
     max_grad_norm: float,
     model: str,
     version: Identifier,
+    target_budget_epsilon: float | None = None,
     batches: Sequence[Identifier] | None = None,
     tasks: Sequence[Identifier] | None = None,
     idempotency_key: str | None = None,
 ) -> Iterator[OpacusRun]:
     """``PrivacyEngine.make_private_with_epsilon`` behind the ledger's gate (module docstring):
-    σ calibrated so that the dataset *charges* at most ``target_epsilon`` for ``epochs`` epochs
-    on ``batches`` (or every batch of ``tasks``; neither: every task of the dataset); Poisson
+    σ calibrated so that the run of ``epochs`` epochs has its own ε ≤ ``target_epsilon`` at the
+    budget's δ (PRV), or — the separate option — so that the dataset *charges* at most
+    ``target_budget_epsilon`` for it; exactly one. On ``batches`` (or every batch of ``tasks``;
+    neither: every task of the dataset); Poisson
     sampling with Opacus's q = 1/len(data_loader); the reservation made before the block runs,
     the release ``{model, version}`` committed on a clean exit (``BudgetExceeded`` on enter:
     nothing ran). The data loader's dataset must hold exactly the records of those batches."""
@@ -230,6 +236,7 @@ def make_private_with_epsilon(
     sigma = client.calibrate_noise_multiplier(
         dataset_id,
         target_epsilon=target_epsilon,
+        target_budget_epsilon=target_budget_epsilon,
         sampling_probability=q,
         steps=epochs * steps_per_epoch,
         batches=batches,

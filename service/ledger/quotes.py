@@ -1,39 +1,161 @@
 """Dry-run quotes: what a charge *would* cost on a dataset's batches, nothing held or written.
 
 ``POST /v1/datasets/{id}/quote`` answers the cost the ledger would certify for an event on the
-named batches (or tasks), or on a fresh batch of the dataset when none are named, under the
-dataset's own budget: the same rule, accountant, grid and δ split a reservation meets
-(``accountant.rules.reserve`` on the batches' current states). Clients calibrate to it — a DP-SGD
-run's σ chosen so that the *dataset's* price fits what is left, not a price computed on another
-accountant's grid (Opacus's RDP, dp-accounting's PLD), which a Rényi filter with a δ split can
-exceed.
+named batches, on the named tasks' batches, or — only when asked with ``new_batch: true`` — on
+a new, empty batch of the dataset, under the dataset's own budget: the same rule, accountant,
+grid and δ split a reservation meets (``accountant.rules.reserve`` on the batches' current
+states). A quote names what it priced (``on``): a quote without a target used to price a new
+batch silently, and an analyst read "admitted" for batches that then answered 409 (issue 25).
+
+Priced per state class, as a reservation decides: batches in the same state are charged the
+same, so the batches are read as one aggregate row per (state, task)
+(``spending.store.state_groups``) and the charge is priced once per distinct state, never once
+per batch. The answer lists the classes (batch count, a sample batch id, cost, admitted or the
+409 it would get), a page of at most ``MAX_CLASSES_PER_PAGE`` of them, and the totals; its size
+and its pricing grow with the distinct states, not with the batches.
 
 A quote is advisory: the states may change before a reservation arrives, and the reservation
-decides. It prices exactly like a reservation, so it is bounded and metered the same way
-(``service.ledger.pricing``), and it reads only the tenant's own dataset (another tenant's is
-``NotFound``).
+decides. It is bounded and metered by its work (``service.ledger.pricing``: the event's nodes ×
+the budget's orders, plus the budget's orders per class priced), and it reads only the tenant's
+own dataset (another tenant's is ``NotFound``). Clients calibrate to it: a σ chosen so that the
+*dataset's* price fits (``target_budget_epsilon``), and a run calibrated on its own
+(``target_epsilon``) checked against it before any data is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
+
+from sqlalchemy import select
 
 from accountant import rules
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, to_text
-from accountant.rules import BatchState, Budget, Charge, PriceMemo
+from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo
+from service.db.models import Batch, Task
 from service.db.session import Database
 from service.ledger import pricing
-from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.errors import InvalidInput, LedgerError, NotFound
 from service.ledger.spending import requests
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import parse_event
-from service.ledger.spending.store import batch_cost_json, batch_states, dataset_budget
+from service.ledger.spending.store import (
+    StateGroup,
+    cost_json,
+    dataset_budget,
+    read_states,
+    state_groups,
+    state_groups_query,
+)
 
-FRESH_BATCH = "(new batch)"
+DEFAULT_CLASSES_PER_PAGE: Final = 100
+MAX_CLASSES_PER_PAGE: Final = 1_000
+TARGETS: Final = ("batches", "tasks", "new_batch")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassQuote:
+    """One state class of a quote: ``batches`` in one state (``example``: the smallest batch id
+    among them; ``None`` for the new batch), priced once. ``cost`` when admitted; otherwise
+    ``refusal`` (the 409 a reservation would get) and ``requested`` when the budget is what
+    refuses it."""
+
+    batches: int
+    example: str | None
+    cost: Cost | None
+    refusal: LedgerError | None = None
+    requested: tuple[Decimal, Decimal] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "batches": self.batches,
+            "batch_id": self.example,
+            "admitted": self.refusal is None,
+        }
+        if self.cost is not None:
+            out.update(
+                epsilon=to_text(self.cost.epsilon),
+                delta=to_text(self.cost.delta),
+                naive_epsilon=to_text(self.cost.naive_epsilon),
+            )
+            if self.cost.level is not None:
+                out["level"] = self.cost.level
+            if self.cost.replay:
+                out["replay"] = True
+        elif self.requested is not None:
+            out.update(epsilon=to_text(self.requested[0]), delta=to_text(self.requested[1]))
+        out["refused"] = None if self.refusal is None else _refusal_json(self.refusal)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """What a reservation of one event on one target would be charged now, per state class
+    (ordered by sample batch id)."""
+
+    dataset_id: str
+    on: str  # "batches", "tasks" or "new_batch"
+    classes: tuple[ClassQuote, ...]
+
+    @property
+    def admitted(self) -> bool:
+        return all(c.refusal is None for c in self.classes)
+
+    @property
+    def epsilon(self) -> Decimal:
+        """The most any class is charged (what a reservation holds), or asks for when refused."""
+        return max((_asked(c)[0] for c in self.classes), default=ZERO)
+
+    @property
+    def delta(self) -> Decimal:
+        return max((_asked(c)[1] for c in self.classes), default=ZERO)
+
+    @property
+    def refused(self) -> ClassQuote | None:
+        return next((c for c in self.classes if c.refusal is not None), None)
+
+    def to_json(self, *, limit: int = DEFAULT_CLASSES_PER_PAGE, offset: int = 0) -> dict[str, Any]:
+        """The answer of ``POST /v1/datasets/{id}/quote``: the totals, and the classes
+        ``[offset, offset + limit)`` (``next_offset``: where the next page starts, or ``None``)."""
+        page = self.classes[offset : offset + limit]
+        refused = self.refused
+        admitted_batches = sum(c.batches for c in self.classes if c.refusal is None)
+        total = sum(c.batches for c in self.classes)
+        return {
+            "dataset_id": self.dataset_id,
+            "on": self.on,
+            "admitted": self.admitted,
+            "cost": cost_json(self.epsilon, self.delta),
+            "totals": {
+                "batches": total,
+                "classes": len(self.classes),
+                "admitted_batches": admitted_batches,
+                "refused_batches": total - admitted_batches,
+            },
+            "classes": [c.to_json() for c in page],
+            "next_offset": offset + limit if offset + limit < len(self.classes) else None,
+            "refused": None if refused is None or refused.refusal is None else _refusal_json(refused.refusal),
+        }
+
+
+def _asked(c: ClassQuote) -> tuple[Decimal, Decimal]:
+    if c.cost is not None:
+        return c.cost.epsilon, c.cost.delta
+    return c.requested or (ZERO, ZERO)
+
+
+def _refusal_json(error: LedgerError) -> dict[str, Any]:
+    return {"code": error.code, "message": error.message, **error.details}
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    on: str
+    ids: tuple[str, ...] = ()
 
 
 def quote(
@@ -44,41 +166,79 @@ def quote(
     event_json: object,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
+    new_batch: bool = False,
     noise_commitment: str | None = None,
     policy: pricing.Policy | None = None,
+    limit: int = DEFAULT_CLASSES_PER_PAGE,
+    offset: int = 0,
 ) -> dict[str, Any]:
-    """``{dataset_id, admitted, cost: {epsilon, delta}, batches: [{id, epsilon, delta,
-    naive_epsilon, level?, replay?}], refused}``: ``cost`` is the maximum over the batches (what a
-    reservation would hold), or the refused charge's ``requested`` cost; ``refused`` is ``None``
-    or ``{code, message, batch_id, requested?, remaining?}`` (the 409 a reservation would get).
+    """``Quote.to_json`` of ``event_json`` on exactly one of ``batch_ids``, ``task_ids`` or a
+    new batch (``new_batch=True``).
 
-    Raises ``InvalidInput`` (bad event, ids, or pricing above ``policy.max_work``) and
-    ``NotFound`` (dataset, batch or task; also another tenant's)."""
-    if batch_ids is not None and task_ids is not None:
-        raise InvalidInput("batches", "give at most one of batches or tasks.")
+    Raises ``InvalidInput`` (no target or two, bad event, ids, page, or pricing above
+    ``policy.max_work``) and ``NotFound`` (dataset, batch or task; also another tenant's)."""
+    target = _target(batch_ids, task_ids, new_batch)
+    _check_page(limit, offset)
     charge = requests.charge(parse_event(event_json), noise_commitment)
     budget = _own_budget(db, tenant_id, dataset_id)
-    states = _states(db, dataset_id, batch_ids, task_ids)
-    return _priced(dataset_id, budget, charge, states, policy or pricing.DEFAULT_POLICY)
+    groups = _groups(db, dataset_id, target)
+    priced = _priced(dataset_id, target.on, budget, charge, groups, policy or pricing.DEFAULT_POLICY)
+    return priced.to_json(limit=limit, offset=offset)
 
 
-def price_function(
-    db: Database, tenant_id: str, dataset_id: str, batch_ids: Sequence[str]
-) -> Callable[[DpEvent], Decimal]:
-    """``event -> ε`` a reservation on ``batch_ids`` would be charged (``quote``'s ``cost``), for
-    a calibration that prices many events: the budget and the batches' states are read once, on
-    the first call, and reused (the reservation decides on the states it reads under the lock)."""
-    loaded: list[tuple[Budget, list[tuple[str, BatchState]]]] = []
+class DatasetPrices:
+    """Quotes of many events on the same batches, for a calibration that tries many σ: the budget
+    and the batches' state classes are read once, on the first call, and each event is priced
+    once per class (the reservation decides on the states it reads under the lock).
+    ``batch_ids=None``: every batch of the dataset."""
 
-    def price(event: DpEvent) -> Decimal:
-        if not loaded:
-            budget = _own_budget(db, tenant_id, dataset_id)
-            loaded.append((budget, _states(db, dataset_id, batch_ids, None)))
-        budget, states = loaded[0]
-        answer = _priced(dataset_id, budget, requests.charge(event, None), states, pricing.DEFAULT_POLICY)
-        return Decimal(answer["cost"]["epsilon"])
+    def __init__(
+        self, db: Database, tenant_id: str, dataset_id: str, batch_ids: Sequence[str] | None = None
+    ) -> None:
+        self._db, self._tenant_id, self._dataset_id = db, tenant_id, dataset_id
+        self._target = _Target("dataset") if batch_ids is None else _Target("batches", tuple(batch_ids))
+        self._loaded: tuple[Budget, list[tuple[StateGroup, BatchState]]] | None = None
 
-    return price
+    def quote(self, event: DpEvent) -> Quote:
+        if self._loaded is None:
+            budget = _own_budget(self._db, self._tenant_id, self._dataset_id)
+            self._loaded = (budget, _groups(self._db, self._dataset_id, self._target))
+        budget, groups = self._loaded
+        charge = requests.charge(event, None)
+        return _priced(self._dataset_id, self._target.on, budget, charge, groups, pricing.DEFAULT_POLICY)
+
+    def price(self, event: DpEvent) -> Decimal:
+        """What a reservation of ``event`` would hold (``Quote.epsilon``)."""
+        return self.quote(event).epsilon
+
+    def admits(self, event: DpEvent) -> bool:
+        """Whether a reservation of ``event`` would be admitted now."""
+        return self.quote(event).admitted
+
+
+def _target(batch_ids: Sequence[str] | None, task_ids: Sequence[str] | None, new_batch: bool) -> _Target:
+    values = (batch_ids, task_ids, new_batch or None)
+    given = [name for name, v in zip(TARGETS, values, strict=True) if v is not None]
+    if len(given) != 1:
+        raise InvalidInput(
+            "batches",
+            "give exactly one of batches, tasks or new_batch: true (a quote without a target "
+            f"prices nothing). Found {given or 'none'}.",
+        )
+    if new_batch is not True and new_batch is not False:
+        raise InvalidInput("new_batch", f"must be true when given. Found {new_batch!r}.")
+    if batch_ids is not None:
+        return _Target("batches", tuple(requests.ids(batch_ids, "batches")))
+    if task_ids is not None:
+        return _Target("tasks", tuple(requests.ids(task_ids, "tasks")))
+    return _Target("new_batch")
+
+
+def _check_page(limit: int, offset: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CLASSES_PER_PAGE:
+        raise InvalidInput("limit", f"must be an integer in [1, {MAX_CLASSES_PER_PAGE}]. Found {limit!r}.")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidInput("offset", f"must be an integer >= 0. Found {offset!r}.")
 
 
 def _own_budget(db: Database, tenant_id: str, dataset_id: str) -> Budget:
@@ -88,58 +248,65 @@ def _own_budget(db: Database, tenant_id: str, dataset_id: str) -> Budget:
     return budget
 
 
-def _states(
-    db: Database, dataset_id: str, batch_ids: Sequence[str] | None, task_ids: Sequence[str] | None
-) -> list[tuple[str, BatchState]]:
-    """The named batches' (or the tasks' batches') states, sorted by id; none named: a new batch."""
-    if batch_ids is None and task_ids is None:
-        return [(FRESH_BATCH, BatchState.empty())]
-    selector = "batches" if batch_ids is not None else "tasks"
-    ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
-    of_batch, states = batch_states(db, dataset_id, selector, ids)
-    found = {batch_id: states[state_id] for batch_id, state_id in of_batch.items()}
-    if selector == "batches":
+def _groups(db: Database, dataset_id: str, target: _Target) -> list[tuple[StateGroup, BatchState]]:
+    """The target's batches as state classes, with their states: one aggregate read (one row per
+    state and task) and one read of the distinct states; the new batch is one empty class."""
+    if target.on == "new_batch":
+        return [(StateGroup("", 1, frozenset(), ""), BatchState.empty())]
+    ids = list(target.ids)
+    where = {"batches": Batch.id.in_(ids), "tasks": Batch.task_id.in_(ids), "dataset": None}[target.on]
+    groups = state_groups(db.read_all(*state_groups_query(dataset_id, where)))
+    if target.on == "batches" and sum(g.batches for g in groups) != len(ids):
+        found = {r.id for r in db.read_all(select(Batch.id).where(Batch.dataset_id == dataset_id, where))}
+        raise NotFound("batch", next(i for i in ids if i not in found))
+    if target.on == "tasks":
+        query = select(Task.id).where(Task.dataset_id == dataset_id, Task.id.in_(ids))
+        found = {r.id for r in db.read_all(query)}
         missing = [i for i in ids if i not in found]
         if missing:
-            raise NotFound("batch", missing[0])
-    elif not found:
-        raise NotFound("task", ids[0])
-    return sorted(found.items())
+            raise NotFound("task", missing[0])
+    if not groups:
+        raise InvalidInput("tasks" if target.on == "tasks" else "batches", "the target has no batches.")
+    states = read_states(db, (g.state_id for g in groups))
+    return sorted(((g, states[g.state_id]) for g in groups), key=lambda gs: gs[0].example)
 
 
 def _priced(
     dataset_id: str,
+    on: str,
     budget: Budget,
     charge: Charge,
-    states: Sequence[tuple[str, BatchState]],
+    groups: Sequence[tuple[StateGroup, BatchState]],
     policy: pricing.Policy,
-) -> dict[str, Any]:
+) -> Quote:
+    """The charge priced once per class (``rules.reserve``, as the reservation decides). Work:
+    the event's (checked against ``policy.max_work``) plus the budget's orders per class."""
     units = pricing.check_work(budget, [charge.event], policy.max_work)
-    answers: list[dict[str, Any]] = []
-    refused: dict[str, Any] | None = None
-    epsilon, delta = ZERO, ZERO
+    units += len(groups) * pricing.orders_of(budget)
+    classes: list[ClassQuote] = []
     with policy.metered(units), rules.pricing(PriceMemo(budget)):
-        for batch_id, state in states:
+        for group, state in groups:
+            example = None if on == "new_batch" else group.example
             try:
                 cost = rules.reserve(budget, state, charge).cost
             except AccountantError as exc:
-                error = rule_error(exc, batch_id)
+                error = rule_error(exc, example)
                 if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
                     raise error from exc
-                refused = {"code": error.code, "message": error.message, **error.details}
+                requested = None
                 if isinstance(exc, rules.BudgetExceeded):
-                    epsilon = max(epsilon, Decimal(exc.requested["epsilon"]))
-                    delta = max(delta, Decimal(exc.requested["delta"]))
+                    requested = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
+                classes.append(ClassQuote(group.batches, example, None, error, requested))
                 continue
-            answers.append(batch_cost_json(batch_id, cost))
-            epsilon, delta = max(epsilon, cost.epsilon), max(delta, cost.delta)
-    return {
-        "dataset_id": dataset_id,
-        "admitted": refused is None,
-        "cost": {"epsilon": to_text(epsilon), "delta": to_text(delta)},
-        "batches": answers,
-        "refused": refused,
-    }
+            classes.append(ClassQuote(group.batches, example, cost))
+    return Quote(dataset_id, "batches" if on == "dataset" else on, tuple(classes))
 
 
-__all__ = ["FRESH_BATCH", "price_function", "quote"]
+__all__ = [
+    "DEFAULT_CLASSES_PER_PAGE",
+    "MAX_CLASSES_PER_PAGE",
+    "ClassQuote",
+    "DatasetPrices",
+    "Quote",
+    "quote",
+]

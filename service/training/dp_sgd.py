@@ -20,12 +20,15 @@ are post-processing and cost nothing.
 Accounting. A run of T steps is the event
 ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ)), T)``. ``DpSgdTrainer.plan`` builds
 it from the job params and the record count alone — before any data is read — so the worker can
-reserve the whole run first. A target (ε, δ) is turned into σ by
-``accountant.calibration.calibrate_noise_multiplier`` (the smallest σ on its grid whose ε upper
-bound is ≤ the target). ``train`` calls ``on_checkpoint(step, model_state, event_so_far)`` every
-``checkpoint_every`` steps and at the end, where ``event_so_far`` has ``count = step``: the caller
-commits that cost to the ledger and publishes the version only when the commit succeeds;
-returning ``False`` (a refused commit) stops training.
+reserve the whole run first. ``target_epsilon`` (ε at δ) is turned into σ by
+``accountant.calibration.calibrate_noise_multiplier`` with the tight accountant (PRV): the
+smallest σ on its grid whose run has its own ε upper bound ≤ the target, as Opacus's
+``get_noise_multiplier(accountant="prv")`` means it. ``target_budget_epsilon`` instead searches
+σ against what the dataset charges (``price``: the gate's quote). ``train`` calls
+``on_checkpoint(step, model_state, event_so_far)`` every ``checkpoint_every`` steps and at the
+end, where ``event_so_far`` has ``count = step``: the caller commits that cost to the ledger and
+publishes the version only when the commit succeeds; returning ``False`` (a refused commit) stops
+training.
 
 Randomness. ``seed`` makes a run reproducible (tests, benchmarks). It seeds model initialisation,
 the Poisson sampling and the noise. The privacy guarantee assumes the sampling and the noise are
@@ -299,9 +302,12 @@ class DpSgdTrainer:
     ) -> TrainingPlan:
         """The run's cost from its params and the record count alone; reads no data.
 
-        With ``target_epsilon``, σ is calibrated so that ``price`` — what the dataset's ledger
-        would charge the run (the gate passes a quote on the job's batches) — is at most the
-        target; without ``price``, so that the params' ``accountant`` gives at most the target."""
+        With ``target_epsilon``, σ is calibrated so that the run's own ε at ``delta`` by the
+        tight accountant (PRV upper bound) is at most the target (whether the budget admits it is
+        the gate's question). With ``target_budget_epsilon``, so that ``price`` — what the
+        dataset's ledger would charge the run (the gate passes a quote on the job's batches) — is
+        at most the target; without ``price``, so that the params' ``accountant`` gives at most
+        the target."""
         p = self.parse_params(params)
         if isinstance(n_records, bool) or not isinstance(n_records, int) or n_records < 1:
             raise InvalidParamsError("n_records", f"must be an integer >= 1. Found {n_records!r}.")
@@ -317,10 +323,24 @@ class DpSgdTrainer:
             raise InvalidParamsError("params.epochs", f"give {steps} steps, more than {MAX_STEPS}.")
         if p.noise_multiplier is not None:
             sigma = p.noise_multiplier
-        else:
-            assert p.target_epsilon is not None and p.delta is not None
-            sigma = _calibrate(
+        elif p.delta is None:
+            raise InvalidParamsError(
+                "params.delta", "is required with a target epsilon (a job's worker uses the budget's delta)."
+            )
+        elif p.target_epsilon is not None:
+            from accountant.calibration import TIGHT_ACCOUNTANT, calibrate_noise_multiplier
+
+            sigma = calibrate_noise_multiplier(
                 target_epsilon=p.target_epsilon,
+                delta=p.delta,
+                sampling_probability=q,
+                steps=steps,
+                accountant=TIGHT_ACCOUNTANT,
+            )
+        else:
+            assert p.target_budget_epsilon is not None
+            sigma = _calibrate(
+                target_epsilon=p.target_budget_epsilon,
                 delta=p.delta,
                 sampling_probability=q,
                 steps=steps,

@@ -208,8 +208,12 @@ class ModelSpec:
 class DpSgdParams:
     """A DP-SGD job's params, validated. Build with ``from_params(mapping)``.
 
-    Privacy: exactly one of ``target_epsilon`` (with ``delta``; σ is calibrated) and
-    ``noise_multiplier``. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
+    Privacy: exactly one of ``target_epsilon`` (σ calibrated so that the run's own ε at ``delta``
+    by the tight accountant, PRV, is at most the target: what Opacus users mean),
+    ``target_budget_epsilon`` (σ calibrated so that the dataset *charges* at most this much: the
+    budget's increase) and ``noise_multiplier``. ``delta``: absent, the budget's δ (the gate fills
+    it in). A run the budget cannot admit is refused before any data is read, naming the largest
+    ``target_epsilon`` that fits. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
     Sampling: ``sampling_probability`` or ``expected_batch_size`` (q = size/N; default 64).
     """
 
@@ -221,6 +225,7 @@ class DpSgdParams:
     target_epsilon: float | None = None
     delta: float | None = None
     noise_multiplier: float | None = None
+    target_budget_epsilon: float | None = None
     epochs: float | None = None
     steps: int | None = None
     expected_batch_size: int | None = None
@@ -243,7 +248,7 @@ class DpSgdParams:
 
     @classmethod
     def _read(cls, r: JobParams) -> dict[str, Any]:
-        privacy = _read_privacy(r)
+        privacy = _read_dp_sgd_privacy(r)
         if r.has("steps") and r.has("epochs"):
             raise InvalidParamsError("params.steps", "and params.epochs are exclusive; give one.")
         if r.has("sampling_probability") and r.has("expected_batch_size"):
@@ -357,6 +362,24 @@ class PrivacyAuditParams(DpSgdParams):
             confidence=r.real("confidence", 0.95, minimum=0.5, maximum=0.999999),
         )
         return values
+
+
+DP_SGD_TARGETS: Final = ("target_epsilon", "target_budget_epsilon", "noise_multiplier")
+
+
+def _read_dp_sgd_privacy(r: JobParams) -> dict[str, Any]:
+    """Exactly one of ``target_epsilon`` (the run's own ε), ``target_budget_epsilon`` (what the
+    dataset charges) and ``noise_multiplier``; ``delta`` optional (the budget's δ)."""
+    given = [name for name in DP_SGD_TARGETS if r.has(name)]
+    if len(given) != 1:
+        raise InvalidParamsError(
+            "params.target_epsilon",
+            "or params.target_budget_epsilon or params.noise_multiplier must be given (exactly one). "
+            f"Found {given or 'none'}.",
+        )
+    out = {name: r.real(name, None, minimum=0, exclusive_minimum=True) for name in DP_SGD_TARGETS}
+    out["delta"] = r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

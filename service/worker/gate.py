@@ -47,7 +47,7 @@ import logging
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
@@ -527,7 +527,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     # 1. Plan and reserve: no data is read here.
     try:
         run.trainer = trainer_for(job.algorithm, device)
-        params = run.trainer.parse_params(jobs.trainer_params(job.params))
+        params = _with_budget_delta(db, job, run.trainer.parse_params(jobs.trainer_params(job.params)))
         tasks = ledger_tasks(db, job.dataset_id)
         batches = [batch for task in tasks for batch in task.batches]
         if not batches:
@@ -537,9 +537,11 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             steps = sum(jobs.stage_steps(stage) for stage in stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
-            price = quotes.price_function(db, job.tenant_id, job.dataset_id, [b.id for b in batches])
-            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches), price=price)
+            prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
+            run.plan = run.trainer.plan(params, sum(batch.size for batch in batches), price=prices.price)
             steps = run.plan.steps
+            if getattr(params, "target_epsilon", None) is not None:
+                _check_target_fits(run, params, prices)
         too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
             raise _fail(run, too_many)
@@ -601,6 +603,64 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             raise _stop_for(run)
         raise _fail(run, run.refusal)
     raise _stop_for(run)
+
+
+def _with_budget_delta(db: Database, job: ClaimedJob, params: Any) -> Any:
+    """DP-SGD params with a target ε and no ``delta``: the budget's δ (the target is the run's
+    own ε at it)."""
+    from service.training.params import DpSgdParams, InvalidParamsError
+
+    if not isinstance(params, DpSgdParams) or params.delta is not None or params.noise_multiplier is not None:
+        return params
+    from service.ledger.spending.store import dataset_budget
+
+    delta = dataset_budget(db, job.dataset_id)[1].delta
+    if not 0 < delta < 1:
+        raise InvalidParamsError(
+            "params.delta",
+            f"is required: the budget's delta is {delta}, and a target epsilon needs one in (0, 1).",
+        )
+    return replace(params, delta=float(delta))
+
+
+def _check_target_fits(run: _Run, params: Any, prices: quotes.DatasetPrices) -> None:
+    """A run calibrated to ``target_epsilon`` (its own ε) that the budget cannot admit is refused
+    here, before anything is reserved or read, naming the largest ``target_epsilon`` that fits
+    (``accountant.calibration.largest_fitting_epsilon`` on the dataset's quote)."""
+    from accountant.calibration import largest_fitting_epsilon
+    from service.training.dp_sgd import dp_sgd_event
+
+    plan = run.plan
+    quoted = prices.quote(plan.event)
+    refused = quoted.refused
+    if refused is None or refused.refusal is None:
+        return
+
+    def make(sigma: float) -> ev.DpEvent:
+        q, steps = plan.sampling_probability, plan.steps
+        return dp_sgd_event(sampling_probability=q, noise_multiplier=sigma, steps=steps)
+
+    largest = largest_fitting_epsilon(
+        make, admits=prices.admits, delta=params.delta, start=plan.noise_multiplier
+    )
+    fits = (
+        f"the largest target_epsilon that fits is {largest}"
+        if largest is not None
+        else "no target_epsilon fits (no noise multiplier is admitted)"
+    )
+    raise _fail(
+        run,
+        {
+            **refused.refusal.to_json(),
+            "message": (
+                f"the run calibrated to target_epsilon={params.target_epsilon} (its own epsilon at "
+                f"delta={params.delta}, sigma={plan.noise_multiplier}) does not fit this dataset's "
+                f"budget: {fits}. Nothing was reserved or read. ({refused.refusal.message})"
+            ),
+            "field": "params.target_epsilon",
+            "largest_target_epsilon": largest,
+        },
+    )
 
 
 def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:

@@ -128,3 +128,74 @@ def test_calibration_never_overshoots_and_is_the_smallest_grid_point(
         target_epsilon=target, delta=delta, sampling_probability=q, steps=steps
     )
     assert_smallest_on_grid(sigma, target=target, q=q, steps=steps, delta=delta)
+
+
+# ---------------------------------------------------------------------------------------------
+# target_epsilon as Opacus users mean it: the run's own ε by the tight accountant (issue 24 §3)
+# ---------------------------------------------------------------------------------------------
+
+OPACUS_CASES = [
+    (0.01, 1000, 1.0, 1e-5),
+    (1 / 23, 345, 2.0, 1e-5),  # builtin:digits at the default batch size
+    (0.1, 100, 0.5, 1e-5),
+]
+
+
+@pytest.mark.parametrize(("q", "steps", "target", "delta"), OPACUS_CASES)
+def test_target_epsilon_gives_opacus_prv_sigma_and_never_a_run_above_the_target(
+    q: float, steps: int, target: float, delta: float
+) -> None:
+    """Our σ for ``target_epsilon`` is Opacus's ``get_noise_multiplier(accountant="prv")`` (same
+    σ to 0.2%), our PRV upper bound of the run meets the target, and so does Opacus's own PRV
+    accountant at that σ; one grid step less misses it (the smallest σ)."""
+    pytest.importorskip("opacus")
+    from opacus.accountants import PRVAccountant
+    from opacus.accountants.utils import get_noise_multiplier
+
+    from accountant.calibration import TIGHT_ACCOUNTANT, calibrate_to_epsilon, tight_epsilon
+
+    def run(sigma: float) -> ev.DpEvent:
+        return ev.SelfComposedEvent(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), steps)
+
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=target, delta=delta, sampling_probability=q, steps=steps, accountant=TIGHT_ACCOUNTANT
+    )
+    assert calibrate_to_epsilon(run, target_epsilon=target, delta=delta, start=sigma) == sigma
+    assert_smallest_on_grid(sigma, target=target, q=q, steps=steps, delta=delta, accountant="prv")
+    assert tight_epsilon(run(sigma), delta) <= target
+    theirs = get_noise_multiplier(
+        target_epsilon=target,
+        target_delta=delta,
+        sample_rate=q,
+        steps=steps,
+        accountant="prv",
+        epsilon_tolerance=0.001,
+    )
+    assert sigma == pytest.approx(theirs, rel=2e-3)
+    opacus = PRVAccountant()
+    opacus.history = [(sigma, q, steps)]
+    assert opacus.get_epsilon(delta=delta) <= target
+    # The looser RDP conversion puts the same run above the target: not what target_epsilon means.
+    assert upper(sigma, q=q, steps=steps, delta=delta, accountant="rdp") > target
+
+
+def test_largest_fitting_epsilon_is_the_largest_target_whose_run_is_admitted() -> None:
+    """A stand-in budget that admits a run when its RDP ε is at most 1 (a filter charges more
+    than the run's own PRV ε): the largest target named fits, 0.5% more does not."""
+    from accountant.calibration import calibrate_to_epsilon, largest_fitting_epsilon, tight_epsilon
+
+    q, steps, delta = 0.01, 1000, 1e-5
+
+    def run(sigma: float) -> ev.DpEvent:
+        return ev.SelfComposedEvent(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), steps)
+
+    def admits(event: ev.DpEvent) -> bool:
+        return make_accountant("rdp").compose(event, 1).get_epsilon(delta).upper <= 1.0
+
+    largest = largest_fitting_epsilon(run, admits=admits, delta=delta)
+    assert largest is not None and 0.8 < largest < 1.0
+    assert Decimal(repr(largest)) % Decimal("0.0001") == 0  # named to 4 decimals
+    fits = calibrate_to_epsilon(run, target_epsilon=largest, delta=delta)
+    assert admits(run(fits)) and tight_epsilon(run(fits), delta) <= largest
+    assert not admits(run(calibrate_to_epsilon(run, target_epsilon=largest * 1.005, delta=delta)))
+    assert largest_fitting_epsilon(run, admits=lambda event: False, delta=delta) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -107,21 +108,48 @@ def test_release_through_the_gate_then_refused_before_touching_data(
                             "--dataset", dataset["id"], "--model", "opacus-digits"]) == 0  # fmt: skip
         assert "result: PASS" in capsys.readouterr().out
 
-        # Calibrated to the whole budget on a fresh dataset: σ comes from the dataset's own quote
-        # (the RDP accountant's σ is charged more than 1.2 by the budget's Rényi filter and was
-        # refused), so the run fits and spends at most the budget.
-        fresh = admin.create_dataset(
-            "digits-2", rule="sequential", epsilon="1.2", delta="1e-5", accountant="rdp"
+        # Issue 24 §3: --target-epsilon 1.2 is the run's own ε (PRV at the budget's δ), as
+        # Opacus means it; the budget's Rényi filter charges that run more than 1.2, so it is
+        # refused before any data is read, naming the largest --target-epsilon that fits.
+        def fresh_dataset(name: str) -> str:
+            made = admin.create_dataset(
+                name, rule="sequential", epsilon="1.2", delta="1e-5", accountant="rdp"
+            )
+            task = admin.create_task(made["id"], "all digits")
+            admin.create_batches(
+                made["id"],
+                task["id"],
+                [{"name": f"b{i}", "records": list(record_ids[i::4])} for i in range(4)],
+            )
+            return str(made["id"])
+
+        fresh = fresh_dataset("digits-2")
+        too_big = run_example(server, fresh, tmp_path / "third", "--target-epsilon", "1.2", "--model", "own")
+        assert too_big.returncode == 3, too_big.stdout + too_big.stderr
+        assert "loading data" not in too_big.stdout
+        assert admin.spend(fresh)["reservations_open"] == 0
+        named = re.search(r"the largest that fits is (\d+\.\d+)\. No data was read", too_big.stdout)
+        assert named is not None, too_big.stdout
+        largest = float(named.group(1))
+        assert 0.9 < largest < 1.2
+        # That target runs; the run's own ε, ours and Opacus's PRV accountant's, agree and meet it.
+        own = run_example(
+            server, fresh, tmp_path / "third", "--target-epsilon", str(largest), "--model", "own"
         )
-        task = admin.create_task(fresh["id"], "all digits")
-        admin.create_batches(
-            fresh["id"], task["id"], [{"name": f"b{i}", "records": list(record_ids[i::4])} for i in range(4)]
-        )
+        assert own.returncode == 0, own.stdout + own.stderr
+        released = json.loads(own.stdout.strip().splitlines()[-1])
+        ours, theirs = released["run_epsilon"]["ledger_prv"], released["run_epsilon"]["opacus_prv"]
+        assert ours <= largest and theirs <= largest and ours == pytest.approx(theirs, rel=1e-3)
+        assert ours < float(released["budget_share"]["epsilon"]) <= 1.2  # the filter charges the run more
+
+        # The separate option: calibrated to what the dataset charges (its own quote), the run
+        # fits and spends at most the budget.
+        budget = fresh_dataset("digits-3")
         third = run_example(
-            server, fresh["id"], tmp_path / "third", "--target-epsilon", "1.2", "--model", "calibrated"
+            server, budget, tmp_path / "fourth", "--target-budget-epsilon", "1.2", "--model", "calibrated"
         )
         assert third.returncode == 0, third.stdout + third.stderr
-        assert 1.1 < float(admin.spend(fresh["id"])["epsilon_spent"]) <= 1.2
+        assert 1.1 < float(admin.spend(budget)["epsilon_spent"]) <= 1.2
 
 
 def test_without_opacus_nothing_is_reserved(server: Server, tmp_path: Path) -> None:

@@ -208,9 +208,14 @@ def test_dataset_prices_on_the_datasets_own_budget(
     same δ, and that is the number to calibrate to); nothing is held."""
     url, viewer_key, dataset_id, client = quoting
     run = ("--noise-multiplier", "1.0", "--sampling-probability", "0.01", "--steps", "2000")
+    # Issue 25: a quote names what it prices; without --batch or --new-batch it is refused.
     code, quoted, err = _run(capsys, *run, "--dataset", dataset_id, "--url", url, "--key", viewer_key)
+    assert code == 2 and quoted is None and "--new-batch" in err
+    code, quoted, err = _run(
+        capsys, *run, "--dataset", dataset_id, "--url", url, "--key", viewer_key, "--new-batch"
+    )
     assert code == 0, err
-    assert quoted is not None and quoted["admitted"] is True
+    assert quoted is not None and quoted["admitted"] is True and quoted["on"] == "new_batch"
     code, plain, _ = _run(capsys, *run, "--delta", "1e-5")
     assert plain is not None
     assert plain["epsilon"]["upper"] < float(quoted["cost"]["epsilon"]) <= 8
@@ -219,5 +224,5 @@ def test_dataset_prices_on_the_datasets_own_budget(
         capsys, *run, "--dataset", dataset_id, "--url", url, "--key", viewer_key, "--delta", "1e-5"
     )
     assert code == 2 and "--delta" in err
-    code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key)
+    code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key, "--new-batch")
     assert code == 2 and "--dataset" in err

@@ -64,7 +64,7 @@ def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: A
 def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> dict[str, Any]:
     from service.ledger import quotes
 
-    return quotes.quote(db, "acme", dataset_id, event_json=event)
+    return quotes.quote(db, "acme", dataset_id, event_json=event, new_batch=True)
 
 
 def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
@@ -129,8 +129,9 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     refused = jobs.get_job(db, "acme", second)
     assert refused["status"] == "failed"
     error = refused["error"]
-    assert error["error"] == "budget_exceeded"
+    assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
     assert Decimal(error["requested"]["epsilon"]) > Decimal(error["remaining"]["epsilon"])
+    assert 0 < error["largest_target_epsilon"] < 2  # what would fit, named
     assert loader.opened == [DIGITS]  # not opened again
     assert versions_of(db, second) == [] and refused["reservation_id"] is None
     after = spend.get_spend(db, "acme", world.dataset_id)
@@ -138,15 +139,18 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert staged_files(artifacts) == []
 
 
-def test_target_epsilon_is_calibrated_to_what_the_dataset_charges(db: Database, artifacts: Path) -> None:
+def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
+    db: Database, artifacts: Path
+) -> None:
     """``target_epsilon: 2`` on an rdp budget of ε = 2 was refused ("requested 2.3485": σ came
-    from the RDP accountant, the budget's Rényi filter charges more). σ is now calibrated to the
-    dataset's own quote: the run fits and is charged at most 2, with a σ no larger than needed."""
+    from the RDP accountant, the budget's Rényi filter charges more). Calibrating to the budget's
+    increase is the explicitly named ``target_budget_epsilon``: σ is calibrated to the dataset's
+    own quote, the run fits and is charged at most 2, with a σ no larger than needed."""
     from accountant.calibration import calibrate_noise_multiplier
 
     world = digits_dataset(db, epsilon="2", delta="1e-5")
     worker = _worker(db, artifacts, CountingLoader())
-    job_id = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, seed=3)
+    job_id = _queue(db, world.dataset_id, target_budget_epsilon=2.0, delta=1e-5, seed=3)
     assert worker.run_once() == job_id
     job = jobs.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
@@ -161,6 +165,51 @@ def test_target_epsilon_is_calibrated_to_what_the_dataset_charges(db: Database, 
     )
     quoted = reservations_quote(db, world.dataset_id, lighter)
     assert Decimal(quoted["cost"]["epsilon"]) > 0 and not quoted["admitted"]
+
+
+def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refused_unread(
+    db: Database, artifacts: Path
+) -> None:
+    """Issue 24 §3: ``target_epsilon`` is the run's own ε at the budget's δ by the tight
+    accountant (PRV), as Opacus users mean it. A run of ε = 2 cannot fit an rdp budget of 2 (the
+    filter charges it about 2.3): refused before anything is reserved or read, naming the largest
+    target that fits; that target then runs, its σ the one Opacus's PRV accountant agrees with."""
+    from opacus.accountants import PRVAccountant
+
+    from accountant.calibration import tight_epsilon
+    from accountant.events import from_json
+
+    world = digits_dataset(db, epsilon="2", delta="1e-5")
+    loader = CountingLoader()
+    worker = _worker(db, artifacts, loader)
+    too_big = _queue(db, world.dataset_id, target_epsilon=2.0, seed=3)  # δ: the budget's
+    assert worker.run_once() == too_big
+    refused = jobs.get_job(db, "acme", too_big)
+    assert refused["status"] == "failed" and refused["reservation_id"] is None
+    error = refused["error"]
+    assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
+    assert "largest target_epsilon that fits" in error["message"]
+    largest = error["largest_target_epsilon"]
+    assert 1.5 < largest < 2
+    assert loader.opened == []  # nothing read
+    assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_spent"] == "0"
+    # The named target fits, and a little more does not (it is the largest, to about 0.1%).
+    fits = _queue(db, world.dataset_id, target_epsilon=largest, seed=3)
+    assert worker.run_once() == fits
+    job = jobs.get_job(db, "acme", fits)
+    assert job["status"] == "succeeded", job["error"]
+    assert loader.opened == [DIGITS]
+    assert 0 < Decimal(job["epsilon_committed"]) <= 2
+    event = from_json(job["plan"]["event"])
+    assert largest * 0.999 <= tight_epsilon(event, 1e-5) <= largest  # its own ε, σ not too large
+    sigma = job["plan"]["noise_multiplier"]
+    q, steps = job["plan"]["sampling_probability"], job["plan"]["steps"]
+    opacus = PRVAccountant()
+    opacus.history = [(sigma, q, steps)]
+    assert opacus.get_epsilon(delta=1e-5) <= largest
+    bigger = _queue(db, world.dataset_id, target_epsilon=round(largest * 1.01, 4), seed=3)
+    assert worker.run_once() == bigger
+    assert jobs.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"
 
 
 def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Database, artifacts: Path) -> None:

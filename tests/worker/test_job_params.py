@@ -44,6 +44,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
         },
     ),
     ("dp_sgd", {"noise_multiplier": 1.0, "steps": 3.0, "hidden": 32, "sampling_probability": 0.1}),
+    ("dp_sgd", {"target_epsilon": 1.0, "seed": 1}),  # δ: the budget's
+    ("dp_sgd", {"target_budget_epsilon": 1.0, "delta": 1e-5, "seed": 1}),
     ("adadp", {"target_epsilon": 2.0, "delta": 1e-5, "checkpoint_every": 150, "seed": 4, "beta": 1.2}),
     (
         "l2dp_ml",
@@ -92,7 +94,9 @@ def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: 
         ("dp_sgd", {"noise_multiplier": 1.0, "steps": "10"}, "params.steps"),  # a string
         ("dp_sgd", {"noise_multiplier": 1.0, "steps": 0}, "params.steps"),  # out of range
         ("dp_sgd", {"noise_multiplier": True}, "params.noise_multiplier"),  # a boolean is no number
-        ("dp_sgd", {"target_epsilon": 1.0}, "params.delta"),  # required with target_epsilon
+        # a run's own epsilon or the budget's increase: one of the two, named apart (issue 24)
+        ("dp_sgd", {"target_epsilon": 1.0, "target_budget_epsilon": 1.0}, "params.target_epsilon"),
+        ("dp_sgd", {"target_budget_epsilon": -1.0}, "params.target_budget_epsilon"),
         ("dp_sgd", {"target_epsilon": 1.0, "delta": 1e-5, "noise_multiplier": 1.0}, "params.target_epsilon"),
         ("dp_sgd", {"noise_multiplier": 1.0, "model": "resnet"}, "params.model"),
         ("dp_sgd", {"noise_multiplier": 1.0, "compile_gradients": True}, "params.compile_gradients"),

@@ -406,8 +406,9 @@ def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]
     return response
 
 
-def rule_error(exc: AccountantError, batch_id: str) -> LedgerError:
-    """The domain error for an accountant error raised while pricing on ``batch_id``."""
+def rule_error(exc: AccountantError, batch_id: str | None) -> LedgerError:
+    """The domain error for an accountant error raised while pricing on ``batch_id`` (``None``:
+    a new batch a quote prices)."""
     if isinstance(exc, rules.BudgetExceeded):
         return BudgetExceeded(exc.remaining, exc.requested, exc.message, batch_id=batch_id)
     if isinstance(exc, rules.ChargeRefused):

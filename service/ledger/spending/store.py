@@ -239,6 +239,39 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class StateGroup:
+    """Batches of a dataset in one state: how many, their tasks, and the smallest batch id (a
+    sample to name). What the spend transactions decide once per state, and what a quote prices
+    once (``service.ledger.quotes``)."""
+
+    state_id: str
+    batches: int
+    tasks: frozenset[str]
+    example: str
+
+
+def state_groups_query(
+    dataset_id: str, where: ColumnElement[bool] | None = None
+) -> tuple[Any, dict[str, Any]]:
+    """``(statement, parameters)`` of the aggregate read of the dataset's batches (those ``where``
+    selects) by (state, task): one row per pair, never one per batch. ``state_groups`` folds it."""
+    return (_STATE_GROUPS if where is None else _STATE_GROUPS.where(where)), {"dataset_id": dataset_id}
+
+
+def state_groups(rows: Iterable[Any]) -> list[StateGroup]:
+    """The rows of ``state_groups_query`` as one ``StateGroup`` per state, by state id."""
+    found: dict[str, tuple[int, set[str], str]] = {}
+    for state_id_, task_id, count, example in rows:
+        total, tasks, first = found.get(state_id_, (0, set(), example))
+        tasks.add(task_id)
+        found[state_id_] = (total + count, tasks, min(first, example))
+    return [
+        StateGroup(sid, count, frozenset(tasks), example)
+        for sid, (count, tasks, example) in sorted(found.items())
+    ]
+
+
+@dataclass(frozen=True)
 class Move:
     """Batches (``where``) in state ``source`` go to ``target``; ``tasks`` are their tasks."""
 
@@ -288,8 +321,8 @@ _RESERVATION_GROUPS: Final = (
     .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
     .group_by(ReservationBatch.class_index, Batch.state_id, Batch.task_id)
 )
-_DATASET_GROUPS: Final = (
-    select(Batch.state_id, Batch.task_id, func.count())
+_STATE_GROUPS: Final = (
+    select(Batch.state_id, Batch.task_id, func.count(), func.min(Batch.id))
     .where(Batch.dataset_id == bindparam("dataset_id"))
     .group_by(Batch.state_id, Batch.task_id)
 )
@@ -517,16 +550,10 @@ class Work:
 
     def dataset_groups(self) -> list[tuple[str, int, frozenset[str]]]:
         """``[(state id, batches, their tasks)]`` over every batch of the dataset: one aggregate
-        query, one row per (state, task)."""
-        found: dict[str, tuple[int, set[str]]] = {}
-        for state_id_, task_id, count in self.connection.execute(
-            _DATASET_GROUPS, {"dataset_id": self.head.id}
-        ):
-            total, tasks = found.get(state_id_, (0, set()))
-            tasks.add(task_id)
-            found[state_id_] = (total + count, tasks)
-        self.load_states(found)
-        return [(sid, count, frozenset(tasks)) for sid, (count, tasks) in sorted(found.items())]
+        query, one row per (state, task) (``state_groups``)."""
+        groups = state_groups(self.connection.execute(*state_groups_query(self.head.id)))
+        self.load_states(g.state_id for g in groups)
+        return [(g.state_id, g.batches, g.tasks) for g in groups]
 
     def example_batch(self, state_id_: str, where: ColumnElement[bool] | None = None) -> str:
         """A batch in state ``state_id_`` (of those ``where`` selects), to name in an error."""
@@ -864,13 +891,15 @@ def batch_states(
     batches), read outside the spend transaction; each distinct state is parsed once."""
     rows = db.read_all(_BATCH_STATE_IDS[selector], {"ids": list(ids), "dataset_id": dataset_id})
     of_batch = {row.id: row.state_id for row in rows}
-    wanted = sorted(set(of_batch.values()))
-    states = (
-        {row.id: BatchState.from_json(row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})}
-        if wanted
-        else {}
-    )
-    return of_batch, states
+    return of_batch, read_states(db, of_batch.values())
+
+
+def read_states(db: Database, state_ids: Iterable[str]) -> dict[str, BatchState]:
+    """``{state id: state}``, read outside the spend transaction; each distinct state parsed once."""
+    wanted = sorted(set(state_ids))
+    if not wanted:
+        return {}
+    return {row.id: BatchState.from_json(row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})}
 
 
 _DUE: Final = (

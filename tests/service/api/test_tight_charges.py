@@ -116,9 +116,11 @@ def test_a_quote_is_what_the_reservation_charges_and_holds_nothing(client: TestC
         {"rule": "sequential", "epsilon": "2", "delta": "1e-5", "accountant": "rdp"}
     )
     event = _dpsgd(0.01, 1.2, 1000)
-    fresh = _quote(viewer, dataset, event)  # no batches: a new batch of this dataset
+    fresh = _quote(viewer, dataset, event, new_batch=True)  # asked for: a new batch of this dataset
     on_batch = _quote(viewer, dataset, event, batches=batches)
-    assert fresh["cost"] == on_batch["cost"] and [b["id"] for b in fresh["batches"]] == ["(new batch)"]
+    assert fresh["cost"] == on_batch["cost"] and fresh["on"] == "new_batch"
+    assert [(c["batch_id"], c["batches"]) for c in fresh["classes"]] == [(None, 1)]
+    assert on_batch["on"] == "batches" and on_batch["classes"][0]["batch_id"] == batches[0]
     held = trainer.reserve(dataset, batches, event).json()
     assert held["cost"] == on_batch["cost"]
     # Now the batch holds it: a second one does not fit, and the quote says so with numbers.
@@ -127,12 +129,26 @@ def test_a_quote_is_what_the_reservation_charges_and_holds_nothing(client: TestC
     assert again["refused"]["batch_id"] == batches[0]
     trainer.reserve(dataset, batches, event, status=409)
     # Bad input changes nothing and names the field; another tenant's dataset is a 404.
-    bad = viewer.call("POST", f"/v1/datasets/{dataset}/quote", {"event": {"kind": "gaussian"}}, 422).json()
+    bad = viewer.call(
+        "POST", f"/v1/datasets/{dataset}/quote", {"event": {"kind": "gaussian"}, "new_batch": True}, 422
+    ).json()
     assert bad["field"].startswith("event")
     both = {"event": event, "batches": batches, "tasks": ["t"]}
     assert viewer.call("POST", f"/v1/datasets/{dataset}/quote", both, 422).json()["field"] == "batches"
+    # Issue 25: a quote without a target priced a new batch and said "admitted" for batches that
+    # then got 409s; the target is required (new_batch: true names the new-batch case).
+    untargeted = viewer.call("POST", f"/v1/datasets/{dataset}/quote", {"event": event}, 422).json()
+    assert untargeted["field"] == "batches"
+    for bad, field in (
+        ({"new_batch": False}, "new_batch"),
+        ({"new_batch": True, "batches": batches}, "batches"),
+        ({"batches": batches, "limit": 0}, "limit"),
+        ({"batches": batches, "offset": -1}, "offset"),
+    ):
+        answer = viewer.call("POST", f"/v1/datasets/{dataset}/quote", {"event": event, **bad}, 422).json()
+        assert answer["field"] == field, bad
     other = Api(client, keys.get("rival", "viewer"))
-    other.call("POST", f"/v1/datasets/{dataset}/quote", {"event": event}, 404)
+    other.call("POST", f"/v1/datasets/{dataset}/quote", {"event": event, "new_batch": True}, 404)
     viewer.call("POST", f"/v1/datasets/{dataset}/quote", {"event": event, "batches": ["nope"]}, 404)
 
 

@@ -16,10 +16,13 @@ pytest.importorskip("opacus", reason="the Opacus adapter needs opacus (the dev e
 
 import torch
 from opacus import PrivacyEngine
+from opacus.accountants import PRVAccountant
+from opacus.accountants.utils import get_noise_multiplier
 from opacus.optimizers import AdaClipDPOptimizer
 from sqlalchemy.engine import URL
 
 from accountant import events as ev
+from accountant.calibration import tight_epsilon
 from accountant.certificates import verify
 from accountant.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.registry import make_accountant
@@ -221,13 +224,44 @@ def test_the_gate_calibrates_on_the_quote_reserves_before_reading_and_commits(le
     certificate = run.certificate
     assert certificate is not None and run.gate.status == "committed"
     assert certificate["certificate"]["release"] == {"model": "linear", "version": "1"}
-    assert float(ledger.spend(dataset_id)["epsilon_spent"]) <= 1.0
+    # target_epsilon is the run's own ε at the budget's δ by PRV, as Opacus means it: σ is the
+    # smallest on the grid that meets 1.0, the one Opacus's PRV calibration finds, and Opacus's
+    # PRV accountant puts the run at most at 1.0 (the Rényi filter charges it more: > 1).
+    lower = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(round(sigma - 1e-4, 4))), 10)
+    assert tight_epsilon(run.event, 1e-5) <= 1.0 < tight_epsilon(lower, 1e-5)
+    opacus = PRVAccountant()
+    opacus.history = [(sigma, q, 10)]
+    assert opacus.get_epsilon(delta=1e-5) <= 1.0
+    theirs = get_noise_multiplier(
+        target_epsilon=1.0,
+        target_delta=1e-5,
+        sample_rate=q,
+        steps=10,
+        accountant="prv",
+        epsilon_tolerance=0.001,
+    )
+    assert sigma == pytest.approx(theirs, rel=5e-3)
+    assert 1.0 < float(ledger.spend(dataset_id)["epsilon_spent"]) <= 2.0
+
+
+@SQLITE_ONLY
+def test_target_budget_epsilon_calibrates_on_the_datasets_quote(ledger: LedgerClient) -> None:
+    """The separate option, named apart: σ such that the dataset *charges* at most the target."""
+    dataset_id, _ = _dataset(ledger)
+    with _gate(ledger, dataset_id, CountedRecords(), target_epsilon=None, target_budget_epsilon=1.0) as run:
+        step = run.event.event
+        sigma, q = step.event.noise_multiplier, step.sampling_probability
+        assert _train(run) == 10
+    assert run.certificate is not None and float(ledger.spend(dataset_id)["epsilon_spent"]) <= 1.0
     # σ is the one of the dataset's quote (on a twin with nothing spent): it fits the target,
     # one grid step less does not; Opacus's own RDP σ for ε = 1 would be smaller still.
     twin, twin_task = _dataset(ledger)
     lower = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(round(sigma - 1e-4, 4))), 10)
     assert float(ledger.quote(twin, run.event, tasks=[twin_task])["cost"]["epsilon"]) <= 1.0
     assert float(ledger.quote(twin, lower, tasks=[twin_task])["cost"]["epsilon"]) > 1.0
+    with pytest.raises(ValueError, match="exactly one of target_epsilon"):
+        with _gate(ledger, dataset_id, CountedRecords(), target_budget_epsilon=1.0):
+            raise AssertionError("the block must not run")
 
 
 @SQLITE_ONLY
@@ -259,9 +293,17 @@ def test_more_steps_than_reserved_release_nothing(ledger: LedgerClient) -> None:
 def test_refused_by_the_budget_before_a_record_is_read(ledger: LedgerClient) -> None:
     dataset_id, _ = _dataset(ledger, epsilon="0.5")
     records = CountedRecords()
-    with pytest.raises(BudgetExceeded), _gate(ledger, dataset_id, records):
+    with pytest.raises(BudgetExceeded) as refused, _gate(ledger, dataset_id, records):
         raise AssertionError("the block must not run")
-    assert records.reads == 0
+    assert records.reads == 0 and ledger.spend(dataset_id)["reservations_open"] == 0
+    # The refusal names the largest target_epsilon that fits; that one runs.
+    largest = refused.value.largest_target_epsilon
+    assert largest is not None and 0 < largest < 0.5
+    assert refused.value.details["field"] == "target_epsilon" and f"{largest}" in refused.value.message
+    with _gate(ledger, dataset_id, records, target_epsilon=largest) as run:
+        assert _train(run) == 10
+    assert run.certificate is not None and float(ledger.spend(dataset_id)["epsilon_spent"]) <= 0.5
+    assert tight_epsilon(run.event, 1e-5) <= largest
 
 
 @SQLITE_ONLY
