@@ -63,9 +63,10 @@ def quote(
 
 
 def price_function(
-    db: Database, tenant_id: str, dataset_id: str, batch_ids: Sequence[str]
+    db: Database, tenant_id: str, dataset_id: str, task_ids: Sequence[str]
 ) -> Callable[[DpEvent], Decimal]:
-    """``event -> ε`` a reservation on ``batch_ids`` would be charged (``quote``'s ``cost``), for
+    """``event -> ε`` a reservation on every batch of ``task_ids`` would be charged (``quote``'s
+    ``cost``; by task, so that a dataset of more than ``MAX_IDS_PER_REQUEST`` batches is priced), for
     a calibration that prices many events: the budget and the batches' states are read once, on
     the first call, and reused (the reservation decides on the states it reads under the lock)."""
     loaded: list[tuple[Budget, list[tuple[str, BatchState]]]] = []
@@ -73,7 +74,7 @@ def price_function(
     def price(event: DpEvent) -> Decimal:
         if not loaded:
             budget = _own_budget(db, tenant_id, dataset_id)
-            loaded.append((budget, _states(db, dataset_id, batch_ids, None)))
+            loaded.append((budget, _states(db, dataset_id, None, task_ids)))
         budget, states = loaded[0]
         answer = _priced(dataset_id, budget, requests.charge(event, None), states, pricing.DEFAULT_POLICY)
         return Decimal(answer["cost"]["epsilon"])
