@@ -258,9 +258,21 @@ def _symlink_to_another_tenants_root(d: Dirs) -> str:
     return uri(d.a / "theirs.csv")
 
 
+def _hard_link_to_another_tenants_file(d: Dirs) -> str:
+    (d.rival / "theirs.csv").write_text(csv_text())
+    os.link(d.rival / "theirs.csv", d.a / "theirs.csv")  # no symlink: realpath stays in acme's root
+    return uri(d.a / "theirs.csv")
+
+
+def _hard_link_to_outside(d: Dirs) -> str:
+    os.link(d.secret, d.a / "secret.csv")
+    return uri(d.a / "secret.csv")
+
+
 NOT_UNDER = "the path is not under any of its roots"
 LEAVES = "its real path (symlinks resolved) leaves the data roots"
 THEIRS = "its real path lies in another tenant's data root"
+LINKED = "it has 2 hard links (a file with other names may lie elsewhere)"
 DOTS = "the path must not hold '..', '.' or empty components."
 
 ESCAPES = [
@@ -288,6 +300,8 @@ ESCAPES = [
     ),
     Escape("another tenant's root", _another_tenants_root, NOT_UNDER),
     Escape("symlink into another tenant's root", _symlink_to_another_tenants_root, THEIRS),
+    Escape("hard link to another tenant's file", _hard_link_to_another_tenants_file, LINKED),
+    Escape("hard link to a file outside every root", _hard_link_to_outside, LINKED),
 ]
 
 
@@ -544,6 +558,11 @@ def _swap_for_symlink_to_another_tenant(d: Dirs) -> None:
     d.good.symlink_to(d.rival / "good.csv")
 
 
+def _swap_for_hard_link_out(d: Dirs) -> None:
+    d.good.unlink()
+    os.link(d.secret, d.good)
+
+
 def _swap_for_fifo(d: Dirs) -> None:
     d.good.unlink()
     os.mkfifo(d.good)
@@ -566,6 +585,7 @@ SWAPS = [
     Swap("symlink to a file outside", _swap_for_symlink_out, LEAVES),
     Swap("directory swapped for a symlink outside", _swap_directory_for_symlink_out, LEAVES, in_sub=True),
     Swap("symlink into another tenant's root", _swap_for_symlink_to_another_tenant, THEIRS),
+    Swap("hard link to a file outside", _swap_for_hard_link_out, LINKED),
     Swap("FIFO", _swap_for_fifo, "it is a FIFO"),
     Swap(
         "grown beyond max_bytes",
