@@ -10,8 +10,8 @@ For one claimed job (``run_job``):
    batches; a list of batch ids stops at 10 000) (``service.ledger.reservations.reserve``,
    idempotency key ``job:<id>:a<attempt>:reserve``); a batch created while the job planned
    (the reservation holds more batches than planned) aborts it and fails the job. A refusal
-   fails the job with the ledger's answer (``budget_exceeded`` with ``remaining`` and ``requested``, or the rule's code) and the
-   data source is never opened.
+   fails the job with the ledger's answer (``budget_exceeded`` with ``remaining`` and
+   ``requested``, or the rule's code) and the data source is never opened.
 2. **Load and check.** The *dataset's* data source (``datasets.data_source``, set by an admin of
    its tenant; a job's params never name one, and a ``params.data_source`` left by old clients is
    ignored) is read from the dataset row, then loaded through the tenant's data roots, which the
