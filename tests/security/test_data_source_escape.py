@@ -506,6 +506,40 @@ def test_a_regular_file_under_the_tenants_root_is_accepted_and_audited(
     assert first_entry["event_type"] == "dataset.created" and first_entry["payload"]["data_source"] == source
 
 
+def test_one_file_is_stored_as_one_source(client: TestClient, keys: Keys, dirs: Dirs) -> None:
+    """Issue 24 §5: ``file:/abs``, ``FILE:///abs``, ``file:///abs`` (and a percent-escaped
+    spelling) name one file and were stored as four strings; all are stored as ``file:///abs``,
+    so setting any of them again changes nothing (no audit entry). A path with ``%`` or ``#`` in
+    it keeps them escaped, so the stored form reads back as the same file."""
+    admin = keys.get("acme", "admin")
+    canonical = uri(dirs.good)  # file:///.../roots/a/good.csv
+    path = str(dirs.good)
+    spellings = [
+        f"file:{path}",
+        f"FILE://{path}",
+        f"File://{path}",
+        canonical.replace("good.csv", "%67ood.csv"),
+        canonical,
+    ]
+    dataset_id = create(client, admin, spellings[0]).json()["id"]
+    assert client.get(f"/v1/datasets/{dataset_id}", headers=bearer(admin)).json()["data_source"] == canonical
+    before = len(chain(client, admin, dataset_id)["data"])
+    for spelling in spellings:
+        answer = put_source(client, admin, dataset_id, spelling)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["data_source"] == canonical
+    assert len(chain(client, admin, dataset_id)["data"]) == before  # the same source: no change
+    odd = dirs.a / "50% #1.csv"
+    odd.write_text(csv_text())
+    answer = put_source(
+        client, admin, dataset_id, f"file://{str(odd).replace('%', '%25').replace('#', '%23')}"
+    )
+    assert answer.status_code == 200, answer.text
+    stored = answer.json()["data_source"]
+    assert stored == f"file://{dirs.a}/50%25 %231.csv"
+    assert load_data(stored, dirs.data_roots().for_tenant("acme")).record_ids == tuple(RECORDS)
+
+
 @pytest.mark.parametrize("scope", ["trainer", "viewer"])
 def test_only_an_admin_sets_a_data_source(
     client: TestClient, keys: Keys, db: Database, dirs: Dirs, scope: str
