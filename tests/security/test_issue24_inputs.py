@@ -231,7 +231,7 @@ def test_every_list_route_is_paged_or_bounded(app: Any) -> None:
     others answer one object (or a list bounded by the configuration: the signing keys)."""
     schema = app.openapi()
     unpaged_by_design = {
-        "/v1/signing-keys",  # the operator's configured keys
+        "/.well-known/privacy-ledger/signing-keys",  # the operator's configured keys
         "/v1/audit/verify",  # a verdict
     }
     for path, item in schema["paths"].items():
