@@ -114,6 +114,19 @@ def test_paper_l2dp_events_are_refused_where_events_are_accepted(
     assert verify(committed.json()["certificate"]["certificate"]).ok
 
 
+def test_an_l2dp_ml_job_on_the_paper_analysis_is_refused_at_submit(client: TestClient, keys: Keys) -> None:
+    """Its reservation would be refused: a 201 for a job that can only fail is refused at submit."""
+    api = Api(client, keys.get("acme", "admin"))
+    trainer = Api(client, keys.get("acme", "trainer"))
+    dataset, _, _ = api.dataset(LIFELONG, data_source="builtin:digits")
+    params = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "noise_check": False}
+    body = {"dataset_id": dataset, "algorithm": "l2dp_ml", "params": {**params, "analysis": "paper"}}
+    before = api.call("GET", "/v1/jobs", status=200).json()
+    refused(trainer.call("POST", "/v1/jobs", body), "params.analysis")
+    assert api.call("GET", "/v1/jobs", status=200).json() == before
+    trainer.call("POST", "/v1/jobs", {**body, "params": params}, 201)  # the default: "sound"
+
+
 @pytest.mark.parametrize("analysis", UNPROVEN)
 def test_ledger_epsilon_refuses_a_paper_l2dp_event(
     capsys: pytest.CaptureFixture[str], analysis: str | None
