@@ -606,7 +606,7 @@ class _Endpoints(Generic[J, A]):
         )
 
     def list_batches(
-        self, dataset_id: Identifier, task_id: Identifier, *, after: str | None = None, limit: int = 1000
+        self, dataset_id: Identifier, task_id: Identifier, *, after: int | None = None, limit: int = 1000
     ) -> J:
         """``GET .../tasks/{task}/batches``: a page ``{data, count, next}`` of the task's batches
         with their spend, in position order (``limit`` <= 10 000; pass ``after=next`` for the next
@@ -1131,7 +1131,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         self, dataset_id: Identifier, task_id: Identifier, *, page_size: int = 10_000
     ) -> Iterator[JsonObject]:
         """Every batch of the task with its spend, in position order, page by page."""
-        after: str | None = None
+        after: int | None = None
         while True:
             page: JsonObject = self.list_batches(dataset_id, task_id, after=after, limit=page_size)
             yield from page["data"]

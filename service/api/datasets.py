@@ -204,16 +204,16 @@ def create_batches(
     response_model=TaskBatchesPublic,
     responses=_ERRORS,
     summary="List a task's batches with their spend, page by page",
-    description="In position order, `limit` batches (default 1000, at most 10 000) after the "
-    "batch `after` (a batch id of this task: the `next` of the previous page; 422 naming `after` "
-    "otherwise). `next` is null on the last page; `count` is every batch of the task.",
+    description="In position order, `limit` batches (default 1000, at most 10 000) whose "
+    "`position` is above `after` (the `next` of the previous page; omitted: from the first). "
+    "`next` is null on the last page; `count` is every batch of the task.",
 )
 def list_batches(
     dataset_id: str,
     task_id: str,
     principal: ViewerDep,
     db: DatabaseDep,
-    after: Annotated[str | None, Query(max_length=200)] = None,
+    after: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=batches.MAX_BATCH_PAGE)] = batches.DEFAULT_BATCH_PAGE,
 ) -> dict[str, Any]:
     return batches.task_batches(db, principal.tenant_id, dataset_id, task_id, after=after, limit=limit)

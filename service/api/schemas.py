@@ -357,11 +357,11 @@ class BatchesPublic(_Public):
 
 class TaskBatchesPublic(_Public):
     """A page of a task's batches, in position order; ``next`` is the ``after`` of the next page
-    (``null``: the last page)."""
+    (the last position of this one; ``null``: the last page)."""
 
     data: list[BatchPublic]
     count: int = Field(description="the task's batches, over every page")
-    next: str | None
+    next: int | None
 
 
 # ---------------------------------------------------------------------------------------------

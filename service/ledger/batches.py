@@ -448,36 +448,32 @@ def task_batches(
     dataset_id: str,
     task_id: str,
     *,
-    after: str | None = None,
+    after: int | None = None,
     limit: int = DEFAULT_BATCH_PAGE,
 ) -> dict[str, Any]:
     """A page of a task's batches with their spend, in position order: ``{data, count, next}``.
-    ``count`` is the task's batches; ``next`` the ``after`` of the next page (``None``: the last).
-    A page is one range read of the (task_id, position) index, however many batches the task has
-    (500 000 batches unpaged: 24.8 s and 143 MB, issue 24 §5)."""
+    ``after`` is a position (the batches after it; ``None``: from the first); ``next`` the
+    ``after`` of the next page (``None``: the last); ``count`` the task's batches. A page is one
+    range read of the (task_id, position) index, however many batches the task has (500 000
+    batches unpaged: 24.8 s and 143 MB, issue 24 §5)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH_PAGE:
         raise InvalidInput("limit", f"must be an integer in [1, {MAX_BATCH_PAGE}]. Found {limit!r}.")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+        raise InvalidInput("after", f"must be a batch position (an integer >= 0). Found {after!r}.")
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
         _load_task(session, dataset_id, task_id)
-        start = -1
-        if after is not None:
-            cursor = session.get(Batch, after) if can_be_id(after) else None
-            if cursor is None or cursor.task_id != task_id:
-                raise InvalidInput(
-                    "after", f"must be the id of a batch of task {task_id!r}. Found {after!r}."
-                )
-            start = cursor.position
         rows = session.execute(
             select(Batch, BatchStateRow.state)
             .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
-            .where(Batch.task_id == task_id, Batch.position > start)
+            .where(Batch.task_id == task_id, Batch.position > (-1 if after is None else after))
             .order_by(Batch.position)
             .limit(limit + 1)
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
     data = [batch_json(b, state) for b, state in rows[:limit]]
-    return {"data": data, "count": int(count or 0), "next": data[-1]["id"] if len(rows) > limit else None}
+    more = len(rows) > limit
+    return {"data": data, "count": int(count or 0), "next": data[-1]["position"] if more else None}
 
 
 def count_records(db: Database, dataset_id: str) -> int:
