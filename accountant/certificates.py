@@ -30,6 +30,10 @@ What a certificate holds (``issue``):
   ``signature``: the service adds a ``signature`` of the hash after issuing
   (``service.ledger.signing``), and the hash must not depend on it.
 
+``verify(cert)`` also fails (``valid_bound=False``, its numbers re-derived) on a charge priced by
+L2DP-ML Thm. 2 as printed (``analysis`` "paper" or absent, stored before new charges were
+refused it): not a valid bound (DESIGN-NOTES note 21), so never reported as verified.
+
 ``verify(cert)`` fails on any edited field: an edit without a new hash breaks the hash; an edit
 with a recomputed hash breaks a recomputation (the reserved cost from ``state_at_reserve``, the
 commit from ``state_before``, the state after, the result, the theorem, the plan's PRV ε, the
@@ -227,10 +231,15 @@ def check_batch_set(certificate: Mapping[str, Any], members: Sequence[tuple[str,
 
 @dataclass(frozen=True, slots=True)
 class Verification:
-    """``verify``'s answer: ``ok``, and ``reason`` (what failed, or what was checked)."""
+    """``verify``'s answer: ``ok``, and ``reason`` (what failed, or what was checked).
+
+    ``valid_bound`` is ``False`` for a certificate whose numbers all re-derive but whose charge is
+    priced by an analysis that is not a valid bound (``unproven_analyses``): it is then not
+    ``ok`` either, since what it certifies may be less than the privacy loss of what ran."""
 
     ok: bool
     reason: str
+    valid_bound: bool = True
 
 
 @cache
@@ -295,6 +304,19 @@ def charged_analyses(event: DpEvent) -> list[str]:
             text = l2dp_ml_analysis_text(node)
             if text not in out:
                 out.append(text)
+    return out
+
+
+def unproven_analyses(*events: DpEvent | None) -> list[str]:
+    """The analyses of the events' L2DP-ML nodes that are not valid bounds (Thm. 2 as printed:
+    ``"paper"``, or no ``analysis``; docs/DESIGN-NOTES.md note 21), in words, without repeats."""
+    out: list[str] = []
+    for event in events:
+        for node in () if event is None else ev.walk(event):
+            if isinstance(node, ev.FunctionalMechanismL2DPEvent) and node.charged_analysis != "sound":
+                text = l2dp_ml_analysis_text(node)
+                if text not in out:
+                    out.append(text)
     return out
 
 
@@ -447,12 +469,20 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     libraries = cert.get("libraries")
     if not isinstance(libraries, Mapping) or not all(isinstance(v, str) for v in libraries.values()):
         return Verification(False, "libraries must map names to versions")
-    return Verification(
-        True,
+    checked = (
         f"hash, {count} batch(es) recomputed under rule {budget.rule!r} / accountant "
         f"{budget.accountant!r}; epsilon {cert['result']['epsilon']} within budget "
-        f"{to_text(budget.epsilon)}",
+        f"{to_text(budget.epsilon)}"
     )
+    unproven = unproven_analyses(charge.event, partial, previous)
+    if unproven:  # the arithmetic holds, the theorem it rests on does not (note 21)
+        return Verification(
+            False,
+            f"{checked}, but the charge is priced by {'; '.join(unproven)}, which is not a valid "
+            "bound (docs/DESIGN-NOTES.md note 21): the certified epsilon may be less than what ran",
+            valid_bound=False,
+        )
+    return Verification(True, checked)
 
 
 def _check_batch(
@@ -498,5 +528,6 @@ __all__ = [
     "content_hash",
     "issue",
     "library_versions",
+    "unproven_analyses",
     "verify",
 ]

@@ -65,6 +65,15 @@ def _fmt(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+def _encodes(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_positive(field_name: str, value: float) -> None:
     if not _is_real(value) or not math.isfinite(value) or value <= 0:
         raise EventValidationError(field_name, f"must be finite and > 0. Found {_fmt(value)}.")
@@ -270,6 +279,11 @@ class FunctionalMechanismL2DPEvent(DpEvent):
     * absent (``None``) — **the paper's analysis**: what every event stored before the field
       existed meant; it is priced exactly as before, so stored rows keep their price and
       fingerprint. New clients should name the analysis; the built-in worker sends ``"sound"``.
+
+    A **new** charge (``from_json(..., new=True)``: reservations, quotes, plans, ``ledger
+    epsilon``) must say ``"sound"``: ``"paper"`` and absent are refused there
+    (``refuse_unproven``), and a stored charge priced by them no longer verifies as a bound
+    (``accountant.certificates.verify``).
     """
 
     kind: ClassVar[str] = "l2dp_ml_functional"
@@ -503,7 +517,9 @@ def _integer(obj: Mapping[str, Any], name: str, path: str) -> int:
     if name not in obj:
         raise EventValidationError(f"{path}.{name}", "is required.")
     value = obj[name]
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+    # JSON has one number type: 1e17 is the integer 10^17 (JSON Schema's "integer" agrees). Any
+    # integral float is exact; the range check of the field (``_check_count``) bounds it.
+    if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise EventValidationError(f"{path}.{name}", f"must be an integer. Found {_fmt(value)}.")
@@ -622,7 +638,9 @@ def _refuse_unknown_keys(obj: Mapping[Any, Any], kind: str, path: str) -> None:
     unknown = [key for key in obj if key not in allowed]
     if unknown:
         first = min(unknown, key=repr)  # deterministic whatever the client's key order
-        name = first if isinstance(first, str) else repr(first)
+        # A key UTF-8 cannot carry (a lone surrogate, "\ud800" in JSON) is named by its repr:
+        # the field name travels in the 422 answer, which must encode.
+        name = first if isinstance(first, str) and _encodes(first) else repr(first)
         value = repr(obj[first])
         if len(value) > 60:
             value = value[:57] + "..."
@@ -674,11 +692,42 @@ def _parse_dp_accounting(obj: Mapping[str, Any], path: str, depth: int) -> DpEve
         raise
 
 
-def from_json(obj: object, path: str = "event") -> DpEvent:
+def from_json(obj: object, path: str = "event", *, new: bool = False) -> DpEvent:
     """Parse and validate an event from its JSON object — the ledger's (``kind``) or
     dp_accounting's (``class_name``, ``accountant.dp_accounting_form``), nested in either form.
-    Errors name the dotted field path."""
-    return _parse(obj, path, 0)
+    Errors name the dotted field path.
+
+    ``new=True`` for an event a client asks to be priced or charged now (a reservation, a quote,
+    a plan, ``ledger epsilon``): it must also pass ``refuse_unproven``. Stored events are read
+    with ``new=False``, so that they keep their price and fingerprint."""
+    event = _parse(obj, path, 0)
+    if new:
+        refuse_unproven(event, path)
+    return event
+
+
+def refuse_unproven(event: DpEvent, path: str = "event", _depth: int = 0) -> None:
+    """``EventValidationError`` naming ``<path>.analysis`` for an ``l2dp_ml_functional`` event,
+    at any depth, whose analysis is not ``"sound"``.
+
+    Thm. 2 as printed (``"paper"``, and an event without ``analysis``, which means it) is not a
+    bound we can prove (docs/DESIGN-NOTES.md note 21): a new charge priced by it would certify
+    less privacy loss than what ran. Stored events keep their meaning; only new ones are refused."""
+    if _depth > MAX_NESTING_DEPTH:
+        raise EventValidationError(path, f"nests deeper than {MAX_NESTING_DEPTH} levels.")
+    if isinstance(event, FunctionalMechanismL2DPEvent) and event.analysis != "sound":
+        raise EventValidationError(
+            f"{path}.analysis",
+            "must be 'sound' for a new charge: L2DP-ML Thm. 2 as printed ('paper', which an event "
+            "without 'analysis' means) is not a valid bound (docs/DESIGN-NOTES.md note 21). "
+            f"Found {_fmt(event.analysis)}.",
+        )
+    if isinstance(event, ComposedEvent):
+        for i, child in enumerate(event.events):
+            refuse_unproven(child, f"{path}.events[{i}]", _depth + 1)
+    else:
+        for child in event.children():
+            refuse_unproven(child, f"{path}.event", _depth + 1)
 
 
 def walk(event: DpEvent) -> list[DpEvent]:
@@ -760,6 +809,7 @@ __all__ = [
     "SelfComposedEvent",
     "from_json",
     "neighbouring_relations",
+    "refuse_unproven",
     "to_json",
     "validate",
     "walk",

@@ -139,8 +139,8 @@ def missing_packages() -> list[str]:
 
 def ledger_batches(client: LedgerClient, dataset_id: str) -> tuple[list[str], int]:
     """The dataset's task ids and its number of records, from the ledger alone."""
-    tasks = [t["id"] for t in client.list_tasks(dataset_id)["data"]]
-    n_records = sum(b["size"] for t in tasks for b in client.list_batches(dataset_id, t)["data"])
+    tasks = [t["id"] for t in client.iter_tasks(dataset_id)]
+    n_records = sum(b["size"] for t in tasks for b in client.iter_batches(dataset_id, t))
     return tasks, n_records
 
 

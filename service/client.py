@@ -627,9 +627,11 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
-    def list_tasks(self, dataset_id: Identifier) -> J:
-        """``GET /v1/datasets/{id}/tasks``: ``{data, count}``."""
-        return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}/tasks"))
+    def list_tasks(self, dataset_id: Identifier, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/datasets/{id}/tasks``: a page ``{data, count}`` (``limit`` <= 1000; ``count``:
+        every task). ``iter_tasks`` walks the pages."""
+        params = {"limit": limit, "offset": offset}
+        return self._json(_Call("GET", f"/v1/datasets/{_segment(dataset_id)}/tasks", params=params))
 
     def create_batches(
         self,
@@ -651,10 +653,21 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
-    def list_batches(self, dataset_id: Identifier, task_id: Identifier) -> J:
-        """``GET .../tasks/{task}/batches``: the task's batches with their spend."""
+    def list_batches(
+        self, dataset_id: Identifier, task_id: Identifier, *, after: int | None = None, limit: int = 1000
+    ) -> J:
+        """``GET .../tasks/{task}/batches``: a page ``{data, count, next}`` of the task's batches
+        with their spend, in position order (``limit`` <= 10 000; pass ``after=next`` for the next
+        page, ``next`` is ``None`` on the last). ``iter_batches`` walks the pages."""
+        params: dict[str, Any] = {"limit": limit}
+        if after is not None:
+            params["after"] = after
         return self._json(
-            _Call("GET", f"/v1/datasets/{_segment(dataset_id)}/tasks/{_segment(task_id)}/batches")
+            _Call(
+                "GET",
+                f"/v1/datasets/{_segment(dataset_id)}/tasks/{_segment(task_id)}/batches",
+                params=params,
+            )
         )
 
     # reserve, commit, abort -------------------------------------------------------------------
@@ -1243,6 +1256,22 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         while True:
             page: JsonObject = self.reservation_batches(reservation_id, after=after, limit=page_size)
             yield from ((b["id"], b["class"]) for b in page["data"])
+            after = page["next"]
+            if after is None:
+                return
+
+    def iter_tasks(self, dataset_id: Identifier, *, page_size: int = 1000) -> Iterator[JsonObject]:
+        """Every task of the dataset, oldest first, page by page."""
+        return _offset_pages(lambda offset: self.list_tasks(dataset_id, limit=page_size, offset=offset))
+
+    def iter_batches(
+        self, dataset_id: Identifier, task_id: Identifier, *, page_size: int = 10_000
+    ) -> Iterator[JsonObject]:
+        """Every batch of the task with its spend, in position order, page by page."""
+        after: int | None = None
+        while True:
+            page: JsonObject = self.list_batches(dataset_id, task_id, after=after, limit=page_size)
+            yield from page["data"]
             after = page["next"]
             if after is None:
                 return

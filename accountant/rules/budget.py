@@ -631,10 +631,13 @@ def _with_segments(budget: Budget, segments: tuple[PlanSegment, ...], field: str
             f"{to_text(budget.delta)} (each must be > 0).",
         )
     if total_eps > budget.epsilon:
+        # The earlier segments' sum, not total - last: a segment of epsilon Infinity (a sigma so
+        # small its PRV bound is infinite) made that Infinity - Infinity, a 500 (issue 24 §6).
+        earlier = exact_sum(s.epsilon for s in grown.plan_segments[:-1])
         raise InvalidArgumentError(
             field,
             f"needs epsilon {to_text(last.epsilon)} (PRV upper bound at delta={to_text(last.delta)}); "
-            f"with the {to_text(exact_sub(total_eps, last.epsilon))} the earlier segments hold that is "
+            f"with the {to_text(earlier)} the earlier segments hold that is "
             f"{to_text(total_eps)}, more than budget.epsilon {to_text(budget.epsilon)}.",
         )
     return grown

@@ -31,6 +31,7 @@ from service.api.schemas import (
     PlanSegmentPublic,
     QuoteCreate,
     QuotePublic,
+    TaskBatchesPublic,
     TaskCreate,
     TaskPublic,
     TasksPublic,
@@ -135,6 +136,8 @@ def get_dataset(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[
     response_model=TaskPublic,
     responses=_ERRORS,
     summary="Register a task of the dataset",
+    description="A dataset holds at most 10 000 tasks: one more is a 409 `conflict` with reason "
+    "`too_many_tasks`.",
 )
 def create_task(
     dataset_id: str,
@@ -152,10 +155,18 @@ def create_task(
     "/datasets/{dataset_id}/tasks",
     response_model=TasksPublic,
     responses=_ERRORS,
-    summary="List the dataset's tasks",
+    summary="List the dataset's tasks, page by page",
+    description="Oldest first; `limit` (default 100, at most 1000) from `offset`; `count` is every "
+    "task of the dataset (at most 10 000 a dataset).",
 )
-def list_tasks(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    return batches.list_tasks(db, principal.tenant_id, dataset_id)
+def list_tasks(
+    dataset_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=batches.MAX_TASK_PAGE)] = batches.DEFAULT_TASK_PAGE,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+) -> dict[str, Any]:
+    return batches.list_tasks(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
 
 
 @router.post(
@@ -192,12 +203,22 @@ def create_batches(
 
 @router.get(
     "/datasets/{dataset_id}/tasks/{task_id}/batches",
-    response_model=BatchesPublic,
+    response_model=TaskBatchesPublic,
     responses=_ERRORS,
-    summary="List a task's batches with their spend",
+    summary="List a task's batches with their spend, page by page",
+    description="In position order, `limit` batches (default 1000, at most 10 000) whose "
+    "`position` is above `after` (the `next` of the previous page; omitted: from the first). "
+    "`next` is null on the last page; `count` is every batch of the task.",
 )
-def list_batches(dataset_id: str, task_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    return batches.list_batches(db, principal.tenant_id, dataset_id, task_id=task_id)
+def list_batches(
+    dataset_id: str,
+    task_id: str,
+    principal: ViewerDep,
+    db: DatabaseDep,
+    after: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
+    limit: Annotated[int, Query(ge=1, le=batches.MAX_BATCH_PAGE)] = batches.DEFAULT_BATCH_PAGE,
+) -> dict[str, Any]:
+    return batches.task_batches(db, principal.tenant_id, dataset_id, task_id, after=after, limit=limit)
 
 
 @router.post(

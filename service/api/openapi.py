@@ -34,6 +34,7 @@ schema can state, the service was narrowed to the schema (decimal strings, integ
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -78,6 +79,12 @@ NUMBER_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
         _UNIT_HALF_OPEN_PATTERN,
         "A number in [0, 1), as a JSON number or a decimal string (taken as written).",
     ),
+    # a plan segment's share of delta: > 0 (the ledger refuses 0: a segment priced at delta 0)
+    "positive_delta": _number_or_string(
+        {"exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        _UNIT_OPEN_PATTERN,
+        "A number in (0, 1), as a JSON number or a decimal string (taken as written).",
+    ),
 }
 
 
@@ -116,7 +123,10 @@ DATA_SOURCE_PATTERN: Final = (
     r"|builtin:permuted-digits\?tasks=[1-9][0-9]{0,2}(&seed=[0-9]{1,9})?"
     r"|builtin:(permuted|split)-synthetic-digits\?tasks=([1-9]|10)&per_task=[1-9][0-9]{0,4}(&seed=[0-9]{1,9})?"
     r"|builtin:stream(\?blocks=[1-9][0-9]{0,2}&block_size=[1-9][0-9]{0,2})?"
-    r"|file:///([^?#%\[\]\x00-\x1f\x7f]*/)?[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*\.(npz|csv))$"
+    # directories: no empty, "." or ".." component (service.training.data refuses them)
+    r"|file:///(?:(?:[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*"
+    r"|\.[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*|\.\.[^?#%\[\]/\x00-\x1f\x7f]+)/)*"
+    r"[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*\.(npz|csv))$"
 )
 DATA_SOURCE_SCHEMA: Final[dict[str, Any]] = {
     "anyOf": [{"type": "string", "maxLength": 2000, "pattern": DATA_SOURCE_PATTERN}, {"type": "null"}],
@@ -139,8 +149,10 @@ def text_or_integer_schema(max_length: int, what: str) -> dict[str, Any]:
 
 # ---- events (accountant.events: the parser's kinds, fields and ranges) ---------------------------
 
-_POSITIVE: Final = {"type": "number", "exclusiveMinimum": 0}
-_NON_NEGATIVE: Final = {"type": "number", "minimum": 0}
+# An event's numbers are floats: a JSON integer beyond the largest double (10^400) is refused.
+_FLOAT_MAX: Final = sys.float_info.max
+_POSITIVE: Final = {"type": "number", "exclusiveMinimum": 0, "maximum": _FLOAT_MAX}
+_NON_NEGATIVE: Final = {"type": "number", "minimum": 0, "maximum": _FLOAT_MAX}
 _PROBABILITY: Final = {"type": "number", "exclusiveMinimum": 0, "maximum": 1}
 _DELTA: Final = {"type": "number", "minimum": 0, "exclusiveMaximum": 1}
 _REF: Final = {"$ref": "#/components/schemas/Event"}
@@ -222,16 +234,15 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
                 "output_hidden_units": _count(1),
                 "batch_size": _count(1),
                 "theta1_norm_bound": _POSITIVE,
-            },
-            optional={
                 "analysis": {
                     "type": "string",
-                    "enum": ["paper", "sound"],
+                    "enum": ["sound"],
                     "description": "which analysis of L2DP-ML Thm. 2 is charged (DESIGN-NOTES "
                     "note 21): 'sound' = independent input noise per record, input term "
-                    "d*eps1/gamma_x; 'paper' = one shared input-noise vector, Thm. 2 as printed. "
-                    "Absent means 'paper' (what events stored before the field meant).",
-                }
+                    "d*eps1/gamma_x. Required for a new charge: 'paper' (one shared input-noise "
+                    "vector, Thm. 2 as printed) and an absent field (which means 'paper' in events "
+                    "stored before) are refused, 422 naming `analysis`: not a valid bound.",
+                },
             },
         ),
         _kind("output_perturbation", {"l2_sensitivity": _POSITIVE, "epsilon": _POSITIVE}),

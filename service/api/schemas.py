@@ -157,6 +157,8 @@ def _version(value: str | int) -> str | int:
 # WithJsonSchema: the OpenAPI document states exactly what the validator takes (openapi.py).
 Epsilon = Annotated[Decimal, BeforeValidator(_positive), WithJsonSchema(NUMBER_SCHEMAS["positive"])]
 Delta = Annotated[Decimal, BeforeValidator(_delta), WithJsonSchema(NUMBER_SCHEMAS["delta"])]
+# A plan segment's delta: documented > 0, as the ledger requires (0 was schema-valid, then 422).
+SegmentDelta = Annotated[Decimal, BeforeValidator(_delta), WithJsonSchema(NUMBER_SCHEMAS["positive_delta"])]
 Ratio = Annotated[Decimal, BeforeValidator(_ratio), WithJsonSchema(NUMBER_SCHEMAS["unit_open"])]
 # Names: 1-200 characters, not all whitespace, no control character (the ledger strips nothing,
 # but refuses blanks and control characters).
@@ -186,7 +188,7 @@ EventJson = Annotated[dict[str, Any], WithJsonSchema({"allOf": [{"$ref": "#/comp
 def _check_event(obj: object, path: str) -> None:
     """Parse an event so that a bad one is a 422 naming its innermost field."""
     try:
-        dp_events.from_json(obj, path)
+        dp_events.from_json(obj, path, new=True)
     except dp_events.EventValidationError as exc:
         raise PydanticCustomError(
             "invalid_event", "{message}", {"field": exc.field, "message": exc.message}
@@ -296,7 +298,7 @@ class PlanSegmentCreate(_Request):
     budget and the share of the budget's δ it is priced at."""
 
     plan: list[EventJson] = Field(min_length=1, description="The segment's events, run in order.")
-    delta: Delta = Field(description="This segment's share of the budget's delta (> 0).")
+    delta: SegmentDelta = Field(description="This segment's share of the budget's delta (> 0).")
 
     @model_validator(mode="after")
     def _events_parse(self) -> PlanSegmentCreate:
@@ -352,6 +354,15 @@ class BatchPublic(_Public):
 
 class BatchesPublic(_Public):
     data: list[BatchPublic]
+
+
+class TaskBatchesPublic(_Public):
+    """A page of a task's batches, in position order; ``next`` is the ``after`` of the next page
+    (the last position of this one; ``null``: the last page)."""
+
+    data: list[BatchPublic]
+    count: int = Field(description="the task's batches, over every page")
+    next: int | None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def _event(args: argparse.Namespace) -> DpEvent:
         except json.JSONDecodeError as exc:
             raise _UsageError(f"--event must be valid JSON: {exc.msg} at character {exc.pos}.") from None
         try:
-            return from_json(obj)
+            return from_json(obj, new=True)
         except EventValidationError as exc:
             raise _UsageError(f"--event: {exc}") from None
     if not given:

@@ -178,13 +178,13 @@ def _ledger_records(
     """The charged tasks (``tasks``, or every task of the dataset) and how many records the
     charged batches hold, from the ledger alone."""
     task_ids: list[Identifier] = (
-        list(tasks) if tasks is not None else [t["id"] for t in client.list_tasks(dataset_id)["data"]]
+        list(tasks) if tasks is not None else [t["id"] for t in client.iter_tasks(dataset_id)]
     )
     wanted = None if batches is None else {str(b) for b in batches}
     sizes = {
         b["id"]: int(b["size"])
         for t in task_ids
-        for b in client.list_batches(dataset_id, t)["data"]
+        for b in client.iter_batches(dataset_id, t)
         if wanted is None or b["id"] in wanted
     }
     return task_ids, sum(sizes.values())

@@ -27,11 +27,19 @@ from accountant.rules import BatchState
 from service.db.models import Batch, BatchRecord, BatchStateRow, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
-from service.ledger.datasets import can_be_id, check_name, load_dataset
-from service.ledger.errors import BatchOverlap, InvalidInput, NotFound
+from service.ledger.datasets import UNENCODABLE, can_be_id, check_name, encodes, load_dataset
+from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
 from service.ledger.spending.store import state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
+# Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
+# worker's trainers take at most 1000 tasks: service.training.params.MAX_TASKS).
+MAX_TASKS_PER_DATASET: Final = 10_000
+# Pages of GET /v1/datasets/{id}/tasks (offset) and .../tasks/{task}/batches (cursor).
+DEFAULT_TASK_PAGE: Final = 100
+MAX_TASK_PAGE: Final = 1000
+DEFAULT_BATCH_PAGE: Final = 1000
+MAX_BATCH_PAGE: Final = 10_000
 MAX_RECORDS_PER_REQUEST: Final = 2_000_000
 MAX_RECORD_ID_LENGTH: Final = 256
 _INSERT_CHUNK: Final = 10_000
@@ -125,11 +133,19 @@ def create_task(
     idempotency_key: str | None = None,
     now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Register a task of the dataset (201): ``{id, dataset_id, name, created_at}``."""
+    """Register a task of the dataset (201): ``{id, dataset_id, name, created_at}``. A dataset
+    holds at most ``MAX_TASKS_PER_DATASET`` tasks (``Conflict`` ``too_many_tasks``)."""
     check_name(name)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         load_dataset(session, tenant_id, dataset_id)
+        lock_ledger_head(session.connection(), dataset_id)  # the count below stays true
+        tasks = session.scalar(select(func.count()).select_from(Task).where(Task.dataset_id == dataset_id))
+        if (tasks or 0) >= MAX_TASKS_PER_DATASET:
+            raise Conflict(
+                f"dataset {dataset_id!r} holds {MAX_TASKS_PER_DATASET} tasks, the most a dataset may hold.",
+                reason="too_many_tasks",
+            )
         row = Task(id=f"task_{secrets.token_hex(12)}", dataset_id=dataset_id, name=name, created_at=at)
         session.add(row)
         session.flush()
@@ -156,14 +172,22 @@ def get_task(db: Database, tenant_id: str, dataset_id: str, task_id: str) -> dic
         return task_json(_load_task(session, dataset_id, task_id))
 
 
-def list_tasks(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
-    """The dataset's tasks, oldest first: ``{data, count}``."""
+def list_tasks(
+    db: Database, tenant_id: str, dataset_id: str, *, limit: int = DEFAULT_TASK_PAGE, offset: int = 0
+) -> dict[str, Any]:
+    """A page of the dataset's tasks, oldest first: ``{data, count}`` (``count``: all of them)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_TASK_PAGE:
+        raise InvalidInput("limit", f"must be an integer in [1, {MAX_TASK_PAGE}]. Found {limit!r}.")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidInput("offset", f"must be an integer >= 0. Found {offset!r}.")
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
+        mine = Task.dataset_id == dataset_id
         rows = session.scalars(
-            select(Task).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
+            select(Task).where(mine).order_by(Task.created_at, Task.id).limit(limit).offset(offset)
         ).all()
-        return {"data": [task_json(r) for r in rows], "count": len(rows)}
+        count = session.scalar(select(func.count()).select_from(Task).where(mine))
+        return {"data": [task_json(r) for r in rows], "count": int(count or 0)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +235,15 @@ def _parse_batches(batches: object) -> Parsed:
     return parsed
 
 
+def _unencodable_record(parsed: Parsed) -> InvalidInput:
+    """``InvalidInput`` naming the first record id that UTF-8 cannot carry (hashing it failed)."""
+    for i, (_, keys, _) in enumerate(parsed):
+        for j, key in enumerate(keys):
+            if not encodes(key):
+                return InvalidInput(f"batches[{i}].records[{j}]", f"{UNENCODABLE} Found {key!r}.")
+    return InvalidInput("batches", UNENCODABLE)
+
+
 def create_batches(
     db: Database,
     tenant_id: str,
@@ -227,7 +260,10 @@ def create_batches(
     with db.session(readonly=True) as session:  # the salt never changes: hash outside the lock
         dataset = load_dataset(session, tenant_id, dataset_id)
         salt = dataset.record_salt
-    hashes = [record_hashes(salt, keys) for _, keys, _ in parsed]
+    try:
+        hashes = [record_hashes(salt, keys) for _, keys, _ in parsed]
+    except UnicodeEncodeError:  # a lone surrogate: found only now, off the per-record path
+        raise _unencodable_record(parsed) from None
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
         head = lock_ledger_head(session.connection(), dataset_id)
@@ -392,7 +428,8 @@ def get_batch(db: Database, tenant_id: str, dataset_id: str, batch_id: str) -> d
 def list_batches(
     db: Database, tenant_id: str, dataset_id: str, *, task_id: str | None = None
 ) -> dict[str, Any]:
-    """The dataset's (or one task's) batches with their spend: ``{data, count}``."""
+    """Every batch of the dataset (or of one task) with its spend: ``{data, count}``. Unbounded:
+    for the process's own use (tests, tools); the API pages a task's (``task_batches``)."""
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
         stmt = select(Batch, BatchStateRow.state).join(BatchStateRow, BatchStateRow.id == Batch.state_id)
@@ -403,6 +440,40 @@ def list_batches(
             stmt = stmt.where(Batch.task_id == task_id)
         rows = session.execute(stmt.order_by(Batch.created_at, Batch.task_id, Batch.position)).all()
         return {"data": [batch_json(b, state) for b, state in rows], "count": len(rows)}
+
+
+def task_batches(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    task_id: str,
+    *,
+    after: int | None = None,
+    limit: int = DEFAULT_BATCH_PAGE,
+) -> dict[str, Any]:
+    """A page of a task's batches with their spend, in position order: ``{data, count, next}``.
+    ``after`` is a position (the batches after it; ``None``: from the first); ``next`` the
+    ``after`` of the next page (``None``: the last); ``count`` the task's batches. A page is one
+    range read of the (task_id, position) index, however many batches the task has (500 000
+    batches unpaged: 24.8 s and 143 MB, issue 24 §5)."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH_PAGE:
+        raise InvalidInput("limit", f"must be an integer in [1, {MAX_BATCH_PAGE}]. Found {limit!r}.")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or after < 0):
+        raise InvalidInput("after", f"must be a batch position (an integer >= 0). Found {after!r}.")
+    with db.session(readonly=True) as session:
+        load_dataset(session, tenant_id, dataset_id)
+        _load_task(session, dataset_id, task_id)
+        rows = session.execute(
+            select(Batch, BatchStateRow.state)
+            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+            .where(Batch.task_id == task_id, Batch.position > (-1 if after is None else after))
+            .order_by(Batch.position)
+            .limit(limit + 1)
+        ).all()
+        count = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
+    data = [batch_json(b, state) for b, state in rows[:limit]]
+    more = len(rows) > limit
+    return {"data": data, "count": int(count or 0), "next": data[-1]["position"] if more else None}
 
 
 def count_records(db: Database, dataset_id: str) -> int:
@@ -416,7 +487,12 @@ def count_records(db: Database, dataset_id: str) -> int:
 
 
 __all__ = [
+    "DEFAULT_BATCH_PAGE",
+    "DEFAULT_TASK_PAGE",
+    "MAX_BATCH_PAGE",
     "MAX_RECORD_ID_LENGTH",
+    "MAX_TASKS_PER_DATASET",
+    "MAX_TASK_PAGE",
     "batch_json",
     "count_records",
     "create_batches",
@@ -427,4 +503,5 @@ __all__ = [
     "list_tasks",
     "record_hash",
     "record_key",
+    "task_batches",
 ]

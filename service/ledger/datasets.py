@@ -57,14 +57,29 @@ CONTROL_CHARACTERS: Final = frozenset(map(chr, [*range(0x20), 0x7F]))
 
 
 def check_text(value: str, field: str) -> str:
-    """``value``, or ``InvalidInput`` naming ``field`` when it holds a control character."""
+    """``value``, or ``InvalidInput`` naming ``field`` when it holds a control character or a
+    lone surrogate (JSON's ``"\\ud800"``: no database stores it, so it was a 500)."""
     if not CONTROL_CHARACTERS.isdisjoint(value):
         bad = next(c for c in value if c in CONTROL_CHARACTERS)
         raise InvalidInput(
             field,
             f"must not contain control characters (U+0000-U+001F, U+007F). Found {bad!r} in {value!r}.",
         )
+    if not encodes(value):
+        raise InvalidInput(field, f"{UNENCODABLE} Found {value!r}.")
     return value
+
+
+UNENCODABLE: Final = "must be Unicode text: a lone surrogate (U+D800-U+DFFF) cannot be stored."
+
+
+def encodes(value: str) -> bool:
+    """Whether ``value`` can be written as UTF-8 (what both databases store)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 MAX_ID_LENGTH: Final = 64
@@ -75,7 +90,12 @@ def can_be_id(value: object) -> bool:
 
     What cannot be one is "not found" without a query: a NUL in a query parameter is an error
     on PostgreSQL (a 500), not an unknown id."""
-    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and CONTROL_CHARACTERS.isdisjoint(value)
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_ID_LENGTH
+        and CONTROL_CHARACTERS.isdisjoint(value)
+        and encodes(value)
+    )
 
 
 def check_name(value: object, field: str = "name") -> str:
@@ -104,7 +124,7 @@ def parse_budget(obj: object) -> Budget:
         if not isinstance(items, list):
             raise InvalidInput("budget.plan", f"must be a list of events. Found {items!r}.")
         try:
-            plan = [ev.from_json(item, f"budget.plan[{i}]") for i, item in enumerate(items)]
+            plan = [ev.from_json(item, f"budget.plan[{i}]", new=True) for i, item in enumerate(items)]
         except EventValidationError as exc:
             raise InvalidInput(exc.field, exc.message) from None
     orders = obj.get("orders")
@@ -176,9 +196,10 @@ def dataset_json(row: Dataset) -> dict[str, Any]:
 
 
 def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | None) -> str | None:
-    """``value`` if it may be the tenant's dataset's source now, else ``InvalidInput`` naming
-    ``data_source``: its syntax, and for a file the data-root checks (``service.training.data``,
-    "Data roots"), made without opening the file. ``None`` (no source) is allowed."""
+    """The form to store of ``value`` (``DataSource.canonical``: one string per file) if it may be
+    the tenant's dataset's source now, else ``InvalidInput`` naming ``data_source``: its syntax,
+    and for a file the data-root checks (``service.training.data``, "Data roots"), made without
+    opening the file. ``None`` (no source) is allowed."""
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > DATA_SOURCE_LENGTH:
@@ -189,10 +210,9 @@ def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | Non
 
     roots = (data_roots or DataRoots()).for_tenant(tenant_id)
     try:
-        check_source(value, roots)
+        return check_source(value, roots).canonical
     except DataSourceError as exc:
         raise InvalidInput("data_source", f"is refused: {exc}") from None
-    return value
 
 
 def load_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
@@ -340,6 +360,7 @@ def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int
 
 __all__ = [
     "MAX_ID_LENGTH",
+    "UNENCODABLE",
     "budget_of",
     "cached_budget",
     "can_be_id",
@@ -348,6 +369,7 @@ __all__ = [
     "check_text",
     "create_dataset",
     "dataset_json",
+    "encodes",
     "get_dataset",
     "list_datasets",
     "load_dataset",

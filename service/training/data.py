@@ -59,6 +59,11 @@ URIs
   B (a ledger batch per block); a held-out test split of 2000 records from the same model. Record
   i depends only on S and i, so a longer stream extends a shorter one.
 
+A source is stored in one form (``DataSource.canonical``): ``file:/x``, ``FILE:///x`` and
+``file:///%78`` name one file and are all stored as ``file:///x`` (``file_uri``: only ``%``, ``?``
+and ``#`` escaped); a builtin keeps its query as given, with the scheme in lower case. No control
+character anywhere in a URI (``urlsplit`` dropped tabs and newlines silently).
+
 Data roots (``DataRoots``, ``LEDGER_DATA_ROOTS``)
 -------------------------------------------------
 A ``file://`` source is read only from under the operator's data roots for the dataset's tenant
@@ -72,14 +77,16 @@ after percent-decoding (``%2e%2e`` is ``..``), no control character. Then:
   refused; the real path belongs to the *deepest* configured root that contains it, which must be
   the tenant's (a tenant's root nested inside a shared ``"*"`` root stays that tenant's);
 * the file must be a regular file (not a directory, FIFO, device or socket) of at most
-  ``LEDGER_MAX_SOURCE_BYTES``, and an ``.npz``'s arrays too, uncompressed.
+  ``LEDGER_MAX_SOURCE_BYTES``, and an ``.npz``'s arrays too, uncompressed;
+* the file must have one name only (``st_nlink == 1``): a hard link inside the root to another
+  tenant's file, or to one outside every root, has no symlink for ``realpath`` to resolve.
 
 The worker checks all of this again when it reads (the file may have changed since the admin set
 it): it walks from the root's directory one component at a time with ``O_NOFOLLOW`` (a symlink
 swapped in anywhere on the way fails the walk), ``lstat``s the file before opening it (a FIFO or
 a device is never opened: opening either can block or have effects), opens it with
 ``O_NOFOLLOW | O_NONBLOCK``, checks with ``fstat`` that the descriptor is the regular file it
-looked at and within the size, and reads the records from that descriptor only.
+looked at, with one link, and within the size, and reads the records from that descriptor only.
 
 Errors carry no data: a loading error names the line, the column and the rule, never a cell's
 contents; ``RecordMismatchError`` gives counts and ledger batch ids, never a record id.
@@ -313,9 +320,12 @@ PUBLIC_SPLIT_STREAM: Final = 0x7075626C  # "publ": the public draw's own seed st
 class DataSource:
     """A parsed, validated source URI. Nothing is read until ``load()``."""
 
-    uri: str
+    uri: str  # as given
     kind: str  # "npz" | "csv" | "stream" | one of BUILTINS
     path: Path | None = None
+    # The form the ledger stores: ``file_uri(path)`` for a file (one string per file); a builtin
+    # as given (its query is data: the ledger does not reorder it).
+    canonical: str = ""
     tasks: int = 1
     seed: int = 0
     public: int = 0
@@ -360,37 +370,57 @@ def parse_source(uri: str) -> DataSource:
         raise DataSourceError(
             f"data source must be at most {MAX_SOURCE_LENGTH} characters. Found {len(uri)}."
         )
+    # urlsplit drops tabs and newlines silently ("builtin:digits\n" was stored as given)
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
+        raise DataSourceError(f"data source {uri!r}: the URI holds a control character.")
     try:
         parts = urlsplit(uri)
     except ValueError as exc:  # e.g. an unbalanced "[" in the host part
         raise DataSourceError(f"data source {uri!r} is not a valid URI: {exc}.") from None
     if parts.scheme == "file":
-        return DataSource(uri=uri, kind=_file_kind(uri, parts.path), path=_file_path(uri, parts))
-    if parts.scheme == "builtin":
-        name = parts.path
-        if name not in BUILTINS:
-            raise DataSourceError(f"data source {uri!r}: unknown builtin {name!r}; known: {list(BUILTINS)}.")
-        try:
-            query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-        except ValueError as exc:
-            raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
-        if name == "stream":
-            return _parse_stream(uri, query)
-        if name in SYNTHETIC_BUILTINS:
-            return _parse_synthetic_digits(uri, name, query)
-        allowed = {"tasks", "seed"} if name != "digits" else set()
-        if name in PUBLIC_SPLIT_BUILTINS:
-            allowed.add("public")
-        unknown = sorted(set(query) - allowed)
-        if unknown:
-            raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
-        tasks = _query_int(uri, query, "tasks", 1, maximum=10 if name == "split-digits" else MAX_TASKS)
-        if name != "digits" and "tasks" not in query:
-            raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
-        seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
-        public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
-        return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
+        path = _file_path(uri, parts)
+        return DataSource(uri=uri, kind=_file_kind(uri, parts.path), path=path, canonical=file_uri(path))
+    if parts.scheme == "builtin":  # stored with the scheme in lower case, the rest as given
+        return replace(_parse_builtin(uri, parts), canonical="builtin:" + uri.partition(":")[2])
     raise DataSourceError(f"data source {uri!r}: scheme must be 'file' or 'builtin'. Found {parts.scheme!r}.")
+
+
+def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
+    """A ``builtin:`` source (module docstring, "URIs")."""
+    if parts.fragment:  # it was ignored, and stored with the source
+        raise DataSourceError(f"data source {uri!r}: a builtin source takes no fragment.")
+    name = parts.path
+    if name not in BUILTINS:
+        raise DataSourceError(f"data source {uri!r}: unknown builtin {name!r}; known: {list(BUILTINS)}.")
+    try:
+        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
+    except ValueError as exc:
+        raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
+    if name == "stream":
+        return _parse_stream(uri, query)
+    if name in SYNTHETIC_BUILTINS:
+        return _parse_synthetic_digits(uri, name, query)
+    allowed = {"tasks", "seed"} if name != "digits" else set()
+    if name in PUBLIC_SPLIT_BUILTINS:
+        allowed.add("public")
+    unknown = sorted(set(query) - allowed)
+    if unknown:
+        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
+    tasks = _query_int(uri, query, "tasks", 1, maximum=10 if name == "split-digits" else MAX_TASKS)
+    if name != "digits" and "tasks" not in query:
+        raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
+    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
+    public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
+    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
+
+
+def file_uri(path: PurePosixPath | Path) -> str:
+    """The one stored form of a file source naming ``path`` (absolute, normalised):
+    ``file://`` + the path, with only ``%``, ``?`` and ``#`` percent-encoded (what would otherwise
+    be read back as an escape, a query or a fragment). ``file:/x``, ``FILE:///x`` and
+    ``file:///%78`` all name ``/x`` and are all stored as ``file:///x``."""
+    text = str(path)
+    return "file://" + text.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
 
 
 def _file_kind(uri: str, raw_path: str) -> str:
@@ -566,6 +596,16 @@ def _parent_descriptor(source: DataSource, roots: TenantRoots, root: Path, relat
     return fd
 
 
+def _refuse_hard_link(source: DataSource, roots: TenantRoots, found: os.stat_result) -> None:
+    """A file with more than one name is refused: a hard link made inside the tenant's root to
+    another tenant's (or an unrooted) file has no symlink to resolve, so its real path is the
+    tenant's own and only the link count shows that the same inode has a name elsewhere."""
+    if found.st_nlink > 1:
+        raise _outside(
+            source, roots, f"it has {found.st_nlink} hard links (a file with other names may lie elsewhere)"
+        )
+
+
 def _checked_stat(source: DataSource, roots: TenantRoots, parent: int, name: str) -> os.stat_result:
     """``lstat`` of the file in ``parent``: a regular file within the size, or refused."""
     try:
@@ -576,6 +616,7 @@ def _checked_stat(source: DataSource, roots: TenantRoots, parent: int, name: str
         raise _outside(source, roots, f"it cannot be examined ({type(exc).__name__})") from None
     if not stat.S_ISREG(found.st_mode):
         raise _outside(source, roots, f"it is {_kind(found.st_mode)}")
+    _refuse_hard_link(source, roots, found)
     if found.st_size > roots.max_bytes:
         raise _outside(
             source,
@@ -614,6 +655,7 @@ def read_file(source: DataSource, roots: TenantRoots) -> bytes:
         same = (opened.st_dev, opened.st_ino) == (before.st_dev, before.st_ino)
         if not stat.S_ISREG(opened.st_mode) or not same:
             raise _outside(source, roots, "it was replaced while it was being opened")
+        _refuse_hard_link(source, roots, opened)  # linked between the lstat and the open
         if opened.st_size > roots.max_bytes:
             raise _outside(
                 source,

@@ -754,7 +754,17 @@ def validate(algorithm: str, params: Mapping[str, Any]) -> Any:
         reader = PARAMS[algorithm]
     except KeyError:
         raise InvalidParamsError("algorithm", f"has no params declaration. Found {algorithm!r}.") from None
-    return reader(params)
+    parsed = reader(params)
+    if getattr(parsed, "analysis", "sound") != "sound":
+        # The ledger refuses a new charge priced by Thm. 2 as printed (docs/DESIGN-NOTES.md
+        # note 21): such a job could only fail at its reservation. "paper" stays a trainer
+        # option for experiments outside the ledger (bench/l2dp_ml_utility.py).
+        raise InvalidParamsError(
+            "params.analysis",
+            "must be 'sound' for a job: the ledger refuses a new charge priced by L2DP-ML Thm. 2 as "
+            f"printed (docs/DESIGN-NOTES.md note 21). Found {parsed.analysis!r}.",
+        )
+    return parsed
 
 
 __all__ = [

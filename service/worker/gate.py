@@ -6,10 +6,12 @@ For one claimed job (``run_job``):
 1. **Plan and reserve, before any data is read.** The trainer's ``plan(params, n_records)``
    gives the event of the whole run (DP-SGD: ``SelfComposed(PoissonSampled(q, Gaussian(σ)), T)``)
    from the params and the record count of the dataset's batches, which the ledger knows. The
-   gate reserves that event on every batch of the dataset (``service.ledger.reservations.reserve``,
-   idempotency key ``job:<id>:a<attempt>:reserve``). A refusal fails the job with the ledger's
-   answer (``budget_exceeded`` with ``remaining`` and ``requested``, or the rule's code) and the
-   data source is never opened.
+   gate reserves that event on every batch of the dataset, named by its tasks (up to 2 000 000
+   batches; a list of batch ids stops at 10 000) (``service.ledger.reservations.reserve``,
+   idempotency key ``job:<id>:a<attempt>:reserve``); a batch created while the job planned
+   (the reservation holds more batches than planned) aborts it and fails the job. A refusal
+   fails the job with the ledger's answer (``budget_exceeded`` with ``remaining`` and
+   ``requested``, or the rule's code) and the data source is never opened.
 2. **Load and check.** The *dataset's* data source (``datasets.data_source``, set by an admin of
    its tenant; a job's params never name one, and a ``params.data_source`` left by old clients is
    ignored) is read from the dataset row, then loaded through the tenant's data roots, which the
@@ -555,18 +557,26 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     plan_json = plan.to_json() if hasattr(plan, "to_json") else {"event": ev.to_json(plan.event)}
     jobs.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
     try:
+        # By task: every batch of the dataset's tasks (up to MAX_BATCHES_PER_RESERVATION), where a
+        # list of batch ids stops at MAX_IDS_PER_REQUEST (issue 24 §5: 10 001 batches failed here).
         reserved = reservations.reserve(
             db,
             job.tenant_id,
             job.dataset_id,
             event_json=ev.to_json(plan.event),
-            batch_ids=[batch.id for batch in batches],
+            task_ids=[task.id for task in tasks],
             idempotency_key=_reserve_key(job.id, job.attempt),
             ttl_s=reservation_ttl_s,
         )
     except LedgerError as exc:
         raise _fail(run, exc.to_json()) from None
     run.reservation_id = reserved["id"]
+    if reserved["batches"]["count"] != len(batches):  # a batch was created since the plan
+        message = (
+            f"the dataset's batches changed while the job planned ({len(batches)} planned, "
+            f"{reserved['batches']['count']} reserved); the reservation was aborted."
+        )
+        raise _fail(run, _error("batches_changed", message))
     jobs.record_reservation(db, job.lease, run.reservation_id)
     if run.control.should_stop():
         raise _stop_for(run)

@@ -166,7 +166,10 @@ def test_the_certificate_names_the_analysis_charged() -> None:
     for analysis, words in (("sound", "analysis 'sound'"), ("paper", "analysis 'paper'"), (None, "without")):
         cert = _certificate(R.Charge(l2dp(analysis), "c"))
         assert len(cert["analyses"]) == 1 and words in cert["analyses"][0]
-        assert verify(cert).ok
+        # issue 24 §5: the numbers re-derive, but Thm. 2 as printed is not a valid bound
+        result = verify(cert)
+        assert result.ok is result.valid_bound is (analysis == "sound"), result
+        assert analysis == "sound" or "is not a valid bound" in result.reason
         forged = {**cert, "analyses": _certificate(R.Charge(l2dp("sound"), "c"))["analyses"]}
         forged["hash"] = content_hash(forged)
         assert analysis == "sound" or not verify(forged).ok

@@ -27,7 +27,11 @@ RELATIONS: Final[dict[str, re.Pattern[str]]] = {
     "geometric series <= epsilon": re.compile(
         r"budget\.geometric\.(first|single) must (satisfy|be 0 or >= first|be in \[0, epsilon\])"
     ),
-    "plan epsilon <= budget epsilon": re.compile(r"^budget\.plan needs epsilon .* more than budget"),
+    # a dataset's declared plan (budget.plan) or a later plan segment (plan)
+    "plan epsilon <= budget epsilon": re.compile(r"^(budget\.)?plan needs epsilon .* more than budget"),
+    "plan segment delta <= what the budget's delta has left": re.compile(
+        r"^delta must be in \(0, [0-9.eE+-]+\]: the budget's delta "
+    ),
     "rdp filter has an order with allowance": re.compile(r"is too small for a Rényi filter"),
     "event the accountant supports": re.compile(r"accountant '\w+' does not support event kind"),
     "output perturbation noise scale is finite": re.compile(

@@ -258,9 +258,21 @@ def _symlink_to_another_tenants_root(d: Dirs) -> str:
     return uri(d.a / "theirs.csv")
 
 
+def _hard_link_to_another_tenants_file(d: Dirs) -> str:
+    (d.rival / "theirs.csv").write_text(csv_text())
+    os.link(d.rival / "theirs.csv", d.a / "theirs.csv")  # no symlink: realpath stays in acme's root
+    return uri(d.a / "theirs.csv")
+
+
+def _hard_link_to_outside(d: Dirs) -> str:
+    os.link(d.secret, d.a / "secret.csv")
+    return uri(d.a / "secret.csv")
+
+
 NOT_UNDER = "the path is not under any of its roots"
 LEAVES = "its real path (symlinks resolved) leaves the data roots"
 THEIRS = "its real path lies in another tenant's data root"
+LINKED = "it has 2 hard links (a file with other names may lie elsewhere)"
 DOTS = "the path must not hold '..', '.' or empty components."
 
 ESCAPES = [
@@ -288,6 +300,8 @@ ESCAPES = [
     ),
     Escape("another tenant's root", _another_tenants_root, NOT_UNDER),
     Escape("symlink into another tenant's root", _symlink_to_another_tenants_root, THEIRS),
+    Escape("hard link to another tenant's file", _hard_link_to_another_tenants_file, LINKED),
+    Escape("hard link to a file outside every root", _hard_link_to_outside, LINKED),
 ]
 
 
@@ -492,6 +506,40 @@ def test_a_regular_file_under_the_tenants_root_is_accepted_and_audited(
     assert first_entry["event_type"] == "dataset.created" and first_entry["payload"]["data_source"] == source
 
 
+def test_one_file_is_stored_as_one_source(client: TestClient, keys: Keys, dirs: Dirs) -> None:
+    """Issue 24 §5: ``file:/abs``, ``FILE:///abs``, ``file:///abs`` (and a percent-escaped
+    spelling) name one file and were stored as four strings; all are stored as ``file:///abs``,
+    so setting any of them again changes nothing (no audit entry). A path with ``%`` or ``#`` in
+    it keeps them escaped, so the stored form reads back as the same file."""
+    admin = keys.get("acme", "admin")
+    canonical = uri(dirs.good)  # file:///.../roots/a/good.csv
+    path = str(dirs.good)
+    spellings = [
+        f"file:{path}",
+        f"FILE://{path}",
+        f"File://{path}",
+        canonical.replace("good.csv", "%67ood.csv"),
+        canonical,
+    ]
+    dataset_id = create(client, admin, spellings[0]).json()["id"]
+    assert client.get(f"/v1/datasets/{dataset_id}", headers=bearer(admin)).json()["data_source"] == canonical
+    before = len(chain(client, admin, dataset_id)["data"])
+    for spelling in spellings:
+        answer = put_source(client, admin, dataset_id, spelling)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["data_source"] == canonical
+    assert len(chain(client, admin, dataset_id)["data"]) == before  # the same source: no change
+    odd = dirs.a / "50% #1.csv"
+    odd.write_text(csv_text())
+    answer = put_source(
+        client, admin, dataset_id, f"file://{str(odd).replace('%', '%25').replace('#', '%23')}"
+    )
+    assert answer.status_code == 200, answer.text
+    stored = answer.json()["data_source"]
+    assert stored == f"file://{dirs.a}/50%25 %231.csv"
+    assert load_data(stored, dirs.data_roots().for_tenant("acme")).record_ids == tuple(RECORDS)
+
+
 @pytest.mark.parametrize("scope", ["trainer", "viewer"])
 def test_only_an_admin_sets_a_data_source(
     client: TestClient, keys: Keys, db: Database, dirs: Dirs, scope: str
@@ -544,6 +592,11 @@ def _swap_for_symlink_to_another_tenant(d: Dirs) -> None:
     d.good.symlink_to(d.rival / "good.csv")
 
 
+def _swap_for_hard_link_out(d: Dirs) -> None:
+    d.good.unlink()
+    os.link(d.secret, d.good)
+
+
 def _swap_for_fifo(d: Dirs) -> None:
     d.good.unlink()
     os.mkfifo(d.good)
@@ -566,6 +619,7 @@ SWAPS = [
     Swap("symlink to a file outside", _swap_for_symlink_out, LEAVES),
     Swap("directory swapped for a symlink outside", _swap_directory_for_symlink_out, LEAVES, in_sub=True),
     Swap("symlink into another tenant's root", _swap_for_symlink_to_another_tenant, THEIRS),
+    Swap("hard link to a file outside", _swap_for_hard_link_out, LINKED),
     Swap("FIFO", _swap_for_fifo, "it is a FIFO"),
     Swap(
         "grown beyond max_bytes",

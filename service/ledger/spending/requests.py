@@ -57,9 +57,10 @@ def ids(value: object, field_name: str) -> list[str]:
 
 
 def parse_event(obj: object, field_name: str = "event") -> DpEvent:
-    """A mechanism event from its JSON; ``InvalidInput`` names the bad field (``event.scale``)."""
+    """A new mechanism event from its JSON; ``InvalidInput`` names the bad field (``event.scale``,
+    ``event.analysis`` for an analysis that is not a valid bound: ``ev.refuse_unproven``)."""
     try:
-        return ev.from_json(obj, field_name)
+        return ev.from_json(obj, field_name, new=True)
     except EventValidationError as exc:
         raise InvalidInput(exc.field, exc.message) from None
 

@@ -37,6 +37,17 @@ DP_ACCOUNTING_DPSGD = {
         "event": {"class_name": "GaussianDpEvent", "noise_multiplier": 1.1},
     },
 }
+L2DP = {
+    "kind": "l2dp_ml_functional",
+    "epsilon1": 0.4,
+    "epsilon2": 2.0,
+    "input_dim": 4,
+    "hidden_units": 3,
+    "output_hidden_units": 3,
+    "batch_size": 80,
+    "theta1_norm_bound": 2.0,
+    "analysis": "sound",
+}
 
 
 def test_served_without_a_key_and_equal_to_the_docs(client: TestClient) -> None:
@@ -72,13 +83,22 @@ def test_every_kind_the_accountant_parses_is_in_the_schema() -> None:
         ({**DP_ACCOUNTING_DPSGD, "module_name": "os"}, False),
         ({"class_name": "ZCDpEvent", "epsilon": 1.0}, False),
         ({"class_name": "GaussianDpEvent", "kind": "gaussian", "noise_multiplier": 1.0}, False),
+        # issue 24 §6: an integral float is an integer in JSON (the parser refused 1e17) ...
+        ({"kind": "self_composed", "count": 1e17, "event": {"kind": "pure_dp", "epsilon": 1}}, True),
+        ({"kind": "self_composed", "count": 1e19, "event": {"kind": "pure_dp", "epsilon": 1}}, False),
+        # ... and an event's numbers are doubles: 10^400 is refused by both
+        ({"kind": "pure_dp", "epsilon": 10**400}, False),
+        # issue 24 §5: a new L2DP-ML charge must name the sound analysis (note 21)
+        (L2DP, True),
+        ({**L2DP, "analysis": "paper"}, False),
+        ({k: v for k, v in L2DP.items() if k != "analysis"}, False),
     ],
 )
 def test_the_schema_and_the_parser_agree(event: dict[str, object], valid: bool) -> None:
     validator = jsonschema_rs.validator_for(json.loads(DOCS.read_text(encoding="utf-8")))
     assert validator.is_valid(event) is valid
     try:
-        ev.from_json(event)
+        ev.from_json(event, new=True)  # the schema documents what a client may send now
     except ev.EventValidationError:
         parsed = False
     else:
