@@ -14,7 +14,7 @@ from service.db.session import Database, create_ledger_engine
 from service.ledger import datasets, tenancy
 from service.training.data import parse_source
 
-BEFORE = "d6e1f0a2b7c3"
+BEFORE = "e2b7c4d9a1f0"  # the revision before e2b7c9d4f1a6
 STORED = {
     "plain": ("file:///srv/acme/x.csv", "file:///srv/acme/x.csv"),
     "one_slash": ("file:/srv/acme/x.csv", "file:///srv/acme/x.csv"),

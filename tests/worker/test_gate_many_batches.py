@@ -45,7 +45,7 @@ def many_batches(db: Database) -> tuple[str, str]:
 
 
 def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, tmp_path: Path) -> None:
-    dataset_id, task_id = many_batches(db)
+    dataset_id, _ = many_batches(db)
     # the calibration's prices (target_epsilon) cover every batch, by state class, not by ids
     prices = quotes.DatasetPrices(db, "acme", dataset_id)
     assert prices.price(ev.GaussianEvent(5.0)) > 0
