@@ -375,18 +375,20 @@ def _reserve_key(job_id: str, attempt: int, stage: int | None = None) -> str:
 
 def abort_quietly(
     db: Database, tenant_id: str, reservation_id: str | None, ran: reservations.Ran | None = None
-) -> None:
+) -> dict[str, Any] | None:
     """Abort what the reservation still holds; a closed one (committed in full) is left alone.
     ``ran``: what this worker ran of it (``_what_ran``); ``None`` when it cannot know (an earlier
-    attempt's reservation): the whole reserved event is charged."""
+    attempt's reservation): the whole reserved event is charged. The aborted reservation, or
+    ``None`` when there was none to abort."""
     if reservation_id is None:
-        return
+        return None
     try:
-        reservations.abort(db, tenant_id, reservation_id, ran=ran)
+        return reservations.abort(db, tenant_id, reservation_id, ran=ran)
     except Conflict:
-        pass  # fully committed: nothing is held
+        return None  # fully committed: nothing is held
     except LedgerError as exc:
         logger.warning("could not abort reservation %s: %s", reservation_id, exc.message)
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,8 +436,21 @@ def _what_ran(run: _Run) -> reservations.Ran | None:
 
 
 def _abort_run(run: _Run) -> None:
-    """Abort the run's reservation, saying what ran of it."""
-    abort_quietly(run.db, run.job.tenant_id, run.reservation_id, _what_ran(run))
+    """Abort the run's reservation, saying what ran of it; a one-reservation job then records
+    what it was charged in all (the steps begun after its last release included)."""
+    aborted = abort_quietly(run.db, run.job.tenant_id, run.reservation_id, _what_ran(run))
+    if aborted is None or run.plan is None or run.steps_started == 0:
+        return
+    try:
+        jobs.record_progress(
+            run.db,
+            run.job.lease,
+            step=run.steps_started,
+            epsilon_committed=Decimal(aborted["committed"]["epsilon"]),
+            delta_committed=Decimal(aborted["committed"]["delta"]),
+        )
+    except (LeaseLost, LedgerError):
+        pass  # not ours any more: the ledger has the charge, the job row keeps its last release
 
 
 def run_job(

@@ -67,6 +67,7 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.committed_epsilon < held.epsilon  # the 13 steps never begun went back
     ledger = spend.get_spend(db, "acme", dataset_id)
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (priced["epsilon"], "0")
+    assert Decimal(jobs.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
     (stored,) = certificates.list_certificates(db, "acme", dataset_id)["data"]
     body = stored["certificate"]
     assert (stored["outcome"], stored["release"], body["release"]) == ("aborted", None, None)
