@@ -121,3 +121,19 @@ def test_another_tenant_cannot_abort(client: TestClient, keys: Keys) -> None:
     viewer = Api(client, keys.get("acme", "viewer"))
     viewer.call("POST", f"/v1/reservations/{held['id']}/abort", status=403)
     assert admin.spend(dataset)["epsilon_spent"] == "0"
+
+
+def test_no_http_caller_can_say_what_ran(client: TestClient, keys: Keys) -> None:
+    """Only the in-process worker says what ran (``reservations.abort(ran=...)``): an admin key
+    that sends a body claiming nothing ran, or a short run, is charged the whole reservation."""
+    admin = Api(client, keys.get("acme", "admin"))
+    dataset, batches = admin.dataset({**BUDGETS["sequential"], "epsilon": "2"})
+    run = {"kind": "self_composed", "count": 10, "event": pure(0.05)}
+    for claim in ({"ran": None}, {"ran": {"event": {**run, "count": 1}}}, {"event": {**run, "count": 1}}):
+        held = admin.reserve(dataset, batches, run).json()
+        answer = admin.call("POST", f"/v1/reservations/{held['id']}/abort", claim)
+        assert answer.status_code in (200, 422), answer.text
+        if answer.status_code == 422:  # refused outright: then a plain abort
+            answer = admin.call("POST", f"/v1/reservations/{held['id']}/abort", status=200)
+        assert answer.json()["committed"]["epsilon"] == "0.5", claim
+    assert admin.spend(dataset)["epsilon_spent"] == "1.5"
