@@ -76,9 +76,7 @@ def prepare(db: Database, op: Op) -> None:
     with op.policy.metered(units), rules.pricing(memo):
         if isinstance(op.params, ReserveParams):
             _dry_reserve(db, op, budget, op.params)
-        elif isinstance(op.params, CommitParams):
-            _dry_commit(db, op, budget, op.params.reservation_id, op.params.partial)
-        elif isinstance(op.params, AbortParams):
+        elif isinstance(op.params, CommitParams | AbortParams):  # a progressive commit, a worker's prefix
             _dry_commit(db, op, budget, op.params.reservation_id, event)
     op.memo = memo
 
