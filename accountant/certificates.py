@@ -1,4 +1,5 @@
-"""Certificates: frozen, JSON, content-hashed records that justify one commit (one release).
+"""Certificates: frozen, JSON, content-hashed records that justify one charge: a commit (one
+release), or the settlement of a reservation aborted or expired without a release.
 
 Theorem relied on: the certificate restates the theorem of the budget's rule
 (``accountant.rules.theorem``: basic composition / the Rényi filter of Feldman & Zrnic 2021,
@@ -14,6 +15,10 @@ What a certificate holds (``issue``):
   holds an L2DP-ML event: which analysis of Thm. 2 it is priced with ("paper" or "sound",
   DESIGN-NOTES note 21); the caller's ids (``dataset_id``, ``reservation_id``,
   ``release_id``, ``release`` = ``{model, version}``, ``issued_at``);
+* ``outcome``: ``"released"`` (a commit: ``release`` names what was released), ``"aborted"`` or
+  ``"expired"`` (the reservation closed without a release: ``release`` and ``release_id`` are
+  ``null``, and the charge is what could have run — docs/ARCHITECTURE.md, "Threat model").
+  Certificates issued before outcomes existed lack it: they are releases;
 * ``inputs``: the budget (with its δ, order grid, geometric schedule or plan), the charge (event
   and noise commitment), the ``partial_event`` of a progressive commit, and for every batch the
   reservation touched: the state the reservation was admitted against (``state_at_reserve``),
@@ -87,6 +92,8 @@ CERTIFICATE_VERSION: Final = 3
 1: one ``BatchRecord`` per batch. Versions 1 and 2 still verify, against ``rules.theorem``."""
 CERTIFICATE_VERSIONS: Final = (1, 2, 3)
 CERTIFICATE_KIND: Final = "privacy-ledger/certificate"
+OUTCOMES: Final = ("released", "aborted", "expired")
+"""What a certificate's charge ended in: a release, or a reservation aborted or expired without one."""
 _LIBRARIES: Final = ("numpy", "scipy", "prv-accountant", "privacy-ledger")
 _UNHASHED: Final = frozenset({"hash", "signature"})
 
@@ -327,12 +334,13 @@ def issue(
     classes: Sequence[ClassRecord],
     batch_set: BatchSet,
     reservation_id: str,
-    release: Mapping[str, Any],
+    release: Mapping[str, Any] | None,
     partial_event: DpEvent | None = None,
     previous_event: DpEvent | None = None,
     release_id: str | None = None,
     dataset_id: str | None = None,
     issued_at: str | None = None,
+    outcome: str = "released",
 ) -> dict[str, Any]:
     """Build the certificate of one commit (a JSON object with its content hash).
 
@@ -341,13 +349,19 @@ def issue(
     ``issued_at`` is passed by the caller so the certificate is deterministic. ``previous_event``
     is the run so far the reservation's previous commit settled (a progressive commit must extend
     it); it is written as ``inputs.previous_partial_event`` only when there is one.
+    ``outcome``: ``"released"`` with a ``release``; ``"aborted"`` or ``"expired"`` with
+    ``release=None`` (the charge of a reservation closed without a release, ``OUTCOMES``).
     """
     if not classes:
         raise InvalidArgumentError("classes", "must name at least one class of batches.")
     if sum(c.batches for c in classes) != batch_set.count:
         raise InvalidArgumentError("classes", f"must cover the batch set's {batch_set.count} batches.")
-    if not isinstance(release, Mapping):
+    if outcome not in OUTCOMES:
+        raise InvalidArgumentError("outcome", f"must be one of {', '.join(OUTCOMES)}. Found {outcome!r}.")
+    if outcome == "released" and not isinstance(release, Mapping):
         raise InvalidArgumentError("release", f"must be an object. Found {release!r}.")
+    if outcome != "released" and release is not None:
+        raise InvalidArgumentError("release", f"must be null when {outcome}. Found {release!r}.")
     body: dict[str, Any] = {
         "version": CERTIFICATE_VERSION,
         "kind": CERTIFICATE_KIND,
@@ -357,7 +371,8 @@ def issue(
         "dataset_id": dataset_id,
         "reservation_id": reservation_id,
         "release_id": release_id,
-        "release": dict(release),
+        "release": None if release is None else dict(release),
+        "outcome": outcome,
         "issued_at": issued_at,
         "inputs": {
             "budget": budget.to_json(),
@@ -421,6 +436,9 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     partial = None if partial_obj is None else ev.from_json(partial_obj, "inputs.partial_event")
     previous_obj = inputs.get("previous_partial_event")
     previous = None if previous_obj is None else ev.from_json(previous_obj, "inputs.previous_partial_event")
+    problem = _outcome_problem(cert)
+    if problem:
+        return Verification(False, problem)
     cited = stated_theorem(budget) if cert["version"] >= 3 else theorem(budget)
     expected = {"rule": budget.rule, "accountant": budget.accountant, "theorem": cited}
     for name, value in expected.items():
@@ -485,6 +503,22 @@ def _verify_content(cert: Mapping[str, Any]) -> Verification:
     return Verification(True, checked)
 
 
+def _outcome_problem(cert: Mapping[str, Any]) -> str:
+    """Why the certificate's ``outcome`` and ``release`` disagree (``""``: they agree). Certificates
+    issued before outcomes existed lack the field and are releases; they are checked as before."""
+    if "outcome" not in cert:
+        return ""
+    outcome = cert["outcome"]
+    if outcome not in OUTCOMES:
+        return f"unknown outcome {outcome!r}"
+    released = outcome == "released"
+    if released != isinstance(cert.get("release"), Mapping):
+        return f"outcome {outcome!r} does not match release {cert.get('release')!r}"
+    if not released and cert.get("release_id") is not None:
+        return f"an {outcome} reservation releases nothing, but release_id is {cert.get('release_id')!r}"
+    return ""
+
+
 def _check_batch(
     budget: Budget,
     charge: Charge,
@@ -518,6 +552,7 @@ __all__ = [
     "CERTIFICATE_KIND",
     "CERTIFICATE_VERSION",
     "CERTIFICATE_VERSIONS",
+    "OUTCOMES",
     "BatchRecord",
     "BatchSet",
     "ClassRecord",

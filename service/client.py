@@ -34,7 +34,8 @@ by hand:
   both share (``accountant.dp_accounting_form``) or JSON (``{"kind": "gaussian", ...}``).
 * **The release gate** (``release_gate``): reserve on enter, commit ``{model, version}`` on a
   clean exit, abort on an exception. Nothing is released without a certificate: code after the
-  ``with`` block runs only once the ledger committed.
+  ``with`` block runs only once the ledger committed. An abort is not free: the data could have
+  been read from the moment the reservation was granted, so it charges everything reserved.
 
 The endpoint methods are written once (``_Endpoints``) over an abstract ``_json``/``_artifact``
 call, so the sync and async clients cannot drift apart; only the transport loop, the paging
@@ -770,7 +771,12 @@ class _Endpoints(Generic[J, A]):
         )
 
     def abort(self, reservation_id: str, *, idempotency_key: str | None = None) -> J:
-        """``POST /v1/reservations/{id}/abort`` (trainer): free what was not committed."""
+        """``POST /v1/reservations/{id}/abort`` (trainer): close the reservation without a release.
+
+        It charges everything reserved (the whole reserved event, even after progressive
+        commits), with a certificate of ``outcome: "aborted"`` and ``release: null``: the data
+        could have been read from the moment the hold was granted. Nothing is returned to the
+        budget. A repeat answers the same and charges nothing more."""
         return self._json(
             _Call(
                 "POST",
@@ -929,11 +935,13 @@ class ReleaseGate:
     """What ``release_gate`` yields: the held ``reservation`` while the block runs; after a clean
     exit, the ``certificate`` of the committed release.
 
-    ``commit_event``: set it inside the block to commit only the cost of what actually ran (a run
-    stopped early); the rest of the hold is then aborted. ``artifact_sha256``: set it inside the
+    ``commit_event``: set it inside the block to release the model with a certificate of only
+    what it trained on (a run stopped early); the rest of the hold is then aborted, which charges
+    it: the ledger cannot see what ran in this process. ``artifact_sha256``: set it inside the
     block (the hex SHA-256 of the weights you will publish) to have the signed certificate name
     those bytes. ``withhold()``: release nothing — the exit aborts the reservation instead of
-    committing it.
+    committing it, and an abort charges **everything reserved** (issue 24 §2: a decision not to
+    release, taken after looking, is itself a release).
     """
 
     dataset_id: str
@@ -956,6 +964,8 @@ class ReleaseGate:
         return dict(self.reservation.get("cost") or {})
 
     def withhold(self) -> None:
+        """Release nothing: the exit aborts the reservation. That charges everything reserved
+        (a certificate of ``outcome: "aborted"``, ``release: null``); nothing is refunded."""
         self._withheld = True
 
 
@@ -1311,7 +1321,8 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         idempotency_key: str | None = None,
     ) -> Iterator[ReleaseGate]:
         """Reserve ``event`` on ``batches`` (or ``tasks``) on enter; commit the release
-        ``{model, version}`` on a clean exit; abort on an exception (re-raised) or ``withhold()``.
+        ``{model, version}`` on a clean exit; abort on an exception (re-raised) or ``withhold()``
+        — an abort charges everything reserved (``ReleaseGate``).
 
         ``idempotency_key``: a stable name for this release attempt (e.g. a run id): a trainer
         that crashed and runs again with it gets its first reservation back instead of a second

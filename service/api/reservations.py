@@ -189,11 +189,15 @@ async def commit(
     "/reservations/{reservation_id}/abort",
     response_model=None,
     responses={
-        200: documented(ReservationPublic, "aborted: what was not committed is free again"),
+        200: documented(
+            ReservationPublic,
+            "aborted: charged the whole reserved event (the data could have been read), with a "
+            "certificate of outcome aborted and release null; nothing is returned to the budget",
+        ),
         **_ERRORS,
         409: {"model": ErrorBody, "description": "already fully committed"},
     },
-    summary="Free what the reservation holds and has not committed",
+    summary="Close the reservation without a release, charging everything reserved",
 )
 async def abort(
     reservation_id: str,

@@ -563,12 +563,14 @@ class CommitRequest(_Request):
 
 class CertificatePublic(_Public):
     """A stored certificate; ``certificate`` is the issued record, re-verifiable offline with
-    ``accountant.certificates.verify``."""
+    ``accountant.certificates.verify``. ``outcome``: ``released`` (a commit of ``release``),
+    ``aborted`` or ``expired`` (a reservation charged for what could have run, ``release`` null)."""
 
     id: str
     dataset_id: str
     reservation_id: str
-    release: dict[str, Any]
+    release: dict[str, Any] | None
+    outcome: Literal["released", "aborted", "expired"] = "released"
     content_hash: str
     created_at: str
     certificate: dict[str, Any]

@@ -33,8 +33,11 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``audit chain``
     the server's verdict (``GET /v1/audit/verify``) is ``ok``; the chain's entries are recomputed
     hash by hash from the genesis hash to the head (``service.ledger.audit_hash.entry_hash``); every
-    certificate is recorded, with its content hash, by a ``reservation.committed`` entry, and every
-    such entry's certificate is present (none hidden, none added).
+    certificate is recorded, with its content hash, by a ``reservation.committed`` entry (or, for
+    the charge of an aborted or expired reservation, ``reservation.aborted`` /
+    ``reservation.expired``), and every such entry's certificate is present (none hidden, none
+    added). A certificate whose ``outcome`` is ``aborted`` or ``expired`` releases nothing: it
+    counts in the budget, not in ``releases``.
 ``max epsilon`` (``--max-epsilon E``)
     a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
     certificates states) is ≤ E.
@@ -283,6 +286,8 @@ def _releases(bundle: Json, model: str | None) -> Finding:
     problems: list[str] = []
     released: dict[tuple[str, str], str] = {}
     for c in bundle["certificates"]:
+        if c["certificate"].get("outcome", "released") != "released":
+            continue  # an aborted or expired reservation's charge: it releases nothing
         key = _release_key(c["certificate"]["release"])
         if key in released:
             problems.append(f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})")
@@ -606,7 +611,8 @@ def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
             (
                 _number(c["certificate"]["result"]["epsilon"], "result.epsilon")
                 for c in bundle["certificates"]
-                if _release_key(c["certificate"]["release"])[0] == model
+                if c["certificate"].get("outcome", "released") == "released"
+                and _release_key(c["certificate"]["release"])[0] == model
             ),
             default=Decimal(0),
         )

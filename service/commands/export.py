@@ -148,9 +148,14 @@ def signing_keys(client: LedgerClient) -> dict[str, Any] | None:
         return None
 
 
+# The entries that record a certificate: a commit, and since issue 24 §2 the charge of an aborted
+# or expired reservation (whose entry has no certificate when the built-in worker was refunded).
+CHARGE_ENTRIES = frozenset({"reservation.committed", "reservation.aborted", "reservation.expired"})
+
+
 def committed_certificate_id(entry: dict[str, Any]) -> str | None:
-    """The certificate a ``reservation.committed`` audit entry recorded (``None`` otherwise)."""
-    if entry.get("event_type") != "reservation.committed":
+    """The certificate a charge's audit entry recorded (``CHARGE_ENTRIES``; ``None`` otherwise)."""
+    if entry.get("event_type") not in CHARGE_ENTRIES:
         return None
     payload = entry.get("payload")
     value = payload.get("certificate_id") if isinstance(payload, dict) else None

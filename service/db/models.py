@@ -296,7 +296,8 @@ class Release(Base):
 
 
 class Certificate(Base):
-    """A certificate as issued by ``accountant.certificates`` and its content hash."""
+    """A certificate as issued by ``accountant.certificates`` and its content hash: of a commit
+    (its release), or of an aborted or expired reservation (a charge that released nothing)."""
 
     __tablename__ = "certificates"
     __table_args__ = (Index(None, "dataset_id", "created_at"),)
@@ -305,7 +306,8 @@ class Certificate(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), index=True)
-    release_id: Mapped[str] = mapped_column(ForeignKey("releases.id"), unique=True)
+    # ``NULL``: the certificate of an aborted or expired reservation, a charge with no release.
+    release_id: Mapped[str | None] = mapped_column(ForeignKey("releases.id"), unique=True)
     body: Mapped[dict[str, Any]]
     content_hash: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime]

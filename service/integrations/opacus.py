@@ -35,8 +35,26 @@ such a run more than its own ε; to calibrate to what the *dataset charges* inst
 before ``make_private`` (which reads one record for its shapes), so no record is read unreserved;
 the event Opacus then built is checked to be the one reserved. On a clean exit the gate
 commits what Opacus's accountant recorded as run (``engine.accountant.history``): all the
-reserved steps, or fewer (a progressive commit; the rest is returned). More steps than reserved,
+reserved steps, or fewer (a progressive commit of the run so far). More steps than reserved,
 or steps at another σ or q, raise instead: nothing is released.
+
+**What an exit costs** (issue 24 §2; docs/ARCHITECTURE.md, "Threat model"). The gate runs in the
+trainer's process and never sees the data, so the ledger charges the whole reservation from the
+moment it is granted: a run stopped early releases its prefix and the abort of the rest charges
+the rest; an exception, a refusal below or ``withhold()`` aborts, which charges everything
+reserved. Nothing is refunded for an external trainer.
+
+**Batches drawn against steps taken.** ``run.data_loader`` is Opacus's Poisson ``DPDataLoader``
+behind a counter (``CountedLoader``). On exit the gate refuses to commit (``UndescribedRun``: the
+reservation is then aborted, and charged) unless the batches drawn from it equal the DP-SGD steps
+Opacus's accountant recorded. That catches a run that iterated its original (shuffled) loader
+instead — Opacus would record Poisson steps that never sampled as Poisson — and a batch drawn and
+looked at without a private step. What it **cannot** detect, because it sees neither the records
+nor the gradients: a loader wrapped to feed one record (or any fixed subset) to every step while
+``run.data_loader`` is drawn in step; data read outside the loader (``run.data_loader.dataset``,
+the original tensors); a model, loss or metric computed on the data without the optimizer; a
+non-private optimizer step beside the private one. A trainer that needs more assurance than this
+runs as a job on the built-in worker, which holds the data itself.
 """
 
 from __future__ import annotations
@@ -130,16 +148,37 @@ def event_from_opacus(
     return SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
 
 
+class CountedLoader:
+    """``run.data_loader``: Opacus's Poisson ``DPDataLoader``, counting the batches drawn from it
+    (``drawn``: batches handed to the trainer). Iterate it as the loader; any other attribute is
+    the loader's."""
+
+    def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
+        self.loader = loader
+        self.drawn = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            self.drawn += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
 @dataclass
 class OpacusRun:
     """What ``make_private_with_epsilon`` yields: Opacus's private ``module``, ``optimizer`` and
-    ``data_loader``, the reserved ``event``, and the ledger's ``gate`` (its ``certificate``
-    after a clean exit)."""
+    ``data_loader`` (behind a ``CountedLoader``), the reserved ``event``, and the ledger's
+    ``gate`` (its ``certificate`` after a clean exit)."""
 
     engine: PrivacyEngine
     module: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    data_loader: torch.utils.data.DataLoader[Any]
+    data_loader: CountedLoader
     event: SelfComposedEvent
     gate: ReleaseGate
 
@@ -265,7 +304,7 @@ def make_private_with_epsilon(
         event = event_from_opacus(private_optimizer, private_loader, epochs)
         if event != planned:
             raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
-        run = OpacusRun(engine, private_module, private_optimizer, private_loader, event, gate)
+        run = OpacusRun(engine, private_module, private_optimizer, CountedLoader(private_loader), event, gate)
         logger.info("reserved %s on dataset %s: %s", gate.reservation_id, dataset_id, run.charging_for)
         yield run
         steps = run.steps_run()
@@ -273,5 +312,13 @@ def make_private_with_epsilon(
             raise UndescribedRun(
                 f"Opacus ran {steps} steps, the ledger reserved {event.count}: nothing is released."
             )
-        if steps < event.count:  # commit what ran; the gate returns the rest of the hold
+        if run.data_loader.drawn != steps:
+            raise UndescribedRun(
+                f"{run.data_loader.drawn} batch(es) were drawn from run.data_loader but Opacus's "
+                f"optimizer took {steps} private step(s): the steps did not train on the gate's "
+                "Poisson samples one batch each (another loader iterated, or a batch drawn without "
+                "a step), so the reserved event does not describe the run. Nothing is released; the "
+                "reservation is aborted and charged in full."
+            )
+        if steps < event.count:  # release what ran; the abort of the rest charges the rest
             gate.commit_event = SelfComposedEvent(event.event, steps)

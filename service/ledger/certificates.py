@@ -1,4 +1,5 @@
-"""Certificates: issued by ``accountant.certificates`` at every commit, stored, listed, fetched.
+"""Certificates: issued by ``accountant.certificates`` at every commit, abort and expiry (each a
+charge; only a commit releases), stored, listed, fetched.
 
 A certificate is the frozen JSON record ``accountant.certificates.issue`` returns: rule,
 accountant, inputs (events, δ, the histories of the classes of batches the commit touched and the
@@ -8,9 +9,10 @@ its own contents. The ledger signs it with its active key (``signature``, over t
 which does not cover it: ``service.ledger.signing``) and stores it unchanged
 (``certificates.body``) with its content hash.
 
-Answer shape: ``{id, dataset_id, reservation_id, release, content_hash, created_at,
-certificate}`` where ``certificate`` is the issued record itself (its ``hash`` field is
-``content_hash``) — pass it to ``accountant.certificates.verify`` as it is.
+Answer shape: ``{id, dataset_id, reservation_id, release, outcome, content_hash, created_at,
+certificate}`` (``release`` is ``null`` for an aborted or expired reservation) where
+``certificate`` is the issued record itself (its ``hash`` field is ``content_hash``) — pass it
+to ``accountant.certificates.verify`` as it is.
 """
 
 from __future__ import annotations
@@ -44,28 +46,31 @@ def issue(
     classes: Sequence[ClassRecord],
     batch_set: BatchSet,
     reservation_id: str,
-    release: Mapping[str, Any],
+    release: Mapping[str, Any] | None,
     partial_event: DpEvent | None,
     previous_event: DpEvent | None,
-    release_id: str,
+    release_id: str | None,
     dataset_id: str,
     issued_at: datetime,
     signer: SigningKey,
+    outcome: str = "released",
 ) -> dict[str, Any]:
-    """The certificate of one commit (``accountant.certificates.issue``: pure, no accounting),
-    signed by ``signer`` (its ``signature`` is over its content hash, which does not cover it)."""
+    """The certificate of one commit, abort or expiry (``accountant.certificates.issue``: pure, no
+    accounting; ``outcome`` and ``release=None`` for an abort or expiry), signed by ``signer``
+    (its ``signature`` is over its content hash, which does not cover it)."""
     body = issuing.issue(
         budget=budget,
         charge=charge,
         classes=classes,
         batch_set=batch_set,
         reservation_id=reservation_id,
-        release=dict(release),
+        release=None if release is None else dict(release),
         partial_event=partial_event,
         previous_event=previous_event,
         release_id=release_id,
         dataset_id=dataset_id,
         issued_at=issued_at.isoformat(),
+        outcome=outcome,
     )
     return signing.sign_certificate(body, signer)
 
@@ -76,7 +81,7 @@ def stored_row(
     tenant_id: str,
     dataset_id: str,
     reservation_id: str,
-    release_id: str,
+    release_id: str | None,
     body: dict[str, Any],
     at: datetime,
 ) -> dict[str, Any]:
@@ -93,13 +98,13 @@ def stored_row(
     }
 
 
-def row_json(row: Mapping[str, Any], release: Mapping[str, Any]) -> dict[str, Any]:
-    """The answer for a stored row (``stored_row``) and its release."""
+def row_json(row: Mapping[str, Any], release: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The answer for a stored row (``stored_row``) and its release (``None``: none)."""
     return _json(
         row["id"],
         row["dataset_id"],
         row["reservation_id"],
-        dict(release),
+        None if release is None else dict(release),
         row["content_hash"],
         row["created_at"],
         row["body"],
@@ -110,26 +115,32 @@ def _json(
     certificate_id: str,
     dataset_id: str,
     reservation_id: str,
-    release: dict[str, Any],
+    release: dict[str, Any] | None,
     content_hash: str,
     created_at: datetime,
     body: dict[str, Any],
 ) -> dict[str, Any]:
+    outcome = body.get("outcome", "released") if isinstance(body, Mapping) else "released"
     return {
         "id": certificate_id,
         "dataset_id": dataset_id,
         "reservation_id": reservation_id,
         "release": release,
+        "outcome": outcome,
         "content_hash": content_hash,
         "created_at": created_at.isoformat(),
         "certificate": body,
     }
 
 
-def _row_json(row: Certificate, release: Release) -> dict[str, Any]:
+def _row_json(row: Certificate, release: Release | None) -> dict[str, Any]:
     stated = row.body.get("release") if isinstance(row.body, Mapping) else None
     release_json = (
-        dict(stated) if isinstance(stated, Mapping) else {"model": release.model, "version": release.version}
+        dict(stated)
+        if isinstance(stated, Mapping)
+        else None
+        if release is None
+        else {"model": release.model, "version": release.version}
     )
     return _json(
         row.id, row.dataset_id, row.reservation_id, release_json, row.content_hash, row.created_at, row.body
@@ -148,7 +159,7 @@ def list_certificates(
         load_dataset(session, tenant_id, dataset_id)
         rows = session.execute(
             select(Certificate, Release)
-            .join(Release, Release.id == Certificate.release_id)
+            .outerjoin(Release, Release.id == Certificate.release_id)
             .where(Certificate.dataset_id == dataset_id)
             .order_by(Certificate.created_at, Certificate.id)
             .limit(limit)
@@ -167,7 +178,7 @@ def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[s
     with db.session(readonly=True) as session:
         row = session.execute(
             select(Certificate, Release)
-            .join(Release, Release.id == Certificate.release_id)
+            .outerjoin(Release, Release.id == Certificate.release_id)
             .where(Certificate.id == certificate_id)
         ).one_or_none()
         if row is None or row[0].tenant_id != tenant_id:

@@ -12,11 +12,16 @@ decision is made on the current per-batch states and no two spends on a dataset 
   ``{model, version}`` and stores the certificate (``accountant.certificates.issue``). With an
   ``event_json`` it is a progressive commit: the cost of the run so far (never more than
   reserved); the reservation stays open, and a commit without ``event_json`` closes it.
-* ``abort`` returns what was held and not committed (``accountant.rules.cancel``).
-* A reservation past its ``expires_at`` expires and returns its hold exactly as ``abort`` does.
-  Every spend transaction first expires the dataset's due reservations, ``expire_due`` sweeps all
-  datasets, and a late commit expires its reservation and is refused (``ReservationExpired``): a
-  crashed client's hold never becomes spend.
+* ``abort`` charges what could have run: the data could have been read from the moment the hold
+  was granted, so the reservation is settled as a final charge of the whole reserved event
+  (``accountant.rules.commit``, as a final commit) with a certificate whose ``release`` is
+  ``null`` and ``outcome`` is ``"aborted"``. Only the built-in worker, in-process, says what ran
+  (``ran``: no HTTP route or API key can): then the prefix that ran is charged and only what
+  provably never ran is returned (``accountant.rules.cancel``); nothing read, nothing charged.
+* A reservation past its ``expires_at`` expires and is charged exactly as ``abort`` charges
+  (``outcome: "expired"``). Every spend transaction first expires the dataset's due
+  reservations, ``expire_due`` sweeps all datasets, and a late commit expires its reservation
+  and is refused (``ReservationExpired``): a crashed client's hold is spent, never released.
 
 **Group commit.** A durable commit waits for the write-ahead log to reach the disk, and the
 ledger head stays locked until it has, so one-transaction-per-spend caps a hot dataset at about
@@ -73,6 +78,7 @@ from service.ledger.spending.requests import (
     CommitParams,
     ExpireParams,
     Op,
+    Ran,
     ReserveParams,
     keyed,
     parse_event,
@@ -370,22 +376,30 @@ def abort(
     *,
     idempotency_key: str | None = None,
     now: datetime | None = None,
+    ran: Ran | None = None,
 ) -> dict[str, Any]:
-    """Free what the reservation holds and has not committed (200): the reservation's JSON.
+    """Close the reservation without a release, charging what could have run (200): the
+    reservation's JSON (``status: "aborted"``, ``committed``: what it was charged in all).
 
-    Aborting an aborted or expired reservation answers its current state and changes nothing;
-    a fully committed one is a ``Conflict`` (``reservation_closed``): spend is never returned.
+    Without ``ran`` the whole reserved event is charged as a final commit would charge it, and a
+    certificate with ``release: null``, ``outcome: "aborted"`` records it (even after progressive
+    commits: what could have run is the whole event). ``ran`` is the built-in worker's word on
+    what ran, in-process only (``service.worker.gate``; no route passes it): ``Ran(None)``, no
+    data read, returns the hold with no certificate; ``Ran(prefix)`` charges the prefix
+    (certificate) and returns the rest. Aborting an aborted or expired reservation answers its
+    current state and changes nothing; a fully committed one is a ``Conflict``
+    (``reservation_closed``).
     """
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = Op("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id))
+    op = Op("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
     return submit(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
 async def abort_async(
     db: Database, tenant_id: str, reservation_id: str, *, idempotency_key: str | None = None
 ) -> dict[str, Any]:
-    """``abort`` for a coroutine."""
+    """``abort`` for a coroutine (the HTTP route): always charges what could have run."""
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Op("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
@@ -489,6 +503,7 @@ __all__ = [
     "MAX_BATCHES_PER_RESERVATION",
     "MAX_BATCH_PAGE",
     "MAX_TTL_S",
+    "Ran",
     "abort",
     "abort_async",
     "all_batches",

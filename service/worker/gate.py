@@ -28,10 +28,17 @@ For one claimed job (``run_job``):
    commit; the last one, for the whole run, closes the reservation), and only then *published*
    (``service.ledger.model_registry``). A refused commit destroys the candidate and stops the run.
 4. **Stop.** Cancel, a lost lease, a worker shutdown, a refused commit or a failure abort the
-   rest of the reservation: what was committed stays spent, the rest returns to the budget. A
-   transient database error (a terminated connection, a serialization failure, a deadlock:
-   ``service.db.session.is_transient_error``) ends the attempt, not the job: it goes back to the
-   queue for its next attempt, as after a shutdown.
+   rest of the reservation, saying what ran (``reservations.abort(ran=...)``, in-process only:
+   docs/ARCHITECTURE.md, "Threat model"). The worker holds the data and every output, so it
+   knows: nothing is charged for a job that stopped before its first DP-SGD step (the source
+   loaded and checked against the ledger's record hashes, no mechanism run, nothing shown); a
+   job stopped after k steps is charged the k-step prefix ``plan.event_after(k)`` (a step counts
+   from the moment it starts: a failure inside it may depend on its sample), with a certificate
+   of ``outcome: "aborted"``, and only the steps never started are returned. A staged stage
+   whose training began is charged whole (its trainer reports no prefix).
+   A transient database error (a terminated connection, a serialization failure, a deadlock:
+   ``service.db.session.is_transient_error``) ends the attempt, not the job: what ran is charged
+   as above and the job goes back to the queue for its next attempt, as after a shutdown.
 
 Only released numbers leave the run: a version's metrics are those of the committed model, on
 the held-out test split; the metrics of a run that stopped early are those of its last release
@@ -39,8 +46,9 @@ the held-out test split; the metrics of a run that stopped early are those of it
 
 A retried job (its previous worker lost the lease) first resolves the previous attempts: staged
 candidates are published if their release was committed, deleted otherwise
-(``registry.sweep``), and their reservations are aborted. The retry then plans and reserves anew
-and trains from the start; what the earlier attempts committed stays spent.
+(``registry.sweep``), and their reservations are aborted — charged in full: the worker that ran
+them is gone, and nothing says how far it got. The retry then plans and reserves anew and trains
+from the start; what the earlier attempts were charged stays spent.
 """
 
 from __future__ import annotations
@@ -372,16 +380,22 @@ def _reserve_key(job_id: str, attempt: int, stage: int | None = None) -> str:
     return f"job:{job_id}:a{attempt}:s{stage}:reserve"
 
 
-def abort_quietly(db: Database, tenant_id: str, reservation_id: str | None) -> None:
-    """Abort what the reservation still holds; a closed one (committed in full) is left alone."""
+def abort_quietly(
+    db: Database, tenant_id: str, reservation_id: str | None, ran: reservations.Ran | None = None
+) -> dict[str, Any] | None:
+    """Abort what the reservation still holds; a closed one (committed in full) is left alone.
+    ``ran``: what this worker ran of it (``_what_ran``); ``None`` when it cannot know (an earlier
+    attempt's reservation): the whole reserved event is charged. The aborted reservation, or
+    ``None`` when there was none to abort."""
     if reservation_id is None:
-        return
+        return None
     try:
-        reservations.abort(db, tenant_id, reservation_id)
+        return reservations.abort(db, tenant_id, reservation_id, ran=ran)
     except Conflict:
-        pass  # fully committed: nothing is held
+        return None  # fully committed: nothing is held
     except LedgerError as exc:
         logger.warning("could not abort reservation %s: %s", reservation_id, exc.message)
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,6 +421,43 @@ class _Run:
     model_spec: dict[str, Any] | None = None  # what the released weights are (load_model)
     calls: int = 0
     record_ids: frozenset[str] = frozenset()  # the loaded source's, masked in failures
+    steps_started: int = 0  # DP-SGD steps begun on the current reservation (``_should_stop``)
+    stage_training: bool = False  # a staged run's current stage has begun training
+
+
+def _what_ran(run: _Run) -> reservations.Ran | None:
+    """What ran of ``run.reservation_id``, for its abort (module docstring, step 4): ``Ran(None)``
+    before any mechanism ran, the prefix of the steps begun, or ``None`` (charge the whole event)
+    when this worker cannot tell (a staged stage that began training, a trainer without steps)."""
+    if run.stage_training:
+        return None
+    if run.steps_started == 0:
+        return reservations.Ran(None)
+    from service.training.dp_sgd import DpSgdTrainer, TrainingPlan
+
+    # ``DpSgdTrainer.train`` asks ``should_stop`` before each step and nowhere else, so the steps
+    # begun are counted exactly; another trainer's are not.
+    if not isinstance(run.trainer, DpSgdTrainer) or not isinstance(run.plan, TrainingPlan):
+        return None
+    return reservations.Ran(run.plan.event_after(min(run.steps_started, run.plan.steps)))
+
+
+def _abort_run(run: _Run) -> None:
+    """Abort the run's reservation, saying what ran of it; a one-reservation job then records
+    what it was charged in all (the steps begun after its last release included)."""
+    aborted = abort_quietly(run.db, run.job.tenant_id, run.reservation_id, _what_ran(run))
+    if aborted is None or run.plan is None or run.steps_started == 0:
+        return
+    try:
+        jobs.record_progress(
+            run.db,
+            run.job.lease,
+            step=run.steps_started,
+            epsilon_committed=Decimal(aborted["committed"]["epsilon"]),
+            delta_committed=Decimal(aborted["committed"]["delta"]),
+        )
+    except (LeaseLost, LedgerError):
+        pass  # not ours any more: the ledger has the charge, the job row keeps its last release
 
 
 def run_job(
@@ -428,7 +479,7 @@ def run_job(
     except _Stop as stop:
         return stop.outcome
     except LeaseLost:
-        abort_quietly(db, job.tenant_id, run.reservation_id)
+        _abort_run(run)
         return Outcome("lease_lost")
     except Exception as exc:
         if is_transient_error(exc):  # the next attempt is expected not to meet it
@@ -438,7 +489,7 @@ def run_job(
         logger.error("job %s: worker error: %s", job.id, _failure_log(exc, run.record_ids))
         error = _error("worker_error", failure_message(exc, run.record_ids))
         try:
-            abort_quietly(db, job.tenant_id, run.reservation_id)
+            _abort_run(run)
             return _finish(run, "failed", error=error)
         except Exception:
             logger.exception("job %s: could not record the failure", job.id)
@@ -448,8 +499,8 @@ def run_job(
 def _requeue(run: _Run, exc: BaseException) -> Outcome:
     """A transient database error (``service.db.session.is_transient_error``: a terminated
     connection, a serialization failure, a deadlock) ended this attempt, not the job: abort the
-    rest of the reservation as any stopped attempt does, and hand the job back to the queue for
-    its next attempt (``jobs.release``; attempts still count, up to ``max_attempts``). A release
+    reservation as any stopped attempt does (what ran is charged, the rest returned), and hand
+    the job back to the queue for its next attempt (``jobs.release``; attempts still count, up to ``max_attempts``). A release
     whose commit's outcome is unknown stays staged: the next attempt's sweep publishes it if the
     commit landed. If the database refuses this too, the lease expires and the job is retried."""
     cause = type(getattr(exc, "orig", None) or exc).__name__
@@ -460,7 +511,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
         "transient_database_error", f"attempt {run.job.attempt} met a transient database error ({cause})."
     )
     try:
-        abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+        _abort_run(run)  # charges the steps this attempt began, as any stopped attempt
         jobs.release(run.db, run.job.lease)
     except Exception:
         logger.exception("job %s: could not requeue it; its lease will expire", run.job.id)
@@ -475,13 +526,13 @@ def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> O
 
 
 def _fail(run: _Run, error: dict[str, Any]) -> _Stop:
-    abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+    _abort_run(run)
     return _Stop(_finish(run, "failed", error=error))
 
 
 def _stop_for(run: _Run) -> _Stop:
     """Leave the job because ``control`` said so: abort the rest, then cancel / hand back."""
-    abort_quietly(run.db, run.job.tenant_id, run.reservation_id)
+    _abort_run(run)
     reason = run.control.reason
     if reason == "cancelled":
         return _Stop(_finish(run, "cancelled"))
@@ -710,9 +761,13 @@ def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list
 
 
 def _should_stop(run: _Run) -> bool:
+    """Asked before each step: a ``False`` begins one (``run.steps_started``)."""
     run.calls += 1
     run.control.set_step(run.calls - 1)
-    return run.control.should_stop()
+    stop = run.control.should_stop()
+    if not stop:
+        run.steps_started += 1
+    return stop
 
 
 def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bool:
@@ -866,6 +921,7 @@ def _run_staged(
         except LedgerError as exc:
             raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
         run.reservation_id = reserved["id"]  # (a retry finds it by its idempotency key)
+        run.stage_training = False
         if data is None:  # the first granted reservation: only now is the source read
             loaded, of_batch = _load_checked(run, loader)
             try:
@@ -875,6 +931,7 @@ def _run_staged(
             data = RecordIndex(loaded)
             state = run.trainer.start(params, data.restrict(()), tasks)
         records = {batch_id: tuple(of_batch.get(batch_id, ())) for batch_id in stage.batch_ids}
+        run.stage_training = True  # from here the stage's records are read: charged whole
         try:
             candidate = run.trainer.train_stage(
                 state, stage, data.restrict(r for ids in records.values() for r in ids), records

@@ -29,6 +29,7 @@ from accountant.certificates import (
     library_versions,
     verify,
 )
+from accountant.errors import InvalidArgumentError
 
 DPSGD_STEP = ev.PoissonSampledEvent(0.01, ev.GaussianEvent(1.1))
 
@@ -331,3 +332,53 @@ def test_a_class_counts_its_batches_once_each() -> None:
     assert verify(cert).ok and "1000 batch(es)" in verify(cert).reason
     assert check_batch_set(cert, ids).ok
     assert len(json.dumps(cert)) < 8000
+
+
+def _rehashed(cert: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    out = {**copy.deepcopy(cert), **changes}
+    out = {k: v for k, v in out.items() if v is not _DROP}
+    out["hash"] = content_hash(out)
+    return out
+
+
+_DROP = object()
+
+
+def test_an_aborted_reservations_certificate_names_no_release_and_verifies() -> None:
+    """Issue 24 §2: an abort or expiry is a charge with a certificate and no release."""
+    budget = R.Budget.create(rule="sequential", epsilon=1.0, delta=0, accountant="basic")
+    charge = R.Charge(ev.PureDpEvent(0.4))
+    admission = R.reserve(budget, R.BatchState.empty(), charge)
+    settled = R.commit(budget, admission.state, charge, admission.cost, None)
+    record = ClassRecord(
+        0, 1, R.BatchState.empty(), admission.cost, admission.state, None, settled.state, settled.committed
+    )
+    for outcome in ("aborted", "expired"):
+        cert = issue(
+            budget=budget, charge=charge, classes=[record], batch_set=members_set(1),
+            reservation_id="res-1", release=None, dataset_id="ds-1", outcome=outcome,
+        )  # fmt: skip
+        assert (cert["release"], cert["release_id"], cert["outcome"]) == (None, None, outcome)
+        assert verify(cert).ok and cert["result"]["charge"]["epsilon"] == "0.4"
+        # outcome and release must agree, even with a recomputed hash
+        assert not verify(_rehashed(cert, release={"model": "m", "version": 1})).ok
+        assert not verify(_rehashed(cert, outcome="released")).ok
+        assert not verify(_rehashed(cert, release_id="rel-1")).ok
+    assert not verify(_rehashed(SCENARIOS["sequential-basic"], release=None)).ok
+    assert not verify(_rehashed(SCENARIOS["sequential-basic"], outcome="withdrawn")).ok
+    for bad in ({"release": {"model": "m", "version": 1}, "outcome": "aborted"}, {"release": None}):
+        with pytest.raises(InvalidArgumentError):
+            issue(
+                budget=budget, charge=charge, classes=[record], batch_set=members_set(1),
+                reservation_id="res-1", **bad,
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_certificates_issued_before_outcomes_still_verify(name: str) -> None:
+    cert = SCENARIOS[name]
+    assert cert["outcome"] == "released"
+    old = _rehashed(cert, outcome=_DROP)
+    assert "outcome" not in old
+    result = verify(old)
+    assert result.ok, result.reason

@@ -186,6 +186,11 @@ def check_after_kills(url: str, base: str, dataset: str, run: KillRun) -> dict[s
             certificates = conn.execute(
                 text("SELECT count(*) FROM certificates WHERE dataset_id = :d"), {"d": dataset}
             ).scalar_one()
+            # An abort or an expiry is a charge too (issue 24 §2): its certificate names no release.
+            released = conn.execute(
+                text("SELECT count(*) FROM certificates WHERE dataset_id = :d AND release_id IS NOT NULL"),
+                {"d": dataset},
+            ).scalar_one()
             row = conn.execute(
                 text("SELECT epsilon_spent, charges_committed FROM datasets WHERE id = :d"), {"d": dataset}
             ).one()
@@ -196,6 +201,7 @@ def check_after_kills(url: str, base: str, dataset: str, run: KillRun) -> dict[s
     finally:
         db.dispose()
     findings["certificates"] = certificates
+    findings["released_certificates"] = released
     findings["committed"] = statuses.get("committed", 0)
     findings["charges_committed"] = row.charges_committed
     findings["epsilon_spent"] = str(row.epsilon_spent)
@@ -219,7 +225,8 @@ def assert_kill_findings(run: KillRun) -> None:
     assert f["open_reservations_after_ttl"] == 0, f
     assert f["releases_without_certificate"] == 0, f
     assert f["committed_without_certificate"] == 0, f
-    assert f["certificates"] == f["committed"] == f["charges_committed"], f
+    assert f["released_certificates"] == f["committed"], f
+    assert f["certificates"] == f["charges_committed"], f  # every commit, abort and expiry
     assert f["committed"] >= f["acknowledged_commits"], f
     assert f["committed"] <= f["acknowledged_commits"] + run.in_doubt, f
     from decimal import Decimal

@@ -4,12 +4,14 @@ version is not published — never a certificate of a published version whose ar
 Real refusals by the kernel (we run as root, where ``chmod`` stops nothing):
 
 * the artifact dir's parent is a regular FILE (``ENOTDIR`` on every mkdir/open) — staging fails
-  before the commit: no certificate, nothing spent, no version;
+  before the commit: no release, no version; the steps that ran are charged (issue 24 §2: one
+  certificate of ``outcome: "aborted"``, release null);
 * the tenant's folder under the artifact dir is a FILE (staging works, the final move fails after
   the ledger committed): the certificate exists, no version is published; once the path is
   repaired the registry's sweep rolls the release forward, file and all;
 * disk full: the artifact dir on a 64 KiB tmpfs filled to the last byte (``ENOSPC``) — staging
-  fails before the commit. Needs ``mount`` (root with CAP_SYS_ADMIN); skipped where it is refused.
+  fails before the commit, charged as above. Needs ``mount`` (root with CAP_SYS_ADMIN); skipped
+  where it is refused.
 
 A real training job runs (tiny MLP on builtin:digits, a few steps) through the real worker.
 """
@@ -55,7 +57,11 @@ def _ledger(db: Database, dataset_id: str) -> dict[str, int]:
     with db.engine.connect() as conn:
         one = lambda sql: conn.execute(text(sql), {"d": dataset_id}).scalar_one()  # noqa: E731
         return {
-            "certificates": one("SELECT count(*) FROM certificates WHERE dataset_id = :d"),
+            "certificates": one(
+                "SELECT count(*) FROM certificates WHERE dataset_id = :d AND release_id IS NOT NULL"
+            ),
+            # The charge of the steps that ran before a failure: a certificate with no release.
+            "aborted": one("SELECT count(*) FROM certificates WHERE dataset_id = :d AND release_id IS NULL"),
             "versions": one("SELECT count(*) FROM model_versions WHERE dataset_id = :d"),
             "committed": one("SELECT count(*) FROM reservations WHERE dataset_id = :d AND commits > 0"),
         }
@@ -76,7 +82,7 @@ def test_artifact_dir_under_a_file_refuses_before_the_commit(db: Database, tmp_p
     artifacts = blocker / "artifacts"
     dataset_id, job = _run_job(db, artifacts)
     assert job["status"] != "succeeded", job
-    assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0}
+    assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0, "aborted": 1}
 
 
 def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Database, tmp_path: Path) -> None:
@@ -88,6 +94,7 @@ def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Databas
     assert job["status"] != "succeeded", job
     assert state["versions"] == 0, state  # nothing published...
     assert state["certificates"] == 1, state  # the first commit landed, then the move failed
+    assert state["aborted"] == 0, state  # nothing ran beyond what that commit charged
     _published_files_exist(db, artifacts)
     # Repair the path: the sweep finishes what the ledger committed, artifact in place.
     (artifacts / "acme").unlink()
@@ -121,6 +128,6 @@ def test_disk_full_refuses_before_the_commit(db: Database, tmp_path: Path) -> No
         assert shutil.disk_usage(mount).free < 4096
         dataset_id, job = _run_job(db, artifacts)
         assert job["status"] != "succeeded", job
-        assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0}
+        assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0, "aborted": 1}
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)

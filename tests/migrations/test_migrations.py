@@ -406,3 +406,51 @@ def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
         assert {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]} == shown
     finally:
         db.dispose()
+
+
+BEFORE_CHARGED_ABORTS = "e2b7c9d4f1a6"  # the revision before 2026_11_27_charged_aborts
+
+
+def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> None:
+    """An aborted reservation's certificate names no release (``certificates.release_id`` NULL);
+    code from before lists certificates through their release, so it would drop that charge from
+    every listing and bundle. The downgrade refuses while one exists, changes nothing, and goes
+    through once none does (removed here by hand, as an operator would decide)."""
+    from service.db.session import Database
+    from service.ledger import batches, datasets, reservations, tenancy
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        tenancy.create_tenant(db, "acme")
+        budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        task = batches.create_task(db, "acme", dataset, name="t")
+        (batch,) = batches.create_batches(
+            db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
+        )["data"]
+        held = reservations.reserve(
+            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+        )
+        reservations.abort(db, "acme", held["id"])
+    finally:
+        db.dispose()
+    try:
+        migrations.downgrade(empty_database_url, BEFORE_CHARGED_ABORTS)
+    except RuntimeError as exc:
+        assert "cert_" in str(exc) and "f3b8a1c42d90" in str(exc)
+    else:
+        raise AssertionError("the downgrade went through with an aborted reservation's certificate")
+    assert migrations.is_up_to_date(empty_database_url)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            assert connection.execute(sa.text("SELECT release_id FROM certificates")).scalars().all() == [
+                None
+            ]
+            connection.execute(sa.text("DELETE FROM certificates"))
+    finally:
+        engine.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_CHARGED_ABORTS)
+    migrations.upgrade(empty_database_url)
+    assert _diff(empty_database_url) == []

@@ -606,3 +606,46 @@ def test_the_client_side_commands_need_no_server_packages(
     assert card.returncode == 2 and "not_found" in card.stderr, card.stderr  # read, and answered, client side
     serve = _without_server("serve")
     assert serve.returncode == 2 and "pip install 'privacy-ledger[server]'" in serve.stderr
+
+
+def test_charged_aborts_pass_online_and_offline(
+    database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 §2: an abort's certificate (``release: null``, ``outcome: "aborted"``) is a charge
+    the chain records (``reservation.aborted`` with its content hash), not a release: the
+    ledger checks, online and from a bundle, and the budget counts it."""
+    admin_key = tenancy.create_api_key(db, "acme", "admin")
+    viewer_key = tenancy.create_api_key(db, "acme", "viewer")
+    with (
+        serve(settings_for(database_url, tmp_path / "artifacts"), db) as url,
+        LedgerClient(url, admin_key) as client,
+    ):
+        dataset = client.create_dataset("d", rule="sequential", epsilon="1", delta=0, accountant="basic")
+        task = client.create_task(dataset["id"], "t0")
+        (batch,) = [
+            b["id"]
+            for b in client.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r"]}])[
+                "data"
+            ]
+        ]
+        with client.release_gate(dataset["id"], [batch], PureDpEvent(0.25), model="mlp", version=1):
+            pass
+        with client.release_gate(
+            dataset["id"], [batch], PureDpEvent(0.5), model="mlp", version=2
+        ) as withheld:
+            withheld.withhold()
+        online = ["check", "--url", url, "--key", viewer_key, "--dataset", dataset["id"]]
+        code, out, _ = run([*online, "--json"], capsys)
+        assert code == 0, out
+        assert all(checks(out).values()) and json.loads(out)["summary"]["epsilon_spent"] == "0.75"
+        path = tmp_path / "bundle.json"
+        code, out, _ = run(
+            ["export", "--url", url, "--key", viewer_key, "--dataset", dataset["id"], "-o", str(path)],
+            capsys,
+        )
+        assert code == 0, out
+    bundle = json.loads(path.read_text())
+    assert sorted(c["outcome"] for c in bundle["certificates"]) == ["aborted", "released"]
+    code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+    assert code == 0, out
+    assert all(checks(out).values())

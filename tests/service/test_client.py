@@ -136,14 +136,19 @@ def test_every_v1_call(ledger: Ledger) -> None:
     certificate = committed["certificate"]
     assert certificate["release"] == {"model": "mlp", "version": 1}
     assert verify(certificate["certificate"]).ok
-    aborted = trainer.abort(held["id"])
-    assert aborted["committed"]["epsilon"] == "0.2"
+    aborted = trainer.abort(held["id"])  # charges all 4 reserved steps (issue 24 §2)
+    assert aborted["committed"]["epsilon"] == "0.4"
     spend = viewer.spend(dataset["id"])
-    assert spend["epsilon_spent"] == "0.2" and spend["epsilon_held"] == "0"
+    assert spend["epsilon_spent"] == "0.4" and spend["epsilon_held"] == "0"
 
-    # certificates: list, page, get
-    assert viewer.list_certificates(dataset["id"])["count"] == 1
-    assert [c["id"] for c in viewer.iter_certificates(dataset["id"], page_size=1)] == [certificate["id"]]
+    # certificates: list, page, get (the release's, then the abort's: release null)
+    assert viewer.list_certificates(dataset["id"])["count"] == 2
+    listed = list(viewer.iter_certificates(dataset["id"], page_size=1))
+    assert [c["id"] for c in listed][:1] == [certificate["id"]]
+    assert [(c["outcome"], c["release"]) for c in listed] == [
+        ("released", {"model": "mlp", "version": 1}),
+        ("aborted", None),
+    ]
     fetched = viewer.get_certificate(certificate["id"])
     assert fetched["content_hash"] == certificate["certificate"]["hash"]
     assert verify(fetched["certificate"]).ok
@@ -462,21 +467,27 @@ def test_release_gate_commits_on_success_and_aborts_on_exception(ledger: Ledger)
             raise TrainingFailed("diverged")
     assert failed.status == "aborted" and failed.certificate is None
     assert trainer.get_reservation(failed.reservation_id)["status"] == "aborted"
-    spend = admin.spend(dataset_id)
-    assert (spend["epsilon_spent"], spend["epsilon_held"]) == ("0.25", "0")
-    assert admin.list_certificates(dataset_id)["count"] == 1
+    spend = admin.spend(dataset_id)  # the failed run is charged what it reserved (issue 24 §2)
+    assert (spend["epsilon_spent"], spend["epsilon_held"], spend["last_release"]["version"]) == (
+        "0.75",
+        "0",
+        1,
+    )
+    assert [c["outcome"] for c in admin.list_certificates(dataset_id)["data"]] == ["released", "aborted"]
 
-    with trainer.release_gate(dataset_id, batches[:1], PureDpEvent(0.5), model="mlp", version=3) as withheld:
+    with trainer.release_gate(dataset_id, batches[1:2], PureDpEvent(0.5), model="mlp", version=3) as withheld:
         withheld.withhold()
     assert withheld.status == "withheld" and withheld.certificate is None
+    assert trainer.get_reservation(withheld.reservation_id)["committed"]["epsilon"] == "0.5"
     assert admin.spend(dataset_id)["epsilon_held"] == "0"
 
-    # a run stopped early commits what it ran; the rest is returned
+    # a run stopped early releases what it ran; the abort of the rest charges the rest
     planned = SelfComposedEvent(PureDpEvent(0.125), 4)
     with trainer.release_gate(dataset_id, batches[2:3], planned, model="mlp", version=4) as partial:
         partial.commit_event = SelfComposedEvent(PureDpEvent(0.125), 1)
     assert partial.status == "committed" and partial.certificate is not None
     assert partial.certificate["certificate"]["result"]["charge"]["epsilon"] == "0.125"
+    assert trainer.get_reservation(partial.reservation_id)["committed"]["epsilon"] == "0.5"
     assert admin.spend(dataset_id)["epsilon_held"] == "0"
 
     # refused on enter: the body never runs, nothing is held

@@ -244,10 +244,29 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
 
     held = reservation(db, job["reservation_id"])
     assert held.status == "aborted"
-    assert held.committed_epsilon == epsilons[-1] < held.epsilon  # the rest went back
+    # Steps begun after the last release ran on the data: the abort charges that prefix (issue
+    # 24 §2, as the ledger prices it) and returns only the steps never begun.
+    aborted = [
+        c
+        for c in certificates.list_certificates(db, "acme", world.dataset_id)["data"]
+        if c["outcome"] == "aborted"
+    ]
+    if aborted:
+        (charged,) = aborted
+        prefix = charged["certificate"]["inputs"]["partial_event"]
+        assert versions[-1].step < prefix["count"] < 20_000 and prefix == {
+            **held.event,
+            "count": prefix["count"],
+        }
+        priced = reservations_quote(db, world.dataset_id, prefix)["cost"]["epsilon"]
+        assert held.committed_epsilon == Decimal(priced) > epsilons[-1]
+        assert verify(charged["certificate"]).ok and charged["release"] is None
+    else:  # cancelled exactly at a release: nothing ran beyond it
+        assert held.committed_epsilon == epsilons[-1]
+    assert held.committed_epsilon < held.epsilon  # the steps never begun went back
     ledger = spend.get_spend(db, "acme", world.dataset_id)
     assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
-    assert Decimal(ledger["epsilon_spent"]) == epsilons[-1]
+    assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon
     # Only committed steps are reported: the metrics are those of the last release.
     assert job["metrics"] == versions[-1].metrics
     assert staged_files(artifacts) == []
@@ -255,7 +274,8 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
 
 def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) -> None:
     """The reservation expires while the data loads (a real TTL): the first commit is refused,
-    its staged candidate deleted, nothing published, nothing spent."""
+    its staged candidate deleted, nothing published. The expiry charges the whole reservation:
+    a hold that outlives its TTL is charged what could have run (issue 24 §2)."""
     world = digits_dataset(db, epsilon="10")
     loader = CountingLoader(delay_s=1.0)
     worker = _worker(db, artifacts, loader, reservation_ttl_s=0.5)
@@ -268,7 +288,9 @@ def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) 
     assert staged_files(artifacts) == []
     assert not any(p.is_file() for p in artifacts.rglob("*"))  # no version file either
     ledger = spend.get_spend(db, "acme", world.dataset_id)
-    assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
+    held = reservation(db, job["reservation_id"])
+    assert held.status == "expired" and held.committed_epsilon == held.epsilon
+    assert Decimal(ledger["epsilon_spent"]) == held.epsilon and ledger["epsilon_held"] == "0"
 
 
 def test_records_that_do_not_match_the_batches_fail_before_training(db: Database, artifacts: Path) -> None:

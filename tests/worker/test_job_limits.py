@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from sqlalchemy import select
 from service.db.base import utcnow
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import jobs, spend
+from service.ledger import certificates, jobs, spend
 from service.ledger.jobs import JobLimits
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, claim_concurrently, digits_dataset, job_row, versions_of
@@ -245,7 +246,11 @@ def test_a_job_past_its_wall_time_is_stopped_and_failed_keeping_only_what_it_com
     assert released, "the run trained and released some checkpoints before its time ran out"
     assert 0 < job["progress"]["step"] < 100_000
     (held,) = _reservations(db, dataset_id)
-    assert held.status == "aborted"  # the rest went back to the budget ...
+    # The steps never begun went back to the budget; what it released stays spent, and so do the
+    # steps it ran after its last release (issue 24 §2): the job's record says so.
+    assert held.status == "aborted" and held.committed_epsilon < held.epsilon
     ledger = spend.get_spend(db, "acme", dataset_id)
     assert ledger["epsilon_held"] == "0"
-    assert ledger["epsilon_spent"] == job["epsilon_committed"] != "0"  # ... what it released stays spent
+    assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon == Decimal(job["epsilon_committed"]) > 0
+    last = certificates.get_certificate(db, "acme", released[-1].certificate_id)["certificate"]
+    assert held.committed_epsilon >= Decimal(last["result"]["charge"]["epsilon"])

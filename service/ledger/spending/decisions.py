@@ -9,8 +9,11 @@ Each operation *decides* first (reading only; it may raise a ``LedgerError``) an
 * ``commit`` turns the hold into spend (``accountant.rules.commit``), records the release and
   stores the certificate (``accountant.certificates.issue``); with a partial event it is a
   progressive commit and the reservation stays open.
-* ``abort`` returns what was held and not committed (``accountant.rules.cancel``).
-* ``expire`` does the same for reservations past their ``expires_at``.
+* ``abort`` settles the reservation as a final charge of the whole reserved event
+  (``accountant.rules.commit``) with a certificate and no release: the data could have been read.
+  Only the built-in worker, in-process, may say what ran (``Ran``): the prefix that ran is
+  charged, and what provably never ran is returned (``accountant.rules.cancel``).
+* ``expire`` charges reservations past their ``expires_at`` as an abort without ``Ran`` does.
 * ``declare_segment`` grows a sequential ``prv`` budget by one declared plan segment
   (``Budget.with_segment``) and closes the open segment on every batch (``rules.close_segment``);
   refused while any reservation is open.
@@ -49,6 +52,7 @@ from service.ledger.spending.requests import (
     AbortParams,
     CommitParams,
     Op,
+    Ran,
     ReserveParams,
     SegmentParams,
 )
@@ -79,9 +83,26 @@ def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
     return {"expired": work.expired_on_open + expire(work, params.reservation_ids, op.at)}, None
 
 
-def _close(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
-    """Abort or expire ``r``: return every class's uncommitted hold (``rules.cancel``), decided
-    once per (reservation class, current state)."""
+def _close(work: Work, r: Loaded, status: str, at: datetime, ran: Ran | None = None) -> Loaded:
+    """Abort or expire ``r`` (``status``): settle what could have run, refund only what provably
+    never ran (docs/ARCHITECTURE.md, "Threat model").
+
+    ``ran is None`` (every abort over HTTP or by an API key, every expiry): the data could have
+    been read from the moment the hold was granted, so the whole reserved event is charged as a
+    final commit with no release (``_charge``). ``ran``: the built-in worker's word, in-process
+    only — the prefix ``ran.event`` is charged and the rest returned; nothing read (``None``), or
+    nothing beyond what its progressive commits charged, returns the rest with no new charge."""
+    if ran is None:
+        return _charge(work, r, status, at, None)
+    previous = r.committed_event
+    if ran.event is not None and (previous is None or ev.to_json(ran.event) != previous):
+        return _charge(work, r, status, at, ran.event)
+    return _refund(work, r, status, at)
+
+
+def _refund(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
+    """Close ``r`` returning every class's uncommitted hold (``rules.cancel``), decided once per
+    (reservation class, current state): only for what provably never ran."""
     plans: list[tuple[int, list[Move]]] = []
     for index, groups in work.groups(r.id).items():
         c = r.classes[index]
@@ -107,6 +128,106 @@ def _close(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
                 exact_sub(r.epsilon, r.committed_epsilon), exact_sub(r.delta, r.committed_delta)
             ),
             "committed": cost_json(r.committed_epsilon, r.committed_delta),
+        },
+        at,
+    )
+    return closed
+
+
+def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | None) -> Loaded:
+    """Close ``r`` with a charge and no release: ``ran`` (a prefix of the reserved event, the
+    worker's word) or, for ``None``, the whole reserved event, settled by ``rules.commit`` exactly
+    as a commit would (a parallel read, a lifelong noise draw, the Rényi filter and a plan's
+    segment are consumed), the rest of a prefix's hold returned (``rules.cancel``). A certificate
+    with ``release: null`` and ``outcome: status`` records it, and the audit entry names it."""
+    charge = Charge(ev.from_json(r.event), r.noise_commitment)
+    previous = None if r.committed_event is None else ev.from_json(r.committed_event)
+    records: list[ClassRecord] = []
+    moves: dict[int, list[Move]] = {}
+    for index, groups in work.groups(r.id).items():
+        c = r.classes[index]
+        for state_id, count, tasks in groups:
+            before = work.state(state_id)
+            try:
+                settlement = rules.commit(work.budget, before, charge, c.reserved, c.committed, ran, previous)
+                after = (
+                    settlement.state
+                    if ran is None
+                    else rules.cancel(work.budget, settlement.state, c.reserved, settlement.committed)
+                )
+            except AccountantError as exc:
+                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
+            records.append(
+                ClassRecord(
+                    reservation_class=index,
+                    batches=count,
+                    state_at_reserve=BatchState.from_json(c.state_at_reserve),
+                    reserved=c.reserved,
+                    state_before=before,
+                    committed_before=c.committed,
+                    state_after=settlement.state,
+                    committed=settlement.committed,
+                )
+            )
+            moves.setdefault(index, []).append(Move(state_id, after, count, tasks))
+    assert work.signer is not None, "the engine gives every Work its signer"
+    certificate_id = f"cert_{secrets.token_hex(12)}"
+    body = certificates.issue(
+        budget=work.budget,
+        charge=charge,
+        classes=records,
+        batch_set=BatchSet(r.batches, r.batch_set),
+        reservation_id=r.id,
+        release=None,
+        partial_event=ran,
+        previous_event=previous,
+        release_id=None,
+        dataset_id=work.head.id,
+        issued_at=at,
+        signer=work.signer(),
+        outcome=status,
+    )
+    # Decided: apply.
+    for index, class_moves in moves.items():
+        work.move(members_of(r.id, index), class_moves, at)
+    committed_epsilon = max(x.committed.epsilon for x in records)
+    committed_delta = max(x.committed.delta for x in records)
+    committed_of = {x.reservation_class: x.committed for x in records}  # equal within a class
+    work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
+    work.head.reservations_open -= 1
+    work.head.charges_committed += 1
+    closed = replace(
+        r,
+        status=status,
+        closed_at=at,
+        committed_epsilon=committed_epsilon,
+        committed_delta=committed_delta,
+        committed_event=None if ran is None else ev.to_json(ran),
+        classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
+    )
+    work.put_reservation(closed)
+    certificate = certificates.stored_row(
+        certificate_id=certificate_id,
+        tenant_id=r.tenant_id,
+        dataset_id=work.head.id,
+        reservation_id=r.id,
+        release_id=None,
+        body=body,
+        at=at,
+    )
+    work.certificates.append(certificate)
+    work.audit(
+        f"reservation.{status}",
+        {
+            "reservation_id": r.id,
+            "release": None,
+            "certificate_id": certificate_id,
+            "content_hash": certificate["content_hash"],
+            "committed": cost_json(committed_epsilon, committed_delta),
+            "returned": cost_json(
+                exact_sub(r.epsilon, committed_epsilon), exact_sub(r.delta, committed_delta)
+            ),
+            "final": True,
         },
         at,
     )
@@ -329,7 +450,7 @@ def abort(work: Work, op: Op, params: AbortParams) -> dict[str, Any]:
             status=r.status,
         )
     if r.status == "reserved":
-        r = _close(work, r, "aborted", op.at)
+        r = _close(work, r, "aborted", op.at, params.ran)
     return reservation_json(r)
 
 

@@ -35,8 +35,10 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import OperationalError
 
 from accountant import rules
+from service import server_secrets
 from service.db.session import Database
 from service.ledger.errors import DuplicateIdempotencyKey, IdempotencyConflict, LedgerError, NotFound
+from service.ledger.signing import SigningKey
 from service.ledger.spending.requests import Op
 from service.ledger.spending.store import (
     Work,
@@ -86,7 +88,9 @@ def _domain() -> Domain:
 Result = tuple[dict[str, Any] | None, BaseException | None]
 
 
-def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[Op]) -> dict[int, Result]:
+def _group_transaction(
+    connection: Connection, dataset_id: str, ops: Sequence[Op], signer: Callable[[], SigningKey]
+) -> dict[int, Result]:
     """Decide and write every operation of ``ops`` in ``connection``'s transaction; their results
     (answer or error) by position. Raises only for failures of the transaction itself."""
     results: dict[int, Result] = {}
@@ -118,6 +122,7 @@ def _group_transaction(connection: Connection, dataset_id: str, ops: Sequence[Op
         for i, response, _ in replays:
             results[i] = (response, None)
         return results
+    work.signer = signer
     domain = _domain()
     work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
     work.released.update(already)
@@ -236,12 +241,16 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
     ops = _prepared(db, ops)
     if not ops:
         return
+
+    def signer() -> SigningKey:  # an abort's or an expiry's certificate is signed with it
+        return server_secrets.signing_keys(db).active
+
     attempt = 0
     while True:
         attempt += 1
         try:
             with db.transaction() as connection:
-                results = _group_transaction(connection, dataset_id, ops)
+                results = _group_transaction(connection, dataset_id, ops, signer)
         except OperationalError as exc:
             if attempt <= _RETRIES and _is_transient(exc):
                 time.sleep(0.002 * attempt)

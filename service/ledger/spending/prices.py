@@ -19,16 +19,19 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
-from service.ledger.spending.requests import CommitParams, Op, ReserveParams, SegmentParams
+from service.ledger.spending.requests import AbortParams, CommitParams, Op, ReserveParams, SegmentParams
 from service.ledger.spending.store import batch_states, dataset_budget, known_dataset, load_reservations
 
 
 def _priced_event(op: Op) -> DpEvent | None:
-    """The event ``op`` asks to price: a reservation's, a progressive commit's (else ``None``)."""
+    """The event ``op`` asks to price: a reservation's, a progressive commit's, the prefix a
+    worker's abort says ran (else ``None``)."""
     if isinstance(op.params, ReserveParams):
         return op.params.charge.event
     if isinstance(op.params, CommitParams):
         return op.params.partial
+    if isinstance(op.params, AbortParams) and op.params.ran is not None:
+        return op.params.ran.event
     return None
 
 
@@ -73,8 +76,8 @@ def prepare(db: Database, op: Op) -> None:
     with op.policy.metered(units), rules.pricing(memo):
         if isinstance(op.params, ReserveParams):
             _dry_reserve(db, op, budget, op.params)
-        elif isinstance(op.params, CommitParams):
-            _dry_commit(db, op, budget, op.params)
+        elif isinstance(op.params, CommitParams | AbortParams):  # a progressive commit, a worker's prefix
+            _dry_commit(db, op, budget, op.params.reservation_id, event)
     op.memo = memo
 
 
@@ -118,9 +121,9 @@ def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) ->
         _dry_run(rules.reserve, budget, state, params.charge, event_errors=True)
 
 
-def _dry_commit(db: Database, op: Op, budget: Budget, params: CommitParams) -> None:
+def _dry_commit(db: Database, op: Op, budget: Budget, reservation_id: str, partial: DpEvent) -> None:
     with db.session(readonly=True) as session:
-        r = load_reservations(session.connection(), [params.reservation_id]).get(params.reservation_id)
+        r = load_reservations(session.connection(), [reservation_id]).get(reservation_id)
     if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
         return  # refused in the transaction
     try:
@@ -131,6 +134,4 @@ def _dry_commit(db: Database, op: Op, budget: Budget, params: CommitParams) -> N
     charge = Charge(reserved, r.noise_commitment)
     for c in r.classes:  # on the states they were reserved from: the prices are state-independent
         state = BatchState.from_json(c.state_at_reserve)
-        _dry_run(
-            rules.commit, budget, state, charge, c.reserved, c.committed, params.partial, event_errors=False
-        )
+        _dry_run(rules.commit, budget, state, charge, c.reserved, c.committed, partial, event_errors=False)

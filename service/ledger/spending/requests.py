@@ -133,8 +133,19 @@ class CommitParams:
 
 
 @dataclass(frozen=True)
+class Ran:
+    """What the built-in worker says ran of a reservation it aborts. In-process only: no HTTP
+    route and no API key can say it (docs/ARCHITECTURE.md, "Threat model"). ``event``: the prefix
+    of the reserved event that ran (``accountant.rules.commit``'s ``partial_event``), or ``None``
+    when no data was read."""
+
+    event: DpEvent | None
+
+
+@dataclass(frozen=True)
 class AbortParams:
     reservation_id: str
+    ran: Ran | None = None  # None: what ran is unknown, so the whole reserved event is charged
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -57,6 +57,7 @@ from service.db.session import Database, lock_ledger_head, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.signing import SigningKey
 from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op
 
 EXPIRE_PER_TRANSACTION: Final = 500
@@ -421,6 +422,9 @@ class Work:
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     expired_on_open: int = 0  # due reservations expired as the transaction opened
     budget_grown: bool = False  # a plan segment was declared: the budget is written with the head
+    # The server's active signing key, asked for only when an abort or an expiry issues a
+    # certificate (a commit carries its own: ``CommitParams.signer``).
+    signer: Callable[[], SigningKey] | None = None
 
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:

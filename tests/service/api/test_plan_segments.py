@@ -168,15 +168,17 @@ def test_refused_declarations_name_the_field_and_change_nothing(client: TestClie
     trainer.call("POST", f"/v1/reservations/{held['id']}/abort", None, 200)
     key = {"Idempotency-Key": "segment-one"}
     taken = declare(admin, dataset, {"plan": [SECOND], "delta": "5e-6"}, **key).json()
-    assert taken["closed_batches"] == 0  # the batch ran none of the first plan: charged nothing
+    # The abort charged the reserved plan entry (issue 24 §2): the batch ran some of the first
+    # plan, so closing it charges the batch the whole first segment.
+    assert taken["closed_batches"] == 1
     # A retry with the same key is answered as before and declares nothing more; another body is not.
     assert declare(admin, dataset, {"plan": [SECOND], "delta": "5e-6"}, **key).json() == taken
     other = declare(admin, dataset, {"plan": [SECOND], "delta": "4e-6"}, 409, **key).json()
     assert other["error"] == "idempotency_conflict"
     budget = admin.call("GET", f"/v1/datasets/{dataset}", status=200).json()["budget"]
     assert len(budget["segments"]) == 1
-    assert Decimal(admin.spend(dataset)["epsilon_spent"]) == 0
-    trainer.reserve(dataset, batches, FIRST, 409)  # the first plan is closed, unrun
+    assert Decimal(admin.spend(dataset)["epsilon_spent"]) > 0
+    trainer.reserve(dataset, batches, FIRST, 409)  # the first plan is closed
 
 
 def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: Database) -> None:

@@ -5,6 +5,7 @@ reserves before the first record is read."""
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -70,11 +71,11 @@ def _trainable(records: CountedRecords, **loader: Any) -> tuple[torch.nn.Module,
     )
 
 
-def _train(run: Any, steps: int | None = None) -> int:
+def _train(run: Any, steps: int | None = None, loader: Any = None) -> int:
+    """One private step per batch drawn from ``loader`` (default: the gate's ``run.data_loader``),
+    stopping after ``steps`` without drawing another batch."""
     done = 0
-    for x, y in run.data_loader:
-        if steps is not None and done == steps:
-            break
+    for x, y in itertools.islice(run.data_loader if loader is None else loader, steps):
         run.optimizer.zero_grad()
         torch.nn.functional.cross_entropy(run.module(x), y).backward()
         run.optimizer.step()
@@ -273,8 +274,11 @@ def test_a_run_stopped_early_commits_the_steps_opacus_ran(ledger: LedgerClient) 
     certified = run.certificate["certificate"]
     assert ev.from_json(certified["inputs"]["partial_event"]) == SelfComposedEvent(run.event.event, 4)
     assert verify(certified).ok
-    assert float(ledger.spend(dataset_id)["epsilon_held"]) == 0  # the rest of the hold was returned
     assert float(certified["result"]["epsilon"]) < float(run.gate.cost["epsilon"])
+    # The release certifies the 4 steps it trained on; the rest could have run in the trainer's
+    # process, which the ledger cannot see: its abort charges it (issue 24 §2).
+    spend = ledger.spend(dataset_id)
+    assert (spend["epsilon_held"], spend["epsilon_spent"]) == ("0", run.gate.cost["epsilon"])
 
 
 @SQLITE_ONLY
@@ -285,8 +289,8 @@ def test_more_steps_than_reserved_release_nothing(ledger: LedgerClient) -> None:
             _train(run)
             _train(run)  # a second epoch nobody reserved
     assert run.certificate is None and run.gate.status == "aborted"
-    spend = ledger.spend(dataset_id)
-    assert float(spend["epsilon_spent"]) == 0 and float(spend["epsilon_held"]) == 0
+    spend = ledger.spend(dataset_id)  # nothing released, everything reserved charged
+    assert (spend["epsilon_spent"], spend["epsilon_held"]) == (run.gate.cost["epsilon"], "0")
 
 
 @SQLITE_ONLY
@@ -326,7 +330,7 @@ def test_a_noise_multiplier_changed_in_the_run_releases_nothing(ledger: LedgerCl
             run.optimizer.noise_multiplier = 0.5  # less noise than reserved
             _train(run, steps=3)
     assert run.certificate is None and run.gate.status == "aborted"
-    assert float(ledger.spend(dataset_id)["epsilon_spent"]) == 0
+    assert ledger.spend(dataset_id)["epsilon_spent"] == run.gate.cost["epsilon"]  # charged, not released
 
 
 @SQLITE_ONLY
@@ -339,3 +343,44 @@ def test_an_engine_that_accounted_other_steps_is_refused(ledger: LedgerClient) -
         with _gate(ledger, dataset_id, records, engine):
             raise AssertionError("the block must not run")
     assert records.reads == 0 and ledger.spend(dataset_id)["reservations_open"] == 0
+
+
+def _charged_and_unreleased(ledger: LedgerClient, dataset_id: str, run: Any) -> None:
+    """The refused run released nothing and was charged everything it reserved."""
+    assert run.certificate is None and run.gate.status == "aborted"
+    spend = ledger.spend(dataset_id)
+    assert (spend["epsilon_spent"], spend["epsilon_held"], spend["last_release"]) == (
+        run.gate.cost["epsilon"],
+        "0",
+        None,
+    )
+    (charged,) = ledger.list_certificates(dataset_id)["data"]
+    assert (charged["outcome"], charged["release"]) == ("aborted", None)
+    assert verify(charged["certificate"]).ok
+
+
+@SQLITE_ONLY
+def test_iterating_the_original_shuffled_loader_is_refused_and_charged(ledger: LedgerClient) -> None:
+    """Issue 24 §2: training on the original shuffled loader instead of ``run.data_loader``.
+    Opacus's accountant records 10 Poisson steps that never sampled as Poisson; before, the gate
+    committed ε ≈ 1.0 for them and released the model. Now 0 batches drawn ≠ 10 steps: refused."""
+    dataset_id, _ = _dataset(ledger)
+    records = CountedRecords()
+    shuffled = torch.utils.data.DataLoader(records, batch_size=BATCH, shuffle=True)
+    with pytest.raises(UndescribedRun, match=r"0 batch\(es\) were drawn from run.data_loader but .* took 10"):
+        with _gate(ledger, dataset_id, records) as run:
+            assert _train(run, loader=shuffled) == 10
+    assert run.engine.accountant.history  # Opacus did account the steps
+    _charged_and_unreleased(ledger, dataset_id, run)
+
+
+@SQLITE_ONLY
+def test_a_batch_drawn_without_a_private_step_is_refused_and_charged(ledger: LedgerClient) -> None:
+    dataset_id, _ = _dataset(ledger)
+    with pytest.raises(UndescribedRun, match=r"10 batch\(es\) were drawn .* took 9 private step"):
+        with _gate(ledger, dataset_id, CountedRecords()) as run:
+            batches = iter(run.data_loader)
+            looked_at = next(batches)  # a batch drawn and looked at, with no private step
+            assert looked_at[0].shape[1] == 4
+            _train(run, loader=batches)
+    _charged_and_unreleased(ledger, dataset_id, run)

@@ -138,7 +138,9 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
     assert ops[0].response is not None and ops[0].response["status"] == "aborted"
     assert isinstance(ops[1].error, Conflict)
     answer = spend.get_spend(ledger, "t1", ds.id)
-    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("0", "0", 0)
+    # The abort settles the whole reservation (issue 24 §2); the commit after it releases nothing.
+    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("0.5", "0", 0)
+    assert answer["last_release"] is None
 
 
 def test_budget_exceeded_in_a_group_reports_numbers(ledger: Database, make_dataset: MakeDataset) -> None:

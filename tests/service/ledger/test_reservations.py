@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from accountant import certificates as offline
+from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import audit, certificates, reservations, spend
 from service.ledger.errors import (
@@ -88,18 +91,73 @@ def test_a_release_is_recorded_once(ledger: Database, make_dataset: MakeDataset)
     assert reservations.get_reservation(ledger, "t1", second["id"])["status"] == "reserved"
 
 
-def test_abort_returns_the_hold(ledger: Database, make_dataset: MakeDataset) -> None:
+def test_abort_charges_the_whole_reservation(ledger: Database, make_dataset: MakeDataset) -> None:
+    # Issue 24 §2: an abort no longer returns the hold; it is a final charge with no release.
     ds = make_dataset(BASIC)
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.9))
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.9"
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.2))
     aborted = reservations.abort(ledger, "t1", r["id"])
-    assert aborted["status"] == "aborted"
-    assert reservations.abort(ledger, "t1", r["id"]) == aborted  # nothing more to return
+    assert aborted["status"] == "aborted" and aborted["committed"]["epsilon"] == "0.9"
+    assert reservations.abort(ledger, "t1", r["id"]) == aborted  # charged once
     answer = spend.get_spend(ledger, "t1", ds.id)
-    assert (answer["epsilon_held"], answer["epsilon_spent"], answer["reservations_open"]) == ("0", "0", 0)
-    reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(1.0))
+    assert (answer["epsilon_held"], answer["epsilon_spent"], answer["reservations_open"]) == ("0", "0.9", 0)
+    assert answer["last_release"] is None  # nothing was released
+    with pytest.raises(BudgetExceeded):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.2))
+    (stored,) = certificates.list_certificates(ledger, "t1", ds.id)["data"]
+    body = stored["certificate"]
+    assert (stored["release"], stored["outcome"], body["release"], body["outcome"]) == (
+        None,
+        "aborted",
+        None,
+        "aborted",
+    )
+    assert body["result"]["charge"]["epsilon"] == "0.9" and offline.verify(body).ok
+    assert certificates.verify_stored(ledger, "t1", stored["id"])["ok"]
+    assert certificates.get_certificate(ledger, "t1", stored["id"]) == stored
+    entry = _audit_entry(ledger, ds.id, "reservation.aborted")
+    assert (entry["certificate_id"], entry["content_hash"]) == (stored["id"], stored["content_hash"])
+    assert audit.verify(ledger)["ok"]
+
+
+def _audit_entry(db: Database, dataset_id: str, event_type: str) -> dict[str, Any]:
+    """The payload of the dataset's only audit entry of ``event_type``."""
+    query = select(AuditEntry.payload).where(
+        AuditEntry.chain == dataset_id, AuditEntry.event_type == event_type
+    )
+    (payload,) = db.read_all(query)
+    return dict(payload.payload)
+
+
+def test_the_workers_abort_charges_what_ran(ledger: Database, make_dataset: MakeDataset) -> None:
+    # In-process only (the built-in worker): nothing read is refunded, a prefix that ran is charged.
+    ds = make_dataset(BASIC)
+    run = {"kind": "self_composed", "count": 10, "event": pure(0.05)}
+    unread = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    refunded = reservations.abort(ledger, "t1", unread["id"], ran=reservations.Ran(None))
+    assert (refunded["status"], refunded["committed"]["epsilon"]) == ("aborted", "0")
+    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0"
+    assert certificates.list_certificates(ledger, "t1", ds.id)["count"] == 0
+    assert "certificate_id" not in _audit_entry(ledger, ds.id, "reservation.aborted")
+    three = reservations.parse_event({"kind": "self_composed", "count": 3, "event": pure(0.05)})
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    aborted = reservations.abort(ledger, "t1", r["id"], ran=reservations.Ran(three))
+    assert aborted["committed"]["epsilon"] == "0.15"
+    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.15", "0")
+    (stored,) = certificates.list_certificates(ledger, "t1", ds.id)["data"]
+    assert (stored["outcome"], stored["certificate"]["result"]["charge"]["epsilon"]) == ("aborted", "0.15")
+    assert offline.verify(stored["certificate"]).ok
+    # What ran must be the reserved run cut short: anything else is refused and stays open.
+    other = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    with pytest.raises(ChargeRefused):
+        reservations.abort(
+            ledger, "t1", other["id"], ran=reservations.Ran(reservations.parse_event(pure(0.01)))
+        )
+    assert reservations.get_reservation(ledger, "t1", other["id"])["status"] == "reserved"
+    assert audit.verify(ledger)["ok"]
 
 
 def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -126,10 +184,20 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
             release=release(2),
             event_json={"kind": "self_composed", "count": 11, "event": pure(0.05)},
         )
-    reservations.abort(ledger, "t1", r["id"])
+    aborted = reservations.abort(ledger, "t1", r["id"])
+    # What could have run is the whole reserved run, whatever the progressive commits said.
+    assert aborted["committed"]["epsilon"] == "0.5"
     answer = spend.get_spend(ledger, "t1", ds.id)
-    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.2", "0")
-    reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.8))
+    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.5", "0")
+    with pytest.raises(BudgetExceeded):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.8))
+    reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.5))
+    last = certificates.list_certificates(ledger, "t1", ds.id)["data"][-1]
+    assert (last["outcome"], last["certificate"]["inputs"]["previous_partial_event"]["count"]) == (
+        "aborted",
+        4,
+    )
+    assert offline.verify(last["certificate"]).ok
     assert audit.verify(ledger)["ok"]
 
 
@@ -164,7 +232,7 @@ def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: M
     reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, c], event_json=pure(1.0))  # a, c untouched
 
 
-def test_expired_reservation_frees_its_hold_and_cannot_be_committed(
+def test_expired_reservation_is_charged_and_cannot_be_committed(
     ledger: Database, make_dataset: MakeDataset
 ) -> None:
     ds = make_dataset(BASIC)
@@ -174,17 +242,28 @@ def test_expired_reservation_frees_its_hold_and_cannot_be_committed(
     )
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=t0)
-    # Past the TTL, the next spend transaction expires the crashed client's hold first.
+    # Past the TTL, the next spend transaction expires the crashed client's hold first, and
+    # charges it: the crashed client could have read the data (issue 24 §2).
     later = t0 + timedelta(seconds=61)
-    fresh = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=later
-    )
+    with pytest.raises(BudgetExceeded):
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=later)
     assert reservations.get_reservation(ledger, "t1", crashed["id"])["status"] == "expired"
+    fresh = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.4), now=later
+    )
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", crashed["id"], release=release(1), now=later)
     reservations.commit(ledger, "t1", fresh["id"], release=release(2), now=later)
     answer = spend.get_spend(ledger, "t1", ds.id)
-    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("0.6", "0", 0)
+    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("1", "0", 0)
+    expired = [
+        c for c in certificates.list_certificates(ledger, "t1", ds.id)["data"] if c["outcome"] == "expired"
+    ]
+    assert (
+        len(expired) == 1 and expired[0]["release"] is None and offline.verify(expired[0]["certificate"]).ok
+    )
+    entry = _audit_entry(ledger, ds.id, "reservation.expired")
+    assert (entry["certificate_id"], entry["content_hash"]) == (expired[0]["id"], expired[0]["content_hash"])
     assert audit.verify(ledger)["ok"]
 
 
@@ -196,9 +275,9 @@ def test_late_commit_expires_and_is_refused(ledger: Database, make_dataset: Make
     )
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", r["id"], release=release(1), now=t0 + timedelta(seconds=11))
-    # The expiry was stored although the commit failed: the hold is free, nothing was spent.
+    # The expiry was stored although the commit failed: the hold is spent, nothing released.
     answer = spend.get_spend(ledger, "t1", ds.id)
-    assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0", "0")
+    assert (answer["epsilon_spent"], answer["epsilon_held"], answer["last_release"]) == ("0.5", "0", None)
     assert reservations.get_reservation(ledger, "t1", r["id"])["status"] == "expired"
     assert reservations.abort(ledger, "t1", r["id"])["status"] == "expired"
 

@@ -202,8 +202,9 @@ def test_any_charges_on_any_subsets_match_one_state_per_batch(
                 except LedgerError as exc:
                     assert closed, exc.to_json()
                 else:
-                    if not closed:
-                        oracle.cancel(rid)
+                    if not closed:  # an abort charges the whole reserved event (issue 24 §2)
+                        oracle.commit(rid, None)
+                        oracle.held.pop(rid)
         assert _stored_states(ledger, ds.id) == oracle.states, step
     spend = max((s.epsilon_spent for s in oracle.states.values()), default=Decimal(0))
     assert Decimal(reservations_spend(ledger, ds.id)) == spend
