@@ -500,9 +500,10 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
     """A transient database error (``service.db.session.is_transient_error``: a terminated
     connection, a serialization failure, a deadlock) ended this attempt, not the job: abort the
     reservation as any stopped attempt does (what ran is charged, the rest returned), and hand
-    the job back to the queue for its next attempt (``jobs.release``; attempts still count, up to ``max_attempts``). A release
-    whose commit's outcome is unknown stays staged: the next attempt's sweep publishes it if the
-    commit landed. If the database refuses this too, the lease expires and the job is retried."""
+    the job back to the queue for its next attempt (``jobs.release``; attempts still count, up
+    to ``max_attempts``). A release whose commit's outcome is unknown stays staged: the next
+    attempt's sweep publishes it if the commit landed. If the database refuses this too, the
+    lease expires and the job is retried."""
     cause = type(getattr(exc, "orig", None) or exc).__name__
     logger.warning(
         "job %s: transient database error (%s) in attempt %d; requeued", run.job.id, cause, run.job.attempt
