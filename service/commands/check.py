@@ -71,7 +71,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -84,9 +84,9 @@ from service.commands.export import (
     BUNDLE_VERSION,
     add_connection_arguments,
     bundle_hash,
-    committed_certificate_id,
     connection_error,
 )
+from service.commands.history import History, anchored_certificate_id, anchors, prove
 
 if TYPE_CHECKING:
     from service.ledger.signing import PublicKey
@@ -137,6 +137,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="pin every key of this JSON file, as GET /.well-known/privacy-ledger/signing-keys answers it",
     )
+    parser.add_argument(
+        "--allow-unverified-signer",
+        action="store_true",
+        help="with --bundle and no pinned key: exit 0 although the signer is only the one the "
+        "bundle declares (the report still says UNVERIFIED SIGNER); without this flag such a "
+        "bundle exits 1",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
 
@@ -148,13 +155,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 @dataclass
 class Finding:
+    """One check's verdict. ``unverified``: it holds, but only under keys the bundle declares
+    itself (the ``signatures`` check of a bundle with no pinned key): ``UNVERIFIED SIGNER``."""
+
     name: str
     ok: bool
     detail: str
     problems: list[str] = field(default_factory=list)
+    unverified: bool = False
+
+    @property
+    def status(self) -> str:
+        if not self.ok:
+            return "FAIL"
+        return "UNVERIFIED SIGNER" if self.unverified else "PASS"
 
     def to_json(self) -> Json:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, "problems": self.problems}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "status": self.status,
+            "detail": self.detail,
+            "problems": self.problems,
+        }
 
 
 @dataclass
@@ -164,14 +187,22 @@ class Report:
     mode: str  # online | bundle
     findings: list[Finding]
     summary: Json
+    allow_unverified_signer: bool = False
+
+    @property
+    def unverified(self) -> bool:
+        """Whether a check holds only under a self-declared signer."""
+        return any(f.unverified for f in self.findings)
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.findings)
+        """Exit 0: every check holds, under a pinned signer or with the explicit flag."""
+        return all(f.ok for f in self.findings) and (self.allow_unverified_signer or not self.unverified)
 
     def to_json(self) -> Json:
         return {
             "ok": self.ok,
+            "result": self.verdict,
             "dataset_id": self.dataset_id,
             "mode": self.mode,
             "source": self.source,
@@ -188,16 +219,29 @@ class Report:
             f"from {self.source}"
         ]
         for f in self.findings:
-            lines.append(f"  {'PASS' if f.ok else 'FAIL'}  {f.name:<13} {f.detail}")
+            lines.append(f"  {f.status}  {f.name:<13} {f.detail}")
             problems = [p for p in f.problems if p != f.detail]
             shown = problems[:10]
             lines.extend(f"          - {p}" for p in shown)
             if len(problems) > len(shown):
                 lines.append(f"          ... and {len(problems) - len(shown)} more")
-        failed = sum(not f.ok for f in self.findings)
-        verdict = "PASS" if failed == 0 else f"FAIL ({failed} of {len(self.findings)} checks failed)"
-        lines.append(f"result: {verdict}")
+        lines.append(f"result: {self.verdict}")
         return "\n".join(lines)
+
+    @property
+    def verdict(self) -> str:
+        """``FAIL (…)``, ``UNVERIFIED SIGNER (…)`` or ``PASS``: the report's last line."""
+        failed = sum(not f.ok for f in self.findings)
+        if failed:
+            return f"FAIL ({failed} of {len(self.findings)} checks failed)"
+        if self.unverified and not self.allow_unverified_signer:
+            return (
+                "UNVERIFIED SIGNER (every check holds under keys the bundle declares itself; pin "
+                "the server's keys with --trusted-keys, or pass --allow-unverified-signer)"
+            )
+        if self.unverified:
+            return "PASS (signer unverified, allowed by --allow-unverified-signer)"
+        return "PASS"
 
 
 def _number(value: object, what: str) -> Decimal:
@@ -344,14 +388,15 @@ def _segments(budget: Json) -> list[str]:
     return []
 
 
-def _budget(bundle: Json) -> Finding:
+def _budget(bundle: Json, history: History) -> Finding:
     budget = bundle["dataset"]["budget"]
     spend = bundle["spend"]
     epsilon = _number(budget["epsilon"], "budget.epsilon")
     delta = _number(budget["delta"], "budget.delta")
     eps_reported, delta_reported, eps_certified, delta_certified = _spent(bundle)
-    eps_spent = max(eps_reported, eps_certified)
-    delta_spent = max(delta_reported, delta_certified)
+    # The largest figure anything shows: stated, certified, or recomputed from the history.
+    eps_spent = max(eps_reported, eps_certified, history.epsilon_spent or Decimal(0))
+    delta_spent = max(delta_reported, delta_certified, history.delta_spent or Decimal(0))
     problems: list[str] = []
     if spend.get("rule") != budget["rule"]:
         problems.append(
@@ -419,28 +464,6 @@ def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[s
     return []
 
 
-def _anchoring(certificates: Iterable[Json], entries: list[Json]) -> list[str]:
-    """Certificates ↔ ``reservation.committed`` entries, both ways, with matching hashes."""
-    recorded: dict[str, str | None] = {}
-    for entry in entries:
-        cid = committed_certificate_id(entry)
-        if cid is not None:
-            recorded[cid] = entry["payload"].get("content_hash")
-    problems: list[str] = []
-    present = set()
-    for c in certificates:
-        present.add(c["id"])
-        if c["id"] not in recorded:
-            problems.append(f"certificate {c['id']}: no reservation.committed entry records it")
-        elif recorded[c["id"]] != c["certificate"].get("hash"):
-            problems.append(f"certificate {c['id']}: its hash differs from the one the audit chain recorded")
-    problems.extend(
-        f"the audit chain records certificate {cid}, which is missing"
-        for cid in sorted(set(recorded) - present)
-    )
-    return problems
-
-
 def _declared_segments(budget: Json, entries: list[Json]) -> list[str]:
     """The budget's plan segments are the ones the chain recorded declaring (``plan.segment_declared``),
     in order: a segment left out of the exported budget, or one the chain never saw, is found."""
@@ -467,17 +490,22 @@ def _audit(bundle: Json) -> Finding:
             f"the server's audit verification failed at entry {verdict.get('first_broken')} "
             f"(chain {verdict.get('chain')!r}, position {verdict.get('chain_seq')}): {verdict.get('reason')}"
         )
-    entries = audit.get("entries")
-    if entries is None:
-        detail = "server verdict only: this server does not export audit entries"
-        return Finding("audit chain", not problems, detail, problems)
-    problems.extend(_recompute_chain(bundle["dataset"]["id"], audit["head"], entries))
-    problems.extend(_anchoring(bundle["certificates"], entries))
+    entries, head = audit.get("entries"), audit.get("head")
+    if not isinstance(entries, list) or not isinstance(head, Mapping):
+        # The server's verdict alone proves nothing offline: whoever edits the bundle writes it.
+        missing = "entries" if not isinstance(entries, list) else "head"
+        problems.append(
+            f"the bundle carries no audit {missing}: the chain from genesis to a signed head is "
+            "required to prove the history"
+        )
+        return Finding("audit chain", False, f"no audit {missing} to recompute", problems)
+    problems.extend(_recompute_chain(bundle["dataset"]["id"], head, entries))
+    problems.extend(anchors(bundle["certificates"], entries))
     problems.extend(_declared_segments(bundle["dataset"]["budget"], entries))
-    committed = sum(committed_certificate_id(e) is not None for e in entries)
+    anchoring = sum(anchored_certificate_id(e) is not None for e in entries)
     detail = (
-        f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "
-        "anchoring the certificates; server verdict " + ("ok" if verdict.get("ok") else "broken")
+        f"{len(entries)} entries recomputed from genesis to the head, {anchoring} anchoring the "
+        "certificates one to one; server verdict " + ("ok" if verdict.get("ok") else "broken")
     )
     return Finding("audit chain", not problems, detail, problems)
 
@@ -522,26 +550,30 @@ def _signatures(bundle: Json, trust: Trust, declared_by: str) -> Finding:
         if not check.ok:
             problems.append(f"certificate {stored.get('id')}: {check.reason}")
     head = bundle["audit"].get("head")
-    if head is not None:
+    if isinstance(head, Mapping):
         check = signing.check_head(bundle["dataset"]["id"], head, keys)
         checks.append(check)
         if not check.ok:
             problems.append(f"audit head (entry {head.get('chain_seq')}): {check.reason}")
+    else:
+        problems.append("the audit head is missing: nothing signed vouches for the chain")
     signers = ", ".join(signing.key_ids(c for c in checks if c.ok)) or "none"
-    what = f"{len(bundle['certificates'])} certificate(s)"
-    if head is not None:
-        what += " and the audit head"
+    what = f"{len(bundle['certificates'])} certificate(s) and the audit head"
     if problems:
         detail = f"{len(problems)} of the signatures of {what} do not verify; signer {trusted}"
     else:
         detail = f"{what} signed by key(s) {signers}, {trusted}"
-    return Finding("signatures", not problems, detail, problems)
+    # A bundle's own keys show only that it is self-consistent: anyone can re-sign a forgery.
+    unverified = trust.pinned is None and declared_by == "bundle"
+    return Finding("signatures", not problems, detail, problems, unverified=unverified)
 
 
-def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
+def _max_epsilon(bundle: Json, bound: Decimal, model: str | None, history: History) -> Finding:
     if model is None:
-        eps_reported, _, eps_certified, _ = _spent(bundle)
-        value, what = max(eps_reported, eps_certified), "the dataset's epsilon spent"
+        if history.epsilon_spent is None:
+            detail = "no epsilon spent recomputed from the history to compare (see the history check)"
+            return Finding("max epsilon", False, detail, [detail])
+        value, what = history.epsilon_spent, "the dataset's epsilon spent (recomputed)"
     else:
         value = max(
             (
@@ -664,6 +696,34 @@ def _pin(bundle: Json, old: Json, source: str) -> Finding:
     return Finding("pin", not problems, detail, problems)
 
 
+def _history(bundle: Json, history: History) -> Finding:
+    """The history replayed along the chain (``service.commands.history``) and the spend it adds
+    up to, which the stated spend must equal."""
+    problems = list(history.problems)
+    spend = bundle["spend"]
+    for name, recomputed in (("epsilon_spent", history.epsilon_spent), ("delta_spent", history.delta_spent)):
+        stated = _number(spend[name], f"spend.{name}")
+        if recomputed is not None and stated != recomputed:
+            problems.append(
+                f"the spend states {name} {stated}; the certificates' history adds up to {recomputed}"
+            )
+    if history.epsilon_spent is None:
+        return Finding("history", False, "no history to replay", problems)
+    detail = (
+        f"{history.settlements} settlement(s) chained per batch from the empty state over "
+        f"{history.batches} batch(es): epsilon spent {history.epsilon_spent}, delta spent "
+        f"{history.delta_spent} (max over batches)"
+    )
+    return Finding("history", not problems, detail, problems)
+
+
+def _proven(bundle: Json) -> History:
+    try:
+        return prove(bundle)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return History([f"malformed ledger data: {type(exc).__name__}: {exc}"])
+
+
 def evaluate(
     bundle: Json,
     *,
@@ -673,11 +733,14 @@ def evaluate(
     max_epsilon: Decimal | None = None,
     pins: Mapping[str, Json] | None = None,
     trust: Trust | None = None,
+    allow_unverified_signer: bool = False,
 ) -> Report:
-    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds). ``pins``: bundles
-    exported earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its
-    signatures must verify under (default: the ones it declares)."""
+    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds, and, for a
+    bundle, its signer is pinned or ``allow_unverified_signer``). ``pins``: bundles exported
+    earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its signatures
+    must verify under (default: the ones it declares)."""
     trust = trust or Trust()
+    history = _proven(bundle)
     declared_by = "bundle" if mode == "bundle" else "server"
     findings: list[Finding] = []
     if mode == "bundle":
@@ -686,11 +749,12 @@ def evaluate(
         findings.append(_guarded("pin", functools.partial(_pin, bundle, old, pin_source)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
-    findings.append(_guarded("budget", lambda: _budget(bundle)))
+    findings.append(_guarded("budget", lambda: _budget(bundle, history)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
+    findings.append(_guarded("history", lambda: _history(bundle, history)))
     findings.append(_guarded("signatures", lambda: _signatures(bundle, trust, declared_by)))
     if max_epsilon is not None:
-        findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model)))
+        findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model, history)))
     if _has_privacy_audits(bundle, model):  # only where a version was audited (dp_sgd_audit)
         findings.append(_guarded("privacy audit", lambda: _privacy_audits(bundle, model)))
     dataset = bundle.get("dataset") or {}
@@ -703,6 +767,8 @@ def evaluate(
         "delta_budget": budget.get("delta"),
         "epsilon_spent": spend.get("epsilon_spent"),
         "delta_spent": spend.get("delta_spent"),
+        "epsilon_recomputed": None if history.epsilon_spent is None else str(history.epsilon_spent),
+        "delta_recomputed": None if history.delta_spent is None else str(history.delta_spent),
         "naive_sequential_epsilon": spend.get("naive_sequential_epsilon"),
         "certificates": len(bundle.get("certificates") or []),
         "audit_entries": None
@@ -712,7 +778,7 @@ def evaluate(
         "max_epsilon": None if max_epsilon is None else str(max_epsilon),
         "signer_trust": "pinned" if trust.pinned is not None else "self-declared",
     }
-    return Report(str(dataset.get("id")), source, mode, findings, summary)
+    return Report(str(dataset.get("id")), source, mode, findings, summary, allow_unverified_signer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,6 +862,7 @@ def _report(args: argparse.Namespace) -> Report:
             max_epsilon=max_epsilon,
             pins=pins,
             trust=trust,
+            allow_unverified_signer=args.allow_unverified_signer,
         )
 
     from service.client import LedgerClient, LedgerError
@@ -819,6 +886,7 @@ def _report(args: argparse.Namespace) -> Report:
         max_epsilon=max_epsilon,
         pins=pins,
         trust=trust,
+        allow_unverified_signer=args.allow_unverified_signer,
     )
 
 
