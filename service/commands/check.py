@@ -315,16 +315,51 @@ def _release_key(release: object) -> tuple[str, str]:
     return str(release["model"]), str(release["version"])
 
 
+def _released(certificate: Json) -> tuple[str, str] | None:
+    """The ``{model, version}`` a certificate releases; ``None`` for one that settles a charge
+    with no release (an abort or expiry charged what could have run: ``release: null``)."""
+    release = certificate["certificate"]["release"]
+    return None if release is None else _release_key(release)
+
+
+def _published(bundle: Json, registry: Mapping[str, list[Json]]) -> list[str]:
+    """Every ``model_version.published`` entry of the chain is in the bundle's registry, with
+    the certificate it was published with: a version cannot be left out of the bundle."""
+    entries = (bundle.get("audit") or {}).get("entries")
+    if not isinstance(entries, list):
+        return []  # the audit chain check fails the bundle
+    listed = {
+        (name, str(v.get("version")), v.get("certificate_id"))
+        for name, versions in registry.items()
+        for v in versions or []
+    }
+    problems = []
+    for entry in entries:
+        if entry.get("event_type") != "model_version.published":
+            continue
+        payload = entry["payload"]
+        key = (str(payload.get("name")), str(payload.get("version")), payload.get("certificate_id"))
+        if key not in listed:
+            problems.append(
+                f"the audit chain records publishing {key[0]}/{key[1]} (entry {entry.get('chain_seq')}), "
+                "which the bundle's registry lacks"
+            )
+    return problems
+
+
 def _releases(bundle: Json, model: str | None) -> Finding:
     by_id = {c["id"]: c for c in bundle["certificates"]}
     problems: list[str] = []
     released: dict[tuple[str, str], str] = {}
     for c in bundle["certificates"]:
-        key = _release_key(c["certificate"]["release"])
+        key = _released(c)
+        if key is None:
+            continue
         if key in released:
             problems.append(f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})")
         released[key] = c["id"]
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    problems.extend(_published(bundle, registry))
     names = sorted(registry) if model is None else [model]
     checked = 0
     for name in names:
@@ -338,7 +373,7 @@ def _releases(bundle: Json, model: str | None) -> Finding:
                     f"registry version {label}: no committed certificate ({cid!r}) in this dataset"
                 )
                 continue
-            certified = _release_key(certificate["certificate"]["release"])
+            certified = _released(certificate) or ("(no release)", "-")
             if certified != (name, str(version.get("version"))):
                 problems.append(
                     f"registry version {label}: certificate {cid} certifies {certified[0]}/{certified[1]}"
@@ -402,9 +437,20 @@ def _budget(bundle: Json, history: History) -> Finding:
         problems.append(
             f"the spend is reported under rule {spend.get('rule')!r}, the budget's is {budget['rule']!r}"
         )
+    if spend.get("accountant") != budget["accountant"]:
+        problems.append(
+            f"the spend is reported under accountant {spend.get('accountant')!r}, the budget's is "
+            f"{budget['accountant']!r}"
+        )
+    if spend.get("dataset_id") != bundle["dataset"]["id"]:
+        problems.append(f"the spend is of dataset {spend.get('dataset_id')!r}")
     if _number(spend["epsilon_budget"], "spend.epsilon_budget") != epsilon:
         problems.append(
             f"the spend reports an epsilon budget of {spend['epsilon_budget']}, the dataset's is {epsilon}"
+        )
+    if _number(spend["delta_budget"], "spend.delta_budget") != delta:
+        problems.append(
+            f"the spend reports a delta budget of {spend['delta_budget']}, the dataset's is {delta}"
         )
     if budget.get("segments"):
         problems.extend(_segments(budget))
@@ -570,8 +616,9 @@ def _signatures(bundle: Json, trust: Trust, declared_by: str) -> Finding:
 
 def _max_epsilon(bundle: Json, bound: Decimal, model: str | None, history: History) -> Finding:
     if model is None:
-        if history.epsilon_spent is None:
-            detail = "no epsilon spent recomputed from the history to compare (see the history check)"
+        if history.epsilon_spent is None or history.problems:
+            # A history with a gap (a certificate missing, a state invented) proves no figure.
+            detail = "no epsilon spent proven by the history to compare (see the history check)"
             return Finding("max epsilon", False, detail, [detail])
         value, what = history.epsilon_spent, "the dataset's epsilon spent (recomputed)"
     else:
@@ -579,7 +626,7 @@ def _max_epsilon(bundle: Json, bound: Decimal, model: str | None, history: Histo
             (
                 _number(c["certificate"]["result"]["epsilon"], "result.epsilon")
                 for c in bundle["certificates"]
-                if _release_key(c["certificate"]["release"])[0] == model
+                if (_released(c) or ("", ""))[0] == model
             ),
             default=Decimal(0),
         )

@@ -359,6 +359,9 @@ def test_a_tampered_bundle_fails(
         b["models"]["mlp"][0]["certificate_id"] = "cert_elsewhere"
 
     assert failing(orphan) == {"releases": False}
+    # a published registry version left out of the bundle: the chain recorded publishing it
+    assert failing(lambda b: b["models"]["mlp"].pop()) == {"releases": False}
+    assert failing(lambda b: b.update(models={})) == {"releases": False}
 
     # a structurally broken bundle fails rather than crashes
     assert "budget" in failing(lambda b: b.pop("spend"))
