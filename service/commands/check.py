@@ -477,7 +477,7 @@ def _budget(bundle: Json, history: History) -> Finding:
     return Finding("budget", not problems, detail, problems)
 
 
-def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[str]:
+def _recompute_chain(dataset_id: str, head: Mapping[str, Any], entries: list[Json]) -> list[str]:
     from service.ledger.audit_hash import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH

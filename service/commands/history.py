@@ -119,6 +119,16 @@ class _Record:
 
 
 @dataclass
+class _Group:
+    """The records of one class that leave one state: where they take it, how many batches they
+    count, how many the history put there."""
+
+    after: BatchState
+    count: int = 0
+    matched: int = 0
+
+
+@dataclass
 class _Settlement:
     """A certificate, parsed for the replay: its records by class and the batches of each."""
 
@@ -238,26 +248,26 @@ class _Replay:
     def settle(self, settlement: _Settlement) -> None:
         """At the certificate's anchoring entry: each batch moves from its class's
         ``state_before`` to its ``state_after``, with as many batches per record as it counts."""
-        groups: dict[tuple[int, tuple[object, ...]], list[Any]] = {}  # -> [after, count, matched]
+        groups: dict[tuple[int, tuple[object, ...]], _Group] = {}
         for r in settlement.records:
-            group = groups.setdefault((r.index, self.key(r.before)), [r.after, 0, 0])
-            if self.key(group[0]) != self.key(r.after):
+            group = groups.setdefault((r.index, self.key(r.before)), _Group(r.after))
+            if self.key(group.after) != self.key(r.after):
                 self.problems.append(
                     f"certificate {settlement.cid}: class {r.index} settles one state two ways"
                 )
-            group[1] += r.batches
+            group.count += r.batches
         for batch_id, index in settlement.members:
-            group = groups.get((index, self.key(self.states.get(batch_id, self.empty))))
-            if group is None:
+            found = groups.get((index, self.key(self.states.get(batch_id, self.empty))))
+            if found is None:
                 self.mismatches.add(settlement.cid, "state_before", batch_id)
                 continue
-            group[2] += 1
-            self.states[batch_id] = group[0]
-        for (index, _), (_, count, matched) in groups.items():
-            if matched != count:
+            found.matched += 1
+            self.states[batch_id] = found.after
+        for (index, _), group in groups.items():
+            if group.matched != group.count:
                 self.problems.append(
-                    f"certificate {settlement.cid}: a record of class {index} settles {count} "
-                    f"batch(es); the history puts {matched} in its state_before"
+                    f"certificate {settlement.cid}: a record of class {index} settles {group.count} "
+                    f"batch(es); the history puts {group.matched} in its state_before"
                 )
 
     def close_segment(self) -> None:
@@ -326,14 +336,14 @@ def prove(bundle: Json) -> History:
         elif event_type == "plan.segment_declared":
             replay.close_segment()
         cid = anchored_certificate_id(entry)
-        settlement = parsed.pop(cid, None) if cid is not None else None
-        if settlement is not None:
-            if settlement.reservation_id not in reserved:
+        settled_here = parsed.pop(cid, None) if cid is not None else None
+        if settled_here is not None:
+            if settled_here.reservation_id not in reserved:
                 history.problems.append(
-                    f"certificate {cid}: settles reservation {settlement.reservation_id}, which the "
-                    "chain does not reserve before it"
+                    f"certificate {cid}: settles reservation {settled_here.reservation_id}, which "
+                    "the chain does not reserve before it"
                 )
-            replay.settle(settlement)
+            replay.settle(settled_here)
             history.settlements += 1
     history.problems.extend(replay.problems)
     history.problems.extend(replay.mismatches.problems())

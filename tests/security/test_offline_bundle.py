@@ -551,3 +551,43 @@ def test_a_settlement_without_a_release_is_anchored_like_a_commit(
     result = _check(unanchored, tmp_path, capsys, "--allow-unverified-signer")
     assert result.code == 1 and {"audit chain", "history", "signatures"} <= result.failed
     assert "no audit entry anchors it" in " ".join(result.check("audit chain")["problems"])
+
+
+def test_an_export_taken_while_the_ledger_moves_is_consistent(
+    database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A commit that lands after the export read the chain and before it read the spend: the
+    export reads the chain again, so the bundle's spend is the one its chain and certificates add
+    up to (it used to state the newer spend over the older chain, which the history refuses)."""
+    from service.commands.export import collect
+
+    settings = settings_for(database_url, tmp_path / "artifacts")
+    admin = tenancy.create_api_key(db, "acme", "admin")
+    viewer = tenancy.create_api_key(db, "acme", "viewer")
+    with serve(settings, db) as url, LedgerClient(url, admin) as client:
+        dataset = client.create_dataset("d", rule="sequential", epsilon="10", delta=0, accountant="basic")
+        task = client.create_task(dataset["id"], "t")
+        (batch,) = client.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r"]}])["data"]
+        with client.release_gate(dataset["id"], [batch["id"]], PureDpEvent(0.5), model="m", version=1):
+            pass
+
+        class Racing(LedgerClient):
+            """Reads the spend only after one more commit has landed."""
+
+            raced = False
+
+            def spend(self, dataset_id: str) -> Json:
+                if not self.raced:
+                    self.raced = True
+                    with client.release_gate(dataset_id, [batch["id"]], PureDpEvent(4), model="m", version=2):
+                        pass
+                return super().spend(dataset_id)
+
+        with Racing(url, viewer) as racing:
+            bundle = collect(racing, dataset["id"])
+            assert racing.raced
+        keys = client.signing_keys()
+    assert bundle["spend"]["epsilon_spent"] == "4.5" and len(bundle["certificates"]) == 2
+    result = _check(bundle, tmp_path, capsys, *_pinned(keys, tmp_path), rehash=False)
+    assert result.code == 0, result.report
+    assert result.report["summary"]["epsilon_recomputed"] == "4.5"
