@@ -7,6 +7,7 @@
     ledger check --bundle ledger.json [--model NAME] [--max-epsilon 2.0] [--json]
     ledger check ... --pin ledger-2026-11-01.json   # today's ledger must extend that export
     ledger check --bundle ledger.json --trusted-keys signing-keys.json   # pin the signer
+    ledger check --bundle ledger.json --allow-unverified-signer          # exit 0 on the bundle's own keys
 
 Online, it reads the dataset's ledger over HTTP API v1 into the same bundle ``ledger export``
 writes (``service.commands.export.collect``); with ``--bundle`` it reads an exported one and
@@ -19,21 +20,35 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``releases``
     every published version has a committed certificate: each release a certificate names is
     unique, and each model-registry version trained on the dataset (``--model``: of that model)
-    points at a certificate of this dataset that certifies exactly that ``{model, version}``.
+    points at a certificate of this dataset that certifies exactly that ``{model, version}``;
+    every ``model_version.published`` entry of the chain is in the bundle's registry (none left
+    out). A certificate with ``release: null`` (a settled abort or expiry) releases nothing.
     ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
 ``budget``
-    spend ≤ budget under the dataset's rule: the ε and δ spent — the larger of what the server
-    reports and what the certificates prove (the maximum over batches of their committed state,
-    parallel composition) — are within the budget; a server reporting less than its certificates
-    prove fails too.
+    spend ≤ budget under the dataset's rule: the ε and δ spent — the largest of what the server
+    reports, what the certificates state and what the history adds up to — are within the budget;
+    the spend is of this dataset, rule, accountant and budget; a server reporting less than its
+    certificates prove fails too.
 ``audit chain``
-    the server's verdict (``GET /v1/audit/verify``) is ``ok``; the chain's entries are recomputed
-    hash by hash from the genesis hash to the head (``service.ledger.audit_hash.entry_hash``); every
-    certificate is recorded, with its content hash, by a ``reservation.committed`` entry, and every
-    such entry's certificate is present (none hidden, none added).
+    the chain and its head are present (a bundle without them fails: whoever edits a bundle also
+    writes the server's verdict in it); the server's verdict (``GET /v1/audit/verify``) is ``ok``;
+    the chain's entries are recomputed hash by hash from the genesis hash to the head
+    (``service.ledger.audit_hash.entry_hash``); certificates and anchoring entries are one to one
+    (``service.commands.history.anchors``: an entry whose payload carries a ``certificate_id`` and
+    a ``content_hash`` anchors that certificate — ``reservation.committed``, and an abort or
+    expiry that settles a charge; each certificate anchored once, with its hash, and listed once).
+``history``
+    the history proven along the chain (``service.commands.history``): per batch, from the empty
+    state, each certificate's ``state_at_reserve`` is the state the batch was in at its
+    reservation's ``reservation.reserved`` entry and its ``state_before`` the state the previous
+    settlement left (plan segment closes replayed), compared on what only settlements move; the
+    ε and δ spent recomputed from it (maximum over batches) equal the spend the bundle states.
+    This is what catches a certificate built on an invented earlier state, which
+    ``accountant.certificates.verify`` alone accepts.
 ``max epsilon`` (``--max-epsilon E``)
-    a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
-    certificates states) is ≤ E.
+    a stricter bound: the dataset's ε spent *as the history recomputes it* (never a stated
+    figure; a history that does not hold proves none, and the check fails) is ≤ E; with
+    ``--model``: the largest ε any of the model's certificates states.
 ``privacy audit`` (only where a version carries one, ``dp_sgd_audit``)
     every audited version's ε lower bound (one-run auditing, ``accountant.auditing``), recomputed
     here at its certificate's δ from the audit's counts, is at most the ε its certificate states
@@ -46,9 +61,12 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     recomputes the bundle hash: every other check passes on it. Trusted keys are the *pinned*
     ones (``--trusted-key KEYID:BASE64``, repeatable, or ``--trusted-keys FILE``, the JSON of
     ``GET /.well-known/privacy-ledger/signing-keys`` fetched from the server itself); without
-    them, the keys the bundle (or the server, online) declares, which only shows the bundle is
-    self-consistent, and the report says so. An unsigned certificate (issued before the ledger
-    signed) fails: nothing shows the server issued it.
+    them, the keys the server declares (online: the server the check itself connected to) or the
+    bundle declares. The bundle's own keys only show it is self-consistent — anyone can re-sign
+    a forgery and declare their key — so offline without a pinned key the check reads
+    ``UNVERIFIED SIGNER`` and exits 1 unless ``--allow-unverified-signer`` is passed. The audit
+    head must be present and signed. An unsigned certificate (issued before the ledger signed)
+    fails: nothing shows the server issued it.
 ``bundle`` (``--bundle`` only)
     the bundle's own hash matches (damage or an edit without recomputing it).
 ``pin`` (``--pin OLD_BUNDLE``, repeatable)
@@ -60,9 +78,20 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     was cut *and* whose stored head was rewritten to match: ``ledger verify`` and the ``audit
     chain`` check pass on such a database, the pin does not.
 
-Exit 0 when every check holds; 1 when a guarantee fails (a summary on stdout, or a JSON report
-with ``--json``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key or
-an unknown dataset.
+Each check reads ``PASS``, ``FAIL`` or (``signatures`` of a bundle with no pinned key)
+``UNVERIFIED SIGNER``; the last line is ``result: PASS``, ``result: FAIL (n of m checks failed)``,
+``result: UNVERIFIED SIGNER (…)`` or ``result: PASS (signer unverified, allowed by
+--allow-unverified-signer)``. Exit 0 when every check holds under a pinned (or, online, the
+server's) signer, or with ``--allow-unverified-signer``; 1 when a guarantee fails or the signer is
+unverified (a summary on stdout, or a JSON report with ``--json``: ``ok``, ``result``, each
+check's ``status``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key
+or an unknown dataset.
+
+What an offline check cannot prove: that a bundle is the *latest* — an older genuine bundle
+passes as of when it was exported (pin its successor to it with ``--pin``, or compare its
+``audit.head`` with the live server's); and the parts of a batch's state that other reservations
+move between certificates (held amounts, reads, levels, plan position), which only
+``accountant.certificates.verify`` checks within each certificate.
 """
 
 from __future__ import annotations
@@ -102,9 +131,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "check",
         help="CI gate: exit 1 when a dataset's privacy guarantees do not hold",
-        description="Verify a dataset's certificates, releases, budget and audit chain, online "
-        "(--url/--key/--dataset) or on an exported bundle (--bundle). Exit 0: all hold; "
-        "1: a guarantee fails; 2: usage or connection error.",
+        description="Verify a dataset's certificates, releases, budget, audit chain and history, "
+        "online (--url/--key/--dataset) or on an exported bundle (--bundle). Each check prints "
+        "PASS, FAIL or UNVERIFIED SIGNER (a bundle checked without --trusted-key(s): signed only "
+        "by keys it declares itself). Exit 0: all hold (a bundle: under a pinned key, or with "
+        "--allow-unverified-signer); 1: a guarantee fails or the signer is unverified; 2: usage "
+        "or connection error.",
     )
     add_connection_arguments(parser)
     parser.add_argument("--dataset", help="dataset id (required online)")
@@ -112,7 +144,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", help="check the published versions of this model")
     parser.add_argument(
         "--max-epsilon",
-        help="fail when the dataset's (or --model's) epsilon exceeds this stricter bound",
+        help="fail when the dataset's epsilon spent, as recomputed from the certificates' history "
+        "(or the largest epsilon certified for --model), exceeds this stricter bound",
     )
     parser.add_argument(
         "--pin",
@@ -130,7 +163,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEYID:BASE64",
         help="pin a signing key the certificates and the audit head must be signed by (a key of "
         "GET /.well-known/privacy-ledger/signing-keys; repeatable). Without a pinned key, the keys "
-        "the bundle or server declares are used and the report says the signer is self-declared",
+        "the bundle or server declares are used; a bundle's own keys make it UNVERIFIED SIGNER "
+        "(exit 1 unless --allow-unverified-signer)",
     )
     parser.add_argument(
         "--trusted-keys",
