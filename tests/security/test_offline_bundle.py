@@ -318,9 +318,10 @@ def test_an_invented_earlier_state_is_caught_by_the_history(
 Path_ = tuple[str | int, ...]
 MUTATIONS = ("removed", "nulled", "duplicated", "reordered")
 
-# Fields of the bundle, by pattern ("*": every key or index there), down to each certificate,
-# audit entry, batch list and registry version; a certificate's body is covered by its content
-# hash and signature (tests/service/api/test_signatures.py, tests/accountant/test_certificates.py).
+# Fields of the bundle, by pattern ("*": every key or index there), down to each field of each
+# certificate's body, audit entry, batch list and registry version; deeper inside a certificate
+# its content hash and signature cover every field (tests/service/api/test_signatures.py,
+# tests/accountant/test_certificates.py).
 FIELDS = (
     "kind",
     "version",
@@ -335,6 +336,7 @@ FIELDS = (
     "certificates",
     "certificates.*",
     "certificates.*.*",
+    "certificates.*.certificate.*",
     "audit",
     "audit.*",
     "audit.head.*",
@@ -591,3 +593,76 @@ def test_an_export_taken_while_the_ledger_moves_is_consistent(
     result = _check(bundle, tmp_path, capsys, *_pinned(keys, tmp_path), rehash=False)
     assert result.code == 0, result.report
     assert result.report["summary"]["epsilon_recomputed"] == "4.5"
+
+
+LIVED = [
+    pytest.param({"rule": "sequential", "accountant": "basic"}, id="sequential-basic"),
+    pytest.param({"rule": "sequential", "accountant": "rdp", "delta": "1e-5"}, id="sequential-rdp"),
+    pytest.param({"rule": "lifelong", "accountant": "basic"}, id="lifelong-basic"),
+    pytest.param({"rule": "lifelong", "accountant": "rdp", "delta": "1e-5"}, id="lifelong-rdp"),
+    pytest.param(
+        {"rule": "geometric", "accountant": "basic", "geometric": {"first": "2", "ratio": "0.5"}},
+        id="geometric-basic",
+    ),
+    pytest.param({"rule": "parallel", "accountant": "basic"}, id="parallel-basic"),
+]
+
+
+@pytest.mark.parametrize("budget", LIVED)
+def test_the_history_holds_on_a_lived_ledger(
+    budget: Json, database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No false alarm: reservations interleaved on shared batches, holds aborted between
+    commits, progressive commits, a replay of committed noise (lifelong): the history chains on
+    every rule and adds up to the spend the server states (sequential ``prv`` with declared
+    segments: tests/service/api/test_plan_segments.py)."""
+    from accountant.events import SelfComposedEvent
+
+    settings = settings_for(database_url, tmp_path / "artifacts")
+    admin = tenancy.create_api_key(db, "acme", "admin")
+    viewer = tenancy.create_api_key(db, "acme", "viewer")
+    parallel = budget["rule"] == "parallel"
+    step = PureDpEvent(0.25)
+    with serve(settings, db) as url, LedgerClient(url, admin) as client:
+        ds = client.create_dataset(
+            "d",
+            rule=budget["rule"],
+            epsilon="4",
+            delta=budget.get("delta", 0),
+            accountant=budget["accountant"],
+            geometric=budget.get("geometric"),
+        )["id"]
+        task = client.create_task(ds, "t")["id"]
+        b = [
+            x["id"]
+            for x in client.create_batches(
+                ds, task, [{"name": f"b{i}", "records": [f"r{i}"]} for i in range(4)]
+            )["data"]
+        ]
+        versions = iter(range(1, 100))
+
+        def commit(rid: str, event: Any = None) -> None:
+            client.commit(rid, model="m", version=next(versions), event=event)
+
+        first = client.reserve(ds, SelfComposedEvent(step, 4), batches=b[:2] if not parallel else b[:1])["id"]
+        second = client.reserve(ds, step, batches=b[1:3] if not parallel else b[1:2])["id"]
+        dropped = client.reserve(ds, step, batches=[b[2]] if parallel else [b[0]])["id"]
+        client.abort(dropped)
+        commit(first, SelfComposedEvent(step, 2))  # progressive: the run so far
+        held = client.reserve(ds, step, batches=[b[3]] if parallel else b[:3])["id"]
+        commit(second)
+        commit(first)
+        client.abort(held)
+        if not parallel:
+            commit(client.reserve(ds, step, batches=b)["id"])
+        if budget["rule"] == "lifelong":
+            commit(client.reserve(ds, PureDpEvent(0.5), batches=b[:2], noise_commitment="c")["id"])
+            commit(client.reserve(ds, PureDpEvent(0.5), batches=b[1:3], noise_commitment="c")["id"])
+        path = tmp_path / "lived.json"
+        assert main(["export", "--url", url, "--key", viewer, "--dataset", ds, "-o", str(path)]) == 0
+        keys = client.signing_keys()
+    bundle = json.loads(path.read_text())
+    result = _check(bundle, tmp_path, capsys, *_pinned(keys, tmp_path), rehash=False)
+    assert result.code == 0, json.dumps(result.report, indent=1)
+    assert result.report["summary"]["epsilon_recomputed"] == bundle["spend"]["epsilon_spent"]
+    assert result.check("history")["detail"].startswith(f"{len(bundle['certificates'])} settlement(s)")
