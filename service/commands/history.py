@@ -171,7 +171,7 @@ class _Mismatches:
             more = f" and {count - len(named)} more" if count > len(named) else ""
             out.append(
                 f"certificate {cid}: {what} of batch(es) {', '.join(named)}{more} is not the state "
-                "the chain's history left them in (an invented earlier state)"
+                "the chain's history left them in (a state invented, or an earlier settlement altered)"
             )
         return out
 

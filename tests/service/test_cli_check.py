@@ -493,7 +493,10 @@ def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
     code, failed, problems = verdicts(forged)
     # the history catches it too: the next certificate on its batch started from the genuine state
     assert (code, failed) == (1, {"history": False, "signatures": False})
-    assert "state_before of batch(es)" in problems and "(an invented earlier state)" in problems
+    assert (
+        "state_before of batch(es)" in problems
+        and "(a state invented, or an earlier settlement altered)" in problems
+    )
     first = forged["certificates"][0]["id"]
     assert f"certificate {first}: certificate.signature does not verify under key {key.key_id}" in problems
     assert "audit head (entry" in problems and "audit head.signature does not verify" in problems
