@@ -565,7 +565,7 @@ def _audit(bundle: Json) -> Finding:
     audit = bundle["audit"]
     verdict = audit["verify"]
     problems: list[str] = []
-    if not verdict.get("ok"):
+    if verdict.get("ok") is not True:
         problems.append(
             f"the server's audit verification failed at entry {verdict.get('first_broken')} "
             f"(chain {verdict.get('chain')!r}, position {verdict.get('chain_seq')}): {verdict.get('reason')}"

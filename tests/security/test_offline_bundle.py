@@ -4,8 +4,8 @@ A dataset (sequential, basic, ε budget 10) with one batch and three signed comm
 and 0.25: 4.75 spent. The issue's forgery — the last two certificates dropped, ``audit.entries``
 and ``audit.head`` nulled, ``audit.verify`` set to ok, the spend lowered to 0.5 and the bundle
 hash recomputed — passed with the signing key pinned; it now fails. The recomputed spend is what
-``--max-epsilon`` tests. Every field of the bundle is then removed, nulled, duplicated and
-reordered in turn: each edit fails the check (exit 1) or is refused (exit 2), except the ones
+``--max-epsilon`` tests. Every field of the bundle is then removed, nulled, duplicated,
+reordered and retyped in turn: each edit fails the check (exit 1) or is refused (exit 2), except the ones
 listed in ``HARMLESS``, each with the reason it cannot change what the check certifies (those
 pass with the genuine spend, 4.75, recomputed).
 
@@ -316,7 +316,7 @@ def test_an_invented_earlier_state_is_caught_by_the_history(
 # ---------------------------------------------------------------------------------------------
 
 Path_ = tuple[str | int, ...]
-MUTATIONS = ("removed", "nulled", "duplicated", "reordered")
+MUTATIONS = ("removed", "nulled", "duplicated", "reordered", "retyped")
 
 # Fields of the bundle, by pattern ("*": every key or index there), down to each field of each
 # certificate's body, audit entry, batch list and registry version; deeper inside a certificate
@@ -356,9 +356,9 @@ FIELDS = (
 # The edits that pass, and why they cannot change what the check certifies (each still passes
 # with the genuine 4.75 recomputed; a regex over "path:mutation").
 HARMLESS: dict[str, str] = {
-    r"(exported_at|source):(removed|nulled)": "informational: no check reads when or where from",
-    r"spend\.ledger_version:(removed|nulled)": "informational: the server's version",
-    r"dataset\.(name|created_at|updated_at|data_source|tenant_id):(removed|nulled)": (
+    r"(exported_at|source):(removed|nulled|retyped)": "informational: no check reads when or where from",
+    r"spend\.ledger_version:(removed|nulled|retyped)": "informational: the server's version",
+    r"dataset\.(name|created_at|updated_at|data_source|tenant_id):(removed|nulled|retyped)": (
         "informational: the certificates, the chain and the history never read them"
     ),
     r"spend\.(epsilon_remaining|delta_remaining|naive_sequential_epsilon|tasks|batches|"
@@ -369,14 +369,14 @@ HARMLESS: dict[str, str] = {
     ),
     r"certificates:reordered": "the history walks the certificates in the chain's order, not the list's",
     r"certificates\.\d+\.(created_at|tenant_id|dataset_id|reservation_id|release_id|signed)"
-    r":(removed|nulled)": "the stored row's copies: the check reads the signed body",
-    r"audit\.entries\.\d+\.seq:(removed|nulled)": "the database's row number: not hashed, never read",
+    r":(removed|nulled|retyped)": "the stored row's copies: the check reads the signed body",
+    r"audit\.entries\.\d+\.seq:(removed|nulled|retyped)": "the database's row number: not hashed, never read",
     r"audit\.verify\.(entries|first_broken|chain|chain_seq|reason|head):\w+": (
         "the server's own verdict is reported, never trusted: the chain is recomputed and its "
         "head's signature checked"
     ),
     r"signing_keys(\.\w+)*(\.\d+)?:\w+": "the keys are pinned: the bundle's own are not used",
-    r"models:(removed|nulled)|models\.m:removed": (
+    r"models:(removed|nulled|retyped)|models\.m:(removed|retyped)": (
         "no registry version is published on this dataset (the releases are certificates)"
     ),
     r"batch_sets\.res_\w+:reordered": "the batch list is hashed sorted (batch_set_hash)",
@@ -417,6 +417,8 @@ def _mutate(bundle: Json, path: Path_, mutation: str) -> bool:
         if node is None:
             return False  # already null
         parent[key] = None
+    elif mutation == "retyped":  # beyond the four: a value of another JSON type
+        parent[key] = [] if isinstance(node, dict) else {} if isinstance(node, list) else [node]
     elif mutation == "duplicated":
         if isinstance(parent, list):
             parent.insert(key, copy.deepcopy(node))  # type: ignore[arg-type]
