@@ -75,6 +75,7 @@ CLIENT_SIDE = (
     "service/commands/epsilon.py",
     "service/commands/check.py",
     "service/commands/export.py",
+    "service/commands/history.py",
     "service/commands/model_card.py",
     "service/ledger/signing.py",
     "service/ledger/audit_hash.py",

@@ -7,6 +7,7 @@
     ledger check --bundle ledger.json [--model NAME] [--max-epsilon 2.0] [--json]
     ledger check ... --pin ledger-2026-11-01.json   # today's ledger must extend that export
     ledger check --bundle ledger.json --trusted-keys signing-keys.json   # pin the signer
+    ledger check --bundle ledger.json --allow-unverified-signer          # exit 0 on the bundle's own keys
 
 Online, it reads the dataset's ledger over HTTP API v1 into the same bundle ``ledger export``
 writes (``service.commands.export.collect``); with ``--bundle`` it reads an exported one and
@@ -19,28 +20,39 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``releases``
     every published version has a committed certificate: each release a certificate names is
     unique, and each model-registry version trained on the dataset (``--model``: of that model)
-    points at a certificate of this dataset that certifies exactly that ``{model, version}``.
+    points at a certificate of this dataset that certifies exactly that ``{model, version}``;
+    every ``model_version.published`` entry of the chain is in the bundle's registry (none left
+    out). A certificate with ``release: null`` (a settled abort or expiry) releases nothing.
     ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
 ``artifacts`` (online only)
     every registry version's bytes, downloaded, have the SHA-256 its signed certificate states
     for the release (``release.artifact_sha256``), and so does the version record; versions whose
     certificate states none (published before releases did) are counted, not failed.
 ``budget``
-    spend ≤ budget under the dataset's rule: the ε and δ spent — the larger of what the server
-    reports and what the certificates prove (the maximum over batches of their committed state,
-    parallel composition) — are within the budget; a server reporting less than its certificates
-    prove fails too.
+    spend ≤ budget under the dataset's rule: the ε and δ spent — the largest of what the server
+    reports, what the certificates state and what the history adds up to — are within the budget;
+    the spend is of this dataset, rule, accountant and budget; a server reporting less than its
+    certificates prove fails too.
 ``audit chain``
-    the server's verdict (``GET /v1/audit/verify``) is ``ok``; the chain's entries are recomputed
-    hash by hash from the genesis hash to the head (``service.ledger.audit_hash.entry_hash``); every
-    certificate is recorded, with its content hash, by a ``reservation.committed`` entry (or, for
-    the charge of an aborted or expired reservation, ``reservation.aborted`` /
-    ``reservation.expired``), and every such entry's certificate is present (none hidden, none
-    added). A certificate whose ``outcome`` is ``aborted`` or ``expired`` releases nothing: it
-    counts in the budget, not in ``releases``.
+    the chain and its head are present (a bundle without them fails: whoever edits a bundle also
+    writes the server's verdict in it); the server's verdict (``GET /v1/audit/verify``) is ``ok``;
+    the chain's entries are recomputed hash by hash from the genesis hash to the head
+    (``service.ledger.audit_hash.entry_hash``); certificates and anchoring entries are one to one
+    (``service.commands.history.anchors``: an entry whose payload carries a ``certificate_id`` and
+    a ``content_hash`` anchors that certificate — ``reservation.committed``, and an abort or
+    expiry that settles a charge; each certificate anchored once, with its hash, and listed once).
+``history``
+    the history proven along the chain (``service.commands.history``): per batch, from the empty
+    state, each certificate's ``state_at_reserve`` is the state the batch was in at its
+    reservation's ``reservation.reserved`` entry and its ``state_before`` the state the previous
+    settlement left (plan segment closes replayed), compared on what only settlements move; the
+    ε and δ spent recomputed from it (maximum over batches) equal the spend the bundle states.
+    This is what catches a certificate built on an invented earlier state, which
+    ``accountant.certificates.verify`` alone accepts.
 ``max epsilon`` (``--max-epsilon E``)
-    a stricter bound: the dataset's ε spent (with ``--model``: the largest ε any of the model's
-    certificates states) is ≤ E.
+    a stricter bound: the dataset's ε spent *as the history recomputes it* (never a stated
+    figure; a history that does not hold proves none, and the check fails) is ≤ E; with
+    ``--model``: the largest ε any of the model's certificates states.
 ``privacy audit`` (only where a version carries one, ``dp_sgd_audit``)
     every audited version's ε lower bound (one-run auditing, ``accountant.auditing``), recomputed
     here at its certificate's δ from the audit's counts, is at most the ε its certificate states
@@ -53,9 +65,12 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     recomputes the bundle hash: every other check passes on it. Trusted keys are the *pinned*
     ones (``--trusted-key KEYID:BASE64``, repeatable, or ``--trusted-keys FILE``, the JSON of
     ``GET /.well-known/privacy-ledger/signing-keys`` fetched from the server itself); without
-    them, the keys the bundle (or the server, online) declares, which only shows the bundle is
-    self-consistent, and the report says so. An unsigned certificate (issued before the ledger
-    signed) fails: nothing shows the server issued it.
+    them, the keys the server declares (online: the server the check itself connected to) or the
+    bundle declares. The bundle's own keys only show it is self-consistent — anyone can re-sign
+    a forgery and declare their key — so offline without a pinned key the check reads
+    ``UNVERIFIED SIGNER`` and exits 1 unless ``--allow-unverified-signer`` is passed. The audit
+    head must be present and signed. An unsigned certificate (issued before the ledger signed)
+    fails: nothing shows the server issued it.
 ``bundle`` (``--bundle`` only)
     the bundle's own hash matches (damage or an edit without recomputing it).
 ``pin`` (``--pin OLD_BUNDLE``, repeatable)
@@ -67,9 +82,20 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     was cut *and* whose stored head was rewritten to match: ``ledger verify`` and the ``audit
     chain`` check pass on such a database, the pin does not.
 
-Exit 0 when every check holds; 1 when a guarantee fails (a summary on stdout, or a JSON report
-with ``--json``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key or
-an unknown dataset.
+Each check reads ``PASS``, ``FAIL`` or (``signatures`` of a bundle with no pinned key)
+``UNVERIFIED SIGNER``; the last line is ``result: PASS``, ``result: FAIL (n of m checks failed)``,
+``result: UNVERIFIED SIGNER (…)`` or ``result: PASS (signer unverified, allowed by
+--allow-unverified-signer)``. Exit 0 when every check holds under a pinned (or, online, the
+server's) signer, or with ``--allow-unverified-signer``; 1 when a guarantee fails or the signer is
+unverified (a summary on stdout, or a JSON report with ``--json``: ``ok``, ``result``, each
+check's ``status``); 2 on usage errors, an unreadable bundle, an unreachable server, a refused key
+or an unknown dataset.
+
+What an offline check cannot prove: that a bundle is the *latest* — an older genuine bundle
+passes as of when it was exported (pin its successor to it with ``--pin``, or compare its
+``audit.head`` with the live server's); and the parts of a batch's state that other reservations
+move between certificates (held amounts, reads, levels, plan position), which only
+``accountant.certificates.verify`` checks within each certificate.
 """
 
 from __future__ import annotations
@@ -78,7 +104,7 @@ import argparse
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
@@ -91,9 +117,9 @@ from service.commands.export import (
     BUNDLE_VERSION,
     add_connection_arguments,
     bundle_hash,
-    committed_certificate_id,
     connection_error,
 )
+from service.commands.history import History, anchored_certificate_id, anchors, prove
 
 if TYPE_CHECKING:
     from service.client import LedgerClient
@@ -110,9 +136,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "check",
         help="CI gate: exit 1 when a dataset's privacy guarantees do not hold",
-        description="Verify a dataset's certificates, releases, budget and audit chain, online "
-        "(--url/--key/--dataset) or on an exported bundle (--bundle). Exit 0: all hold; "
-        "1: a guarantee fails; 2: usage or connection error.",
+        description="Verify a dataset's certificates, releases, budget, audit chain and history, "
+        "online (--url/--key/--dataset) or on an exported bundle (--bundle). Each check prints "
+        "PASS, FAIL or UNVERIFIED SIGNER (a bundle checked without --trusted-key(s): signed only "
+        "by keys it declares itself). Exit 0: all hold (a bundle: under a pinned key, or with "
+        "--allow-unverified-signer); 1: a guarantee fails or the signer is unverified; 2: usage "
+        "or connection error.",
     )
     add_connection_arguments(parser)
     parser.add_argument("--dataset", help="dataset id (required online)")
@@ -120,7 +149,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", help="check the published versions of this model")
     parser.add_argument(
         "--max-epsilon",
-        help="fail when the dataset's (or --model's) epsilon exceeds this stricter bound",
+        help="fail when the dataset's epsilon spent, as recomputed from the certificates' history "
+        "(or the largest epsilon certified for --model), exceeds this stricter bound",
     )
     parser.add_argument(
         "--pin",
@@ -138,12 +168,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEYID:BASE64",
         help="pin a signing key the certificates and the audit head must be signed by (a key of "
         "GET /.well-known/privacy-ledger/signing-keys; repeatable). Without a pinned key, the keys "
-        "the bundle or server declares are used and the report says the signer is self-declared",
+        "the bundle or server declares are used; a bundle's own keys make it UNVERIFIED SIGNER "
+        "(exit 1 unless --allow-unverified-signer)",
     )
     parser.add_argument(
         "--trusted-keys",
         metavar="FILE",
         help="pin every key of this JSON file, as GET /.well-known/privacy-ledger/signing-keys answers it",
+    )
+    parser.add_argument(
+        "--allow-unverified-signer",
+        action="store_true",
+        help="with --bundle and no pinned key: exit 0 although the signer is only the one the "
+        "bundle declares (the report still says UNVERIFIED SIGNER); without this flag such a "
+        "bundle exits 1",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(handler=run)
@@ -156,13 +194,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 @dataclass
 class Finding:
+    """One check's verdict. ``unverified``: it holds, but only under keys the bundle declares
+    itself (the ``signatures`` check of a bundle with no pinned key): ``UNVERIFIED SIGNER``."""
+
     name: str
     ok: bool
     detail: str
     problems: list[str] = field(default_factory=list)
+    unverified: bool = False
+
+    @property
+    def status(self) -> str:
+        if not self.ok:
+            return "FAIL"
+        return "UNVERIFIED SIGNER" if self.unverified else "PASS"
 
     def to_json(self) -> Json:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail, "problems": self.problems}
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "status": self.status,
+            "detail": self.detail,
+            "problems": self.problems,
+        }
 
 
 @dataclass
@@ -172,14 +226,22 @@ class Report:
     mode: str  # online | bundle
     findings: list[Finding]
     summary: Json
+    allow_unverified_signer: bool = False
+
+    @property
+    def unverified(self) -> bool:
+        """Whether a check holds only under a self-declared signer."""
+        return any(f.unverified for f in self.findings)
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.findings)
+        """Exit 0: every check holds, under a pinned signer or with the explicit flag."""
+        return all(f.ok for f in self.findings) and (self.allow_unverified_signer or not self.unverified)
 
     def to_json(self) -> Json:
         return {
             "ok": self.ok,
+            "result": self.verdict,
             "dataset_id": self.dataset_id,
             "mode": self.mode,
             "source": self.source,
@@ -196,16 +258,29 @@ class Report:
             f"from {self.source}"
         ]
         for f in self.findings:
-            lines.append(f"  {'PASS' if f.ok else 'FAIL'}  {f.name:<13} {f.detail}")
+            lines.append(f"  {f.status}  {f.name:<13} {f.detail}")
             problems = [p for p in f.problems if p != f.detail]
             shown = problems[:10]
             lines.extend(f"          - {p}" for p in shown)
             if len(problems) > len(shown):
                 lines.append(f"          ... and {len(problems) - len(shown)} more")
-        failed = sum(not f.ok for f in self.findings)
-        verdict = "PASS" if failed == 0 else f"FAIL ({failed} of {len(self.findings)} checks failed)"
-        lines.append(f"result: {verdict}")
+        lines.append(f"result: {self.verdict}")
         return "\n".join(lines)
+
+    @property
+    def verdict(self) -> str:
+        """``FAIL (…)``, ``UNVERIFIED SIGNER (…)`` or ``PASS``: the report's last line."""
+        failed = sum(not f.ok for f in self.findings)
+        if failed:
+            return f"FAIL ({failed} of {len(self.findings)} checks failed)"
+        if self.unverified and not self.allow_unverified_signer:
+            return (
+                "UNVERIFIED SIGNER (every check holds under keys the bundle declares itself; pin "
+                "the server's keys with --trusted-keys, or pass --allow-unverified-signer)"
+            )
+        if self.unverified:
+            return "PASS (signer unverified, allowed by --allow-unverified-signer)"
+        return "PASS"
 
 
 def _number(value: object, what: str) -> Decimal:
@@ -281,18 +356,51 @@ def _release_key(release: object) -> tuple[str, str]:
     return str(release["model"]), str(release["version"])
 
 
+def _released(certificate: Json) -> tuple[str, str] | None:
+    """The ``{model, version}`` a certificate releases; ``None`` for one that settles a charge
+    with no release (an abort or expiry charged what could have run: ``release: null``)."""
+    release = certificate["certificate"]["release"]
+    return None if release is None else _release_key(release)
+
+
+def _published(bundle: Json, registry: Mapping[str, list[Json]]) -> list[str]:
+    """Every ``model_version.published`` entry of the chain is in the bundle's registry, with
+    the certificate it was published with: a version cannot be left out of the bundle."""
+    entries = (bundle.get("audit") or {}).get("entries")
+    if not isinstance(entries, list):
+        return []  # the audit chain check fails the bundle
+    listed = {
+        (name, str(v.get("version")), v.get("certificate_id"))
+        for name, versions in registry.items()
+        for v in versions or []
+    }
+    problems = []
+    for entry in entries:
+        if entry.get("event_type") != "model_version.published":
+            continue
+        payload = entry["payload"]
+        key = (str(payload.get("name")), str(payload.get("version")), payload.get("certificate_id"))
+        if key not in listed:
+            problems.append(
+                f"the audit chain records publishing {key[0]}/{key[1]} (entry {entry.get('chain_seq')}), "
+                "which the bundle's registry lacks"
+            )
+    return problems
+
+
 def _releases(bundle: Json, model: str | None) -> Finding:
     by_id = {c["id"]: c for c in bundle["certificates"]}
     problems: list[str] = []
     released: dict[tuple[str, str], str] = {}
     for c in bundle["certificates"]:
-        if c["certificate"].get("outcome", "released") != "released":
-            continue  # an aborted or expired reservation's charge: it releases nothing
-        key = _release_key(c["certificate"]["release"])
+        key = _released(c)
+        if key is None:
+            continue
         if key in released:
             problems.append(f"release {key[0]}/{key[1]} certified twice ({released[key]}, {c['id']})")
         released[key] = c["id"]
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    problems.extend(_published(bundle, registry))
     names = sorted(registry) if model is None else [model]
     checked = 0
     for name in names:
@@ -306,7 +414,7 @@ def _releases(bundle: Json, model: str | None) -> Finding:
                     f"registry version {label}: no committed certificate ({cid!r}) in this dataset"
                 )
                 continue
-            certified = _release_key(certificate["certificate"]["release"])
+            certified = _released(certificate) or ("(no release)", "-")
             if certified != (name, str(version.get("version"))):
                 problems.append(
                     f"registry version {label}: certificate {cid} certifies {certified[0]}/{certified[1]}"
@@ -408,22 +516,34 @@ def _segments(budget: Json) -> list[str]:
     return []
 
 
-def _budget(bundle: Json) -> Finding:
+def _budget(bundle: Json, history: History) -> Finding:
     budget = bundle["dataset"]["budget"]
     spend = bundle["spend"]
     epsilon = _number(budget["epsilon"], "budget.epsilon")
     delta = _number(budget["delta"], "budget.delta")
     eps_reported, delta_reported, eps_certified, delta_certified = _spent(bundle)
-    eps_spent = max(eps_reported, eps_certified)
-    delta_spent = max(delta_reported, delta_certified)
+    # The largest figure anything shows: stated, certified, or recomputed from the history.
+    eps_spent = max(eps_reported, eps_certified, history.epsilon_spent or Decimal(0))
+    delta_spent = max(delta_reported, delta_certified, history.delta_spent or Decimal(0))
     problems: list[str] = []
     if spend.get("rule") != budget["rule"]:
         problems.append(
             f"the spend is reported under rule {spend.get('rule')!r}, the budget's is {budget['rule']!r}"
         )
+    if spend.get("accountant") != budget["accountant"]:
+        problems.append(
+            f"the spend is reported under accountant {spend.get('accountant')!r}, the budget's is "
+            f"{budget['accountant']!r}"
+        )
+    if spend.get("dataset_id") != bundle["dataset"]["id"]:
+        problems.append(f"the spend is of dataset {spend.get('dataset_id')!r}")
     if _number(spend["epsilon_budget"], "spend.epsilon_budget") != epsilon:
         problems.append(
             f"the spend reports an epsilon budget of {spend['epsilon_budget']}, the dataset's is {epsilon}"
+        )
+    if _number(spend["delta_budget"], "spend.delta_budget") != delta:
+        problems.append(
+            f"the spend reports a delta budget of {spend['delta_budget']}, the dataset's is {delta}"
         )
     if budget.get("segments"):
         problems.extend(_segments(budget))
@@ -450,7 +570,7 @@ def _budget(bundle: Json) -> Finding:
     return Finding("budget", not problems, detail, problems)
 
 
-def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[str]:
+def _recompute_chain(dataset_id: str, head: Mapping[str, Any], entries: list[Json]) -> list[str]:
     from service.ledger.audit_hash import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH
@@ -483,28 +603,6 @@ def _recompute_chain(dataset_id: str, head: Json, entries: list[Json]) -> list[s
     return []
 
 
-def _anchoring(certificates: Iterable[Json], entries: list[Json]) -> list[str]:
-    """Certificates ↔ ``reservation.committed`` entries, both ways, with matching hashes."""
-    recorded: dict[str, str | None] = {}
-    for entry in entries:
-        cid = committed_certificate_id(entry)
-        if cid is not None:
-            recorded[cid] = entry["payload"].get("content_hash")
-    problems: list[str] = []
-    present = set()
-    for c in certificates:
-        present.add(c["id"])
-        if c["id"] not in recorded:
-            problems.append(f"certificate {c['id']}: no reservation.committed entry records it")
-        elif recorded[c["id"]] != c["certificate"].get("hash"):
-            problems.append(f"certificate {c['id']}: its hash differs from the one the audit chain recorded")
-    problems.extend(
-        f"the audit chain records certificate {cid}, which is missing"
-        for cid in sorted(set(recorded) - present)
-    )
-    return problems
-
-
 def _declared_segments(budget: Json, entries: list[Json]) -> list[str]:
     """The budget's plan segments are the ones the chain recorded declaring (``plan.segment_declared``),
     in order: a segment left out of the exported budget, or one the chain never saw, is found."""
@@ -526,22 +624,27 @@ def _audit(bundle: Json) -> Finding:
     audit = bundle["audit"]
     verdict = audit["verify"]
     problems: list[str] = []
-    if not verdict.get("ok"):
+    if verdict.get("ok") is not True:
         problems.append(
             f"the server's audit verification failed at entry {verdict.get('first_broken')} "
             f"(chain {verdict.get('chain')!r}, position {verdict.get('chain_seq')}): {verdict.get('reason')}"
         )
-    entries = audit.get("entries")
-    if entries is None:
-        detail = "server verdict only: this server does not export audit entries"
-        return Finding("audit chain", not problems, detail, problems)
-    problems.extend(_recompute_chain(bundle["dataset"]["id"], audit["head"], entries))
-    problems.extend(_anchoring(bundle["certificates"], entries))
+    entries, head = audit.get("entries"), audit.get("head")
+    if not isinstance(entries, list) or not isinstance(head, Mapping):
+        # The server's verdict alone proves nothing offline: whoever edits the bundle writes it.
+        missing = "entries" if not isinstance(entries, list) else "head"
+        problems.append(
+            f"the bundle carries no audit {missing}: the chain from genesis to a signed head is "
+            "required to prove the history"
+        )
+        return Finding("audit chain", False, f"no audit {missing} to recompute", problems)
+    problems.extend(_recompute_chain(bundle["dataset"]["id"], head, entries))
+    problems.extend(anchors(bundle["certificates"], entries))
     problems.extend(_declared_segments(bundle["dataset"]["budget"], entries))
-    committed = sum(committed_certificate_id(e) is not None for e in entries)
+    anchoring = sum(anchored_certificate_id(e) is not None for e in entries)
     detail = (
-        f"{len(entries)} entries recomputed from genesis to the head, {committed} commit(s) "
-        "anchoring the certificates; server verdict " + ("ok" if verdict.get("ok") else "broken")
+        f"{len(entries)} entries recomputed from genesis to the head, {anchoring} anchoring the "
+        "certificates one to one; server verdict " + ("ok" if verdict.get("ok") else "broken")
     )
     return Finding("audit chain", not problems, detail, problems)
 
@@ -586,33 +689,37 @@ def _signatures(bundle: Json, trust: Trust, declared_by: str) -> Finding:
         if not check.ok:
             problems.append(f"certificate {stored.get('id')}: {check.reason}")
     head = bundle["audit"].get("head")
-    if head is not None:
+    if isinstance(head, Mapping):
         check = signing.check_head(bundle["dataset"]["id"], head, keys)
         checks.append(check)
         if not check.ok:
             problems.append(f"audit head (entry {head.get('chain_seq')}): {check.reason}")
+    else:
+        problems.append("the audit head is missing: nothing signed vouches for the chain")
     signers = ", ".join(signing.key_ids(c for c in checks if c.ok)) or "none"
-    what = f"{len(bundle['certificates'])} certificate(s)"
-    if head is not None:
-        what += " and the audit head"
+    what = f"{len(bundle['certificates'])} certificate(s) and the audit head"
     if problems:
         detail = f"{len(problems)} of the signatures of {what} do not verify; signer {trusted}"
     else:
         detail = f"{what} signed by key(s) {signers}, {trusted}"
-    return Finding("signatures", not problems, detail, problems)
+    # A bundle's own keys show only that it is self-consistent: anyone can re-sign a forgery.
+    unverified = trust.pinned is None and declared_by == "bundle"
+    return Finding("signatures", not problems, detail, problems, unverified=unverified)
 
 
-def _max_epsilon(bundle: Json, bound: Decimal, model: str | None) -> Finding:
+def _max_epsilon(bundle: Json, bound: Decimal, model: str | None, history: History) -> Finding:
     if model is None:
-        eps_reported, _, eps_certified, _ = _spent(bundle)
-        value, what = max(eps_reported, eps_certified), "the dataset's epsilon spent"
+        if history.epsilon_spent is None or history.problems:
+            # A history with a gap (a certificate missing, a state invented) proves no figure.
+            detail = "no epsilon spent proven by the history to compare (see the history check)"
+            return Finding("max epsilon", False, detail, [detail])
+        value, what = history.epsilon_spent, "the dataset's epsilon spent (recomputed)"
     else:
         value = max(
             (
                 _number(c["certificate"]["result"]["epsilon"], "result.epsilon")
                 for c in bundle["certificates"]
-                if c["certificate"].get("outcome", "released") == "released"
-                and _release_key(c["certificate"]["release"])[0] == model
+                if (_released(c) or ("", ""))[0] == model
             ),
             default=Decimal(0),
         )
@@ -729,6 +836,34 @@ def _pin(bundle: Json, old: Json, source: str) -> Finding:
     return Finding("pin", not problems, detail, problems)
 
 
+def _history(bundle: Json, history: History) -> Finding:
+    """The history replayed along the chain (``service.commands.history``) and the spend it adds
+    up to, which the stated spend must equal."""
+    problems = list(history.problems)
+    spend = bundle["spend"]
+    for name, recomputed in (("epsilon_spent", history.epsilon_spent), ("delta_spent", history.delta_spent)):
+        stated = _number(spend[name], f"spend.{name}")
+        if recomputed is not None and stated != recomputed:
+            problems.append(
+                f"the spend states {name} {stated}; the certificates' history adds up to {recomputed}"
+            )
+    if history.epsilon_spent is None:
+        return Finding("history", False, "no history to replay", problems)
+    detail = (
+        f"{history.settlements} settlement(s) chained per batch from the empty state over "
+        f"{history.batches} batch(es): epsilon spent {history.epsilon_spent}, delta spent "
+        f"{history.delta_spent} (max over batches)"
+    )
+    return Finding("history", not problems, detail, problems)
+
+
+def _proven(bundle: Json) -> History:
+    try:
+        return prove(bundle)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        return History([f"malformed ledger data: {type(exc).__name__}: {exc}"])
+
+
 def evaluate(
     bundle: Json,
     *,
@@ -739,12 +874,15 @@ def evaluate(
     pins: Mapping[str, Json] | None = None,
     trust: Trust | None = None,
     served: Mapping[tuple[str, str], str] | None = None,
+    allow_unverified_signer: bool = False,
 ) -> Report:
-    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds). ``pins``: bundles
-    exported earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its
-    signatures must verify under (default: the ones it declares); ``served`` (online): the
-    SHA-256 of each registry version's bytes as downloaded (the ``artifacts`` finding)."""
+    """Every check on ``bundle``: a ``Report`` (``ok`` iff every finding holds, and, for a
+    bundle, its signer is pinned or ``allow_unverified_signer``). ``pins``: bundles exported
+    earlier (by their file name) that ``bundle`` must extend; ``trust``: the keys its signatures
+    must verify under (default: the ones it declares); ``served`` (online): the SHA-256 of each
+    registry version's bytes as downloaded (the ``artifacts`` finding)."""
     trust = trust or Trust()
+    history = _proven(bundle)
     declared_by = "bundle" if mode == "bundle" else "server"
     findings: list[Finding] = []
     if mode == "bundle":
@@ -755,11 +893,12 @@ def evaluate(
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
     if served is not None:
         findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
-    findings.append(_guarded("budget", lambda: _budget(bundle)))
+    findings.append(_guarded("budget", lambda: _budget(bundle, history)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
+    findings.append(_guarded("history", lambda: _history(bundle, history)))
     findings.append(_guarded("signatures", lambda: _signatures(bundle, trust, declared_by)))
     if max_epsilon is not None:
-        findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model)))
+        findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model, history)))
     if _has_privacy_audits(bundle, model):  # only where a version was audited (dp_sgd_audit)
         findings.append(_guarded("privacy audit", lambda: _privacy_audits(bundle, model)))
     dataset = bundle.get("dataset") or {}
@@ -772,6 +911,8 @@ def evaluate(
         "delta_budget": budget.get("delta"),
         "epsilon_spent": spend.get("epsilon_spent"),
         "delta_spent": spend.get("delta_spent"),
+        "epsilon_recomputed": None if history.epsilon_spent is None else str(history.epsilon_spent),
+        "delta_recomputed": None if history.delta_spent is None else str(history.delta_spent),
         "naive_sequential_epsilon": spend.get("naive_sequential_epsilon"),
         "certificates": len(bundle.get("certificates") or []),
         "audit_entries": None
@@ -781,7 +922,7 @@ def evaluate(
         "max_epsilon": None if max_epsilon is None else str(max_epsilon),
         "signer_trust": "pinned" if trust.pinned is not None else "self-declared",
     }
-    return Report(str(dataset.get("id")), source, mode, findings, summary)
+    return Report(str(dataset.get("id")), source, mode, findings, summary, allow_unverified_signer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -865,6 +1006,7 @@ def _report(args: argparse.Namespace) -> Report:
             max_epsilon=max_epsilon,
             pins=pins,
             trust=trust,
+            allow_unverified_signer=args.allow_unverified_signer,
         )
 
     from service.client import LedgerClient, LedgerError
@@ -890,6 +1032,7 @@ def _report(args: argparse.Namespace) -> Report:
         pins=pins,
         trust=trust,
         served=served,
+        allow_unverified_signer=args.allow_unverified_signer,
     )
 
 

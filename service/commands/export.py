@@ -14,9 +14,10 @@ The bundle is composed from HTTP API v1 reads only (``service.client.LedgerClien
   (``GET /v1/reservations/{id}/batches``, all pages): what the certificate's ``batch_set``
   commits to (``accountant.certificates.check_batch_set``);
 * ``audit``: the dataset's hash chain — ``head`` and every ``entries`` row
-  (``GET /v1/datasets/{id}/audit``), so the chain can be recomputed offline — and the server's own
-  verdict (``GET /v1/audit/verify?dataset_id=…``). A server without the entries route still
-  exports; ``entries`` is then ``null`` and an offline check can only report the server's verdict;
+  (``GET /v1/datasets/{id}/audit``), so the chain can be recomputed offline and the history
+  replayed along it — and the server's own verdict (``GET /v1/audit/verify?dataset_id=…``). A
+  server without the entries route still exports; ``entries`` is then ``null`` and ``ledger
+  check`` fails the bundle: a verdict proves nothing offline;
 * ``models``: the model registry's versions of every model the certificates name (or
   ``--model``) that were trained on this dataset (``GET /v1/models/{name}/versions``);
 * ``signing_keys``: the server's public keys (``GET /.well-known/privacy-ledger/signing-keys``),
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from accountant.canonical import sha256_hex
+from service.commands.history import anchored_certificate_id
 
 if TYPE_CHECKING:
     from service.client import LedgerClient
@@ -52,6 +54,7 @@ BUNDLE_KIND: Final = "privacy-ledger/bundle"
 BUNDLE_VERSION: Final = 2  # 2: hashed with accountant.canonical (ASCII), signing keys included
 URL_ENV: Final = "LEDGER_URL"
 KEY_ENV: Final = "LEDGER_API_KEY"
+_CONSISTENT_READS: Final = 5  # rereads of spend and chain while the ledger moves under the export
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,19 +102,35 @@ def collect(client: LedgerClient, dataset_id: str, *, model: str | None = None) 
 
     Read in an order that keeps a live ledger's bundle consistent: certificates first, then the
     chain up to its current head (so it records every certificate read), then the certificate of
-    any commit the chain recorded meanwhile, and the spend last (so it covers every certificate).
+    any settlement the chain recorded meanwhile, and the spend; then the chain again: if it grew
+    while the spend was read, the new entries' certificates and the spend are read again, so the
+    spend is the one of the chain's head (``ledger check`` recomputes it from the certificates
+    the chain anchors and requires them equal).
     """
     dataset = client.get_dataset(dataset_id)
     certificates = list(client.iter_certificates(dataset_id))
     head, entries = read_chain(client, dataset_id)
     known = {c["id"] for c in certificates}
-    for entry in entries or ():
-        certificate_id = committed_certificate_id(entry)
-        if certificate_id is not None and certificate_id not in known:
-            certificates.append(client.get_certificate(certificate_id))
-            known.add(certificate_id)
     verdict = client.verify_audit(dataset_id)
-    spend = client.spend(dataset_id)
+
+    def read_anchored() -> None:
+        for entry in entries or ():
+            certificate_id = anchored_certificate_id(entry)
+            if certificate_id is not None and certificate_id not in known:
+                certificates.append(client.get_certificate(certificate_id))
+                known.add(certificate_id)
+
+    for _ in range(_CONSISTENT_READS):
+        read_anchored()
+        spend = client.spend(dataset_id)
+        if entries is None:
+            break
+        later_head, later = read_chain(client, dataset_id, after=len(entries))
+        if not later:
+            break
+        head, entries = later_head, [*entries, *later]
+        verdict = client.verify_audit(dataset_id)
+    read_anchored()  # a ledger still moving: its bundle's spend may lag the chain (check fails)
     keys = signing_keys(client)
     models = registry_versions(client, dataset_id, model_names(certificates, model))
     # The batches each certificate's ``batch_set`` commits to (version 2), once per reservation.
@@ -148,34 +167,20 @@ def signing_keys(client: LedgerClient) -> dict[str, Any] | None:
         return None
 
 
-# The entries that record a certificate: a commit, and since issue 24 §2 the charge of an aborted
-# or expired reservation (whose entry has no certificate when the built-in worker was refunded).
-CHARGE_ENTRIES = frozenset({"reservation.committed", "reservation.aborted", "reservation.expired"})
-
-
-def committed_certificate_id(entry: dict[str, Any]) -> str | None:
-    """The certificate a charge's audit entry recorded (``CHARGE_ENTRIES``; ``None`` otherwise)."""
-    if entry.get("event_type") not in CHARGE_ENTRIES:
-        return None
-    payload = entry.get("payload")
-    value = payload.get("certificate_id") if isinstance(payload, dict) else None
-    return str(value) if value is not None else None
-
-
 def read_chain(
-    client: LedgerClient, dataset_id: str
+    client: LedgerClient, dataset_id: str, *, after: int = 0
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
-    """The dataset's chain head and every entry up to it, or ``(None, None)`` from a server
-    without ``GET /v1/datasets/{id}/audit`` (the dataset was found, so a 404 is the route)."""
+    """The dataset's chain head and every entry after entry ``after`` up to it, or ``(None,
+    None)`` from a server without ``GET /v1/datasets/{id}/audit`` (the dataset was found, so a
+    404 is the route)."""
     from service.client import NotFound
 
     entries: list[dict[str, Any]] = []
-    after = 0
     while True:
         try:
             page = client.audit_entries(dataset_id, after=after, limit=1000)
         except NotFound:
-            if after == 0:
+            if not entries:
                 return None, None
             raise
         entries.extend(page["data"])

@@ -257,7 +257,8 @@ def _groups(db: Database, dataset_id: str, target: _Target) -> list[tuple[StateG
     where = {"batches": Batch.id.in_(ids), "tasks": Batch.task_id.in_(ids), "dataset": None}[target.on]
     groups = state_groups(db.read_all(*state_groups_query(dataset_id, where)))
     if target.on == "batches" and sum(g.batches for g in groups) != len(ids):
-        found = {r.id for r in db.read_all(select(Batch.id).where(Batch.dataset_id == dataset_id, where))}
+        in_ids = Batch.id.in_(ids)  # target "batches": where is this clause
+        found = {r.id for r in db.read_all(select(Batch.id).where(Batch.dataset_id == dataset_id, in_ids))}
         raise NotFound("batch", next(i for i in ids if i not in found))
     if target.on == "tasks":
         query = select(Task.id).where(Task.dataset_id == dataset_id, Task.id.in_(ids))

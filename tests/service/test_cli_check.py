@@ -130,6 +130,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
         "artifacts": True,
         "budget": True,
         "audit chain": True,
+        "history": True,
         "signatures": True,
         "max epsilon": True,
     }
@@ -174,6 +175,7 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
         "artifacts": True,
         "budget": True,
         "audit chain": True,
+        "history": True,  # the states it certifies were left alone
         "signatures": True,  # the signature is over the stored hash, which the edit left alone
     }
 
@@ -283,26 +285,36 @@ def test_export_then_check_the_bundle_offline(
     )
     assert [v["version"] for v in bundle["models"]["mlp"]] == [1] and bundle["models"]["probe"] == []
 
-    code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+    keys = tmp_path / "signing-keys.json"
+    keys.write_text(json.dumps(bundle["signing_keys"]))  # as if fetched from the server itself
+    code, out, _ = run(["check", "--bundle", str(path), "--json", "--trusted-keys", str(keys)], capsys)
     assert code == 0, out
-    assert json.loads(out)["mode"] == "bundle"
+    assert json.loads(out)["mode"] == "bundle" and json.loads(out)["result"] == "PASS"
     assert checks(out) == {
         "bundle": True,
         "certificates": True,
         "releases": True,
         "budget": True,
         "audit chain": True,
+        "history": True,
         "signatures": True,
     }
-    code, out, _ = run(["check", "--bundle", str(path), "--max-epsilon", "0.45"], capsys)
+    history = next(c for c in json.loads(out)["checks"] if c["name"] == "history")
+    assert history["detail"].startswith("4 settlement(s) chained per batch from the empty state over 3")
+    code, out, _ = run(
+        ["check", "--bundle", str(path), "--trusted-keys", str(keys), "--max-epsilon", "0.45"], capsys
+    )
     assert code == 1 and "0.5 > 0.45" in out
 
-    # a bundle from a server that does not export audit entries: the server's verdict only
+    # Issue 24 §1 (changed behaviour): a bundle from a server that does not export audit
+    # entries used to pass on the server's verdict alone; whoever edits a bundle writes that
+    # verdict, so the chain and its signed head are now required.
     bundle["audit"].update(entries=None, head=None)
     write(path, bundle)
-    code, out, _ = run(["check", "--bundle", str(path)], capsys)
-    assert code == 0, out
-    assert "server verdict only" in out
+    code, out, _ = run(["check", "--bundle", str(path), "--trusted-keys", str(keys)], capsys)
+    assert code == 1, out
+    assert "FAIL  audit chain   no audit entries to recompute" in out
+    assert "FAIL  history" in out and "FAIL  signatures" in out
 
 
 @SQLITE_ONLY
@@ -316,13 +328,14 @@ def test_a_tampered_bundle_fails(
         bundle = copy.deepcopy(original)
         edit(bundle)
         write(path, bundle, rehash=rehash)
-        code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+        # (the signer is the bundle's own here: exit 1 must come from a failed check)
+        code, out, _ = run(["check", "--bundle", str(path), "--json", "--allow-unverified-signer"], capsys)
         assert code == 1, out
         return {name: ok for name, ok in checks(out).items() if not ok}
 
     # an edit without a recomputed bundle hash
     unhashed = failing(lambda b: b["spend"].update(epsilon_spent="0.1"), rehash=False)
-    assert unhashed == {"bundle": False, "budget": False}
+    assert unhashed == {"bundle": False, "budget": False, "history": False}
 
     # a certificate made to state less: its hash breaks, and the chain recorded the old hash
     def cheaper(b: dict[str, Any]) -> None:
@@ -331,10 +344,10 @@ def test_a_tampered_bundle_fails(
     assert failing(cheaper) == {"certificates": False}
 
     # a certificate hidden from the bundle: the chain's commit entry still names it
-    assert failing(lambda b: b["certificates"].pop()) == {"audit chain": False}
+    assert failing(lambda b: b["certificates"].pop()) == {"audit chain": False, "history": False}
 
     # spend under-reported: the certificates prove more
-    assert failing(lambda b: b["spend"].update(epsilon_spent="0.25")) == {"budget": False}
+    assert failing(lambda b: b["spend"].update(epsilon_spent="0.25")) == {"budget": False, "history": False}
 
     # an audit entry edited, or the chain cut short
     def edited(b: dict[str, Any]) -> None:
@@ -348,6 +361,9 @@ def test_a_tampered_bundle_fails(
         b["models"]["mlp"][0]["certificate_id"] = "cert_elsewhere"
 
     assert failing(orphan) == {"releases": False}
+    # a published registry version left out of the bundle: the chain recorded publishing it
+    assert failing(lambda b: b["models"]["mlp"].pop()) == {"releases": False}
+    assert failing(lambda b: b.update(models={})) == {"releases": False}
 
     # a structurally broken bundle fails rather than crashes
     assert "budget" in failing(lambda b: b.pop("spend"))
@@ -414,7 +430,8 @@ def _rechain(bundle: dict[str, Any]) -> None:
 
 def _forge_first_certificate(bundle: dict[str, Any]) -> None:
     """The first certificate re-issued for a cheaper charge (hash recomputed), the chain entry that
-    recorded its hash edited and the chain recomputed: every check but the signatures holds."""
+    recorded its hash edited and the chain recomputed: every check holds but the signatures and
+    the history (a later certificate on its batch starts from the genuine state)."""
     from tests.service.api.test_signatures import forge
 
     stored = bundle["certificates"][0]
@@ -422,7 +439,7 @@ def _forge_first_certificate(bundle: dict[str, Any]) -> None:
     forged = {**forge(genuine, 0.0625), "signature": genuine["signature"]}
     stored["certificate"], stored["content_hash"] = forged, forged["hash"]
     for entry in bundle["audit"]["entries"]:
-        if entry["payload"].get("certificate_id") == stored["id"]:
+        if entry["payload"].get("certificate_id") == stored["id"] and "content_hash" in entry["payload"]:
             entry["payload"]["content_hash"] = forged["hash"]
     _rechain(bundle)
 
@@ -443,18 +460,27 @@ def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
     (key,) = signing.keys_from_json(served_keys, "keys").values()
     pinned_key = f"{key.key_id}:{base64.b64encode(key.raw).decode()}"
 
-    # intact: self-declared unless pinned, and the report says which
+    # intact: self-declared unless pinned, and the report says which; a self-declared signer
+    # exits 1 (UNVERIFIED SIGNER) unless the caller says --allow-unverified-signer (issue 24 §1)
     code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
-    assert code == 0, out
+    assert code == 1, out
     report = json.loads(out)
-    detail = next(c["detail"] for c in report["checks"] if c["name"] == "signatures")
+    assert report["ok"] is False and report["result"].startswith("UNVERIFIED SIGNER")
+    signatures = next(c for c in report["checks"] if c["name"] == "signatures")
+    assert (signatures["ok"], signatures["status"]) == (True, "UNVERIFIED SIGNER")
+    detail = signatures["detail"]
     assert detail.startswith(f"4 certificate(s) and the audit head signed by key(s) {key.key_id}")
     assert "self-declared by the bundle, not pinned" in detail
     assert report["summary"]["signer_trust"] == "self-declared"
+    code, out, _ = run(["check", "--bundle", str(path)], capsys)
+    assert code == 1 and "  UNVERIFIED SIGNER  signatures" in out and "result: UNVERIFIED SIGNER" in out
+    code, out, _ = run(["check", "--bundle", str(path), "--allow-unverified-signer"], capsys)
+    assert code == 0, out
+    assert "result: PASS (signer unverified, allowed by --allow-unverified-signer)" in out
     for pin in (["--trusted-keys", str(keys_file)], ["--trusted-key", pinned_key]):
         code, out, _ = run(["check", "--bundle", str(path), *pin], capsys)
         assert code == 0, out
-        assert "PASS  signatures" in out and "pinned (--trusted-key" in out
+        assert "PASS  signatures" in out and "pinned (--trusted-key" in out and "result: PASS\n" in out + "\n"
 
     def verdicts(bundle: dict[str, Any], *extra: str) -> tuple[int, dict[str, bool], str]:
         write(path, bundle)
@@ -467,14 +493,21 @@ def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
     forged = copy.deepcopy(original)
     _forge_first_certificate(forged)
     code, failed, problems = verdicts(forged)
-    assert (code, failed) == (1, {"signatures": False})
+    # the history catches it too: the next certificate on its batch started from the genuine state
+    assert (code, failed) == (1, {"history": False, "signatures": False})
+    assert (
+        "state_before of batch(es)" in problems
+        and "(a state invented, or an earlier settlement altered)" in problems
+    )
     first = forged["certificates"][0]["id"]
     assert f"certificate {first}: certificate.signature does not verify under key {key.key_id}" in problems
     assert "audit head (entry" in problems and "audit head.signature does not verify" in problems
 
-    # ... re-signed with the forger's own key, which the bundle now declares: the bundle is
-    # self-consistent, which is all a self-declared key shows; the pinned key refuses it
+    # every certificate and the head re-signed with another key, which the bundle now declares:
+    # the bundle is self-consistent, which is all a self-declared key shows (UNVERIFIED SIGNER,
+    # exit 1 unless explicitly allowed, issue 24 §1); the pinned key refuses it
     own = signing.SigningKey.generate()
+    forged = copy.deepcopy(original)
     for stored in forged["certificates"]:
         stored["certificate"] = signing.sign_certificate(stored["certificate"], own)
     head = forged["audit"]["head"]
@@ -483,6 +516,8 @@ def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
     )
     forged["signing_keys"] = {"keys": [own.public.to_json()]}
     code, failed, _ = verdicts(forged)
+    assert (code, failed) == (1, {})
+    code, failed, _ = verdicts(forged, "--allow-unverified-signer")
     assert (code, failed) == (0, {})
     code, failed, problems = verdicts(forged, "--trusted-keys", str(keys_file))
     assert (code, failed) == (1, {"signatures": False})
@@ -583,7 +618,7 @@ def test_the_client_side_commands_need_no_server_packages(
         "export", "--url", healthy.url, "--key", healthy.viewer, "--dataset", healthy.dataset, "-o", str(path)
     )
     assert exported.returncode == 0, exported.stderr
-    checked = _without_server("check", "--bundle", str(path), "--json")
+    checked = _without_server("check", "--bundle", str(path), "--json", "--allow-unverified-signer")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checks(checked.stdout)["signatures"] is True
     online = _without_server(

@@ -193,7 +193,7 @@ def test_ledger_check_fails_a_lower_bound_above_the_certified_epsilon(
     record.update(guesses=500, correct=500)
     bundle["bundle_hash"] = bundle_hash(bundle)
     path.write_text(json.dumps(bundle))
-    code = main(["check", "--bundle", str(path)])
+    code = main(["check", "--bundle", str(path), "--allow-unverified-signer"])
     out = capsys.readouterr().out
     assert code == 1, out
     assert "FAIL  privacy audit" in out and "exceeds the certified epsilon" in out
