@@ -142,34 +142,7 @@ def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | 
     with ``release: null`` and ``outcome: status`` records it, and the audit entry names it."""
     charge = Charge(ev.from_json(r.event), r.noise_commitment)
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    records: list[ClassRecord] = []
-    moves: dict[int, list[Move]] = {}
-    for index, groups in work.groups(r.id).items():
-        c = r.classes[index]
-        for state_id, count, tasks in groups:
-            before = work.state(state_id)
-            try:
-                settlement = rules.commit(work.budget, before, charge, c.reserved, c.committed, ran, previous)
-                after = (
-                    settlement.state
-                    if ran is None
-                    else rules.cancel(work.budget, settlement.state, c.reserved, settlement.committed)
-                )
-            except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
-            records.append(
-                ClassRecord(
-                    reservation_class=index,
-                    batches=count,
-                    state_at_reserve=BatchState.from_json(c.state_at_reserve),
-                    reserved=c.reserved,
-                    state_before=before,
-                    committed_before=c.committed,
-                    state_after=settlement.state,
-                    committed=settlement.committed,
-                )
-            )
-            moves.setdefault(index, []).append(Move(state_id, after, count, tasks))
+    records, moves = _settle(work, r, charge, ran, previous, refund_rest=ran is not None)
     assert work.signer is not None, "the engine gives every Work its signer"
     certificate_id = f"cert_{secrets.token_hex(12)}"
     body = certificates.issue(
@@ -232,6 +205,53 @@ def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | 
         at,
     )
     return closed
+
+
+def _settle(
+    work: Work,
+    r: Loaded,
+    charge: Charge,
+    partial: ev.DpEvent | None,
+    previous: ev.DpEvent | None,
+    *,
+    refund_rest: bool,
+) -> tuple[list[ClassRecord], dict[int, list[Move]]]:
+    """Settle ``charge`` (``partial``: the run so far; ``None``: all of it) on every class of
+    ``r`` with ``rules.commit``, decided once per (reservation class, current state) — equal
+    inputs, equal settlements: the certificate's class records and the batches' moves.
+    ``refund_rest``: the batches move to the settled state with the rest of the hold returned
+    (``rules.cancel``; an abort's prefix that the built-in worker says ran)."""
+    records: list[ClassRecord] = []
+    moves: dict[int, list[Move]] = {}
+    for index, groups in work.groups(r.id).items():
+        c = r.classes[index]
+        for state_id, count, tasks in groups:
+            before = work.state(state_id)
+            try:
+                settlement = rules.commit(
+                    work.budget, before, charge, c.reserved, c.committed, partial, previous
+                )
+                after = (
+                    rules.cancel(work.budget, settlement.state, c.reserved, settlement.committed)
+                    if refund_rest
+                    else settlement.state
+                )
+            except AccountantError as exc:
+                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
+            records.append(
+                ClassRecord(
+                    reservation_class=index,
+                    batches=count,
+                    state_at_reserve=BatchState.from_json(c.state_at_reserve),
+                    reserved=c.reserved,
+                    state_before=before,
+                    committed_before=c.committed,
+                    state_after=settlement.state,
+                    committed=settlement.committed,
+                )
+            )
+            moves.setdefault(index, []).append(Move(state_id, after, count, tasks))
+    return records, moves
 
 
 def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
@@ -310,7 +330,8 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
     if r is None or r.tenant_id != op.tenant_id:
         raise NotFound("reservation", params.reservation_id)
     if r.status == "reserved" and r.expires_at <= op.at:
-        # Late: the hold is returned and stays returned although this commit is refused.
+        # Late: the reservation expires — charged what could have run, as any expiry — and stays
+        # expired although this commit is refused.
         _close(work, r, "expired", op.at)
         return {}, ReservationExpired(r.id)
     if r.status == "expired":
@@ -331,32 +352,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
     charge = Charge(event, r.noise_commitment)
     # The run the previous progressive commit reported: this one must extend it.
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    # Decided once per (reservation class, current state): equal inputs, equal settlements.
-    records: list[ClassRecord] = []
-    moves: dict[int, list[Move]] = {}
-    for index, groups in work.groups(r.id).items():
-        c = r.classes[index]
-        for state_id, count, tasks in groups:
-            before = work.state(state_id)
-            try:
-                settlement = rules.commit(
-                    work.budget, before, charge, c.reserved, c.committed, params.partial, previous
-                )
-            except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
-            records.append(
-                ClassRecord(
-                    reservation_class=index,
-                    batches=count,
-                    state_at_reserve=BatchState.from_json(c.state_at_reserve),
-                    reserved=c.reserved,
-                    state_before=before,
-                    committed_before=c.committed,
-                    state_after=settlement.state,
-                    committed=settlement.committed,
-                )
-            )
-            moves.setdefault(index, []).append(Move(state_id, settlement.state, count, tasks))
+    records, moves = _settle(work, r, charge, params.partial, previous, refund_rest=False)
     closes = params.partial is None
     committed_epsilon = max(x.committed.epsilon for x in records)
     committed_delta = max(x.committed.delta for x in records)
