@@ -90,7 +90,9 @@ def test_paper_l2dp_events_are_refused_where_events_are_accepted(
     before = api.state(dataset)
     refused(api.reserve(dataset, batch, bad, status=None, noise_commitment="c"), "event.analysis")
     refused(api.reserve(dataset, batch, nested, status=None, noise_commitment="c"), "event.event.analysis")
-    refused(api.call("POST", f"/v1/datasets/{dataset}/quote", {"event": bad}), "event.analysis")
+    refused(
+        api.call("POST", f"/v1/datasets/{dataset}/quote", {"event": bad, "new_batch": True}), "event.analysis"
+    )
     plan_budget = {**PRV_SEGMENTED, "plan": [bad]}
     answer = api.call("POST", "/v1/datasets", {"name": unique("ds"), "budget": plan_budget})
     refused(answer, "budget.plan[0].analysis")
@@ -107,7 +109,7 @@ def test_paper_l2dp_events_are_refused_where_events_are_accepted(
     )
     refused(partial, "event.analysis")
     assert api.reservation(held["id"])["status"] == "reserved"
-    api.call("POST", f"/v1/datasets/{dataset}/quote", {"event": l2dp("sound")}, 200)
+    api.call("POST", f"/v1/datasets/{dataset}/quote", {"event": l2dp("sound"), "new_batch": True}, 200)
     committed = api.call(
         "POST", f"/v1/reservations/{held['id']}/commit", {"release": {"model": "m", "version": 1}}, 200
     )
@@ -286,7 +288,7 @@ def test_a_lone_surrogate_in_an_event_key_is_a_422_naming_it(client: TestClient,
         b'{"rule": "sequential", "epsilon": "1", "delta": "1e-5", "accountant": "prv", "plan": [%s]}' % event
     )
     for path, body, field in [
-        (f"/v1/datasets/{dataset}/quote", b'{"event": %s}' % event, "event.'\\ud800'"),
+        (f"/v1/datasets/{dataset}/quote", b'{"new_batch": true, "event": %s}' % event, "event.'\\ud800'"),
         (
             f"/v1/datasets/{dataset}/reservations",
             b'{"batches": ["%s"], "event": %s}' % (batch.encode(), event),
@@ -332,7 +334,7 @@ def test_lone_surrogates_in_names_and_ids_are_4xx(client: TestClient, keys: Keys
         ),
         (f"/v1/datasets/{dataset}/reservations", b'{"batches": ["\\ud800"], "event": %s}' % pure, 404),
         (f"/v1/datasets/{dataset}/quote", b'{"tasks": ["\\ud800"], "event": %s}' % pure, 404),
-        (f"/v1/datasets/{dataset}/quote", b'{"event": {"kind": "\\ud800"}}', 422),
+        (f"/v1/datasets/{dataset}/quote", b'{"new_batch": true, "event": {"kind": "\\ud800"}}', 422),
     ]:
         answer = api.raw("POST", path, body)
         assert answer.status_code == status, (path, answer.text)
@@ -367,7 +369,10 @@ AGREEMENT = [
     pytest.param(
         "/v1/datasets/{dataset_id}/quote",
         "post",
-        {"event": {"kind": "self_composed", "count": 1e17, "event": {"kind": "pure_dp", "epsilon": 1e-18}}},
+        {
+            "new_batch": True,
+            "event": {"kind": "self_composed", "count": 1e17, "event": {"kind": "pure_dp", "epsilon": 1e-18}},
+        },
         True,
         id="quote-integral-float-count",
     ),
@@ -375,7 +380,7 @@ AGREEMENT = [
     pytest.param(
         "/v1/datasets/{dataset_id}/quote",
         "post",
-        {"event": {"kind": "pure_dp", "epsilon": 10**400}},
+        {"new_batch": True, "event": {"kind": "pure_dp", "epsilon": 10**400}},
         False,
         id="quote-number-beyond-double",
     ),

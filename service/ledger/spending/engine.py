@@ -242,8 +242,14 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
     if not ops:
         return
 
-    def signer() -> SigningKey:  # an abort's or an expiry's certificate is signed with it
-        return server_secrets.signing_keys(db).active
+    # An abort's or an expiry's certificate is signed with the active key. The key ring is loaded
+    # (cached per process after the first time) before the transaction opens: its first load
+    # admits the keys through the database's key custody, a transaction of its own, which inside
+    # this one would wait on the write lock this one holds (SQLite: "database is locked").
+    ring = server_secrets.signing_keys(db)
+
+    def signer() -> SigningKey:
+        return ring.active
 
     attempt = 0
     while True:
