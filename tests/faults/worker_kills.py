@@ -28,6 +28,7 @@ certificate re-verified offline, budget recomputed, audit chain recomputed) pass
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -403,6 +404,12 @@ def check_after_worker_kills(
     finally:
         stop_server(server.process)
     f["check_rc"] = check.returncode
+    try:  # the findings that did not hold, whole (the output's tail may not reach them)
+        report = json.loads(check.stdout)
+        f["check_failed"] = [x for x in report.get("checks", []) if not x.get("ok")]
+        f["check_result"] = report.get("result")
+    except ValueError:
+        f["check_failed"] = None
     f["check_output"] = (check.stdout + check.stderr).strip()[-1500:]
     return f
 
