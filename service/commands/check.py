@@ -24,10 +24,13 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     every ``model_version.published`` entry of the chain is in the bundle's registry (none left
     out). A certificate with ``release: null`` (a settled abort or expiry) releases nothing.
     ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
-``artifacts`` (online only)
-    every registry version's bytes, downloaded, have the SHA-256 its signed certificate states
-    for the release (``release.artifact_sha256``), and so does the version record; versions whose
-    certificate states none (published before releases did) are counted, not failed.
+``artifacts``
+    every registry version records the SHA-256 its signed certificate states for the release
+    (``release.artifact_sha256``; the registry's ``artifact.sha256``) and, online, its bytes,
+    downloaded, have it too; offline the bytes are not at hand, so a bundle whose registry swaps a
+    version's hash fails, and a downloaded artifact is compared with the certified hash by whoever
+    holds it. Versions whose certificate states none (published before releases did) are
+    counted, not failed.
 ``budget``
     spend ≤ budget under the dataset's rule: the ε and δ spent — the largest of what the server
     reports, what the certificates state and what the history adds up to — are within the budget;
@@ -430,11 +433,13 @@ def _releases(bundle: Json, model: str | None) -> Finding:
     return Finding("releases", not problems, detail, problems)
 
 
-def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str], model: str | None) -> Finding:
-    """Online: every registry version's bytes as the server serves them (``served``: their
-    SHA-256, or why they could not be read) are the bytes its signed certificate states
-    (``release.artifact_sha256``), and so is the version record's SHA-256. A certificate that
-    states none (issued before releases named their artifact) binds no bytes: counted, not failed."""
+def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str] | None, model: str | None) -> Finding:
+    """Every registry version records the SHA-256 its signed certificate states for the release
+    (``release.artifact_sha256``), and online (``served``: the SHA-256 of each version's bytes as
+    the server serves them, or why they could not be read) its bytes have it too. Offline the
+    record is all there is: an edited bundle that swaps a version's hash fails, and the bytes
+    are for whoever downloads them to compare. A certificate that states none (issued before
+    releases named their artifact) binds no bytes: counted, not failed."""
     by_id = {c["id"]: c for c in bundle["certificates"]}
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
     problems: list[str] = []
@@ -451,17 +456,24 @@ def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str], model: str |
                 continue
             bound += 1
             recorded = (version.get("artifact") or {}).get("sha256")
-            actual = served.get((name, str(version.get("version"))), "not downloaded")
             if recorded != certified:
                 problems.append(
                     f"registry version {label}: records SHA-256 {recorded}, its certificate {certified}"
                 )
+            if served is None:
+                continue
+            actual = served.get((name, str(version.get("version"))), "not downloaded")
             if actual != certified:
                 problems.append(
                     f"registry version {label}: serves bytes of SHA-256 {actual}, "
                     f"its certificate states {certified}"
                 )
-    detail = f"{bound} version(s) serve the bytes their signed certificate states"
+    detail = (
+        f"{bound} version(s) serve the bytes their signed certificate states"
+        if served is not None
+        else f"{bound} version(s) record the artifact SHA-256 their signed certificate states "
+        "(bytes not downloaded offline)"
+    )
     if unbound:
         detail += f"; {unbound} published before releases stated their artifact (bytes not certified)"
     return Finding("artifacts", not problems, detail, problems)
@@ -891,8 +903,7 @@ def evaluate(
         findings.append(_guarded("pin", functools.partial(_pin, bundle, old, pin_source)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
-    if served is not None:
-        findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
+    findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle, history)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
     findings.append(_guarded("history", lambda: _history(bundle, history)))

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 _SHOWN: Final = 3  # batches named per mismatch; the rest are counted
+_ANCHORED_BY: Final = {
+    "released": "reservation.committed",
+    "aborted": "reservation.aborted",
+    "expired": "reservation.expired",
+}
 
 
 def anchored_certificate_id(entry: Mapping[str, Any]) -> str | None:
@@ -54,6 +59,29 @@ def anchored_certificate_id(entry: Mapping[str, Any]) -> str | None:
         return None
     value = payload.get("certificate_id")
     return None if value is None else str(value)
+
+
+def _settled_as(cid: str, body: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
+    """The anchoring entry records the settlement the certificate states: a release is anchored
+    by ``reservation.committed``, an abort's or expiry's charge by ``reservation.aborted`` /
+    ``.expired``, and the entry's ``release`` is the certificate's. Without this, a charged abort
+    re-issued as a release (valid on its own, its new hash written into the entry) would pass:
+    the chain recorded that nothing was released."""
+    outcome = body.get("outcome", "released")  # certificates from before outcomes are releases
+    expected = _ANCHORED_BY.get(str(outcome))
+    problems = []
+    if entry.get("event_type") != expected:
+        problems.append(
+            f"certificate {cid}: its outcome is {outcome!r}, but the audit chain records it as "
+            f"{entry.get('event_type')} (entry {entry.get('chain_seq')})"
+        )
+    recorded = entry["payload"].get("release")
+    if recorded != body.get("release"):
+        problems.append(
+            f"certificate {cid}: certifies release {body.get('release')!r}, the audit chain recorded "
+            f"{recorded!r} (entry {entry.get('chain_seq')})"
+        )
+    return problems
 
 
 def anchors(certificates: list[Json], entries: list[Json]) -> list[str]:
@@ -75,6 +103,7 @@ def anchors(certificates: list[Json], entries: list[Json]) -> list[str]:
         recorded = found[0]["payload"].get("content_hash")
         if recorded != c["certificate"].get("hash") or recorded != c.get("content_hash"):
             problems.append(f"certificate {cid}: its hash differs from the one the audit chain recorded")
+        problems.extend(_settled_as(cid, c["certificate"], found[0]))
     for cid, count in sorted(present.items()):
         if count > 1:
             problems.append(f"certificate {cid} is listed {count} times")
