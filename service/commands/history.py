@@ -12,7 +12,9 @@ chain (which ``ledger check`` recomputes hash by hash and whose head the server 
   charge. Every certificate of the bundle is anchored by exactly one entry with its content
   hash, and every anchored certificate is in the bundle once. (``model_version.published``
   carries a ``certificate_id`` without a ``content_hash``: it names a certificate, it does not
-  anchor one.)
+  anchor one.) The entry records the settlement its certificate states: ``reservation.committed``
+  a release, ``reservation.aborted`` / ``.expired`` the charge of that ``outcome`` (``release:
+  null``), with the certificate's ``release``; a refund is an abort entry with no certificate.
 * **chaining**, per batch, walking the chain in order from the empty state
   (``BatchState.empty()``): a certificate's ``state_before`` on each of its batches is the state
   the batch's previous settlement left, and its ``state_at_reserve`` the state the batch was in

@@ -159,7 +159,8 @@ def test_the_issue_forgery_fails_with_a_pinned_key(
     del kept["certificates"][1:]
     kept["spend"]["epsilon_spent"] = "0.5"
     result = _check(kept, tmp_path, capsys, *pin, "--max-epsilon", "1")
-    assert result.code == 1 and result.failed == {"audit chain", "history", "max epsilon"}
+    # (budget: the spend's stated guarantee, 4.75, is not the one its stated spend, 0.5, gives)
+    assert result.code == 1 and result.failed == {"audit chain", "history", "max epsilon", "budget"}
     problems = " ".join(result.check("history")["problems"])
     assert "the audit chain anchors certificate" in problems and "which is missing" in problems
     # (the history of what is left adds up to 0.5: with a gap it proves no figure to compare)
@@ -188,6 +189,38 @@ def test_the_genuine_bundle_recomputes_its_spend(
         "4.75, delta spent 0 (max over batches)"
     )
     assert _check(copy.deepcopy(exported.bundle), tmp_path, capsys, *pin, "--max-epsilon", "4.7").code == 1
+
+
+def test_the_stated_guarantee_and_outcome_are_recomputed(
+    exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The spend's ``guarantee`` (what a reader takes as the dataset's DP statement) and a stored
+    certificate's ``outcome`` are read against what the history and the signed body give: a
+    guarantee lowered below what ran, a meaning swapped, an outcome rewritten fail."""
+    pin = _pinned(exported.keys, tmp_path)
+    assert exported.bundle["spend"]["guarantee"]["epsilon"] == "4.75"
+    for edit, failed, problem in (
+        (
+            lambda b: b["spend"]["guarantee"].update(epsilon="0.5"),
+            "budget",
+            "the spend states the guarantee (0.5, 0)-DP; the spend the history adds up to gives (4.75, 0)",
+        ),
+        (
+            lambda b: b["spend"].update(epsilon_spent_is="a budget share"),
+            "budget",
+            "not what the rule makes it",
+        ),
+        (
+            lambda b: b["certificates"][0].update(outcome="aborted"),
+            "certificates",
+            "stored outcome 'aborted' != certified",
+        ),
+    ):
+        bundle = copy.deepcopy(exported.bundle)
+        edit(bundle)
+        result = _check(bundle, tmp_path, capsys, *pin)
+        assert result.code == 1 and result.failed == {failed}, result.report
+        assert problem in " ".join(result.check(failed)["problems"])
 
 
 def test_a_bundle_re_signed_with_another_key_is_an_unverified_signer(
@@ -521,9 +554,9 @@ def test_a_settlement_without_a_release_is_anchored_like_a_commit(
         bundle = copy.deepcopy(exported.bundle)
         stored = bundle["certificates"][-1]
         body = {k: v for k, v in stored["certificate"].items() if k != "signature"}
-        body["release"] = None
+        body.update(release=None, release_id=None, outcome=event_type.removeprefix("reservation."))
         body["hash"] = stored["content_hash"] = content_hash(body)
-        stored.update(certificate=body, release=None)
+        stored.update(certificate=body, release=None, outcome=body["outcome"])
         for entry in bundle["audit"]["entries"]:
             if entry["payload"].get("certificate_id") == stored["id"]:
                 entry["event_type"] = event_type
