@@ -773,7 +773,7 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
 
         swept = client.reserve(ds, step, batches=[b0], ttl_s=0.3)["id"]
         time.sleep(0.4)
-        assert ledger_reservations.expire_due(db)["expired"] >= 0  # (or the server's own sweep)
+        ledger_reservations.expire_due(db)  # the sweep (the server's own may have run first)
         assert client.get_reservation(swept)["status"] == "expired"
         late = client.reserve(ds, step, batches=[b1], ttl_s=0.3)["id"]
         time.sleep(0.4)
