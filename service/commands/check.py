@@ -16,7 +16,8 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``certificates``
     every certificate of the dataset re-verifies offline (``accountant.certificates.verify``:
     hash, budget, every batch's reserve and commit recomputed, state within the budget), certifies
-    this dataset under the dataset's own budget, and matches the hash and release it is stored with.
+    this dataset under the dataset's own budget, and matches the hash, release and outcome it is
+    stored with.
 ``releases``
     every published version has a committed certificate: each release a certificate names is
     unique, and each model-registry version trained on the dataset (``--model``: of that model)
@@ -24,15 +25,19 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     every ``model_version.published`` entry of the chain is in the bundle's registry (none left
     out). A certificate with ``release: null`` (a settled abort or expiry) releases nothing.
     ``--model`` naming a model with no release at all fails (a misspelt gate must not pass).
-``artifacts`` (online only)
-    every registry version's bytes, downloaded, have the SHA-256 its signed certificate states
-    for the release (``release.artifact_sha256``), and so does the version record; versions whose
-    certificate states none (published before releases did) are counted, not failed.
+``artifacts``
+    every registry version records the SHA-256 its signed certificate states for the release
+    (``release.artifact_sha256``; the registry's ``artifact.sha256``) and, online, its bytes,
+    downloaded, have it too; offline the bytes are not at hand, so a bundle whose registry swaps a
+    version's hash fails, and a downloaded artifact is compared with the certified hash by whoever
+    holds it. Versions whose certificate states none (published before releases did) are
+    counted, not failed.
 ``budget``
     spend ≤ budget under the dataset's rule: the ε and δ spent — the largest of what the server
     reports, what the certificates state and what the history adds up to — are within the budget;
-    the spend is of this dataset, rule, accountant and budget; a server reporting less than its
-    certificates prove fails too.
+    the spend is of this dataset, rule, accountant and budget, and its stated ``guarantee`` and
+    ``epsilon_spent_is`` are the ones the recomputed spend gives (``accountant.statements``); a
+    server reporting less than its certificates prove fails too.
 ``audit chain``
     the chain and its head are present (a bundle without them fails: whoever edits a bundle also
     writes the server's verdict in it); the server's verdict (``GET /v1/audit/verify``) is ``ok``;
@@ -40,7 +45,9 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     (``service.ledger.audit_hash.entry_hash``); certificates and anchoring entries are one to one
     (``service.commands.history.anchors``: an entry whose payload carries a ``certificate_id`` and
     a ``content_hash`` anchors that certificate — ``reservation.committed``, and an abort or
-    expiry that settles a charge; each certificate anchored once, with its hash, and listed once).
+    expiry that settles a charge; each certificate anchored once, with its hash, and listed once;
+    the entry records the settlement the certificate states: its kind, ``reservation.committed``
+    for a release and ``reservation.aborted`` / ``.expired`` for that ``outcome``, and its release).
 ``history``
     the history proven along the chain (``service.commands.history``): per batch, from the empty
     state, each certificate's ``state_at_reserve`` is the state the batch was in at its
@@ -342,6 +349,8 @@ def _certificates(bundle: Json) -> Finding:
             problems.append(f"certificate {cid}: certified under a budget that is not the dataset's")
         if stored.get("release") != body.get("release"):
             problems.append(f"certificate {cid}: stored release {stored.get('release')} != certified")
+        if stored.get("outcome") != body.get("outcome", "released"):  # none: issued before outcomes
+            problems.append(f"certificate {cid}: stored outcome {stored.get('outcome')!r} != certified")
     detail = (
         f"{len(certificates)} certificate(s) re-verified offline"
         if certificates
@@ -430,11 +439,13 @@ def _releases(bundle: Json, model: str | None) -> Finding:
     return Finding("releases", not problems, detail, problems)
 
 
-def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str], model: str | None) -> Finding:
-    """Online: every registry version's bytes as the server serves them (``served``: their
-    SHA-256, or why they could not be read) are the bytes its signed certificate states
-    (``release.artifact_sha256``), and so is the version record's SHA-256. A certificate that
-    states none (issued before releases named their artifact) binds no bytes: counted, not failed."""
+def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str] | None, model: str | None) -> Finding:
+    """Every registry version records the SHA-256 its signed certificate states for the release
+    (``release.artifact_sha256``), and online (``served``: the SHA-256 of each version's bytes as
+    the server serves them, or why they could not be read) its bytes have it too. Offline the
+    record is all there is: an edited bundle that swaps a version's hash fails, and the bytes
+    are for whoever downloads them to compare. A certificate that states none (issued before
+    releases named their artifact) binds no bytes: counted, not failed."""
     by_id = {c["id"]: c for c in bundle["certificates"]}
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
     problems: list[str] = []
@@ -451,17 +462,24 @@ def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str], model: str |
                 continue
             bound += 1
             recorded = (version.get("artifact") or {}).get("sha256")
-            actual = served.get((name, str(version.get("version"))), "not downloaded")
             if recorded != certified:
                 problems.append(
                     f"registry version {label}: records SHA-256 {recorded}, its certificate {certified}"
                 )
+            if served is None:
+                continue
+            actual = served.get((name, str(version.get("version"))), "not downloaded")
             if actual != certified:
                 problems.append(
                     f"registry version {label}: serves bytes of SHA-256 {actual}, "
                     f"its certificate states {certified}"
                 )
-    detail = f"{bound} version(s) serve the bytes their signed certificate states"
+    detail = (
+        f"{bound} version(s) serve the bytes their signed certificate states"
+        if served is not None
+        else f"{bound} version(s) record the artifact SHA-256 their signed certificate states "
+        "(bytes not downloaded offline)"
+    )
     if unbound:
         detail += f"; {unbound} published before releases stated their artifact (bytes not certified)"
     return Finding("artifacts", not problems, detail, problems)
@@ -516,6 +534,39 @@ def _segments(budget: Json) -> list[str]:
     return []
 
 
+def _stated_guarantee(bundle: Json, history: History) -> list[str]:
+    """The spend's ``guarantee`` (ε, δ) and ``epsilon_spent_is`` are the ones the spend the
+    history adds up to gives (``accountant.statements``): a bundle cannot state a smaller
+    guarantee of what was released than what ran. Where the history does not hold (its own
+    finding fails) the stated spend stands in, so the guarantee is still read and compared."""
+    from accountant.rules import Budget
+    from accountant.statements import spend_guarantee, spend_meaning
+
+    spend = bundle["spend"]
+    budget = Budget.from_json(bundle["dataset"]["budget"])
+    epsilon, delta = history.epsilon_spent, history.delta_spent
+    if epsilon is None or delta is None or history.problems:
+        epsilon = _number(spend["epsilon_spent"], "spend.epsilon_spent")
+        delta = _number(spend["delta_spent"], "spend.delta_spent")
+    expected = spend_guarantee(budget, epsilon, delta)
+    stated = spend["guarantee"]
+    found = (
+        _number(stated["epsilon"], "spend.guarantee.epsilon"),
+        _number(stated["delta"], "spend.guarantee.delta"),
+    )
+    problems = []
+    if found != expected:
+        problems.append(
+            f"the spend states the guarantee ({found[0]}, {found[1]})-DP; the spend the history "
+            f"adds up to gives ({expected[0]}, {expected[1]})"
+        )
+    if spend["epsilon_spent_is"] != spend_meaning(budget):
+        problems.append(
+            f"the spend says its epsilon is {spend['epsilon_spent_is']!r}, not what the rule makes it"
+        )
+    return problems
+
+
 def _budget(bundle: Json, history: History) -> Finding:
     budget = bundle["dataset"]["budget"]
     spend = bundle["spend"]
@@ -547,6 +598,7 @@ def _budget(bundle: Json, history: History) -> Finding:
         )
     if budget.get("segments"):
         problems.extend(_segments(budget))
+    problems.extend(_stated_guarantee(bundle, history))
     if eps_spent > epsilon:
         problems.append(f"epsilon spent {eps_spent} exceeds the budget {epsilon}")
     if delta_spent > delta:
@@ -891,8 +943,7 @@ def evaluate(
         findings.append(_guarded("pin", functools.partial(_pin, bundle, old, pin_source)))
     findings.append(_guarded("certificates", lambda: _certificates(bundle)))
     findings.append(_guarded("releases", lambda: _releases(bundle, model)))
-    if served is not None:
-        findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
+    findings.append(_guarded("artifacts", lambda: _artifacts(bundle, served, model)))
     findings.append(_guarded("budget", lambda: _budget(bundle, history)))
     findings.append(_guarded("audit chain", lambda: _audit(bundle)))
     findings.append(_guarded("history", lambda: _history(bundle, history)))

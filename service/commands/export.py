@@ -8,8 +8,10 @@
 The bundle is composed from HTTP API v1 reads only (``service.client.LedgerClient``):
 
 * ``dataset`` (``GET /v1/datasets/{id}``: its budget) and ``spend`` (``GET …/spend``);
-* ``certificates``: every certificate of the dataset (``GET …/certificates``, all pages), each
-  re-verifiable offline with ``accountant.certificates.verify``;
+* ``certificates``: every certificate of the dataset (``GET …/certificates``, all pages) —
+  releases and the charges of aborts and expiries (``release: null``) — and any the chain
+  anchors that the pages missed, each re-verifiable offline with
+  ``accountant.certificates.verify``; the offline proof needs every one the chain anchors;
 * ``batch_sets``: for each reservation a certificate names, its (batch id, class) pairs
   (``GET /v1/reservations/{id}/batches``, all pages): what the certificate's ``batch_set``
   commits to (``accountant.certificates.check_batch_set``);

@@ -12,7 +12,9 @@ chain (which ``ledger check`` recomputes hash by hash and whose head the server 
   charge. Every certificate of the bundle is anchored by exactly one entry with its content
   hash, and every anchored certificate is in the bundle once. (``model_version.published``
   carries a ``certificate_id`` without a ``content_hash``: it names a certificate, it does not
-  anchor one.)
+  anchor one.) The entry records the settlement its certificate states: ``reservation.committed``
+  a release, ``reservation.aborted`` / ``.expired`` the charge of that ``outcome`` (``release:
+  null``), with the certificate's ``release``; a refund is an abort entry with no certificate.
 * **chaining**, per batch, walking the chain in order from the empty state
   (``BatchState.empty()``): a certificate's ``state_before`` on each of its batches is the state
   the batch's previous settlement left, and its ``state_at_reserve`` the state the batch was in
@@ -44,6 +46,11 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 _SHOWN: Final = 3  # batches named per mismatch; the rest are counted
+_ANCHORED_BY: Final = {
+    "released": "reservation.committed",
+    "aborted": "reservation.aborted",
+    "expired": "reservation.expired",
+}
 
 
 def anchored_certificate_id(entry: Mapping[str, Any]) -> str | None:
@@ -54,6 +61,29 @@ def anchored_certificate_id(entry: Mapping[str, Any]) -> str | None:
         return None
     value = payload.get("certificate_id")
     return None if value is None else str(value)
+
+
+def _settled_as(cid: str, body: Mapping[str, Any], entry: Mapping[str, Any]) -> list[str]:
+    """The anchoring entry records the settlement the certificate states: a release is anchored
+    by ``reservation.committed``, an abort's or expiry's charge by ``reservation.aborted`` /
+    ``.expired``, and the entry's ``release`` is the certificate's. Without this, a charged abort
+    re-issued as a release (valid on its own, its new hash written into the entry) would pass:
+    the chain recorded that nothing was released."""
+    outcome = body.get("outcome", "released")  # certificates from before outcomes are releases
+    expected = _ANCHORED_BY.get(str(outcome))
+    problems = []
+    if entry.get("event_type") != expected:
+        problems.append(
+            f"certificate {cid}: its outcome is {outcome!r}, but the audit chain records it as "
+            f"{entry.get('event_type')} (entry {entry.get('chain_seq')})"
+        )
+    recorded = entry["payload"].get("release")
+    if recorded != body.get("release"):
+        problems.append(
+            f"certificate {cid}: certifies release {body.get('release')!r}, the audit chain recorded "
+            f"{recorded!r} (entry {entry.get('chain_seq')})"
+        )
+    return problems
 
 
 def anchors(certificates: list[Json], entries: list[Json]) -> list[str]:
@@ -75,6 +105,7 @@ def anchors(certificates: list[Json], entries: list[Json]) -> list[str]:
         recorded = found[0]["payload"].get("content_hash")
         if recorded != c["certificate"].get("hash") or recorded != c.get("content_hash"):
             problems.append(f"certificate {cid}: its hash differs from the one the audit chain recorded")
+        problems.extend(_settled_as(cid, c["certificate"], found[0]))
     for cid, count in sorted(present.items()):
         if count > 1:
             problems.append(f"certificate {cid} is listed {count} times")

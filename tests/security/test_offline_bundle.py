@@ -159,7 +159,8 @@ def test_the_issue_forgery_fails_with_a_pinned_key(
     del kept["certificates"][1:]
     kept["spend"]["epsilon_spent"] = "0.5"
     result = _check(kept, tmp_path, capsys, *pin, "--max-epsilon", "1")
-    assert result.code == 1 and result.failed == {"audit chain", "history", "max epsilon"}
+    # (budget: the spend's stated guarantee, 4.75, is not the one its stated spend, 0.5, gives)
+    assert result.code == 1 and result.failed == {"audit chain", "history", "max epsilon", "budget"}
     problems = " ".join(result.check("history")["problems"])
     assert "the audit chain anchors certificate" in problems and "which is missing" in problems
     # (the history of what is left adds up to 0.5: with a gap it proves no figure to compare)
@@ -188,6 +189,38 @@ def test_the_genuine_bundle_recomputes_its_spend(
         "4.75, delta spent 0 (max over batches)"
     )
     assert _check(copy.deepcopy(exported.bundle), tmp_path, capsys, *pin, "--max-epsilon", "4.7").code == 1
+
+
+def test_the_stated_guarantee_and_outcome_are_recomputed(
+    exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The spend's ``guarantee`` (what a reader takes as the dataset's DP statement) and a stored
+    certificate's ``outcome`` are read against what the history and the signed body give: a
+    guarantee lowered below what ran, a meaning swapped, an outcome rewritten fail."""
+    pin = _pinned(exported.keys, tmp_path)
+    assert exported.bundle["spend"]["guarantee"]["epsilon"] == "4.75"
+    for edit, failed, problem in (
+        (
+            lambda b: b["spend"]["guarantee"].update(epsilon="0.5"),
+            "budget",
+            "the spend states the guarantee (0.5, 0)-DP; the spend the history adds up to gives (4.75, 0)",
+        ),
+        (
+            lambda b: b["spend"].update(epsilon_spent_is="a budget share"),
+            "budget",
+            "not what the rule makes it",
+        ),
+        (
+            lambda b: b["certificates"][0].update(outcome="aborted"),
+            "certificates",
+            "stored outcome 'aborted' != certified",
+        ),
+    ):
+        bundle = copy.deepcopy(exported.bundle)
+        edit(bundle)
+        result = _check(bundle, tmp_path, capsys, *pin)
+        assert result.code == 1 and result.failed == {failed}, result.report
+        assert problem in " ".join(result.check(failed)["problems"])
 
 
 def test_a_bundle_re_signed_with_another_key_is_an_unverified_signer(
@@ -521,9 +554,9 @@ def test_a_settlement_without_a_release_is_anchored_like_a_commit(
         bundle = copy.deepcopy(exported.bundle)
         stored = bundle["certificates"][-1]
         body = {k: v for k, v in stored["certificate"].items() if k != "signature"}
-        body["release"] = None
+        body.update(release=None, release_id=None, outcome=event_type.removeprefix("reservation."))
         body["hash"] = stored["content_hash"] = content_hash(body)
-        stored.update(certificate=body, release=None)
+        stored.update(certificate=body, release=None, outcome=body["outcome"])
         for entry in bundle["audit"]["entries"]:
             if entry["payload"].get("certificate_id") == stored["id"]:
                 entry["event_type"] = event_type
@@ -668,3 +701,233 @@ def test_the_history_holds_on_a_lived_ledger(
     assert result.code == 0, json.dumps(result.report, indent=1)
     assert result.report["summary"]["epsilon_recomputed"] == bundle["spend"]["epsilon_spent"]
     assert result.check("history")["detail"].startswith(f"{len(bundle['certificates'])} settlement(s)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Real aborts and expiries: charged, certified, anchored, proven offline
+# ---------------------------------------------------------------------------------------------
+
+
+def _resign(bundle: Json) -> None:
+    """What a forger without the server's key does after an edit: recompute the chain (entries
+    renumbered from 1) and re-sign every certificate and the head with a key of their own."""
+    from tests.service.test_cli_check import _rechain
+
+    for seq, entry in enumerate(bundle["audit"]["entries"], start=1):
+        entry["chain_seq"] = seq
+    bundle["audit"]["head"]["chain_seq"] = len(bundle["audit"]["entries"])
+    _rechain(bundle)
+    own = signing.SigningKey.generate()
+    for c in bundle["certificates"]:
+        c["certificate"] = signing.sign_certificate(c["certificate"], own)
+    head = bundle["audit"]["head"]
+    bundle["audit"]["head"] = signing.signed_head(
+        bundle["dataset"]["id"], head["chain_seq"], head["hash"], own
+    )
+    bundle["signing_keys"] = {"keys": [own.public.to_json()]}
+
+
+@dataclass
+class Lived:
+    exported: Exported
+    aborted: str  # the reservation aborted over HTTP, with later settlements on its batch
+    expired: tuple[str, str]  # expired by the sweep, expired by a late commit
+    progressive: str  # committed progressively, then aborted
+    worker_charged: str  # the job that failed after 7 of 20 steps
+    worker_refunded: str  # the job that failed before reading its data
+
+
+def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
+    """One dataset (sequential, RDP, the digits records in two batches) whose history holds
+    every way a reservation ends: commits, an HTTP abort, an expiry by the sweep, an expiry by a
+    late commit, a progressive commit then an abort, and two built-in worker jobs (real torch
+    training): one failing after 7 of 20 steps (charged the prefix), one failing before reading
+    its data (refunded, no certificate); commits after each on the same batches."""
+    import time
+
+    from accountant.events import SelfComposedEvent
+    from service.client import LedgerError
+    from service.ledger import datasets, jobs
+    from service.ledger import reservations as ledger_reservations
+    from service.training.data import DataRoots
+    from service.worker.worker import Worker
+    from tests.worker.digits_world import CountingLoader, digits_dataset
+
+    settings = settings_for(database_url, tmp / "artifacts")
+    admin = tenancy.create_api_key(db, "acme", "admin")
+    viewer = tenancy.create_api_key(db, "acme", "viewer")
+    world = digits_dataset(db, epsilon="20")
+    ds, (b0, b1) = world.dataset_id, world.batch_ids
+    versions = iter(range(1, 100))
+    step = PureDpEvent(0.25)
+    with serve(settings, db) as url, LedgerClient(url, admin) as client:
+
+        def release(batches: list[str], event: Any = step) -> None:
+            with client.release_gate(ds, batches, event, model="m", version=next(versions)):
+                pass
+
+        release([b0])
+        aborted = client.reserve(ds, step, batches=[b0, b1])["id"]
+        client.abort(aborted)
+        release([b0])
+
+        swept = client.reserve(ds, step, batches=[b0], ttl_s=0.3)["id"]
+        time.sleep(0.4)
+        ledger_reservations.expire_due(db)  # the sweep (the server's own may have run first)
+        assert client.get_reservation(swept)["status"] == "expired"
+        late = client.reserve(ds, step, batches=[b1], ttl_s=0.3)["id"]
+        time.sleep(0.4)
+        with pytest.raises(LedgerError):
+            client.commit(late, model="m", version=next(versions))
+        assert client.get_reservation(late)["status"] == "expired"
+        release([b0, b1])
+
+        progressive = client.reserve(ds, SelfComposedEvent(step, 4), batches=[b1])["id"]
+        client.commit(progressive, model="m", version=next(versions), event=SelfComposedEvent(step, 2))
+        client.abort(progressive)
+        release([b1])
+
+        # The worker's own aborts (in-process only): a prefix charged, then a refund.
+        blocker = tmp / "not-a-dir"
+        blocker.write_text("a file where the artifact dir's parent should be")
+        charged = jobs.create_job(
+            db,
+            "acme",
+            dataset_id=ds,
+            algorithm="dp_sgd",
+            params={"noise_multiplier": 1.5, "steps": 20, "checkpoint_every": 7, "seed": 3},
+        )
+        Worker(db, artifact_dir=blocker / "artifacts", loader=CountingLoader(), device="cpu").run_once()
+        charged = jobs.get_job(db, "acme", str(charged["id"]))
+        assert charged["status"] == "failed", charged
+        release([b0])
+
+        root = tmp / "data"
+        root.mkdir()
+        roots = DataRoots({"*": [str(root)]})
+        source = root / "gone.npz"
+        source.write_bytes(b"")
+        datasets.set_data_source(db, "acme", ds, data_source=f"file://{source}", data_roots=roots)
+        refunded = jobs.create_job(
+            db, "acme", dataset_id=ds, algorithm="dp_sgd", params={"noise_multiplier": 1.5, "steps": 5}
+        )
+        source.unlink()
+        Worker(
+            db, artifact_dir=tmp / "artifacts", loader=CountingLoader(roots=roots), device="cpu"
+        ).run_once()
+        refunded = jobs.get_job(db, "acme", str(refunded["id"]))
+        assert refunded["status"] == "failed" and refunded["error"]["error"] == "data_source", refunded
+        release([b0, b1])
+
+        path = tmp / "lived-aborts.json"
+        assert main(["export", "--url", url, "--key", viewer, "--dataset", ds, "-o", str(path)]) == 0
+        keys = client.signing_keys()
+    return Lived(
+        Exported(json.loads(path.read_text()), keys),
+        aborted,
+        (swept, late),
+        progressive,
+        str(charged["reservation_id"]),
+        str(refunded["reservation_id"]),
+    )
+
+
+def _settling(bundle: Json, reservation_id: str) -> tuple[Json, Json]:
+    """The certificate that settles ``reservation_id`` without a release, and its anchoring entry."""
+    (stored,) = [
+        c
+        for c in bundle["certificates"]
+        if c["reservation_id"] == reservation_id and c["certificate"]["release"] is None
+    ]
+    (entry,) = [e for e in bundle["audit"]["entries"] if e["payload"].get("certificate_id") == stored["id"]]
+    return stored, entry
+
+
+def test_real_aborts_and_expiries_are_proven_offline(
+    database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 §1 and §2 together: the bundle of a ledger that aborted and expired for real
+    passes ``ledger check --bundle --trusted-keys`` with the recomputed spend equal to the
+    server's, each charged abort and expiry one settlement of the history; and each forgery of
+    those settlements fails on a check other than the signatures (re-signed with the forger's own
+    key), and on the signatures too with the server's key pinned."""
+    from accountant.certificates import content_hash
+
+    pytest.importorskip("torch")
+    lived = _lived_aborts(database_url, db, tmp_path)
+    bundle, pin = lived.exported.bundle, _pinned(lived.exported.keys, tmp_path)
+
+    outcomes = {c["reservation_id"]: c["outcome"] for c in bundle["certificates"] if c["release"] is None}
+    assert outcomes == {
+        lived.aborted: "aborted",
+        lived.expired[0]: "expired",
+        lived.expired[1]: "expired",
+        lived.progressive: "aborted",
+        lived.worker_charged: "aborted",
+    }
+    charged, _ = _settling(bundle, lived.worker_charged)
+    assert charged["certificate"]["inputs"]["partial_event"]["count"] == 7
+    refund = [
+        e
+        for e in bundle["audit"]["entries"]
+        if e["event_type"] == "reservation.aborted"
+        and e["payload"]["reservation_id"] == lived.worker_refunded
+    ]
+    assert len(refund) == 1 and "certificate_id" not in refund[0]["payload"]
+
+    result = _check(copy.deepcopy(bundle), tmp_path, capsys, *pin, rehash=False)
+    assert result.code == 0, json.dumps(result.report, indent=1)
+    assert result.report["summary"]["epsilon_recomputed"] == bundle["spend"]["epsilon_spent"]
+    assert result.report["summary"]["delta_recomputed"] == bundle["spend"]["delta_spent"]
+    assert result.check("history")["detail"].startswith(f"{len(bundle['certificates'])} settlement(s)")
+
+    def forged(edit: Callable[[Json], None]) -> tuple[Checked, Checked]:
+        edited = copy.deepcopy(bundle)
+        edit(edited)
+        _resign(edited)
+        own = _check(copy.deepcopy(edited), tmp_path, capsys, "--allow-unverified-signer")
+        pinned = _check(edited, tmp_path, capsys, *pin)
+        assert pinned.code == 1 and "signatures" in pinned.failed
+        return own, pinned
+
+    for reservation_id in (lived.aborted, lived.expired[0], lived.expired[1], lived.worker_charged):
+
+        def drop_certificate(b: Json, rid: str = reservation_id) -> None:
+            stored, _ = _settling(b, rid)
+            b["certificates"].remove(stored)
+
+        def drop_entry(b: Json, rid: str = reservation_id) -> None:
+            _, entry = _settling(b, rid)
+            b["audit"]["entries"].remove(entry)
+
+        def drop_both(b: Json, rid: str = reservation_id) -> None:
+            stored, entry = _settling(b, rid)
+            b["certificates"].remove(stored)
+            b["audit"]["entries"].remove(entry)
+
+        def into_release(b: Json, rid: str = reservation_id) -> None:
+            """The settlement re-issued as a release (valid on its own, its hash recorded)."""
+            stored, entry = _settling(b, rid)
+            body = {k: v for k, v in stored["certificate"].items() if k != "signature"}
+            body.update(outcome="released", release={"model": "m", "version": 99})
+            body["hash"] = stored["content_hash"] = entry["payload"]["content_hash"] = content_hash(body)
+            stored.update(certificate=body, release=body["release"], outcome="released")
+
+        def into_refund(b: Json, rid: str = reservation_id) -> None:
+            """The charge made a refund: its certificate dropped, its entry a refund's."""
+            stored, entry = _settling(b, rid)
+            b["certificates"].remove(stored)
+            for name in ("certificate_id", "content_hash", "release", "final"):
+                entry["payload"].pop(name, None)
+
+        for name, edit in (
+            ("certificate dropped", drop_certificate),
+            ("anchoring entry dropped", drop_entry),
+            ("certificate and entry dropped", drop_both),
+            ("turned into a release", into_release),
+            ("turned into a refund", into_refund),
+        ):
+            own, _ = forged(edit)
+            label = f"{outcomes[reservation_id]} {reservation_id}: {name}"
+            assert own.code == 1, label
+            assert own.failed - {"signatures"}, f"{label}: only the signatures fail: {own.report}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import subprocess
 import sys
@@ -143,7 +144,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
 def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
     assert code == 1
-    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 7" in out
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 8" in out
 
     # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
     code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
@@ -294,6 +295,7 @@ def test_export_then_check_the_bundle_offline(
         "bundle": True,
         "certificates": True,
         "releases": True,
+        "artifacts": True,  # offline too: the registry's hashes against the signed certificates
         "budget": True,
         "audit chain": True,
         "history": True,
@@ -301,6 +303,10 @@ def test_export_then_check_the_bundle_offline(
     }
     history = next(c for c in json.loads(out)["checks"] if c["name"] == "history")
     assert history["detail"].startswith("4 settlement(s) chained per batch from the empty state over 3")
+    artifacts = next(c for c in json.loads(out)["checks"] if c["name"] == "artifacts")
+    assert artifacts["detail"].endswith(
+        "; 1 published before releases stated their artifact (bytes not certified)"
+    )
     code, out, _ = run(
         ["check", "--bundle", str(path), "--trusted-keys", str(keys), "--max-epsilon", "0.45"], capsys
     )
@@ -315,6 +321,72 @@ def test_export_then_check_the_bundle_offline(
     assert code == 1, out
     assert "FAIL  audit chain   no audit entries to recompute" in out
     assert "FAIL  history" in out and "FAIL  signatures" in out
+
+
+def test_artifacts_are_compared_offline(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24: a registry version whose signed certificate states ``release.artifact_sha256``
+    records that hash in the bundle too; a bundle whose registry swaps a version's hash (the
+    bytes a third party would download and compare) fails offline, as the bytes fail online. The
+    version whose certificate states none (``mlp/1`` of ``healthy``) is counted, not failed."""
+    weights = b"certified weights"
+    sha256 = hashlib.sha256(weights).hexdigest()
+    admin = tenancy.create_api_key(healthy.db, "acme", "admin")
+    with LedgerClient(healthy.url, admin) as client:
+        task = client.create_task(healthy.dataset, "t1")
+        (batch,) = client.create_batches(healthy.dataset, task["id"], [{"name": "c", "records": ["c"]}])[
+            "data"
+        ]
+        reservation = client.reserve(healthy.dataset, PureDpEvent(0.125), batches=[batch["id"]])
+        answer = client.commit(reservation["id"], model="mlp", version=9, artifact_sha256=sha256)
+        job = client.create_job(healthy.dataset, "dp_sgd", {"noise_multiplier": 1.0, "steps": 1})
+        client.cancel_job(job["id"])
+    staged = registry.stage(
+        tmp_path / "artifacts",
+        tenant_id="acme",
+        name="mlp",
+        version=9,
+        job_id=job["id"],
+        attempt=1,
+        dataset_id=healthy.dataset,
+        step=1,
+        metrics={},
+        fmt="torch",
+        write=lambda h: h.write(weights),
+    )
+    registry.publish(healthy.db, tmp_path / "artifacts", staged, certificate_id=answer["certificate"]["id"])
+
+    code, out, _ = run(healthy.online("--json"), capsys)
+    assert code == 0, out
+    path = tmp_path / "ledger.json"
+    original = export(healthy, path, capsys)
+    (version,) = [v for v in original["models"]["mlp"] if v["version"] == 9]
+    assert version["artifact"]["sha256"] == sha256
+    keys = tmp_path / "signing-keys.json"
+    keys.write_text(json.dumps(original["signing_keys"]))
+    offline = ["check", "--bundle", str(path), "--json", "--trusted-keys", str(keys)]
+
+    code, out, _ = run(offline, capsys)
+    assert code == 0, out
+    artifacts = next(c for c in json.loads(out)["checks"] if c["name"] == "artifacts")
+    assert artifacts["detail"] == (
+        "1 version(s) record the artifact SHA-256 their signed certificate states (bytes not "
+        "downloaded offline); 1 published before releases stated their artifact (bytes not certified)"
+    )
+
+    for swapped in (hashlib.sha256(b"other weights").hexdigest(), None):
+        bundle = copy.deepcopy(original)
+        (version,) = [v for v in bundle["models"]["mlp"] if v["version"] == 9]
+        version["artifact"]["sha256"] = swapped
+        write(path, bundle)
+        code, out, _ = run(offline, capsys)
+        assert code == 1, out
+        assert {name for name, ok in checks(out).items() if not ok} == {"artifacts"}
+        artifacts = next(c for c in json.loads(out)["checks"] if c["name"] == "artifacts")
+        assert artifacts["problems"] == [
+            f"registry version mlp/9: records SHA-256 {swapped}, its certificate {sha256}"
+        ]
 
 
 @SQLITE_ONLY
@@ -679,8 +751,12 @@ def test_charged_aborts_pass_online_and_offline(
             capsys,
         )
         assert code == 0, out
+        keys = tmp_path / "signing-keys.json"
+        keys.write_text(json.dumps(client.signing_keys()))  # fetched from the server itself
     bundle = json.loads(path.read_text())
     assert sorted(c["outcome"] for c in bundle["certificates"]) == ["aborted", "released"]
-    code, out, _ = run(["check", "--bundle", str(path), "--json"], capsys)
+    # (the bundle's own keys leave the signer unverified, exit 1: the server's are pinned)
+    code, out, _ = run(["check", "--bundle", str(path), "--json", "--trusted-keys", str(keys)], capsys)
     assert code == 0, out
+    assert json.loads(out)["result"] == "PASS"
     assert all(checks(out).values())

@@ -251,6 +251,12 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
     def signer() -> SigningKey:
         return ring.active
 
+    if any(op.operation in ("abort", "expire") for op in ops):
+        # Loaded before the transaction opens (as a commit's is, ``_commit_request``): the first
+        # load admits the keys through the key custody's own transaction, which on SQLite waits
+        # forever on the write lock this one would hold (a server's first certificate an abort's).
+        signer()
+
     attempt = 0
     while True:
         attempt += 1
