@@ -380,7 +380,8 @@ def check_after_worker_kills(
     # ledger check: every certificate re-verified offline, each published version's certificate,
     # the budget recomputed from the certificates, the audit chain recomputed, over HTTP v1.
     key = tenancy.create_api_key(db, tenant, "viewer")
-    server = start_server(url, extra_args=("--no-worker",))
+    # the workers' artifact directory: the online check downloads every version's bytes
+    server = start_server(url, extra_args=("--no-worker",), env={"LEDGER_ARTIFACT_DIR": str(artifacts)})
     try:
         check = subprocess.run(
             [

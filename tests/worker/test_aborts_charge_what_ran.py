@@ -58,7 +58,7 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.status == "aborted"
     prefix = {**held.event, "count": 7}  # self_composed(poisson_sampled(gaussian)), 7 of 20 steps
     assert held.event["kind"] == "self_composed" and held.event["count"] == 20
-    priced = quotes.quote(db, "acme", dataset_id, event_json=prefix)["cost"]
+    priced = quotes.quote(db, "acme", dataset_id, event_json=prefix, new_batch=True)["cost"]  # from empty
     assert Decimal(priced["epsilon"]) > 0
     assert (held.committed_epsilon, held.committed_delta) == (
         Decimal(priced["epsilon"]),

@@ -242,20 +242,15 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
     if not ops:
         return
 
-    # An abort's or an expiry's certificate is signed with the active key. The key ring is loaded
-    # (cached per process after the first time) before the transaction opens: its first load
-    # admits the keys through the database's key custody, a transaction of its own, which inside
-    # this one would wait on the write lock this one holds (SQLite: "database is locked").
+    # An abort's or an expiry's certificate is signed with the active key — and any spend may
+    # expire a due reservation. The key ring is loaded (cached per process after the first time)
+    # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
+    # the keys through the database's key custody, a transaction of its own, which inside this one
+    # would wait forever on the write lock this one holds (SQLite: "database is locked").
     ring = server_secrets.signing_keys(db)
 
     def signer() -> SigningKey:
         return ring.active
-
-    if any(op.operation in ("abort", "expire") for op in ops):
-        # Loaded before the transaction opens (as a commit's is, ``_commit_request``): the first
-        # load admits the keys through the key custody's own transaction, which on SQLite waits
-        # forever on the write lock this one would hold (a server's first certificate an abort's).
-        signer()
 
     attempt = 0
     while True:
