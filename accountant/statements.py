@@ -47,7 +47,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from accountant import events as ev
 from accountant.errors import AccountantError
@@ -67,8 +67,19 @@ GUARANTEE_SCOPE: Final = (
 )
 
 
+class Reserved(Protocol):
+    """A reserved cost as ``batch_guarantee`` reads it (a ``Cost``, or the (ε, δ) a ledger row
+    stores)."""
+
+    @property
+    def epsilon(self) -> Decimal: ...
+
+    @property
+    def delta(self) -> Decimal: ...
+
+
 def batch_guarantee(
-    budget: Budget, state: BatchState, reserved: Cost | None = None
+    budget: Budget, state: BatchState, reserved: Reserved | None = None
 ) -> tuple[Decimal, Decimal]:
     """The (ε, δ) guarantee of everything released from one batch in ``state`` (module
     docstring); ``reserved``: the reservation's reserved cost, when known (a ``parallel`` run
@@ -229,6 +240,7 @@ __all__ = [
     "GUARANTEE_SCOPE",
     "RUN_ALONE_SCOPE",
     "SHOWN_DIGITS",
+    "Reserved",
     "Transition",
     "batch_guarantee",
     "gaussian_epsilon",

@@ -19,21 +19,23 @@ Numbers are decimal strings, exact, as the ledger stores them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, to_text
 from accountant.rules import BatchState, Budget
-from accountant.statements import batch_guarantee, spend_guarantee
+from accountant.statements import Reserved, batch_guarantee
 from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import budget_of, load_dataset
 from service.ledger.errors import InvalidInput
+from service.ledger.spend import reserved_of_batches, stored_guarantees
 
 MAX_PAGE: Final = 1000
 MAX_BATCH_PAGE: Final = 5000
@@ -51,12 +53,16 @@ def _remaining(row: Dataset) -> str:
     return to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent)))
 
 
-def _guarantee_json(row: Dataset) -> dict[str, str]:
-    eps, dlt = spend_guarantee(budget_of(row), row.epsilon_spent, row.delta_spent)
-    return {"epsilon": to_text(eps), "delta": to_text(dlt)}
+def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
+    return {"epsilon": to_text(pair[0]), "delta": to_text(pair[1])}
 
 
-def _summary_json(row: Dataset) -> dict[str, Any]:
+def _summaries_json(session: Session, rows: Sequence[Dataset]) -> list[dict[str, Any]]:
+    guarantees = stored_guarantees(session, rows)
+    return [_summary_json(r, guarantees[r.id]) for r in rows]
+
+
+def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str, Any]:
     return {
         "id": row.id,
         "name": row.name,
@@ -69,7 +75,7 @@ def _summary_json(row: Dataset) -> dict[str, Any]:
         "epsilon_remaining": _remaining(row),
         "epsilon_held": to_text(row.epsilon_held),
         "naive_sequential_epsilon": to_text(row.naive_epsilon),
-        "guarantee": _guarantee_json(row),
+        "guarantee": _guarantee_json(guarantee),
         "reservations_open": row.reservations_open,
         "charges_committed": row.charges_committed,
         "last_release": row.last_release,
@@ -96,7 +102,7 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
         count = session.scalar(
             select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
         )
-        return {"data": [_summary_json(r) for r in rows], "count": count or 0}
+        return {"data": _summaries_json(session, rows), "count": count or 0}
 
 
 def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
@@ -104,7 +110,9 @@ def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
     answer): ``[{tenant_id, **spend summary}]``, one query on the ledger heads."""
     with db.session(readonly=True) as session:
         rows = session.scalars(select(Dataset).order_by(Dataset.tenant_id, Dataset.id)).all()
-        return [{"tenant_id": r.tenant_id, **_summary_json(r)} for r in rows]
+        return [
+            {"tenant_id": r.tenant_id, **s} for r, s in zip(rows, _summaries_json(session, rows), strict=True)
+        ]
 
 
 def batch_spend(
@@ -135,13 +143,18 @@ def batch_spend(
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id))
         budget = budget_of(dataset)
-        data = [_batch_json(budget, batch, task_name, state) for batch, task_name, state in rows]
+        runs = budget.rule == "parallel" and budget.accountant != "basic"
+        reserved = reserved_of_batches(session, [batch.id for batch, _, _ in rows]) if runs else {}
+        data = [
+            _batch_json(budget, batch, task_name, state, reserved.get(batch.id))
+            for batch, task_name, state in rows
+        ]
         answer: dict[str, Any] = {
             "dataset_id": dataset.id,
             "rule": dataset.rule,
             "epsilon_budget": to_text(dataset.epsilon_budget),
             "epsilon_spent": to_text(dataset.epsilon_spent),
-            "guarantee": _guarantee_json(dataset),
+            "guarantee": _guarantee_json(stored_guarantees(session, [dataset])[dataset.id]),
             "count": count or 0,
             "limit": limit,
             "offset": offset,
@@ -158,11 +171,13 @@ def batch_spend(
     return answer
 
 
-def _batch_json(budget: Budget, row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]:
+def _batch_json(
+    budget: Budget, row: Batch, task_name: str, stored_state: Any, reserved: Reserved | None
+) -> dict[str, Any]:
     state = stored_state if isinstance(stored_state, dict) else {}
     levels = state.get("levels", [])
     try:
-        eps, dlt = batch_guarantee(budget, BatchState.from_json(state))
+        eps, dlt = batch_guarantee(budget, BatchState.from_json(state), reserved)
         guarantee: dict[str, str] | None = {"epsilon": to_text(eps), "delta": to_text(dlt)}
     except InvalidArgumentError:  # a state the ledger did not write: shown, not interpreted
         guarantee = None
