@@ -1222,7 +1222,8 @@
         h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate and its job's plan; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
         dl([
           ["guarantee of this model", st.guarantee ? h("span", {}, "(ε ≤ ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ ≤ ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope + (st.guarantee.covers ? "; it covers " + st.guarantee.covers : "")) : null],
-          ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope) : null],
+          ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope +
+            (st.run_alone.certified === false ? "; derived from the certificate's charge and budget δ, not certified (ledger check recomputes it)" : "")) : null],
           ["budget share", st.budget_share ? h("span", { id: "statement-budget-share" }, "ε ", exact("span", {}, st.budget_share.epsilon, "up"), " — " + st.budget_share.scope) : null],
           ["privacy unit", st.privacy_unit ? st.privacy_unit.description : null, "statement-unit"],
           ["granularity", st.granularity],

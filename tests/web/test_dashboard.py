@@ -846,6 +846,10 @@ def test_model_version_page_shows_its_dp_statement(browser: Any, seeded: Seeded)
         == (statement["budget"]["epsilon_remaining"])
     )
     assert '"divide_by":16' in text_of(browser, "#model-preprocessing")
+    # The run alone names its accountant and says it is derived, not certified (issue 24 §3).
+    alone = text_of(browser, "#statement-run-alone")
+    assert f"by {statement['run_alone']['accountant']}" in alone
+    assert "derived from the certificate's charge and budget δ, not certified" in alone
     screenshot(browser, "17-model-version-dp-statement")
     assert browser_errors(browser) == []
 
