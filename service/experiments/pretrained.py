@@ -367,9 +367,7 @@ def _plots(runs: Sequence[Mapping[str, Any]], config: Mapping[str, Any], out_dir
                         else "Full Data (sequential)"
                     )
                     bottom.bar(tasks[: len(spent)] + shift, spent, width=width, label=label)
-        bottom.set_title(
-            "budget used per task (task 1 first; sequential rdp: a share, not a guarantee)"
-        )
+        bottom.set_title("budget used per task (task 1 first; sequential rdp: a share, not a guarantee)")
         bottom.set_xlabel("task")
         bottom.set_ylabel("task budget used ε")
         bottom.set_xticks(tasks)

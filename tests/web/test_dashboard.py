@@ -585,10 +585,9 @@ def test_lifelong_dataset_curve_of_ledger_epsilon_against_naive_sequential(
     assert caption.startswith(
         "After task 6 (task-6): guarantee ε 0.4, δ 0 · naive sequential ε 2.4 (6× the guarantee)"
     )
-    guarantee = all_of(browser, "#lifelong-curve circle.pt-guarantee")
-    assert [p.get_attribute("data-epsilon") for p in guarantee] == [
-        p["guarantee"]["epsilon"] for p in history["data"]
-    ]
+    points = all_of(browser, "#lifelong-curve circle.pt-guarantee")
+    guarantee = [p.get_attribute("data-epsilon") for p in points]
+    assert guarantee == [p["guarantee"]["epsilon"] for p in history["data"]]
     assert guarantee[-1] == spend["guarantee"]["epsilon"] == "0.4"
     assert len(all_of(browser, "#task-bars rect.bar")) == seeded.lifelong_tasks
     assert all_of(browser, "#task-bars line.naive-mark")  # task 1's memory batch: naive > ledger
