@@ -32,7 +32,10 @@ confused (issue 24 §3):
   lone Gaussian run (Balle & Wang 2018, Thm. 8), else the PRV upper bound (Gopi, Lee & Wutschitz
   2021, Thm. 5.5) or the exact basic composition when smaller (a pure ε is exact). It bounds
   that run alone, not what was released before it from the same records; it is computed for the
-  whole reserved run, which bounds a run stopped early.
+  whole reserved run, which bounds a run stopped early. It is **derived, not certified**: it is
+  not in the certificate, but a function of two certified inputs (the reserved charge's event and
+  the budget's δ), so anyone holding the certificate recomputes it offline
+  (``certificate_run_alone``; ``ledger check`` does, for every version a bundle states it for).
 * ``budget_share`` — how much of the budget the release consumed: the reservation's committed
   cost in the rule's own units (filter progress, a segment's share, a level's allowance). It is a
   budget figure, **not** a DP guarantee.
@@ -47,13 +50,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import INFINITY, SHOWN_DIGITS, ZERO, exact_sum, shown, to_text
-from accountant.rules import BatchState, Budget, Cost
+from accountant.rules import BatchState, Budget, Charge, Cost
 from accountant.rules.prices import basic_price, prv_epsilon
 
 # ---------------------------------------------------------------------------------------------
@@ -67,8 +70,19 @@ GUARANTEE_SCOPE: Final = (
 )
 
 
+class Reserved(Protocol):
+    """A reserved cost as ``batch_guarantee`` reads it (a ``Cost``, or the (ε, δ) a ledger row
+    stores)."""
+
+    @property
+    def epsilon(self) -> Decimal: ...
+
+    @property
+    def delta(self) -> Decimal: ...
+
+
 def batch_guarantee(
-    budget: Budget, state: BatchState, reserved: Cost | None = None
+    budget: Budget, state: BatchState, reserved: Reserved | None = None
 ) -> tuple[Decimal, Decimal]:
     """The (ε, δ) guarantee of everything released from one batch in ``state`` (module
     docstring); ``reserved``: the reservation's reserved cost, when known (a ``parallel`` run
@@ -197,6 +211,21 @@ def gaussian_epsilon(mu: float, delta: Decimal) -> Decimal | None:
     return Decimal(repr(stated)).quantize(Decimal("1e-12"), rounding=ROUND_CEILING)
 
 
+RUN_ALONE_SOURCE: Final = (
+    "derived, not certified: recomputed from the certificate's inputs.charge.event and "
+    "inputs.budget.delta by the accountant named (ledger check recomputes it offline)"
+)
+
+
+def certificate_run_alone(body: Any) -> dict[str, str]:
+    """``run_alone`` of the release a certificate ``body`` justifies, from its certified inputs
+    (the reserved charge's event, the budget's δ): what a DP statement states, recomputable by
+    anyone holding the certificate."""
+    inputs = body["inputs"]
+    event = Charge.from_json(inputs["charge"]).event
+    return run_alone(event, Budget.from_json(inputs["budget"]).delta)
+
+
 def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
     """``{epsilon, delta, accountant}``: the run ``event`` alone at δ = ``delta`` (the budget's):
     for a lone Gaussian run its exact ε (``gaussian_epsilon``), else the smaller of its exact basic
@@ -228,9 +257,12 @@ def run_alone(event: DpEvent, delta: Decimal) -> dict[str, str]:
 __all__ = [
     "GUARANTEE_SCOPE",
     "RUN_ALONE_SCOPE",
+    "RUN_ALONE_SOURCE",
     "SHOWN_DIGITS",
+    "Reserved",
     "Transition",
     "batch_guarantee",
+    "certificate_run_alone",
     "gaussian_epsilon",
     "release_guarantee",
     "run_alone",

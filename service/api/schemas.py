@@ -590,15 +590,24 @@ class CommitPublic(_Public):
 # spend, audit, health
 
 
+class TaskGuarantee(_Public):
+    """The (ε, δ)-DP guarantee of everything released from the task's batches so far."""
+
+    epsilon: str
+    delta: str
+
+
 class TaskSpend(_Public):
     id: Any
     name: str
     epsilon_spent: str
+    guarantee: TaskGuarantee
 
 
 class GuaranteePublic(_Public):
     """The (ε, δ)-DP guarantee of everything released so far, valid under adaptive stopping
-    (``accountant.statements``), and what it covers under the rule."""
+    (``accountant.statements``; also for data charged before pricing version 3, whose stored
+    spend may be a prefix), and what it covers under the rule."""
 
     epsilon: str
     delta: str

@@ -64,6 +64,12 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     every audited version's ε lower bound (one-run auditing, ``accountant.auditing``), recomputed
     here at its certificate's δ from the audit's counts, is at most the ε its certificate states
     for the run; a lower bound above the upper bound means the code or the accounting is wrong.
+``run alone (derived)`` (only where a version's DP statement shows ``run_alone``)
+    every statement's ``run_alone`` — the run alone, not the release's guarantee — is recomputed
+    from its certificate's certified inputs (the reserved charge's event, the budget's δ;
+    ``accountant.statements.certificate_run_alone``): the same accountant and δ, an ε no smaller.
+    It is a derived figure, not a certified one: the certificate does not state it, and the
+    check's line says so.
 ``signatures``
     every certificate's ``signature`` (over its content hash) and the audit head's (over the
     dataset, ``chain_seq`` and ``hash``) verify under a trusted Ed25519 key
@@ -833,6 +839,64 @@ def _privacy_audits(bundle: Json, model: str | None) -> Finding:
     return Finding("privacy audit", not problems, detail, problems)
 
 
+def _stated_run_alone(bundle: Json, model: str | None) -> list[tuple[str, Json]]:
+    """The registry versions whose DP statement states a ``run_alone`` figure."""
+    registry: Mapping[str, list[Json]] = bundle.get("models") or {}
+    names = sorted(registry) if model is None else [model]
+    return [
+        (f"{name}/{version.get('version')}", version)
+        for name in names
+        for version in registry.get(name, [])
+        if isinstance((version.get("dp_statement") or {}).get("run_alone"), Mapping)
+    ]
+
+
+def _has_run_alone(bundle: Json, model: str | None) -> bool:
+    try:
+        return bool(_stated_run_alone(bundle, model))
+    except (AttributeError, TypeError):
+        return True  # malformed: the guarded check reports it
+
+
+def _run_alone(bundle: Json, model: str | None) -> Finding:
+    """Every ``run_alone`` a version's statement shows, recomputed from its certificate's certified
+    inputs (``accountant.statements.certificate_run_alone``): the same accountant, the same δ,
+    and an ε no smaller. It is derived, not certified (docs/ACCOUNTING.md): the finding says so."""
+    from accountant.statements import certificate_run_alone
+
+    by_id = {c["id"]: c for c in bundle["certificates"]}
+    problems: list[str] = []
+    stated = _stated_run_alone(bundle, model)
+    accountants: set[str] = set()
+    for label, version in stated:
+        shown_alone = version["dp_statement"]["run_alone"]
+        certificate = by_id.get(version.get("certificate_id"))
+        if certificate is None:  # the releases check fails it: no certificate certifies it
+            continue
+        again = certificate_run_alone(certificate["certificate"])
+        accountants.add(again["accountant"])
+        if shown_alone.get("accountant") != again["accountant"]:
+            problems.append(
+                f"version {label}: run_alone names accountant {shown_alone.get('accountant')!r}, "
+                f"recomputed by {again['accountant']!r}"
+            )
+        epsilon = _number(shown_alone.get("epsilon"), "run_alone.epsilon")
+        delta = _number(shown_alone.get("delta"), "run_alone.delta")
+        if epsilon < Decimal(again["epsilon"]) or delta != Decimal(again["delta"]):
+            problems.append(
+                f"version {label}: run_alone states (epsilon {epsilon}, delta {delta}), its certificate's "
+                f"charge gives (epsilon {again['epsilon']}, delta {again['delta']}) by {again['accountant']}"
+            )
+    by = ", ".join(sorted(accountants)) or "none"
+    detail = (
+        f"{len(stated)} version(s): each statement's run_alone recomputed from its certificate's charge "
+        f"and budget delta (by {by}); derived, not certified"
+        if not problems
+        else f"{len(problems)} problem(s) in the run_alone of {len(stated)} version(s)"
+    )
+    return Finding("run alone (derived)", not problems, detail, problems)
+
+
 def _bundle_integrity(bundle: Json) -> Finding:
     stored = bundle.get("bundle_hash")
     actual = bundle_hash(bundle)
@@ -952,6 +1016,8 @@ def evaluate(
         findings.append(_guarded("max epsilon", lambda: _max_epsilon(bundle, max_epsilon, model, history)))
     if _has_privacy_audits(bundle, model):  # only where a version was audited (dp_sgd_audit)
         findings.append(_guarded("privacy audit", lambda: _privacy_audits(bundle, model)))
+    if _has_run_alone(bundle, model):  # only where a statement shows one
+        findings.append(_guarded("run alone (derived)", lambda: _run_alone(bundle, model)))
     dataset = bundle.get("dataset") or {}
     budget = dataset.get("budget") or {}
     spend = bundle.get("spend") or {}

@@ -54,6 +54,8 @@ def front_matter(version: Mapping[str, Any]) -> str:
         "run_alone_epsilon": s["run_alone"]["epsilon"],
         "run_alone_delta": s["run_alone"]["delta"],
         "run_alone_accountant": s["run_alone"]["accountant"],
+        # Derived from the certificate's charge and budget δ, not stated by it (ACCOUNTING.md).
+        "run_alone_certified": bool(s["run_alone"].get("certified", False)),
         "budget_share_epsilon": s["budget_share"]["epsilon"],
         "budget_share_delta": s["budget_share"]["delta"],
         "privacy_unit": s["privacy_unit"]["unit"],
@@ -110,7 +112,8 @@ def markdown(version: Mapping[str, Any]) -> str:
         (
             "This run alone",
             f"({_eps(alone['epsilon'])}, {_delta(alone['delta'])})-DP by {alone['accountant']}: "
-            f"{alone['scope']}",
+            f"{alone['scope']}; derived from the certificate's charge and budget δ, not certified "
+            "(`ledger check` recomputes it)",
         ),
         (
             "Budget share",

@@ -45,8 +45,14 @@ from typing import Any, Final
 from accountant import events as ev
 from accountant.certificates import BatchRecord, ClassRecord
 from accountant.exact import to_text
-from accountant.rules import Budget, Charge, stated_theorem
-from accountant.statements import GUARANTEE_SCOPE, RUN_ALONE_SCOPE, release_guarantee, run_alone
+from accountant.rules import Budget, stated_theorem
+from accountant.statements import (
+    GUARANTEE_SCOPE,
+    RUN_ALONE_SCOPE,
+    RUN_ALONE_SOURCE,
+    certificate_run_alone,
+    release_guarantee,
+)
 
 STATEMENT_VERSION: Final = 2
 GUIDELINES: Final = "Ponomareva et al. 2023, How to DP-fy ML, Section 5.3 (reporting)"
@@ -196,7 +202,6 @@ def dp_statement(
     inputs = body["inputs"]
     result = body["result"]
     budget_obj = Budget.from_json(inputs["budget"])
-    reserved = Charge.from_json(inputs["charge"]).event
     charged = ev.from_json(inputs["partial_event"] or inputs["charge"]["event"])
     mechanism = _mechanism(charged)
     relations = ev.neighbouring_relations(charged)
@@ -214,7 +219,7 @@ def dp_statement(
     source = None if model_spec is None else model_spec.get("data_source")
     budget = result["budget"]
     guarantee = guarantee_of(body)
-    alone = run_alone(reserved, budget_obj.delta)
+    alone = certificate_run_alone(body)
     # RDP and PRV convert at the budget's own δ: every release holds at that δ and none spends
     # it, so "δ remaining" would read 0 after the first release. Basic composition sums δ.
     delta_sums = body["accountant"] == "basic"
@@ -229,7 +234,7 @@ def dp_statement(
             "scope": GUARANTEE_SCOPE,
             "covers": covers(budget_obj),
         },
-        "run_alone": {**alone, "scope": RUN_ALONE_SCOPE},
+        "run_alone": {**alone, "scope": RUN_ALONE_SCOPE, "certified": False, "source": RUN_ALONE_SOURCE},
         "budget_share": {
             "epsilon": result["charge"]["epsilon"],
             "delta": result["charge"]["delta"],

@@ -12,12 +12,21 @@ Answer (numbers are decimal strings — exact, as stored; never binary floats)::
      epsilon_held, reservations_open, charges_committed, ledger_version, last_release,
      guarantee: {epsilon, delta, covers}, epsilon_spent_is,
      geometric?: {first, ratio, infinite_horizon_bound},
-     tasks: [{id, name, epsilon_spent, delta_spent, naive_sequential_epsilon}]}
+     tasks: [{id, name, epsilon_spent, delta_spent, naive_sequential_epsilon,
+              guarantee: {epsilon, delta}}]}
 
 ``guarantee`` is the (ε, δ)-DP guarantee of everything released from the dataset so far, valid
 under adaptive stopping (``accountant.statements.spend_guarantee``): for a Rényi filter the
 filter's budget once anything ran, whose ``epsilon_spent`` is its progress — a budget share, not
 a guarantee (``epsilon_spent_is`` says which it is).
+
+The aggregates alone understate it for data charged before pricing version 3
+(``accountant.rules.memo``): a plan segment entered then is stored as its prefix until it
+closes, a ``parallel`` progressive commit on ``rdp`` / ``prv`` as its prefix for good. So for
+those two rules the guarantee is also derived the way ``batch_guarantee`` derives a batch's
+(``stored_guarantees``): one more query, over the batches whose plan segment is open, or over the
+committed reservations' reserved cost — never for the other rules, whose read stays two queries.
+Each task carries its own ``guarantee`` the same way.
 
 ``epsilon_remaining`` is ``epsilon_budget − epsilon_spent`` (the most-spent batch's headroom;
 what one more charge may cost also depends on the rule, e.g. geometric levels, and on open
@@ -26,13 +35,18 @@ holds). ``epsilon_held`` is the sum of the open reservations' uncommitted ε.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any, NamedTuple
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
+from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, to_text
-from accountant.statements import spend_guarantee, spend_meaning
-from service.db.models import Dataset, Task
+from accountant.rules import BatchState, Budget
+from accountant.statements import batch_guarantee, spend_guarantee, spend_meaning
+from service.db.models import Batch, BatchStateRow, Dataset, Reservation, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger.datasets import budget_of, can_be_id
 from service.ledger.dp_statement import covers
@@ -50,6 +64,8 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
             .where(Task.dataset_id == dataset_id)
             .order_by(Task.created_at, Task.id)
         ).all()
+        stored = stored_guarantees(session, [row])
+        by_task = _derived(session, [row], by_task=True)
     answer: dict[str, Any] = {
         "dataset_id": row.id,
         "rule": row.rule,
@@ -77,8 +93,11 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
         ],
     }
     budget = budget_of(row)
-    eps, dlt = spend_guarantee(budget, row.epsilon_spent, row.delta_spent)
+    eps, dlt = stored[row.id]
     answer["guarantee"] = {"epsilon": to_text(eps), "delta": to_text(dlt), "covers": covers(budget)}
+    for item, t in zip(answer["tasks"], tasks, strict=True):
+        t_eps, t_dlt = max_pair(spend_guarantee(budget, t.epsilon_spent, t.delta_spent), by_task.get(t.id))
+        item["guarantee"] = {"epsilon": to_text(t_eps), "delta": to_text(t_dlt)}
     answer["epsilon_spent_is"] = spend_meaning(budget)
     schedule = budget.geometric
     if schedule is not None:
@@ -89,4 +108,92 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     return answer
 
 
-__all__ = ["get_spend"]
+Pair = tuple[Decimal, Decimal]
+
+
+def max_pair(a: Pair, b: Pair | None) -> Pair:
+    """The componentwise maximum of two (ε, δ) guarantees of disjoint parts (McSherry 2009,
+    Thm. 4); ``b`` may be absent."""
+    return a if b is None else (max(a[0], b[0]), max(a[1], b[1]))
+
+
+def _understated(budget: Budget) -> bool:
+    """Whether this rule's stored spend may be a prefix (data charged before pricing version 3)."""
+    return (budget.rule == "sequential" and budget.accountant == "prv") or (
+        budget.rule == "parallel" and budget.accountant != "basic"
+    )
+
+
+def _derived(session: Session, rows: Sequence[Dataset], *, by_task: bool = False) -> dict[str, Pair]:
+    """Per dataset (or per task), the maximum over its batches of ``batch_guarantee`` where the
+    stored spend may be a prefix: the batches with an open plan segment (``sequential`` /
+    ``prv``: the whole open segment), the batches of committed reservations (``parallel`` on
+    ``rdp`` / ``prv``: the whole reserved run). Empty for every other rule (no query)."""
+    budgets = {r.id: budget_of(r) for r in rows}
+    plans = [i for i, b in budgets.items() if _understated(b) and b.rule == "sequential"]
+    runs = [i for i, b in budgets.items() if _understated(b) and b.rule == "parallel"]
+    found: dict[str, Pair] = {}
+    if plans:
+        for dataset_id, task_id, state_json in session.execute(
+            select(Batch.dataset_id, Batch.task_id, BatchStateRow.state)
+            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+            .where(Batch.dataset_id.in_(plans), BatchStateRow.state["plan_position"].as_integer() > 0)
+        ):
+            try:
+                state = BatchState.from_json(state_json)
+            except InvalidArgumentError:  # a state the ledger did not write: not interpreted
+                continue
+            key = task_id if by_task else dataset_id
+            found[key] = max_pair(batch_guarantee(budgets[dataset_id], state), found.get(key))
+    if runs:
+        # Exact decimals are text on SQLite, so the maxima are taken here, not by SQL's max().
+        key_column = Batch.task_id if by_task else Reservation.dataset_id
+        query = (
+            select(key_column, Reservation.epsilon, Reservation.delta)
+            .where(Reservation.dataset_id.in_(runs), Reservation.commits > 0)
+            .distinct()
+        )
+        if by_task:
+            query = query.join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id).join(
+                Batch, Batch.id == ReservationBatch.batch_id
+            )
+        for key, eps, dlt in session.execute(query):
+            found[key] = max_pair((eps, dlt), found.get(key))
+    return found
+
+
+def stored_guarantees(session: Session, rows: Sequence[Dataset]) -> dict[str, Pair]:
+    """The (ε, δ) guarantee of everything released from each dataset of ``rows``: from its
+    aggregates (``spend_guarantee``), and where those may hold a prefix charged before pricing
+    version 3, at least the batches' own guarantees (``_derived``; module docstring)."""
+    derived = _derived(session, rows)
+    return {
+        r.id: max_pair(spend_guarantee(budget_of(r), r.epsilon_spent, r.delta_spent), derived.get(r.id))
+        for r in rows
+    }
+
+
+class ReservedCost(NamedTuple):
+    """The (ε, δ) a reservation row reserved (``accountant.statements.Reserved``)."""
+
+    epsilon: Decimal
+    delta: Decimal
+
+
+def reserved_of_batches(session: Session, batch_ids: Sequence[str]) -> dict[str, ReservedCost]:
+    """The largest reserved cost of a committed reservation on each batch (``batch_guarantee``'s
+    ``reserved`` for a ``parallel`` batch: the whole run its one charge reserved)."""
+    if not batch_ids:
+        return {}
+    found: dict[str, ReservedCost] = {}
+    for batch_id, eps, dlt in session.execute(
+        select(ReservationBatch.batch_id, Reservation.epsilon, Reservation.delta)
+        .join(Reservation, Reservation.id == ReservationBatch.reservation_id)
+        .where(ReservationBatch.batch_id.in_(batch_ids), Reservation.commits > 0)
+    ):
+        known = found.get(batch_id, ReservedCost(eps, dlt))
+        found[batch_id] = ReservedCost(max(eps, known.epsilon), max(dlt, known.delta))
+    return found
+
+
+__all__ = ["get_spend", "max_pair", "reserved_of_batches", "stored_guarantees"]

@@ -8,8 +8,10 @@ dataset with a million batches or releases is read one page at a time.
 
 ``epsilon_history`` is the one view that walks history: the lifelong curve needs the dataset's ε
 and naive sequential ε *as they were* after each task, which no aggregate keeps. It streams the
-dataset's certificates in commit order and reads two numbers from each (``result.epsilon`` and
-``result.naive_epsilon``, extracted by the database, not by loading the certificate). Because
+dataset's certificates in commit order and reads a few numbers from each (``result.epsilon``,
+``result.naive_epsilon`` and ``result.guarantee``, extracted by the database, not by loading the
+certificate; a certificate issued before version 3 states no guarantee and is loaded to derive it,
+``dp_statement.guarantee_of``). Because
 batches are disjoint and a batch's spend and naive ε never decrease (INTERFACES.md,
 ``BatchState``), the dataset's value after a commit is the running maximum of those numbers over
 the commits so far: parallel composition over batches, applied through time.
@@ -19,21 +21,24 @@ Numbers are decimal strings, exact, as the ledger stores them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, to_text
 from accountant.rules import BatchState, Budget
-from accountant.statements import batch_guarantee, spend_guarantee
+from accountant.statements import Reserved, batch_guarantee, spend_meaning
 from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import budget_of, load_dataset
+from service.ledger.dp_statement import guarantee_of
 from service.ledger.errors import InvalidInput
+from service.ledger.spend import max_pair, reserved_of_batches, stored_guarantees
 
 MAX_PAGE: Final = 1000
 MAX_BATCH_PAGE: Final = 5000
@@ -51,12 +56,16 @@ def _remaining(row: Dataset) -> str:
     return to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent)))
 
 
-def _guarantee_json(row: Dataset) -> dict[str, str]:
-    eps, dlt = spend_guarantee(budget_of(row), row.epsilon_spent, row.delta_spent)
-    return {"epsilon": to_text(eps), "delta": to_text(dlt)}
+def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
+    return {"epsilon": to_text(pair[0]), "delta": to_text(pair[1])}
 
 
-def _summary_json(row: Dataset) -> dict[str, Any]:
+def _summaries_json(session: Session, rows: Sequence[Dataset]) -> list[dict[str, Any]]:
+    guarantees = stored_guarantees(session, rows)
+    return [_summary_json(r, guarantees[r.id]) for r in rows]
+
+
+def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str, Any]:
     return {
         "id": row.id,
         "name": row.name,
@@ -69,7 +78,8 @@ def _summary_json(row: Dataset) -> dict[str, Any]:
         "epsilon_remaining": _remaining(row),
         "epsilon_held": to_text(row.epsilon_held),
         "naive_sequential_epsilon": to_text(row.naive_epsilon),
-        "guarantee": _guarantee_json(row),
+        "guarantee": _guarantee_json(guarantee),
+        "epsilon_spent_is": spend_meaning(budget_of(row)),
         "reservations_open": row.reservations_open,
         "charges_committed": row.charges_committed,
         "last_release": row.last_release,
@@ -96,7 +106,7 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
         count = session.scalar(
             select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
         )
-        return {"data": [_summary_json(r) for r in rows], "count": count or 0}
+        return {"data": _summaries_json(session, rows), "count": count or 0}
 
 
 def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
@@ -104,7 +114,9 @@ def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
     answer): ``[{tenant_id, **spend summary}]``, one query on the ledger heads."""
     with db.session(readonly=True) as session:
         rows = session.scalars(select(Dataset).order_by(Dataset.tenant_id, Dataset.id)).all()
-        return [{"tenant_id": r.tenant_id, **_summary_json(r)} for r in rows]
+        return [
+            {"tenant_id": r.tenant_id, **s} for r, s in zip(rows, _summaries_json(session, rows), strict=True)
+        ]
 
 
 def batch_spend(
@@ -135,13 +147,18 @@ def batch_spend(
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.dataset_id == dataset_id))
         budget = budget_of(dataset)
-        data = [_batch_json(budget, batch, task_name, state) for batch, task_name, state in rows]
+        runs = budget.rule == "parallel" and budget.accountant != "basic"
+        reserved = reserved_of_batches(session, [batch.id for batch, _, _ in rows]) if runs else {}
+        data = [
+            _batch_json(budget, batch, task_name, state, reserved.get(batch.id))
+            for batch, task_name, state in rows
+        ]
         answer: dict[str, Any] = {
             "dataset_id": dataset.id,
             "rule": dataset.rule,
             "epsilon_budget": to_text(dataset.epsilon_budget),
             "epsilon_spent": to_text(dataset.epsilon_spent),
-            "guarantee": _guarantee_json(dataset),
+            "guarantee": _guarantee_json(stored_guarantees(session, [dataset])[dataset.id]),
             "count": count or 0,
             "limit": limit,
             "offset": offset,
@@ -158,11 +175,13 @@ def batch_spend(
     return answer
 
 
-def _batch_json(budget: Budget, row: Batch, task_name: str, stored_state: Any) -> dict[str, Any]:
+def _batch_json(
+    budget: Budget, row: Batch, task_name: str, stored_state: Any, reserved: Reserved | None
+) -> dict[str, Any]:
     state = stored_state if isinstance(stored_state, dict) else {}
     levels = state.get("levels", [])
     try:
-        eps, dlt = batch_guarantee(budget, BatchState.from_json(state))
+        eps, dlt = batch_guarantee(budget, BatchState.from_json(state), reserved)
         guarantee: dict[str, str] | None = {"epsilon": to_text(eps), "delta": to_text(dlt)}
     except InvalidArgumentError:  # a state the ledger did not write: shown, not interpreted
         guarantee = None
@@ -270,17 +289,23 @@ def releases(
 def epsilon_history(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = 1000, offset: int = 0
 ) -> dict[str, Any]:
-    """The dataset's ε and naive sequential ε as tasks grow: one point per task with releases.
+    """The dataset's guarantee, ε and naive sequential ε as tasks grow: one point per task with
+    releases.
 
     A release belongs to the newest task (in registration order) among the batches it read — an
     episodic-memory replay of task 1's batch during task 5 is task 5's release. A task's point
     is the dataset's ``epsilon`` and ``naive_sequential_epsilon`` right after that task's last
     release (in commit order): running maxima over the certificates (module docstring).
 
-    ``{dataset_id, rule, epsilon_budget, epsilon_spent, naive_sequential_epsilon, tasks,
-    releases, count, limit, offset, data: [{task_id, task_name, task_index, releases, epsilon,
-    naive_sequential_epsilon}]}``; ``task_index`` is 1-based among all the dataset's tasks;
-    ``count`` is the number of points, paged by ``limit`` / ``offset``.
+    ``{dataset_id, rule, epsilon_budget, epsilon_spent, naive_sequential_epsilon, guarantee,
+    epsilon_is, tasks, releases, count, limit, offset, data: [{task_id, task_name, task_index,
+    releases, epsilon, naive_sequential_epsilon, guarantee: {epsilon, delta}}]}``; a point's
+    ``guarantee`` is the (ε, δ) guarantee of everything released from the dataset up to that
+    task's last release (the running maximum of the releases' guarantees: each is the maximum
+    over the batches it read, and a batch's never decreases); its ``epsilon`` is what
+    ``epsilon_is`` says (for a Rényi filter its progress, a budget share, not a guarantee).
+    ``task_index`` is 1-based among all the dataset's tasks; ``count`` is the number of points,
+    paged by ``limit`` / ``offset``.
     """
     _check_page(limit, offset, 10 * MAX_PAGE)
     with db.session(readonly=True) as session:
@@ -301,18 +326,27 @@ def epsilon_history(
             if position > newest_task.get(reservation_id, -1):
                 newest_task[reservation_id] = position
         commits = session.execute(
-            select(Certificate.reservation_id, _RESULT_EPSILON, _RESULT_NAIVE)
+            select(
+                Certificate.reservation_id,
+                _RESULT_EPSILON,
+                _RESULT_NAIVE,
+                _GUARANTEE_EPSILON,
+                _GUARANTEE_DELTA,
+                Certificate.id,
+            )
             .where(Certificate.dataset_id == dataset_id)
             .order_by(Certificate.created_at, Certificate.id)
             .execution_options(yield_per=_STREAM_CHUNK)
         )
-        points, total = _task_points(commits, newest_task)
+        points, total = _task_points(commits, newest_task, lambda cid: _stated_guarantee(db, cid))
         answer_head = {
             "dataset_id": dataset.id,
             "rule": dataset.rule,
             "epsilon_budget": to_text(dataset.epsilon_budget),
             "epsilon_spent": to_text(dataset.epsilon_spent),
             "naive_sequential_epsilon": to_text(dataset.naive_epsilon),
+            "guarantee": _guarantee_json(stored_guarantees(session, [dataset])[dataset.id]),
+            "epsilon_is": spend_meaning(budget_of(dataset)),
         }
     ordered = sorted(points.items())
     page = ordered[offset : offset + limit]
@@ -331,28 +365,47 @@ def epsilon_history(
                 "releases": n,
                 "epsilon": to_text(eps),
                 "naive_sequential_epsilon": to_text(naive),
+                "guarantee": _guarantee_json(guarantee),
             }
-            for k, (n, eps, naive) in page
+            for k, (n, eps, naive, guarantee) in page
         ],
     }
 
 
+def _stated_guarantee(db: Database, certificate_id: str) -> tuple[Decimal, Decimal]:
+    """The guarantee of a certificate issued before version 3, derived from its records (read in
+    a session of its own: the caller's streams the certificates)."""
+    with db.session(readonly=True) as session:
+        body = session.scalar(select(Certificate.body).where(Certificate.id == certificate_id))
+    eps, dlt = guarantee_of(body)
+    return Decimal(eps), Decimal(dlt)
+
+
+Point = tuple[int, Decimal, Decimal, tuple[Decimal, Decimal]]
+
+
 def _task_points(
-    commits: Iterable[Any], newest_task: dict[str, int]
-) -> tuple[dict[int, tuple[int, Decimal, Decimal]], int]:
-    """Running maxima over commits; per task index: (its releases, ε, naive ε) after its last."""
+    commits: Iterable[Any],
+    newest_task: dict[str, int],
+    derive: Callable[[str], tuple[Decimal, Decimal]],
+) -> tuple[dict[int, Point], int]:
+    """Running maxima over commits; per task index: (its releases, ε, naive ε, guarantee) after
+    its last. ``derive(certificate_id)``: the guarantee of a certificate that states none."""
     epsilon = naive = ZERO
-    points: dict[int, tuple[int, Decimal, Decimal]] = {}
+    guarantee = (ZERO, ZERO)
+    points: dict[int, Point] = {}
     total = 0
-    for reservation_id, eps_text, naive_text in commits:
+    for reservation_id, eps_text, naive_text, g_eps, g_dlt, certificate_id in commits:
         total += 1
         epsilon = max(epsilon, Decimal(eps_text or 0))
         naive = max(naive, Decimal(naive_text or 0))
+        stated = derive(certificate_id) if g_eps is None else (Decimal(g_eps), Decimal(g_dlt))
+        guarantee = max_pair(guarantee, stated)
         task = newest_task.get(reservation_id)
         if task is None or task < 0:
             continue
         releases_so_far = points[task][0] if task in points else 0
-        points[task] = (releases_so_far + 1, epsilon, naive)
+        points[task] = (releases_so_far + 1, epsilon, naive, guarantee)
     return points, total
 
 

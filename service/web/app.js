@@ -447,14 +447,20 @@
       const budget = num(d.epsilon_budget);
       const fraction = budget > 0 ? num(d.epsilon_spent) / budget : 0;
       const heldFraction = budget > 0 ? num(d.epsilon_held) / budget : 0;
+      const share = isShare(d.epsilon_spent_is);
+      const guarantee = d.guarantee || {};
       return h("tr", { "data-dataset-id": d.id },
         h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
         h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
         exact("td", { class: "num budget" }, d.epsilon_budget),
-        exact("td", { class: "num spent" }, d.epsilon_spent, "up"),
+        h("td", { class: "num guarantee", "data-full": guarantee.epsilon || "", "data-delta": guarantee.delta || "" },
+          exact("span", { class: "guarantee-epsilon" }, guarantee.epsilon, "up"),
+          h("span", { class: "muted small block guarantee-delta" }, "δ ", exact("span", {}, guarantee.delta, "up"))),
+        h("td", { class: "num spent" + (share ? " budget-share" : ""), title: d.epsilon_spent, "data-full": d.epsilon_spent, "data-is": d.epsilon_spent_is || "" },
+          sig(d.epsilon_spent, "up"), share ? h("span", { class: "muted small block share-note", text: "budget share, not a DP guarantee" }) : null),
         exact("td", { class: "num remaining" }, d.epsilon_remaining, "down"),
         exact("td", { class: "num held" }, d.epsilon_held, "up"),
-        h("td", { class: "meter-cell" }, meter(fraction, heldFraction, d.epsilon_spent + " of " + d.epsilon_budget + " spent")),
+        h("td", { class: "meter-cell" }, meter(fraction, heldFraction, d.epsilon_spent + " of " + d.epsilon_budget + " of the budget used")),
         h("td", { class: "last-release" },
           h("span", { text: releaseText(d.last_release) }),
           d.last_release_at ? h("span", { class: "muted small block", text: when(d.last_release_at) }) : null));
@@ -462,9 +468,12 @@
     add(view, h("table", { id: "datasets-table", class: "table" },
       h("thead", {}, h("tr", {},
         h("th", { text: "Name" }), h("th", { text: "Rule" }), h("th", { class: "num", text: "Budget ε" }),
-        h("th", { class: "num", text: "Spent ε" }), h("th", { class: "num", text: "Remaining ε" }),
+        h("th", { class: "num", id: "th-guarantee", title: "the (ε, δ)-DP guarantee of everything released from the dataset so far, valid under adaptive stopping", text: "Guarantee (ε, δ)" }),
+        h("th", { class: "num", id: "th-spent", title: "how much of the budget is used (max over batches); on a Rényi-filter budget the filter's progress: a budget share, not a DP guarantee", text: "Budget used ε" }),
+        h("th", { class: "num", text: "Remaining ε" }),
         h("th", { class: "num", text: "Held ε" }), h("th", { text: "Used" }), h("th", { text: "Last release" }))),
       h("tbody", {}, rows)));
+    add(view, h("p", { id: "datasets-note", class: "legend", text: "Guarantee: the (ε, δ)-DP guarantee of everything released from the dataset so far (valid whatever was chosen after seeing earlier outputs). Budget used: what the budget has consumed — where it says so, a budget share (a Rényi filter's progress), not a DP guarantee. Remaining is rounded down, every ε and δ up." }));
     add(view, pager(offset, limit, page.count, "datasets", (next) => datasetsPage(gen, next).catch(showError)));
   }
 
@@ -519,7 +528,7 @@
     const levels = spend.rule === "geometric" ? h("div", { id: "levels-panel" }) : null;
     if (levels) add(view, section("Geometric levels per block", "levels", levels));
     drawBatchPage(batches);
-    if (history) add(view, section("Lifelong: ledger ε against naive sequential ε", "lifelong", lifelongCurve(history)));
+    if (history) add(view, section("Lifelong: the guarantee against naive sequential ε", "lifelong", lifelongCurve(history)));
     const timeline = h("div", { id: "timeline-panel" });
     add(view, section("Releases", "releases", timeline));
     drawReleases(releases);
@@ -544,6 +553,12 @@
     }
   }
 
+  /** Whether a spend view's `epsilon_spent` is a budget share rather than the guarantee (the
+   * API's `epsilon_spent_is` / `epsilon_is` says which). */
+  function isShare(meaning) {
+    return typeof meaning === "string" && meaning.indexOf("not a DP guarantee") >= 0;
+  }
+
   function section(heading, id, ...children) {
     return h("section", { class: "card", id: "section-" + id }, h("h2", { text: heading }), children);
   }
@@ -554,7 +569,7 @@
     return h("div", { class: "stats" },
       spend.guarantee ? h("div", { class: "stat", title: spend.guarantee.covers || "" }, h("div", { class: "stat-label", text: "guarantee (every release so far)" }),
         h("div", { class: "stat-value", id: "stat-guarantee" }, "ε ", exact("span", {}, spend.guarantee.epsilon, "up"), ", δ ", exact("span", {}, spend.guarantee.delta, "up"))) : null,
-      number(spend.rule !== "parallel" && spend.accountant === "rdp" && spend.rule !== "geometric" ? "budget used (filter progress, not a guarantee)" : "ε spent", spend.epsilon_spent, "stat-spent", "up"),
+      number(isShare(spend.epsilon_spent_is) ? "budget used (filter progress, not a guarantee)" : "ε spent", spend.epsilon_spent, "stat-spent", "up"),
       number("ε held (open reservations)", spend.epsilon_held, "stat-held", "up"),
       number("ε remaining", spend.epsilon_remaining, "stat-remaining", "down"),
       number("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive", "up"),
@@ -607,6 +622,7 @@
 
     function draw(start) {
       const shown = tasks.slice(start, start + TASK_BAR_PAGE);
+      const share = isShare(spend.epsilon_spent_is);
       const budget = num(spend.epsilon_budget);
       const largest = Math.max(budget, ...shown.map((t) => Math.max(num(t.epsilon_spent), num(t.naive_sequential_epsilon)))) || 1;
       // The axis ends at its last tick, a round number at or above every value: no mark beyond it.
@@ -620,7 +636,8 @@
         const y = i * rowH + 4;
         const naive = num(t.naive_sequential_epsilon);
         const spent = num(t.epsilon_spent);
-        const text = "task " + t.name + ": ε " + t.epsilon_spent + " (naive sequential " + t.naive_sequential_epsilon + ")";
+        const text = "task " + t.name + ": " + (share ? "budget used ε " : "ε ") + t.epsilon_spent + " (naive sequential " + t.naive_sequential_epsilon + ")" +
+          (t.guarantee ? "; guarantee ε " + t.guarantee.epsilon + ", δ " + t.guarantee.delta : "");
         return s("g", { class: "task-row", "data-task-id": t.id },
           s("text", { class: "bar-label", x: labelW - 8, y: y + barH - 3, "text-anchor": "end", text: clip(t.name, 24) }),
           s("rect", { class: "bar", x: labelW, y, width: Math.max(1, x(spent) - labelW), height: barH, rx: 2,
@@ -639,7 +656,7 @@
           s("line", { class: "axis", x1: labelW, x2: x(top), y1: axisY, y2: axisY }),
           ticks.map((t) => s("text", { class: "tick", x: x(t), y: axisY + 14, "text-anchor": t === top ? "end" : "middle", text: short(t) }))),
         h("p", { class: "legend" },
-          h("span", { class: "swatch swatch-spent" }), "ledger ε of the task's batches (max over its batches) ",
+          h("span", { class: "swatch swatch-spent" }), share ? "budget used by the task's batches (max over its batches; the Rényi filter's progress: a budget share, not a DP guarantee — the guarantee is on hover) " : "ledger ε of the task's batches (max over its batches; the guarantee of their releases) ",
           h("span", { class: "swatch swatch-naive" }), "naive sequential ε ",
           h("span", { class: "swatch swatch-budget" }), "budget"),
         pager(start, TASK_BAR_PAGE, tasks.length, "tasks", draw));
@@ -730,26 +747,40 @@
         h("span", { class: "swatch swatch-free" }), "free · level k allows ε first·ratioᵏ and is used once; a block's total over an infinite horizon ≤ " + (geometric.infinite_horizon_bound || "first/(1−ratio)")));
   }
 
-  /** Lifelong: the ledger's ε and the naive sequential ε after each task. */
+  /**
+   * Lifelong: the guarantee, the ledger's ε and the naive sequential ε after each task. The
+   * guarantee (every release so far, valid under adaptive stopping) is the primary series; where
+   * the ledger's ε is a Rényi filter's progress (`epsilon_is`) it is drawn as a budget share, not
+   * a DP guarantee, else it is the guarantee itself.
+   */
   function lifelongCurve(history) {
     const points = history.data;
     if (points.length === 0) return h("p", { class: "empty", text: "No releases yet." });
-    const W = 760, H = 300, L = 56, R = 150, T = 14, B = 40;
+    const share = isShare(history.epsilon_is);
+    const guaranteeOf = (p) => (p.guarantee ? p.guarantee.epsilon : p.epsilon);
+    const W = 760, H = 300, L = 56, R = 170, T = 14, B = 40;
     const budget = num(history.epsilon_budget);
     const xMax = Math.max(history.tasks, points[points.length - 1].task_index, 2);
-    const yTop = Math.max(budget, ...points.map((p) => num(p.naive_sequential_epsilon)), ...points.map((p) => num(p.epsilon))) * 1.08 || 1;
+    const yTop = Math.max(budget, ...points.map((p) => num(p.naive_sequential_epsilon)), ...points.map((p) => num(p.epsilon)), ...points.map((p) => num(guaranteeOf(p)))) * 1.08 || 1;
     const x = (i) => L + ((i - 1) / (xMax - 1)) * (W - L - R);
     const y = (v) => T + (1 - v / yTop) * (H - T - B);
-    const line = (key) => points.map((p, i) => (i ? "L" : "M") + x(p.task_index).toFixed(1) + " " + y(num(p[key])).toFixed(1)).join(" ");
+    const line = (value) => points.map((p, i) => (i ? "L" : "M") + x(p.task_index).toFixed(1) + " " + y(num(value(p))).toFixed(1)).join(" ");
     const yTicks = niceTicks(yTop, 5).filter((t) => t <= yTop);
     const xStep = Math.max(1, Math.ceil(xMax / 12));
     const xTicks = [];
     for (let i = 1; i <= xMax; i += xStep) xTicks.push(i);
     const last = points[points.length - 1];
-    const ratio = num(last.epsilon) > 0 ? num(last.naive_sequential_epsilon) / num(last.epsilon) : 0;
-    const caption = "After task " + last.task_index + " (" + last.task_name + "): ledger ε " + sig(last.epsilon, "up") +
-      " · naive sequential ε " + sig(last.naive_sequential_epsilon, "up") + (ratio ? " (" + short(ratio) + "× the ledger's)" : "");
-    const exactCaption = "ledger ε " + last.epsilon + " · naive sequential ε " + last.naive_sequential_epsilon;
+    const lastGuarantee = last.guarantee || { epsilon: last.epsilon, delta: "" };
+    const ledgerName = share ? "budget used (filter progress, not a DP guarantee)" : "ledger ε (= the guarantee)";
+    const ratio = num(lastGuarantee.epsilon) > 0 ? num(last.naive_sequential_epsilon) / num(lastGuarantee.epsilon) : 0;
+    const caption = "After task " + last.task_index + " (" + last.task_name + "): guarantee ε " + sig(lastGuarantee.epsilon, "up") +
+      (lastGuarantee.delta !== "" ? ", δ " + sig(lastGuarantee.delta, "up") : "") +
+      " · naive sequential ε " + sig(last.naive_sequential_epsilon, "up") + (ratio ? " (" + short(ratio) + "× the guarantee)" : "") +
+      (share ? " · budget used " + sig(last.epsilon, "up") + " (filter progress, not a DP guarantee)" : "");
+    const exactCaption = "guarantee ε " + lastGuarantee.epsilon + (lastGuarantee.delta !== "" ? ", δ " + lastGuarantee.delta : "") +
+      " · ledger ε " + last.epsilon + " · naive sequential ε " + last.naive_sequential_epsilon;
+    const guaranteeY = y(num(lastGuarantee.epsilon));
+    const ledgerY = y(num(last.epsilon));
     return h("div", {},
       s("svg", { id: "lifelong-curve", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
         yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
@@ -758,19 +789,26 @@
         s("text", { class: "axis-title", x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + (H - T - B) / 2) + ")", text: "ε" }),
         s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + history.epsilon_budget)),
         s("text", { class: "series-label budget-text", x: W - R + 6, y: y(budget) + 4, "data-full": history.epsilon_budget, text: "budget " + sig(history.epsilon_budget) }),
-        s("path", { class: "series-naive", d: line("naive_sequential_epsilon") }),
-        s("path", { class: "series-ledger", d: line("epsilon") }),
+        s("path", { class: "series-naive", d: line((p) => p.naive_sequential_epsilon) }),
+        share ? s("path", { class: "series-ledger series-share", d: line((p) => p.epsilon) }) : null,
+        s("path", { class: "series-guarantee", d: line(guaranteeOf) }),
         points.map((p) => s("circle", { class: "pt-naive", cx: x(p.task_index), cy: y(num(p.naive_sequential_epsilon)), r: 3.5,
           "data-task-index": p.task_index, "data-epsilon": p.naive_sequential_epsilon }, title("task " + p.task_index + ": naive sequential ε " + p.naive_sequential_epsilon))),
-        points.map((p) => s("circle", { class: "pt-ledger", cx: x(p.task_index), cy: y(num(p.epsilon)), r: 3.5,
-          "data-task-index": p.task_index, "data-epsilon": p.epsilon }, title("task " + p.task_index + ": ledger ε " + p.epsilon))),
+        points.map((p) => s("circle", { class: "pt-ledger" + (share ? " pt-share" : ""), cx: x(p.task_index), cy: y(num(p.epsilon)), r: share ? 3 : 0,
+          "data-task-index": p.task_index, "data-epsilon": p.epsilon }, title("task " + p.task_index + ": " + ledgerName + " " + p.epsilon))),
+        points.map((p) => s("circle", { class: "pt-guarantee", cx: x(p.task_index), cy: y(num(guaranteeOf(p))), r: 3.5,
+          "data-task-index": p.task_index, "data-epsilon": guaranteeOf(p), "data-delta": p.guarantee ? p.guarantee.delta : "" },
+          title("task " + p.task_index + ": guarantee ε " + guaranteeOf(p) + (p.guarantee ? ", δ " + p.guarantee.delta : "") + " (every release so far)"))),
         s("text", { class: "series-label naive-text", x: x(last.task_index) + 8, y: Math.max(T + 4, y(num(last.naive_sequential_epsilon)) + 4),
           "data-full": last.naive_sequential_epsilon, text: "naive " + sig(last.naive_sequential_epsilon, "up") }, title("naive sequential ε " + last.naive_sequential_epsilon)),
-        s("text", { class: "series-label ledger-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, y(num(last.epsilon)) + 14),
-          "data-full": last.epsilon, text: "ledger " + sig(last.epsilon, "up") }, title("ledger ε " + last.epsilon))),
+        s("text", { class: "series-label guarantee-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, guaranteeY + (Math.abs(guaranteeY - y(budget)) < 8 ? 20 : 14)),
+          "data-full": lastGuarantee.epsilon, text: "guarantee " + sig(lastGuarantee.epsilon, "up") }, title("guarantee ε " + lastGuarantee.epsilon)),
+        share ? s("text", { class: "series-label ledger-text share-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, ledgerY + (Math.abs(ledgerY - guaranteeY) < 16 ? 28 : 14)),
+          "data-full": last.epsilon, text: "used " + sig(last.epsilon, "up") + " (share)" }, title("budget used ε " + last.epsilon + ": the filter's progress, a budget share, not a DP guarantee")) : null),
       h("p", { id: "curve-caption", class: "caption", title: exactCaption, text: caption }),
       h("p", { class: "legend" },
-        h("span", { class: "swatch swatch-spent" }), "ledger ε (replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
+        h("span", { class: "swatch swatch-guarantee" }), "guarantee ε of every release so far (valid under adaptive stopping; replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
+        share ? [h("span", { class: "swatch swatch-share" }), "budget used: the Rényi filter's progress, a budget share, not a DP guarantee "] : null,
         h("span", { class: "swatch swatch-naive" }), "naive sequential ε (every read counted as fresh: grows with tasks, Thm. 1)"));
   }
 
@@ -1184,7 +1222,8 @@
         h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate and its job's plan; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
         dl([
           ["guarantee of this model", st.guarantee ? h("span", {}, "(ε ≤ ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ ≤ ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope + (st.guarantee.covers ? "; it covers " + st.guarantee.covers : "")) : null],
-          ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope) : null],
+          ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope +
+            (st.run_alone.certified === false ? "; derived from the certificate's charge and budget δ, not certified (ledger check recomputes it)" : "")) : null],
           ["budget share", st.budget_share ? h("span", { id: "statement-budget-share" }, "ε ", exact("span", {}, st.budget_share.epsilon, "up"), " — " + st.budget_share.scope) : null],
           ["privacy unit", st.privacy_unit ? st.privacy_unit.description : null, "statement-unit"],
           ["granularity", st.granularity],

@@ -71,6 +71,22 @@ def test_quick_pretrained_experiment_writes_its_report(
     assert [Decimal(e) for e in full["epsilon_after_task"]] == sorted(
         Decimal(e) for e in full["epsilon_after_task"]
     )
+    # Every ε the report shows says what it is (issue 24 §3–4): on the parallel datasets the spend is
+    # the guarantee; Full Data's sequential rdp budget is a Rényi filter, whose spend is its
+    # progress — a budget share — and whose guarantee is the filter's budget, shown beside it.
+    for algorithm in ("cosine_classifier", "peft_ensemble", "peft_naive"):
+        ledger = runs[algorithm]["ledger"]
+        assert ledger["guarantee"]["epsilon"] == ledger["epsilon_spent"]
+        assert ledger["guarantee_after_task"] == ledger["epsilon_after_task"]
+        assert "not a DP guarantee" not in ledger["epsilon_spent_is"]
+    budget = full["epsilon_budget"]
+    assert "not a DP guarantee" in full["epsilon_spent_is"]
+    assert full["guarantee"] == {"epsilon": budget, "delta": full["guarantee"]["delta"]}
+    assert full["task_guarantee"] == [budget] * 2 and full["guarantee_after_task"] == [budget] * 2
+    assert Decimal(full["epsilon_spent"]) < Decimal(budget)
+    assert "guarantee (ε, δ)" in printed and "budget used ε" in printed and "ledger ε" not in printed
+    rows = {r["algorithm"]: r for r in report["summary"]}
+    assert rows["peft_full_data"]["guarantee_epsilon"] == budget
     # The naive head forgets the first task; the ensemble and the cosine classifier do not.
     assert runs["peft_naive"]["average_forgetting"] > 0.5
     assert runs["cosine_classifier"]["average_forgetting"] < 0.2

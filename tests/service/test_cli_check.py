@@ -134,6 +134,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
         "history": True,
         "signatures": True,
         "max epsilon": True,
+        "run alone (derived)": True,
     }
     releases = next(c for c in report["checks"] if c["name"] == "releases")
     assert releases["detail"].startswith("3 release(s) of 1 model(s) and 1 registry version(s)")
@@ -144,7 +145,7 @@ def test_a_healthy_ledger_passes(healthy: Healthy, capsys: pytest.CaptureFixture
 def test_a_failed_guarantee_exits_1(healthy: Healthy, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(healthy.online("--max-epsilon", "0.4"), capsys)
     assert code == 1
-    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 8" in out
+    assert "FAIL  max epsilon" in out and "0.5 > 0.4" in out and "result: FAIL (1 of 9" in out
 
     # per model: the largest epsilon any of mlp's certificates states is 0.25 (probe came later)
     code, out, _ = run(healthy.online("--model", "mlp", "--max-epsilon", "0.25", "--json"), capsys)
@@ -178,6 +179,7 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
         "audit chain": True,
         "history": True,  # the states it certifies were left alone
         "signatures": True,  # the signature is over the stored hash, which the edit left alone
+        "run alone (derived)": True,  # recomputed from the certified inputs, not the result
     }
 
     with healthy.db.session() as session:
@@ -300,6 +302,7 @@ def test_export_then_check_the_bundle_offline(
         "audit chain": True,
         "history": True,
         "signatures": True,
+        "run alone (derived)": True,
     }
     history = next(c for c in json.loads(out)["checks"] if c["name"] == "history")
     assert history["detail"].startswith("4 settlement(s) chained per batch from the empty state over 3")
@@ -387,6 +390,35 @@ def test_artifacts_are_compared_offline(
         assert artifacts["problems"] == [
             f"registry version mlp/9: records SHA-256 {swapped}, its certificate {sha256}"
         ]
+
+
+@SQLITE_ONLY
+def test_a_bundles_run_alone_is_recomputed_and_labelled_derived_not_certified(
+    healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 §3: a bundle's DP statement shows ``run_alone``, which no certificate states;
+    ``ledger check --bundle`` recomputes it from the certificate's certified charge and budget δ,
+    says it is derived, not certified, and fails a statement that understates it."""
+    path = tmp_path / "ledger.json"
+    bundle = export(healthy, path, capsys)
+    (version,) = bundle["models"]["mlp"]
+    alone = version["dp_statement"]["run_alone"]
+    assert (alone["epsilon"], alone["delta"], alone["accountant"]) == ("0.25", "0", "basic (exact)")
+    assert alone["certified"] is False and "derived, not certified" in alone["source"]
+    keys = tmp_path / "signing-keys.json"
+    keys.write_text(json.dumps(bundle["signing_keys"]))
+    code, out, _ = run(["check", "--bundle", str(path), "--trusted-keys", str(keys)], capsys)
+    assert code == 0, out
+    line = next(row for row in out.splitlines() if "run alone (derived)" in row)
+    assert line.strip().startswith("PASS") and "by basic (exact)); derived, not certified" in line
+
+    alone["epsilon"] = "0.2"  # a statement understating the run, the bundle rehashed
+    write(path, bundle)
+    code, out, _ = run(["check", "--bundle", str(path), "--trusted-keys", str(keys), "--json"], capsys)
+    assert code == 1
+    assert checks(out)["run alone (derived)"] is False and checks(out)["certificates"] is True
+    finding = next(c for c in json.loads(out)["checks"] if c["name"] == "run alone (derived)")
+    assert "its certificate's charge gives (epsilon 0.25, delta 0) by basic (exact)" in finding["problems"][0]
 
 
 @SQLITE_ONLY

@@ -582,7 +582,13 @@ def test_lifelong_dataset_curve_of_ledger_epsilon_against_naive_sequential(
     # ... and the naive curve is drawn above the ledger's at the last task.
     assert float(naive[-1].get_attribute("cy")) < float(ledger[-1].get_attribute("cy"))
     caption = text_of(browser, "#curve-caption")
-    assert caption.startswith("After task 6 (task-6): ledger ε 0.4 · naive sequential ε 2.4")
+    assert caption.startswith(
+        "After task 6 (task-6): guarantee ε 0.4, δ 0 · naive sequential ε 2.4 (6× the guarantee)"
+    )
+    points = all_of(browser, "#lifelong-curve circle.pt-guarantee")
+    guarantee = [p.get_attribute("data-epsilon") for p in points]
+    assert guarantee == [p["guarantee"]["epsilon"] for p in history["data"]]
+    assert guarantee[-1] == spend["guarantee"]["epsilon"] == "0.4"
     assert len(all_of(browser, "#task-bars rect.bar")) == seeded.lifelong_tasks
     assert all_of(browser, "#task-bars line.naive-mark")  # task 1's memory batch: naive > ledger
     screenshot(browser, "06-dataset-lifelong")
@@ -839,6 +845,10 @@ def test_model_version_page_shows_its_dp_statement(browser: Any, seeded: Seeded)
         == (statement["budget"]["epsilon_remaining"])
     )
     assert '"divide_by":16' in text_of(browser, "#model-preprocessing")
+    # The run alone names its accountant and says it is derived, not certified (issue 24 §3).
+    alone = text_of(browser, "#statement-run-alone")
+    assert f"by {statement['run_alone']['accountant']}" in alone
+    assert "derived from the certificate's charge and budget δ, not certified" in alone
     screenshot(browser, "17-model-version-dp-statement")
     assert browser_errors(browser) == []
 

@@ -202,6 +202,8 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     rows = {line.split(" | ")[0][2:]: line for line in markdown.splitlines() if line.startswith("| ")}
     assert "(ε ≤ 10, δ ≤ 0.00001)-DP" in rows["Guarantee of this model"]
     assert f"(ε ≤ {shown(alone['epsilon'])}, δ ≤ 0.00001)-DP by prv" in rows["This run alone"]
+    assert "derived from the certificate's charge and budget δ, not certified" in rows["This run alone"]
+    assert dp["run_alone_certified"] is False and dp["run_alone_accountant"] == "prv (upper bound)"
     assert "NOT a DP guarantee" in rows["Budget share"] and "This release" not in rows
     # 4 significant digits, rounded up, everywhere a person reads a number (the hash aside).
     long_numbers = [
@@ -247,7 +249,9 @@ def test_a_taken_release_is_refused_at_reserve_naming_model_and_version(
         **statement["run_alone"],
         "epsilon": "0.25",
         "accountant": "basic (exact)",
+        "certified": False,  # not in the certificate: recomputed from its charge (ledger check)
     }
+    assert "inputs.charge.event and inputs.budget.delta" in statement["run_alone"]["source"]
     assert statement["mechanism"]["sampler"] is None and statement["mechanism"]["event_kinds"] == ["pure_dp"]
     assert statement["mechanism"]["clipping_norm"] is None
     assert "not known to the ledger" in statement["mechanism"]["clipping_norm_source"]
