@@ -914,7 +914,7 @@ def _run_staged(
                 job.tenant_id,
                 job.dataset_id,
                 event_json=ev.to_json(stage.event),
-                batch_ids=list(stage.batch_ids),
+                **_stage_selector(stage, tasks),
                 noise_commitment=stage.noise_commitment,
                 idempotency_key=_reserve_key(job.id, job.attempt, stage.index),
                 ttl_s=reservation_ttl_s,
@@ -922,6 +922,13 @@ def _run_staged(
         except LedgerError as exc:
             raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
         run.reservation_id = reserved["id"]  # (a retry finds it by its idempotency key)
+        if reserved["batches"]["count"] != len(stage.batch_ids):  # a task gained a batch since the plan
+            message = (
+                f"the batches of stage {stage.index} changed while the job planned "
+                f"({len(stage.batch_ids)} planned, {reserved['batches']['count']} reserved); "
+                "its reservation was aborted."
+            )
+            raise _fail(run, _error("batches_changed", message, stage=stage.index))
         run.stage_training = False
         if data is None:  # the first granted reservation: only now is the source read
             loaded, of_batch = _load_checked(run, loader)
@@ -965,6 +972,26 @@ def _run_staged(
             metrics=metrics,
         )
     return _finish(run, "succeeded")
+
+
+def _stage_selector(stage: Stage, tasks: Sequence[LedgerTask]) -> dict[str, list[str]]:
+    """How a stage's reservation names its batches: by task (``task_ids``, up to
+    ``MAX_BATCHES_PER_RESERVATION`` batches) when they are exactly every batch of some tasks, as
+    the planned tasks held them; else by id (``batch_ids``, at most ``MAX_IDS_PER_REQUEST``: a
+    stage that reads part of a task, e.g. an episodic memory's batch). Issue 24: a stage of one
+    task of 10 001 batches failed by id. The reservation's batch count is checked against the
+    stage's afterwards (a batch added to a task since the plan is not read unreserved)."""
+    task_of = {batch.id: task for task in tasks for batch in task.batches}
+    named = set(stage.batch_ids)
+    whole = {task_of[b].id: task_of[b] for b in stage.batch_ids if b in task_of}
+    exact = (
+        len(named) == len(stage.batch_ids)
+        and named <= task_of.keys()
+        and sum(len(task.batches) for task in whole.values()) == len(named)
+    )
+    if exact:
+        return {"task_ids": list(whole)}
+    return {"batch_ids": list(stage.batch_ids)}
 
 
 def _versions_of_job(db: Database, job_id: str) -> list[int]:
