@@ -216,6 +216,75 @@ class DatasetPrices:
         return self.quote(event).admitted
 
 
+@dataclass(frozen=True, slots=True)
+class StageRefusal:
+    """The first charge of a sequence the ledger would refuse: its place (0, 1, ...) and the
+    409 its reservation would get (naming a batch)."""
+
+    index: int
+    refusal: LedgerError
+
+
+class StagedPrices:
+    """Whether a staged run's charges — each an event on some batches, reserved and committed in
+    turn, as ``service.worker.gate`` runs the stages — would all be admitted from the batches'
+    current states: a later charge meets the states the earlier ones leave (a batch re-read by a
+    ``sequential`` budget composes; a ``parallel`` one refuses the re-read). Decided as the
+    ledger decides (``accountant.rules.reserve`` then ``commit``), once per class of batches in
+    one state read by the same charges. The budget and every batch's state are read once, on
+    the first call, so a calibration may ask about many runs. Advisory, as a quote is."""
+
+    def __init__(self, db: Database, tenant_id: str, dataset_id: str) -> None:
+        self._db, self._tenant_id, self._dataset_id = db, tenant_id, dataset_id
+        self._loaded: tuple[Budget, dict[str, str], dict[str, BatchState]] | None = None
+
+    def _load(self) -> tuple[Budget, dict[str, str], dict[str, BatchState]]:
+        if self._loaded is None:
+            budget = _own_budget(self._db, self._tenant_id, self._dataset_id)
+            rows = self._db.read_all(
+                select(Batch.id, Batch.state_id).where(Batch.dataset_id == self._dataset_id)
+            )
+            state_of = {r.id: r.state_id for r in rows}
+            self._loaded = (budget, state_of, read_states(self._db, state_of.values()))
+        return self._loaded
+
+    def refusal(self, charges: Sequence[tuple[Sequence[str], Charge]]) -> StageRefusal | None:
+        """``None`` when every charge (its batch ids, its charge) would be admitted in turn;
+        else the earliest refused one. ``NotFound`` for a batch the dataset does not hold,
+        ``InvalidInput`` for an event the accountant cannot price."""
+        budget, state_of, states = self._load()
+        reads: dict[str, list[int]] = {}
+        for index, (batch_ids, _) in enumerate(charges):
+            for batch_id in batch_ids:
+                reads.setdefault(batch_id, []).append(index)
+        classes: dict[tuple[str, tuple[int, ...]], str] = {}  # (state, charges) -> smallest batch id
+        for batch_id, indices in reads.items():
+            if batch_id not in state_of:
+                raise NotFound("batch", batch_id)
+            key = (state_of[batch_id], tuple(indices))
+            classes[key] = min(classes.get(key, batch_id), batch_id)
+        for _, charge in charges:  # each bounded as its reservation will be
+            pricing.check_work(budget, [charge.event], pricing.DEFAULT_POLICY.max_work)
+        first: StageRefusal | None = None
+        with rules.pricing(PriceMemo(budget)):
+            for (state_id, indices), example in sorted(classes.items(), key=lambda kv: kv[1]):
+                state = states[state_id]
+                for index in indices:
+                    if first is not None and index >= first.index:
+                        break
+                    charge = charges[index][1]
+                    try:
+                        admission = rules.reserve(budget, state, charge)
+                        state = rules.commit(budget, admission.state, charge, admission.cost, None).state
+                    except AccountantError as exc:
+                        error = rule_error(exc, example)
+                        if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
+                            raise error from exc
+                        first = StageRefusal(index, error)
+                        break
+        return first
+
+
 def _target(batch_ids: Sequence[str] | None, task_ids: Sequence[str] | None, new_batch: bool) -> _Target:
     values = (batch_ids, task_ids, new_batch or None)
     given = [name for name, v in zip(TARGETS, values, strict=True) if v is not None]
@@ -309,5 +378,7 @@ __all__ = [
     "ClassQuote",
     "DatasetPrices",
     "Quote",
+    "StageRefusal",
+    "StagedPrices",
     "quote",
 ]

@@ -67,6 +67,7 @@ from sqlalchemy import select
 from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.exact import ZERO, exact_add
+from accountant.rules import Charge
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database, is_transient_error
 from service.ledger import jobs, quotes, reservations
@@ -589,6 +590,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         if isinstance(run.trainer, StagedTrainer):
             stages = list(run.trainer.stages(params, tasks))
             steps = sum(jobs.stage_steps(stage) for stage in stages)
+            if getattr(params, "target_epsilon", None) is not None:
+                _check_stages_fit(run, params, tasks, stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
             prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
@@ -668,11 +671,12 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
 
 
 def _with_budget_delta(db: Database, job: ClaimedJob, params: Any) -> Any:
-    """DP-SGD params with a target ε and no ``delta``: the budget's δ (the target is the run's
-    own ε at it)."""
-    from service.training.params import DpSgdParams, InvalidParamsError
+    """Params with a target ε and no ``delta`` (DP-SGD, AdaDp, the pre-trained trainers,
+    NaiveGaussian): the budget's δ (the target is the run's own ε at it)."""
+    from service.training.params import DpSgdParams, InvalidParamsError, NaiveGaussianParams, PretrainedParams
 
-    if not isinstance(params, DpSgdParams) or params.delta is not None or params.noise_multiplier is not None:
+    targeted = isinstance(params, DpSgdParams | PretrainedParams | NaiveGaussianParams)
+    if not targeted or params.delta is not None or params.noise_multiplier is not None:
         return params
     from service.ledger.spending.store import dataset_budget
 
@@ -723,6 +727,58 @@ def _check_target_fits(run: _Run, params: Any, prices: quotes.DatasetPrices) -> 
             "largest_target_epsilon": largest,
         },
     )
+
+
+def _check_stages_fit(run: _Run, params: Any, tasks: Sequence[LedgerTask], stages: Sequence[Stage]) -> None:
+    """A staged run calibrated to ``target_epsilon`` (each stage's run's own ε; NaiveGaussian:
+    the whole run's) whose stages the budget cannot admit in turn is refused here, before
+    anything is reserved or read (``quotes.StagedPrices``: a later stage meets what the earlier
+    ones leave). When the budget is what refuses it, the refusal names the largest
+    ``target_epsilon`` under which every stage fits (``largest_fitting_target``: the stages
+    re-planned by the trainer at each target tried); a rule's refusal (a ``parallel`` batch read
+    twice) names none, as no target changes it."""
+    from accountant.calibration import largest_fitting_target
+    from service.ledger.errors import BudgetExceeded
+
+    prices = quotes.StagedPrices(run.db, run.job.tenant_id, run.job.dataset_id)
+
+    def charges(planned: Sequence[Stage]) -> list[tuple[Sequence[str], Any]]:
+        return [(s.batch_ids, Charge(s.event, s.noise_commitment)) for s in planned]
+
+    refused = prices.refusal(charges(stages))
+    if refused is None:
+        return
+    stage = stages[refused.index]
+    details: dict[str, Any] = {
+        **refused.refusal.to_json(),
+        "stage": stage.index,
+        "stage_name": stage.name,
+        "field": "params.target_epsilon",
+    }
+    if isinstance(refused.refusal, BudgetExceeded):
+
+        def admits(target: float) -> bool:
+            try:
+                planned = run.trainer.stages(replace(params, target_epsilon=target), tasks)
+            except AccountantError:  # no σ reaches this target
+                return False
+            return prices.refusal(charges(planned)) is None
+
+        largest = largest_fitting_target(admits, below=params.target_epsilon)
+        details["largest_target_epsilon"] = largest
+        fits = (
+            f"the largest target_epsilon under which every stage fits is {largest}"
+            if largest is not None
+            else "no target_epsilon fits (no noise multiplier is admitted)"
+        )
+    else:
+        fits = "no target_epsilon changes that"
+    details["message"] = (
+        f"the run calibrated to target_epsilon={params.target_epsilon} (its own epsilon at "
+        f"delta={params.delta}) would be refused at stage {stage.index} ({stage.name}): {fits}. "
+        f"Nothing was reserved or read. ({refused.refusal.message})"
+    )
+    raise _fail(run, details)
 
 
 def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
