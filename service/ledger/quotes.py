@@ -258,10 +258,10 @@ class StagedPrices:
             for batch_id in batch_ids:
                 reads.setdefault(batch_id, []).append(index)
         classes: dict[tuple[str, tuple[int, ...]], str] = {}  # (state, charges) -> smallest batch id
-        for batch_id, indices in reads.items():
+        for batch_id, read_by in reads.items():
             if batch_id not in state_of:
                 raise NotFound("batch", batch_id)
-            key = (state_of[batch_id], tuple(indices))
+            key = (state_of[batch_id], tuple(read_by))
             classes[key] = min(classes.get(key, batch_id), batch_id)
         for _, charge in charges:  # each bounded as its reservation will be
             pricing.check_work(budget, [charge.event], pricing.DEFAULT_POLICY.max_work)

@@ -964,13 +964,15 @@ def _run_staged(
         run.control.set_step(stage.index - 1)
         if run.control.should_stop():
             raise _stop_for(run)
+        batch_ids, task_ids = _stage_selector(stage, tasks)
         try:
             reserved = reservations.reserve(
                 db,
                 job.tenant_id,
                 job.dataset_id,
                 event_json=ev.to_json(stage.event),
-                **_stage_selector(stage, tasks),
+                batch_ids=batch_ids,
+                task_ids=task_ids,
                 noise_commitment=stage.noise_commitment,
                 idempotency_key=_reserve_key(job.id, job.attempt, stage.index),
                 ttl_s=reservation_ttl_s,
@@ -1030,10 +1032,10 @@ def _run_staged(
     return _finish(run, "succeeded")
 
 
-def _stage_selector(stage: Stage, tasks: Sequence[LedgerTask]) -> dict[str, list[str]]:
-    """How a stage's reservation names its batches: by task (``task_ids``, up to
+def _stage_selector(stage: Stage, tasks: Sequence[LedgerTask]) -> tuple[list[str] | None, list[str] | None]:
+    """How a stage's reservation names its batches, ``(batch_ids, task_ids)``: by task (up to
     ``MAX_BATCHES_PER_RESERVATION`` batches) when they are exactly every batch of some tasks, as
-    the planned tasks held them; else by id (``batch_ids``, at most ``MAX_IDS_PER_REQUEST``: a
+    the planned tasks held them; else by id (at most ``MAX_IDS_PER_REQUEST``: a
     stage that reads part of a task, e.g. an episodic memory's batch). Issue 24: a stage of one
     task of 10 001 batches failed by id. The reservation's batch count is checked against the
     stage's afterwards (a batch added to a task since the plan is not read unreserved)."""
@@ -1046,8 +1048,8 @@ def _stage_selector(stage: Stage, tasks: Sequence[LedgerTask]) -> dict[str, list
         and sum(len(task.batches) for task in whole.values()) == len(named)
     )
     if exact:
-        return {"task_ids": list(whole)}
-    return {"batch_ids": list(stage.batch_ids)}
+        return None, list(whole)
+    return list(stage.batch_ids), None
 
 
 def _versions_of_job(db: Database, job_id: str) -> list[int]:
