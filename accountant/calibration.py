@@ -225,7 +225,12 @@ def largest_fitting_target(
         k_max -= 1
     if k_max < 1:
         return None
-    refused = _smallest_meeting(lambda k: k > k_max or not admits(target(k)), k_start=k_max, k_max=k_max + 1)
+    # From t = 1 (doubling up or halving down): the questions grow with the answer's size, not
+    # with ``below`` (a client's target of 1e300 must not cost a thousand calibrations).
+    k_one = int(Decimal(1) / step)
+    refused = _smallest_meeting(
+        lambda k: k > k_max or not admits(target(k)), k_start=min(k_one, k_max), k_max=k_max + 1
+    )
     assert refused is not None  # k_max + 1 is refused by definition
     return target(refused - 1) if refused > 1 else None
 

@@ -740,10 +740,14 @@ def _check_stages_fit(run: _Run, params: Any, tasks: Sequence[LedgerTask], stage
     from accountant.calibration import largest_fitting_target
     from service.ledger.errors import BudgetExceeded
 
-    prices = quotes.StagedPrices(run.db, run.job.tenant_id, run.job.dataset_id)
+    # the stages' batches do not depend on the target (only their σ does): classes formed once
+    batch_sets = [stage.batch_ids for stage in stages]
+    prices = quotes.StagedPrices(run.db, run.job.tenant_id, run.job.dataset_id, batch_sets)
 
-    def charges(planned: Sequence[Stage]) -> list[tuple[Sequence[str], Any]]:
-        return [(s.batch_ids, Charge(s.event, s.noise_commitment)) for s in planned]
+    def charges(planned: Sequence[Stage]) -> list[Charge]:
+        if [s.batch_ids for s in planned] != batch_sets:
+            raise AssertionError("re-planned stages read other batches")
+        return [Charge(s.event, s.noise_commitment) for s in planned]
 
     refused = prices.refusal(charges(stages))
     if refused is None:

@@ -232,5 +232,13 @@ def test_largest_fitting_target_is_the_largest_admitted_grid_point_below_the_ref
     assert all(t < 1.0 for t in asked)  # never asks the refused target or above
     assert largest_fitting_target(lambda t: False, below=1.0) is None
     assert largest_fitting_target(lambda t: True, below=0.5) == 0.4999  # strictly below
+    asked.clear()
+
+    def up_to_2_5(target: float) -> bool:
+        asked.append(target)
+        return target <= 2.5
+
+    assert largest_fitting_target(up_to_2_5, below=1e300) == 2.5
+    assert len(asked) < 60  # a client's huge target costs what the answer's size costs
     with pytest.raises(InvalidArgumentError):
         largest_fitting_target(admits, below=math.nan)

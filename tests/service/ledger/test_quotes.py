@@ -202,28 +202,28 @@ def test_staged_prices_meet_each_charge_with_the_states_the_earlier_ones_leave(
     """``StagedPrices`` (the gate's check of a staged run before it reserves): charges in turn,
     each on the states the earlier ones leave — two pure-ε 0.4 charges on a batch fit a basic
     sequential ε = 1, three do not; the first refused one is named, with its batch; a parallel
-    budget refuses a re-read. Priced once per class of batches read by the same charges, and the
+    budget refuses a re-read. Priced once per class of batches read by the same stages, and the
     ledger is left as it was."""
     ds, ids = _dataset(ledger, 6)
     _spend(ledger, ds, ids[:2], "0.3")  # ids[0:2] start at 0.3 spent
-    prices = quotes.StagedPrices(ledger, "t1", ds)
 
-    def charge(epsilon: float) -> rules.Charge:
-        return rules.Charge(ev.PureDpEvent(epsilon), None)
+    def charges(*epsilons: float) -> list[rules.Charge]:
+        return [rules.Charge(ev.PureDpEvent(e), None) for e in epsilons]
 
+    two = quotes.StagedPrices(ledger, "t1", ds, [ids[2:], ids[3:]])
     pricings.clear()
-    assert prices.refusal([(ids[2:], charge(0.4)), (ids[3:], charge(0.4))]) is None
-    # classes: ids[2] (1 charge), ids[3:] (2 charges): 3 pricings, not one per batch
-    assert len(pricings) == 3
-    refused = prices.refusal([(ids[2:], charge(0.4)), (ids[3:], charge(0.4)), (ids[5:], charge(0.4))])
+    assert two.refusal(charges(0.4, 0.4)) is None
+    assert len(pricings) == 3  # classes: ids[2] (1 charge), ids[3:] (2 charges); not one per batch
+    assert two.refusal(charges(0.4, 0.7)) is not None  # the same stages, other events
+    three = quotes.StagedPrices(ledger, "t1", ds, [ids[2:], ids[3:], ids[5:]])
+    refused = three.refusal(charges(0.4, 0.4, 0.4))
     assert refused is not None and refused.index == 2
     assert refused.refusal.code == "budget_exceeded" and refused.refusal.details["batch_id"] == ids[5]
     # the earlier spend counts: 0.3 + 0.4 + 0.4 > 1 on ids[1], refused at the second charge
-    refused = prices.refusal([(ids[:2], charge(0.4)), (ids[1:2], charge(0.4))])
+    refused = quotes.StagedPrices(ledger, "t1", ds, [ids[:2], ids[1:2]]).refusal(charges(0.4, 0.4))
     assert refused is not None and refused.index == 1 and refused.refusal.details["batch_id"] == ids[1]
     with pytest.raises(NotFound):
-        prices.refusal([(["no-such-batch"], charge(0.1))])
-    assert dataset_budget(ledger, ds)[1].epsilon == Decimal(1)
+        quotes.StagedPrices(ledger, "t1", ds, [["no-such-batch"]]).refusal(charges(0.1))
     assert quotes.quote(ledger, "t1", ds, event_json={"kind": "pure_dp", "epsilon": 0.7}, batch_ids=ids[:1])[
         "admitted"
     ]  # nothing was held or spent by asking
@@ -231,7 +231,5 @@ def test_staged_prices_meet_each_charge_with_the_states_the_earlier_ones_leave(
     parallel, pids = _dataset(
         ledger, 2, {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}
     )
-    again = quotes.StagedPrices(ledger, "t1", parallel).refusal(
-        [(pids, charge(0.5)), (pids[:1], charge(0.1))]
-    )
+    again = quotes.StagedPrices(ledger, "t1", parallel, [pids, pids[:1]]).refusal(charges(0.5, 0.1))
     assert again is not None and again.index == 1 and again.refusal.code == "batch_already_read"
