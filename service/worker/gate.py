@@ -590,8 +590,6 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         if isinstance(run.trainer, StagedTrainer):
             stages = list(run.trainer.stages(params, tasks))
             steps = sum(jobs.stage_steps(stage) for stage in stages)
-            if getattr(params, "target_epsilon", None) is not None:
-                _check_stages_fit(run, params, tasks, stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
             prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
@@ -602,6 +600,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
             raise _fail(run, too_many)
+        if isinstance(run.trainer, StagedTrainer) and getattr(params, "target_epsilon", None) is not None:
+            _check_stages_fit(run, params, tasks, stages)  # (after the cheap refusals: it may search)
     except InvalidParamsError as exc:
         raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
     except AccountantError as exc:  # calibration: no σ reaches the target, ...
