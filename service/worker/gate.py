@@ -964,11 +964,12 @@ def _run_staged(
     state: Any = None
     charged: dict[str, Decimal] = {}  # per batch: the sum of this job's committed charges
     delta_charged: dict[str, Decimal] = {}
+    task_of = {batch.id: task for task in tasks for batch in task.batches}  # (_stage_selector)
     for stage in stages:
         run.control.set_step(stage.index - 1)
         if run.control.should_stop():
             raise _stop_for(run)
-        batch_ids, task_ids = _stage_selector(stage, tasks)
+        batch_ids, task_ids = _stage_selector(stage, task_of)
         try:
             reserved = reservations.reserve(
                 db,
@@ -1036,14 +1037,16 @@ def _run_staged(
     return _finish(run, "succeeded")
 
 
-def _stage_selector(stage: Stage, tasks: Sequence[LedgerTask]) -> tuple[list[str] | None, list[str] | None]:
+def _stage_selector(
+    stage: Stage, task_of: Mapping[str, LedgerTask]
+) -> tuple[list[str] | None, list[str] | None]:
     """How a stage's reservation names its batches, ``(batch_ids, task_ids)``: by task (up to
     ``MAX_BATCHES_PER_RESERVATION`` batches) when they are exactly every batch of some tasks, as
     the planned tasks held them; else by id (at most ``MAX_IDS_PER_REQUEST``: a
     stage that reads part of a task, e.g. an episodic memory's batch). Issue 24: a stage of one
     task of 10 001 batches failed by id. The reservation's batch count is checked against the
-    stage's afterwards (a batch added to a task since the plan is not read unreserved)."""
-    task_of = {batch.id: task for task in tasks for batch in task.batches}
+    stage's afterwards (a batch added to a task since the plan is not read unreserved).
+    ``task_of``: each planned batch's task."""
     named = set(stage.batch_ids)
     whole = {task_of[b].id: task_of[b] for b in stage.batch_ids if b in task_of}
     exact = (
