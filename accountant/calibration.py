@@ -203,6 +203,38 @@ def largest_fitting_epsilon(
     return None
 
 
+def largest_fitting_target(
+    admits: Callable[[float], bool], *, below: float, resolution: float = 1e-4
+) -> float | None:
+    """The largest target t = k·``resolution`` < ``below`` (k ≥ 1) with ``admits(t)``; ``None``
+    when even t = ``resolution`` is not admitted. ``largest_fitting_epsilon``'s form for a run of
+    several events each calibrated to the target on its own (a staged run: every stage's σ
+    calibrated by ``calibrate_to_epsilon``), where no one σ parametrises the run.
+
+    ``admits`` must be monotone (a smaller target gives every event more noise, charged no
+    more); it answers ``False`` for a target no σ reaches. The same "double, then bisect" search
+    as ``smallest_noise``, on k: the t returned was asked and admitted, so it always fits."""
+    limit = _check_target_epsilon(below)
+    step = _check_resolution(resolution)
+
+    def target(k: int) -> float:
+        return float(Decimal(k) * step)
+
+    k_max = int((Decimal(repr(limit)) / step).to_integral_value(rounding=ROUND_FLOOR))
+    if target(k_max) >= limit:
+        k_max -= 1
+    if k_max < 1:
+        return None
+    # From t = 1 (doubling up or halving down): the questions grow with the answer's size, not
+    # with ``below`` (a client's target of 1e300 must not cost a thousand calibrations).
+    k_one = int(Decimal(1) / step)
+    refused = _smallest_meeting(
+        lambda k: k > k_max or not admits(target(k)), k_start=min(k_one, k_max), k_max=k_max + 1
+    )
+    assert refused is not None  # k_max + 1 is refused by definition
+    return target(refused - 1) if refused > 1 else None
+
+
 def calibrate_to_price(
     make_event: Callable[[float], DpEvent],
     *,
@@ -290,6 +322,7 @@ __all__ = [
     "calibrate_to_epsilon",
     "calibrate_to_price",
     "largest_fitting_epsilon",
+    "largest_fitting_target",
     "smallest_noise",
     "tight_epsilon",
 ]

@@ -199,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
                 sequential,
                 "naive_gaussian",
                 {
-                    "target_epsilon": epsilon,
+                    # all stages fit the sequential budget of ε: what the ledger charges
+                    # (issue 24 named it apart from target_epsilon, the run's own ε)
+                    "target_budget_epsilon": epsilon,
                     "delta": float(DELTA),
                     "epochs": naive_epochs,
                     "seed": args.seed,

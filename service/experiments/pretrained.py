@@ -183,7 +183,9 @@ def _run_one(
         task_order=order,
     )
     params: dict[str, Any] = {
-        "target_epsilon": epsilon,
+        # what the ledger charges each task (the budget's share; issue 24 named it apart from
+        # target_epsilon, a stage's own ε): the claim compares the ledger's spend with it
+        "target_budget_epsilon": epsilon,
         "delta": config["delta"],
         "accountant": "rdp",
         "seed": config["seed"] * 1000 + repeat,

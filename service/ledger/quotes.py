@@ -216,6 +216,83 @@ class DatasetPrices:
         return self.quote(event).admitted
 
 
+@dataclass(frozen=True, slots=True)
+class StageRefusal:
+    """The first charge of a sequence the ledger would refuse: its place (0, 1, ...) and the
+    409 its reservation would get (naming a batch)."""
+
+    index: int
+    refusal: LedgerError
+
+
+class StagedPrices:
+    """Whether a staged run's charges — one per stage, each on the stage's batches, reserved and
+    committed in turn, as ``service.worker.gate`` runs the stages — would all be admitted from the
+    batches' current states: a later charge meets the states the earlier ones leave (a batch
+    re-read by a ``sequential`` budget composes; a ``parallel`` one refuses the re-read). Decided
+    as the ledger decides (``accountant.rules.reserve`` then ``commit``), once per class of
+    batches in one state read by the same stages. ``stage_batches``: each stage's batch ids,
+    fixed; the budget, the states and the classes are read and formed once, on the first call, so
+    a calibration may ask about many runs (their events) on them. Advisory, as a quote is."""
+
+    def __init__(
+        self, db: Database, tenant_id: str, dataset_id: str, stage_batches: Sequence[Sequence[str]]
+    ) -> None:
+        self._db, self._tenant_id, self._dataset_id = db, tenant_id, dataset_id
+        self._stage_batches = stage_batches
+        self._loaded: tuple[Budget, list[tuple[BatchState, tuple[int, ...], str]]] | None = None
+
+    def _load(self) -> tuple[Budget, list[tuple[BatchState, tuple[int, ...], str]]]:
+        if self._loaded is None:
+            budget = _own_budget(self._db, self._tenant_id, self._dataset_id)
+            rows = self._db.read_all(
+                select(Batch.id, Batch.state_id).where(Batch.dataset_id == self._dataset_id)
+            )
+            state_of = {r.id: r.state_id for r in rows}
+            reads: dict[str, list[int]] = {}
+            for index, batch_ids in enumerate(self._stage_batches):
+                for batch_id in batch_ids:
+                    reads.setdefault(batch_id, []).append(index)
+            classes: dict[tuple[str, tuple[int, ...]], str] = {}  # (state, stages) -> smallest batch id
+            for batch_id, read_by in reads.items():
+                if batch_id not in state_of:
+                    raise NotFound("batch", batch_id)
+                key = (state_of[batch_id], tuple(read_by))
+                classes[key] = min(classes.get(key, batch_id), batch_id)
+            states = read_states(self._db, (state_id for state_id, _ in classes))
+            ordered = sorted(classes.items(), key=lambda kv: kv[1])
+            self._loaded = (budget, [(states[sid], stages, example) for (sid, stages), example in ordered])
+        return self._loaded
+
+    def refusal(self, charges: Sequence[Charge]) -> StageRefusal | None:
+        """``None`` when every stage's charge (in the order of ``stage_batches``) would be
+        admitted in turn; else the earliest refused one. ``NotFound`` for a batch the dataset
+        does not hold, ``InvalidInput`` for an event the accountant cannot price."""
+        if len(charges) != len(self._stage_batches):
+            raise ValueError(f"{len(charges)} charges for {len(self._stage_batches)} stages.")
+        budget, classes = self._load()
+        for charge in charges:  # each bounded as its reservation will be
+            pricing.check_work(budget, [charge.event], pricing.DEFAULT_POLICY.max_work)
+        first: StageRefusal | None = None
+        with rules.pricing(PriceMemo(budget)):
+            for state, stages, example in classes:
+                for index in stages:
+                    if first is not None and index >= first.index:
+                        break
+                    try:
+                        admission = rules.reserve(budget, state, charges[index])
+                        state = rules.commit(
+                            budget, admission.state, charges[index], admission.cost, None
+                        ).state
+                    except AccountantError as exc:
+                        error = rule_error(exc, example)
+                        if not isinstance(exc, rules.BudgetExceeded | rules.ChargeRefused):
+                            raise error from exc
+                        first = StageRefusal(index, error)
+                        break
+        return first
+
+
 def _target(batch_ids: Sequence[str] | None, task_ids: Sequence[str] | None, new_batch: bool) -> _Target:
     values = (batch_ids, task_ids, new_batch or None)
     given = [name for name, v in zip(TARGETS, values, strict=True) if v is not None]
@@ -309,5 +386,7 @@ __all__ = [
     "ClassQuote",
     "DatasetPrices",
     "Quote",
+    "StageRefusal",
+    "StagedPrices",
     "quote",
 ]

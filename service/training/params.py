@@ -248,7 +248,7 @@ class DpSgdParams:
 
     @classmethod
     def _read(cls, r: JobParams) -> dict[str, Any]:
-        privacy = _read_dp_sgd_privacy(r)
+        privacy = _read_privacy(r)
         if r.has("steps") and r.has("epochs"):
             raise InvalidParamsError("params.steps", "and params.epochs are exclusive; give one.")
         if r.has("sampling_probability") and r.has("expected_batch_size"):
@@ -364,20 +364,21 @@ class PrivacyAuditParams(DpSgdParams):
         return values
 
 
-DP_SGD_TARGETS: Final = ("target_epsilon", "target_budget_epsilon", "noise_multiplier")
+PRIVACY_TARGETS: Final = ("target_epsilon", "target_budget_epsilon", "noise_multiplier")
 
 
-def _read_dp_sgd_privacy(r: JobParams) -> dict[str, Any]:
+def _read_privacy(r: JobParams) -> dict[str, Any]:
     """Exactly one of ``target_epsilon`` (the run's own ε), ``target_budget_epsilon`` (what the
-    dataset charges) and ``noise_multiplier``; ``delta`` optional (the budget's δ)."""
-    given = [name for name in DP_SGD_TARGETS if r.has(name)]
+    dataset charges) and ``noise_multiplier``; ``delta`` optional (the budget's δ). DP-SGD, AdaDp
+    and the staged trainers that calibrate σ (pre-trained heads and sums, NaiveGaussian)."""
+    given = [name for name in PRIVACY_TARGETS if r.has(name)]
     if len(given) != 1:
         raise InvalidParamsError(
             "params.target_epsilon",
             "or params.target_budget_epsilon or params.noise_multiplier must be given (exactly one). "
             f"Found {given or 'none'}.",
         )
-    out = {name: r.real(name, None, minimum=0, exclusive_minimum=True) for name in DP_SGD_TARGETS}
+    out = {name: r.real(name, None, minimum=0, exclusive_minimum=True) for name in PRIVACY_TARGETS}
     out["delta"] = r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True)
     return out
 
@@ -385,21 +386,6 @@ def _read_dp_sgd_privacy(r: JobParams) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # L2DP-ML and NaiveGaussian
 # ---------------------------------------------------------------------------------------------
-
-
-def _read_privacy(r: JobParams) -> dict[str, Any]:
-    """``noise_multiplier``, or ``target_epsilon`` with ``delta`` (σ calibrated): exactly one."""
-    if r.has("target_epsilon") == r.has("noise_multiplier"):
-        raise InvalidParamsError(
-            "params.target_epsilon", "or params.noise_multiplier must be given (exactly one)."
-        )
-    if r.has("target_epsilon") and not r.has("delta"):
-        raise InvalidParamsError("params.delta", "is required with params.target_epsilon.")
-    return {
-        "target_epsilon": r.real("target_epsilon", None, minimum=0, exclusive_minimum=True),
-        "delta": r.real("delta", None, minimum=0, maximum=0.5, exclusive_minimum=True),
-        "noise_multiplier": r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True),
-    }
 
 
 def _read_epochs(r: JobParams, default: int) -> int | tuple[int, ...]:
@@ -554,12 +540,16 @@ class L2dpMlParams:
 
 @dataclass(frozen=True, slots=True)
 class NaiveGaussianParams:
-    """A NaiveGaussian job's params, validated. Exactly one of ``noise_multiplier`` and
-    ``target_epsilon`` (with ``delta``): the whole run's ε under a sequential Rényi filter."""
+    """A NaiveGaussian job's params, validated. One σ for every stage; exactly one of
+    ``noise_multiplier``, ``target_epsilon`` (the whole run's own ε at ``delta`` by the tight
+    accountant: every stage composed, as the first task's memory batch is read by all of them)
+    and ``target_budget_epsilon`` (every stage's charge fits a fresh ``sequential``/``rdp`` budget
+    of this ε: what such a dataset's Rényi filter charges). ``delta``: absent, the budget's."""
 
     noise_multiplier: float | None
     target_epsilon: float | None
     delta: float | None
+    target_budget_epsilon: float | None
     sampling_probability: float = 0.2
     epochs: int | tuple[int, ...] = 1
     task_order: tuple[int, ...] | None = None
@@ -664,13 +654,18 @@ class ExtractorSpec:
 
 @dataclass(frozen=True, slots=True)
 class PretrainedParams:
-    """Params shared by the four trainers. Privacy: exactly one of ``target_epsilon`` (with
-    ``delta``; σ calibrated per stage) and ``noise_multiplier``. ``accountant`` must be the
-    budget's, so that the calibrated event costs at most ``target_epsilon`` on the ledger."""
+    """Params shared by the four trainers. Privacy: exactly one of ``target_epsilon`` (σ
+    calibrated per stage so that the stage's run has its own ε at ``delta`` by the tight
+    accountant, PRV, at most the target: what Opacus users mean), ``target_budget_epsilon`` (σ
+    calibrated per stage so that the ledger charges the stage's event at most this much as one
+    charge under ``accountant``, which must be the budget's) and ``noise_multiplier``. ``delta``:
+    absent, the budget's (the gate fills it in). A run whose stages the budget cannot admit is
+    refused before any data is read, naming the largest ``target_epsilon`` that fits."""
 
     target_epsilon: float | None = None
     delta: float | None = None
     noise_multiplier: float | None = None
+    target_budget_epsilon: float | None = None
     accountant: str = "rdp"
     num_classes: int | None = None
     seed: int | None = None
@@ -782,6 +777,7 @@ __all__ = [
     "MODEL_KINDS",
     "MODES",
     "PARAMS",
+    "PRIVACY_TARGETS",
     "AdaDpParams",
     "ContinualParams",
     "DpSgdParams",

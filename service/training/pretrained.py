@@ -22,15 +22,14 @@ Algorithms (``service.training.algorithms``):
   the relation of its Poisson-sampled Gaussian accounting (``accountant.rdp``) — a record changes
   one row by its unit feature: L2 sensitivity Δ = 1, so the stage is ``GaussianEvent(σ/Δ = σ)``.
   (Under replace-one, Δ would be 2: the same record class twice, ‖u − u′‖ ≤ 2; the event's noise
-  multiplier would be σ/2.) σ is the smallest on a 10⁻⁴ grid that the ledger charges at most
-  ``target_epsilon`` at ``delta`` as one charge under the job's ``accountant`` — the budget's —
-  (``gaussian_noise_multiplier``, ``calibrate_to_ledger``).
+  multiplier would be σ/2.) σ is the smallest on a 10⁻⁴ grid meeting the job's target (``Calibration``
+  below).
 * ``peft_ensemble`` (Alg. A5, Eq. 4). Stage t trains a new head g_φt: ℝᴷ → ℝᶜ (a zero-initialised
   linear layer, as App. C and Sec. 4 "trains only a linear layer for each task") with DP-SGD on
   task t's features only, and releases all heads so far. Prediction: the class of the largest
   logit across heads, argmax_{t,c} g_φt(u)_c. The stage's event is
-  ``dp_sgd_event(q = B/N_t, σ, T = ⌈epochs/q⌉)``, σ calibrated so that the ledger charges it at
-  most ``target_epsilon`` as one charge — a task's charge is the whole run on its records.
+  ``dp_sgd_event(q = B/N_t, σ, T = ⌈epochs/q⌉)``, σ calibrated to the job's target for that
+  stage's q and T — a task's charge is the whole run on its records.
 * ``peft_naive`` (Alg. A3, lower baseline): one head, trained further with DP-SGD on task t only
   at each stage; the previous head is a released value (post-processing), so stage t reads only
   task t and the rule stays ``parallel``.
@@ -38,6 +37,18 @@ Algorithms (``service.training.algorithms``):
   1..t — it re-reads every earlier task. Each model is (ε, δ)-DP on its own, but the sequence is
   not: it needs a ``sequential`` dataset (the same records registered as another dataset),
   where task 1 bears t charges after stage t. On a ``parallel`` dataset stage 2 is refused.
+
+Calibration (issue 24: ``target_epsilon`` means what Opacus users mean). Each stage's σ is the
+smallest on the 10⁻⁴ grid such that, with ``target_epsilon``, the *stage's run* has its own ε at
+``delta`` (the budget's, filled in by the gate) by the tight accountant (PRV upper bound,
+``accountant.calibration.tight_epsilon``; for the lone Gaussian of the cosine classifier too: the
+project has no exact Balle & Wang profile) at most the target — under parallel composition
+(disjoint tasks) the whole run's ε for any record; with ``target_budget_epsilon``, the ledger charges
+the stage's event at most the target as one charge under the job's ``accountant``, the budget's
+(``gaussian_noise_multiplier``, ``calibrate_to_ledger``). Full-Data re-reads old tasks: each of its
+models meets the target, the sequence composes (its ``sequential`` budget charges every re-read).
+The gate checks, before any data is read, that the budget admits every stage in turn, and names the
+largest ``target_epsilon`` that does when it does not.
 
 DP-SGD is ``service.training.dp_sgd``'s (true Poisson sampling, clipping to C, noise σC, division
 by the public q·N — a departure from Alg. A1's |L_t| explained there); this module only calls its
@@ -64,7 +75,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from accountant.calibration import calibrate_noise_multiplier, calibrate_to_price
+from accountant.calibration import (
+    TIGHT_ACCOUNTANT,
+    calibrate_noise_multiplier,
+    calibrate_to_epsilon,
+    calibrate_to_price,
+)
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
@@ -154,6 +170,14 @@ def gaussian_noise_multiplier(*, target_epsilon: float, delta: float, accountant
     )
 
 
+def _target_delta(p: PretrainedParams) -> float:
+    if p.delta is None:
+        raise InvalidParamsError(
+            "params.delta", "is required with a target epsilon (a job's worker uses the budget's delta)."
+        )
+    return p.delta
+
+
 def class_feature_sums(features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """The C×K matrix of Σ_{y=c} u for every class c (rows of absent classes are zero)."""
     sums = features.new_zeros((num_classes, features.shape[1]))
@@ -210,11 +234,20 @@ def plan_head_run(p: HeadParams, n_records: int) -> HeadRun:
         raise InvalidParamsError("params.epochs", f"give {steps} steps, more than {MAX_STEPS_PER_STAGE}.")
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
-    else:
-        assert p.target_epsilon is not None and p.delta is not None
-        start = calibrate_noise_multiplier(
+    elif p.target_epsilon is not None:  # the stage's run's own ε by PRV, as DP-SGD's target
+        sigma = calibrate_noise_multiplier(
             target_epsilon=p.target_epsilon,
-            delta=p.delta,
+            delta=_target_delta(p),
+            sampling_probability=q,
+            steps=steps,
+            accountant=TIGHT_ACCOUNTANT,
+        )
+    else:
+        assert p.target_budget_epsilon is not None
+        delta = _target_delta(p)
+        start = calibrate_noise_multiplier(
+            target_epsilon=p.target_budget_epsilon,
+            delta=delta,
             sampling_probability=q,
             steps=steps,
             accountant=p.accountant,
@@ -222,8 +255,8 @@ def plan_head_run(p: HeadParams, n_records: int) -> HeadRun:
         sigma = calibrate_to_ledger(
             lambda s: dp_sgd_event(sampling_probability=q, noise_multiplier=s, steps=steps),
             start=start,
-            target_epsilon=p.target_epsilon,
-            delta=p.delta,
+            target_epsilon=p.target_budget_epsilon,
+            delta=delta,
             accountant=p.accountant,
         )
     return HeadRun(q, sigma, steps, n_records)
@@ -444,9 +477,13 @@ class CosineClassifierTrainer(_PretrainedTrainer):
     def noise_multiplier(self, p: PretrainedParams) -> float:
         if p.noise_multiplier is not None:
             return p.noise_multiplier
-        assert p.target_epsilon is not None and p.delta is not None
+        if p.target_epsilon is not None:  # the release's own ε by PRV (Δ = 1: σ is the event's)
+            return SUM_SENSITIVITY * calibrate_to_epsilon(
+                GaussianEvent, target_epsilon=p.target_epsilon, delta=_target_delta(p)
+            )
+        assert p.target_budget_epsilon is not None
         return gaussian_noise_multiplier(
-            target_epsilon=p.target_epsilon, delta=p.delta, accountant=p.accountant
+            target_epsilon=p.target_budget_epsilon, delta=_target_delta(p), accountant=p.accountant
         )
 
     def stages(self, params: PretrainedParams, tasks: Sequence[LedgerTask]) -> list[Stage]:

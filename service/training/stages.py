@@ -16,7 +16,8 @@ block, and each rule charges what a stage reads differently:
 
 So a staged trainer states, **from the ledger's view alone** (tasks and batches, no data), the list
 of stages: the batches each one reads and the event it spends on them. For every stage, in order,
-the gate reserves ``stage.event`` on ``stage.batch_ids`` (with ``stage.noise_commitment``), and only
+the gate reserves ``stage.event`` on ``stage.batch_ids`` (with ``stage.noise_commitment``; named by
+task when they are exactly whole tasks, so a stage may span more than 10 000 batches), and only
 if the ledger grants it hands the trainer the records of exactly those batches; the trainer trains
 and returns the candidate; the gate stages its artifact, commits the reservation with the release
 ``{model, version}`` and publishes the version. A refused reservation stops the job (``failed``

@@ -67,6 +67,7 @@ from sqlalchemy import select
 from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.exact import ZERO, exact_add
+from accountant.rules import Charge
 from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database, is_transient_error
 from service.ledger import jobs, quotes, reservations
@@ -599,6 +600,8 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
             raise _fail(run, too_many)
+        if isinstance(run.trainer, StagedTrainer) and getattr(params, "target_epsilon", None) is not None:
+            _check_stages_fit(run, params, tasks, stages)  # (after the cheap refusals: it may search)
     except InvalidParamsError as exc:
         raise _fail(run, _error("invalid_input", str(exc), field=exc.field)) from None
     except AccountantError as exc:  # calibration: no σ reaches the target, ...
@@ -668,11 +671,12 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
 
 
 def _with_budget_delta(db: Database, job: ClaimedJob, params: Any) -> Any:
-    """DP-SGD params with a target ε and no ``delta``: the budget's δ (the target is the run's
-    own ε at it)."""
-    from service.training.params import DpSgdParams, InvalidParamsError
+    """Params with a target ε and no ``delta`` (DP-SGD, AdaDp, the pre-trained trainers,
+    NaiveGaussian): the budget's δ (the target is the run's own ε at it)."""
+    from service.training.params import DpSgdParams, InvalidParamsError, NaiveGaussianParams, PretrainedParams
 
-    if not isinstance(params, DpSgdParams) or params.delta is not None or params.noise_multiplier is not None:
+    targeted = isinstance(params, DpSgdParams | PretrainedParams | NaiveGaussianParams)
+    if not targeted or params.delta is not None or params.noise_multiplier is not None:
         return params
     from service.ledger.spending.store import dataset_budget
 
@@ -723,6 +727,62 @@ def _check_target_fits(run: _Run, params: Any, prices: quotes.DatasetPrices) -> 
             "largest_target_epsilon": largest,
         },
     )
+
+
+def _check_stages_fit(run: _Run, params: Any, tasks: Sequence[LedgerTask], stages: Sequence[Stage]) -> None:
+    """A staged run calibrated to ``target_epsilon`` (each stage's run's own ε; NaiveGaussian:
+    the whole run's) whose stages the budget cannot admit in turn is refused here, before
+    anything is reserved or read (``quotes.StagedPrices``: a later stage meets what the earlier
+    ones leave). When the budget is what refuses it, the refusal names the largest
+    ``target_epsilon`` under which every stage fits (``largest_fitting_target``: the stages
+    re-planned by the trainer at each target tried); a rule's refusal (a ``parallel`` batch read
+    twice) names none, as no target changes it."""
+    from accountant.calibration import largest_fitting_target
+    from service.ledger.errors import BudgetExceeded
+
+    # the stages' batches do not depend on the target (only their σ does): classes formed once
+    batch_sets = [stage.batch_ids for stage in stages]
+    prices = quotes.StagedPrices(run.db, run.job.tenant_id, run.job.dataset_id, batch_sets)
+
+    def charges(planned: Sequence[Stage]) -> list[Charge]:
+        if [s.batch_ids for s in planned] != batch_sets:
+            raise AssertionError("re-planned stages read other batches")
+        return [Charge(s.event, s.noise_commitment) for s in planned]
+
+    refused = prices.refusal(charges(stages))
+    if refused is None:
+        return
+    stage = stages[refused.index]
+    details: dict[str, Any] = {
+        **refused.refusal.to_json(),
+        "stage": stage.index,
+        "stage_name": stage.name,
+        "field": "params.target_epsilon",
+    }
+    if isinstance(refused.refusal, BudgetExceeded):
+
+        def admits(target: float) -> bool:
+            try:
+                planned = run.trainer.stages(replace(params, target_epsilon=target), tasks)
+            except AccountantError:  # no σ reaches this target
+                return False
+            return prices.refusal(charges(planned)) is None
+
+        largest = largest_fitting_target(admits, below=params.target_epsilon)
+        details["largest_target_epsilon"] = largest
+        fits = (
+            f"the largest target_epsilon under which every stage fits is {largest}"
+            if largest is not None
+            else "no target_epsilon fits (no noise multiplier is admitted)"
+        )
+    else:
+        fits = "no target_epsilon changes that"
+    details["message"] = (
+        f"the run calibrated to target_epsilon={params.target_epsilon} (its own epsilon at "
+        f"delta={params.delta}) would be refused at stage {stage.index} ({stage.name}): {fits}. "
+        f"Nothing was reserved or read. ({refused.refusal.message})"
+    )
+    raise _fail(run, details)
 
 
 def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
@@ -904,17 +964,20 @@ def _run_staged(
     state: Any = None
     charged: dict[str, Decimal] = {}  # per batch: the sum of this job's committed charges
     delta_charged: dict[str, Decimal] = {}
+    task_of = {batch.id: task for task in tasks for batch in task.batches}  # (_stage_selector)
     for stage in stages:
         run.control.set_step(stage.index - 1)
         if run.control.should_stop():
             raise _stop_for(run)
+        batch_ids, task_ids = _stage_selector(stage, task_of)
         try:
             reserved = reservations.reserve(
                 db,
                 job.tenant_id,
                 job.dataset_id,
                 event_json=ev.to_json(stage.event),
-                batch_ids=list(stage.batch_ids),
+                batch_ids=batch_ids,
+                task_ids=task_ids,
                 noise_commitment=stage.noise_commitment,
                 idempotency_key=_reserve_key(job.id, job.attempt, stage.index),
                 ttl_s=reservation_ttl_s,
@@ -922,6 +985,13 @@ def _run_staged(
         except LedgerError as exc:
             raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
         run.reservation_id = reserved["id"]  # (a retry finds it by its idempotency key)
+        if reserved["batches"]["count"] != len(stage.batch_ids):  # a task gained a batch since the plan
+            message = (
+                f"the batches of stage {stage.index} changed while the job planned "
+                f"({len(stage.batch_ids)} planned, {reserved['batches']['count']} reserved); "
+                "its reservation was aborted."
+            )
+            raise _fail(run, _error("batches_changed", message, stage=stage.index))
         run.stage_training = False
         if data is None:  # the first granted reservation: only now is the source read
             loaded, of_batch = _load_checked(run, loader)
@@ -965,6 +1035,28 @@ def _run_staged(
             metrics=metrics,
         )
     return _finish(run, "succeeded")
+
+
+def _stage_selector(
+    stage: Stage, task_of: Mapping[str, LedgerTask]
+) -> tuple[list[str] | None, list[str] | None]:
+    """How a stage's reservation names its batches, ``(batch_ids, task_ids)``: by task (up to
+    ``MAX_BATCHES_PER_RESERVATION`` batches) when they are exactly every batch of some tasks, as
+    the planned tasks held them; else by id (at most ``MAX_IDS_PER_REQUEST``: a
+    stage that reads part of a task, e.g. an episodic memory's batch). Issue 24: a stage of one
+    task of 10 001 batches failed by id. The reservation's batch count is checked against the
+    stage's afterwards (a batch added to a task since the plan is not read unreserved).
+    ``task_of``: each planned batch's task."""
+    named = set(stage.batch_ids)
+    whole = {task_of[b].id: task_of[b] for b in stage.batch_ids if b in task_of}
+    exact = (
+        len(named) == len(stage.batch_ids)
+        and named <= task_of.keys()
+        and sum(len(task.batches) for task in whole.values()) == len(named)
+    )
+    if exact:
+        return None, list(whole)
+    return list(stage.batch_ids), None
 
 
 def _versions_of_job(db: Database, job_id: str) -> list[int]:

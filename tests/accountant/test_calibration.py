@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from decimal import Decimal
 
 import pytest
@@ -199,3 +200,45 @@ def test_largest_fitting_epsilon_is_the_largest_target_whose_run_is_admitted() -
     assert admits(run(fits)) and tight_epsilon(run(fits), delta) <= largest
     assert not admits(run(calibrate_to_epsilon(run, target_epsilon=largest * 1.005, delta=delta)))
     assert largest_fitting_epsilon(run, admits=lambda event: False, delta=delta) is None
+
+
+def test_largest_fitting_target_is_the_largest_admitted_grid_point_below_the_refused_one() -> None:
+    """A staged run's form: ``admits`` answers for a target, not a σ. Two DP-SGD stages of
+    different lengths, each calibrated to the target on its own, admitted when both stages'
+    RDP ε are at most 1: the answer is admitted and one grid step more is not."""
+    from accountant.calibration import calibrate_to_epsilon, largest_fitting_target
+
+    delta = 1e-5
+    asked: list[float] = []
+
+    def stage(steps: int) -> Callable[[float], ev.DpEvent]:
+        return lambda sigma: ev.SelfComposedEvent(
+            ev.PoissonSampledEvent(0.02, ev.GaussianEvent(sigma)), steps
+        )
+
+    def admits(target: float) -> bool:
+        asked.append(target)
+        for steps in (200, 500):
+            sigma = calibrate_to_epsilon(stage(steps), target_epsilon=target, delta=delta)
+            if make_accountant("rdp").compose(stage(steps)(sigma), 1).get_epsilon(delta).upper > 1.0:
+                return False
+        return True
+
+    largest = largest_fitting_target(admits, below=1.0)
+    assert largest is not None and 0.7 < largest < 1.0
+    assert Decimal(repr(largest)) % Decimal("0.0001") == 0
+    assert admits(largest) and not admits(round(largest + 1e-4, 4))
+    assert len(asked) < 40  # a bisection on the grid, not a walk
+    assert all(t < 1.0 for t in asked)  # never asks the refused target or above
+    assert largest_fitting_target(lambda t: False, below=1.0) is None
+    assert largest_fitting_target(lambda t: True, below=0.5) == 0.4999  # strictly below
+    asked.clear()
+
+    def up_to_2_5(target: float) -> bool:
+        asked.append(target)
+        return target <= 2.5
+
+    assert largest_fitting_target(up_to_2_5, below=1e300) == 2.5
+    assert len(asked) < 60  # a client's huge target costs what the answer's size costs
+    with pytest.raises(InvalidArgumentError):
+        largest_fitting_target(admits, below=math.nan)

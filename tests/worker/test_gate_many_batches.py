@@ -10,10 +10,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
 pytest.importorskip("torch")
 
 from accountant import events as ev
+from service.db.models import Reservation
 from service.db.session import Database
 from service.ledger import batches, datasets, jobs, quotes, tenancy
 from service.ledger.spending.requests import MAX_IDS_PER_REQUEST
@@ -60,4 +62,27 @@ def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, 
     assert loader.opened == [SOURCE]
     held = reservation(db, job["reservation_id"])
     assert held.status == "committed" and held.batches == N_BATCHES  # every batch is charged
+    assert Decimal(job["epsilon_committed"]) > 0
+
+
+def test_a_staged_stage_of_more_than_10000_batches_is_reserved_by_its_task(
+    db: Database, tmp_path: Path
+) -> None:
+    """A staged job (NaiveGaussian: one stage per task) whose one stage reads a whole task of
+    10 001 batches: reserved by task (it failed "batches must hold at most 10000 ids"), every
+    batch of the stage held, committed and released."""
+    dataset_id, _ = many_batches(db)
+    loader = CountingLoader()
+    worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
+    params = {"noise_multiplier": 5.0, "sampling_probability": 0.0002, "seed": 1}
+    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)[
+        "id"
+    ]
+    assert worker.run_once() == job_id
+    job = jobs.get_job(db, "acme", job_id)
+    assert job["status"] == "succeeded", job["error"]
+    assert loader.opened == [SOURCE]
+    with db.session(readonly=True) as session:
+        held = session.scalars(select(Reservation).where(Reservation.dataset_id == dataset_id)).all()
+    assert [(r.status, r.batches) for r in held] == [("committed", N_BATCHES)]
     assert Decimal(job["epsilon_committed"]) > 0

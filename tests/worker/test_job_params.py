@@ -69,6 +69,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("peft_naive", {"noise_multiplier": 2.0, "learning_rate": 1.0, "max_grad_norm": 0.5}),
     ("peft_full_data", {"target_epsilon": 1.0, "delta": 1e-5, "accountant": "prv", "momentum": 0.9}),
     ("naive_gaussian", {"noise_multiplier": 1.0, "sampling_probability": 0.2, "epochs": [1, 1], "seed": 5}),
+    ("naive_gaussian", {"target_epsilon": 2.0, "seed": 5}),  # δ: the budget's
+    ("naive_gaussian", {"target_budget_epsilon": 2.0, "delta": 1e-5, "seed": 5}),
+    ("peft_naive", {"target_budget_epsilon": 1.0, "accountant": "rdp"}),
+    ("cosine_classifier", {"target_epsilon": 1.0}),  # δ: the budget's
     ("dp_sgd_audit", {"target_epsilon": 2.0, "delta": 1e-5, "canaries": 500, "confidence": 0.99}),
 ]
 
@@ -111,6 +115,12 @@ def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: 
         ("continual_release", {"mode": "weekly", "epsilon": 1.0}, "params.mode"),
         ("cosine_classifier", {"noise_multiplier": 1.0, "epochs": 2}, "params.epochs"),  # a head param
         ("naive_gaussian", {"noise_multiplier": 1.0, "hidden": [8, 8]}, "params.hidden"),
+        # the staged trainers name the two targets apart too (issue 24): exactly one
+        ("cosine_classifier", {"target_epsilon": 1.0, "target_budget_epsilon": 1.0}, "params.target_epsilon"),
+        ("peft_ensemble", {"target_budget_epsilon": 1.0, "noise_multiplier": 1.0}, "params.target_epsilon"),
+        ("peft_full_data", {"target_budget_epsilon": 0}, "params.target_budget_epsilon"),
+        ("naive_gaussian", {"target_epsilon": 1.0, "target_budget_epsilon": 1.0}, "params.target_epsilon"),
+        ("naive_gaussian", {"delta": 1e-5}, "params.target_epsilon"),
     ],
 )
 def test_what_a_trainer_refuses_is_refused_at_submit_naming_the_field(

@@ -353,7 +353,9 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
 
 def test_naive_gaussian_epsilon_grows_with_tasks(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"})
-    job = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": 8.0, "delta": 1e-5, "seed": 3})
+    # target_budget_epsilon: the stages fit the sequential budget of 8 (target_epsilon before issue 24)
+    params = {"target_budget_epsilon": 8.0, "delta": 1e-5, "seed": 3}
+    job = _job(db, tmp_path, dataset_id, "naive_gaussian", params)
     assert job["status"] == "succeeded", job["error"]
     versions = versions_of(db, str(job["id"]))
     from service.ledger import certificates
@@ -366,3 +368,41 @@ def test_naive_gaussian_epsilon_grows_with_tasks(db: Database, tmp_path: Path) -
     ]
     assert eps[0] < eps[1] < eps[2] <= Decimal(8)
     assert eps[2] > Decimal(6)  # calibrated to use the budget, not a tiny part of it
+
+
+def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Database, tmp_path: Path) -> None:
+    """``target_epsilon``: the whole run (every stage composed: task 1's memory batch is read by
+    all) has its own PRV ε at the budget's δ at most the target. At the budget's ε its RDP
+    charge does not fit: refused before anything is reserved or read, naming the largest
+    target that fits; a job at that target runs within the budget."""
+    from sqlalchemy import select
+
+    from accountant.calibration import tight_epsilon
+    from service.db.models import Reservation
+    from service.training.lifelong_baselines import naive_run_event
+
+    dataset_id, _ = _dataset(db, {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"})
+    refused = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": 8.0, "seed": 3})
+    assert refused["status"] == "failed"
+    error = refused["error"]
+    assert isinstance(error, dict)
+    assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
+    largest = error["largest_target_epsilon"]
+    assert 4 < largest < 8
+    with db.session(readonly=True) as session:
+        held = session.scalars(select(Reservation.id).where(Reservation.dataset_id == dataset_id)).all()
+    assert held == [] and spend.get_spend(db, "acme", dataset_id)["epsilon_spent"] == "0"
+
+    job = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": largest, "seed": 3})
+    assert job["status"] == "succeeded", job["error"]
+    metrics = [v.metrics for v in versions_of(db, str(job["id"]))]
+    assert len(metrics) == 3
+    run = naive_run_event(
+        sampling_probability=0.2,
+        noise_multiplier=metrics[0]["noise_multiplier"],
+        steps=[m["steps"] for m in metrics],
+    )
+    own = tight_epsilon(run, 1e-5)
+    assert own <= largest
+    assert own > 0.99 * largest  # the smallest σ that meets it, not a far larger one
+    assert Decimal(spend.get_spend(db, "acme", dataset_id)["epsilon_spent"]) <= Decimal(8)

@@ -8,7 +8,9 @@ Mechanism calibration, each against the ε its event is charged:
   grid) the ledger charges ≤ ε, and the exact privacy profile of the Gaussian mechanism (Balle &
   Wang 2018, Thm. 8) confirms δ(ε) ≤ δ at that σ;
 * the DP-SGD heads: the stage event is ``dp_sgd_event(q = B/N_task, σ, T)`` and the ledger charges
-  it ≤ ε (and more for the next σ down); the noise of one step is N(0, (σC/(qN))²).
+  it ≤ ε (and more for the next σ down); the noise of one step is N(0, (σC/(qN))²);
+* what a target means (issue 24): ``target_epsilon`` is each stage's run's own ε at δ by PRV (the
+  smallest σ whose ε is ≤ the target); ``target_budget_epsilon`` what the ledger charges it.
 
 Through the gate, on a real ledger (SQLite; PostgreSQL when configured): every algorithm runs as
 a staged job, one certified version per task; the parallel rule refuses a second job on the same
@@ -30,9 +32,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from scipy.stats import norm  # noqa: E402
+from sqlalchemy import select  # noqa: E402
 
+from accountant.calibration import tight_epsilon  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
 from accountant.events import GaussianEvent  # noqa: E402
+from service.db.models import Reservation  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import batches, certificates, datasets, jobs, spend, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
@@ -43,6 +48,7 @@ from service.training.feature_extractor import ExtractorSpec, pretrained_extract
 from service.training.nets import load_state  # noqa: E402
 from service.training.pretrained import (  # noqa: E402
     SUM_SENSITIVITY,
+    CosineClassifierTrainer,
     HeadParams,
     HeadRun,
     PeftEnsembleTrainer,
@@ -56,7 +62,7 @@ from service.training.pretrained import (  # noqa: E402
 )
 from service.training.stages import LedgerBatch, LedgerTask  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
-from tests.worker.digits_world import source_tasks, task_dataset  # noqa: E402
+from tests.worker.digits_world import CountingLoader, source_tasks, task_dataset  # noqa: E402
 
 SOURCE = "builtin:split-digits?tasks=3&public=300"
 DELTA = 1e-5
@@ -168,9 +174,10 @@ def _tasks(sizes: list[int]) -> list[LedgerTask]:
 
 @pytest.mark.parametrize("epsilon", [1.0, 8.0])
 def test_each_peft_stage_is_one_dp_sgd_run_on_its_task_charged_within_epsilon(epsilon: float) -> None:
+    # target_budget_epsilon: what the ledger charges (target_epsilon meant this before issue 24)
     trainer = PeftEnsembleTrainer(device="cpu")
     params = trainer.parse_params(
-        {"target_epsilon": epsilon, "delta": DELTA, "expected_batch_size": 50, "epochs": 4}
+        {"target_budget_epsilon": epsilon, "delta": DELTA, "expected_batch_size": 50, "epochs": 4}
     )
     stages = trainer.stages(params, _tasks([200, 150]))
     for stage, n in zip(stages, (200, 150), strict=True):
@@ -183,6 +190,62 @@ def test_each_peft_stage_is_one_dp_sgd_run_on_its_task_charged_within_epsilon(ep
         assert single_charge_epsilon(stage.event, delta=DELTA, accountant="rdp") <= Decimal(repr(epsilon))
         lower = dp_sgd_event(sampling_probability=q, noise_multiplier=sigma - 1e-4, steps=math.ceil(4 / q))
         assert single_charge_epsilon(lower, delta=DELTA, accountant="rdp") > Decimal(repr(epsilon))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 8.0])
+def test_target_epsilon_is_each_stages_own_epsilon_by_prv(epsilon: float) -> None:
+    """Each stage's σ is the smallest on the grid whose run has its own PRV ε ≤ the target, for
+    the heads (one DP-SGD run per task, its own q and T) and the cosine classifier's Gaussian
+    sums; the ledger's RDP charge of that run is more than the target (the old meaning's σ is
+    larger), which is why the gate asks the budget."""
+    tasks = _tasks([200, 150])
+    heads = PeftEnsembleTrainer(device="cpu")
+    params = heads.parse_params(
+        {"target_epsilon": epsilon, "delta": DELTA, "expected_batch_size": 50, "epochs": 4}
+    )
+    budget_params = heads.parse_params(
+        {"target_budget_epsilon": epsilon, "delta": DELTA, "expected_batch_size": 50, "epochs": 4}
+    )
+    cosine = CosineClassifierTrainer(device="cpu")
+    sums = cosine.parse_params({"target_epsilon": epsilon, "delta": DELTA})
+    staged = [*heads.stages(params, tasks), *cosine.stages(sums, tasks)]
+    for stage, n in zip(staged, (200, 150, 200, 150), strict=True):
+        sigma = (
+            stage.event.noise_multiplier
+            if isinstance(stage.event, GaussianEvent)
+            else stage.info["noise_multiplier"]
+        )
+        if isinstance(stage.event, GaussianEvent):
+            lower: Any = GaussianEvent(sigma - 1e-4)
+        else:
+            q = 50 / n
+            assert stage.event == dp_sgd_event(
+                sampling_probability=q, noise_multiplier=sigma, steps=math.ceil(4 / q)
+            )
+            lower = dp_sgd_event(
+                sampling_probability=q, noise_multiplier=sigma - 1e-4, steps=math.ceil(4 / q)
+            )
+        assert tight_epsilon(stage.event, DELTA) <= epsilon < tight_epsilon(lower, DELTA)
+        assert single_charge_epsilon(stage.event, delta=DELTA, accountant="rdp") > Decimal(repr(epsilon))
+    for own, charged in zip(heads.stages(params, tasks), heads.stages(budget_params, tasks), strict=True):
+        assert own.info["noise_multiplier"] < charged.info["noise_multiplier"]
+
+
+def test_a_target_needs_one_privacy_option_and_a_delta() -> None:
+    from service.training.nets import InvalidParamsError
+
+    for given in (
+        {"target_epsilon": 1.0, "target_budget_epsilon": 1.0},
+        {"target_epsilon": 1.0, "noise_multiplier": 2.0},
+        {},
+    ):
+        with pytest.raises(InvalidParamsError) as info:
+            HeadParams.from_params(given)
+        assert info.value.field == "params.target_epsilon"
+    without_delta = PeftEnsembleTrainer(device="cpu").parse_params({"target_epsilon": 1.0})
+    with pytest.raises(InvalidParamsError) as info:  # outside the gate, which fills in the budget's
+        PeftEnsembleTrainer(device="cpu").stages(without_delta, _tasks([100]))
+    assert info.value.field == "params.delta"
 
 
 def test_full_data_stages_read_every_task_so_far() -> None:
@@ -236,7 +299,14 @@ def _dataset(db: Database, rule: str, epsilon: str) -> tuple[str, list[str]]:
     )
 
 
-def _job(db: Database, tmp_path: Path, dataset_id: str, algorithm: str, **params: Any) -> dict[str, Any]:
+def _job(
+    db: Database,
+    tmp_path: Path,
+    dataset_id: str,
+    algorithm: str,
+    loader: CountingLoader | None = None,
+    **params: Any,
+) -> dict[str, Any]:
     job = jobs.create_job(
         db,
         "acme",
@@ -244,9 +314,16 @@ def _job(db: Database, tmp_path: Path, dataset_id: str, algorithm: str, **params
         algorithm=algorithm,
         params={"model_name": f"{algorithm}-{dataset_id[-6:]}", **FAST, **params},
     )
-    worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
+    worker = Worker(
+        db, artifact_dir=tmp_path / "artifacts", device="cpu", **({"loader": loader} if loader else {})
+    )
     assert worker.run_once() == job["id"]
     return jobs.get_job(db, "acme", job["id"])
+
+
+def reservations_of(db: Database, dataset_id: str) -> list[str]:
+    with db.session(readonly=True) as session:
+        return list(session.scalars(select(Reservation.id).where(Reservation.dataset_id == dataset_id)))
 
 
 def _versions(db: Database, name: str) -> list[dict[str, Any]]:
@@ -265,7 +342,8 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     db: Database, tmp_path: Path, algorithm: str
 ) -> None:
     dataset_id, _ = _dataset(db, "parallel", "1")
-    job = _job(db, tmp_path, dataset_id, algorithm, target_epsilon=1.0, delta=DELTA)
+    # target_budget_epsilon: each task charged (just) within the budget of 1
+    job = _job(db, tmp_path, dataset_id, algorithm, target_budget_epsilon=1.0, delta=DELTA)
     assert job["status"] == "succeeded", job.get("error")
     versions = _versions(db, f"{algorithm}-{dataset_id[-6:]}")
     assert len(versions) == 3
@@ -284,14 +362,14 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     assert artifact[key].shape[-2:] == (10, 32)
     assert any(k.startswith("extractor.") for k in artifact)  # self-contained: the public extractor too
     # S2 enforced: a second job on the same batches is refused before reading anything.
-    again = _job(db, tmp_path, dataset_id, algorithm, target_epsilon=1.0, delta=DELTA)
+    again = _job(db, tmp_path, dataset_id, algorithm, target_budget_epsilon=1.0, delta=DELTA)
     assert again["status"] == "failed"
     assert again["error"]["error"] == "batch_already_read"
 
 
 def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "8")
-    job = _job(db, tmp_path, dataset_id, "cosine_classifier", target_epsilon=8.0, delta=DELTA)
+    job = _job(db, tmp_path, dataset_id, "cosine_classifier", target_budget_epsilon=8.0, delta=DELTA)
     assert job["status"] == "succeeded", job.get("error")
     metrics = _versions(db, f"cosine_classifier-{dataset_id[-6:]}")[-1]["metrics"]
     assert metrics["average_accuracy"] > 0.7  # chance is 0.1; a broken classifier fails this
@@ -300,7 +378,7 @@ def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) 
 
 def test_full_data_is_refused_its_second_stage_on_a_parallel_dataset(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "1")
-    job = _job(db, tmp_path, dataset_id, "peft_full_data", target_epsilon=1.0, delta=DELTA)
+    job = _job(db, tmp_path, dataset_id, "peft_full_data", target_budget_epsilon=1.0, delta=DELTA)
     assert job["status"] == "failed"
     assert job["error"]["error"] == "batch_already_read" and job["error"]["stage"] == 2
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 1  # task 1's release stays
@@ -340,7 +418,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         "acme",
         dataset_id=dataset["id"],
         algorithm="cosine_classifier",
-        params={"target_epsilon": 1.0, "delta": DELTA},
+        params={"target_budget_epsilon": 1.0, "delta": DELTA},
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once()
     answer = jobs.get_job(db, "acme", job["id"])
@@ -393,3 +471,67 @@ def test_bad_public_splits_are_refused_naming_the_parameter(uri: str, message: s
     with pytest.raises(DataSourceError) as info:
         parse_source(uri)
     assert message in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# target_epsilon through the gate (issue 24): the stage's own ε; refused unread when it cannot fit
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["cosine_classifier", "peft_ensemble"])
+def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_that_fits(
+    db: Database, tmp_path: Path, algorithm: str
+) -> None:
+    """Budget: parallel, ε = 1 by RDP. A stage whose own PRV ε is 1 is charged more than 1 by
+    RDP: refused before anything is reserved or read, naming the largest target every stage
+    fits under; a job at that target runs, each stage's own ε ≤ it, each task charged ≤ 1."""
+    dataset_id, _ = _dataset(db, "parallel", "1")
+    loader = CountingLoader()
+    job = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=1.0)  # δ: the budget's
+    assert job["status"] == "failed"
+    error = job["error"]
+    assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
+    assert error["stage"] == 1 and "Nothing was reserved or read" in error["message"]
+    largest = error["largest_target_epsilon"]
+    assert 0.5 < largest < 1.0
+    assert loader.opened == []
+    assert spend.get_spend(db, "acme", dataset_id)["epsilon_spent"] == "0"
+    assert reservations_of(db, dataset_id) == []
+
+    # the largest on the grid: one step (10⁻⁴) more is refused again, unread, naming the same
+    above = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=round(largest + 1e-4, 4))
+    assert above["status"] == "failed" and above["error"]["error"] == "budget_exceeded"
+    assert above["error"]["largest_target_epsilon"] == largest
+
+    fits = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=largest)
+    assert fits["status"] == "succeeded", fits.get("error")
+    versions = _versions(db, f"{algorithm}-{dataset_id[-6:]}")
+    assert len(versions) == 3
+    for version in versions:
+        assert _certified(db, version) <= Decimal(1)
+        sigma = version["metrics"]["noise_multiplier"]
+        event = (
+            GaussianEvent(sigma)
+            if algorithm == "cosine_classifier"
+            else dp_sgd_event(
+                sampling_probability=version["metrics"]["sampling_probability"],
+                noise_multiplier=sigma,
+                steps=version["metrics"]["steps"],
+            )
+        )
+        assert tight_epsilon(event, DELTA) <= largest
+    assert loader.opened == [SOURCE]  # only the job that ran read the source
+
+
+def test_full_data_on_a_parallel_dataset_is_refused_unread_with_target_epsilon(
+    db: Database, tmp_path: Path
+) -> None:
+    """Stage 2 re-reads task 1, which a parallel budget refuses whatever the target: the run is
+    refused before its first stage reserves or reads anything, naming stage 2 and no target."""
+    dataset_id, _ = _dataset(db, "parallel", "10")
+    loader = CountingLoader()
+    job = _job(db, tmp_path, dataset_id, "peft_full_data", loader=loader, target_epsilon=1.0)
+    assert job["status"] == "failed"
+    assert job["error"]["error"] == "batch_already_read" and job["error"]["stage"] == 2
+    assert "largest_target_epsilon" not in job["error"]
+    assert loader.opened == [] and reservations_of(db, dataset_id) == []

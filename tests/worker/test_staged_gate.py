@@ -286,3 +286,31 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
     assert second.status == job["status"] == "failed", job
     assert job["error"]["error"] == second_error
     assert len(versions_of(db, created["id"])) == released_before
+
+
+def test_a_batch_added_to_a_stages_task_after_the_plan_fails_the_stage_unread(
+    db: Database, tmp_path: Path, trainer: NoisyClassMeans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage over whole tasks is reserved by task (issue 24), which would also take a batch
+    added to the task after the plan: the reservation's count is checked, the job fails
+    ``batches_changed`` before the source is opened, and nothing is charged or held."""
+    from service.ledger import batches
+
+    dataset_id, _ = _dataset(db, _budget("parallel", "2"))
+    planned = trainer.stages
+
+    def stages_then_a_new_batch(params: Mapping[str, Any], tasks: Sequence[LedgerTask]) -> list[Stage]:
+        out = planned(params, tasks)
+        batches.create_batches(
+            db, "acme", dataset_id, tasks[0].id, batches=[{"name": "late", "records": ["late-record"]}]
+        )
+        return out
+
+    monkeypatch.setattr(trainer, "stages", stages_then_a_new_batch)
+    loader = CountingLoader()
+    job = _run(db, tmp_path, dataset_id, loader)
+    assert job["status"] == "failed"
+    assert job["error"]["error"] == "batches_changed" and job["error"]["stage"] == 1
+    assert loader.opened == [] and trainer.seen == []
+    answer = spend.get_spend(db, "acme", dataset_id)
+    assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"

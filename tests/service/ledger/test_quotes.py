@@ -194,3 +194,42 @@ def test_a_calibration_prices_each_sigma_once_per_class(ledger: Database, pricin
     sigma = calibrate_to_price(make, start=1.0, target_epsilon=2.0, price=prices.price)
     assert len(tried) > 3 and len(pricings) == 2 * len(tried)
     assert prices.price(make(sigma)) <= Decimal(2) < prices.price(make(round(sigma - 1e-4, 4)))
+
+
+def test_staged_prices_meet_each_charge_with_the_states_the_earlier_ones_leave(
+    ledger: Database, pricings: list[int]
+) -> None:
+    """``StagedPrices`` (the gate's check of a staged run before it reserves): charges in turn,
+    each on the states the earlier ones leave — two pure-ε 0.4 charges on a batch fit a basic
+    sequential ε = 1, three do not; the first refused one is named, with its batch; a parallel
+    budget refuses a re-read. Priced once per class of batches read by the same stages, and the
+    ledger is left as it was."""
+    ds, ids = _dataset(ledger, 6)
+    _spend(ledger, ds, ids[:2], "0.3")  # ids[0:2] start at 0.3 spent
+
+    def charges(*epsilons: float) -> list[rules.Charge]:
+        return [rules.Charge(ev.PureDpEvent(e), None) for e in epsilons]
+
+    two = quotes.StagedPrices(ledger, "t1", ds, [ids[2:], ids[3:]])
+    pricings.clear()
+    assert two.refusal(charges(0.4, 0.4)) is None
+    assert len(pricings) == 3  # classes: ids[2] (1 charge), ids[3:] (2 charges); not one per batch
+    assert two.refusal(charges(0.4, 0.7)) is not None  # the same stages, other events
+    three = quotes.StagedPrices(ledger, "t1", ds, [ids[2:], ids[3:], ids[5:]])
+    refused = three.refusal(charges(0.4, 0.4, 0.4))
+    assert refused is not None and refused.index == 2
+    assert refused.refusal.code == "budget_exceeded" and refused.refusal.details["batch_id"] == ids[5]
+    # the earlier spend counts: 0.3 + 0.4 + 0.4 > 1 on ids[1], refused at the second charge
+    refused = quotes.StagedPrices(ledger, "t1", ds, [ids[:2], ids[1:2]]).refusal(charges(0.4, 0.4))
+    assert refused is not None and refused.index == 1 and refused.refusal.details["batch_id"] == ids[1]
+    with pytest.raises(NotFound):
+        quotes.StagedPrices(ledger, "t1", ds, [["no-such-batch"]]).refusal(charges(0.1))
+    assert quotes.quote(ledger, "t1", ds, event_json={"kind": "pure_dp", "epsilon": 0.7}, batch_ids=ids[:1])[
+        "admitted"
+    ]  # nothing was held or spent by asking
+
+    parallel, pids = _dataset(
+        ledger, 2, {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    )
+    again = quotes.StagedPrices(ledger, "t1", parallel, [pids, pids[:1]]).refusal(charges(0.5, 0.1))
+    assert again is not None and again.index == 1 and again.refusal.code == "batch_already_read"
