@@ -315,11 +315,15 @@ def check_document(params: object) -> dict[str, Any]:
         raise InvalidInput("params", f"must be at most {MAX_PARAMS_BYTES} bytes as JSON. Found {size} bytes.")
     # The RecursionError above is not a bound: Python 3.12's C encoder recurses far deeper than
     # 3.11's (a 5 000-level document encodes there; seen on the GPU machine). The size is bounded
-    # now, so a walk that stops one level past the limit is cheap; ``check_params`` then names the
-    # exact path of anything just past the limit.
-    if _nests_deeper(params, MAX_PARAMS_DEPTH + 1):
+    # now, so a walk that stops ``_WALK_BOUND`` levels down is cheap; ``check_params`` names the
+    # exact path of anything between ``MAX_PARAMS_DEPTH`` and it.
+    if _nests_deeper(params, _WALK_BOUND):
         raise InvalidInput("params", f"nests deeper than {MAX_PARAMS_DEPTH} levels; no trainer param does.")
     return dict(params)
+
+
+_WALK_BOUND: Final = 4 * MAX_PARAMS_DEPTH
+"""Levels ``check_document`` walks at most: a document deeper is refused before any other walk."""
 
 
 def _nests_deeper(document: object, limit: int) -> bool:

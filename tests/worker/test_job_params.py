@@ -191,7 +191,7 @@ def test_the_document_is_bounded_before_it_is_walked() -> None:
     # Deep but small enough for any encoder (Python 3.12's C encoder takes 5 000 levels): refused by
     # the bounded walk, not by a RecursionError.
     shallow_enough_to_encode: Any = 1
-    for _ in range(20):
+    for _ in range(40):
         shallow_enough_to_encode = {"k": shallow_enough_to_encode}
     with pytest.raises(InvalidInput) as info:
         jobs.check_document({"a": shallow_enough_to_encode})
