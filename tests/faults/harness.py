@@ -249,6 +249,7 @@ class TerminateRun:
     client_cycles: int = 0  # reserve+commit through service.client (retries 503 idempotently)
     client_failures: list[str] = field(default_factory=list)
     client_certificates: list[str] = field(default_factory=list)
+    server_errors: list[str] = field(default_factory=list)  # the server's tracebacks, for a 500
 
 
 def terminate_backends_under_load(
@@ -378,4 +379,6 @@ def disrupted_load(
     finally:
         stop.set()
         stop_server(server.process)
+        log = "".join(server.output)
+        run.server_errors = [part[:2000] for part in log.split("Traceback")[1:][:3]]
     return run, findings

@@ -19,7 +19,7 @@ def test_terminated_backends_fail_cleanly_and_recover(database_url: URL) -> None
     run, findings = terminate_backends_under_load(url_text(database_url), seconds=5.0)
     assert run.terminated > 0, "no backend was terminated: the test proved nothing"
     server_errors = {s: n for s, n in run.statuses.items() if s >= 500 and s != 503}
-    assert not server_errors, (dict(run.statuses), run.bad_bodies[:3])
+    assert not server_errors, (dict(run.statuses), run.bad_bodies[:3], run.server_errors)
     assert run.transport_errors == 0
     assert findings["server_alive"]
     # service.client retries 503s with the same Idempotency-Key: every cycle through it succeeds

@@ -38,7 +38,7 @@ from accountant import rules
 from service import server_secrets
 from service.db.session import Database
 from service.ledger.errors import DuplicateIdempotencyKey, IdempotencyConflict, LedgerError, NotFound
-from service.ledger.signing import SigningKey
+from service.ledger.signing import KeyRing, SigningKey
 from service.ledger.spending.requests import Op
 from service.ledger.spending.store import (
     Work,
@@ -246,16 +246,19 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
     # expire a due reservation. The key ring is loaded (cached per process after the first time)
     # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
     # the keys through the database's key custody, a transaction of its own, which inside this one
-    # would wait forever on the write lock this one holds (SQLite: "database is locked").
-    ring = server_secrets.signing_keys(db)
+    # would wait forever on the write lock this one holds (SQLite: "database is locked"). Loaded
+    # inside the retry loop, so a failure of that load is answered like the transaction's.
+    rings: list[KeyRing] = []
 
     def signer() -> SigningKey:
-        return ring.active
+        return rings[0].active
 
     attempt = 0
     while True:
         attempt += 1
         try:
+            if not rings:
+                rings.append(server_secrets.signing_keys(db))
             with db.transaction() as connection:
                 results = _group_transaction(connection, dataset_id, ops, signer)
         except OperationalError as exc:
