@@ -806,9 +806,13 @@ def _has_privacy_audits(bundle: Json, model: str | None) -> bool:
 
 
 def _privacy_audits(bundle: Json, model: str | None) -> Finding:
-    """Every audited version's ε lower bound, recomputed at its certificate's δ from the audit's
-    counts, is at most the ε its certificate states for the run (``against_certificate``)."""
+    """Every audited version's ε lower bound, recomputed from the audit's counts, is at most the
+    run's own ε at the budget's δ, recomputed from its certificate's signed inputs
+    (``accountant.statements.certificate_run_alone``, as the version's statement compares it;
+    ``against_certificate``). Not the certificate's charge: under a Rényi filter that is a share
+    of the budget, no (ε, δ) bound on the run (issue 24 §3)."""
     from accountant.auditing import against_certificate
+    from accountant.statements import certificate_run_alone
 
     by_id = {c["id"]: c for c in bundle["certificates"]}
     problems: list[str] = []
@@ -819,9 +823,9 @@ def _privacy_audits(bundle: Json, model: str | None) -> Finding:
         if certificate is None:
             problems.append(f"audited version {label}: no certificate to compare with")
             continue
-        charge = certificate["certificate"]["result"]["charge"]
-        upper = _number(charge["epsilon"], "result.charge.epsilon")
-        delta = _number(charge["delta"], "result.charge.delta")
+        alone = certificate_run_alone(certificate["certificate"])
+        upper = _number(alone["epsilon"], "run_alone.epsilon")
+        delta = _number(alone["delta"], "run_alone.delta")
         compared = against_certificate(
             version["metrics"]["privacy_audit"], epsilon_upper=float(upper), delta_upper=float(delta)
         )
@@ -829,7 +833,8 @@ def _privacy_audits(bundle: Json, model: str | None) -> Finding:
             problems.append(
                 f"audited version {label}: epsilon lower bound {compared['epsilon_lower']:.4f} "
                 f"(confidence {compared['confidence']}, delta {delta}) exceeds the certified "
-                f"epsilon {upper}: the training code or its accounting is wrong"
+                f"epsilon {upper} (the run alone, {alone['accountant']}): the training code or its "
+                "accounting is wrong"
             )
     detail = (
         f"{len(audited)} audited version(s), each lower bound <= its certified epsilon"

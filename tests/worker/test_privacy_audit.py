@@ -178,6 +178,7 @@ def test_ledger_check_fails_a_lower_bound_above_the_certified_epsilon(
         shown = httpx.get(f"{url}/v1/models/audit/versions/1", headers={"Authorization": f"Bearer {viewer}"})
         assert shown.status_code == 200, shown.text
         assert shown.json()["privacy_audit"]["certified"]["consistent"] is True  # over HTTP too
+        alone = shown.json()["dp_statement"]["run_alone"]
         capsys.readouterr()
         code = main(["check", *online, "--json"])
     out = capsys.readouterr().out
@@ -197,3 +198,6 @@ def test_ledger_check_fails_a_lower_bound_above_the_certified_epsilon(
     out = capsys.readouterr().out
     assert code == 1, out
     assert "FAIL  privacy audit" in out and "exceeds the certified epsilon" in out
+    # compared with the run's own ε at the budget's δ, as the statement shows it (issue 24 §3),
+    # not with the certificate's charge (a Rényi filter's share of the budget)
+    assert f"certified epsilon {alone['epsilon']} (the run alone, {alone['accountant']})" in out
