@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from service.client import LedgerClient
 from service.db.models import Job, ModelVersion, Reservation
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
@@ -195,3 +197,19 @@ def claim_concurrently(db: Database, workers: int) -> list[str]:
     if errors:
         raise errors[0]
     return claimed
+
+
+def client_for(url: str, key: str) -> LedgerClient:
+    """A client of the test server that retries quickly."""
+    return LedgerClient(url, key, timeout=30.0, backoff_s=0.01)
+
+
+def finished_job(client: LedgerClient, job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
+    """The job once it has ended (succeeded, failed or cancelled)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = client.get_job(job_id)
+        if job["status"] in ("succeeded", "failed", "cancelled"):
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")

@@ -12,46 +12,21 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select, update
-from sqlalchemy.engine import URL
 
 from accountant.certificates import verify
 from service.cli import main as ledger_main
-from service.client import InvalidInput, LedgerClient, LedgerError
+from service.client import InvalidInput, LedgerError
 from service.db.models import ModelVersion
 from service.db.session import Database
-from service.ledger import tenancy
 from service.ledger.signing import check_certificate, keys_from_json
-from tests.service.live_server import serve, settings_for
+from tests.worker.digits_world import client_for, finished_job
 
 DIGITS = "builtin:digits"
-
-
-@pytest.fixture
-def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    keys = {scope: tenancy.create_api_key(db, "acme", scope) for scope in ("admin", "trainer", "viewer")}
-    with serve(settings_for(database_url, tmp_path / "artifacts"), db, worker=True) as url:
-        yield url, keys
-
-
-def _client(url: str, key: str) -> LedgerClient:
-    return LedgerClient(url, key, timeout=30.0, backoff_s=0.01)
-
-
-def _finished(client: LedgerClient, job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get_job(job_id)
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
 
 
 def _check(url: str, key: str, dataset_id: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
@@ -67,13 +42,13 @@ def test_a_published_version_loads_only_with_the_bytes_its_signed_certificate_st
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url, keys = ledger
-    admin, trainer, viewer = (_client(url, keys[s]) for s in ("admin", "trainer", "viewer"))
+    admin, trainer, viewer = (client_for(url, keys[s]) for s in ("admin", "trainer", "viewer"))
     dataset = admin.create_dataset(
         "digits", rule="sequential", epsilon="10", delta="1e-5", data_source=DIGITS
     )
     admin.register_source(dataset["id"], batch_size=700)
     params = {"noise_multiplier": 1.1, "steps": 8, "expected_batch_size": 64, "seed": 3}
-    job = _finished(trainer, trainer.create_job(dataset["id"], "dp_sgd", params)["id"])
+    job = finished_job(trainer, trainer.create_job(dataset["id"], "dp_sgd", params)["id"])
     assert job["status"] == "succeeded", job.get("error")
     name = job["model_name"]
     (number,) = [v["version"] for v in viewer.list_model_versions(name)["data"]]
@@ -126,7 +101,7 @@ def test_an_external_trainer_binds_its_artifact_in_the_signed_certificate(
     ledger: tuple[str, dict[str, str]],
 ) -> None:
     url, keys = ledger
-    admin, trainer = _client(url, keys["admin"]), _client(url, keys["trainer"])
+    admin, trainer = client_for(url, keys["admin"]), client_for(url, keys["trainer"])
     dataset = admin.create_dataset("d", rule="sequential", epsilon="1", delta="0", accountant="basic")
     task = admin.create_task(dataset["id"], "t")
     (batch,) = admin.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r1", "r2"]}])[

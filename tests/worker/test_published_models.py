@@ -10,11 +10,8 @@ A real server (uvicorn on a loopback port, its in-process worker training for re
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,43 +19,20 @@ import yaml
 from prv_accountant import PRVAccountant
 from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
 from sqlalchemy import update
-from sqlalchemy.engine import URL
 
 from accountant.events import GaussianEvent, PoissonSampledEvent, PureDpEvent, SelfComposedEvent
 from accountant.exact import shown
 from service.cli import main as ledger_main
-from service.client import Conflict, InvalidInput, LedgerClient, LedgerError
+from service.client import Conflict, InvalidInput, LedgerError
 from service.commands.export import collect
 from service.db.models import ModelVersion
 from service.db.session import Database
-from service.ledger import tenancy
 from service.ledger.dp_statement import dp_statement
 from service.training.data import digits_split, load_data
-from tests.service.live_server import serve, settings_for
+from tests.worker.digits_world import client_for, finished_job
 
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 DIGITS = "builtin:digits"
-
-
-@pytest.fixture
-def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    keys = {scope: tenancy.create_api_key(db, "acme", scope) for scope in ("admin", "trainer", "viewer")}
-    with serve(settings_for(database_url, tmp_path / "artifacts"), db, worker=True) as url:
-        yield url, keys
-
-
-def _client(url: str, key: str) -> LedgerClient:
-    return LedgerClient(url, key, timeout=30.0, backoff_s=0.01)
-
-
-def _finished(client: LedgerClient, job_id: str, timeout_s: float = 180.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get_job(job_id)
-        if job["status"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish in {timeout_s} s")
 
 
 def _dp_accounting_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -78,7 +52,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     ledger: tuple[str, dict[str, str]], db: Database, tmp_path: Path
 ) -> None:
     url, keys = ledger
-    admin, trainer, viewer = (_client(url, keys[s]) for s in ("admin", "trainer", "viewer"))
+    admin, trainer, viewer = (client_for(url, keys[s]) for s in ("admin", "trainer", "viewer"))
     # The client's defaults fit DP-SGD: the RDP accountant (delta has no default).
     dataset = admin.create_dataset(
         "digits", rule="sequential", epsilon="10", delta="1e-5", data_source=DIGITS
@@ -106,7 +80,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
         "learning_rate": 2.0,
         "seed": 7,
     }
-    job = _finished(trainer, trainer.create_job(dataset["id"], "dp_sgd", params)["id"])
+    job = finished_job(trainer, trainer.create_job(dataset["id"], "dp_sgd", params)["id"])
     assert job["status"] == "succeeded", job.get("error")
     name = job["model_name"]
     assert name == f"dp_sgd-{job['id']}"  # unique per job
@@ -232,7 +206,7 @@ def test_a_taken_release_is_refused_at_reserve_naming_model_and_version(
     ledger: tuple[str, dict[str, str]],
 ) -> None:
     url, keys = ledger
-    admin, trainer = _client(url, keys["admin"]), _client(url, keys["trainer"])
+    admin, trainer = client_for(url, keys["admin"]), client_for(url, keys["trainer"])
     dataset = admin.create_dataset("d", rule="sequential", epsilon="1", delta="0", accountant="basic")
     task = admin.create_task(dataset["id"], "t")
     (batch,) = admin.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r1"]}])["data"]
@@ -291,7 +265,7 @@ def test_a_taken_release_is_refused_at_reserve_naming_model_and_version(
 
 def test_client_dataset_defaults_fit_dp_sgd(ledger: tuple[str, dict[str, str]]) -> None:
     url, keys = ledger
-    admin = _client(url, keys["admin"])
+    admin = client_for(url, keys["admin"])
     with pytest.raises(TypeError, match="delta"):
         admin.create_dataset("d", rule="sequential", epsilon="1")  # type: ignore[call-arg]
     dataset = admin.create_dataset("d", rule="sequential", epsilon="3", delta="1e-5")
