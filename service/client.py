@@ -482,6 +482,25 @@ def _offset_pages(fetch: Callable[[int], JsonObject]) -> Iterator[JsonObject]:
         offset = _next_offset(page, offset)
 
 
+def _checked_api_key(api_key: object) -> str:
+    """The bearer key, or ``Unauthorized`` said plainly: an empty key used to surface as
+    "unavailable ... Illegal header value" on the first call (issue 28 §8)."""
+    if not isinstance(api_key, str) or not api_key.strip():
+        raise Unauthorized(
+            f"no API key: pass the key `ledger keys create` printed (or set LEDGER_API_KEY). "
+            f"Found {api_key!r}.",
+            code="no_api_key",
+            details={"field": "api_key"},
+        )
+    if api_key != api_key.strip() or any(c in api_key for c in "\r\n"):
+        raise Unauthorized(
+            "the API key has surrounding whitespace or a line break (copied with the newline?).",
+            code="invalid_api_key",
+            details={"field": "api_key"},
+        )
+    return api_key
+
+
 def _invalid_url(base_url: str, exc: Exception) -> LedgerError:
     return LedgerError(
         f"base_url must be an http:// or https:// URL. Found {base_url!r}: {exc}",
@@ -1020,7 +1039,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key
+        self._api_key = _checked_api_key(api_key)
         self._policy = _RetryPolicy(retries, backoff_s)
         try:
             self._http = httpx.Client(
@@ -1405,7 +1424,7 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._api_key = api_key
+        self._api_key = _checked_api_key(api_key)
         self._policy = _RetryPolicy(retries, backoff_s)
         try:
             self._http = httpx.AsyncClient(

@@ -596,3 +596,19 @@ def test_release_gate_resumes_a_crashed_attempt_by_its_key(ledger: Ledger) -> No
         ):
             ran.append(True)
     assert ran == [] and closed.value.code == "reservation_closed"
+
+
+@pytest.mark.parametrize(
+    ("key", "code"),
+    [("", "no_api_key"), ("   ", "no_api_key"), (None, "no_api_key"), ("pl_key\n", "invalid_api_key")],
+)
+def test_a_missing_or_mangled_key_is_said_plainly_before_any_call(key: object, code: str) -> None:
+    """Issue 28 §8: an empty key used to surface as "unavailable ... Illegal header value" at
+    the first call. Both clients refuse it when made, naming the field; nothing is sent (the URL
+    points at a closed port)."""
+    url = f"http://127.0.0.1:{free_port()}"
+    for client in (LedgerClient, AsyncLedgerClient):
+        with pytest.raises(Unauthorized) as info:
+            client(url, key)  # type: ignore[arg-type]
+        assert info.value.code == code and info.value.details == {"field": "api_key"}
+        assert "no API key" in info.value.message or "line break" in info.value.message
