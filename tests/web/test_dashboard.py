@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -296,8 +297,11 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
         stop_server(server.process)
 
 
-@pytest.fixture(scope="module")
-def browser(seeded: Seeded) -> Iterator[Any]:
+@contextmanager
+def headless_chromium(downloads: Path | None = None) -> Iterator[Any]:
+    """Debian's Chromium under ChromeDriver, headless, in a fresh profile, keeping the browser
+    log (``browser_errors``); ``downloads``: where files the page saves land. Quit and its profile
+    removed on exit."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -308,12 +312,16 @@ def browser(seeded: Seeded) -> Iterator[Any]:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    DOWNLOADS.mkdir(parents=True, exist_ok=True)
-    options.add_experimental_option(
-        "prefs", {"download.default_directory": str(DOWNLOADS), "download.prompt_for_download": False}
-    )
+    if downloads is not None:
+        downloads.mkdir(parents=True, exist_ok=True)
+        options.add_experimental_option(
+            "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+        )
     driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(DOWNLOADS)})
+    if downloads is not None:
+        driver.execute_cdp_cmd(
+            "Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
+        )
     driver.set_page_load_timeout(30)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
@@ -321,6 +329,12 @@ def browser(seeded: Seeded) -> Iterator[Any]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(seeded: Seeded) -> Iterator[Any]:
+    with headless_chromium(DOWNLOADS) as driver:
+        yield driver
 
 
 # ---------------------------------------------------------------------------------------------

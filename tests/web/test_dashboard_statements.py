@@ -9,8 +9,6 @@ Screenshots go to ``test-artifacts/dashboard/`` (``20-*`` and on).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -24,14 +22,11 @@ from service.ledger import tenancy
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
 from tests.service.api.test_plan_segments import dpsgd
 from tests.web.test_dashboard import (
-    ARTIFACTS,
-    CHROMEDRIVER,
-    CHROMIUM,
-    CHROMIUM_FLAGS,
     Api,
     _require_browser,
     all_of,
     browser_errors,
+    headless_chromium,
     screenshot,
     text_of,
     wait_for,
@@ -116,24 +111,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def driver(world: World) -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="ledger-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    chromium = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    chromium.set_page_load_timeout(30)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    try:
+    with headless_chromium() as chromium:
         yield chromium
-    finally:
-        chromium.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _sign_in(driver: Any, world: World) -> None:
