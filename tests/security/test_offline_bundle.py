@@ -226,15 +226,8 @@ def test_the_stated_guarantee_and_outcome_are_recomputed(
 def test_a_bundle_re_signed_with_another_key_is_an_unverified_signer(
     exported: Exported, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    own = signing.SigningKey.generate()
     resigned = copy.deepcopy(exported.bundle)
-    for stored in resigned["certificates"]:
-        stored["certificate"] = signing.sign_certificate(stored["certificate"], own)
-    head = resigned["audit"]["head"]
-    resigned["audit"]["head"] = signing.signed_head(
-        resigned["dataset"]["id"], head["chain_seq"], head["hash"], own
-    )
-    resigned["signing_keys"] = {"keys": [own.public.to_json()]}
+    _sign_as_forger(resigned)
 
     result = _check(copy.deepcopy(resigned), tmp_path, capsys)
     assert result.code == 1 and result.failed == set()
@@ -325,14 +318,7 @@ def test_an_invented_earlier_state_is_caught_by_the_history(
         if entry["payload"].get("certificate_id") == stored["id"] and "content_hash" in entry["payload"]:
             entry["payload"]["content_hash"] = stored["content_hash"]
     _rechain(forged)
-    own = signing.SigningKey.generate()
-    for c in forged["certificates"]:
-        c["certificate"] = signing.sign_certificate(c["certificate"], own)
-    head = forged["audit"]["head"]
-    forged["audit"]["head"] = signing.signed_head(
-        forged["dataset"]["id"], head["chain_seq"], head["hash"], own
-    )
-    forged["signing_keys"] = {"keys": [own.public.to_json()]}
+    _sign_as_forger(forged)
 
     result = _check(copy.deepcopy(forged), tmp_path, capsys, "--allow-unverified-signer")
     assert result.code == 1 and result.failed == {"history"}, result.report
@@ -562,14 +548,7 @@ def test_a_settlement_without_a_release_is_anchored_like_a_commit(
                 entry["event_type"] = event_type
                 entry["payload"].update(content_hash=body["hash"], release=None)
         _rechain(bundle)
-        own = signing.SigningKey.generate()
-        for c in bundle["certificates"]:
-            c["certificate"] = signing.sign_certificate(c["certificate"], own)
-        head = bundle["audit"]["head"]
-        bundle["audit"]["head"] = signing.signed_head(
-            bundle["dataset"]["id"], head["chain_seq"], head["hash"], own
-        )
-        bundle["signing_keys"] = {"keys": [own.public.to_json()]}
+        _sign_as_forger(bundle)
         return bundle
 
     for event_type in ("reservation.aborted", "reservation.expired"):
@@ -717,6 +696,12 @@ def _resign(bundle: Json) -> None:
         entry["chain_seq"] = seq
     bundle["audit"]["head"]["chain_seq"] = len(bundle["audit"]["entries"])
     _rechain(bundle)
+    _sign_as_forger(bundle)
+
+
+def _sign_as_forger(bundle: Json) -> None:
+    """Sign every certificate and the audit head of ``bundle`` with a fresh key of the forger's
+    own, and declare that key in the bundle (what a forger without the server's key can do)."""
     own = signing.SigningKey.generate()
     for c in bundle["certificates"]:
         c["certificate"] = signing.sign_certificate(c["certificate"], own)
