@@ -131,6 +131,8 @@ def spend_guarantee(budget: Budget, epsilon_spent: Decimal, delta_spent: Decimal
 SPEND_MEANING: Final = {
     "filter": "the Renyi filter's progress on the most-spent batch: a budget share, not a DP guarantee "
     "(the guarantee is the filter's budget once anything ran)",
+    "union": "the progress of the union of privacy filters (tight) on the most-spent batch: a budget "
+    "share, not a DP guarantee (the guarantee is the budget once anything ran)",
     "other": "the (epsilon, delta) guarantee of everything released from the most-spent batch under "
     "the rule (also what the budget has used)",
 }
@@ -138,6 +140,8 @@ SPEND_MEANING: Final = {
 
 def spend_meaning(budget: Budget) -> str:
     """What a spend view's ``epsilon_spent`` is under ``budget``."""
+    if budget.uses_union:
+        return SPEND_MEANING["union"]
     return SPEND_MEANING["filter" if budget.uses_filter else "other"]
 
 

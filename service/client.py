@@ -560,7 +560,7 @@ class _Endpoints(Generic[J, A]):
         rule: str,
         epsilon: Number,
         delta: Number,
-        accountant: str = "rdp",
+        accountant: str = "tight",
         geometric: Mapping[str, Number] | None = None,
         orders: Sequence[float] | None = None,
         plan: Sequence[EventLike] | None = None,
@@ -573,9 +573,11 @@ class _Endpoints(Generic[J, A]):
 
         ``delta`` has no default: it must be chosen against the number of records (δ well below
         1/N), and 0 (pure DP) refuses every Gaussian charge, DP-SGD's included. ``accountant``
-        defaults to ``"rdp"``, which prices DP-SGD (the Poisson-subsampled Gaussian) and every
-        other event kind; ``"basic"`` prices pure and (ε, δ) events only, ``"prv"`` needs a
-        declared ``plan`` (the URI every job on the dataset reads: ``builtin:...``
+        defaults to ``"tight"`` (the server's default too): a run is charged its tight (PRV) ε,
+        and any sequence of charges chosen adaptively is admitted while a basic-composition
+        filter over those tight prices or a Rényi filter still admits it (docs/ACCOUNTING.md);
+        ``"rdp"`` is the Rényi filter alone, ``"basic"`` prices pure and (ε, δ) events only,
+        ``"prv"`` needs a declared ``plan`` (the URI every job on the dataset reads: ``builtin:...``
         or a ``file:///`` path under the server's data roots; ``InvalidInput`` names
         ``data_source`` when the server refuses it)."""
         budget: JsonObject = {"rule": rule, "epsilon": epsilon, "delta": delta, "accountant": accountant}

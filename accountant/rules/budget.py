@@ -19,13 +19,17 @@ from accountant.exact import ZERO, as_written, exact_mul, exact_sub, exact_sum, 
 from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
 
 RULES: Final = ("lifelong", "parallel", "sequential", "geometric")
-ACCOUNTANTS: Final = ("basic", "rdp", "prv")
+ACCOUNTANTS: Final = ("basic", "rdp", "prv", "tight")
+DEFAULT_ACCOUNTANT: Final = "tight"
+"""The accountant of a budget created without naming one (API, client): ``tight``, the union of
+a basic-composition filter over each charge's tight (ε, δ) and a Rényi filter
+(``accountant.rules.tight``), valid under fully adaptive choice and tight for a lone DP-SGD run."""
 # Which accountants each rule accepts, and why the others are refused (Budget.create).
 SUPPORTED: Final[Mapping[str, tuple[str, ...]]] = {
-    "sequential": ("basic", "rdp", "prv"),
-    "parallel": ("basic", "rdp", "prv"),
-    "lifelong": ("basic", "rdp"),
-    "geometric": ("basic", "rdp"),
+    "sequential": ("basic", "rdp", "prv", "tight"),
+    "parallel": ("basic", "rdp", "prv", "tight"),
+    "lifelong": ("basic", "rdp", "tight"),
+    "geometric": ("basic", "rdp", "tight"),
 }
 _REFUSAL_REASON: Final[Mapping[tuple[str, str], str]] = {
     ("lifelong", "prv"): (
@@ -276,7 +280,7 @@ class Budget:
         dlt = _budget_number("budget.delta", delta)
         if not 0 <= dlt < 1:
             raise InvalidArgumentError("budget.delta", f"must be in [0, 1). Found {delta!r}.")
-        if accountant in ("rdp", "prv") and dlt == 0:
+        if accountant in ("rdp", "prv") and dlt == 0:  # ``tight`` at δ = 0 is the pure basic filter
             raise InvalidArgumentError(
                 "budget.delta",
                 f"must be > 0 for accountant {accountant!r} (it bounds (epsilon, delta)-DP with "
@@ -284,18 +288,33 @@ class Budget:
             )
         schedule = cls._schedule(rule, eps, geometric)
         grid: tuple[float, ...] | None = None
-        if orders is not None and accountant != "rdp":
+        # ``tight`` places its own grid; only a stored budget (``from_json``) hands it back.
+        stored_grid = accountant == "tight" and not place_grid
+        if orders is not None and accountant != "rdp" and not stored_grid:
             raise InvalidArgumentError(
                 "budget.orders", f"applies to accountant 'rdp' only. Found accountant {accountant!r}."
             )
         weights: tuple[Decimal, ...] | None = None
-        if delta_weights is not None and (accountant != "rdp" or rule not in ("sequential", "lifelong")):
+        if delta_weights is not None and not stored_grid and (
+            accountant != "rdp" or rule not in ("sequential", "lifelong")
+        ):
             raise InvalidArgumentError(
                 "budget.delta_weights",
                 "applies to a Rényi filter only (accountant 'rdp', rule sequential or lifelong).",
             )
         if delta_weights is not None and orders is None:
             raise InvalidArgumentError("budget.delta_weights", "needs budget.orders (one weight per order).")
+        if accountant == "tight" and dlt > 0:
+            # The Rényi filter of the union is placed for the budget; a stored budget keeps the
+            # grid it was created with (``orders``/``delta_weights`` as stored).
+            if orders is None and place_grid and rule in ("sequential", "lifelong"):
+                grid, weights = placed_grid(eps, dlt)
+            elif orders is None:
+                grid = DEFAULT_FILTER_ORDERS
+            else:
+                grid = check_orders(orders, "budget.orders")  # type: ignore[arg-type]
+                if delta_weights is not None:
+                    weights = check_weights(delta_weights, len(grid), "budget.delta_weights")  # type: ignore[arg-type]
         if accountant == "rdp":
             if orders is None and place_grid and rule in ("sequential", "lifelong"):
                 grid, weights = placed_grid(eps, dlt)
@@ -326,7 +345,7 @@ class Budget:
                     f"must be in (0, budget.delta = {to_text(dlt)}]. Found {plan_delta!r}.",
                 )
         budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights, share)
-        if budget.uses_filter:
+        if budget.uses_filter and budget.orders is not None:
             try:
                 renyi_filter(budget)
             except InvalidArgumentError as exc:
@@ -494,8 +513,14 @@ class Budget:
 
     @property
     def uses_filter(self) -> bool:
-        """Charges compose through the Rényi filter (sequential or lifelong on ``rdp``)."""
-        return self.accountant == "rdp" and self.rule in ("sequential", "lifelong")
+        """Charges compose through a privacy filter whose guarantee is the budget's (ε, δ): the
+        Rényi filter (``rdp``) or the union of filters (``tight``), sequential or lifelong."""
+        return self.accountant in ("rdp", "tight") and self.rule in ("sequential", "lifelong")
+
+    @property
+    def uses_union(self) -> bool:
+        """Charges compose through the ``tight`` union of filters (``accountant.rules.tight``)."""
+        return self.accountant == "tight" and self.rule in ("sequential", "lifelong")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -122,6 +122,8 @@ def theorem(budget: Budget) -> str:
         "basic": "its basic-composition (epsilon, delta)",
         "rdp": "its RDP curve converted at delta (Balle et al. 2020, Thm. 21)",
         "prv": "the PRV accountant's upper bound at delta (Gopi, Lee & Wutschitz 2021)",
+        "tight": "the smallest of its PRV upper bound (Gopi, Lee & Wutschitz 2021), its RDP curve "
+        "converted at delta (Balle et al. 2020, Thm. 21) and its exact basic bound",
     }[budget.accountant]
     return (
         "Parallel composition (McSherry 2009, Thm. 4) under assumption S2 of DP continual "

@@ -176,20 +176,26 @@ def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) ->
 
 
 def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple[Decimal, Decimal]:
-    if budget.accountant == "basic":
+    if budget.accountant == "basic" or budget.orders is None:  # ``tight`` at δ = 0: pure DP only
         return basic_price(event)
     at = budget.delta if delta is None else delta
     if is_free(event):
         return ZERO, ZERO
     if active_pricing() < 2:  # a certificate issued before pricing version 2, replayed
-        if budget.accountant == "rdp":
+        if budget.accountant in ("rdp", "tight"):
             assert budget.orders is not None
             legacy = rdp_epsilon(rdp_charge(event, budget.orders), budget.orders, delta_down(at))
         else:
             legacy = prv_epsilon((event,), at)
         return legacy, (at if legacy > 0 else ZERO)
-    if budget.accountant == "rdp":
+    if budget.accountant in ("rdp", "tight"):
         eps, dlt = _single_rdp_price(event, single_charge_orders(budget), at)
+        if budget.accountant == "tight" and budget.rule == "parallel" and eps > 0:
+            # The tight accountant's single-run price (PRV; ``rules.tight.tight_epsilon``). Not
+            # for a geometric level search, which prices a charge at many level deltas.
+            from accountant.rules.tight import tight_epsilon
+
+            eps = min(eps, tight_epsilon(event, at))
     else:
         eps, dlt = prv_epsilon((event,), at), at
     exact = _basic_if_supported(event)
@@ -203,6 +209,10 @@ def naive_price(budget: Budget, event: DpEvent) -> Decimal:
     converts its spend: the Rényi filter's own ``epsilon_of`` (its grid and δ split) for a filter
     budget, else ``fresh_price``. ``naive_sequential_epsilon`` adds these up; with the same
     conversion a single release's naive figure equals the ledger's charge (never below it)."""
+    if budget.uses_union:
+        from accountant.rules.tight import naive_price as union_naive_price
+
+        return union_naive_price(budget, event)
     if budget.uses_filter and active_pricing() >= 2:
         assert budget.orders is not None
         return renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders))

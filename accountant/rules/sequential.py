@@ -74,6 +74,7 @@ from accountant.rules.errors import BudgetExceeded, ChargeRefused
 from accountant.rules.memo import active_pricing, event_fingerprint, memoized
 from accountant.rules.prices import basic_price, fresh_price, is_free, naive_price, prv_epsilon, rdp_charge
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
+from accountant.rules import tight
 
 # ---------------------------------------------------------------------------------------------
 # Fresh charges composed sequentially (basic sum or Rényi filter): shared with ``lifelong``
@@ -112,6 +113,8 @@ def reserve_fresh(
     budget: Budget, state: BatchState, event: DpEvent, *, noise_commitment: str | None = None
 ) -> Admission:
     """Hold a fresh charge composed sequentially with everything the batch holds or spent."""
+    if budget.uses_union:
+        return tight.reserve(budget, state, event, noise_commitment=noise_commitment)
     fingerprint = event_fingerprint(event)
     if budget.uses_filter:
         assert budget.orders is not None
@@ -166,6 +169,8 @@ def _increase(after: Decimal, before: Decimal) -> Decimal:
 
 def price_fresh(budget: Budget, event: DpEvent, noise_commitment: str | None) -> Cost:
     """The cumulative cost of the run ``event`` for a fresh charge (before settling)."""
+    if budget.uses_union:
+        return tight.price(budget, event, noise_commitment, with_rdp=True)
     if budget.uses_filter:
         assert budget.orders is not None
         naive = naive_price(budget, event)
@@ -189,7 +194,9 @@ def commit_fresh(
     committed_before: Cost | None,
     partial_event: DpEvent | None,
 ) -> Settlement:
-    """Progressive commit of a fresh sequential charge (basic sum or Rényi filter)."""
+    """Progressive commit of a fresh sequential charge (basic sum, Rényi filter or union)."""
+    if budget.uses_union:
+        return tight.commit(budget, state, reserved, committed_before, partial_event)
     if partial_event is None:
         now = replace(reserved, epsilon=ZERO, delta=ZERO) if budget.uses_filter else reserved
     else:
@@ -233,6 +240,8 @@ def commit_fresh(
 
 def cancel_fresh(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
     """Return a fresh charge's uncommitted hold; with nothing committed, its read too."""
+    if budget.uses_union:
+        return tight.cancel(budget, state, reserved, committed)
     if not budget.uses_filter:
         return release_additive(state, reserved, committed)
     reads = state.reads - 1 if committed is None else state.reads
@@ -249,6 +258,8 @@ def cancel_fresh(budget: Budget, state: BatchState, reserved: Cost, committed: C
 
 
 def remaining_fresh(budget: Budget, state: BatchState) -> dict[str, str]:
+    if budget.uses_union:
+        return tight.remaining(budget, state)
     if budget.uses_filter:
         f = renyi_filter(budget)
         used = f.epsilon_of(_filter_totals(budget, state))
@@ -266,6 +277,8 @@ def remaining_fresh(budget: Budget, state: BatchState) -> dict[str, str]:
 
 
 def within_budget_fresh(budget: Budget, state: BatchState) -> bool:
+    if budget.uses_union:
+        return tight.within_budget(budget, state)
     if budget.uses_filter:
         return renyi_filter(budget).fits(_filter_totals(budget, state))
     return (
@@ -536,6 +549,7 @@ THEOREMS: Final = {
         "accountant's upper bound (Gopi, Lee & Wutschitz 2021); a prefix of the plan is "
         "post-processing of the whole plan (Dwork & Roth 2014, Prop. 2.1)."
     ),
+    "tight": tight.THEOREM,
 }
 SEGMENTS_THEOREM: Final = (
     "Sequential composition per batch of declared plan segments: each segment a non-adaptive "
@@ -583,6 +597,11 @@ def stated_theorem(budget: Budget) -> str:
     weights are not equal; for plan segments, each segment's (εᵢ, δᵢ)."""
     if budget.accountant == "basic":
         return THEOREMS["basic"] + f" Budget per batch {budget_words(budget)}." + PARALLEL_OVER_BATCHES
+    if budget.accountant == "tight":
+        words = budget_words(budget)
+        if budget.orders is not None:
+            words += "; filter B " + filter_words(budget)
+        return tight.stated_theorem(budget, words) + PARALLEL_OVER_BATCHES
     if budget.accountant == "rdp":
         return (
             "Sequential composition per batch by a Renyi privacy filter (Feldman & Zrnic 2021, "

@@ -16,6 +16,9 @@ from accountant.exact import ZERO, to_text
 from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, _budget_number
 
 MAX_COMMITMENT_LENGTH: Final = 256
+# The configurations of the ``tight`` accountant's union of filters, fixed per batch at its first
+# charge (``accountant.rules.tight``).
+UNION_PROFILES: Final = ("run", "stream")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -92,6 +95,23 @@ def _vector_json(vector: tuple[Decimal, ...] | None) -> list[str] | None:
     return None if vector is None else [to_text(v) for v in vector]
 
 
+def _pair_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
+    return {"epsilon": to_text(pair[0]), "delta": to_text(pair[1])}
+
+
+def _pair_field(obj: Mapping[str, Any], name: str, path: str) -> tuple[Decimal, Decimal] | None:
+    """An optional ``{epsilon, delta}`` pair of decimal strings (each >= 0)."""
+    value = obj.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"epsilon", "delta"}:
+        raise InvalidArgumentError(f"{path}.{name}", "must be an object {epsilon, delta} or absent.")
+    pair = (_decimal_field(value, "epsilon", f"{path}.{name}"), _decimal_field(value, "delta", f"{path}.{name}"))
+    if pair[0] < 0 or pair[1] < 0:
+        raise InvalidArgumentError(f"{path}.{name}", "must be >= 0.")
+    return pair
+
+
 @dataclass(frozen=True, slots=True)
 class Cost:
     """What one reservation adds to one batch (``Admission.cost``), or what it has committed so
@@ -113,6 +133,7 @@ class Cost:
     replay: bool = False
     noise_commitment: str | None = None
     plan_position: int | None = None
+    basic: tuple[Decimal, Decimal] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,6 +146,8 @@ class Cost:
             "replay": self.replay,
             "noise_commitment": self.noise_commitment,
             "plan_position": self.plan_position,
+            # Omitted when unset, so every cost of another accountant serialises as before.
+            **({} if self.basic is None else {"basic": _pair_json(self.basic)}),
         }
 
     @classmethod
@@ -150,6 +173,7 @@ class Cost:
             replay=replay,
             noise_commitment=commitment,
             plan_position=_int_field(obj, "plan_position", path, optional=True),
+            basic=_pair_field(obj, "basic", path),
         )
 
 
@@ -201,6 +225,10 @@ class BatchState:
     plan_open: bool = False
     neighbouring_relation: str | None = None
     plan_closed: tuple[int, ...] = ()
+    union_profile: str | None = None
+    basic_spent: tuple[Decimal, Decimal] | None = None
+    basic_held: tuple[Decimal, Decimal] | None = None
+    basic_open: bool = True
 
     @classmethod
     def empty(cls) -> BatchState:
@@ -227,6 +255,12 @@ class BatchState:
                 else {"neighbouring_relation": self.neighbouring_relation}
             ),
             **({} if not self.plan_closed else {"plan_closed": list(self.plan_closed)}),
+            # The ``tight`` accountant's union of filters (``accountant.rules.tight``); omitted
+            # while unset, so every other batch's state serialises (and hashes) as before.
+            **({} if self.union_profile is None else {"union_profile": self.union_profile}),
+            **({} if self.basic_spent is None else {"basic_spent": _pair_json(self.basic_spent)}),
+            **({} if self.basic_held is None else {"basic_held": _pair_json(self.basic_held)}),
+            **({} if self.basic_open else {"basic_open": False}),
         }
 
     @classmethod
@@ -278,6 +312,14 @@ class BatchState:
             raise InvalidArgumentError(
                 f"{path}.plan_closed", f"must be a sorted list of distinct segment indexes. Found {closed!r}."
             )
+        profile = obj.get("union_profile")
+        if profile is not None and profile not in UNION_PROFILES:
+            raise InvalidArgumentError(
+                f"{path}.union_profile", f"must be one of {list(UNION_PROFILES)} or absent. Found {profile!r}."
+            )
+        basic_open = obj.get("basic_open", True)
+        if not isinstance(basic_open, bool):
+            raise InvalidArgumentError(f"{path}.basic_open", "must be a boolean.")
         state = cls(
             epsilon_spent=_decimal_field(obj, "epsilon_spent", path),
             epsilon_held=_decimal_field(obj, "epsilon_held", path),
@@ -293,6 +335,10 @@ class BatchState:
             plan_open=plan_open,
             neighbouring_relation=relation,
             plan_closed=tuple(closed),
+            union_profile=profile,
+            basic_spent=_pair_field(obj, "basic_spent", path),
+            basic_held=_pair_field(obj, "basic_held", path),
+            basic_open=basic_open,
         )
         for name in ("epsilon_spent", "epsilon_held", "delta_spent", "delta_held", "naive_epsilon"):
             if getattr(state, name) < 0:

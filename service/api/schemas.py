@@ -224,7 +224,12 @@ class BudgetCreate(_Request):
     rule: Literal["lifelong", "parallel", "sequential", "geometric"]
     epsilon: Epsilon
     delta: Delta = Decimal(0)
-    accountant: Literal["basic", "rdp", "prv"] = "basic"
+    accountant: Literal["basic", "rdp", "prv", "tight"] = Field(
+        default="tight",
+        description="How charges compose (docs/ACCOUNTING.md). Default `tight`: a charge runs while a "
+        "basic-composition filter over each run's tight (PRV) epsilon or a Rényi filter still admits "
+        "everything the batch ran; valid under fully adaptive choice. `basic` only when asked for.",
+    )
     geometric: GeometricCreate | None = None
     plan: list[EventJson] | None = Field(
         default=None,
@@ -245,7 +250,7 @@ class BudgetCreate(_Request):
     def _events_parse(self) -> BudgetCreate:
         for index, event in enumerate(self.plan or ()):
             _check_event(event, f"plan[{index}]")
-        if self.accountant in ("rdp", "prv") and 0 < self.delta < Decimal(repr(MIN_RDP_DELTA)):
+        if self.accountant in ("rdp", "prv", "tight") and 0 < self.delta < Decimal(repr(MIN_RDP_DELTA)):
             # a smaller δ would underflow to 0 once split over the order grid (it was answered
             # "must be in (0, 1) to convert RDP. Found 0.0." from deep inside the filter)
             raise PydanticCustomError(

@@ -62,6 +62,9 @@ CONVERSIONS: Final[Mapping[str, str]] = {
     "rdp": "Renyi DP curve converted to (epsilon, delta) by Balle et al. 2020, Thm. 21 (an upper "
     "bound); a single charge is priced at the minimum of its RDP conversion, the Poisson coupling "
     "bound and its exact basic (epsilon, delta)",
+    "tight": "each charge's own tight epsilon (PRV upper bound, Gopi, Lee & Wutschitz 2021) composed "
+    "by a basic-composition filter, or its Renyi DP curve by a Renyi filter (Balle et al. 2020, "
+    "Thm. 21 conversion), whichever still admits the batch's full list",
     "prv": "privacy loss random variables, Gopi, Lee & Wutschitz 2021, Thm. 5.5: the upper end of "
     "the numerical error bound (RDP where PRV does not apply)",
 }
@@ -141,6 +144,14 @@ BUDGET_SHARE_SCOPE: Final = (
 
 def covers(budget: Budget) -> str:
     """What the guarantee covers under ``budget``'s rule, and the theorem it rests on."""
+    if budget.uses_union:
+        return (
+            "the budget of the union of privacy filters on each batch this version read (a "
+            "basic-composition filter over each run's tight epsilon, Rogers, Roth, Ullman & Vadhan "
+            "2016, and a Renyi filter, Feldman & Zrnic 2021): all releases from those batches "
+            "together, past and future, under fully adaptive choices including early stopping; "
+            "the progress is a budget share"
+        )
     if budget.uses_filter:
         return (
             "the Renyi filter's budget on each batch this version read: all releases from those "

@@ -100,7 +100,10 @@ DEFAULT_POLICY: Final = Policy()
 def orders_of(budget: Budget) -> int:
     """The budget's cost per event node: its order grid (``rdp``), 1 (``basic``), or
     ``PRV_WORK_PER_NODE`` (``prv``)."""
-    if budget.accountant == "rdp":
+    if budget.accountant == "tight" and budget.uses_union:
+        # the Rényi filter's grid, and one PRV price of the run (filter A)
+        return len(budget.orders or ()) + PRV_WORK_PER_NODE
+    if budget.accountant in ("rdp", "tight") and budget.orders is not None:
         if budget.rule in ("parallel", "geometric"):
             # A single charge is priced on the accountant's full grid, not the filter's.
             from accountant.rules.prices import single_charge_orders

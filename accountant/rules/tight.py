@@ -1,0 +1,431 @@
+"""The ``tight`` accountant: a charge is admitted while ANY of two privacy filters still admits
+the full list of what ran on the batch; valid under fully adaptive choice, at the sum of their δ.
+
+Filters
+-------
+**A — basic composition over tight per-charge prices.** Charge i is priced (εᵢ, δᵢ): its own
+tight ε at δᵢ (``tight_epsilon``: the PRV upper bound, Gopi, Lee & Wutschitz 2021, with the
+single-run RDP bound and the exact basic bound where smaller), δᵢ = ``SHARE``·(δ_A − Σ_{j<i} δⱼ)
+(a pure-DP charge: its exact ε at δᵢ = 0). A admits while Σεᵢ ≤ ε and Σδᵢ ≤ δ_A. The (εᵢ, δᵢ)
+are functions of the declared event and of A's sums, i.e. of the past, never of the data:
+Rogers, Roth, Ullman & Vadhan 2016 ("Privacy odometers and filters", Thm. 3.6, the
+basic-composition filter) make A (ε, δ_A)-DP under fully adaptive choice.
+
+**B — the Rényi filter** of ``accountant.rdp_filter`` over the budget's placed grid at δ_B
+(Feldman & Zrnic 2021, Thm. 3.1; a union bound over its orders; improved conversion).
+
+Both judge the FULL list of charges that ran on the batch (spent or held), whichever filter
+admitted them, and both refusals are absorbing: B's sums only grow; A, once a charge it refused
+runs (admitted by B), is closed for good (``basic_open``). Zero-cost charges touch no record and
+are not part of the list.
+
+Profiles (δ_A, δ_B), fixed at the batch's first charge
+--------------------------------------------------------
+Before a batch's first charge nothing that depends on its records has been released, so the
+filters' parameters may be chosen from that charge's declared event, like any parameter fixed in
+advance (conditioned on the analyst's first request every filter below is a fixed valid filter;
+averaging over that request keeps (ε, δ)-DP):
+
+* ``stream`` — the first charge fits B at the whole δ: (δ_A, δ_B) = (0, δ). B composes the
+  stream at the Rényi rate; A at δ_A = 0 is the exact basic sum of pure-DP charges.
+* ``run`` — it does not (a run calibrated close to the budget): (δ_A, δ_B) = (δ, 0). The run is
+  charged its tight ε at ``SHARE``·δ; what follows is priced by A alone.
+
+A budget with δ = 0 is ``run`` with δ_A = 0: the exact basic filter over pure-DP charges.
+A batch whose reservations were all aborted before any commit (``reads`` 0) has released
+nothing, and chooses again at its next charge.
+
+Why the union is valid (docs/ACCOUNTING.md, "The union of filters"): let D_j be the first charge
+that runs although filter j refused it. Some filter never departs (at the last departure the
+charge ran because some k admitted it; k had departed earlier, and its refusal is absorbing on
+the full list: contradiction). On the event that j* — the first filter that never departs — is
+j, the transcript is the one the j-filtered interaction produces (j's refusals are data-independent
+skips), and the event is a function of that transcript, so P(S) − e^ε Q(S) = Σ_j [P_j(S ∩ H_j) −
+e^ε Q_j(S ∩ H_j)] ≤ Σ_j δ_j. A filter that kept only its own admitted list breaks this (two
+basic filters each of budget ε, alternating: 2ε ran; docs/ACCOUNTING.md).
+
+Progressive commits: A charged the whole reserved run at reservation (a run stopped early, even
+because of what it released, is post-processing of the whole run: Dwork & Roth 2014, Prop. 2.1);
+B the prefix's RDP, step by step (Feldman & Zrnic's filter is over steps). An abort with nothing
+committed returns A's price; it never reopens A.
+"""
+
+from __future__ import annotations
+
+import decimal
+import math
+from dataclasses import replace
+from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
+from typing import Final
+
+from accountant.errors import UnsupportedEventError
+from accountant.events import DpEvent
+from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, exact_mul, round_up, to_text
+from accountant.rdp_filter import rdp_epsilon
+from accountant.rules.bookkeeping import canonical, naive_step, vadd, vector, vsub, zeros
+from accountant.rules.budget import Budget, renyi_filter
+from accountant.rules.errors import BudgetExceeded
+from accountant.rules.memo import event_fingerprint, memoized
+from accountant.rules.prices import basic_price, delta_down, is_free, rdp_charge, single_charge_orders
+from accountant.rules.state import Admission, BatchState, Cost, Settlement
+
+SHARE: Final = Decimal("0.99")
+"""The part of A's δ left that a charge is priced at (the rest stays for later charges). A
+DP-SGD run (q 0.01, 1 000 steps) priced at 0.99·δ costs 0.07% more ε than at δ."""
+_DIGITS: Final = 6
+_UP6: Final = decimal.Context(prec=_DIGITS, rounding=ROUND_CEILING)
+_PAIR_ZERO: Final = (ZERO, ZERO)
+
+
+# ---------------------------------------------------------------------------------------------
+# A's price of one charge
+# ---------------------------------------------------------------------------------------------
+
+
+def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+    """The tight ε of ONE run of ``event`` at ``delta`` (> 0), rounded UP to 6 significant digits.
+
+    The one place the ``tight`` accountant prices a single charge: the PRV upper bound (Gopi,
+    Lee & Wutschitz 2021, Thm. 5.5; ``accountant.prv``), or the single-run RDP bound on the
+    accountant's full grid where that is smaller (both valid for one run whose parameters were
+    fixed before it ran). Six digits: a replayed certificate recomputes this number, and a
+    last-ulp difference of a numerical engine must not change the decimal it rounds to.
+    """
+    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
+
+
+@lru_cache(maxsize=1024)
+def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+    from accountant.prv import PrvAccountant
+    from accountant.rdp import DEFAULT_ORDERS
+
+    at = delta_down(delta)
+    prv = PrvAccountant(relative_eps_error=_PRV_RELATIVE_ERROR).compose(event).get_epsilon(at).upper
+    rdp = rdp_epsilon(rdp_charge(event, DEFAULT_ORDERS), DEFAULT_ORDERS, at)
+    best = min(round_up(prv) if math.isfinite(prv) else INFINITY, rdp)
+    return best if best.is_infinite() else _UP6.plus(best)
+
+
+# PRV's mesh error kept below 0.3% of the ε found: a run calibrated by Opacus to ε = 1 must fit a
+# budget of 1 (its tight ε at 0.99·δ is 0.990; the default 3% would price it above 1).
+_PRV_RELATIVE_ERROR: Final = 0.003
+
+
+def run_price(event: DpEvent, delta: Decimal) -> tuple[Decimal, Decimal]:
+    """A's (εᵢ, δᵢ) of ``event`` offered δᵢ = ``delta``: (0, 0) for a free event; the exact basic
+    (ε, 0) of a pure-DP event; else the smaller of the exact basic bound (when its δ fits) and
+    (``tight_epsilon`` at ``delta``, ``delta``). (∞, 0) when nothing is finite."""
+    if is_free(event):
+        return _PAIR_ZERO
+    try:
+        exact: tuple[Decimal, Decimal] | None = basic_price(event)
+    except UnsupportedEventError:
+        exact = None
+    if exact is not None and exact[1] == 0 and exact[0].is_finite():
+        return exact  # pure DP: exact, and it leaves δ to the charges that need it
+    if delta <= 0:
+        return INFINITY, ZERO
+    eps = tight_epsilon(event, delta)
+    if exact is not None and exact[1] <= delta and exact[0] <= eps:
+        return exact
+    return eps, delta
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch's filters
+# ---------------------------------------------------------------------------------------------
+
+
+def profile_deltas(budget: Budget, profile: str) -> tuple[Decimal, Decimal]:
+    """(δ_A, δ_B) of a profile: ``stream`` (0, δ), ``run`` (δ, 0)."""
+    return (ZERO, budget.delta) if profile == "stream" else (budget.delta, ZERO)
+
+
+def _pair(value: tuple[Decimal, Decimal] | None) -> tuple[Decimal, Decimal]:
+    return _PAIR_ZERO if value is None else value
+
+
+def _padd(a: tuple[Decimal, Decimal], b: tuple[Decimal, Decimal]) -> tuple[Decimal, Decimal]:
+    return exact_add(a[0], b[0]), exact_add(a[1], b[1])
+
+
+def _psub(a: tuple[Decimal, Decimal], b: tuple[Decimal, Decimal]) -> tuple[Decimal, Decimal]:
+    return max(ZERO, exact_sub(a[0], b[0])), max(ZERO, exact_sub(a[1], b[1]))
+
+
+def _stored(pair: tuple[Decimal, Decimal]) -> tuple[Decimal, Decimal] | None:
+    return None if pair == _PAIR_ZERO else pair
+
+
+def _basic_total(state: BatchState) -> tuple[Decimal, Decimal]:
+    return _padd(_pair(state.basic_spent), _pair(state.basic_held))
+
+
+def _rdp_total(budget: Budget, state: BatchState) -> tuple[Decimal, ...]:
+    assert budget.orders is not None
+    n = len(budget.orders)
+    return vadd(vector(state.rdp_spent, n), vector(state.rdp_held, n))
+
+
+def _choose_profile(budget: Budget, event: DpEvent) -> str:
+    """``stream`` when the first charge fits B at the whole δ, else ``run`` (module docstring)."""
+    if budget.delta <= 0 or budget.orders is None:
+        return "run"
+
+    def compute() -> str:
+        f = renyi_filter(budget)
+        return "stream" if f.admits(zeros(len(budget.orders or ())), rdp_charge(event, budget.orders or ())) else "run"
+
+    return memoized("union_profile", budget, event, None, compute)
+
+
+def _offered_delta(budget: Budget, profile: str, basic: tuple[Decimal, Decimal]) -> Decimal:
+    delta_a, _ = profile_deltas(budget, profile)
+    left = max(ZERO, exact_sub(delta_a, basic[1]))
+    return _DOWN18.multiply(left, SHARE)
+
+
+_DOWN18: Final = decimal.Context(prec=18, rounding=decimal.ROUND_FLOOR)
+
+
+def indicator(budget: Budget, state: BatchState, *, held: bool) -> Decimal:
+    """The batch's ε progress: the smallest of its open filters' progress (A: Σεᵢ; B: the Rényi
+    filter's ``epsilon_of``), over spent (``held=False``) or spent + held charges. A budget share,
+    not a guarantee (the guarantee is the budget's (ε, δ) once anything ran)."""
+    if state.union_profile is None:
+        return ZERO
+    basic = _basic_total(state) if held else _pair(state.basic_spent)
+    values = []
+    if state.basic_open:
+        values.append(basic[0])
+    if state.union_profile == "stream":
+        assert budget.orders is not None
+        n = len(budget.orders)
+        sums = _rdp_total(budget, state) if held else vector(state.rdp_spent, n)
+        values.append(renyi_filter(budget).epsilon_of(sums))
+    return min(values, default=INFINITY)
+
+
+def _derive(budget: Budget, state: BatchState) -> BatchState:
+    """Recompute the ε/δ fields from the filters' sums (deterministic)."""
+    spent = indicator(budget, state, held=False)
+    total = indicator(budget, state, held=True)
+    ran_spent = spent > 0 or _pair(state.basic_spent)[1] > 0 or any(v > 0 for v in state.rdp_spent or ())
+    ran_total = ran_spent or total > 0 or _pair(state.basic_held)[1] > 0 or any(v > 0 for v in state.rdp_held or ())
+    delta_spent = budget.delta if ran_spent else ZERO
+    delta_total = budget.delta if ran_total else ZERO
+    return replace(
+        state,
+        epsilon_spent=spent,
+        epsilon_held=exact_sub(total, spent),
+        delta_spent=delta_spent,
+        delta_held=exact_sub(delta_total, delta_spent),
+    )
+
+
+def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitment: str | None = None) -> Admission:
+    """Hold a fresh charge: admitted iff A or B admits the full list with it (module docstring)."""
+    fingerprint = event_fingerprint(event)
+    profile = state.union_profile or _choose_profile(budget, event)
+    basic = _basic_total(state)
+    price: tuple[Decimal, Decimal] | None = None
+    a_admits = False
+    if state.basic_open:
+        price = run_price(event, _offered_delta(budget, profile, basic))
+        delta_a, _ = profile_deltas(budget, profile)
+        after = _padd(basic, price)
+        a_admits = after[0] <= budget.epsilon and after[1] <= delta_a
+    charge: tuple[Decimal, ...] | None = None
+    b_admits = False
+    if profile == "stream":
+        assert budget.orders is not None
+        charge = rdp_charge(event, budget.orders)
+        b_admits = renyi_filter(budget).admits(_rdp_total(budget, state), charge)
+    if is_free(event):
+        a_admits, price = state.basic_open, _PAIR_ZERO
+    if not (a_admits or b_admits):
+        asked = price[0] if price is not None else INFINITY
+        raise BudgetExceeded(
+            {"epsilon": to_text(asked), "delta": to_text(budget.delta)}, remaining(budget, state)
+        )
+    before = exact_add(state.epsilon_spent, state.epsilon_held)
+    new_state = replace(
+        state,
+        union_profile=profile,
+        reads=state.reads + 1,
+        basic_held=_stored(_padd(_pair(state.basic_held), price)) if a_admits and price else state.basic_held,
+        # A refused a charge that runs: A departs, for good (its refusal is absorbing).
+        basic_open=state.basic_open and a_admits,
+        rdp_held=state.rdp_held
+        if charge is None
+        else canonical(vadd(vector(state.rdp_held, len(charge)), charge)),
+    )
+    new_state = _derive(budget, new_state)
+    cost = Cost(
+        epsilon=max(ZERO, exact_sub(exact_add(new_state.epsilon_spent, new_state.epsilon_held), before)),
+        delta=exact_sub(
+            exact_add(new_state.delta_spent, new_state.delta_held),
+            exact_add(state.delta_spent, state.delta_held),
+        ),
+        naive_epsilon=naive_price(budget, event),
+        fingerprint=fingerprint,
+        rdp=charge,
+        noise_commitment=noise_commitment,
+        basic=price if a_admits else None,
+    )
+    return Admission(new_state, cost)
+
+
+def naive_price(budget: Budget, event: DpEvent) -> Decimal:
+    """The charge's ε as the batch's only charge: its progress on an empty batch (the smaller
+    of A's price and B's progress where each admits it; A's price at ``SHARE``·δ otherwise)."""
+
+    def compute() -> Decimal:
+        profile = _choose_profile(budget, event)
+        price = run_price(event, _offered_delta(budget, profile, _PAIR_ZERO))
+        values = []
+        if price[0] <= budget.epsilon and price[1] <= profile_deltas(budget, profile)[0]:
+            values.append(price[0])
+        if profile == "stream":
+            assert budget.orders is not None
+            values.append(renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders)))
+        return min(values, default=price[0])
+
+    return memoized("union_naive", budget, event, None, compute)
+
+
+def price(budget: Budget, event: DpEvent, noise_commitment: str | None, *, with_rdp: bool) -> Cost:
+    """The cumulative cost of the run so far ``event`` (before settling): B's RDP of it."""
+    charge = rdp_charge(event, budget.orders) if with_rdp and budget.orders is not None else None
+    return Cost(
+        ZERO, ZERO, naive_price(budget, event), event_fingerprint(event), rdp=charge, noise_commitment=noise_commitment
+    )
+
+
+def commit(
+    budget: Budget,
+    state: BatchState,
+    reserved: Cost,
+    committed_before: Cost | None,
+    partial_event: DpEvent | None,
+) -> Settlement:
+    """Progressive commit: A's whole price moves from held to spent at the first commit; B's sums
+    move the RDP of the run so far (never more than reserved, never less than committed)."""
+    from accountant.rules.bookkeeping import at_least, bound_by_reservation
+
+    if partial_event is None:
+        now = replace(reserved, epsilon=ZERO, delta=ZERO)
+    else:
+        now = price(budget, partial_event, reserved.noise_commitment, with_rdp=reserved.rdp is not None)
+        now = bound_by_reservation(now, reserved, compare_epsilon=False)
+    now = at_least(now, committed_before, compare_epsilon=False)
+    now = replace(now, basic=reserved.basic)
+    changes: dict[str, object] = {"naive_epsilon": exact_add(state.naive_epsilon, naive_step(now, committed_before))}
+    if committed_before is None and reserved.basic is not None:
+        changes["basic_spent"] = _stored(_padd(_pair(state.basic_spent), reserved.basic))
+        changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
+    if now.rdp is not None and reserved.rdp is not None and budget.orders is not None:
+        n = len(budget.orders)
+        step = now.rdp if committed_before is None or committed_before.rdp is None else vsub(now.rdp, committed_before.rdp, "rdp")
+        changes["rdp_spent"] = canonical(vadd(vector(state.rdp_spent, n), step))
+        changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), step, "rdp_held"))
+    new_state = _derive(budget, replace(state, **changes))  # type: ignore[arg-type]
+    # As for the Rényi filter: the committed ε/δ grow by what the batch's spent indicator grew,
+    # between what was committed before and what was reserved.
+    base_eps = ZERO if committed_before is None else committed_before.epsilon
+    base_dlt = ZERO if committed_before is None else committed_before.delta
+    grown_eps = exact_add(base_eps, max(ZERO, exact_sub(new_state.epsilon_spent, state.epsilon_spent)))
+    grown_dlt = exact_add(base_dlt, max(ZERO, exact_sub(new_state.delta_spent, state.delta_spent)))
+    now = replace(
+        now,
+        epsilon=max(base_eps, min(reserved.epsilon, grown_eps)),
+        delta=max(base_dlt, min(reserved.delta, grown_dlt)),
+    )
+    return Settlement(new_state, now)
+
+
+def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None) -> BatchState:
+    """Return an uncommitted hold: B's RDP not committed; A's price when nothing was committed
+    (what ran is kept). A stays closed. A batch left with no reservation chooses its profile
+    again at its next charge (nothing was released)."""
+    from accountant.errors import InvalidArgumentError
+
+    reads = state.reads - 1 if committed is None else state.reads
+    if reads < 0:
+        raise InvalidArgumentError("state.reads", "has no reservation to cancel.")
+    changes: dict[str, object] = {"reads": reads}
+    if committed is None and reserved.basic is not None:
+        changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
+    if reserved.rdp is not None and budget.orders is not None:
+        n = len(budget.orders)
+        committed_rdp = zeros(n) if committed is None or committed.rdp is None else vector(committed.rdp, n)
+        rest = tuple(max(ZERO, exact_sub(r, c)) for r, c in zip(vector(reserved.rdp, n), committed_rdp, strict=True))
+        changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), rest, "rdp_held"))
+    after = replace(state, **changes)  # type: ignore[arg-type]
+    if after.reads == 0:
+        after = replace(after, union_profile=None, basic_open=True, basic_held=None, rdp_held=None)
+    return _derive(budget, after)
+
+
+def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+    """The most ε a filter still open has left (A: ε − Σεᵢ; B: ε − its progress)."""
+    if state.union_profile is None:
+        return {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)}
+    left = [ZERO]
+    if state.basic_open:
+        left.append(exact_sub(budget.epsilon, _basic_total(state)[0]))
+    if state.union_profile == "stream":
+        used = renyi_filter(budget).epsilon_of(_rdp_total(budget, state))
+        left.append(exact_sub(budget.epsilon, used))
+    return {"epsilon": to_text(max(left)), "delta": to_text(budget.delta)}
+
+
+def within_budget(budget: Budget, state: BatchState) -> bool:
+    """Whether some filter admits the full list: A open within (ε, δ_A), or B's sums fit."""
+    if state.union_profile is None:
+        return state.basic_spent is None and state.basic_held is None and not any(
+            v > 0 for v in (*(state.rdp_spent or ()), *(state.rdp_held or ()))
+        )
+    delta_a, _ = profile_deltas(budget, state.union_profile)
+    basic = _basic_total(state)
+    if state.basic_open and basic[0] <= budget.epsilon and basic[1] <= delta_a:
+        return True
+    if state.union_profile == "stream":
+        return renyi_filter(budget).fits(_rdp_total(budget, state))
+    return False
+
+
+THEOREM: Final = (
+    "Sequential composition per batch by the union of two privacy filters that each judge the full "
+    "list of charges run on the batch, with absorbing refusals: (A) basic composition over each "
+    "charge's tight (epsilon_i, delta_i), priced by the PRV accountant's upper bound (Gopi, Lee & "
+    "Wutschitz 2021) before it runs, valid under fully adaptive choice (Rogers, Roth, Ullman & "
+    "Vadhan 2016, Thm. 3.6); (B) a Renyi privacy filter (Feldman & Zrnic 2021, Thm. 3.1) over a "
+    "grid fixed at budget creation with the improved RDP-to-DP conversion (Balle et al. 2020, "
+    "Thm. 21). A charge runs while either admits; the interaction is (epsilon, delta_A + delta_B)-DP "
+    "(docs/ACCOUNTING.md, 'The union of filters'); (delta_A, delta_B) is (0, delta) or (delta, 0), "
+    "fixed at a batch's first charge, before any of its records is touched."
+)
+
+
+def stated_theorem(budget: Budget, words: str) -> str:
+    return f"{THEOREM} Budget per batch {words}."
+
+
+__all__ = [
+    "SHARE",
+    "THEOREM",
+    "cancel",
+    "commit",
+    "indicator",
+    "naive_price",
+    "price",
+    "profile_deltas",
+    "remaining",
+    "reserve",
+    "run_price",
+    "stated_theorem",
+    "tight_epsilon",
+    "within_budget",
+]
