@@ -170,7 +170,7 @@ def _increase(after: Decimal, before: Decimal) -> Decimal:
 def price_fresh(budget: Budget, event: DpEvent, noise_commitment: str | None) -> Cost:
     """The cumulative cost of the run ``event`` for a fresh charge (before settling)."""
     if budget.uses_union:
-        return tight.price(budget, event, noise_commitment, with_rdp=True)
+        return tight.price(budget, event, noise_commitment, focus=None, with_rdp=True)
     if budget.uses_filter:
         assert budget.orders is not None
         naive = naive_price(budget, event)

@@ -4,6 +4,7 @@ aggregate state (``BatchState``, with its ``NoiseCommitment``s) and the results 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -13,6 +14,7 @@ from accountant import events as ev
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, to_text
+from accountant.rdp import MAX_ORDER
 from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, _budget_number
 
 MAX_COMMITMENT_LENGTH: Final = 256
@@ -229,6 +231,8 @@ class BatchState:
     basic_spent: tuple[Decimal, Decimal] | None = None
     basic_held: tuple[Decimal, Decimal] | None = None
     basic_open: bool = True
+    union_focus: float | None = None
+    union_focus_weight: Decimal | None = None
 
     @classmethod
     def empty(cls) -> BatchState:
@@ -261,6 +265,12 @@ class BatchState:
             **({} if self.basic_spent is None else {"basic_spent": _pair_json(self.basic_spent)}),
             **({} if self.basic_held is None else {"basic_held": _pair_json(self.basic_held)}),
             **({} if self.basic_open else {"basic_open": False}),
+            **({} if self.union_focus is None else {"union_focus": self.union_focus}),
+            **(
+                {}
+                if self.union_focus_weight is None
+                else {"union_focus_weight": to_text(self.union_focus_weight)}
+            ),
         }
 
     @classmethod
@@ -317,6 +327,14 @@ class BatchState:
             raise InvalidArgumentError(
                 f"{path}.union_profile", f"must be one of {list(UNION_PROFILES)} or absent. Found {profile!r}."
             )
+        focus = obj.get("union_focus")
+        if focus is not None and (
+            isinstance(focus, bool)
+            or not isinstance(focus, int | float)
+            or not math.isfinite(focus)
+            or not 1 < focus <= MAX_ORDER
+        ):
+            raise InvalidArgumentError(f"{path}.union_focus", f"must be an order in (1, 2^20] or absent. Found {focus!r}.")
         basic_open = obj.get("basic_open", True)
         if not isinstance(basic_open, bool):
             raise InvalidArgumentError(f"{path}.basic_open", "must be a boolean.")
@@ -339,7 +357,15 @@ class BatchState:
             basic_spent=_pair_field(obj, "basic_spent", path),
             basic_held=_pair_field(obj, "basic_held", path),
             basic_open=basic_open,
+            union_focus=None if focus is None else float(focus),
+            union_focus_weight=None
+            if obj.get("union_focus_weight") is None
+            else _decimal_field(obj, "union_focus_weight", path),
         )
+        if state.union_focus_weight is not None and not 0 < state.union_focus_weight < 1:
+            raise InvalidArgumentError(f"{path}.union_focus_weight", "must be in (0, 1).")
+        if (state.union_focus is None) != (state.union_focus_weight is None):
+            raise InvalidArgumentError(f"{path}.union_focus", "and union_focus_weight come together.")
         for name in ("epsilon_spent", "epsilon_held", "delta_spent", "delta_held", "naive_epsilon"):
             if getattr(state, name) < 0:
                 raise InvalidArgumentError(f"{path}.{name}", "must be >= 0.")

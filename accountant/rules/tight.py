@@ -62,7 +62,7 @@ from typing import Final
 from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
 from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, exact_mul, round_up, to_text
-from accountant.rdp_filter import rdp_epsilon
+from accountant.rdp_filter import RenyiFilter, rdp_epsilon
 from accountant.rules.bookkeeping import canonical, naive_step, vadd, vector, vsub, zeros
 from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.errors import BudgetExceeded
@@ -163,19 +163,128 @@ def _basic_total(state: BatchState) -> tuple[Decimal, Decimal]:
 
 
 def _rdp_total(budget: Budget, state: BatchState) -> tuple[Decimal, ...]:
-    assert budget.orders is not None
-    n = len(budget.orders)
+    n = len(filter_b(budget, _state_focus(state)).orders)
     return vadd(vector(state.rdp_spent, n), vector(state.rdp_held, n))
 
 
-def _choose_profile(budget: Budget, event: DpEvent) -> str:
-    """``stream`` when the first charge fits B at the whole δ, else ``run`` (module docstring)."""
-    if budget.delta <= 0 or budget.orders is None:
-        return "run"
+# ---------------------------------------------------------------------------------------------
+# B's grid: the budget's placed grid, plus an order focused on the batch's first charge
+# ---------------------------------------------------------------------------------------------
 
-    def compute() -> str:
-        f = renyi_filter(budget)
-        return "stream" if f.admits(zeros(len(budget.orders or ())), rdp_charge(event, budget.orders or ())) else "run"
+FOCUS_WEIGHT: Final = Decimal("0.9")
+"""The part of δ_B given to the focus order (the rest: the budget's grid, in its proportions).
+Charges like the first one bind at the focus order, where the filter then loses only
+log(1/0.9)/(α − 1) of ε against plain RDP composition at the whole δ; charges unlike it keep a
+tenth of δ on the budget's grid."""
+STREAM_FOCUS_WEIGHT: Final = Decimal("0.99")
+"""The focus order's part when the first charge is at most 1/``STREAM_COPIES`` of the budget (by
+plain RDP): many small charges, a stream of chunks of one computation, which then composes
+within log(1/0.99)/(α − 1) of plain RDP composition at the whole δ."""
+STREAM_COPIES: Final = 10.0
+# Candidate focus orders: α − 1 = 10^(k/40) from 0.01 to 1000, 4 significant digits, then a finer
+# search (steps of 10^(1/400)) around the best of them.
+_COARSE: Final = tuple(sorted({float(f"{1.0 + 10.0 ** (k / 40.0):.4g}") for k in range(-80, 121)}))
+
+
+Focus = tuple[float, Decimal]
+"""A focus order and the part of δ_B it holds."""
+
+
+def filter_b(budget: Budget, focus: Focus | None) -> RenyiFilter:
+    """Filter B of a batch: the budget's Rényi filter, or with ``focus`` = (α_f, w_f) that
+    filter's grid plus α_f holding w_f of δ (the grid's weights scaled by 1 − w_f)."""
+    if focus is None or budget.orders is None:
+        return renyi_filter(budget)
+    return _focused(budget.epsilon, budget.delta, budget.orders, budget.delta_weights, focus[0], focus[1])
+
+
+def _state_focus(state: BatchState) -> Focus | None:
+    if state.union_focus is None or state.union_focus_weight is None:
+        return None
+    return state.union_focus, state.union_focus_weight
+
+
+@lru_cache(maxsize=1024)
+def _focused(
+    epsilon: Decimal,
+    delta: Decimal,
+    orders: tuple[float, ...],
+    weights: tuple[Decimal, ...] | None,
+    focus: float,
+    focus_weight: Decimal,
+) -> RenyiFilter:
+    base = weights if weights is not None else tuple(_DOWN6.divide(Decimal(1), Decimal(len(orders))) for _ in orders)
+    rest = Decimal(1) - focus_weight
+    merged: dict[float, Decimal] = {a: _DOWN6.multiply(w, rest) for a, w in zip(orders, base, strict=True)}
+    merged[focus] = merged.get(focus, ZERO) + focus_weight
+    grid = tuple(sorted(merged))
+    return RenyiFilter(epsilon=epsilon, delta=delta, orders=grid, weights=tuple(merged[a] for a in grid))
+
+
+_DOWN6: Final = decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR)
+
+
+def focus_order(budget: Budget, event: DpEvent) -> Focus | None:
+    """The order at which copies of ``event`` filling the budget bind under plain RDP composition
+    at δ·``FOCUS_WEIGHT``: α* minimising t·ρ(α) + g(α, δ_f) where t (real) copies reach ε, with
+    its weight (``STREAM_FOCUS_WEIGHT`` when t ≥ ``STREAM_COPIES``, else ``FOCUS_WEIGHT``).
+    A function of the declared event and the budget only. ``None``: no useful order (a free
+    event, or one whose curve is infinite at every candidate)."""
+    if budget.delta <= 0:
+        return None
+    return memoized("union_focus", budget, event, None, lambda: _focus_order(budget.epsilon, budget.delta, event))
+
+
+@lru_cache(maxsize=1024)
+def _focus_order(epsilon: Decimal, delta: Decimal, event: DpEvent) -> Focus | None:
+    from accountant.rdp import MAX_ORDER, compute_rdp
+
+    at = float(delta) * float(FOCUS_WEIGHT)
+    eps = float(epsilon)
+
+    def best(orders: tuple[float, ...]) -> tuple[float, float] | None:
+        curve = [float(v) for v in compute_rdp(event, orders)]
+        pairs = [
+            (rho, a, math.log1p(-1.0 / a) - (math.log(at) + math.log(a)) / (a - 1.0))
+            for rho, a in zip(curve, orders, strict=True)
+            if math.isfinite(rho) and rho > 0
+        ]
+        if not pairs:
+            return None
+
+        def at_copies(t: float) -> tuple[float, float]:
+            return min((t * rho + g, a) for rho, a, g in pairs)
+
+        lo, hi = 0.0, 1.0
+        while at_copies(hi)[0] < eps and hi < 1e18:
+            hi *= 2.0
+        for _ in range(80):
+            mid = (lo + hi) / 2.0
+            lo, hi = (mid, hi) if at_copies(mid)[0] < eps else (lo, mid)
+        return at_copies(hi)[1], hi
+
+    coarse = best(_COARSE)
+    if coarse is None:
+        return None
+    x = coarse[0] - 1.0
+    fine = tuple(sorted({float(f"{1.0 + x * 10.0 ** (k / 400.0):.4g}") for k in range(-12, 13)}))
+    alpha, copies = best(tuple(a for a in fine if 1.0 < a <= MAX_ORDER)) or coarse
+    if not 1.0 < alpha <= MAX_ORDER:
+        return None
+    return alpha, (STREAM_FOCUS_WEIGHT if copies >= STREAM_COPIES else FOCUS_WEIGHT)
+
+
+def _choose(budget: Budget, event: DpEvent) -> tuple[str, Focus | None]:
+    """A batch's profile and focus, from its first charge: ``stream`` when the charge fits the
+    focused filter B at the whole δ, else ``run`` (module docstring)."""
+    if budget.delta <= 0 or budget.orders is None:
+        return "run", None
+
+    def compute() -> tuple[str, Focus | None]:
+        focus = focus_order(budget, event)
+        f = filter_b(budget, focus)
+        fits = f.admits(zeros(len(f.orders)), rdp_charge(event, f.orders))
+        return ("stream", focus) if fits else ("run", None)
 
     return memoized("union_profile", budget, event, None, compute)
 
@@ -200,10 +309,9 @@ def indicator(budget: Budget, state: BatchState, *, held: bool) -> Decimal:
     if state.basic_open:
         values.append(basic[0])
     if state.union_profile == "stream":
-        assert budget.orders is not None
-        n = len(budget.orders)
-        sums = _rdp_total(budget, state) if held else vector(state.rdp_spent, n)
-        values.append(renyi_filter(budget).epsilon_of(sums))
+        f = filter_b(budget, _state_focus(state))
+        sums = _rdp_total(budget, state) if held else vector(state.rdp_spent, len(f.orders))
+        values.append(f.epsilon_of(sums))
     return min(values, default=INFINITY)
 
 
@@ -227,7 +335,12 @@ def _derive(budget: Budget, state: BatchState) -> BatchState:
 def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitment: str | None = None) -> Admission:
     """Hold a fresh charge: admitted iff A or B admits the full list with it (module docstring)."""
     fingerprint = event_fingerprint(event)
-    profile = state.union_profile or _choose_profile(budget, event)
+    if budget.delta <= 0 and not is_free(event):
+        basic_price(event)  # at δ = 0 only pure DP can run: Gaussian kinds are refused as by 'basic'
+    if state.union_profile is None:
+        profile, focus = _choose(budget, event)
+    else:
+        profile, focus = state.union_profile, _state_focus(state)
     basic = _basic_total(state)
     price: tuple[Decimal, Decimal] | None = None
     a_admits = False
@@ -239,9 +352,9 @@ def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitme
     charge: tuple[Decimal, ...] | None = None
     b_admits = False
     if profile == "stream":
-        assert budget.orders is not None
-        charge = rdp_charge(event, budget.orders)
-        b_admits = renyi_filter(budget).admits(_rdp_total(budget, state), charge)
+        f = filter_b(budget, focus)
+        charge = rdp_charge(event, f.orders)
+        b_admits = f.admits(vadd(vector(state.rdp_spent, len(f.orders)), vector(state.rdp_held, len(f.orders))), charge)
     if is_free(event):
         a_admits, price = state.basic_open, _PAIR_ZERO
     if not (a_admits or b_admits):
@@ -253,6 +366,8 @@ def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitme
     new_state = replace(
         state,
         union_profile=profile,
+        union_focus=None if focus is None else focus[0],
+        union_focus_weight=None if focus is None else focus[1],
         reads=state.reads + 1,
         basic_held=_stored(_padd(_pair(state.basic_held), price)) if a_admits and price else state.basic_held,
         # A refused a charge that runs: A departs, for good (its refusal is absorbing).
@@ -282,22 +397,25 @@ def naive_price(budget: Budget, event: DpEvent) -> Decimal:
     of A's price and B's progress where each admits it; A's price at ``SHARE``·δ otherwise)."""
 
     def compute() -> Decimal:
-        profile = _choose_profile(budget, event)
+        profile, focus = _choose(budget, event)
         price = run_price(event, _offered_delta(budget, profile, _PAIR_ZERO))
         values = []
         if price[0] <= budget.epsilon and price[1] <= profile_deltas(budget, profile)[0]:
             values.append(price[0])
         if profile == "stream":
-            assert budget.orders is not None
-            values.append(renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders)))
+            f = filter_b(budget, focus)
+            values.append(f.epsilon_of(rdp_charge(event, f.orders)))
         return min(values, default=price[0])
 
     return memoized("union_naive", budget, event, None, compute)
 
 
-def price(budget: Budget, event: DpEvent, noise_commitment: str | None, *, with_rdp: bool) -> Cost:
-    """The cumulative cost of the run so far ``event`` (before settling): B's RDP of it."""
-    charge = rdp_charge(event, budget.orders) if with_rdp and budget.orders is not None else None
+def price(
+    budget: Budget, event: DpEvent, noise_commitment: str | None, *, focus: Focus | None, with_rdp: bool
+) -> Cost:
+    """The cumulative cost of the run so far ``event`` (before settling): B's RDP of it on the
+    batch's grid (``focus``)."""
+    charge = rdp_charge(event, filter_b(budget, focus).orders) if with_rdp and budget.orders is not None else None
     return Cost(
         ZERO, ZERO, naive_price(budget, event), event_fingerprint(event), rdp=charge, noise_commitment=noise_commitment
     )
@@ -317,7 +435,9 @@ def commit(
     if partial_event is None:
         now = replace(reserved, epsilon=ZERO, delta=ZERO)
     else:
-        now = price(budget, partial_event, reserved.noise_commitment, with_rdp=reserved.rdp is not None)
+        now = price(
+            budget, partial_event, reserved.noise_commitment, focus=_state_focus(state), with_rdp=reserved.rdp is not None
+        )
         now = bound_by_reservation(now, reserved, compare_epsilon=False)
     now = at_least(now, committed_before, compare_epsilon=False)
     now = replace(now, basic=reserved.basic)
@@ -326,7 +446,7 @@ def commit(
         changes["basic_spent"] = _stored(_padd(_pair(state.basic_spent), reserved.basic))
         changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
     if now.rdp is not None and reserved.rdp is not None and budget.orders is not None:
-        n = len(budget.orders)
+        n = len(filter_b(budget, _state_focus(state)).orders)
         step = now.rdp if committed_before is None or committed_before.rdp is None else vsub(now.rdp, committed_before.rdp, "rdp")
         changes["rdp_spent"] = canonical(vadd(vector(state.rdp_spent, n), step))
         changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), step, "rdp_held"))
@@ -358,13 +478,21 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     if committed is None and reserved.basic is not None:
         changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
     if reserved.rdp is not None and budget.orders is not None:
-        n = len(budget.orders)
+        n = len(filter_b(budget, _state_focus(state)).orders)
         committed_rdp = zeros(n) if committed is None or committed.rdp is None else vector(committed.rdp, n)
         rest = tuple(max(ZERO, exact_sub(r, c)) for r, c in zip(vector(reserved.rdp, n), committed_rdp, strict=True))
         changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), rest, "rdp_held"))
     after = replace(state, **changes)  # type: ignore[arg-type]
     if after.reads == 0:
-        after = replace(after, union_profile=None, basic_open=True, basic_held=None, rdp_held=None)
+        after = replace(
+            after,
+            union_profile=None,
+            union_focus=None,
+            union_focus_weight=None,
+            basic_open=True,
+            basic_held=None,
+            rdp_held=None,
+        )
     return _derive(budget, after)
 
 
@@ -376,7 +504,7 @@ def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
     if state.basic_open:
         left.append(exact_sub(budget.epsilon, _basic_total(state)[0]))
     if state.union_profile == "stream":
-        used = renyi_filter(budget).epsilon_of(_rdp_total(budget, state))
+        used = filter_b(budget, _state_focus(state)).epsilon_of(_rdp_total(budget, state))
         left.append(exact_sub(budget.epsilon, used))
     return {"epsilon": to_text(max(left)), "delta": to_text(budget.delta)}
 
@@ -392,7 +520,7 @@ def within_budget(budget: Budget, state: BatchState) -> bool:
     if state.basic_open and basic[0] <= budget.epsilon and basic[1] <= delta_a:
         return True
     if state.union_profile == "stream":
-        return renyi_filter(budget).fits(_rdp_total(budget, state))
+        return filter_b(budget, _state_focus(state)).fits(_rdp_total(budget, state))
     return False
 
 
