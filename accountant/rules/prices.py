@@ -176,7 +176,8 @@ def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) ->
 
 
 def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple[Decimal, Decimal]:
-    if budget.accountant == "basic" or budget.orders is None:  # ``tight`` at δ = 0: pure DP only
+    if budget.accountant == "basic" or (budget.accountant == "tight" and budget.orders is None):
+        # ``tight`` at δ = 0 holds no grid: pure DP only, as ``basic``
         return basic_price(event)
     at = budget.delta if delta is None else delta
     if is_free(event):
