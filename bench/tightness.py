@@ -26,7 +26,6 @@ import json
 import math
 import sys
 import warnings
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +144,9 @@ def k_runs(k: int, epsilon: str = "2", delta: float = 1e-5, steps: int = 300) ->
         return _dpsgd(0.01, sigma, steps)
 
     def ledger(accountant: str) -> float:
-        budget = rules.Budget.create(rule="sequential", epsilon=epsilon, delta=repr(delta), accountant=accountant)
+        budget = rules.Budget.create(
+            rule="sequential", epsilon=epsilon, delta=repr(delta), accountant=accountant
+        )
         return smallest_sigma(lambda s: admitted(budget, [run(s)], k) >= k)
 
     eps = float(epsilon)

@@ -295,8 +295,10 @@ class Budget:
                 "budget.orders", f"applies to accountant 'rdp' only. Found accountant {accountant!r}."
             )
         weights: tuple[Decimal, ...] | None = None
-        if delta_weights is not None and not stored_grid and (
-            accountant != "rdp" or rule not in ("sequential", "lifelong")
+        if (
+            delta_weights is not None
+            and not stored_grid
+            and (accountant != "rdp" or rule not in ("sequential", "lifelong"))
         ):
             raise InvalidArgumentError(
                 "budget.delta_weights",

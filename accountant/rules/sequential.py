@@ -56,6 +56,7 @@ from accountant.exact import (
     shown,
     to_text,
 )
+from accountant.rules import tight
 from accountant.rules.bookkeeping import (
     at_least,
     bound_by_reservation,
@@ -74,7 +75,6 @@ from accountant.rules.errors import BudgetExceeded, ChargeRefused
 from accountant.rules.memo import active_pricing, event_fingerprint, memoized
 from accountant.rules.prices import basic_price, fresh_price, is_free, naive_price, prv_epsilon, rdp_charge
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
-from accountant.rules import tight
 
 # ---------------------------------------------------------------------------------------------
 # Fresh charges composed sequentially (basic sum or Rényi filter): shared with ``lifelong``

@@ -108,7 +108,10 @@ def _pair_field(obj: Mapping[str, Any], name: str, path: str) -> tuple[Decimal, 
         return None
     if not isinstance(value, Mapping) or set(value) != {"epsilon", "delta"}:
         raise InvalidArgumentError(f"{path}.{name}", "must be an object {epsilon, delta} or absent.")
-    pair = (_decimal_field(value, "epsilon", f"{path}.{name}"), _decimal_field(value, "delta", f"{path}.{name}"))
+    pair = (
+        _decimal_field(value, "epsilon", f"{path}.{name}"),
+        _decimal_field(value, "delta", f"{path}.{name}"),
+    )
     if pair[0] < 0 or pair[1] < 0:
         raise InvalidArgumentError(f"{path}.{name}", "must be >= 0.")
     return pair
@@ -325,7 +328,8 @@ class BatchState:
         profile = obj.get("union_profile")
         if profile is not None and profile not in UNION_PROFILES:
             raise InvalidArgumentError(
-                f"{path}.union_profile", f"must be one of {list(UNION_PROFILES)} or absent. Found {profile!r}."
+                f"{path}.union_profile",
+                f"must be one of {list(UNION_PROFILES)} or absent. Found {profile!r}.",
             )
         focus = obj.get("union_focus")
         if focus is not None and (
@@ -334,7 +338,9 @@ class BatchState:
             or not math.isfinite(focus)
             or not 1 < focus <= MAX_ORDER
         ):
-            raise InvalidArgumentError(f"{path}.union_focus", f"must be an order in (1, 2^20] or absent. Found {focus!r}.")
+            raise InvalidArgumentError(
+                f"{path}.union_focus", f"must be an order in (1, 2^20] or absent. Found {focus!r}."
+            )
         basic_open = obj.get("basic_open", True)
         if not isinstance(basic_open, bool):
             raise InvalidArgumentError(f"{path}.basic_open", "must be a boolean.")

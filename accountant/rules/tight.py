@@ -61,13 +61,13 @@ from typing import Final
 
 from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
-from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, exact_mul, round_up, to_text
+from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, round_up, to_text
 from accountant.rdp_filter import RenyiFilter, rdp_epsilon
 from accountant.rules.bookkeeping import canonical, naive_step, vadd, vector, vsub, zeros
 from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.errors import BudgetExceeded
 from accountant.rules.memo import event_fingerprint, memoized
-from accountant.rules.prices import basic_price, delta_down, is_free, rdp_charge, single_charge_orders
+from accountant.rules.prices import basic_price, delta_down, is_free, rdp_charge
 from accountant.rules.state import Admission, BatchState, Cost, Settlement
 
 SHARE: Final = Decimal("0.99")
@@ -213,7 +213,11 @@ def _focused(
     focus: float,
     focus_weight: Decimal,
 ) -> RenyiFilter:
-    base = weights if weights is not None else tuple(_DOWN6.divide(Decimal(1), Decimal(len(orders))) for _ in orders)
+    base = (
+        weights
+        if weights is not None
+        else tuple(_DOWN6.divide(Decimal(1), Decimal(len(orders))) for _ in orders)
+    )
     rest = Decimal(1) - focus_weight
     merged: dict[float, Decimal] = {a: _DOWN6.multiply(w, rest) for a, w in zip(orders, base, strict=True)}
     merged[focus] = merged.get(focus, ZERO) + focus_weight
@@ -232,7 +236,9 @@ def focus_order(budget: Budget, event: DpEvent) -> Focus | None:
     event, or one whose curve is infinite at every candidate)."""
     if budget.delta <= 0:
         return None
-    return memoized("union_focus", budget, event, None, lambda: _focus_order(budget.epsilon, budget.delta, event))
+    return memoized(
+        "union_focus", budget, event, None, lambda: _focus_order(budget.epsilon, budget.delta, event)
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -320,7 +326,9 @@ def _derive(budget: Budget, state: BatchState) -> BatchState:
     spent = indicator(budget, state, held=False)
     total = indicator(budget, state, held=True)
     ran_spent = spent > 0 or _pair(state.basic_spent)[1] > 0 or any(v > 0 for v in state.rdp_spent or ())
-    ran_total = ran_spent or total > 0 or _pair(state.basic_held)[1] > 0 or any(v > 0 for v in state.rdp_held or ())
+    ran_total = (
+        ran_spent or total > 0 or _pair(state.basic_held)[1] > 0 or any(v > 0 for v in state.rdp_held or ())
+    )
     delta_spent = budget.delta if ran_spent else ZERO
     delta_total = budget.delta if ran_total else ZERO
     return replace(
@@ -332,7 +340,9 @@ def _derive(budget: Budget, state: BatchState) -> BatchState:
     )
 
 
-def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitment: str | None = None) -> Admission:
+def reserve(
+    budget: Budget, state: BatchState, event: DpEvent, *, noise_commitment: str | None = None
+) -> Admission:
     """Hold a fresh charge: admitted iff A or B admits the full list with it (module docstring)."""
     fingerprint = event_fingerprint(event)
     if budget.delta <= 0 and not is_free(event):
@@ -354,7 +364,9 @@ def reserve(budget: Budget, state: BatchState, event: DpEvent, *, noise_commitme
     if profile == "stream":
         f = filter_b(budget, focus)
         charge = rdp_charge(event, f.orders)
-        b_admits = f.admits(vadd(vector(state.rdp_spent, len(f.orders)), vector(state.rdp_held, len(f.orders))), charge)
+        b_admits = f.admits(
+            vadd(vector(state.rdp_spent, len(f.orders)), vector(state.rdp_held, len(f.orders))), charge
+        )
     if is_free(event):
         a_admits, price = state.basic_open, _PAIR_ZERO
     if not (a_admits or b_admits):
@@ -415,9 +427,16 @@ def price(
 ) -> Cost:
     """The cumulative cost of the run so far ``event`` (before settling): B's RDP of it on the
     batch's grid (``focus``)."""
-    charge = rdp_charge(event, filter_b(budget, focus).orders) if with_rdp and budget.orders is not None else None
+    charge = (
+        rdp_charge(event, filter_b(budget, focus).orders) if with_rdp and budget.orders is not None else None
+    )
     return Cost(
-        ZERO, ZERO, naive_price(budget, event), event_fingerprint(event), rdp=charge, noise_commitment=noise_commitment
+        ZERO,
+        ZERO,
+        naive_price(budget, event),
+        event_fingerprint(event),
+        rdp=charge,
+        noise_commitment=noise_commitment,
     )
 
 
@@ -436,18 +455,28 @@ def commit(
         now = replace(reserved, epsilon=ZERO, delta=ZERO)
     else:
         now = price(
-            budget, partial_event, reserved.noise_commitment, focus=_state_focus(state), with_rdp=reserved.rdp is not None
+            budget,
+            partial_event,
+            reserved.noise_commitment,
+            focus=_state_focus(state),
+            with_rdp=reserved.rdp is not None,
         )
         now = bound_by_reservation(now, reserved, compare_epsilon=False)
     now = at_least(now, committed_before, compare_epsilon=False)
     now = replace(now, basic=reserved.basic)
-    changes: dict[str, object] = {"naive_epsilon": exact_add(state.naive_epsilon, naive_step(now, committed_before))}
+    changes: dict[str, object] = {
+        "naive_epsilon": exact_add(state.naive_epsilon, naive_step(now, committed_before))
+    }
     if committed_before is None and reserved.basic is not None:
         changes["basic_spent"] = _stored(_padd(_pair(state.basic_spent), reserved.basic))
         changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
     if now.rdp is not None and reserved.rdp is not None and budget.orders is not None:
         n = len(filter_b(budget, _state_focus(state)).orders)
-        step = now.rdp if committed_before is None or committed_before.rdp is None else vsub(now.rdp, committed_before.rdp, "rdp")
+        step = (
+            now.rdp
+            if committed_before is None or committed_before.rdp is None
+            else vsub(now.rdp, committed_before.rdp, "rdp")
+        )
         changes["rdp_spent"] = canonical(vadd(vector(state.rdp_spent, n), step))
         changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), step, "rdp_held"))
     new_state = _derive(budget, replace(state, **changes))  # type: ignore[arg-type]
@@ -480,7 +509,9 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     if reserved.rdp is not None and budget.orders is not None:
         n = len(filter_b(budget, _state_focus(state)).orders)
         committed_rdp = zeros(n) if committed is None or committed.rdp is None else vector(committed.rdp, n)
-        rest = tuple(max(ZERO, exact_sub(r, c)) for r, c in zip(vector(reserved.rdp, n), committed_rdp, strict=True))
+        rest = tuple(
+            max(ZERO, exact_sub(r, c)) for r, c in zip(vector(reserved.rdp, n), committed_rdp, strict=True)
+        )
         changes["rdp_held"] = canonical(vsub(vector(state.rdp_held, n), rest, "rdp_held"))
     after = replace(state, **changes)  # type: ignore[arg-type]
     if after.reads == 0:
@@ -512,8 +543,10 @@ def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
 def within_budget(budget: Budget, state: BatchState) -> bool:
     """Whether some filter admits the full list: A open within (ε, δ_A), or B's sums fit."""
     if state.union_profile is None:
-        return state.basic_spent is None and state.basic_held is None and not any(
-            v > 0 for v in (*(state.rdp_spent or ()), *(state.rdp_held or ()))
+        return (
+            state.basic_spent is None
+            and state.basic_held is None
+            and not any(v > 0 for v in (*(state.rdp_spent or ()), *(state.rdp_held or ())))
         )
     delta_a, _ = profile_deltas(budget, state.union_profile)
     basic = _basic_total(state)

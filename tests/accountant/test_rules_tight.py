@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from accountant import events as ev
 from accountant import rules
-from accountant.rules import BatchState, Budget, BudgetExceeded, Charge
-from accountant.rules import tight
+from accountant.rules import BatchState, Budget, BudgetExceeded, Charge, tight
 from accountant.rules.state import Cost
 
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -81,7 +80,9 @@ def test_adaptive_adversaries_never_run_more_than_the_budget(data: st.DataObject
             choices = [e for e in MENU if not isinstance(e, ev.LaplaceEvent)] or list(MENU)
         else:
             choices = list(MENU)
-        event = data.draw(st.sampled_from(choices[:1] if left > Decimal("0.9") and data.draw(st.booleans()) else choices))
+        event = data.draw(
+            st.sampled_from(choices[:1] if left > Decimal("0.9") and data.draw(st.booleans()) else choices)
+        )
         try:
             state, _ = _run(budget, state, event)
         except BudgetExceeded:
@@ -118,8 +119,12 @@ def test_every_filter_judges_the_full_list_and_its_refusal_is_absorbing() -> Non
     state, _ = _run(budget, BatchState(), ev.LaplaceEvent(10.0))  # pure 0.1
     assert state.union_profile == "stream" and state.basic_open
     state, cost = _run(budget, state, ev.PureDpEvent(0.9))  # A: exactly 1; B: over at every order
-    assert not tight.filter_b(budget, (state.union_focus, state.union_focus_weight)).fits(state.rdp_spent or ())
-    assert cost.basic == (Decimal("0.9"), Decimal(0)) and cost.rdp is not None and any(v > 0 for v in cost.rdp)
+    assert not tight.filter_b(budget, (state.union_focus, state.union_focus_weight)).fits(
+        state.rdp_spent or ()
+    )
+    assert (
+        cost.basic == (Decimal("0.9"), Decimal(0)) and cost.rdp is not None and any(v > 0 for v in cost.rdp)
+    )
     tiny = ev.GaussianEvent(1000.0)
     with pytest.raises(BudgetExceeded):  # A: needs δ_A > 0 (it is 0); B: full list over budget
         rules.reserve(budget, state, Charge(tiny))
@@ -173,6 +178,7 @@ def test_states_and_costs_round_trip_through_json() -> None:
     assert Cost.from_json(cost.to_json()) == cost
     assert Budget.from_json(budget.to_json()) == budget
     # A state of another accountant serialises without any of the union's fields.
-    assert "union_profile" not in BatchState().to_json() and "basic" not in Cost(
-        Decimal(0), Decimal(0), Decimal(0), "f"
-    ).to_json()
+    assert (
+        "union_profile" not in BatchState().to_json()
+        and "basic" not in Cost(Decimal(0), Decimal(0), Decimal(0), "f").to_json()
+    )

@@ -54,7 +54,9 @@ def test_the_default_budget_admits_a_run_calibrated_to_it(client: TestClient, ke
     assert verify_certificate(certificate).ok
     # Asked for, the Rényi filter alone is what it was: it refuses the same run (409), and its
     # certificates re-verify as before.
-    rdp, rdp_batches = admin.dataset({"rule": "sequential", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"})
+    rdp, rdp_batches = admin.dataset(
+        {"rule": "sequential", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"}
+    )
     assert trainer.reserve(rdp, rdp_batches, OPACUS_RUN, status=409).json()["error"] == "budget_exceeded"
     small = dict(OPACUS_RUN, count=40)
     held_rdp = trainer.reserve(rdp, rdp_batches, small).json()
