@@ -345,7 +345,14 @@ def reserve(
 ) -> Admission:
     """Hold a fresh charge: admitted iff A or B admits the full list with it (module docstring)."""
     fingerprint = event_fingerprint(event)
-    if budget.delta <= 0 and not is_free(event):
+    if is_free(event):
+        # Touches no record: in no filter's list, and no first charge (it chooses no profile).
+        naive = naive_price(budget, event)
+        return Admission(
+            replace(state, reads=state.reads + 1),
+            Cost(ZERO, ZERO, naive, fingerprint, noise_commitment=noise_commitment),
+        )
+    if budget.delta <= 0:
         basic_price(event)  # at δ = 0 only pure DP can run: Gaussian kinds are refused as by 'basic'
     if state.union_profile is None:
         profile, focus = _choose(budget, event)
@@ -367,8 +374,6 @@ def reserve(
         b_admits = f.admits(
             vadd(vector(state.rdp_spent, len(f.orders)), vector(state.rdp_held, len(f.orders))), charge
         )
-    if is_free(event):
-        a_admits, price = state.basic_open, _PAIR_ZERO
     if not (a_admits or b_admits):
         asked = price[0] if price is not None else INFINITY
         raise BudgetExceeded(
@@ -409,6 +414,8 @@ def naive_price(budget: Budget, event: DpEvent) -> Decimal:
     of A's price and B's progress where each admits it; A's price at ``SHARE``·δ otherwise)."""
 
     def compute() -> Decimal:
+        if is_free(event):
+            return ZERO
         profile, focus = _choose(budget, event)
         price = run_price(event, _offered_delta(budget, profile, _PAIR_ZERO))
         values = []

@@ -148,7 +148,11 @@ def test_a_lone_run_leaves_what_a_filter_of_its_own_admissions_would_wrongly_giv
 
 
 def test_an_aborted_first_charge_leaves_the_batch_as_it_was() -> None:
+    """Also: a free first charge chooses nothing, so the run after it is still priced tight."""
     budget = Budget.create(rule="sequential", epsilon="1", delta="1e-5", accountant="tight")
+    free, _ = _run(budget, BatchState(), ev.NoOpEvent())
+    assert free.union_profile is None
+    assert _run(budget, free, MENU[0])[0].union_profile == "run"
     for event in (MENU[0], MENU[2]):
         admission = rules.reserve(budget, BatchState(), Charge(event))
         assert rules.cancel(budget, admission.state, admission.cost, None) == BatchState()
