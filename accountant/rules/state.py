@@ -234,6 +234,7 @@ class BatchState:
     basic_spent: tuple[Decimal, Decimal] | None = None
     basic_held: tuple[Decimal, Decimal] | None = None
     basic_open: bool = True
+    basic_departed: bool = False
     union_focus: float | None = None
     union_focus_weight: Decimal | None = None
 
@@ -268,6 +269,7 @@ class BatchState:
             **({} if self.basic_spent is None else {"basic_spent": _pair_json(self.basic_spent)}),
             **({} if self.basic_held is None else {"basic_held": _pair_json(self.basic_held)}),
             **({} if self.basic_open else {"basic_open": False}),
+            **({"basic_departed": True} if self.basic_departed else {}),
             **({} if self.union_focus is None else {"union_focus": self.union_focus}),
             **(
                 {}
@@ -342,8 +344,12 @@ class BatchState:
                 f"{path}.union_focus", f"must be an order in (1, 2^20] or absent. Found {focus!r}."
             )
         basic_open = obj.get("basic_open", True)
-        if not isinstance(basic_open, bool):
-            raise InvalidArgumentError(f"{path}.basic_open", "must be a boolean.")
+        basic_departed = obj.get("basic_departed", False)
+        for name, flag in (("basic_open", basic_open), ("basic_departed", basic_departed)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{path}.{name}", "must be a boolean.")
+        if basic_open and basic_departed:
+            raise InvalidArgumentError(f"{path}.basic_departed", "needs basic_open false.")
         state = cls(
             epsilon_spent=_decimal_field(obj, "epsilon_spent", path),
             epsilon_held=_decimal_field(obj, "epsilon_held", path),
@@ -363,6 +369,7 @@ class BatchState:
             basic_spent=_pair_field(obj, "basic_spent", path),
             basic_held=_pair_field(obj, "basic_held", path),
             basic_open=basic_open,
+            basic_departed=basic_departed,
             union_focus=None if focus is None else float(focus),
             union_focus_weight=None
             if obj.get("union_focus_weight") is None

@@ -312,7 +312,10 @@ def indicator(budget: Budget, state: BatchState, *, held: bool) -> Decimal:
         return ZERO
     basic = _basic_total(state) if held else _pair(state.basic_spent)
     values = []
-    if state.basic_open:
+    # A counts while open over the list it judges: spent + held (``basic_open``), or spent only
+    # (``basic_departed``: a charge it refused has committed), so a reservation never moves the
+    # spent figure (only settlements do).
+    if state.basic_open if held else not state.basic_departed:
         values.append(basic[0])
     if state.union_profile == "stream":
         f = filter_b(budget, _state_focus(state))
@@ -477,6 +480,8 @@ def commit(
     if committed_before is None and reserved.basic is not None:
         changes["basic_spent"] = _stored(_padd(_pair(state.basic_spent), reserved.basic))
         changes["basic_held"] = _stored(_psub(_pair(state.basic_held), reserved.basic))
+    if reserved.basic is None and reserved.rdp is not None:
+        changes["basic_departed"] = True  # a charge A refused (B admitted it) has run
     if now.rdp is not None and reserved.rdp is not None and budget.orders is not None:
         n = len(filter_b(budget, _state_focus(state)).orders)
         step = (

@@ -131,8 +131,13 @@ def test_every_filter_judges_the_full_list_and_its_refusal_is_absorbing() -> Non
     # Another batch: a Gaussian after a pure charge closes A; a pure charge A alone would fit is
     # then judged by B alone.
     other, _ = _run(budget, BatchState(), ev.LaplaceEvent(10.0))
-    other, cost = _run(budget, other, ev.GaussianEvent(10.0))
-    assert cost.basic is None and not other.basic_open
+    held = rules.reserve(budget, other, Charge(ev.GaussianEvent(10.0)))
+    # Only settlements move the spent figure (a reservation A refused closes A for what is held).
+    assert held.state.epsilon_spent == other.epsilon_spent and not held.state.basic_open
+    other = rules.commit(budget, held.state, Charge(ev.GaussianEvent(10.0)), held.cost, None).state
+    assert (
+        held.cost.basic is None and other.basic_departed and other.epsilon_spent >= held.state.epsilon_spent
+    )
     with pytest.raises(BudgetExceeded):
         rules.reserve(budget, other, Charge(ev.PureDpEvent(0.8)))  # A would fit: 0.1 + 0.8
 
