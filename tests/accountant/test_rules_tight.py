@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from accountant import events as ev
 from accountant import rules
+from accountant.errors import UnsupportedEventError
 from accountant.rules import BatchState, Budget, BudgetExceeded, Charge, tight
 from accountant.rules.state import Cost
 
@@ -191,3 +192,30 @@ def test_states_and_costs_round_trip_through_json() -> None:
         "union_profile" not in BatchState().to_json()
         and "basic" not in Cost(Decimal(0), Decimal(0), Decimal(0), "f").to_json()
     )
+
+
+def test_every_rule_takes_the_tight_accountant() -> None:
+    """``lifelong`` composes fresh charges through the union (a replay of committed noise is
+    free); a ``parallel`` charge is its own tight price, no more than on ``rdp`` and no less than
+    dp-accounting's PLD; ``geometric`` prices a level as ``rdp`` does."""
+    run = MENU[0]
+    lifelong = Budget.create(rule="lifelong", epsilon="1", delta="1e-5", accountant="tight")
+    first = rules.reserve(lifelong, BatchState(), Charge(run, "noise-1"))
+    state = rules.commit(lifelong, first.state, Charge(run, "noise-1"), first.cost, None).state
+    replay = rules.reserve(lifelong, state, Charge(run, "noise-1"))
+    assert state.union_profile == "run" and replay.cost.epsilon == 0 and replay.cost.replay
+    parallel = Budget.create(rule="parallel", epsilon="2", delta="1e-5", accountant="tight")
+    on_rdp = Budget.create(rule="parallel", epsilon="2", delta="1e-5", accountant="rdp")
+    tight_cost = rules.reserve(parallel, BatchState(), Charge(run)).cost.epsilon
+    assert _pld_epsilon([run], 1e-5) <= float(tight_cost) <= 1.01 * _pld_epsilon([run], 1e-5)
+    assert tight_cost < rules.reserve(on_rdp, BatchState(), Charge(run)).cost.epsilon
+    geometric = Budget.create(rule="geometric", epsilon="4", delta="1e-5", accountant="tight")
+    as_rdp = Budget.create(rule="geometric", epsilon="4", delta="1e-5", accountant="rdp")
+    assert (
+        rules.reserve(geometric, BatchState(), Charge(run)).cost
+        == rules.reserve(as_rdp, BatchState(), Charge(run)).cost
+    )
+    pure_only = Budget.create(rule="sequential", epsilon="1", delta="0", accountant="tight")
+    assert rules.reserve(pure_only, BatchState(), Charge(ev.PureDpEvent(1.0))).cost.epsilon == 1
+    with pytest.raises(UnsupportedEventError):  # δ = 0: a Gaussian is refused as 'basic' refuses it
+        rules.reserve(pure_only, BatchState(), Charge(run))
