@@ -214,6 +214,12 @@ class BatchState:
     ``neighbouring_relation``: ``"add_remove"`` or ``"replace_one"`` once a charge whose event
     states one has been reserved on the batch (``None``: none has; rows stored before the field
     existed read as ``None``). Charges under the other relation are refused (``reserve``).
+    The ``tight`` accountant's union of filters (``accountant.rules.tight``): ``union_profile``
+    (``"run"`` / ``"stream"``) and filter B's extra order ``union_focus`` with its δ part
+    ``union_focus_weight``, fixed at the batch's first charge; filter A's sums ``basic_spent`` /
+    ``basic_held`` ((Σε, Σδ) pairs, ``None`` = zero), ``basic_open`` (false once a charge A refused
+    is held) and ``basic_departed`` (once such a charge committed). All omitted from the JSON while
+    unset, so the states of every other accountant serialise (and hash) as before.
     """
 
     epsilon_spent: Decimal = ZERO
