@@ -849,7 +849,7 @@ def test_model_version_page_shows_its_dp_statement(browser: Any, seeded: Seeded)
     epsilon = browser.find_element(By.ID, "statement-epsilon")
     assert epsilon.get_attribute("data-full") == statement["guarantee"]["epsilon"]
     assert float(epsilon.text) >= float(statement["guarantee"]["epsilon"])  # rounded up
-    assert text_of(browser, "#statement-accountant") == "rdp"
+    assert text_of(browser, "#statement-accountant") == "tight"  # the client's default
     assert text_of(browser, "#statement-steps") == "40"
     assert text_of(browser, "#statement-sigma") == "1"
     assert text_of(browser, "#statement-clipping") == "1.2"

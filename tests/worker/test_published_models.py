@@ -53,11 +53,11 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
 ) -> None:
     url, keys = ledger
     admin, trainer, viewer = (client_for(url, keys[s]) for s in ("admin", "trainer", "viewer"))
-    # The client's defaults fit DP-SGD: the RDP accountant (delta has no default).
+    # The client's defaults fit DP-SGD: the tight accountant (issue 25 §3; delta has no default).
     dataset = admin.create_dataset(
         "digits", rule="sequential", epsilon="10", delta="1e-5", data_source=DIGITS
     )
-    assert dataset["budget"]["accountant"] == "rdp"
+    assert dataset["budget"]["accountant"] == "tight"
 
     # The helper registers the source's training records: one task, batches of 700 in order.
     tasks = admin.register_source(dataset["id"], batch_size=700)
@@ -112,7 +112,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     certificate = version["certificate"]["certificate"]
     plan = trainer.get_job(job["id"])["plan"]
     # Three figures, each valid for what it names (issue 24 §3): the release's guarantee is the
-    # Rényi filter's budget (its progress is no guarantee), the run alone its own PRV bound at the
+    # budget of the union of filters (its progress is no guarantee), the run alone its own PRV bound at the
     # budget's δ, the budget share the reservation's committed cost, labelled as not a guarantee.
     assert statement["guarantee"]["epsilon"] == certificate["result"]["guarantee"]["epsilon"] == "10"
     assert statement["guarantee"]["delta"] == certificate["result"]["guarantee"]["delta"] == "0.00001"
@@ -124,7 +124,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     assert alone["accountant"] == "prv (upper bound)" and alone["delta"] == "0.00001"
     assert statement["release"]["epsilon"] == alone["epsilon"]  # version 1's field, now true
     assert statement["privacy_unit"]["relation"] == ["add_remove"]
-    assert statement["accounting"]["accountant"] == "rdp" and statement["accounting"]["rule"] == "sequential"
+    assert statement["accounting"]["accountant"] == "tight" and statement["accounting"]["rule"] == "sequential"
     assert statement["accounting"]["theorem"] == certificate["theorem"]
     mechanism = statement["mechanism"]
     assert mechanism["sampler"]["kind"] == "poisson"
@@ -165,7 +165,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
         dp["epsilon"] == statement["guarantee"]["epsilon"] and dp["delta"] == statement["guarantee"]["delta"]
     )
     assert dp["noise_multiplier"] == 1.1 and dp["steps"] == 120 and dp["clipping_norm"] == 1.5
-    assert dp["sampler"] == "poisson" and dp["accountant"] == "rdp"
+    assert dp["sampler"] == "poisson" and dp["accountant"] == "tight"
     assert dp["certificate_hash"] == certificate["hash"]
     assert "## Differential privacy" in markdown and "| Privacy unit |" in markdown
     assert statement["accounting"]["theorem"] in markdown
