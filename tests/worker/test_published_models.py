@@ -124,7 +124,9 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     assert alone["accountant"] == "prv (upper bound)" and alone["delta"] == "0.00001"
     assert statement["release"]["epsilon"] == alone["epsilon"]  # version 1's field, now true
     assert statement["privacy_unit"]["relation"] == ["add_remove"]
-    assert statement["accounting"]["accountant"] == "tight" and statement["accounting"]["rule"] == "sequential"
+    assert (
+        statement["accounting"]["accountant"] == "tight" and statement["accounting"]["rule"] == "sequential"
+    )
     assert statement["accounting"]["theorem"] == certificate["theorem"]
     mechanism = statement["mechanism"]
     assert mechanism["sampler"]["kind"] == "poisson"
