@@ -12,6 +12,10 @@ Theorems relied on, by the budget's accountant:
   the weights of a grid placed for the budget, ``accountant.rdp_filter.placed_grid``), with the
   improved RDP→DP conversion (Balle et al. 2020, Thm. 21). The batch keeps its per-order sums;
   its ε fields are derived from them (``RenyiFilter.epsilon_of``).
+* ``tight`` (the default) — the **union of two privacy filters** of ``accountant.rules.tight``:
+  basic composition over each charge's own tight (ε, δ) (Rogers, Roth, Ullman & Vadhan 2016,
+  Thm. 3.6) and the Rényi filter (Feldman & Zrnic 2021, Thm. 3.1); a charge runs while either
+  admits the full list of what the batch ran (proof: docs/ACCOUNTING.md, "The union of filters").
 * ``prv`` — the **PRV accountant's upper bound** (Gopi, Lee & Wutschitz 2021, Thm. 5.5: the
   composed privacy-loss distribution is computed with certified error bounds) for a *declared
   plan*: the events are fixed when the budget is created, so the composition is non-adaptive,
