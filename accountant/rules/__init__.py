@@ -6,9 +6,10 @@ Theorems relied on (each rule module states its own in full):
   batch, so a dataset's guarantee is the maximum over its batches of each batch's spend
   (``dataset_epsilon``), never the sum;
 * per batch, the budget's rule: ``sequential`` (basic composition / Rényi filter, Feldman &
-  Zrnic 2021 Thm. 3.1 / PRV for a declared plan / the ``tight`` union of filters, the default), ``parallel`` (one read per batch; assumption S2
-  of DP continual learning with pre-trained models), ``lifelong`` (L2DP-ML Thm. 2: replays of
-  committed noise are post-processing), ``geometric`` (continual / sliding-window release,
+  Zrnic 2021 Thm. 3.1 / PRV for a declared plan / the ``tight`` union of filters, the default),
+  ``parallel`` (one read per batch; assumption S2 of DP continual learning with pre-trained
+  models), ``lifelong`` (L2DP-ML Thm. 2: replays of committed noise are post-processing),
+  ``geometric`` (continual / sliding-window release,
   Thm. 1, 4, 7: level k has allowance first·ratioᵏ, total ≤ first/(1−ratio) ≤ ε).
 
 The service keeps one ``BatchState`` per batch (an aggregate, so it never scans charges) and calls
