@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
@@ -26,6 +26,7 @@ from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
 from service.ledger import model_registry as registry
 from service.ledger.errors import InvalidInput
+from service.ledger.jobs import MODEL_NAME
 
 router = APIRouter(prefix=PREFIX, tags=["models"])
 
@@ -36,6 +37,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 Version = Annotated[int, PathParam(ge=1, le=2**31 - 1)]
+
+# A description: no control character but tab and newline, and not blank (model_registry).
+_DESCRIPTION: Final = r"^[^\x00-\x08\x0b-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x08\x0b-\x1f\x7f]*$"
+Description = Annotated[str, Query(min_length=1, max_length=registry.MAX_DESCRIPTION, pattern=_DESCRIPTION)]
 
 ARTIFACT_UPLOAD: Final = re.compile(re.escape(PREFIX) + r"/models/[^/]+/versions/[^/]+")
 """The upload route's paths: ``BodySizeLimit`` bounds them by ``LEDGER_MAX_ARTIFACT_BYTES``."""
@@ -153,17 +158,22 @@ def _metrics(text: str | None) -> dict[str, Any] | None:
     "up to 32 numbers) are the client's description and are shown as such.",
 )
 async def register_version(
-    name: str,
+    name: Annotated[str, PathParam(pattern=f"^{MODEL_NAME.pattern}$")],
     version: Version,
     request: Request,
     principal: TrainerDep,
     db: DatabaseDep,
     certificate_id: Annotated[str, Query(min_length=1, max_length=64)],
-    sha256: Annotated[str, Query(min_length=1, max_length=128)],
-    architecture: Annotated[str, Query(max_length=registry.MAX_DESCRIPTION)],
-    preprocessing: Annotated[str, Query(max_length=registry.MAX_DESCRIPTION)],
-    format: Annotated[str, Query(max_length=32)] = "torch",
-    metrics: Annotated[str | None, Query(max_length=8000)] = None,
+    sha256: Annotated[str, Query(pattern="^[0-9a-fA-F]{64}$")],
+    architecture: Description,
+    preprocessing: Description,
+    artifact_format: Annotated[
+        Literal["torch", "safetensors", "onnx", "bytes"], Query(alias="format")
+    ] = "torch",
+    metrics: Annotated[
+        str | None,
+        Query(max_length=8000, description="a JSON object of up to 32 metric names to finite numbers"),
+    ] = None,
 ) -> JSONResponse:
     claimed = _metrics(metrics)
     await run_in_threadpool(
@@ -174,7 +184,7 @@ async def register_version(
             version=version,
             certificate_id=certificate_id,
             sha256=sha256,
-            fmt=format,
+            fmt=artifact_format,
             architecture=architecture,
             preprocessing=preprocessing,
         )
@@ -194,7 +204,7 @@ async def register_version(
             version=version,
             certificate_id=certificate_id,
             sha256=sha256,
-            fmt=format,
+            fmt=artifact_format,
             architecture=architecture,
             preprocessing=preprocessing,
             metrics=claimed,

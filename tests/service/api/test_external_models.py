@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 from service.cli import main as cli_main
-from service.client import Conflict, Forbidden, InvalidInput, LedgerClient, NotFound
+from service.client import Conflict, Forbidden, LedgerClient, NotFound
 from service.db.session import Database
 from service.ledger import tenancy
 from service.ledger.dp_statement import guarantee_of
@@ -55,13 +55,19 @@ def world(database_url: URL, db: Database, tmp_path: Path) -> Iterator[dict[str,
     with serve(settings, db) as url, LedgerClient(url, keys["admin"], retries=0) as ledger:
         dataset = ledger.create_dataset("d", rule="sequential", epsilon="8", delta="1e-5", accountant="rdp")
         task = ledger.create_task(dataset["id"], "t")
-        ledger.create_batches(dataset["id"], task["id"], [{"name": "b", "records": [f"r{i}" for i in range(40)]}])
+        ledger.create_batches(
+            dataset["id"], task["id"], [{"name": "b", "records": [f"r{i}" for i in range(40)]}]
+        )
         certificates = {}
         # v1 names its bytes in the signed certificate; v2 does not
-        with ledger.release_gate(dataset["id"], None, DPSGD, tasks=[task["id"]], model="ext", version=1) as gate:
+        with ledger.release_gate(
+            dataset["id"], None, DPSGD, tasks=[task["id"]], model="ext", version=1
+        ) as gate:
             gate.artifact_sha256 = _sha(WEIGHTS)
         certificates[1] = gate.certificate["id"]
-        with ledger.release_gate(dataset["id"], None, DPSGD, tasks=[task["id"]], model="ext", version=2) as gate:
+        with ledger.release_gate(
+            dataset["id"], None, DPSGD, tasks=[task["id"]], model="ext", version=2
+        ) as gate:
             pass
         certificates[2] = gate.certificate["id"]
         held = ledger.reserve(dataset["id"], DPSGD, tasks=[task["id"]])
