@@ -1356,6 +1356,7 @@
     const heldNow = num(spend.epsilon_held);
     const last = releases[releases.length - 1];
     const guaranteeOf = (r) => (r.guarantee ? r.guarantee.epsilon : r.epsilon);
+    const share = isShare(spend.epsilon_spent_is);
     const yTop = Math.max(budget, num(last.epsilon) + heldNow, ...releases.map((r) => Math.max(num(r.epsilon), num(guaranteeOf(r))))) * 1.08 || 1;
     const n = releases.length;
     const x = (i) => L + (n === 1 ? 0.5 : i / (n - 1)) * (W - L - R);
@@ -1365,7 +1366,8 @@
     const every = Math.max(1, Math.ceil(n / 10));
     const labels = layoutLabels([
       { key: "budget", y: y(budget), text: "budget " + sig(spend.epsilon_budget), full: spend.epsilon_budget, cls: "budget-text" },
-      { key: "spent", y: y(num(last.epsilon)), text: "spent " + sig(last.epsilon, "up"), full: last.epsilon, cls: "spent-text" },
+      { key: "spent", y: y(num(last.epsilon)), text: (share ? "used " : "spent ") + sig(last.epsilon, "up"), full: last.epsilon, cls: "spent-text" },
+      last.guarantee && last.guarantee.epsilon !== last.epsilon ? { key: "guarantee", y: y(num(last.guarantee.epsilon)), text: "guarantee " + sig(last.guarantee.epsilon, "up"), full: last.guarantee.epsilon, cls: "guarantee-text" } : null,
       heldNow > 0 ? { key: "held", y: y(num(last.epsilon) + heldNow), text: "+ held " + sig(spend.epsilon_held, "up"), full: spend.epsilon_held, cls: "held-text" } : null,
     ].filter(Boolean), T + 4, H - B - 2);
     const caption = n + " release" + (n === 1 ? "" : "s") + " · ε spent after the last " + sig(last.epsilon, "up") + " of the budget " + sig(spend.epsilon_budget) +
@@ -1384,8 +1386,8 @@
         labels.map((l) => s("text", { class: "series-label " + l.cls, x: W - R + 6, y: l.at + 4, "data-full": l.full, text: l.text }))),
       h("p", { id: "epsilon-over-time-caption", class: "caption", text: caption }),
       h("p", { class: "legend" },
-        h("span", { class: "swatch swatch-spent" }), "ε spent after each release (max over batches) ",
-        h("span", { class: "swatch swatch-guarantee" }), "guarantee of the release ",
+        h("span", { class: "swatch swatch-spent" }), share ? "budget used after each release (the Rényi filter's progress: a budget share, not a DP guarantee) " : "ε spent after each release (max over batches) ",
+        h("span", { class: "swatch swatch-guarantee-line" }), "guarantee of the release (every release so far) ",
         h("span", { class: "swatch swatch-held" }), "held now by open reservations ",
         h("span", { class: "swatch swatch-budget" }), "budget"));
   }
@@ -1553,7 +1555,7 @@
 
     function draw(answer, starts) {
       fill(entries,
-        answer.head ? h("p", { class: "small muted", id: "audit-head" }, "Head: entry " + answer.head.seq + " · ", h("span", { class: "mono", text: answer.head.hash }), answer.head.signature ? " · signed by key " + answer.head.signature.key_id : "") : null,
+        answer.head ? h("p", { class: "small muted", id: "audit-head" }, "Head: entry " + answer.head.chain_seq + " · ", h("span", { class: "mono", text: answer.head.hash }), answer.head.signature ? " · signed by key " + answer.head.signature.key_id : "") : null,
         answer.data.length === 0 ? h("p", { class: "empty", text: "No entries." }) :
           h("table", { class: "table compact", id: "audit-table" },
             h("thead", {}, h("tr", {}, ["#", "Time", "Event", "What", "Hash"].map((t) => h("th", { text: t })))),

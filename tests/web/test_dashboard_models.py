@@ -278,6 +278,9 @@ def test_audit_log_page(driver: Any, world: World) -> None:
     assert [r.get_attribute("data-event") for r in rows] == [e["event_type"] for e in chain["data"]]
     assert "model_version.published" in [r.get_attribute("data-event") for r in rows]
     wait_for("the verification", lambda: text_of(driver, "#audit-verify").startswith("chain verified"))
+    assert text_of(driver, "#audit-head").startswith(
+        f"Head: entry {chain['head']['chain_seq']} · {chain['head']['hash']}"
+    )
     assert text_of(driver, "nav a.active") == "Audit log"
     _shot(driver, "33-audit-log")
 

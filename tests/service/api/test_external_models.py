@@ -224,6 +224,15 @@ def test_an_external_version_is_registered_from_its_certificate(world: dict[str,
     ]
     assert ledger.verify_audit(world["dataset"]["id"])["ok"] is True
 
+    # the CI gate checks the external versions too (served bytes, statement, audit entries)
+    viewer = world["keys"]["viewer"]
+    dataset_id = world["dataset"]["id"]
+    code = cli_main(
+        ["check", "--url", world["url"], "--key", viewer, "--dataset", dataset_id, "--model", "ext"]
+    )
+    report = capsys.readouterr().out
+    assert code == 0, report
+
     # the model card of an external version
     code = cli_main(["model-card", "--url", world["url"], "--key", world["keys"]["viewer"], "ext", "1"])
     card = capsys.readouterr().out
