@@ -232,6 +232,7 @@ def test_an_external_version_is_registered_from_its_certificate(world: dict[str,
     )
     report = capsys.readouterr().out
     assert code == 0, report
+    assert "2 registry version(s)" in report and "1 version(s) serve the bytes their signed" in report
 
     # the model card of an external version
     code = cli_main(["model-card", "--url", world["url"], "--key", world["keys"]["viewer"], "ext", "1"])
