@@ -1500,11 +1500,11 @@
     const withStep = versions.filter((v) => v.metrics && typeof v.metrics.step === "number");
     const metrics = numericMetrics(withStep);
     if (withStep.length < 2 || metrics.length === 0) return null;
-    const W = 720, H = 200, L = 56, R = 140, T = 12, B = 34;
+    const W = 440, H = 170, L = 50, R = 56, T = 12, B = 34;
     const steps = withStep.map((v) => v.metrics.step);
     const xMax = Math.max(...steps) || 1;
     const x = (v) => L + (v / xMax) * (W - L - R);
-    return h("div", { id: "metric-curves" }, metrics.slice(0, 4).map((metric) => {
+    return h("div", { id: "metric-curves-panel" }, h("h3", { text: "Metrics per step (the released checkpoints)" }), h("div", { id: "metric-curves" }, metrics.slice(0, 4).map((metric) => {
       const points = withStep.filter((v) => typeof v.metrics[metric] === "number");
       const ys = points.map((v) => v.metrics[metric]);
       const lo = Math.min(...ys), hi = Math.max(...ys);
@@ -1512,14 +1512,14 @@
       const y = (v) => T + (1 - (v - (lo - pad)) / (hi - lo + 2 * pad)) * (H - T - B);
       const d = points.map((v, i) => (i ? "L" : "M") + x(v.metrics.step).toFixed(1) + " " + y(v.metrics[metric]).toFixed(1)).join(" ");
       const lastPoint = points[points.length - 1];
-      return s("svg", { class: "chart metric-curve", "data-metric": metric, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": metric + " per step" },
+      return h("div", { class: "curve" }, h("div", { class: "small curve-name", title: metric, text: metric }), s("svg", { class: "chart metric-curve", "data-metric": metric, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": metric + " per step" },
         [lo, hi].map((t) => s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })),
         [0, xMax].map((t) => s("text", { class: "tick", x: x(t), y: H - B + 16, "text-anchor": "middle", text: String(t) })),
         s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", text: "step" }),
         s("path", { class: "series-metric", d }),
         points.map((v) => s("circle", { class: "pt-metric", cx: x(v.metrics.step), cy: y(v.metrics[metric]), r: 3 }, title("v" + v.version + " (step " + v.metrics.step + "): " + metric + " " + v.metrics[metric]))),
-        s("text", { class: "series-label", x: W - R + 8, y: y(lastPoint.metrics[metric]) + 4, text: metric + " " + formatMetric(lastPoint.metrics[metric]) }));
-    }));
+        s("text", { class: "series-label", x: W - R + 8, y: y(lastPoint.metrics[metric]) + 4, text: formatMetric(lastPoint.metrics[metric]) })));
+    })));
   }
 
   // ------------------------------------------------------------------------------------------
@@ -1595,19 +1595,26 @@
     return parts;
   }
 
-  /** A budget in words: the rule, its parameters and the theorem it rests on (the JSON is folded). */
+  /** A budget in words: the rule and how it composes under its accountant, ε, δ (the theorem is
+   * in "Rule and theorem"; the JSON internals are folded below). */
   function budgetInWords(budget, cert) {
     const rule = budget.rule || cert.rule;
+    const accountant = budget.accountant || cert.accountant;
+    const sequential = {
+      basic: "sequential composition: every charge on a batch adds up (basic composition)",
+      rdp: "sequential composition under a Rényi privacy filter per batch: charges compose as Rényi DP and the budget holds under adaptive choices",
+      prv: "sequential composition of declared plan segments, each priced tightly (PRV) and summed",
+    };
     const words = {
-      sequential: "sequential composition: every charge on a batch adds up",
+      sequential: sequential[accountant] || "sequential composition",
       parallel: "parallel composition: disjoint batches each charged once, the maximum counts",
-      lifelong: "lifelong (L2DP-ML): a constant ε however many tasks, replays of committed noise are free",
+      lifelong: "lifelong (L2DP-ML): a constant ε however many tasks; replays of committed noise are free",
       geometric: "geometric series: level k allows first·ratioᵏ, each level used once per block",
     };
     return h("p", { id: "cert-budget-words" },
       (words[rule] || rule) + ". Budget ε " + (budget.epsilon === undefined ? "—" : budget.epsilon) + ", δ " + (budget.delta === undefined ? "—" : budget.delta) +
-      ", accountant " + (budget.accountant || cert.accountant) + ". ",
-      h("span", { class: "muted", text: cert.theorem || "" }));
+      ", accountant " + accountant + ".",
+      h("span", { class: "muted", text: " The theorem it rests on is under Rule and theorem." }));
   }
 
   // ------------------------------------------------------------------------------------------

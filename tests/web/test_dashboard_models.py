@@ -347,7 +347,7 @@ def test_dataset_pages_epsilon_over_releases_budget_in_words_and_labels(driver: 
 
     _go(driver, f"#/certificates/{world.external_certificate}")
     words = wait_for("the budget in words", lambda: text_of(driver, "#cert-budget-words"))
-    assert words.startswith("sequential composition") and "Budget ε 8" in words
+    assert words.startswith("sequential composition under a Rényi privacy filter") and "Budget ε 8," in words
     details = driver.find_element(By.ID, "cert-budget-details")
     assert details.get_attribute("open") is None  # folded away
     assert not driver.find_element(By.ID, "cert-budget").is_displayed()
