@@ -71,6 +71,8 @@ from service.ledger.jobs import check_model_name, lease_is_live
 
 STAGING: Final = ".staging"
 UPLOADS: Final = ".uploads"  # external artifacts being received (never swept with .staging)
+# An upload not written to for this long belongs to a request that died with its process.
+UPLOAD_MAX_IDLE_S: Final = 86_400.0
 SIDECAR: Final = ".json"
 EXTENSIONS: Final = {"safetensors": ".safetensors", "torch": ".pt"}
 # What an external trainer may upload: the worker's formats, ONNX, or opaque bytes.
@@ -380,14 +382,30 @@ def publish(
     return answer
 
 
+def _sweep_uploads(artifact_dir: Path, now_s: float) -> None:
+    """Delete external uploads idle for ``UPLOAD_MAX_IDLE_S`` (a live upload's file is written
+    to, hence touched, at every chunk; a registered one has moved out of ``.uploads/``)."""
+    folder = artifact_dir / UPLOADS
+    if not folder.is_dir():
+        return
+    for upload in folder.glob("upload.*.tmp"):
+        try:
+            if now_s - upload.stat().st_mtime > UPLOAD_MAX_IDLE_S:
+                upload.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue
+
+
 def sweep(
     db: Database, artifact_dir: Path, *, job_id: str | None = None, now: datetime | None = None
 ) -> dict[str, list[str]]:
     """Resolve staged candidates left by crashed workers: publish those whose own release has a
     certificate (``certificate_of_candidate``: roll forward), delete the others. Candidates of
-    jobs a live worker holds are left alone, unless ``job_id`` names the job the caller holds."""
+    jobs a live worker holds are left alone, unless ``job_id`` names the job the caller holds.
+    External uploads idle for a day (their request died with its process) are deleted too."""
     folder = Path(artifact_dir) / STAGING
     out: dict[str, list[str]] = {"published": [], "discarded": [], "skipped": []}
+    _sweep_uploads(Path(artifact_dir), (now or utcnow()).timestamp())
     if not folder.is_dir():
         return out
     at = now or utcnow()

@@ -9,6 +9,8 @@ bad descriptions and metrics. Each refusal changes nothing (no row, no file)."""
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from sqlalchemy.engine import URL
 from service.cli import main as cli_main
 from service.client import Conflict, Forbidden, LedgerClient, NotFound
 from service.db.session import Database
+from service.ledger import model_registry as registry
 from service.ledger import tenancy
 from service.ledger.dp_statement import guarantee_of
 from tests.service.live_server import serve, settings_for
@@ -241,3 +244,17 @@ def test_an_external_version_is_registered_from_its_certificate(world: dict[str,
     assert f'certificate_id: "{cert[1]}"' in card
     assert "MLP 64-32-10, ReLU" in card and "pixels / 16, flattened" in card
     assert "not known to the ledger" in card
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_an_upload_left_by_a_dead_request_is_swept(db: Database, tmp_path: Path) -> None:
+    artifacts = tmp_path / "artifacts"
+    stale = registry.ArtifactUpload(artifacts, max_bytes=LIMIT)
+    stale.write(b"half an upload")
+    live = registry.ArtifactUpload(artifacts, max_bytes=LIMIT)
+    live.write(b"still arriving")
+    day_ago = time.time() - registry.UPLOAD_MAX_IDLE_S - 60
+    os.utime(stale.path, (day_ago, day_ago))
+    registry.sweep(db, artifacts)
+    assert not stale.path.exists() and live.path.exists()
+    live.discard()
