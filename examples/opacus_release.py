@@ -26,6 +26,10 @@ The order is the point (docs/ARCHITECTURE.md, "Release flow"):
    certificate. Any exception while training aborts the reservation instead.
 5. **Save the checkpoint only after the commit**, with its certificate inside, and only if the
    certificate re-verifies offline (``accountant.certificates.verify``).
+6. **Register** the weights with the ledger as the released version
+   (``LedgerClient.register_model_version``): the certificate names their SHA-256 (set on the gate
+   before the commit), the server checks the bytes against it, and the version then has its DP
+   statement, its model card (``ledger model-card``) and its place on the dashboard (``#/models``).
 
 Before it talks to the ledger it imports torch and Opacus (``pip install "privacy-ledger[opacus]"``):
 a missing one ends the run with exit status 2 and nothing reserved. Opacus's own loader and
@@ -40,6 +44,7 @@ anything else.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import math
@@ -264,6 +269,17 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     return state, metrics
 
 
+def state_bytes(state: dict[str, Any]) -> bytes:
+    """The state dict as ``torch.save`` writes it: the bytes the certificate names."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
 def save_checkpoint(
     path: Path, state: dict[str, Any], certificate: dict[str, Any], metrics: dict[str, float]
 ) -> None:
@@ -328,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
                 state, metrics = train(args, plan)
+                weights = state_bytes(state)
+                gate.artifact_sha256 = hashlib.sha256(weights).hexdigest()  # the certificate names them
                 if metrics["steps"] < plan.steps:  # commit what ran; the gate returns the rest
                     gate.commit_event = replace(plan, epochs=1, steps_per_epoch=int(metrics["steps"])).event()
         except BudgetExceeded as refused:
@@ -356,6 +374,21 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     path = args.output_dir / f"{args.model}-v{version}.pt"
     save_checkpoint(path, state, stored, metrics)
+    try:
+        with LedgerClient(args.url, args.key) as client:
+            client.register_model_version(
+                args.model,
+                int(version),
+                weights,
+                certificate_id=stored["id"],
+                architecture=f"torch.nn.Sequential(Linear(n_features, {args.hidden}), ReLU(), "
+                "Linear(hidden, num_classes)); torch.save of the state dict",
+                preprocessing=f"the records of {args.data_source} as its loader gives them (float32)",
+                metrics={k: float(v) for k, v in metrics.items()},
+            )
+    except LedgerError as exc:  # released and saved; only the registry copy is missing
+        print(f"released, but not registered with the ledger: {exc}", file=sys.stderr)
+        return 1
     print(
         json.dumps(
             {

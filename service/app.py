@@ -47,6 +47,7 @@ from service.api.deps import KeyLookups, MetricsReaderDep, PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
+from service.api.models import ARTIFACT_UPLOAD
 from service.api.openapi import install as install_openapi
 from service.api.ratelimit import PricingRates
 from service.db.models import Reservation
@@ -177,7 +178,12 @@ def create_app(
     # Outermost first: the size limit answers 413 before anything reads the body; the metrics
     # middleware sits inside it and times the application.
     app.add_middleware(RequestMetrics, metrics=metrics)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        upload_max_bytes=settings.max_artifact_bytes,
+        uploads=ARTIFACT_UPLOAD,
+    )
     return app
 
 

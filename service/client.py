@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
 import time
 import uuid
@@ -55,6 +56,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from dataclasses import dataclass, field
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from urllib.parse import quote
 
@@ -290,15 +292,20 @@ class _Call:
     params: Mapping[str, Any] | None = None
     idempotency_key: str | None = None
     accept: frozenset[int] = frozenset()  # non-2xx statuses answered as JSON, not raised
+    raw: bytes | None = None  # a binary body (an artifact upload), sent as it is
 
     def content(self) -> bytes | None:
+        if self.raw is not None:
+            return self.raw
         if self.body is None:
             return None
         return json.dumps(self.body, default=_json_default).encode()
 
     def headers(self, api_key: str) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
-        if self.body is not None:
+        if self.raw is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        elif self.body is not None:
             headers["Content-Type"] = "application/json"
         if self.idempotency_key is not None:
             headers["Idempotency-Key"] = self.idempotency_key
@@ -925,6 +932,45 @@ class _Endpoints(Generic[J, A]):
         )
 
     # model registry --------------------------------------------------------------------------
+
+    def list_models(self, *, limit: int = 100, offset: int = 0) -> J:
+        """``GET /v1/models``: the tenant's models by name (versions, latest, datasets)."""
+        return self._json(_Call("GET", "/v1/models", params={"limit": limit, "offset": offset}))
+
+    def register_model_version(
+        self,
+        name: str,
+        version: int,
+        artifact: bytes | str | os.PathLike[str],
+        *,
+        certificate_id: str,
+        architecture: str,
+        preprocessing: str,
+        format: str = "torch",
+        metrics: Mapping[str, float] | None = None,
+    ) -> J:
+        """``PUT /v1/models/{name}/versions/{v}`` (trainer): register a version you trained
+        outside the service under the certificate of its release (``ReleaseGate.certificate``,
+        or the Opacus adapter's ``run.certificate``). ``artifact``: the weights' bytes or a file
+        path; their SHA-256 is sent with them and the server refuses them if it computes another.
+        ``architecture`` and ``preprocessing``: free text (at most 1000 characters each) saying
+        what the weights are and how to feed them; ``format``: ``torch``, ``safetensors``,
+        ``onnx`` or ``bytes``; ``metrics``: up to 32 numbers (your evaluation). The version's DP
+        statement comes from the certificate, never from these. Registering the same bytes under
+        the same certificate again answers the version (a safe retry)."""
+        content = artifact if isinstance(artifact, bytes) else Path(artifact).read_bytes()
+        params: dict[str, Any] = {
+            "certificate_id": certificate_id,
+            "sha256": hashlib.sha256(content).hexdigest(),
+            "format": format,
+            "architecture": architecture,
+            "preprocessing": preprocessing,
+        }
+        if metrics is not None:
+            params["metrics"] = json.dumps(dict(metrics), allow_nan=False)
+        return self._json(
+            _Call("PUT", f"/v1/models/{_segment(name)}/versions/{int(version)}", params=params, raw=content)
+        )
 
     def list_model_versions(self, name: str, *, limit: int = 100, offset: int = 0) -> J:
         """``GET /v1/models/{name}/versions``: released versions, oldest first."""

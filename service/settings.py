@@ -44,6 +44,11 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
     """Request bodies above this size are refused with 413 before they are parsed."""
 
+    max_artifact_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    """A model artifact uploaded for a version trained outside the service
+    (``PUT /v1/models/{name}/versions/{version}``) larger than this is refused with 413; the
+    upload is streamed to disk, never held in memory."""
+
     job_max_steps: int = Field(default=1_000_000, gt=0)
     """Training steps one job may take (DP-SGD steps; a staged job: the sum over its stages).
     Known from the params and the ledger's batches before anything is reserved: the worker fails a

@@ -7,6 +7,7 @@ response.
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,37 +37,63 @@ class BodySizeLimit:
     A declared ``Content-Length`` above the limit is refused without reading the body. A body sent
     without a length (chunked) is read up to the limit and refused as soon as it passes it; below
     the limit it is replayed to the application unchanged.
+
+    Uploads (``PUT`` on a path ``uploads`` matches: a model artifact) have their own limit,
+    ``upload_max_bytes``: a declared length above it is refused here; a chunked upload is passed
+    through unbuffered, and the route counts it as it streams (``model_registry.ArtifactUpload``).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        *,
+        upload_max_bytes: int | None = None,
+        uploads: re.Pattern[str] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.upload_max_bytes = upload_max_bytes
+        self.uploads = uploads
 
-    def _too_large(self) -> dict[str, object]:
+    def _too_large(self, limit: int, field: str = "body") -> dict[str, object]:
         return {
             "error": "payload_too_large",
-            "message": f"request body must be at most {self.max_bytes} bytes.",
-            "field": "body",
-            "limit": self.max_bytes,
+            "message": f"request {field} must be at most {limit} bytes.",
+            "field": field,
+            "limit": limit,
         }
+
+    def _upload(self, scope: Scope) -> bool:
+        return (
+            self.uploads is not None
+            and self.upload_max_bytes is not None
+            and scope.get("method") == "PUT"
+            and self.uploads.fullmatch(scope.get("path", "")) is not None
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        upload = self._upload(scope)
+        limit = self.upload_max_bytes if upload and self.upload_max_bytes is not None else self.max_bytes
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared > self.max_bytes:
-                    await _send_json(send, 413, self._too_large())
+                if declared > limit:
+                    await _send_json(send, 413, self._too_large(limit, "artifact" if upload else "body"))
                     return
                 if declared >= 0:
                     # the server delivers no more than the declared length
                     await self.app(scope, receive, send)
                     return
+        if upload:  # streamed to disk by the route, which counts it
+            await self.app(scope, receive, send)
+            return
         # No usable Content-Length: buffer up to the limit, then replay.
         chunks: list[bytes] = []
         size = 0
@@ -80,7 +107,7 @@ class BodySizeLimit:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_bytes:
-                await _send_json(send, 413, self._too_large())
+                await _send_json(send, 413, self._too_large(self.max_bytes))
                 return
             chunks.append(body)
             more = message.get("more_body", False)

@@ -1,5 +1,7 @@
-"""The model registry: ``GET /v1/models/{name}/versions``, ``.../versions/{v}``,
-``.../versions/{v}/artifact``. Reads: any scope; another tenant's model answers 404.
+"""The model registry: ``GET /v1/models``, ``GET /v1/models/{name}/versions``,
+``.../versions/{v}``, ``.../versions/{v}/artifact``. Reads: any scope; another tenant's model
+answers 404. ``PUT /v1/models/{name}/versions/{v}`` (trainer): register a version trained outside
+the service under its release's certificate (``model_registry.register_external``).
 
 Every version listed here was published after the ledger committed its release: its
 ``certificate`` re-verifies offline (``accountant.certificates.verify``).
@@ -7,19 +9,24 @@ Every version listed here was published after the ledger committed its release: 
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from service.api import PREFIX
-from service.api.deps import DatabaseDep, ViewerDep
+from service.api.deps import DatabaseDep, TrainerDep, ViewerDep
 from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
 from service.ledger import model_registry as registry
+from service.ledger.errors import InvalidInput
+from service.ledger.jobs import MODEL_NAME
 
 router = APIRouter(prefix=PREFIX, tags=["models"])
 
@@ -31,13 +38,24 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 Version = Annotated[int, PathParam(ge=1, le=2**31 - 1)]
 
+# A description: no control character but tab and newline, and not blank (model_registry).
+_DESCRIPTION: Final = r"^[^\x00-\x08\x0b-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x08\x0b-\x1f\x7f]*$"
+Description = Annotated[str, Query(min_length=1, max_length=registry.MAX_DESCRIPTION, pattern=_DESCRIPTION)]
+
+ARTIFACT_UPLOAD: Final = re.compile(re.escape(PREFIX) + r"/models/[^/]+/versions/[^/]+")
+"""The upload route's paths: ``BodySizeLimit`` bounds them by ``LEDGER_MAX_ARTIFACT_BYTES``."""
+
 
 class ModelVersionPublic(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
     version: int
-    job_id: str
+    origin: str = Field(
+        description="`job`: trained by the service's worker; `external`: trained outside it and "
+        "registered against its release's certificate"
+    )
+    job_id: str | None
     certificate_id: str
     metrics: dict[str, Any]
     artifact: dict[str, Any]
@@ -54,6 +72,24 @@ class ModelVersionPublic(BaseModel):
     created_at: str
 
 
+class ModelSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    versions: int
+    external_versions: int
+    latest_version: int
+    latest_created_at: str
+    dataset_ids: list[str]
+
+
+class ModelsPublic(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    data: list[ModelSummary]
+    count: int
+
+
 class ModelVersionsPublic(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -63,6 +99,119 @@ class ModelVersionsPublic(BaseModel):
 
 def _artifact_dir(request: Request) -> Path:
     return Path(request.app.state.settings.artifact_dir)
+
+
+@router.get(
+    "/models",
+    response_model=None,
+    responses={200: documented(ModelsPublic, "the tenant's models, by name"), **_ERRORS},
+    summary="The tenant's models: versions, latest version, datasets (paged)",
+)
+def list_models(
+    principal: ViewerDep,
+    db: DatabaseDep,
+    limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+) -> JSONResponse:
+    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset))
+
+
+def _metrics(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        raise InvalidInput("metrics", "must be a JSON object of metric name to number.") from None
+    return registry.check_metrics(parsed)
+
+
+@router.put(
+    "/models/{name}/versions/{version}",
+    response_model=None,
+    status_code=201,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "the artifact's bytes (at most `LEDGER_MAX_ARTIFACT_BYTES`)",
+        }
+    },
+    responses={
+        201: documented(ModelVersionPublic, "registered"),
+        200: documented(ModelVersionPublic, "registered before with these bytes and certificate"),
+        409: {
+            "model": ErrorBody,
+            "description": "`reason`: `not_a_release` (an abort's certificate), `release_mismatch` "
+            "(the certificate's release is another name or version), `certificate_of_job` (the "
+            "worker publishes it), `certificate_used`, `artifact_not_certified`, `version_exists`",
+        },
+        413: {"model": ErrorBody, "description": "artifact over `LEDGER_MAX_ARTIFACT_BYTES`"},
+        **_ERRORS,
+    },
+    summary="Register a version trained outside the service, with its artifact, under its certificate",
+    description="The body is the artifact; the server computes its SHA-256 and refuses (422, "
+    "`field: sha256`) a `sha256` that differs. `certificate_id`: the certificate of the commit "
+    "that released exactly `{name, version}` (a `release_gate` or the Opacus adapter). The "
+    "version's DP statement is derived from that certificate on read; `architecture` and "
+    "`preprocessing` (free text, at most 1000 characters each) and `metrics` (a JSON object of "
+    "up to 32 numbers) are the client's description and are shown as such.",
+)
+async def register_version(
+    name: Annotated[str, PathParam(pattern=f"^{MODEL_NAME.pattern}$")],
+    version: Version,
+    request: Request,
+    principal: TrainerDep,
+    db: DatabaseDep,
+    certificate_id: Annotated[str, Query(min_length=1, max_length=64)],
+    sha256: Annotated[str, Query(pattern="^[0-9a-fA-F]{64}$")],
+    architecture: Description,
+    preprocessing: Description,
+    artifact_format: Annotated[
+        Literal["torch", "safetensors", "onnx", "bytes"], Query(alias="format")
+    ] = "torch",
+    metrics: Annotated[
+        str | None,
+        Query(max_length=8000, description="a JSON object of up to 32 metric names to finite numbers"),
+    ] = None,
+) -> JSONResponse:
+    claimed = _metrics(metrics)
+    await run_in_threadpool(
+        lambda: registry.check_registration(
+            db,
+            principal.tenant_id,
+            name=name,
+            version=version,
+            certificate_id=certificate_id,
+            sha256=sha256,
+            fmt=artifact_format,
+            architecture=architecture,
+            preprocessing=preprocessing,
+        )
+    )
+    settings = request.app.state.settings
+    upload = registry.ArtifactUpload(_artifact_dir(request), settings.max_artifact_bytes)
+    try:
+        async for chunk in request.stream():
+            upload.write(chunk)
+        answer, created = await run_in_threadpool(
+            registry.register_external,
+            db,
+            _artifact_dir(request),
+            upload,
+            tenant_id=principal.tenant_id,
+            name=name,
+            version=version,
+            certificate_id=certificate_id,
+            sha256=sha256,
+            fmt=artifact_format,
+            architecture=architecture,
+            preprocessing=preprocessing,
+            metrics=claimed,
+        )
+    finally:
+        upload.discard()
+    return json_answer(answer, status_code=201 if created else 200)
 
 
 @router.get(

@@ -451,7 +451,8 @@ def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str] | None, model
     the server serves them, or why they could not be read) its bytes have it too. Offline the
     record is all there is: an edited bundle that swaps a version's hash fails, and the bytes
     are for whoever downloads them to compare. A certificate that states none (issued before
-    releases named their artifact) binds no bytes: counted, not failed."""
+    releases named their artifact, or an external trainer's that did not set
+    ``gate.artifact_sha256``) binds no bytes: counted, not failed."""
     by_id = {c["id"]: c for c in bundle["certificates"]}
     registry: Mapping[str, list[Json]] = bundle.get("models") or {}
     problems: list[str] = []
@@ -487,7 +488,7 @@ def _artifacts(bundle: Json, served: Mapping[tuple[str, str], str] | None, model
         "(bytes not downloaded offline)"
     )
     if unbound:
-        detail += f"; {unbound} published before releases stated their artifact (bytes not certified)"
+        detail += f"; {unbound} whose certificate states no artifact (bytes not certified)"
     return Finding("artifacts", not problems, detail, problems)
 
 

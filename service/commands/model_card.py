@@ -132,6 +132,7 @@ def markdown(version: Mapping[str, Any]) -> str:
             _shown(clipping) if clipping is not None else str(mechanism["clipping_norm_source"]),
         ),
         ("Training algorithm", _shown(mechanism.get("algorithm"))),
+        *_described(version.get("model_spec")),
         ("Public / pre-trained data", s["public_data"]),
         (
             "Budget",
@@ -157,6 +158,17 @@ def markdown(version: Mapping[str, Any]) -> str:
         f"that certified it; the fields follow {s['guidelines']}.\n\n"
         f"| field | value |\n|---|---|\n{body}\n"
     )
+
+
+def _described(spec: Any) -> list[tuple[str, str]]:
+    """An externally trained version's architecture and preprocessing, as its trainer wrote them
+    (not certified: the statement's numbers come from the certificate alone)."""
+    if not isinstance(spec, Mapping) or spec.get("kind") != "external":
+        return []
+    return [
+        ("Architecture (as registered)", str(spec.get("architecture"))),
+        ("Preprocessing (as registered)", str(spec.get("preprocessing"))),
+    ]
 
 
 def _eps(value: str) -> str:

@@ -436,7 +436,9 @@ class Job(Base):
 
 class ModelVersion(Base):
     """A published model version: immutable, and only ever inserted after the ledger committed
-    its release, so every row has a committed certificate (``certificate_id``, unique)."""
+    its release, so every row has a committed certificate (``certificate_id``, unique).
+    ``job_id`` and ``step`` are ``NULL`` for a version trained outside the service and registered
+    against its release's certificate (``model_registry.register_external``)."""
 
     __tablename__ = "model_versions"
     __table_args__ = (UniqueConstraint("tenant_id", "name", "version"),)
@@ -445,17 +447,18 @@ class ModelVersion(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     name: Mapped[str] = mapped_column(NAME)
     version: Mapped[int] = mapped_column(Integer)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id"), index=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"))
     certificate_id: Mapped[str] = mapped_column(ForeignKey("certificates.id"), unique=True)
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int | None] = mapped_column(Integer)
     metrics: Mapped[dict[str, Any]]
     artifact_path: Mapped[str] = mapped_column(String(1000))
     artifact_sha256: Mapped[str] = mapped_column(HASH)
     artifact_bytes: Mapped[int] = mapped_column(BigInteger)
     artifact_format: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime]
-    # The architecture and preprocessing (``service.training.dp_sgd.DpSgdTrainer.model_spec``);
+    # The architecture and preprocessing (``service.training.dp_sgd.DpSgdTrainer.model_spec``;
+    # an external version: ``{"kind": "external", "architecture", "preprocessing"}``, free text);
     # NULL for versions published before it was recorded and for staged trainers' models.
     model_spec: Mapped[dict[str, Any] | None]
 

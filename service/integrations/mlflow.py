@@ -29,14 +29,32 @@ What is logged, all read from the certificate the ledger signed (never recompute
 
 Only logs to a run that is already active (``MlflowRunMissing`` otherwise): MLflow would start
 an unnamed run, and the certificate would sit apart from the training it certifies.
+
+A model you trained yourself, in one call (``log_model_version``)::
+
+    with mlflow.start_run():
+        with ledger.release_gate(dataset_id, None, event, tasks=tasks, model="mlp", version=3) as gate:
+            weights = train()
+            gate.artifact_sha256 = hashlib.sha256(weights).hexdigest()   # the certificate names them
+        log_model_version(ledger, gate.certificate, weights, architecture="...", preprocessing="...")
+
+It registers the version with the ledger (``LedgerClient.register_model_version``: the server
+hashes the bytes and checks them against the certificate), then logs everything
+``log_release`` logs, plus the artifacts ``privacy-ledger/<model>-v<N><ext>`` (the bytes),
+``privacy-ledger/dp-statement-<model>-v<N>.json`` (the DP statement the ledger derived from the
+certificate) and ``privacy-ledger/model-card-<model>-v<N>.md`` (``ledger model-card``), and the
+tags ``dp_model`` (``model:N``), ``dp_model_sha256``, ``dp_model_origin``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Final
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 import mlflow
 
@@ -44,7 +62,11 @@ from accountant.exact import shown
 from accountant.rules import Budget, stated_theorem
 from service.ledger.dp_statement import guarantee_of
 
+if TYPE_CHECKING:
+    from service.client import LedgerClient
+
 ARTIFACT_DIR: Final = "privacy-ledger"
+_EXTENSIONS: Final = {"torch": ".pt", "safetensors": ".safetensors", "onnx": ".onnx", "bytes": ".bin"}
 
 
 class MlflowRunMissing(RuntimeError):
@@ -109,3 +131,65 @@ def log_release(certificate: Mapping[str, Any]) -> None:
     theorem = stated_theorem(Budget.from_json(body["inputs"]["budget"]))
     mlflow.set_tags({"dp_theorem": theorem, "dp_statement": dp_statement(certificate)})
     mlflow.log_dict(dict(certificate), f"{ARTIFACT_DIR}/certificate-{certificate['id']}.json")
+
+
+def log_model_version(
+    ledger: LedgerClient,
+    certificate: Mapping[str, Any],
+    artifact: bytes,
+    *,
+    architecture: str,
+    preprocessing: str,
+    format: str = "torch",
+    metrics: Mapping[str, float] | None = None,
+) -> dict[str, Any]:
+    """Register ``artifact`` as the version the committed release's ``certificate`` released,
+    and log it with its DP statement to the active MLflow run (module docstring); the version as
+    the ledger answers it (``GET /v1/models/{name}/versions/{v}``, with ``dp_statement``).
+
+    Checks the run first: without one nothing is registered or logged (``MlflowRunMissing``).
+    ``metrics`` are registered with the version (shown as yours) and logged as MLflow metrics."""
+    if mlflow.active_run() is None:
+        raise MlflowRunMissing(
+            "log_model_version needs an active MLflow run (mlflow.start_run()); nothing was registered."
+        )
+    release = certificate["certificate"]["release"]
+    if not isinstance(release, Mapping):
+        raise ValueError(
+            f"certificate {certificate['id']} released nothing (an abort's): nothing to register."
+        )
+    name, version = str(release["model"]), int(str(release["version"]))
+    ledger.register_model_version(
+        name,
+        version,
+        artifact,
+        certificate_id=str(certificate["id"]),
+        architecture=architecture,
+        preprocessing=preprocessing,
+        format=format,
+        metrics=metrics,
+    )
+    registered = ledger.get_model_version(name, version)
+    log_release(certificate)
+    if metrics:
+        mlflow.log_metrics(dict(metrics))
+    from service.commands.model_card import render
+
+    stem = f"{name}-v{version}"
+    with tempfile.TemporaryDirectory(prefix="privacy-ledger-") as folder:
+        path = Path(folder) / f"{stem}{_EXTENSIONS.get(format, '.bin')}"
+        path.write_bytes(artifact)
+        mlflow.log_artifact(str(path), ARTIFACT_DIR)
+    mlflow.log_text(
+        json.dumps(registered["dp_statement"], indent=2, sort_keys=True),
+        f"{ARTIFACT_DIR}/dp-statement-{stem}.json",
+    )
+    mlflow.log_text(render(registered), f"{ARTIFACT_DIR}/model-card-{stem}.md")
+    mlflow.set_tags(
+        {
+            "dp_model": f"{name}:{version}",
+            "dp_model_sha256": registered["artifact"]["sha256"],
+            "dp_model_origin": registered["origin"],
+        }
+    )
+    return dict(registered)

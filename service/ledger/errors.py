@@ -54,6 +54,17 @@ class InvalidInput(LedgerError):
         self.field = field
 
 
+class PayloadTooLarge(LedgerError):
+    """An upload above its limit (``field`` names it, ``limit`` in bytes); nothing was kept."""
+
+    code = "payload_too_large"
+    status = 413
+
+    def __init__(self, field: str, limit: int) -> None:
+        super().__init__(f"{field} must be at most {limit} bytes.", details={"field": field, "limit": limit})
+        self.field = field
+
+
 class BudgetExceeded(LedgerError):
     """The charge does not fit: ``remaining`` and ``requested`` as decimal strings."""
 
@@ -206,6 +217,7 @@ __all__ = [
     "InvalidInput",
     "LedgerError",
     "NotFound",
+    "PayloadTooLarge",
     "RateLimited",
     "ReleaseExists",
     "ReservationExpired",

@@ -24,6 +24,17 @@ Versions are immutable integers per (tenant, model name), numbered after every r
 ledger recorded for that name (``next_version``), so a number that has a certificate is never
 given to another model.
 
+A model trained outside the service (the Opacus adapter, ``release_gate``) has a certificate of
+its release and no job: ``register_external`` publishes it under that certificate, in one
+transaction (row, ``model_version.published`` audit event with ``origin: "external"``, file
+moved from ``.uploads/``). The
+server hashes the bytes it received (``ArtifactUpload``, size-bounded) and refuses a SHA-256 the
+client stated otherwise; the certificate must be the caller tenant's, of a committed release named
+exactly ``{name, version}``, not a job's (the worker publishes those), not used by another
+version, and, when it names an artifact SHA-256, of these bytes. Its DP statement is derived from
+the certificate on read like any version's (``get_version``): nothing the client states about its
+training enters it; architecture and preprocessing are shown as the client's description.
+
 This module does not import torch: the API reads the registry; only the gate writes weights
 (through the ``write`` callback of ``stage``).
 """
@@ -32,7 +43,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -51,14 +64,26 @@ from service.db.models import Certificate, Job, ModelVersion, Release
 from service.db.session import Database
 from service.ledger import audit
 from service.ledger.certificates import get_certificate
-from service.ledger.dp_statement import dp_statement
-from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.ledger.datasets import can_be_id
+from service.ledger.dp_statement import dp_statement, guarantee_of
+from service.ledger.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from service.ledger.jobs import check_model_name, lease_is_live
 
 STAGING: Final = ".staging"
+UPLOADS: Final = ".uploads"  # external artifacts being received (never swept with .staging)
+# An upload not written to for this long belongs to a request that died with its process.
+UPLOAD_MAX_IDLE_S: Final = 86_400.0
 SIDECAR: Final = ".json"
 EXTENSIONS: Final = {"safetensors": ".safetensors", "torch": ".pt"}
+# What an external trainer may upload: the worker's formats, ONNX, or opaque bytes.
+EXTERNAL_FORMATS: Final = {**EXTENSIONS, "onnx": ".onnx", "bytes": ".bin"}
 MAX_PAGE: Final = 1000
+MAX_DESCRIPTION: Final = 1000  # characters of an external version's architecture / preprocessing
+MAX_METRICS: Final = 32
+_METRIC_NAME: Final = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
+# Control characters other than tab and newline: a description is shown on pages and cards.
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _CHUNK: Final = 1 << 20
 
 
@@ -136,7 +161,7 @@ def _write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
 
 
 def final_path(tenant_id: str, name: str, version: int, fmt: str) -> str:
-    return f"{tenant_id}/{name}/v{version}{EXTENSIONS[fmt]}"
+    return f"{tenant_id}/{name}/v{version}{EXTERNAL_FORMATS[fmt]}"
 
 
 def stage(
@@ -253,6 +278,7 @@ def version_json(row: ModelVersion) -> dict[str, Any]:
         "id": row.id,
         "name": row.name,
         "version": row.version,
+        "origin": "job" if row.job_id is not None else "external",
         "job_id": row.job_id,
         "dataset_id": row.dataset_id,
         "certificate_id": row.certificate_id,
@@ -356,14 +382,30 @@ def publish(
     return answer
 
 
+def _sweep_uploads(artifact_dir: Path, now_s: float) -> None:
+    """Delete external uploads idle for ``UPLOAD_MAX_IDLE_S`` (a live upload's file is written
+    to, hence touched, at every chunk; a registered one has moved out of ``.uploads/``)."""
+    folder = artifact_dir / UPLOADS
+    if not folder.is_dir():
+        return
+    for upload in folder.glob("upload.*.tmp"):
+        try:
+            if now_s - upload.stat().st_mtime > UPLOAD_MAX_IDLE_S:
+                upload.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue
+
+
 def sweep(
     db: Database, artifact_dir: Path, *, job_id: str | None = None, now: datetime | None = None
 ) -> dict[str, list[str]]:
     """Resolve staged candidates left by crashed workers: publish those whose own release has a
     certificate (``certificate_of_candidate``: roll forward), delete the others. Candidates of
-    jobs a live worker holds are left alone, unless ``job_id`` names the job the caller holds."""
+    jobs a live worker holds are left alone, unless ``job_id`` names the job the caller holds.
+    External uploads idle for a day (their request died with its process) are deleted too."""
     folder = Path(artifact_dir) / STAGING
     out: dict[str, list[str]] = {"published": [], "discarded": [], "skipped": []}
+    _sweep_uploads(Path(artifact_dir), (now or utcnow()).timestamp())
     if not folder.is_dir():
         return out
     at = now or utcnow()
@@ -408,6 +450,344 @@ def sweep(
 
 
 # ---------------------------------------------------------------------------------------------
+# Versions trained outside the service
+# ---------------------------------------------------------------------------------------------
+
+
+class ArtifactUpload:
+    """An external artifact as the server receives it: written chunk by chunk under
+    ``<artifact dir>/.uploads/``, hashed as it arrives, refused past ``max_bytes``
+    (``PayloadTooLarge``, the partial file deleted). ``discard()`` deletes what is left; after a
+    successful ``register_external`` the file has moved and nothing is left."""
+
+    def __init__(self, artifact_dir: Path, max_bytes: int) -> None:
+        folder = Path(artifact_dir) / UPLOADS
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"upload.{secrets.token_hex(12)}.tmp"
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._digest = hashlib.sha256()
+        self._handle: IO[bytes] | None = self.path.open("xb")
+
+    def write(self, chunk: bytes) -> None:
+        if self._handle is None:
+            raise ValueError("the upload is finished")
+        self.bytes += len(chunk)
+        if self.bytes > self.max_bytes:
+            self.discard()
+            raise PayloadTooLarge("artifact", self.max_bytes)
+        self._digest.update(chunk)
+        self._handle.write(chunk)
+
+    def finish(self) -> str:
+        """Flush and fsync the file; its SHA-256 (hex)."""
+        if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+            self._handle.close()
+            self._handle = None
+        return self._digest.hexdigest()
+
+    @property
+    def sha256(self) -> str:
+        return self._digest.hexdigest()
+
+    def discard(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+        self.path.unlink(missing_ok=True)
+
+
+def _description(value: object, field: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(field, "is required: a non-empty description (free text).")
+    if len(value) > MAX_DESCRIPTION:
+        raise InvalidInput(field, f"must be at most {MAX_DESCRIPTION} characters. Found {len(value)}.")
+    if _CONTROL.search(value) is not None:
+        raise InvalidInput(field, "must not contain control characters other than tab and newline.")
+    return value.strip()
+
+
+def check_metrics(metrics: object, field: str = "metrics") -> dict[str, float]:
+    """At most ``MAX_METRICS`` ``{name: finite number}`` (names: a letter, then up to 63 letters,
+    digits, ``_ . -``): what an external trainer reports about its model, shown as its claim."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise InvalidInput(
+            field, f"must be an object of metric name to number. Found {type(metrics).__name__}."
+        )
+    if len(metrics) > MAX_METRICS:
+        raise InvalidInput(field, f"must have at most {MAX_METRICS} entries. Found {len(metrics)}.")
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str) or _METRIC_NAME.fullmatch(key) is None:
+            raise InvalidInput(
+                field,
+                f"names must be a letter then up to 63 letters, digits, '_', '.', '-'. Found {key!r:.80}.",
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise InvalidInput(f"{field}.{key}", f"must be a finite number. Found {value!r:.80}.")
+        out[key] = float(value)
+    return out
+
+
+def _registrable(
+    session: Session, tenant_id: str, name: str, version: int, certificate_id: str, sha256: str
+) -> Certificate | ModelVersion:
+    """The certificate under which ``sha256`` may be registered as ``name`` version ``version``,
+    or the version it already registered (a retry); else the refusal (``register_external``)."""
+    certificate = session.get(Certificate, certificate_id)
+    if certificate is None or certificate.tenant_id != tenant_id:
+        raise NotFound("certificate", certificate_id)
+    existing = session.scalar(select(ModelVersion).where(ModelVersion.certificate_id == certificate_id))
+    if existing is not None:
+        if (existing.name, existing.version, existing.artifact_sha256) == (name, version, sha256):
+            return existing  # a retry of this registration
+        raise Conflict(
+            f"certificate {certificate_id} is already the certificate of model "
+            f"{existing.name!r} version {existing.version}; one certificate certifies one version.",
+            reason="certificate_used",
+            model=existing.name,
+            version=existing.version,
+        )
+    if certificate.release_id is None:
+        outcome = certificate.body.get("outcome") if isinstance(certificate.body, Mapping) else None
+        raise Conflict(
+            f"certificate {certificate_id} certifies a charge that released nothing "
+            f"(outcome {outcome!r}); register a version under the certificate of its commit.",
+            reason="not_a_release",
+            outcome=outcome,
+        )
+    release = session.get(Release, certificate.release_id)
+    if release is None or (release.model, release.version) != (name, str(version)):
+        certified = None if release is None else {"model": release.model, "version": release.version}
+        raise Conflict(
+            f"certificate {certificate_id} certifies the release {certified}, not model "
+            f"{name!r} version {version}.",
+            reason="release_mismatch",
+            certified_release=certified,
+        )
+    job_id = session.scalar(select(Job.id).where(Job.reservation_id == certificate.reservation_id))
+    if job_id is not None:
+        raise Conflict(
+            f"certificate {certificate_id} is of job {job_id}: the service's worker "
+            "publishes the versions its jobs train.",
+            reason="certificate_of_job",
+            job_id=job_id,
+        )
+    certified = certified_sha256(certificate.body)
+    if certified is not None and certified != sha256:
+        raise Conflict(
+            f"certificate {certificate_id} certifies artifact SHA-256 {certified}, not the "
+            f"artifact's {sha256}.",
+            reason="artifact_not_certified",
+        )
+    taken = session.scalar(
+        select(ModelVersion.id).where(
+            ModelVersion.tenant_id == tenant_id,
+            ModelVersion.name == name,
+            ModelVersion.version == version,
+        )
+    )
+    if taken is not None:
+        raise Conflict(f"model {name!r} version {version} is already published.", reason="version_exists")
+    return certificate
+
+
+def _checked_inputs(
+    name: str, version: int, sha256: object, fmt: object, architecture: object, preprocessing: object
+) -> tuple[str, str, dict[str, str]]:
+    """``(name, sha256 in lower case, model_spec)`` of a registration, or the field it gets wrong."""
+    name = check_model_name(name, "name")
+    if not 1 <= version <= 2**31 - 1:
+        raise InvalidInput("version", f"must be an integer in [1, 2^31 - 1]. Found {version}.")
+    stated = sha256.lower() if isinstance(sha256, str) else sha256
+    if not isinstance(stated, str) or _SHA256.fullmatch(stated) is None:
+        raise InvalidInput("sha256", f"must be 64 hexadecimal characters (SHA-256). Found {sha256!r:.80}.")
+    if not isinstance(fmt, str) or fmt not in EXTERNAL_FORMATS:
+        raise InvalidInput("format", f"must be one of {sorted(EXTERNAL_FORMATS)}. Found {fmt!r:.80}.")
+    spec = {
+        "kind": "external",
+        "architecture": _description(architecture, "architecture"),
+        "preprocessing": _description(preprocessing, "preprocessing"),
+    }
+    return name, stated, spec
+
+
+def check_registration(
+    db: Database,
+    tenant_id: str,
+    *,
+    name: str,
+    version: int,
+    certificate_id: str,
+    sha256: str,
+    fmt: str,
+    architecture: str,
+    preprocessing: str,
+) -> None:
+    """The refusals ``register_external`` would answer before any byte is received (a wrong
+    certificate need not upload a large artifact first); it checks them again when it commits."""
+    name, stated, _ = _checked_inputs(name, version, sha256, fmt, architecture, preprocessing)
+    if not can_be_id(certificate_id):
+        raise NotFound("certificate", certificate_id)
+    with db.session(readonly=True) as session:
+        _registrable(session, tenant_id, name, version, certificate_id, stated)
+
+
+def register_external(
+    db: Database,
+    artifact_dir: Path,
+    upload: ArtifactUpload,
+    *,
+    tenant_id: str,
+    name: str,
+    version: int,
+    certificate_id: str,
+    sha256: str,
+    fmt: str,
+    architecture: str,
+    preprocessing: str,
+    metrics: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[dict[str, Any], bool]:
+    """Publish the uploaded artifact as ``name`` version ``version``, trained outside the service,
+    under the certificate of its release (module docstring); ``(version, created)``. Registering
+    the same bytes under the same certificate again answers the existing version
+    (``created`` false). Every refusal changes nothing; the caller discards the upload."""
+    name, stated, spec = _checked_inputs(name, version, sha256, fmt, architecture, preprocessing)
+    claimed = check_metrics(metrics)
+    received = upload.finish()
+    if upload.bytes == 0:
+        raise InvalidInput("artifact", "is empty: send the model's bytes as the request body.")
+    if received != stated:
+        raise InvalidInput(
+            "sha256",
+            f"{stated} is not the SHA-256 of the {upload.bytes} bytes received ({received}); "
+            "nothing was registered.",
+        )
+    if not can_be_id(certificate_id):
+        raise NotFound("certificate", certificate_id)
+    at = now or utcnow()
+    artifact_dir = Path(artifact_dir)
+    target_rel = final_path(tenant_id, name, version, fmt)
+    target = artifact_dir / target_rel
+    moved = False
+    try:
+        with db.session() as session:
+            checked = _registrable(session, tenant_id, name, version, certificate_id, received)
+            if isinstance(checked, ModelVersion):
+                return version_json(checked), False  # a retry of this registration
+            certificate = checked
+            row = ModelVersion(
+                id=f"mv_{secrets.token_hex(12)}",
+                tenant_id=tenant_id,
+                name=name,
+                version=version,
+                job_id=None,
+                dataset_id=certificate.dataset_id,
+                certificate_id=certificate_id,
+                step=None,
+                metrics=claimed,
+                artifact_path=target_rel,
+                artifact_sha256=received,
+                artifact_bytes=upload.bytes,
+                artifact_format=fmt,
+                created_at=at,
+                model_spec=spec,
+            )
+            session.add(row)
+            session.flush()
+            audit.append(
+                session,
+                [
+                    audit.AuditEvent(
+                        # the worker's event type: ``ledger check`` then requires the version in
+                        # a bundle whichever trained it
+                        "model_version.published",
+                        {
+                            "name": name,
+                            "version": version,
+                            "job_id": None,
+                            "origin": "external",
+                            "certificate_id": certificate_id,
+                            "artifact_sha256": received,
+                        },
+                        tenant_id=tenant_id,
+                        dataset_id=certificate.dataset_id,
+                    )
+                ],
+                now=at,
+            )
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(upload.path, target)
+            moved = True
+            _fsync_dir(target.parent)
+            answer = version_json(row)
+    except IntegrityError as exc:  # a concurrent registration of this version or certificate
+        if moved:
+            os.replace(target, upload.path)
+        raise Conflict(
+            f"model {name!r} version {version} or certificate {certificate_id} was registered "
+            "concurrently; read the version.",
+            reason="version_exists",
+        ) from exc
+    except BaseException:
+        if moved:  # the row did not commit: the bytes go back to the upload, which is discarded
+            os.replace(target, upload.path)
+        raise
+    return answer, True
+
+
+def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+    """The tenant's models, by name: ``{data: [{name, versions, external_versions,
+    latest_version, latest_created_at, dataset_ids}], count}``."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
+    if offset < 0:
+        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+    where = ModelVersion.tenant_id == tenant_id
+    with db.session(readonly=True) as session:
+        count = session.scalar(select(func.count(func.distinct(ModelVersion.name))).where(where)) or 0
+        names = session.execute(
+            select(
+                ModelVersion.name,
+                func.count(),
+                func.count(ModelVersion.job_id),
+                func.max(ModelVersion.version),
+                func.max(ModelVersion.created_at),
+            )
+            .where(where)
+            .group_by(ModelVersion.name)
+            .order_by(ModelVersion.name)
+            .limit(limit)
+            .offset(offset)
+        ).all()
+        datasets: dict[str, set[str]] = {}
+        if names:
+            for model, dataset_id in session.execute(
+                select(ModelVersion.name, ModelVersion.dataset_id)
+                .where(where, ModelVersion.name.in_([n[0] for n in names]))
+                .distinct()
+            ):
+                datasets.setdefault(model, set()).add(dataset_id)
+    data = [
+        {
+            "name": model,
+            "versions": int(total),
+            "external_versions": int(total) - int(with_job),
+            "latest_version": int(latest),
+            "latest_created_at": created.isoformat(),
+            "dataset_ids": sorted(datasets.get(model, ())),
+        }
+        for model, total, with_job, latest, created in names
+    ]
+    return {"data": data, "count": count}
+
+
+# ---------------------------------------------------------------------------------------------
 # Reads (the API)
 # ---------------------------------------------------------------------------------------------
 
@@ -422,7 +802,8 @@ def _name(name: str) -> str:
 def list_versions(
     db: Database, tenant_id: str, name: str, *, limit: int = 100, offset: int = 0
 ) -> dict[str, Any]:
-    """The model's versions, oldest first: ``{data, count}``; an unknown model is ``NotFound``."""
+    """The model's versions, oldest first: ``{data, count}``, each with the ``guarantee`` (ε, δ)
+    its certificate states (``dp_statement.guarantee_of``); an unknown model is ``NotFound``."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
     if offset < 0:
@@ -433,10 +814,19 @@ def list_versions(
         count = session.scalar(select(func.count()).select_from(ModelVersion).where(*where)) or 0
         if count == 0:
             raise NotFound("model", name)
-        rows = session.scalars(
-            select(ModelVersion).where(*where).order_by(ModelVersion.version).limit(limit).offset(offset)
+        rows = session.execute(
+            select(ModelVersion, Certificate.body)
+            .join(Certificate, Certificate.id == ModelVersion.certificate_id)
+            .where(*where)
+            .order_by(ModelVersion.version)
+            .limit(limit)
+            .offset(offset)
         ).all()
-        return {"data": [version_json(r) for r in rows], "count": count}
+        data = []
+        for row, body in rows:
+            epsilon, delta = guarantee_of(body)
+            data.append({**version_json(row), "guarantee": {"epsilon": epsilon, "delta": delta}})
+        return {"data": data, "count": count}
 
 
 def _load_version(session: Session, tenant_id: str, name: str, version: int) -> ModelVersion:
@@ -459,7 +849,7 @@ def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[s
     with db.session(readonly=True) as session:
         row = _load_version(session, tenant_id, name, version)
         answer = version_json(row)
-        job = session.get(Job, row.job_id)
+        job = None if row.job_id is None else session.get(Job, row.job_id)
         answer["algorithm"] = job.algorithm if job is not None else None
         trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
     answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
@@ -505,17 +895,23 @@ def artifact_file(
 
 __all__ = [
     "EXTENSIONS",
+    "EXTERNAL_FORMATS",
     "STAGING",
+    "ArtifactUpload",
     "StagedArtifact",
     "artifact_file",
     "certificate_of_candidate",
     "certified_sha256",
+    "check_metrics",
+    "check_registration",
     "discard",
     "final_path",
     "get_version",
+    "list_models",
     "list_versions",
     "next_version",
     "publish",
+    "register_external",
     "stage",
     "sweep",
     "version_json",

@@ -62,7 +62,20 @@ def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
 
 def _summaries_json(session: Session, rows: Sequence[Dataset]) -> list[dict[str, Any]]:
     guarantees = stored_guarantees(session, rows)
-    return [_summary_json(r, guarantees[r.id]) for r in rows]
+    records = _records(session, rows)
+    return [{**_summary_json(r, guarantees[r.id]), "records": records.get(r.id, 0)} for r in rows]
+
+
+def _records(session: Session, rows: Sequence[Dataset]) -> dict[str, int]:
+    """Records registered per dataset (the sum of its batches' sizes): one grouped query."""
+    if not rows:
+        return {}
+    counted = session.execute(
+        select(Batch.dataset_id, func.sum(Batch.size))
+        .where(Batch.dataset_id.in_([r.id for r in rows]))
+        .group_by(Batch.dataset_id)
+    ).all()
+    return {dataset_id: int(total or 0) for dataset_id, total in counted}
 
 
 def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 /* privacy-ledger dashboard: plain JavaScript, no framework, no build step, no external assets.
  *
  * Pages (hash routes): #/signin, #/datasets, #/datasets/{id}, #/certificates/{id}, #/jobs,
- * #/jobs/{id}. Every number comes from HTTP API v1 (docs/DASHBOARD.md lists the calls); ledger
+ * #/jobs/{id}, #/models, #/models/{name}, #/models/{name}/{version}, #/audit, #/audit/{dataset}. Every number comes from HTTP API v1 (docs/DASHBOARD.md lists the calls); ledger
  * numbers are shown exactly as the ledger answers them (decimal strings); charts turn them into
  * floats only for geometry. Charts are SVG built here (docs/DASHBOARD.md says why).
  *
@@ -253,6 +253,26 @@
     return (negative ? "-" : "") + body;
   }
 
+  /**
+   * What remains of a budget, shown at the budget's own precision (its 4th significant digit),
+   * rounded down: a residue such as 2.998e-11 of a budget of 50 reads 0 (a remaining figure is
+   * never shown above the ledger's). The exact value stays on hover and copy (`remainingOf`).
+   */
+  function remainingText(text, budgetText) {
+    const value = num(text);
+    const budget = num(budgetText);
+    if (budget > 0 && value >= 0) {
+      const step = Math.pow(10, Math.floor(Math.log10(budget)) - 3);
+      if (value < step) return "0";
+    }
+    return sig(text, "down");
+  }
+
+  function remainingOf(tag, attrs, value, budget) {
+    const full = value === null || value === undefined ? "" : String(value);
+    return h(tag, Object.assign({}, attrs, { title: full, "data-full": full, text: remainingText(value, budget) }));
+  }
+
   /** An element showing `value` with 4 significant digits, the exact value on hover and copy. */
   function exact(tag, attrs, value, way) {
     const full = value === null || value === undefined ? "" : String(value);
@@ -368,6 +388,9 @@
     else if (parts[0] === "certificates" && parts[1]) page = certificatePage(gen, parts[1]);
     else if (parts[0] === "jobs" && parts[1]) page = jobPage(gen, parts[1]);
     else if (parts[0] === "models" && parts[1] && parts[2]) page = modelVersionPage(gen, parts[1], parts[2]);
+    else if (parts[0] === "models" && parts[1]) page = modelPage(gen, parts[1]);
+    else if (parts[0] === "models") page = modelsPage(gen, 0);
+    else if (parts[0] === "audit") page = auditPage(gen, parts[1] || null);
     else if (parts[0] === "jobs") page = jobsPage(gen);
     else if (parts.length === 0 || parts[0] === "datasets") page = datasetsPage(gen);
     else page = Promise.resolve(add(view, h("p", { class: "empty", text: "No such page: #" + parts.join("/") })));
@@ -453,25 +476,29 @@
         h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
         h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
         exact("td", { class: "num budget" }, d.epsilon_budget),
+        exact("td", { class: "num delta-budget" }, d.delta_budget),
+        h("td", { class: "num records", text: d.records === undefined || d.records === null ? "—" : String(d.records) }),
         h("td", { class: "num guarantee", "data-full": guarantee.epsilon || "", "data-delta": guarantee.delta || "" },
           exact("span", { class: "guarantee-epsilon" }, guarantee.epsilon, "up"),
           h("span", { class: "muted small block guarantee-delta" }, "δ ", exact("span", {}, guarantee.delta, "up"))),
         h("td", { class: "num spent" + (share ? " budget-share" : ""), title: d.epsilon_spent, "data-full": d.epsilon_spent, "data-is": d.epsilon_spent_is || "" },
           sig(d.epsilon_spent, "up"), share ? h("span", { class: "muted small block share-note", text: "budget share, not a DP guarantee" }) : null),
-        exact("td", { class: "num remaining" }, d.epsilon_remaining, "down"),
+        remainingOf("td", { class: "num remaining" }, d.epsilon_remaining, d.epsilon_budget),
         exact("td", { class: "num held" }, d.epsilon_held, "up"),
         h("td", { class: "meter-cell" }, meter(fraction, heldFraction, d.epsilon_spent + " of " + d.epsilon_budget + " of the budget used")),
         h("td", { class: "last-release" },
           h("span", { text: releaseText(d.last_release) }),
-          d.last_release_at ? h("span", { class: "muted small block", text: when(d.last_release_at) }) : null));
+          d.last_release_at ? h("span", { class: "muted small block", text: when(d.last_release_at) }) : null),
+        h("td", { class: "mono small id dataset-id", text: d.id }));
     });
     add(view, h("table", { id: "datasets-table", class: "table" },
       h("thead", {}, h("tr", {},
         h("th", { text: "Name" }), h("th", { text: "Rule" }), h("th", { class: "num", text: "Budget ε" }),
+        h("th", { class: "num", text: "Budget δ" }), h("th", { class: "num", title: "records registered (the sum of the batches' sizes)", text: "Records" }),
         h("th", { class: "num", id: "th-guarantee", title: "the (ε, δ)-DP guarantee of everything released from the dataset so far, valid under adaptive stopping", text: "Guarantee (ε, δ)" }),
         h("th", { class: "num", id: "th-spent", title: "how much of the budget is used (max over batches); on a Rényi-filter budget the filter's progress: a budget share, not a DP guarantee", text: "Budget used ε" }),
         h("th", { class: "num", text: "Remaining ε" }),
-        h("th", { class: "num", text: "Held ε" }), h("th", { text: "Used" }), h("th", { text: "Last release" }))),
+        h("th", { class: "num", text: "Held ε" }), h("th", { text: "Used" }), h("th", { text: "Last release" }), h("th", { text: "Id" }))),
       h("tbody", {}, rows)));
     add(view, h("p", { id: "datasets-note", class: "legend", text: "Guarantee: the (ε, δ)-DP guarantee of everything released from the dataset so far (valid whatever was chosen after seeing earlier outputs). Budget used: what the budget has consumed — where it says so, a budget share (a Rényi filter's progress), not a DP guarantee. Remaining is rounded down, every ε and δ up." }));
     add(view, pager(offset, limit, page.count, "datasets", (next) => datasetsPage(gen, next).catch(showError)));
@@ -509,6 +536,7 @@
       api(path + "/releases?limit=" + RELEASE_PAGE + "&offset=0"),
     ]);
     const history = spend.rule === "lifelong" ? await api(path + "/epsilon-history") : null;
+    const allReleases = releases.count > releases.data.length ? await api(path + "/releases?limit=1000&offset=0") : releases;
     if (gen !== generation) return;
     fill(view);
     const budget = dataset.budget || {};
@@ -522,6 +550,7 @@
         h("span", { class: "muted", text: " · " + dataset.id })));
 
     add(view, section("Budget", "budget", gauge(spend), stats(spend)));
+    add(view, section("ε over releases", "epsilon-over-time", epsilonOverReleases(allReleases, spend)));
     add(view, section("Spend per task", "tasks", taskBars(spend, 0)));
     const heat = h("div", { id: "heatmap-panel" });
     add(view, section("Spend per batch", "batches", heat));
@@ -571,7 +600,7 @@
         h("div", { class: "stat-value", id: "stat-guarantee" }, "ε ", exact("span", {}, spend.guarantee.epsilon, "up"), ", δ ", exact("span", {}, spend.guarantee.delta, "up"))) : null,
       number(isShare(spend.epsilon_spent_is) ? "budget used (filter progress, not a guarantee)" : "ε spent", spend.epsilon_spent, "stat-spent", "up"),
       number("ε held (open reservations)", spend.epsilon_held, "stat-held", "up"),
-      number("ε remaining", spend.epsilon_remaining, "stat-remaining", "down"),
+      h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε remaining" }), remainingOf("div", { class: "stat-value", id: "stat-remaining" }, spend.epsilon_remaining, spend.epsilon_budget)),
       number("naive sequential ε", spend.naive_sequential_epsilon, "stat-naive", "up"),
       number("δ spent", spend.delta_spent, "stat-delta", "up"),
       item("releases (commits)", String(spend.charges_committed), "stat-commits"),
@@ -589,7 +618,7 @@
     const x = (v) => left + (v / total) * W;
     const spentW = x(spent) - left;
     const heldW = Math.max(0, Math.min(x(spent + held), W) - x(spent));
-    const label = "spent " + sig(spend.epsilon_spent, "up") + " · held " + sig(spend.epsilon_held, "up") + " · remaining " + sig(spend.epsilon_remaining, "down") + " of ε " + sig(spend.epsilon_budget);
+    const label = "spent " + sig(spend.epsilon_spent, "up") + " · held " + sig(spend.epsilon_held, "up") + " · remaining " + remainingText(spend.epsilon_remaining, spend.epsilon_budget) + " of ε " + sig(spend.epsilon_budget);
     const exactLabel = "spent " + spend.epsilon_spent + " · held " + spend.epsilon_held + " · remaining " + spend.epsilon_remaining + " of ε " + spend.epsilon_budget;
     const percent = budget > 0 ? Math.round((spent / budget) * 1000) / 10 : 0;
     const ticks = niceTicks(total, 6).filter((t) => t <= total * 1.0001);
@@ -781,6 +810,13 @@
       " · ledger ε " + last.epsilon + " · naive sequential ε " + last.naive_sequential_epsilon;
     const guaranteeY = y(num(lastGuarantee.epsilon));
     const ledgerY = y(num(last.epsilon));
+    // One column of end labels, at least 14 px apart: "budget 50" never over "guarantee 50".
+    const endLabels = layoutLabels([
+      { y: y(budget), cls: "budget-text", full: history.epsilon_budget, text: "budget " + sig(history.epsilon_budget), tip: "budget ε " + history.epsilon_budget },
+      { y: y(num(last.naive_sequential_epsilon)), cls: "naive-text", full: last.naive_sequential_epsilon, text: "naive " + sig(last.naive_sequential_epsilon, "up"), tip: "naive sequential ε " + last.naive_sequential_epsilon },
+      { y: guaranteeY, cls: "guarantee-text", full: lastGuarantee.epsilon, text: "guarantee " + sig(lastGuarantee.epsilon, "up"), tip: "guarantee ε " + lastGuarantee.epsilon },
+      share ? { y: ledgerY, cls: "ledger-text share-text", full: last.epsilon, text: "used " + sig(last.epsilon, "up") + " (share)", tip: "budget used ε " + last.epsilon + ": the filter's progress, a budget share, not a DP guarantee" } : null,
+    ].filter(Boolean), T + 4, H - B - 2);
     return h("div", {},
       s("svg", { id: "lifelong-curve", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
         yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
@@ -788,7 +824,6 @@
         s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "tasks" }),
         s("text", { class: "axis-title", x: 12, y: T + (H - T - B) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + (H - T - B) / 2) + ")", text: "ε" }),
         s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + history.epsilon_budget)),
-        s("text", { class: "series-label budget-text", x: W - R + 6, y: y(budget) + 4, "data-full": history.epsilon_budget, text: "budget " + sig(history.epsilon_budget) }),
         s("path", { class: "series-naive", d: line((p) => p.naive_sequential_epsilon) }),
         share ? s("path", { class: "series-ledger series-share", d: line((p) => p.epsilon) }) : null,
         s("path", { class: "series-guarantee", d: line(guaranteeOf) }),
@@ -799,12 +834,7 @@
         points.map((p) => s("circle", { class: "pt-guarantee", cx: x(p.task_index), cy: y(num(guaranteeOf(p))), r: 3.5,
           "data-task-index": p.task_index, "data-epsilon": guaranteeOf(p), "data-delta": p.guarantee ? p.guarantee.delta : "" },
           title("task " + p.task_index + ": guarantee ε " + guaranteeOf(p) + (p.guarantee ? ", δ " + p.guarantee.delta : "") + " (every release so far)"))),
-        s("text", { class: "series-label naive-text", x: x(last.task_index) + 8, y: Math.max(T + 4, y(num(last.naive_sequential_epsilon)) + 4),
-          "data-full": last.naive_sequential_epsilon, text: "naive " + sig(last.naive_sequential_epsilon, "up") }, title("naive sequential ε " + last.naive_sequential_epsilon)),
-        s("text", { class: "series-label guarantee-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, guaranteeY + (Math.abs(guaranteeY - y(budget)) < 8 ? 20 : 14)),
-          "data-full": lastGuarantee.epsilon, text: "guarantee " + sig(lastGuarantee.epsilon, "up") }, title("guarantee ε " + lastGuarantee.epsilon)),
-        share ? s("text", { class: "series-label ledger-text share-text", x: x(last.task_index) + 8, y: Math.min(H - B - 2, ledgerY + (Math.abs(ledgerY - guaranteeY) < 16 ? 28 : 14)),
-          "data-full": last.epsilon, text: "used " + sig(last.epsilon, "up") + " (share)" }, title("budget used ε " + last.epsilon + ": the filter's progress, a budget share, not a DP guarantee")) : null),
+        endLabels.map((l) => s("text", { class: "series-label " + l.cls, x: l.cls === "budget-text" ? W - R + 6 : x(last.task_index) + 8, y: l.at + 4, "data-full": l.full, text: l.text }, title(l.tip)))),
       h("p", { id: "curve-caption", class: "caption", title: exactCaption, text: caption }),
       h("p", { class: "legend" },
         h("span", { class: "swatch swatch-guarantee" }), "guarantee ε of every release so far (valid under adaptive stopping; replays of committed noise are post-processing: L2DP-ML Thm. 2) ",
@@ -887,7 +917,8 @@
         ])),
       h("section", { class: "card", id: "section-inputs" },
         h("h2", { text: "Inputs" }),
-        h("h3", { text: "Budget" }), pre(inputs.budget, "cert-budget"),
+        h("h3", { text: "Budget" }), budgetInWords(inputs.budget || {}, cert),
+        h("details", { class: "internals", id: "cert-budget-details" }, h("summary", { text: "the budget's internals (JSON: delta_weights, orders, …)" }), pre(inputs.budget, "cert-budget")),
         h("h3", { text: "Charge (the mechanism event, and its noise commitment)" }), pre(inputs.charge, "cert-event"),
         inputs.partial_event ? [h("h3", { text: "Partial event (the run released so far)" }), pre(inputs.partial_event)] : null,
         h("h3", { text: "Batches touched" + (inputs.batch_set ? " (" + inputs.batch_set.count + ", by class)" : "") }),
@@ -990,6 +1021,14 @@
     return step + " / " + total + " steps (" + Math.floor((step / total) * 100) + "%)";
   }
 
+  /** Metric name and value pairs, each kept on one line (a name never breaks mid-word). */
+  function metricItems(metrics) {
+    if (!metrics || Object.keys(metrics).length === 0) return "—";
+    // A snake_case name may break only after an underscore (a word boundary), never inside a word.
+    const name = (k) => k.split("_").map((part, i, all) => [part + (i < all.length - 1 ? "_" : ""), i < all.length - 1 ? h("wbr", {}) : null]);
+    return Object.entries(metrics).slice(0, 4).map(([k, v]) => h("span", { class: "metric", title: k + " " + String(v) }, h("span", { class: "metric-name", "data-name": k }, name(k)), " " + formatMetric(v)));
+  }
+
   function metricsText(metrics) {
     if (!metrics) return "—";
     return Object.entries(metrics).slice(0, 4).map(([k, v]) => k + " " + formatMetric(v)).join(" · ");
@@ -1009,13 +1048,15 @@
     const holder = h("div", { id: "jobs-panel" });
     add(view, holder);
     live.hidden = false;
+    const names = await datasetNames();
     await tick();
 
     async function tick() {
       try {
         const page = await api("/v1/jobs?limit=100");
+        const held = await reservedOf(page.data);
         if (gen !== generation) return;
-        fill(holder, jobsTable(page));
+        fill(holder, jobsTable(page, names, held));
       } catch (error) {
         if (gen !== generation) return;
         showError(error);
@@ -1025,18 +1066,58 @@
     }
   }
 
-  function jobsTable(page) {
+  /** `{dataset id: name}` of the tenant's datasets (one call: GET /v1/spend). */
+  async function datasetNames() {
+    const names = {};
+    try {
+      const page = await api("/v1/spend?limit=1000");
+      for (const d of page.data) names[d.id] = d.name;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 401) throw error;
+    }
+    return names;
+  }
+
+  /** The open reservation of each running job: what it holds (its reserved cost) until it commits. */
+  async function reservedOf(jobs) {
+    const held = {};
+    await Promise.all(jobs.filter((j) => j.reservation_id && !TERMINAL.has(j.status)).map(async (j) => {
+      try {
+        const r = await api("/v1/reservations/" + encodeURIComponent(j.reservation_id));
+        if (r.status === "reserved") held[j.id] = r;
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 401) throw error;
+      }
+    }));
+    return held;
+  }
+
+  /** A job's ε: while it runs, what its reservation holds (reserved, not yet spent); after, what it committed. */
+  function jobEpsilon(job, reservation, attrs) {
+    if (reservation && reservation.cost) {
+      return h("td", Object.assign({ class: "num epsilon reserved", title: "reserved ε " + reservation.cost.epsilon + " (held while the job runs), committed " + job.epsilon_committed, "data-full": reservation.cost.epsilon }, attrs || {}),
+        h("span", { class: "reserved-epsilon", text: sig(reservation.cost.epsilon, "up") }),
+        h("span", { class: "muted small block", text: "reserved · committed " + sig(job.epsilon_committed, "up") }));
+    }
+    return exact("td", Object.assign({ class: "num epsilon" }, attrs || {}), job.epsilon_committed, "up");
+  }
+
+  function jobsTable(page, names, held) {
+    names = names || {};
+    held = held || {};
     if (page.count === 0) return h("p", { class: "empty", text: "No jobs yet. Queue one with POST /v1/jobs (a trainer key)." });
     return h("table", { id: "jobs-table", class: "table jobs" },
-      h("thead", {}, h("tr", {}, ["Job", "Dataset", "Algorithm", "Status", "Progress", "budget share ε", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
+      h("thead", {}, h("tr", {}, ["Job", "Dataset · model", "Algorithm", "Status", "Progress", "ε reserved / committed", "Metrics", "Versions", "Updated"].map((t) => h("th", { text: t })))),
       h("tbody", {}, page.data.map((j) => h("tr", { "data-job-id": j.id },
         h("td", {}, h("a", { class: "mono id", href: "#/jobs/" + encodeURIComponent(j.id), text: j.id })),
-        h("td", {}, h("a", { class: "mono small id", href: "#/datasets/" + encodeURIComponent(j.dataset_id), text: j.dataset_id })),
+        h("td", { class: "names" },
+          h("a", { class: "dataset-name", href: "#/datasets/" + encodeURIComponent(j.dataset_id), title: j.dataset_id, text: names[j.dataset_id] || j.dataset_id }),
+          h("a", { class: "small block model-name", href: "#/models/" + encodeURIComponent(j.model_name), text: j.model_name })),
         h("td", { text: j.algorithm }),
         h("td", { class: "status" }, statusChip(j.status), failureReason(j)),
         h("td", { class: "progress-cell" }, progressBar(j), h("span", { class: "small block progress-text", text: progressText(j) })),
-        exact("td", { class: "num epsilon" }, j.epsilon_committed, "up"),
-        h("td", { class: "small metrics", text: metricsText(j.metrics) }),
+        jobEpsilon(j, held[j.id]),
+        h("td", { class: "small metrics" }, metricItems(j.metrics)),
         h("td", { class: "num", text: String((j.versions || []).length) }),
         h("td", { class: "small", text: when(j.updated_at) })))));
   }
@@ -1065,8 +1146,10 @@
       let job = null;
       try {
         job = await api("/v1/jobs/" + encodeURIComponent(id));
+        const reservation = (await reservedOf([job]))[job.id] || null;
         if (gen !== generation) return;
         polls += 1;
+        job.reservation = reservation;
         const key = (job.versions || []).map((v) => v.name + "@" + v.version).join(",");
         if (key !== versionsKey) {
           versionsKey = key;
@@ -1097,6 +1180,7 @@
           h("span", { class: "muted", text: " · model " + job.model_name + " · attempt " + job.attempts + " of " + job.max_attempts })),
         h("div", { class: "job-progress" }, progressBar(job, "job-progress"), h("span", { id: "job-progress-text", text: progressText(job) })),
         h("div", { class: "stats" },
+          job.reservation ? h("div", { class: "stat" }, h("div", { class: "stat-label", text: "ε reserved (held while it runs)" }), exact("div", { class: "stat-value", id: "job-reserved" }, job.reservation.cost.epsilon, "up")) : null,
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "budget share ε committed (not a guarantee)" }), exact("div", { class: "stat-value", id: "job-epsilon" }, job.epsilon_committed, "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "δ committed" }), exact("div", { class: "stat-value" }, job.delta_committed || "0", "up")),
           h("div", { class: "stat" }, h("div", { class: "stat-label", text: "started" }), h("div", { class: "stat-value small", text: when(job.started_at) })),
@@ -1151,6 +1235,8 @@
       if (error instanceof ApiError && error.status === 401) throw error;
       certificates = {};
     }
+    const known = versions.map((v) => certificates[v.version]).filter(Boolean);
+    add(wrapper, metricCurves(known));
     add(wrapper, h("table", { class: "table compact", id: "versions-table" },
       h("thead", {}, h("tr", {}, ["Version", "Step", "Metrics", "Certificate", "Weights"].map((t) => h("th", { text: t })))),
       h("tbody", {}, versions.map((v) => {
@@ -1215,11 +1301,13 @@
     const sampler = mech.sampler || null;
     const spec = v.model_spec || null;
     fill(view,
-      h("p", { class: "crumbs" }, h("a", { href: "#/jobs/" + encodeURIComponent(v.job_id), text: "Job " + v.job_id }), " / " + v.name + " v" + v.version),
+      h("p", { class: "crumbs" }, h("a", { href: "#/models", text: "Models" }), " / ",
+        h("a", { href: "#/models/" + encodeURIComponent(v.name), text: v.name }),
+        v.job_id ? [" · trained by ", h("a", { href: "#/jobs/" + encodeURIComponent(v.job_id), text: "job " + v.job_id })] : " · trained outside the service", " / v" + v.version),
       h("h1", { text: v.name + " v" + v.version }),
       h("section", { class: "card", id: "section-statement" },
         h("h2", { text: "DP statement" }),
-        h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate and its job's plan; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
+        h("p", { class: "muted", text: "Derived by the ledger from the version's signed certificate" + (v.job_id ? " and its job's plan" : " alone (the model was trained outside the service: nothing its trainer states enters it)") + "; fields of " + (st.guidelines || "the reporting guidelines") + ". `ledger model-card " + v.name + " " + v.version + "` renders it as a model card." }),
         dl([
           ["guarantee of this model", st.guarantee ? h("span", {}, "(ε ≤ ", exact("span", { id: "statement-epsilon" }, st.guarantee.epsilon, "up"), ", δ ≤ ", exact("span", { id: "statement-delta" }, st.guarantee.delta, "up"), ")-DP — " + st.guarantee.scope + (st.guarantee.covers ? "; it covers " + st.guarantee.covers : "")) : null],
           ["this run alone", st.run_alone ? h("span", { id: "statement-run-alone" }, "(ε ≤ ", exact("span", {}, st.run_alone.epsilon, "up"), ", δ ≤ ", exact("span", {}, st.run_alone.delta, "up"), ")-DP by " + st.run_alone.accountant + " — " + st.run_alone.scope +
@@ -1235,13 +1323,18 @@
           ["noise multiplier σ", mech.noise_multiplier === null || mech.noise_multiplier === undefined ? null : String(mech.noise_multiplier), "statement-sigma"],
           ["clipping norm C", mech.clipping_norm !== null && mech.clipping_norm !== undefined ? String(mech.clipping_norm) : mech.clipping_norm_source, "statement-clipping"],
           ["public / pre-trained data", st.public_data],
-          ["budget remaining", st.budget ? h("span", {}, "ε ", exact("span", { id: "statement-remaining" }, st.budget.epsilon_remaining, "down"), " of ", exact("span", {}, st.budget.epsilon),
+          ["budget remaining", st.budget ? h("span", {}, "ε ", remainingOf("span", { id: "statement-remaining" }, st.budget.epsilon_remaining, st.budget.epsilon), " of ", exact("span", {}, st.budget.epsilon),
             st.budget.delta_remaining === null ? "" : [", δ ", exact("span", {}, st.budget.delta_remaining, "down")], " — " + st.budget.scope + "; " + st.budget.delta_note) : null],
           ["certificate", st.certificate ? h("a", { href: "#/certificates/" + encodeURIComponent(st.certificate.id), text: st.certificate.id }) : null],
         ])),
       h("section", { class: "card", id: "section-model" },
         h("h2", { text: "Model" }),
-        spec ? dl([
+        spec && spec.kind === "external" ? dl([
+          ["origin", "trained outside the service, registered against the certificate of its release", "model-origin"],
+          ["architecture (as registered)", spec.architecture, "model-architecture"],
+          ["preprocessing (as registered)", spec.preprocessing, "model-preprocessing"],
+          ["get it", "LedgerClient(url, key).download_artifact(" + JSON.stringify(v.name) + ", " + v.version + ")"],
+        ]) : spec ? dl([
           ["architecture", spec.model + " " + JSON.stringify(spec.hidden) + ", " + spec.n_features + " inputs → " + spec.num_classes + " class logits", "model-architecture"],
           ["preprocessing", JSON.stringify(spec.preprocessing), "model-preprocessing"],
           ["data source", spec.data_source],
@@ -1249,6 +1342,279 @@
         ]) : h("p", { class: "empty", text: "This version records no architecture (published before it was recorded, or a staged trainer's): download the weights." }),
         h("h3", { text: "Metrics" }), pre(v.metrics || {}, "model-metrics"),
         h("h3", { text: "Weights" }), downloadButton(v)));
+  }
+
+
+  // ------------------------------------------------------------------------------------------
+  // ε over releases (every dataset): spent and the guarantee after each release, the budget line
+
+  function epsilonOverReleases(answer, spend) {
+    const releases = (answer.data || []).slice().reverse();  // oldest first
+    if (releases.length === 0) return h("p", { class: "empty", text: "No releases yet." });
+    const W = 760, H = 240, L = 56, R = 150, T = 14, B = 40;
+    const budget = num(spend.epsilon_budget);
+    const heldNow = num(spend.epsilon_held);
+    const last = releases[releases.length - 1];
+    const guaranteeOf = (r) => (r.guarantee ? r.guarantee.epsilon : r.epsilon);
+    const share = isShare(spend.epsilon_spent_is);
+    const yTop = Math.max(budget, num(last.epsilon) + heldNow, ...releases.map((r) => Math.max(num(r.epsilon), num(guaranteeOf(r))))) * 1.08 || 1;
+    const n = releases.length;
+    const x = (i) => L + (n === 1 ? 0.5 : i / (n - 1)) * (W - L - R);
+    const y = (v) => T + (1 - v / yTop) * (H - T - B);
+    const step = (value) => releases.map((r, i) => (i ? "H" + x(i).toFixed(1) + " V" : "M" + x(i).toFixed(1) + " ") + y(num(value(r))).toFixed(1)).join(" ");
+    const yTicks = niceTicks(yTop, 5).filter((t) => t <= yTop);
+    const every = Math.max(1, Math.ceil(n / 10));
+    const labels = layoutLabels([
+      { key: "budget", y: y(budget), text: "budget " + sig(spend.epsilon_budget), full: spend.epsilon_budget, cls: "budget-text" },
+      { key: "spent", y: y(num(last.epsilon)), text: (share ? "used " : "spent ") + sig(last.epsilon, "up"), full: last.epsilon, cls: "spent-text" },
+      last.guarantee && last.guarantee.epsilon !== last.epsilon ? { key: "guarantee", y: y(num(last.guarantee.epsilon)), text: "guarantee " + sig(last.guarantee.epsilon, "up"), full: last.guarantee.epsilon, cls: "guarantee-text" } : null,
+      heldNow > 0 ? { key: "held", y: y(num(last.epsilon) + heldNow), text: "+ held " + sig(spend.epsilon_held, "up"), full: spend.epsilon_held, cls: "held-text" } : null,
+    ].filter(Boolean), T + 4, H - B - 2);
+    const caption = n + " release" + (n === 1 ? "" : "s") + " · ε spent after the last " + sig(last.epsilon, "up") + " of the budget " + sig(spend.epsilon_budget) +
+      (heldNow > 0 ? " · held now " + sig(spend.epsilon_held, "up") : "");
+    return h("div", {},
+      s("svg", { id: "epsilon-over-time", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
+        yTicks.map((t) => [s("line", { class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t) }), s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })]),
+        releases.map((r, i) => (i % every === 0 || i === n - 1) ? s("text", { class: "tick", x: x(i), y: H - B + 16, "text-anchor": "middle", text: "v" + r.version }, title(r.model + " v" + r.version + " · " + when(r.created_at))) : null),
+        s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "releases, oldest first" }),
+        s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + spend.epsilon_budget)),
+        heldNow > 0 ? s("rect", { class: "held-band", x: x(n - 1) - 6, y: y(num(last.epsilon) + heldNow), width: 12, height: Math.max(1, y(num(last.epsilon)) - y(num(last.epsilon) + heldNow)) }, title("held now by open reservations: ε " + spend.epsilon_held)) : null,
+        s("path", { class: "series-spent", d: step((r) => r.epsilon) }),
+        s("path", { class: "series-guarantee", d: step(guaranteeOf) }),
+        releases.map((r, i) => s("circle", { class: "pt-release", cx: x(i), cy: y(num(r.epsilon)), r: 3.5, "data-epsilon": r.epsilon, "data-version": r.version },
+          title(r.model + " v" + r.version + ": ε spent after " + r.epsilon + ", budget share " + r.charge.epsilon + (r.guarantee ? ", guarantee ε " + r.guarantee.epsilon : "")))),
+        labels.map((l) => s("text", { class: "series-label " + l.cls, x: W - R + 6, y: l.at + 4, "data-full": l.full, text: l.text }))),
+      h("p", { id: "epsilon-over-time-caption", class: "caption", text: caption }),
+      h("p", { class: "legend" },
+        h("span", { class: "swatch swatch-spent" }), share ? "budget used after each release (the Rényi filter's progress: a budget share, not a DP guarantee) " : "ε spent after each release (max over batches) ",
+        h("span", { class: "swatch swatch-guarantee-line" }), "guarantee of the release (every release so far) ",
+        h("span", { class: "swatch swatch-held" }), "held now by open reservations ",
+        h("span", { class: "swatch swatch-budget" }), "budget"));
+  }
+
+  /** End labels of a chart, kept at least `gap` px apart (in y order), inside [top, bottom]. */
+  function layoutLabels(labels, top, bottom, gap) {
+    gap = gap || 14;
+    const sorted = labels.slice().sort((a, b) => a.y - b.y);
+    let previous = -Infinity;
+    for (const l of sorted) {
+      l.at = Math.max(l.y, previous + gap, top);
+      previous = l.at;
+    }
+    const overflow = previous - bottom;
+    if (overflow > 0) for (const l of sorted) l.at -= overflow;
+    return sorted;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Models: the index, one model's versions with a privacy–utility view
+
+  async function modelsPage(gen, offset) {
+    const limit = 100;
+    const [page, names] = await Promise.all([api("/v1/models?limit=" + limit + "&offset=" + offset), datasetNames()]);
+    if (gen !== generation) return;
+    fill(view, h("h1", { text: "Models" }),
+      h("p", { class: "muted", text: "Every released model version of this tenant: trained by the service's worker, or outside it and registered against the certificate of its release (PUT /v1/models/{name}/versions/{v})." }));
+    if (page.count === 0) {
+      add(view, h("p", { class: "empty", text: "No models yet. A job publishes its versions; a model trained outside is registered with LedgerClient.register_model_version." }));
+      return;
+    }
+    add(view, h("table", { id: "models-table", class: "table" },
+      h("thead", {}, h("tr", {}, ["Model", "Versions", "Trained outside", "Latest", "Latest at", "Datasets"].map((t) => h("th", { text: t })))),
+      h("tbody", {}, page.data.map((m) => h("tr", { "data-model": m.name },
+        h("td", { class: "name" }, h("a", { href: "#/models/" + encodeURIComponent(m.name), text: m.name })),
+        h("td", { class: "num versions", text: String(m.versions) }),
+        h("td", { class: "num external", text: String(m.external_versions) }),
+        h("td", {}, h("a", { href: modelHref(m.name, m.latest_version), text: "v" + m.latest_version })),
+        h("td", { class: "small", text: when(m.latest_created_at) }),
+        h("td", { class: "small" }, m.dataset_ids.map((id, i) => [i ? ", " : "", h("a", { href: "#/datasets/" + encodeURIComponent(id), title: id, text: names[id] || id })])))))));
+    add(view, pager(offset, limit, page.count, "models", (next) => modelsPage(gen, next).catch(showError)));
+  }
+
+  async function modelPage(gen, name) {
+    const page = await api("/v1/models/" + encodeURIComponent(name) + "/versions?limit=1000");
+    if (gen !== generation) return;
+    const versions = page.data;
+    fill(view,
+      h("p", { class: "crumbs" }, h("a", { href: "#/models", text: "Models" }), " / ", name),
+      h("h1", { id: "model-name", text: name }),
+      section("Privacy and utility", "privacy-utility", privacyUtility(versions)),
+      section("Versions", "model-versions", h("table", { class: "table compact", id: "model-versions-table" },
+        h("thead", {}, h("tr", {}, ["Version", "Origin", "Guarantee ε", "δ", "Metrics", "Certificate", "Created"].map((t) => h("th", { text: t })))),
+        h("tbody", {}, versions.map((v) => h("tr", { "data-version": v.version },
+          h("td", {}, h("a", { href: modelHref(v.name, v.version), text: "v" + v.version })),
+          h("td", {}, v.job_id ? h("a", { class: "mono small id", href: "#/jobs/" + encodeURIComponent(v.job_id), text: "job " + v.job_id }) : h("span", { class: "chip", text: "external" })),
+          exact("td", { class: "num guarantee-epsilon" }, v.guarantee ? v.guarantee.epsilon : null, "up"),
+          exact("td", { class: "num" }, v.guarantee ? v.guarantee.delta : null, "up"),
+          h("td", { class: "small metrics" }, metricItems(v.metrics)),
+          h("td", {}, h("a", { class: "mono small id", href: "#/certificates/" + encodeURIComponent(v.certificate_id), text: v.certificate_id })),
+          h("td", { class: "small", text: when(v.created_at) })))))));
+  }
+
+  /** The metric names of `versions` that are numbers in at least one (``step`` left out). */
+  function numericMetrics(versions) {
+    const names = [];
+    for (const v of versions) for (const [k, value] of Object.entries(v.metrics || {})) {
+      if (typeof value === "number" && k !== "step" && k !== "stage" && names.indexOf(k) < 0) names.push(k);
+    }
+    const preferred = ["accuracy", "test_accuracy", "val_accuracy"];
+    names.sort((a, b) => (preferred.indexOf(b) >= 0) - (preferred.indexOf(a) >= 0));
+    return names;
+  }
+
+  /** Each version's metric against its guarantee ε (a scatter; pick the metric). */
+  function privacyUtility(versions) {
+    const metrics = numericMetrics(versions);
+    const holder = h("div", { id: "privacy-utility-panel" });
+    if (metrics.length === 0) return add(holder, h("p", { class: "empty", text: "No version records a numeric metric." }));
+    const select = h("select", { id: "utility-metric", "aria-label": "metric" }, metrics.map((m) => h("option", { value: m, text: m })));
+    const chart = h("div", {});
+    select.addEventListener("change", () => fill(chart, draw(select.value)));
+    fill(chart, draw(metrics[0]));
+    return add(holder, h("p", { class: "muted" }, "Metric ", select, " against each version's guarantee ε (its certificate's, valid for every release from the batches it read). Metrics are the trainer's own evaluation."), chart);
+
+    function draw(metric) {
+      const points = versions.filter((v) => v.guarantee && typeof (v.metrics || {})[metric] === "number");
+      const W = 640, H = 260, L = 56, R = 24, T = 14, B = 40;
+      const xs = points.map((v) => num(v.guarantee.epsilon));
+      const ys = points.map((v) => v.metrics[metric]);
+      const xTop = Math.max(...xs, 0) * 1.1 || 1;
+      const yMin = Math.min(...ys, 0), yMax = Math.max(...ys, 0) * 1.1 || 1;
+      const x = (v) => L + (v / xTop) * (W - L - R);
+      const y = (v) => T + (1 - (v - yMin) / (yMax - yMin || 1)) * (H - T - B);
+      return s("svg", { id: "privacy-utility", class: "chart chart-narrow", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": metric + " against guarantee ε" },
+        niceTicks(xTop, 5).filter((t) => t <= xTop).map((t) => [s("line", { class: "grid", x1: x(t), x2: x(t), y1: T, y2: H - B }), s("text", { class: "tick", x: x(t), y: H - B + 16, "text-anchor": "middle", text: short(t) })]),
+        niceTicks(yMax - yMin, 4).map((t) => t + yMin).filter((t) => t <= yMax).map((t) => s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })),
+        s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "guarantee ε" }),
+        s("text", { class: "axis-title", x: 12, y: (T + H - B) / 2, "text-anchor": "middle", transform: "rotate(-90 12 " + (T + H - B) / 2 + ")", text: metric }),
+        points.map((v) => s("g", { class: "pu-point", "data-version": v.version, "data-epsilon": v.guarantee.epsilon, "data-metric": String(v.metrics[metric]) },
+          s("circle", { cx: x(num(v.guarantee.epsilon)), cy: y(v.metrics[metric]), r: 4.5, class: v.job_id ? "pt-job" : "pt-external" },
+            title("v" + v.version + ": guarantee ε " + v.guarantee.epsilon + ", " + metric + " " + v.metrics[metric])),
+          s("text", { class: "tick", x: x(num(v.guarantee.epsilon)) + 7, y: y(v.metrics[metric]) - 6, text: "v" + v.version }))));
+    }
+  }
+
+  /** Each numeric metric of a job's released checkpoints against their step (the curves the
+   * worker records: one point per published version). */
+  function metricCurves(versions) {
+    const withStep = versions.filter((v) => v.metrics && typeof v.metrics.step === "number");
+    const metrics = numericMetrics(withStep);
+    if (withStep.length < 2 || metrics.length === 0) return null;
+    const W = 440, H = 170, L = 50, R = 56, T = 12, B = 34;
+    const steps = withStep.map((v) => v.metrics.step);
+    const xMax = Math.max(...steps) || 1;
+    const x = (v) => L + (v / xMax) * (W - L - R);
+    return h("div", { id: "metric-curves-panel" }, h("h3", { text: "Metrics per step (the released checkpoints)" }), h("div", { id: "metric-curves" }, metrics.slice(0, 4).map((metric) => {
+      const points = withStep.filter((v) => typeof v.metrics[metric] === "number");
+      const ys = points.map((v) => v.metrics[metric]);
+      const lo = Math.min(...ys), hi = Math.max(...ys);
+      const pad = (hi - lo) * 0.1 || Math.abs(hi) * 0.1 || 1;
+      const y = (v) => T + (1 - (v - (lo - pad)) / (hi - lo + 2 * pad)) * (H - T - B);
+      const d = points.map((v, i) => (i ? "L" : "M") + x(v.metrics.step).toFixed(1) + " " + y(v.metrics[metric]).toFixed(1)).join(" ");
+      const lastPoint = points[points.length - 1];
+      return h("div", { class: "curve" }, h("div", { class: "small curve-name", title: metric, text: metric }), s("svg", { class: "chart metric-curve", "data-metric": metric, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": metric + " per step" },
+        [lo, hi].map((t) => s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })),
+        [0, xMax].map((t) => s("text", { class: "tick", x: x(t), y: H - B + 16, "text-anchor": "middle", text: String(t) })),
+        s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", text: "step" }),
+        s("path", { class: "series-metric", d }),
+        points.map((v) => s("circle", { class: "pt-metric", cx: x(v.metrics.step), cy: y(v.metrics[metric]), r: 3 }, title("v" + v.version + " (step " + v.metrics.step + "): " + metric + " " + v.metrics[metric]))),
+        s("text", { class: "series-label", x: W - R + 8, y: y(lastPoint.metrics[metric]) + 4, text: formatMetric(lastPoint.metrics[metric]) })));
+    })));
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // The audit log: a dataset's hash chain, entry by entry, and its verification
+
+  const AUDIT_PAGE = 200;
+
+  async function auditPage(gen, datasetId) {
+    const spend = await api("/v1/spend?limit=1000");
+    if (gen !== generation) return;
+    fill(view, h("h1", { text: "Audit log" }),
+      h("p", { class: "muted", text: "Each dataset's append-only hash chain: every reservation, commit, abort, publication and administrative change, each entry hashing the one before it; the head is signed by the server (GET /v1/datasets/{id}/audit). Verification recomputes the whole chain on the server." }));
+    if (spend.count === 0) {
+      add(view, h("p", { class: "empty", text: "No datasets yet, so no chains." }));
+      return;
+    }
+    const chosen = datasetId || spend.data[0].id;
+    const select = h("select", { id: "audit-dataset", "aria-label": "dataset" },
+      spend.data.map((d) => h("option", { value: d.id, selected: d.id === chosen, text: d.name + " (" + d.id + ")" })));
+    select.addEventListener("change", () => { window.location.hash = "#/audit/" + encodeURIComponent(select.value); });
+    const status = h("span", { id: "audit-verify", class: "verify-result pending", text: "verifying…" });
+    const entries = h("div", { id: "audit-entries-panel" });
+    add(view, h("div", { class: "verify-row" }, h("label", { for: "audit-dataset", text: "Dataset " }), select, status), entries);
+    const path = "/v1/datasets/" + encodeURIComponent(chosen) + "/audit";
+    const [page, verified] = await Promise.all([
+      api(path + "?after=0&limit=" + AUDIT_PAGE),
+      api("/v1/audit/verify?dataset_id=" + encodeURIComponent(chosen)).catch((error) => ({ ok: false, reason: error.message })),
+    ]);
+    if (gen !== generation) return;
+    status.className = "verify-result " + (verified.ok ? "ok" : "bad");
+    status.textContent = verified.ok ? "chain verified: " + verified.entries + " entries, hashes and links recomputed" : "NOT verified — " + (verified.reason || JSON.stringify(verified));
+    draw(page, [0]);
+
+    function draw(answer, starts) {
+      fill(entries,
+        answer.head ? h("p", { class: "small muted", id: "audit-head" }, "Head: entry " + answer.head.chain_seq + " · ", h("span", { class: "mono", text: answer.head.hash }), answer.head.signature ? " · signed by key " + answer.head.signature.key_id : "") : null,
+        answer.data.length === 0 ? h("p", { class: "empty", text: "No entries." }) :
+          h("table", { class: "table compact", id: "audit-table" },
+            h("thead", {}, h("tr", {}, ["#", "Time", "Event", "What", "Hash"].map((t) => h("th", { text: t })))),
+            h("tbody", {}, answer.data.map((e) => h("tr", { "data-seq": e.chain_seq, "data-event": e.event_type },
+              h("td", { class: "num", text: String(e.chain_seq) }),
+              h("td", { class: "small nowrap", text: when(e.created_at) }),
+              h("td", {}, h("span", { class: "chip event", text: e.event_type })),
+              h("td", { class: "small payload", title: JSON.stringify(e.payload) }, payloadText(e.payload)),
+              h("td", { class: "mono small", title: e.hash + " (previous " + e.prev_hash + ")", text: e.hash.slice(0, 12) + "…" }))))),
+        h("div", { class: "pager", id: "audit-pager" },
+          h("button", { type: "button", id: "audit-prev", disabled: starts.length < 2, text: "‹ Previous", onclick: () => {
+            const back = starts.slice(0, -1);
+            load(back[back.length - 1], back);
+          } }),
+          h("button", { type: "button", id: "audit-next", disabled: answer.next_after === null || answer.next_after === undefined, text: "Next ›", onclick: () => load(answer.next_after, starts.concat([answer.next_after])) })));
+    }
+
+    function load(after, starts) {
+      api(path + "?after=" + after + "&limit=" + AUDIT_PAGE)
+        .then((answer) => { if (gen === generation) draw(answer, starts); })
+        .catch(showError);
+    }
+  }
+
+  /** An audit payload in a line: its fields, with links to what they name. */
+  function payloadText(payload) {
+    if (!payload || typeof payload !== "object") return String(payload);
+    const parts = [];
+    for (const [k, v] of Object.entries(payload)) {
+      if (v === null || v === undefined) continue;
+      let shown;
+      if (k === "certificate_id") shown = h("a", { href: "#/certificates/" + encodeURIComponent(v), text: String(v) });
+      else if (typeof v === "object") shown = clip(JSON.stringify(v), 60);
+      else shown = clip(String(v), 60);
+      parts.push(h("span", { class: "field" }, h("span", { class: "muted", text: k + " " }), shown));
+    }
+    return parts;
+  }
+
+  /** A budget in words: the rule and how it composes under its accountant, ε, δ (the theorem is
+   * in "Rule and theorem"; the JSON internals are folded below). */
+  function budgetInWords(budget, cert) {
+    const rule = budget.rule || cert.rule;
+    const accountant = budget.accountant || cert.accountant;
+    const sequential = {
+      basic: "sequential composition: every charge on a batch adds up (basic composition)",
+      rdp: "sequential composition under a Rényi privacy filter per batch: charges compose as Rényi DP and the budget holds under adaptive choices",
+      prv: "sequential composition of declared plan segments, each priced tightly (PRV) and summed",
+    };
+    const words = {
+      sequential: sequential[accountant] || "sequential composition",
+      parallel: "parallel composition: disjoint batches each charged once, the maximum counts",
+      lifelong: "lifelong (L2DP-ML): a constant ε however many tasks; replays of committed noise are free",
+      geometric: "geometric series: level k allows first·ratioᵏ, each level used once per block",
+    };
+    return h("p", { id: "cert-budget-words" },
+      (words[rule] || rule) + ". Budget ε " + (budget.epsilon === undefined ? "—" : budget.epsilon) + ", δ " + (budget.delta === undefined ? "—" : budget.delta) +
+      ", accountant " + accountant + ".",
+      h("span", { class: "muted", text: " The theorem it rests on is under Rule and theorem." }));
   }
 
   // ------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ writes nothing."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -102,6 +103,16 @@ def test_release_through_the_gate_then_refused_before_touching_data(
         assert sorted(p.name for p in output.iterdir()) == [checkpoint.name]
         after = admin.spend(dataset["id"])
         assert after["epsilon_spent"] == spent and after["reservations_open"] == 0
+
+        # the weights are registered under the certificate: version, DP statement, model card
+        version = admin.get_model_version("opacus-digits", 1)
+        assert version["origin"] == "external" and version["certificate_id"] == released["certificate_id"]
+        assert version["dp_statement"]["guarantee"]["epsilon"] == "1.2"
+        weights = admin.download_artifact("opacus-digits", 1).content
+        assert set(torch.load(io.BytesIO(weights), weights_only=True)) == set(saved["state_dict"])
+        assert ledger_main(["model-card", "--url", server.base_url, "--key", server.admin_key,
+                            "opacus-digits", "1"]) == 0  # fmt: skip
+        assert released["certificate_id"] in capsys.readouterr().out
 
         # and the CI gate agrees with what was released
         assert ledger_main(["check", "--url", server.base_url, "--key", server.admin_key,

@@ -454,3 +454,57 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
     migrations.downgrade(empty_database_url, BEFORE_CHARGED_ABORTS)
     migrations.upgrade(empty_database_url)
     assert _diff(empty_database_url) == []
+
+
+BEFORE_EXTERNAL_VERSIONS = "f3b8a1c42d90"
+
+
+def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: URL, tmp_path: Path) -> None:
+    """A version trained outside the service names no job (``model_versions.job_id`` NULL); code
+    from before reads every version's job. The downgrade refuses while one exists and changes
+    nothing."""
+    import hashlib
+
+    from service.db.session import Database
+    from service.ledger import batches, datasets, reservations, tenancy
+    from service.ledger import model_registry as registry
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        tenancy.create_tenant(db, "acme")
+        budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        task = batches.create_task(db, "acme", dataset, name="t")
+        (batch,) = batches.create_batches(
+            db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
+        )["data"]
+        held = reservations.reserve(
+            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+        )
+        certificate = reservations.commit(db, "acme", held["id"], release={"model": "ext", "version": 1})
+        upload = registry.ArtifactUpload(tmp_path / "artifacts", max_bytes=1024)
+        upload.write(b"weights")
+        registry.register_external(
+            db,
+            tmp_path / "artifacts",
+            upload,
+            tenant_id="acme",
+            name="ext",
+            version=1,
+            certificate_id=certificate["certificate"]["id"],
+            sha256=hashlib.sha256(b"weights").hexdigest(),
+            fmt="bytes",
+            architecture="a",
+            preprocessing="p",
+        )
+    finally:
+        db.dispose()
+    try:
+        migrations.downgrade(empty_database_url, BEFORE_EXTERNAL_VERSIONS)
+    except RuntimeError as exc:
+        assert "ext v1" in str(exc) and "a7c2e5d8b3f1" in str(exc)
+    else:
+        raise AssertionError("the downgrade went through with an external model version")
+    assert migrations.is_up_to_date(empty_database_url)
+    assert (tmp_path / "artifacts" / "acme" / "ext" / "v1.bin").read_bytes() == b"weights"

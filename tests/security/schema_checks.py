@@ -42,6 +42,9 @@ RELATIONS: Final[dict[str, re.Pattern[str]]] = {
     ),
     "pricing work within the server's limit": re.compile(r"costs too much to (price|verify)"),
     "plan_delta <= budget delta": re.compile(r"^budget\.plan_delta must be in \(0, budget\.delta = "),
+    # an external model version's metrics (a JSON text in the query) and artifact (the body)
+    "metrics is a JSON object of finite numbers": re.compile(r"^metrics(\.\S+)? (must|names)"),
+    "artifact is not empty": re.compile(r"^artifact is empty"),
 }
 RELATION_REFUSALS: Counter[str] = Counter()
 

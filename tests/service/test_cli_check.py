@@ -307,9 +307,7 @@ def test_export_then_check_the_bundle_offline(
     history = next(c for c in json.loads(out)["checks"] if c["name"] == "history")
     assert history["detail"].startswith("4 settlement(s) chained per batch from the empty state over 3")
     artifacts = next(c for c in json.loads(out)["checks"] if c["name"] == "artifacts")
-    assert artifacts["detail"].endswith(
-        "; 1 published before releases stated their artifact (bytes not certified)"
-    )
+    assert artifacts["detail"].endswith("; 1 whose certificate states no artifact (bytes not certified)")
     code, out, _ = run(
         ["check", "--bundle", str(path), "--trusted-keys", str(keys), "--max-epsilon", "0.45"], capsys
     )
@@ -375,7 +373,7 @@ def test_artifacts_are_compared_offline(
     artifacts = next(c for c in json.loads(out)["checks"] if c["name"] == "artifacts")
     assert artifacts["detail"] == (
         "1 version(s) record the artifact SHA-256 their signed certificate states (bytes not "
-        "downloaded offline); 1 published before releases stated their artifact (bytes not certified)"
+        "downloaded offline); 1 whose certificate states no artifact (bytes not certified)"
     )
 
     for swapped in (hashlib.sha256(b"other weights").hexdigest(), None):

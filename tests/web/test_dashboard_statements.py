@@ -2,7 +2,8 @@
 SQLite: every number says what it is. The datasets table shows each dataset's (ε, δ) guarantee
 beside what its budget used, labelled a budget share where it is a Rényi filter's progress; the
 lifelong chart draws the guarantee as its primary series and the filter's progress as a budget
-share; a "Remaining" that is a tiny positive is shown rounded down to 4 significant digits, not 0.
+share; a "Remaining" that is a tiny positive is shown at the budget's precision, rounded down: 0
+(issue 28), its exact value on hover.
 
 Screenshots go to ``test-artifacts/dashboard/`` (``20-*`` and on).
 """
@@ -160,15 +161,16 @@ def test_the_datasets_table_shows_the_guarantee_beside_the_budget_used(driver: A
     nearly = shown[world.nearly_spent]
     assert nearly.find_elements("css selector", "td.spent .share-note") == []
     assert nearly.find_element("css selector", "td.guarantee .guarantee-epsilon").text == "1"  # up
-    # A tiny positive remaining, rounded down to 4 significant digits: not 0.
+    # A tiny positive remaining is shown at the budget's precision, rounded down: 0 (issue 28;
+    # the exact value stays on hover and copy).
     remaining = nearly.find_element("css selector", "td.remaining")
     assert world.get(f"/v1/datasets/{world.nearly_spent}/spend")["epsilon_remaining"] == "0.00000000002998"
-    assert (remaining.text, remaining.get_attribute("data-full")) == ("2.998e-11", "0.00000000002998")
+    assert (remaining.text, remaining.get_attribute("data-full")) == ("0", "0.00000000002998")
     assert "not a DP guarantee" in text_of(driver, "#datasets-note")
     screenshot(driver, "20-datasets-guarantee-and-budget-share")
     _go(driver, f"#/datasets/{world.nearly_spent}")
     stat = wait_for("the remaining stat", lambda: all_of(driver, "#stat-remaining"))[0]
-    assert (stat.text, stat.get_attribute("data-full")) == ("2.998e-11", "0.00000000002998")
+    assert (stat.text, stat.get_attribute("data-full")) == ("0", "0.00000000002998")
     screenshot(driver, "21-dataset-tiny-remaining")
     assert browser_errors(driver) == []
 

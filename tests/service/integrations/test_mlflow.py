@@ -5,6 +5,7 @@ a certificate a real ledger (uvicorn, SQLite) issued through the gate."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from decimal import Decimal
@@ -22,7 +23,7 @@ from sqlalchemy.engine import URL
 from accountant.certificates import verify
 from service.client import LedgerClient
 from service.db.session import Database
-from service.integrations.mlflow import MlflowRunMissing, log_release
+from service.integrations.mlflow import MlflowRunMissing, log_model_version, log_release
 from service.ledger import tenancy
 from tests.service.live_server import serve, settings_for
 
@@ -113,3 +114,43 @@ def test_without_an_active_run_nothing_is_logged(certificate: dict[str, Any], tr
         log_release(certificate)
     assert mlflow.active_run() is None
     assert tracking.search_runs([e.experiment_id for e in tracking.search_experiments()]) == []
+
+
+def test_a_model_trained_outside_is_registered_and_logged_in_one_call(
+    database_url: URL, db: Database, tmp_path: Path, tracking: MlflowClient
+) -> None:
+    key = tenancy.create_api_key(db, "acme", "admin")
+    weights = b"state dict bytes" * 8
+    with (
+        serve(settings_for(database_url, tmp_path / "artifacts"), db) as url,
+        LedgerClient(url, key) as ledger,
+    ):
+        dataset = ledger.create_dataset("d", rule="sequential", epsilon="4", delta="1e-5", accountant="rdp")
+        task = ledger.create_task(dataset["id"], "t")
+        ledger.create_batches(dataset["id"], task["id"], [{"name": "b", "records": ["r1", "r2"]}])
+        with mlflow.start_run() as run:
+            with ledger.release_gate(
+                dataset["id"], None, DPSGD, tasks=[task["id"]], model="mine", version=1
+            ) as gate:
+                gate.artifact_sha256 = hashlib.sha256(weights).hexdigest()
+            version = log_model_version(
+                ledger,
+                gate.certificate,
+                weights,
+                architecture="MLP 64-10",
+                preprocessing="x / 16",
+                metrics={"accuracy": 0.9},
+            )
+        assert ledger.download_artifact("mine", 1).content == weights
+    assert version["origin"] == "external" and version["certificate_id"] == gate.certificate["id"]
+    logged = tracking.get_run(run.info.run_id).data
+    assert logged.tags["dp_model"] == "mine:1"
+    assert logged.tags["dp_model_sha256"] == hashlib.sha256(weights).hexdigest()
+    assert logged.params["dp_certificate_id"] == gate.certificate["id"]
+    assert logged.metrics["accuracy"] == 0.9 and logged.metrics["dp_epsilon"] == 4.0
+    folder = Path(tracking.download_artifacts(run.info.run_id, "privacy-ledger", str(tmp_path / "dl")))
+    assert (folder / "mine-v1.pt").read_bytes() == weights
+    statement = json.loads((folder / "dp-statement-mine-v1.json").read_text())
+    assert statement == version["dp_statement"]
+    assert statement["certificate"]["id"] == gate.certificate["id"]
+    assert "MLP 64-10" in (folder / "model-card-mine-v1.md").read_text()
