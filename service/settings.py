@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Final
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A bootstrap key is a bearer secret: refuse ones short enough to guess.
@@ -37,6 +37,11 @@ class Settings(BaseSettings):
 
     reservation_ttl_s: float = Field(default=3600.0, gt=0)
     """A reservation neither committed nor aborted within this many seconds expires."""
+
+    reservation_max_lifetime_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=30 * 24 * 3600.0)
+    """How long a reservation may be held from its creation, extensions included
+    (``POST /v1/reservations/{id}/extend``): a hold renewed by a heartbeat still ends. A
+    reservation's ``ttl_s`` above it is refused (422)."""
 
     expiry_sweep_interval_s: float = Field(default=5.0, gt=0)
     """How often the background sweep expires reservations past their TTL."""
@@ -145,6 +150,15 @@ class Settings(BaseSettings):
     metrics_dataset_gauges: bool = True
     """``GET /metrics`` carries per-dataset budget gauges (``ledger_dataset_epsilon_*``, labelled
     by tenant and dataset; one read of the dataset heads per scrape). ``false`` drops them."""
+
+    @model_validator(mode="after")
+    def _ttl_within_lifetime(self) -> Settings:
+        if self.reservation_ttl_s > self.reservation_max_lifetime_s:
+            raise ValueError(
+                f"LEDGER_RESERVATION_TTL_S ({self.reservation_ttl_s:g}) must be at most "
+                f"LEDGER_RESERVATION_MAX_LIFETIME_S ({self.reservation_max_lifetime_s:g})."
+            )
+        return self
 
     @field_validator("data_roots", mode="before")
     @classmethod

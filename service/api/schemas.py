@@ -423,6 +423,16 @@ class ReservationCreate(_Request):
         return self
 
 
+class ReservationExtend(_Request):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: Annotated[float, Field(gt=0, le=MAX_TTL_S, strict=True)] = Field(
+        description="Hold the reservation until at least this many seconds from now (never "
+        "shorter than it is held already), at most LEDGER_RESERVATION_MAX_LIFETIME_S after its "
+        "creation (409 `reservation_lifetime_exceeded` with `latest_expires_at` beyond).",
+    )
+
+
 class QuoteCreate(_Request):
     model_config = ConfigDict(extra="forbid", json_schema_extra=quote_schema_extra)
 

@@ -15,6 +15,8 @@ import asyncio
 import hashlib
 import io
 import json
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -38,6 +40,7 @@ from service.client import (
     LedgerClient,
     LedgerUnavailable,
     NotFound,
+    ReservationExpiring,
     Unauthorized,
 )
 from service.db.session import Database
@@ -596,6 +599,37 @@ def test_release_gate_resumes_a_crashed_attempt_by_its_key(ledger: Ledger) -> No
         ):
             ran.append(True)
     assert ran == [] and closed.value.code == "reservation_closed"
+
+
+@SQLITE_ONLY
+def test_release_gate_warns_before_expiry_and_keeps_its_hold_alive(ledger: Ledger) -> None:
+    """Issue 28 §2: a hold used to expire after its ttl with no warning and no way to renew it.
+    The gate warns shortly before its expiry; ``keep_alive`` renews it while the block runs (each
+    renewal audited), so a block longer than the ttl still commits."""
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    trainer = ledger.client("trainer")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Conflict) as late:
+            with trainer.release_gate(
+                dataset_id, batches[:1], PureDpEvent(0.1), model="m", version=1, ttl_s=1.0
+            ):
+                time.sleep(1.3)  # past the hold: warned at 0.9 s, expired at 1 s
+    assert late.value.code == "reservation_expired"
+    (warning,) = [w for w in caught if issubclass(w.category, ReservationExpiring)]
+    assert "charges everything reserved" in str(warning.message)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with trainer.release_gate(
+            dataset_id, batches[1:2], PureDpEvent(0.1), model="m", version=2, ttl_s=1.0, keep_alive=True
+        ) as gate:
+            time.sleep(2.2)  # more than twice the ttl
+    assert gate.status == "committed" and gate.certificate is not None
+    assert not [w for w in caught if issubclass(w.category, ReservationExpiring)]
+    renewals = [e for e in admin.iter_audit_entries(dataset_id) if e["event_type"] == "reservation.extended"]
+    assert len(renewals) >= 2 and {e["payload"]["reservation_id"] for e in renewals} == {gate.reservation_id}
 
 
 @pytest.mark.parametrize(
