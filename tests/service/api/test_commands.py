@@ -173,18 +173,25 @@ def test_state_lives_in_one_home_and_a_missing_ledger_is_said_in_one_line(tmp_pa
             timeout=120,
         )
 
-    for args in (("keys", "create", "--tenant", "t", "--scope", "admin"), ("keys", "list", "--tenant", "t"), ("verify",)):
+    commands = {
+        "keys create": ("keys", "create", "--tenant", "t", "--scope", "admin"),
+        "keys list": ("keys", "list", "--tenant", "t"),
+        "verify": ("verify",),
+    }
+    for name, args in commands.items():
         missing = run(*args, LEDGER_HOME=str(home))
         assert missing.returncode == 2 and missing.stdout == "", missing
         (line,) = missing.stderr.strip().splitlines()
-        assert line.startswith(f"ledger {' '.join(args[:2]) if args[0] == 'keys' else 'verify'}: no ledger at {home / 'ledger.db'}")
+        assert line.startswith(f"ledger {name}: no ledger at {home / 'ledger.db'}"), line
         assert "sqlalchemy" not in line.lower() and "migrate" in line
     assert list(elsewhere.iterdir()) == [] and not home.exists()
 
     # A database that exists but was never migrated is said plainly too.
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
-    unmigrated = run("keys", "create", "--tenant", "t", "--scope", "admin", "--database-url", f"sqlite:///{empty}")
+    unmigrated = run(
+        "keys", "create", "--tenant", "t", "--scope", "admin", "--database-url", f"sqlite:///{empty}"
+    )
     assert unmigrated.returncode == 2 and "holds no ledger (never migrated)" in unmigrated.stderr
 
     # --home (relative to the working folder) and LEDGER_HOME are one setting: migrate there,
