@@ -110,9 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    parser.add_argument(
-        "--database-url", help=DATABASE_URL_HELP
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
     parser.add_argument(
         "--no-worker",

@@ -27,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a training worker (claims jobs, trains, releases certified model versions)",
         description="Claim training jobs and run them through the release gate until stopped.",
     )
-    parser.add_argument(
-        "--database-url", help=DATABASE_URL_HELP
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument(
         "--artifact-dir", type=Path, help="where model artifacts go (default: LEDGER_ARTIFACT_DIR)"
     )
