@@ -279,12 +279,25 @@ class DataSourceSet(_Request):
     data_source: DataSourceUri
 
 
+class DatasetWarning(_Public):
+    code: str = Field(description="`delta_not_below_one_over_n`: the budget's δ is at least 1/N")
+    field: str
+    message: str
+
+
 class DatasetPublic(_Public):
     id: Any
     name: str
     budget: dict[str, Any]
     data_source: str | None = Field(
         default=None, description="the URI the worker reads the records from; null: none set yet"
+    )
+    records: int = Field(default=0, description="records registered (the sum of its batches' sizes)")
+    warnings: list[DatasetWarning] = Field(
+        default_factory=list,
+        description="what to look at: a budget δ ≥ 1/N for the N records registered "
+        "(`delta_not_below_one_over_n`, `field: budget.delta`), which lets a mechanism publish "
+        "about δ·N records in the clear",
     )
 
 

@@ -69,3 +69,28 @@ def test_a_job_delta_other_than_the_budgets_is_refused(client: TestClient, keys:
         body = {"dataset_id": dataset, "algorithm": "dp_sgd", "params": {**params, **extra}}
         trainer.call("POST", "/v1/jobs", body, 201)
     assert _jobs(trainer, dataset) == 3
+
+
+def test_a_delta_of_at_least_one_over_n_is_warned_of(client: TestClient, keys: Keys) -> None:
+    """§5: δ = 0.01 for 1 437 records was accepted silently. The dataset's answer (and the list)
+    carries the records registered and a warning naming ``budget.delta`` once δ·N ≥ 1."""
+    admin = Api(client, keys.get("acme", "admin"))
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0.01", "accountant": "rdp"}
+    dataset, _ = _dataset(admin, budget, batches=24)  # 96 records: δ·N = 0.96, no warning yet
+    answer = admin.call("GET", f"/v1/datasets/{dataset}", status=200).json()
+    assert (answer["records"], answer["warnings"]) == (96, [])
+    task = admin.call("POST", f"/v1/datasets/{dataset}/tasks", {"name": "more"}, 201).json()["id"]
+    more = {"batches": [{"name": "b", "records": [f"more-{j}" for j in range(4)]}]}
+    admin.call("POST", f"/v1/datasets/{dataset}/tasks/{task}/batches", more, 201)  # 100: δ·N = 1
+    answer = admin.call("GET", f"/v1/datasets/{dataset}", status=200).json()
+    (warning,) = answer["warnings"]
+    assert (answer["records"], warning["code"], warning["field"]) == (
+        100,
+        "delta_not_below_one_over_n",
+        "budget.delta",
+    )
+    assert "0.01" in warning["message"] and "100 records" in warning["message"]
+    listed = {d["id"]: d for d in admin.call("GET", "/v1/datasets", status=200).json()["data"]}
+    assert listed[dataset]["warnings"] == answer["warnings"]
+    pure_dp = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    assert admin.call("GET", f"/v1/datasets/{_dataset(admin, pure_dp)[0]}", status=200).json()["warnings"] == []
