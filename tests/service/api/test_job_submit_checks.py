@@ -93,4 +93,5 @@ def test_a_delta_of_at_least_one_over_n_is_warned_of(client: TestClient, keys: K
     listed = {d["id"]: d for d in admin.call("GET", "/v1/datasets", status=200).json()["data"]}
     assert listed[dataset]["warnings"] == answer["warnings"]
     pure_dp = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
-    assert admin.call("GET", f"/v1/datasets/{_dataset(admin, pure_dp)[0]}", status=200).json()["warnings"] == []
+    pure_id = _dataset(admin, pure_dp)[0]
+    assert admin.call("GET", f"/v1/datasets/{pure_id}", status=200).json()["warnings"] == []
