@@ -24,6 +24,7 @@ _COMMANDS: Final[dict[str, tuple[str, str | None]]] = {
     "migrate": ("apply the database migrations (alembic upgrade head)", "server"),
     "keys": ("create, revoke and list API keys", "server"),
     "epsilon": ("compute epsilon for an event or a DP-SGD run (JSON out)", None),
+    "calibrate": ("the noise multiplier a dataset charges at most a target epsilon for (JSON out)", None),
     "check": ("CI gate: exit 1 when a dataset's privacy guarantees do not hold", None),
     "verify": (
         "verify the audit log's hash chains, every tenant's (exit 1 at the first broken row)",
