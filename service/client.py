@@ -635,9 +635,13 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
-    def list_datasets(self, *, limit: int = 100, offset: int = 0) -> J:
-        """``GET /v1/datasets``: ``{data, count}``."""
-        return self._json(_Call("GET", "/v1/datasets", params={"limit": limit, "offset": offset}))
+    def list_datasets(self, *, limit: int = 100, offset: int = 0, name: str | None = None) -> J:
+        """``GET /v1/datasets``: ``{data, count}``; with ``name``, only the dataset of that name
+        (names are unique per tenant; ``find_dataset`` takes an id or a name)."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if name is not None:
+            params["name"] = name
+        return self._json(_Call("GET", "/v1/datasets", params=params))
 
     def get_dataset(self, dataset_id: Identifier) -> J:
         """``GET /v1/datasets/{id}``: ``{id, name, budget, data_source, created_at}``."""
@@ -1131,6 +1135,18 @@ def _record_commit(gate: ReleaseGate, answer: JsonObject) -> None:
         gate.reservation = reservation
 
 
+def _found_by_name(dataset: Identifier, page: JsonObject) -> JsonObject:
+    if page.get("data"):
+        found: JsonObject = page["data"][0]
+        return found
+    raise NotFound(
+        f"no dataset of this tenant has the id or the name {str(dataset)!r}.",
+        code="not_found",
+        status=404,
+        details={"resource": "dataset", "looked_up": str(dataset)},
+    )
+
+
 def _check_open(reservation: JsonObject, idempotency_key: str) -> None:
     """A gate re-entered with the key of an earlier attempt must find its hold still open."""
     status = reservation.get("status")
@@ -1225,6 +1241,15 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         make this client with the operator's ``LEDGER_METRICS_TOKEN``: API keys get
         ``Unauthorized`` (unless the server sets ``LEDGER_METRICS_PUBLIC``)."""
         return _text_answer(self._send(_Call("GET", "/metrics")))
+
+    def find_dataset(self, dataset: Identifier) -> JsonObject:
+        """The dataset whose id — or, failing that, whose name — is ``dataset`` (a name stands
+        for one dataset: names are unique per tenant). ``NotFound`` names what was looked up."""
+        try:
+            return self.get_dataset(dataset)
+        except NotFound:
+            pass
+        return _found_by_name(dataset, self.list_datasets(name=str(dataset), limit=1))
 
     def calibrate_noise_multiplier(
         self,
@@ -1616,6 +1641,14 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
 
     async def _artifact(self, call: _Call) -> Artifact:
         return _artifact_answer(await self._send(call))
+
+    async def find_dataset(self, dataset: Identifier) -> JsonObject:
+        """``LedgerClient.find_dataset``, awaited."""
+        try:
+            return await self.get_dataset(dataset)
+        except NotFound:
+            pass
+        return _found_by_name(dataset, await self.list_datasets(name=str(dataset), limit=1))
 
     async def metrics_text(self) -> str:
         """``GET /metrics``: Prometheus text. The client's key is sent as the bearer token, so

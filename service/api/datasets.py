@@ -110,14 +110,23 @@ def set_data_source(
     )
 
 
-@router.get("/datasets", response_model=DatasetsPublic, responses=_ERRORS, summary="List datasets")
+@router.get(
+    "/datasets",
+    response_model=DatasetsPublic,
+    responses=_ERRORS,
+    summary="List datasets (or find one by name: ?name=)",
+)
 def list_datasets(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    name: Annotated[
+        str | None,
+        Query(max_length=200, description="only the dataset of this name (names are unique per tenant)"),
+    ] = None,
 ) -> dict[str, Any]:
-    return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset)
+    return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset, name=name)
 
 
 @router.get(

@@ -81,7 +81,7 @@ class JobCreate(BaseModel):
                     "anyOf": [
                         {"type": "string", "pattern": "^" + jobs.MODEL_NAME.pattern + "$"},
                         {"type": "null"},
-                    ]
+                    ],
                 },
             },
         },

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the noise multiplier a dataset charges at most a target epsilon for (JSON out)",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    parser.add_argument("--dataset", required=True, help="the dataset whose quote decides")
+    parser.add_argument("--dataset", required=True, help="the dataset (id or name) whose quote decides")
     parser.add_argument(
         "--target-epsilon",
         type=float,
@@ -97,6 +97,8 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     q, steps = args.sampling_probability, args.steps
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
+            dataset = client.find_dataset(args.dataset)  # an id or a name
+            args.dataset = str(dataset["id"])
             tasks = args.task
             if args.batch is None and tasks is None and not args.new_batch:
                 tasks = [t["id"] for t in client.iter_tasks(args.dataset)]  # what a job reads
@@ -112,7 +114,7 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
             )
             event = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), steps)
             quote = client.quote(args.dataset, to_json(event), limit=1, **on)
-            delta = float(client.get_dataset(args.dataset)["budget"]["delta"])
+            delta = float(dataset["budget"]["delta"])
     except InvalidInput as exc:
         option = "--target-epsilon" if exc.field == "target_epsilon" else f"--dataset {args.dataset}"
         raise _UsageError(f"{option}: {exc}") from None

@@ -39,7 +39,7 @@ from accountant.rules import Budget
 from service.db.models import DATA_SOURCE_LENGTH, Batch, Dataset
 from service.db.session import Database
 from service.ledger import audit, idempotency
-from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.errors import Conflict, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from service.training.data import DataRoots
@@ -283,6 +283,15 @@ def create_dataset(
     source = check_data_source(data_source, tenant_id, data_roots)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
+        taken = session.scalar(select(Dataset.id).where(Dataset.tenant_id == tenant_id, Dataset.name == name))
+        if taken is not None:
+            raise Conflict(
+                f"dataset {taken!r} of this tenant is named {name!r} already: a name stands for one "
+                "dataset (it may be used where an id is). Choose another name.",
+                reason="dataset_name_taken",
+                field="name",
+                dataset_id=taken,
+            )
         row = Dataset(
             id=f"ds_{secrets.token_hex(12)}",
             tenant_id=tenant_id,
@@ -380,23 +389,24 @@ def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]
         return dataset_json(row, records_of(session, [row.id]).get(row.id, 0))
 
 
-def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them)."""
+def list_datasets(
+    db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0, name: str | None = None
+) -> dict[str, Any]:
+    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them); with
+    ``name``, only the one of that name (names are unique per tenant), or none."""
     if limit < 1 or limit > 1000:
         raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")
     if offset < 0:
         raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+    where = [Dataset.tenant_id == tenant_id]
+    if name is not None:
+        check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
+        where.append(Dataset.name == name)
     with db.session(readonly=True) as session:
         rows = session.scalars(
-            select(Dataset)
-            .where(Dataset.tenant_id == tenant_id)
-            .order_by(Dataset.created_at, Dataset.id)
-            .limit(limit)
-            .offset(offset)
+            select(Dataset).where(*where).order_by(Dataset.created_at, Dataset.id).limit(limit).offset(offset)
         ).all()
-        count = session.scalar(
-            select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
-        )
+        count = session.scalar(select(func.count()).select_from(Dataset).where(*where))
         records = records_of(session, [r.id for r in rows])
         return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count or 0}
 

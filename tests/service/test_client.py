@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import io
 import json
+import secrets
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -84,7 +85,9 @@ def make_dataset(
     client: LedgerClient, *, epsilon: str = "1", records: int = 4, rule: str = "sequential"
 ) -> tuple[str, str, list[str]]:
     """A dataset with one task and ``records`` one-record batches: (dataset, task, batch ids)."""
-    dataset = client.create_dataset("digits", rule=rule, epsilon=epsilon, delta=0, accountant="basic")
+    dataset = client.create_dataset(
+        f"digits-{secrets.token_hex(4)}", rule=rule, epsilon=epsilon, delta=0, accountant="basic"
+    )
     task = client.create_task(dataset["id"], "task-0")
     created = client.create_batches(
         dataset["id"],

@@ -6,6 +6,7 @@ reserves before the first record is read."""
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -172,7 +173,7 @@ def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[LedgerCl
 
 def _dataset(ledger: LedgerClient, epsilon: str = "2", records: int = RECORDS) -> tuple[str, str]:
     dataset = ledger.create_dataset(
-        "opacus", rule="sequential", epsilon=epsilon, delta="1e-5", accountant="rdp"
+        f"opacus-{secrets.token_hex(4)}", rule="sequential", epsilon=epsilon, delta="1e-5", accountant="rdp"
     )
     task = ledger.create_task(dataset["id"], "all")
     per = records // 4
