@@ -265,8 +265,11 @@ def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
     assert answer["run_epsilon"] < float(answer["charge"]["epsilon"])  # the filter charges more
     finer = SelfComposedEvent(PoissonSampledEvent(0.01, GaussianEvent(round(sigma - 1e-4, 4))), 1000)
     assert Decimal(client.quote(dataset_id, finer, tasks=[task["id"]])["cost"]["epsilon"]) > 2
-    fresh = json.loads(calibrate("--new-batch").stdout)
+    fresh = json.loads(calibrate("--new-batch", "--dataset", "d").stdout)  # by name (issue 28 §6)
+    assert fresh["dataset_id"] == dataset_id
     assert fresh["on"] == "new_batch" and fresh["noise_multiplier"] == sigma  # nothing spent yet
+    unknown = calibrate("--dataset", "no-such-dataset")
+    assert unknown.returncode == 2 and "'no-such-dataset'" in unknown.stderr
     assert client.spend(dataset_id)["epsilon_held"] == "0"
 
     unreachable = calibrate("--target-epsilon", "1e-9")

@@ -649,3 +649,42 @@ def test_a_missing_or_mangled_key_is_said_plainly_before_any_call(key: object, c
             client(url, key)  # type: ignore[arg-type]
         assert info.value.code == code and info.value.details == {"field": "api_key"}
         assert "no API key" in info.value.message or "line break" in info.value.message
+
+
+def test_dataset_names_are_unique_per_tenant_and_stand_for_the_dataset(ledger: Ledger) -> None:
+    """Issue 28 §6: two datasets could share a name, and a name where an id was expected was a
+    bare 404. A name is one dataset's per tenant (409 ``dataset_name_taken`` naming it), and the
+    client finds a dataset by id or by name; a miss names what was looked up."""
+    admin, rival = ledger.client("admin"), ledger.client("rival")
+    first = admin.create_dataset("mnist-train", rule="sequential", epsilon="1", delta=0, accountant="basic")
+    with pytest.raises(Conflict) as taken:
+        admin.create_dataset("mnist-train", rule="parallel", epsilon="2", delta=0, accountant="basic")
+    assert (
+        taken.value.details["reason"],
+        taken.value.details["dataset_id"],
+        taken.value.details["field"],
+    ) == (
+        "dataset_name_taken",
+        first["id"],
+        "name",
+    )
+    assert admin.list_datasets()["count"] == 1
+    theirs = rival.create_dataset("mnist-train", rule="sequential", epsilon="1", delta=0, accountant="basic")
+    assert theirs["id"] != first["id"]
+
+    viewer = ledger.client("viewer")
+    assert viewer.find_dataset("mnist-train")["id"] == first["id"]
+    assert viewer.find_dataset(first["id"])["name"] == "mnist-train"
+    assert rival.find_dataset("mnist-train")["id"] == theirs["id"]
+    assert viewer.list_datasets(name="mnist-train")["data"][0]["id"] == first["id"]
+    assert viewer.list_datasets(name="nope") == {"data": [], "count": 0}
+    for missing in ("mnist-test", theirs["id"]):  # another tenant's id is not found either
+        with pytest.raises(NotFound) as info:
+            viewer.find_dataset(missing)
+        assert info.value.details["looked_up"] == missing and repr(missing) in info.value.message
+
+    async def found() -> str:
+        async with AsyncLedgerClient(ledger.url, ledger.keys["viewer"]) as client:
+            return str((await client.find_dataset("mnist-train"))["id"])
+
+    assert asyncio.run(found()) == first["id"]
