@@ -160,6 +160,49 @@ def create_task(
     )
 
 
+_DELETE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    409: {
+        "model": ErrorBody,
+        "description": "`charged`: a batch was charged or is held (naming it; spend is never "
+        "undone), or `dataset_in_use`: a job of the dataset is queued or running",
+    },
+}
+
+
+@router.delete(
+    "/datasets/{dataset_id}/tasks/{task_id}",
+    responses=_DELETE_ERRORS,
+    summary="Delete a task nothing was ever charged on (with its batches and records; audited)",
+)
+def delete_task(
+    dataset_id: str,
+    task_id: str,
+    principal: AdminDep,
+    db: DatabaseDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    return batches.delete_task(db, principal.tenant_id, dataset_id, task_id, idempotency_key=idempotency_key)
+
+
+@router.delete(
+    "/datasets/{dataset_id}/tasks/{task_id}/batches/{batch_id}",
+    responses=_DELETE_ERRORS,
+    summary="Delete a batch nothing was ever charged on (with its records; audited)",
+)
+def delete_batch(
+    dataset_id: str,
+    task_id: str,
+    batch_id: str,
+    principal: AdminDep,
+    db: DatabaseDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    return batches.delete_batch(
+        db, principal.tenant_id, dataset_id, task_id, batch_id, idempotency_key=idempotency_key
+    )
+
+
 @router.get(
     "/datasets/{dataset_id}/tasks",
     response_model=TasksPublic,
