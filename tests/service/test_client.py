@@ -626,9 +626,11 @@ def test_release_gate_warns_before_expiry_and_keeps_its_hold_alive(ledger: Ledge
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with trainer.release_gate(
-            dataset_id, batches[1:2], PureDpEvent(0.1), model="m", version=2, ttl_s=1.0, keep_alive=True
+            dataset_id, batches[1:2], PureDpEvent(0.1), model="m", version=2, ttl_s=2.0, keep_alive=True
         ) as gate:
-            time.sleep(2.2)  # more than twice the ttl
+            # more than twice the ttl: renewed (from 1 s left, checked every 0.5 s) long before
+            # the warning's 0.2 s, even when an extension takes a loaded machine half a second
+            time.sleep(4.4)
     assert gate.status == "committed" and gate.certificate is not None
     assert not [w for w in caught if issubclass(w.category, ReservationExpiring)]
     renewals = [e for e in admin.iter_audit_entries(dataset_id) if e["event_type"] == "reservation.extended"]
