@@ -625,7 +625,7 @@ async def hot_throughput(
         made = await admin.post(
             "/v1/datasets",
             json={
-                "name": "hot",
+                "name": f"hot-{secrets.token_hex(4)}",  # one per run: names are unique per tenant
                 "budget": {"rule": "sequential", "epsilon": "1000000", "delta": "0", "accountant": "basic"},
             },
         )

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 # Subcommands, in the order ``ledger --help`` lists them, with their one-line help and the
@@ -22,6 +24,7 @@ _COMMANDS: Final[dict[str, tuple[str, str | None]]] = {
     "migrate": ("apply the database migrations (alembic upgrade head)", "server"),
     "keys": ("create, revoke and list API keys", "server"),
     "epsilon": ("compute epsilon for an event or a DP-SGD run (JSON out)", None),
+    "calibrate": ("the noise multiplier a dataset charges at most a target epsilon for (JSON out)", None),
     "check": ("CI gate: exit 1 when a dataset's privacy guarantees do not hold", None),
     "verify": (
         "verify the audit log's hash chains, every tenant's (exit 1 at the first broken row)",
@@ -38,8 +41,16 @@ class MissingExtra(Exception):
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    """The subcommand ``argv`` names (its first argument that is not an option)."""
+    """The subcommand ``argv`` names (its first argument that is not an option, nor the value of
+    ``--home``)."""
+    skip = False
     for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--home":
+            skip = True
+            continue
         if not arg.startswith("-"):
             return arg if arg in _COMMANDS else None
     return None
@@ -51,6 +62,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ledger",
         description="privacy-ledger: privacy budgets, certified model releases, accountants.",
+    )
+    parser.add_argument(
+        "--home",
+        metavar="DIR",
+        help="the folder of the ledger's state: its database, artifacts and secrets (default: "
+        "LEDGER_HOME, else $XDG_DATA_HOME/privacy-ledger, ~/.local/share/privacy-ledger)",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = None if argv is None else _command(argv)
@@ -80,6 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ledger: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(arguments)
+    if args.home is not None:
+        if not args.home.strip():
+            print("ledger: --home must name a folder.", file=sys.stderr)
+            return 2
+        # Every setting is read from the environment (service.settings), by this process and by
+        # the server's worker processes: the flag is LEDGER_HOME for all of them.
+        os.environ["LEDGER_HOME"] = str(Path(args.home).expanduser().resolve())
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()

@@ -48,12 +48,16 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
+import threading
 import time
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -79,6 +83,9 @@ DEFAULT_RETRIES: Final = 3
 DEFAULT_BACKOFF_S: Final = 0.2
 MAX_BACKOFF_S: Final = 5.0
 USER_AGENT: Final = "privacy-ledger-client/1"
+# A release gate warns this long before its hold expires (or a tenth of the hold, if shorter).
+EXPIRY_WARNING_S: Final = 300.0
+logger = logging.getLogger(__name__)
 # Transport failures worth a retry; others (a URL without http://, a proxy refusing) are not.
 _TRANSIENT: Final = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
@@ -637,9 +644,13 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
-    def list_datasets(self, *, limit: int = 100, offset: int = 0) -> J:
-        """``GET /v1/datasets``: ``{data, count}``."""
-        return self._json(_Call("GET", "/v1/datasets", params={"limit": limit, "offset": offset}))
+    def list_datasets(self, *, limit: int = 100, offset: int = 0, name: str | None = None) -> J:
+        """``GET /v1/datasets``: ``{data, count}``; with ``name``, only the dataset of that name
+        (names are unique per tenant; ``find_dataset`` takes an id or a name)."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        if name is not None:
+            params["name"] = name
+        return self._json(_Call("GET", "/v1/datasets", params=params))
 
     def get_dataset(self, dataset_id: Identifier) -> J:
         """``GET /v1/datasets/{id}``: ``{id, name, budget, data_source, created_at}``."""
@@ -809,6 +820,22 @@ class _Endpoints(Generic[J, A]):
             _Call(
                 "POST",
                 f"/v1/reservations/{_segment(reservation_id)}/abort",
+                idempotency_key=self._key(idempotency_key),
+            )
+        )
+
+    def extend(self, reservation_id: str, ttl_s: float, *, idempotency_key: str | None = None) -> J:
+        """``POST /v1/reservations/{id}/extend`` (trainer): hold the open reservation at least
+        ``ttl_s`` seconds from now (a heartbeat: a repeat changes nothing), at most the server's
+        ``LEDGER_RESERVATION_MAX_LIFETIME_S`` after it was made (``Conflict``
+        ``reservation_lifetime_exceeded`` with ``latest_expires_at`` beyond). A hold past its
+        time expires instead (``Conflict`` ``reservation_expired``): an expiry charges
+        everything reserved."""
+        return self._json(
+            _Call(
+                "POST",
+                f"/v1/reservations/{_segment(reservation_id)}/extend",
+                {"ttl_s": ttl_s},
                 idempotency_key=self._key(idempotency_key),
             )
         )
@@ -1021,10 +1048,59 @@ class ReleaseGate:
     artifact_sha256: str | None = None
     status: str = "reserved"  # reserved | committed | aborted | withheld
     _withheld: bool = field(default=False, repr=False)
+    _extend: Callable[[float], JsonObject] | None = field(default=None, repr=False)
+    _warning: threading.Timer | None = field(default=None, repr=False)
+    _first_ttl_s: float | None = field(default=None, repr=False)
 
     @property
     def reservation_id(self) -> str:
         return str(self.reservation["id"])
+
+    @property
+    def expires_at(self) -> datetime:
+        """When the hold expires unless committed, aborted or extended (the server's clock)."""
+        return _instant(self.reservation["expires_at"])
+
+    @property
+    def ttl_s(self) -> float:
+        """The length of the hold as first granted: what ``extend`` renews by default."""
+        return self._ttl()
+
+    def _ttl(self) -> float:
+        if self._first_ttl_s is None:
+            created = _instant(self.reservation["created_at"])
+            self._first_ttl_s = max(1.0, (self.expires_at - created).total_seconds())
+        return self._first_ttl_s
+
+    def seconds_left(self) -> float:
+        """Seconds until the hold expires, by this machine's clock."""
+        return (self.expires_at - datetime.now(UTC)).total_seconds()
+
+    def extend(self, ttl_s: float | None = None) -> None:
+        """Hold the reservation ``ttl_s`` (default: the hold's first length) seconds from now
+        (``LedgerClient.extend``; audited by the ledger). Sync gates only: an async gate awaits
+        ``AsyncLedgerClient.extend(gate.reservation_id, ttl_s)`` and calls ``extended``."""
+        if self._extend is None:
+            raise RuntimeError("this gate cannot extend its hold itself: await client.extend(...)")
+        self.extended(self._extend(self._ttl() if ttl_s is None else ttl_s))
+
+    def extended(self, reservation: JsonObject) -> None:
+        """Record the reservation an extension answered, and warn again before its new expiry."""
+        self.reservation = reservation
+        self._arm_warning()
+
+    def renew_if_due(self) -> bool:
+        """Extend the hold by its first length when less than half of it is left (call it from
+        the training loop: a cheap clock read otherwise). A ledger that cannot be reached is
+        logged and retried at the next call; a refusal (lifetime, expired) raises."""
+        if self.status != "reserved" or self.seconds_left() > self._ttl() / 2:
+            return False
+        try:
+            self.extend()
+        except LedgerUnavailable as exc:
+            logger.warning("could not renew reservation %s (will retry): %s", self.reservation_id, exc)
+            return False
+        return True
 
     @property
     def cost(self) -> dict[str, str]:
@@ -1035,6 +1111,68 @@ class ReleaseGate:
         (a certificate of ``outcome: "aborted"``, ``release: null``); nothing is refunded."""
         self._withheld = True
 
+    def _arm_warning(self) -> None:
+        """Warn (``ReservationExpiring``, and the log) shortly before the hold expires."""
+        self._disarm()
+        left = self.seconds_left()
+        margin = min(EXPIRY_WARNING_S, self._ttl() / 10)
+        timer = threading.Timer(max(0.0, left - margin), self._warn)
+        timer.daemon = True
+        self._warning = timer
+        timer.start()
+
+    def _disarm(self) -> None:
+        if self._warning is not None:
+            self._warning.cancel()
+            self._warning = None
+
+    def _warn(self) -> None:
+        if self.status != "reserved":
+            return
+        text = (
+            f"reservation {self.reservation_id} expires at {self.expires_at.isoformat()} "
+            f"({max(0.0, self.seconds_left()):.0f} s left): an expiry charges everything reserved "
+            "and releases nothing. Extend it (gate.extend(), gate.renew_if_due() in the training "
+            "loop, or keep_alive=True), or reserve with a longer ttl_s."
+        )
+        logger.warning(text)
+        warnings.warn(text, ReservationExpiring, stacklevel=1)
+
+
+class ReservationExpiring(UserWarning):
+    """A release gate's hold is about to expire (``ReleaseGate``): extend it or it is charged in
+    full and releases nothing."""
+
+
+def _instant(text: object) -> datetime:
+    at = datetime.fromisoformat(str(text))
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+@contextlib.contextmanager
+def _heartbeat(gate: ReleaseGate, every_s: float | None) -> Iterator[None]:
+    """Renew ``gate``'s hold from a daemon thread while the block runs (``keep_alive``)."""
+    if every_s is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            try:
+                gate.renew_if_due()
+            except LedgerError as exc:  # the hold cannot be renewed: the warning will say so
+                logger.warning("keep_alive stopped for reservation %s: %s", gate.reservation_id, exc)
+                return
+
+    thread = threading.Thread(target=beat, name=f"keep-alive-{gate.reservation_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
 
 def _record_commit(gate: ReleaseGate, answer: JsonObject) -> None:
     gate.commit_answer = answer
@@ -1043,6 +1181,18 @@ def _record_commit(gate: ReleaseGate, answer: JsonObject) -> None:
     reservation = answer.get("reservation")
     if isinstance(reservation, dict):
         gate.reservation = reservation
+
+
+def _found_by_name(dataset: Identifier, page: JsonObject) -> JsonObject:
+    if page.get("data"):
+        found: JsonObject = page["data"][0]
+        return found
+    raise NotFound(
+        f"no dataset of this tenant has the id or the name {str(dataset)!r}.",
+        code="not_found",
+        status=404,
+        details={"resource": "dataset", "looked_up": str(dataset)},
+    )
 
 
 def _check_open(reservation: JsonObject, idempotency_key: str) -> None:
@@ -1139,6 +1289,15 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         make this client with the operator's ``LEDGER_METRICS_TOKEN``: API keys get
         ``Unauthorized`` (unless the server sets ``LEDGER_METRICS_PUBLIC``)."""
         return _text_answer(self._send(_Call("GET", "/metrics")))
+
+    def find_dataset(self, dataset: Identifier) -> JsonObject:
+        """The dataset whose id — or, failing that, whose name — is ``dataset`` (a name stands
+        for one dataset: names are unique per tenant). ``NotFound`` names what was looked up."""
+        try:
+            return self.get_dataset(dataset)
+        except NotFound:
+            pass
+        return _found_by_name(dataset, self.list_datasets(name=str(dataset), limit=1))
 
     def calibrate_noise_multiplier(
         self,
@@ -1385,6 +1544,7 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         tasks: Sequence[Identifier] | None = None,
         noise_commitment: str | None = None,
         ttl_s: float | None = None,
+        keep_alive: bool = False,
         idempotency_key: str | None = None,
     ) -> Iterator[ReleaseGate]:
         """Reserve ``event`` on ``batches`` (or ``tasks``) on enter; commit the release
@@ -1394,6 +1554,12 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         ``idempotency_key``: a stable name for this release attempt (e.g. a run id): a trainer
         that crashed and runs again with it gets its first reservation back instead of a second
         charge. ``BudgetExceeded`` on enter means nothing ran and nothing is held.
+
+        The hold lasts ``ttl_s`` (default: the server's, an hour) and an expiry charges
+        everything reserved and releases nothing. A ``ReservationExpiring`` warning is issued
+        (and logged) shortly before it expires; renew it with ``gate.extend()``, with
+        ``gate.renew_if_due()`` in the training loop, or with ``keep_alive=True`` (a daemon thread
+        renews it while the block runs, up to the server's maximum lifetime of a reservation).
         """
         base = idempotency_key or new_idempotency_key()
         reservation = self.reserve(
@@ -1410,11 +1576,16 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             reservation = self.get_reservation(str(reservation["id"]))
             _check_open(reservation, idempotency_key)
         gate = ReleaseGate(str(dataset_id), model, version, reservation)
+        gate._extend = lambda ttl: self.extend(gate.reservation_id, ttl)
+        gate._arm_warning()
         try:
-            yield gate
+            with _heartbeat(gate, gate.ttl_s / 4 if keep_alive else None):
+                yield gate
         except BaseException as exc:
+            gate._disarm()
             self._abort_quietly(gate, f"{base}:abort", exc)
             raise
+        gate._disarm()
         if gate._withheld:
             self.abort(gate.reservation_id, idempotency_key=f"{base}:abort")
             gate.status = "withheld"
@@ -1519,6 +1690,14 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
     async def _artifact(self, call: _Call) -> Artifact:
         return _artifact_answer(await self._send(call))
 
+    async def find_dataset(self, dataset: Identifier) -> JsonObject:
+        """``LedgerClient.find_dataset``, awaited."""
+        try:
+            return await self.get_dataset(dataset)
+        except NotFound:
+            pass
+        return _found_by_name(dataset, await self.list_datasets(name=str(dataset), limit=1))
+
     async def metrics_text(self) -> str:
         """``GET /metrics``: Prometheus text. The client's key is sent as the bearer token, so
         make this client with the operator's ``LEDGER_METRICS_TOKEN``: API keys get
@@ -1561,7 +1740,8 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
         ttl_s: float | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncIterator[ReleaseGate]:
-        """``LedgerClient.release_gate``, awaited."""
+        """``LedgerClient.release_gate``, awaited. It warns before the hold expires as the sync
+        gate does; renew with ``gate.extended(await client.extend(gate.reservation_id, ttl_s))``."""
         base = idempotency_key or new_idempotency_key()
         reservation = await self.reserve(
             dataset_id,
@@ -1577,11 +1757,14 @@ class AsyncLedgerClient(_Endpoints[Awaitable[JsonObject], Awaitable[Artifact]]):
             reservation = await self.get_reservation(str(reservation["id"]))
             _check_open(reservation, idempotency_key)
         gate = ReleaseGate(str(dataset_id), model, version, reservation)
+        gate._arm_warning()
         try:
             yield gate
         except BaseException as exc:
+            gate._disarm()
             await self._abort_quietly(gate, f"{base}:abort", exc)
             raise
+        gate._disarm()
         if gate._withheld:
             await self.abort(gate.reservation_id, idempotency_key=f"{base}:abort")
             gate.status = "withheld"
@@ -1630,6 +1813,7 @@ __all__ = [
     "LedgerUnavailable",
     "NotFound",
     "ReleaseGate",
+    "ReservationExpiring",
     "ServerError",
     "Unauthorized",
     "error_from_response",

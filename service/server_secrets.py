@@ -17,7 +17,7 @@ Where the secret comes from, first match wins (settings in ``service.settings``)
    containers share one database and none shares a folder.
 2. The file ``key-hash.secret`` in ``LEDGER_SECRETS_DIR``.
 3. The file ``key-hash.secret`` beside the SQLite database file; for a server database
-   (PostgreSQL) in the user's data folder, ``$XDG_DATA_HOME/privacy-ledger`` (default
+   (PostgreSQL) in the ledger's home, ``LEDGER_HOME`` (default ``$XDG_DATA_HOME/privacy-ledger``,
    ``~/.local/share/privacy-ledger``).
 
 A missing file is created on first use: 32 random bytes, hex, mode 0600, written to a temporary
@@ -49,7 +49,7 @@ from sqlalchemy.engine import URL, make_url
 
 from service.ledger import signing
 from service.ledger.signing import KeyRing
-from service.settings import MIN_SECRET_LENGTH, Settings
+from service.settings import MIN_SECRET_LENGTH, Settings, ledger_home
 
 if TYPE_CHECKING:
     from service.db.session import Database
@@ -70,9 +70,7 @@ def default_secrets_dir(database_url: str | URL) -> Path:
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         return Path(str(url.database)).expanduser().resolve().parent
-    data_home = os.environ.get("XDG_DATA_HOME", "").strip()
-    base = Path(data_home) if data_home else Path.home() / ".local" / "share"
-    return base / "privacy-ledger"
+    return ledger_home()
 
 
 def load_key_hash_secret(settings: Settings, database_url: str | URL) -> bytes:

@@ -3,6 +3,12 @@
 ``LEDGER_DATABASE_URL``, ``LEDGER_BOOTSTRAP_ADMIN_KEY``, ``LEDGER_ARTIFACT_DIR``,
 ``LEDGER_RESERVATION_TTL_S`` are the names the original design fixed (docs/ARCHITECTURE.md,
 "Configuration and command line"); the rest are operational limits.
+
+**Where state lives** (issue 28 §3): one folder, ``LEDGER_HOME`` (``ledger --home DIR``),
+default ``$XDG_DATA_HOME/privacy-ledger`` (``~/.local/share/privacy-ledger``), never the
+current directory. It holds the embedded database (``ledger.db``), the released artifacts
+(``artifacts/``) and the server secrets (``key-hash.secret``, ``signing-key.pem``) unless
+``LEDGER_DATABASE_URL``, ``LEDGER_ARTIFACT_DIR`` or ``LEDGER_SECRETS_DIR`` say otherwise.
 Secrets have no usable default: without ``LEDGER_BOOTSTRAP_ADMIN_KEY`` no key exists until
 ``ledger serve`` (first start) or ``ledger keys create`` makes one and prints it once.
 """
@@ -12,9 +18,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A bootstrap key is a bearer secret: refuse ones short enough to guess.
@@ -23,20 +29,49 @@ MIN_KEY_LENGTH: Final = 24
 MIN_SECRET_LENGTH: Final = 32
 
 
+DATABASE_FILE: Final = "ledger.db"
+ARTIFACTS_FOLDER: Final = "artifacts"
+
+
+def default_home() -> Path:
+    """``LEDGER_HOME`` unset: ``$XDG_DATA_HOME/privacy-ledger`` (``~/.local/share/privacy-ledger``),
+    where a user's data of an application is expected (XDG Base Directory), the same folder in
+    every working directory."""
+    data_home = os.environ.get("XDG_DATA_HOME", "").strip()
+    base = Path(data_home) if data_home else Path.home() / ".local" / "share"
+    return base / "privacy-ledger"
+
+
+def ledger_home() -> Path:
+    """The ledger's home: ``LEDGER_HOME`` (absolute), else ``default_home()``."""
+    text = os.environ.get("LEDGER_HOME", "").strip()
+    return Path(text).expanduser().resolve() if text else default_home()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEDGER_", extra="ignore", frozen=True)
 
-    database_url: str = "sqlite:///./ledger.db"
-    """SQLAlchemy URL: ``sqlite:///path`` (embedded default) or ``postgresql+psycopg://...``."""
+    home: Path = Field(default_factory=ledger_home)
+    """The folder of the ledger's state (module docstring): the default database, artifacts and
+    secrets live here. ``LEDGER_HOME`` or ``ledger --home DIR``."""
+
+    database_url: str = ""
+    """SQLAlchemy URL: ``sqlite:///path`` or ``postgresql+psycopg://...``. Default: the embedded
+    SQLite file ``ledger.db`` in ``home``."""
 
     bootstrap_admin_key: SecretStr | None = None
     """At start-up this key is made to exist as an ``admin`` key of tenant ``default``."""
 
-    artifact_dir: Path = Path("./artifacts")
-    """Where released model artifacts are stored."""
+    artifact_dir: Path = Path(ARTIFACTS_FOLDER)
+    """Where released model artifacts are stored. Default: ``artifacts/`` in ``home``."""
 
     reservation_ttl_s: float = Field(default=3600.0, gt=0)
     """A reservation neither committed nor aborted within this many seconds expires."""
+
+    reservation_max_lifetime_s: float = Field(default=7 * 24 * 3600.0, gt=0, le=30 * 24 * 3600.0)
+    """How long a reservation may be held from its creation, extensions included
+    (``POST /v1/reservations/{id}/extend``): a hold renewed by a heartbeat still ends. A
+    reservation's ``ttl_s`` above it is refused (422)."""
 
     expiry_sweep_interval_s: float = Field(default=5.0, gt=0)
     """How often the background sweep expires reservations past their TTL."""
@@ -115,9 +150,8 @@ class Settings(BaseSettings):
 
     secrets_dir: Path | None = None
     """Where server secrets live when ``key_hash_secret`` is unset. Default: the SQLite
-    database's folder; for a server database (PostgreSQL), ``$XDG_DATA_HOME/privacy-ledger``
-    (``~/.local/share/privacy-ledger``). Never inside the database: a dump alone must not let
-    anyone test a guessed key."""
+    database's folder (``home`` for the default database); for a server database (PostgreSQL),
+    ``home``. Never inside the database: a dump alone must not let anyone test a guessed key."""
 
     signing_key: Path | None = None
     """The Ed25519 private key (unencrypted PKCS#8 PEM file) that signs every certificate and
@@ -150,6 +184,31 @@ class Settings(BaseSettings):
     metrics_dataset_gauges: bool = True
     """``GET /metrics`` carries per-dataset budget gauges (``ledger_dataset_epsilon_*``, labelled
     by tenant and dataset; one read of the dataset heads per scrape). ``false`` drops them."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_in_home(cls, values: Any) -> Any:
+        """The defaults of the database and the artifacts are in ``home`` (never the working
+        directory); what is set explicitly stays as it is."""
+        if not isinstance(values, dict):
+            return values
+        home = values.get("home")
+        home_path = Path(str(home)).expanduser().resolve() if home not in (None, "") else ledger_home()
+        values = {**values, "home": home_path}
+        if not str(values.get("database_url") or "").strip():
+            values["database_url"] = f"sqlite:///{home_path / DATABASE_FILE}"
+        if values.get("artifact_dir") in (None, ""):
+            values["artifact_dir"] = home_path / ARTIFACTS_FOLDER
+        return values
+
+    @model_validator(mode="after")
+    def _ttl_within_lifetime(self) -> Settings:
+        if self.reservation_ttl_s > self.reservation_max_lifetime_s:
+            raise ValueError(
+                f"LEDGER_RESERVATION_TTL_S ({self.reservation_ttl_s:g}) must be at most "
+                f"LEDGER_RESERVATION_MAX_LIFETIME_S ({self.reservation_max_lifetime_s:g})."
+            )
+        return self
 
     @field_validator("data_roots", mode="before")
     @classmethod

@@ -87,6 +87,20 @@ class PostgresServer:
         self._admin.close()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ledger_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``LEDGER_HOME`` of the session (and of every ``ledger`` it starts): a temporary folder, so
+    no test writes into the user's ``~/.local/share/privacy-ledger``."""
+    home = tmp_path_factory.mktemp("ledger-home")
+    before = os.environ.get("LEDGER_HOME")
+    os.environ["LEDGER_HOME"] = str(home)
+    yield home
+    if before is None:
+        os.environ.pop("LEDGER_HOME", None)
+    else:
+        os.environ["LEDGER_HOME"] = before
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:
     server = PostgresServer(require_postgres())

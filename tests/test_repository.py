@@ -73,6 +73,7 @@ CLIENT_SIDE = (
     "service/client.py",
     "service/commands/__init__.py",
     "service/commands/epsilon.py",
+    "service/commands/calibrate.py",
     "service/commands/check.py",
     "service/commands/export.py",
     "service/commands/history.py",

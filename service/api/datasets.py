@@ -110,14 +110,23 @@ def set_data_source(
     )
 
 
-@router.get("/datasets", response_model=DatasetsPublic, responses=_ERRORS, summary="List datasets")
+@router.get(
+    "/datasets",
+    response_model=DatasetsPublic,
+    responses=_ERRORS,
+    summary="List datasets (or find one by name: ?name=)",
+)
 def list_datasets(
     principal: ViewerDep,
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    name: Annotated[
+        str | None,
+        Query(max_length=200, description="only the dataset of this name (names are unique per tenant)"),
+    ] = None,
 ) -> dict[str, Any]:
-    return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset)
+    return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset, name=name)
 
 
 @router.get(
@@ -148,6 +157,49 @@ def create_task(
 ) -> dict[str, Any]:
     return batches.create_task(
         db, principal.tenant_id, dataset_id, name=body.name, idempotency_key=idempotency_key
+    )
+
+
+_DELETE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    409: {
+        "model": ErrorBody,
+        "description": "`charged`: a batch was charged or is held (naming it; spend is never "
+        "undone), or `dataset_in_use`: a job of the dataset is queued or running",
+    },
+}
+
+
+@router.delete(
+    "/datasets/{dataset_id}/tasks/{task_id}",
+    responses=_DELETE_ERRORS,
+    summary="Delete a task nothing was ever charged on (with its batches and records; audited)",
+)
+def delete_task(
+    dataset_id: str,
+    task_id: str,
+    principal: AdminDep,
+    db: DatabaseDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    return batches.delete_task(db, principal.tenant_id, dataset_id, task_id, idempotency_key=idempotency_key)
+
+
+@router.delete(
+    "/datasets/{dataset_id}/tasks/{task_id}/batches/{batch_id}",
+    responses=_DELETE_ERRORS,
+    summary="Delete a batch nothing was ever charged on (with its records; audited)",
+)
+def delete_batch(
+    dataset_id: str,
+    task_id: str,
+    batch_id: str,
+    principal: AdminDep,
+    db: DatabaseDep,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> dict[str, Any]:
+    return batches.delete_batch(
+        db, principal.tenant_id, dataset_id, task_id, batch_id, idempotency_key=idempotency_key
     )
 
 

@@ -41,7 +41,9 @@ class JobCreate(BaseModel):
     ``params`` is a typed document, checked when the job is submitted against the algorithm's
     declaration (``service/training/params.py``, the same one the trainer reads): an unknown key, a
     wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
-    the registry name of the job's versions (default ``<algorithm>-<dataset id>``); the others are
+    the registry name of the job's versions (default ``<algorithm>-<job id>``, e.g.
+    ``dp_sgd-job_…``: unique per job; a name another dataset publishes under is 409
+    ``model_name_taken``); the others are
     the trainer's (DP-SGD: ``target_epsilon`` — the run's own ε by PRV — or
     ``target_budget_epsilon`` — what the dataset charges — or ``noise_multiplier``, with
     ``delta`` defaulting to the budget's; ``epochs`` or ``steps``, ``expected_batch_size``,
@@ -71,10 +73,15 @@ class JobCreate(BaseModel):
             "not": {"required": ["data_source"]},
             "properties": {
                 "model_name": {
+                    "description": "The registry name the job's versions are published under "
+                    "(`GET /v1/models/{model_name}/versions`). Default: `<algorithm>-<job id>` "
+                    "(e.g. `dp_sgd-job_0123…`), unique per job. A name another dataset released "
+                    "versions under, or a queued or running job of another dataset will publish "
+                    "under, is refused (409 `model_name_taken`).",
                     "anyOf": [
                         {"type": "string", "pattern": "^" + jobs.MODEL_NAME.pattern + "$"},
                         {"type": "null"},
-                    ]
+                    ],
                 },
             },
         },

@@ -30,9 +30,11 @@ from service.api.schemas import (
     ErrorBody,
     ReservationBatchesPublic,
     ReservationCreate,
+    ReservationExtend,
     ReservationPublic,
 )
 from service.ledger import pricing, reservations
+from service.ledger.errors import InvalidInput
 
 router = APIRouter(prefix=PREFIX, tags=["reservations"])
 
@@ -88,6 +90,13 @@ async def reserve(
     idempotency_key: IdempotencyKeyDep = None,
 ) -> JSONResponse:
     state = request.app.state
+    ttl_s = body.ttl_s if body.ttl_s is not None else state.settings.reservation_ttl_s
+    if ttl_s > state.settings.reservation_max_lifetime_s:
+        raise InvalidInput(
+            "ttl_s",
+            f"must be at most the maximum lifetime of a reservation, "
+            f"{state.settings.reservation_max_lifetime_s:g} s. Found {ttl_s!r}.",
+        )
     answer = await reservations.reserve_async(
         state.database,
         principal.tenant_id,
@@ -97,7 +106,7 @@ async def reserve(
         task_ids=_ids(body.tasks),
         noise_commitment=body.noise_commitment,
         idempotency_key=idempotency_key,
-        ttl_s=body.ttl_s if body.ttl_s is not None else state.settings.reservation_ttl_s,
+        ttl_s=ttl_s,
         policy=_pricing(request, principal.tenant_id),
         release=None if body.release is None else body.release.model_dump(),
     )
@@ -211,4 +220,38 @@ async def abort(
     )
     metrics.aborts.inc()
     _observe_age(metrics, answer, "aborted")
+    return json_answer(answer)
+
+
+@router.post(
+    "/reservations/{reservation_id}/extend",
+    response_model=None,
+    responses={
+        200: documented(ReservationPublic, "held longer: the reservation with its new `expires_at`"),
+        **_ERRORS,
+        409: {
+            "model": ErrorBody,
+            "description": "`reservation_closed` (committed or aborted), `reservation_expired` "
+            "(past its time: it expires now, charged everything reserved), or "
+            "`reservation_lifetime_exceeded` (with `latest_expires_at`; nothing changes)",
+        },
+    },
+    summary="Hold an open reservation longer (a heartbeat; bounded, audited)",
+)
+async def extend(
+    reservation_id: str,
+    body: ReservationExtend,
+    principal: TrainerDep,
+    request: Request,
+    idempotency_key: IdempotencyKeyDep = None,
+) -> JSONResponse:
+    state = request.app.state
+    answer = await reservations.extend_async(
+        state.database,
+        principal.tenant_id,
+        reservation_id,
+        ttl_s=body.ttl_s,
+        max_lifetime_s=state.settings.reservation_max_lifetime_s,
+        idempotency_key=idempotency_key,
+    )
     return json_answer(answer)

@@ -284,12 +284,25 @@ class DataSourceSet(_Request):
     data_source: DataSourceUri
 
 
+class DatasetWarning(_Public):
+    code: str = Field(description="`delta_not_below_one_over_n`: the budget's δ is at least 1/N")
+    field: str
+    message: str
+
+
 class DatasetPublic(_Public):
     id: Any
     name: str
     budget: dict[str, Any]
     data_source: str | None = Field(
         default=None, description="the URI the worker reads the records from; null: none set yet"
+    )
+    records: int = Field(default=0, description="records registered (the sum of its batches' sizes)")
+    warnings: list[DatasetWarning] = Field(
+        default_factory=list,
+        description="what to look at: a budget δ ≥ 1/N for the N records registered "
+        "(`delta_not_below_one_over_n`, `field: budget.delta`), which lets a mechanism publish "
+        "about δ·N records in the clear",
     )
 
 
@@ -426,6 +439,16 @@ class ReservationCreate(_Request):
             )
         _check_event(self.event, "event")
         return self
+
+
+class ReservationExtend(_Request):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: Annotated[float, Field(gt=0, le=MAX_TTL_S, strict=True)] = Field(
+        description="Hold the reservation until at least this many seconds from now (never "
+        "shorter than it is held already), at most LEDGER_RESERVATION_MAX_LIFETIME_S after its "
+        "creation (409 `reservation_lifetime_exceeded` with `latest_expires_at` beyond).",
+    )
 
 
 class QuoteCreate(_Request):

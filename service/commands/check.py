@@ -157,7 +157,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "or connection error.",
     )
     add_connection_arguments(parser)
-    parser.add_argument("--dataset", help="dataset id (required online)")
+    parser.add_argument("--dataset", help="the dataset's id or name (required online)")
     parser.add_argument("--bundle", help="check an exported bundle offline (ledger export)")
     parser.add_argument("--model", help="check the published versions of this model")
     parser.add_argument(
@@ -1142,7 +1142,8 @@ def _report(args: argparse.Namespace) -> Report:
         raise UsageError(problem)
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
-            bundle = collect(client, args.dataset, model=args.model)
+            dataset_id = str(client.find_dataset(args.dataset)["id"])  # an id or a name
+            bundle = collect(client, dataset_id, model=args.model)
             served = _served_artifacts(client, bundle)
     except LedgerError as exc:
         raise UsageError(f"ledger check: {exc}") from exc

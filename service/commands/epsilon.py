@@ -66,7 +66,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--steps", type=int, metavar="T", help="number of DP-SGD steps")
     parser.add_argument("--delta", type=float, help="the delta of (epsilon, delta)-DP (not with --dataset)")
-    parser.add_argument("--dataset", help="price on this dataset of a running server (its own budget)")
+    parser.add_argument(
+        "--dataset", help="price on this dataset (id or name) of a running server (its own budget)"
+    )
     parser.add_argument(
         "--batch", action="append", metavar="ID", help="with --dataset: price on these batches"
     )
@@ -149,8 +151,9 @@ def quote(args: argparse.Namespace) -> dict[str, Any]:
     event = _event(args)
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
+            dataset_id = str(client.find_dataset(args.dataset)["id"])  # an id or a name
             answer = dict(
-                client.quote(args.dataset, to_json(event), batches=args.batch, new_batch=args.new_batch)
+                client.quote(dataset_id, to_json(event), batches=args.batch, new_batch=args.new_batch)
             )
     except LedgerError as exc:
         raise _UsageError(f"--dataset: {exc}") from None

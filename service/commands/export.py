@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "`ledger check --bundle FILE`.",
     )
     add_connection_arguments(parser)
-    parser.add_argument("--dataset", required=True, help="dataset id")
+    parser.add_argument("--dataset", required=True, help="the dataset's id or name")
     parser.add_argument("--model", help="also export the registry versions of this model")
     parser.add_argument("-o", "--output", required=True, help="file to write ('-' for standard output)")
     parser.set_defaults(handler=run)
@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         with LedgerClient(args.url, args.key, timeout=args.timeout, retries=2) as client:
+            args.dataset = str(client.find_dataset(args.dataset)["id"])  # an id or a name
             bundle = collect(client, args.dataset, model=args.model)
     except LedgerError as exc:
         print(f"ledger export: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from service.commands.migrate import database_url
+from service.commands.migrate import DATABASE_URL_HELP, migrated_database_url
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -25,9 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "keys", help="create, revoke and list API keys", description=__doc__.split("\n\n")[1]
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
-    )
+    common.add_argument("--database-url", help=DATABASE_URL_HELP)
     actions = parser.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
 
     create = actions.add_parser("create", parents=[common], help="create a key; prints it once")
@@ -54,7 +52,10 @@ def _create(args: argparse.Namespace) -> int:
     from service.ledger.tenancy import check_key_hash_secret, issue_api_key
     from service.server_secrets import SecretError
 
-    db = Database(database_url(args))
+    url = migrated_database_url(args, f"keys {args.keys_action}")
+    if url is None:
+        return 2
+    db = Database(url)
     try:
         check_key_hash_secret(db)
         record = issue_api_key(db, args.tenant, args.scope)
@@ -83,7 +84,10 @@ def _revoke(args: argparse.Namespace) -> int:
     from service.ledger.errors import LedgerError
     from service.ledger.tenancy import revoke_api_key
 
-    db = Database(database_url(args))
+    url = migrated_database_url(args, f"keys {args.keys_action}")
+    if url is None:
+        return 2
+    db = Database(url)
     try:
         record = revoke_api_key(db, args.key_id, tenant_id=args.tenant)
     except LedgerError as exc:
@@ -99,7 +103,10 @@ def _list(args: argparse.Namespace) -> int:
     from service.db.session import Database
     from service.ledger.tenancy import list_api_keys
 
-    db = Database(database_url(args))
+    url = migrated_database_url(args, f"keys {args.keys_action}")
+    if url is None:
+        return 2
+    db = Database(url)
     try:
         print(json.dumps(list_api_keys(db, args.tenant)))
     finally:

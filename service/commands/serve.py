@@ -32,12 +32,13 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from service.commands.migrate import database_url
+from service.commands.migrate import DATABASE_URL_HELP, database_url
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -109,9 +110,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    parser.add_argument(
-        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (default 1)")
     parser.add_argument(
         "--no-worker",
@@ -188,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["LEDGER_DATABASE_URL"] = url
     settings = Settings()
 
+    migrations.make_home(url)
     migrations.upgrade(url)
     database = Database(url, pool_size=2, max_overflow=0)
     try:
@@ -199,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
         database.dispose()
 
     base = f"http://{_display_host(args.host)}:{args.port}"
+    print(_where_state_lives(settings, url), flush=True)
     print(f"privacy-ledger serving HTTP API v1 at {base}  (docs: {base}/docs)", flush=True)
     if new_key is not None:
         print(
@@ -243,6 +244,32 @@ def run(args: argparse.Namespace) -> int:
                 stop.set()
                 thread.join()
     return 0
+
+
+def _where_state_lives(settings: Settings, url: str) -> str:
+    """Where this server keeps its state, printed at start (issue 28 §3), and a note when the
+    working directory holds a ledger of the days when state landed there, which is not used."""
+    from sqlalchemy.engine import make_url
+
+    from service.db.migrations import sqlite_file
+    from service.server_secrets import default_secrets_dir
+    from service.settings import DATABASE_FILE
+
+    secrets = settings.secrets_dir or default_secrets_dir(url)
+    lines = [
+        f"ledger home: {settings.home}  (LEDGER_HOME or --home)",
+        f"  database:  {make_url(url).render_as_string(hide_password=True)}",
+        f"  artifacts: {settings.artifact_dir}",
+        f"  secrets:   {Path(secrets).expanduser()}"
+        + ("" if settings.key_hash_secret is None else " (key-hash secret from LEDGER_KEY_HASH_SECRET)"),
+    ]
+    here, served = Path.cwd() / DATABASE_FILE, sqlite_file(url)
+    if here.is_file() and (served is None or here.resolve() != served.resolve()):
+        lines.append(
+            f"note: {here} is not this server's database (state no longer lands in the working "
+            "directory); to serve it, run with --home . (or LEDGER_HOME=$PWD)."
+        )
+    return "\n".join(lines)
 
 
 def _frozen(app: FastAPI) -> FastAPI:

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from service.commands.migrate import database_url
+from service.commands.migrate import DATABASE_URL_HELP, migrated_database_url
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "chain of tenants and keys); exit 0 if intact, 1 at the first broken row. The HTTP route "
         "GET /v1/audit/verify checks only the calling key's tenant.",
     )
-    parser.add_argument(
-        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument("--dataset", help="check only this dataset's chain")
     parser.set_defaults(handler=run)
 
@@ -38,7 +36,10 @@ def run(args: argparse.Namespace) -> int:
     from service.db.session import Database
     from service.ledger import audit
 
-    db = Database(database_url(args))
+    url = migrated_database_url(args, "verify")
+    if url is None:
+        return 2
+    db = Database(url)
     try:
         result = audit.verify(db, dataset_id=args.dataset)
     finally:

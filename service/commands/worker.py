@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from service.commands.migrate import database_url
+from service.commands.migrate import DATABASE_URL_HELP, database_url
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -27,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="run a training worker (claims jobs, trains, releases certified model versions)",
         description="Claim training jobs and run them through the release gate until stopped.",
     )
-    parser.add_argument(
-        "--database-url", help="SQLAlchemy URL (default: LEDGER_DATABASE_URL or sqlite:///./ledger.db)"
-    )
+    parser.add_argument("--database-url", help=DATABASE_URL_HELP)
     parser.add_argument(
         "--artifact-dir", type=Path, help="where model artifacts go (default: LEDGER_ARTIFACT_DIR)"
     )
@@ -64,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     )
     settings = Settings()
     url = database_url(args)
+    migrations.make_home(url)
     migrations.upgrade(url)
     database = Database(url, pool_size=2, max_overflow=2)
     # The worker signs what it commits: its keys must not orphan what earlier keys signed

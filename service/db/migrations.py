@@ -15,6 +15,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 import service
@@ -82,12 +83,56 @@ def is_up_to_date(url: str | URL) -> bool:
     return current_revision(url) == head_revision()
 
 
+def sqlite_file(url: str | URL) -> Path | None:
+    """The file of a SQLite URL (``None``: another backend, or in memory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(str(parsed.database)).expanduser()
+
+
+def make_home(url: str | URL) -> None:
+    """Create the folder of a SQLite database (the ledger's home, 0700) before it is migrated."""
+    path = sqlite_file(url)
+    if path is not None:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def missing_ledger(url: str | URL) -> str | None:
+    """Why ``url`` holds no ledger this version can use, in one line (``None``: it does). A
+    missing SQLite file is never created here (the engine would make an empty one)."""
+    shown = make_url(url).render_as_string(hide_password=True)
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():
+        return (
+            f"no ledger at {path} (no such file): run 'ledger serve' or 'ledger migrate' to create "
+            "one, or point at yours with --home DIR / LEDGER_HOME or LEDGER_DATABASE_URL."
+        )
+    try:
+        current = current_revision(url)
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        return f"cannot open the database at {shown}: {reason}"
+    if current is None:
+        return f"the database at {shown} holds no ledger (never migrated): run 'ledger migrate' first."
+    head = head_revision()
+    if current != head:
+        return (
+            f"the ledger at {shown} is at schema revision {current}; this version needs {head}: "
+            "run 'ledger migrate' first."
+        )
+    return None
+
+
 __all__ = [
     "alembic_config",
     "current_revision",
     "downgrade",
     "head_revision",
     "is_up_to_date",
+    "make_home",
+    "missing_ledger",
     "script_location",
+    "sqlite_file",
     "upgrade",
 ]

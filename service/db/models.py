@@ -93,7 +93,9 @@ class Dataset(Base):
     """
 
     __tablename__ = "datasets"
-    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+    # A name is unique within its tenant (``uq_datasets_tenant_id_name``): a name can stand for
+    # the dataset (issue 28 §6).
+    __table_args__ = (Index(None, "tenant_id", "created_at"), UniqueConstraint("tenant_id", "name"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))

@@ -146,6 +146,10 @@ CONSTRAINT_ERRORS: Final[dict[str, Callable[[IntegrityError], LedgerError]]] = {
         "this release already has a certificate.", reason="release_exists"
     ),
     "pk_tenants": lambda exc: Conflict("the tenant already exists.", reason="tenant_exists"),
+    # (``service.ledger.datasets`` names the dataset that has the name; this is the race's answer)
+    "uq_datasets_tenant_id_name": lambda exc: Conflict(
+        "a dataset of this tenant already has this name; choose another.", reason="dataset_name_taken"
+    ),
     "uq_api_keys_key_hash": lambda exc: Conflict("the API key already exists.", reason="key_exists"),
 }
 

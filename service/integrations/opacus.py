@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -153,13 +153,18 @@ class CountedLoader:
     (``drawn``: batches handed to the trainer). Iterate it as the loader; any other attribute is
     the loader's."""
 
-    def __init__(self, loader: torch.utils.data.DataLoader[Any]) -> None:
+    def __init__(
+        self, loader: torch.utils.data.DataLoader[Any], on_batch: Callable[[], object] | None = None
+    ) -> None:
         self.loader = loader
         self.drawn = 0
+        self.on_batch = on_batch
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
             self.drawn += 1
+            if self.on_batch is not None:
+                self.on_batch()
             yield batch
 
     def __len__(self) -> int:
@@ -247,6 +252,8 @@ def make_private_with_epsilon(
     batches: Sequence[Identifier] | None = None,
     tasks: Sequence[Identifier] | None = None,
     idempotency_key: str | None = None,
+    ttl_s: float | None = None,
+    renew: bool = True,
 ) -> Iterator[OpacusRun]:
     """``PrivacyEngine.make_private_with_epsilon`` behind the ledger's gate (module docstring):
     σ calibrated so that the run of ``epochs`` epochs has its own ε ≤ ``target_epsilon`` at the
@@ -255,7 +262,15 @@ def make_private_with_epsilon(
     neither: every task of the dataset); Poisson
     sampling with Opacus's q = 1/len(data_loader); the reservation made before the block runs,
     the release ``{model, version}`` committed on a clean exit (``BudgetExceeded`` on enter:
-    nothing ran). The data loader's dataset must hold exactly the records of those batches."""
+    nothing ran). The data loader's dataset must hold exactly the records of those batches.
+
+    ``ttl_s``: how long the hold lasts before it must be renewed (default: the server's, an
+    hour). With ``renew`` (default) the hold is renewed while training draws batches: each batch
+    drawn from ``run.data_loader`` renews it when less than half of ``ttl_s`` is left
+    (``ReleaseGate.renew_if_due``; audited by the ledger), up to the server's maximum lifetime of
+    a reservation. A run that stops drawing batches (hung, or crashed) stops renewing, and its
+    hold expires: charged in full, nothing released. Before an expiry the gate warns
+    (``service.client.ReservationExpiring``)."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise UndescribedRun(f"epochs must be an integer >= 1. Found {epochs!r}.")
     if engine.accountant.history:
@@ -291,6 +306,7 @@ def make_private_with_epsilon(
         tasks=task_ids if batches is None else None,
         model=model,
         version=version,
+        ttl_s=ttl_s,
         idempotency_key=idempotency_key,
     ) as gate:
         private_module, private_optimizer, private_loader = engine.make_private(
@@ -304,7 +320,8 @@ def make_private_with_epsilon(
         event = event_from_opacus(private_optimizer, private_loader, epochs)
         if event != planned:
             raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
-        run = OpacusRun(engine, private_module, private_optimizer, CountedLoader(private_loader), event, gate)
+        loader = CountedLoader(private_loader, gate.renew_if_due if renew else None)
+        run = OpacusRun(engine, private_module, private_optimizer, loader, event, gate)
         logger.info("reserved %s on dataset %s: %s", gate.reservation_id, dataset_id, run.charging_for)
         yield run
         steps = run.steps_run()

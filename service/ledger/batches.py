@@ -24,7 +24,7 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
-from service.db.models import Batch, BatchRecord, BatchStateRow, Task
+from service.db.models import Batch, BatchRecord, BatchStateRow, Job, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.datasets import UNENCODABLE, can_be_id, check_name, encodes, load_dataset
@@ -166,6 +166,139 @@ def create_task(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Deleting what was never charged (issue 28 §7)
+# ---------------------------------------------------------------------------------------------
+#
+# A task or a batch registered by mistake (an empty task left by a refused registration, a batch
+# with the wrong records) can be deleted while nothing was ever charged or held on it: every one
+# of its batches is in the empty state, which a reservation leaves only by a refund of what
+# provably never ran. Then no certificate, reservation charge or spend refers to it, and removing
+# it (with its record hashes, so the records can be registered again) changes no guarantee. The
+# deletion is appended to the dataset's audit chain (``task.deleted`` / ``batch.deleted``); the
+# ``task.created`` / ``batches.created`` entries stay, so the history shows both. A charged or
+# held batch is never deletable (409 ``charged``); neither is anything while a job of the
+# dataset is queued or running (409 ``dataset_in_use``: its plan reads every batch). Datasets are
+# not deleted: their audit chain is their history.
+
+
+def _refuse_while_a_job_runs(session: Session, dataset_id: str) -> None:
+    job = session.scalar(
+        select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(("queued", "running"))).limit(1)
+    )
+    if job is not None:
+        raise Conflict(
+            f"job {job!r} of dataset {dataset_id!r} is queued or running and reads every batch; "
+            "delete once it has finished (or cancel it).",
+            reason="dataset_in_use",
+            job_id=job,
+        )
+
+
+def _refuse_charged(session: Session, dataset_id: str, where: Any, what: str) -> None:
+    empty = state_id(dataset_id, _EMPTY_STATE)
+    charged = session.scalars(select(Batch.id).where(where, Batch.state_id != empty).limit(1)).first()
+    if charged is not None:
+        raise Conflict(
+            f"{what} cannot be deleted: batch {charged!r} was charged or is held by a reservation "
+            "(a certificate, a charge or a hold refers to it), and spend is never undone.",
+            reason="charged",
+            batch_id=charged,
+        )
+
+
+def delete_batch(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    task_id: str,
+    batch_id: str,
+    *,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Delete a batch nothing was ever charged on, with its records (200: ``{deleted: batch}``);
+    audited as ``batch.deleted``. ``NotFound`` (also another tenant's), ``Conflict``
+    (``charged``, ``dataset_in_use``)."""
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        head = lock_ledger_head(session.connection(), dataset_id) if can_be_id(dataset_id) else None
+        if head is None or head.tenant_id != tenant_id:
+            raise NotFound("dataset", dataset_id)
+        _load_task(session, dataset_id, task_id)
+        row = session.get(Batch, batch_id) if can_be_id(batch_id) else None
+        if row is None or row.task_id != task_id:
+            raise NotFound("batch", batch_id)
+        _refuse_while_a_job_runs(session, dataset_id)
+        _refuse_charged(session, dataset_id, Batch.id == batch_id, f"batch {batch_id!r}")
+        deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
+        connection = session.connection()
+        connection.execute(
+            BatchRecord.__table__.delete().where(
+                BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id == batch_id
+            )
+        )
+        connection.execute(Batch.__table__.delete().where(Batch.id == batch_id))
+        event = audit.AuditEvent("batch.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
+        return idempotency.Outcome({"deleted": deleted}, [event])
+
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="delete_batch",
+        request={"dataset_id": dataset_id, "task_id": task_id, "batch_id": batch_id},
+        idempotency_key=idempotency_key,
+        body=body,
+        now=now,
+    )
+
+
+def delete_task(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    task_id: str,
+    *,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Delete a task none of whose batches was ever charged, with its batches and their records
+    (200: ``{deleted: {id, name, batches, records}}``); audited as ``task.deleted``.
+    ``NotFound`` (also another tenant's), ``Conflict`` (``charged``, ``dataset_in_use``)."""
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        head = lock_ledger_head(session.connection(), dataset_id) if can_be_id(dataset_id) else None
+        if head is None or head.tenant_id != tenant_id:
+            raise NotFound("dataset", dataset_id)
+        task = _load_task(session, dataset_id, task_id)
+        _refuse_while_a_job_runs(session, dataset_id)
+        _refuse_charged(session, dataset_id, Batch.task_id == task_id, f"task {task_id!r}")
+        count, records = session.execute(
+            select(func.count(), func.coalesce(func.sum(Batch.size), 0)).where(Batch.task_id == task_id)
+        ).one()
+        deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
+        connection = session.connection()
+        ids = select(Batch.id).where(Batch.task_id == task_id).scalar_subquery()
+        records_of_task = BatchRecord.__table__.delete().where(
+            BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id.in_(ids)
+        )
+        connection.execute(records_of_task)
+        connection.execute(Batch.__table__.delete().where(Batch.task_id == task_id))
+        connection.execute(Task.__table__.delete().where(Task.id == task_id))
+        event = audit.AuditEvent("task.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
+        return idempotency.Outcome({"deleted": deleted}, [event])
+
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="delete_task",
+        request={"dataset_id": dataset_id, "task_id": task_id},
+        idempotency_key=idempotency_key,
+        body=body,
+        now=now,
+    )
+
+
 def get_task(db: Database, tenant_id: str, dataset_id: str, task_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
@@ -270,7 +403,10 @@ def create_batches(
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
         _load_task(session, dataset_id, task_id)
-        existing = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
+        # after the last position (a deleted batch leaves a gap: positions are never reused)
+        existing = session.scalar(
+            select(func.coalesce(func.max(Batch.position) + 1, 0)).where(Batch.task_id == task_id)
+        )
         empty = state_id(dataset_id, _EMPTY_STATE)  # every new batch starts in the empty state
         if session.get(BatchStateRow, empty) is None:
             session.execute(
@@ -497,6 +633,8 @@ __all__ = [
     "count_records",
     "create_batches",
     "create_task",
+    "delete_batch",
+    "delete_task",
     "get_batch",
     "get_task",
     "list_batches",

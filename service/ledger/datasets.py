@@ -23,8 +23,9 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import func, select
@@ -33,11 +34,12 @@ from sqlalchemy.orm import Session
 from accountant import events as ev
 from accountant.errors import AccountantError, InvalidArgumentError, UnsupportedEventError
 from accountant.events import DpEvent, EventValidationError
+from accountant.exact import to_text
 from accountant.rules import Budget
-from service.db.models import DATA_SOURCE_LENGTH, Dataset
+from service.db.models import DATA_SOURCE_LENGTH, Batch, Dataset
 from service.db.session import Database
 from service.ledger import audit, idempotency
-from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.errors import Conflict, InvalidInput, NotFound
 
 if TYPE_CHECKING:
     from service.training.data import DataRoots
@@ -185,14 +187,52 @@ def cached_budget(dataset_id: str, load: Callable[[], Any], *, segments: int | N
     return _budgets.get(dataset_id, load, segments)
 
 
-def dataset_json(row: Dataset) -> dict[str, Any]:
+def delta_warnings(budget: Mapping[str, Any], records: int) -> list[dict[str, str]]:
+    """What the dataset's answer warns of (issue 28 §5): a δ of at least 1/N for the N records
+    registered. (ε, δ)-DP with δ ≥ 1/N allows a mechanism that publishes one record in the clear
+    with probability δ — about δ·N records of N — and still meets the definition (Dwork & Roth
+    2014, §2.3: δ should be much smaller than 1/N). A warning, not a refusal: records are
+    registered after the budget is set, and the number grows."""
+    delta = Decimal(str(budget.get("delta", "0")))
+    if records <= 0 or delta <= 0 or delta * records < 1:
+        return []
+    return [
+        {
+            "code": "delta_not_below_one_over_n",
+            "field": "budget.delta",
+            "message": (
+                f"budget delta {to_text(delta)} is at least 1/N for the {records} records registered "
+                f"(1/N = {to_text(Decimal(1) / Decimal(records))}): a mechanism that publishes about "
+                f"delta*N = {to_text(delta * records)} records in the clear meets this guarantee. Use a "
+                "delta well below 1/N (a common choice: below 1/N^1.1, or 1e-5 for tens of thousands)."
+            ),
+        }
+    ]
+
+
+def dataset_json(row: Dataset, records: int) -> dict[str, Any]:
+    """A dataset's answer; ``records``: how many records its batches hold (``records_of``)."""
     return {
         "id": row.id,
         "name": row.name,
         "budget": row.budget,
         "data_source": row.data_source,
+        "records": records,
+        "warnings": delta_warnings(row.budget, records),
         "created_at": row.created_at.isoformat(),
     }
+
+
+def records_of(session: Session, dataset_ids: Sequence[str]) -> dict[str, int]:
+    """Records registered per dataset (the sum of its batches' sizes), one grouped read."""
+    if not dataset_ids:
+        return {}
+    rows = session.execute(
+        select(Batch.dataset_id, func.sum(Batch.size))
+        .where(Batch.dataset_id.in_(list(dataset_ids)))
+        .group_by(Batch.dataset_id)
+    )
+    return {dataset_id: int(total or 0) for dataset_id, total in rows}
 
 
 def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | None) -> str | None:
@@ -243,6 +283,15 @@ def create_dataset(
     source = check_data_source(data_source, tenant_id, data_roots)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
+        taken = session.scalar(select(Dataset.id).where(Dataset.tenant_id == tenant_id, Dataset.name == name))
+        if taken is not None:
+            raise Conflict(
+                f"dataset {taken!r} of this tenant is named {name!r} already: a name stands for one "
+                "dataset (it may be used where an id is). Choose another name.",
+                reason="dataset_name_taken",
+                field="name",
+                dataset_id=taken,
+            )
         row = Dataset(
             id=f"ds_{secrets.token_hex(12)}",
             tenant_id=tenant_id,
@@ -263,7 +312,7 @@ def create_dataset(
         if source is not None:  # (entries of datasets without one keep their old shape)
             payload["data_source"] = source
         event = audit.AuditEvent("dataset.created", payload, tenant_id=tenant_id, dataset_id=row.id)
-        return idempotency.Outcome(dataset_json(row), [event])
+        return idempotency.Outcome(dataset_json(row, 0), [event])
 
     request: dict[str, Any] = {"name": name, "budget": dict(budget)}
     if source is not None:
@@ -309,8 +358,9 @@ def set_data_source(
         if row is None:
             raise NotFound("dataset", dataset_id)
         previous = row.data_source
+        records = records_of(session, [row.id]).get(row.id, 0)
         if previous == source:
-            return idempotency.Outcome(dataset_json(row))
+            return idempotency.Outcome(dataset_json(row, records))
         row.data_source = source
         row.updated_at = at
         session.flush()
@@ -320,7 +370,7 @@ def set_data_source(
             tenant_id=tenant_id,
             dataset_id=dataset_id,
         )
-        return idempotency.Outcome(dataset_json(row), [event])
+        return idempotency.Outcome(dataset_json(row, records), [event])
 
     return idempotency.execute(
         db,
@@ -335,27 +385,30 @@ def set_data_source(
 
 def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
-        return dataset_json(load_dataset(session, tenant_id, dataset_id))
+        row = load_dataset(session, tenant_id, dataset_id)
+        return dataset_json(row, records_of(session, [row.id]).get(row.id, 0))
 
 
-def list_datasets(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them)."""
+def list_datasets(
+    db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0, name: str | None = None
+) -> dict[str, Any]:
+    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them); with
+    ``name``, only the one of that name (names are unique per tenant), or none."""
     if limit < 1 or limit > 1000:
         raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")
     if offset < 0:
         raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+    where = [Dataset.tenant_id == tenant_id]
+    if name is not None:
+        check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
+        where.append(Dataset.name == name)
     with db.session(readonly=True) as session:
         rows = session.scalars(
-            select(Dataset)
-            .where(Dataset.tenant_id == tenant_id)
-            .order_by(Dataset.created_at, Dataset.id)
-            .limit(limit)
-            .offset(offset)
+            select(Dataset).where(*where).order_by(Dataset.created_at, Dataset.id).limit(limit).offset(offset)
         ).all()
-        count = session.scalar(
-            select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
-        )
-        return {"data": [dataset_json(r) for r in rows], "count": count or 0}
+        count = session.scalar(select(func.count()).select_from(Dataset).where(*where))
+        records = records_of(session, [r.id for r in rows])
+        return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count or 0}
 
 
 __all__ = [
@@ -369,10 +422,12 @@ __all__ = [
     "check_text",
     "create_dataset",
     "dataset_json",
+    "delta_warnings",
     "encodes",
     "get_dataset",
     "list_datasets",
     "load_dataset",
     "parse_budget",
+    "records_of",
     "set_data_source",
 ]

@@ -181,15 +181,40 @@ class DuplicateIdempotencyKey(Conflict):
 
 
 class ReservationExpired(Conflict):
-    """A commit arrived after the reservation's TTL: the hold was freed, nothing was spent."""
+    """A commit or an extension arrived after the reservation's TTL: the reservation expired,
+    which charges everything it reserved (as an abort does), and it releases nothing."""
 
     code = "reservation_expired"
 
     def __init__(self, reservation_id: str) -> None:
         super().__init__(
-            f"reservation {reservation_id!r} expired; its hold was freed and nothing was spent.",
+            f"reservation {reservation_id!r} expired; an expiry charges everything reserved "
+            "(a certificate of outcome expired) and releases nothing. Extend a hold before its "
+            "expires_at (POST /v1/reservations/{id}/extend).",
             reason="reservation_expired",
             reservation_id=reservation_id,
+        )
+
+
+class LifetimeExceeded(Conflict):
+    """An extension would keep the hold past the reservation's maximum lifetime
+    (``LEDGER_RESERVATION_MAX_LIFETIME_S`` from its creation): ``latest_expires_at`` is as far as
+    it may go. Nothing changes."""
+
+    code = "reservation_lifetime_exceeded"
+
+    def __init__(
+        self, reservation_id: str, ttl_s: float, latest_expires_at: str, max_lifetime_s: float
+    ) -> None:
+        super().__init__(
+            f"ttl_s {ttl_s:g} would hold reservation {reservation_id!r} past its maximum lifetime "
+            f"of {max_lifetime_s:g} s from creation; the latest expires_at is {latest_expires_at}. "
+            "Commit what ran (a progressive commit) and reserve the rest anew.",
+            reason="reservation_lifetime_exceeded",
+            field="ttl_s",
+            reservation_id=reservation_id,
+            latest_expires_at=latest_expires_at,
+            max_lifetime_s=max_lifetime_s,
         )
 
 
@@ -216,6 +241,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidInput",
     "LedgerError",
+    "LifetimeExceeded",
     "NotFound",
     "PayloadTooLarge",
     "RateLimited",

@@ -82,12 +82,13 @@ from sqlalchemy import Text, and_, case, cast, func, or_, select, type_coerce, u
 from sqlalchemy.orm import Session, aliased, defer
 
 from accountant.exact import to_text
+from accountant.rules import BatchState
 from service.db.base import utcnow
-from service.db.models import Batch, Dataset, Job, ModelVersion, Release, Tenant
+from service.db.models import Batch, BatchStateRow, Dataset, Job, ModelVersion, Release, Tenant
 from service.db.session import Database
 from service.ledger import audit, idempotency
 from service.ledger.datasets import can_be_id, load_dataset
-from service.ledger.errors import Conflict, InvalidInput, NotFound
+from service.ledger.errors import ChargeRefused, Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.training import params as job_params
 from service.training.algorithms import TRAINERS
@@ -590,6 +591,56 @@ def _check_batch_size(session: Session, dataset: Dataset, parsed: Any) -> None:
         raise InvalidInput(exc.field, exc.message) from None
 
 
+def _check_delta_is_the_budgets(dataset: Dataset, document: Mapping[str, Any]) -> None:
+    """422 ``params.delta`` when a job names a δ other than its budget's (issue 28 §5): the ledger
+    certifies every charge at the budget's δ, so a σ calibrated at another δ would be reported at
+    one and certified at the other. Absent, the worker uses the budget's."""
+    delta = document.get("delta")
+    if delta is None or isinstance(delta, bool) or not isinstance(delta, int | float):
+        return  # absent, or the params check names what is wrong with it
+    budget_delta = Decimal(str(dataset.budget["delta"]))
+    if Decimal(repr(float(delta))) != budget_delta:
+        raise InvalidInput(
+            "params.delta",
+            f"must be the dataset's budget delta, {to_text(budget_delta)}, at which the ledger "
+            f"certifies every charge (or be left out to use it). Found {delta!r}.",
+        )
+
+
+MAX_NAMED_BATCHES: Final = 10
+
+
+def _check_parallel_batches_unread(session: Session, dataset: Dataset) -> None:
+    """409 ``batch_already_read`` when a job would read a batch of a ``parallel`` budget that a
+    reservation read already (issue 28 §8): every job reads every task's batches, and the rule
+    lets each batch be read once, so the worker would refuse the run. Decided on the distinct
+    batch states (a handful), naming up to ``MAX_NAMED_BATCHES`` of the batches."""
+    if dataset.budget.get("rule") != "parallel":
+        return
+    state_ids = session.scalars(select(Batch.state_id).where(Batch.dataset_id == dataset.id).distinct()).all()
+    if not state_ids:
+        return
+    rows = session.execute(
+        select(BatchStateRow.id, BatchStateRow.state).where(BatchStateRow.id.in_(state_ids))
+    )
+    read = [sid for sid, state in rows if BatchState.from_json(state).reads > 0]
+    if not read:
+        return
+    where = (Batch.dataset_id == dataset.id, Batch.state_id.in_(read))
+    count = session.scalar(select(func.count()).select_from(Batch).where(*where)) or 0
+    named = list(session.scalars(select(Batch.id).where(*where).order_by(Batch.id).limit(MAX_NAMED_BATCHES)))
+    refusal = ChargeRefused(
+        "batch_already_read",
+        f"dataset {dataset.id!r} has a parallel budget and {count} of its batches were read "
+        f"already ({', '.join(named)}{', ...' if count > len(named) else ''}); a job reads every "
+        "batch of the dataset and the parallel rule (assumption S2) lets each be read once. "
+        "Register the new data as new batches of a new dataset (or tasks of one not yet read).",
+        batch_id=named[0],
+    )
+    refusal.details.update(field="dataset_id", batches=named, batches_read=count)
+    raise refusal
+
+
 def _check_model_name_free(session: Session, tenant_id: str, dataset_id: str, model_name: str) -> None:
     """409 ``model_name_taken`` when another dataset released versions of ``model_name`` or has a
     queued or running job that will (module docstring)."""
@@ -662,9 +713,11 @@ def create_job(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """Queue a job (201). Refused, nothing is stored: ``InvalidInput`` (422) names a bad field —
-    the document, a trainer param, a dataset without a source or batches; ``NotFound`` an unknown
-    dataset (checked before the params); ``Conflict`` a model name another dataset's
-    (``model_name_taken``) or a full queue (``too_many_queued_jobs``)."""
+    the document, a trainer param, a dataset without a source or batches, a ``params.delta``
+    other than the budget's; ``NotFound`` an unknown dataset (checked before the params);
+    ``ChargeRefused`` (``batch_already_read``) a parallel dataset whose batches were read;
+    ``Conflict`` a model name another dataset's (``model_name_taken``) or a full queue
+    (``too_many_queued_jobs``)."""
     if not isinstance(dataset_id, str) or not dataset_id or len(dataset_id) > 64:
         raise InvalidInput("dataset_id", f"must be a dataset id. Found {_shown(dataset_id)}.")
     _check_text(dataset_id, "dataset_id")
@@ -684,6 +737,8 @@ def create_job(
         parsed = check_params(algorithm, document, limits)
         _check_dataset_can_train(session, dataset)
         _check_batch_size(session, dataset, parsed)
+        _check_delta_is_the_budgets(dataset, document)
+        _check_parallel_batches_unread(session, dataset)
         _check_model_name_free(session, tenant_id, dataset_id, model_name)
         _check_queue(session, tenant_id, limits)
         row = Job(

@@ -18,6 +18,8 @@ decision is made on the current per-batch states and no two spends on a dataset 
   ``null`` and ``outcome`` is ``"aborted"``. Only the built-in worker, in-process, says what ran
   (``ran``: no HTTP route or API key can): then the prefix that ran is charged and only what
   provably never ran is returned (``accountant.rules.cancel``); nothing read, nothing charged.
+* ``extend`` holds an open reservation longer (a heartbeat or an explicit extension, audited as
+  ``reservation.extended``), never past ``max_lifetime_s`` from its creation.
 * A reservation past its ``expires_at`` expires and is charged exactly as ``abort`` charges
   (``outcome: "expired"``). Every spend transaction first expires the dataset's due
   reservations, ``expire_due`` sweeps all datasets, and a late commit expires its reservation
@@ -71,12 +73,14 @@ from service.ledger.errors import InvalidInput, NotFound, ReleaseExists
 from service.ledger.spending import requests
 from service.ledger.spending.engine import submit, submit_async
 from service.ledger.spending.requests import (
+    DEFAULT_MAX_LIFETIME_S,
     DEFAULT_TTL_S,
     MAX_BATCHES_PER_RESERVATION,
     MAX_TTL_S,
     AbortParams,
     CommitParams,
     ExpireParams,
+    ExtendParams,
     Op,
     Ran,
     ReserveParams,
@@ -406,6 +410,65 @@ async def abort_async(
     return await submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
+def _extend_op(
+    tenant_id: str,
+    reservation_id: str,
+    dataset_id: str,
+    ttl_s: float,
+    max_lifetime_s: float,
+    idempotency_key: str | None,
+    now: datetime | None,
+) -> Op:
+    ttl = requests.ttl(ttl_s)
+    if ttl_s > max_lifetime_s:
+        raise InvalidInput(
+            "ttl_s",
+            f"must be at most the maximum lifetime of a reservation, {max_lifetime_s:g} s. Found {ttl_s!r}.",
+        )
+    params = ExtendParams(reservation_id, ttl, requests.ttl(max_lifetime_s))
+    op = Op("extend", tenant_id, dataset_id, now or utcnow(), params)
+    return keyed(op, idempotency_key, {"reservation_id": reservation_id, "ttl_s": ttl.total_seconds()})
+
+
+def extend(
+    db: Database,
+    tenant_id: str,
+    reservation_id: str,
+    *,
+    ttl_s: float,
+    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Hold an open reservation until ``max(expires_at, now + ttl_s)`` (200: the reservation's
+    JSON), at most ``max_lifetime_s`` after its creation. A longer training renews its hold with
+    this (a heartbeat: a repeat changes nothing); the extension is audited
+    (``reservation.extended``). Raises ``InvalidInput`` (``ttl_s``), ``NotFound`` (also another
+    tenant's), ``Conflict`` (``reservation_closed``: committed or aborted), ``ReservationExpired``
+    (past its time: it expires now, charged as any expiry) and ``LifetimeExceeded`` (nothing
+    changes)."""
+    key = idempotency.check_key(idempotency_key)
+    dataset_id = _dataset_of(db, tenant_id, reservation_id)
+    op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, now)
+    return submit(db, op)
+
+
+async def extend_async(
+    db: Database,
+    tenant_id: str,
+    reservation_id: str,
+    *,
+    ttl_s: float,
+    max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """``extend`` for a coroutine (the HTTP route)."""
+    key = idempotency.check_key(idempotency_key)
+    dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
+    op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, None)
+    return await submit_async(db, op)
+
+
 def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
     """Expire every reservation past its ``expires_at`` (the background sweep): ``{expired}``.
 
@@ -499,6 +562,7 @@ def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple
 
 
 __all__ = [
+    "DEFAULT_MAX_LIFETIME_S",
     "DEFAULT_TTL_S",
     "MAX_BATCHES_PER_RESERVATION",
     "MAX_BATCH_PAGE",
@@ -510,6 +574,8 @@ __all__ = [
     "commit",
     "commit_async",
     "expire_due",
+    "extend",
+    "extend_async",
     "get_reservation",
     "list_batches",
     "parse_event",

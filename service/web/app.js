@@ -548,6 +548,12 @@
         h("span", { text: "accountant " + spend.accountant + " · budget ε " + spend.epsilon_budget + ", δ " + spend.delta_budget }),
         spend.geometric ? h("span", { text: " · levels first " + spend.geometric.first + ", ratio " + spend.geometric.ratio + " (infinite-horizon bound " + spend.geometric.infinite_horizon_bound + ")" }) : null,
         h("span", { class: "muted", text: " · " + dataset.id })));
+    // The API's warnings about the dataset (a budget δ of at least 1/N for its records).
+    const warnings = dataset.warnings || [];
+    if (warnings.length) {
+      add(view, h("div", { id: "dataset-warnings", class: "warning", role: "alert" },
+        ...warnings.map((w) => h("p", { "data-code": w.code, text: "⚠ " + w.message }))));
+    }
 
     add(view, section("Budget", "budget", gauge(spend), stats(spend)));
     add(view, section("ε over releases", "epsilon-over-time", epsilonOverReleases(allReleases, spend)));

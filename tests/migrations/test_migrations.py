@@ -12,6 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -508,3 +509,61 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
         raise AssertionError("the downgrade went through with an external model version")
     assert migrations.is_up_to_date(empty_database_url)
     assert (tmp_path / "artifacts" / "acme" / "ext" / "v1.bin").read_bytes() == b"weights"
+
+BEFORE_UNIQUE_NAMES = "a7c2e5d8b3f1"
+
+
+def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_database_url: URL) -> None:
+    """Issue 28 §6: names are unique per tenant. Duplicates made before the constraint (here by
+    hand, at the revision before it) are renamed in creation order — the oldest keeps its name,
+    later ones take ``" (k)"`` skipping suffixes in use — and certificates and audit chains
+    verify as before. Another tenant's dataset of the same name is left alone."""
+    from accountant.certificates import verify
+    from service.db.session import Database
+    from service.ledger import audit, batches, certificates, datasets, reservations, tenancy
+    from service.ledger.errors import Conflict
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    try:
+        for tenant in ("acme", "rival"):
+            tenancy.create_tenant(db, tenant)
+        ids = [
+            datasets.create_dataset(db, "acme", name=n, budget=budget)["id"] for n in ("a", "b", "a (2)", "c")
+        ]
+        other = datasets.create_dataset(db, "rival", name="a", budget=budget)["id"]
+        task = batches.create_task(db, "acme", ids[1], name="t")
+        (batch,) = batches.create_batches(
+            db, "acme", ids[1], task["id"], batches=[{"name": "b", "records": ["r"]}]
+        )["data"]
+        held = reservations.reserve(
+            db, "acme", ids[1], batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+        )
+        reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
+    finally:
+        db.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_UNIQUE_NAMES)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text("UPDATE datasets SET name = 'a' WHERE id IN (:b, :c)"), {"b": ids[1], "c": ids[3]}
+            )
+    finally:
+        engine.dispose()
+    migrations.upgrade(empty_database_url)
+    assert _diff(empty_database_url) == []
+    db = Database(empty_database_url)
+    try:
+        names = [datasets.get_dataset(db, "acme", i)["name"] for i in ids]
+        assert names == ["a", "a (3)", "a (2)", "a (4)"]
+        assert datasets.get_dataset(db, "rival", other)["name"] == "a"
+        assert audit.verify(db)["ok"]
+        (stored,) = certificates.list_certificates(db, "acme", ids[1])["data"]
+        assert verify(stored["certificate"]).ok
+        with pytest.raises(Conflict) as taken:
+            datasets.create_dataset(db, "acme", name="a (3)", budget=budget)
+        assert (taken.value.reason, taken.value.details["dataset_id"]) == ("dataset_name_taken", ids[1])
+    finally:
+        db.dispose()

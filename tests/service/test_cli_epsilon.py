@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy.engine import URL
 
+from accountant.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from service.cli import main
 from service.client import LedgerClient
 from service.db.session import Database
@@ -226,3 +229,50 @@ def test_dataset_prices_on_the_datasets_own_budget(
     assert code == 2 and "--delta" in err
     code, _, err = _run(capsys, *run, "--dataset", "nope", "--url", url, "--key", viewer_key, "--new-batch")
     assert code == 2 and "--dataset" in err
+
+
+def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
+    quoting: tuple[str, str, str, LedgerClient],
+) -> None:
+    """Issue 28 §9, the real console command in a subprocess: ``ledger calibrate`` prints σ and
+    the dataset's charge for it (at most the target; one grid step less charges more), on every
+    task of the dataset by default, on ``--new-batch`` on request; nothing is held."""
+    url, viewer_key, dataset_id, client = quoting
+    task = client.create_task(dataset_id, "t")
+    client.create_batches(dataset_id, task["id"], [{"name": "b", "records": ["r1", "r2"]}])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LEDGER_URL": url, "LEDGER_API_KEY": viewer_key}
+    run = [
+        "--dataset",
+        dataset_id,
+        "--target-epsilon",
+        "2",
+        "--sampling-probability",
+        "0.01",
+        "--steps",
+        "1000",
+    ]
+
+    def calibrate(*extra: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "service.cli", "calibrate", *run, *extra]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+    done = calibrate()
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    sigma = answer["noise_multiplier"]
+    assert answer["on"] == "tasks" and answer["admitted"] is True
+    assert Decimal(answer["charge"]["epsilon"]) <= 2
+    assert answer["run_epsilon"] < float(answer["charge"]["epsilon"])  # the filter charges more
+    finer = SelfComposedEvent(PoissonSampledEvent(0.01, GaussianEvent(round(sigma - 1e-4, 4))), 1000)
+    assert Decimal(client.quote(dataset_id, finer, tasks=[task["id"]])["cost"]["epsilon"]) > 2
+    fresh = json.loads(calibrate("--new-batch", "--dataset", "d").stdout)  # by name (issue 28 §6)
+    assert fresh["dataset_id"] == dataset_id
+    assert fresh["on"] == "new_batch" and fresh["noise_multiplier"] == sigma  # nothing spent yet
+    unknown = calibrate("--dataset", "no-such-dataset")
+    assert unknown.returncode == 2 and "'no-such-dataset'" in unknown.stderr
+    assert client.spend(dataset_id)["epsilon_held"] == "0"
+
+    unreachable = calibrate("--target-epsilon", "1e-9")
+    assert unreachable.returncode == 2 and unreachable.stderr.startswith("ledger calibrate: --target-epsilon")
+    bad = calibrate("--sampling-probability", "1.5")
+    assert bad.returncode == 2 and "--sampling-probability must be in (0, 1]" in bad.stderr

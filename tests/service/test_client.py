@@ -15,6 +15,9 @@ import asyncio
 import hashlib
 import io
 import json
+import secrets
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -38,6 +41,7 @@ from service.client import (
     LedgerClient,
     LedgerUnavailable,
     NotFound,
+    ReservationExpiring,
     Unauthorized,
 )
 from service.db.session import Database
@@ -81,7 +85,9 @@ def make_dataset(
     client: LedgerClient, *, epsilon: str = "1", records: int = 4, rule: str = "sequential"
 ) -> tuple[str, str, list[str]]:
     """A dataset with one task and ``records`` one-record batches: (dataset, task, batch ids)."""
-    dataset = client.create_dataset("digits", rule=rule, epsilon=epsilon, delta=0, accountant="basic")
+    dataset = client.create_dataset(
+        f"digits-{secrets.token_hex(4)}", rule=rule, epsilon=epsilon, delta=0, accountant="basic"
+    )
     task = client.create_task(dataset["id"], "task-0")
     created = client.create_batches(
         dataset["id"],
@@ -598,6 +604,39 @@ def test_release_gate_resumes_a_crashed_attempt_by_its_key(ledger: Ledger) -> No
     assert ran == [] and closed.value.code == "reservation_closed"
 
 
+@SQLITE_ONLY
+def test_release_gate_warns_before_expiry_and_keeps_its_hold_alive(ledger: Ledger) -> None:
+    """Issue 28 §2: a hold used to expire after its ttl with no warning and no way to renew it.
+    The gate warns shortly before its expiry; ``keep_alive`` renews it while the block runs (each
+    renewal audited), so a block longer than the ttl still commits."""
+    admin = ledger.client("admin")
+    dataset_id, _, batches = make_dataset(admin, epsilon="1")
+    trainer = ledger.client("trainer")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Conflict) as late:
+            with trainer.release_gate(
+                dataset_id, batches[:1], PureDpEvent(0.1), model="m", version=1, ttl_s=1.0
+            ):
+                time.sleep(1.3)  # past the hold: warned at 0.9 s, expired at 1 s
+    assert late.value.code == "reservation_expired"
+    (warning,) = [w for w in caught if issubclass(w.category, ReservationExpiring)]
+    assert "charges everything reserved" in str(warning.message)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with trainer.release_gate(
+            dataset_id, batches[1:2], PureDpEvent(0.1), model="m", version=2, ttl_s=2.0, keep_alive=True
+        ) as gate:
+            # more than twice the ttl: renewed (from 1 s left, checked every 0.5 s) long before
+            # the warning's 0.2 s, even when an extension takes a loaded machine half a second
+            time.sleep(4.4)
+    assert gate.status == "committed" and gate.certificate is not None
+    assert not [w for w in caught if issubclass(w.category, ReservationExpiring)]
+    renewals = [e for e in admin.iter_audit_entries(dataset_id) if e["event_type"] == "reservation.extended"]
+    assert len(renewals) >= 2 and {e["payload"]["reservation_id"] for e in renewals} == {gate.reservation_id}
+
+
 @pytest.mark.parametrize(
     ("key", "code"),
     [("", "no_api_key"), ("   ", "no_api_key"), (None, "no_api_key"), ("pl_key\n", "invalid_api_key")],
@@ -612,3 +651,42 @@ def test_a_missing_or_mangled_key_is_said_plainly_before_any_call(key: object, c
             client(url, key)  # type: ignore[arg-type]
         assert info.value.code == code and info.value.details == {"field": "api_key"}
         assert "no API key" in info.value.message or "line break" in info.value.message
+
+
+def test_dataset_names_are_unique_per_tenant_and_stand_for_the_dataset(ledger: Ledger) -> None:
+    """Issue 28 §6: two datasets could share a name, and a name where an id was expected was a
+    bare 404. A name is one dataset's per tenant (409 ``dataset_name_taken`` naming it), and the
+    client finds a dataset by id or by name; a miss names what was looked up."""
+    admin, rival = ledger.client("admin"), ledger.client("rival")
+    first = admin.create_dataset("mnist-train", rule="sequential", epsilon="1", delta=0, accountant="basic")
+    with pytest.raises(Conflict) as taken:
+        admin.create_dataset("mnist-train", rule="parallel", epsilon="2", delta=0, accountant="basic")
+    assert (
+        taken.value.details["reason"],
+        taken.value.details["dataset_id"],
+        taken.value.details["field"],
+    ) == (
+        "dataset_name_taken",
+        first["id"],
+        "name",
+    )
+    assert admin.list_datasets()["count"] == 1
+    theirs = rival.create_dataset("mnist-train", rule="sequential", epsilon="1", delta=0, accountant="basic")
+    assert theirs["id"] != first["id"]
+
+    viewer = ledger.client("viewer")
+    assert viewer.find_dataset("mnist-train")["id"] == first["id"]
+    assert viewer.find_dataset(first["id"])["name"] == "mnist-train"
+    assert rival.find_dataset("mnist-train")["id"] == theirs["id"]
+    assert viewer.list_datasets(name="mnist-train")["data"][0]["id"] == first["id"]
+    assert viewer.list_datasets(name="nope") == {"data": [], "count": 0}
+    for missing in ("mnist-test", theirs["id"]):  # another tenant's id is not found either
+        with pytest.raises(NotFound) as info:
+            viewer.find_dataset(missing)
+        assert info.value.details["looked_up"] == missing and repr(missing) in info.value.message
+
+    async def found() -> str:
+        async with AsyncLedgerClient(ledger.url, ledger.keys["viewer"]) as client:
+            return str((await client.find_dataset("mnist-train"))["id"])
+
+    assert asyncio.run(found()) == first["id"]

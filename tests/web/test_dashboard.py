@@ -255,8 +255,8 @@ def _seed(server: Server, database_url: str, artifact_dir: Path) -> Seeded:
             "algorithm": "dp_sgd",
             "params": {
                 "model_name": "notes-dp-sgd",
-                "target_epsilon": 1.0,
-                "delta": 1e-5,
+                # a fixed σ: the budget's δ is 0, and a job's delta must be its budget's (§5)
+                "noise_multiplier": 1.0,
                 "epochs": 2,
             },
         },

@@ -41,7 +41,7 @@ from service.db.models import Reservation  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import batches, certificates, datasets, jobs, spend, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
-from service.ledger.errors import InvalidInput  # noqa: E402
+from service.ledger.errors import ChargeRefused, InvalidInput  # noqa: E402
 from service.training.data import load_data  # noqa: E402
 from service.training.dp_sgd import dp_sgd_event  # noqa: E402
 from service.training.feature_extractor import ExtractorSpec, pretrained_extractor, unit_features  # noqa: E402
@@ -361,10 +361,11 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     key = "class_sums" if algorithm == "cosine_classifier" else "heads.weight"
     assert artifact[key].shape[-2:] == (10, 32)
     assert any(k.startswith("extractor.") for k in artifact)  # self-contained: the public extractor too
-    # S2 enforced: a second job on the same batches is refused before reading anything.
-    again = _job(db, tmp_path, dataset_id, algorithm, target_budget_epsilon=1.0, delta=DELTA)
-    assert again["status"] == "failed"
-    assert again["error"]["error"] == "batch_already_read"
+    # S2 enforced: a second job on the same batches is refused at submit (issue 28 §8), before
+    # it is queued, naming the batches read.
+    with pytest.raises(ChargeRefused) as again:
+        _job(db, tmp_path, dataset_id, algorithm, target_budget_epsilon=1.0, delta=DELTA)
+    assert again.value.code == "batch_already_read" and again.value.details["field"] == "dataset_id"
 
 
 def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ Each operation *decides* first (reading only; it may raise a ``LedgerError``) an
   (``accountant.rules.commit``) with a certificate and no release: the data could have been read.
   Only the built-in worker, in-process, may say what ran (``Ran``): the prefix that ran is
   charged, and what provably never ran is returned (``accountant.rules.cancel``).
+* ``extend`` holds an open reservation longer (``expires_at``), never past its maximum lifetime
+  from creation; a due one expires instead (charged, as any expiry) and the extension is refused.
 * ``expire`` charges reservations past their ``expires_at`` as an abort without ``Ran`` does.
 * ``declare_segment`` grows a sequential ``prv`` budget by one declared plan segment
   (``Budget.with_segment``) and closes the open segment on every batch (``rules.close_segment``);
@@ -43,6 +45,7 @@ from service.ledger.errors import (
     Conflict,
     InvalidInput,
     LedgerError,
+    LifetimeExceeded,
     NotFound,
     ReleaseExists,
     ReservationExpired,
@@ -51,6 +54,7 @@ from service.ledger.spending.requests import (
     MAX_BATCHES_PER_RESERVATION,
     AbortParams,
     CommitParams,
+    ExtendParams,
     Op,
     Ran,
     ReserveParams,
@@ -80,6 +84,8 @@ def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
         return abort(work, op, params), None
     if isinstance(params, SegmentParams):
         return declare_segment(work, op, params), None
+    if isinstance(params, ExtendParams):
+        return extend(work, op, params)
     return {"expired": work.expired_on_open + expire(work, params.reservation_ids, op.at)}, None
 
 
@@ -448,6 +454,49 @@ def abort(work: Work, op: Op, params: AbortParams) -> dict[str, Any]:
     if r.status == "reserved":
         r = _close(work, r, "aborted", op.at, params.ran)
     return reservation_json(r)
+
+
+def extend(work: Work, op: Op, params: ExtendParams) -> tuple[dict[str, Any], LedgerError | None]:
+    """Hold the reservation until ``max(expires_at, now + ttl)``: a heartbeat never shortens a
+    hold, and a repeat changes nothing (no audit entry). Refused: another tenant's or an unknown
+    reservation (``NotFound``), a closed one (``reservation_closed``), one past its time (it
+    expires now, charged as any expiry, and ``ReservationExpired`` is answered, as a late commit
+    is), and a hold past ``max_lifetime`` from creation (``LifetimeExceeded``; nothing changes)."""
+    r = work.reservations.get(params.reservation_id)
+    if r is None or r.tenant_id != op.tenant_id:
+        raise NotFound("reservation", params.reservation_id)
+    if r.status == "reserved" and r.expires_at <= op.at:
+        _close(work, r, "expired", op.at)
+        return {}, ReservationExpired(r.id)
+    if r.status == "expired":
+        raise ReservationExpired(r.id)
+    if r.status != "reserved":
+        raise Conflict(
+            f"reservation {r.id!r} is {r.status}; only an open reservation can be extended.",
+            reason="reservation_closed",
+            status=r.status,
+        )
+    latest = r.created_at + params.max_lifetime
+    wanted = op.at + params.ttl
+    if wanted > latest:
+        raise LifetimeExceeded(
+            r.id, params.ttl.total_seconds(), latest.isoformat(), params.max_lifetime.total_seconds()
+        )
+    if wanted <= r.expires_at:
+        return reservation_json(r), None
+    extended = replace(r, expires_at=wanted)
+    work.put_reservation(extended)
+    work.audit(
+        "reservation.extended",
+        {
+            "reservation_id": r.id,
+            "ttl_s": params.ttl.total_seconds(),
+            "previous_expires_at": r.expires_at.isoformat(),
+            "expires_at": wanted.isoformat(),
+        },
+        op.at,
+    )
+    return reservation_json(extended), None
 
 
 def expire(work: Work, reservation_ids: Iterable[str], at: datetime) -> int:

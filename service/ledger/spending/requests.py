@@ -25,6 +25,9 @@ from service.ledger.signing import SigningKey
 
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
+# How long a reservation may be held from its creation, extensions included (the operator's
+# ``LEDGER_RESERVATION_MAX_LIFETIME_S`` is at most this): a hold renewed by a heartbeat still ends.
+DEFAULT_MAX_LIFETIME_S: Final = 7 * 24 * 3600.0
 MAX_IDS_PER_REQUEST: Final = 10_000  # batch or task ids named in one request
 # Batches one reservation may read (its tasks' batches): decided per distinct state, written by
 # one statement per state (docs/ARCHITECTURE.md, "Batch state classes").
@@ -149,6 +152,16 @@ class AbortParams:
 
 
 @dataclass(frozen=True)
+class ExtendParams:
+    """Hold an open reservation ``ttl`` longer from now (never shorter than it is held already),
+    at most ``max_lifetime`` from its creation (``decisions.extend``)."""
+
+    reservation_id: str
+    ttl: timedelta
+    max_lifetime: timedelta
+
+
+@dataclass(frozen=True)
 class ExpireParams:
     reservation_ids: list[str]
 
@@ -162,7 +175,7 @@ class SegmentParams:
     delta: Decimal
 
 
-Params = ReserveParams | CommitParams | AbortParams | ExpireParams | SegmentParams
+Params = ReserveParams | CommitParams | AbortParams | ExtendParams | ExpireParams | SegmentParams
 
 
 @dataclass(eq=False)

@@ -58,7 +58,7 @@ from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.signing import SigningKey
-from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op
+from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, ExtendParams, Op
 
 EXPIRE_PER_TRANSACTION: Final = 500
 
@@ -450,7 +450,7 @@ class Work:
         wanted = set(reservation_ids)
         for op in ops:
             params = op.params
-            if isinstance(params, CommitParams | AbortParams):
+            if isinstance(params, CommitParams | AbortParams | ExtendParams):
                 wanted.add(params.reservation_id)
             elif isinstance(params, ExpireParams):
                 wanted.update(params.reservation_ids)
@@ -738,6 +738,7 @@ class Work:
                     {
                         "reservation_id": r.id,
                         "status": r.status,
+                        "expires_at": r.expires_at,
                         "closed_at": r.closed_at,
                         "committed_epsilon": r.committed_epsilon,
                         "committed_delta": r.committed_delta,
@@ -959,7 +960,7 @@ def released(connection: Connection, ops: Sequence[Op]) -> set[tuple[str, str, s
 
 def replayed_reservation(op: Op, response: Mapping[str, Any]) -> str | None:
     """The reservation a stored answer of ``op``'s operation is about (``None``: not one)."""
-    if op.operation in ("reserve", "abort"):
+    if op.operation in ("reserve", "abort", "extend"):
         rid = response.get("id")
     elif op.operation == "commit":
         reservation = response.get("reservation")

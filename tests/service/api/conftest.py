@@ -120,7 +120,8 @@ def start_server(
 ) -> Server:
     """``ledger serve`` in a subprocess; returns once ``/healthz`` answers 200."""
     port = free_port()
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    # (the session's LEDGER_HOME stays: the server's default artifacts folder is in it)
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_") or k == "LEDGER_HOME"}
     child_env["PYTHONUNBUFFERED"] = "1"
     child_env["LEDGER_METRICS_TOKEN"] = METRICS_TOKEN
     if bootstrap_key is not None:

@@ -84,6 +84,10 @@ ROUTES: tuple[Route, ...] = (
         lambda w: {"release": {"model": "m", "version": unique("v")}},
     ),
     Route("POST", "/v1/reservations/{reservation}/abort", "trainer", 200),
+    Route("POST", "/v1/reservations/{reservation}/extend", "trainer", 200, lambda w: {"ttl_s": 60}),
+    # the world's batch is charged: its deletion (and its task's) is refused, 409 `charged`
+    Route("DELETE", "/v1/datasets/{dataset}/tasks/{task}", "admin", 409),
+    Route("DELETE", "/v1/datasets/{dataset}/tasks/{task}/batches/{batch}", "admin", 409),
     Route("GET", "/v1/datasets/{dataset}/spend", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}/certificates", "viewer", 200),
     Route("GET", "/v1/certificates/{certificate}", "viewer", 200),
@@ -134,6 +138,7 @@ def test_the_table_covers_every_v1_route() -> None:
     placeholders = {
         "{dataset}": "{dataset_id}",
         "{task}": "{task_id}",
+        "{batch}": "{batch_id}",
         "{reservation}": "{reservation_id}",
         "{certificate}": "{certificate_id}",
     }
@@ -186,7 +191,13 @@ def _check(route: Route, caller: str, tenant: str, expected: int, answer: Any, w
         return f"expected {expected}, got {answer.status_code} {answer.text[:300]}"
     body = answer.json()
     if expected >= 400:
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid_input"}[expected]
+        code = {
+            401: "unauthorized",
+            403: "forbidden",
+            404: "not_found",
+            409: "conflict",
+            422: "invalid_input",
+        }[expected]
         if body.get("error") != code or not body.get("message"):
             return f"error body {body}"
         if expected == 401 and answer.headers.get("www-authenticate") != "Bearer":

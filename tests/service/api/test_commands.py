@@ -4,10 +4,13 @@ URL), ``keys create`` / ``keys revoke``, ``verify`` (exit codes), ``migrate``.""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -50,6 +53,10 @@ def test_serve_migrates_and_prints_a_first_admin_key_and_the_url(
     try:
         shown = _wait_for(server.output, r"serving HTTP API v1 at (http://\S+)").group(1)
         assert shown == server.base_url
+        # where the state lives, said at start (issue 28 §3); a PostgreSQL password never shown
+        _wait_for(server.output, r"ledger home: \S+\s+\(LEDGER_HOME or --home\)\s+database:\s+\S+")
+        if empty_database_url.password:
+            assert empty_database_url.password not in "".join(server.output)
         key = _wait_for(server.output, r"LEDGER_API_KEY=(\S+)").group(1)
         headers = bearer(key)
         created = httpx.post(
@@ -145,3 +152,54 @@ def test_migrate_creates_the_schema(empty_database_url: URL) -> None:
     assert done.returncode == 0, done.stderr
     assert migrations.is_up_to_date(url)
     assert migrations.head_revision() in done.stdout
+
+
+def test_state_lives_in_one_home_and_a_missing_ledger_is_said_in_one_line(tmp_path: Path) -> None:
+    """Issue 28 §3: ``ledger keys create`` from another folder used to create an empty
+    ``ledger.db`` there and crash with ``sqlalchemy ... no such table: api_keys``. State lives in
+    one home (``LEDGER_HOME`` / ``--home``); a command that finds no ledger says so in one line
+    and creates nothing."""
+    elsewhere, home = tmp_path / "elsewhere", tmp_path / "home"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", *args],
+            cwd=elsewhere,
+            env={**env, "PYTHONPATH": str(ROOT), **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    commands = {
+        "keys create": ("keys", "create", "--tenant", "t", "--scope", "admin"),
+        "keys list": ("keys", "list", "--tenant", "t"),
+        "verify": ("verify",),
+    }
+    for name, args in commands.items():
+        missing = run(*args, LEDGER_HOME=str(home))
+        assert missing.returncode == 2 and missing.stdout == "", missing
+        (line,) = missing.stderr.strip().splitlines()
+        assert line.startswith(f"ledger {name}: no ledger at {home / 'ledger.db'}"), line
+        assert "sqlalchemy" not in line.lower() and "migrate" in line
+    assert list(elsewhere.iterdir()) == [] and not home.exists()
+
+    # A database that exists but was never migrated is said plainly too.
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    unmigrated = run(
+        "keys", "create", "--tenant", "t", "--scope", "admin", "--database-url", f"sqlite:///{empty}"
+    )
+    assert unmigrated.returncode == 2 and "holds no ledger (never migrated)" in unmigrated.stderr
+
+    # --home (relative to the working folder) and LEDGER_HOME are one setting: migrate there,
+    # then a key made with either is stored in that home's database, beside its secret.
+    assert run("--home", "home-flag", "migrate").returncode == 0
+    made = run("--home", "home-flag", "keys", "create", "--tenant", "t", "--scope", "admin")
+    assert made.returncode == 0, made.stderr
+    assert sorted(p.name for p in (elsewhere / "home-flag").iterdir()) == ["key-hash.secret", "ledger.db"]
+    listed = run("keys", "list", "--tenant", "t", LEDGER_HOME=str(elsewhere / "home-flag"))
+    assert listed.returncode == 0 and json.loads(listed.stdout)["count"] == 1
+    assert [p.name for p in elsewhere.iterdir()] == ["home-flag"]

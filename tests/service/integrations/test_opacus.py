@@ -6,6 +6,8 @@ reserves before the first record is read."""
 from __future__ import annotations
 
 import itertools
+import secrets
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -171,7 +173,7 @@ def ledger(database_url: URL, db: Database, tmp_path: Path) -> Iterator[LedgerCl
 
 def _dataset(ledger: LedgerClient, epsilon: str = "2", records: int = RECORDS) -> tuple[str, str]:
     dataset = ledger.create_dataset(
-        "opacus", rule="sequential", epsilon=epsilon, delta="1e-5", accountant="rdp"
+        f"opacus-{secrets.token_hex(4)}", rule="sequential", epsilon=epsilon, delta="1e-5", accountant="rdp"
     )
     task = ledger.create_task(dataset["id"], "all")
     per = records // 4
@@ -384,3 +386,21 @@ def test_a_batch_drawn_without_a_private_step_is_refused_and_charged(ledger: Led
             assert looked_at[0].shape[1] == 4
             _train(run, loader=batches)
     _charged_and_unreleased(ledger, dataset_id, run)
+
+
+@SQLITE_ONLY
+def test_the_gate_renews_its_hold_while_training_draws_batches(ledger: LedgerClient) -> None:
+    """Issue 28 §2: the adapter had no ``ttl_s`` and a run longer than the hold ended in
+    ``409 reservation_expired``. Now a run longer than its ``ttl_s`` renews the hold as it draws
+    batches (each renewal audited) and commits."""
+    dataset_id, _ = _dataset(ledger)
+    with _gate(ledger, dataset_id, CountedRecords(), ttl_s=1.0) as run:
+        assert run.gate.ttl_s == pytest.approx(1.0, abs=0.01)
+        for x, y in run.data_loader:  # 10 steps over ~1.6 s: past the first expiry
+            time.sleep(0.16)
+            run.optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(run.module(x), y).backward()
+            run.optimizer.step()
+    assert run.gate.status == "committed" and run.certificate is not None
+    renewals = [e for e in ledger.iter_audit_entries(dataset_id) if e["event_type"] == "reservation.extended"]
+    assert renewals and {e["payload"]["reservation_id"] for e in renewals} == {run.gate.reservation_id}
