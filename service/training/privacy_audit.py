@@ -67,6 +67,7 @@ from service.training.dp_sgd import (
     _Run,
     noisy_mean_gradient_flat,
 )
+from service.training.distributed import SOLO, Ranks
 from service.training.params import PrivacyAuditParams
 
 Breakage = Literal["no_noise", "no_clipping", "sigma_over_10"]
@@ -105,8 +106,8 @@ class PrivacyAuditTrainer(DpSgdTrainer):
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def _start(self, data: LoadedData, p: Any, seed: int) -> _Run:
-        run = super()._start(data, p, seed)
+    def _start(self, data: LoadedData, p: Any, seed: int, ranks: Ranks = SOLO) -> _Run:
+        run = super()._start(data, p, seed, ranks)
         assert isinstance(p, PrivacyAuditParams)
         # A stream of its own (the 4th of the seed's), drawn before any step: the inclusions are
         # independent of the data, the sampling and the noise, as the paper's theorem requires.
@@ -125,14 +126,17 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         gradients live, and one per canary, where only canary i's gradient λ·C·e_{P+i} does.
         The data's rows are zero on the canaries' coordinates, so their norms, clips and sum
         are the release's; the noise σ·C covers every coordinate. The model takes the first P,
-        the scores the last m."""
+        the scores the last m. Distributed: the canaries are records of rank 0's shard (sampled
+        and noised there); the widened sum is summed across ranks before it is split."""
         canaries = self.canaries
         assert canaries is not None
         per_example = run.grad_fn.flat(run.params, x, y)
         n_params, m = per_example.shape[1], len(canaries.scores)
         # Each included canary is a record: Poisson-sampled with probability q like the others.
-        sampled = torch.rand(len(canaries.members), generator=run.sampler) < plan.sampling_probability
-        chosen = canaries.members[sampled.to(self.device)]
+        chosen = canaries.members[:0]
+        if run.ranks.adds_noise:
+            sampled = torch.rand(len(canaries.members), generator=run.sampler) < plan.sampling_probability
+            chosen = canaries.members[sampled.to(self.device)]
         rows = per_example.new_zeros((len(per_example) + len(chosen), n_params + m))
         rows[: len(per_example), :n_params] = per_example
         rows[len(per_example) + torch.arange(len(chosen), device=self.device), n_params + chosen] = (
@@ -147,6 +151,8 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         elif self.breakage == "no_clipping":  # the same noise σ·C, a clip that never bites
             max_grad_norm *= _UNCLIPPED
             noise_multiplier /= _UNCLIPPED
+        if not run.ranks.adds_noise:
+            noise_multiplier = 0.0
         noisy_mean_gradient_flat(
             rows,
             max_grad_norm=max_grad_norm,
@@ -155,6 +161,7 @@ class PrivacyAuditTrainer(DpSgdTrainer):
             generator=run.noise,
             out=canaries.wide,
         )
+        run.ranks.sum_(canaries.wide)
         run.update.copy_(canaries.wide[:n_params])
         canaries.scores += canaries.wide[n_params:]
         canaries.steps += 1
