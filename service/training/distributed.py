@@ -148,7 +148,7 @@ SOLO: Final = Ranks()
 """A one-process run: every collective is the identity."""
 
 
-def shard(data: LoadedData, rank: int, world_size: int, *, with_test: bool) -> LoadedData:
+def shard(data: LoadedData, rank: int, world_size: int, *, with_test: bool = False) -> LoadedData:
     """Rank ``rank``'s records: positions rank, rank + W, ... of ``data.train_arrays()`` (fixed
     by index, before any draw), as one split whose ids are those positions. ``with_test``: keep
     the held-out split (rank 0 evaluates; the other ranks need none)."""
@@ -178,7 +178,7 @@ def train_distributed(
     children = [
         context.Process(
             target=_rank_main,
-            args=(rank, world_size, store.port, backend, trainer, shard(data, rank, world_size, with_test=False), plan, seed),
+            args=(rank, world_size, store.port, backend, trainer, shard(data, rank, world_size), plan, seed),
             name=f"dp-sgd-rank-{rank}",
             daemon=True,
         )

@@ -221,6 +221,32 @@ def noisy_mean_gradient_flat(
     )
 
 
+def noisy_mean_gradient_of_ranks(
+    per_example: torch.Tensor,
+    *,
+    ranks: Ranks,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``noisy_mean_gradient_flat`` of a run over ``ranks``: each rank's ``per_example`` rows are
+    its shard's sample, clipped there; rank 0 alone adds N(0, σ²C²I); the sum across ranks
+    (``all_reduce``) is (Σ clip_C(gᵢ) + N(0, σ²C²I)) / (q·N) over the global sample, on every
+    rank (``service.training.distributed``). ``SOLO``: ``noisy_mean_gradient_flat`` itself."""
+    released = noisy_mean_gradient_flat(
+        per_example,
+        max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier if ranks.adds_noise else 0.0,
+        expected_batch_size=expected_batch_size,
+        generator=generator,
+        out=out,
+    )
+    ranks.sum_(released)
+    return released
+
+
 def gaussian_like(tensors: Mapping[str, torch.Tensor], generator: torch.Generator) -> Params:
     """Standard normal noise shaped like ``tensors``, drawn in one call (fewer small kernels)."""
     first = next(iter(tensors.values()))
@@ -388,7 +414,9 @@ class DpSgdTrainer:
         if plan.params.world_size > 1:
             from service.training.distributed import train_distributed
 
-            return train_distributed(self, data, plan, seed, on_checkpoint=on_checkpoint, should_stop=should_stop)
+            return train_distributed(
+                self, data, plan, seed, on_checkpoint=on_checkpoint, should_stop=should_stop
+            )
         return self.train_rank(data, plan, seed, SOLO, on_checkpoint=on_checkpoint, should_stop=should_stop)
 
     def train_rank(
@@ -423,7 +451,8 @@ class DpSgdTrainer:
             done = step
             release = step == plan.steps or (every is not None and step % every == 0)
             if release:
-                refused = lead and not on_checkpoint(step, self._model_state(run.model), plan.event_after(step))
+                state = self._model_state(run.model) if lead else {}
+                refused = lead and not on_checkpoint(step, state, plan.event_after(step))
                 if ranks.agree(refused):
                     status = "refused"
                     break
@@ -516,7 +545,8 @@ class DpSgdTrainer:
         features, labels = data.train_arrays()
         sampler = torch.Generator(device="cpu")
         if ranks.rank > 0:  # its own stream: the shards' Poisson draws are independent
-            seeds[1] = np.random.SeedSequence(seed, spawn_key=(ranks.rank,)).generate_state(1, dtype=np.uint64)[0]
+            own = np.random.SeedSequence(seed, spawn_key=(ranks.rank,))
+            seeds[1] = own.generate_state(1, dtype=np.uint64)[0]
         sampler.manual_seed(int(seeds[1]))
         noise = torch.Generator(device=self.device)
         noise.manual_seed(int(seeds[2]))
@@ -537,17 +567,16 @@ class DpSgdTrainer:
         matrix → norms → clip factors → noise drawn in place → one addmv
         (``noisy_mean_gradient_flat``). The privacy audit adds its canaries' rows here.
 
-        Distributed (``service.training.distributed``): each rank forms its shard's clipped sum
-        ÷ q·N, rank 0 alone adds the noise, and the sum across ranks is the released gradient."""
-        noisy_mean_gradient_flat(
+        Distributed: ``noisy_mean_gradient_of_ranks`` (noise on rank 0, sums all-reduced)."""
+        noisy_mean_gradient_of_ranks(
             run.grad_fn.flat(run.params, x, y),
+            ranks=run.ranks,
             max_grad_norm=plan.params.max_grad_norm,
-            noise_multiplier=plan.noise_multiplier if run.ranks.adds_noise else 0.0,
+            noise_multiplier=plan.noise_multiplier,
             expected_batch_size=plan.expected_batch_size,
             generator=run.noise,
             out=run.update,
         )
-        run.ranks.sum_(run.update)
 
     def _step(self, run: _Run, plan: TrainingPlan, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         p = plan.params

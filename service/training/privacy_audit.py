@@ -12,7 +12,7 @@ Canaries: gradient-space **Dirac canaries**, the paper's white-box setting. Cana
 whose gradient, at every step it is sampled (Poisson, probability q, like every record), is
 λ·C·e_{P+i}: zero except one coordinate of its own. The private gradient is formed over P + m
 coordinates — the model's P and one per canary — by the release's own code
-(``dp_sgd.noisy_mean_gradient_flat``: norms, clip to C, Σ, noise σ·C on every coordinate, ÷ q·N);
+(``dp_sgd.noisy_mean_gradient_of_ranks``: norms, clip to C, Σ, noise σ·C on every coordinate, ÷ q·N);
 the model takes the first P, and canary i's score is Σₜ ĝₜ[P + i], the released noisy coordinate
 summed over the steps (what an auditor who sees every iterate recovers). λ =
 ``CANARY_GRADIENT_SCALE`` > 1, so a working clip cuts a canary to C and a missing one does not.
@@ -59,15 +59,15 @@ from accountant import auditing
 from accountant.calibration import TIGHT_ACCOUNTANT
 from accountant.registry import make_accountant
 from service.training.data import LoadedData
+from service.training.distributed import SOLO, Ranks
 from service.training.dp_sgd import (
     DpSgdTrainer,
     ModelState,
     TrainingPlan,
     TrainingResult,
     _Run,
-    noisy_mean_gradient_flat,
+    noisy_mean_gradient_of_ranks,
 )
-from service.training.distributed import SOLO, Ranks
 from service.training.params import PrivacyAuditParams
 
 Breakage = Literal["no_noise", "no_clipping", "sigma_over_10"]
@@ -151,17 +151,15 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         elif self.breakage == "no_clipping":  # the same noise σ·C, a clip that never bites
             max_grad_norm *= _UNCLIPPED
             noise_multiplier /= _UNCLIPPED
-        if not run.ranks.adds_noise:
-            noise_multiplier = 0.0
-        noisy_mean_gradient_flat(
+        noisy_mean_gradient_of_ranks(
             rows,
+            ranks=run.ranks,
             max_grad_norm=max_grad_norm,
             noise_multiplier=noise_multiplier,
             expected_batch_size=plan.expected_batch_size,
             generator=run.noise,
             out=canaries.wide,
         )
-        run.ranks.sum_(canaries.wide)
         run.update.copy_(canaries.wide[:n_params])
         canaries.scores += canaries.wide[n_params:]
         canaries.steps += 1
