@@ -17,8 +17,13 @@ lock. This module bounds a tenant's *rate*: each tenant has a bucket of pricing 
   reserves the same DP-SGD step event a thousand times a second pays for what it costs, not
   for what it could have cost.
 
-Buckets live in the process (each API process meters its own requests; with N processes a
-tenant may use N times the rate). Tenants never share a bucket.
+Where the buckets live (``LEDGER_RATE_LIMITS``): ``database`` keeps each tenant's bucket in the
+ledger's database (``service.ledger.meters``: one locked row per tenant, two short write
+transactions per pricing request), shared by every API process and host, so the configured rate
+holds for the tenant in total; ``process`` keeps it in the process (no database work, but N
+processes let a tenant use N times the rate: divide the rate by N by hand). ``auto`` (default):
+``database`` on PostgreSQL (the multi-process, multi-host deployment), ``process`` on SQLite (one
+host, and its single write lock is the spends'). Tenants never share a bucket.
 
 Certificate verification on the server (``POST /v1/certificates/{id}/verify``) is metered by the
 same buckets (``service.ledger.certificates.verify_stored``).
@@ -37,7 +42,8 @@ from typing import Any, Final
 import anyio
 
 from service.api.schemas import ErrorBody
-from service.ledger import pricing
+from service.db.session import Database
+from service.ledger import meters, pricing
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 
@@ -86,13 +92,20 @@ class PricingRates:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, settings: Settings) -> PricingRates:
-        return cls(
-            rate_s=settings.pricing_cpu_s_per_s,
-            burst_s=settings.pricing_burst_s,
-            max_work=settings.max_pricing_work,
-            threads=settings.pricing_threads,
+    def of(cls, settings: Settings, db: Database | None = None) -> PricingRates:
+        """The buckets ``settings.rate_limits`` asks for: shared through ``db`` or in the process."""
+        arguments: dict[str, Any] = {
+            "rate_s": settings.pricing_cpu_s_per_s,
+            "burst_s": settings.pricing_burst_s,
+            "max_work": settings.max_pricing_work,
+            "threads": settings.pricing_threads,
+        }
+        shared = settings.rate_limits == "database" or (
+            settings.rate_limits == "auto" and settings.database_url.startswith("postgresql")
         )
+        if shared and db is not None:
+            return SharedPricingRates(db, **arguments)
+        return cls(**arguments)
 
     def policy(self, tenant_id: str) -> pricing.Policy:
         """The pricing policy of one request of ``tenant_id``."""
@@ -113,24 +126,30 @@ class PricingRates:
             bucket.at = now
         return bucket
 
+    def _withdraw(self, tenant_id: str, wanted: float) -> float:
+        """Take ``wanted`` if the bucket holds it (0.0), else the wait until it does."""
+        with self._lock:
+            bucket = self._bucket(tenant_id, self._clock())
+            if bucket.tokens < wanted:
+                return (wanted - bucket.tokens) / self.rate_s
+            bucket.tokens -= wanted
+            return 0.0
+
     def take(self, tenant_id: str, seconds: float) -> None:
         """Take ``seconds`` (capped at the bucket's depth) from the tenant's bucket, or raise
         ``RateLimited`` with the wait until they are there."""
         wanted = min(seconds, self.burst_s)
-        with self._lock:
-            bucket = self._bucket(tenant_id, self._clock())
-            if bucket.tokens < wanted:
-                wait = (wanted - bucket.tokens) / self.rate_s
-                raise RateLimited(
-                    f"this tenant has used its share of the server's pricing time (about "
-                    f"{self.rate_s:g} CPU-seconds per second, bursts of {self.burst_s:g} s; "
-                    f"LEDGER_PRICING_CPU_S_PER_S, LEDGER_PRICING_BURST_S): this request needs about "
-                    f"{wanted:.3g} s. Retry in {math.ceil(wait)} s, or send events that cost less "
-                    "to price (fewer event nodes, a budget with fewer orders).",
-                    retry_after_s=wait,
-                    tenant_id=tenant_id,
-                )
-            bucket.tokens -= wanted
+        wait = self._withdraw(tenant_id, wanted)
+        if wait > 0:
+            raise RateLimited(
+                f"this tenant has used its share of the server's pricing time (about "
+                f"{self.rate_s:g} CPU-seconds per second, bursts of {self.burst_s:g} s; "
+                f"LEDGER_PRICING_CPU_S_PER_S, LEDGER_PRICING_BURST_S): this request needs about "
+                f"{wanted:.3g} s. Retry in {math.ceil(wait)} s, or send events that cost less "
+                "to price (fewer event nodes, a budget with fewer orders).",
+                retry_after_s=wait,
+                tenant_id=tenant_id,
+            )
 
     def give_back(self, tenant_id: str, seconds: float) -> None:
         """Return ``seconds`` (negative: take more; the bucket may go below 0, the next request
@@ -143,6 +162,29 @@ class PricingRates:
         """Seconds in the tenant's bucket now (a full bucket for a tenant not seen yet)."""
         with self._lock:
             return self._bucket(tenant_id, self._clock()).tokens
+
+
+class SharedPricingRates(PricingRates):
+    """``PricingRates`` whose buckets are rows of the ledger's database (``service.ledger.meters``),
+    shared by every API process on it. Called in the pricing threads (never the event loop)."""
+
+    METER: Final = "pricing"
+
+    def __init__(self, db: Database, **arguments: Any) -> None:
+        super().__init__(**arguments)
+        self.db = db
+
+    def _bucket_of(self, tenant_id: str) -> dict[str, Any]:
+        return {"tenant_id": tenant_id, "meter": self.METER, "rate_s": self.rate_s, "burst_s": self.burst_s}
+
+    def _withdraw(self, tenant_id: str, wanted: float) -> float:
+        return meters.withdraw(self.db, wanted=wanted, now_s=time.time(), **self._bucket_of(tenant_id))
+
+    def give_back(self, tenant_id: str, seconds: float) -> None:
+        meters.deposit(self.db, seconds=seconds, now_s=time.time(), **self._bucket_of(tenant_id))
+
+    def tokens(self, tenant_id: str) -> float:
+        return meters.level(self.db, now_s=time.time(), **self._bucket_of(tenant_id))
 
 
 @dataclass(frozen=True)
@@ -160,4 +202,11 @@ class TenantMeter:
         self.rates.give_back(self.tenant_id, estimate - cpu_s)
 
 
-__all__ = ["MAX_TENANTS", "RATE_LIMITED", "SECONDS_PER_UNIT", "PricingRates", "TenantMeter"]
+__all__ = [
+    "MAX_TENANTS",
+    "RATE_LIMITED",
+    "SECONDS_PER_UNIT",
+    "PricingRates",
+    "SharedPricingRates",
+    "TenantMeter",
+]

@@ -262,3 +262,39 @@ def test_another_tenants_write_is_not_held_up_while_a_costly_event_is_priced(dat
         assert finished["write"] < finished["costly"], "the other tenant's write waited for the pricing"
     finally:
         stop_server(server.process)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_api_processes_on_one_postgres_share_the_tenants_rate(database_url: URL) -> None:
+    """Issue 30 §2: two ``ledger serve`` processes on one PostgreSQL database. The bucket holds
+    one request's estimate and refills at 0.001 s/s (``LEDGER_RATE_LIMITS`` auto: shared through
+    the database). The first costly reservation, on process A, empties it; the next one, on
+    process B, is refused with 429, as it would be on A: the configured rate holds in total.
+    (Per-process buckets admitted it: B's own bucket was full.) Another tenant is unaffected."""
+    estimate = work_of(RDP, sampled_gaussians(20)) * SECONDS_PER_UNIT
+    env = {"LEDGER_PRICING_CPU_S_PER_S": "0.001", "LEDGER_PRICING_BURST_S": repr(estimate)}
+    servers = [start_server(url_text(database_url), env=env) for _ in range(2)]
+    try:
+        db = Database(url_text(database_url))
+        try:
+            keys = {tenant: tenancy.create_api_key(db, tenant, "admin") for tenant in ("acme", "rival")}
+        finally:
+            db.dispose()
+        with (
+            httpx.Client(base_url=servers[0].base_url, timeout=60) as first,
+            httpx.Client(base_url=servers[1].base_url, timeout=60) as second,
+        ):
+            on_a, on_b = Api(first, keys["acme"]), Api(second, keys["acme"])  # type: ignore[arg-type]
+            dataset, batches = on_a.dataset(RDP)
+            held = on_a.reserve(dataset, batches, sampled_gaussians(20)).json()
+            refused = on_b.reserve(dataset, batches, sampled_gaussians(20), status=429)
+            assert refused.json()["error"] == "rate_limited" and int(refused.headers["Retry-After"]) >= 1
+            on_a.reserve(dataset, batches, sampled_gaussians(20), status=429)
+            assert on_b.spend(dataset)["epsilon_held"] == held["cost"]["epsilon"]  # the first hold only
+            rival = Api(second, keys["rival"])  # type: ignore[arg-type]
+            other, other_batches = rival.dataset(RDP)
+            rival.reserve(other, other_batches, sampled_gaussians(20))
+    finally:
+        for server in servers:
+            stop_server(server.process)
