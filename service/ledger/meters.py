@@ -49,17 +49,26 @@ def _write(connection: Connection, tenant_id: str, meter: str, tokens: float, no
 
 
 def withdraw(
-    db: Database, tenant_id: str, meter: str, wanted: float, *, rate_s: float, burst_s: float, now_s: float
-) -> float:
-    """Take ``wanted`` seconds from the bucket if it holds them: 0.0; else take nothing and return
-    how long until it holds them."""
+    db: Database,
+    tenant_id: str,
+    meter: str,
+    wanted: float,
+    *,
+    rate_s: float,
+    burst_s: float,
+    now_s: float,
+    extra: float = 0.0,
+) -> tuple[float, float]:
+    """Take ``wanted`` seconds from the bucket if it holds them, and up to ``extra`` more that it
+    also holds: ``(taken, 0.0)``; else take nothing: ``(0.0, seconds until it holds wanted)``."""
     with db.transaction() as connection:
         tokens = _locked(connection, tenant_id, meter, rate_s=rate_s, burst_s=burst_s, now_s=now_s)
         if tokens < wanted:
             _write(connection, tenant_id, meter, tokens, now_s)
-            return (wanted - tokens) / rate_s
-        _write(connection, tenant_id, meter, tokens - wanted, now_s)
-        return 0.0
+            return 0.0, (wanted - tokens) / rate_s
+        taken = wanted + max(0.0, min(extra, tokens - wanted))
+        _write(connection, tenant_id, meter, tokens - taken, now_s)
+        return taken, 0.0
 
 
 def deposit(
