@@ -395,7 +395,9 @@ def main(argv: list[str] | None = None) -> int:
         for method in methods:
             print(f"setting up {method} ...", file=sys.stderr, flush=True)
             parent, child = context.Pipe()
-            process = context.Process(target=_method_worker, args=(method, config, child), daemon=True)
+            # (not daemonic when it starts ranks of its own: a daemonic process may have no children)
+            daemonic = not method.startswith("ours_ws")
+            process = context.Process(target=_method_worker, args=(method, config, child), daemon=daemonic)
             process.start()
             workers[method] = (process, parent)
             setup[method] = parent.recv()
