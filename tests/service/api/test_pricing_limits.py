@@ -25,10 +25,10 @@ from sqlalchemy.engine import URL
 
 from accountant import events as ev
 from accountant.rules import Budget
-from service.api.ratelimit import SECONDS_PER_UNIT, PricingRates
+from service.api.ratelimit import SECONDS_PER_UNIT, PricingRates, SharedPricingRates
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import pricing, tenancy
+from service.ledger import meters, pricing, tenancy
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 from tests.service.api.conftest import (
@@ -298,3 +298,32 @@ def test_two_api_processes_on_one_postgres_share_the_tenants_rate(database_url: 
     finally:
         for server in servers:
             stop_server(server.process)
+
+
+def test_shared_buckets_hold_the_rate_in_total_and_cached_events_stay_off_the_database(db: Database) -> None:
+    """Two processes' ``SharedPricingRates`` on one database (``LEDGER_RATE_LIMITS=database``):
+    requests that each use 0.1 s, alternating between them, are admitted for about the burst in
+    total (1 s), not for a burst each; a tenant whose events are cached (a 10 ms estimate, a
+    microsecond used) is served from its process's float with no withdrawal from the row."""
+    first, second = (SharedPricingRates(db, rate_s=1e-9, burst_s=1.0) for _ in range(2))
+    admitted = 0.0
+    for rates in [first, second] * 10:
+        try:
+            rates.take("acme", 0.1)
+        except RateLimited:
+            continue
+        rates.give_back("acme", 0.0)  # used all of its estimate
+        admitted += 0.1
+    assert 0.9 - 1e-9 <= admitted <= 1.0 + 1e-9  # (per-process buckets: 2.0; floats keep < 0.1 each)
+
+    cached = SharedPricingRates(db, rate_s=1e-9, burst_s=1.0)
+    cached.take("rival", 0.01)
+    cached.give_back("rival", 0.01 - 1e-6)
+    row = meters.level(db, "rival", "pricing", rate_s=1e-9, burst_s=1.0, now_s=time.time())
+    for _ in range(200):
+        cached.take("rival", 0.01)
+        cached.give_back("rival", 0.01 - 1e-6)
+    assert meters.level(db, "rival", "pricing", rate_s=1e-9, burst_s=1.0, now_s=time.time()) == pytest.approx(
+        row
+    )
+    assert cached.tokens("rival") == pytest.approx(1.0 - 201e-6)  # what the events really used
