@@ -40,6 +40,13 @@ test accuracy (mean and std over the seeds). Seed s starts all three from the sa
 model (``DpSgdTrainer.initial_model``), so the accuracy comparison is paired.
 Threads: ``torch.set_num_threads(--threads)`` (default 1: tiny models gain nothing from more, and
 the timing is steadier on a shared machine).
+
+``--world-size 1,2``: instead of the methods above, ``ours`` trained by 1, 2, ... processes
+(``params.world_size``: ``service.training.distributed``, gloo on CPU, nccl on CUDA), side by
+side, same seeds and plan. Its step time is rank 0's loop (it waits on the all-reduce of every
+step, so it is the run's); its CPU time and memory are rank 0's only. Every run starts its other
+ranks afresh (spawned processes: their start-up is outside the loop, their per-example trace
+after 64 steps is inside it), as a worker does for every job.
 """
 
 from __future__ import annotations
@@ -148,6 +155,8 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
         from service.training import per_example_gradients
 
         per_example_gradients.TRACE_AFTER = sys.maxsize
+    if method.startswith("ours_ws"):  # ours over world_size processes
+        params["world_size"] = int(method.removeprefix("ours_ws"))
     if method == "adadp":  # its own optimiser and defaults (RMSProp: η = 0.02, β = 2)
         trainer = AdaDpTrainer(device=device)
         del params["learning_rate"]
@@ -155,7 +164,7 @@ def _method_worker(method: str, config: dict[str, Any], conn: Connection) -> Non
     def train_once(seed: int, steps: int) -> tuple[tuple[float, float], Any]:
         """(wall, CPU) seconds for the ``steps`` steps' loop, and the trained model (or metrics)."""
         plan = trainer.plan({**params, "seed": seed, "steps": steps}, data.n_records)
-        if method in ("ours", "ours_eager", "adadp"):
+        if method in ("ours", "ours_eager", "adadp") or method.startswith("ours_ws"):
             # The loop only, as for the others: from the first step (``should_stop`` is asked
             # before each) to the final checkpoint — not the set-up or the test-split evaluation.
             marks: dict[str, Any] = {}
@@ -362,7 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--world-size",
+        default=None,
+        help="comma-separated process counts: ours over each, side by side, instead of the methods",
+    )
     args = parser.parse_args(argv)
+    methods = METHODS
+    if args.world_size is not None:
+        methods = tuple(f"ours_ws{int(w)}" for w in args.world_size.split(","))
 
     args.seeds = args.seeds or (2 if args.quick else 5)
     config = _config(args)
@@ -373,18 +390,20 @@ def main(argv: list[str] | None = None) -> int:
     context = mp.get_context("spawn")
     workers: dict[str, tuple[Any, Connection]] = {}
     setup: dict[str, dict[str, Any]] = {}
-    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     try:
-        for method in METHODS:
+        for method in methods:
             print(f"setting up {method} ...", file=sys.stderr, flush=True)
             parent, child = context.Pipe()
-            process = context.Process(target=_method_worker, args=(method, config, child), daemon=True)
+            # (not daemonic when it starts ranks of its own: a daemonic process may have no children)
+            daemonic = not method.startswith("ours_ws")
+            process = context.Process(target=_method_worker, args=(method, config, child), daemon=daemonic)
             process.start()
             workers[method] = (process, parent)
             setup[method] = parent.recv()
         for seed in range(config["seeds"]):
-            k = seed % len(METHODS)
-            order = METHODS[k:] + METHODS[:k]
+            k = seed % len(methods)
+            order = methods[k:] + methods[:k]
             for method in order:
                 conn = workers[method][1]
                 conn.send(seed)
@@ -399,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             process.join(timeout=30)
 
     results: dict[str, dict[str, Any]] = {}
-    for method in METHODS:
+    for method in methods:
         step_ms = [r["step_time_ms"] for r in runs[method]]
         cpu_ms = [r["step_cpu_ms"] for r in runs[method]]
         accuracies = [r["accuracy"] for r in runs[method]]
@@ -416,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
             "accuracy_per_seed": accuracies,
         }
 
-    ours = results["ours"]
-    summary = {variant: _targets(results[variant], results) for variant in ("ours", "ours_eager")}
+    ours = results[methods[0]]  # the reference of the × columns
+    compared = [v for v in ("ours", "ours_eager") if v in results and "opacus" in results]
+    summary = {variant: _targets(results[variant], results) for variant in compared}
 
     print(
         f"\nbuiltin:digits, {config['model']} {config['hidden'] or 'default'}, "
@@ -433,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(header)
     print("-" * len(header))
-    for method in METHODS:
+    for method in methods:
         r = results[method]
         ratio = r["step_time_ms"] / ours["step_time_ms"]
         cpu_ratio = r["step_cpu_ms"] / ours["step_cpu_ms"]
@@ -468,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         if config["model"] == "mlp" and args.hidden is None
         else f"training-{config['model']}.json"
     )
+    if args.world_size is not None:
+        name = name.replace(".json", "-world-size.json")
     path = args.out or RESULTS / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")

@@ -82,6 +82,7 @@ def create_app(
             )
         )
         app.state.database = db
+        app.state.pricing = PricingRates.of(settings, db)  # shared through db on PostgreSQL
         server_secrets.configure(db, settings)  # keys are hashed with this app's secret
         # Certificates are signed with this app's key. A configured one that cannot be read stops
         # the start (SecretError), not the first commit; the default file, like the key-hash
@@ -117,7 +118,6 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.pricing = PricingRates.of(settings)
     app.state.principals = PrincipalCache(settings.auth_cache_ttl_s)
     app.state.key_lookups = KeyLookups()
     install_error_handlers(app, metrics)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -111,6 +111,12 @@ class Settings(BaseSettings):
 
     pricing_burst_s: float = Field(default=5.0, gt=0)
     """How many CPU seconds of pricing a tenant may use at once (its bucket's depth)."""
+
+    rate_limits: Literal["auto", "database", "process"] = "auto"
+    """Where each tenant's pricing bucket lives (``service.api.ratelimit``): ``database`` — one
+    row in the ledger's database shared by every API process and host, so
+    ``pricing_cpu_s_per_s`` holds in total; ``process`` — in each process (N processes allow N
+    times the rate); ``auto`` — ``database`` on PostgreSQL, ``process`` on SQLite."""
 
     pricing_threads: int = Field(default=2, gt=0)
     """Threads that price costly events of concurrent requests (so pricing never takes the

@@ -17,8 +17,19 @@ lock. This module bounds a tenant's *rate*: each tenant has a bucket of pricing 
   reserves the same DP-SGD step event a thousand times a second pays for what it costs, not
   for what it could have cost.
 
-Buckets live in the process (each API process meters its own requests; with N processes a
-tenant may use N times the rate). Tenants never share a bucket.
+Where the buckets live (``LEDGER_RATE_LIMITS``): ``database`` keeps each tenant's bucket in the
+ledger's database (``service.ledger.meters``: one locked row per tenant, one short write
+transaction only when a process's float of the tenant's seconds runs out:
+``SharedPricingRates``), shared by every API process and host, so the configured rate holds for
+the tenant in total; ``process`` keeps it in the process (no database work, but N processes let a
+tenant use N times the rate: divide the rate by N by hand). ``auto`` (default): ``database`` on
+PostgreSQL (the multi-process, multi-host deployment), ``process`` on SQLite (one host, and its
+single write lock is the spends'). Tenants never share a bucket.
+
+The key-lookup cache (``service.api.deps.PrincipalCache``, ``LEDGER_AUTH_CACHE_TTL_S``, off by
+default) stays per process on purpose: it exists to save the database round trip a shared cache
+would make, and what it bounds — how long a revoked key may keep working — is the TTL in every
+process, whatever their number.
 
 Certificate verification on the server (``POST /v1/certificates/{id}/verify``) is metered by the
 same buckets (``service.ledger.certificates.verify_stored``).
@@ -37,7 +48,8 @@ from typing import Any, Final
 import anyio
 
 from service.api.schemas import ErrorBody
-from service.ledger import pricing
+from service.db.session import Database
+from service.ledger import meters, pricing
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 
@@ -86,13 +98,20 @@ class PricingRates:
         self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, settings: Settings) -> PricingRates:
-        return cls(
-            rate_s=settings.pricing_cpu_s_per_s,
-            burst_s=settings.pricing_burst_s,
-            max_work=settings.max_pricing_work,
-            threads=settings.pricing_threads,
+    def of(cls, settings: Settings, db: Database | None = None) -> PricingRates:
+        """The buckets ``settings.rate_limits`` asks for: shared through ``db`` or in the process."""
+        arguments: dict[str, Any] = {
+            "rate_s": settings.pricing_cpu_s_per_s,
+            "burst_s": settings.pricing_burst_s,
+            "max_work": settings.max_pricing_work,
+            "threads": settings.pricing_threads,
+        }
+        shared = settings.rate_limits == "database" or (
+            settings.rate_limits == "auto" and settings.database_url.startswith("postgresql")
         )
+        if shared and db is not None:
+            return SharedPricingRates(db, **arguments)
+        return cls(**arguments)
 
     def policy(self, tenant_id: str) -> pricing.Policy:
         """The pricing policy of one request of ``tenant_id``."""
@@ -113,24 +132,30 @@ class PricingRates:
             bucket.at = now
         return bucket
 
+    def _withdraw(self, tenant_id: str, wanted: float) -> float:
+        """Take ``wanted`` if the bucket holds it (0.0), else the wait until it does."""
+        with self._lock:
+            bucket = self._bucket(tenant_id, self._clock())
+            if bucket.tokens < wanted:
+                return (wanted - bucket.tokens) / self.rate_s
+            bucket.tokens -= wanted
+            return 0.0
+
     def take(self, tenant_id: str, seconds: float) -> None:
         """Take ``seconds`` (capped at the bucket's depth) from the tenant's bucket, or raise
         ``RateLimited`` with the wait until they are there."""
         wanted = min(seconds, self.burst_s)
-        with self._lock:
-            bucket = self._bucket(tenant_id, self._clock())
-            if bucket.tokens < wanted:
-                wait = (wanted - bucket.tokens) / self.rate_s
-                raise RateLimited(
-                    f"this tenant has used its share of the server's pricing time (about "
-                    f"{self.rate_s:g} CPU-seconds per second, bursts of {self.burst_s:g} s; "
-                    f"LEDGER_PRICING_CPU_S_PER_S, LEDGER_PRICING_BURST_S): this request needs about "
-                    f"{wanted:.3g} s. Retry in {math.ceil(wait)} s, or send events that cost less "
-                    "to price (fewer event nodes, a budget with fewer orders).",
-                    retry_after_s=wait,
-                    tenant_id=tenant_id,
-                )
-            bucket.tokens -= wanted
+        wait = self._withdraw(tenant_id, wanted)
+        if wait > 0:
+            raise RateLimited(
+                f"this tenant has used its share of the server's pricing time (about "
+                f"{self.rate_s:g} CPU-seconds per second, bursts of {self.burst_s:g} s; "
+                f"LEDGER_PRICING_CPU_S_PER_S, LEDGER_PRICING_BURST_S): this request needs about "
+                f"{wanted:.3g} s. Retry in {math.ceil(wait)} s, or send events that cost less "
+                "to price (fewer event nodes, a budget with fewer orders).",
+                retry_after_s=wait,
+                tenant_id=tenant_id,
+            )
 
     def give_back(self, tenant_id: str, seconds: float) -> None:
         """Return ``seconds`` (negative: take more; the bucket may go below 0, the next request
@@ -143,6 +168,75 @@ class PricingRates:
         """Seconds in the tenant's bucket now (a full bucket for a tenant not seen yet)."""
         with self._lock:
             return self._bucket(tenant_id, self._clock()).tokens
+
+
+class SharedPricingRates(PricingRates):
+    """``PricingRates`` whose buckets are rows of the ledger's database (``service.ledger.meters``),
+    shared by every API process on it. Called in the pricing threads (never the event loop).
+
+    Each process keeps a small *float* per tenant: seconds it took from the shared bucket and
+    has not used yet. A request is admitted from the float when it holds the estimate; else the
+    process takes what is missing from the shared row, plus up to ``float_s`` more if the row
+    has it (one short transaction). What pricing really used is settled on the float, and a
+    float above twice ``float_s`` goes back to the row. So a run of cached (cheap) events costs
+    no database work, while every second a tenant uses still came out of the one shared bucket:
+    the rate holds in total, and a tenant can at most find ``float_s`` per process idle in
+    floats (taken, not yet used) — which slows it, never lets it exceed the rate.
+    """
+
+    METER: Final = "pricing"
+    FLOAT_FRACTION: Final = 0.05
+    """A process's float: this fraction of the bucket's depth."""
+
+    def __init__(self, db: Database, **arguments: Any) -> None:
+        super().__init__(**arguments)
+        self.db = db
+        self.float_s = self.burst_s * self.FLOAT_FRACTION
+        self._floats: dict[str, float] = {}
+        self._withdrawing = threading.Lock()  # one database withdrawal at a time per process
+
+    def _bucket_of(self, tenant_id: str) -> dict[str, Any]:
+        return {"tenant_id": tenant_id, "meter": self.METER, "rate_s": self.rate_s, "burst_s": self.burst_s}
+
+    def _from_float(self, tenant_id: str, wanted: float) -> bool:
+        with self._lock:
+            held = self._floats.get(tenant_id, 0.0)
+            if held < wanted:
+                return False
+            self._floats[tenant_id] = held - wanted
+            return True
+
+    def _withdraw(self, tenant_id: str, wanted: float) -> float:
+        if self._from_float(tenant_id, wanted):
+            return 0.0
+        with self._withdrawing:
+            if self._from_float(tenant_id, wanted):  # another thread refilled it meanwhile
+                return 0.0
+            with self._lock:
+                missing = wanted - self._floats.get(tenant_id, 0.0)
+            taken, wait = meters.withdraw(
+                self.db, wanted=missing, extra=self.float_s, now_s=time.time(), **self._bucket_of(tenant_id)
+            )
+            if wait > 0:
+                return wait
+            with self._lock:
+                self._floats[tenant_id] = self._floats.get(tenant_id, 0.0) + taken - wanted
+            return 0.0
+
+    def give_back(self, tenant_id: str, seconds: float) -> None:
+        with self._lock:
+            held = self._floats.get(tenant_id, 0.0) + seconds
+            surplus = held - self.float_s if held > 2 * self.float_s else 0.0
+            self._floats[tenant_id] = held - surplus
+            while len(self._floats) > MAX_TENANTS:  # (an evicted float is lost: the tenant pays it)
+                self._floats.pop(next(iter(self._floats)))
+        if surplus > 0:
+            meters.deposit(self.db, seconds=surplus, now_s=time.time(), **self._bucket_of(tenant_id))
+
+    def tokens(self, tenant_id: str) -> float:
+        shared = meters.level(self.db, now_s=time.time(), **self._bucket_of(tenant_id))
+        with self._lock:
+            return shared + self._floats.get(tenant_id, 0.0)
 
 
 @dataclass(frozen=True)
@@ -160,4 +254,11 @@ class TenantMeter:
         self.rates.give_back(self.tenant_id, estimate - cpu_s)
 
 
-__all__ = ["MAX_TENANTS", "RATE_LIMITED", "SECONDS_PER_UNIT", "PricingRates", "TenantMeter"]
+__all__ = [
+    "MAX_TENANTS",
+    "RATE_LIMITED",
+    "SECONDS_PER_UNIT",
+    "PricingRates",
+    "SharedPricingRates",
+    "TenantMeter",
+]

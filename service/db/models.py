@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -342,6 +343,19 @@ class IdempotencyKey(Base):
     response: Mapped[dict[str, Any]]
     status_code: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime]
+
+
+class MeterBucket(Base):
+    """One tenant's bucket of a metered resource, shared by every API process on the database
+    (``service.ledger.meters``): ``tokens`` seconds left at ``at_s`` (Unix time, seconds), refilled
+    at the configured rate up to the configured depth when next read."""
+
+    __tablename__ = "meter_buckets"
+
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    meter: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Double)
+    at_s: Mapped[float] = mapped_column(Double)
 
 
 class AuditEntry(Base):

@@ -22,9 +22,20 @@ included independently with probability q (Opacus's ``UniformWithReplacementSamp
 ``DataLoader`` (``RandomSampler`` or ``SequentialSampler`` with a fixed batch size: shuffled or
 fixed batches) is refused: Opacus's accountant charges it as if it were Poisson sampled with
 q = batch_size/n, which under-reports ε (Opacus issues #813, #819; shuffling amplifies less than
-Poisson sampling), and the ledger has no event for shuffling. Distributed samplers and optimizers,
-and adaptive clipping (``AdaClipDPOptimizer``, whose noise is split with the clipping quantile),
-are refused too, by name.
+Poisson sampling), and the ledger has no event for shuffling. Adaptive clipping
+(``AdaClipDPOptimizer``, whose noise is split with the clipping quantile) is refused too, by name.
+
+**Under DDP** (``torch.distributed`` initialised, the module wrapped in Opacus's ``DPDDP``): every
+rank calls ``make_private_with_epsilon`` with the same arguments, rank 0 with the ledger client and
+the others with ``client=None`` (they never see the key). Rank 0 calibrates, reserves and
+broadcasts σ (or that nothing was reserved); every rank then builds Opacus's
+``DistributedDPOptimizer`` (noise added once, on rank 0, to the all-reduced clipped sum) and
+``DistributedUniformWithReplacementSampler`` (each rank Poisson-samples its fixed shard of the
+dataset with the same q: the union is one Poisson sample of the whole dataset). On exit the
+ranks' step and batch counts are gathered; rank 0 commits only when every rank ran the same steps,
+one batch each. Opacus's distributed sampler skips a step whose *local* sample is empty, which
+desynchronises the ranks (their counts then differ and nothing is released, or DDP waits on a
+rank forever): keep q·N/W, the local expected batch, well above 10 (P(empty) = (1−q)^(N/W)).
 
 ``target_epsilon`` means what it means to Opacus: the run's own ε at the budget's δ by the tight
 accountant (PRV, as ``get_noise_multiplier(accountant="prv")``), σ the smallest that meets it;
@@ -68,15 +79,29 @@ from typing import Any, Final
 
 import torch
 from opacus import PrivacyEngine
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping, DPPerLayerOptimizer
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from opacus.optimizers import (
+    DistributedDPOptimizer,
+    DPOptimizer,
+    DPOptimizerFastGradientClipping,
+    DPPerLayerOptimizer,
+)
+from opacus.utils.uniform_sampler import (
+    DistributedUniformWithReplacementSampler,
+    UniformWithReplacementSampler,
+)
 
 from accountant.events import GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from service.client import Identifier, JsonObject, LedgerClient, ReleaseGate
 
 # The optimizers whose step is one Gaussian mechanism of ``noise_multiplier`` on the clipped sum:
-# exact types, since subclasses (AdaClip, the distributed ones) change that.
-_GAUSSIAN_STEP: Final = (DPOptimizer, DPPerLayerOptimizer, DPOptimizerFastGradientClipping)
+# exact types, since subclasses (AdaClip) change that. ``DistributedDPOptimizer`` adds the noise
+# on rank 0 only, before the all-reduce: one Gaussian mechanism on the global clipped sum.
+_GAUSSIAN_STEP: Final = (
+    DPOptimizer,
+    DPPerLayerOptimizer,
+    DPOptimizerFastGradientClipping,
+    DistributedDPOptimizer,
+)
 OPACUS_ISSUES: Final = "Opacus issues #813 and #819"
 
 logger = logging.getLogger(__name__)
@@ -97,8 +122,12 @@ def _sampler_name(data_loader: torch.utils.data.DataLoader[Any]) -> str:
 
 def poisson_sampling(data_loader: torch.utils.data.DataLoader[Any]) -> tuple[float, int]:
     """``(q, steps per epoch)`` of a loader that samples as Poisson: its ``batch_sampler`` is
-    exactly Opacus's ``UniformWithReplacementSampler``. Any other sampler: ``UndescribedRun``."""
+    exactly Opacus's ``UniformWithReplacementSampler``, or under DDP its
+    ``DistributedUniformWithReplacementSampler`` (each rank's fixed shard sampled with the same
+    q). Any other sampler: ``UndescribedRun``."""
     batch_sampler: Any = data_loader.batch_sampler
+    if type(batch_sampler) is DistributedUniformWithReplacementSampler:
+        return float(batch_sampler.sample_rate), len(batch_sampler)
     if type(batch_sampler) is not UniformWithReplacementSampler:
         raise UndescribedRun(
             f"data_loader samples with {_sampler_name(data_loader)}, not Poisson sampling: each "
@@ -136,7 +165,7 @@ def event_from_opacus(
             f"optimizer is a {type(optimizer).__name__}, not one of "
             f"{', '.join(c.__name__ for c in _GAUSSIAN_STEP)}: its step is not one Gaussian "
             "mechanism of optimizer.noise_multiplier that the ledger can charge (a plain torch "
-            "optimizer adds no noise; adaptive clipping and distributed optimizers are not described)."
+            "optimizer adds no noise; adaptive clipping is not described)."
         )
     assert isinstance(optimizer, DPOptimizer)  # every type in _GAUSSIAN_STEP is one
     sigma = float(optimizer.noise_multiplier)
@@ -185,11 +214,12 @@ class OpacusRun:
     optimizer: torch.optim.Optimizer
     data_loader: CountedLoader
     event: SelfComposedEvent
-    gate: ReleaseGate
+    gate: ReleaseGate | None
+    """``None`` on a rank other than 0 of a DDP run (rank 0 holds the gate)."""
 
     @property
     def certificate(self) -> JsonObject | None:
-        return self.gate.certificate
+        return None if self.gate is None else self.gate.certificate
 
     @property
     def charging_for(self) -> str:
@@ -234,9 +264,39 @@ def _ledger_records(
     return task_ids, sum(sizes.values())
 
 
+def _ddp() -> tuple[int, int]:
+    """``(rank, world_size)`` of the initialised ``torch.distributed`` group, ``(0, 1)`` without."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _from_rank_0(value: float | None, world_size: int) -> float | None:
+    """Rank 0's σ (``None``: it reserved nothing) on every rank."""
+    if world_size == 1:
+        return value
+    box: list[float | None] = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _check_ranks_ran_alike(run: OpacusRun, steps: int, world_size: int) -> None:
+    """Every rank ran ``steps`` private steps, one batch drawn each: else ``UndescribedRun``."""
+    if world_size == 1:
+        return
+    counts: list[Any] = [None] * world_size
+    torch.distributed.all_gather_object(counts, (steps, run.data_loader.drawn))
+    if any(tuple(c) != (steps, steps) for c in counts):
+        raise UndescribedRun(
+            f"the ranks ran (steps, batches drawn) = {counts}: not the same steps on every rank, one "
+            "batch each (Opacus's distributed sampler skips a step whose local sample is empty), so "
+            "the reserved event does not describe the run. Nothing is released."
+        )
+
+
 @contextlib.contextmanager
 def make_private_with_epsilon(
-    client: LedgerClient,
+    client: LedgerClient | None,
     engine: PrivacyEngine,
     *,
     dataset_id: Identifier,
@@ -270,7 +330,15 @@ def make_private_with_epsilon(
     (``ReleaseGate.renew_if_due``; audited by the ledger), up to the server's maximum lifetime of
     a reservation. A run that stops drawing batches (hung, or crashed) stops renewing, and its
     hold expires: charged in full, nothing released. Before an expiry the gate warns
-    (``service.client.ReservationExpiring``)."""
+    (``service.client.ReservationExpiring``).
+
+    Under DDP, ``client`` on rank 0 only (``None`` on the others)."""
+    rank, world_size = _ddp()
+    if (client is None) != (rank > 0):
+        raise UndescribedRun(
+            f"client must be given on rank 0 and only there (this is rank {rank} of {world_size}): "
+            "rank 0 alone talks to the ledger."
+        )
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise UndescribedRun(f"epochs must be an integer >= 1. Found {epochs!r}.")
     if engine.accountant.history:
@@ -279,63 +347,100 @@ def make_private_with_epsilon(
     steps_per_epoch = len(data_loader)
     if steps_per_epoch < 1:
         raise UndescribedRun("data_loader has no batches.")
-    records = len(data_loader.dataset)  # type: ignore[arg-type]
-    task_ids, charged = _ledger_records(client, dataset_id, batches, tasks)
-    if records != charged:
-        raise UndescribedRun(
-            f"data_loader.dataset holds {records} records but the charged batches of dataset "
-            f"{dataset_id} hold {charged}: the reservation would not cover the records read."
-        )
     q = 1.0 / steps_per_epoch  # what Opacus's DPDataLoader.from_data_loader samples with
-    sigma = client.calibrate_noise_multiplier(
-        dataset_id,
-        target_epsilon=target_epsilon,
-        target_budget_epsilon=target_budget_epsilon,
-        sampling_probability=q,
-        steps=epochs * steps_per_epoch,
-        batches=batches,
-        tasks=task_ids if batches is None else None,
-    )
-    planned = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
-    # Reserve first: make_private itself reads a record (DPDataLoader takes the shapes of
-    # dataset[0] for empty Poisson batches).
-    with client.release_gate(
-        dataset_id,
-        batches,
-        planned,
-        tasks=task_ids if batches is None else None,
-        model=model,
-        version=version,
-        ttl_s=ttl_s,
-        idempotency_key=idempotency_key,
-    ) as gate:
-        private_module, private_optimizer, private_loader = engine.make_private(
-            module=module,
-            optimizer=optimizer,
-            data_loader=data_loader,
-            noise_multiplier=sigma,
-            max_grad_norm=max_grad_norm,
-            poisson_sampling=True,
+    if client is None:  # a rank > 0: rank 0 reserves, these train with its σ
+        sigma = _from_rank_0(None, world_size)
+        if sigma is None:
+            raise UndescribedRun("rank 0 reserved nothing (see its error): nothing ran.")
+        planned = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
+        yield from _private_run(engine, None, planned, module, optimizer, data_loader, max_grad_norm, epochs)
+        return
+    shared = False
+    try:
+        records = len(data_loader.dataset)  # type: ignore[arg-type]
+        task_ids, charged = _ledger_records(client, dataset_id, batches, tasks)
+        if records != charged:
+            raise UndescribedRun(
+                f"data_loader.dataset holds {records} records but the charged batches of dataset "
+                f"{dataset_id} hold {charged}: the reservation would not cover the records read."
+            )
+        sigma = client.calibrate_noise_multiplier(
+            dataset_id,
+            target_epsilon=target_epsilon,
+            target_budget_epsilon=target_budget_epsilon,
+            sampling_probability=q,
+            steps=epochs * steps_per_epoch,
+            batches=batches,
+            tasks=task_ids if batches is None else None,
         )
-        event = event_from_opacus(private_optimizer, private_loader, epochs)
-        if event != planned:
-            raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
-        loader = CountedLoader(private_loader, gate.renew_if_due if renew else None)
-        run = OpacusRun(engine, private_module, private_optimizer, loader, event, gate)
-        logger.info("reserved %s on dataset %s: %s", gate.reservation_id, dataset_id, run.charging_for)
-        yield run
-        steps = run.steps_run()
-        if steps > event.count:
-            raise UndescribedRun(
-                f"Opacus ran {steps} steps, the ledger reserved {event.count}: nothing is released."
+        planned = SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(sigma)), epochs * steps_per_epoch)
+        # Reserve first: make_private itself reads a record (DPDataLoader takes the shapes of
+        # dataset[0] for empty Poisson batches).
+        with client.release_gate(
+            dataset_id,
+            batches,
+            planned,
+            tasks=task_ids if batches is None else None,
+            model=model,
+            version=version,
+            ttl_s=ttl_s,
+            idempotency_key=idempotency_key,
+        ) as gate:
+            _from_rank_0(sigma, world_size)
+            shared = True
+            yield from _private_run(
+                engine, gate, planned, module, optimizer, data_loader, max_grad_norm, epochs, renew=renew
             )
-        if run.data_loader.drawn != steps:
-            raise UndescribedRun(
-                f"{run.data_loader.drawn} batch(es) were drawn from run.data_loader but Opacus's "
-                f"optimizer took {steps} private step(s): the steps did not train on the gate's "
-                "Poisson samples one batch each (another loader iterated, or a batch drawn without "
-                "a step), so the reserved event does not describe the run. Nothing is released; the "
-                "reservation is aborted and charged in full."
-            )
-        if steps < event.count:  # release what ran; the abort of the rest charges the rest
-            gate.commit_event = SelfComposedEvent(event.event, steps)
+    except BaseException:
+        if not shared:  # the other ranks wait for σ: tell them nothing was reserved
+            _from_rank_0(None, world_size)
+        raise
+
+
+def _private_run(
+    engine: PrivacyEngine,
+    gate: ReleaseGate | None,
+    planned: SelfComposedEvent,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_loader: torch.utils.data.DataLoader[Any],
+    max_grad_norm: float,
+    epochs: int,
+    *,
+    renew: bool = False,
+) -> Iterator[OpacusRun]:
+    """Inside the gate (rank 0) or beside it (the other ranks): Opacus made private with the
+    reserved σ, the run yielded, then what ran checked (and, on rank 0, committed)."""
+    _, world_size = _ddp()
+    private_module, private_optimizer, private_loader = engine.make_private(
+        module=module,
+        optimizer=optimizer,
+        data_loader=data_loader,
+        noise_multiplier=planned.event.event.noise_multiplier,  # type: ignore[attr-defined]
+        max_grad_norm=max_grad_norm,
+        poisson_sampling=True,
+    )
+    event = event_from_opacus(private_optimizer, private_loader, epochs)
+    if event != planned:
+        raise UndescribedRun(f"Opacus built {event}, the ledger reserved {planned}: nothing is released.")
+    loader = CountedLoader(private_loader, gate.renew_if_due if gate is not None and renew else None)
+    run = OpacusRun(engine, private_module, private_optimizer, loader, event, gate)
+    if gate is not None:
+        logger.info("reserved %s: %s", gate.reservation_id, run.charging_for)
+    yield run
+    steps = run.steps_run()
+    _check_ranks_ran_alike(run, steps, world_size)
+    if steps > event.count:
+        raise UndescribedRun(
+            f"Opacus ran {steps} steps, the ledger reserved {event.count}: nothing is released."
+        )
+    if run.data_loader.drawn != steps:
+        raise UndescribedRun(
+            f"{run.data_loader.drawn} batch(es) were drawn from run.data_loader but Opacus's "
+            f"optimizer took {steps} private step(s): the steps did not train on the gate's "
+            "Poisson samples one batch each (another loader iterated, or a batch drawn without "
+            "a step), so the reserved event does not describe the run. Nothing is released; the "
+            "reservation is aborted and charged in full."
+        )
+    if gate is not None and steps < event.count:  # release what ran; the abort of the rest charges it
+        gate.commit_event = SelfComposedEvent(event.event, steps)

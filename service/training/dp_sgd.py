@@ -57,6 +57,7 @@ from torch import nn
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
 from service.training.data import LoadedData
+from service.training.distributed import SOLO, Ranks
 from service.training.nets import build_model
 from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
@@ -208,13 +209,42 @@ def noisy_mean_gradient_flat(
     """
     factors = clip_factors(torch.linalg.vector_norm(per_example, dim=1), max_grad_norm)
     noise = per_example.new_empty(per_example.shape[1]) if out is None else out
-    noise.normal_(generator=generator)
+    if noise_multiplier == 0:  # (a rank other than 0 of a distributed run: the sum holds it once)
+        noise.zero_()
+    else:
+        noise.normal_(generator=generator)
     return noise.addmv_(
         per_example.t(),
         factors,
         beta=noise_multiplier * max_grad_norm / expected_batch_size,
         alpha=1.0 / expected_batch_size,
     )
+
+
+def noisy_mean_gradient_of_ranks(
+    per_example: torch.Tensor,
+    *,
+    ranks: Ranks,
+    max_grad_norm: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``noisy_mean_gradient_flat`` of a run over ``ranks``: each rank's ``per_example`` rows are
+    its shard's sample, clipped there; rank 0 alone adds N(0, σ²C²I); the sum across ranks
+    (``all_reduce``) is (Σ clip_C(gᵢ) + N(0, σ²C²I)) / (q·N) over the global sample, on every
+    rank (``service.training.distributed``). ``SOLO``: ``noisy_mean_gradient_flat`` itself."""
+    released = noisy_mean_gradient_flat(
+        per_example,
+        max_grad_norm=max_grad_norm,
+        noise_multiplier=noise_multiplier if ranks.adds_noise else 0.0,
+        expected_batch_size=expected_batch_size,
+        generator=generator,
+        out=out,
+    )
+    ranks.sum_(released)
+    return released
 
 
 def gaussian_like(tensors: Mapping[str, torch.Tensor], generator: torch.Generator) -> Params:
@@ -257,6 +287,7 @@ class _Run:
     labels: torch.Tensor
     sampler: torch.Generator
     noise: torch.Generator
+    ranks: Ranks = SOLO
     optimizer_state: dict[str, Any] = field(default_factory=dict)
     param_list: list[torch.Tensor] = field(init=False)
     update: torch.Tensor = field(init=False)
@@ -321,6 +352,12 @@ class DpSgdTrainer:
             steps = max(1, math.ceil((p.epochs if p.epochs is not None else 10.0) / q))
         if steps > MAX_STEPS:
             raise InvalidParamsError("params.epochs", f"give {steps} steps, more than {MAX_STEPS}.")
+        if p.world_size > 1 and self.device.type == "cuda" and p.world_size > torch.cuda.device_count():
+            raise InvalidParamsError(
+                "params.world_size",
+                f"asks for {p.world_size} processes, one per GPU; this worker sees "
+                f"{torch.cuda.device_count()} GPU(s). Found {p.world_size}.",
+            )
         if p.noise_multiplier is not None:
             sigma = p.noise_multiplier
         elif p.delta is None:
@@ -373,30 +410,58 @@ class DpSgdTrainer:
             raise TrainingError(
                 f"the plan was made for {plan.n_records} records; the data holds {data.n_records}."
             )
-        p = plan.params
-        seed = p.seed if p.seed is not None else secrets.randbits(62)
-        run = self._start(data, p, seed)
-        every = p.checkpoint_every
+        seed = plan.params.seed if plan.params.seed is not None else secrets.randbits(62)
+        if plan.params.world_size > 1:
+            from service.training.distributed import train_distributed
+
+            return train_distributed(
+                self, data, plan, seed, on_checkpoint=on_checkpoint, should_stop=should_stop
+            )
+        return self.train_rank(data, plan, seed, SOLO, on_checkpoint=on_checkpoint, should_stop=should_stop)
+
+    def train_rank(
+        self,
+        data: LoadedData,
+        plan: TrainingPlan,
+        seed: int,
+        ranks: Ranks,
+        *,
+        on_checkpoint: CheckpointCallback = _accept,
+        should_stop: StopCallback = _never,
+    ) -> TrainingResult:
+        """``train`` as rank ``ranks.rank`` of ``ranks.world_size`` (``service.training.distributed``).
+
+        ``data`` holds this rank's shard of the training records (all of them for ``SOLO``).
+        Rank 0 alone asks ``should_stop``, calls ``on_checkpoint`` and adds the noise; every step
+        it tells the others whether to go on (``ranks.agree``), and after every release whether
+        it was accepted, so that all ranks take the same steps and stop together. Only rank 0's
+        result carries metrics."""
+        lead = ranks.rank == 0
+        run = self._start(data, plan.params, seed, ranks)
+        every = plan.params.checkpoint_every
         status: Status = "completed"
         last_release: int | None = None
         done = 0
         for step in range(1, plan.steps + 1):
-            if should_stop():
+            if ranks.agree(lead and should_stop()):
                 status = "stopped"
                 break
-            idx = poisson_sample(plan.n_records, plan.sampling_probability, run.sampler).to(self.device)
+            idx = poisson_sample(len(run.labels), plan.sampling_probability, run.sampler).to(self.device)
             self._step(run, plan, step, run.features[idx], run.labels[idx])
             done = step
             release = step == plan.steps or (every is not None and step % every == 0)
             if release:
-                accepted = on_checkpoint(step, self._model_state(run.model), plan.event_after(step))
-                if not accepted:
+                state = self._model_state(run.model) if lead else {}
+                refused = lead and not on_checkpoint(step, state, plan.event_after(step))
+                if ranks.agree(refused):
                     status = "refused"
                     break
                 last_release = step
-        metrics = self.evaluate(data, run.model)
-        metrics.update(self._extra_metrics(run))
-        metrics["steps"] = float(done)
+        metrics: dict[str, float] = {}
+        if lead:
+            metrics = self.evaluate(data, run.model)
+            metrics.update(self._extra_metrics(run))
+            metrics["steps"] = float(done)
         return TrainingResult(status, done, plan.event_after(done), metrics, last_release)
 
     def evaluate(
@@ -473,11 +538,15 @@ class DpSgdTrainer:
             model = self._build_model(data, params)
         return model.to(self.device)
 
-    def _start(self, data: LoadedData, p: DpSgdParams, seed: int) -> _Run:
+    def _start(self, data: LoadedData, p: DpSgdParams, seed: int, ranks: Ranks = SOLO) -> _Run:
         seeds = np.random.SeedSequence(seed).generate_state(3, dtype=np.uint64)
         model = self.initial_model(data, p, seed)
+        ranks.sync_(list(model.parameters()))
         features, labels = data.train_arrays()
         sampler = torch.Generator(device="cpu")
+        if ranks.rank > 0:  # its own stream: the shards' Poisson draws are independent
+            own = np.random.SeedSequence(seed, spawn_key=(ranks.rank,))
+            seeds[1] = own.generate_state(1, dtype=np.uint64)[0]
         sampler.manual_seed(int(seeds[1]))
         noise = torch.Generator(device=self.device)
         noise.manual_seed(int(seeds[2]))
@@ -490,14 +559,18 @@ class DpSgdTrainer:
             labels=torch.from_numpy(labels).to(self.device),
             sampler=sampler,
             noise=noise,
+            ranks=ranks,
         )
 
     def _private_gradient(self, run: _Run, plan: TrainingPlan, x: torch.Tensor, y: torch.Tensor) -> None:
         """The whole private gradient in the flat buffer ``run.update``: (B, P) per-example
         matrix → norms → clip factors → noise drawn in place → one addmv
-        (``noisy_mean_gradient_flat``). The privacy audit adds its canaries' rows here."""
-        noisy_mean_gradient_flat(
+        (``noisy_mean_gradient_flat``). The privacy audit adds its canaries' rows here.
+
+        Distributed: ``noisy_mean_gradient_of_ranks`` (noise on rank 0, sums all-reduced)."""
+        noisy_mean_gradient_of_ranks(
             run.grad_fn.flat(run.params, x, y),
+            ranks=run.ranks,
             max_grad_norm=plan.params.max_grad_norm,
             noise_multiplier=plan.noise_multiplier,
             expected_batch_size=plan.expected_batch_size,

@@ -35,6 +35,8 @@ DEFAULT_HIDDEN: Final[Mapping[str, tuple[int, ...]]] = {"mlp": (64,), "cnn": (16
 MAX_WIDTH: Final = 65_536
 MAX_LAYERS: Final = 16
 MAX_STEPS: Final = 10_000_000
+MAX_WORLD_SIZE: Final = 64
+"""The most processes one DP-SGD job may span (``params.world_size``; one worker host's)."""
 ACCOUNTANTS: Final = ("rdp", "prv")
 MAX_EPOCHS: Final = 10_000
 MAX_TASKS: Final = 1_000
@@ -215,6 +217,8 @@ class DpSgdParams:
     it in). A run the budget cannot admit is refused before any data is read, naming the largest
     ``target_epsilon`` that fits. Length: ``steps`` or ``epochs`` (T = ⌈epochs/q⌉; default 10 epochs).
     Sampling: ``sampling_probability`` or ``expected_batch_size`` (q = size/N; default 64).
+    ``world_size``: how many processes train the run together (``service.training.distributed``:
+    one per GPU on CUDA); the event, the charge and the certificate do not depend on it.
     """
 
     # Defaults tuned on builtin:digits at ε = 2 (about 92% test accuracy with the default MLP).
@@ -237,6 +241,7 @@ class DpSgdParams:
     seed: int | None = None
     accountant: str = "rdp"
     num_classes: int | None = None
+    world_size: int = 1
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DpSgdParams:
@@ -273,6 +278,7 @@ class DpSgdParams:
             "seed": r.integer("seed", None, minimum=0, maximum=2**62),
             "accountant": r.string("accountant", "rdp", ACCOUNTANTS),
             "num_classes": r.integer("num_classes", None, minimum=2, maximum=100_000),
+            "world_size": r.integer("world_size", 1, minimum=1, maximum=MAX_WORLD_SIZE),
         }
         return values
 
@@ -282,6 +288,8 @@ class DpSgdParams:
             value = getattr(self, f.name)
             if isinstance(value, ModelSpec):
                 out.update(value.to_json())
+            elif f.name == "world_size" and value == 1:
+                continue  # the default: a one-process run's params read as before
             elif value is not None:
                 out[f.name] = value
         return out
@@ -315,6 +323,10 @@ class AdaDpParams(DpSgdParams):
         if r.has("momentum"):
             raise InvalidParamsError("params.momentum", "is not an adadp param (RMSProp adapts the steps).")
         values = super(AdaDpParams, cls)._read(r)
+        if values["world_size"] != 1:  # its per-step noise depends on state no rank shares
+            raise InvalidParamsError(
+                "params.world_size", f"must be 1 for adadp (one process). Found {values['world_size']}."
+            )
         values.update(
             beta=r.real("beta", 2.0, minimum=0, exclusive_minimum=True),
             gamma=r.real("gamma", 0.1, minimum=0, maximum=1, exclusive_minimum=True),

@@ -12,7 +12,7 @@ Canaries: gradient-space **Dirac canaries**, the paper's white-box setting. Cana
 whose gradient, at every step it is sampled (Poisson, probability q, like every record), is
 λ·C·e_{P+i}: zero except one coordinate of its own. The private gradient is formed over P + m
 coordinates — the model's P and one per canary — by the release's own code
-(``dp_sgd.noisy_mean_gradient_flat``: norms, clip to C, Σ, noise σ·C on every coordinate, ÷ q·N);
+(``dp_sgd.noisy_mean_gradient_of_ranks``: norms, clip to C, Σ, noise σ·C on every coordinate, ÷ q·N);
 the model takes the first P, and canary i's score is Σₜ ĝₜ[P + i], the released noisy coordinate
 summed over the steps (what an auditor who sees every iterate recovers). λ =
 ``CANARY_GRADIENT_SCALE`` > 1, so a working clip cuts a canary to C and a missing one does not.
@@ -59,13 +59,14 @@ from accountant import auditing
 from accountant.calibration import TIGHT_ACCOUNTANT
 from accountant.registry import make_accountant
 from service.training.data import LoadedData
+from service.training.distributed import SOLO, Ranks
 from service.training.dp_sgd import (
     DpSgdTrainer,
     ModelState,
     TrainingPlan,
     TrainingResult,
     _Run,
-    noisy_mean_gradient_flat,
+    noisy_mean_gradient_of_ranks,
 )
 from service.training.params import PrivacyAuditParams
 
@@ -105,8 +106,8 @@ class PrivacyAuditTrainer(DpSgdTrainer):
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def _start(self, data: LoadedData, p: Any, seed: int) -> _Run:
-        run = super()._start(data, p, seed)
+    def _start(self, data: LoadedData, p: Any, seed: int, ranks: Ranks = SOLO) -> _Run:
+        run = super()._start(data, p, seed, ranks)
         assert isinstance(p, PrivacyAuditParams)
         # A stream of its own (the 4th of the seed's), drawn before any step: the inclusions are
         # independent of the data, the sampling and the noise, as the paper's theorem requires.
@@ -125,14 +126,17 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         gradients live, and one per canary, where only canary i's gradient λ·C·e_{P+i} does.
         The data's rows are zero on the canaries' coordinates, so their norms, clips and sum
         are the release's; the noise σ·C covers every coordinate. The model takes the first P,
-        the scores the last m."""
+        the scores the last m. Distributed: the canaries are records of rank 0's shard (sampled
+        and noised there); the widened sum is summed across ranks before it is split."""
         canaries = self.canaries
         assert canaries is not None
         per_example = run.grad_fn.flat(run.params, x, y)
         n_params, m = per_example.shape[1], len(canaries.scores)
         # Each included canary is a record: Poisson-sampled with probability q like the others.
-        sampled = torch.rand(len(canaries.members), generator=run.sampler) < plan.sampling_probability
-        chosen = canaries.members[sampled.to(self.device)]
+        chosen = canaries.members[:0]
+        if run.ranks.adds_noise:
+            sampled = torch.rand(len(canaries.members), generator=run.sampler) < plan.sampling_probability
+            chosen = canaries.members[sampled.to(self.device)]
         rows = per_example.new_zeros((len(per_example) + len(chosen), n_params + m))
         rows[: len(per_example), :n_params] = per_example
         rows[len(per_example) + torch.arange(len(chosen), device=self.device), n_params + chosen] = (
@@ -147,8 +151,9 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         elif self.breakage == "no_clipping":  # the same noise σ·C, a clip that never bites
             max_grad_norm *= _UNCLIPPED
             noise_multiplier /= _UNCLIPPED
-        noisy_mean_gradient_flat(
+        noisy_mean_gradient_of_ranks(
             rows,
+            ranks=run.ranks,
             max_grad_norm=max_grad_norm,
             noise_multiplier=noise_multiplier,
             expected_batch_size=plan.expected_batch_size,

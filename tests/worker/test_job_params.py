@@ -104,6 +104,9 @@ def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: 
         ("dp_sgd", {"target_epsilon": 1.0, "delta": 1e-5, "noise_multiplier": 1.0}, "params.target_epsilon"),
         ("dp_sgd", {"noise_multiplier": 1.0, "model": "resnet"}, "params.model"),
         ("dp_sgd", {"noise_multiplier": 1.0, "compile_gradients": True}, "params.compile_gradients"),
+        ("dp_sgd", {"noise_multiplier": 1.0, "world_size": 0}, "params.world_size"),  # issue 30
+        ("dp_sgd", {"noise_multiplier": 1.0, "world_size": 65}, "params.world_size"),
+        ("adadp", {"noise_multiplier": 1.0, "world_size": 2}, "params.world_size"),  # one process only
         ("adadp", {"noise_multiplier": 1.0, "momentum": 0.5}, "params.momentum"),
         ("l2dp_ml", {"epsilon1": 1.0, "epsilon2": 0.5}, "params.input_dim"),
         (

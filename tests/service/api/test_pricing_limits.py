@@ -25,10 +25,10 @@ from sqlalchemy.engine import URL
 
 from accountant import events as ev
 from accountant.rules import Budget
-from service.api.ratelimit import SECONDS_PER_UNIT, PricingRates
+from service.api.ratelimit import SECONDS_PER_UNIT, PricingRates, SharedPricingRates
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import pricing, tenancy
+from service.ledger import meters, pricing, tenancy
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 from tests.service.api.conftest import (
@@ -262,3 +262,68 @@ def test_another_tenants_write_is_not_held_up_while_a_costly_event_is_priced(dat
         assert finished["write"] < finished["costly"], "the other tenant's write waited for the pricing"
     finally:
         stop_server(server.process)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_api_processes_on_one_postgres_share_the_tenants_rate(database_url: URL) -> None:
+    """Issue 30 §2: two ``ledger serve`` processes on one PostgreSQL database. The bucket holds
+    one request's estimate and refills at 0.001 s/s (``LEDGER_RATE_LIMITS`` auto: shared through
+    the database). The first costly reservation, on process A, empties it; the next one, on
+    process B, is refused with 429, as it would be on A: the configured rate holds in total.
+    (Per-process buckets admitted it: B's own bucket was full.) Another tenant is unaffected."""
+    estimate = work_of(RDP, sampled_gaussians(20)) * SECONDS_PER_UNIT
+    env = {"LEDGER_PRICING_CPU_S_PER_S": "0.001", "LEDGER_PRICING_BURST_S": repr(estimate)}
+    servers = [start_server(url_text(database_url), env=env) for _ in range(2)]
+    try:
+        db = Database(url_text(database_url))
+        try:
+            keys = {tenant: tenancy.create_api_key(db, tenant, "admin") for tenant in ("acme", "rival")}
+        finally:
+            db.dispose()
+        with (
+            httpx.Client(base_url=servers[0].base_url, timeout=60) as first,
+            httpx.Client(base_url=servers[1].base_url, timeout=60) as second,
+        ):
+            on_a, on_b = Api(first, keys["acme"]), Api(second, keys["acme"])  # type: ignore[arg-type]
+            dataset, batches = on_a.dataset(RDP)
+            held = on_a.reserve(dataset, batches, sampled_gaussians(20)).json()
+            refused = on_b.reserve(dataset, batches, sampled_gaussians(20), status=429)
+            assert refused.json()["error"] == "rate_limited" and int(refused.headers["Retry-After"]) >= 1
+            on_a.reserve(dataset, batches, sampled_gaussians(20), status=429)
+            assert on_b.spend(dataset)["epsilon_held"] == held["cost"]["epsilon"]  # the first hold only
+            rival = Api(second, keys["rival"])  # type: ignore[arg-type]
+            other, other_batches = rival.dataset(RDP)
+            rival.reserve(other, other_batches, sampled_gaussians(20))
+    finally:
+        for server in servers:
+            stop_server(server.process)
+
+
+def test_shared_buckets_hold_the_rate_in_total_and_cached_events_stay_off_the_database(db: Database) -> None:
+    """Two processes' ``SharedPricingRates`` on one database (``LEDGER_RATE_LIMITS=database``):
+    requests that each use 0.1 s, alternating between them, are admitted for about the burst in
+    total (1 s), not for a burst each; a tenant whose events are cached (a 10 ms estimate, a
+    microsecond used) is served from its process's float with no withdrawal from the row."""
+    first, second = (SharedPricingRates(db, rate_s=1e-9, burst_s=1.0) for _ in range(2))
+    admitted = 0.0
+    for rates in [first, second] * 10:
+        try:
+            rates.take("acme", 0.1)
+        except RateLimited:
+            continue
+        rates.give_back("acme", 0.0)  # used all of its estimate
+        admitted += 0.1
+    assert 0.9 - 1e-9 <= admitted <= 1.0 + 1e-9  # (per-process buckets: 2.0; floats keep < 0.1 each)
+
+    cached = SharedPricingRates(db, rate_s=1e-9, burst_s=1.0)
+    cached.take("rival", 0.01)
+    cached.give_back("rival", 0.01 - 1e-6)
+    row = meters.level(db, "rival", "pricing", rate_s=1e-9, burst_s=1.0, now_s=time.time())
+    for _ in range(200):
+        cached.take("rival", 0.01)
+        cached.give_back("rival", 0.01 - 1e-6)
+    assert meters.level(db, "rival", "pricing", rate_s=1e-9, burst_s=1.0, now_s=time.time()) == pytest.approx(
+        row
+    )
+    assert cached.tokens("rival") == pytest.approx(1.0 - 201e-6)  # what the events really used
