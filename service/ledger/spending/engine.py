@@ -37,7 +37,13 @@ from sqlalchemy.exc import OperationalError
 from accountant import rules
 from service import server_secrets
 from service.db.session import Database
-from service.ledger.errors import DuplicateIdempotencyKey, IdempotencyConflict, LedgerError, NotFound
+from service.ledger.errors import (
+    Conflict,
+    DuplicateIdempotencyKey,
+    IdempotencyConflict,
+    LedgerError,
+    NotFound,
+)
 from service.ledger.signing import KeyRing, SigningKey
 from service.ledger.spending.requests import Op
 from service.ledger.spending.store import (
@@ -89,10 +95,17 @@ Result = tuple[dict[str, Any] | None, BaseException | None]
 
 
 def _group_transaction(
-    connection: Connection, dataset_id: str, ops: Sequence[Op], signer: Callable[[], SigningKey]
+    connection: Connection,
+    dataset_id: str,
+    ops: Sequence[Op],
+    signer: Callable[[], SigningKey],
+    after_commit: list[Callable[[], None]],
+    *,
+    check_releases: bool,
 ) -> dict[int, Result]:
     """Decide and write every operation of ``ops`` in ``connection``'s transaction; their results
-    (answer or error) by position. Raises only for failures of the transaction itself."""
+    (answer or error) by position. Raises only for failures of the transaction itself.
+    ``after_commit``: what to call once the transaction has committed (``Work.committed``)."""
     results: dict[int, Result] = {}
     stored = stored_answers(connection, ops)
     active: list[int] = []
@@ -112,9 +125,6 @@ def _group_transaction(
     if not active and not replays:
         return results
     at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
-    due = due_ids(connection, dataset_id, at)  # before the lock: usually nothing
-    already = released(connection, [ops[i] for i in active])  # releases are never deleted
-
     work = Work.open(connection, dataset_id)
     if work is None:
         for i in active:
@@ -122,6 +132,11 @@ def _group_transaction(
         for i, response, _ in replays:
             results[i] = (response, None)
         return results
+    # Read only when the head says one is due: usually nothing.
+    due = due_ids(connection, dataset_id, at) if work.next_expiry is not None and work.next_expiry <= at else []
+    # A release that exists already is refused by its unique constraint when the group writes;
+    # that failure reruns each op alone with this check on, which names the (model, version).
+    already = released(connection, [ops[i] for i in active]) if check_releases else set()
     work.signer = signer
     domain = _domain()
     work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
@@ -173,6 +188,7 @@ def _group_transaction(
             )
     if work.events:  # every change is audited: no event, nothing changed (a refusal changes nothing)
         work.flush()
+    after_commit.append(work.committed)
     return results
 
 
@@ -204,6 +220,11 @@ def _is_transient(exc: OperationalError) -> bool:
     )
 
 
+def _release_taken(failure: BaseException) -> bool:
+    """Whether the group failed on the unique (tenant, model, version) of releases."""
+    return isinstance(failure, Conflict) and failure.reason == "release_exists"
+
+
 def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Result]) -> None:
     """A retry can race its first attempt (in another process): its key lookup found nothing,
     then the first attempt's commit made it fail (e.g. "already committed"). If an answer for
@@ -232,10 +253,12 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
             results[i] = (response, error)
 
 
-def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
+def run_group(db: Database, dataset_id: str, ops: Sequence[Op], *, check_releases: bool = False) -> None:
     """Run ``ops`` in one transaction and hand every op its result once it has committed.
 
-    When the transaction itself fails, each op is run alone, so a failure is its own op's only.
+    When the transaction itself fails, each op is run alone, so a failure is its own op's only,
+    and with ``check_releases`` (a release that exists is then refused by name, before anything
+    is written, rather than by the constraint that failed the group).
     Ops not priced yet are priced first, before the transaction opens (``prepare``).
     """
     ops = _prepared(db, ops)
@@ -259,8 +282,13 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
         try:
             if not rings:
                 rings.append(server_secrets.signing_keys(db))
+            after_commit: list[Callable[[], None]] = []
             with db.transaction() as connection:
-                results = _group_transaction(connection, dataset_id, ops, signer)
+                results = _group_transaction(
+                    connection, dataset_id, ops, signer, after_commit, check_releases=check_releases
+                )
+            for hook in after_commit:
+                hook()
         except OperationalError as exc:
             if attempt <= _RETRIES and _is_transient(exc):
                 time.sleep(0.002 * attempt)
@@ -277,11 +305,11 @@ def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
             for i, op in enumerate(ops):
                 op.finish(*results[i])
             return
-        if len(ops) == 1:
+        if len(ops) == 1 and (check_releases or not _release_taken(failure)):
             ops[0].finish(None, failure)
             return
         for op in ops:
-            run_group(db, dataset_id, [op])
+            run_group(db, dataset_id, [op], check_releases=True)
         return
 
 

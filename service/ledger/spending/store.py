@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final
 
@@ -22,6 +23,7 @@ from sqlalchemy import (
     Column,
     ColumnElement,
     Connection,
+    Engine,
     Integer,
     MetaData,
     Table,
@@ -33,6 +35,7 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from accountant.canonical import canonical_bytes
@@ -53,7 +56,7 @@ from service.db.models import (
     ReservationClass,
     Task,
 )
-from service.db.session import Database, lock_ledger_head, pipelined
+from service.db.session import LEDGER_HEAD_COLUMNS, Database, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
@@ -129,34 +132,44 @@ _RESERVATION_COLUMNS: Final = (
 _LOAD_RESERVATIONS: Final = select(*_RESERVATION_COLUMNS).where(
     Reservation.id.in_(bindparam("ids", expanding=True))
 )
-_LOAD_CLASSES: Final = (
-    select(*ReservationClass.__table__.columns)
-    .where(ReservationClass.reservation_id.in_(bindparam("ids", expanding=True)))
-    .order_by(ReservationClass.reservation_id, ReservationClass.index)
+_CLASS_COLUMNS: Final = (
+    ReservationClass.index.label("class_index"),
+    ReservationClass.state_at_reserve.label("class_state_at_reserve"),
+    ReservationClass.cost.label("class_cost"),
+    ReservationClass.committed.label("class_committed"),
+    ReservationClass.batches.label("class_batches"),
 )
+# A reservation and its classes in one query: one row per class (nothing per batch).
+_LOAD_WITH_CLASSES: Final = (
+    select(*_RESERVATION_COLUMNS, *_CLASS_COLUMNS)
+    .outerjoin(ReservationClass, ReservationClass.reservation_id == Reservation.id)
+    .where(Reservation.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Reservation.id, ReservationClass.index)
+)
+_RESERVATION_NAMES: Final = tuple(c.key for c in _RESERVATION_COLUMNS)
 
 
 def load_reservations(connection: Connection, reservation_ids: Iterable[str]) -> dict[str, Loaded]:
-    """Reservations with their classes, in two queries (nothing per batch)."""
+    """Reservations with their classes, in one query (one row per class, nothing per batch)."""
     ids = sorted(set(reservation_ids))
     if not ids:
         return {}
-    rows = connection.execute(_LOAD_RESERVATIONS, {"ids": ids}).all()
-    classes: dict[str, list[HeldClass]] = {}
-    for c in connection.execute(_LOAD_CLASSES, {"ids": ids}):
-        classes.setdefault(c.reservation_id, []).append(
-            HeldClass(
-                index=c._mapping["index"],  # ``Row.index`` is the tuple method
-                state_at_reserve=c.state_at_reserve,
-                reserved=Cost.from_json(c.cost),
-                committed=None if c.committed is None else Cost.from_json(c.committed),
-                batches=c.batches,
+    found: dict[str, tuple[Any, list[HeldClass]]] = {}
+    for row in connection.execute(_LOAD_WITH_CLASSES, {"ids": ids}):
+        _, classes = found.setdefault(row.id, (row, []))
+        if row.class_index is not None:
+            classes.append(
+                HeldClass(
+                    index=row.class_index,
+                    state_at_reserve=row.class_state_at_reserve,
+                    reserved=Cost.from_json(row.class_cost),
+                    committed=None if row.class_committed is None else Cost.from_json(row.class_committed),
+                    batches=row.class_batches,
+                )
             )
-        )
-    names = [c.key for c in _RESERVATION_COLUMNS]
     return {
-        row.id: Loaded(**{n: getattr(row, n) for n in names}, classes=tuple(classes.get(row.id, ())))
-        for row in rows
+        rid: Loaded(**{n: getattr(row, n) for n in _RESERVATION_NAMES}, classes=tuple(classes))
+        for rid, (row, classes) in found.items()
     }
 
 
@@ -220,6 +233,68 @@ def state_id(dataset_id: str, state: BatchState) -> str:
     return "bs_" + digest[:37]
 
 
+class StateCache:
+    """What this process knows of batch states, so that a spend reads and writes no
+    ``batch_states`` row it does not need.
+
+    * ``parsed``: state id -> state. A state id names its content (``state_id``: a hash of the
+      dataset id and the canonical JSON), so the entry is true in every database and forever:
+      a state read or interned once is never read or parsed again (bounded, least recently used).
+    * ``stored``: per database (engine), the state ids whose row is *committed*: added when a
+      transaction that wrote them has committed (``Work.committed``) or when a row is read. Rows
+      of ``batch_states`` are never deleted, so an entry stays true; a state not known here is
+      written with ``INSERT … ON CONFLICT DO NOTHING`` (one statement, no read first).
+    """
+
+    SIZE: Final = 65_536
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parsed: OrderedDict[str, BatchState] = OrderedDict()
+        self.stored: weakref.WeakKeyDictionary[Engine, OrderedDict[str, None]] = weakref.WeakKeyDictionary()
+
+    def get(self, sid: str) -> BatchState | None:
+        with self.lock:
+            state = self.parsed.get(sid)
+            if state is not None:
+                self.parsed.move_to_end(sid)
+            return state
+
+    def put(self, sid: str, state: BatchState) -> None:
+        with self.lock:
+            self.parsed[sid] = state
+            if len(self.parsed) > self.SIZE:
+                self.parsed.popitem(last=False)
+
+    def is_stored(self, engine: Engine, sid: str) -> bool:
+        with self.lock:
+            known = self.stored.get(engine)
+            return known is not None and sid in known
+
+    def mark_stored(self, engine: Engine, sids: Iterable[str]) -> None:
+        with self.lock:
+            known = self.stored.setdefault(engine, OrderedDict())
+            for sid in sids:
+                known[sid] = None
+            while len(known) > self.SIZE:
+                known.popitem(last=False)
+
+
+STATES: Final = StateCache()
+
+
+def parse_states(rows: Iterable[Any]) -> dict[str, BatchState]:
+    """``{id: state}`` of ``(id, state JSON)`` rows, each parsed once per process (``STATES``)."""
+    out: dict[str, BatchState] = {}
+    for sid, document in rows:
+        state = STATES.get(sid)
+        if state is None:
+            state = BatchState.from_json(document)
+            STATES.put(sid, state)
+        out[sid] = state
+    return out
+
+
 @dataclass
 class Selection:
     """The batches one reservation reads, grouped by their current state: ``counts[state id]``,
@@ -233,6 +308,7 @@ class Selection:
     batch_set: str
     positions: list[tuple[str, int]] | None  # explicitly named batches: (id, place in request)
     example: dict[str, str]  # state id -> a batch in it (the first named), for error messages
+    named: dict[str, str] | None = None  # explicitly named batches: batch id -> state id
 
     @property
     def batches(self) -> int:
@@ -307,6 +383,31 @@ class Head:
     last_release_at: datetime | None = None
 
 
+# The ledger head (``service.db.session.lock_ledger_head``) and, in the same statement, when the
+# dataset's next open reservation expires (the partial index ``ix_reservations_open_dataset_id_
+# expires_at``): the due reservations are read only when one is due, not by every spend.
+_NEXT_EXPIRY: Final = (
+    select(func.min(Reservation.expires_at))
+    .where(Reservation.dataset_id == Dataset.id, Reservation.status == "reserved")
+    .scalar_subquery()
+    .label("next_expiry")
+)
+_HEAD_AND_EXPIRY: Final = select(*LEDGER_HEAD_COLUMNS, _NEXT_EXPIRY).where(Dataset.id == bindparam("dataset_id"))
+_SPEND_HEAD: Final = {
+    "sqlite": _HEAD_AND_EXPIRY,  # BEGIN IMMEDIATE holds the write lock already
+    "postgresql": _HEAD_AND_EXPIRY.with_for_update(of=Dataset),
+}
+
+
+def _aware(at: Any) -> datetime | None:
+    """A timestamp read by an aggregate (no column type applies): aware UTC, or ``None``."""
+    if at is None:
+        return None
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 _LOAD_STATES: Final = select(BatchStateRow.id, BatchStateRow.state).where(
     BatchStateRow.id.in_(bindparam("ids", expanding=True))
 )
@@ -316,11 +417,29 @@ _TASKS_OF_DATASET: Final = select(Task.id).where(
 _TASK_AGGREGATES: Final = select(Task.id, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
     Task.id.in_(bindparam("ids", expanding=True))
 )
+# With each task's aggregates (read under the lock, so a charge that raises them needs no
+# second read): one row per (class, state, task).
 _RESERVATION_GROUPS: Final = (
-    select(ReservationBatch.class_index, Batch.state_id, Batch.task_id, func.count())
+    select(
+        ReservationBatch.class_index,
+        Batch.state_id,
+        Batch.task_id,
+        func.count(),
+        Task.epsilon_spent,
+        Task.delta_spent,
+        Task.naive_epsilon,
+    )
     .join(Batch, Batch.id == ReservationBatch.batch_id)
+    .join(Task, Task.id == Batch.task_id)
     .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
-    .group_by(ReservationBatch.class_index, Batch.state_id, Batch.task_id)
+    .group_by(
+        ReservationBatch.class_index,
+        Batch.state_id,
+        Batch.task_id,
+        Task.epsilon_spent,
+        Task.delta_spent,
+        Task.naive_epsilon,
+    )
 )
 _STATE_GROUPS: Final = (
     select(Batch.state_id, Batch.task_id, func.count(), func.min(Batch.id))
@@ -330,7 +449,12 @@ _STATE_GROUPS: Final = (
 # Executed on the transaction's Connection with one parameter set per row (executemany): plain
 # Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
 # implicit RETURNING of generated keys), so the writes can be sent pipelined (``flush``).
-_INSERT_STATES: Final = insert(BatchStateRow).inline()
+# A state row is written unless it exists: no read first, and a concurrent writer of the same
+# state (same content, same id) is no conflict.
+_INSERT_NEW_STATE: Final = {
+    "postgresql": postgresql.insert(BatchStateRow).on_conflict_do_nothing(index_elements=["id"]),
+    "sqlite": sqlite.insert(BatchStateRow).on_conflict_do_nothing(index_elements=["id"]),
+}
 _INSERT_RESERVATIONS: Final = insert(Reservation).inline()
 _INSERT_RESERVATION_CLASSES: Final = insert(ReservationClass).inline()
 _INSERT_RESERVATION_BATCHES: Final = insert(ReservationBatch).inline()
@@ -410,7 +534,9 @@ class Work:
     head: Head
     budget: Budget
     states: dict[str, BatchState] = field(default_factory=dict)  # by state id, as loaded
-    stored_states: set[str] = field(default_factory=set)  # state ids known to have a row
+    written_states: set[str] = field(default_factory=set)  # state rows this transaction wrote
+    _interned: dict[int, str] = field(default_factory=dict)  # id(state) -> state id
+    _interned_objects: dict[int, BatchState] = field(default_factory=dict)  # keeps ids unique
     tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
     reservations: dict[str, Loaded] = field(default_factory=dict)
     dirty_reservations: set[str] = field(default_factory=set)
@@ -419,8 +545,11 @@ class Work:
     released: set[tuple[str, str, str]] = field(default_factory=set)
     certificates: list[dict[str, Any]] = field(default_factory=list)
     idempotency: list[dict[str, Any]] = field(default_factory=list)
+    new_reservations: list[Loaded] = field(default_factory=list)  # written by ``flush``
+    new_reservation_batches: list[dict[str, Any]] = field(default_factory=list)  # named ones
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     expired_on_open: int = 0  # due reservations expired as the transaction opened
+    next_expiry: datetime | None = None  # of the dataset's open reservations, read with the head
     budget_grown: bool = False  # a plan segment was declared: the budget is written with the head
     # The server's active signing key, asked for only when an abort or an expiry issues a
     # certificate (a commit carries its own: ``CommitParams.signer``).
@@ -429,11 +558,14 @@ class Work:
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
         """The work of a spend transaction on the dataset, its ledger head locked (``None``: no
-        such dataset)."""
-        row = lock_ledger_head(connection, dataset_id)
+        such dataset), with when its next open reservation expires (same statement)."""
+        statement = _SPEND_HEAD[connection.dialect.name]
+        row = connection.execute(statement, {"dataset_id": dataset_id}).one_or_none()
         if row is None:
             return None
-        head = Head(**row._asdict())
+        values = row._asdict()
+        next_expiry = values.pop("next_expiry")
+        head = Head(**values)
         # The head's segment count says which budget is current: a budget another process grew
         # by a plan segment since this one cached it is read again.
         budget = cached_budget(
@@ -441,7 +573,9 @@ class Work:
             lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id}),
             segments=head.plan_segments,
         )
-        return cls(connection, head, budget)
+        work = cls(connection, head, budget)
+        work.next_expiry = _aware(next_expiry)
+        return work
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -462,17 +596,26 @@ class Work:
         )
 
     def state(self, state_id: str) -> BatchState:
-        """The state stored under ``state_id`` (read once per transaction)."""
+        """The state stored under ``state_id`` (read once per process: ``STATES``)."""
         if state_id not in self.states:
             self.load_states([state_id])
         return self.states[state_id]
 
     def load_states(self, ids: Iterable[str]) -> None:
-        wanted = sorted({i for i in ids if i not in self.states})
+        """The states of ``ids`` (pointers read from batch rows, so their rows exist): from the
+        process's cache, the others read in one query."""
+        wanted = []
+        for sid in sorted({i for i in ids if i not in self.states}):
+            state = STATES.get(sid)
+            if state is None:
+                wanted.append(sid)
+            else:
+                self.states[sid] = state
         if wanted:
-            for row in self.connection.execute(_LOAD_STATES, {"ids": wanted}):
-                self.states[row.id] = BatchState.from_json(row.state)
-                self.stored_states.add(row.id)
+            rows = self.connection.execute(_LOAD_STATES, {"ids": wanted})
+            read = parse_states((row.id, row.state) for row in rows)
+            self.states.update(read)
+            STATES.mark_stored(self.connection.engine, read)  # not ours (ours are in ``states``)
 
     def select(self, selector: str, ids: Sequence[str], most: int) -> Selection:
         """The batches a reservation reads (``selector`` ``"batches"`` or ``"tasks"``), grouped
@@ -485,6 +628,7 @@ class Work:
         dataset_id = self.head.id
         if selector == "batches":
             where = Batch.id.in_(list(ids))
+            scope = [Batch.dataset_id == dataset_id, where]  # a named batch may be another dataset's
         else:
             found = set(
                 self.connection.scalars(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
@@ -493,10 +637,13 @@ class Work:
                 if task_id not in found:
                     raise NotFound("task", task_id)
             where = Batch.task_id.in_(list(ids))
+            # The tasks are the dataset's: no test of ``dataset_id``, which would let the planner
+            # (SQLite's) walk every batch of the dataset by its index instead of the tasks'.
+            scope = [where]
         order = Batch.id.collate("C") if self.connection.dialect.name == "postgresql" else Batch.id
         result = self.connection.execute(
             select(Batch.id, Batch.state_id, Batch.task_id)
-            .where(Batch.dataset_id == dataset_id, where)
+            .where(*scope)
             .order_by(order)
             .execution_options(yield_per=50_000)
         )
@@ -534,15 +681,18 @@ class Work:
         if not total:
             raise InvalidInput("tasks", "the tasks have no batches.")
         positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
-        return Selection(where, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example)
+        return Selection(
+            where, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named
+        )
 
     def groups(self, reservation_id: str) -> dict[int, list[tuple[str, int, frozenset[str]]]]:
         """``{class index: [(current state id, batches, their tasks)]}`` of a reservation: one
         aggregate query over its batches, one row per (class, state, task)."""
         found: dict[tuple[int, str], tuple[int, set[str]]] = {}
-        for index, state_id_, task_id, count in self.connection.execute(
+        for index, state_id_, task_id, count, *spent in self.connection.execute(
             _RESERVATION_GROUPS, {"reservation_id": reservation_id}
         ):
+            self.tasks.setdefault(task_id, tuple(spent))  # an earlier op's raise stays
             total, tasks = found.get((index, state_id_), (0, set()))
             tasks.add(task_id)
             found[(index, state_id_)] = (total + count, tasks)
@@ -573,21 +723,32 @@ class Work:
         self.events.append((event, at))
 
     def intern(self, state: BatchState, at: datetime) -> str:
-        """The id of ``state``'s row, written if it is new."""
-        sid = state_id(self.head.id, state)
-        if sid not in self.stored_states:
-            self.load_states([sid])
-            if sid not in self.stored_states:
-                self.connection.execute(
-                    _INSERT_STATES,
-                    [{"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}],
-                )
-                self.stored_states.add(sid)
-            self.states[sid] = state
+        """The id of ``state``'s row, written unless this process knows it is stored (``STATES``):
+        one ``INSERT … ON CONFLICT DO NOTHING``, no read. An id is hashed once per state object
+        (``_interned``: the rules return the same object for the same settlement)."""
+        sid = self._interned.get(id(state))
+        if sid is None or self._interned_objects.get(id(state)) is not state:
+            sid = state_id(self.head.id, state)
+            self._interned[id(state)], self._interned_objects[id(state)] = sid, state
+        if sid not in self.written_states and not STATES.is_stored(self.connection.engine, sid):
+            insert_new = _INSERT_NEW_STATE[self.connection.dialect.name]
+            self.connection.execute(
+                insert_new, {"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}
+            )
+            self.written_states.add(sid)
+        self.states.setdefault(sid, state)
+        STATES.put(sid, state)
         return sid
 
+    def committed(self) -> None:
+        """After the transaction committed: the states it wrote are stored (``STATES``)."""
+        if self.written_states:
+            STATES.mark_stored(self.connection.engine, self.written_states)
+
     def move(self, where: ColumnElement[bool], moves: Sequence[Move], at: datetime) -> None:
-        """Move the batches ``where`` selects from each move's source state to its target, and
+        """Move the batches ``where`` selects (batches of this dataset: checked when they were
+        selected; no test of ``dataset_id``, whose index would make the planner walk the whole
+        dataset) from each move's source state to its target, and
         raise the task and dataset maxima. One UPDATE: from one state, with the target as a
         literal; from several, through the transaction's state map (``_map_states``), so every
         batch is rewritten once from the state it was in (a move into another move's source
@@ -596,17 +757,13 @@ class Work:
         pending = {m.source: (targets[id(m)], m.count) for m in moves if targets[id(m)] != m.source}
         if len(pending) == 1:
             [(source, (target, expected))] = pending.items()
-            statement = (
-                update(Batch)
-                .where(Batch.dataset_id == self.head.id, Batch.state_id == source, where)
-                .values(state_id=target)
-            )
+            statement = update(Batch).where(Batch.state_id == source, where).values(state_id=target)
         elif pending:
             expected = sum(count for _, count in pending.values())
             self._map_states({source: (target, None) for source, (target, _) in pending.items()})
             statement = (
                 update(Batch)
-                .where(Batch.dataset_id == self.head.id, Batch.state_id == STATE_MAP.c.state_id, where)
+                .where(Batch.state_id == STATE_MAP.c.state_id, where)
                 .values(state_id=STATE_MAP.c.target)
             )
         if pending:
@@ -637,47 +794,23 @@ class Work:
                 self.dirty_tasks.add(task_id)
 
     def add_reservation(self, r: Loaded, selection: Selection) -> None:
-        """Write a new reservation, its classes and its batches (one narrow row each, by one
-        statement per class), before its batches move."""
+        """A new reservation, its classes and its batches (one narrow row each). Named batches
+        are written by ``flush`` with the group's other rows (no operation of the group can name
+        a reservation made in it: its id is answered after the commit); a task's batches by one
+        ``INSERT … SELECT`` now, before they move (their class is read from their state)."""
         self.reservations[r.id] = r
-        execute = self.connection.execute
-        execute(_INSERT_RESERVATIONS, [_reservation_row(r)])
-        execute(
-            _INSERT_RESERVATION_CLASSES,
-            [
-                {
-                    "reservation_id": r.id,
-                    "index": c.index,
-                    "state_at_reserve": c.state_at_reserve,
-                    "cost": c.reserved.to_json(),
-                    "committed": None,
-                    "batches": c.batches,
-                }
-                for c in r.classes
-            ],
-        )
+        self.new_reservations.append(r)
         if selection.positions is not None:
-            index_of = selection.classes
-            state_of = dict(
-                execute(
-                    select(Batch.id, Batch.state_id).where(Batch.dataset_id == self.head.id, selection.where)
-                ).all()
-            )
-            execute(
-                _INSERT_RESERVATION_BATCHES,
-                [
-                    {
-                        "reservation_id": r.id,
-                        "batch_id": b,
-                        "position": i,
-                        "class_index": index_of[state_of[b]],
-                    }
-                    for b, i in selection.positions
-                ],
+            assert selection.named is not None
+            index_of, state_of = selection.classes, selection.named
+            self.new_reservation_batches.extend(
+                {"reservation_id": r.id, "batch_id": b, "position": i, "class_index": index_of[state_of[b]]}
+                for b, i in selection.positions
             )
             return
+        execute = self.connection.execute
         columns = ["reservation_id", "batch_id", "position", "class_index"]
-        chosen = (Batch.dataset_id == self.head.id, selection.where)
+        chosen = (selection.where,)  # the tasks' batches (``select`` checked the tasks)
         if len(selection.classes) == 1:  # the head is locked: every chosen batch is in its state
             rows = select(literal(r.id), Batch.id, Batch.position, literal(0)).where(*chosen)
         else:  # the class of each batch, from its state, through the state map
@@ -730,7 +863,28 @@ class Work:
 
     def _write(self) -> None:
         execute = self.connection.execute
-        changed = [self.reservations[i] for i in sorted(self.dirty_reservations)]
+        if self.new_reservations:
+            latest = [self.reservations[r.id] for r in self.new_reservations]
+            execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in latest])
+            execute(
+                _INSERT_RESERVATION_CLASSES,
+                [
+                    {
+                        "reservation_id": r.id,
+                        "index": c.index,
+                        "state_at_reserve": c.state_at_reserve,
+                        "cost": c.reserved.to_json(),
+                        "committed": None,
+                        "batches": c.batches,
+                    }
+                    for r in latest
+                    for c in r.classes
+                ],
+            )
+        if self.new_reservation_batches:
+            execute(_INSERT_RESERVATION_BATCHES, self.new_reservation_batches)
+        new = {r.id for r in self.new_reservations}
+        changed = [self.reservations[i] for i in sorted(self.dirty_reservations - new)]
         if changed:
             execute(
                 _UPDATE_RESERVATIONS,
@@ -900,10 +1054,17 @@ def batch_states(
 
 def read_states(db: Database, state_ids: Iterable[str]) -> dict[str, BatchState]:
     """``{state id: state}``, read outside the spend transaction; each distinct state parsed once."""
-    wanted = sorted(set(state_ids))
-    if not wanted:
-        return {}
-    return {row.id: BatchState.from_json(row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})}
+    out: dict[str, BatchState] = {}
+    wanted = []
+    for sid in sorted(set(state_ids)):
+        state = STATES.get(sid)
+        if state is None:
+            wanted.append(sid)
+        else:
+            out[sid] = state
+    if wanted:
+        out.update(parse_states((row.id, row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})))
+    return out
 
 
 _DUE: Final = (
