@@ -33,7 +33,7 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.spending.engine import submit, submit_async
+from service.ledger.spending import ENGINE
 from service.ledger.spending.requests import Op, SegmentParams, keyed, parse_event
 
 
@@ -97,7 +97,7 @@ def declare_segment(
         now=now,
         policy=policy,
     )
-    return submit(db, op)
+    return ENGINE.submit(db, op)
 
 
 async def declare_segment_async(
@@ -120,7 +120,7 @@ async def declare_segment_async(
         now=None,
         policy=policy,
     )
-    return await submit_async(db, op)
+    return await ENGINE.submit_async(db, op)
 
 
 __all__ = ["declare_segment", "declare_segment_async"]

@@ -68,8 +68,8 @@ from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound, ReleaseExists
-from service.ledger.spending import requests
-from service.ledger.spending.engine import submit, submit_async
+from service.ledger.spending import ENGINE, requests
+from service.ledger.spending.answers import reservation_json
 from service.ledger.spending.requests import (
     DEFAULT_TTL_S,
     MAX_BATCHES_PER_RESERVATION,
@@ -83,7 +83,7 @@ from service.ledger.spending.requests import (
     keyed,
     parse_event,
 )
-from service.ledger.spending.store import EXPIRE_PER_TRANSACTION, load_reservations, reservation_json
+from service.ledger.spending.store import EXPIRE_PER_TRANSACTION, load_reservations
 
 # A reservation's dataset and tenant never change, so they are remembered (per process, by id):
 # a commit or abort finds its dataset's group without a database round trip.
@@ -262,7 +262,7 @@ def reserve(
         release=release,
     )
     _release_free(db, tenant_id, named)
-    return _reserved(op, submit(db, op))
+    return _reserved(op, ENGINE.submit(db, op))
 
 
 async def reserve_async(
@@ -295,7 +295,7 @@ async def reserve_async(
     )
     if named is not None:
         await anyio.to_thread.run_sync(_release_free, db, tenant_id, named)
-    return _reserved(op, await submit_async(db, op))
+    return _reserved(op, await ENGINE.submit_async(db, op))
 
 
 def _commit_request(
@@ -349,7 +349,7 @@ def commit(
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Op("commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
-    return submit(db, keyed(op, key, request))
+    return ENGINE.submit(db, keyed(op, key, request))
 
 
 async def commit_async(
@@ -366,7 +366,7 @@ async def commit_async(
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Op("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
-    return await submit_async(db, keyed(op, key, request))
+    return await ENGINE.submit_async(db, keyed(op, key, request))
 
 
 def abort(
@@ -393,7 +393,7 @@ def abort(
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Op("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
-    return submit(db, keyed(op, key, {"reservation_id": reservation_id}))
+    return ENGINE.submit(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
 async def abort_async(
@@ -403,7 +403,7 @@ async def abort_async(
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Op("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
-    return await submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
+    return await ENGINE.submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
 def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
@@ -427,7 +427,7 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
         for start in range(0, len(ids), EXPIRE_PER_TRANSACTION):
             chunk = ids[start : start + EXPIRE_PER_TRANSACTION]
             op = Op("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
-            expired += int(submit(db, op)["expired"])
+            expired += int(ENGINE.submit(db, op)["expired"])
     return {"expired": expired}
 
 

@@ -35,7 +35,6 @@ from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, exact_sum, to_text
 from accountant.rules import BatchState, Charge
-from service.db.models import Batch
 from service.ledger import certificates
 from service.ledger.errors import (
     BudgetExceeded,
@@ -47,6 +46,7 @@ from service.ledger.errors import (
     ReleaseExists,
     ReservationExpired,
 )
+from service.ledger.spending.answers import cost_json, reservation_json
 from service.ledger.spending.requests import (
     MAX_BATCHES_PER_RESERVATION,
     AbortParams,
@@ -61,9 +61,8 @@ from service.ledger.spending.store import (
     Loaded,
     Move,
     Work,
-    cost_json,
     members_of,
-    reservation_json,
+    whole_dataset,
 )
 
 
@@ -295,7 +294,7 @@ def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
     )
     work.add_reservation(r, selection)
     work.move(
-        selection.where,
+        selection.scope,
         [
             Move(
                 state_id,
@@ -495,7 +494,7 @@ def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]
             raise rule_error(exc, work.example_batch(state_id)) from exc
         if after != state:
             moves.append(Move(state_id, after, count, tasks))
-    work.move(Batch.dataset_id == work.head.id, moves, op.at)  # decided: apply
+    work.move(whole_dataset(work.head.id), moves, op.at)  # decided: apply
     work.grow_budget(grown)
     index = len(grown.plan_segments) - 1
     segment = grown.plan_segments[index]

@@ -45,16 +45,9 @@ from service.ledger.errors import (
     NotFound,
 )
 from service.ledger.signing import KeyRing, SigningKey
+from service.ledger.spending.answers import Result, refreshed, replay
 from service.ledger.spending.requests import Op
-from service.ledger.spending.store import (
-    Work,
-    due_ids,
-    load_reservations,
-    refreshed,
-    released,
-    replayed_reservation,
-    stored_answers,
-)
+from service.ledger.spending.store import Work, due_ids, load_reservations, released, stored_answers
 
 MAX_GROUP: Final = 64
 _RETRIES: Final = 5
@@ -77,25 +70,9 @@ class Domain:
     """Whether ``op`` is priced in its group's worker thread rather than before it queues."""
 
 
-_registered: Domain | None = None
-
-
-def register(domain: Domain) -> None:
-    """Make ``domain`` what every group decides with (``service.ledger.spending`` does, once)."""
-    global _registered
-    _registered = domain
-
-
-def _domain() -> Domain:
-    assert _registered is not None, "service.ledger.spending registers the domain on import"
-    return _registered
-
-
-Result = tuple[dict[str, Any] | None, BaseException | None]
-
-
 def _group_transaction(
     connection: Connection,
+    domain: Domain,
     dataset_id: str,
     ops: Sequence[Op],
     signer: Callable[[], SigningKey],
@@ -115,13 +92,12 @@ def _group_transaction(
         if hit is None:
             active.append(i)
             continue
-        response, replay_error = _replay(op, hit)
-        rid = None if response is None else replayed_reservation(op, response)
+        result, rid = replay(op, hit)
         if rid is None:
-            results[i] = (response, replay_error)
+            results[i] = result
         else:
-            assert response is not None
-            replays.append((i, response, rid))
+            assert result[0] is not None
+            replays.append((i, result[0], rid))
     if not active and not replays:
         return results
     at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
@@ -133,12 +109,13 @@ def _group_transaction(
             results[i] = (response, None)
         return results
     # Read only when the head says one is due: usually nothing.
-    due = due_ids(connection, dataset_id, at) if work.next_expiry is not None and work.next_expiry <= at else []
+    due = (
+        due_ids(connection, dataset_id, at) if work.next_expiry is not None and work.next_expiry <= at else []
+    )
     # A release that exists already is refused by its unique constraint when the group writes;
     # that failure reruns each op alone with this check on, which names the (model, version).
     already = released(connection, [ops[i] for i in active]) if check_releases else set()
     work.signer = signer
-    domain = _domain()
     work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
     work.released.update(already)
     work.expired_on_open = domain.expire(work, due, at)
@@ -155,8 +132,7 @@ def _group_transaction(
             results[i] = (None, NotFound("dataset", dataset_id))
             continue
         if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
-            response, replay_error = _replay(op, answered[(op.tenant_id, op.key)])
-            rid = None if response is None else replayed_reservation(op, response)
+            (response, replay_error), rid = replay(op, answered[(op.tenant_id, op.key)])
             if response is not None and rid is not None:
                 response = refreshed(op, response, work.reservations.get(rid))
             results[i] = (response, replay_error)
@@ -192,21 +168,12 @@ def _group_transaction(
     return results
 
 
-def _replay(
-    op: Op, stored: tuple[str, str, dict[str, Any]]
-) -> tuple[dict[str, Any] | None, LedgerError | None]:
-    operation, digest, response = stored
-    if operation != op.operation or digest != op.digest:
-        return None, IdempotencyConflict(op.key or "")
-    return response, None
-
-
-def _prepared(db: Database, ops: Sequence[Op]) -> list[Op]:
+def _prepared(prepare: Callable[[Database, Op], None], db: Database, ops: Sequence[Op]) -> list[Op]:
     """``ops`` priced (``prepare``); an op whose pricing is refused is answered now and left out."""
     ready: list[Op] = []
     for op in ops:
         try:
-            _domain().prepare(db, op)
+            prepare(db, op)
         except Exception as exc:  # its own answer (invalid, not found, rate limited, ...)
             op.finish(None, exc)
             continue
@@ -245,72 +212,15 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
             hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
             if hit is None:
                 continue
-            response, error = _replay(ops[i], hit)
-            rid = None if response is None else replayed_reservation(ops[i], response)
+            (response, error), rid = replay(ops[i], hit)
             if response is not None and rid is not None:
                 loaded = load_reservations(connection, [rid])
                 response = refreshed(ops[i], response, loaded.get(rid))
             results[i] = (response, error)
 
 
-def run_group(db: Database, dataset_id: str, ops: Sequence[Op], *, check_releases: bool = False) -> None:
-    """Run ``ops`` in one transaction and hand every op its result once it has committed.
-
-    When the transaction itself fails, each op is run alone, so a failure is its own op's only,
-    and with ``check_releases`` (a release that exists is then refused by name, before anything
-    is written, rather than by the constraint that failed the group).
-    Ops not priced yet are priced first, before the transaction opens (``prepare``).
-    """
-    ops = _prepared(db, ops)
-    if not ops:
-        return
-
-    # An abort's or an expiry's certificate is signed with the active key — and any spend may
-    # expire a due reservation. The key ring is loaded (cached per process after the first time)
-    # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
-    # the keys through the database's key custody, a transaction of its own, which inside this one
-    # would wait forever on the write lock this one holds (SQLite: "database is locked"). Loaded
-    # inside the retry loop, so a failure of that load is answered like the transaction's.
-    rings: list[KeyRing] = []
-
-    def signer() -> SigningKey:
-        return rings[0].active
-
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            if not rings:
-                rings.append(server_secrets.signing_keys(db))
-            after_commit: list[Callable[[], None]] = []
-            with db.transaction() as connection:
-                results = _group_transaction(
-                    connection, dataset_id, ops, signer, after_commit, check_releases=check_releases
-                )
-            for hook in after_commit:
-                hook()
-        except OperationalError as exc:
-            if attempt <= _RETRIES and _is_transient(exc):
-                time.sleep(0.002 * attempt)
-                continue
-            failure: BaseException = exc
-        except DuplicateIdempotencyKey as exc:
-            if attempt <= _RETRIES and len(ops) == 1:
-                continue  # a retry in another process committed first: its answer is there now
-            failure = exc
-        except Exception as exc:  # the group failed as a whole: isolate it
-            failure = exc
-        else:
-            _answer_raced_retries(db, ops, results)
-            for i, op in enumerate(ops):
-                op.finish(*results[i])
-            return
-        if len(ops) == 1 and (check_releases or not _release_taken(failure)):
-            ops[0].finish(None, failure)
-            return
-        for op in ops:
-            run_group(db, dataset_id, [op], check_releases=True)
-        return
+GroupRunner = Callable[[Database, str, Sequence[Op]], None]
+"""``SpendEngine.run_group``: what a queue calls to run one group."""
 
 
 class Combiner:
@@ -328,7 +238,7 @@ class Combiner:
         self.queue: deque[Op] = deque()
         self.busy = False
 
-    def run(self, db: Database, dataset_id: str, op: Op) -> None:
+    def run(self, run_group: GroupRunner, db: Database, dataset_id: str, op: Op) -> None:
         wake = op.wake = threading.Event()
         with self.lock:
             self.queue.append(op)
@@ -378,19 +288,6 @@ def _wake(op: Op) -> None:
     op.wake.set()
 
 
-_combiners_lock = threading.Lock()
-_combiners: weakref.WeakKeyDictionary[Database, dict[str, Combiner]] = weakref.WeakKeyDictionary()
-
-
-def _combiner(db: Database, dataset_id: str) -> Combiner:
-    with _combiners_lock:
-        registry = _combiners.setdefault(db, {})
-        combiner = registry.get(dataset_id)
-        if combiner is None:
-            combiner = registry[dataset_id] = Combiner()
-        return combiner
-
-
 class AsyncCombiner:
     """Queues the spends of one dataset made by the coroutines of one event loop (the HTTP routes).
 
@@ -406,15 +303,15 @@ class AsyncCombiner:
         self.queue: deque[tuple[Op, asyncio.Future[None]]] = deque()
         self.drain: asyncio.Task[None] | None = None
 
-    async def run(self, db: Database, dataset_id: str, op: Op) -> None:
+    async def run(self, run_group: GroupRunner, db: Database, dataset_id: str, op: Op) -> None:
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
         self.queue.append((op, answered))
         if self.drain is None:
-            self.drain = loop.create_task(self._drain(db, dataset_id))
+            self.drain = loop.create_task(self._drain(run_group, db, dataset_id))
         await answered
 
-    async def _drain(self, db: Database, dataset_id: str) -> None:
+    async def _drain(self, run_group: GroupRunner, db: Database, dataset_id: str) -> None:
         try:
             while self.queue:
                 group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
@@ -435,21 +332,6 @@ def _answer(group: Iterable[tuple[Op, asyncio.Future[None]]]) -> None:
             answered.set_result(None)
 
 
-_async_combiners: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, AsyncCombiner]]
-] = weakref.WeakKeyDictionary()
-
-
-def _async_combiner(db: Database, dataset_id: str) -> AsyncCombiner:
-    loop = asyncio.get_running_loop()
-    with _combiners_lock:
-        registry = _async_combiners.setdefault(loop, weakref.WeakKeyDictionary()).setdefault(db, {})
-        combiner = registry.get(dataset_id)
-        if combiner is None:
-            combiner = registry[dataset_id] = AsyncCombiner()
-        return combiner
-
-
 def _answered(op: Op) -> dict[str, Any]:
     if op.error is not None:
         raise op.error
@@ -457,14 +339,120 @@ def _answered(op: Op) -> dict[str, Any]:
     return op.response
 
 
-def submit(db: Database, op: Op) -> dict[str, Any]:
-    _domain().prepare(db, op)  # priced in the caller's thread, before it queues for the transaction
-    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
-    return _answered(op)
+class SpendEngine:
+    """Group commit over one ``Domain``, built once with it and with where its signing keys come
+    from (``service.ledger.spending.ENGINE``): every group it runs decides with that domain and
+    signs with the active key of ``keys(db)``. It holds the queues of the process's spends, one
+    per (database, dataset): ``Combiner`` for callers in threads, ``AsyncCombiner`` per event loop.
+    """
 
+    def __init__(
+        self, domain: Domain, keys: Callable[[Database], KeyRing] = server_secrets.signing_keys
+    ) -> None:
+        self.domain = domain
+        self.keys = keys
+        self._lock = threading.Lock()
+        self._combiners: weakref.WeakKeyDictionary[Database, dict[str, Combiner]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._async_combiners: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, AsyncCombiner]]
+        ] = weakref.WeakKeyDictionary()
 
-async def submit_async(db: Database, op: Op) -> dict[str, Any]:
-    if not _domain().prices_inline(op):  # priced in a pricing thread, never on the event loop
-        await anyio.to_thread.run_sync(_domain().prepare, db, op, limiter=op.policy.limiter)
-    await _async_combiner(db, op.dataset_id).run(db, op.dataset_id, op)
-    return _answered(op)
+    def run_group(
+        self, db: Database, dataset_id: str, ops: Sequence[Op], *, check_releases: bool = False
+    ) -> None:
+        """Run ``ops`` in one transaction and hand every op its result once it has committed.
+
+        When the transaction itself fails, each op is run alone, so a failure is its own op's only,
+        and with ``check_releases`` (a release that exists is then refused by name, before anything
+        is written, rather than by the constraint that failed the group).
+        Ops not priced yet are priced first, before the transaction opens (``prepare``).
+        """
+        ops = _prepared(self.domain.prepare, db, ops)
+        if not ops:
+            return
+
+        # An abort's or an expiry's certificate is signed with the active key — and any spend may
+        # expire a due reservation. The key ring is loaded (cached per process after the first time)
+        # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
+        # the keys through the database's key custody, a transaction of its own, which inside this one
+        # would wait forever on the write lock this one holds (SQLite: "database is locked"). Loaded
+        # inside the retry loop, so a failure of that load is answered like the transaction's.
+        rings: list[KeyRing] = []
+
+        def signer() -> SigningKey:
+            return rings[0].active
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if not rings:
+                    rings.append(self.keys(db))
+                after_commit: list[Callable[[], None]] = []
+                with db.transaction() as connection:
+                    results = _group_transaction(
+                        connection,
+                        self.domain,
+                        dataset_id,
+                        ops,
+                        signer,
+                        after_commit,
+                        check_releases=check_releases,
+                    )
+                for hook in after_commit:
+                    hook()
+            except OperationalError as exc:
+                if attempt <= _RETRIES and _is_transient(exc):
+                    time.sleep(0.002 * attempt)
+                    continue
+                failure: BaseException = exc
+            except DuplicateIdempotencyKey as exc:
+                if attempt <= _RETRIES and len(ops) == 1:
+                    continue  # a retry in another process committed first: its answer is there now
+                failure = exc
+            except Exception as exc:  # the group failed as a whole: isolate it
+                failure = exc
+            else:
+                _answer_raced_retries(db, ops, results)
+                for i, op in enumerate(ops):
+                    op.finish(*results[i])
+                return
+            if len(ops) == 1 and (check_releases or not _release_taken(failure)):
+                ops[0].finish(None, failure)
+                return
+            for op in ops:
+                self.run_group(db, dataset_id, [op], check_releases=True)
+            return
+
+    def submit(self, db: Database, op: Op) -> dict[str, Any]:
+        """Run ``op`` (priced in the caller's thread, then queued for its dataset's next group)."""
+        self.domain.prepare(db, op)
+        self._combiner(db, op.dataset_id).run(self.run_group, db, op.dataset_id, op)
+        return _answered(op)
+
+    async def submit_async(self, db: Database, op: Op) -> dict[str, Any]:
+        """Run ``op`` from a coroutine (priced in a pricing thread, never on the event loop)."""
+        if not self.domain.prices_inline(op):
+            await anyio.to_thread.run_sync(self.domain.prepare, db, op, limiter=op.policy.limiter)
+        await self._async_combiner(db, op.dataset_id).run(self.run_group, db, op.dataset_id, op)
+        return _answered(op)
+
+    def _combiner(self, db: Database, dataset_id: str) -> Combiner:
+        with self._lock:
+            registry = self._combiners.setdefault(db, {})
+            combiner = registry.get(dataset_id)
+            if combiner is None:
+                combiner = registry[dataset_id] = Combiner()
+            return combiner
+
+    def _async_combiner(self, db: Database, dataset_id: str) -> AsyncCombiner:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            by_db = self._async_combiners.setdefault(loop, weakref.WeakKeyDictionary())
+            registry = by_db.setdefault(db, {})
+            combiner = registry.get(dataset_id)
+            if combiner is None:
+                combiner = registry[dataset_id] = AsyncCombiner()
+            return combiner

@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from accountant.canonical import canonical_bytes
-from accountant.exact import ZERO, exact_add, exact_sub, to_text
+from accountant.exact import ZERO, exact_add, exact_sub
 from accountant.rules import BatchState, Budget, Cost
 from service.db.base import utcnow
 from service.db.models import (
@@ -129,9 +129,6 @@ _RESERVATION_COLUMNS: Final = (
 
 
 # Statements of the spend transaction, built once: each execution reuses the compiled form.
-_LOAD_RESERVATIONS: Final = select(*_RESERVATION_COLUMNS).where(
-    Reservation.id.in_(bindparam("ids", expanding=True))
-)
 _CLASS_COLUMNS: Final = (
     ReservationClass.index.label("class_index"),
     ReservationClass.state_at_reserve.label("class_state_at_reserve"),
@@ -170,54 +167,6 @@ def load_reservations(connection: Connection, reservation_ids: Iterable[str]) ->
     return {
         rid: Loaded(**{n: getattr(row, n) for n in _RESERVATION_NAMES}, classes=tuple(classes))
         for rid, (row, classes) in found.items()
-    }
-
-
-def cost_json(epsilon: Decimal, delta: Decimal) -> dict[str, str]:
-    return {"epsilon": to_text(epsilon), "delta": to_text(delta)}
-
-
-def batch_cost_json(batch_id: str, cost: Cost) -> dict[str, Any]:
-    return {"id": batch_id, **_cost_fields(cost)}
-
-
-def _cost_fields(cost: Cost) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "epsilon": to_text(cost.epsilon),
-        "delta": to_text(cost.delta),
-        "naive_epsilon": to_text(cost.naive_epsilon),
-    }
-    if cost.level is not None:
-        out["level"] = cost.level
-    if cost.replay:
-        out["replay"] = True
-    return out
-
-
-def class_cost_json(c: HeldClass) -> dict[str, Any]:
-    """One reservation class in an answer: its index, how many batches, and their reserved cost."""
-    return {"class": c.index, "batches": c.batches, **_cost_fields(c.reserved)}
-
-
-def reservation_json(r: Loaded) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "dataset_id": r.dataset_id,
-        "status": r.status,
-        "cost": cost_json(r.epsilon, r.delta),
-        "committed": cost_json(r.committed_epsilon, r.committed_delta),
-        "commits": r.commits,
-        "noise_commitment": r.noise_commitment,
-        "expires_at": r.expires_at.isoformat(),
-        "created_at": r.created_at.isoformat(),
-        "closed_at": r.closed_at.isoformat() if r.closed_at is not None else None,
-        # Per reservation class, never per batch: the batches are paged by
-        # GET /v1/reservations/{id}/batches and committed to by ``batch_set``.
-        "batches": {
-            "count": r.batches,
-            "batch_set": r.batch_set,
-            "classes": [class_cost_json(c) for c in r.classes],
-        },
     }
 
 
@@ -299,9 +248,9 @@ def parse_states(rows: Iterable[Any]) -> dict[str, BatchState]:
 class Selection:
     """The batches one reservation reads, grouped by their current state: ``counts[state id]``,
     the tasks with batches in each state, the reservation's batch count and ``batch_set``, and the
-    predicate that selects them (``where``) for the set-based writes."""
+    predicate that selects them (``scope``) for the set-based writes."""
 
-    where: ColumnElement[bool]
+    scope: Scope
     counts: dict[str, int]
     tasks: dict[str, set[str]]
     classes: dict[str, int]  # state id -> reservation class index (first appearance, by batch id)
@@ -392,7 +341,9 @@ _NEXT_EXPIRY: Final = (
     .scalar_subquery()
     .label("next_expiry")
 )
-_HEAD_AND_EXPIRY: Final = select(*LEDGER_HEAD_COLUMNS, _NEXT_EXPIRY).where(Dataset.id == bindparam("dataset_id"))
+_HEAD_AND_EXPIRY: Final = select(*LEDGER_HEAD_COLUMNS, _NEXT_EXPIRY).where(
+    Dataset.id == bindparam("dataset_id")
+)
 _SPEND_HEAD: Final = {
     "sqlite": _HEAD_AND_EXPIRY,  # BEGIN IMMEDIATE holds the write lock already
     "postgresql": _HEAD_AND_EXPIRY.with_for_update(of=Dataset),
@@ -509,13 +460,67 @@ STATE_MAP: Final = Table(
 )
 
 
-def members_of(reservation_id: str, class_index: int) -> ColumnElement[bool]:
-    """The predicate on ``batches`` of the batches of one reservation class."""
-    return Batch.id.in_(
+# Which batches a statement of the spend transaction touches, as predicates with bound
+# parameters: the statements are built once and compiled once (a statement built per spend cost
+# more CPU than its execution). None tests ``batches.dataset_id``: each names batches already
+# checked to be the dataset's, and that test would let the planner (SQLite's) walk every batch
+# of the dataset by its index instead of the few named.
+_SCOPES: Final[dict[str, ColumnElement[bool]]] = {
+    "batches": Batch.id.in_(bindparam("scope_ids", expanding=True)),
+    "tasks": Batch.task_id.in_(bindparam("scope_ids", expanding=True)),
+    "members": Batch.id.in_(
         select(ReservationBatch.batch_id).where(
-            ReservationBatch.reservation_id == reservation_id, ReservationBatch.class_index == class_index
+            ReservationBatch.reservation_id == bindparam("scope_reservation"),
+            ReservationBatch.class_index == bindparam("scope_class"),
         )
-    )
+    ),
+    "dataset": Batch.dataset_id == bindparam("scope_dataset"),
+}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Batches of the locked dataset a statement touches: ``kind`` names the predicate (named
+    batches, the batches of tasks, of a reservation class, or all of the dataset) and ``params``
+    its bound values."""
+
+    kind: str
+    params: Mapping[str, Any]
+
+    @property
+    def where(self) -> ColumnElement[bool]:
+        return _SCOPES[self.kind]
+
+
+def members_of(reservation_id: str, class_index: int) -> Scope:
+    """The batches of one reservation class."""
+    return Scope("members", {"scope_reservation": reservation_id, "scope_class": class_index})
+
+
+def whole_dataset(dataset_id: str) -> Scope:
+    return Scope("dataset", {"scope_dataset": dataset_id})
+
+
+_MOVE_FROM_ONE: Final = {
+    kind: update(Batch)
+    .where(Batch.state_id == bindparam("source"), where)
+    .values(state_id=bindparam("target"))
+    for kind, where in _SCOPES.items()
+}
+_MOVE_THROUGH_MAP: Final = {
+    kind: update(Batch)
+    .where(Batch.state_id == STATE_MAP.c.state_id, where)
+    .values(state_id=STATE_MAP.c.target)
+    for kind, where in _SCOPES.items()
+}
+_SELECT_BATCHES: Final = {
+    (kind, dialect): select(Batch.id, Batch.state_id, Batch.task_id)
+    .where(*([Batch.dataset_id == bindparam("dataset_id")] if kind == "batches" else []), _SCOPES[kind])
+    .order_by(Batch.id.collate("C") if dialect == "postgresql" else Batch.id)
+    .execution_options(yield_per=50_000)
+    for kind in ("batches", "tasks")
+    for dialect in ("postgresql", "sqlite")
+}
 
 
 @dataclass
@@ -626,26 +631,17 @@ class Work:
         running SHA-256 (``batch_set``), not as a list: memory grows with the distinct states
         and tasks, not with the batches."""
         dataset_id = self.head.id
-        if selector == "batches":
-            where = Batch.id.in_(list(ids))
-            scope = [Batch.dataset_id == dataset_id, where]  # a named batch may be another dataset's
-        else:
+        scope = Scope(selector, {"scope_ids": list(ids)})
+        if selector == "tasks":
             found = set(
                 self.connection.scalars(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
             )
             for task_id in ids:
                 if task_id not in found:
                     raise NotFound("task", task_id)
-            where = Batch.task_id.in_(list(ids))
-            # The tasks are the dataset's: no test of ``dataset_id``, which would let the planner
-            # (SQLite's) walk every batch of the dataset by its index instead of the tasks'.
-            scope = [where]
-        order = Batch.id.collate("C") if self.connection.dialect.name == "postgresql" else Batch.id
         result = self.connection.execute(
-            select(Batch.id, Batch.state_id, Batch.task_id)
-            .where(*scope)
-            .order_by(order)
-            .execution_options(yield_per=50_000)
+            _SELECT_BATCHES[(selector, self.connection.dialect.name)],
+            {**scope.params, "dataset_id": dataset_id},  # a named batch may be another dataset's
         )
         counts: dict[str, int] = {}
         tasks: dict[str, set[str]] = {}
@@ -682,7 +678,7 @@ class Work:
             raise InvalidInput("tasks", "the tasks have no batches.")
         positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
         return Selection(
-            where, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named
+            scope, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named
         )
 
     def groups(self, reservation_id: str) -> dict[int, list[tuple[str, int, frozenset[str]]]]:
@@ -709,12 +705,11 @@ class Work:
         self.load_states(g.state_id for g in groups)
         return [(g.state_id, g.batches, g.tasks) for g in groups]
 
-    def example_batch(self, state_id_: str, where: ColumnElement[bool] | None = None) -> str:
-        """A batch in state ``state_id_`` (of those ``where`` selects), to name in an error."""
-        query = select(func.min(Batch.id)).where(
-            Batch.dataset_id == self.head.id, Batch.state_id == state_id_
-        )
-        return str(self.connection.scalar(query if where is None else query.where(where)))
+    def example_batch(self, state_id_: str, scope: Scope | None = None) -> str:
+        """A batch in state ``state_id_`` (of those ``scope`` selects), to name in an error."""
+        scope = scope or whole_dataset(self.head.id)
+        query = select(func.min(Batch.id)).where(Batch.state_id == bindparam("state"), scope.where)
+        return str(self.connection.scalar(query, {**scope.params, "state": state_id_}))
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -733,7 +728,8 @@ class Work:
         if sid not in self.written_states and not STATES.is_stored(self.connection.engine, sid):
             insert_new = _INSERT_NEW_STATE[self.connection.dialect.name]
             self.connection.execute(
-                insert_new, {"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}
+                insert_new,
+                {"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at},
             )
             self.written_states.add(sid)
         self.states.setdefault(sid, state)
@@ -745,29 +741,24 @@ class Work:
         if self.written_states:
             STATES.mark_stored(self.connection.engine, self.written_states)
 
-    def move(self, where: ColumnElement[bool], moves: Sequence[Move], at: datetime) -> None:
-        """Move the batches ``where`` selects (batches of this dataset: checked when they were
-        selected; no test of ``dataset_id``, whose index would make the planner walk the whole
-        dataset) from each move's source state to its target, and
-        raise the task and dataset maxima. One UPDATE: from one state, with the target as a
-        literal; from several, through the transaction's state map (``_map_states``), so every
+    def move(self, scope: Scope, moves: Sequence[Move], at: datetime) -> None:
+        """Move the batches ``scope`` selects from each move's source state to its target, and
+        raise the task and dataset maxima. One prebuilt UPDATE: from one state, with the target as a
+        parameter; from several, through the transaction's state map (``_map_states``), so every
         batch is rewritten once from the state it was in (a move into another move's source
         state cannot move a batch twice) in time linear in the batches, however many states."""
         targets = {id(m): self.intern(m.target, at) for m in moves}  # each state hashed once
         pending = {m.source: (targets[id(m)], m.count) for m in moves if targets[id(m)] != m.source}
         if len(pending) == 1:
             [(source, (target, expected))] = pending.items()
-            statement = update(Batch).where(Batch.state_id == source, where).values(state_id=target)
+            statement = _MOVE_FROM_ONE[scope.kind]
+            params = {**scope.params, "source": source, "target": target}
         elif pending:
             expected = sum(count for _, count in pending.values())
             self._map_states({source: (target, None) for source, (target, _) in pending.items()})
-            statement = (
-                update(Batch)
-                .where(Batch.state_id == STATE_MAP.c.state_id, where)
-                .values(state_id=STATE_MAP.c.target)
-            )
+            statement, params = _MOVE_THROUGH_MAP[scope.kind], dict(scope.params)
         if pending:
-            moved = self.connection.execute(statement).rowcount
+            moved = self.connection.execute(statement, params).rowcount
             if moved != expected:  # the head is locked: nothing else moves these batches
                 raise RuntimeError(f"moved {moved} batches out of {len(pending)} states, expected {expected}")
         for m in moves:
@@ -810,7 +801,7 @@ class Work:
             return
         execute = self.connection.execute
         columns = ["reservation_id", "batch_id", "position", "class_index"]
-        chosen = (selection.where,)  # the tasks' batches (``select`` checked the tasks)
+        chosen = (Batch.task_id.in_(list(selection.scope.params["scope_ids"])),)  # checked by ``select``
         if len(selection.classes) == 1:  # the head is locked: every chosen batch is in its state
             rows = select(literal(r.id), Batch.id, Batch.position, literal(0)).where(*chosen)
         else:  # the class of each batch, from its state, through the state map
@@ -1116,29 +1107,3 @@ def released(connection: Connection, ops: Sequence[Op]) -> set[tuple[str, str, s
         return set()
     rows = connection.execute(_RELEASED, {"releases": sorted(wanted)})
     return {(r.tenant_id, r.model, r.version) for r in rows}
-
-
-def replayed_reservation(op: Op, response: Mapping[str, Any]) -> str | None:
-    """The reservation a stored answer of ``op``'s operation is about (``None``: not one)."""
-    if op.operation in ("reserve", "abort"):
-        rid = response.get("id")
-    elif op.operation == "commit":
-        reservation = response.get("reservation")
-        rid = reservation.get("id") if isinstance(reservation, Mapping) else None
-    else:
-        return None
-    return rid if isinstance(rid, str) else None
-
-
-def refreshed(op: Op, response: dict[str, Any], now: Loaded | None) -> dict[str, Any]:
-    """A replay's answer: the reservation as it is *now* — its status (reserved, committed,
-    aborted or expired) and what it holds and has committed now — never the state the first
-    answer saw (a retry after an abort or an expiry must not read "reserved"). A commit's replay
-    keeps the certificate of its first answer (a certificate never changes) with the reservation
-    as it is now; a reserve's or an abort's replay is the reservation as it is now."""
-    if now is None:
-        return response
-    current = reservation_json(now)
-    if op.operation == "commit":
-        return {**response, "reservation": current}
-    return current
