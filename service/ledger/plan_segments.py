@@ -34,7 +34,7 @@ from service.ledger import pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending import ENGINE
-from service.ledger.spending.requests import Op, SegmentParams, keyed, parse_event
+from service.ledger.spending.requests import Request, SegmentParams, keyed, parse_event
 
 
 def _segment_op(
@@ -46,7 +46,7 @@ def _segment_op(
     idempotency_key: str | None,
     now: datetime | None,
     policy: pricing.Policy | None,
-) -> Op:
+) -> Request:
     if not isinstance(plan_json, list) or not 1 <= len(plan_json) <= MAX_PLAN_EVENTS:
         raise InvalidInput(
             "plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {plan_json!r:.200}."
@@ -62,7 +62,7 @@ def _segment_op(
         raise NotFound("dataset", dataset_id)
     document = [ev.to_json(e) for e in plan]
     params = SegmentParams(plan, document, share)
-    op = Op(
+    op = Request(
         "declare_segment",
         tenant_id,
         dataset_id,

@@ -77,8 +77,8 @@ from service.ledger.spending.requests import (
     AbortParams,
     CommitParams,
     ExpireParams,
-    Op,
     Ran,
+    Request,
     ReserveParams,
     keyed,
     parse_event,
@@ -175,7 +175,7 @@ def _reserve_op(
     now: datetime | None,
     policy: pricing.Policy | None,
     release: Mapping[str, Any] | None = None,
-) -> tuple[Op, tuple[str, str] | None]:
+) -> tuple[Request, tuple[str, str] | None]:
     if (batch_ids is None) == (task_ids is None):
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
     selector = "batches" if batch_ids is not None else "tasks"
@@ -187,7 +187,7 @@ def _reserve_op(
         raise NotFound("dataset", dataset_id)
     ttl = requests.ttl(ttl_s)
     params = ReserveParams(selector, ids, charge, document, ttl)
-    op = Op(
+    op = Request(
         "reserve", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
     )
     # Every field of the request: a retry that differs in any (the hold's ttl_s included) is
@@ -208,7 +208,7 @@ def _reserve_op(
     return keyed(op, idempotency_key, request), named
 
 
-def _reserved(op: Op, answer: dict[str, Any]) -> dict[str, Any]:
+def _reserved(op: Request, answer: dict[str, Any]) -> dict[str, Any]:
     _remember_owner(answer["id"], op.dataset_id, op.tenant_id)
     return answer
 
@@ -348,7 +348,9 @@ def commit(
     """
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = Op("commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
+    op = Request(
+        "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+    )
     return ENGINE.submit(db, keyed(op, key, request))
 
 
@@ -365,7 +367,7 @@ async def commit_async(
     """``commit`` for a coroutine."""
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = Op("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
+    op = Request("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
     return await ENGINE.submit_async(db, keyed(op, key, request))
 
 
@@ -392,7 +394,7 @@ def abort(
     """
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = Op("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
+    op = Request("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
     return ENGINE.submit(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
@@ -402,7 +404,7 @@ async def abort_async(
     """``abort`` for a coroutine (the HTTP route): always charges what could have run."""
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = Op("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
+    op = Request("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
     return await ENGINE.submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
@@ -426,7 +428,7 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
     for (dataset_id, tenant_id), ids in by_dataset.items():
         for start in range(0, len(ids), EXPIRE_PER_TRANSACTION):
             chunk = ids[start : start + EXPIRE_PER_TRANSACTION]
-            op = Op("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
+            op = Request("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
             expired += int(ENGINE.submit(db, op)["expired"])
     return {"expired": expired}
 

@@ -13,7 +13,7 @@ from typing import Any
 from accountant.exact import to_text
 from accountant.rules import Cost
 from service.ledger.errors import IdempotencyConflict, LedgerError
-from service.ledger.spending.requests import Op
+from service.ledger.spending.requests import Request
 from service.ledger.spending.store import HeldClass, Loaded
 
 Result = tuple[dict[str, Any] | None, BaseException | None]
@@ -64,7 +64,7 @@ def reservation_json(r: Loaded) -> dict[str, Any]:
     }
 
 
-def replayed_reservation(op: Op, response: Mapping[str, Any]) -> str | None:
+def replayed_reservation(op: Request, response: Mapping[str, Any]) -> str | None:
     """The reservation a stored answer of ``op``'s operation is about (``None``: not one)."""
     if op.operation in ("reserve", "abort"):
         rid = response.get("id")
@@ -76,7 +76,7 @@ def replayed_reservation(op: Op, response: Mapping[str, Any]) -> str | None:
     return rid if isinstance(rid, str) else None
 
 
-def refreshed(op: Op, response: dict[str, Any], now: Loaded | None) -> dict[str, Any]:
+def refreshed(op: Request, response: dict[str, Any], now: Loaded | None) -> dict[str, Any]:
     """A replay's answer: the reservation as it is *now* — its status (reserved, committed,
     aborted or expired) and what it holds and has committed now — never the state the first
     answer saw (a retry after an abort or an expiry must not read "reserved"). A commit's replay
@@ -90,7 +90,7 @@ def refreshed(op: Op, response: dict[str, Any], now: Loaded | None) -> dict[str,
     return current
 
 
-def replay(op: Op, stored: tuple[str, str, dict[str, Any]]) -> tuple[Result, str | None]:
+def replay(op: Request, stored: tuple[str, str, dict[str, Any]]) -> tuple[Result, str | None]:
     """The answer of a retry of ``op`` whose key has a stored answer ``(operation, request hash,
     answer)``: an ``IdempotencyConflict`` when the key was used for another request; else the
     stored answer, and the reservation it is about (``None``: none), which the caller refreshes

@@ -46,7 +46,7 @@ from service.ledger.errors import (
 )
 from service.ledger.signing import KeyRing, SigningKey
 from service.ledger.spending.answers import Result, refreshed, replay
-from service.ledger.spending.requests import Op
+from service.ledger.spending.requests import NOT_PRICED, Op, Priced, Request
 from service.ledger.spending.store import Work, due_ids, load_reservations, released, stored_answers
 
 MAX_GROUP: Final = 64
@@ -59,15 +59,15 @@ class Domain:
     """The seam between the engine and what it runs: how an operation is priced before its
     transaction and decided in it (``spending.decisions``, ``spending.prices``)."""
 
-    decide: Callable[[Work, Op], tuple[dict[str, Any], LedgerError | None]]
-    """Decide ``op`` on the locked ``Work`` and apply it: its answer, or the error it answers
-    while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
+    decide: Callable[[Work, Request, Priced], tuple[dict[str, Any], LedgerError | None]]
+    """Decide a request on the locked ``Work`` with its prices and apply it: its answer, or the
+    error it answers while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
     expire: Callable[[Work, Iterable[str], datetime], int]
     """Expire those of the reservations that are open and due at the time: how many."""
-    prepare: Callable[[Database, Op], None]
-    """Price ``op`` outside any transaction (once per op); raises the op's own refusal."""
-    prices_inline: Callable[[Op], bool]
-    """Whether ``op`` is priced in its group's worker thread rather than before it queues."""
+    prepare: Callable[[Database, Request], Priced]
+    """Price a request outside any transaction (once per op); raises the request's own refusal."""
+    prices_inline: Callable[[Request], bool]
+    """Whether a request is priced in its group's worker thread rather than before it queues."""
 
 
 def _group_transaction(
@@ -84,15 +84,15 @@ def _group_transaction(
     (answer or error) by position. Raises only for failures of the transaction itself.
     ``after_commit``: what to call once the transaction has committed (``Work.committed``)."""
     results: dict[int, Result] = {}
-    stored = stored_answers(connection, ops)
+    stored = stored_answers(connection, [op.request for op in ops])
     active: list[int] = []
     replays: list[tuple[int, dict[str, Any], str]] = []  # answered as the reservation is now
     for i, op in enumerate(ops):
-        hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
+        hit = stored.get((op.request.tenant_id, op.request.key)) if op.request.key is not None else None
         if hit is None:
             active.append(i)
             continue
-        result, rid = replay(op, hit)
+        result, rid = replay(op.request, hit)
         if rid is None:
             results[i] = result
         else:
@@ -100,7 +100,7 @@ def _group_transaction(
             replays.append((i, result[0], rid))
     if not active and not replays:
         return results
-    at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
+    at = max(ops[i].request.at for i in [*active, *(i for i, _, _ in replays)])
     work = Work.open(connection, dataset_id)
     if work is None:
         for i in active:
@@ -114,52 +114,54 @@ def _group_transaction(
     )
     # A release that exists already is refused by its unique constraint when the group writes;
     # that failure reruns each op alone with this check on, which names the (model, version).
-    already = released(connection, [ops[i] for i in active]) if check_releases else set()
+    already = released(connection, [ops[i].request for i in active]) if check_releases else set()
     work.signer = signer
-    work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
+    work.load_for([ops[i].request for i in active], [*due, *(rid for _, _, rid in replays)])
     work.released.update(already)
     work.expired_on_open = domain.expire(work, due, at)
     for i, response, rid in replays:
         r = work.reservations.get(rid)
         if r is not None and r.dataset_id == work.head.id:
-            domain.expire(work, [rid], ops[i].at)  # a hold past its time is "expired" now, and freed
-        results[i] = (refreshed(ops[i], response, work.reservations.get(rid)), None)
+            domain.expire(work, [rid], ops[i].request.at)  # a hold past its time is "expired" now, and freed
+        results[i] = (refreshed(ops[i].request, response, work.reservations.get(rid)), None)
 
     answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
     for i in active:
-        op = ops[i]
-        if op.tenant_id != work.head.tenant_id:
+        request, priced = ops[i].request, ops[i].priced or NOT_PRICED
+        if request.tenant_id != work.head.tenant_id:
             results[i] = (None, NotFound("dataset", dataset_id))
             continue
-        if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
-            (response, replay_error), rid = replay(op, answered[(op.tenant_id, op.key)])
-            if response is not None and rid is not None:
-                response = refreshed(op, response, work.reservations.get(rid))
-            results[i] = (response, replay_error)
+        key = None if request.key is None else (request.tenant_id, request.key)
+        if key is not None and key in answered:  # a retry within the group
+            (replayed, replay_error), rid = replay(request, answered[key])
+            if replayed is not None and rid is not None:
+                replayed = refreshed(request, replayed, work.reservations.get(rid))
+            results[i] = (replayed, replay_error)
             continue
-        # Prices come from the op's memo, filled before the transaction (``prepare``): under
-        # the lock the rules only add and compare.
-        priced: AbstractContextManager[object] = (
-            rules.pricing(op.memo) if op.memo is not None and op.memo.adopt(work.budget) else nullcontext()
+        # Prices come from the request's memo, filled before the transaction (``prepare``):
+        # under the lock the rules only add and compare.
+        memo = priced.memo
+        pricing: AbstractContextManager[object] = (
+            rules.pricing(memo) if memo is not None and memo.adopt(work.budget) else nullcontext()
         )
         try:
-            with priced:
-                response, error = domain.decide(work, op)
+            with pricing:
+                response, error = domain.decide(work, request, priced)
         except LedgerError as exc:
             results[i] = (None, exc)
             continue
         results[i] = (None if error else response, error)
-        if op.key is not None and error is None:
-            answered[(op.tenant_id, op.key)] = (op.operation, op.digest, response)
+        if key is not None and error is None:
+            answered[key] = (request.operation, request.digest, response)
             work.idempotency.append(
                 {
-                    "tenant_id": op.tenant_id,
-                    "key": op.key,
-                    "operation": op.operation,
-                    "request_hash": op.digest,
+                    "tenant_id": request.tenant_id,
+                    "key": request.key,
+                    "operation": request.operation,
+                    "request_hash": request.digest,
                     "response": response,
-                    "status_code": op.status_code,
-                    "created_at": op.at,
+                    "status_code": request.status_code,
+                    "created_at": request.at,
                 }
             )
     if work.events:  # every change is audited: no event, nothing changed (a refusal changes nothing)
@@ -168,12 +170,14 @@ def _group_transaction(
     return results
 
 
-def _prepared(prepare: Callable[[Database, Op], None], db: Database, ops: Sequence[Op]) -> list[Op]:
-    """``ops`` priced (``prepare``); an op whose pricing is refused is answered now and left out."""
+def _prepared(prepare: Callable[[Database, Request], Priced], db: Database, ops: Sequence[Op]) -> list[Op]:
+    """``ops`` priced (``prepare``, once each); an op whose pricing is refused is answered now and
+    left out."""
     ready: list[Op] = []
     for op in ops:
         try:
-            prepare(db, op)
+            if op.priced is None:
+                op.priced = prepare(db, op.request)
         except Exception as exc:  # its own answer (invalid, not found, rate limited, ...)
             op.finish(None, exc)
             continue
@@ -199,7 +203,7 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
     refused = [
         i
         for i, op in enumerate(ops)
-        if op.key is not None
+        if op.request.key is not None
         and isinstance(results[i][1], LedgerError)
         and not isinstance(results[i][1], IdempotencyConflict)
     ]
@@ -207,15 +211,15 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
         return
     with db.session(readonly=True) as session:
         connection = session.connection()
-        stored = stored_answers(connection, [ops[i] for i in refused])
+        stored = stored_answers(connection, [ops[i].request for i in refused])
         for i in refused:
-            hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
+            hit = stored.get((ops[i].request.tenant_id, ops[i].request.key or ""))
             if hit is None:
                 continue
-            (response, error), rid = replay(ops[i], hit)
+            (response, error), rid = replay(ops[i].request, hit)
             if response is not None and rid is not None:
                 loaded = load_reservations(connection, [rid])
-                response = refreshed(ops[i], response, loaded.get(rid))
+                response = refreshed(ops[i].request, response, loaded.get(rid))
             results[i] = (response, error)
 
 
@@ -426,17 +430,20 @@ class SpendEngine:
                 self.run_group(db, dataset_id, [op], check_releases=True)
             return
 
-    def submit(self, db: Database, op: Op) -> dict[str, Any]:
-        """Run ``op`` (priced in the caller's thread, then queued for its dataset's next group)."""
-        self.domain.prepare(db, op)
-        self._combiner(db, op.dataset_id).run(self.run_group, db, op.dataset_id, op)
+    def submit(self, db: Database, request: Request) -> dict[str, Any]:
+        """Run ``request`` (priced in the caller's thread, then queued for its dataset's next group)."""
+        op = Op(request, self.domain.prepare(db, request))
+        self._combiner(db, request.dataset_id).run(self.run_group, db, request.dataset_id, op)
         return _answered(op)
 
-    async def submit_async(self, db: Database, op: Op) -> dict[str, Any]:
-        """Run ``op`` from a coroutine (priced in a pricing thread, never on the event loop)."""
-        if not self.domain.prices_inline(op):
-            await anyio.to_thread.run_sync(self.domain.prepare, db, op, limiter=op.policy.limiter)
-        await self._async_combiner(db, op.dataset_id).run(self.run_group, db, op.dataset_id, op)
+    async def submit_async(self, db: Database, request: Request) -> dict[str, Any]:
+        """Run ``request`` from a coroutine (priced in a pricing thread, never on the event loop)."""
+        op = Op(request)
+        if not self.domain.prices_inline(request):
+            op.priced = await anyio.to_thread.run_sync(
+                self.domain.prepare, db, request, limiter=request.policy.limiter
+            )
+        await self._async_combiner(db, request.dataset_id).run(self.run_group, db, request.dataset_id, op)
         return _answered(op)
 
     def _combiner(self, db: Database, dataset_id: str) -> Combiner:

@@ -61,7 +61,7 @@ from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.signing import SigningKey
-from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Op
+from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, Request
 
 EXPIRE_PER_TRANSACTION: Final = 500
 
@@ -350,12 +350,11 @@ _SPEND_HEAD: Final = {
 }
 
 
-def _aware(at: Any) -> datetime | None:
+def _aware(value: Any) -> datetime | None:
     """A timestamp read by an aggregate (no column type applies): aware UTC, or ``None``."""
-    if at is None:
+    if value is None:
         return None
-    if isinstance(at, str):
-        at = datetime.fromisoformat(at)
+    at: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
@@ -584,10 +583,10 @@ class Work:
 
     # -- loading -------------------------------------------------------------------------------
 
-    def load_for(self, ops: Iterable[Op], reservation_ids: Iterable[str]) -> None:
-        """Load the reservations ``ops`` decide on, and ``reservation_ids``."""
+    def load_for(self, requests: Iterable[Request], reservation_ids: Iterable[str]) -> None:
+        """Load the reservations ``requests`` decide on, and ``reservation_ids``."""
         wanted = set(reservation_ids)
-        for op in ops:
+        for op in requests:
             params = op.params
             if isinstance(params, CommitParams | AbortParams):
                 wanted.add(params.reservation_id)
@@ -1084,10 +1083,10 @@ def due_ids(connection: Connection, dataset_id: str, at: datetime) -> list[str]:
     return list(connection.scalars(_DUE, {"dataset_id": dataset_id, "at": at}))
 
 
-def stored_answers(connection: Connection, ops: Sequence[Op]) -> dict[tuple[str, str], Any]:
+def stored_answers(connection: Connection, requests: Sequence[Request]) -> dict[tuple[str, str], Any]:
     out: dict[tuple[str, str], Any] = {}
     by_tenant: dict[str, list[str]] = {}
-    for op in ops:
+    for op in requests:
         if op.key is not None:
             by_tenant.setdefault(op.tenant_id, []).append(op.key)
     for tenant_id, keys in by_tenant.items():
@@ -1096,11 +1095,11 @@ def stored_answers(connection: Connection, ops: Sequence[Op]) -> dict[tuple[str,
     return out
 
 
-def released(connection: Connection, ops: Sequence[Op]) -> set[tuple[str, str, str]]:
-    """Which of the (tenant, model, version) the commits in ``ops`` release exist already."""
+def released(connection: Connection, requests: Sequence[Request]) -> set[tuple[str, str, str]]:
+    """Which of the (tenant, model, version) the commits in ``requests`` release exist already."""
     wanted = {
         (op.tenant_id, op.params.model, op.params.version)
-        for op in ops
+        for op in requests
         if isinstance(op.params, CommitParams)
     }
     if not wanted:

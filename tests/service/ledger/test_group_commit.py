@@ -13,7 +13,7 @@ from service.ledger import audit, idempotency, reservations, spend
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
 from service.ledger.signing import SigningKey
 from service.ledger.spending import ENGINE, requests
-from service.ledger.spending.requests import AbortParams, CommitParams, Op, ReserveParams
+from service.ledger.spending.requests import AbortParams, CommitParams, Op, Request, ReserveParams
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
@@ -28,14 +28,14 @@ def _reserve_op(ds: str, batch_ids: list[str], epsilon: float, key: str | None =
         {"kind": "pure_dp", "epsilon": epsilon},
         requests.ttl(3600),
     )
-    op = Op("reserve", "t1", ds, datetime.now(UTC), params)
+    op = Request("reserve", "t1", ds, datetime.now(UTC), params)
     request = {
         "dataset_id": ds,
         "batches": batch_ids,
         "event": params.event_document,
         "noise_commitment": None,
     }
-    return requests.keyed(op, key, request)
+    return Op(requests.keyed(op, key, request))
 
 
 _SIGNER = SigningKey.generate()  # the server's key in ledger serve; any key will do here
@@ -44,11 +44,13 @@ _SIGNER = SigningKey.generate()  # the server's key in ledger serve; any key wil
 def _commit_op(ds: str, reservation_id: str, version: int) -> Op:
     release = {"model": "m", "version": version}
     return Op(
-        "commit",
-        "t1",
-        ds,
-        datetime.now(UTC),
-        CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
+        Request(
+            "commit",
+            "t1",
+            ds,
+            datetime.now(UTC),
+            CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
+        )
     )
 
 
@@ -126,7 +128,7 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.5}
     )
     ops = [
-        Op("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"])),
+        Op(Request("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"]))),
         _commit_op(ds.id, r["id"], 1),
     ]
     ENGINE.run_group(ledger, ds.id, ops)
