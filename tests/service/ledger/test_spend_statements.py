@@ -2,7 +2,9 @@
 
 Counted on the real engine (SQLAlchemy's ``before_cursor_execute``), on SQLite and PostgreSQL,
 after two spends have warmed the process's caches (budget, key ring, batch states). The count
-fails when it grows: a new statement on this path is a decision (docs/PERFORMANCE.md lists them).
+fails when it grows: a new statement on this path is a decision (docs/ARCHITECTURE.md, "What a
+charge touches", lists them). And no statement of a spend over a task's batches walks the other
+batches of its dataset (SQLite's query plans: a charge costs what it touches, not the dataset).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 
 from service.db.session import Database
@@ -60,3 +63,33 @@ def test_one_batch_reserve_and_commit_stays_within_its_statements(
     # Nothing read per state (the process knows them) or for the release (the constraint checks).
     assert not [s for s in seen if s.startswith("SELECT batch_states")], listing
     assert not [s for s in seen if s.startswith("SELECT releases")], listing
+
+
+def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: MakeDataset) -> None:
+    """Every read and update of a reserve + commit over one task's batches is planned through the
+    charge's own rows (the batch, task and membership keys), never through the index of the
+    dataset's batches or a scan: with a large task beside it, a small charge stays small."""
+    if ledger.dialect != "sqlite":
+        pytest.skip("SQLite's plans are checked; PostgreSQL plans by its statistics")
+    layout = make_dataset(BUDGET, tasks=[3, 2])
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
+        if not many and statement.startswith(("SELECT", "UPDATE batches", "INSERT INTO reservation_batches")):
+            sent.append((statement, parameters))
+
+    event.listen(ledger.engine, "before_cursor_execute", record)
+    try:
+        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]])
+        reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", record)
+    touching = [(q, p) for q, p in sent if "FROM batches" in q or q.startswith("UPDATE batches")]
+    assert len(touching) >= 4  # the selection, its membership rows, two moves
+    with ledger.engine.connect() as connection:
+        for statement, parameters in touching:
+            plan = [
+                row[-1] for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+            ]
+            walks = [step for step in plan if "SCAN batches" in step or "dataset_id" in step]
+            assert not walks, f"{statement}\n{plan}"
