@@ -107,15 +107,15 @@ def _refund(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
     """Close ``r`` returning every class's uncommitted hold (``rules.cancel``), decided once per
     (reservation class, current state): only for what provably never ran."""
     plans: list[tuple[int, list[Move]]] = []
-    for index, groups in work.groups(r.id).items():
+    for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
         moves = []
-        for state_id, count, tasks in groups:
+        for state_id, count, tasks, batch_ids in groups:
             try:
                 after = rules.cancel(work.budget, work.state(state_id), c.reserved, c.committed)
             except AccountantError as exc:
                 raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
-            moves.append(Move(state_id, after, count, tasks))
+            moves.append(Move(state_id, after, count, tasks, batch_ids))
         plans.append((index, moves))
     for index, moves in plans:
         work.move(members_of(r.id, index), moves, at)
@@ -272,9 +272,9 @@ def _settle(
     (``rules.cancel``; an abort's prefix that the built-in worker says ran)."""
     records: list[ClassRecord] = []
     moves: dict[int, list[Move]] = {}
-    for index, groups in work.groups(r.id).items():
+    for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
-        for state_id, count, tasks in groups:
+        for state_id, count, tasks, batch_ids in groups:
             before = work.state(state_id)
             try:
                 settlement = rules.commit(
@@ -299,7 +299,7 @@ def _settle(
                     committed=settlement.committed,
                 )
             )
-            moves.setdefault(index, []).append(Move(state_id, after, count, tasks))
+            moves.setdefault(index, []).append(Move(state_id, after, count, tasks, batch_ids))
     return Settled(r, charge, partial, previous, records, moves)
 
 
@@ -351,6 +351,7 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
                 admissions[state_id].state,
                 selection.counts[state_id],
                 frozenset(selection.tasks[state_id]),
+                None if selection.members is None else tuple(selection.members[state_id]),
             )
             for state_id in selection.classes
         ],

@@ -75,8 +75,8 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
     sent: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
-        if not many and statement.startswith(("SELECT", "UPDATE batches", "INSERT INTO reservation_batches")):
-            sent.append((statement, parameters))
+        if statement.startswith(("SELECT", "UPDATE batches", "INSERT INTO reservation_batches")):
+            sent.append((statement, parameters[0] if many else parameters))
 
     event.listen(ledger.engine, "before_cursor_execute", record)
     try:
@@ -84,8 +84,10 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     finally:
         event.remove(ledger.engine, "before_cursor_execute", record)
-    touching = [(q, p) for q, p in sent if "FROM batches" in q or q.startswith("UPDATE batches")]
-    assert len(touching) >= 4  # the selection, its membership rows, two moves
+    touching = [
+        (q, p) for q, p in sent if "FROM batches" in q or "JOIN batches" in q or "UPDATE batches" in q
+    ]
+    assert len(touching) >= 4  # the selection, its membership rows, the commit's groups, the moves
     with ledger.engine.connect() as connection:
         for statement, parameters in touching:
             plan = [
