@@ -849,6 +849,44 @@ def print_table(report: dict[str, Any]) -> None:
     )
 
 
+def print_side_by_side(paths: Sequence[Path]) -> None:
+    """Print the hot-loop figures of several saved runs (``--out`` files: one per code tree, each
+    run with its own tree's benchmark, interleaved) side by side, per backend, with each figure's
+    ratio to the first file's. Trees whose databases cannot be shared (an older migration head)
+    are compared this way: run each tree's own ``bench/ledger.py``, then ``--compare``."""
+    rows: dict[str, list[tuple[str, dict[str, Any], float]]] = {}
+    for path in paths:
+        report = json.loads(path.read_text())
+        for result in report["results"]:
+            for run in result["runs"]:
+                label = f"{Path(run['server_root']).name} {run['serve_args']}".strip() + f" ({path.name})"
+                rows.setdefault(result["backend"], []).append(
+                    (label, run["hot"], run["load_average_1m_before"])
+                )
+    figures = (
+        ("commits/s", lambda h: h["commits_per_s"]),
+        ("srv ms/c", lambda h: h.get("server_cpu_ms_per_commit")),
+        ("pg ms/c", lambda h: h.get("postgres_cpu_ms_per_commit")),
+        ("ops/tx", lambda h: h.get("operations_per_transaction")),
+        ("res p99", lambda h: h["reserve"]["p99_ms"]),
+        ("com p99", lambda h: h["commit"]["p99_ms"]),
+    )
+    for backend, runs in rows.items():
+        print(f"\n{backend}: each figure, and in brackets its ratio to the first row's")
+        print(f"{'tree (file)':<44}" + "".join(f"{name:>18}" for name, _ in figures) + f"{'load':>7}")
+        base = runs[0][1]
+        for label, hot, load in runs:
+            cells = []
+            for _, get in figures:
+                value, first = get(hot), get(base)
+                if value is None:
+                    cells.append(f"{'-':>18}")
+                    continue
+                ratio = f"({value / first:.2f}x)" if first else ""
+                cells.append(f"{value:>10.2f} {ratio:>7}")
+            print(f"{label[:44]:<44}" + "".join(cells) + f"{load:>7.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -898,7 +936,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spend-queries", type=int, default=300, help="spend queries timed (default 300)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "ledger.json")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print saved runs (--out files) side by side, ratios to the first; runs nothing",
+    )
     args = parser.parse_args(argv)
+    if args.compare:
+        print_side_by_side(args.compare)
+        return 0
     args.clients = [int(c) for c in args.clients.split(",")]
     args.workers = [int(w) for w in args.workers.split(",")]
     args.auth_cache_ttl = [float(t) for t in args.auth_cache_ttl.split(",")]

@@ -33,8 +33,8 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.spending.engine import submit, submit_async
-from service.ledger.spending.requests import Op, SegmentParams, keyed, parse_event
+from service.ledger.spending import ENGINE
+from service.ledger.spending.requests import Request, SegmentParams, keyed, parse_event
 
 
 def _segment_op(
@@ -46,7 +46,7 @@ def _segment_op(
     idempotency_key: str | None,
     now: datetime | None,
     policy: pricing.Policy | None,
-) -> Op:
+) -> Request:
     if not isinstance(plan_json, list) or not 1 <= len(plan_json) <= MAX_PLAN_EVENTS:
         raise InvalidInput(
             "plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {plan_json!r:.200}."
@@ -62,7 +62,7 @@ def _segment_op(
         raise NotFound("dataset", dataset_id)
     document = [ev.to_json(e) for e in plan]
     params = SegmentParams(plan, document, share)
-    op = Op(
+    op = Request(
         "declare_segment",
         tenant_id,
         dataset_id,
@@ -97,7 +97,7 @@ def declare_segment(
         now=now,
         policy=policy,
     )
-    return submit(db, op)
+    return ENGINE.submit(db, op)
 
 
 async def declare_segment_async(
@@ -120,7 +120,7 @@ async def declare_segment_async(
         now=None,
         policy=policy,
     )
-    return await submit_async(db, op)
+    return await ENGINE.submit_async(db, op)
 
 
 __all__ = ["declare_segment", "declare_segment_async"]

@@ -41,11 +41,11 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import InvalidInput, LedgerError, NotFound
 from service.ledger.spending import requests
+from service.ledger.spending.answers import cost_json
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import parse_event
 from service.ledger.spending.store import (
     StateGroup,
-    cost_json,
     dataset_budget,
     read_states,
     state_groups,

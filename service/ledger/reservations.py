@@ -70,8 +70,8 @@ from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound, ReleaseExists
-from service.ledger.spending import requests
-from service.ledger.spending.engine import submit, submit_async
+from service.ledger.spending import ENGINE, requests
+from service.ledger.spending.answers import reservation_json
 from service.ledger.spending.requests import (
     DEFAULT_MAX_LIFETIME_S,
     DEFAULT_TTL_S,
@@ -81,13 +81,13 @@ from service.ledger.spending.requests import (
     CommitParams,
     ExpireParams,
     ExtendParams,
-    Op,
     Ran,
+    Request,
     ReserveParams,
     keyed,
     parse_event,
 )
-from service.ledger.spending.store import EXPIRE_PER_TRANSACTION, load_reservations, reservation_json
+from service.ledger.spending.store import EXPIRE_PER_TRANSACTION, load_reservations
 
 # A reservation's dataset and tenant never change, so they are remembered (per process, by id):
 # a commit or abort finds its dataset's group without a database round trip.
@@ -179,7 +179,7 @@ def _reserve_op(
     now: datetime | None,
     policy: pricing.Policy | None,
     release: Mapping[str, Any] | None = None,
-) -> tuple[Op, tuple[str, str] | None]:
+) -> tuple[Request, tuple[str, str] | None]:
     if (batch_ids is None) == (task_ids is None):
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
     selector = "batches" if batch_ids is not None else "tasks"
@@ -191,7 +191,7 @@ def _reserve_op(
         raise NotFound("dataset", dataset_id)
     ttl = requests.ttl(ttl_s)
     params = ReserveParams(selector, ids, charge, document, ttl)
-    op = Op(
+    op = Request(
         "reserve", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
     )
     # Every field of the request: a retry that differs in any (the hold's ttl_s included) is
@@ -212,7 +212,7 @@ def _reserve_op(
     return keyed(op, idempotency_key, request), named
 
 
-def _reserved(op: Op, answer: dict[str, Any]) -> dict[str, Any]:
+def _reserved(op: Request, answer: dict[str, Any]) -> dict[str, Any]:
     _remember_owner(answer["id"], op.dataset_id, op.tenant_id)
     return answer
 
@@ -266,7 +266,7 @@ def reserve(
         release=release,
     )
     _release_free(db, tenant_id, named)
-    return _reserved(op, submit(db, op))
+    return _reserved(op, ENGINE.submit(db, op))
 
 
 async def reserve_async(
@@ -299,7 +299,7 @@ async def reserve_async(
     )
     if named is not None:
         await anyio.to_thread.run_sync(_release_free, db, tenant_id, named)
-    return _reserved(op, await submit_async(db, op))
+    return _reserved(op, await ENGINE.submit_async(db, op))
 
 
 def _commit_request(
@@ -352,8 +352,10 @@ def commit(
     """
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = Op("commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
-    return submit(db, keyed(op, key, request))
+    op = Request(
+        "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+    )
+    return ENGINE.submit(db, keyed(op, key, request))
 
 
 async def commit_async(
@@ -369,8 +371,8 @@ async def commit_async(
     """``commit`` for a coroutine."""
     params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = Op("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
-    return await submit_async(db, keyed(op, key, request))
+    op = Request("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
+    return await ENGINE.submit_async(db, keyed(op, key, request))
 
 
 def abort(
@@ -396,8 +398,8 @@ def abort(
     """
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
-    op = Op("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
-    return submit(db, keyed(op, key, {"reservation_id": reservation_id}))
+    op = Request("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
+    return ENGINE.submit(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
 async def abort_async(
@@ -406,8 +408,8 @@ async def abort_async(
     """``abort`` for a coroutine (the HTTP route): always charges what could have run."""
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = Op("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
-    return await submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
+    op = Request("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
+    return await ENGINE.submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
 
 
 def _extend_op(
@@ -418,7 +420,7 @@ def _extend_op(
     max_lifetime_s: float,
     idempotency_key: str | None,
     now: datetime | None,
-) -> Op:
+) -> Request:
     ttl = requests.ttl(ttl_s)
     if ttl_s > max_lifetime_s:
         raise InvalidInput(
@@ -426,7 +428,7 @@ def _extend_op(
             f"must be at most the maximum lifetime of a reservation, {max_lifetime_s:g} s. Found {ttl_s!r}.",
         )
     params = ExtendParams(reservation_id, ttl, requests.ttl(max_lifetime_s))
-    op = Op("extend", tenant_id, dataset_id, now or utcnow(), params)
+    op = Request("extend", tenant_id, dataset_id, now or utcnow(), params)
     return keyed(op, idempotency_key, {"reservation_id": reservation_id, "ttl_s": ttl.total_seconds()})
 
 
@@ -450,7 +452,7 @@ def extend(
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, now)
-    return submit(db, op)
+    return ENGINE.submit(db, op)
 
 
 async def extend_async(
@@ -466,7 +468,7 @@ async def extend_async(
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, None)
-    return await submit_async(db, op)
+    return await ENGINE.submit_async(db, op)
 
 
 def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
@@ -489,8 +491,8 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
     for (dataset_id, tenant_id), ids in by_dataset.items():
         for start in range(0, len(ids), EXPIRE_PER_TRANSACTION):
             chunk = ids[start : start + EXPIRE_PER_TRANSACTION]
-            op = Op("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
-            expired += int(submit(db, op)["expired"])
+            op = Request("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
+            expired += int(ENGINE.submit(db, op)["expired"])
     return {"expired": expired}
 
 

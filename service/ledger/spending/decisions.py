@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from accountant import events as ev
@@ -37,7 +38,6 @@ from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, exact_sum, to_text
 from accountant.rules import BatchState, Charge
-from service.db.models import Batch
 from service.ledger import certificates
 from service.ledger.errors import (
     BudgetExceeded,
@@ -50,13 +50,17 @@ from service.ledger.errors import (
     ReleaseExists,
     ReservationExpired,
 )
+from service.ledger.signing import SigningKey
+from service.ledger.spending.answers import cost_json, reservation_json
 from service.ledger.spending.requests import (
     MAX_BATCHES_PER_RESERVATION,
+    NOT_PRICED,
     AbortParams,
     CommitParams,
     ExtendParams,
-    Op,
+    Priced,
     Ran,
+    Request,
     ReserveParams,
     SegmentParams,
 )
@@ -65,13 +69,12 @@ from service.ledger.spending.store import (
     Loaded,
     Move,
     Work,
-    cost_json,
     members_of,
-    reservation_json,
+    whole_dataset,
 )
 
 
-def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
+def decide(work: Work, op: Request, priced: Priced) -> tuple[dict[str, Any], LedgerError | None]:
     """Decide ``op`` on ``work`` and apply it: its answer, or the error it answers while its
     changes stay (a late commit: its reservation expires). A refusal raises a ``LedgerError``
     and changes nothing."""
@@ -79,7 +82,7 @@ def decide(work: Work, op: Op) -> tuple[dict[str, Any], LedgerError | None]:
     if isinstance(params, ReserveParams):
         return reserve(work, op, params), None
     if isinstance(params, CommitParams):
-        return commit(work, op, params)
+        return commit(work, op, params, priced)
     if isinstance(params, AbortParams):
         return abort(work, op, params), None
     if isinstance(params, SegmentParams):
@@ -110,15 +113,15 @@ def _refund(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
     """Close ``r`` returning every class's uncommitted hold (``rules.cancel``), decided once per
     (reservation class, current state): only for what provably never ran."""
     plans: list[tuple[int, list[Move]]] = []
-    for index, groups in work.groups(r.id).items():
+    for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
         moves = []
-        for state_id, count, tasks in groups:
+        for state_id, count, tasks, batch_ids in groups:
             try:
                 after = rules.cancel(work.budget, work.state(state_id), c.reserved, c.committed)
             except AccountantError as exc:
                 raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
-            moves.append(Move(state_id, after, count, tasks))
+            moves.append(Move(state_id, after, count, tasks, batch_ids))
         plans.append((index, moves))
     for index, moves in plans:
         work.move(members_of(r.id, index), moves, at)
@@ -148,69 +151,115 @@ def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | 
     with ``release: null`` and ``outcome: status`` records it, and the audit entry names it."""
     charge = Charge(ev.from_json(r.event), r.noise_commitment)
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    records, moves = _settle(work, r, charge, ran, previous, refund_rest=ran is not None)
+    settled = _settle(work, r, charge, ran, previous, refund_rest=ran is not None)
     assert work.signer is not None, "the engine gives every Work its signer"
-    certificate_id = f"cert_{secrets.token_hex(12)}"
-    body = certificates.issue(
-        budget=work.budget,
-        charge=charge,
-        classes=records,
-        batch_set=BatchSet(r.batches, r.batch_set),
-        reservation_id=r.id,
-        release=None,
-        partial_event=ran,
-        previous_event=previous,
-        release_id=None,
-        dataset_id=work.head.id,
-        issued_at=at,
-        signer=work.signer(),
-        outcome=status,
-    )
+    certificate = _certify(work, settled, at, work.signer(), release=None, release_id=None, outcome=status)
     # Decided: apply.
-    for index, class_moves in moves.items():
-        work.move(members_of(r.id, index), class_moves, at)
-    committed_epsilon = max(x.committed.epsilon for x in records)
-    committed_delta = max(x.committed.delta for x in records)
-    committed_of = {x.reservation_class: x.committed for x in records}  # equal within a class
-    work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
-    work.head.reservations_open -= 1
-    work.head.charges_committed += 1
-    closed = replace(
-        r,
-        status=status,
-        closed_at=at,
-        committed_epsilon=committed_epsilon,
-        committed_delta=committed_delta,
-        committed_event=None if ran is None else ev.to_json(ran),
-        classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
-    )
-    work.put_reservation(closed)
-    certificate = certificates.stored_row(
-        certificate_id=certificate_id,
-        tenant_id=r.tenant_id,
-        dataset_id=work.head.id,
-        reservation_id=r.id,
-        release_id=None,
-        body=body,
-        at=at,
-    )
+    closed = _apply(work, settled, at, closes=True, status=status)
     work.certificates.append(certificate)
     work.audit(
         f"reservation.{status}",
         {
             "reservation_id": r.id,
             "release": None,
-            "certificate_id": certificate_id,
+            "certificate_id": certificate["id"],
             "content_hash": certificate["content_hash"],
-            "committed": cost_json(committed_epsilon, committed_delta),
+            "committed": cost_json(settled.committed_epsilon, settled.committed_delta),
             "returned": cost_json(
-                exact_sub(r.epsilon, committed_epsilon), exact_sub(r.delta, committed_delta)
+                exact_sub(r.epsilon, settled.committed_epsilon), exact_sub(r.delta, settled.committed_delta)
             ),
             "final": True,
         },
         at,
     )
     return closed
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A charge settled on every class of a reservation: decided, not applied. ``records``: the
+    certificate's class records; ``moves``: per reservation class, its batches' moves."""
+
+    reservation: Loaded
+    charge: Charge
+    partial: ev.DpEvent | None  # the run so far; ``None``: all of it
+    previous: ev.DpEvent | None  # the run the previous progressive commit reported
+    records: list[ClassRecord]
+    moves: dict[int, list[Move]]
+
+    @property
+    def committed_epsilon(self) -> Decimal:
+        return max(x.committed.epsilon for x in self.records)
+
+    @property
+    def committed_delta(self) -> Decimal:
+        return max(x.committed.delta for x in self.records)
+
+
+def _certify(
+    work: Work,
+    settled: Settled,
+    at: datetime,
+    signer: SigningKey,
+    *,
+    release: dict[str, Any] | None,
+    release_id: str | None,
+    outcome: str = "released",
+) -> dict[str, Any]:
+    """The signed certificate of ``settled`` (``accountant.certificates.issue``), as its row."""
+    r = settled.reservation
+    certificate_id = f"cert_{secrets.token_hex(12)}"
+    body = certificates.issue(
+        budget=work.budget,
+        charge=settled.charge,
+        classes=settled.records,
+        batch_set=BatchSet(r.batches, r.batch_set),
+        reservation_id=r.id,
+        release=release,
+        partial_event=settled.partial,
+        previous_event=settled.previous,
+        release_id=release_id,
+        dataset_id=work.head.id,
+        issued_at=at,
+        signer=signer,
+        outcome=outcome,
+    )
+    return certificates.stored_row(
+        certificate_id=certificate_id,
+        tenant_id=r.tenant_id,
+        dataset_id=work.head.id,
+        reservation_id=r.id,
+        release_id=release_id,
+        body=body,
+        at=at,
+    )
+
+
+def _apply(work: Work, settled: Settled, at: datetime, *, closes: bool, status: str) -> Loaded:
+    """Apply ``settled``: its batches move, the hold shrinks by what it committed (all of what
+    is left when it ``closes``), and the reservation is put with status ``status``."""
+    r = settled.reservation
+    for index, class_moves in settled.moves.items():
+        work.move(members_of(r.id, index), class_moves, at)
+    committed_epsilon, committed_delta = settled.committed_epsilon, settled.committed_delta
+    committed_of = {x.reservation_class: x.committed for x in settled.records}  # equal within a class
+    if closes:  # the rest of the hold returns with the final charge
+        work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
+        work.head.reservations_open -= 1
+    else:
+        work.release_hold(exact_sub(committed_epsilon, r.committed_epsilon))
+    work.head.charges_committed += 1
+    applied = replace(
+        r,
+        status=status,
+        closed_at=at if closes else None,
+        committed_epsilon=committed_epsilon,
+        committed_delta=committed_delta,
+        committed_event=None if settled.partial is None else ev.to_json(settled.partial),
+        classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
+    )
+    work.put_reservation(applied)
+    return applied
 
 
 def _settle(
@@ -221,7 +270,7 @@ def _settle(
     previous: ev.DpEvent | None,
     *,
     refund_rest: bool,
-) -> tuple[list[ClassRecord], dict[int, list[Move]]]:
+) -> Settled:
     """Settle ``charge`` (``partial``: the run so far; ``None``: all of it) on every class of
     ``r`` with ``rules.commit``, decided once per (reservation class, current state) — equal
     inputs, equal settlements: the certificate's class records and the batches' moves.
@@ -229,9 +278,9 @@ def _settle(
     (``rules.cancel``; an abort's prefix that the built-in worker says ran)."""
     records: list[ClassRecord] = []
     moves: dict[int, list[Move]] = {}
-    for index, groups in work.groups(r.id).items():
+    for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
-        for state_id, count, tasks in groups:
+        for state_id, count, tasks, batch_ids in groups:
             before = work.state(state_id)
             try:
                 settlement = rules.commit(
@@ -256,11 +305,11 @@ def _settle(
                     committed=settlement.committed,
                 )
             )
-            moves.setdefault(index, []).append(Move(state_id, after, count, tasks))
-    return records, moves
+            moves.setdefault(index, []).append(Move(state_id, after, count, tasks, batch_ids))
+    return Settled(r, charge, partial, previous, records, moves)
 
 
-def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
+def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
     selection = work.select(params.selector, params.ids, MAX_BATCHES_PER_RESERVATION)
     work.load_states(selection.counts)
     admissions: dict[str, rules.Admission] = {}
@@ -301,13 +350,14 @@ def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
     )
     work.add_reservation(r, selection)
     work.move(
-        selection.where,
+        selection.scope,
         [
             Move(
                 state_id,
                 admissions[state_id].state,
                 selection.counts[state_id],
                 frozenset(selection.tasks[state_id]),
+                None if selection.members is None else tuple(selection.members[state_id]),
             )
             for state_id in selection.classes
         ],
@@ -331,7 +381,11 @@ def reserve(work: Work, op: Op, params: ReserveParams) -> dict[str, Any]:
     return response
 
 
-def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], LedgerError | None]:
+def commit(
+    work: Work, op: Request, params: CommitParams, priced: Priced = NOT_PRICED
+) -> tuple[dict[str, Any], LedgerError | None]:
+    """Settle the reservation's charge (``_settle``), certify it (``_certify``), apply it
+    (``_apply``) and record the release. A late commit expires its reservation and is refused."""
     r = work.reservations.get(params.reservation_id)
     if r is None or r.tenant_id != op.tenant_id:
         raise NotFound("reservation", params.reservation_id)
@@ -351,55 +405,21 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
         raise ReleaseExists(params.model, params.version)
-    if op.reserved_event is not None and op.reserved_event[0] == r.event:
-        event = op.reserved_event[1]  # parsed (and priced with) before the transaction
+    if priced.reserved_event is not None and priced.reserved_event[0] == r.event:
+        event = priced.reserved_event[1]  # parsed (and priced with) before the transaction
     else:
         event = ev.from_json(r.event)
-    charge = Charge(event, r.noise_commitment)
     # The run the previous progressive commit reported: this one must extend it.
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    records, moves = _settle(work, r, charge, params.partial, previous, refund_rest=False)
-    closes = params.partial is None
-    committed_epsilon = max(x.committed.epsilon for x in records)
-    committed_delta = max(x.committed.delta for x in records)
+    settled = _settle(work, r, Charge(event, r.noise_commitment), params.partial, previous, refund_rest=False)
     release_id = f"rel_{secrets.token_hex(12)}"
-    certificate_id = f"cert_{secrets.token_hex(12)}"
-    body = certificates.issue(
-        budget=work.budget,
-        charge=charge,
-        classes=records,
-        batch_set=BatchSet(r.batches, r.batch_set),
-        reservation_id=r.id,
-        release=params.release,
-        partial_event=params.partial,
-        previous_event=previous,
-        release_id=release_id,
-        dataset_id=work.head.id,
-        issued_at=op.at,
-        signer=params.signer,
-    )
+    certificate = _certify(work, settled, op.at, params.signer, release=params.release, release_id=release_id)
     # Decided: apply.
-    for index, class_moves in moves.items():
-        work.move(members_of(r.id, index), class_moves, op.at)
-    committed_of = {x.reservation_class: x.committed for x in records}  # equal within a class
-    if closes:  # the rest of the hold returns with the final commit
-        work.release_hold(exact_sub(r.epsilon, r.committed_epsilon))
-        work.head.reservations_open -= 1
-    else:
-        work.release_hold(exact_sub(committed_epsilon, r.committed_epsilon))
-    work.head.charges_committed += 1
-    work.head.last_release, work.head.last_release_at = params.release, op.at
-    r = replace(
-        r,
-        status="committed" if closes else "reserved",
-        closed_at=op.at if closes else None,
-        committed_epsilon=committed_epsilon,
-        committed_delta=committed_delta,
-        commits=r.commits + 1,
-        committed_event=None if params.partial is None else ev.to_json(params.partial),
-        classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
-    )
+    closes = params.partial is None
+    r = _apply(work, settled, op.at, closes=closes, status="committed" if closes else "reserved")
+    r = replace(r, commits=r.commits + 1)
     work.put_reservation(r)
+    work.head.last_release, work.head.last_release_at = params.release, op.at
     work.released.add(release_key)
     work.releases.append(
         {
@@ -412,15 +432,6 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
             "created_at": op.at,
         }
     )
-    certificate = certificates.stored_row(
-        certificate_id=certificate_id,
-        tenant_id=op.tenant_id,
-        dataset_id=work.head.id,
-        reservation_id=r.id,
-        release_id=release_id,
-        body=body,
-        at=op.at,
-    )
     work.certificates.append(certificate)
     reservation = reservation_json(r)
     work.audit(
@@ -428,7 +439,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
         {
             "reservation_id": r.id,
             "release": params.release,
-            "certificate_id": certificate_id,
+            "certificate_id": certificate["id"],
             "content_hash": certificate["content_hash"],
             "committed": reservation["committed"],
             "final": closes,
@@ -441,7 +452,7 @@ def commit(work: Work, op: Op, params: CommitParams) -> tuple[dict[str, Any], Le
     }, None
 
 
-def abort(work: Work, op: Op, params: AbortParams) -> dict[str, Any]:
+def abort(work: Work, op: Request, params: AbortParams) -> dict[str, Any]:
     r = work.reservations.get(params.reservation_id)
     if r is None or r.tenant_id != op.tenant_id:
         raise NotFound("reservation", params.reservation_id)
@@ -456,7 +467,7 @@ def abort(work: Work, op: Op, params: AbortParams) -> dict[str, Any]:
     return reservation_json(r)
 
 
-def extend(work: Work, op: Op, params: ExtendParams) -> tuple[dict[str, Any], LedgerError | None]:
+def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any], LedgerError | None]:
     """Hold the reservation until ``max(expires_at, now + ttl)``: a heartbeat never shortens a
     hold, and a repeat changes nothing (no audit entry). Refused: another tenant's or an unknown
     reservation (``NotFound``), a closed one (``reservation_closed``), one past its time (it
@@ -510,7 +521,7 @@ def expire(work: Work, reservation_ids: Iterable[str], at: datetime) -> int:
     return expired
 
 
-def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]:
+def declare_segment(work: Work, op: Request, params: SegmentParams) -> dict[str, Any]:
     """Declare the next plan segment of the dataset's sequential ``prv`` budget.
 
     Decided on the locked head, so it is ordered with every reservation of the dataset (and with
@@ -544,7 +555,7 @@ def declare_segment(work: Work, op: Op, params: SegmentParams) -> dict[str, Any]
             raise rule_error(exc, work.example_batch(state_id)) from exc
         if after != state:
             moves.append(Move(state_id, after, count, tasks))
-    work.move(Batch.dataset_id == work.head.id, moves, op.at)  # decided: apply
+    work.move(whole_dataset(work.head.id), moves, op.at)  # decided: apply
     work.grow_budget(grown)
     index = len(grown.plan_segments) - 1
     segment = grown.plan_segments[index]

@@ -37,18 +37,17 @@ from sqlalchemy.exc import OperationalError
 from accountant import rules
 from service import server_secrets
 from service.db.session import Database
-from service.ledger.errors import DuplicateIdempotencyKey, IdempotencyConflict, LedgerError, NotFound
-from service.ledger.signing import KeyRing, SigningKey
-from service.ledger.spending.requests import Op
-from service.ledger.spending.store import (
-    Work,
-    due_ids,
-    load_reservations,
-    refreshed,
-    released,
-    replayed_reservation,
-    stored_answers,
+from service.ledger.errors import (
+    Conflict,
+    DuplicateIdempotencyKey,
+    IdempotencyConflict,
+    LedgerError,
+    NotFound,
 )
+from service.ledger.signing import KeyRing, SigningKey
+from service.ledger.spending.answers import Result, refreshed, replay
+from service.ledger.spending.requests import NOT_PRICED, Op, Priced, Request
+from service.ledger.spending.store import Work, due_ids, load_reservations, released, stored_answers
 
 MAX_GROUP: Final = 64
 _RETRIES: Final = 5
@@ -60,61 +59,48 @@ class Domain:
     """The seam between the engine and what it runs: how an operation is priced before its
     transaction and decided in it (``spending.decisions``, ``spending.prices``)."""
 
-    decide: Callable[[Work, Op], tuple[dict[str, Any], LedgerError | None]]
-    """Decide ``op`` on the locked ``Work`` and apply it: its answer, or the error it answers
-    while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
+    decide: Callable[[Work, Request, Priced], tuple[dict[str, Any], LedgerError | None]]
+    """Decide a request on the locked ``Work`` with its prices and apply it: its answer, or the
+    error it answers while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
     expire: Callable[[Work, Iterable[str], datetime], int]
     """Expire those of the reservations that are open and due at the time: how many."""
-    prepare: Callable[[Database, Op], None]
-    """Price ``op`` outside any transaction (once per op); raises the op's own refusal."""
-    prices_inline: Callable[[Op], bool]
-    """Whether ``op`` is priced in its group's worker thread rather than before it queues."""
-
-
-_registered: Domain | None = None
-
-
-def register(domain: Domain) -> None:
-    """Make ``domain`` what every group decides with (``service.ledger.spending`` does, once)."""
-    global _registered
-    _registered = domain
-
-
-def _domain() -> Domain:
-    assert _registered is not None, "service.ledger.spending registers the domain on import"
-    return _registered
-
-
-Result = tuple[dict[str, Any] | None, BaseException | None]
+    prepare: Callable[[Database, Request], Priced]
+    """Price a request outside any transaction (once per op); raises the request's own refusal."""
+    prices_inline: Callable[[Request], bool]
+    """Whether a request is priced in its group's worker thread rather than before it queues."""
 
 
 def _group_transaction(
-    connection: Connection, dataset_id: str, ops: Sequence[Op], signer: Callable[[], SigningKey]
+    connection: Connection,
+    domain: Domain,
+    dataset_id: str,
+    ops: Sequence[Op],
+    signer: Callable[[], SigningKey],
+    after_commit: list[Callable[[], None]],
+    *,
+    check_releases: bool,
 ) -> dict[int, Result]:
     """Decide and write every operation of ``ops`` in ``connection``'s transaction; their results
-    (answer or error) by position. Raises only for failures of the transaction itself."""
+    (answer or error) by position. Raises only for failures of the transaction itself.
+    ``after_commit``: what to call once the transaction has committed (``Work.committed``)."""
     results: dict[int, Result] = {}
-    stored = stored_answers(connection, ops)
+    stored = stored_answers(connection, [op.request for op in ops])
     active: list[int] = []
     replays: list[tuple[int, dict[str, Any], str]] = []  # answered as the reservation is now
     for i, op in enumerate(ops):
-        hit = stored.get((op.tenant_id, op.key)) if op.key is not None else None
+        hit = stored.get((op.request.tenant_id, op.request.key)) if op.request.key is not None else None
         if hit is None:
             active.append(i)
             continue
-        response, replay_error = _replay(op, hit)
-        rid = None if response is None else replayed_reservation(op, response)
+        result, rid = replay(op.request, hit)
         if rid is None:
-            results[i] = (response, replay_error)
+            results[i] = result
         else:
-            assert response is not None
-            replays.append((i, response, rid))
+            assert result[0] is not None
+            replays.append((i, result[0], rid))
     if not active and not replays:
         return results
-    at = max(ops[i].at for i in [*active, *(i for i, _, _ in replays)])
-    due = due_ids(connection, dataset_id, at)  # before the lock: usually nothing
-    already = released(connection, [ops[i] for i in active])  # releases are never deleted
-
+    at = max(ops[i].request.at for i in [*active, *(i for i, _, _ in replays)])
     work = Work.open(connection, dataset_id)
     if work is None:
         for i in active:
@@ -122,75 +108,76 @@ def _group_transaction(
         for i, response, _ in replays:
             results[i] = (response, None)
         return results
+    # Read only when the head says one is due: usually nothing.
+    due = (
+        due_ids(connection, dataset_id, at) if work.next_expiry is not None and work.next_expiry <= at else []
+    )
+    # A release that exists already is refused by its unique constraint when the group writes;
+    # that failure reruns each op alone with this check on, which names the (model, version).
+    already = released(connection, [ops[i].request for i in active]) if check_releases else set()
     work.signer = signer
-    domain = _domain()
-    work.load_for([ops[i] for i in active], [*due, *(rid for _, _, rid in replays)])
+    work.load_for([ops[i].request for i in active], [*due, *(rid for _, _, rid in replays)])
     work.released.update(already)
     work.expired_on_open = domain.expire(work, due, at)
     for i, response, rid in replays:
         r = work.reservations.get(rid)
         if r is not None and r.dataset_id == work.head.id:
-            domain.expire(work, [rid], ops[i].at)  # a hold past its time is "expired" now, and freed
-        results[i] = (refreshed(ops[i], response, work.reservations.get(rid)), None)
+            domain.expire(work, [rid], ops[i].request.at)  # a hold past its time is "expired" now, and freed
+        results[i] = (refreshed(ops[i].request, response, work.reservations.get(rid)), None)
 
     answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
     for i in active:
-        op = ops[i]
-        if op.tenant_id != work.head.tenant_id:
+        request, priced = ops[i].request, ops[i].priced or NOT_PRICED
+        if request.tenant_id != work.head.tenant_id:
             results[i] = (None, NotFound("dataset", dataset_id))
             continue
-        if op.key is not None and (op.tenant_id, op.key) in answered:  # a retry within the group
-            response, replay_error = _replay(op, answered[(op.tenant_id, op.key)])
-            rid = None if response is None else replayed_reservation(op, response)
-            if response is not None and rid is not None:
-                response = refreshed(op, response, work.reservations.get(rid))
-            results[i] = (response, replay_error)
+        key = None if request.key is None else (request.tenant_id, request.key)
+        if key is not None and key in answered:  # a retry within the group
+            (replayed, replay_error), rid = replay(request, answered[key])
+            if replayed is not None and rid is not None:
+                replayed = refreshed(request, replayed, work.reservations.get(rid))
+            results[i] = (replayed, replay_error)
             continue
-        # Prices come from the op's memo, filled before the transaction (``prepare``): under
-        # the lock the rules only add and compare.
-        priced: AbstractContextManager[object] = (
-            rules.pricing(op.memo) if op.memo is not None and op.memo.adopt(work.budget) else nullcontext()
+        # Prices come from the request's memo, filled before the transaction (``prepare``):
+        # under the lock the rules only add and compare.
+        memo = priced.memo
+        pricing: AbstractContextManager[object] = (
+            rules.pricing(memo) if memo is not None and memo.adopt(work.budget) else nullcontext()
         )
         try:
-            with priced:
-                response, error = domain.decide(work, op)
+            with pricing:
+                response, error = domain.decide(work, request, priced)
         except LedgerError as exc:
             results[i] = (None, exc)
             continue
         results[i] = (None if error else response, error)
-        if op.key is not None and error is None:
-            answered[(op.tenant_id, op.key)] = (op.operation, op.digest, response)
+        if key is not None and error is None:
+            answered[key] = (request.operation, request.digest, response)
             work.idempotency.append(
                 {
-                    "tenant_id": op.tenant_id,
-                    "key": op.key,
-                    "operation": op.operation,
-                    "request_hash": op.digest,
+                    "tenant_id": request.tenant_id,
+                    "key": request.key,
+                    "operation": request.operation,
+                    "request_hash": request.digest,
                     "response": response,
-                    "status_code": op.status_code,
-                    "created_at": op.at,
+                    "status_code": request.status_code,
+                    "created_at": request.at,
                 }
             )
     if work.events:  # every change is audited: no event, nothing changed (a refusal changes nothing)
         work.flush()
+    after_commit.append(work.committed)
     return results
 
 
-def _replay(
-    op: Op, stored: tuple[str, str, dict[str, Any]]
-) -> tuple[dict[str, Any] | None, LedgerError | None]:
-    operation, digest, response = stored
-    if operation != op.operation or digest != op.digest:
-        return None, IdempotencyConflict(op.key or "")
-    return response, None
-
-
-def _prepared(db: Database, ops: Sequence[Op]) -> list[Op]:
-    """``ops`` priced (``prepare``); an op whose pricing is refused is answered now and left out."""
+def _prepared(prepare: Callable[[Database, Request], Priced], db: Database, ops: Sequence[Op]) -> list[Op]:
+    """``ops`` priced (``prepare``, once each); an op whose pricing is refused is answered now and
+    left out."""
     ready: list[Op] = []
     for op in ops:
         try:
-            _domain().prepare(db, op)
+            if op.priced is None:
+                op.priced = prepare(db, op.request)
         except Exception as exc:  # its own answer (invalid, not found, rate limited, ...)
             op.finish(None, exc)
             continue
@@ -204,6 +191,11 @@ def _is_transient(exc: OperationalError) -> bool:
     )
 
 
+def _release_taken(failure: BaseException) -> bool:
+    """Whether the group failed on the unique (tenant, model, version) of releases."""
+    return isinstance(failure, Conflict) and failure.reason == "release_exists"
+
+
 def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Result]) -> None:
     """A retry can race its first attempt (in another process): its key lookup found nothing,
     then the first attempt's commit made it fail (e.g. "already committed"). If an answer for
@@ -211,7 +203,7 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
     refused = [
         i
         for i, op in enumerate(ops)
-        if op.key is not None
+        if op.request.key is not None
         and isinstance(results[i][1], LedgerError)
         and not isinstance(results[i][1], IdempotencyConflict)
     ]
@@ -219,70 +211,20 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
         return
     with db.session(readonly=True) as session:
         connection = session.connection()
-        stored = stored_answers(connection, [ops[i] for i in refused])
+        stored = stored_answers(connection, [ops[i].request for i in refused])
         for i in refused:
-            hit = stored.get((ops[i].tenant_id, ops[i].key or ""))
+            hit = stored.get((ops[i].request.tenant_id, ops[i].request.key or ""))
             if hit is None:
                 continue
-            response, error = _replay(ops[i], hit)
-            rid = None if response is None else replayed_reservation(ops[i], response)
+            (response, error), rid = replay(ops[i].request, hit)
             if response is not None and rid is not None:
                 loaded = load_reservations(connection, [rid])
-                response = refreshed(ops[i], response, loaded.get(rid))
+                response = refreshed(ops[i].request, response, loaded.get(rid))
             results[i] = (response, error)
 
 
-def run_group(db: Database, dataset_id: str, ops: Sequence[Op]) -> None:
-    """Run ``ops`` in one transaction and hand every op its result once it has committed.
-
-    When the transaction itself fails, each op is run alone, so a failure is its own op's only.
-    Ops not priced yet are priced first, before the transaction opens (``prepare``).
-    """
-    ops = _prepared(db, ops)
-    if not ops:
-        return
-
-    # An abort's or an expiry's certificate is signed with the active key — and any spend may
-    # expire a due reservation. The key ring is loaded (cached per process after the first time)
-    # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
-    # the keys through the database's key custody, a transaction of its own, which inside this one
-    # would wait forever on the write lock this one holds (SQLite: "database is locked"). Loaded
-    # inside the retry loop, so a failure of that load is answered like the transaction's.
-    rings: list[KeyRing] = []
-
-    def signer() -> SigningKey:
-        return rings[0].active
-
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            if not rings:
-                rings.append(server_secrets.signing_keys(db))
-            with db.transaction() as connection:
-                results = _group_transaction(connection, dataset_id, ops, signer)
-        except OperationalError as exc:
-            if attempt <= _RETRIES and _is_transient(exc):
-                time.sleep(0.002 * attempt)
-                continue
-            failure: BaseException = exc
-        except DuplicateIdempotencyKey as exc:
-            if attempt <= _RETRIES and len(ops) == 1:
-                continue  # a retry in another process committed first: its answer is there now
-            failure = exc
-        except Exception as exc:  # the group failed as a whole: isolate it
-            failure = exc
-        else:
-            _answer_raced_retries(db, ops, results)
-            for i, op in enumerate(ops):
-                op.finish(*results[i])
-            return
-        if len(ops) == 1:
-            ops[0].finish(None, failure)
-            return
-        for op in ops:
-            run_group(db, dataset_id, [op])
-        return
+GroupRunner = Callable[[Database, str, Sequence[Op]], None]
+"""``SpendEngine.run_group``: what a queue calls to run one group."""
 
 
 class Combiner:
@@ -300,7 +242,7 @@ class Combiner:
         self.queue: deque[Op] = deque()
         self.busy = False
 
-    def run(self, db: Database, dataset_id: str, op: Op) -> None:
+    def run(self, run_group: GroupRunner, db: Database, dataset_id: str, op: Op) -> None:
         wake = op.wake = threading.Event()
         with self.lock:
             self.queue.append(op)
@@ -350,19 +292,6 @@ def _wake(op: Op) -> None:
     op.wake.set()
 
 
-_combiners_lock = threading.Lock()
-_combiners: weakref.WeakKeyDictionary[Database, dict[str, Combiner]] = weakref.WeakKeyDictionary()
-
-
-def _combiner(db: Database, dataset_id: str) -> Combiner:
-    with _combiners_lock:
-        registry = _combiners.setdefault(db, {})
-        combiner = registry.get(dataset_id)
-        if combiner is None:
-            combiner = registry[dataset_id] = Combiner()
-        return combiner
-
-
 class AsyncCombiner:
     """Queues the spends of one dataset made by the coroutines of one event loop (the HTTP routes).
 
@@ -378,15 +307,15 @@ class AsyncCombiner:
         self.queue: deque[tuple[Op, asyncio.Future[None]]] = deque()
         self.drain: asyncio.Task[None] | None = None
 
-    async def run(self, db: Database, dataset_id: str, op: Op) -> None:
+    async def run(self, run_group: GroupRunner, db: Database, dataset_id: str, op: Op) -> None:
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
         self.queue.append((op, answered))
         if self.drain is None:
-            self.drain = loop.create_task(self._drain(db, dataset_id))
+            self.drain = loop.create_task(self._drain(run_group, db, dataset_id))
         await answered
 
-    async def _drain(self, db: Database, dataset_id: str) -> None:
+    async def _drain(self, run_group: GroupRunner, db: Database, dataset_id: str) -> None:
         try:
             while self.queue:
                 group = [self.queue.popleft() for _ in range(min(MAX_GROUP, len(self.queue)))]
@@ -407,21 +336,6 @@ def _answer(group: Iterable[tuple[Op, asyncio.Future[None]]]) -> None:
             answered.set_result(None)
 
 
-_async_combiners: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, AsyncCombiner]]
-] = weakref.WeakKeyDictionary()
-
-
-def _async_combiner(db: Database, dataset_id: str) -> AsyncCombiner:
-    loop = asyncio.get_running_loop()
-    with _combiners_lock:
-        registry = _async_combiners.setdefault(loop, weakref.WeakKeyDictionary()).setdefault(db, {})
-        combiner = registry.get(dataset_id)
-        if combiner is None:
-            combiner = registry[dataset_id] = AsyncCombiner()
-        return combiner
-
-
 def _answered(op: Op) -> dict[str, Any]:
     if op.error is not None:
         raise op.error
@@ -429,14 +343,123 @@ def _answered(op: Op) -> dict[str, Any]:
     return op.response
 
 
-def submit(db: Database, op: Op) -> dict[str, Any]:
-    _domain().prepare(db, op)  # priced in the caller's thread, before it queues for the transaction
-    _combiner(db, op.dataset_id).run(db, op.dataset_id, op)
-    return _answered(op)
+class SpendEngine:
+    """Group commit over one ``Domain``, built once with it and with where its signing keys come
+    from (``service.ledger.spending.ENGINE``): every group it runs decides with that domain and
+    signs with the active key of ``keys(db)``. It holds the queues of the process's spends, one
+    per (database, dataset): ``Combiner`` for callers in threads, ``AsyncCombiner`` per event loop.
+    """
 
+    def __init__(
+        self, domain: Domain, keys: Callable[[Database], KeyRing] = server_secrets.signing_keys
+    ) -> None:
+        self.domain = domain
+        self.keys = keys
+        self._lock = threading.Lock()
+        self._combiners: weakref.WeakKeyDictionary[Database, dict[str, Combiner]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._async_combiners: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Database, dict[str, AsyncCombiner]]
+        ] = weakref.WeakKeyDictionary()
 
-async def submit_async(db: Database, op: Op) -> dict[str, Any]:
-    if not _domain().prices_inline(op):  # priced in a pricing thread, never on the event loop
-        await anyio.to_thread.run_sync(_domain().prepare, db, op, limiter=op.policy.limiter)
-    await _async_combiner(db, op.dataset_id).run(db, op.dataset_id, op)
-    return _answered(op)
+    def run_group(
+        self, db: Database, dataset_id: str, ops: Sequence[Op], *, check_releases: bool = False
+    ) -> None:
+        """Run ``ops`` in one transaction and hand every op its result once it has committed.
+
+        When the transaction itself fails, each op is run alone, so a failure is its own op's only,
+        and with ``check_releases`` (a release that exists is then refused by name, before anything
+        is written, rather than by the constraint that failed the group).
+        Ops not priced yet are priced first, before the transaction opens (``prepare``).
+        """
+        ops = _prepared(self.domain.prepare, db, ops)
+        if not ops:
+            return
+
+        # An abort's or an expiry's certificate is signed with the active key — and any spend may
+        # expire a due reservation. The key ring is loaded (cached per process after the first time)
+        # before the transaction opens, as a commit's is (``_commit_request``): its first load admits
+        # the keys through the database's key custody, a transaction of its own, which inside this one
+        # would wait forever on the write lock this one holds (SQLite: "database is locked"). Loaded
+        # inside the retry loop, so a failure of that load is answered like the transaction's.
+        rings: list[KeyRing] = []
+
+        def signer() -> SigningKey:
+            return rings[0].active
+
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if not rings:
+                    rings.append(self.keys(db))
+                after_commit: list[Callable[[], None]] = []
+                with db.transaction() as connection:
+                    results = _group_transaction(
+                        connection,
+                        self.domain,
+                        dataset_id,
+                        ops,
+                        signer,
+                        after_commit,
+                        check_releases=check_releases,
+                    )
+                for hook in after_commit:
+                    hook()
+            except OperationalError as exc:
+                if attempt <= _RETRIES and _is_transient(exc):
+                    time.sleep(0.002 * attempt)
+                    continue
+                failure: BaseException = exc
+            except DuplicateIdempotencyKey as exc:
+                if attempt <= _RETRIES and len(ops) == 1:
+                    continue  # a retry in another process committed first: its answer is there now
+                failure = exc
+            except Exception as exc:  # the group failed as a whole: isolate it
+                failure = exc
+            else:
+                _answer_raced_retries(db, ops, results)
+                for i, op in enumerate(ops):
+                    op.finish(*results[i])
+                return
+            if len(ops) == 1 and (check_releases or not _release_taken(failure)):
+                ops[0].finish(None, failure)
+                return
+            for op in ops:
+                self.run_group(db, dataset_id, [op], check_releases=True)
+            return
+
+    def submit(self, db: Database, request: Request) -> dict[str, Any]:
+        """Run ``request`` (priced in the caller's thread, then queued for its dataset's next group)."""
+        op = Op(request, self.domain.prepare(db, request))
+        self._combiner(db, request.dataset_id).run(self.run_group, db, request.dataset_id, op)
+        return _answered(op)
+
+    async def submit_async(self, db: Database, request: Request) -> dict[str, Any]:
+        """Run ``request`` from a coroutine (priced in a pricing thread, never on the event loop)."""
+        op = Op(request)
+        if not self.domain.prices_inline(request):
+            op.priced = await anyio.to_thread.run_sync(
+                self.domain.prepare, db, request, limiter=request.policy.limiter
+            )
+        await self._async_combiner(db, request.dataset_id).run(self.run_group, db, request.dataset_id, op)
+        return _answered(op)
+
+    def _combiner(self, db: Database, dataset_id: str) -> Combiner:
+        with self._lock:
+            registry = self._combiners.setdefault(db, {})
+            combiner = registry.get(dataset_id)
+            if combiner is None:
+                combiner = registry[dataset_id] = Combiner()
+            return combiner
+
+    def _async_combiner(self, db: Database, dataset_id: str) -> AsyncCombiner:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            by_db = self._async_combiners.setdefault(loop, weakref.WeakKeyDictionary())
+            registry = by_db.setdefault(db, {})
+            combiner = registry.get(dataset_id)
+            if combiner is None:
+                combiner = registry[dataset_id] = AsyncCombiner()
+            return combiner

@@ -19,11 +19,19 @@ from service.db.session import Database
 from service.ledger import pricing
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
-from service.ledger.spending.requests import AbortParams, CommitParams, Op, ReserveParams, SegmentParams
+from service.ledger.spending.requests import (
+    NOT_PRICED,
+    AbortParams,
+    CommitParams,
+    Priced,
+    Request,
+    ReserveParams,
+    SegmentParams,
+)
 from service.ledger.spending.store import batch_states, dataset_budget, known_dataset, load_reservations
 
 
-def _priced_event(op: Op) -> DpEvent | None:
+def _priced_event(op: Request) -> DpEvent | None:
     """The event ``op`` asks to price: a reservation's, a progressive commit's, the prefix a
     worker's abort says ran (else ``None``)."""
     if isinstance(op.params, ReserveParams):
@@ -35,7 +43,7 @@ def _priced_event(op: Op) -> DpEvent | None:
     return None
 
 
-def prices_inline(op: Op) -> bool:
+def prices_inline(op: Request) -> bool:
     """Whether ``op`` is priced in its group's worker thread, just before the transaction: it
     prices nothing, or little under a budget this process knows. Otherwise a coroutine prices it
     in a pricing thread before it joins the group, so it never delays the group."""
@@ -48,40 +56,38 @@ def prices_inline(op: Op) -> bool:
     return known is not None and pricing.work(known[1], [event]) <= pricing.INLINE_WORK
 
 
-def prepare(db: Database, op: Op) -> None:
-    """Bound, meter and price ``op``'s charge, outside any transaction (once per op).
+def prepare(db: Database, op: Request) -> Priced:
+    """Bound, meter and price ``op``'s charge, outside any transaction (once per request).
 
     The work (event nodes × the budget's orders) is checked against ``op.policy.max_work``
     (``InvalidInput`` naming ``event``) and handed to ``op.policy.meter`` (which may refuse)
-    before anything is computed. Then a dry run of the rule fills ``op.memo`` with every
+    before anything is computed. Then a dry run of the rule fills the memo (``Priced.memo``) with every
     state-independent price; the spend transaction decides with the same memo (``rules.pricing``),
     on the states it reads under the lock. The dry run decides nothing: a refusal it meets is
     left for the transaction, except a refusal of the event itself (invalid, unsupported, or a
     parallel read that costs nothing), which no state changes.
     """
-    if op.prepared:
-        return
-    op.prepared = True
     if isinstance(op.params, SegmentParams):
         _price_segment(db, op, op.params)
-        return
+        return NOT_PRICED
     event = _priced_event(op)
     if event is None:
-        return
+        return NOT_PRICED
     tenant_id, budget = dataset_budget(db, op.dataset_id)
     if tenant_id != op.tenant_id:
         raise NotFound("dataset", op.dataset_id)
     units = pricing.check_work(budget, [event], op.policy.max_work)
     memo = PriceMemo(budget)
+    reserved_event = None
     with op.policy.metered(units), rules.pricing(memo):
         if isinstance(op.params, ReserveParams):
             _dry_reserve(db, op, budget, op.params)
         elif isinstance(op.params, CommitParams | AbortParams):  # a progressive commit, a worker's prefix
-            _dry_commit(db, op, budget, op.params.reservation_id, event)
-    op.memo = memo
+            reserved_event = _dry_commit(db, op, budget, op.params.reservation_id, event)
+    return Priced(memo, reserved_event)
 
 
-def _price_segment(db: Database, op: Op, params: SegmentParams) -> None:
+def _price_segment(db: Database, op: Request, params: SegmentParams) -> None:
     """Bound and meter a plan segment's PRV (``pricing.check_work``, naming ``plan``), then
     compute it: ``prices.plan_epsilon`` remembers it, so the declaration under the lock is a
     lookup. Refusals that depend on the budget are decided in the transaction."""
@@ -108,7 +114,7 @@ def _dry_run(decide: Any, *args: Any, event_errors: bool) -> None:
             raise rule_error(exc, "") from exc
 
 
-def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) -> None:
+def _dry_reserve(db: Database, op: Request, budget: Budget, params: ReserveParams) -> None:
     states = [BatchState.empty()]
     if budget.plan is not None:
         # A declared plan prices the plan's prefix up to each batch's position: read them.
@@ -121,17 +127,21 @@ def _dry_reserve(db: Database, op: Op, budget: Budget, params: ReserveParams) ->
         _dry_run(rules.reserve, budget, state, params.charge, event_errors=True)
 
 
-def _dry_commit(db: Database, op: Op, budget: Budget, reservation_id: str, partial: DpEvent) -> None:
+def _dry_commit(
+    db: Database, op: Request, budget: Budget, reservation_id: str, partial: DpEvent
+) -> tuple[dict[str, Any], DpEvent] | None:
+    """Price a progressive commit (or a worker's prefix) on the classes' states at reserve: the
+    reservation's event as parsed (``Priced.reserved_event``), or ``None``."""
     with db.session(readonly=True) as session:
         r = load_reservations(session.connection(), [reservation_id]).get(reservation_id)
     if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
-        return  # refused in the transaction
+        return None  # refused in the transaction
     try:
         reserved = ev.from_json(r.event)
     except EventValidationError:
-        return
-    op.reserved_event = (r.event, reserved)
+        return None
     charge = Charge(reserved, r.noise_commitment)
     for c in r.classes:  # on the states they were reserved from: the prices are state-independent
         state = BatchState.from_json(c.state_at_reserve)
         _dry_run(rules.commit, budget, state, charge, c.reserved, c.committed, partial, event_errors=False)
+    return (r.event, reserved)

@@ -1,7 +1,9 @@
 """What a caller asks of the spend transactions: parsed input and the operations it becomes.
 
 Parsing refuses bad input before anything is locked (``InvalidInput`` names the field and the
-value); an ``Op`` is one reserve, commit, abort or expiry waiting for (or holding) its answer.
+value); a ``Request`` is one reserve, commit, abort, expiry or plan segment asked for (frozen),
+``Priced`` what pricing it before the transaction found, and an ``Op`` the engine's queue entry
+waiting for (or holding) its answer.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Final
@@ -178,9 +180,11 @@ class SegmentParams:
 Params = ReserveParams | CommitParams | AbortParams | ExtendParams | ExpireParams | SegmentParams
 
 
-@dataclass(eq=False)
-class Op:
-    """One spend operation waiting for (or holding) its answer."""
+@dataclass(frozen=True)
+class Request:
+    """What a caller asks of the spend transactions, parsed and immutable: the operation, whose
+    (tenant) and where (dataset), when, its parameters, and its idempotency key with the hash of
+    the request that key stands for (``keyed``)."""
 
     operation: str
     tenant_id: str
@@ -190,27 +194,44 @@ class Op:
     key: str | None = None
     digest: str = ""
     policy: pricing.Policy = pricing.DEFAULT_POLICY
-    # Set by ``prices.prepare``, before the spend transaction: the charge's prices, and for a
-    # progressive commit the reservation's event as parsed then (it never changes).
-    prepared: bool = False
-    memo: PriceMemo | None = None
-    reserved_event: tuple[dict[str, Any], DpEvent] | None = None
-    done: bool = False
-    response: dict[str, Any] | None = None
-    error: BaseException | None = None
-    wake: threading.Event | None = field(default=None, repr=False)  # a sync caller's (``engine.Combiner``)
 
     @property
     def status_code(self) -> int:
         """The HTTP status of its first answer: 201 for a new reservation or plan segment, else 200."""
         return 201 if self.operation in ("reserve", "declare_segment") else 200
 
+
+@dataclass(frozen=True)
+class Priced:
+    """What pricing a request outside any transaction found (``spending.prices.prepare``): the
+    charge's state-independent prices (``memo``), and for a progressive commit the reservation's
+    event as parsed then (``reserved_event``: its document and the event; it never changes)."""
+
+    memo: PriceMemo | None = None
+    reserved_event: tuple[dict[str, Any], DpEvent] | None = None
+
+
+NOT_PRICED: Final = Priced()
+
+
+@dataclass(eq=False)
+class Op:
+    """One request queued for the spend transactions (``spending.engine``): the request, its
+    prices once prepared, and its answer once decided."""
+
+    request: Request
+    priced: Priced | None = None  # set once, before the transaction (``prepare``)
+    done: bool = False
+    response: dict[str, Any] | None = None
+    error: BaseException | None = None
+    wake: threading.Event | None = field(default=None, repr=False)  # a sync caller's (``engine.Combiner``)
+
     def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
         self.response, self.error, self.done = response, error, True
 
 
-def keyed(op: Op, key: str | None, request: Mapping[str, Any]) -> Op:
-    """``op`` bound to its idempotency key and the request that key stands for."""
-    op.key = idempotency.check_key(key)
-    op.digest = idempotency.request_hash(op.operation, request) if op.key is not None else ""
-    return op
+def keyed(request: Request, key: str | None, body: Mapping[str, Any]) -> Request:
+    """``request`` bound to its idempotency key and the request body that key stands for."""
+    checked = idempotency.check_key(key)
+    digest = idempotency.request_hash(request.operation, body) if checked is not None else ""
+    return replace(request, key=checked, digest=digest)

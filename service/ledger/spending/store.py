@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from sqlalchemy import (
     Column,
     ColumnElement,
     Connection,
+    Engine,
     Integer,
     MetaData,
     Table,
@@ -33,10 +35,11 @@ from sqlalchemy import (
     tuple_,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from accountant.canonical import canonical_bytes
-from accountant.exact import ZERO, exact_add, exact_sub, to_text
+from accountant.exact import ZERO, exact_add, exact_sub
 from accountant.rules import BatchState, Budget, Cost
 from service.db.base import utcnow
 from service.db.models import (
@@ -53,12 +56,12 @@ from service.db.models import (
     ReservationClass,
     Task,
 )
-from service.db.session import Database, lock_ledger_head, pipelined
+from service.db.session import LEDGER_HEAD_COLUMNS, Database, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.signing import SigningKey
-from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, ExtendParams, Op
+from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, ExtendParams, Request
 
 EXPIRE_PER_TRANSACTION: Final = 500
 
@@ -126,85 +129,44 @@ _RESERVATION_COLUMNS: Final = (
 
 
 # Statements of the spend transaction, built once: each execution reuses the compiled form.
-_LOAD_RESERVATIONS: Final = select(*_RESERVATION_COLUMNS).where(
-    Reservation.id.in_(bindparam("ids", expanding=True))
+_CLASS_COLUMNS: Final = (
+    ReservationClass.index.label("class_index"),
+    ReservationClass.state_at_reserve.label("class_state_at_reserve"),
+    ReservationClass.cost.label("class_cost"),
+    ReservationClass.committed.label("class_committed"),
+    ReservationClass.batches.label("class_batches"),
 )
-_LOAD_CLASSES: Final = (
-    select(*ReservationClass.__table__.columns)
-    .where(ReservationClass.reservation_id.in_(bindparam("ids", expanding=True)))
-    .order_by(ReservationClass.reservation_id, ReservationClass.index)
+# A reservation and its classes in one query: one row per class (nothing per batch).
+_LOAD_WITH_CLASSES: Final = (
+    select(*_RESERVATION_COLUMNS, *_CLASS_COLUMNS)
+    .outerjoin(ReservationClass, ReservationClass.reservation_id == Reservation.id)
+    .where(Reservation.id.in_(bindparam("ids", expanding=True)))
+    .order_by(Reservation.id, ReservationClass.index)
 )
+_RESERVATION_NAMES: Final = tuple(c.key for c in _RESERVATION_COLUMNS)
 
 
 def load_reservations(connection: Connection, reservation_ids: Iterable[str]) -> dict[str, Loaded]:
-    """Reservations with their classes, in two queries (nothing per batch)."""
+    """Reservations with their classes, in one query (one row per class, nothing per batch)."""
     ids = sorted(set(reservation_ids))
     if not ids:
         return {}
-    rows = connection.execute(_LOAD_RESERVATIONS, {"ids": ids}).all()
-    classes: dict[str, list[HeldClass]] = {}
-    for c in connection.execute(_LOAD_CLASSES, {"ids": ids}):
-        classes.setdefault(c.reservation_id, []).append(
-            HeldClass(
-                index=c._mapping["index"],  # ``Row.index`` is the tuple method
-                state_at_reserve=c.state_at_reserve,
-                reserved=Cost.from_json(c.cost),
-                committed=None if c.committed is None else Cost.from_json(c.committed),
-                batches=c.batches,
+    found: dict[str, tuple[Any, list[HeldClass]]] = {}
+    for row in connection.execute(_LOAD_WITH_CLASSES, {"ids": ids}):
+        _, classes = found.setdefault(row.id, (row, []))
+        if row.class_index is not None:
+            classes.append(
+                HeldClass(
+                    index=row.class_index,
+                    state_at_reserve=row.class_state_at_reserve,
+                    reserved=Cost.from_json(row.class_cost),
+                    committed=None if row.class_committed is None else Cost.from_json(row.class_committed),
+                    batches=row.class_batches,
+                )
             )
-        )
-    names = [c.key for c in _RESERVATION_COLUMNS]
     return {
-        row.id: Loaded(**{n: getattr(row, n) for n in names}, classes=tuple(classes.get(row.id, ())))
-        for row in rows
-    }
-
-
-def cost_json(epsilon: Decimal, delta: Decimal) -> dict[str, str]:
-    return {"epsilon": to_text(epsilon), "delta": to_text(delta)}
-
-
-def batch_cost_json(batch_id: str, cost: Cost) -> dict[str, Any]:
-    return {"id": batch_id, **_cost_fields(cost)}
-
-
-def _cost_fields(cost: Cost) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "epsilon": to_text(cost.epsilon),
-        "delta": to_text(cost.delta),
-        "naive_epsilon": to_text(cost.naive_epsilon),
-    }
-    if cost.level is not None:
-        out["level"] = cost.level
-    if cost.replay:
-        out["replay"] = True
-    return out
-
-
-def class_cost_json(c: HeldClass) -> dict[str, Any]:
-    """One reservation class in an answer: its index, how many batches, and their reserved cost."""
-    return {"class": c.index, "batches": c.batches, **_cost_fields(c.reserved)}
-
-
-def reservation_json(r: Loaded) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "dataset_id": r.dataset_id,
-        "status": r.status,
-        "cost": cost_json(r.epsilon, r.delta),
-        "committed": cost_json(r.committed_epsilon, r.committed_delta),
-        "commits": r.commits,
-        "noise_commitment": r.noise_commitment,
-        "expires_at": r.expires_at.isoformat(),
-        "created_at": r.created_at.isoformat(),
-        "closed_at": r.closed_at.isoformat() if r.closed_at is not None else None,
-        # Per reservation class, never per batch: the batches are paged by
-        # GET /v1/reservations/{id}/batches and committed to by ``batch_set``.
-        "batches": {
-            "count": r.batches,
-            "batch_set": r.batch_set,
-            "classes": [class_cost_json(c) for c in r.classes],
-        },
+        rid: Loaded(**{n: getattr(row, n) for n in _RESERVATION_NAMES}, classes=tuple(classes))
+        for rid, (row, classes) in found.items()
     }
 
 
@@ -220,19 +182,83 @@ def state_id(dataset_id: str, state: BatchState) -> str:
     return "bs_" + digest[:37]
 
 
+class StateCache:
+    """What this process knows of batch states, so that a spend reads and writes no
+    ``batch_states`` row it does not need.
+
+    * ``parsed``: state id -> state. A state id names its content (``state_id``: a hash of the
+      dataset id and the canonical JSON), so the entry is true in every database and forever:
+      a state read or interned once is never read or parsed again (bounded, least recently used).
+    * ``stored``: per database (engine), the state ids whose row is *committed*: added when a
+      transaction that wrote them has committed (``Work.committed``) or when a row is read. Rows
+      of ``batch_states`` are never deleted, so an entry stays true; a state not known here is
+      written with ``INSERT … ON CONFLICT DO NOTHING`` (one statement, no read first).
+    """
+
+    SIZE: Final = 65_536
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.parsed: OrderedDict[str, BatchState] = OrderedDict()
+        self.stored: weakref.WeakKeyDictionary[Engine, OrderedDict[str, None]] = weakref.WeakKeyDictionary()
+
+    def get(self, sid: str) -> BatchState | None:
+        with self.lock:
+            state = self.parsed.get(sid)
+            if state is not None:
+                self.parsed.move_to_end(sid)
+            return state
+
+    def put(self, sid: str, state: BatchState) -> None:
+        with self.lock:
+            self.parsed[sid] = state
+            if len(self.parsed) > self.SIZE:
+                self.parsed.popitem(last=False)
+
+    def is_stored(self, engine: Engine, sid: str) -> bool:
+        with self.lock:
+            known = self.stored.get(engine)
+            return known is not None and sid in known
+
+    def mark_stored(self, engine: Engine, sids: Iterable[str]) -> None:
+        with self.lock:
+            known = self.stored.setdefault(engine, OrderedDict())
+            for sid in sids:
+                known[sid] = None
+            while len(known) > self.SIZE:
+                known.popitem(last=False)
+
+
+STATES: Final = StateCache()
+
+
+def parse_states(rows: Iterable[Any]) -> dict[str, BatchState]:
+    """``{id: state}`` of ``(id, state JSON)`` rows, each parsed once per process (``STATES``)."""
+    out: dict[str, BatchState] = {}
+    for sid, document in rows:
+        state = STATES.get(sid)
+        if state is None:
+            state = BatchState.from_json(document)
+            STATES.put(sid, state)
+        out[sid] = state
+    return out
+
+
 @dataclass
 class Selection:
     """The batches one reservation reads, grouped by their current state: ``counts[state id]``,
     the tasks with batches in each state, the reservation's batch count and ``batch_set``, and the
-    predicate that selects them (``where``) for the set-based writes."""
+    predicate that selects them (``scope``) for the set-based writes."""
 
-    where: ColumnElement[bool]
+    scope: Scope
     counts: dict[str, int]
     tasks: dict[str, set[str]]
     classes: dict[str, int]  # state id -> reservation class index (first appearance, by batch id)
     batch_set: str
     positions: list[tuple[str, int]] | None  # explicitly named batches: (id, place in request)
     example: dict[str, str]  # state id -> a batch in it (the first named), for error messages
+    named: dict[str, str] | None = None  # explicitly named batches: batch id -> state id
+    members: dict[str, list[str]] | None = None  # state id -> its batches (a small charge only)
 
     @property
     def batches(self) -> int:
@@ -274,12 +300,32 @@ def state_groups(rows: Iterable[Any]) -> list[StateGroup]:
 
 @dataclass(frozen=True)
 class Move:
-    """Batches (``where``) in state ``source`` go to ``target``; ``tasks`` are their tasks."""
+    """Batches in state ``source`` go to ``target``; ``tasks`` are their tasks, ``batch_ids``
+    the batches when a small charge knows them (``SMALL_CHARGE``: the move is then kept in the
+    transaction's overlay and written once by ``flush``), else ``None`` (one set-based UPDATE)."""
 
     source: str
     target: BatchState
     count: int
     tasks: frozenset[str]
+    batch_ids: tuple[str, ...] | None = None
+
+
+class Group(NamedTuple):
+    """Batches of a reservation class in one current state: how many, their tasks, and (for a
+    small reservation) which."""
+
+    state_id: str
+    batches: int
+    tasks: frozenset[str]
+    batch_ids: tuple[str, ...] | None
+
+
+# A charge over at most this many batches is decided on its batches' ids: its moves go to the
+# transaction's overlay (``Work.overlay``) and are written once, at ``flush``, pipelined with the
+# other writes — a group of spends on the same few batches rewrites each pointer once, not once
+# per spend, and pays no round trip per spend for it. A larger charge moves by set statements.
+SMALL_CHARGE: Final = 256
 
 
 # ---------------------------------------------------------------------------------------------
@@ -307,6 +353,32 @@ class Head:
     last_release_at: datetime | None = None
 
 
+# The ledger head (``service.db.session.lock_ledger_head``) and, in the same statement, when the
+# dataset's next open reservation expires (the partial index ``ix_reservations_open_dataset_id_
+# expires_at``): the due reservations are read only when one is due, not by every spend.
+_NEXT_EXPIRY: Final = (
+    select(func.min(Reservation.expires_at))
+    .where(Reservation.dataset_id == Dataset.id, Reservation.status == "reserved")
+    .scalar_subquery()
+    .label("next_expiry")
+)
+_HEAD_AND_EXPIRY: Final = select(*LEDGER_HEAD_COLUMNS, _NEXT_EXPIRY).where(
+    Dataset.id == bindparam("dataset_id")
+)
+_SPEND_HEAD: Final = {
+    "sqlite": _HEAD_AND_EXPIRY,  # BEGIN IMMEDIATE holds the write lock already
+    "postgresql": _HEAD_AND_EXPIRY.with_for_update(of=Dataset),
+}
+
+
+def _aware(value: Any) -> datetime | None:
+    """A timestamp read by an aggregate (no column type applies): aware UTC, or ``None``."""
+    if value is None:
+        return None
+    at: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
 _LOAD_STATES: Final = select(BatchStateRow.id, BatchStateRow.state).where(
     BatchStateRow.id.in_(bindparam("ids", expanding=True))
 )
@@ -316,12 +388,46 @@ _TASKS_OF_DATASET: Final = select(Task.id).where(
 _TASK_AGGREGATES: Final = select(Task.id, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
     Task.id.in_(bindparam("ids", expanding=True))
 )
+# With each task's aggregates (read under the lock, so a charge that raises them needs no
+# second read): one row per (class, state, task).
 _RESERVATION_GROUPS: Final = (
-    select(ReservationBatch.class_index, Batch.state_id, Batch.task_id, func.count())
+    select(
+        ReservationBatch.class_index,
+        Batch.state_id,
+        Batch.task_id,
+        func.count(),
+        Task.epsilon_spent,
+        Task.delta_spent,
+        Task.naive_epsilon,
+    )
     .join(Batch, Batch.id == ReservationBatch.batch_id)
+    .join(Task, Task.id == Batch.task_id)
     .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
-    .group_by(ReservationBatch.class_index, Batch.state_id, Batch.task_id)
+    .group_by(
+        ReservationBatch.class_index,
+        Batch.state_id,
+        Batch.task_id,
+        Task.epsilon_spent,
+        Task.delta_spent,
+        Task.naive_epsilon,
+    )
 )
+# The same per batch, for a small reservation (``SMALL_CHARGE``).
+_RESERVATION_MEMBERS: Final = (
+    select(
+        ReservationBatch.class_index,
+        Batch.id,
+        Batch.state_id,
+        Batch.task_id,
+        Task.epsilon_spent,
+        Task.delta_spent,
+        Task.naive_epsilon,
+    )
+    .join(Batch, Batch.id == ReservationBatch.batch_id)
+    .join(Task, Task.id == Batch.task_id)
+    .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
+)
+_REPOINT: Final = update(Batch).where(Batch.id == bindparam("batch")).values(state_id=bindparam("state"))
 _STATE_GROUPS: Final = (
     select(Batch.state_id, Batch.task_id, func.count(), func.min(Batch.id))
     .where(Batch.dataset_id == bindparam("dataset_id"))
@@ -330,7 +436,12 @@ _STATE_GROUPS: Final = (
 # Executed on the transaction's Connection with one parameter set per row (executemany): plain
 # Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
 # implicit RETURNING of generated keys), so the writes can be sent pipelined (``flush``).
-_INSERT_STATES: Final = insert(BatchStateRow).inline()
+# A state row is written unless it exists: no read first, and a concurrent writer of the same
+# state (same content, same id) is no conflict.
+_INSERT_NEW_STATE: Final = {
+    "postgresql": postgresql.insert(BatchStateRow).on_conflict_do_nothing(index_elements=["id"]),
+    "sqlite": sqlite.insert(BatchStateRow).on_conflict_do_nothing(index_elements=["id"]),
+}
 _INSERT_RESERVATIONS: Final = insert(Reservation).inline()
 _INSERT_RESERVATION_CLASSES: Final = insert(ReservationClass).inline()
 _INSERT_RESERVATION_BATCHES: Final = insert(ReservationBatch).inline()
@@ -385,13 +496,67 @@ STATE_MAP: Final = Table(
 )
 
 
-def members_of(reservation_id: str, class_index: int) -> ColumnElement[bool]:
-    """The predicate on ``batches`` of the batches of one reservation class."""
-    return Batch.id.in_(
+# Which batches a statement of the spend transaction touches, as predicates with bound
+# parameters: the statements are built once and compiled once (a statement built per spend cost
+# more CPU than its execution). None tests ``batches.dataset_id``: each names batches already
+# checked to be the dataset's, and that test would let the planner (SQLite's) walk every batch
+# of the dataset by its index instead of the few named.
+_SCOPES: Final[dict[str, ColumnElement[bool]]] = {
+    "batches": Batch.id.in_(bindparam("scope_ids", expanding=True)),
+    "tasks": Batch.task_id.in_(bindparam("scope_ids", expanding=True)),
+    "members": Batch.id.in_(
         select(ReservationBatch.batch_id).where(
-            ReservationBatch.reservation_id == reservation_id, ReservationBatch.class_index == class_index
+            ReservationBatch.reservation_id == bindparam("scope_reservation"),
+            ReservationBatch.class_index == bindparam("scope_class"),
         )
-    )
+    ),
+    "dataset": Batch.dataset_id == bindparam("scope_dataset"),
+}
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Batches of the locked dataset a statement touches: ``kind`` names the predicate (named
+    batches, the batches of tasks, of a reservation class, or all of the dataset) and ``params``
+    its bound values."""
+
+    kind: str
+    params: Mapping[str, Any]
+
+    @property
+    def where(self) -> ColumnElement[bool]:
+        return _SCOPES[self.kind]
+
+
+def members_of(reservation_id: str, class_index: int) -> Scope:
+    """The batches of one reservation class."""
+    return Scope("members", {"scope_reservation": reservation_id, "scope_class": class_index})
+
+
+def whole_dataset(dataset_id: str) -> Scope:
+    return Scope("dataset", {"scope_dataset": dataset_id})
+
+
+_MOVE_FROM_ONE: Final = {
+    kind: update(Batch)
+    .where(Batch.state_id == bindparam("source"), where)
+    .values(state_id=bindparam("target"))
+    for kind, where in _SCOPES.items()
+}
+_MOVE_THROUGH_MAP: Final = {
+    kind: update(Batch)
+    .where(Batch.state_id == STATE_MAP.c.state_id, where)
+    .values(state_id=STATE_MAP.c.target)
+    for kind, where in _SCOPES.items()
+}
+_SELECT_BATCHES: Final = {
+    (kind, dialect): select(Batch.id, Batch.state_id, Batch.task_id)
+    .where(*([Batch.dataset_id == bindparam("dataset_id")] if kind == "batches" else []), _SCOPES[kind])
+    .order_by(Batch.id.collate("C") if dialect == "postgresql" else Batch.id)
+    .execution_options(yield_per=50_000)
+    for kind in ("batches", "tasks")
+    for dialect in ("postgresql", "sqlite")
+}
 
 
 @dataclass
@@ -410,7 +575,11 @@ class Work:
     head: Head
     budget: Budget
     states: dict[str, BatchState] = field(default_factory=dict)  # by state id, as loaded
-    stored_states: set[str] = field(default_factory=set)  # state ids known to have a row
+    written_states: set[str] = field(default_factory=set)  # state rows this transaction writes
+    new_states: list[dict[str, Any]] = field(default_factory=list)  # written by ``flush``
+    overlay: dict[str, str] = field(default_factory=dict)  # batch id -> state id, not yet written
+    _interned: dict[int, str] = field(default_factory=dict)  # id(state) -> state id
+    _interned_objects: dict[int, BatchState] = field(default_factory=dict)  # keeps ids unique
     tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
     reservations: dict[str, Loaded] = field(default_factory=dict)
     dirty_reservations: set[str] = field(default_factory=set)
@@ -419,8 +588,11 @@ class Work:
     released: set[tuple[str, str, str]] = field(default_factory=set)
     certificates: list[dict[str, Any]] = field(default_factory=list)
     idempotency: list[dict[str, Any]] = field(default_factory=list)
+    new_reservations: list[Loaded] = field(default_factory=list)  # written by ``flush``
+    new_reservation_batches: list[dict[str, Any]] = field(default_factory=list)  # named ones
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     expired_on_open: int = 0  # due reservations expired as the transaction opened
+    next_expiry: datetime | None = None  # of the dataset's open reservations, read with the head
     budget_grown: bool = False  # a plan segment was declared: the budget is written with the head
     # The server's active signing key, asked for only when an abort or an expiry issues a
     # certificate (a commit carries its own: ``CommitParams.signer``).
@@ -429,11 +601,14 @@ class Work:
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
         """The work of a spend transaction on the dataset, its ledger head locked (``None``: no
-        such dataset)."""
-        row = lock_ledger_head(connection, dataset_id)
+        such dataset), with when its next open reservation expires (same statement)."""
+        statement = _SPEND_HEAD[connection.dialect.name]
+        row = connection.execute(statement, {"dataset_id": dataset_id}).one_or_none()
         if row is None:
             return None
-        head = Head(**row._asdict())
+        values = row._asdict()
+        next_expiry = values.pop("next_expiry")
+        head = Head(**values)
         # The head's segment count says which budget is current: a budget another process grew
         # by a plan segment since this one cached it is read again.
         budget = cached_budget(
@@ -441,14 +616,16 @@ class Work:
             lambda: connection.scalar(_BUDGET, {"dataset_id": dataset_id}),
             segments=head.plan_segments,
         )
-        return cls(connection, head, budget)
+        work = cls(connection, head, budget)
+        work.next_expiry = _aware(next_expiry)
+        return work
 
     # -- loading -------------------------------------------------------------------------------
 
-    def load_for(self, ops: Iterable[Op], reservation_ids: Iterable[str]) -> None:
-        """Load the reservations ``ops`` decide on, and ``reservation_ids``."""
+    def load_for(self, requests: Iterable[Request], reservation_ids: Iterable[str]) -> None:
+        """Load the reservations ``requests`` decide on, and ``reservation_ids``."""
         wanted = set(reservation_ids)
-        for op in ops:
+        for op in requests:
             params = op.params
             if isinstance(params, CommitParams | AbortParams | ExtendParams):
                 wanted.add(params.reservation_id)
@@ -462,17 +639,26 @@ class Work:
         )
 
     def state(self, state_id: str) -> BatchState:
-        """The state stored under ``state_id`` (read once per transaction)."""
+        """The state stored under ``state_id`` (read once per process: ``STATES``)."""
         if state_id not in self.states:
             self.load_states([state_id])
         return self.states[state_id]
 
     def load_states(self, ids: Iterable[str]) -> None:
-        wanted = sorted({i for i in ids if i not in self.states})
+        """The states of ``ids`` (pointers read from batch rows, so their rows exist): from the
+        process's cache, the others read in one query."""
+        wanted = []
+        for sid in sorted({i for i in ids if i not in self.states}):
+            state = STATES.get(sid)
+            if state is None:
+                wanted.append(sid)
+            else:
+                self.states[sid] = state
         if wanted:
-            for row in self.connection.execute(_LOAD_STATES, {"ids": wanted}):
-                self.states[row.id] = BatchState.from_json(row.state)
-                self.stored_states.add(row.id)
+            rows = self.connection.execute(_LOAD_STATES, {"ids": wanted})
+            read = parse_states((row.id, row.state) for row in rows)
+            self.states.update(read)
+            STATES.mark_stored(self.connection.engine, read)  # not ours (ours are in ``states``)
 
     def select(self, selector: str, ids: Sequence[str], most: int) -> Selection:
         """The batches a reservation reads (``selector`` ``"batches"`` or ``"tasks"``), grouped
@@ -483,22 +669,17 @@ class Work:
         running SHA-256 (``batch_set``), not as a list: memory grows with the distinct states
         and tasks, not with the batches."""
         dataset_id = self.head.id
-        if selector == "batches":
-            where = Batch.id.in_(list(ids))
-        else:
+        scope = Scope(selector, {"scope_ids": list(ids)})
+        if selector == "tasks":
             found = set(
                 self.connection.scalars(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
             )
             for task_id in ids:
                 if task_id not in found:
                     raise NotFound("task", task_id)
-            where = Batch.task_id.in_(list(ids))
-        order = Batch.id.collate("C") if self.connection.dialect.name == "postgresql" else Batch.id
         result = self.connection.execute(
-            select(Batch.id, Batch.state_id, Batch.task_id)
-            .where(Batch.dataset_id == dataset_id, where)
-            .order_by(order)
-            .execution_options(yield_per=50_000)
+            _SELECT_BATCHES[(selector, self.connection.dialect.name)],
+            {**scope.params, "dataset_id": dataset_id},  # a named batch may be another dataset's
         )
         counts: dict[str, int] = {}
         tasks: dict[str, set[str]] = {}
@@ -507,9 +688,13 @@ class Work:
         example: dict[str, str] = {}  # state -> its first batch (named in errors)
         digest = hashlib.sha256()
         total = 0
+        overlay = self.overlay
+        members: dict[str, list[str]] | None = {}
         for part in result.partitions():
             lines = []
             for batch_id, state_id_, task_id in part:
+                if overlay:
+                    state_id_ = overlay.get(batch_id, state_id_)
                 index = classes.get(state_id_)
                 if index is None:
                     index = classes[state_id_] = len(classes)
@@ -520,8 +705,12 @@ class Work:
                 tasks[state_id_].add(task_id)
                 if named is not None:
                     named[batch_id] = state_id_
+                if members is not None:
+                    members.setdefault(state_id_, []).append(batch_id)
             digest.update("".join(lines).encode())
             total += len(part)
+            if total > SMALL_CHARGE:
+                members = None
             if total > most:
                 raise InvalidInput("tasks", f"cover more than {most} batches.")
         if named is not None:
@@ -534,37 +723,57 @@ class Work:
         if not total:
             raise InvalidInput("tasks", "the tasks have no batches.")
         positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
-        return Selection(where, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example)
+        return Selection(
+            scope, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named, members
+        )
 
-    def groups(self, reservation_id: str) -> dict[int, list[tuple[str, int, frozenset[str]]]]:
-        """``{class index: [(current state id, batches, their tasks)]}`` of a reservation: one
-        aggregate query over its batches, one row per (class, state, task)."""
-        found: dict[tuple[int, str], tuple[int, set[str]]] = {}
-        for index, state_id_, task_id, count in self.connection.execute(
-            _RESERVATION_GROUPS, {"reservation_id": reservation_id}
-        ):
-            total, tasks = found.get((index, state_id_), (0, set()))
-            tasks.add(task_id)
-            found[(index, state_id_)] = (total + count, tasks)
+    def groups(self, reservation_id: str, batches: int) -> dict[int, list[Group]]:
+        """``{class index: [Group]}`` of a reservation over ``batches`` batches, by current
+        state: one query over its batches — per batch for a small reservation (``SMALL_CHARGE``:
+        the groups then name their batches, and the transaction's overlay applies), else one
+        aggregate row per (class, state, task) — with each task's maxima."""
+        found: dict[tuple[int, str], tuple[int, set[str], list[str]]] = {}
+        small = batches <= SMALL_CHARGE
+        if small:
+            rows = self.connection.execute(_RESERVATION_MEMBERS, {"reservation_id": reservation_id})
+            overlay = self.overlay
+            for index, batch_id, state_id_, task_id, *spent in rows:
+                state_id_ = overlay.get(batch_id, state_id_)
+                self.tasks.setdefault(task_id, tuple(spent))  # an earlier op's raise stays
+                total, tasks, ids = found.get((index, state_id_), (0, set(), []))
+                tasks.add(task_id)
+                ids.append(batch_id)
+                found[(index, state_id_)] = (total + 1, tasks, ids)
+        else:
+            self.write_overlay()  # the aggregate reads the pointers
+            aggregated = self.connection.execute(_RESERVATION_GROUPS, {"reservation_id": reservation_id})
+            for index, state_id_, task_id, count, *spent in aggregated:
+                self.tasks.setdefault(task_id, tuple(spent))
+                total, tasks, ids = found.get((index, state_id_), (0, set(), []))
+                tasks.add(task_id)
+                found[(index, state_id_)] = (total + count, tasks, ids)
         self.load_states(state for _, state in found)
-        out: dict[int, list[tuple[str, int, frozenset[str]]]] = {}
-        for (index, state_id_), (count, tasks) in sorted(found.items()):
-            out.setdefault(index, []).append((state_id_, count, frozenset(tasks)))
+        out: dict[int, list[Group]] = {}
+        for (index, state_id_), (count, tasks, ids) in sorted(found.items()):
+            out.setdefault(index, []).append(
+                Group(state_id_, count, frozenset(tasks), tuple(ids) if small else None)
+            )
         return out
 
     def dataset_groups(self) -> list[tuple[str, int, frozenset[str]]]:
         """``[(state id, batches, their tasks)]`` over every batch of the dataset: one aggregate
         query, one row per (state, task) (``state_groups``)."""
+        self.write_overlay()
         groups = state_groups(self.connection.execute(*state_groups_query(self.head.id)))
         self.load_states(g.state_id for g in groups)
         return [(g.state_id, g.batches, g.tasks) for g in groups]
 
-    def example_batch(self, state_id_: str, where: ColumnElement[bool] | None = None) -> str:
-        """A batch in state ``state_id_`` (of those ``where`` selects), to name in an error."""
-        query = select(func.min(Batch.id)).where(
-            Batch.dataset_id == self.head.id, Batch.state_id == state_id_
-        )
-        return str(self.connection.scalar(query if where is None else query.where(where)))
+    def example_batch(self, state_id_: str, scope: Scope | None = None) -> str:
+        """A batch in state ``state_id_`` (of those ``scope`` selects), to name in an error."""
+        scope = scope or whole_dataset(self.head.id)
+        self.write_overlay()
+        query = select(func.min(Batch.id)).where(Batch.state_id == bindparam("state"), scope.where)
+        return str(self.connection.scalar(query, {**scope.params, "state": state_id_}))
 
     # -- applying --------------------------------------------------------------------------------
 
@@ -573,44 +782,54 @@ class Work:
         self.events.append((event, at))
 
     def intern(self, state: BatchState, at: datetime) -> str:
-        """The id of ``state``'s row, written if it is new."""
-        sid = state_id(self.head.id, state)
-        if sid not in self.stored_states:
-            self.load_states([sid])
-            if sid not in self.stored_states:
-                self.connection.execute(
-                    _INSERT_STATES,
-                    [{"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}],
-                )
-                self.stored_states.add(sid)
-            self.states[sid] = state
+        """The id of ``state``'s row, written unless this process knows it is stored (``STATES``):
+        one ``INSERT … ON CONFLICT DO NOTHING``, no read. An id is hashed once per state object
+        (``_interned``: the rules return the same object for the same settlement)."""
+        sid = self._interned.get(id(state))
+        if sid is None or self._interned_objects.get(id(state)) is not state:
+            sid = state_id(self.head.id, state)
+            self._interned[id(state)], self._interned_objects[id(state)] = sid, state
+        if sid not in self.written_states and not STATES.is_stored(self.connection.engine, sid):
+            # Written by ``flush``: no row is read in the transaction (no foreign key points here).
+            self.new_states.append(
+                {"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}
+            )
+            self.written_states.add(sid)
+        self.states.setdefault(sid, state)
+        STATES.put(sid, state)
         return sid
 
-    def move(self, where: ColumnElement[bool], moves: Sequence[Move], at: datetime) -> None:
-        """Move the batches ``where`` selects from each move's source state to its target, and
-        raise the task and dataset maxima. One UPDATE: from one state, with the target as a
-        literal; from several, through the transaction's state map (``_map_states``), so every
+    def committed(self) -> None:
+        """After the transaction committed: the states it wrote are stored (``STATES``)."""
+        if self.written_states:
+            STATES.mark_stored(self.connection.engine, self.written_states)
+
+    def move(self, scope: Scope, moves: Sequence[Move], at: datetime) -> None:
+        """Move the batches ``scope`` selects from each move's source state to its target, and
+        raise the task and dataset maxima. One prebuilt UPDATE: from one state, with the target as a
+        parameter; from several, through the transaction's state map (``_map_states``), so every
         batch is rewritten once from the state it was in (a move into another move's source
         state cannot move a batch twice) in time linear in the batches, however many states."""
         targets = {id(m): self.intern(m.target, at) for m in moves}  # each state hashed once
+        if all(m.batch_ids is not None for m in moves):  # a small charge: kept until ``flush``
+            for m in moves:
+                for batch_id in m.batch_ids or ():
+                    self.overlay[batch_id] = targets[id(m)]
+            for m in moves:
+                self._raise_maxima(self.state(m.source), m.target, m.tasks)
+            return
+        self.write_overlay()  # the set statement tests the pointers
         pending = {m.source: (targets[id(m)], m.count) for m in moves if targets[id(m)] != m.source}
         if len(pending) == 1:
             [(source, (target, expected))] = pending.items()
-            statement = (
-                update(Batch)
-                .where(Batch.dataset_id == self.head.id, Batch.state_id == source, where)
-                .values(state_id=target)
-            )
+            statement = _MOVE_FROM_ONE[scope.kind]
+            params = {**scope.params, "source": source, "target": target}
         elif pending:
             expected = sum(count for _, count in pending.values())
             self._map_states({source: (target, None) for source, (target, _) in pending.items()})
-            statement = (
-                update(Batch)
-                .where(Batch.dataset_id == self.head.id, Batch.state_id == STATE_MAP.c.state_id, where)
-                .values(state_id=STATE_MAP.c.target)
-            )
+            statement, params = _MOVE_THROUGH_MAP[scope.kind], dict(scope.params)
         if pending:
-            moved = self.connection.execute(statement).rowcount
+            moved = self.connection.execute(statement, params).rowcount
             if moved != expected:  # the head is locked: nothing else moves these batches
                 raise RuntimeError(f"moved {moved} batches out of {len(pending)} states, expected {expected}")
         for m in moves:
@@ -637,47 +856,24 @@ class Work:
                 self.dirty_tasks.add(task_id)
 
     def add_reservation(self, r: Loaded, selection: Selection) -> None:
-        """Write a new reservation, its classes and its batches (one narrow row each, by one
-        statement per class), before its batches move."""
+        """A new reservation, its classes and its batches (one narrow row each). Named batches
+        are written by ``flush`` with the group's other rows (no operation of the group can name
+        a reservation made in it: its id is answered after the commit); a task's batches by one
+        ``INSERT … SELECT`` now, before they move (their class is read from their state)."""
         self.reservations[r.id] = r
-        execute = self.connection.execute
-        execute(_INSERT_RESERVATIONS, [_reservation_row(r)])
-        execute(
-            _INSERT_RESERVATION_CLASSES,
-            [
-                {
-                    "reservation_id": r.id,
-                    "index": c.index,
-                    "state_at_reserve": c.state_at_reserve,
-                    "cost": c.reserved.to_json(),
-                    "committed": None,
-                    "batches": c.batches,
-                }
-                for c in r.classes
-            ],
-        )
+        self.new_reservations.append(r)
         if selection.positions is not None:
-            index_of = selection.classes
-            state_of = dict(
-                execute(
-                    select(Batch.id, Batch.state_id).where(Batch.dataset_id == self.head.id, selection.where)
-                ).all()
-            )
-            execute(
-                _INSERT_RESERVATION_BATCHES,
-                [
-                    {
-                        "reservation_id": r.id,
-                        "batch_id": b,
-                        "position": i,
-                        "class_index": index_of[state_of[b]],
-                    }
-                    for b, i in selection.positions
-                ],
+            assert selection.named is not None
+            index_of, state_of = selection.classes, selection.named
+            self.new_reservation_batches.extend(
+                {"reservation_id": r.id, "batch_id": b, "position": i, "class_index": index_of[state_of[b]]}
+                for b, i in selection.positions
             )
             return
+        self.write_overlay()  # the classes are read from the pointers
+        execute = self.connection.execute
         columns = ["reservation_id", "batch_id", "position", "class_index"]
-        chosen = (Batch.dataset_id == self.head.id, selection.where)
+        chosen = (Batch.task_id.in_(list(selection.scope.params["scope_ids"])),)  # checked by ``select``
         if len(selection.classes) == 1:  # the head is locked: every chosen batch is in its state
             rows = select(literal(r.id), Batch.id, Batch.position, literal(0)).where(*chosen)
         else:  # the class of each batch, from its state, through the state map
@@ -691,6 +887,18 @@ class Work:
         # an INSERT ... SELECT; the move that follows checks its count either way).
         if written not in (-1, selection.batches):
             raise RuntimeError(f"wrote {written} reservation batches, expected {selection.batches}")
+
+    def write_overlay(self, *, counted: bool = True) -> None:
+        """Write the pointers of the small charges' moves (``overlay``), one statement, and
+        check that each batch was written (``counted``: not in a pipeline, whose executemany
+        reports no count)."""
+        if not self.overlay:
+            return
+        rows = [{"batch": b, "state": sid} for b, sid in sorted(self.overlay.items())]
+        written = self.connection.execute(_REPOINT, rows).rowcount
+        if counted and written not in (-1, len(rows)):  # -1: a driver that does not sum them
+            raise RuntimeError(f"repointed {written} batches, expected {len(rows)}")
+        self.overlay.clear()
 
     def _map_states(self, mapping: Mapping[str, tuple[str | None, int | None]]) -> None:
         """Fill the connection's state map (``STATE_MAP``, a temporary table: created on first
@@ -730,7 +938,33 @@ class Work:
 
     def _write(self) -> None:
         execute = self.connection.execute
-        changed = [self.reservations[i] for i in sorted(self.dirty_reservations)]
+        if self.new_states:
+            execute(_INSERT_NEW_STATE[self.connection.dialect.name], self.new_states)
+        # The head is locked and each batch was read in this transaction; PostgreSQL's pipeline
+        # returns no count for an executemany.
+        self.write_overlay(counted=self.connection.dialect.name != "postgresql")
+        if self.new_reservations:
+            latest = [self.reservations[r.id] for r in self.new_reservations]
+            execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in latest])
+            execute(
+                _INSERT_RESERVATION_CLASSES,
+                [
+                    {
+                        "reservation_id": r.id,
+                        "index": c.index,
+                        "state_at_reserve": c.state_at_reserve,
+                        "cost": c.reserved.to_json(),
+                        "committed": None,
+                        "batches": c.batches,
+                    }
+                    for r in latest
+                    for c in r.classes
+                ],
+            )
+        if self.new_reservation_batches:
+            execute(_INSERT_RESERVATION_BATCHES, self.new_reservation_batches)
+        new = {r.id for r in self.new_reservations}
+        changed = [self.reservations[i] for i in sorted(self.dirty_reservations - new)]
         if changed:
             execute(
                 _UPDATE_RESERVATIONS,
@@ -901,10 +1135,17 @@ def batch_states(
 
 def read_states(db: Database, state_ids: Iterable[str]) -> dict[str, BatchState]:
     """``{state id: state}``, read outside the spend transaction; each distinct state parsed once."""
-    wanted = sorted(set(state_ids))
-    if not wanted:
-        return {}
-    return {row.id: BatchState.from_json(row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})}
+    out: dict[str, BatchState] = {}
+    wanted = []
+    for sid in sorted(set(state_ids)):
+        state = STATES.get(sid)
+        if state is None:
+            wanted.append(sid)
+        else:
+            out[sid] = state
+    if wanted:
+        out.update(parse_states((row.id, row.state) for row in db.read_all(_LOAD_STATES, {"ids": wanted})))
+    return out
 
 
 _DUE: Final = (
@@ -933,10 +1174,10 @@ def due_ids(connection: Connection, dataset_id: str, at: datetime) -> list[str]:
     return list(connection.scalars(_DUE, {"dataset_id": dataset_id, "at": at}))
 
 
-def stored_answers(connection: Connection, ops: Sequence[Op]) -> dict[tuple[str, str], Any]:
+def stored_answers(connection: Connection, requests: Sequence[Request]) -> dict[tuple[str, str], Any]:
     out: dict[tuple[str, str], Any] = {}
     by_tenant: dict[str, list[str]] = {}
-    for op in ops:
+    for op in requests:
         if op.key is not None:
             by_tenant.setdefault(op.tenant_id, []).append(op.key)
     for tenant_id, keys in by_tenant.items():
@@ -945,40 +1186,14 @@ def stored_answers(connection: Connection, ops: Sequence[Op]) -> dict[tuple[str,
     return out
 
 
-def released(connection: Connection, ops: Sequence[Op]) -> set[tuple[str, str, str]]:
-    """Which of the (tenant, model, version) the commits in ``ops`` release exist already."""
+def released(connection: Connection, requests: Sequence[Request]) -> set[tuple[str, str, str]]:
+    """Which of the (tenant, model, version) the commits in ``requests`` release exist already."""
     wanted = {
         (op.tenant_id, op.params.model, op.params.version)
-        for op in ops
+        for op in requests
         if isinstance(op.params, CommitParams)
     }
     if not wanted:
         return set()
     rows = connection.execute(_RELEASED, {"releases": sorted(wanted)})
     return {(r.tenant_id, r.model, r.version) for r in rows}
-
-
-def replayed_reservation(op: Op, response: Mapping[str, Any]) -> str | None:
-    """The reservation a stored answer of ``op``'s operation is about (``None``: not one)."""
-    if op.operation in ("reserve", "abort", "extend"):
-        rid = response.get("id")
-    elif op.operation == "commit":
-        reservation = response.get("reservation")
-        rid = reservation.get("id") if isinstance(reservation, Mapping) else None
-    else:
-        return None
-    return rid if isinstance(rid, str) else None
-
-
-def refreshed(op: Op, response: dict[str, Any], now: Loaded | None) -> dict[str, Any]:
-    """A replay's answer: the reservation as it is *now* — its status (reserved, committed,
-    aborted or expired) and what it holds and has committed now — never the state the first
-    answer saw (a retry after an abort or an expiry must not read "reserved"). A commit's replay
-    keeps the certificate of its first answer (a certificate never changes) with the reservation
-    as it is now; a reserve's or an abort's replay is the reservation as it is now."""
-    if now is None:
-        return response
-    current = reservation_json(now)
-    if op.operation == "commit":
-        return {**response, "reservation": current}
-    return current

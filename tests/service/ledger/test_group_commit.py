@@ -1,22 +1,19 @@
 """Group commit: spends combined into one transaction decide one after the other, a refused one
 changes nothing, and a failure of the group transaction is isolated to the spend that caused it.
 
-These tests build groups directly (``spending.engine.run_group``) so their composition is exact.
+These tests build groups directly (``spending.ENGINE.run_group``) so their composition is exact.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
-
 from service.db.session import Database
 from service.ledger import audit, idempotency, reservations, spend
-from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict
+from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
 from service.ledger.signing import SigningKey
-from service.ledger.spending import engine, requests
-from service.ledger.spending.engine import run_group
-from service.ledger.spending.requests import AbortParams, CommitParams, Op, ReserveParams
+from service.ledger.spending import ENGINE, requests
+from service.ledger.spending.requests import AbortParams, CommitParams, Op, Request, ReserveParams
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
@@ -31,14 +28,14 @@ def _reserve_op(ds: str, batch_ids: list[str], epsilon: float, key: str | None =
         {"kind": "pure_dp", "epsilon": epsilon},
         requests.ttl(3600),
     )
-    op = Op("reserve", "t1", ds, datetime.now(UTC), params)
+    op = Request("reserve", "t1", ds, datetime.now(UTC), params)
     request = {
         "dataset_id": ds,
         "batches": batch_ids,
         "event": params.event_document,
         "noise_commitment": None,
     }
-    return requests.keyed(op, key, request)
+    return Op(requests.keyed(op, key, request))
 
 
 _SIGNER = SigningKey.generate()  # the server's key in ledger serve; any key will do here
@@ -47,11 +44,13 @@ _SIGNER = SigningKey.generate()  # the server's key in ledger serve; any key wil
 def _commit_op(ds: str, reservation_id: str, version: int) -> Op:
     release = {"model": "m", "version": version}
     return Op(
-        "commit",
-        "t1",
-        ds,
-        datetime.now(UTC),
-        CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
+        Request(
+            "commit",
+            "t1",
+            ds,
+            datetime.now(UTC),
+            CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
+        )
     )
 
 
@@ -64,7 +63,7 @@ def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_d
         _reserve_op(ds.id, [b], 0.9),
         _reserve_op(ds.id, [a], 0.4),  # fits exactly after the first
     ]
-    run_group(ledger, ds.id, ops)
+    ENGINE.run_group(ledger, ds.id, ops)
     assert [type(op.error).__name__ if op.error else "ok" for op in ops] == [
         "ok",
         "BudgetExceeded",
@@ -75,7 +74,7 @@ def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_d
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("1.9", 3)
     commits = [_commit_op(ds.id, ops[i].response["id"], i) for i in (0, 2, 3)]  # type: ignore[index]
     commits.append(_commit_op(ds.id, ops[0].response["id"], 9))  # type: ignore[index]  # twice
-    run_group(ledger, ds.id, commits)
+    ENGINE.run_group(ledger, ds.id, commits)
     assert [type(op.error).__name__ if op.error else "ok" for op in commits] == ["ok", "ok", "ok", "Conflict"]
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["charges_committed"]) == ("1", "0", 3)
@@ -89,18 +88,17 @@ def test_a_retry_inside_a_group_gets_the_first_answer(ledger: Database, make_dat
         _reserve_op(ds.id, ds.all_batches, 0.3, key="k"),
         _reserve_op(ds.id, ds.all_batches, 0.4, key="k"),  # same key, another request
     ]
-    run_group(ledger, ds.id, ops)
+    ENGINE.run_group(ledger, ds.id, ops)
     assert ops[0].response == ops[1].response
     assert isinstance(ops[2].error, IdempotencyConflict)
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
 
 
-def test_a_failed_group_is_retried_spend_by_spend(
-    ledger: Database, make_dataset: MakeDataset, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A constraint the group cannot see in advance (here: the release check is switched off, as
-    when another process releases the same version on another dataset) fails the group's
-    transaction; each spend is then run alone and only the offender is refused."""
+def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset: MakeDataset) -> None:
+    """A constraint the group does not check in advance (a release that exists: the group leaves
+    it to the unique constraint, as it must for another process's release of the same version)
+    fails the group's transaction; each spend is then run alone, with the release checked, and
+    only the offender is refused, by name."""
     ds = make_dataset(BASIC)
     other = make_dataset(BASIC)
     held = reservations.reserve(
@@ -113,10 +111,9 @@ def test_a_failed_group_is_retried_spend_by_spend(
     second = reservations.reserve(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.2}
     )
-    monkeypatch.setattr(engine, "released", lambda session, ops: set())
     ops = [_commit_op(ds.id, first["id"], 1), _commit_op(ds.id, second["id"], 2)]
-    run_group(ledger, ds.id, ops)
-    assert isinstance(ops[0].error, Conflict) and ops[0].error.reason == "release_exists"
+    ENGINE.run_group(ledger, ds.id, ops)
+    assert isinstance(ops[0].error, ReleaseExists) and "'m' version '1'" in str(ops[0].error)
     assert ops[1].error is None and ops[1].response is not None
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.2", "0.1")
@@ -131,10 +128,10 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.5}
     )
     ops = [
-        Op("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"])),
+        Op(Request("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"]))),
         _commit_op(ds.id, r["id"], 1),
     ]
-    run_group(ledger, ds.id, ops)
+    ENGINE.run_group(ledger, ds.id, ops)
     assert ops[0].response is not None and ops[0].response["status"] == "aborted"
     assert isinstance(ops[1].error, Conflict)
     answer = spend.get_spend(ledger, "t1", ds.id)
@@ -146,7 +143,7 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
 def test_budget_exceeded_in_a_group_reports_numbers(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC)
     ops = [_reserve_op(ds.id, ds.all_batches, 0.7), _reserve_op(ds.id, ds.all_batches, 0.7)]
-    run_group(ledger, ds.id, ops)
+    ENGINE.run_group(ledger, ds.id, ops)
     error = ops[1].error
     assert isinstance(error, BudgetExceeded)
     assert error.requested["epsilon"] == "0.7" and error.remaining["epsilon"] == "0.3"

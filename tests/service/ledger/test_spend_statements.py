@@ -1,0 +1,97 @@
+"""The SQL of the common spend, counted: one single-batch pure-ε reserve + commit.
+
+Counted on the real engine (SQLAlchemy's ``before_cursor_execute``), on SQLite and PostgreSQL,
+after two spends have warmed the process's caches (budget, key ring, batch states). The count
+fails when it grows: a new statement on this path is a decision (docs/ARCHITECTURE.md, "What a
+charge touches", lists them). And no statement of a spend over a task's batches walks the other
+batches of its dataset (SQLite's query plans: a charge costs what it touches, not the dataset).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+
+from service.db.session import Database
+from service.ledger import reservations
+from tests.service.ledger.conftest import MakeDataset
+
+# Reserve: head (+ next expiry), batches, new state, move; flush: reservation, class, batch,
+# audit, head. Commit: head, reservation (+ classes), groups (+ tasks), new state, move; flush:
+# reservation, class, task, release, certificate, audit, head.
+MOST_STATEMENTS = 21
+BUDGET = {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"}
+EVENT = {"kind": "pure_dp", "epsilon": 0.001}
+
+
+@contextmanager
+def statements(db: Database) -> Iterator[list[str]]:
+    """The statements ``db``'s engine sends in the block (a transaction's BEGIN left out)."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if not statement.startswith("BEGIN"):  # SQLite's BEGIN IMMEDIATE; psycopg's is implicit
+            seen.append(" ".join(statement.split())[:120])
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+
+
+def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
+    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id])
+    reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
+
+
+def test_one_batch_reserve_and_commit_stays_within_its_statements(
+    ledger: Database, make_dataset: MakeDataset
+) -> None:
+    layout = make_dataset(BUDGET, tasks=[2])
+    batch_id = layout.batches[0][0]
+    _spend(ledger, layout.id, batch_id, 1)
+    _spend(ledger, layout.id, batch_id, 2)
+    with statements(ledger) as seen:
+        _spend(ledger, layout.id, batch_id, 3)
+    listing = "\n".join(seen)
+    assert len(seen) <= MOST_STATEMENTS, f"{len(seen)} statements:\n{listing}"
+    # Nothing read per state (the process knows them) or for the release (the constraint checks).
+    assert not [s for s in seen if s.startswith("SELECT batch_states")], listing
+    assert not [s for s in seen if s.startswith("SELECT releases")], listing
+
+
+def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: MakeDataset) -> None:
+    """Every read and update of a reserve + commit over one task's batches is planned through the
+    charge's own rows (the batch, task and membership keys), never through the index of the
+    dataset's batches or a scan: with a large task beside it, a small charge stays small."""
+    if ledger.dialect != "sqlite":
+        pytest.skip("SQLite's plans are checked; PostgreSQL plans by its statistics")
+    layout = make_dataset(BUDGET, tasks=[3, 2])
+    sent: list[tuple[str, Any]] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
+        if statement.startswith(("SELECT", "UPDATE batches", "INSERT INTO reservation_batches")):
+            sent.append((statement, parameters[0] if many else parameters))
+
+    event.listen(ledger.engine, "before_cursor_execute", record)
+    try:
+        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]])
+        reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
+    finally:
+        event.remove(ledger.engine, "before_cursor_execute", record)
+    touching = [
+        (q, p) for q, p in sent if "FROM batches" in q or "JOIN batches" in q or "UPDATE batches" in q
+    ]
+    assert len(touching) >= 4  # the selection, its membership rows, the commit's groups, the moves
+    with ledger.engine.connect() as connection:
+        for statement, parameters in touching:
+            plan = [
+                row[-1] for row in connection.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+            ]
+            walks = [step for step in plan if "SCAN batches" in step or "dataset_id" in step]
+            assert not walks, f"{statement}\n{plan}"
