@@ -1223,8 +1223,8 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
       error at most ``TIGHT_RELATIVE_EPS_ERROR``·ε, and the PLD where PRV cannot reach that
       precision (a tiny ε: the mesh error has an absolute floor) or cannot compose at all (a
       grid too large), for at most ``PLD_MAX_DISTINCT`` distinct mechanisms;
-    * the RDP bound (``PrvAccountant`` takes it when smaller), and RDP/basic for what no PRV
-      exists for (the ``prv`` accountant's fallbacks).
+    * the RDP bound and basic composition where smaller (``PrvAccountant`` takes RDP itself), and
+      RDP/basic for what no PRV exists for (the ``prv`` accountant's fallbacks).
 
     Deterministic: the same event and δ give the same float on the same platform.
     """
@@ -1251,10 +1251,16 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     if len(plan.components) <= PLD_MAX_DISTINCT:
         pld = _pld_refined(plan.components, delta, rdp.upper, total)
         if pld is not None:
-            upper = min(pld, rdp.upper)
-            return EpsilonBound(0.0, upper, upper, delta, "pld", details={"rdp_epsilon": rdp.upper})
+            basic = _basic_epsilon(event, delta)
+            upper = min(pld, rdp.upper, basic)
+            details = {"rdp_epsilon": rdp.upper, "pld_epsilon": pld, "basic_epsilon": basic}
+            return EpsilonBound(0.0, upper, upper, delta, "pld", details=details)
     first_mesh = min(1.0, max(DEFAULT_EPS_ERROR, _TIGHT_FIRST_MESH * rdp.upper))
-    return PrvAccountant(first_mesh, relative_eps_error=TIGHT_RELATIVE_EPS_ERROR).compose(event).get_epsilon(delta)
+    return (
+        PrvAccountant(first_mesh, relative_eps_error=TIGHT_RELATIVE_EPS_ERROR)
+        .compose(event)
+        .get_epsilon(delta)
+    )
 
 
 def _pld_refined(components: dict[_Prv, int], delta: float, guess: float, total: int) -> float | None:
@@ -1269,6 +1275,17 @@ def _pld_refined(components: dict[_Prv, int], delta: float, guess: float, total:
         return first
     finer = _pld_epsilon(components, delta, interval(first))
     return first if finer is None else min(first, finer)
+
+
+def _basic_epsilon(event: DpEvent, delta: float) -> float:
+    """Basic composition's ε where its δ fits (pure-DP parts: 0.5 for five Laplace(10), where
+    the PLD's grid gives 0.50025), else ∞."""
+    basic = BasicAccountant()
+    try:
+        basic.compose(event)
+    except UnsupportedEventError:
+        return math.inf
+    return basic.get_epsilon(delta).upper
 
 
 def _merged_gaussian(components: dict[_Prv, int]) -> float | None:
