@@ -10,7 +10,7 @@ import dp_accounting
 import mpmath
 import numpy as np
 import pytest
-from dp_accounting.pld import PLDAccountant
+from dp_accounting.pld import PLDAccountant, privacy_loss_distribution
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prv_accountant import PRVAccountant
@@ -328,22 +328,27 @@ def _pld_at(q: float, sigma: float, steps: int, delta: float, interval: float) -
     [
         (0.001235, 8.609, 18, 1e-7, 1e-5),  # issue 25: parallel / geometric, RDP was 5.2x PLD
         (4.3e-5, 1.18, 33, 5.6e-9, 1e-5),  # issue 25 smaller: `ledger epsilon --accountant rdp` 293x
-        (0.01, 1.0, 1000, 1e-5, 1e-4),  # issue 25: RDP 1.15x
+        (0.01, 1.0, 1000, 1e-5, 1e-3),  # issue 25: RDP 1.15x
     ],
 )
-def test_tight_epsilon_is_within_2_percent_of_dp_accounting_pld_and_above_prv_lower(
+def test_tight_epsilon_is_within_2_percent_of_pessimistic_pld_and_above_optimistic_pld(
     q: float, sigma: float, steps: int, delta: float, interval: float
 ) -> None:
     """The audit's cases: ≤ 1.02× dp-accounting's pessimistic PLD on a fine grid (an independent
-    upper bound, here the tight value), and ≥ prv-accountant's lower bound (no valid upper bound
-    is below it). RDP is the old price, far above."""
+    upper bound, here the tight value), and ≥ its optimistic PLD (a lower bound: no valid upper
+    bound is below it). RDP is the old price, far above. (prv-accountant at the mesh these small ε
+    need takes minutes: its cross-checks are the tests above and bench/charges.py.)"""
     event = _dp_sgd(q, sigma, steps)
     ours = prv_module.tight_epsilon(event, delta)
     reference = _pld_at(q, sigma, steps, delta, interval)
-    lower, _, _ = PRVAccountant(
-        [PoissonSubsampledGaussianMechanism(q, sigma)], max_self_compositions=[steps],
-        eps_error=reference / 100, delta_error=delta / 1000,
-    ).compute_epsilon(delta, [steps])  # fmt: skip
+    # dp-accounting's optimistic PLD: a lower bound on the true ε (sound at these small ε).
+    lower = (
+        privacy_loss_distribution.from_gaussian_mechanism(
+            sigma, sampling_prob=q, value_discretization_interval=interval, pessimistic_estimate=False
+        )
+        .self_compose(steps)
+        .get_epsilon_for_delta(delta)
+    )
     assert lower <= ours.upper <= 1.02 * reference, (ours, reference, lower)
     assert ours.upper < make_accountant("rdp").compose(event).get_epsilon(delta).upper
     assert prv_module.tight_epsilon(event, delta) == ours  # deterministic
