@@ -1201,6 +1201,8 @@ PLD_MAX_DISTINCT: Final = 4
 beyond this many it is not tried."""
 _PLD_RESOLUTION: Final = 500.0
 _PLD_SMALL_EPSILON: Final = 200.0
+_PLD_MAX_POINTS: Final = 2**24
+_PLD_MAX_STEP_POINTS: Final = 2**16
 """The PLD's value grid is h ≤ min(√(ε/(500·N)), ε/200), rounded down to a power of √2: the
 connect-the-dots error grows about as N·h² (the first term), and a small ε needs h well below ε
 (the second); measured ≤ 0.2% of ε from 18 to 10⁶ steps (bench/charges.py)."""
@@ -1315,6 +1317,15 @@ def _pld_epsilon(components: dict[_Prv, int], delta: float, interval: float) -> 
     if not interval > 0:
         return None
     interval = 2.0 ** (math.floor(2 * math.log2(min(1.0, max(1e-9, interval)))) / 2)
+    # Size guards (a client picks the event): dp-accounting builds one mechanism's PLD point by
+    # point in Python, and the composed loss spreads over about √N times one step's window; grids
+    # larger than these are not attempted (PRV or RDP answers).
+    total = sum(components.values())
+    width = max(hi - lo for lo, hi in (prv.window(8.0) for prv in components))
+    if not (
+        width / interval <= _PLD_MAX_STEP_POINTS and math.sqrt(total) * width / interval <= _PLD_MAX_POINTS
+    ):
+        return None
     try:
         composed = _composed_pld(tuple(components.items()), interval)
         if composed is None:
