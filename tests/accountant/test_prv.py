@@ -389,3 +389,16 @@ def test_tight_epsilon_of_other_events_and_edges() -> None:
     assert prv_module.tight_epsilon(ev.NonPrivateEvent(), 1e-5).upper == math.inf
     assert prv_module.tight_epsilon(ev.PureDpEvent(0.3), 0.0).upper == pytest.approx(0.3)
     assert prv_module.tight_epsilon(ev.NoOpEvent(), 1e-5).upper == 0.0
+
+
+@pytest.mark.timeout(60)
+def test_tight_epsilon_of_a_tiny_epsilon_over_a_wide_loss_range_answers_without_a_huge_grid() -> None:
+    """q 0.001, σ 0.3, δ 0.0009 (just below the δ where ε = 0): ε ≈ 4e-4 over losses up to ≈ 25
+    asked dp-accounting for a grid of billions of points (it hung); the size guards keep the
+    coarse (valid) PLD, between its optimistic lower bound and RDP."""
+    event = _dp_sgd(0.001, 0.3, 1)
+    bound = prv_module.tight_epsilon(event, 0.0009)
+    lower = privacy_loss_distribution.from_gaussian_mechanism(
+        0.3, sampling_prob=0.001, value_discretization_interval=1e-3, pessimistic_estimate=False
+    ).get_epsilon_for_delta(0.0009)
+    assert lower <= bound.upper <= make_accountant("rdp").compose(event).get_epsilon(0.0009).upper
