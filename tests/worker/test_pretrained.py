@@ -196,8 +196,8 @@ def test_each_peft_stage_is_one_dp_sgd_run_on_its_task_charged_within_epsilon(ep
 def test_target_epsilon_is_each_stages_own_epsilon_by_prv(epsilon: float) -> None:
     """Each stage's σ is the smallest on the grid whose run has its own PRV ε ≤ the target, for
     the heads (one DP-SGD run per task, its own q and T) and the cosine classifier's Gaussian
-    sums; the ledger's RDP charge of that run is more than the target (the old meaning's σ is
-    larger), which is why the gate asks the budget."""
+    sums; a single charge of that run costs its tight ε (pricing version 4), within 2% of the
+    target, so the old meaning's σ is no longer larger."""
     tasks = _tasks([200, 150])
     heads = PeftEnsembleTrainer(device="cpu")
     params = heads.parse_params(
@@ -226,9 +226,12 @@ def test_target_epsilon_is_each_stages_own_epsilon_by_prv(epsilon: float) -> Non
                 sampling_probability=q, noise_multiplier=sigma - 1e-4, steps=math.ceil(4 / q)
             )
         assert tight_epsilon(stage.event, DELTA) <= epsilon < tight_epsilon(lower, DELTA)
-        assert single_charge_epsilon(stage.event, delta=DELTA, accountant="rdp") > Decimal(repr(epsilon))
+        # Issue 25 §2 (pricing version 4): a single charge costs its tight ε, so the run calibrated
+        # to its own ε is charged within 2% of the target (its RDP charge was above the target).
+        charge = single_charge_epsilon(stage.event, delta=DELTA, accountant="rdp")
+        assert charge <= Decimal(repr(epsilon)) * Decimal("1.02")
     for own, charged in zip(heads.stages(params, tasks), heads.stages(budget_params, tasks), strict=True):
-        assert own.info["noise_multiplier"] < charged.info["noise_multiplier"]
+        assert charged.info["noise_multiplier"] <= 1.02 * own.info["noise_multiplier"]
 
 
 def test_a_target_needs_one_privacy_option_and_a_delta() -> None:
