@@ -22,8 +22,9 @@ composition (independent of k); for ``rdp`` (and ``prv``), the event's price as 
 δ_k (``prices.fresh_price`` — one mechanism, parameters fixed before it ran, no filter: since
 pricing version 4 its tight ε at δ_k, ``prices.tight_epsilon``, exact for Gaussians; before, its
 RDP curve on the accountant's full grid converted at δ_k, Balle et al. 2020, Thm. 21 — or the
-coupling or exact basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound used). It fits level k iff
-ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
+coupling or exact basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound
+used). It fits level k iff ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink,
+ε′ grows as δ_k shrinks).
 
 Sub-budgets (Thm. 7). The sliding window charges a block once at ε/3 (the base model) and along
 two chains at ε/6, ε/12, … each, so a block may need two levels of the same size, which one series
