@@ -34,6 +34,7 @@ from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.memo import active_pricing, memoized
 
 _UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
+_UP6: Final = decimal.Context(prec=6, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
 
 
 def ceil18(value: Decimal) -> Decimal:
@@ -140,13 +141,15 @@ def prv_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
 
 def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
     """The tightest valid ε of ``event`` run as one non-adaptive composition at ``delta``,
-    rounded up to 18 digits: ``accountant.prv.tight_epsilon`` (the analytic Gaussian for a
+    rounded up to 6 significant digits: ``accountant.prv.tight_epsilon`` (the analytic Gaussian for a
     Gaussian-only event, dp-accounting's pessimistic PLD or PRV otherwise, never above the RDP
     bound), at a float δ ≤ ``delta``.
 
     What a charge that needs no filter costs (pricing version 4), and the (εᵢ, δᵢ) a filter may
-    take for one charge whose parameters were fixed before it ran. Deterministic (same event and
-    δ → same Decimal), memoized per request and per process."""
+    take for one charge whose parameters were fixed before it ran. Rounded UP to 6 significant
+    digits: a replayed certificate recomputes this number, and a last-ulp difference of a float
+    engine (another numpy, another CPU) must not change the decimal it rounds to (it costs at
+    most 1e-5 of ε). Memoized per request and per process."""
     return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
 
 
@@ -156,7 +159,8 @@ def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
         return ZERO
     from accountant.prv import tight_epsilon as tight_bound
 
-    return ceil18(round_up(tight_bound(event, delta_down(delta)).upper))
+    upper = tight_bound(event, delta_down(delta)).upper
+    return INFINITY if math.isinf(upper) else _UP6.plus(round_up(upper))
 
 
 def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
