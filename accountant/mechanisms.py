@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import log_ndtr
 
 from accountant.errors import InvalidArgumentError
 from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent, lemma1_holds
@@ -316,6 +318,75 @@ def amplified_pure_epsilon(*, epsilon: float, sampling_probability: float) -> fl
 
 
 # ---------------------------------------------------------------------------------------------
+# The analytic Gaussian mechanism (Balle & Wang 2018)
+# ---------------------------------------------------------------------------------------------
+
+# δ(ε) is computed to ~1e-11 relative (log_ndtr and expm1 are accurate to a few ulps; the
+# difference below loses at most −log10|x| digits, x ≥ 1e-5 where it matters). The search aims at
+# a δ this much smaller, so float error cannot put the answer below the true ε.
+_ANALYTIC_DELTA_MARGIN: Final = 1e-6
+_ANALYTIC_STEPS: Final = 200
+
+
+def analytic_gaussian_delta(*, noise_multiplier: float, epsilon: float) -> float:
+    """δ(ε) of the Gaussian mechanism with L2 sensitivity 1 and noise σ = ``noise_multiplier``.
+
+    Balle & Wang (2018), "Improving the Gaussian mechanism for differential privacy", Theorem 8
+    (the mechanism is (ε, δ)-DP iff this holds; it is the exact privacy curve):
+
+        δ(ε) = Φ(1/(2σ) − εσ) − e^ε Φ(−1/(2σ) − εσ).
+
+    Computed in log space, log δ = log Φ(a) + log(1 − e^{ε + log Φ(b) − log Φ(a)}), so neither the
+    tails nor the difference of two nearly equal terms lose it (σ = 10⁴, δ = 1e-10).
+    """
+    sigma, eps = float(noise_multiplier), float(epsilon)
+    a, b = 0.5 / sigma - eps * sigma, -0.5 / sigma - eps * sigma
+    log_a, log_b = float(log_ndtr(a)), float(log_ndtr(b))
+    x = eps + log_b - log_a
+    if x >= 0:  # only where rounding makes the two terms meet: δ = 0 to within float error
+        return 0.0
+    return math.exp(log_a + math.log(-math.expm1(x)))
+
+
+def analytic_gaussian_epsilon(*, noise_multiplier: float, delta: float) -> float:
+    """The smallest ε with δ(ε) ≤ ``delta`` for the Gaussian mechanism (Balle & Wang 2018, Thm. 8;
+    ``analytic_gaussian_delta``), never below the true value.
+
+    δ(ε) is decreasing in ε; bisection on ε for δ(ε) ≤ (1 − 1e-6)·δ (the margin covers float
+    error in δ(ε)), keeping the upper end: the returned ε has a computed δ below the target, so
+    its true δ is below ``delta`` and the true ε is at most the value returned. The answer is then
+    raised 4 ulps. A composition of Gaussians with σᵢ is one Gaussian with σ = (Σ σᵢ⁻²)^(−1/2)
+    (its privacy loss is normal: Dong, Roth & Su 2022, Cor. 3.3), so this is also the exact ε of
+    any Gaussian-only composition.
+    """
+    sigma = float(_positive("noise_multiplier", noise_multiplier))
+    target = float(delta)
+    if not 0 < target < 1:
+        raise InvalidArgumentError("delta", f"must be in (0, 1). Found {delta!r}.")
+    goal = target * (1 - _ANALYTIC_DELTA_MARGIN)
+
+    def fits(eps: float) -> bool:
+        return analytic_gaussian_delta(noise_multiplier=sigma, epsilon=eps) <= goal
+
+    if fits(0.0):
+        return 0.0
+    hi = max(1e-300, 1.0 / sigma)
+    while not fits(hi):
+        hi *= 2.0
+        if not math.isfinite(hi):
+            return math.inf
+    lo = 0.0
+    for _ in range(_ANALYTIC_STEPS):
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            break
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    for _ in range(4):
+        hi = math.nextafter(hi, math.inf)
+    return hi
+
+
+# ---------------------------------------------------------------------------------------------
 # AdaDp (adadp-adaptive-noise.txt)
 # ---------------------------------------------------------------------------------------------
 
@@ -355,6 +426,8 @@ def satisfies_lemma1(
 
 __all__ = [
     "amplified_pure_epsilon",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_epsilon",
     "continual_release_level_epsilon",
     "continual_release_noise_scale",
     "continual_release_sampling_probability",

@@ -10,7 +10,16 @@ dp-accounting's RDP ε (the issue's targets) and over the tightest of the three.
 
 The rows: single charges on ``parallel`` (no filter, no δ split), a ``geometric`` level's ε′ at
 its δ share, ``sequential``/``lifelong`` Rényi filters (the fixed 20-order grid with equal δ shares
-versus the grid placed for the budget), a declared ``prv`` plan, and pure ε.
+versus the grid placed for the budget), a declared ``prv`` plan, and pure ε; issue 25's audit cases
+(single charges priced by their tight ε since pricing version 4). dp-accounting's PLD runs on its
+default value grid (1e-4), which is above the tight value at small ε: a ratio below 1 there means
+ours is the tighter (valid) bound.
+
+Then the speed of the tight engine (``accountant.prv.tight_epsilon``), side by side in one run:
+10⁶ steps of one DP-SGD step (q 0.01, σ 1, δ 1e-5) against dp-accounting's ``PLDAccountant``
+(default grid) and our ``prv`` accountant; a heterogeneous plan of 200 distinct entries × 50 steps
+against our ``prv`` accountant (dp-accounting's PLD composes 200 distinct PLDs one convolution at a
+time, minutes: ``--slow-pld`` adds it). One run each: the figures are wall times on a shared box.
 """
 
 from __future__ import annotations
@@ -149,6 +158,32 @@ CASES: list[tuple[str, dict[str, Any], ev.DpEvent]] = [
         {"rule": "geometric", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"},
         _dpsgd(0.01, 1.0, 2000),
     ),
+    # Issue 25's audit cases (single charges need no filter: their tight ε since pricing v4).
+    (
+        "issue 25: parallel, prv: the first row's run",
+        {"rule": "parallel", "epsilon": "1", "delta": "1e-7", "accountant": "prv"},
+        _dpsgd(0.001235, 8.609, 18),
+    ),
+    (
+        "issue 25: geometric, rdp: the first row's run, level 0's epsilon' (audit: 2.07x PRV)",
+        {"rule": "geometric", "epsilon": "0.005", "delta": "1e-7", "accountant": "rdp"},
+        _dpsgd(0.001235, 8.609, 18),
+    ),
+    (
+        "issue 25: parallel, rdp: a lone Gaussian sigma 1e4 (audit: 7.6x exact)",
+        {"rule": "parallel", "epsilon": "1", "delta": "1e-10", "accountant": "rdp"},
+        ev.GaussianEvent(1e4),
+    ),
+    (
+        "issue 25: parallel, rdp: DP-SGD q 0.01, sigma 1, 1000 steps (audit: 1.15x)",
+        {"rule": "parallel", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"},
+        _dpsgd(0.01, 1.0, 1000),
+    ),
+    (
+        "issue 25: parallel, rdp: q 4.3e-5, sigma 1.18, 33 steps (ledger epsilon rdp: 293x)",
+        {"rule": "parallel", "epsilon": "1", "delta": "5.6e-9", "accountant": "rdp"},
+        _dpsgd(4.3e-5, 1.18, 33),
+    ),
 ]
 
 
@@ -233,7 +268,58 @@ def filter_placement() -> list[dict[str, Any]]:
     return out
 
 
+def _timed(compute: Any) -> tuple[float, float]:
+    import time
+
+    start = time.perf_counter()
+    value = float(compute())
+    return value, time.perf_counter() - start
+
+
+def speed(slow_pld: bool) -> list[dict[str, Any]]:
+    """The tight engine against dp-accounting's PLD and our ``prv`` accountant, one run each."""
+    import dp_accounting
+    import numpy as np
+    from dp_accounting.pld import PLDAccountant
+
+    from accountant import prv
+    from accountant.registry import make_accountant
+
+    out: list[dict[str, Any]] = []
+    long_run = _dpsgd(0.01, 1.0, 10**6)
+    dpa_long = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 10**6
+    )
+    rng = np.random.default_rng(0)
+    entries = [(float(rng.uniform(0.001, 0.02)), float(rng.uniform(0.8, 2.0))) for _ in range(200)]
+    plan = ev.ComposedEvent(tuple(_dpsgd(q, s, 50) for q, s in entries))
+    dpa_plan = dp_accounting.ComposedDpEvent(
+        [
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s)), 50
+            )
+            for q, s in entries
+        ]
+    )
+    for case, event, dpa_event, with_pld in (
+        ("10^6 steps, q 0.01, sigma 1, delta 1e-5", long_run, dpa_long, True),
+        ("200 distinct entries x 50 steps, delta 1e-5", plan, dpa_plan, slow_pld),
+    ):
+        prv._composed_pld.cache_clear()
+        row: dict[str, Any] = {"case": case}
+        row["ours (tight)"] = _timed(lambda e=event: prv.tight_epsilon(e, 1e-5).upper)
+        row["our prv accountant"] = _timed(
+            lambda e=event: make_accountant("prv").compose(e).get_epsilon(1e-5).upper
+        )
+        row["dp-accounting PLD"] = (
+            _timed(lambda e=dpa_event: PLDAccountant().compose(e).get_epsilon(1e-5)) if with_pld else None
+        )
+        out.append(row)
+    return out
+
+
 def main() -> int:
+    slow_pld = "--slow-pld" in sys.argv[1:]
     rows = []
     for label, spec, event in CASES:
         budget = rules.Budget.from_json(spec) if "orders" in spec else rules.Budget.create(**spec)
@@ -260,8 +346,15 @@ def main() -> int:
             f"| {row['budget']} | {row['runs']} | {row['n']} | {row['placed_median']:.3f} / "
             f"{row['placed_max']:.3f} | {row['fixed_median']:.3f} / {row['fixed_max']:.3f} |"
         )
+    timings = speed(slow_pld)
+    engines = ["ours (tight)", "our prv accountant", "dp-accounting PLD"]
+    print("\n| composition | " + " | ".join(f"{e}: ε, s" for e in engines) + " |")
+    print("|---|" + "---|" * len(engines))
+    for row in timings:
+        cells = ["–" if row[e] is None else f"{row[e][0]:.5g}, {row[e][1]:.2f} s" for e in engines]
+        print(f"| {row['case']} | " + " | ".join(cells) + " |")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"rows": rows, "filter_placement": placement}, indent=2))
+    RESULTS.write_text(json.dumps({"rows": rows, "filter_placement": placement, "speed": timings}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0
 

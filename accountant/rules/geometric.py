@@ -18,11 +18,13 @@ first/(1 − ratio) ≤ ε checked exactly at creation). Level k grants
 both in Decimal, exact whenever they fit 60 significant digits and rounded down otherwise. The
 δ shares keep the block's δ bounded over the infinite horizon too (charging the budget's δ at
 every level would not be). A charge's (ε′, δ′) at level k is, for ``basic``, its exact basic
-composition (independent of k); for ``rdp``, the event's price as one charge at δ_k
-(``prices.fresh_price``: its RDP curve on the accountant's full grid converted at δ_k, Balle
-et al. 2020, Thm. 21 — one mechanism, parameters fixed before it ran — or the coupling or exact
-basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound used). It fits level k iff
-ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink, ε′ grows as δ_k shrinks).
+composition (independent of k); for ``rdp`` (and ``prv``), the event's price as one charge at
+δ_k (``prices.fresh_price`` — one mechanism, parameters fixed before it ran, no filter: since
+pricing version 4 its tight ε at δ_k, ``prices.tight_epsilon``, exact for Gaussians; before, its
+RDP curve on the accountant's full grid converted at δ_k, Balle et al. 2020, Thm. 21 — or the
+coupling or exact basic bound when smaller) with δ′ = δ_k (or the smaller δ of the bound
+used). It fits level k iff ε′ ≤ ε_k and δ′ ≤ δ_k — a condition monotone in k (grants shrink,
+ε′ grows as δ_k shrinks).
 
 Sub-budgets (Thm. 7). The sliding window charges a block once at ε/3 (the base model) and along
 two chains at ε/6, ε/12, … each, so a block may need two levels of the same size, which one series
@@ -99,8 +101,8 @@ class _Priced:
         return memoized("geometric_level", self.budget, self.event, level, lambda: self._at(level))
 
     def _at(self, level: int) -> tuple[Decimal, Decimal]:
-        # The event alone at the level's δ share: one mechanism, no filter, so the accountant's
-        # full grid, the coupling bound and an exact basic bound all apply (``fresh_price``).
+        # The event alone at the level's δ share: one mechanism, no filter, so its tight ε, the
+        # coupling bound and an exact basic bound all apply (``fresh_price``).
         level_delta = self.budget.geometric.level_delta(self.budget.delta, level)  # type: ignore[union-attr]
         return fresh_price(self.budget, self.event, level_delta)
 

@@ -113,7 +113,7 @@ def memoized(
 # Pricing versions
 # ---------------------------------------------------------------------------------------------
 
-PRICING_VERSION: Final = 3
+PRICING_VERSION: Final = 4
 """How single charges and the naive figure are priced (certificates record it as ``pricing``).
 
 1 — before issue 13 §3: a single charge (``parallel``, a ``geometric`` level) on the budget's
@@ -128,12 +128,18 @@ PRICING_VERSION: Final = 3
     entry that costs anything, and a ``parallel`` progressive commit on an ``rdp`` or ``prv``
     budget the whole reserved run (a ``basic`` prefix is a sum of per-step charges, a valid
     odometer, and stays as it was).
+4 — issue 25 §2: a charge that needs no filter (a ``parallel`` charge, a ``geometric`` level's
+    ε′, a run priced alone) costs the tightest valid ε of the event alone, whatever the budget's
+    accountant (``prices.tight_epsilon``: the analytic Gaussian for a Gaussian-only event, exact;
+    dp-accounting's pessimistic PLD or PRV with a relative mesh error otherwise; never above the
+    RDP bound), with the coupling and exact basic bounds where smaller. Declared plans keep the
+    PRV price they were stored with (a budget's ``plan_epsilon`` is part of the budget).
 
 All are valid upper bounds for non-adaptive runs, and 3 also under adaptive stopping; a
 certificate re-verifies under the version that issued it, so an upgrade never turns a stored
 certificate invalid. New charges use ``PRICING_VERSION``."""
 
-PRICING_VERSIONS: Final = (1, 2, 3)
+PRICING_VERSIONS: Final = (1, 2, 3, 4)
 _PRICING: Final[ContextVar[int]] = ContextVar("accountant_pricing_version", default=PRICING_VERSION)
 
 
@@ -141,7 +147,7 @@ _PRICING: Final[ContextVar[int]] = ContextVar("accountant_pricing_version", defa
 def pricing_version(version: int) -> Iterator[int]:
     """Within the block, charges are priced as ``version`` prices them (certificate replays)."""
     if version not in PRICING_VERSIONS:
-        raise InvalidArgumentError("pricing", f"must be 1, 2 or 3. Found {version!r}.")
+        raise InvalidArgumentError("pricing", f"must be one of {PRICING_VERSIONS}. Found {version!r}.")
     token = _PRICING.set(version)
     try:
         yield version

@@ -10,11 +10,15 @@ is refused (``ChargeRefused("batch_already_read")``, answered 409), so each reco
 one charge.
 
 The one charge of a batch is one mechanism whose parameters are fixed before it runs; its
-(ε, δ) is the accountant's bound for that event alone (``prices.fresh_price``): ``basic`` exact
-basic composition, ``rdp`` the event's RDP curve on the accountant's full order grid converted at
-the budget's δ (Balle et al. 2020, Thm. 21; no filter, no δ split), or ε = 0 by the coupling bound
-of Poisson sampling, ``prv`` the PRV upper bound at δ (Gopi, Lee & Wutschitz 2021); and for every
-accountant the exact basic (ε, δ) when it is smaller and its δ fits (a pure ε costs exactly ε).
+(ε, δ) is the tightest valid bound for that event alone (``prices.fresh_price``): ``basic`` exact
+basic composition; ``rdp`` and ``prv`` alike, since pricing version 4 (issue 25 §2), the event's
+tight ε at the budget's δ (``prices.tight_epsilon``: the analytic Gaussian of Balle & Wang 2018,
+exact, for Gaussians; dp-accounting's pessimistic PLD or PRV otherwise; never above the RDP
+bound), or ε = 0 by the coupling bound of Poisson sampling — no filter and no δ split, because
+nothing else composes with the batch's one charge; and for every accountant the exact basic
+(ε, δ) when it is smaller and its δ fits (a pure ε costs exactly ε). Before version 4, ``rdp``
+charged the event's RDP curve on the accountant's full order grid converted at δ (Balle et al.
+2020, Thm. 21) and ``prv`` the PRV upper bound (Gopi, Lee & Wutschitz 2021).
 Choosing a batch's event after seeing releases of *other* batches is fine: those outputs do not
 depend on this batch's records. One DP-SGD run is one reservation, however many checkpoints it
 commits (progressive commits of a prefix of the reserved run). Since pricing version 3 a
@@ -117,7 +121,15 @@ def within_budget(budget: Budget, state: BatchState) -> bool:
     )
 
 
+_TIGHT_HOW = (
+    "its tightest valid epsilon at delta alone (pricing version 4: the analytic Gaussian of Balle & "
+    "Wang 2018 for Gaussians, else a pessimistic PLD or PRV upper bound, never above RDP; one "
+    "mechanism fixed before it ran needs no filter)"
+)
+
+
 def theorem(budget: Budget) -> str:
+    # The text a certificate cites is the one of the pricing version it was issued under.
     how = {
         "basic": "its basic-composition (epsilon, delta)",
         "rdp": "its RDP curve converted at delta (Balle et al. 2020, Thm. 21)",
@@ -125,6 +137,8 @@ def theorem(budget: Budget) -> str:
         "tight": "the smallest of its PRV upper bound (Gopi, Lee & Wutschitz 2021), its RDP curve "
         "converted at delta (Balle et al. 2020, Thm. 21) and its exact basic bound",
     }[budget.accountant]
+    if budget.accountant != "basic" and active_pricing() >= 4:
+        how = _TIGHT_HOW
     return (
         "Parallel composition (McSherry 2009, Thm. 4) under assumption S2 of DP continual "
         "learning with pre-trained models, enforced: each batch is read by one charge, costed "

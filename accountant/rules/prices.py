@@ -2,7 +2,9 @@
 
 ``basic_price`` (exact basic composition in decimals), ``rdp_charge`` (an RDP curve rounded up on a
 grid of orders), ``prv_epsilon`` / ``plan_epsilon`` (the PRV upper bound of a non-adaptive
-composition), ``fresh_price`` (the tight price of ONE charge run on its own: no filter needed) and
+composition), ``tight_epsilon`` (the tightest valid ε of ONE non-adaptive composition at a δ:
+``accountant.prv.tight_epsilon`` in decimals), ``fresh_price`` (the price of ONE charge run on its
+own: no filter needed) and
 ``naive_price`` (a charge alone under the rule's own conversion, for the naive figure). Each is
 memoized per request (``rules.memo``) and rounded up (``ceil18``), never down.
 """
@@ -32,6 +34,7 @@ from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.memo import active_pricing, memoized
 
 _UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
+_UP6: Final = decimal.Context(prec=6, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
 
 
 def ceil18(value: Decimal) -> Decimal:
@@ -136,6 +139,30 @@ def prv_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
     return ceil18(round_up(accountant.get_epsilon(delta_down(delta)).upper))
 
 
+def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+    """The tightest valid ε of ``event`` run as one non-adaptive composition at ``delta``,
+    rounded up to 6 significant digits: ``accountant.prv.tight_epsilon`` (the analytic Gaussian for a
+    Gaussian-only event, dp-accounting's pessimistic PLD or PRV otherwise, never above the RDP
+    bound), at a float δ ≤ ``delta``.
+
+    What a charge that needs no filter costs (pricing version 4), and the (εᵢ, δᵢ) a filter may
+    take for one charge whose parameters were fixed before it ran. Rounded UP to 6 significant
+    digits: a replayed certificate recomputes this number, and a last-ulp difference of a float
+    engine (another numpy, another CPU) must not change the decimal it rounds to (it costs at
+    most 1e-5 of ε). Memoized per request and per process."""
+    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
+
+
+@lru_cache(maxsize=1024)
+def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+    if is_free(event):
+        return ZERO
+    from accountant.prv import tight_epsilon as tight_bound
+
+    upper = tight_bound(event, delta_down(delta)).upper
+    return INFINITY if math.isinf(upper) else _UP6.plus(round_up(upper))
+
+
 def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
     """A declared plan's ε: PRV upper bound of all its events at the budget's δ."""
     return prv_epsilon(plan, delta)
@@ -165,10 +192,15 @@ def fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None = None) ->
 
     * ``basic`` (every accountant): exact basic composition, when its δ fits — a pure ``ε``
       costs exactly ``ε``;
-    * ``rdp``: the event's RDP curve on the accountant's full grid (``single_charge_orders``)
-      converted at δ (Balle et al. 2020, Thm. 21), or ε = 0 when every step runs on a Poisson
-      sample and δ covers the coupling bound 1 − Π(1 − qᵢ) (``accountant.rdp.untouched_delta``);
-    * ``prv``: the PRV upper bound.
+    * ε = 0 when every step runs on a Poisson sample and δ covers the coupling bound
+      1 − Π(1 − qᵢ) (``accountant.rdp.untouched_delta``);
+    * since pricing version 4, whatever the accountant (``rdp`` or ``prv``): ``tight_epsilon``,
+      the tightest valid ε of the event alone (exact for a Gaussian-only event). A budget's
+      accountant says how its *adaptive* spend composes (the filter); a single charge composes
+      with nothing, so the accountant need not bound it;
+    * before version 4, ``rdp``: the event's RDP curve on the accountant's full grid
+      (``single_charge_orders``) converted at δ (Balle et al. 2020, Thm. 21); ``prv``: the PRV
+      upper bound.
 
     The δ charged is the budget's δ (or the given one), or the basic δ when that bound is used.
     """
@@ -189,14 +221,10 @@ def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple
         else:
             legacy = prv_epsilon((event,), at)
         return legacy, (at if legacy > 0 else ZERO)
-    if budget.accountant in ("rdp", "tight"):
+    if active_pricing() >= 4:
+        eps, dlt = _coupling_price(event, at) or (tight_epsilon(event, at), at)
+    elif budget.accountant in ("rdp", "tight"):
         eps, dlt = _single_rdp_price(event, single_charge_orders(budget), at)
-        if budget.accountant == "tight" and budget.rule == "parallel" and eps > 0:
-            # The tight accountant's single-run price (PRV; ``rules.tight.tight_epsilon``). Not
-            # for a geometric level search, which prices a charge at many level deltas.
-            from accountant.rules.tight import tight_epsilon
-
-            eps = min(eps, tight_epsilon(event, at))
     else:
         eps, dlt = prv_epsilon((event,), at), at
     exact = _basic_if_supported(event)
@@ -220,7 +248,8 @@ def naive_price(budget: Budget, event: DpEvent) -> Decimal:
     return fresh_price(budget, event)[0]
 
 
-def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal) -> tuple[Decimal, Decimal]:
+def _coupling_price(event: DpEvent, delta: Decimal) -> tuple[Decimal, Decimal] | None:
+    """(0, 1 − p₀) when every step runs on a Poisson sample and δ covers 1 − p₀, else None."""
     from accountant.rdp import log_untouched, untouched_delta
 
     log_p0 = log_untouched(event)
@@ -228,6 +257,13 @@ def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal)
         coupling = round_up(untouched_delta(log_p0))
         if coupling <= delta:
             return ZERO, coupling  # (0, 1 − p₀)-DP by coupling, whatever the curve
+    return None
+
+
+def _single_rdp_price(event: DpEvent, orders: tuple[float, ...], delta: Decimal) -> tuple[Decimal, Decimal]:
+    coupled = _coupling_price(event, delta)
+    if coupled is not None:
+        return coupled
     curve = rdp_charge(event, orders)
     if all(v == 0 for v in curve):
         return ZERO, ZERO  # ρ(α) = 0 at every order: the output does not depend on the record

@@ -4,8 +4,9 @@ the full list of what ran on the batch; valid under fully adaptive choice, at th
 Filters
 -------
 **A — basic composition over tight per-charge prices.** Charge i is priced (εᵢ, δᵢ): its own
-tight ε at δᵢ (``tight_epsilon``: the PRV upper bound, Gopi, Lee & Wutschitz 2021, with the
-single-run RDP bound and the exact basic bound where smaller), δᵢ = ``SHARE``·(δ_A − Σ_{j<i} δⱼ)
+tight ε at δᵢ (``prices.tight_epsilon``: the analytic Gaussian for a Gaussian-only event,
+dp-accounting's pessimistic PLD or the PRV upper bound otherwise, with the single-run RDP bound
+and the exact basic bound where smaller), δᵢ = ``SHARE``·(δ_A − Σ_{j<i} δⱼ)
 (a pure-DP charge: its exact ε at δᵢ = 0). A admits while Σεᵢ ≤ ε and Σδᵢ ≤ δ_A. The (εᵢ, δᵢ)
 are functions of the declared event and of A's sums, i.e. of the past, never of the data:
 Rogers, Roth, Ullman & Vadhan 2016 ("Privacy odometers and filters", Thm. 3.6, the
@@ -61,13 +62,13 @@ from typing import Final
 
 from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
-from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, round_up, to_text
-from accountant.rdp_filter import RenyiFilter, rdp_epsilon
+from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, to_text
+from accountant.rdp_filter import RenyiFilter
 from accountant.rules.bookkeeping import canonical, naive_step, vadd, vector, vsub, zeros
 from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.errors import BudgetExceeded
 from accountant.rules.memo import event_fingerprint, memoized
-from accountant.rules.prices import basic_price, delta_down, is_free, rdp_charge
+from accountant.rules.prices import basic_price, is_free, rdp_charge, tight_epsilon
 from accountant.rules.state import Admission, BatchState, Cost, Settlement
 
 SHARE: Final = Decimal("0.99")
@@ -81,35 +82,6 @@ _PAIR_ZERO: Final = (ZERO, ZERO)
 # ---------------------------------------------------------------------------------------------
 # A's price of one charge
 # ---------------------------------------------------------------------------------------------
-
-
-def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
-    """The tight ε of ONE run of ``event`` at ``delta`` (> 0), rounded UP to 6 significant digits.
-
-    The one place the ``tight`` accountant prices a single charge: the PRV upper bound (Gopi,
-    Lee & Wutschitz 2021, Thm. 5.5; ``accountant.prv``), or the single-run RDP bound on the
-    accountant's full grid where that is smaller (both valid for one run whose parameters were
-    fixed before it ran). Six digits: a replayed certificate recomputes this number, and a
-    last-ulp difference of a numerical engine must not change the decimal it rounds to.
-    """
-    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
-
-
-@lru_cache(maxsize=1024)
-def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
-    from accountant.prv import PrvAccountant
-    from accountant.rdp import DEFAULT_ORDERS
-
-    at = delta_down(delta)
-    prv = PrvAccountant(relative_eps_error=_PRV_RELATIVE_ERROR).compose(event).get_epsilon(at).upper
-    rdp = rdp_epsilon(rdp_charge(event, DEFAULT_ORDERS), DEFAULT_ORDERS, at)
-    best = min(round_up(prv) if math.isfinite(prv) else INFINITY, rdp)
-    return best if best.is_infinite() else _UP6.plus(best)
-
-
-# PRV's mesh error kept below 0.3% of the ε found: a run calibrated by Opacus to ε = 1 must fit a
-# budget of 1 (its tight ε at 0.99·δ is 0.990; the default 3% would price it above 1).
-_PRV_RELATIVE_ERROR: Final = 0.003
 
 
 def run_price(event: DpEvent, delta: Decimal) -> tuple[Decimal, Decimal]:

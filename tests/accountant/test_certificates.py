@@ -292,9 +292,27 @@ def test_certificates_issued_before_an_upgrade_still_verify() -> None:
     relabelled = {**before, "pricing": 2}
     relabelled["hash"] = content_hash(relabelled)
     assert not verify(relabelled).ok
-    unknown = {**SCENARIOS["sequential-basic"], "pricing": 4}
+    unknown = {**SCENARIOS["sequential-basic"], "pricing": R.PRICING_VERSIONS[-1] + 1}
     unknown["hash"] = content_hash(unknown)
     assert "unknown pricing version" in verify(unknown).reason
+
+
+def test_a_certificate_issued_under_pricing_version_3_verifies_unchanged() -> None:
+    """Pricing version 4 prices a charge that needs no filter by its tight ε (issue 25 §2): the
+    parallel/rdp DP-SGD run costs less than version 3's RDP price. Every scenario issued under
+    version 3 re-verifies byte for byte under its recorded version; relabelled 4 it does not."""
+    with R.pricing_version(3):
+        old = scenarios()
+    for name, cert in old.items():
+        assert cert["pricing"] == 3
+        assert verify(cert).ok, (name, verify(cert).reason)
+    new = SCENARIOS["parallel-rdp-progressive"]
+    before = old["parallel-rdp-progressive"]
+    assert new["pricing"] == 4 and verify(new).ok
+    assert Decimal(new["result"]["epsilon"]) < Decimal(before["result"]["epsilon"])
+    relabelled = {**before, "pricing": 4}
+    relabelled["hash"] = content_hash(relabelled)
+    assert not verify(relabelled).ok
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

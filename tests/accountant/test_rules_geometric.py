@@ -124,6 +124,34 @@ def test_geometric_on_rdp_splits_delta_over_levels() -> None:
     assert "infinite horizon" in R.theorem(budget)
 
 
+def test_a_geometric_level_prices_its_charge_by_the_tight_epsilon_at_its_delta_share() -> None:
+    """Issue 25 §2: a level's ε′ is the event's tight ε at δ_k (one charge, no filter): the
+    audit's (q 0.001235, σ 8.609, 18 steps) was 2.07x PRV on ``rdp``; now it is
+    ``prices.tight_epsilon`` at the level's δ, ≤ 1.02x dp-accounting's pessimistic PLD there."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    from accountant.rules.prices import tight_epsilon
+
+    budget = R.Budget.create(rule="geometric", epsilon=0.02, delta=1e-6, accountant="rdp")
+    event = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.001235, ev.GaussianEvent(8.609)), 18)
+    _, cost = run(budget, R.BatchState.empty(), R.Charge(event))
+    assert budget.geometric is not None and cost.level is not None
+    level_delta = budget.geometric.level_delta(budget.delta, cost.level)
+    assert cost.delta == level_delta
+    assert cost.naive_epsilon == tight_epsilon(event, level_delta)
+    pld = (
+        PLDAccountant(value_discretization_interval=1e-5)
+        .compose(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(0.001235, dp_accounting.GaussianDpEvent(8.609)), 18
+            )
+        )
+        .get_epsilon(float(level_delta))
+    )
+    assert cost.naive_epsilon <= Decimal(1.02 * pld)
+
+
 streams = st.lists(
     st.one_of(
         st.floats(min_value=1e-12, max_value=0.6),

@@ -82,6 +82,49 @@ def test_parallel_prv_costs_the_single_event_by_its_upper_bound() -> None:
     assert "McSherry" in R.theorem(budget) and "S2" in R.theorem(budget)
 
 
+def test_a_parallel_charge_costs_its_tight_epsilon_whatever_the_accountant() -> None:
+    """Issue 25 §2 (pricing version 4): one charge needs no filter, so on ``rdp`` and ``prv``
+    budgets alike it costs the event's tight ε — the audit's (q 0.001235, σ 8.609, 18 steps,
+    δ 1e-7) was 0.0112 on ``rdp`` (5.2x dp-accounting's PLD); now ≤ 1.02x dp-accounting's
+    pessimistic PLD on a fine grid, and above its optimistic (lower) PLD."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant, privacy_loss_distribution
+
+    event = ev.SelfComposedEvent(ev.PoissonSampledEvent(0.001235, ev.GaussianEvent(8.609)), 18)
+    pld = (
+        PLDAccountant(value_discretization_interval=1e-5)
+        .compose(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(0.001235, dp_accounting.GaussianDpEvent(8.609)), 18
+            )
+        )
+        .get_epsilon(1e-7)
+    )
+    # dp-accounting's optimistic PLD: a lower bound on the true ε (sound at this small ε).
+    lower = (
+        privacy_loss_distribution.from_gaussian_mechanism(
+            8.609, sampling_prob=0.001235, value_discretization_interval=1e-5, pessimistic_estimate=False
+        )
+        .self_compose(18)
+        .get_epsilon_for_delta(1e-7)
+    )
+    costs = {}
+    for accountant in ("rdp", "prv"):
+        budget = R.Budget.create(rule="parallel", epsilon=1.0, delta=1e-7, accountant=accountant)
+        costs[accountant] = R.reserve(budget, R.BatchState.empty(), R.Charge(event)).cost
+        assert lower <= costs[accountant].epsilon <= Decimal(1.02 * pld)
+        assert costs[accountant].delta == Decimal("1e-7")
+    assert costs["rdp"] == costs["prv"]
+    # A lone Gaussian costs its exact ε (Balle & Wang 2018), not RDP's 7.6x.
+    budget = R.Budget.create(rule="parallel", epsilon=1.0, delta=1e-10, accountant="rdp")
+    lone = R.reserve(budget, R.BatchState.empty(), R.Charge(ev.GaussianEvent(1e4))).cost.epsilon
+    assert Decimal("0.00044249") < lone < Decimal("0.00044250")
+    # Under pricing version 3 the same charge is priced as before (stored certificates replay).
+    with R.pricing_version(3):
+        old = R.reserve(budget, R.BatchState.empty(), R.Charge(ev.GaussianEvent(1e4))).cost.epsilon
+    assert old > 7 * lone
+
+
 batch_charges = st.lists(
     st.decimals(min_value="0.01", max_value="1", places=2).map(float), min_size=1, max_size=40
 )

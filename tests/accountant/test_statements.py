@@ -129,7 +129,7 @@ def test_a_parallel_checkpoint_states_the_whole_reserved_run() -> None:
     whole, _ = _fresh(budget, run)
     prefix, _ = _fresh(budget, checkpoint)
     assert prefix < whole
-    assert state.epsilon_spent == whole and cert["result"]["guarantee"]["epsilon"] == str(whole)  # type: ignore[index]
+    assert state.epsilon_spent == whole and Decimal(cert["result"]["guarantee"]["epsilon"]) == whole  # type: ignore[index]
     basic = Budget.create(rule="parallel", epsilon=8, delta=0, accountant="basic")
     _, kept = certify_commit(basic, BatchState.empty(), Charge(ev.PureDpEvent(0.5)), partial=ev.NoOpEvent())
     assert kept.epsilon_spent == 0  # basic: an exact sum of what ran is a valid odometer

@@ -103,11 +103,33 @@ def test_basic_accountant_and_infinity_as_a_string(capsys: pytest.CaptureFixture
         "basic",
     )
     assert code == 0 and out is not None
-    assert out["epsilon"] == {"lower": 0.75, "estimate": 0.75, "upper": 0.75}
+    # lower is a real lower bound: 0 (issue 25: the sum was reported as one and lay above exact
+    # upper bounds); δ = 0, so the tight bound is basic composition's too.
+    assert out["epsilon"] == {"lower": 0.0, "estimate": 0.75, "upper": 0.75}
     assert out["method"] == "basic"
+    assert out["tight"]["upper"] == 0.75
     code, out, _ = _run(capsys, "--event", '{"kind": "non_private"}', "--delta", "1e-5")
     assert code == 0 and out is not None
     assert out["epsilon"]["upper"] == "Infinity"
+
+
+def test_rdp_is_reported_with_the_tight_bound_beside_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25: at tiny q and δ RDP is valid but 293x the tight value (0.544 vs 0.0019); the
+    answer keeps the named accountant's number and reports the tight one, saying which is which.
+    The tight value is checked against dp-accounting's pessimistic PLD on a fine grid."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
+    argv = ["--noise-multiplier", "1.18", "--sampling-probability", "4.3e-5", "--steps", "33"]
+    code, out, _ = _run(capsys, *argv, "--delta", "5.6e-9")
+    assert code == 0 and out is not None
+    assert out["accountant"] == "rdp" and out["epsilon"]["upper"] > 0.5
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(4.3e-5, dp_accounting.GaussianDpEvent(1.18)), 33
+    )
+    pld = PLDAccountant(value_discretization_interval=1e-5).compose(event).get_epsilon(5.6e-9)
+    assert out["tight"]["upper"] <= 1.02 * pld
+    assert out["tight"]["method"] == "pld" and "named accountant" in out["tight"]["note"]
 
 
 def test_prv_fallback_is_reported(capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,17 +49,30 @@ def _quote(api: Api, dataset: str, event: dict[str, Any], **target: Any) -> dict
     return answer
 
 
-def test_a_single_parallel_charge_costs_what_the_rdp_accountant_says(client: TestClient, keys: Keys) -> None:
+def test_a_single_parallel_charge_costs_its_tight_epsilon(client: TestClient, keys: Keys) -> None:
     """The audit's case: q = 0.001235, σ = 8.609, T = 18, δ = 1e-7 cost 7.2× dp-accounting's RDP
-    on a parallel/rdp budget (the filter's 20-order grid). Target ≤ 1.02×; and a pure ε costs ε."""
+    on a parallel/rdp budget (the filter's 20-order grid), then RDP itself (5.2× dp-accounting's
+    PLD). Since pricing version 4 (issue 25 §2) it costs its tight ε: ≤ 1.02× dp-accounting's
+    pessimistic PLD on a fine grid, a fifth of RDP; and a pure ε costs ε."""
+    from dp_accounting.pld import PLDAccountant
+
     admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
     dataset, batches = admin.dataset(
         {"rule": "parallel", "epsilon": "1", "delta": "1e-7", "accountant": "rdp"}, 2
     )
     event = _dpsgd(0.001235, 8.609, 18)
     held = trainer.reserve(dataset, batches[:1], event).json()
-    reference = _dpa_epsilon(0.001235, 8.609, 18, 1e-7)
-    assert reference * (1 - 1e-9) <= float(held["cost"]["epsilon"]) <= 1.02 * reference
+    pld = (
+        PLDAccountant(value_discretization_interval=1e-5)
+        .compose(
+            dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(0.001235, dp_accounting.GaussianDpEvent(8.609)), 18
+            )
+        )
+        .get_epsilon(1e-7)
+    )
+    assert 0.99 * pld <= float(held["cost"]["epsilon"]) <= 1.02 * pld
+    assert float(held["cost"]["epsilon"]) < _dpa_epsilon(0.001235, 8.609, 18, 1e-7) / 4
     pure = trainer.reserve(dataset, batches[1:], {"kind": "pure_dp", "epsilon": 0.1}).json()
     assert pure["cost"] == {"epsilon": "0.1", "delta": "0"}
 

@@ -25,8 +25,10 @@ PREFIX = dpsgd(0.01, 1.1, 50)
 
 
 def _commit_prefix_under_pricing_2(ledger: Database, dataset: str, batch_ids: list[str]) -> dict[str, Any]:
-    held = reservations.reserve(ledger, "t1", dataset, batch_ids=batch_ids, event_json=RUN)
+    # Reserved and committed under pricing 2, as such a run was (a reservation priced under
+    # version 4 holds its tight ε, which can be below version 2's RDP price of the prefix).
     with R.pricing_version(2):
+        held = reservations.reserve(ledger, "t1", dataset, batch_ids=batch_ids, event_json=RUN)
         answer = reservations.commit(
             ledger, "t1", held["id"], release={"model": dataset, "version": 1}, event_json=PREFIX
         )
