@@ -16,6 +16,7 @@ from accountant import events as ev
 from accountant import rules
 from accountant.errors import UnsupportedEventError
 from accountant.rules import BatchState, Budget, BudgetExceeded, Charge, tight
+from accountant.rules.memo import pricing_version
 from accountant.rules.state import Cost
 
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -196,8 +197,9 @@ def test_states_and_costs_round_trip_through_json() -> None:
 
 def test_every_rule_takes_the_tight_accountant() -> None:
     """``lifelong`` composes fresh charges through the union (a replay of committed noise is
-    free); a ``parallel`` charge is its own tight price, no more than on ``rdp`` and no less than
-    dp-accounting's PLD; ``geometric`` prices a level as ``rdp`` does."""
+    free); a ``parallel`` charge is its own tight price, the same as on ``rdp`` since pricing
+    version 4 (and cheaper than ``rdp`` under version 3), no less than dp-accounting's PLD;
+    ``geometric`` prices a level as ``rdp`` does."""
     run = MENU[0]
     lifelong = Budget.create(rule="lifelong", epsilon="1", delta="1e-5", accountant="tight")
     first = rules.reserve(lifelong, BatchState(), Charge(run, "noise-1"))
@@ -208,7 +210,9 @@ def test_every_rule_takes_the_tight_accountant() -> None:
     on_rdp = Budget.create(rule="parallel", epsilon="2", delta="1e-5", accountant="rdp")
     tight_cost = rules.reserve(parallel, BatchState(), Charge(run)).cost.epsilon
     assert _pld_epsilon([run], 1e-5) <= float(tight_cost) <= 1.01 * _pld_epsilon([run], 1e-5)
-    assert tight_cost < rules.reserve(on_rdp, BatchState(), Charge(run)).cost.epsilon
+    assert tight_cost == rules.reserve(on_rdp, BatchState(), Charge(run)).cost.epsilon
+    with pricing_version(3):
+        assert tight_cost < rules.reserve(on_rdp, BatchState(), Charge(run)).cost.epsilon
     geometric = Budget.create(rule="geometric", epsilon="4", delta="1e-5", accountant="tight")
     as_rdp = Budget.create(rule="geometric", epsilon="4", delta="1e-5", accountant="rdp")
     assert (
