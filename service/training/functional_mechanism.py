@@ -67,13 +67,17 @@ def encode(x: np.ndarray, projection: np.ndarray, *, bound: float) -> np.ndarray
     return phi
 
 
-def batch_coefficients(phi: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def batch_coefficients(
+    phi: np.ndarray, labels: np.ndarray, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The batch's coefficient vector (Σφφᵀ (p × p), Σφyᵀ (p × K)) for integer ``labels``."""
     one_hot = np.eye(num_classes)[np.asarray(labels, dtype=np.int64)]
     return phi.T @ phi, phi.T @ one_hot
 
 
-def coefficient_noise(seed: int, batch_id: str, *, features: int, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def coefficient_noise(
+    seed: int, batch_id: str, *, features: int, num_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Standard normal draws for every coefficient of one batch ((p × p), (p × K)): a
     deterministic function of (seed, batch id), so every read of the batch sees the same draw."""
     key = hashlib.sha256(batch_id.encode()).digest()
@@ -114,7 +118,31 @@ def functional_event(p: FunctionalMechanismParams, num_classes: int) -> Function
     )
 
 
-def choose_memory(seed: int, task_batches: Sequence[Sequence[str]], per_task: int | None) -> list[tuple[str, ...]]:
+def noise_multiplier_for_budget(*, epsilon: float, delta: float, resolution: float = 1e-3) -> float:
+    """The smallest σ (grid ``resolution``) whose one batch charge fits the Rényi filter of a fresh
+    ``lifelong``/``rdp`` budget (ε, δ) with its placed grid: what the ledger admits, so the run
+    spends the budget once (``accountant.calibration.smallest_noise``)."""
+    from accountant.calibration import smallest_noise
+    from accountant.rules import Budget, renyi_filter
+    from accountant.rules.prices import rdp_charge
+
+    budget = Budget.create(rule="lifelong", epsilon=repr(epsilon), delta=repr(delta), accountant="rdp")
+    assert budget.orders is not None
+    orders = budget.orders
+    flt = renyi_filter(budget)
+
+    def fits(sigma: float) -> bool:
+        event = FunctionalMechanismEvent(
+            noise_multiplier=sigma, feature_dim=2, num_classes=2, feature_bound=1.0
+        )
+        return flt.fits(rdp_charge(event, orders))
+
+    return smallest_noise(fits, resolution=resolution)
+
+
+def choose_memory(
+    seed: int, task_batches: Sequence[Sequence[str]], per_task: int | None
+) -> list[tuple[str, ...]]:
     """For each task (in training order) the perturbed batches that stay in the episodic memory:
     all of them (``per_task`` None) or ``per_task`` drawn from the seed alone."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x6D656D]))
@@ -178,7 +206,8 @@ class FunctionalMechanismTrainer:
         num_classes = self.num_classes(params)
         if num_classes < data.num_classes:
             raise InvalidParamsError(
-                "params.num_classes", f"must cover the data's {data.num_classes} classes. Found {num_classes}."
+                "params.num_classes",
+                f"must cover the data's {data.num_classes} classes. Found {num_classes}.",
             )
         plan = make_plan(tasks, task_order=params.task_order, epochs=1, seed=params.seed)
         event = functional_event(params, num_classes)
@@ -189,7 +218,10 @@ class FunctionalMechanismTrainer:
             event=event,
             stddev=functional_mechanism_noise_stddev(event),
             projection=random_projection(
-                seed=params.seed, input_dim=data.n_features, features=params.features, scale=params.feature_scale
+                seed=params.seed,
+                input_dim=data.n_features,
+                features=params.features,
+                scale=params.feature_scale,
             ),
             num_classes=num_classes,
             record=LifelongRecord.of(data),
@@ -202,7 +234,9 @@ class FunctionalMechanismTrainer:
         p = state.params
         phi = encode(features, state.projection, bound=p.feature_bound)
         m, c = batch_coefficients(phi, labels, state.num_classes)
-        noise_m, noise_c = coefficient_noise(p.seed, batch_id, features=p.features, num_classes=state.num_classes)
+        noise_m, noise_c = coefficient_noise(
+            p.seed, batch_id, features=p.features, num_classes=state.num_classes
+        )
         return m + state.stddev * noise_m, c + state.stddev * noise_c
 
     def predict(self, state: FunctionalMechanismState, task: int, features: np.ndarray) -> np.ndarray:
@@ -212,7 +246,9 @@ class FunctionalMechanismTrainer:
             return np.asarray((phi @ state.shared).argmax(axis=1))
         scores = phi @ state.heads[task]
         split = state.record.tests.get(task)
-        classes = np.unique(split.labels) if split is not None and len(split) else np.arange(state.num_classes)
+        classes = (
+            np.unique(split.labels) if split is not None and len(split) else np.arange(state.num_classes)
+        )
         return np.asarray(classes[scores[:, classes].argmax(axis=1)])
 
     def train_stage(
@@ -272,6 +308,7 @@ __all__ = [
     "encode",
     "functional_event",
     "noise_commitment",
+    "noise_multiplier_for_budget",
     "random_projection",
     "solve_head",
 ]

@@ -442,7 +442,9 @@ class L2dpMlTrainer:
     def declared_batch_size(tasks: Sequence[LedgerTask]) -> int:
         return max(b.size for t in tasks for b in t.batches)
 
-    def stages(self, params: L2dpMlParams | FunctionalMechanismParams, tasks: Sequence[LedgerTask]) -> list[Stage]:
+    def stages(
+        self, params: L2dpMlParams | FunctionalMechanismParams, tasks: Sequence[LedgerTask]
+    ) -> list[Stage]:
         if isinstance(params, FunctionalMechanismParams):
             stages: list[Stage] = self._functional().stages(params, tasks)
             return stages

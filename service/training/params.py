@@ -586,10 +586,8 @@ class FunctionalMechanismParams:
         values = cls(
             noise_multiplier=sigma,
             features=r.integer("features", 64, minimum=2, maximum=MAX_FEATURES) or 64,
-            feature_scale=r.real("feature_scale", 0.2, minimum=0, exclusive_minimum=True, maximum=1e3)
-            or 0.2,
-            feature_bound=r.real("feature_bound", 1.0, minimum=0, exclusive_minimum=True, maximum=1e3)
-            or 1.0,
+            feature_scale=r.real("feature_scale", 0.2, minimum=0, exclusive_minimum=True, maximum=1e3) or 0.2,
+            feature_bound=r.real("feature_bound", 1.0, minimum=0, exclusive_minimum=True, maximum=1e3) or 1.0,
             regularization=r.real("regularization", 30.0, minimum=0, exclusive_minimum=True, maximum=1e9)
             or 30.0,
             multi_head=r.boolean("multi_head", False),
@@ -857,10 +855,10 @@ __all__ = [
     "ContinualParams",
     "DpSgdParams",
     "ExtractorSpec",
+    "FunctionalMechanismParams",
     "HeadParams",
     "InvalidParamsError",
     "JobParams",
-    "FunctionalMechanismParams",
     "L2dpMlParams",
     "ModelSpec",
     "NaiveGaussianParams",

@@ -15,24 +15,24 @@ import pytest
 
 pytest.importorskip("torch")
 
-from accountant.events import FunctionalMechanismEvent, GaussianEvent, from_json, to_json  # noqa: E402
-from accountant.mechanisms import (  # noqa: E402
+from accountant.events import FunctionalMechanismEvent, GaussianEvent, from_json, to_json
+from accountant.mechanisms import (
     functional_mechanism_l2_sensitivity,
     functional_mechanism_noise_stddev,
 )
-from accountant.registry import make_accountant  # noqa: E402
-from service.db.session import Database  # noqa: E402
-from service.ledger import jobs, spend  # noqa: E402
-from service.training.functional_mechanism import (  # noqa: E402
+from accountant.registry import make_accountant
+from service.db.session import Database
+from service.ledger import jobs, spend
+from service.training.functional_mechanism import (
     batch_coefficients,
     coefficient_noise,
     encode,
     random_projection,
 )
-from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
-from service.training.params import FunctionalMechanismParams, InvalidParamsError  # noqa: E402
-from service.worker.worker import Worker  # noqa: E402
-from tests.worker.digits_world import source_tasks, task_dataset, versions_of  # noqa: E402
+from service.training.l2dp_ml import L2dpMlTrainer
+from service.training.params import FunctionalMechanismParams, InvalidParamsError
+from service.worker.worker import Worker
+from tests.worker.digits_world import source_tasks, task_dataset, versions_of
 
 
 def _vector(phi: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
@@ -47,9 +47,7 @@ def test_sensitivity_is_never_exceeded_by_neighbouring_batches_and_is_attained(b
     vector moves by at most Δ₂, and by Δ₂ itself for some pair (B = 1: two unit features 120° apart
     with one label; B = 0.5: antipodal features)."""
     angles = np.deg2rad(np.arange(0, 360, 15))
-    points = [
-        (r * math.cos(a), r * math.sin(a)) for r in (bound, bound / 2, bound / 3) for a in angles
-    ]
+    points = [(r * math.cos(a), r * math.sin(a)) for r in (bound, bound / 2, bound / 3) for a in angles]
     records = [(np.array(p), y) for p in points for y in (0, 1)]
     sensitivity = functional_mechanism_l2_sensitivity(feature_bound=bound)
     rng = np.random.default_rng(0)
@@ -97,7 +95,9 @@ def test_the_event_is_priced_as_the_gaussian_mechanism_it_is() -> None:
     theirs.compose(dp_accounting.GaussianDpEvent(4.5))
     assert ours.get_epsilon(1e-5).upper == pytest.approx(theirs.get_epsilon(1e-5), rel=1e-3)
     assert functional_mechanism_noise_stddev(event) == pytest.approx(4.5 * math.sqrt(2) * 1.5, rel=1e-15)
-    assert functional_mechanism_noise_stddev(event) >= 4.5 * functional_mechanism_l2_sensitivity(feature_bound=1.0)
+    assert functional_mechanism_noise_stddev(event) >= 4.5 * functional_mechanism_l2_sensitivity(
+        feature_bound=1.0
+    )
 
 
 def test_noise_is_a_function_of_seed_and_batch() -> None:
@@ -115,8 +115,14 @@ def test_params_name_the_bad_field() -> None:
     for params, field in (
         ({"perturbation": "functional_mechanism"}, "params.noise_multiplier"),
         ({"perturbation": "functional", "noise_multiplier": 1.0}, "params.perturbation"),
-        ({"perturbation": "functional_mechanism", "noise_multiplier": 1.0, "epsilon1": 1.0}, "params.epsilon1"),
-        ({"perturbation": "functional_mechanism", "noise_multiplier": 1.0, "memory_per_task": 0}, "params.memory_per_task"),
+        (
+            {"perturbation": "functional_mechanism", "noise_multiplier": 1.0, "epsilon1": 1.0},
+            "params.epsilon1",
+        ),
+        (
+            {"perturbation": "functional_mechanism", "noise_multiplier": 1.0, "memory_per_task": 0},
+            "params.memory_per_task",
+        ),
     ):
         with pytest.raises(InvalidParamsError) as info:
             trainer.parse_params(params)
@@ -136,7 +142,9 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     db: Database, tmp_path: Path
 ) -> None:
     budget = {"rule": "lifelong", "epsilon": "2", "delta": "1e-5", "accountant": "rdp"}
-    dataset_id, _ = task_dataset(db, budget, source_tasks(SOURCE), batch_size=300, name="split", source=SOURCE)
+    dataset_id, _ = task_dataset(
+        db, budget, source_tasks(SOURCE), batch_size=300, name="split", source=SOURCE
+    )
     params = {"perturbation": "functional_mechanism", "noise_multiplier": 2.5, "seed": 4}
     job = _job(db, tmp_path, dataset_id, params)
     assert job["status"] == "succeeded", job["error"]
