@@ -237,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
                             args.batch_size,
                         ),
                         "agem": agem[-1]["average_accuracy"],
+                        "agem_multi": agem[-1]["multi_head_average_accuracy"],
                         "agem_forgetting": agem[-1].get("average_forgetting", 0.0),
                         "joint": joint["average_accuracy"],
                     }
@@ -301,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
                             "fm_forgetting": shared.versions[-1]["metrics"].get("average_forgetting", 0.0),
                             "fm_multi": multi.versions[-1]["metrics"]["average_accuracy"],
                             "naive": naive.versions[-1]["metrics"]["average_accuracy"],
+                            "naive_multi": naive.versions[-1]["metrics"]["multi_head_average_accuracy"],
                             "naive_forgetting": naive.versions[-1]["metrics"].get("average_forgetting", 0.0),
                             "fm_ledger_epsilon": fm_eps,
                             "fm_ledger_epsilon_after_multi_head": float(multi.spend["epsilon_spent"]),
@@ -383,12 +385,16 @@ def _rows(
                     "fm_multi": _pm([r["fm_multi"] for r in cell]),
                     "naiveG": _pm([r["naive"] for r in cell]),
                     "fm-naiveG": _pm(margin),
+                    "naiveG_multi": _pm([r["naive_multi"] for r in cell]),
+                    "multi: fm-naiveG": _pm([r["fm_multi"] - r["naive_multi"] for r in cell]),
                     "fm_eps_1st/last": f"{cell[0]['fm_ledger_epsilon'][0]:.4g}/"
                     f"{cell[0]['fm_ledger_epsilon'][-1]:.4g}",
                     "naiveG_eps_1st/last": f"{cell[0]['naive_ledger_epsilon'][0]:.4g}/"
                     f"{cell[0]['naive_ledger_epsilon'][-1]:.4g}",
                     "fm_noiseless*": _pm([b["fm_noiseless"] for b in base]),
+                    "fm_multi_noiseless*": _pm([b["fm_multi_noiseless"] for b in base]),
                     "agem*": _pm([b["agem"] for b in base]),
+                    "agem_multi*": _pm([b["agem_multi"] for b in base]),
                     "joint*": _pm([b["joint"] for b in base]),
                     "paper_l2dp": _paper(paper["l2dp_ml"].get(eps)),
                     "paper_naiveG": _paper(paper.get("naive_gaussian", {}).get(eps)),
@@ -410,10 +416,16 @@ def _claims(runs: list[dict[str, Any]], sequences: list[str], epsilons: list[flo
         for eps in epsilons:
             cell = [r for r in runs if r["sequence"] == sequence and r["epsilon"] == eps]
             mean, std = _mean_std([r["fm"] - r["naive"] for r in cell])
+            multi_mean, multi_std = _mean_std([r["fm_multi"] - r["naive_multi"] for r in cell])
             out[f"{sequence}@{eps:g}"] = {
                 "margin_mean": mean,
                 "margin_std": std,
                 "beats_naive_by_2_std": bool(mean > 2 * std and mean > 0) if len(cell) > 1 else None,
+                "multi_head_margin_mean": multi_mean,
+                "multi_head_margin_std": multi_std,
+                "multi_head_beats_naive_by_2_std": bool(multi_mean > 2 * multi_std and multi_mean > 0)
+                if len(cell) > 1
+                else None,
                 "fm_epsilon_flat": all(len(set(r["fm_ledger_epsilon"])) == 1 for r in cell),
                 "multi_head_replays_free": all(
                     r["fm_ledger_epsilon_after_multi_head"] == r["fm_ledger_epsilon"][-1] for r in cell

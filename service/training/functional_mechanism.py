@@ -244,12 +244,8 @@ class FunctionalMechanismTrainer:
         if not state.params.multi_head:
             assert state.shared is not None
             return np.asarray((phi @ state.shared).argmax(axis=1))
-        scores = phi @ state.heads[task]
-        split = state.record.tests.get(task)
-        classes = (
-            np.unique(split.labels) if split is not None and len(split) else np.arange(state.num_classes)
-        )
-        return np.asarray(classes[scores[:, classes].argmax(axis=1)])
+        classes = state.record.task_classes(task)
+        return np.asarray(classes[(phi @ state.heads[task])[:, classes].argmax(axis=1)])
 
     def train_stage(
         self,

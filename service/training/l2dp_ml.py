@@ -340,6 +340,24 @@ class LifelongRecord:
     def of(cls, data: LoadedData) -> LifelongRecord:
         return cls({split.task: split for split in data.test})
 
+    def task_classes(self, task: int) -> np.ndarray:
+        """The classes of ``task`` (those of its test split; all of the data's when it has none):
+        what a multi-head, task-aware model chooses among."""
+        split = self.tests.get(task)
+        if split is None or len(split) == 0:
+            return np.arange(max((int(s.labels.max()) for s in self.tests.values() if len(s)), default=0) + 1)
+        return np.unique(split.labels)
+
+    def evaluate_heads(self, scores: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """``evaluate`` of a single network read as a multi-head one: on each task the argmax of
+        ``scores`` (logits, one column per class) among that task's classes only."""
+
+        def predict(task: int, x: np.ndarray) -> np.ndarray:
+            classes = self.task_classes(task)
+            return np.asarray(classes[scores(x)[:, classes].argmax(axis=1)])
+
+        return self.evaluate_tasks(predict)
+
     def learnt(self, data: LoadedData, current: Sequence[str]) -> int:
         """Note the task whose records ``current`` are (its source task index)."""
         wanted = set(current)

@@ -158,11 +158,16 @@ class AgemMlp:
         for tensor, update in zip(values, unflatten(g, values), strict=True):
             tensor.sub_(self.learning_rate * update)
 
-    def predict(self, features: np.ndarray) -> np.ndarray:
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        """The logits of each row of ``features``."""
         x = torch.from_numpy(features.astype(np.float32)).to(next(iter(self.params.values())).device)
         with torch.no_grad():
             logits = functional_call(self.model, self.params, (x,))
-        predicted: np.ndarray = logits.argmax(dim=1).cpu().numpy()
+        out: np.ndarray = logits.cpu().numpy()
+        return out
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        predicted: np.ndarray = self.scores(features).argmax(axis=1)
         return predicted
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -179,6 +184,7 @@ class NaiveGaussianState:
     record: LifelongRecord
     sampler: torch.Generator
     noise: torch.Generator
+    heads: LifelongRecord  # the same network read task-aware (multi-head evaluation)
     position: int = 0
 
 
@@ -265,6 +271,7 @@ class NaiveGaussianTrainer:
             LifelongRecord.of(data),
             sampler,
             noise,
+            LifelongRecord.of(data),
         )
 
     def _noisy_gradient(self, state: NaiveGaussianState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -303,11 +310,22 @@ class NaiveGaussianTrainer:
             g = self._noisy_gradient(state, x_cur, y_cur)
             g_ref = self._noisy_gradient(state, x_mem, y_mem) if x_mem.shape[0] else None
             state.learner.step(g, g_ref)
-        state.record.learnt(data, sorted(current_ids))
+        state.heads.seen.append(state.record.learnt(data, sorted(current_ids)))
         state.position += 1
         metrics = state.record.evaluate(state.learner.predict)
+        metrics.update(_multi_head_metrics(state.heads, state.learner))
         metrics["epochs"] = state.plan.epochs[position]
         return StageRelease(state.learner.model_state(), metrics)
+
+
+def _multi_head_metrics(heads: LifelongRecord, learner: AgemMlp) -> dict[str, Any]:
+    """The network's metrics read task-aware (each task's argmax among its own classes): the
+    multi-head (task-incremental) numbers, beside the shared-head ones."""
+    evaluated = heads.evaluate_heads(learner.scores)
+    out = {"multi_head_average_accuracy": evaluated["average_accuracy"]}
+    if "average_forgetting" in evaluated:
+        out["multi_head_average_forgetting"] = evaluated["average_forgetting"]
+    return out
 
 
 def train_noiseless_agem(
@@ -324,8 +342,8 @@ def train_noiseless_agem(
 ) -> list[dict[str, Any]]:
     """Non-private A-gem (Chaudhry et al. 2019) on the same fixed batches: exact mean gradients,
     ``memory_per_task`` random batches of each task join the memory (g_ref is the gradient on one
-    memory batch drawn at random). Returns each task's metrics (``LifelongRecord``). Not a job:
-    it has no finite ε."""
+    memory batch drawn at random). Returns each task's metrics (``LifelongRecord``), shared-head
+    and task-aware (``multi_head_*``). Not a job: it has no finite ε."""
     dev = torch.device(device) if device is not None else default_device()
     splits = {s.task: s for s in data.train}
     learner = AgemMlp.build(data.n_features, hidden, data.num_classes, seed, learning_rate, dev)
@@ -336,6 +354,7 @@ def train_noiseless_agem(
     gradient = grad(loss)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 5]))
     record = LifelongRecord.of(data)
+    heads = LifelongRecord.of(data)
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []
     out = []
     for position, task in enumerate(task_order):
@@ -359,7 +378,10 @@ def train_noiseless_agem(
         kept = rng.choice(len(batches), min(memory_per_task, len(batches)), replace=False)
         memory.extend(batches[int(i)] for i in kept)
         record.seen.append(task)
-        out.append(record.evaluate(learner.predict))
+        heads.seen.append(task)
+        metrics = record.evaluate(learner.predict)
+        metrics.update(_multi_head_metrics(heads, learner))
+        out.append(metrics)
     return out
 
 
