@@ -179,6 +179,8 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def _pm(values: list[float]) -> str:
+    if not values:
+        return "-"
     mean, std = _mean_std(values)
     return f"{mean:.3f} ± {std:.3f}"
 
