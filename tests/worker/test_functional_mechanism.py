@@ -23,6 +23,7 @@ from accountant.mechanisms import (
 from accountant.registry import make_accountant
 from service.db.session import Database
 from service.ledger import jobs, spend
+from service.training.data import LoadedData, load_data
 from service.training.functional_mechanism import (
     batch_coefficients,
     coefficient_noise,
@@ -31,6 +32,7 @@ from service.training.functional_mechanism import (
 )
 from service.training.l2dp_ml import L2dpMlTrainer
 from service.training.params import FunctionalMechanismParams, InvalidParamsError
+from service.training.stages import LedgerBatch, LedgerTask
 from service.worker.worker import Worker
 from tests.worker.digits_world import source_tasks, task_dataset, versions_of
 
@@ -170,3 +172,51 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     # Another encoder under the same seed is another release: fresh noise, refused past the budget.
     other = _job(db, tmp_path, dataset_id, {**params, "features": 32})
     assert other["status"] == "failed" and other["error"]["error"] == "budget_exceeded"  # type: ignore[index]
+
+
+def _offline(uri: str, batch_size: int) -> tuple[LoadedData, list[LedgerTask], dict[str, tuple[str, ...]]]:
+    data = load_data(uri)
+    tasks, records = [], {}
+    for split in data.train:
+        batches = []
+        for position, start in enumerate(range(0, len(split.record_ids), batch_size)):
+            batch_id = f"t{split.task}-b{position}"
+            records[batch_id] = tuple(split.record_ids[start : start + batch_size])
+            batches.append(LedgerBatch(batch_id, f"t{split.task}", position, len(records[batch_id])))
+        tasks.append(LedgerTask(f"t{split.task}", split.task, f"task-{split.task}", tuple(batches)))
+    return data, tasks, records
+
+
+@pytest.mark.parametrize("memory_per_task", [None, 2])
+def test_the_shared_head_reads_the_episodic_memory_of_perturbed_batches(memory_per_task: int | None) -> None:
+    """Without ``memory_per_task`` every perturbed batch stays: the last head is the solve over all
+    of them (joint training through the noise); with 2, two batches of each earlier task."""
+    from service.training.functional_mechanism import FunctionalMechanismTrainer, solve_head
+
+    data, tasks, records = _offline("builtin:split-digits?tasks=3&seed=1", 100)
+    params = FunctionalMechanismParams.read(
+        {"perturbation": "functional_mechanism", "noise_multiplier": 3.0, "seed": 2, "features": 16}
+        | ({} if memory_per_task is None else {"memory_per_task": memory_per_task})
+    )
+    trainer = FunctionalMechanismTrainer()
+    state = trainer.start(params, data, tasks)
+    kept = []
+    for stage in trainer.stages(params, tasks):
+        release = trainer.train_stage(state, stage, data, {b: records[b] for b in stage.batch_ids})
+        kept.append(release.metrics["memory_batches"])
+    sizes = [len(t.batch_ids) for t in tasks]
+    if memory_per_task is None:
+        assert kept == [0, sizes[0], sizes[0] + sizes[1]]
+        everything = [trainer.perturb(state, b, *_rows(data, records[b])) for b in records]
+        joint = solve_head(
+            sum(m for m, _ in everything), sum(c for _, c in everything), params.regularization
+        )
+        assert np.allclose(state.shared, joint)
+    else:
+        assert kept == [0, 2, 4]
+
+
+def _rows(data: LoadedData, ids: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    index = {r: (s, i) for s in data.train for i, r in enumerate(s.record_ids)}
+    rows = [index[r] for r in ids]
+    return np.stack([s.features[i] for s, i in rows]), np.asarray([s.labels[i] for s, i in rows])
