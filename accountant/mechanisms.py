@@ -143,7 +143,7 @@ def functional_mechanism_l2_sensitivity(*, feature_bound: float) -> float:
     * B² ≥ ½: c = −½ (feasible: |c| ≤ B²), Δ₂² = 2B⁴ + 2B² + ½ = 2(B² + ½)², Δ₂ = √2·(B² + ½);
     * B² < ½: c = −B² (antipodal features), Δ₂² = 4B², Δ₂ = 2B.
 
-    Both are attained (``tests/accountant/test_functional_mechanism.py`` brute-forces neighbouring
+    Both are attained (``tests/worker/test_functional_mechanism.py`` brute-forces neighbouring
     batches). The square is exact; the root is rounded up."""
     bound = _positive("feature_bound", feature_bound)
     b2 = bound * bound
