@@ -150,6 +150,37 @@ class GaussianEvent(DpEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionalMechanismEvent(GaussianEvent):
+    """The functional mechanism (Zhang et al. 2012) on one fixed batch's quadratic objective
+    of a linear output layer over bounded features: the sound L2DP-ML (docs/ACCOUNTING.md,
+    "The functional mechanism of the lifelong learner").
+
+    Each record is a feature vector φ ∈ ℝ^p (``feature_dim``), ‖φ‖₂ ≤ B (``feature_bound``),
+    from an encoder that never sees private data, and a one-hot label y ∈ {0, 1}^K
+    (``num_classes``). The batch's coefficient vector is (Σφφᵀ, Σφyᵀ) — Σφ = Σφyᵀ·1 is part of it,
+    since each y sums to 1 — and the 2nd-order Taylor objective of the output layer's per-class
+    logistic loss (lifelong-dp-l2dp-ml.txt, Eq. 9–12) is a function of it. Gaussian noise of
+    standard deviation ``noise_multiplier`` · Δ₂ is added to every coefficient once, where
+    Δ₂ = ``accountant.mechanisms.functional_mechanism_l2_sensitivity(B)`` is the coefficient
+    vector's L2 sensitivity under **replace-one** neighbours. It **is** the Gaussian mechanism with
+    that noise multiplier, and every accountant prices it as one (it is a ``GaussianEvent``);
+    the other fields say what the sensitivity was computed for, and bind a replay (its
+    fingerprint) to the same mechanism.
+    """
+
+    kind: ClassVar[str] = "functional_mechanism"
+    feature_dim: int
+    num_classes: int
+    feature_bound: float
+
+    def validate(self, path: str = "event") -> None:
+        _check_positive(f"{path}.noise_multiplier", self.noise_multiplier)
+        _check_count(f"{path}.feature_dim", self.feature_dim)
+        _check_count(f"{path}.num_classes", self.num_classes, minimum=2)
+        _check_positive(f"{path}.feature_bound", self.feature_bound)
+
+
+@dataclass(frozen=True, slots=True)
 class LaplaceEvent(DpEvent):
     """Laplace mechanism with L1 sensitivity 1 and noise scale ``scale`` (so pure ε = 1/scale)."""
 
@@ -456,6 +487,7 @@ EVENT_TYPES: Final[Mapping[str, type[DpEvent]]] = {
         FunctionalMechanismL2DPEvent,
         OutputPerturbationEvent,
         AdaptiveGaussianEvent,
+        FunctionalMechanismEvent,
     )
 }
 
@@ -592,6 +624,15 @@ def _parse_adaptive(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
     )
 
 
+def _parse_functional(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
+    return FunctionalMechanismEvent(
+        noise_multiplier=_number(obj, "noise_multiplier", path),
+        feature_dim=_integer(obj, "feature_dim", path),
+        num_classes=_integer(obj, "num_classes", path),
+        feature_bound=_number(obj, "feature_bound", path),
+    )
+
+
 def _parse_l2dp(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
     analysis = obj.get("analysis")
     if analysis is not None and not isinstance(analysis, str):
@@ -622,6 +663,7 @@ _PARSERS: Final[Mapping[str, _Parser]] = {
     "l2dp_ml_functional": _parse_l2dp,
     "output_perturbation": _parse_simple(OutputPerturbationEvent, ["l2_sensitivity", "epsilon"]),
     "adaptive_gaussian": _parse_adaptive,
+    "functional_mechanism": _parse_functional,
 }
 
 
@@ -760,6 +802,8 @@ def neighbouring_relations(event: DpEvent) -> dict[str, str]:
     * ``l2dp_ml_functional`` → replace-one: its batches have a declared, public size |B| (the
       noise is scaled by 1/|B|), and the ``"sound"`` analysis releases one perturbed row per
       record, which no add/remove analysis can hide.
+    * ``functional_mechanism`` → replace-one: its sensitivity (docs/ACCOUNTING.md) is the
+      largest change of the coefficient vector when one record of the batch is replaced.
     * ``output_perturbation`` → replace-one: Chaudhuri, Monteleoni & Sarwate 2011's sensitivity
       2L/(λn) is for datasets of the same size n differing in one entry.
 
@@ -781,6 +825,7 @@ _RELATION_OF_KIND: Final[Mapping[str, str]] = {
     "sampled_without_replacement": REPLACE_ONE,
     "l2dp_ml_functional": REPLACE_ONE,
     "output_perturbation": REPLACE_ONE,
+    "functional_mechanism": REPLACE_ONE,
 }
 
 
@@ -796,6 +841,7 @@ __all__ = [
     "ComposedEvent",
     "DpEvent",
     "EventValidationError",
+    "FunctionalMechanismEvent",
     "FunctionalMechanismL2DPEvent",
     "GaussianEvent",
     "InvalidFieldError",

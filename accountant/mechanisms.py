@@ -9,7 +9,8 @@ privacy. Sampling probabilities are rounded *down* (sampling less never hurts pr
 
 Papers (``../shared/papers``):
 
-* ``lifelong-dp-l2dp-ml.txt`` — Phan et al., "Lifelong DP / L2DP-ML": Theorem 2.
+* ``lifelong-dp-l2dp-ml.txt`` — Phan et al., "Lifelong DP / L2DP-ML": Theorem 2; and the
+  functional mechanism proper (Zhang et al. 2012) on its output layer's Taylor objective.
 * ``continual-sliding-window-release.txt`` — continual and multi-resolution release: Lemma .1
   (Wu et al. 2017), Algorithm 6 (lines 1, 5, 6), Algorithm 7 (line 3), Algorithm 8 (line 11),
   Theorem 3 (and its proof).
@@ -30,7 +31,12 @@ import numpy.typing as npt
 from scipy.special import log_ndtr
 
 from accountant.errors import InvalidArgumentError
-from accountant.events import FunctionalMechanismL2DPEvent, OutputPerturbationEvent, lemma1_holds
+from accountant.events import (
+    FunctionalMechanismEvent,
+    FunctionalMechanismL2DPEvent,
+    OutputPerturbationEvent,
+    lemma1_holds,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Rounding and validation
@@ -125,6 +131,36 @@ def l2dp_ml_epsilon(
     gamma = 2 * delta_r / (batch * theta)
     input_term = eps1 / gamma_x if analysis == "paper" else d * eps1 / gamma_x
     return float_up(eps1 + input_term + eps1 / gamma + eps2)
+
+
+def functional_mechanism_l2_sensitivity(*, feature_bound: float) -> float:
+    """L2 sensitivity of one batch's coefficient vector (Σφφᵀ, Σφyᵀ) under replace-one
+    neighbours, features ‖φ‖₂ ≤ B = ``feature_bound`` and one-hot labels (docs/ACCOUNTING.md, "The
+    functional mechanism of the lifelong learner"; Zhang et al. 2012, Alg. 1, with the L2 norm of
+    the Gaussian mechanism, Dwork & Roth 2014, Thm. A.1).
+
+    Replacing (φ, y) by (φ', y') moves the vector by D with, for a = ‖φ‖², b = ‖φ'‖², c = φᵀφ',
+    ‖D‖² = a² + b² − 2c² + a + b − 2c·[y = y'], largest at a = b = B² and y = y':
+
+    * B² ≥ ½: c = −½ (feasible: |c| ≤ B²), Δ₂² = 2B⁴ + 2B² + ½ = 2(B² + ½)², Δ₂ = √2·(B² + ½);
+    * B² < ½: c = −B² (antipodal features), Δ₂² = 4B², Δ₂ = 2B.
+
+    Both are attained (``tests/worker/test_functional_mechanism.py`` brute-forces neighbouring
+    batches). The square is exact; the root is rounded up."""
+    bound = _positive("feature_bound", feature_bound)
+    b2 = bound * bound
+    square = 2 * (b2 + Fraction(1, 2)) ** 2 if b2 >= Fraction(1, 2) else 4 * b2
+    root = math.sqrt(float_up(square))
+    while Fraction(root) ** 2 < square:
+        root = math.nextafter(root, math.inf)
+    return root
+
+
+def functional_mechanism_noise_stddev(event: FunctionalMechanismEvent) -> float:
+    """The standard deviation σ·Δ₂ the trainer adds to each coefficient of ``event``'s batch
+    (``functional_mechanism_l2_sensitivity``), rounded up: more noise never costs privacy."""
+    sensitivity = functional_mechanism_l2_sensitivity(feature_bound=event.feature_bound)
+    return float_up(Fraction(event.noise_multiplier) * Fraction(sensitivity))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +469,8 @@ __all__ = [
     "continual_release_sampling_probability",
     "float_down",
     "float_up",
+    "functional_mechanism_l2_sensitivity",
+    "functional_mechanism_noise_stddev",
     "l2dp_ml_analysis_text",
     "l2dp_ml_epsilon",
     "l2dp_ml_event_epsilon",

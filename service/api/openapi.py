@@ -246,6 +246,15 @@ EVENT_SCHEMA: Final[dict[str, Any]] = {
             },
         ),
         _kind("output_perturbation", {"l2_sensitivity": _POSITIVE, "epsilon": _POSITIVE}),
+        _kind(
+            "functional_mechanism",
+            {
+                "noise_multiplier": _POSITIVE,
+                "feature_dim": _count(1),
+                "num_classes": _count(2),
+                "feature_bound": _POSITIVE,
+            },
+        ),
         # The optional per-coordinate vectors (equal lengths, given together, Lemma 1) are
         # described, not generated: JSON Schema cannot state Lemma 1.
         _kind(

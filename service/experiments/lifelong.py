@@ -1,114 +1,140 @@
-"""``ledger experiment lifelong``: L2DP-ML vs NaiveGaussian vs noiseless A-gem on permuted digits.
+"""``ledger experiment lifelong``: the sound lifelong learner vs NaiveGaussian, over seeds.
 
-The claim (lifelong-dp-l2dp-ml.txt, Thm. 1 vs Thm. 2): L2DP-ML perturbs every fixed batch once and
-replays the perturbed batches from the episodic memory for free, so its ledger ε after any number
-of tasks is one batch's ε = ε1 + ε1/γx + ε1/γ + ε2; NaiveGaussian (DP-SGD + A-gem) reads the
-memory with fresh noise at every task, so its sequential ε grows with the number of tasks.
+The claim (lifelong-dp-l2dp-ml.txt, Thm. 1 vs Thm. 2; docs/experiments/lifelong.md): a learner that
+perturbs every fixed, disjoint batch once keeps one batch's ε for the whole lifelong run, and so
+learns better at equal ε than NaiveGaussian (DP-SGD + A-gem), whose ε grows with the tasks. The
+learner here is the functional mechanism proper (``l2dp_ml`` with ``perturbation:
+"functional_mechanism"``, ``service.training.functional_mechanism``); Alg. 2's perturbation is the
+historical variant (``bench/l2dp_ml_utility.py``).
 
-Runs, every private one a job behind the release gate of an embedded ledger:
+For each task sequence (``split``: builtin:split-digits, the paper's split-MNIST shape of 5 tasks
+of 2 classes; ``permuted``: builtin:permuted-digits), each seed and each ε, every private model
+is a job behind the release gate of one embedded ledger:
 
-1. ``l2dp_ml`` on a ``lifelong``/``basic`` dataset with budget ε, uniform epochs;
-2. ``l2dp_ml`` again on the same dataset with the same seed (so the same noise commitment),
-   heterogeneous epochs and the reversed task order: every read is a replay, the ledger's ε does
-   not move, the accuracy does;
-3. ``naive_gaussian`` on a ``sequential``/``rdp`` dataset with the same budget ε, σ calibrated so
-   that all tasks fit;
-4. noiseless A-gem, run directly (no finite ε: **non-private**).
+1. ``l2dp_ml`` (functional mechanism, one shared head, the whole perturbed past as memory) on a
+   ``lifelong``/``rdp`` dataset of budget (ε, δ), σ the smallest that fits its Rényi filter;
+2. the same with ``multi_head`` and the same seed: every read replays committed noise (free);
+3. ``naive_gaussian`` on a ``sequential``/``rdp`` dataset of the same budget, σ such that all
+   tasks fit.
 
-Per task τ: the ledger ε of each dataset after τ's release, L2DP-ML's naive sequential ε (every
-replay counted as a fresh charge), average accuracy and average forgetting (the paper's metrics)
-of each model. Writes ``report.json``, ``epsilon.png``, ``accuracy.png``, ``forgetting.png``.
+Outside the ledger, **non-private** (ε = ∞): the functional-mechanism learner without noise,
+noiseless A-gem, and joint training of A-gem's network on every task at once (the ceiling).
+Reports the average accuracy after the last task, mean ± standard deviation over seeds, the
+margin of the learner over NaiveGaussian (paired by seed), each dataset's ledger ε after the first
+and the last task, and the paper's own numbers in columns marked as the paper's (MNIST, a CNN).
+Writes ``report.json``, ``accuracy.png`` and ``epsilon.png``.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import time
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
-from accountant.exact import shown
 from service.experiments.embedded import EmbeddedLedger, JobResult
 from service.experiments.report import pyplot, save_figure, table, write_json
 from service.ledger import certificates
-from service.ledger.dp_statement import guarantee_of
 
-DELTA = "1e-5"
+DELTA: Final = "1e-5"
+SEQUENCES: Final = ("split", "permuted")
+
+PAPER: Final[dict[str, dict[str, Any]]] = {
+    # lifelong-dp-l2dp-ml.txt, "Results in Split Tasks" (split MNIST, 5 tasks, after task 5)
+    "split": {
+        "dataset": "split MNIST, 5 tasks (paper, a CNN)",
+        "l2dp_ml": {0.5: 0.7354, 1.0: 0.8183},
+        "agem": 0.7971,
+    },
+    # "Results in Permuted MNIST" (20 tasks, after task 20)
+    "permuted": {
+        "dataset": "permuted MNIST, 20 tasks (paper, a CNN)",
+        "l2dp_ml": {0.5: 0.4773},
+        "naive_gaussian": {0.5: 0.1043},
+    },
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per cell (default 5; --quick 1)")
     parser.add_argument(
-        "--tasks", type=int, default=None, help="permuted-digits tasks (default 10; --quick 3)"
-    )
-    parser.add_argument("--epsilon", type=float, default=50.0, help="the budget ε of both private datasets")
-    parser.add_argument("--batch-size", type=int, default=72, help="records per fixed ledger batch")
-    parser.add_argument(
-        "--epochs", type=int, default=None, help="L2DP-ML epochs per task (default 20; --quick 2)"
+        "--epsilons", type=float, nargs="+", default=None, help="budgets ε (default 0.5 1 2; --quick 1)"
     )
     parser.add_argument(
-        "--naive-epochs",
+        "--sequences", choices=SEQUENCES, nargs="+", default=list(SEQUENCES), help="task sequences"
+    )
+    parser.add_argument("--split-tasks", type=int, default=5, help="split-digits tasks (≤ 10; --quick ≤ 3)")
+    parser.add_argument(
+        "--permuted-tasks", type=int, default=None, help="permuted-digits tasks (default 10; --quick 2)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=300, help="records per fixed ledger batch (both datasets)"
+    )
+    parser.add_argument(
+        "--features",
         type=int,
-        default=None,
-        help="NaiveGaussian and A-gem epochs per task (default 5; --quick 1)",
-    )
-    parser.add_argument("--hidden-units", type=int, default=4, help="L2DP-ML's |h1| (= |hπ|)")
-    parser.add_argument(
-        "--per-task",
-        type=int,
-        default=None,
-        help="records per task: use builtin:permuted-synthetic-digits at this size (default: the "
-        "1437 bundled training digits split over the tasks, builtin:permuted-digits)",
+        nargs=2,
+        default=[64, 16],
+        metavar=("SPLIT", "PERMUTED"),
+        help="the learner's random features p on split and on permuted tasks",
     )
     parser.add_argument(
-        "--analysis",
-        choices=("sound", "paper"),
-        default="sound",
-        help="which analysis of Thm. 2 L2DP-ML is charged under (docs/DESIGN-NOTES.md note 21)",
-    )
-    parser.add_argument(
-        "--learning-rate", type=float, default=0.5, help="L2DP-ML's ϱ for θ2 (a Newton step: ≤ 1)"
-    )
-    parser.add_argument(
-        "--no-heterogeneous", action="store_true", help="skip the second (heterogeneous) L2DP-ML job"
-    )
-    parser.add_argument(
-        "--sampling-probability",
+        "--regularization",
         type=float,
+        nargs=2,
+        default=[30.0, 10.0],
+        metavar=("SPLIT", "PERMUTED"),
+        help="the learner's ridge λ on split and on permuted tasks",
+    )
+    parser.add_argument(
+        "--memory-per-task",
+        type=int,
         default=None,
-        help="NaiveGaussian's Poisson sampling probability q (trainer default 0.2)",
+        help="perturbed batches of each task the shared head keeps (default: all)",
     )
     parser.add_argument(
-        "--agem-batch-size", type=int, default=None, help="A-gem's batch size (default --batch-size)"
+        "--naive-epochs", type=int, default=None, help="NaiveGaussian epochs per task (default 5; --quick 1)"
+    )
+    parser.add_argument("--naive-learning-rate", type=float, default=0.5, help="NaiveGaussian's SGD rate")
+    parser.add_argument(
+        "--sampling-probability", type=float, default=0.2, help="NaiveGaussian's Poisson sampling q"
     )
     parser.add_argument(
-        "--epsilon2", type=float, default=None, help="L2DP-ML's ε2 (default: 40%% of --epsilon)"
+        "--agem-epochs", type=int, default=None, help="A-gem epochs per task (default 5; --quick 1)"
+    )
+    parser.add_argument("--agem-learning-rate", type=float, default=0.1, help="A-gem's SGD rate")
+    parser.add_argument("--agem-batch-size", type=int, default=32, help="A-gem's batch size")
+    parser.add_argument(
+        "--agem-memory", type=int, default=4, help="A-gem's episodic memory: batches kept per task"
+    )
+    parser.add_argument(
+        "--baseline-seeds",
+        type=int,
+        default=None,
+        help="seeds of the non-private baselines, the first ones (default: all; they are the costly part)",
+    )
+    parser.add_argument(
+        "--joint-epochs", type=int, default=None, help="joint training epochs (default 30; --quick 2)"
     )
 
 
-def _ledger_epsilons(
-    ledger: EmbeddedLedger, result: JobResult, start: Decimal
-) -> list[tuple[float, float, Decimal]]:
-    """(dataset ε, naive sequential ε, guarantee ε) right after each of the job's releases:
-    running maxima of the certificates' results (batches are disjoint, spends never decrease),
-    from ``start``. The dataset ε is the ledger's spend — on a Rényi filter (the NaiveGaussian
-    run's ``sequential`` / ``rdp``) its progress, a budget share, not a DP guarantee; the
-    guarantee is each release's (``dp_statement.guarantee_of``), exact."""
-    eps = naive = start
-    guarantee = Decimal(0)
-    out = []
-    for version in result.versions:
-        body = certificates.get_certificate(ledger.db, "experiments", version["certificate_id"])[
-            "certificate"
-        ]
-        eps = max(eps, Decimal(body["result"]["epsilon"]))
-        naive = max(naive, Decimal(body["result"]["naive_epsilon"]))
-        guarantee = max(guarantee, Decimal(guarantee_of(body)[0]))
-        out.append((float(eps), float(naive), guarantee))
-    return out
+def _uri(sequence: str, tasks: int, seed: int) -> str:
+    return f"builtin:{sequence}-digits?tasks={tasks}&seed={seed}"
+
+
+def _ledger_epsilons(ledger: EmbeddedLedger, result: JobResult) -> list[float]:
+    """The dataset's ε right after each of the job's releases (certificates' results)."""
+    return [
+        float(
+            certificates.get_certificate(ledger.db, "experiments", v["certificate_id"])["certificate"][
+                "result"
+            ]["epsilon"]
+        )
+        for v in result.versions
+    ]
 
 
 def _checked(result: JobResult, what: str) -> JobResult:
@@ -117,250 +143,360 @@ def _checked(result: JobResult, what: str) -> JobResult:
     return result
 
 
+def _noiseless_functional(uri: str, params: dict[str, Any], batch_size: int) -> float:
+    """The functional-mechanism learner without its noise, outside the ledger (non-private): the
+    same encoder, batches, memory and heads; average accuracy after the last task."""
+    from service.training.data import load_data
+    from service.training.functional_mechanism import FunctionalMechanismTrainer
+    from service.training.params import FunctionalMechanismParams
+    from service.training.stages import LedgerBatch, LedgerTask
+
+    data = load_data(uri)
+    tasks, records = [], {}
+    for split in data.train:
+        ids = split.record_ids
+        batches = []
+        for position, start in enumerate(range(0, len(ids), batch_size)):
+            batch_id = f"t{split.task}-b{position}"
+            records[batch_id] = tuple(ids[start : start + batch_size])
+            batches.append(LedgerBatch(batch_id, f"t{split.task}", position, len(records[batch_id])))
+        tasks.append(LedgerTask(f"t{split.task}", split.task, f"task-{split.task}", tuple(batches)))
+    trainer = FunctionalMechanismTrainer()
+    parsed = FunctionalMechanismParams.read(params)
+    state = trainer.start(parsed, data, tasks)
+    state.stddev = 0.0  # no noise: not private
+    metrics: dict[str, Any] = {}
+    for stage in trainer.stages(parsed, tasks):
+        metrics = dict(
+            trainer.train_stage(state, stage, data, {b: records[b] for b in stage.batch_ids}).metrics
+        )
+    return float(metrics["average_accuracy"])
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=np.float64)
+    return float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0
+
+
+def _pm(values: list[float]) -> str:
+    if not values:
+        return "-"
+    mean, std = _mean_std(values)
+    return f"{mean:.3f} ± {std:.3f}"
+
+
 def run(args: argparse.Namespace) -> int:
     from service.training.data import load_data
-    from service.training.l2dp_ml import L2dpMlParams, epsilon1_for, l2dp_ml_event
-    from service.training.lifelong_baselines import train_noiseless_agem
+    from service.training.functional_mechanism import noise_multiplier_for_budget
+    from service.training.lifelong_baselines import train_joint, train_noiseless_agem
 
     quick = bool(args.quick)
-    tasks = args.tasks or (3 if quick else 10)
-    epochs = args.epochs or (2 if quick else 20)
+    seeds = args.seeds or (1 if quick else 5)
+    epsilons = args.epsilons or ([1.0] if quick else [0.5, 1.0, 2.0])
+    tasks_of = {
+        "split": args.split_tasks if not quick else min(args.split_tasks, 3),
+        "permuted": args.permuted_tasks or (2 if quick else 10),
+    }
     naive_epochs = args.naive_epochs or (1 if quick else 5)
-    epsilon = float(args.epsilon)
-    epsilon2 = args.epsilon2 if args.epsilon2 is not None else 0.4 * epsilon
+    agem_epochs = args.agem_epochs or (1 if quick else 5)
+    joint_epochs = args.joint_epochs or (2 if quick else 30)
     out: Path = args.out
-    uri = (
-        f"builtin:permuted-digits?tasks={tasks}&seed={args.seed}"
-        if args.per_task is None
-        else f"builtin:permuted-synthetic-digits?tasks={tasks}&per_task={args.per_task}&seed={args.seed}"
-    )
     started = time.perf_counter()
-    rng = np.random.default_rng(args.seed)
-    hetero = [int(e) for e in rng.integers(max(1, epochs // 4), 2 * epochs + 1, size=tasks)]
-    budget_text = repr(epsilon)
-
-    with EmbeddedLedger(out, database_url=args.database_url, device=args.device) as ledger:
-        lifelong = ledger.register_source(
-            uri,
-            name="permuted-digits-l2dp-ml",
-            budget={"rule": "lifelong", "epsilon": budget_text, "delta": DELTA, "accountant": "basic"},
-            batch_size=args.batch_size,
-        )
-        declared = min(args.batch_size, max(len(split) for split in load_data(uri).train))
-        eps1 = epsilon1_for(
-            target_epsilon=epsilon,
-            epsilon2=epsilon2,
-            input_dim=64,
-            hidden_units=args.hidden_units,
-            batch_size=declared,
-            theta1_norm_bound=2.0,
-            analysis=args.analysis,
-        )
-        l2dp_params: dict[str, Any] = {
-            "epsilon1": eps1,
-            "epsilon2": epsilon2,
-            "input_dim": 64,
-            "hidden_units": args.hidden_units,
-            "theta1_norm_bound": 2.0,
-            "learning_rate": args.learning_rate,
-            "encoder_learning_rate": 0.0005 if args.analysis == "paper" else 0.0,
-            "seed": args.seed,
-            "analysis": args.analysis,
-            # the experiment shows the accounting at any ε: run even where the model is at chance
-            "noise_check": False,
+    sigma = {eps: noise_multiplier_for_budget(epsilon=eps, delta=float(DELTA)) for eps in epsilons}
+    learners: dict[str, dict[str, Any]] = {
+        sequence: {
+            "perturbation": "functional_mechanism",
+            "features": args.features[i],
+            "regularization": args.regularization[i],
+            **({"memory_per_task": args.memory_per_task} if args.memory_per_task is not None else {}),
         }
-        uniform = _checked(
-            ledger.run_job(lifelong, "l2dp_ml", {**l2dp_params, "epochs": epochs}, model_name="l2dp-ml"),
-            "l2dp_ml (uniform epochs)",
-        )
-        after_uniform = Decimal(ledger.spend(lifelong)["epsilon_spent"])
-        reversed_order = list(range(tasks))[::-1]
-        heterogeneous = (
-            uniform
-            if args.no_heterogeneous
-            else _checked(
-                ledger.run_job(
-                    lifelong,
-                    "l2dp_ml",
-                    {**l2dp_params, "epochs": hetero, "task_order": reversed_order},
-                    model_name="l2dp-ml-heterogeneous",
-                ),
-                "l2dp_ml (heterogeneous epochs, reversed order)",
-            )
-        )
-        sequential = ledger.register_source(
-            uri,
-            name="permuted-digits-naive-gaussian",
-            budget={"rule": "sequential", "epsilon": budget_text, "delta": DELTA, "accountant": "rdp"},
-            batch_size=args.batch_size,
-        )
-        naive = _checked(
-            ledger.run_job(
-                sequential,
-                "naive_gaussian",
-                {
-                    # all stages fit the sequential budget of ε: what the ledger charges
-                    # (issue 24 named it apart from target_epsilon, the run's own ε)
-                    "target_budget_epsilon": epsilon,
-                    "delta": float(DELTA),
-                    "epochs": naive_epochs,
-                    "seed": args.seed,
-                    **(
-                        {"sampling_probability": args.sampling_probability}
-                        if args.sampling_probability is not None
-                        else {}
-                    ),
-                },
-                model_name="naive-gaussian",
-            ),
-            "naive_gaussian",
-        )
-        agem = train_noiseless_agem(
-            load_data(uri),
-            task_order=list(range(tasks)),
-            batch_size=args.agem_batch_size or args.batch_size,
-            epochs=[naive_epochs] * tasks,
-            seed=args.seed,
-            device=args.device,
-        )
-        l2dp_eps = _ledger_epsilons(ledger, uniform, Decimal(0))
-        hetero_eps = _ledger_epsilons(ledger, heterogeneous, after_uniform)
-        naive_eps = _ledger_epsilons(ledger, naive, Decimal(0))
-        spend_lifelong = ledger.spend(lifelong)
-        spend_sequential = ledger.spend(sequential)
-        event = l2dp_ml_event(L2dpMlParams.read({**l2dp_params, "epochs": epochs}), declared)
-
-    rows = []
-    for i in range(tasks):
-        u, h, n, a = (
-            uniform.versions[i]["metrics"],
-            heterogeneous.versions[i]["metrics"],
-            naive.versions[i]["metrics"],
-            agem[i],
-        )
-        rows.append(
-            {
-                "task": i + 1,
-                "eps_l2dp": l2dp_eps[i][0],
-                "eps_l2dp_het": hetero_eps[i][0],
-                "naive_seq_eps_l2dp": l2dp_eps[i][1],
-                "eps_naiveG": naive_eps[i][0],
-                "guarantee_l2dp": shown(l2dp_eps[i][2]),
-                "guarantee_naiveG": shown(naive_eps[i][2]),
-                "acc_l2dp": u["average_accuracy"],
-                "acc_l2dp_het": h["average_accuracy"],
-                "acc_naiveG": n["average_accuracy"],
-                "acc_agem*": a["average_accuracy"],
-                "fgt_l2dp": u.get("average_forgetting", 0.0),
-                "fgt_l2dp_het": h.get("average_forgetting", 0.0),
-                "fgt_naiveG": n.get("average_forgetting", 0.0),
-                "fgt_agem*": a.get("average_forgetting", 0.0),
-            }
-        )
-    columns = list(rows[0])
-    sigma = naive.versions[0]["metrics"]["noise_multiplier"]
+        for i, sequence in enumerate(SEQUENCES)
+    }
+    runs: list[dict[str, Any]] = []
+    baselines: list[dict[str, Any]] = []
+    with EmbeddedLedger(out, database_url=args.database_url, device=args.device) as ledger:
+        for sequence in args.sequences:
+            tasks = tasks_of[sequence]
+            learner = learners[sequence]
+            for seed in range(args.seed, args.seed + seeds):
+                uri = _uri(sequence, tasks, seed)
+                data = load_data(uri)
+                if args.baseline_seeds is not None and seed >= args.seed + args.baseline_seeds:
+                    agem = []
+                else:
+                    agem = train_noiseless_agem(
+                        data,
+                        task_order=list(range(tasks)),
+                        batch_size=args.agem_batch_size,
+                        epochs=[agem_epochs] * tasks,
+                        learning_rate=args.agem_learning_rate,
+                        memory_per_task=args.agem_memory,
+                        seed=seed,
+                        device=args.device,
+                    )
+                if agem:
+                    joint = train_joint(data, epochs=joint_epochs, seed=seed, device=args.device)
+                    baselines.append(
+                        {
+                            "sequence": sequence,
+                            "seed": seed,
+                            "fm_noiseless": _noiseless_functional(
+                                uri, {**learner, "noise_multiplier": 1.0, "seed": seed}, args.batch_size
+                            ),
+                            "fm_multi_noiseless": _noiseless_functional(
+                                uri,
+                                {**learner, "noise_multiplier": 1.0, "seed": seed, "multi_head": True},
+                                args.batch_size,
+                            ),
+                            "agem": agem[-1]["average_accuracy"],
+                            "agem_multi": agem[-1]["multi_head_average_accuracy"],
+                            "agem_forgetting": agem[-1].get("average_forgetting", 0.0),
+                            "joint": joint["average_accuracy"],
+                        }
+                    )
+                for eps in epsilons:
+                    tag = f"{sequence}-{seed}-{eps:g}"
+                    lifelong = ledger.register_source(
+                        uri,
+                        name=f"fm-{tag}",
+                        budget={
+                            "rule": "lifelong",
+                            "epsilon": repr(eps),
+                            "delta": DELTA,
+                            "accountant": "rdp",
+                        },
+                        batch_size=args.batch_size,
+                    )
+                    params = {**learner, "noise_multiplier": sigma[eps], "seed": seed}
+                    shared = _checked(
+                        ledger.run_job(lifelong, "l2dp_ml", params, model_name=f"fm-{tag}"), f"fm {tag}"
+                    )
+                    multi = _checked(
+                        ledger.run_job(
+                            lifelong, "l2dp_ml", {**params, "multi_head": True}, model_name=f"fm-multi-{tag}"
+                        ),
+                        f"fm multi-head {tag}",
+                    )
+                    sequential = ledger.register_source(
+                        uri,
+                        name=f"naive-{tag}",
+                        budget={
+                            "rule": "sequential",
+                            "epsilon": repr(eps),
+                            "delta": DELTA,
+                            "accountant": "rdp",
+                        },
+                        batch_size=args.batch_size,
+                    )
+                    naive = _checked(
+                        ledger.run_job(
+                            sequential,
+                            "naive_gaussian",
+                            {
+                                "target_budget_epsilon": eps,
+                                "delta": float(DELTA),
+                                "epochs": naive_epochs,
+                                "learning_rate": args.naive_learning_rate,
+                                "sampling_probability": args.sampling_probability,
+                                "seed": seed,
+                            },
+                            model_name=f"naive-{tag}",
+                        ),
+                        f"naive_gaussian {tag}",
+                    )
+                    fm_eps = _ledger_epsilons(ledger, shared)
+                    runs.append(
+                        {
+                            "sequence": sequence,
+                            "seed": seed,
+                            "epsilon": eps,
+                            "fm": shared.versions[-1]["metrics"]["average_accuracy"],
+                            "fm_forgetting": shared.versions[-1]["metrics"].get("average_forgetting", 0.0),
+                            "fm_multi": multi.versions[-1]["metrics"]["average_accuracy"],
+                            "naive": naive.versions[-1]["metrics"]["average_accuracy"],
+                            "naive_multi": naive.versions[-1]["metrics"]["multi_head_average_accuracy"],
+                            "naive_forgetting": naive.versions[-1]["metrics"].get("average_forgetting", 0.0),
+                            "fm_ledger_epsilon": fm_eps,
+                            "fm_ledger_epsilon_after_multi_head": float(multi.spend["epsilon_spent"]),
+                            "naive_ledger_epsilon": _ledger_epsilons(ledger, naive),
+                            "naive_noise_multiplier": naive.versions[0]["metrics"]["noise_multiplier"],
+                        }
+                    )
+    rows = _rows(runs, baselines, args.sequences, epsilons)
     title = (
-        f"Lifelong DP on {uri}: budget ε={epsilon:g}, δ={DELTA}, batch {args.batch_size}; "
-        f"L2DP-ML ε1={eps1:.4g}, ε2={epsilon2:g}, |h1|={args.hidden_units}, {epochs} epochs "
-        f"(het: {hetero}, reversed order); NaiveGaussian σ={sigma:.4g}, {naive_epochs} epochs.\n"
-        "* A-gem is non-private (ε = ∞). acc = average accuracy, fgt = average forgetting."
+        f"Lifelong DP on digits, budget (ε, {DELTA}) per dataset, {seeds} seed(s), mean ± std of the "
+        "average accuracy after the last task. fm = functional mechanism (random features p and "
+        "ridge λ: "
+        + ", ".join(
+            f"{q} p = {learners[q]['features']}, λ = {learners[q]['regularization']:g}"
+            for q in args.sequences
+        )
+        + f"; batches of {args.batch_size}), σ by ε: "
+        + ", ".join(f"{e:g}: {sigma[e]:.4g}" for e in epsilons)
+        + f"; naiveG = DP-SGD + A-gem ({naive_epochs} epochs/task, q = {args.sampling_probability:g}).\n"
+        "* non-private (ε = ∞): fm_noiseless, agem (memory "
+        f"{args.agem_memory} batches/task, lr {args.agem_learning_rate:g}), joint (all tasks at once: "
+        "the ceiling). paper_*: the paper's figures on MNIST with a CNN, not ours."
     )
+    columns = list(rows[0])
     text = table(rows, columns, title=title)
     print(text)
     elapsed = time.perf_counter() - started
     print(f"wall time: {elapsed:.1f} s")
-
+    claims = _claims(runs, args.sequences, epsilons)
     report = {
         "experiment": "lifelong",
-        "source": uri,
-        "seed": args.seed,
         "quick": quick,
-        "budget": {"epsilon": epsilon, "delta": DELTA},
-        "l2dp_ml": {
-            "params": {**l2dp_params, "epochs": epochs},
-            "event": {
-                "epsilon1": event.epsilon1,
-                "epsilon2": event.epsilon2,
-                "input_dim": event.input_dim,
-                "hidden_units": event.hidden_units,
-                "output_hidden_units": event.output_hidden_units,
-                "batch_size": event.batch_size,
-                "theta1_norm_bound": event.theta1_norm_bound,
-            },
-            "heterogeneous_epochs": hetero,
-            "heterogeneous_task_order": reversed_order,
-            "spend": spend_lifelong,
-        },
+        "seeds": list(range(args.seed, args.seed + seeds)),
+        "budget_delta": DELTA,
+        "noise_multiplier": {repr(e): sigma[e] for e in epsilons},
+        "learner": {q: learners[q] for q in args.sequences},
+        "batch_size": args.batch_size,
+        "tasks": tasks_of,
         "naive_gaussian": {
-            "noise_multiplier": naive.versions[0]["metrics"]["noise_multiplier"],
             "epochs": naive_epochs,
-            "spend": spend_sequential,
+            "learning_rate": args.naive_learning_rate,
+            "sampling_probability": args.sampling_probability,
         },
-        "agem": {"private": False, "epochs": naive_epochs},
-        "per_task": rows,
-        "metrics": {
-            "l2dp_ml": [v["metrics"] for v in uniform.versions],
-            "l2dp_ml_heterogeneous": [v["metrics"] for v in heterogeneous.versions],
-            "naive_gaussian": [v["metrics"] for v in naive.versions],
-            "agem": agem,
+        "agem": {
+            "private": False,
+            "epochs": agem_epochs,
+            "learning_rate": args.agem_learning_rate,
+            "batch_size": args.agem_batch_size,
+            "memory_per_task": args.agem_memory,
         },
-        "claims": {
-            "l2dp_ml_epsilon_constant": len({r["eps_l2dp"] for r in rows}) == 1,
-            "heterogeneous_run_epsilon_unchanged": all(
-                r["eps_l2dp_het"] == rows[-1]["eps_l2dp"] for r in rows
-            ),
-            "naive_gaussian_epsilon_grows": all(
-                b["eps_naiveG"] > a["eps_naiveG"] for a, b in itertools.pairwise(rows)
-            ),
-            "l2dp_ml_naive_sequential_epsilon_grows": all(
-                b["naive_seq_eps_l2dp"] > a["naive_seq_eps_l2dp"] for a, b in itertools.pairwise(rows)
-            ),
-        },
+        "joint": {"private": False, "epochs": joint_epochs},
+        "paper": {k: {**v, "marked": "the paper's numbers (MNIST), not ours"} for k, v in PAPER.items()},
+        "rows": rows,
+        "runs": runs,
+        "baselines": baselines,
+        "claims": claims,
         "wall_time_s": elapsed,
         "table": text,
     }
-    write_json(out, report)
-    _plots(out, rows)
+    write_json(out, _json_safe(report))
+    _plots(out, runs, args.sequences, epsilons)
     return 0
 
 
-def _plots(out: Path, rows: list[dict[str, Any]]) -> None:
+def _rows(
+    runs: list[dict[str, Any]], baselines: list[dict[str, Any]], sequences: list[str], epsilons: list[float]
+) -> list[dict[str, Any]]:
+    rows = []
+    for sequence in sequences:
+        base = [b for b in baselines if b["sequence"] == sequence]
+        paper = PAPER[sequence]
+        for eps in epsilons:
+            cell = [r for r in runs if r["sequence"] == sequence and r["epsilon"] == eps]
+            margin = [r["fm"] - r["naive"] for r in cell]
+            rows.append(
+                {
+                    "tasks": sequence,
+                    "eps": eps,
+                    "fm": _pm([r["fm"] for r in cell]),
+                    "fm_multi": _pm([r["fm_multi"] for r in cell]),
+                    "naiveG": _pm([r["naive"] for r in cell]),
+                    "fm-naiveG": _pm(margin),
+                    "naiveG_multi": _pm([r["naive_multi"] for r in cell]),
+                    "multi: fm-naiveG": _pm([r["fm_multi"] - r["naive_multi"] for r in cell]),
+                    "fm_eps_1st/last": f"{cell[0]['fm_ledger_epsilon'][0]:.4g}/"
+                    f"{cell[0]['fm_ledger_epsilon'][-1]:.4g}",
+                    "naiveG_eps_1st/last": f"{cell[0]['naive_ledger_epsilon'][0]:.4g}/"
+                    f"{cell[0]['naive_ledger_epsilon'][-1]:.4g}",
+                    "fm_noiseless*": _pm([b["fm_noiseless"] for b in base]),
+                    "fm_multi_noiseless*": _pm([b["fm_multi_noiseless"] for b in base]),
+                    "agem*": _pm([b["agem"] for b in base]),
+                    "agem_multi*": _pm([b["agem_multi"] for b in base]),
+                    "joint*": _pm([b["joint"] for b in base]),
+                    "paper_l2dp": _paper(paper["l2dp_ml"].get(eps)),
+                    "paper_naiveG": _paper(paper.get("naive_gaussian", {}).get(eps)),
+                    "paper_agem*": _paper(paper.get("agem")),
+                }
+            )
+    return rows
+
+
+def _paper(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _claims(runs: list[dict[str, Any]], sequences: list[str], epsilons: list[float]) -> dict[str, Any]:
+    """Per sequence and ε: the learner beats NaiveGaussian by more than two standard deviations of
+    the paired (per-seed) margin, and its ledger ε is the same after every task."""
+    out: dict[str, Any] = {}
+    for sequence in sequences:
+        for eps in epsilons:
+            cell = [r for r in runs if r["sequence"] == sequence and r["epsilon"] == eps]
+            mean, std = _mean_std([r["fm"] - r["naive"] for r in cell])
+            multi_mean, multi_std = _mean_std([r["fm_multi"] - r["naive_multi"] for r in cell])
+            out[f"{sequence}@{eps:g}"] = {
+                "margin_mean": mean,
+                "margin_std": std,
+                "beats_naive_by_2_std": bool(mean > 2 * std and mean > 0) if len(cell) > 1 else None,
+                "multi_head_margin_mean": multi_mean,
+                "multi_head_margin_std": multi_std,
+                "multi_head_beats_naive_by_2_std": bool(multi_mean > 2 * multi_std and multi_mean > 0)
+                if len(cell) > 1
+                else None,
+                "fm_epsilon_flat": all(len(set(r["fm_ledger_epsilon"])) == 1 for r in cell),
+                "multi_head_replays_free": all(
+                    r["fm_ledger_epsilon_after_multi_head"] == r["fm_ledger_epsilon"][-1] for r in cell
+                ),
+                "naive_epsilon_grows": all(
+                    r["naive_ledger_epsilon"][-1] > r["naive_ledger_epsilon"][0] for r in cell
+                ),
+            }
+    return out
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, Decimal):
+        return str(value)
+    return value
+
+
+def _plots(out: Path, runs: list[dict[str, Any]], sequences: list[str], epsilons: list[float]) -> None:
     plt = pyplot()
-    tasks = [r["task"] for r in rows]
+    figure, axes = plt.subplots(1, len(sequences), figsize=(5 * len(sequences), 4), squeeze=False)
+    for axis, sequence in zip(axes[0], sequences, strict=True):
+        for key, label in (
+            ("fm", "functional mechanism"),
+            ("fm_multi", "  multi-head"),
+            ("naive", "NaiveGaussian"),
+        ):
+            stats = [
+                _mean_std([r[key] for r in runs if r["sequence"] == sequence and r["epsilon"] == e])
+                for e in epsilons
+            ]
+            axis.errorbar(
+                epsilons,
+                [m for m, _ in stats],
+                yerr=[s for _, s in stats],
+                marker="o",
+                capsize=3,
+                label=label,
+            )
+        axis.set_title(f"{sequence} digits")
+        axis.set_xlabel("budget ε")
+        axis.set_ylabel("average accuracy after the last task")
+        axis.legend()
+    save_figure(figure, out, "accuracy.png")
     figure, axis = plt.subplots(figsize=(6, 4))
-    # Each line says what it is: the guarantees (valid under adaptive stopping) are the primary
-    # series; the NaiveGaussian run's ledger ε is a Rényi filter's progress, a budget share.
-    l2dp = [float(r["guarantee_l2dp"]) for r in rows]
-    axis.plot(tasks, l2dp, "o-", label="L2DP-ML guarantee ε (= ledger ε, lifelong)")
-    axis.plot(tasks, [r["naive_seq_eps_l2dp"] for r in rows], "s--", label="L2DP-ML naive sequential ε")
-    naive = [float(r["guarantee_naiveG"]) for r in rows]
-    axis.plot(tasks, naive, "^-", label="NaiveGaussian guarantee ε (the filter's budget)")
-    axis.plot(
-        tasks,
-        [r["eps_naiveG"] for r in rows],
-        "^:",
-        label="NaiveGaussian budget used (filter progress, not a DP guarantee)",
-    )
+    first = [r for r in runs if r["seed"] == runs[0]["seed"] and r["epsilon"] == epsilons[-1]]
+    for r in first:
+        steps = range(1, len(r["fm_ledger_epsilon"]) + 1)
+        axis.plot(steps, r["fm_ledger_epsilon"], "o-", label=f"functional mechanism ({r['sequence']})")
+        axis.plot(
+            steps, r["naive_ledger_epsilon"], "^:", label=f"NaiveGaussian filter progress ({r['sequence']})"
+        )
     axis.set_xlabel("tasks learnt")
-    axis.set_ylabel("ε")
+    axis.set_ylabel(f"ledger ε (budget {epsilons[-1]:g})")
     axis.legend()
     save_figure(figure, out, "epsilon.png")
-    for key, name, label in (
-        ("acc", "accuracy.png", "average accuracy"),
-        ("fgt", "forgetting.png", "average forgetting"),
-    ):
-        figure, axis = plt.subplots(figsize=(6, 4))
-        for suffix, legend in (
-            ("l2dp", "L2DP-ML"),
-            ("l2dp_het", "L2DP-ML heterogeneous, reversed"),
-            ("naiveG", "NaiveGaussian"),
-            ("agem*", "A-gem (non-private)"),
-        ):
-            axis.plot(tasks, [r[f"{key}_{suffix}"] for r in rows], "o-", label=legend)
-        axis.set_xlabel("tasks learnt")
-        axis.set_ylabel(label)
-        axis.legend()
-        save_figure(figure, out, name)
 
 
 __all__ = ["add_arguments", "run"]

@@ -110,10 +110,12 @@ from service.training.dp_sgd import (
 from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_EPOCHS,
     MAX_TASKS,
+    FunctionalMechanismParams,
     InvalidParamsError,
     JobParams,
     L2dpMlParams,
     NaiveGaussianParams,
+    read_l2dp_ml,
 )
 from service.training.stages import LedgerTask, Stage, StageRelease
 
@@ -338,6 +340,24 @@ class LifelongRecord:
     def of(cls, data: LoadedData) -> LifelongRecord:
         return cls({split.task: split for split in data.test})
 
+    def task_classes(self, task: int) -> np.ndarray:
+        """The classes of ``task`` (those of its test split; all of the data's when it has none):
+        what a multi-head, task-aware model chooses among."""
+        split = self.tests.get(task)
+        if split is None or len(split) == 0:
+            return np.arange(max((int(s.labels.max()) for s in self.tests.values() if len(s)), default=0) + 1)
+        return np.unique(split.labels)
+
+    def evaluate_heads(self, scores: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """``evaluate`` of a single network read as a multi-head one: on each task the argmax of
+        ``scores`` (logits, one column per class) among that task's classes only."""
+
+        def predict(task: int, x: np.ndarray) -> np.ndarray:
+            classes = self.task_classes(task)
+            return np.asarray(classes[scores(x)[:, classes].argmax(axis=1)])
+
+        return self.evaluate_tasks(predict)
+
     def learnt(self, data: LoadedData, current: Sequence[str]) -> int:
         """Note the task whose records ``current`` are (its source task index)."""
         wanted = set(current)
@@ -350,13 +370,18 @@ class LifelongRecord:
 
     def evaluate(self, predict: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any]:
         """a_{τ,t} for every learnt t (1-based), and the paper's metrics after task τ."""
+        return self.evaluate_tasks(lambda task, x: predict(x))
+
+    def evaluate_tasks(self, predict: Callable[[int, np.ndarray], np.ndarray]) -> dict[str, Any]:
+        """``evaluate`` for a model that predicts knowing the task (``predict(source task, x)``:
+        a multi-head model)."""
         row: dict[int, float] = {}
         for position, task in enumerate(self.seen, start=1):
             split = self.tests.get(task, self.tests.get(0))
             if split is None or len(split) == 0:
                 row[position] = float("nan")
                 continue
-            row[position] = float(np.mean(predict(split.features) == split.labels))
+            row[position] = float(np.mean(predict(task, split.features) == split.labels))
         self.accuracies.append(row)
         tau = len(self.seen)
         metrics: dict[str, Any] = {
@@ -423,14 +448,24 @@ class L2dpMlTrainer:
     def __init__(self, *, device: str | torch.device | None = None) -> None:
         self.device = torch.device(device) if device is not None else default_device()
 
-    def parse_params(self, params: Mapping[str, Any]) -> L2dpMlParams:
-        return L2dpMlParams.read(params)
+    def parse_params(self, params: Mapping[str, Any]) -> L2dpMlParams | FunctionalMechanismParams:
+        return read_l2dp_ml(params)
+
+    def _functional(self) -> Any:
+        from service.training.functional_mechanism import FunctionalMechanismTrainer
+
+        return FunctionalMechanismTrainer(device=self.device)
 
     @staticmethod
     def declared_batch_size(tasks: Sequence[LedgerTask]) -> int:
         return max(b.size for t in tasks for b in t.batches)
 
-    def stages(self, params: L2dpMlParams, tasks: Sequence[LedgerTask]) -> list[Stage]:
+    def stages(
+        self, params: L2dpMlParams | FunctionalMechanismParams, tasks: Sequence[LedgerTask]
+    ) -> list[Stage]:
+        if isinstance(params, FunctionalMechanismParams):
+            stages: list[Stage] = self._functional().stages(params, tasks)
+            return stages
         plan = make_plan(tasks, task_order=params.task_order, epochs=params.epochs, seed=params.seed)
         event = l2dp_ml_event(params, self.declared_batch_size(tasks))
         commitment = noise_commitment(params.seed)
@@ -453,7 +488,11 @@ class L2dpMlTrainer:
             )
         return out
 
-    def start(self, params: L2dpMlParams, data: LoadedData, tasks: Sequence[LedgerTask]) -> L2dpMlState:
+    def start(
+        self, params: L2dpMlParams | FunctionalMechanismParams, data: LoadedData, tasks: Sequence[LedgerTask]
+    ) -> Any:
+        if isinstance(params, FunctionalMechanismParams):
+            return self._functional().start(params, data, tasks)
         if data.n_features != params.input_dim:
             raise InvalidParamsError(
                 "params.input_dim",
@@ -562,8 +601,11 @@ class L2dpMlTrainer:
         return (h @ w2.T).argmax(dim=1).cpu().numpy()
 
     def train_stage(
-        self, state: L2dpMlState, stage: Stage, data: LoadedData, records: Mapping[str, tuple[str, ...]]
+        self, state: Any, stage: Stage, data: LoadedData, records: Mapping[str, tuple[str, ...]]
     ) -> StageRelease:
+        if not isinstance(state, L2dpMlState):
+            release: StageRelease = self._functional().train_stage(state, stage, data, records)
+            return release
         position = state.position
         task = state.plan.order[position]
         features: dict[str, np.ndarray] = {}

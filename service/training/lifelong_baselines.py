@@ -7,8 +7,10 @@
   ``target_epsilon`` (``calibrate_run_noise``: what Opacus users mean, for the record read most),
   or so that all stages fit a ``sequential`` budget's Rényi filter of ``target_budget_epsilon``
   (``calibrate_sequential_noise``).
-* **A-gem without noise**, run outside the ledger (``train_noiseless_agem``): no finite ε, the
-  utility ceiling the private models are compared with.
+* **A-gem without noise**, run outside the ledger (``train_noiseless_agem``): no finite ε; its
+  episodic memory keeps ``memory_per_task`` batches of every learnt task (1: the paper's).
+* **Joint training**, outside the ledger (``train_joint``): the same MLP trained on every task's
+  records at once, no privacy and no sequence — the ceiling of every lifelong table (issue 27 §2).
 
 Both share the task plan and the per-task records of L2DP-ML (``make_plan``, ``LifelongRecord``).
 """
@@ -156,11 +158,16 @@ class AgemMlp:
         for tensor, update in zip(values, unflatten(g, values), strict=True):
             tensor.sub_(self.learning_rate * update)
 
-    def predict(self, features: np.ndarray) -> np.ndarray:
+    def scores(self, features: np.ndarray) -> np.ndarray:
+        """The logits of each row of ``features``."""
         x = torch.from_numpy(features.astype(np.float32)).to(next(iter(self.params.values())).device)
         with torch.no_grad():
             logits = functional_call(self.model, self.params, (x,))
-        predicted: np.ndarray = logits.argmax(dim=1).cpu().numpy()
+        out: np.ndarray = logits.cpu().numpy()
+        return out
+
+    def predict(self, features: np.ndarray) -> np.ndarray:
+        predicted: np.ndarray = self.scores(features).argmax(axis=1)
         return predicted
 
     def model_state(self) -> dict[str, torch.Tensor]:
@@ -177,6 +184,7 @@ class NaiveGaussianState:
     record: LifelongRecord
     sampler: torch.Generator
     noise: torch.Generator
+    heads: LifelongRecord  # the same network read task-aware (multi-head evaluation)
     position: int = 0
 
 
@@ -263,6 +271,7 @@ class NaiveGaussianTrainer:
             LifelongRecord.of(data),
             sampler,
             noise,
+            LifelongRecord.of(data),
         )
 
     def _noisy_gradient(self, state: NaiveGaussianState, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -301,11 +310,22 @@ class NaiveGaussianTrainer:
             g = self._noisy_gradient(state, x_cur, y_cur)
             g_ref = self._noisy_gradient(state, x_mem, y_mem) if x_mem.shape[0] else None
             state.learner.step(g, g_ref)
-        state.record.learnt(data, sorted(current_ids))
+        state.heads.seen.append(state.record.learnt(data, sorted(current_ids)))
         state.position += 1
         metrics = state.record.evaluate(state.learner.predict)
+        metrics.update(_multi_head_metrics(state.heads, state.learner))
         metrics["epochs"] = state.plan.epochs[position]
         return StageRelease(state.learner.model_state(), metrics)
+
+
+def _multi_head_metrics(heads: LifelongRecord, learner: AgemMlp) -> dict[str, Any]:
+    """The network's metrics read task-aware (each task's argmax among its own classes): the
+    multi-head (task-incremental) numbers, beside the shared-head ones."""
+    evaluated = heads.evaluate_heads(learner.scores)
+    out = {"multi_head_average_accuracy": evaluated["average_accuracy"]}
+    if "average_forgetting" in evaluated:
+        out["multi_head_average_forgetting"] = evaluated["average_forgetting"]
+    return out
 
 
 def train_noiseless_agem(
@@ -317,11 +337,13 @@ def train_noiseless_agem(
     hidden: int = 32,
     learning_rate: float = 0.5,
     seed: int = 0,
+    memory_per_task: int = 1,
     device: str | torch.device | None = None,
 ) -> list[dict[str, Any]]:
     """Non-private A-gem (Chaudhry et al. 2019) on the same fixed batches: exact mean gradients,
-    one random batch per task joins the memory. Returns each task's metrics (``LifelongRecord``).
-    Not a job: it has no finite ε."""
+    ``memory_per_task`` random batches of each task join the memory (g_ref is the gradient on one
+    memory batch drawn at random). Returns each task's metrics (``LifelongRecord``), shared-head
+    and task-aware (``multi_head_*``). Not a job: it has no finite ε."""
     dev = torch.device(device) if device is not None else default_device()
     splits = {s.task: s for s in data.train}
     learner = AgemMlp.build(data.n_features, hidden, data.num_classes, seed, learning_rate, dev)
@@ -332,6 +354,7 @@ def train_noiseless_agem(
     gradient = grad(loss)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 5]))
     record = LifelongRecord.of(data)
+    heads = LifelongRecord.of(data)
     memory: list[tuple[torch.Tensor, torch.Tensor]] = []
     out = []
     for position, task in enumerate(task_order):
@@ -352,10 +375,50 @@ def train_noiseless_agem(
                     r_dict = gradient(learner.params, xm, ym)
                     g_ref = flatten([r_dict[n] for n in learner.params])
                 learner.step(g, g_ref)
-        memory.append(batches[int(rng.integers(len(batches)))])
+        kept = rng.choice(len(batches), min(memory_per_task, len(batches)), replace=False)
+        memory.extend(batches[int(i)] for i in kept)
         record.seen.append(task)
-        out.append(record.evaluate(learner.predict))
+        heads.seen.append(task)
+        metrics = record.evaluate(learner.predict)
+        metrics.update(_multi_head_metrics(heads, learner))
+        out.append(metrics)
     return out
+
+
+def train_joint(
+    data: LoadedData,
+    *,
+    epochs: int,
+    batch_size: int = 64,
+    hidden: int = 32,
+    learning_rate: float = 0.5,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> dict[str, Any]:
+    """Joint training, the ceiling (module docstring): the MLP of A-gem trained by mini-batch SGD
+    on all tasks' records shuffled together; its accuracy on each task's test split and their mean
+    (the average accuracy after the last task). Not a job: no finite ε, no sequence."""
+    dev = torch.device(device) if device is not None else default_device()
+    learner = AgemMlp.build(data.n_features, hidden, data.num_classes, seed, learning_rate, dev)
+    features, labels = data.train_arrays()
+    x = torch.from_numpy(features).to(dev)
+    y = torch.from_numpy(labels).to(dev)
+
+    def loss(params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(functional_call(learner.model, params, (xb,)), yb)
+
+    gradient = grad(loss)
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 6]))
+    for _ in range(epochs):
+        order = torch.from_numpy(rng.permutation(x.shape[0])).to(dev)
+        for start in range(0, x.shape[0], batch_size):
+            idx = order[start : start + batch_size]
+            g = gradient(learner.params, x[idx], y[idx])
+            learner.step(flatten([g[n] for n in learner.params]), None)
+    accuracies = [
+        float(np.mean(learner.predict(split.features) == split.labels)) for split in data.test if len(split)
+    ]
+    return {"average_accuracy": float(np.mean(accuracies)), "accuracies": accuracies}
 
 
 __all__ = [
@@ -364,5 +427,6 @@ __all__ = [
     "NaiveGaussianTrainer",
     "calibrate_sequential_noise",
     "naive_steps",
+    "train_joint",
     "train_noiseless_agem",
 ]

@@ -550,6 +550,78 @@ class L2dpMlParams:
         return values
 
 
+PERTURBATIONS: Final = ("input", "functional_mechanism")
+"""``l2dp_ml``'s ``perturbation``: ``"functional_mechanism"`` is the sound lifelong learner
+(``FunctionalMechanismParams``, ``service.training.functional_mechanism``); ``"input"``, the default
+for compatibility, is Alg. 2's input and hidden-layer perturbation (``L2dpMlParams``), kept as the
+historical variant (its ``"paper"`` analysis is refused for a job, its ``"sound"`` one is at chance:
+docs/experiments/lifelong.md)."""
+
+MAX_FEATURES: Final = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionalMechanismParams:
+    """An ``l2dp_ml`` job with ``perturbation: "functional_mechanism"`` (module
+    ``service.training.functional_mechanism``), validated.
+
+    ``noise_multiplier``: σ of the Gaussian mechanism on each batch's coefficients (the noise's
+    standard deviation is σ·Δ₂, Δ₂ from ``feature_bound``). ``features``: p, the dimension of the
+    seeded random features (one of them the constant bias); ``feature_scale``: the standard
+    deviation of the random projection's entries; ``regularization``: λ of the output layer's
+    ridge term; ``multi_head``: one head per task (solved from that task's batches only, predicting
+    among that task's classes) instead of one shared head; ``memory_per_task``: how many perturbed
+    batches of each learnt task the shared head keeps (the episodic memory; absent: all of them).
+    Defaults chosen without noise and at ε = 1 on builtin:split-digits (docs/experiments/lifelong.md).
+    """
+
+    noise_multiplier: float
+    features: int = 64
+    feature_scale: float = 0.2
+    feature_bound: float = 1.0
+    regularization: float = 30.0
+    multi_head: bool = False
+    memory_per_task: int | None = None
+    task_order: tuple[int, ...] | None = None
+    num_classes: int | None = None
+    seed: int = 0
+    perturbation: str = "functional_mechanism"
+
+    @classmethod
+    def read(cls, params: Mapping[str, Any]) -> FunctionalMechanismParams:
+        r = JobParams(params)
+        r.string("perturbation", "functional_mechanism", ("functional_mechanism",))
+        if not r.has("noise_multiplier"):
+            raise InvalidParamsError("params.noise_multiplier", "is required.")
+        sigma = r.real("noise_multiplier", None, minimum=0, exclusive_minimum=True, maximum=1e6)
+        assert sigma is not None
+        values = cls(
+            noise_multiplier=sigma,
+            features=r.integer("features", 64, minimum=2, maximum=MAX_FEATURES) or 64,
+            feature_scale=r.real("feature_scale", 0.2, minimum=0, exclusive_minimum=True, maximum=1e3) or 0.2,
+            feature_bound=r.real("feature_bound", 1.0, minimum=0, exclusive_minimum=True, maximum=1e3) or 1.0,
+            regularization=r.real("regularization", 30.0, minimum=0, exclusive_minimum=True, maximum=1e9)
+            or 30.0,
+            multi_head=r.boolean("multi_head", False),
+            memory_per_task=r.integer("memory_per_task", None, minimum=1, maximum=1_000_000),
+            task_order=_read_task_order(r),
+            num_classes=r.integer("num_classes", None, minimum=2, maximum=100_000),
+            seed=_read_seed(r),
+        )
+        r.finish()
+        return values
+
+
+def read_l2dp_ml(params: Mapping[str, Any]) -> L2dpMlParams | FunctionalMechanismParams:
+    """An ``l2dp_ml`` job's params: by ``perturbation`` (``PERTURBATIONS``), the functional
+    mechanism's or Alg. 2's."""
+    r = JobParams(params)
+    perturbation = r.string("perturbation", "input", PERTURBATIONS)
+    if perturbation == "functional_mechanism":
+        return FunctionalMechanismParams.read(params)
+    return L2dpMlParams.read({k: v for k, v in params.items() if k != "perturbation"})
+
+
 @dataclass(frozen=True, slots=True)
 class NaiveGaussianParams:
     """A NaiveGaussian job's params, validated. One σ for every stage; exactly one of
@@ -742,7 +814,7 @@ PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "dp_sgd": DpSgdParams.from_params,
     "adadp": AdaDpParams.from_params,
     "dp_sgd_audit": PrivacyAuditParams.from_params,
-    "l2dp_ml": L2dpMlParams.read,
+    "l2dp_ml": read_l2dp_ml,
     "continual_release": ContinualParams.read,
     "cosine_classifier": PretrainedParams.from_params,
     "peft_ensemble": HeadParams.from_params,
@@ -789,11 +861,13 @@ __all__ = [
     "MODEL_KINDS",
     "MODES",
     "PARAMS",
+    "PERTURBATIONS",
     "PRIVACY_TARGETS",
     "AdaDpParams",
     "ContinualParams",
     "DpSgdParams",
     "ExtractorSpec",
+    "FunctionalMechanismParams",
     "HeadParams",
     "InvalidParamsError",
     "JobParams",
@@ -802,5 +876,6 @@ __all__ = [
     "NaiveGaussianParams",
     "PretrainedParams",
     "PrivacyAuditParams",
+    "read_l2dp_ml",
     "validate",
 ]

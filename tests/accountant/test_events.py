@@ -44,6 +44,13 @@ EXAMPLES: list[dict[str, Any]] = [
         "theta1_norm_bound": 1.0,
     },
     {"kind": "output_perturbation", "l2_sensitivity": 0.02, "epsilon": 1.0},
+    {
+        "kind": "functional_mechanism",
+        "noise_multiplier": 4.5,
+        "feature_dim": 64,
+        "num_classes": 10,
+        "feature_bound": 1.0,
+    },
     {"kind": "adaptive_gaussian", "noise_multiplier": 1.0},
     {
         "kind": "adaptive_gaussian",
