@@ -591,10 +591,14 @@ def _check_batch_size(session: Session, dataset: Dataset, parsed: Any) -> None:
         raise InvalidInput(exc.field, exc.message) from None
 
 
-def _check_delta_is_the_budgets(dataset: Dataset, document: Mapping[str, Any]) -> None:
+def _check_delta_is_the_budgets(dataset: Dataset, algorithm: str, document: Mapping[str, Any]) -> None:
     """422 ``params.delta`` when a job names a δ other than its budget's (issue 28 §5): the ledger
     certifies every charge at the budget's δ, so a σ calibrated at another δ would be reported at
-    one and certified at the other. Absent, the worker uses the budget's."""
+    one and certified at the other. Absent, the worker uses the budget's. Not for
+    ``dp_sgd_audit``, whose ``delta`` is the δ its one-run audit states its bounds at (its charge
+    is certified at the budget's δ all the same)."""
+    if algorithm == "dp_sgd_audit":
+        return
     delta = document.get("delta")
     if delta is None or isinstance(delta, bool) or not isinstance(delta, int | float):
         return  # absent, or the params check names what is wrong with it
@@ -737,7 +741,7 @@ def create_job(
         parsed = check_params(algorithm, document, limits)
         _check_dataset_can_train(session, dataset)
         _check_batch_size(session, dataset, parsed)
-        _check_delta_is_the_budgets(dataset, document)
+        _check_delta_is_the_budgets(dataset, algorithm, document)
         _check_parallel_batches_unread(session, dataset)
         _check_model_name_free(session, tenant_id, dataset_id, model_name)
         _check_queue(session, tenant_id, limits)

@@ -510,6 +510,7 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
     assert migrations.is_up_to_date(empty_database_url)
     assert (tmp_path / "artifacts" / "acme" / "ext" / "v1.bin").read_bytes() == b"weights"
 
+
 BEFORE_UNIQUE_NAMES = "a7c2e5d8b3f1"
 
 
