@@ -12,7 +12,9 @@ connection to the server's database and drops them at the end. Without
 ``LEDGER_TEST_POSTGRES_URL`` the PostgreSQL cases skip — unless ``CI`` is set, where they fail.
 
 Speed: each backend is migrated once per session into a template (a SQLite file; a PostgreSQL
-database used as ``TEMPLATE``); each test gets a copy of it.
+database used as ``TEMPLATE``); each test gets a copy of it. A test's PostgreSQL database is
+dropped by a background thread (``PostgresServer.drop_later``): ``DROP DATABASE`` waits on the
+server's disk for a second or more, which the next test need not wait for.
 
 The helpers (``postgres_admin_url``, ``PostgresServer``) are importable from ``tests.conftest``.
 """
@@ -20,8 +22,10 @@ The helpers (``postgres_admin_url``, ``PostgresServer``) are importable from ``t
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +65,10 @@ class PostgresServer:
         self.prefix = f"ledger_test_{secrets.token_hex(6)}"
         self._counter = 0
         self._created: set[str] = set()
-        dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self._admin = psycopg.connect(dsn, autocommit=True)
+        self._dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._admin = psycopg.connect(self._dsn, autocommit=True)
+        self._doomed: queue.Queue[str | None] = queue.Queue()
+        self._dropper: threading.Thread | None = None
 
     def url(self, name: str) -> URL:
         return self.admin_url.set(drivername="postgresql+psycopg", database=name)
@@ -81,7 +87,30 @@ class PostgresServer:
         self._admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self._created.discard(name)
 
+    def drop_later(self, name: str) -> None:
+        """Drop ``name`` on the background thread (its own connection); ``close`` waits for it."""
+        if self._dropper is None:
+            self._dropper = threading.Thread(
+                target=self._drop_queued, name="drop-test-databases", daemon=True
+            )
+            self._dropper.start()
+        self._doomed.put(name)
+
+    def _drop_queued(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._dsn, autocommit=True) as admin:
+            while (name := self._doomed.get()) is not None:
+                try:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                except psycopg.Error:
+                    continue  # close() drops what is left on the main connection
+                self._created.discard(name)
+
     def close(self) -> None:
+        if self._dropper is not None:
+            self._doomed.put(None)
+            self._dropper.join()
         for name in sorted(self._created):
             self.drop(name)
         self._admin.close()
@@ -134,7 +163,7 @@ def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -
     try:
         yield server.url(name)
     finally:
-        server.drop(name)
+        server.drop_later(name)
 
 
 @pytest.fixture
