@@ -301,6 +301,7 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     assert registry.sweep(db, artifacts)["published"] == [legacy.staging_name]
 
 
+@pytest.mark.slow
 def test_the_api_process_does_not_import_torch(tmp_path: Path) -> None:
     script = (
         "import sys\n"

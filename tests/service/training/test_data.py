@@ -332,6 +332,7 @@ def test_restrict_keeps_only_reserved_records(tmp_path: Path, roots: TenantRoots
     assert "rec-zz" not in str(err)
 
 
+@pytest.mark.slow
 def test_the_data_module_does_not_import_torch() -> None:
     """The API can validate a source URI (``parse_source``) in a process without torch."""
     code = (
