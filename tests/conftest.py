@@ -141,6 +141,14 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that hold a ``slow`` test run first (the rest keep their order): a long test
+    started last would keep one xdist worker busy after the other has finished. A module's tests
+    stay together, so a module-scoped fixture is set up once per worker."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)
+
+
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
