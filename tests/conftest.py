@@ -5,6 +5,10 @@
   head with ``service.db.migrations.upgrade``. Tests using it run once per backend.
 * ``db`` — a ``service.db.session.Database`` on ``database_url``, disposed after the test.
 * ``empty_database_url`` — the same, but never migrated (for migration tests).
+* ``_one_torch_thread`` (autouse) — torch, where a test module loaded it, runs on one intra-op
+  thread during each test: the models are tiny, so extra threads buy nothing, and on a shared
+  machine with few cores (two xdist workers on two cores) OpenMP's spinning threads made small
+  ops ten times slower (an AdaDp run went from ~1 s to ~14 s). The previous setting is restored.
 
 Several people run tests against the same PostgreSQL server at once, so every test session
 creates its own databases, named ``ledger_test_<random hex>...``, through an AUTOCOMMIT
@@ -25,6 +29,7 @@ import os
 import queue
 import secrets
 import shutil
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,6 +144,20 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "ledger.db"
     upgrade(f"sqlite:///{path}")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    torch = sys.modules.get("torch")  # collection imported it if any collected module needs it
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
