@@ -67,6 +67,7 @@ def _created(response: Any) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: dict[str, str]) -> None:
     admin, trainer, viewer, rival = (_bearer(keys[k]) for k in ("admin", "trainer", "viewer", "rival"))
     dataset = _created(
