@@ -76,8 +76,7 @@ def test_a_staged_stage_of_more_than_10000_batches_is_reserved_by_its_task(
     dataset_id, _ = many_batches(db)
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
-    # q = 0.02: one epoch is 50 steps (q = 0.0002 trained 5 000); the reservation is the point.
-    params = {"noise_multiplier": 5.0, "sampling_probability": 0.02, "seed": 1}
+    params = {"noise_multiplier": 5.0, "sampling_probability": 0.0002, "seed": 1}
     job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)[
         "id"
     ]
