@@ -5,6 +5,10 @@
   head with ``service.db.migrations.upgrade``. Tests using it run once per backend.
 * ``db`` — a ``service.db.session.Database`` on ``database_url``, disposed after the test.
 * ``empty_database_url`` — the same, but never migrated (for migration tests).
+* ``_one_torch_thread`` (autouse) — torch, where a test module loaded it, runs on one intra-op
+  thread during each test: the models are tiny, so extra threads buy nothing, and on a shared
+  machine with few cores (two xdist workers on two cores) OpenMP's spinning threads made small
+  ops ten times slower (an AdaDp run went from ~1 s to ~14 s). The previous setting is restored.
 
 Several people run tests against the same PostgreSQL server at once, so every test session
 creates its own databases, named ``ledger_test_<random hex>...``, through an AUTOCOMMIT
@@ -12,7 +16,9 @@ connection to the server's database and drops them at the end. Without
 ``LEDGER_TEST_POSTGRES_URL`` the PostgreSQL cases skip — unless ``CI`` is set, where they fail.
 
 Speed: each backend is migrated once per session into a template (a SQLite file; a PostgreSQL
-database used as ``TEMPLATE``); each test gets a copy of it.
+database used as ``TEMPLATE``); each test gets a copy of it. A test's PostgreSQL database is
+dropped by a background thread (``PostgresServer.drop_later``): ``DROP DATABASE`` waits on the
+server's disk for a second or more, which the next test need not wait for.
 
 The helpers (``postgres_admin_url``, ``PostgresServer``) are importable from ``tests.conftest``.
 """
@@ -20,8 +26,11 @@ The helpers (``postgres_admin_url``, ``PostgresServer``) are importable from ``t
 from __future__ import annotations
 
 import os
+import queue
 import secrets
 import shutil
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,8 +70,10 @@ class PostgresServer:
         self.prefix = f"ledger_test_{secrets.token_hex(6)}"
         self._counter = 0
         self._created: set[str] = set()
-        dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
-        self._admin = psycopg.connect(dsn, autocommit=True)
+        self._dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._admin = psycopg.connect(self._dsn, autocommit=True)
+        self._doomed: queue.Queue[str | None] = queue.Queue()
+        self._dropper: threading.Thread | None = None
 
     def url(self, name: str) -> URL:
         return self.admin_url.set(drivername="postgresql+psycopg", database=name)
@@ -81,7 +92,30 @@ class PostgresServer:
         self._admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         self._created.discard(name)
 
+    def drop_later(self, name: str) -> None:
+        """Drop ``name`` on the background thread (its own connection); ``close`` waits for it."""
+        if self._dropper is None:
+            self._dropper = threading.Thread(
+                target=self._drop_queued, name="drop-test-databases", daemon=True
+            )
+            self._dropper.start()
+        self._doomed.put(name)
+
+    def _drop_queued(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._dsn, autocommit=True) as admin:
+            while (name := self._doomed.get()) is not None:
+                try:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                except psycopg.Error:
+                    continue  # close() drops what is left on the main connection
+                self._created.discard(name)
+
     def close(self) -> None:
+        if self._dropper is not None:
+            self._doomed.put(None)
+            self._dropper.join()
         for name in sorted(self._created):
             self.drop(name)
         self._admin.close()
@@ -126,6 +160,28 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    torch = sys.modules.get("torch")  # collection imported it if any collected module needs it
+    if torch is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules that hold a ``slow`` test run first (the rest keep their order): a long test
+    started last would keep one xdist worker busy after the other has finished. A module's tests
+    stay together, so a module-scoped fixture is set up once per worker."""
+    slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_modules)
+
+
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
@@ -148,7 +204,7 @@ def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -
     try:
         yield server.url(name)
     finally:
-        server.drop(name)
+        server.drop_later(name)
 
 
 @pytest.fixture

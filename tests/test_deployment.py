@@ -72,6 +72,7 @@ def compose(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.slow
 def test_docker_compose_config_validates() -> None:
     result = compose("config", "-q", env=SECRETS)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,6 +81,7 @@ def test_docker_compose_config_validates() -> None:
     assert set(services.stdout.split()) == {"postgres", "api", "worker", "worker-cpu"}
 
 
+@pytest.mark.slow
 def test_secrets_have_no_usable_default() -> None:
     result = compose(
         "config", "-q", env={"LEDGER_BOOTSTRAP_ADMIN_KEY": SECRETS["LEDGER_BOOTSTRAP_ADMIN_KEY"]}
@@ -231,6 +233,7 @@ def test_images_run_as_a_non_root_user(dockerfile: Dockerfile) -> None:
         assert users[0].split(":")[0] not in ("root", "0"), f"{name} runs as {users[0]}"
 
 
+@pytest.mark.slow
 def test_the_api_image_installs_no_torch(dockerfile: Dockerfile) -> None:
     for stage in dockerfile.chain("api"):
         for run in stage.all("RUN"):
@@ -260,6 +263,7 @@ def test_the_worker_image_installs_torch_and_the_worker_extra(dockerfile: Docker
     assert runs.index("torch==") < runs.index(".[postgres,worker]")
 
 
+@pytest.mark.slow
 def test_migrations_at_start_up(dockerfile: Dockerfile, tmp_path: Path) -> None:
     # both images start a command that migrates first: `ledger serve` (its tests check it) and
     # `ledger worker`, checked here on an empty database

@@ -203,11 +203,13 @@ def _tool(name: str) -> str:
     return found
 
 
+@pytest.mark.slow
 def test_ruff_is_clean() -> None:
     result = subprocess.run([_tool("ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_code_is_formatted() -> None:
     result = subprocess.run(
         [_tool("ruff"), "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
@@ -215,6 +217,7 @@ def test_code_is_formatted() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict_on_accountant() -> None:
     result = subprocess.run(
         [_tool("mypy"), "--strict", "accountant"], cwd=ROOT, capture_output=True, text=True

@@ -1,8 +1,9 @@
 """The private training algorithms, apart from the worker that runs them (issue 14 §2).
 
-No module here imports the database, the API or the ledger (``tests/worker/test_training_boundary.py``):
-a trainer plans the cost of a run from its params (``plan``), trains on data it is handed, and
-releases through a callback the gate gives it. The worker (``service.worker``) does the rest.
+No module here imports the database, the API or the ledger
+(``tests/service/training/test_training_boundary.py``): a trainer plans the cost of a run from
+its params (``plan``), trains on data it is handed, and releases through a callback the gate
+gives it. The worker (``service.worker``) does the rest.
 
 * ``data`` — data sources named by URI (``file://….npz``, ``file://….csv``, ``builtin:digits``,
   ``builtin:permuted-digits?tasks=N``, …), parsed without reading and loaded only when called;

@@ -152,7 +152,7 @@ def noise_scales(event: FunctionalMechanismL2DPEvent) -> NoiseScales:
     """The scales the trainer draws with for ``event`` (module docstring). Each term of Thm. 2 is
     sensitivity/scale of one of them: ε1 = Δ_R/(Δ_R/ε1), ε1/γx = 1/input,
     ε1/γ = ‖θ̄1‖/hidden, ε2 = Δ_L/labels, and the input term sensitivity_input/input (``"sound"``:
-    d/input = d·ε1/γx; ``"paper"``: 1/input = ε1/γx). ``tests/worker/test_l2dp_ml.py`` checks the
+    d/input = d·ε1/γx; ``"paper"``: 1/input = ε1/γx). ``tests/service/training/test_l2dp_ml.py`` checks the
     sum against ``accountant.mechanisms.l2dp_ml_event_epsilon``."""
     delta_r = event.input_dim * (event.hidden_units + 2)
     delta_l = 2 * event.output_hidden_units

@@ -12,7 +12,7 @@ program once on fake tensors, with the batch size symbolic, and records the aten
 dispatches to — ``mm``, ``bmm`` for the per-example outer products, ``threshold_backward``, ...
 — into an FX graph; later calls run that graph, for every batch size (the Poisson sample's size
 changes at every step). The graph is the same ops on the same shapes as the eager program, so
-its values are the eager values bit for bit (``tests/worker/test_per_example_gradients.py``
+its values are the eager values bit for bit (``tests/service/training/test_per_example_gradients.py``
 checks equality, not closeness), and tracing changes speed, never a result or a guarantee. One
 rewrite is made on the graph: a per-example outer product that ``vmap`` wrote as a ``bmm`` with
 a contraction of length 1 runs as a broadcast ``mul`` — the same single products, 3× faster

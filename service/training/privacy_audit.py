@@ -39,7 +39,7 @@ What the audit publishes costs nothing beyond the run: the mechanism's output is
 charged event covers all of it), the model is a function of its first P coordinates and the
 scores of its last m, and the inclusions are drawn independently of the data.
 
-Broken privacy (``Breakage``) exists for the self-test only (tests/worker/test_privacy_audit.py,
+Broken privacy (``Breakage``) exists for the self-test only (tests/service/training/test_privacy_audit.py,
 ``bench/auditing.py``): a trainer built with ``breakage=...`` drops the noise, the clip, or
 divides σ by 10 while its plan — and so the ledger's charge and the certificate — still claims
 the correct run. It is a constructor argument, not a job param: ``trainer_for`` (the gate) builds

@@ -136,7 +136,7 @@ def test_calibration_never_overshoots_and_is_the_smallest_grid_point(
 # ---------------------------------------------------------------------------------------------
 
 OPACUS_CASES = [
-    (0.01, 1000, 1.0, 1e-5),
+    pytest.param(0.01, 1000, 1.0, 1e-5, marks=pytest.mark.slow),
     (1 / 23, 345, 2.0, 1e-5),  # builtin:digits at the default batch size
     (0.1, 100, 0.5, 1e-5),
 ]

@@ -35,6 +35,7 @@ def _event(q: float, sigma: float, steps: int) -> ev.DpEvent:
     return ev.SelfComposedEvent(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), steps)
 
 
+@pytest.mark.slow
 def test_runs_near_the_budget_are_certified_within_ten_percent() -> None:
     budget = Budget.create(rule="sequential", epsilon=8, delta="1e-5", accountant="rdp")
     assert budget.delta_weights is not None

@@ -463,6 +463,7 @@ def _run_and_prefix(draw: st.DrawFn) -> tuple[ev.DpEvent, ev.DpEvent]:
     return run, run
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(pair=_run_and_prefix())
 def test_a_prefix_is_a_prefix_and_never_costs_more(pair: tuple[ev.DpEvent, ev.DpEvent]) -> None:
@@ -476,6 +477,7 @@ def test_a_prefix_is_a_prefix_and_never_costs_more(pair: tuple[ev.DpEvent, ev.Dp
     assert part <= full * (1 + 1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(run=_run, other=_base, extra=st.integers(1, 5))
 def test_more_steps_or_another_mechanism_is_never_a_prefix(

@@ -244,7 +244,9 @@ def test_shown_is_a_bound_on_the_side_it_rounds_to(value: Decimal, way: str) -> 
     assert len(Decimal(text).normalize().as_tuple().digits) <= 4
 
 
-@pytest.mark.parametrize(("sigma", "count"), [(2.0, 10), (1.0, 1), (50.0, 1), (0.8, 200)])
+@pytest.mark.parametrize(
+    ("sigma", "count"), [(2.0, 10), (1.0, 1), (50.0, 1), pytest.param(0.8, 200, marks=pytest.mark.slow)]
+)
 def test_a_lone_gaussian_run_states_its_exact_epsilon(sigma: float, count: int) -> None:
     """Balle & Wang 2018, Thm. 8 (the analytic Gaussian): within prv-accountant's bounds for the
     same run, and no larger than the PRV upper bound the ledger would state otherwise."""

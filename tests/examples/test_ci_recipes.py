@@ -25,6 +25,8 @@ from service.db.session import Database
 from service.ledger import datasets, tenancy
 from tests.service.live_server import free_port, serve, settings_for
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / "examples" / "ci" / "privacy-gate.yml"
 SCRIPT = ROOT / "examples" / "ci" / "privacy-check.sh"

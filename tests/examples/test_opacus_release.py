@@ -24,6 +24,8 @@ from service.client import LedgerClient
 from service.training.data import load_data
 from tests.service.api.conftest import Server, start_server, stop_server
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "opacus_release.py"
 

@@ -12,6 +12,8 @@ pytest.importorskip("matplotlib")
 
 from service.cli import main
 
+pytestmark = pytest.mark.slow
+
 
 def test_quick_lifelong_experiment_writes_its_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

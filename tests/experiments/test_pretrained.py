@@ -24,6 +24,7 @@ def test_metrics_follow_eq_a4_to_a6() -> None:
     assert average_forgetting([[0.7]]) is None
 
 
+@pytest.mark.slow
 def test_quick_pretrained_experiment_writes_its_report(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,6 +35,8 @@ from service.ledger import model_registry as registry
 from service.worker.worker import Worker
 from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset
 
+pytestmark = pytest.mark.slow
+
 
 def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
     world = digits_dataset(db, epsilon="10", source=DIGITS)  # the job reads the dataset's source

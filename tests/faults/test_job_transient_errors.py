@@ -33,6 +33,8 @@ from service.training.data import LoadedData
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, staged_files
 
+pytestmark = pytest.mark.slow
+
 POSTGRES_ONLY = pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
 
 

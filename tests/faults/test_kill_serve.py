@@ -8,10 +8,13 @@ run (docs/RELIABILITY.md)."""
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy.engine import URL
 
 from tests.faults.harness import assert_kill_findings, kill_serve_cycles
 from tests.service.api.conftest import url_text
+
+pytestmark = pytest.mark.slow
 
 
 def test_kill_9_of_serve_loses_no_commit(database_url: URL) -> None:

@@ -20,6 +20,8 @@ pytest.importorskip("torch")
 from tests.faults.worker_kills import assert_worker_kill_findings, kill_worker_cycles
 from tests.service.api.conftest import url_text
 
+pytestmark = pytest.mark.slow
+
 
 def test_kill_9_of_worker_loses_no_commit(database_url: URL, tmp_path: Path) -> None:
     # ttl_s 20: a freshly started worker on a loaded 2-core machine took up to ~12 s from its

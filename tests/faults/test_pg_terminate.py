@@ -12,6 +12,8 @@ from sqlalchemy.engine import URL
 from tests.faults.harness import terminate_backends_under_load
 from tests.service.api.conftest import url_text
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)

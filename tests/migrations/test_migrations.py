@@ -93,6 +93,7 @@ def test_script_folder_never_shadows_the_alembic_library() -> None:
         assert re.fullmatch(r"\d{4}_\d{2}_\d{2}_[a-z0-9_]+", path.stem), path.name
 
 
+@pytest.mark.slow
 def test_concurrent_upgrades_migrate_once(empty_database_url: URL) -> None:
     """Several processes starting at once (``ledger serve`` workers) may all migrate; so may
     several threads of one process."""

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from service.client import LedgerClient
@@ -128,6 +129,7 @@ def _pinned_head_holds(pinned: dict[str, Any], entries: list[dict[str, Any]]) ->
     return by_seq.get(pinned["chain_seq"]) == pinned["hash"]
 
 
+@pytest.mark.slow
 def test_truncation_with_a_rewritten_head_needs_an_external_head(db: Database, tmp_path) -> None:
     world = _world(db)
     settings = settings_for(db.engine.url, tmp_path / "artifacts")

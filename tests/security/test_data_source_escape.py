@@ -655,6 +655,7 @@ def test_a_file_swapped_after_it_was_set_is_refused_when_read(dirs: Dirs, swap: 
     assert SECRET not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
     db: Database, dirs: Dirs, tmp_path: Path
 ) -> None:

@@ -191,6 +191,7 @@ def test_the_secret_setting_wins_and_must_be_long(tmp_path: Path, monkeypatch: p
     assert server_secrets.default_secrets_dir(f"sqlite:///{tmp_path}/x/l.db") == (tmp_path / "x").resolve()
 
 
+@pytest.mark.slow
 def test_a_process_with_another_secret_refuses_to_start(database_url: URL, db: Database) -> None:
     url = url_text(database_url)
     key = tenancy.create_api_key(db, "acme", "admin")  # hashed under this process's secret

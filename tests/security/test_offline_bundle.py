@@ -569,6 +569,7 @@ def test_a_settlement_without_a_release_is_anchored_like_a_commit(
     assert "no audit entry anchors it" in " ".join(result.check("audit chain")["problems"])
 
 
+@pytest.mark.slow
 def test_an_export_taken_while_the_ledger_moves_is_consistent(
     database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -622,6 +623,7 @@ LIVED = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", LIVED)
 def test_the_history_holds_on_a_lived_ledger(
     budget: Json, database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -828,6 +830,7 @@ def _settling(bundle: Json, reservation_id: str) -> tuple[Json, Json]:
     return stored, entry
 
 
+@pytest.mark.slow
 def test_real_aborts_and_expiries_are_proven_offline(
     database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

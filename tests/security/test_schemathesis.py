@@ -33,6 +33,8 @@ from service.db.session import Database  # noqa: E402
 from service.ledger import tenancy  # noqa: E402
 from service.settings import Settings  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 # 10, not 15: the event schema now holds dp-accounting's JSON forms too, and generating events
 # for every operation that takes one made this test ~5 min of CI; the larger run is the bench.
 # (Fewer does not help: 7 examples took 158 s here against 142 s for 10; the time does not

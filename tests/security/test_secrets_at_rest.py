@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select, text
 from sqlalchemy.engine import URL
@@ -178,6 +179,7 @@ def test_record_ids_never_reach_the_database(
     assert count == len(raw_ids) + len(numeric)
 
 
+@pytest.mark.slow
 def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> None:
     """A real ``ledger serve`` with access logs at info: good, refused and malformed requests;
     neither a key nor its secret part reaches stdout/stderr."""

@@ -708,6 +708,7 @@ def _without_server(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_the_client_side_commands_need_no_server_packages(
     healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -745,6 +746,7 @@ def test_the_client_side_commands_need_no_server_packages(
     assert serve.returncode == 2 and "pip install 'privacy-ledger[server]'" in serve.stderr
 
 
+@pytest.mark.slow
 def test_charged_aborts_pass_online_and_offline(
     database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -34,6 +34,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str,
     return code, payload, captured.err
 
 
+@pytest.mark.slow
 def test_real_console_entry_point_prints_json() -> None:
     # The module entry point as a user runs it (``ledger`` is ``service.cli:main``).
     proc = subprocess.run(

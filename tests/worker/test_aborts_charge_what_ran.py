@@ -43,6 +43,7 @@ def _audit_payloads(db: Database, dataset_id: str, event_type: str) -> list[dict
     return [dict(row.payload) for row in db.read_all(query)]
 
 
+@pytest.mark.slow
 def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     db: Database, tmp_path: Path
 ) -> None:

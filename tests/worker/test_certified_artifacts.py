@@ -35,6 +35,7 @@ def _check(url: str, key: str, dataset_id: str, capsys: pytest.CaptureFixture[st
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_a_published_version_loads_only_with_the_bytes_its_signed_certificate_states(
     ledger: tuple[str, dict[str, str]],
     db: Database,

@@ -139,6 +139,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert staged_files(artifacts) == []
 
 
+@pytest.mark.slow
 def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
     db: Database, artifacts: Path
 ) -> None:
@@ -167,6 +168,7 @@ def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
     assert Decimal(quoted["cost"]["epsilon"]) > 0 and not quoted["admitted"]
 
 
+@pytest.mark.slow
 def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refused_unread(
     db: Database, artifacts: Path
 ) -> None:
@@ -212,6 +214,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     assert jobs.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"
 
 
+@pytest.mark.slow
 def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Database, artifacts: Path) -> None:
     world = digits_dataset(db, epsilon="10")
     worker = _worker(db, artifacts, CountingLoader(), lease_s=30, heartbeat_s=0.05)
@@ -332,6 +335,7 @@ def test_invalid_trainer_params_are_refused_at_submit_naming_the_field(db: Datab
     assert spend.get_spend(db, "acme", world.dataset_id)["reservations_open"] == 0
 
 
+@pytest.mark.slow
 def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
     world = digits_dataset(db, epsilon="3")
     job_id = _queue(

@@ -46,6 +46,7 @@ def many_batches(db: Database) -> tuple[str, str]:
     return str(dataset["id"]), str(task["id"])
 
 
+@pytest.mark.slow
 def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = many_batches(db)
     # the calibration's prices (target_epsilon) cover every batch, by state class, not by ids
@@ -65,6 +66,7 @@ def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, 
     assert Decimal(job["epsilon_committed"]) > 0
 
 
+@pytest.mark.slow
 def test_a_staged_stage_of_more_than_10000_batches_is_reserved_by_its_task(
     db: Database, tmp_path: Path
 ) -> None:

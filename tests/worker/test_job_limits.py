@@ -117,6 +117,7 @@ def test_an_expired_lease_does_not_count_as_running(db: Database) -> None:
     assert second.attempt == 2
 
 
+@pytest.mark.slow
 def test_concurrent_claims_stay_exactly_once_across_tenants(db: Database) -> None:
     created = {
         _job(db, tenant, _dataset(db, tenant)) for tenant in ("acme", "rival", "third") for _ in range(6)

@@ -216,6 +216,7 @@ def test_the_document_is_bounded_before_it_is_walked() -> None:
     assert len(json.dumps(largest)) < jobs.MAX_PARAMS_BYTES / 4
 
 
+@pytest.mark.slow
 def test_the_api_validates_params_without_loading_torch() -> None:
     code = (
         "import sys\n"

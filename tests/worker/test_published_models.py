@@ -47,6 +47,7 @@ def _dp_accounting_epsilon(q: float, sigma: float, steps: int, delta: float) -> 
     return float(accountant.get_epsilon(delta))
 
 
+@pytest.mark.slow
 @SQLITE_ONLY
 def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certified(
     ledger: tuple[str, dict[str, str]], db: Database, tmp_path: Path

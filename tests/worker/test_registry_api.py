@@ -67,6 +67,7 @@ def _created(response: Any) -> dict[str, Any]:
     return body
 
 
+@pytest.mark.slow
 def test_a_job_over_http_publishes_certified_versions(client: TestClient, keys: dict[str, str]) -> None:
     admin, trainer, viewer, rival = (_bearer(keys[k]) for k in ("admin", "trainer", "viewer", "rival"))
     dataset = _created(
@@ -301,6 +302,7 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     assert registry.sweep(db, artifacts)["published"] == [legacy.staging_name]
 
 
+@pytest.mark.slow
 def test_the_api_process_does_not_import_torch(tmp_path: Path) -> None:
     script = (
         "import sys\n"

@@ -135,6 +135,7 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, loader: CountingLoader) 
     return jobs.get_job(db, "acme", job["id"])
 
 
+@pytest.mark.slow
 def test_parallel_stages_release_one_version_per_task_reading_only_their_batches(
     db: Database, tmp_path: Path, trainer: NoisyClassMeans
 ) -> None:
@@ -240,6 +241,7 @@ class StopAfter:
         self.step = step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("released_before", "second_error"), [(1, "not_resumable"), (0, "batch_already_read")]
 )

@@ -37,6 +37,8 @@ from tests.worker.digits_world import (
     versions_of,
 )
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 2.0
 

@@ -95,6 +95,7 @@ def test_serve_with_a_bootstrap_key_and_several_workers(database_url: URL) -> No
         stop_server(server.process)
 
 
+@pytest.mark.slow
 def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient) -> None:
     url = url_text(database_url)
     made = ledger("keys", "create", "--tenant", "team-a", "--scope", "trainer", "--database-url", url)
@@ -123,6 +124,7 @@ def test_keys_create_then_use_then_revoke(database_url: URL, client: TestClient)
     assert bad.returncode == 2 and "tenant" in bad.stderr
 
 
+@pytest.mark.slow
 def test_verify_exit_codes(database_url: URL, db: Database) -> None:
     url = url_text(database_url)
     tenancy.create_tenant(db, "acme")
@@ -145,6 +147,7 @@ def test_verify_exit_codes(database_url: URL, db: Database) -> None:
     assert f"broken at entry {seq}" in broken.stderr
 
 
+@pytest.mark.slow
 def test_migrate_creates_the_schema(empty_database_url: URL) -> None:
     url = url_text(empty_database_url)
     assert migrations.current_revision(url) is None

@@ -236,6 +236,7 @@ def test_a_process_with_the_budget_cached_before_a_declaration_reads_it_again(
     assert quote["admitted"] is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_ledger_check_recomputes_the_segments_from_the_bundle(
     database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]

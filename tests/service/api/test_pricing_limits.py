@@ -111,6 +111,7 @@ def test_a_reservation_above_the_pricing_bound_is_refused_before_it_is_priced(
     assert trainer.call("GET", f"/v1/reservations/{held['id']}", status=200).json()["status"] == "reserved"
 
 
+@pytest.mark.slow
 def test_a_tenant_out_of_pricing_time_gets_429_and_another_tenant_does_not(
     db: Database, database_url: URL, keys: Keys
 ) -> None:
@@ -140,6 +141,7 @@ def test_a_tenant_out_of_pricing_time_gets_429_and_another_tenant_does_not(
         assert acme_admin.spend(dataset)["epsilon_spent"] == first["cost"]["epsilon"]
 
 
+@pytest.mark.slow
 def test_repeated_events_are_cached_and_cost_the_bucket_almost_nothing(
     db: Database, database_url: URL, keys: Keys
 ) -> None:
@@ -178,6 +180,7 @@ def test_pricing_rates_refill_and_refuse_with_the_wait() -> None:
     assert rates.tokens("acme") == 0.0
 
 
+@pytest.mark.slow
 def test_certificate_verification_is_bounded_and_metered(db: Database, database_url: URL, keys: Keys) -> None:
     """A viewer's verify recomputes the certificate's prices: above the bound it is refused (422
     naming ``certificate_id``: verify it offline), and it draws on the tenant's pricing time."""

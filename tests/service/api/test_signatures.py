@@ -221,6 +221,7 @@ def test_audit_heads_are_signed_and_a_tampered_head_fails(
     assert signing.check_head(other.dataset, head, server_keys).status == "invalid"
 
 
+@pytest.mark.slow
 def test_rotation_keeps_retired_keys_verifying_and_a_dropped_key_unknown(
     settings: Settings, db: Database, keys: Keys, tmp_path: Path
 ) -> None:
@@ -318,6 +319,7 @@ def test_a_lost_default_key_file_is_not_replaced_silently(
     assert declared_lost(db) == [lost_id]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_ledger_serve_refuses_to_start_when_a_signing_key_is_missing(
     settings: Settings, database_url: URL, db: Database, tmp_path: Path
@@ -400,6 +402,7 @@ def test_an_unreadable_configured_key_stops_the_start(
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_ledger_serve_refuses_to_start_with_an_unreadable_key(database_url: URL, tmp_path: Path) -> None:
     bad = tmp_path / "bad.pem"

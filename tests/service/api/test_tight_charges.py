@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import dp_accounting
+import pytest
 from dp_accounting import rdp as dpa_rdp
 from scipy.optimize import brentq
 
@@ -77,6 +78,7 @@ def test_a_single_parallel_charge_costs_its_tight_epsilon(client: TestClient, ke
     assert pure["cost"] == {"epsilon": "0.1", "delta": "0"}
 
 
+@pytest.mark.slow
 def test_a_geometric_charge_takes_the_level_its_own_epsilon_fits(client: TestClient, keys: Keys) -> None:
     """Geometric ε = 1, δ = 1e-5: a run whose dp-accounting ε at level 1's δ share (δ/4) is just
     below level 1's allowance (1/4) takes level 1, not level 0: its ε is computed on the full grid."""
@@ -102,6 +104,7 @@ def calibrated_sigma(q: float, steps: int, target: float, delta: float) -> float
     return float(brentq(lambda sigma: _dpa_epsilon(q, sigma, steps, delta) - target, 0.3, 50.0, xtol=1e-6))
 
 
+@pytest.mark.slow
 def test_the_renyi_filter_placed_for_the_budget_is_within_ten_percent(client: TestClient, keys: Keys) -> None:
     """A sequential/rdp budget of ε = 8 places its filter's orders and δ weights for (8, 1e-5): a
     DP-SGD run calibrated near the budget (20 epochs at q = 0.01, ε 7.5 by dp-accounting) is

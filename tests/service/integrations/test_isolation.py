@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -32,6 +34,7 @@ def test_no_core_module_imports_an_adapter() -> None:
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_the_core_loads_none_of_the_adapters_libraries() -> None:
     program = (
         "import json, sys\n"

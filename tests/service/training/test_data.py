@@ -28,7 +28,7 @@ from service.training.data import (
     parse_source,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +332,7 @@ def test_restrict_keeps_only_reserved_records(tmp_path: Path, roots: TenantRoots
     assert "rec-zz" not in str(err)
 
 
+@pytest.mark.slow
 def test_the_data_module_does_not_import_torch() -> None:
     """The API can validate a source URI (``parse_source``) in a process without torch."""
     code = (

@@ -347,6 +347,7 @@ def test_a_seed_makes_runs_reproducible() -> None:
     assert any(not torch.equal(states[0][k], states[2][k]) for k in states[0])
 
 
+@pytest.mark.slow
 def test_the_cnn_trains_on_image_shaped_inputs() -> None:
     data = _toy_data()
     trainer = DpSgdTrainer(device=CPU)
@@ -371,6 +372,7 @@ def test_evaluate_rebuilds_a_checkpointed_state() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dp_sgd_on_digits_at_epsilon_2_learns_and_its_event_costs_at_most_2() -> None:
     pytest.importorskip("sklearn")
     pytest.importorskip("accountant.calibration")

@@ -318,6 +318,7 @@ def test_a_job_whose_noise_would_swamp_the_model_is_refused_at_submission(db: Da
     assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
 
 
+@pytest.mark.slow
 def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(
         db, {"rule": "lifelong", "epsilon": "30", "delta": "1e-5", "accountant": "basic"}
@@ -351,6 +352,7 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
     assert fresh["status"] == "failed" and fresh["error"]["error"] == "budget_exceeded"  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_naive_gaussian_epsilon_grows_with_tasks(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"})
     # target_budget_epsilon: the stages fit the sequential budget of 8 (target_epsilon before issue 24)

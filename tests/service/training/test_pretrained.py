@@ -340,6 +340,7 @@ def _certified(db: Database, version: Mapping[str, Any]) -> Decimal:
     return Decimal(body["result"]["charge"]["epsilon"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["cosine_classifier", "peft_ensemble", "peft_naive"])
 def test_parallel_algorithms_release_one_certified_version_per_task_within_epsilon(
     db: Database, tmp_path: Path, algorithm: str
@@ -371,6 +372,7 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     assert again.value.code == "batch_already_read" and again.value.details["field"] == "dataset_id"
 
 
+@pytest.mark.slow
 def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "8")
     job = _job(db, tmp_path, dataset_id, "cosine_classifier", target_budget_epsilon=8.0, delta=DELTA)
@@ -380,6 +382,7 @@ def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) 
     assert metrics["average_forgetting"] < 0.2
 
 
+@pytest.mark.slow
 def test_full_data_is_refused_its_second_stage_on_a_parallel_dataset(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "1")
     job = _job(db, tmp_path, dataset_id, "peft_full_data", target_budget_epsilon=1.0, delta=DELTA)
@@ -388,6 +391,7 @@ def test_full_data_is_refused_its_second_stage_on_a_parallel_dataset(db: Databas
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 1  # task 1's release stays
 
 
+@pytest.mark.slow
 def test_full_data_on_a_sequential_dataset_charges_old_tasks_once_per_release(
     db: Database, tmp_path: Path
 ) -> None:

@@ -45,6 +45,7 @@ def test_zero_sensitivity_coordinates_add_nothing_and_noiseless_ones_are_refused
         check_lemma1({"w": torch.tensor([1e-9, 1.0])}, {"w": torch.tensor([0.0, 2.0])}, 2.0)
 
 
+@pytest.mark.slow
 def test_lemma1_holds_at_every_step_and_the_event_is_dp_sgds() -> None:
     data = _toy_data()
     trainer = AdaDpTrainer(device=CPU)
@@ -90,6 +91,7 @@ def test_adadp_params_are_validated() -> None:
         AdaDpTrainer(device=CPU).plan(DpSgdTrainer().parse_params({"noise_multiplier": 1.0}), 10)
 
 
+@pytest.mark.slow
 def test_adadp_trains_on_digits_at_the_same_epsilon_as_dp_sgd() -> None:
     pytest.importorskip("sklearn")
     pytest.importorskip("accountant.calibration")

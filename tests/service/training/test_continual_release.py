@@ -479,6 +479,7 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[s
     return jobs.get_job(db, "acme", job["id"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "sampling"), [("sliding_window", True), ("cumulative", False)])
 def test_a_job_releases_every_stage_at_its_level_within_the_budget(
     db: Database, tmp_path: Path, mode: str, sampling: bool

@@ -58,6 +58,7 @@ def _audit(data: LoadedData, breakage: str | None, seed: int = 11) -> dict[str, 
     return audit
 
 
+@pytest.mark.slow
 def test_the_audit_has_teeth(digits: LoadedData) -> None:
     """The same run, the same claim (ε ≤ 2 by the accountant): correct → lower bound < 2;
     privacy broken three ways → lower bound > 2."""
@@ -160,6 +161,7 @@ def test_a_client_cannot_break_the_audited_run(params: dict[str, Any], field: st
     assert isinstance(trainer, PrivacyAuditTrainer) and trainer.breakage is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_ledger_check_fails_a_lower_bound_above_the_certified_epsilon(
     database_url: URL, db: Database, tmp_path: Path, capsys: pytest.CaptureFixture[str]
