@@ -70,7 +70,7 @@ class _Worker:
     """One ``ledger worker`` subprocess (its stderr goes to ``log``)."""
 
     def __init__(self, url: str, artifact_dir: Path, log: Path, *, lease_s: float, ttl_s: float) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_") or k == "LEDGER_HOME"}
         env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", LEDGER_RESERVATION_TTL_S=str(ttl_s))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.log = log.open("ab")

@@ -190,7 +190,7 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
     bootstrap = "pl_" + secrets.token_urlsafe(32)
     # (tests.service.api.conftest.start_server passes --no-access-log: start it here instead.)
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_") or k == "LEDGER_HOME"}
     env["PYTHONUNBUFFERED"] = "1"
     env["LEDGER_BOOTSTRAP_ADMIN_KEY"] = bootstrap
     process = subprocess.Popen(
