@@ -381,27 +381,34 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
     return response
 
 
+def _open(work: Work, op: Request, reservation_id: str, refusal: str) -> Loaded | ReservationExpired:
+    """The open reservation ``op`` acts on (a commit, an extension). Refused: another tenant's or
+    an unknown one (``NotFound``), an expired one, a closed one (``reservation_closed``, saying
+    ``refusal``). Late — open but past its time — it expires now, charged what could have run as
+    any expiry, and stays expired: the ``ReservationExpired`` returned is what ``op`` answers."""
+    r = work.reservations.get(reservation_id)
+    if r is None or r.tenant_id != op.tenant_id:
+        raise NotFound("reservation", reservation_id)
+    if r.status == "reserved" and r.expires_at <= op.at:
+        _close(work, r, "expired", op.at)
+        return ReservationExpired(r.id)
+    if r.status == "expired":
+        raise ReservationExpired(r.id)
+    if r.status != "reserved":
+        raise Conflict(
+            f"reservation {r.id!r} is {r.status}; {refusal}.", reason="reservation_closed", status=r.status
+        )
+    return r
+
+
 def commit(
     work: Work, op: Request, params: CommitParams, priced: Priced = NOT_PRICED
 ) -> tuple[dict[str, Any], LedgerError | None]:
     """Settle the reservation's charge (``_settle``), certify it (``_certify``), apply it
     (``_apply``) and record the release. A late commit expires its reservation and is refused."""
-    r = work.reservations.get(params.reservation_id)
-    if r is None or r.tenant_id != op.tenant_id:
-        raise NotFound("reservation", params.reservation_id)
-    if r.status == "reserved" and r.expires_at <= op.at:
-        # Late: the reservation expires — charged what could have run, as any expiry — and stays
-        # expired although this commit is refused.
-        _close(work, r, "expired", op.at)
-        return {}, ReservationExpired(r.id)
-    if r.status == "expired":
-        raise ReservationExpired(r.id)
-    if r.status != "reserved":
-        raise Conflict(
-            f"reservation {r.id!r} is {r.status}; it cannot be committed.",
-            reason="reservation_closed",
-            status=r.status,
-        )
+    r = _open(work, op, params.reservation_id, "it cannot be committed")
+    if isinstance(r, ReservationExpired):
+        return {}, r
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
         raise ReleaseExists(params.model, params.version)
@@ -473,20 +480,9 @@ def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any
     reservation (``NotFound``), a closed one (``reservation_closed``), one past its time (it
     expires now, charged as any expiry, and ``ReservationExpired`` is answered, as a late commit
     is), and a hold past ``max_lifetime`` from creation (``LifetimeExceeded``; nothing changes)."""
-    r = work.reservations.get(params.reservation_id)
-    if r is None or r.tenant_id != op.tenant_id:
-        raise NotFound("reservation", params.reservation_id)
-    if r.status == "reserved" and r.expires_at <= op.at:
-        _close(work, r, "expired", op.at)
-        return {}, ReservationExpired(r.id)
-    if r.status == "expired":
-        raise ReservationExpired(r.id)
-    if r.status != "reserved":
-        raise Conflict(
-            f"reservation {r.id!r} is {r.status}; only an open reservation can be extended.",
-            reason="reservation_closed",
-            status=r.status,
-        )
+    r = _open(work, op, params.reservation_id, "only an open reservation can be extended")
+    if isinstance(r, ReservationExpired):
+        return {}, r
     latest = r.created_at + params.max_lifetime
     wanted = op.at + params.ttl
     if wanted > latest:
