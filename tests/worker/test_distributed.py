@@ -208,3 +208,28 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
     assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
     (stored,) = certificates.list_certificates(db, "acme", world.dataset_id)["data"]
     assert stored["outcome"] == "aborted" and stored["release"] is None
+
+
+@pytest.mark.slow
+@SQLITE_ONLY
+def test_a_two_process_audit_job_is_charged_once_and_states_its_audit(db: Database, tmp_path: Path) -> None:
+    """The one-run audit job over 2 ranks (the canaries live on rank 0): one reservation, one
+    commit of the whole run, and its version carries the audit's bounds, the lower below the
+    certified upper."""
+    world = digits_dataset(db, epsilon="10")
+    params = {**PARAMS, "world_size": 2, "canaries": 200, "delta": 1e-5, "model_name": "audit-2"}
+    created = jobs.create_job(
+        db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd_audit", params=params
+    )
+    Worker(db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(), device="cpu").run_once()
+    job = jobs.get_job(db, "acme", created["id"])
+    assert job["status"] == "succeeded", job
+    held = reservation(db, job["reservation_id"])
+    assert held.status == "committed" and held.committed_epsilon == held.epsilon
+    assert certificates.list_certificates(db, "acme", world.dataset_id)["count"] == 1
+    (version,) = versions_of(db, job["id"])
+    audit = version.metrics["privacy_audit"]
+    assert audit["canaries"] == 200 and job["metrics"]["privacy_audit"] == audit
+    answer = model_registry.get_version(db, "acme", "audit-2", version.version)
+    certified = answer["privacy_audit"]["certified"]
+    assert certified["consistent"] is True and certified["epsilon_lower"] < certified["epsilon_upper"]
