@@ -623,6 +623,19 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
+    def archive_dataset(self, dataset_id: Identifier, *, idempotency_key: str | None = None) -> J:
+        """``POST /v1/datasets/{id}/archive`` (admin): the dataset takes no new work (409
+        ``dataset_archived``) and leaves the default list; its ledger and certificates stay.
+        Audited as ``dataset.archived``; answers the dataset (``archived_at`` set)."""
+        path = f"/v1/datasets/{_segment(dataset_id)}/archive"
+        return self._json(_Call("POST", path, idempotency_key=self._key(idempotency_key)))
+
+    def unarchive_dataset(self, dataset_id: Identifier, *, idempotency_key: str | None = None) -> J:
+        """``POST /v1/datasets/{id}/unarchive`` (admin): active again, exactly as it was
+        (``dataset.unarchived``)."""
+        path = f"/v1/datasets/{_segment(dataset_id)}/unarchive"
+        return self._json(_Call("POST", path, idempotency_key=self._key(idempotency_key)))
+
     def declare_plan_segment(
         self,
         dataset_id: Identifier,
@@ -644,12 +657,17 @@ class _Endpoints(Generic[J, A]):
             )
         )
 
-    def list_datasets(self, *, limit: int = 100, offset: int = 0, name: str | None = None) -> J:
-        """``GET /v1/datasets``: ``{data, count}``; with ``name``, only the dataset of that name
-        (names are unique per tenant; ``find_dataset`` takes an id or a name)."""
+    def list_datasets(
+        self, *, limit: int = 100, offset: int = 0, name: str | None = None, archived: str = "false"
+    ) -> J:
+        """``GET /v1/datasets``: ``{data, count}``; ``archived``: ``"false"`` active datasets only,
+        ``"true"`` archived only, ``"all"``. With ``name``, only the dataset of that name, archived
+        or not (names are unique per tenant; ``find_dataset`` takes an id or a name)."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if name is not None:
             params["name"] = name
+        if archived != "false":
+            params["archived"] = archived
         return self._json(_Call("GET", "/v1/datasets", params=params))
 
     def get_dataset(self, dataset_id: Identifier) -> J:

@@ -11,7 +11,7 @@ checked against the server's data roots for the caller's tenant (``LEDGER_DATA_R
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Query, Request
@@ -123,10 +123,66 @@ def list_datasets(
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     name: Annotated[
         str | None,
-        Query(max_length=200, description="only the dataset of this name (names are unique per tenant)"),
+        Query(
+            max_length=200,
+            description="only the dataset of this name, archived or not (names are unique per tenant)",
+        ),
     ] = None,
+    archived: Annotated[
+        Literal["false", "true", "all"],
+        Query(description="`false`: active datasets only (default); `true`: archived only; `all`"),
+    ] = "false",
 ) -> dict[str, Any]:
-    return datasets.list_datasets(db, principal.tenant_id, limit=limit, offset=offset, name=name)
+    return datasets.list_datasets(
+        db, principal.tenant_id, limit=limit, offset=offset, name=name, archived=archived
+    )
+
+
+_ARCHIVE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    409: {
+        "model": ErrorBody,
+        "description": "`dataset_in_use`: a reservation of the dataset is open, or a job is queued "
+        "or running; nothing changes",
+    },
+}
+
+
+@router.post(
+    "/datasets/{dataset_id}/archive",
+    response_model=DatasetPublic,
+    responses=_ARCHIVE_ERRORS,
+    summary="Archive the dataset: it takes no new work; its history stays (admin; audited)",
+    description="A dataset is archived, never deleted: its audit chain is its history and its "
+    "certificates keep verifying (`ledger check`, audit exports). Any dataset may be archived, "
+    "charged or not: archiving only refuses — new reservations, plan segments, jobs, quotes, tasks "
+    "and batches get 409 `dataset_archived` naming it — and never frees budget or changes spend. "
+    "Hidden from `GET /v1/datasets` unless `?archived=true` (or `all`); still readable by id. "
+    "Appended to the audit chain (`dataset.archived`); archiving an archived dataset changes "
+    "nothing.",
+)
+def archive_dataset(
+    dataset_id: str, principal: AdminDep, db: DatabaseDep, idempotency_key: IdempotencyKeyDep = None
+) -> dict[str, Any]:
+    return datasets.set_archived(
+        db, principal.tenant_id, dataset_id, archived=True, idempotency_key=idempotency_key
+    )
+
+
+@router.post(
+    "/datasets/{dataset_id}/unarchive",
+    response_model=DatasetPublic,
+    responses=_ARCHIVE_ERRORS,
+    summary="Make an archived dataset active again, exactly as it was (admin; audited)",
+    description="Appended to the audit chain (`dataset.unarchived`); unarchiving an active "
+    "dataset changes nothing.",
+)
+def unarchive_dataset(
+    dataset_id: str, principal: AdminDep, db: DatabaseDep, idempotency_key: IdempotencyKeyDep = None
+) -> dict[str, Any]:
+    return datasets.set_archived(
+        db, principal.tenant_id, dataset_id, archived=False, idempotency_key=idempotency_key
+    )
 
 
 @router.get(

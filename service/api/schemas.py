@@ -304,6 +304,11 @@ class DatasetPublic(_Public):
         "(`delta_not_below_one_over_n`, `field: budget.delta`), which lets a mechanism publish "
         "about δ·N records in the clear",
     )
+    archived_at: str | None = Field(
+        default=None,
+        description="when an admin archived the dataset (it takes no new work; its ledger and "
+        "certificates stay readable and verifiable); null: active",
+    )
 
 
 class DatasetsPublic(_Public):

@@ -335,6 +335,7 @@ LEDGER_HEAD_COLUMNS: Final = (
     Dataset.audit_seq,
     Dataset.audit_hash,
     Dataset.plan_segments,
+    Dataset.archived_at,
 )
 _HEAD: Final = select(*LEDGER_HEAD_COLUMNS).where(Dataset.id == bindparam("dataset_id"))
 _HEAD_FOR_UPDATE: Final = _HEAD.with_for_update()

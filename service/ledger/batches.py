@@ -27,7 +27,14 @@ from accountant.rules import BatchState
 from service.db.models import Batch, BatchRecord, BatchStateRow, Job, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
-from service.ledger.datasets import UNENCODABLE, can_be_id, check_name, encodes, load_dataset
+from service.ledger.datasets import (
+    UNENCODABLE,
+    can_be_id,
+    check_name,
+    encodes,
+    load_dataset,
+    refuse_archived,
+)
 from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
 from service.ledger.spending.store import state_id
 
@@ -138,8 +145,9 @@ def create_task(
     check_name(name)
 
     def body(session: Session, at: datetime) -> idempotency.Outcome:
-        load_dataset(session, tenant_id, dataset_id)
-        lock_ledger_head(session.connection(), dataset_id)  # the count below stays true
+        dataset = load_dataset(session, tenant_id, dataset_id)
+        head = lock_ledger_head(session.connection(), dataset_id)  # the count below stays true
+        refuse_archived(dataset_id, head.archived_at if head is not None else dataset.archived_at)
         tasks = session.scalar(select(func.count()).select_from(Task).where(Task.dataset_id == dataset_id))
         if (tasks or 0) >= MAX_TASKS_PER_DATASET:
             raise Conflict(
@@ -402,6 +410,7 @@ def create_batches(
         head = lock_ledger_head(session.connection(), dataset_id)
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
+        refuse_archived(dataset_id, head.archived_at)
         _load_task(session, dataset_id, task_id)
         # after the last position (a deleted batch leaves a gap: positions are never reused)
         existing = session.scalar(

@@ -14,8 +14,19 @@ admin when the dataset is created or later (``set_data_source``), checked agains
 (``service.training.data.check_source``) before it is stored, and audited in the dataset's chain.
 A job never names a source: the worker reads the dataset's.
 
-Answers (JSON-ready): ``{id, name, budget, data_source, created_at}`` with the budget's numbers as
-decimal strings (``Budget.to_json``); ``data_source`` is ``null`` until an admin sets one.
+An admin archives a dataset (``archive``; issue 28 §7) instead of deleting it: its audit chain
+is its history, and its certificates must keep verifying. Any dataset may be archived, charged or
+not (a retired one): archiving only refuses — new reservations, plan segments, jobs, quotes,
+tasks and batches get 409 ``dataset_archived`` (``refuse_archived``) — and never frees or
+changes budget, spend or certificates; ``unarchive`` makes it active again exactly as it was.
+It is refused while a reservation is open or a job is queued or running (409
+``dataset_in_use``), so no admitted work is stranded. Both are audited (``dataset.archived``,
+``dataset.unarchived``); a repeat changes nothing and appends nothing. The default list hides
+archived datasets (``archived="false"``; ``"true"``: only them; ``"all"``).
+
+Answers (JSON-ready): ``{id, name, budget, data_source, records, warnings, archived_at,
+created_at}`` with the budget's numbers as decimal strings (``Budget.to_json``);
+``data_source`` is ``null`` until an admin sets one, ``archived_at`` while it is active.
 """
 
 from __future__ import annotations
@@ -36,8 +47,8 @@ from accountant.errors import AccountantError, InvalidArgumentError, Unsupported
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import to_text
 from accountant.rules import Budget
-from service.db.models import DATA_SOURCE_LENGTH, Batch, Dataset
-from service.db.session import Database
+from service.db.models import DATA_SOURCE_LENGTH, Batch, Dataset, Job
+from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 
@@ -219,6 +230,7 @@ def dataset_json(row: Dataset, records: int) -> dict[str, Any]:
         "data_source": row.data_source,
         "records": records,
         "warnings": delta_warnings(row.budget, records),
+        "archived_at": None if row.archived_at is None else row.archived_at.isoformat(),
         "created_at": row.created_at.isoformat(),
     }
 
@@ -253,6 +265,19 @@ def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | Non
         return check_source(value, roots).canonical
     except DataSourceError as exc:
         raise InvalidInput("data_source", f"is refused: {exc}") from None
+
+
+def refuse_archived(dataset_id: str, archived_at: datetime | None) -> None:
+    """``Conflict`` ``dataset_archived`` naming the dataset if it is archived: it takes no new
+    work (its ledger, certificates and audit chain stay readable and verifiable)."""
+    if archived_at is not None:
+        raise Conflict(
+            f"dataset {dataset_id!r} is archived (since {archived_at.isoformat()}): it takes no new "
+            "reservations, jobs, quotes, plan segments, tasks or batches. An admin may unarchive it "
+            f"(POST /v1/datasets/{dataset_id}/unarchive).",
+            reason="dataset_archived",
+            dataset_id=dataset_id,
+        )
 
 
 def load_dataset(session: Session, tenant_id: str, dataset_id: str) -> Dataset:
@@ -383,17 +408,92 @@ def set_data_source(
     )
 
 
+def set_archived(
+    db: Database,
+    tenant_id: str,
+    dataset_id: str,
+    *,
+    archived: bool,
+    idempotency_key: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Archive (``archived=True``) or unarchive the dataset (an admin's call); the dataset.
+
+    Decided on the locked ledger head, so it is ordered with every reservation: refused
+    (``Conflict`` ``dataset_in_use``) while a reservation of the dataset is open or a job is
+    queued or running. A change appends ``dataset.archived`` / ``dataset.unarchived`` to the
+    dataset's audit chain; asking for the state it is in changes nothing and appends nothing.
+    Budget, spend, certificates and batches are never touched."""
+    if not can_be_id(dataset_id):
+        raise NotFound("dataset", dataset_id)
+
+    def body(session: Session, at: datetime) -> idempotency.Outcome:
+        head = lock_ledger_head(session.connection(), dataset_id)
+        if head is None or head.tenant_id != tenant_id:
+            raise NotFound("dataset", dataset_id)
+        row = session.get(Dataset, dataset_id)
+        assert row is not None
+        records = records_of(session, [row.id]).get(row.id, 0)
+        if (row.archived_at is not None) == archived:
+            return idempotency.Outcome(dataset_json(row, records))
+        if head.reservations_open > 0:
+            raise Conflict(
+                f"dataset {dataset_id!r} has {head.reservations_open} open reservation(s); commit, "
+                "abort or let them expire first.",
+                reason="dataset_in_use",
+            )
+        job = session.scalar(
+            select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(("queued", "running"))).limit(1)
+        )
+        if job is not None:
+            raise Conflict(
+                f"job {job!r} of dataset {dataset_id!r} is queued or running; wait for it to finish "
+                "(or cancel it).",
+                reason="dataset_in_use",
+                job_id=job,
+            )
+        row.archived_at = at if archived else None
+        row.updated_at = at
+        session.flush()
+        kind = "dataset.archived" if archived else "dataset.unarchived"
+        event = audit.AuditEvent(kind, {"name": row.name}, tenant_id=tenant_id, dataset_id=dataset_id)
+        return idempotency.Outcome(dataset_json(row, records), [event])
+
+    return idempotency.execute(
+        db,
+        tenant_id=tenant_id,
+        operation="archive_dataset" if archived else "unarchive_dataset",
+        request={"dataset_id": dataset_id},
+        idempotency_key=idempotency_key,
+        body=body,
+        now=now,
+    )
+
+
 def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         row = load_dataset(session, tenant_id, dataset_id)
         return dataset_json(row, records_of(session, [row.id]).get(row.id, 0))
 
 
+ARCHIVED_FILTERS: Final = ("false", "true", "all")
+
+
 def list_datasets(
-    db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0, name: str | None = None
+    db: Database,
+    tenant_id: str,
+    *,
+    limit: int = 100,
+    offset: int = 0,
+    name: str | None = None,
+    archived: str = "false",
 ) -> dict[str, Any]:
-    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all of them); with
-    ``name``, only the one of that name (names are unique per tenant), or none."""
+    """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all that match);
+    ``archived``: ``"false"`` the active ones, ``"true"`` the archived ones, ``"all"`` both. With
+    ``name``, only the one of that name (names are unique per tenant), archived or not: a name
+    still stands for its dataset."""
+    if archived not in ARCHIVED_FILTERS:
+        raise InvalidInput("archived", f"must be one of {list(ARCHIVED_FILTERS)}. Found {archived!r}.")
     if limit < 1 or limit > 1000:
         raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")
     if offset < 0:
@@ -402,6 +502,10 @@ def list_datasets(
     if name is not None:
         check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
         where.append(Dataset.name == name)
+    elif archived != "all":
+        where.append(
+            Dataset.archived_at.is_(None) if archived == "false" else Dataset.archived_at.is_not(None)
+        )
     with db.session(readonly=True) as session:
         rows = session.scalars(
             select(Dataset).where(*where).order_by(Dataset.created_at, Dataset.id).limit(limit).offset(offset)
@@ -412,6 +516,7 @@ def list_datasets(
 
 
 __all__ = [
+    "ARCHIVED_FILTERS",
     "MAX_ID_LENGTH",
     "UNENCODABLE",
     "budget_of",
@@ -429,5 +534,7 @@ __all__ = [
     "load_dataset",
     "parse_budget",
     "records_of",
+    "refuse_archived",
+    "set_archived",
     "set_data_source",
 ]

@@ -87,7 +87,7 @@ from service.db.base import utcnow
 from service.db.models import Batch, BatchStateRow, Dataset, Job, ModelVersion, Release, Tenant
 from service.db.session import Database
 from service.ledger import audit, idempotency
-from service.ledger.datasets import can_be_id, load_dataset
+from service.ledger.datasets import can_be_id, load_dataset, refuse_archived
 from service.ledger.errors import ChargeRefused, Conflict, InvalidInput, NotFound
 from service.settings import Settings
 from service.training import params as job_params
@@ -739,6 +739,7 @@ def create_job(
         # Unknown dataset first (404), then the params (422): an id that names nothing says
         # nothing about its params.
         parsed = check_params(algorithm, document, limits)
+        refuse_archived(dataset_id, dataset.archived_at)
         _check_dataset_can_train(session, dataset)
         _check_batch_size(session, dataset, parsed)
         _check_delta_is_the_budgets(dataset, algorithm, document)

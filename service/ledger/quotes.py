@@ -29,16 +29,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from accountant import rules
 from accountant.errors import AccountantError
 from accountant.events import DpEvent
 from accountant.exact import ZERO, to_text
 from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo
-from service.db.models import Batch, Task
+from service.db.models import Batch, Dataset, Task
 from service.db.session import Database
 from service.ledger import pricing
+from service.ledger.datasets import refuse_archived
 from service.ledger.errors import InvalidInput, LedgerError, NotFound
 from service.ledger.spending import requests
 from service.ledger.spending.answers import cost_json
@@ -318,10 +319,17 @@ def _check_page(limit: int, offset: int) -> None:
         raise InvalidInput("offset", f"must be an integer >= 0. Found {offset!r}.")
 
 
+_ARCHIVED: Final = select(Dataset.archived_at).where(Dataset.id == bindparam("dataset_id"))
+
+
 def _own_budget(db: Database, tenant_id: str, dataset_id: str) -> Budget:
+    """The tenant's dataset's budget; ``NotFound`` (also another tenant's), ``Conflict``
+    ``dataset_archived`` (an archived dataset takes no reservation, so nothing to quote)."""
     tenant, budget = dataset_budget(db, dataset_id)
     if tenant != tenant_id:
         raise NotFound("dataset", dataset_id)
+    for row in db.read_all(_ARCHIVED, {"dataset_id": dataset_id}):
+        refuse_archived(dataset_id, row.archived_at)
     return budget
 
 

@@ -39,6 +39,7 @@ from accountant.errors import AccountantError, InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, exact_sum, to_text
 from accountant.rules import BatchState, Charge
 from service.ledger import certificates
+from service.ledger.datasets import refuse_archived
 from service.ledger.errors import (
     BudgetExceeded,
     ChargeRefused,
@@ -310,6 +311,7 @@ def _settle(
 
 
 def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
+    refuse_archived(work.head.id, work.head.archived_at)
     selection = work.select(params.selector, params.ids, MAX_BATCHES_PER_RESERVATION)
     work.load_states(selection.counts)
     admissions: dict[str, rules.Admission] = {}
@@ -530,6 +532,7 @@ def declare_segment(work: Work, op: Request, params: SegmentParams) -> dict[str,
     budget = work.budget
     if op.tenant_id != work.head.tenant_id:
         raise NotFound("dataset", work.head.id)
+    refuse_archived(work.head.id, work.head.archived_at)
     try:
         grown = budget.with_segment(params.plan, params.delta)
     except InvalidArgumentError as exc:

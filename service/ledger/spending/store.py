@@ -351,6 +351,7 @@ class Head:
     plan_segments: int
     last_release: dict[str, Any] | None = None
     last_release_at: datetime | None = None
+    archived_at: datetime | None = None  # an archived dataset refuses new reservations
 
 
 # The ledger head (``service.db.session.lock_ledger_head``) and, in the same statement, when the
