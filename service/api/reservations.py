@@ -34,7 +34,7 @@ from service.api.schemas import (
     ReservationPublic,
 )
 from service.ledger import pricing, reservations
-from service.ledger.errors import InvalidInput
+from service.ledger.errors import Conflict
 
 router = APIRouter(prefix=PREFIX, tags=["reservations"])
 
@@ -92,10 +92,13 @@ async def reserve(
     state = request.app.state
     ttl_s = body.ttl_s if body.ttl_s is not None else state.settings.reservation_ttl_s
     if ttl_s > state.settings.reservation_max_lifetime_s:
-        raise InvalidInput(
-            "ttl_s",
-            f"must be at most the maximum lifetime of a reservation, "
+        # 409, not 422: a ttl_s the schema allows, above this server's configured lifetime
+        raise Conflict(
+            f"ttl_s must be at most the maximum lifetime of a reservation on this server, "
             f"{state.settings.reservation_max_lifetime_s:g} s. Found {ttl_s!r}.",
+            reason="reservation_lifetime_exceeded",
+            field="ttl_s",
+            max_lifetime_s=state.settings.reservation_max_lifetime_s,
         )
     answer = await reservations.reserve_async(
         state.database,

@@ -39,7 +39,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Final
 
-from sqlalchemy import func, select
+from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
 
 from accountant import events as ev
@@ -500,8 +500,12 @@ def list_datasets(
         raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
     where = [Dataset.tenant_id == tenant_id]
     if name is not None:
-        check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
-        where.append(Dataset.name == name)
+        try:
+            check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
+        except InvalidInput:  # no dataset has such a name (names refuse control characters)
+            where.append(false())
+        else:
+            where.append(Dataset.name == name)
     elif archived != "all":
         where.append(
             Dataset.archived_at.is_(None) if archived == "false" else Dataset.archived_at.is_not(None)

@@ -69,7 +69,7 @@ from service.db.models import Release, Reservation, ReservationBatch
 from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
-from service.ledger.errors import InvalidInput, NotFound, ReleaseExists
+from service.ledger.errors import Conflict, InvalidInput, NotFound, ReleaseExists
 from service.ledger.spending import ENGINE, requests
 from service.ledger.spending.answers import reservation_json
 from service.ledger.spending.requests import (
@@ -422,10 +422,13 @@ def _extend_op(
     now: datetime | None,
 ) -> Request:
     ttl = requests.ttl(ttl_s)
-    if ttl_s > max_lifetime_s:
-        raise InvalidInput(
-            "ttl_s",
-            f"must be at most the maximum lifetime of a reservation, {max_lifetime_s:g} s. Found {ttl_s!r}.",
+    if ttl_s > max_lifetime_s:  # 409: a ttl_s the schema allows, above this server's lifetime
+        raise Conflict(
+            f"ttl_s must be at most the maximum lifetime of a reservation on this server, "
+            f"{max_lifetime_s:g} s. Found {ttl_s!r}.",
+            reason="reservation_lifetime_exceeded",
+            field="ttl_s",
+            max_lifetime_s=max_lifetime_s,
         )
     params = ExtendParams(reservation_id, ttl, requests.ttl(max_lifetime_s))
     op = Request("extend", tenant_id, dataset_id, now or utcnow(), params)

@@ -187,6 +187,7 @@ def test_the_secret_setting_wins_and_must_be_long(tmp_path: Path, monkeypatch: p
     assert loaded == chosen.encode()
     assert not (tmp_path / server_secrets.KEY_HASH_SECRET_FILE).exists()  # no file made then
     # a server database without the setting: the user's data folder (never the database)
+    monkeypatch.delenv("LEDGER_HOME", raising=False)
     assert server_secrets.default_secrets_dir("postgresql+psycopg://u@h/db").name == "privacy-ledger"
     assert server_secrets.default_secrets_dir(f"sqlite:///{tmp_path}/x/l.db") == (tmp_path / "x").resolve()
 

@@ -377,7 +377,8 @@ FIELDS = (
 HARMLESS: dict[str, str] = {
     r"(exported_at|source):(removed|nulled|retyped)": "informational: no check reads when or where from",
     r"spend\.ledger_version:(removed|nulled|retyped)": "informational: the server's version",
-    r"dataset\.(name|created_at|updated_at|data_source|tenant_id):(removed|nulled|retyped)": (
+    r"dataset\.(name|created_at|updated_at|data_source|tenant_id|records|warnings|archived_at)(\.\w+)*"
+    r":(removed|nulled|retyped)": (
         "informational: the certificates, the chain and the history never read them"
     ),
     r"spend\.(epsilon_remaining|delta_remaining|naive_sequential_epsilon|tasks|batches|"

@@ -75,7 +75,7 @@ def test_extend_renews_within_the_bound_and_is_audited(client: TestClient, keys:
         "ttl_s",
     )
     assert (_at(refused["latest_expires_at"]) - created).total_seconds() == MAX_LIFETIME_S
-    assert _extend(trainer, held["id"], MAX_LIFETIME_S + 1, status=422).json()["field"] == "ttl_s"
+    assert _extend(trainer, held["id"], MAX_LIFETIME_S + 1, status=409).json()["field"] == "ttl_s"
     for bad in (0, -1, "soon", None, True):
         assert _extend(trainer, held["id"], bad, status=422).json()["field"] == "ttl_s", bad
     state = trainer.call("GET", f"/v1/reservations/{held['id']}", status=200).json()
@@ -134,6 +134,6 @@ def test_extend_replays_and_refuses_closed_holds(client: TestClient, keys: Keys)
 def test_reserve_ttl_beyond_the_lifetime_is_refused(client: TestClient, keys: Keys) -> None:
     admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
     dataset, batches = admin.dataset(SEQUENTIAL)
-    refused = trainer.reserve(dataset, batches, pure(0.1), status=422, ttl_s=MAX_LIFETIME_S + 1).json()
-    assert refused["field"] == "ttl_s"
+    refused = trainer.reserve(dataset, batches, pure(0.1), status=409, ttl_s=MAX_LIFETIME_S + 1).json()
+    assert refused["reason"] == "reservation_lifetime_exceeded" and refused["field"] == "ttl_s"
     assert admin.spend(dataset)["epsilon_held"] == "0"

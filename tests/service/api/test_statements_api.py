@@ -18,6 +18,7 @@ from prv_accountant import PRVAccountant
 from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
 
 from accountant.certificates import verify
+from accountant.rules import PRICING_VERSION
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_ledger_over_http import Api
 from tests.service.api.test_plan_segments import dpsgd
@@ -66,7 +67,7 @@ def test_a_segment_stopped_early_on_its_loss_states_the_whole_segment_everywhere
 
     for stored in certificates:
         body = stored["certificate"]
-        assert verify(body).ok and body["version"] == 3 and body["pricing"] == 3
+        assert verify(body).ok and body["version"] == 3 and body["pricing"] == PRICING_VERSION
         assert body["result"]["guarantee"] == {
             "epsilon": whole,
             "delta": "0.00001",

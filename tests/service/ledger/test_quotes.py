@@ -27,11 +27,12 @@ from service.ledger.spending.store import dataset_budget
 BASIC = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
 MANY = 10_000
 _versions = itertools.count(1)
+_names = itertools.count(1)  # dataset names are unique per tenant
 
 
 def _dataset(db: Database, count: int, budget: dict[str, Any] = BASIC) -> tuple[str, list[str]]:
     """A dataset of ``count`` one-record batches in one task, every batch in the empty state."""
-    ds = datasets.create_dataset(db, "t1", name="d", budget=budget)["id"]
+    ds = datasets.create_dataset(db, "t1", name=f"d{next(_names)}", budget=budget)["id"]
     task = batches.create_task(db, "t1", ds, name="task")["id"]
     made = batches.create_batches(
         db, "t1", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(count)]
