@@ -88,6 +88,10 @@ ROUTES: tuple[Route, ...] = (
     # the world's batch is charged: its deletion (and its task's) is refused, 409 `charged`
     Route("DELETE", "/v1/datasets/{dataset}/tasks/{task}", "admin", 409),
     Route("DELETE", "/v1/datasets/{dataset}/tasks/{task}/batches/{batch}", "admin", 409),
+    # the world holds an open reservation: archiving is refused (409 `dataset_in_use`); the world's
+    # dataset is active, so unarchiving it changes nothing (200)
+    Route("POST", "/v1/datasets/{dataset}/archive", "admin", 409),
+    Route("POST", "/v1/datasets/{dataset}/unarchive", "admin", 200),
     Route("GET", "/v1/datasets/{dataset}/spend", "viewer", 200),
     Route("GET", "/v1/datasets/{dataset}/certificates", "viewer", 200),
     Route("GET", "/v1/certificates/{certificate}", "viewer", 200),
