@@ -24,7 +24,7 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
-from service.db.models import Batch, BatchRecord, BatchStateRow, Job, Task
+from service.db.models import Batch, BatchRecord, BatchStateRow, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.datasets import (
@@ -34,6 +34,7 @@ from service.ledger.datasets import (
     encodes,
     load_dataset,
     refuse_archived,
+    refuse_while_a_job_runs,
 )
 from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
 from service.ledger.spending.store import state_id
@@ -190,19 +191,6 @@ def create_task(
 # not deleted: their audit chain is their history.
 
 
-def _refuse_while_a_job_runs(session: Session, dataset_id: str) -> None:
-    job = session.scalar(
-        select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(("queued", "running"))).limit(1)
-    )
-    if job is not None:
-        raise Conflict(
-            f"job {job!r} of dataset {dataset_id!r} is queued or running and reads every batch; "
-            "delete once it has finished (or cancel it).",
-            reason="dataset_in_use",
-            job_id=job,
-        )
-
-
 def _refuse_charged(session: Session, dataset_id: str, where: Any, what: str) -> None:
     empty = state_id(dataset_id, _EMPTY_STATE)
     charged = session.scalars(select(Batch.id).where(where, Batch.state_id != empty).limit(1)).first()
@@ -237,7 +225,7 @@ def delete_batch(
         row = session.get(Batch, batch_id) if can_be_id(batch_id) else None
         if row is None or row.task_id != task_id:
             raise NotFound("batch", batch_id)
-        _refuse_while_a_job_runs(session, dataset_id)
+        refuse_while_a_job_runs(session, dataset_id, "delete once it has finished (or cancel it)")
         _refuse_charged(session, dataset_id, Batch.id == batch_id, f"batch {batch_id!r}")
         deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
         connection = session.connection()
@@ -279,7 +267,7 @@ def delete_task(
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
         task = _load_task(session, dataset_id, task_id)
-        _refuse_while_a_job_runs(session, dataset_id)
+        refuse_while_a_job_runs(session, dataset_id, "delete once it has finished (or cancel it)")
         _refuse_charged(session, dataset_id, Batch.task_id == task_id, f"task {task_id!r}")
         count, records = session.execute(
             select(func.count(), func.coalesce(func.sum(Batch.size), 0)).where(Batch.task_id == task_id)

@@ -442,16 +442,7 @@ def set_archived(
                 "abort or let them expire first.",
                 reason="dataset_in_use",
             )
-        job = session.scalar(
-            select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(("queued", "running"))).limit(1)
-        )
-        if job is not None:
-            raise Conflict(
-                f"job {job!r} of dataset {dataset_id!r} is queued or running; wait for it to finish "
-                "(or cancel it).",
-                reason="dataset_in_use",
-                job_id=job,
-            )
+        refuse_while_a_job_runs(session, dataset_id, "wait for it to finish (or cancel it)")
         row.archived_at = at if archived else None
         row.updated_at = at
         session.flush()
@@ -519,6 +510,21 @@ def list_datasets(
         return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count or 0}
 
 
+def refuse_while_a_job_runs(session: Session, dataset_id: str, then: str) -> None:
+    """409 ``dataset_in_use`` while a job of the dataset is queued or running (its plan reads every
+    batch): deleting a task or batch, or archiving the dataset, waits for it; ``then`` says what
+    the caller may do."""
+    job = session.scalar(
+        select(Job.id).where(Job.dataset_id == dataset_id, Job.status.in_(("queued", "running"))).limit(1)
+    )
+    if job is not None:
+        raise Conflict(
+            f"job {job!r} of dataset {dataset_id!r} is queued or running and reads every batch; {then}.",
+            reason="dataset_in_use",
+            job_id=job,
+        )
+
+
 __all__ = [
     "ARCHIVED_FILTERS",
     "MAX_ID_LENGTH",
@@ -539,6 +545,7 @@ __all__ = [
     "parse_budget",
     "records_of",
     "refuse_archived",
+    "refuse_while_a_job_runs",
     "set_archived",
     "set_data_source",
 ]
