@@ -4,7 +4,8 @@ with **every** conformance check: no 5xx, every status, content type, header and
 documented, schema-invalid requests refused, schema-valid ones accepted (except a 422 stating one
 of the relations between fields that the OpenAPI document gives in words:
 ``tests/security/schema_checks.py``), ``Allow`` on 405, auth not ignored. CI size:
-``MAX_EXAMPLES`` per operation (≈ 30 operations).
+``MAX_EXAMPLES`` per operation (≈ 40 operations), and schemathesis' coverage phase (every
+boundary case the schema defines) on every operation but three (``COVERAGE_ONCE``, below).
 
 Larger run against a live server, with the same checks::
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +62,58 @@ _APP = create_app(
     database=_DB,
 )
 CONFIG = Path(__file__).with_name("schemathesis.toml")
+
+# The privacy-event schema (every event kind and dp-accounting's JSON forms) is one component
+# that five operations take. Its coverage phase is thousands of boundary cases per operation
+# (7 261 for the quote), generated while pytest collects — in every xdist process — and then
+# sent: ~6 min of this 2-core CI machine for the same event boundaries five times over. They
+# run here through the two operations that define and spend a budget (creating a dataset with a
+# declared plan, reserving); the quote, the commit and plan segments get the examples and
+# fuzzing phases on every field. bench/schemathesis_run.py keeps the coverage phase everywhere.
+COVERAGE_ONCE = r"/(quote|commit|plan-segments)$"
+_CONFIG = tomllib.loads(CONFIG.read_text(encoding="utf-8"))
+_CONFIG["operations"] = [
+    {"include-path-regex": COVERAGE_ONCE, "phases": {"coverage": {"enabled": False}}}
+]
 schema = schemathesis.openapi.from_asgi(
-    "/openapi.json", _APP, config=schemathesis.config.SchemathesisConfig.from_path(CONFIG)
+    "/openapi.json", _APP, config=schemathesis.config.SchemathesisConfig.from_dict(_CONFIG)
 )
 
 
 # Every registered check but the built-in positive_data_acceptance, which schema_checks replaces.
 CHECK_FUNCTIONS = [c for c in CHECKS.get_all() if getattr(c, "__name__", "") != "positive_data_acceptance"]
+
+
+def _takes_an_event(document: dict[str, Any], node: Any, seen: set[str]) -> bool:
+    """Whether the privacy-event component is reachable from ``node`` through ``$ref``s."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref not in seen:
+            seen.add(ref)
+            if ref == "#/components/schemas/Event":
+                return True
+            if _takes_an_event(document, document["components"]["schemas"][ref.rsplit("/", 1)[1]], seen):
+                return True
+        return any(_takes_an_event(document, value, seen) for value in node.values())
+    if isinstance(node, list):
+        return any(_takes_an_event(document, value, seen) for value in node)
+    return False
+
+
+def test_the_event_schema_is_covered_through_a_budget_and_a_spend() -> None:
+    # COVERAGE_ONCE leaves out exactly three operations, each taking the event schema, and the
+    # two that keep the coverage phase take it too (a renamed route would silently drop it).
+    document = schema.raw_schema
+    ops = {f"{o.method.upper()} {o.path}": o for o in (r.ok() for r in schema.get_all_operations())}
+    skipped = {label for label, o in ops.items() if not schema.config.phases_for(operation=o).coverage.enabled}
+    assert skipped == {
+        "POST /v1/datasets/{dataset_id}/quote",
+        "POST /v1/reservations/{reservation_id}/commit",
+        "POST /v1/datasets/{dataset_id}/plan-segments",
+    }, skipped
+    for label in [*skipped, "POST /v1/datasets", "POST /v1/datasets/{dataset_id}/reservations"]:
+        assert _takes_an_event(document, ops[label].definition.raw.get("requestBody"), set()), label
+    assert schema.config.phases_for(operation=ops["POST /v1/datasets"]).coverage.enabled
 
 
 def test_every_conformance_check_runs() -> None:
