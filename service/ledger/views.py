@@ -98,6 +98,7 @@ def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str,
         "last_release": row.last_release,
         "last_release_at": row.last_release_at.isoformat() if row.last_release_at else None,
         "created_at": row.created_at.isoformat(),
+        "archived_at": row.archived_at.isoformat() if row.archived_at else None,
     }
 
 

@@ -472,8 +472,9 @@
       const heldFraction = budget > 0 ? num(d.epsilon_held) / budget : 0;
       const share = isShare(d.epsilon_spent_is);
       const guarantee = d.guarantee || {};
-      return h("tr", { "data-dataset-id": d.id },
-        h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
+      return h("tr", { "data-dataset-id": d.id, class: d.archived_at ? "archived" : null },
+        h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name }),
+          d.archived_at ? [" ", archivedBadge(d.archived_at)] : null),
         h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
         exact("td", { class: "num budget" }, d.epsilon_budget),
         exact("td", { class: "num delta-budget" }, d.delta_budget),
@@ -502,6 +503,11 @@
       h("tbody", {}, rows)));
     add(view, h("p", { id: "datasets-note", class: "legend", text: "Guarantee: the (ε, δ)-DP guarantee of everything released from the dataset so far (valid whatever was chosen after seeing earlier outputs). Budget used: what the budget has consumed — where it says so, a budget share (a Rényi filter's progress), not a DP guarantee. Remaining is rounded down, every ε and δ up." }));
     add(view, pager(offset, limit, page.count, "datasets", (next) => datasetsPage(gen, next).catch(showError)));
+  }
+
+  /** An archived dataset takes no new work; its ledger and certificates stay (POST /v1/datasets/{id}/archive). */
+  function archivedBadge(at) {
+    return h("span", { class: "chip archived-badge", title: "archived " + when(at) + ": no new tasks, batches, reservations or jobs; its ledger and certificates stay (ledger datasets unarchive NAME makes it active again)", text: "archived" });
   }
 
   function meter(fraction, heldFraction, label) {
@@ -542,7 +548,7 @@
     const budget = dataset.budget || {};
     add(view, 
       h("p", { class: "crumbs" }, h("a", { href: "#/datasets", text: "Datasets" }), " / ", dataset.name),
-      h("h1", { id: "dataset-name", text: dataset.name }),
+      h("h1", { id: "dataset-name" }, dataset.name, dataset.archived_at ? [" ", archivedBadge(dataset.archived_at)] : null),
       h("p", { class: "subtitle" },
         h("span", { class: "chip rule-" + spend.rule, text: spend.rule }), " ",
         h("span", { text: "accountant " + spend.accountant + " · budget ε " + spend.epsilon_budget + ", δ " + spend.delta_budget }),
