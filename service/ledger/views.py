@@ -22,17 +22,27 @@ Numbers are decimal strings, exact, as the ledger stores them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from accountant.errors import InvalidArgumentError
-from accountant.exact import ZERO, exact_sub, to_text
+from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget
 from accountant.statements import Reserved, batch_guarantee, spend_meaning
-from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
+from service.db.models import (
+    Batch,
+    BatchStateRow,
+    Certificate,
+    Dataset,
+    Release,
+    Reservation,
+    ReservationBatch,
+    Task,
+)
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import budget_of, load_dataset
@@ -239,6 +249,8 @@ def releases(
     release's (ε, δ) guarantee, stated by certificates of version 3 (``null`` before: the
     version's ``dp_statement`` derives it); ``budget_share`` (= ``charge``) what the release
     consumed, not a guarantee. The full certificate is ``GET /v1/certificates/{certificate_id}``.
+    ``held_at_release: {epsilon}`` is what open reservations held (reserved, not yet committed)
+    the moment the release was certified (``held_at``).
     """
     _check_page(limit, offset)
     with db.session(readonly=True) as session:
@@ -271,6 +283,7 @@ def releases(
         count = session.scalar(
             select(func.count()).select_from(Certificate).where(Certificate.dataset_id == dataset_id)
         )
+        held = held_at(session, dataset_id, [r.created_at for r in rows])
     return {
         "data": [
             {
@@ -291,6 +304,7 @@ def releases(
                 if r.guarantee_epsilon is None
                 else {"epsilon": r.guarantee_epsilon, "delta": r.guarantee_delta},
                 "within_budget": None if r.within_budget is None else bool(r.within_budget),
+                "held_at_release": {"epsilon": to_text(held[r.created_at])},
             }
             for r in rows
         ],
@@ -298,6 +312,59 @@ def releases(
         "limit": limit,
         "offset": offset,
     }
+
+
+def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> dict[datetime, Decimal]:
+    """ε held by the dataset's open reservations at each of ``instants``: the dataset head's
+    ``epsilon_held`` as it was then, rebuilt from history (the head keeps only the present).
+
+    The head adds a reservation's reserved ε when it is made, subtracts each commit's charge as
+    the commit lands, and the rest when the reservation closes (committed, aborted, expired;
+    ``service.ledger.spending``). So at ``t`` a reservation made at or before ``t`` and open
+    after it (neither closed nor past its expiry — an extension only moves an open one's expiry
+    later) holds its reserved ε less the charges of its certificates issued by ``t``. Two
+    queries, over the reservations open somewhere in ``[min, max]`` of ``instants`` and their
+    certificates."""
+    if not instants:
+        return {}
+    first, last = min(instants), max(instants)
+    rows = session.execute(
+        select(
+            Reservation.id,
+            Reservation.epsilon,
+            Reservation.created_at,
+            Reservation.expires_at,
+            Reservation.closed_at,
+        ).where(
+            Reservation.dataset_id == dataset_id,
+            Reservation.created_at <= last,
+            Reservation.expires_at > first,
+            or_(Reservation.closed_at.is_(None), Reservation.closed_at > first),
+        )
+    ).all()
+    charges: dict[str, list[tuple[datetime, Decimal]]] = {}
+    if rows:
+        for reservation_id, at, charge in session.execute(
+            select(Certificate.reservation_id, Certificate.created_at, _CHARGE_EPSILON).where(
+                Certificate.dataset_id == dataset_id,
+                Certificate.reservation_id.in_([r.id for r in rows]),
+                Certificate.created_at <= last,
+            )
+        ):
+            charges.setdefault(reservation_id, []).append((at, Decimal(charge or "0")))
+    out: dict[datetime, Decimal] = {}
+    for t in set(instants):
+        total = ZERO
+        for r in rows:
+            end = r.expires_at if r.closed_at is None else min(r.closed_at, r.expires_at)
+            if r.created_at <= t < end:
+                committed = ZERO
+                for at, charge in charges.get(r.id, ()):
+                    if at <= t:
+                        committed = exact_add(committed, charge)
+                total = exact_add(total, max(ZERO, exact_sub(r.epsilon, committed)))
+        out[t] = total
+    return out
 
 
 def epsilon_history(
