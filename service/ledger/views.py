@@ -322,12 +322,19 @@ def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> 
     the commit lands, and the rest when the reservation closes (committed, aborted, expired;
     ``service.ledger.spending``). So at ``t`` a reservation made at or before ``t`` and open
     after it (neither closed nor past its expiry — an extension only moves an open one's expiry
-    later) holds its reserved ε less the charges of its certificates issued by ``t``. Two
-    queries, over the reservations open somewhere in ``[min, max]`` of ``instants`` and their
-    certificates."""
+    later) holds its reserved ε less the charges of its certificates issued by ``t``. Replayed in
+    one sweep over those events in time order: two queries (the reservations open somewhere in
+    ``[min, max]`` of ``instants``, and their certificates up to ``max``), then
+    O((reservations + certificates + instants) · log) work."""
     if not instants:
         return {}
     first, last = min(instants), max(instants)
+    window = (
+        Reservation.dataset_id == dataset_id,
+        Reservation.created_at <= last,
+        Reservation.expires_at > first,
+        or_(Reservation.closed_at.is_(None), Reservation.closed_at > first),
+    )
     rows = session.execute(
         select(
             Reservation.id,
@@ -335,34 +342,44 @@ def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> 
             Reservation.created_at,
             Reservation.expires_at,
             Reservation.closed_at,
-        ).where(
-            Reservation.dataset_id == dataset_id,
-            Reservation.created_at <= last,
-            Reservation.expires_at > first,
-            or_(Reservation.closed_at.is_(None), Reservation.closed_at > first),
-        )
+        ).where(*window)
     ).all()
-    charges: dict[str, list[tuple[datetime, Decimal]]] = {}
+    # (time, order, reservation, amount): at one instant a start (0) and a charge (1) count,
+    # and an end (2) too — a reservation that closed at t holds nothing at t.
+    events: list[tuple[datetime, int, str, Decimal]] = []
+    ends: dict[str, datetime] = {}
+    for r in rows:
+        end = r.expires_at if r.closed_at is None else min(r.closed_at, r.expires_at)
+        ends[r.id] = end
+        events.append((r.created_at, 0, r.id, r.epsilon))
+        events.append((end, 2, r.id, ZERO))
     if rows:
         for reservation_id, at, charge in session.execute(
             select(Certificate.reservation_id, Certificate.created_at, _CHARGE_EPSILON).where(
                 Certificate.dataset_id == dataset_id,
-                Certificate.reservation_id.in_([r.id for r in rows]),
                 Certificate.created_at <= last,
+                Certificate.reservation_id.in_(select(Reservation.id).where(*window)),
             )
         ):
-            charges.setdefault(reservation_id, []).append((at, Decimal(charge or "0")))
+            if at < ends[reservation_id]:
+                events.append((at, 1, reservation_id, Decimal(charge or "0")))
+    events.sort(key=lambda e: (e[0], e[1]))
+    holding: dict[str, Decimal] = {}  # each open reservation's uncommitted ε
+    total = ZERO
     out: dict[datetime, Decimal] = {}
-    for t in set(instants):
-        total = ZERO
-        for r in rows:
-            end = r.expires_at if r.closed_at is None else min(r.closed_at, r.expires_at)
-            if r.created_at <= t < end:
-                committed = ZERO
-                for at, charge in charges.get(r.id, ()):
-                    if at <= t:
-                        committed = exact_add(committed, charge)
-                total = exact_add(total, max(ZERO, exact_sub(r.epsilon, committed)))
+    position = 0
+    for t in sorted(set(instants)):
+        while position < len(events) and events[position][0] <= t:
+            _, kind, reservation_id, amount = events[position]
+            position += 1
+            before = holding.get(reservation_id, ZERO)
+            if kind == 0:
+                holding[reservation_id] = amount
+            elif kind == 1:
+                holding[reservation_id] = max(ZERO, exact_sub(before, amount))
+            else:
+                holding.pop(reservation_id, None)
+            total = exact_add(exact_sub(total, before), holding.get(reservation_id, ZERO))
         out[t] = total
     return out
 
