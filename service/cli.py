@@ -31,6 +31,7 @@ _COMMANDS: Final[dict[str, tuple[str, str | None]]] = {
         "server",
     ),
     "export": ("export a dataset's ledger (budget, spend, certificates, audit chain) as a JSON bundle", None),
+    "datasets": ("archive or unarchive a dataset, by id or name (an admin key)", None),
     "model-card": ("a model version's DP statement as a model card (Hugging Face front matter)", None),
     "experiment": ("reproduce a paper's claim at small scale (JSON report, PNG plots, table)", "worker"),
 }

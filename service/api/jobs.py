@@ -105,6 +105,13 @@ class JobPublic(BaseModel):
     metrics: dict[str, Any] | None
     error: dict[str, Any] | None
     versions: list[dict[str, Any]]
+    metric_history: dict[str, Any] | None = Field(
+        default=None,
+        description="`GET /v1/jobs/{id}` only (not in lists): `{every, points: [{step, checkpoint, "
+        "test_loss, test_accuracy}]}`, the iterate's held-out metrics every `every` steps and at "
+        "each checkpoint (at most 200 points), stored only once a commit covered those steps; "
+        "`null` before the first commit (DP-SGD and AdaDp, one-process runs).",
+    )
 
 
 class JobsPublic(BaseModel):

@@ -437,6 +437,8 @@ class Job(Base):
     epsilon_committed: Mapped[Decimal] = mapped_column(server_default=ZERO)
     delta_committed: Mapped[Decimal] = mapped_column(server_default=ZERO)
     metrics: Mapped[dict[str, Any] | None]
+    # {"every", "points"}: the released iterates' metrics, step by step (service.ledger.jobs)
+    metric_history: Mapped[dict[str, Any] | None]
     error: Mapped[dict[str, Any] | None]
     reservation_id: Mapped[str | None] = mapped_column(ForeignKey("reservations.id"))
     lease_owner: Mapped[str | None] = mapped_column(String(200))

@@ -72,7 +72,7 @@ import json
 import math
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -497,7 +497,7 @@ def _params_columns() -> tuple[Any, Any]:
 
 def _select_jobs(*where: Any) -> Any:
     size, bounded = _params_columns()
-    return select(Job, bounded, size).where(*where).options(defer(Job.params))
+    return select(Job, bounded, size).where(*where).options(defer(Job.params), defer(Job.metric_history))
 
 
 def _versions_of(
@@ -541,13 +541,16 @@ def _answer_one(session: Session, tenant_id: str, job_id: str) -> dict[str, Any]
     if found is None:
         raise NotFound("job", job_id)
     versions, totals = _versions_of(session, [job_id])
-    return job_json(
+    answer = job_json(
         found[0],
         versions[job_id],
         params=found.bounded_params,
         params_bytes=found.params_bytes,
         versions_total=totals[job_id],
     )
+    # one job's answer only (a page of jobs would carry up to MAX_HISTORY_POINTS points each)
+    answer["metric_history"] = _renderable(session.scalar(select(Job.metric_history).where(Job.id == job_id)))
+    return answer
 
 
 def _load_job(session: Session, tenant_id: str, job_id: str) -> Job:
@@ -1004,6 +1007,7 @@ def record_plan(
             "progress_step": 0,
             "epsilon_committed": Decimal(0),
             "delta_committed": Decimal(0),
+            "metric_history": None,  # an attempt trains from the start: its own curve
         },
         now,
     )
@@ -1034,6 +1038,35 @@ def record_progress(
     if metrics is not None:
         values["metrics"] = dict(metrics)
     _update_held(db, lease, values, now)
+
+
+MAX_HISTORY_POINTS: Final = 200
+"""The most points a job's ``metric_history`` keeps: past it, every other older point is
+dropped (the first and the newest stay), so the curve keeps its span at a coarser step."""
+
+
+def record_history(
+    db: Database,
+    lease: Lease,
+    points: Sequence[Mapping[str, Any]],
+    *,
+    every: int,
+    now: datetime | None = None,
+) -> None:
+    """Append ``points`` (``{"step", <metric>: number, ...}``, in step order) to the job's
+    ``metric_history``. The worker calls it only after the ledger committed the steps they
+    describe (``service.worker.gate``): nothing here is a statistic of steps whose cost could
+    still be returned."""
+    if not points:
+        return
+    with db.session() as session:
+        stored = session.scalar(select(Job.metric_history).where(_held(lease)))
+    found = stored.get("points") if isinstance(stored, dict) else None
+    kept = list(found) if isinstance(found, list) else []
+    kept.extend(dict(p) for p in points)
+    while len(kept) > MAX_HISTORY_POINTS:
+        kept = kept[:-1:2] + kept[-1:]
+    _update_held(db, lease, {"metric_history": {"every": every, "points": kept}}, now)
 
 
 def finish(

@@ -22,17 +22,27 @@ Numbers are decimal strings, exact, as the ledger stores them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from accountant.errors import InvalidArgumentError
-from accountant.exact import ZERO, exact_sub, to_text
+from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget
 from accountant.statements import Reserved, batch_guarantee, spend_meaning
-from service.db.models import Batch, BatchStateRow, Certificate, Dataset, Release, ReservationBatch, Task
+from service.db.models import (
+    Batch,
+    BatchStateRow,
+    Certificate,
+    Dataset,
+    Release,
+    Reservation,
+    ReservationBatch,
+    Task,
+)
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import budget_of, load_dataset
@@ -98,6 +108,7 @@ def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str,
         "last_release": row.last_release,
         "last_release_at": row.last_release_at.isoformat() if row.last_release_at else None,
         "created_at": row.created_at.isoformat(),
+        "archived_at": row.archived_at.isoformat() if row.archived_at else None,
     }
 
 
@@ -238,6 +249,8 @@ def releases(
     release's (ε, δ) guarantee, stated by certificates of version 3 (``null`` before: the
     version's ``dp_statement`` derives it); ``budget_share`` (= ``charge``) what the release
     consumed, not a guarantee. The full certificate is ``GET /v1/certificates/{certificate_id}``.
+    ``held_at_release: {epsilon}`` is what open reservations held (reserved, not yet committed)
+    the moment the release was certified (``held_at``).
     """
     _check_page(limit, offset)
     with db.session(readonly=True) as session:
@@ -270,6 +283,7 @@ def releases(
         count = session.scalar(
             select(func.count()).select_from(Certificate).where(Certificate.dataset_id == dataset_id)
         )
+        held = held_at(session, dataset_id, [r.created_at for r in rows])
     return {
         "data": [
             {
@@ -290,6 +304,7 @@ def releases(
                 if r.guarantee_epsilon is None
                 else {"epsilon": r.guarantee_epsilon, "delta": r.guarantee_delta},
                 "within_budget": None if r.within_budget is None else bool(r.within_budget),
+                "held_at_release": {"epsilon": to_text(held[r.created_at])},
             }
             for r in rows
         ],
@@ -297,6 +312,76 @@ def releases(
         "limit": limit,
         "offset": offset,
     }
+
+
+def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> dict[datetime, Decimal]:
+    """ε held by the dataset's open reservations at each of ``instants``: the dataset head's
+    ``epsilon_held`` as it was then, rebuilt from history (the head keeps only the present).
+
+    The head adds a reservation's reserved ε when it is made, subtracts each commit's charge as
+    the commit lands, and the rest when the reservation closes (committed, aborted, expired;
+    ``service.ledger.spending``). So at ``t`` a reservation made at or before ``t`` and open
+    after it (neither closed nor past its expiry — an extension only moves an open one's expiry
+    later) holds its reserved ε less the charges of its certificates issued by ``t``. Replayed in
+    one sweep over those events in time order: two queries (the reservations open somewhere in
+    ``[min, max]`` of ``instants``, and their certificates up to ``max``), then
+    O((reservations + certificates + instants) · log) work."""
+    if not instants:
+        return {}
+    first, last = min(instants), max(instants)
+    window = (
+        Reservation.dataset_id == dataset_id,
+        Reservation.created_at <= last,
+        Reservation.expires_at > first,
+        or_(Reservation.closed_at.is_(None), Reservation.closed_at > first),
+    )
+    rows = session.execute(
+        select(
+            Reservation.id,
+            Reservation.epsilon,
+            Reservation.created_at,
+            Reservation.expires_at,
+            Reservation.closed_at,
+        ).where(*window)
+    ).all()
+    # (time, order, reservation, amount): at one instant a start (0) and a charge (1) count,
+    # and an end (2) too — a reservation that closed at t holds nothing at t.
+    events: list[tuple[datetime, int, str, Decimal]] = []
+    ends: dict[str, datetime] = {}
+    for r in rows:
+        end = r.expires_at if r.closed_at is None else min(r.closed_at, r.expires_at)
+        ends[r.id] = end
+        events.append((r.created_at, 0, r.id, r.epsilon))
+        events.append((end, 2, r.id, ZERO))
+    if rows:
+        for reservation_id, at, charge in session.execute(
+            select(Certificate.reservation_id, Certificate.created_at, _CHARGE_EPSILON).where(
+                Certificate.dataset_id == dataset_id,
+                Certificate.created_at <= last,
+                Certificate.reservation_id.in_(select(Reservation.id).where(*window)),
+            )
+        ):
+            if at < ends[reservation_id]:
+                events.append((at, 1, reservation_id, Decimal(charge or "0")))
+    events.sort(key=lambda e: (e[0], e[1]))
+    holding: dict[str, Decimal] = {}  # each open reservation's uncommitted ε
+    total = ZERO
+    out: dict[datetime, Decimal] = {}
+    position = 0
+    for t in sorted(set(instants)):
+        while position < len(events) and events[position][0] <= t:
+            _, kind, reservation_id, amount = events[position]
+            position += 1
+            before = holding.get(reservation_id, ZERO)
+            if kind == 0:
+                holding[reservation_id] = amount
+            elif kind == 1:
+                holding[reservation_id] = max(ZERO, exact_sub(before, amount))
+            else:
+                holding.pop(reservation_id, None)
+            total = exact_add(exact_sub(total, before), holding.get(reservation_id, ZERO))
+        out[t] = total
+    return out
 
 
 def epsilon_history(

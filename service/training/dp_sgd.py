@@ -73,6 +73,10 @@ ModelState = dict[str, torch.Tensor]
 Params = dict[str, torch.Tensor]
 CheckpointCallback = Callable[[int, ModelState, DpEvent], bool]
 StopCallback = Callable[[], bool]
+TraceCallback = Callable[[int, dict[str, float]], None]
+TRACE_POINTS = 50
+"""How many evaluations of the iterate ``train`` makes for ``on_trace`` at most (every
+``trace_every(steps)`` steps), besides those of the checkpoints."""
 Status = Literal["completed", "stopped", "refused"]
 
 
@@ -91,6 +95,11 @@ def _never() -> bool:
 
 def _accept(step: int, model_state: ModelState, event: DpEvent) -> bool:
     return True
+
+
+def trace_every(steps: int) -> int:
+    """The step interval of ``on_trace``: at most ``TRACE_POINTS`` evaluations in a run."""
+    return max(1, math.ceil(steps / TRACE_POINTS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,6 +317,8 @@ def flat_buffer(like: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tens
 class DpSgdTrainer:
     """DP-SGD: ``plan`` before reading data, then ``train`` with checkpoint releases."""
 
+    traces_iterates: ClassVar[bool] = True  # train takes on_trace (service.worker.gate)
+
     algorithm: ClassVar[str] = "dp_sgd"
     params_type: ClassVar[type[DpSgdParams]] = DpSgdParams
 
@@ -396,8 +407,15 @@ class DpSgdTrainer:
         *,
         on_checkpoint: CheckpointCallback = _accept,
         should_stop: StopCallback = _never,
+        on_trace: TraceCallback | None = None,
     ) -> TrainingResult:
         """Run ``plan`` on ``data``; release through ``on_checkpoint`` (see the module docstring).
+
+        ``on_trace(step, metrics)``: every ``trace_every(plan.steps)`` steps that are not a
+        checkpoint, the iterate's ``evaluate`` metrics (held-out test split). They describe
+        steps not yet committed: the caller must keep them until a checkpoint at or after
+        ``step`` is accepted, and drop them otherwise (``service.worker.gate``). One-process
+        runs only (a distributed run traces nothing).
 
         Trains on every training record of ``data`` (all its tasks; ``LoadedData.restrict``
         selects the reserved batches first). ``on_checkpoint`` defaults to accepting every
@@ -417,7 +435,9 @@ class DpSgdTrainer:
             return train_distributed(
                 self, data, plan, seed, on_checkpoint=on_checkpoint, should_stop=should_stop
             )
-        return self.train_rank(data, plan, seed, SOLO, on_checkpoint=on_checkpoint, should_stop=should_stop)
+        return self.train_rank(
+            data, plan, seed, SOLO, on_checkpoint=on_checkpoint, should_stop=should_stop, on_trace=on_trace
+        )
 
     def train_rank(
         self,
@@ -428,6 +448,7 @@ class DpSgdTrainer:
         *,
         on_checkpoint: CheckpointCallback = _accept,
         should_stop: StopCallback = _never,
+        on_trace: TraceCallback | None = None,
     ) -> TrainingResult:
         """``train`` as rank ``ranks.rank`` of ``ranks.world_size`` (``service.training.distributed``).
 
@@ -439,6 +460,7 @@ class DpSgdTrainer:
         lead = ranks.rank == 0
         run = self._start(data, plan.params, seed, ranks)
         every = plan.params.checkpoint_every
+        traced = trace_every(plan.steps) if lead and on_trace is not None else None
         status: Status = "completed"
         last_release: int | None = None
         done = 0
@@ -457,6 +479,8 @@ class DpSgdTrainer:
                     status = "refused"
                     break
                 last_release = step
+            elif traced is not None and on_trace is not None and step % traced == 0:
+                on_trace(step, self.evaluate(data, run.model))
         metrics: dict[str, float] = {}
         if lead:
             metrics = self.evaluate(data, run.model)

@@ -472,8 +472,9 @@
       const heldFraction = budget > 0 ? num(d.epsilon_held) / budget : 0;
       const share = isShare(d.epsilon_spent_is);
       const guarantee = d.guarantee || {};
-      return h("tr", { "data-dataset-id": d.id },
-        h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name })),
+      return h("tr", { "data-dataset-id": d.id, class: d.archived_at ? "archived" : null },
+        h("td", { class: "name" }, h("a", { href: "#/datasets/" + encodeURIComponent(d.id), text: d.name }),
+          d.archived_at ? [" ", archivedBadge(d.archived_at)] : null),
         h("td", { class: "rule" }, h("span", { class: "chip rule-" + d.rule, text: d.rule }), " ", h("span", { class: "muted", text: d.accountant })),
         exact("td", { class: "num budget" }, d.epsilon_budget),
         exact("td", { class: "num delta-budget" }, d.delta_budget),
@@ -502,6 +503,11 @@
       h("tbody", {}, rows)));
     add(view, h("p", { id: "datasets-note", class: "legend", text: "Guarantee: the (ε, δ)-DP guarantee of everything released from the dataset so far (valid whatever was chosen after seeing earlier outputs). Budget used: what the budget has consumed — where it says so, a budget share (a Rényi filter's progress), not a DP guarantee. Remaining is rounded down, every ε and δ up." }));
     add(view, pager(offset, limit, page.count, "datasets", (next) => datasetsPage(gen, next).catch(showError)));
+  }
+
+  /** An archived dataset takes no new work; its ledger and certificates stay (POST /v1/datasets/{id}/archive). */
+  function archivedBadge(at) {
+    return h("span", { class: "chip archived-badge", title: "archived " + when(at) + ": no new tasks, batches, reservations or jobs; its ledger and certificates stay (ledger datasets unarchive NAME makes it active again)", text: "archived" });
   }
 
   function meter(fraction, heldFraction, label) {
@@ -542,7 +548,7 @@
     const budget = dataset.budget || {};
     add(view, 
       h("p", { class: "crumbs" }, h("a", { href: "#/datasets", text: "Datasets" }), " / ", dataset.name),
-      h("h1", { id: "dataset-name", text: dataset.name }),
+      h("h1", { id: "dataset-name" }, dataset.name, dataset.archived_at ? [" ", archivedBadge(dataset.archived_at)] : null),
       h("p", { class: "subtitle" },
         h("span", { class: "chip rule-" + spend.rule, text: spend.rule }), " ",
         h("span", { text: "accountant " + spend.accountant + " · budget ε " + spend.epsilon_budget + ", δ " + spend.delta_budget }),
@@ -1198,7 +1204,48 @@
         Object.keys(metrics).length === 0 ? h("p", { class: "empty", text: "No metrics yet." }) :
           h("table", { class: "table compact", id: "job-metrics" }, h("tbody", {}, Object.entries(metrics).map(([k, v]) =>
             h("tr", { "data-metric": k }, h("th", { text: k }), h("td", { class: "num", title: String(v), "data-full": String(v), text: formatMetric(v) })))))),
+      historySection(job.metric_history),
       planSection(job));
+  }
+
+  /**
+   * The job's per-step curves (GET /v1/jobs/{id} `metric_history`): the iterate's held-out
+   * metrics every `every` steps and at each checkpoint, stored by the worker only once a commit
+   * covered those steps — so every point is of a released (charged) iterate, never of steps
+   * whose cost could still be returned. Checkpoints (published versions) are the filled dots.
+   */
+  function historySection(history) {
+    const points = history && Array.isArray(history.points) ? history.points : [];
+    const card = h("section", { class: "card", id: "section-history" }, h("h2", { text: "Metrics per step" }));
+    if (points.length === 0) {
+      return add(card, h("p", { class: "empty", text: "No steps released yet: a point is stored only after the ledger commits the steps it describes." }));
+    }
+    const names = [];
+    for (const p of points) for (const [k, v] of Object.entries(p)) if (typeof v === "number" && k !== "step" && names.indexOf(k) < 0) names.push(k);
+    names.sort((a, b) => (b.indexOf("loss") >= 0) - (a.indexOf("loss") >= 0));
+    const W = 440, H = 180, L = 50, R = 60, T = 12, B = 34;
+    const xMax = Math.max(...points.map((p) => p.step)) || 1;
+    const x = (v) => L + (v / xMax) * (W - L - R);
+    add(card, h("p", { class: "muted", id: "history-note", text: points.length + " points, every " + history.every + " steps and at each checkpoint, up to step " + xMax +
+      ": the iterate on the held-out test split, recorded only after the ledger committed those steps (the worker drops points of steps it did not release). Filled dots: published versions." }));
+    return add(card, h("div", { id: "history-curves" }, names.slice(0, 4).map((metric) => {
+      const shown = points.filter((p) => typeof p[metric] === "number");
+      const ys = shown.map((p) => p[metric]);
+      const lo = Math.min(...ys), hi = Math.max(...ys);
+      const pad = (hi - lo) * 0.1 || Math.abs(hi) * 0.1 || 1;
+      const y = (v) => T + (1 - (v - (lo - pad)) / (hi - lo + 2 * pad)) * (H - T - B);
+      const d = shown.map((p, i) => (i ? "L" : "M") + x(p.step).toFixed(1) + " " + y(p[metric]).toFixed(1)).join(" ");
+      const last = shown[shown.length - 1];
+      return h("div", { class: "curve" }, h("div", { class: "small curve-name", title: metric, text: metric }),
+        s("svg", { class: "chart history-curve", "data-metric": metric, "data-points": shown.length, viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": metric + " per step" },
+          [lo, hi].map((t) => s("text", { class: "tick", x: L - 6, y: y(t) + 4, "text-anchor": "end", text: short(t) })),
+          [0, xMax].map((t) => s("text", { class: "tick", x: x(t), y: H - B + 16, "text-anchor": "middle", text: String(t) })),
+          s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle", text: "step" }),
+          s("path", { class: "series-metric", d }),
+          shown.filter((p) => p.checkpoint).map((p) => s("circle", { class: "pt-metric pt-checkpoint", cx: x(p.step), cy: y(p[metric]), r: 3.5, "data-step": p.step },
+            title("checkpoint at step " + p.step + " (a published version): " + metric + " " + p[metric]))),
+          s("text", { class: "series-label", x: W - R + 8, y: y(last[metric]) + 4, text: formatMetric(last[metric]) })));
+    })));
   }
 
   /** The plan the worker recorded before it reserved (what the charge is for) and the params. */
@@ -1363,9 +1410,12 @@
     const last = releases[releases.length - 1];
     const guaranteeOf = (r) => (r.guarantee ? r.guarantee.epsilon : r.epsilon);
     const share = isShare(spend.epsilon_spent_is);
-    const yTop = Math.max(budget, num(last.epsilon) + heldNow, ...releases.map((r) => Math.max(num(r.epsilon), num(guaranteeOf(r))))) * 1.08 || 1;
+    const heldAt = (r) => (r.held_at_release ? num(r.held_at_release.epsilon) : 0);
+    const yTop = Math.max(budget, num(last.epsilon) + heldNow, ...releases.map((r) => Math.max(num(r.epsilon) + heldAt(r), num(guaranteeOf(r))))) * 1.08 || 1;
     const n = releases.length;
-    const x = (i) => L + (n === 1 ? 0.5 : i / (n - 1)) * (W - L - R);
+    // the last slot is "now" when something is held now: its bar stands right of the last release
+    const slots = heldNow > 0 ? n + 1 : n;
+    const x = (i) => L + (slots === 1 ? 0.5 : i / (slots - 1)) * (W - L - R);
     const y = (v) => T + (1 - v / yTop) * (H - T - B);
     const step = (value) => releases.map((r, i) => (i ? "H" + x(i).toFixed(1) + " V" : "M" + x(i).toFixed(1) + " ") + y(num(value(r))).toFixed(1)).join(" ");
     const yTicks = niceTicks(yTop, 5).filter((t) => t <= yTop);
@@ -1374,9 +1424,10 @@
       { key: "budget", y: y(budget), text: "budget " + sig(spend.epsilon_budget), full: spend.epsilon_budget, cls: "budget-text" },
       { key: "spent", y: y(num(last.epsilon)), text: (share ? "used " : "spent ") + sig(last.epsilon, "up"), full: last.epsilon, cls: "spent-text" },
       last.guarantee && last.guarantee.epsilon !== last.epsilon ? { key: "guarantee", y: y(num(last.guarantee.epsilon)), text: "guarantee " + sig(last.guarantee.epsilon, "up"), full: last.guarantee.epsilon, cls: "guarantee-text" } : null,
-      heldNow > 0 ? { key: "held", y: y(num(last.epsilon) + heldNow), text: "+ held " + sig(spend.epsilon_held, "up"), full: spend.epsilon_held, cls: "held-text" } : null,
+      heldNow > 0 ? { key: "held", y: y(num(last.epsilon) + heldNow), text: "+ held now " + sig(spend.epsilon_held, "up"), full: spend.epsilon_held, cls: "held-text" } : null,
     ].filter(Boolean), T + 4, H - B - 2);
     const caption = n + " release" + (n === 1 ? "" : "s") + " · ε spent after the last " + sig(last.epsilon, "up") + " of the budget " + sig(spend.epsilon_budget) +
+      (heldAt(last) > 0 ? " · held then " + sig(last.held_at_release.epsilon, "up") : "") +
       (heldNow > 0 ? " · held now " + sig(spend.epsilon_held, "up") : "");
     return h("div", {},
       s("svg", { id: "epsilon-over-time", class: "chart", viewBox: "0 0 " + W + " " + H, role: "img", "aria-label": caption },
@@ -1384,7 +1435,12 @@
         releases.map((r, i) => (i % every === 0 || i === n - 1) ? s("text", { class: "tick", x: x(i), y: H - B + 16, "text-anchor": "middle", text: "v" + r.version }, title(r.model + " v" + r.version + " · " + when(r.created_at))) : null),
         s("text", { class: "axis-title", x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", text: "releases, oldest first" }),
         s("line", { class: "budget-line", x1: L, x2: W - R, y1: y(budget), y2: y(budget) }, title("budget ε " + spend.epsilon_budget)),
-        heldNow > 0 ? s("rect", { class: "held-band", x: x(n - 1) - 6, y: y(num(last.epsilon) + heldNow), width: 12, height: Math.max(1, y(num(last.epsilon)) - y(num(last.epsilon) + heldNow)) }, title("held now by open reservations: ε " + spend.epsilon_held)) : null,
+        // held at each release: what open reservations held (reserved, not yet committed) then, above what was spent
+        releases.map((r, i) => heldAt(r) > 0 ? s("rect", { class: "held-band held-at-release", x: x(i) - 5, y: y(num(r.epsilon) + heldAt(r)), width: 10, height: Math.max(1, y(num(r.epsilon)) - y(num(r.epsilon) + heldAt(r))), "data-version": r.version, "data-held": r.held_at_release.epsilon },
+          title(r.model + " v" + r.version + ": held by open reservations when it was certified ε " + r.held_at_release.epsilon + " (reserved, not yet committed), above ε spent " + r.epsilon)) : null),
+        heldNow > 0 ? [s("path", { class: "series-spent series-now", d: "M" + x(n - 1).toFixed(1) + " " + y(num(last.epsilon)).toFixed(1) + " H" + x(n).toFixed(1) }),
+          s("rect", { class: "held-band held-now", x: x(n) - 6, y: y(num(last.epsilon) + heldNow), width: 12, height: Math.max(1, y(num(last.epsilon)) - y(num(last.epsilon) + heldNow)) }, title("held now by open reservations: ε " + spend.epsilon_held)),
+          s("text", { class: "tick", x: x(n), y: H - B + 16, "text-anchor": "middle", text: "now" })] : null,
         s("path", { class: "series-spent", d: step((r) => r.epsilon) }),
         s("path", { class: "series-guarantee", d: step(guaranteeOf) }),
         releases.map((r, i) => s("circle", { class: "pt-release", cx: x(i), cy: y(num(r.epsilon)), r: 3.5, "data-epsilon": r.epsilon, "data-version": r.version },
@@ -1394,7 +1450,7 @@
       h("p", { class: "legend" },
         h("span", { class: "swatch swatch-spent" }), share ? "budget used after each release (the Rényi filter's progress: a budget share, not a DP guarantee) " : "ε spent after each release (max over batches) ",
         h("span", { class: "swatch swatch-guarantee-line" }), "guarantee of the release (every release so far) ",
-        h("span", { class: "swatch swatch-held" }), "held now by open reservations ",
+        h("span", { class: "swatch swatch-held" }), "held by open reservations (reserved, not yet committed) at each release, and now ",
         h("span", { class: "swatch swatch-budget" }), "budget"));
   }
 

@@ -43,6 +43,10 @@ For one claimed job (``run_job``):
 Only released numbers leave the run: a version's metrics are those of the committed model, on
 the held-out test split; the metrics of a run that stopped early are those of its last release
 (evaluating the unreleased model would publish a statistic of steps whose cost was returned).
+The same holds for the job's per-step curve (``jobs.metric_history``): the trainer evaluates the
+iterate on the test split every ``trace_every(steps)`` steps (``on_trace``), the gate keeps those
+points in memory and stores them only once a commit covers their step (``_checkpoint``); the
+points of steps no commit covered go with the run. The unnoised training loss is never kept.
 
 A retried job (its previous worker lost the lease) first resolves the previous attempts: staged
 candidates are published if their release was committed, deleted otherwise
@@ -54,6 +58,7 @@ from the start; what the earlier attempts were charged stays spent.
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -424,6 +429,9 @@ class _Run:
     record_ids: frozenset[str] = frozenset()  # the loaded source's, masked in failures
     steps_started: int = 0  # DP-SGD steps begun on the current reservation (``_should_stop``)
     stage_training: bool = False  # a staged run's current stage has begun training
+    # the iterate's metrics between checkpoints (on_trace), kept until a commit covers them
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    trace_every: int | None = None
 
 
 def _what_ran(run: _Run) -> reservations.Ran | None:
@@ -642,12 +650,19 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         run.model_spec = run.trainer.model_spec(run.data, plan.params)
 
     # 3. Train; every release goes through _checkpoint.
+    tracing: dict[str, Any] = {}
+    if getattr(run.trainer, "traces_iterates", False) and plan.params.world_size == 1:
+        from service.training.dp_sgd import trace_every  # torch: only in the worker
+
+        run.trace_every = trace_every(plan.steps)
+        tracing["on_trace"] = lambda step, metrics: run.trace.append(_point(step, metrics))
     try:
         result = run.trainer.train(
             run.data,
             plan,
             on_checkpoint=lambda step, state, event: _checkpoint(run, step, state, event),
             should_stop=lambda: _should_stop(run),
+            **tracing,
         )
     except (LeaseLost, _Stop):
         raise
@@ -851,7 +866,26 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
         delta_committed=Decimal(committed["delta"]),
         metrics=metrics,
     )
+    if run.trace_every is not None:
+        # The commit just made covers steps 1..step, so the iterates traced before it are
+        # released (post-processing of the committed noisy steps): only now may they be stored.
+        covered = [p for p in run.trace if p["step"] <= step]
+        run.trace = [p for p in run.trace if p["step"] > step]
+        jobs.record_history(
+            run.db, run.job.lease, [*covered, _point(step, metrics, checkpoint=True)], every=run.trace_every
+        )
     return True
+
+
+def _point(step: int, metrics: Mapping[str, Any], *, checkpoint: bool = False) -> dict[str, Any]:
+    """One point of a job's ``metric_history``: the iterate's numeric metrics after ``step``."""
+    point: dict[str, Any] = {"step": step, "checkpoint": checkpoint}
+    point.update(
+        (k, float(v))
+        for k, v in metrics.items()
+        if k != "step" and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    )
+    return point
 
 
 def _release(

@@ -4,6 +4,7 @@ they page, they keep tenants apart; and the dashboard's files are served with a 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from service.db.session import Database
@@ -216,3 +217,32 @@ def test_revoked_viewer_key_is_refused_by_dashboard_endpoints(client: TestClient
     assert client.get("/v1/spend", headers=headers).status_code == 200
     tenancy.revoke_api_key(db, issued["id"])
     assert client.get("/v1/spend", headers=headers).status_code == 401
+
+
+def test_each_release_states_what_was_held_when_it_was_certified(client: TestClient, keys: Keys) -> None:
+    """``held_at_release`` rebuilds the dataset head's ``epsilon_held`` as it was at each release:
+    it must equal what ``/spend`` answered live right after that release — across a progressive
+    commit (a partial charge), a second open hold, an abort, an expiry and a final commit."""
+    from tests.service.api.test_ledger_over_http import Api
+
+    admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
+    budget = {"rule": "sequential", "epsilon": "5", "delta": "0", "accountant": "basic"}
+    dataset, batch_ids = admin.dataset(budget)
+    steps = lambda n: {"kind": "self_composed", "count": n, "event": {"kind": "pure_dp", "epsilon": 0.001}}  # noqa: E731
+    run = trainer.reserve(dataset, batch_ids, steps(500)).json()
+    other = trainer.reserve(dataset, batch_ids, _pure(0.25)).json()
+    live: dict[str, str] = {}
+
+    def released(certificate: dict[str, Any]) -> None:
+        live[certificate["certificate"]["id"]] = admin.spend(dataset)["epsilon_held"]
+
+    released(trainer.commit(run["id"], event=steps(300)).json())  # holds 0.2 + 0.25
+    third = trainer.reserve(dataset, batch_ids, _pure(0.5)).json()
+    released(trainer.commit(other["id"]).json())  # holds 0.2 + 0.5
+    trainer.call("POST", f"/v1/reservations/{third['id']}/abort", {}, 200)
+    trainer.reserve(dataset, batch_ids, _pure(0.125), ttl_s=0.2)  # expires before the next release
+    time.sleep(0.3)
+    released(trainer.commit(run["id"]).json())  # holds nothing
+    assert list(live.values()) == ["0.45", "0.7", "0"]
+    answer = admin.call("GET", f"/v1/datasets/{dataset}/releases", status=200).json()
+    assert {r["certificate_id"]: r["held_at_release"]["epsilon"] for r in answer["data"]} == live
