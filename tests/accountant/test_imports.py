@@ -132,3 +132,60 @@ def test_the_cycle_check_counts_function_level_imports(tmp_path: Path) -> None:
         ["accountant.b", "accountant.a", "accountant.b"],
     )
     assert _cycle(_imports(tmp_path, top_level_only=True)) is None
+
+
+SURFACE = """
+import importlib, json, sys
+import accountant
+loaded_by_the_package = sorted(m for m in sys.modules if m.startswith("accountant"))
+import accountant.events
+loaded_by_events = sorted(m for m in sys.modules if m.startswith("accountant"))
+homes = {}
+for name in accountant.__all__:
+    home = importlib.import_module(accountant._EXPORTS[name])
+    assert getattr(accountant, name) is getattr(home, name), name
+    homes[name] = getattr(accountant, name).__module__
+try:
+    accountant.no_such_name
+    missing = "no error"
+except AttributeError as exc:
+    missing = str(exc)
+print(json.dumps({"package": loaded_by_the_package, "events": loaded_by_events, "homes": homes,
+                  "dir": sorted(set(accountant.__all__) - set(dir(accountant))), "missing": missing}))
+"""
+
+
+def test_the_package_exports_its_public_surface_loaded_on_first_use() -> None:
+    """Issue 29 §4: ``accountant`` exports its public surface (``__all__``), each name the object
+    of its module, without loading the accountants on ``import accountant`` or on the client's
+    ``import accountant.events``; the type checkers' imports list the same names; the package
+    ships ``py.typed``."""
+    out = subprocess.run(
+        [sys.executable, "-c", SURFACE], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+    )
+    report = json.loads(out.stdout)
+    assert report["package"] == ["accountant"]
+    assert "accountant.prv" not in report["events"] and "accountant.rules" not in report["events"]
+    assert {"GaussianEvent", "make_accountant", "PrvAccountant", "Budget"} <= set(report["homes"])
+    assert report["dir"] == [] and "no_such_name" in report["missing"]
+
+    tree = ast.parse(ROOT.joinpath("accountant", "__init__.py").read_text(encoding="utf-8"))
+    exported = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+    )
+    typed = {
+        (node.module, alias.name)
+        for block in tree.body
+        if _is_type_checking_block(block)
+        for node in ast.walk(block)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    import accountant
+
+    assert sorted(exported) == sorted(accountant._EXPORTS) == sorted(name for _, name in typed)
+    assert typed == {(module, name) for name, module in accountant._EXPORTS.items()}
+    assert ROOT.joinpath("accountant", "py.typed").is_file()
+    assert 'accountant = ["py.typed"]' in ROOT.joinpath("pyproject.toml").read_text(encoding="utf-8")
