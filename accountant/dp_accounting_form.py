@@ -41,87 +41,10 @@ mapped until a released dp-accounting has it to test the round trip against.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Final, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from accountant import events as ev
-
-MODULE_NAME: Final = "dp_accounting.dp_event"
-
-# class name → (ledger kind, {dp_accounting field: ledger field}); nested events keep their names.
-SHARED: Final[Mapping[str, tuple[str, Mapping[str, str]]]] = {
-    "NoOpDpEvent": ("no_op", {}),
-    "NonPrivateDpEvent": ("non_private", {}),
-    "GaussianDpEvent": ("gaussian", {"noise_multiplier": "noise_multiplier"}),
-    "LaplaceDpEvent": ("laplace", {"noise_multiplier": "scale"}),
-    "PoissonSampledDpEvent": ("poisson_sampled", {"sampling_probability": "sampling_probability"}),
-    "SampledWithoutReplacementDpEvent": (
-        "sampled_without_replacement",
-        {"source_dataset_size": "population_size", "sample_size": "sample_size"},
-    ),
-    "SelfComposedDpEvent": ("self_composed", {"count": "count"}),
-    "ComposedDpEvent": ("composed", {}),
-}
-_NESTED: Final[Mapping[str, str]] = {
-    "PoissonSampledDpEvent": "event",
-    "SampledWithoutReplacementDpEvent": "event",
-    "SelfComposedDpEvent": "event",
-    "ComposedDpEvent": "events",
-}
-# ledger kind → class name
-_CLASS_OF_KIND: Final[Mapping[str, str]] = {kind: name for name, (kind, _) in SHARED.items()}
-
-
-def is_dp_accounting_form(obj: object) -> bool:
-    """Whether ``obj`` is written in dp_accounting's form (``class_name``, no ``kind``)."""
-    return isinstance(obj, Mapping) and "class_name" in obj and "kind" not in obj
-
-
-def to_ledger_json(obj: Mapping[str, Any], path: str) -> dict[str, Any]:
-    """The ledger JSON of one dp_accounting node; nested events are passed on as they are (the
-    caller, ``accountant.events.from_json``, parses them in whichever form they are written).
-    ``EventValidationError`` names the dp_accounting field's dotted path."""
-    name = obj.get("class_name")
-    if not isinstance(name, str) or name not in SHARED:
-        raise ev.EventValidationError(
-            f"{path}.class_name",
-            f"must be a dp_accounting event the ledger shares: one of {sorted(SHARED)}. Found "
-            f"{name!r} (other dp_accounting events have no ledger kind and are refused, not "
-            "approximated).",
-        )
-    module = obj.get("module_name", MODULE_NAME)
-    if module != MODULE_NAME:
-        raise ev.EventValidationError(
-            f"{path}.module_name", f"must be {MODULE_NAME!r} (or left out). Found {module!r}."
-        )
-    kind, renames = SHARED[name]
-    nested = _NESTED.get(name)
-    allowed = {"class_name", "module_name", *renames, *([nested] if nested else [])}
-    unknown = sorted((key for key in obj if key not in allowed), key=repr)
-    if unknown:
-        raise ev.EventValidationError(
-            f"{path}.{unknown[0]}",
-            f"is not a field of dp_accounting's {name} (its fields: {', '.join(sorted(allowed))}); "
-            "it is refused, not ignored, since it could change what ran.",
-        )
-    for field in (*renames, *([nested] if nested else [])):
-        if field not in obj:
-            raise ev.EventValidationError(f"{path}.{field}", "is required.")
-    out: dict[str, Any] = {"kind": kind, **{ours: obj[theirs] for theirs, ours in renames.items()}}
-    if nested is not None:
-        out[nested] = obj[nested]
-    return out
-
-
-def dp_accounting_field(kind: str, field: str) -> str:
-    """The dp_accounting name of a ledger field of ``kind`` (to name a bad value in its words)."""
-    name = _CLASS_OF_KIND.get(kind)
-    if name is None:
-        return field
-    for theirs, ours in SHARED[name][1].items():
-        if ours == field:
-            return theirs
-    return field
+from accountant.dp_accounting_table import CLASS_OF_KIND, MODULE_NAME, NESTED, SHARED
 
 
 def to_dp_accounting_json(event: ev.DpEvent) -> dict[str, Any]:
@@ -129,18 +52,18 @@ def to_dp_accounting_json(event: ev.DpEvent) -> dict[str, Any]:
     ``ValueError`` naming the first ledger kind dp_accounting
     lacks (``pure_dp``, ``approx_dp``, ``l2dp_ml_functional``, ``output_perturbation``,
     ``adaptive_gaussian``)."""
-    name = _CLASS_OF_KIND.get(event.kind)
+    name = CLASS_OF_KIND.get(event.kind)
     if name is None:
         raise ValueError(
             f"a {event.kind!r} event has no dp_accounting class (shared kinds: "
-            f"{', '.join(sorted(_CLASS_OF_KIND))})."
+            f"{', '.join(sorted(CLASS_OF_KIND))})."
         )
     out: dict[str, Any] = {"module_name": MODULE_NAME, "class_name": name}
     for theirs, ours in SHARED[name][1].items():
         out[theirs] = getattr(event, ours)
     if isinstance(event, ev.ComposedEvent):
         out["events"] = [to_dp_accounting_json(e) for e in event.events]
-    elif name in _NESTED:
+    elif name in NESTED:
         out["event"] = to_dp_accounting_json(event.children()[0])
     return out
 
@@ -183,3 +106,14 @@ def from_dp_accounting(event: DpAccountingEvent) -> ev.DpEvent:
     """The ledger event of a dp_accounting event; ``EventValidationError`` names the first field
     or class the ledger does not share (``event.event.class_name``)."""
     return ev.from_json(dp_accounting_json(event))
+
+
+__all__ = [
+    "MODULE_NAME",
+    "SHARED",
+    "DpAccountingEvent",
+    "dp_accounting_json",
+    "from_dp_accounting",
+    "is_dp_accounting_event",
+    "to_dp_accounting_json",
+]

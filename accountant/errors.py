@@ -2,6 +2,10 @@
 
 ``AccountantError`` is the base; ``InvalidArgumentError`` names the bad non-event argument
 (``field``), ``UnsupportedEventError`` the accountant and the event it cannot account for.
+``InvalidFieldError`` (a ``ValueError`` naming a field's dotted path) and its
+``EventValidationError`` (a bad event or event JSON) live here too, below ``accountant.events``
+and ``accountant.dp_accounting_table``, which both raise them (``accountant.events`` re-exports
+them).
 """
 
 from __future__ import annotations
@@ -10,6 +14,20 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from accountant.events import DpEvent
+
+
+class InvalidFieldError(ValueError):
+    """A named input field is invalid: ``field`` is its dotted path, ``message`` what is wrong,
+    and ``str()`` is ``"{field} {message}"``. The base of errors that name the bad field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field} {message}")
+        self.field = field
+        self.message = message
+
+
+class EventValidationError(InvalidFieldError):
+    """An event (or its JSON form) is invalid. ``field`` is the dotted path of the bad field."""
 
 
 class AccountantError(Exception):
@@ -36,4 +54,10 @@ class InvalidArgumentError(AccountantError, ValueError):
         self.message = message
 
 
-__all__ = ["AccountantError", "InvalidArgumentError", "UnsupportedEventError"]
+__all__ = [
+    "AccountantError",
+    "EventValidationError",
+    "InvalidArgumentError",
+    "InvalidFieldError",
+    "UnsupportedEventError",
+]

@@ -37,6 +37,9 @@ from typing import Any, ClassVar, Final
 
 import numpy as np
 
+from accountant.dp_accounting_table import dp_accounting_field, to_ledger_json
+from accountant.errors import EventValidationError, InvalidFieldError
+
 # Structural limits: events come from untrusted clients (HTTP bodies, CLI arguments).
 MAX_NESTING_DEPTH: Final = 32
 MAX_COMPOSED_EVENTS: Final = 10_000
@@ -45,20 +48,6 @@ MAX_VECTOR_LENGTH: Final = 1_000_000
 
 # ``FunctionalMechanismL2DPEvent.analysis``: Thm. 2 as printed, or with the input term re-derived.
 L2DP_ML_ANALYSES: Final = ("paper", "sound")
-
-
-class InvalidFieldError(ValueError):
-    """A named input field is invalid: ``field`` is its dotted path, ``message`` what is wrong,
-    and ``str()`` is ``"{field} {message}"``. The base of errors that name the bad field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field} {message}")
-        self.field = field
-        self.message = message
-
-
-class EventValidationError(InvalidFieldError):
-    """An event (or its JSON form) is invalid. ``field`` is the dotted path of the bad field."""
 
 
 def _fmt(value: object) -> str:
@@ -720,16 +709,14 @@ def _parse(obj: object, path: str, depth: int) -> DpEvent:
 def _parse_dp_accounting(obj: Mapping[str, Any], path: str, depth: int) -> DpEvent:
     """An event in dp_accounting's form (``accountant.dp_accounting_form``); a bad value is
     named by its dp_accounting field (``LaplaceDpEvent.noise_multiplier``, not ``scale``)."""
-    from accountant import dp_accounting_form  # it imports this module
-
-    translated = dp_accounting_form.to_ledger_json(obj, path)
+    translated = to_ledger_json(obj, path)
     try:
         return _parse(translated, path, depth)
     except EventValidationError as exc:
         own, dot, field = exc.field.rpartition(".")
         if dot and own == path:
             raise EventValidationError(
-                f"{path}.{dp_accounting_form.dp_accounting_field(translated['kind'], field)}", exc.message
+                f"{path}.{dp_accounting_field(translated['kind'], field)}", exc.message
             ) from None
         raise
 

@@ -34,12 +34,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from decimal import Decimal
-from typing import TYPE_CHECKING, Final, Protocol
+from types import ModuleType
+from typing import Final, Protocol
 
 from accountant import events as ev
 from accountant.canonical import canonical_json
 from accountant.events import DpEvent
 from accountant.exact import ZERO
+from accountant.rules import geometric, lifelong, parallel, sequential
+from accountant.rules.bookkeeping import is_prefix
 from accountant.rules.budget import (
     ACCOUNTANTS,
     MAX_GEOMETRIC_COPIES,
@@ -73,9 +76,6 @@ from accountant.rules.state import (
     Settlement,
 )
 
-if TYPE_CHECKING:
-    from types import ModuleType
-
 # ---------------------------------------------------------------------------------------------
 # The public functions: dispatch to the budget's rule
 # ---------------------------------------------------------------------------------------------
@@ -107,17 +107,17 @@ class _Rule(Protocol):
     def stated_theorem(self, budget: Budget) -> str: ...
 
 
-def _rule(budget: Budget) -> _Rule:
-    # Imported here: the rule modules import this package's types.
-    from accountant.rules import geometric, lifelong, parallel, sequential
+# The rule modules by ``Budget.rule`` (each module is a ``_Rule``).
+_RULES: Final[dict[str, ModuleType]] = {
+    "sequential": sequential,
+    "parallel": parallel,
+    "lifelong": lifelong,
+    "geometric": geometric,
+}
 
-    modules: dict[str, ModuleType] = {
-        "sequential": sequential,
-        "parallel": parallel,
-        "lifelong": lifelong,
-        "geometric": geometric,
-    }
-    module: _Rule = modules[budget.rule]
+
+def _rule(budget: Budget) -> _Rule:
+    module: _Rule = _RULES[budget.rule]
     return module
 
 
@@ -200,8 +200,6 @@ def commit(
     "runs so far" charged as their maximum instead of their composition — so it is refused:
     ``ChargeRefused`` ``commit_not_prefix`` / ``commit_does_not_extend`` (409).
     """
-    from accountant.rules.bookkeeping import is_prefix
-
     if partial_event is not None and not is_prefix(partial_event, charge.event):
         raise ChargeRefused(
             "commit_not_prefix",
@@ -263,8 +261,6 @@ def close_segment(budget: Budget, state: BatchState) -> BatchState:
     declaring the next segment does (``sequential.close_segment``: a batch that ran any of it is
     charged its whole declared (εᵢ, δᵢ)). ``ChargeRefused`` ``plan_step_pending`` while an entry
     is reserved and not settled; ``InvalidArgumentError`` on any other budget."""
-    from accountant.rules import sequential
-
     return sequential.close_segment(budget, state)
 
 
@@ -274,8 +270,6 @@ def delta_of_what_ran(budget: Budget, state: BatchState) -> Decimal:
     (``sequential.plan_delta_ran``); 0 under the other rules, whose δ each charge prices itself."""
     if budget.rule != "sequential" or budget.accountant != "prv":
         return ZERO
-    from accountant.rules import sequential
-
     return sequential.plan_delta_ran(budget, state)
 
 

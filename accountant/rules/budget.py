@@ -17,6 +17,7 @@ from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, as_written, exact_mul, exact_sub, exact_sum, to_text
 from accountant.rdp_filter import DEFAULT_FILTER_ORDERS, RenyiFilter, check_orders, check_weights, placed_grid
+from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
 
 RULES: Final = ("lifelong", "parallel", "sequential", "geometric")
 ACCOUNTANTS: Final = ("basic", "rdp", "prv", "tight")
@@ -176,7 +177,9 @@ class PlanSegment:
         }
 
 
-def _budget_number(field_name: str, value: object) -> Decimal:
+def budget_number(field_name: str, value: object) -> Decimal:
+    """A budget's number as written (``exact.as_written``); ``InvalidArgumentError`` naming
+    ``field_name`` for a bool, a non-number or a non-finite value."""
     if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
         raise InvalidArgumentError(field_name, f"must be a number. Found {value!r}.")
     try:
@@ -274,10 +277,10 @@ class Budget:
                 "budget.accountant",
                 f"must be one of {list(SUPPORTED[rule])} for rule {rule!r} ({reason}). Found {accountant!r}.",
             )
-        eps = _budget_number("budget.epsilon", epsilon)
+        eps = budget_number("budget.epsilon", epsilon)
         if eps <= 0:
             raise InvalidArgumentError("budget.epsilon", f"must be finite and > 0. Found {epsilon!r}.")
-        dlt = _budget_number("budget.delta", delta)
+        dlt = budget_number("budget.delta", delta)
         if not 0 <= dlt < 1:
             raise InvalidArgumentError("budget.delta", f"must be in [0, 1). Found {delta!r}.")
         if accountant in ("rdp", "prv") and dlt == 0:  # ``tight`` at δ = 0 is the pure basic filter
@@ -340,7 +343,7 @@ class Budget:
                     "budget.plan_delta",
                     "applies to a declared plan only (rule 'sequential', accountant 'prv').",
                 )
-            share = _budget_number("budget.plan_delta", plan_delta)
+            share = budget_number("budget.plan_delta", plan_delta)
             if not 0 < share <= dlt:
                 raise InvalidArgumentError(
                     "budget.plan_delta",
@@ -354,8 +357,6 @@ class Budget:
                 raise InvalidArgumentError(f"budget.{exc.field}", exc.message) from None
         if steps is not None:
             if plan_epsilon is None:
-                from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
-
                 plan_epsilon = compute_plan_epsilon(steps, budget.first_plan_delta)
             if not plan_epsilon <= eps:
                 raise InvalidArgumentError(
@@ -397,7 +398,7 @@ class Budget:
             )
         steps = self._plan(self.rule, self.accountant, plan, "plan")
         assert steps is not None
-        share = _budget_number("delta", delta)
+        share = budget_number("delta", delta)
         held = exact_sum(s.delta for s in self.plan_segments)
         left = exact_sub(self.delta, held)
         if not 0 < share <= left:
@@ -406,8 +407,6 @@ class Budget:
                 f"must be in (0, {to_text(left)}]: the budget's delta {to_text(self.delta)} less the "
                 f"{to_text(held)} its {len(self.plan_segments)} declared segment(s) hold. Found {delta!r}.",
             )
-        from accountant.rules.prices import plan_epsilon as compute_plan_epsilon
-
         segment = PlanSegment(steps, share, compute_plan_epsilon(steps, share))
         return _with_segments(self, (*self.segments, segment), "plan")
 
@@ -435,7 +434,7 @@ class Budget:
             raise InvalidArgumentError(
                 "budget.geometric", f"must be an object {{first, ratio}}. Found {geometric!r}."
             )
-        ratio = _budget_number("budget.geometric.ratio", ratio_in)
+        ratio = budget_number("budget.geometric.ratio", ratio_in)
         if not 0 < ratio < 1:
             raise InvalidArgumentError("budget.geometric.ratio", f"must be in (0, 1). Found {ratio_in!r}.")
         if (
@@ -447,7 +446,7 @@ class Budget:
                 "budget.geometric.copies",
                 f"must be an integer in [1, {MAX_GEOMETRIC_COPIES}]. Found {copies_in!r}.",
             )
-        single = _budget_number("budget.geometric.single", single_in)
+        single = budget_number("budget.geometric.single", single_in)
         if not 0 <= single <= eps:
             raise InvalidArgumentError(
                 "budget.geometric.single", f"must be in [0, epsilon]. Found {single_in!r}."
@@ -458,7 +457,7 @@ class Budget:
             else:  # what the single level leaves, shared by the copies: (ε − single)(1 − ratio)/copies
                 left = _LEVEL_DOWN.multiply(exact_sub(eps, single), exact_sub(Decimal(1), ratio))
                 first_in = _LEVEL_DOWN.divide(left, Decimal(copies_in))
-        first = _budget_number("budget.geometric.first", first_in)
+        first = budget_number("budget.geometric.first", first_in)
         if first <= 0:
             raise InvalidArgumentError("budget.geometric.first", f"must be > 0. Found {first_in!r}.")
         if 0 < single < first:
@@ -559,7 +558,7 @@ class Budget:
         stored = obj.get("plan_epsilon")
         plan_epsilon = None
         if trust_plan_epsilon and stored is not None:
-            plan_epsilon = _budget_number("budget.plan_epsilon", stored)
+            plan_epsilon = budget_number("budget.plan_epsilon", stored)
         budget = cls._build(
             rule=obj.get("rule"),
             epsilon=obj.get("epsilon"),
@@ -574,7 +573,7 @@ class Budget:
             segments=_parsed_segments(obj.get("segments"), trust_plan_epsilon),
         )
         if not trust_plan_epsilon and stored is not None and budget.plan_epsilon is not None:
-            if _budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
+            if budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
                 raise InvalidArgumentError(
                     "budget.plan_epsilon",
                     f"does not match the plan: recomputed {to_text(budget.plan_epsilon)}, stored {stored!r}.",
@@ -613,8 +612,8 @@ def _parsed_segments(obj: object, trust_epsilon: bool) -> list[_Parsed] | None:
         if not isinstance(plan_obj, list):
             raise InvalidArgumentError(f"{path}.plan", "must be a list of events.")
         plan = tuple(_event(f"{path}.plan", j, e) for j, e in enumerate(plan_obj))
-        delta = _budget_number(f"{path}.delta", item["delta"])
-        stored = _budget_number(f"{path}.epsilon", item["epsilon"])
+        delta = budget_number(f"{path}.delta", item["delta"])
+        stored = budget_number(f"{path}.epsilon", item["epsilon"])
         out.append((plan, delta, stored, trust_epsilon))
     return out
 

@@ -42,7 +42,7 @@ from accountant.rules.bookkeeping import progressive_cost
 from accountant.rules.budget import Budget
 from accountant.rules.errors import ChargeRefused
 from accountant.rules.memo import event_fingerprint
-from accountant.rules.prices import naive_price
+from accountant.rules.naive import naive_price
 from accountant.rules.sequential import (
     PARALLEL_OVER_BATCHES,
     THEOREMS,

@@ -4,9 +4,8 @@
 grid of orders), ``prv_epsilon`` / ``plan_epsilon`` (the PRV upper bound of a non-adaptive
 composition), ``tight_epsilon`` (the tightest valid ε of ONE non-adaptive composition at a δ:
 ``accountant.prv.tight_epsilon`` in decimals), ``fresh_price`` (the price of ONE charge run on its
-own: no filter needed) and
-``naive_price`` (a charge alone under the rule's own conversion, for the naive figure). Each is
-memoized per request (``rules.memo``) and rounded up (``ceil18``), never down.
+own: no filter needed). Each is memoized per request (``rules.memo``) and rounded up
+(``ceil18``), never down. (A charge's naive figure: ``rules.naive``.)
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ import decimal
 import math
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from accountant import events as ev
 from accountant.errors import UnsupportedEventError
@@ -30,8 +29,10 @@ from accountant.exact import (
     round_up,
 )
 from accountant.rdp_filter import as_charge, rdp_epsilon
-from accountant.rules.budget import Budget, renyi_filter
 from accountant.rules.memo import active_pricing, memoized
+
+if TYPE_CHECKING:  # budget.py imports this module (a declared plan's ε)
+    from accountant.rules.budget import Budget
 
 _UP: Final = decimal.Context(prec=SIGNIFICANT_DIGITS, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
 _UP6: Final = decimal.Context(prec=6, rounding=ROUND_CEILING, Emax=10**6, Emin=-(10**6))
@@ -231,21 +232,6 @@ def _fresh_price(budget: Budget, event: DpEvent, delta: Decimal | None) -> tuple
     if exact is not None and exact[1] <= at and exact[0] <= eps:
         return exact
     return eps, dlt
-
-
-def naive_price(budget: Budget, event: DpEvent) -> Decimal:
-    """The ε ``event`` would cost as the batch's only charge, converted the way the budget
-    converts its spend: the Rényi filter's own ``epsilon_of`` (its grid and δ split) for a filter
-    budget, else ``fresh_price``. ``naive_sequential_epsilon`` adds these up; with the same
-    conversion a single release's naive figure equals the ledger's charge (never below it)."""
-    if budget.uses_union:
-        from accountant.rules.tight import naive_price as union_naive_price
-
-        return union_naive_price(budget, event)
-    if budget.uses_filter and active_pricing() >= 2:
-        assert budget.orders is not None
-        return renyi_filter(budget).epsilon_of(rdp_charge(event, budget.orders))
-    return fresh_price(budget, event)[0]
 
 
 def _coupling_price(event: DpEvent, delta: Decimal) -> tuple[Decimal, Decimal] | None:

@@ -77,7 +77,8 @@ from accountant.rules.bookkeeping import (
 from accountant.rules.budget import Budget, PlanSegment, renyi_filter
 from accountant.rules.errors import BudgetExceeded, ChargeRefused
 from accountant.rules.memo import active_pricing, event_fingerprint, memoized
-from accountant.rules.prices import basic_price, fresh_price, is_free, naive_price, prv_epsilon, rdp_charge
+from accountant.rules.naive import naive_price
+from accountant.rules.prices import basic_price, fresh_price, is_free, prv_epsilon, rdp_charge
 from accountant.rules.state import Admission, BatchState, Charge, Cost, Settlement
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import ZERO, to_text
 from accountant.rdp import MAX_ORDER
-from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, _budget_number
+from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, budget_number
 
 MAX_COMMITMENT_LENGTH: Final = 256
 # The configurations of the ``tight`` accountant's union of filters, fixed per batch at its first
@@ -66,7 +66,7 @@ def _decimal_field(obj: Mapping[str, Any], name: str, path: str) -> Decimal:
     value = obj.get(name)
     if not isinstance(value, str):
         raise InvalidArgumentError(f"{path}.{name}", f"must be a decimal string. Found {value!r}.")
-    number = _budget_number(f"{path}.{name}", value)
+    number = budget_number(f"{path}.{name}", value)
     return number
 
 
@@ -80,7 +80,7 @@ def _vector_field(obj: Mapping[str, Any], name: str, path: str) -> tuple[Decimal
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise InvalidArgumentError(f"{path}.{name}[{i}]", f"must be a decimal string. Found {item!r}.")
-        out.append(_budget_number(f"{path}.{name}[{i}]", item))
+        out.append(budget_number(f"{path}.{name}[{i}]", item))
     return tuple(out)
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from accountant import events as ev
 from accountant.errors import InvalidArgumentError
-from accountant.rules.budget import MAX_PLAN_EVENTS, _budget_number
+from accountant.rules.budget import MAX_PLAN_EVENTS, budget_number
 from service.db.base import utcnow
 from service.db.session import Database
 from service.ledger import pricing
@@ -55,7 +55,7 @@ def _segment_op(
     if isinstance(delta, bool) or not isinstance(delta, int | float | str):
         raise InvalidInput("delta", f"must be a number. Found {delta!r}.")
     try:
-        share = _budget_number("delta", delta)
+        share = budget_number("delta", delta)
     except InvalidArgumentError as exc:
         raise InvalidInput(exc.field, exc.message) from None
     if not can_be_id(dataset_id):

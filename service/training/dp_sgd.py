@@ -654,31 +654,3 @@ def _calibrate(
         target_epsilon=target_epsilon,
         price=price,
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# The gate's seam
-# ---------------------------------------------------------------------------------------------
-
-
-def run_with_reservation(
-    trainer: DpSgdTrainer,
-    params: Mapping[str, Any] | DpSgdParams,
-    *,
-    n_records: int,
-    reserve: Callable[[TrainingPlan], object],
-    load: Callable[[], LoadedData],
-    on_checkpoint: CheckpointCallback = _accept,
-    should_stop: StopCallback = _never,
-) -> TrainingResult:
-    """Plan → ``reserve(plan)`` → ``load()`` → ``train``: the release flow's order, in one place.
-
-    ``reserve`` asks the ledger to hold ``plan.event``'s cost and raises to refuse (e.g. the
-    ledger's ``BudgetExceeded``); the exception propagates and ``load`` is never called, so no
-    data is read. ``load`` reads the source and checks its record ids against the reserved
-    batches (``data.check_records``) before training starts.
-    """
-    plan = trainer.plan(params, n_records)
-    reserve(plan)
-    data = load()
-    return trainer.train(data, plan, on_checkpoint=on_checkpoint, should_stop=should_stop)

@@ -24,7 +24,9 @@ from prv_accountant.privacy_random_variables import (
 from accountant import events as ev
 from accountant import prv as prv_module
 from accountant.errors import InvalidArgumentError, UnsupportedEventError
-from accountant.prv import PrvAccountant
+from accountant.prv import PrvAccountant, tight_engine
+from accountant.prv.compose import compose
+from accountant.prv.variables import GaussianPrv, LaplacePrv, PrvFailure, SubsampledGaussianPrv
 from accountant.registry import make_accountant
 
 warnings.filterwarnings("ignore", module="prv_accountant")
@@ -252,13 +254,13 @@ def test_delta_zero_uses_basic_composition_for_pure_events() -> None:
 def test_discrete_mean_differs_is_a_prv_failure() -> None:
     # A PRV whose stated mean is off by more than half a mesh cell: prv-accountant's
     # "discrete mean differs" condition, which the accountant turns into an RDP fallback.
-    class WrongMean(prv_module._LaplacePrv):
+    class WrongMean(LaplacePrv):
         def truncated_mean(self, lo: float, hi: float) -> tuple[float, float]:
             mean, error = super().truncated_mean(lo, hi)
             return mean + 1.0, error
 
-    with pytest.raises(prv_module._PrvFailure, match="discrete mean differs"):
-        prv_module._compose({WrongMean(2.0): 3}, 0.01, 1e-8)
+    with pytest.raises(PrvFailure, match="discrete mean differs"):
+        compose({WrongMean(2.0): 3}, 0.01, 1e-8)
 
 
 def test_unsupported_everywhere_raises_naming_the_innermost() -> None:
@@ -286,7 +288,7 @@ def test_bad_parameters_name_the_field(kwargs: dict[str, float], field: str) -> 
 
 
 def test_subsampled_gaussian_cdf_matches_prv_accountant() -> None:
-    ours = prv_module._SubsampledGaussianPrv(0.01, 0.9)
+    ours = SubsampledGaussianPrv(0.01, 0.9)
     theirs = PoissonSubsampledGaussianMechanism(0.01, 0.9)
     t = np.linspace(-0.009, 6.0, 2001)
     cdf, sf = ours.cdf_sf(t)
@@ -373,7 +375,7 @@ def test_tight_epsilon_of_gaussians_is_the_exact_analytic_value() -> None:
     exact = _exact_gaussian_epsilon(mu, 1e-6)
     assert exact <= prv_module.tight_epsilon(mixed, 1e-6).upper <= exact * (1 + 1e-6)
     # the PLD engine alone, on the same Gaussian, is an upper bound too (pessimistic)
-    pld = prv_module._pld_epsilon({prv_module._GaussianPrv(1 / mu): 1}, 1e-6, 1e-3)
+    pld = tight_engine._pld_epsilon({GaussianPrv(1 / mu): 1}, 1e-6, 1e-3)
     assert pld is not None and exact <= pld <= exact * 1.01
 
 

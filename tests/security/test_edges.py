@@ -12,7 +12,7 @@ accountant only.)
 The ``prv`` corner that took 12-16 s (a Poisson-subsampled Gaussian with σ = 1e-6 and q = 1e-12:
 its mean quadrature crossed the empty gap between the two mass windows in 4·10⁶ panels) now
 answers in well under a second, and where δ ≥ 1 − Π(1 − qᵢ)^{nᵢ} with ε = 0 exactly
-(``accountant/prv.py``, ``_untouched_bound``).
+(``accountant/prv/accountant.py``, ``_untouched_bound``).
 
 Limits (DESIGN / service code): body size (``LEDGER_MAX_BODY_BYTES``, 413), records per batch
 call (``MAX_RECORDS_PER_REQUEST``), record id length, batches per reservation

@@ -20,13 +20,11 @@ from service.training.dp_sgd import (  # noqa: E402
     DpSgdTrainer,
     ModelState,
     TrainingError,
-    TrainingPlan,
     clip_factors,
     clipped_sum,
     noisy_mean_gradient_flat,
     per_example_norms,
     poisson_sample,
-    run_with_reservation,
 )
 from service.training.nets import InvalidParamsError, ModelSpec, build_model  # noqa: E402
 from service.training.per_example_gradients import (  # noqa: E402
@@ -178,10 +176,6 @@ class RecordingLoader:
         return self.data
 
 
-class BudgetExceededForTest(Exception):
-    pass
-
-
 def test_plan_needs_only_the_record_count_and_builds_the_dp_sgd_event() -> None:
     log: list[str] = []
     loader = RecordingLoader(_toy_data(), log)
@@ -195,41 +189,6 @@ def test_plan_needs_only_the_record_count_and_builds_the_dp_sgd_event() -> None:
     row = plan.to_json()
     assert event_from_json(row["event"]) == plan.event
     assert DpSgdParams.from_params(row["params"]) == plan.params  # the job row round-trips
-
-
-def test_a_refused_reservation_reads_no_data() -> None:
-    log: list[str] = []
-    loader = RecordingLoader(_toy_data(), log)
-    reserved: list[TrainingPlan] = []
-
-    def refuse(plan: TrainingPlan) -> None:
-        reserved.append(plan)
-        log.append("reserve")
-        raise BudgetExceededForTest("budget_exceeded")
-
-    with pytest.raises(BudgetExceededForTest):
-        run_with_reservation(
-            DpSgdTrainer(device=CPU),
-            {"noise_multiplier": 1.0, "steps": 3, "seed": 0},
-            n_records=40,
-            reserve=refuse,
-            load=loader,
-        )
-    assert loader.calls == 0 and log == ["reserve"]
-    assert reserved[0].event == SelfComposedEvent(PoissonSampledEvent(64 / 64, GaussianEvent(1.0)), 3)
-
-
-def test_a_granted_reservation_comes_before_the_data_is_read() -> None:
-    log: list[str] = []
-    loader = RecordingLoader(_toy_data(), log)
-    result = run_with_reservation(
-        DpSgdTrainer(device=CPU),
-        {"noise_multiplier": 1.0, "steps": 3, "seed": 0, "expected_batch_size": 8},
-        n_records=40,
-        reserve=lambda plan: log.append("reserve"),
-        load=loader,
-    )
-    assert log == ["reserve", "load"] and result.status == "completed" and result.steps == 3
 
 
 def test_params_are_validated_naming_the_field() -> None:
