@@ -141,7 +141,13 @@ def _dry_commit(
     except EventValidationError:
         return None
     charge = Charge(reserved, r.noise_commitment)
-    for c in r.classes:  # on the states they were reserved from: the prices are state-independent
-        state = BatchState.from_json(c.state_at_reserve)
+    for c in r.classes:
+        # On the state the reserve left (the class's state at reserve, reserved again): what a
+        # commit's price depends on is fixed by then — the `tight` rule's focus order, chosen by
+        # the batch's first charge, is the grid its reserved RDP was priced on.
+        try:
+            state = rules.reserve(budget, BatchState.from_json(c.state_at_reserve), charge).state
+        except AccountantError:
+            continue  # priced in the transaction, on the state then
         _dry_run(rules.commit, budget, state, charge, c.reserved, c.committed, partial, event_errors=False)
     return (r.event, reserved)

@@ -86,3 +86,25 @@ def test_each_progressive_commit_extends_the_last(client: TestClient, keys: Keys
     assert admin.spend(dataset)["epsilon_spent"] == "0.5"
     reservation = trainer.call("GET", f"/v1/reservations/{held['id']}", status=200).json()
     assert reservation["status"] == "committed" and reservation["commits"] == 3
+
+
+def test_a_checkpoint_commit_on_the_default_tight_budget(client: TestClient, keys: Keys) -> None:
+    """A DP-SGD run's checkpoints on a ``tight`` budget (the default): the first charge fixes the
+    batch's focus order, so its reservation is priced on a grid the state *at reserve* does not
+    have yet. The checkpoint commit was a 500 (its price computed outside the lock on that
+    earlier state) and left the worker's job running; now it settles, and the whole run after it."""
+    admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
+    budget = {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "tight"}
+    dataset, batches = admin.dataset(budget)
+
+    def sgd(steps: int) -> dict[str, Any]:
+        subsampled = {"kind": "poisson_sampled", "sampling_probability": 0.04,
+                      "event": {"kind": "gaussian", "noise_multiplier": 1.0}}  # fmt: skip
+        return {"kind": "self_composed", "count": steps, "event": subsampled}
+
+    held = trainer.reserve(dataset, batches, sgd(60)).json()
+    half = trainer.commit(held["id"], event=sgd(30)).json()
+    whole = trainer.commit(held["id"]).json()
+    spent = float(admin.spend(dataset)["epsilon_spent"])
+    assert 0 < float(half["reservation"]["committed"]["epsilon"]) <= spent
+    assert spent == float(whole["reservation"]["committed"]["epsilon"]) <= 8
