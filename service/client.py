@@ -76,7 +76,7 @@ Number = float | int | str | Decimal
 Identifier = str | int
 
 if TYPE_CHECKING:
-    from service.ledger.signing import PublicKey
+    from service.verification.signing import PublicKey
 
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_RETRIES: Final = 3
@@ -439,7 +439,7 @@ def certified_artifact(version: Mapping[str, Any], artifact: Artifact, keys: Map
     The ``X-Artifact-SHA256`` header and the version record come from the same server as the
     bytes, so matching them shows no more than that the server is self-consistent."""
     from accountant.certificates import content_hash
-    from service.ledger.signing import check_certificate
+    from service.verification.signing import check_certificate
 
     name, number = version.get("name"), version.get("version")
     label = f"model {name!r} version {number}"
@@ -810,7 +810,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/reservations/{id}/commit`` (trainer): release ``{model, version}``;
         ``event`` commits progressively the cost of the run so far (never more than reserved);
         ``artifact_sha256`` (hex SHA-256 of the released weights' bytes) is stated in the signed
-        certificate, which then vouches for those bytes (``load_model`` checks them).
+        certificate, which then vouches for those bytes (``service.training.nets.load_model`` checks them).
         Answer ``{certificate, reservation}``."""
         release: JsonObject = {"model": model, "version": version}
         if artifact_sha256 is not None:
@@ -942,7 +942,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/certificates/{id}/verify``: the server re-verifies a stored certificate and
         its signature (``{certificate_id, ok, reason, signature}``). To trust no server, verify the
         certificate of ``get_certificate`` yourself with ``accountant.certificates.verify`` and its
-        signature with ``service.ledger.signing.check_certificate`` under keys you pinned."""
+        signature with ``service.verification.signing.check_certificate`` under keys you pinned."""
         return self._json(_Call("POST", f"/v1/certificates/{_segment(certificate_id)}/verify"))
 
     # jobs ------------------------------------------------------------------------------------
@@ -1415,90 +1415,6 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             return Decimal(quoted(run)["cost"]["epsilon"])
 
         return calibrate_to_price(event, start=start, target_epsilon=target_budget_epsilon, price=price)
-
-    def register_source(
-        self,
-        dataset_id: Identifier,
-        *,
-        source: str | None = None,
-        batch_size: int | None = None,
-        roots: Any = None,
-    ) -> list[JsonObject]:
-        """Register the training records of a data source as the dataset's tasks and batches:
-        one task per task of the source (``task-0``, ``task-1``, ...), its records in source
-        order cut into batches of ``batch_size`` (default: one batch per task), named
-        ``task-<t>/batch-<i>``. Answers ``[{id, name, batches: [{id, name, size}]}]``.
-
-        ``source``: the URI (default: the dataset's ``data_source``), read *here*, by this
-        process: ``builtin:`` sources need numpy and scikit-learn, a ``file://`` source the
-        ``roots`` (``service.training.data.TenantRoots``) it lies under. The record ids of the
-        built-in sources are public (``digits-0000`` ... ``digits-1796``, ``stream-0000000`` ...;
-        ``service.training.data``); a job's run reserves on every batch and checks that the
-        source's training records are exactly the batches' records. Idempotency keys are derived
-        from the dataset, the source and the task, so running it again after a failure creates
-        nothing twice."""
-        from service.training.data import load_data  # numpy (and sklearn for the digits): lazily
-
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1. Found {batch_size!r}.")
-        uri = source if source is not None else self.get_dataset(dataset_id).get("data_source")
-        if not uri:
-            raise ValueError(f"dataset {dataset_id!r} has no data_source; pass source=.")
-        data = load_data(str(uri), roots)
-        run = hashlib.sha256(f"{dataset_id}\n{uri}".encode()).hexdigest()[:24]
-        out: list[JsonObject] = []
-        for split in data.train:
-            if not len(split):
-                continue
-            records = list(split.record_ids)
-            size = batch_size or len(records)
-            name = f"task-{split.task}"
-            task = self.create_task(dataset_id, name, idempotency_key=f"register:{run}:{name}")
-            batches = [
-                {"name": f"{name}/batch-{i // size:04d}", "records": records[i : i + size]}
-                for i in range(0, len(records), size)
-            ]
-            created = self.create_batches(
-                dataset_id, task["id"], batches, idempotency_key=f"register:{run}:{name}:batches"
-            )
-            out.append({"id": task["id"], "name": name, "batches": created["data"]})
-        return out
-
-    def load_model(
-        self, name: str, version: int, *, trusted_keys: Mapping[str, PublicKey] | None = None
-    ) -> Any:
-        """The released version as a ``torch.nn.Module`` in eval mode, ready to predict: rebuilt
-        from the architecture the version records (``model_spec``), with the downloaded weights,
-        whose SHA-256 must be the one the version's *signed certificate* states for the release
-        ``{name, version}`` (``certified_artifact``; ``LedgerError`` ``artifact_not_certified``
-        otherwise, nothing loaded). ``trusted_keys``: the signing keys you pinned
-        (``service.ledger.signing.keys_from_json``); default: the keys the server lists.
-
-        Feed it the source's records after ``model_spec["preprocessing"]`` (``{"kind": "scale",
-        "divide_by": 16}`` for the digits: raw pixel values / 16), flattened, float32; it
-        answers class logits. The module's ``model_spec`` attribute holds the spec.
-
-        Needs torch (imported only here: the rest of the client runs without it). A version
-        that records no architecture (published before it was recorded, or by a staged trainer)
-        raises ``LedgerError`` ``model_not_loadable``."""
-        answer = self.get_model_version(name, version)
-        spec = answer.get("model_spec")
-        if not isinstance(spec, dict) or spec.get("builder") != "service.training.nets.build_model":
-            raise LedgerError(
-                f"model {name!r} version {version} records no architecture to rebuild it from "
-                f"(algorithm {answer.get('algorithm')!r}); download its weights with download_artifact.",
-                code="model_not_loadable",
-            )
-        artifact = self.download_artifact(name, version)
-        keys = trusted_keys
-        if keys is None:
-            from service.ledger.signing import keys_from_json
-
-            keys = keys_from_json(self.signing_keys(), "the server's signing keys")
-        certified_artifact(answer, artifact, keys)
-        from service.training.nets import load_released  # torch: only here
-
-        return load_released(spec, artifact.content, artifact.format or "torch")
 
     # paging ---------------------------------------------------------------------------------
 

@@ -161,7 +161,7 @@ class Settings(BaseSettings):
 
     signing_key: Path | None = None
     """The Ed25519 private key (unencrypted PKCS#8 PEM file) that signs every certificate and
-    every audit-chain head the server hands out (``service.ledger.signing``). Unset: the file
+    every audit-chain head the server hands out (``service.verification.signing``). Unset: the file
     ``signing-key.pem`` in ``secrets_dir``, created (0600) on first use (``ledger serve``: at
     start). Set to a file that cannot be read, the server refuses to start. Every process that
     commits needs the same key."""

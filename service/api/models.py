@@ -61,7 +61,7 @@ class ModelVersionPublic(BaseModel):
     artifact: dict[str, Any]
     model_spec: dict[str, Any] | None = Field(
         default=None,
-        description="architecture and preprocessing (`LedgerClient.load_model` rebuilds the module "
+        description="architecture and preprocessing (`service.training.nets.load_model` rebuilds the module "
         "from it); null for versions published before it was recorded and staged trainers'",
     )
     dp_statement: dict[str, Any] | None = Field(

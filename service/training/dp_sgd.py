@@ -512,7 +512,7 @@ class DpSgdTrainer:
     def model_spec(self, data: LoadedData, p: DpSgdParams) -> dict[str, Any]:
         """What a released state dict is, recorded with every version: the arguments of
         ``service.training.nets.build_model`` and the source's ``preprocessing`` — what
-        ``LedgerClient.load_model`` rebuilds the module from."""
+        ``service.training.nets.load_model`` rebuilds the module from."""
         return {
             "builder": "service.training.nets.build_model",
             "model": p.model.kind,

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from service.client import LedgerClient, LedgerError, certified_artifact
 from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     DEFAULT_HIDDEN,
     MAX_LAYERS,
@@ -38,6 +39,7 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
     JobParams,
     ModelSpec,
 )
+from service.verification.signing import PublicKey, keys_from_json
 
 
 class MLP(nn.Module):
@@ -135,3 +137,37 @@ def load_released(spec: Mapping[str, Any], content: bytes, fmt: str) -> nn.Modul
     module.eval()
     setattr(module, "model_spec", dict(spec))  # noqa: B010 (a Module's __setattr__ is typed for tensors)
     return module
+
+
+def load_model(
+    client: LedgerClient, name: str, version: int, *, trusted_keys: Mapping[str, PublicKey] | None = None
+) -> nn.Module:
+    """The released ``version`` of model ``name``, read through ``client``, as a module in eval
+    mode, ready to predict: rebuilt from the architecture the version records (``model_spec``),
+    with the downloaded weights, whose SHA-256 must be the one the version's *signed certificate*
+    states for the release ``{name, version}`` (``service.client.certified_artifact``;
+    ``LedgerError`` ``artifact_not_certified`` otherwise, nothing loaded). ``trusted_keys``: the
+    signing keys you pinned (``service.verification.signing.keys_from_json``); default: the keys
+    the server lists.
+
+    Feed it the source's records after ``model_spec["preprocessing"]`` (``{"kind": "scale",
+    "divide_by": 16}`` for the digits: raw pixel values / 16), flattened, float32; it answers
+    class logits. The module's ``model_spec`` attribute holds the spec.
+
+    Here, not on ``LedgerClient``: it needs torch, and the client imports no training code. A
+    version that records no architecture (published before it was recorded, or by a staged
+    trainer) raises ``LedgerError`` ``model_not_loadable``."""
+    answer = client.get_model_version(name, version)
+    spec = answer.get("model_spec")
+    if not isinstance(spec, dict) or spec.get("builder") != "service.training.nets.build_model":
+        raise LedgerError(
+            f"model {name!r} version {version} records no architecture to rebuild it from "
+            f"(algorithm {answer.get('algorithm')!r}); download its weights with download_artifact.",
+            code="model_not_loadable",
+        )
+    artifact = client.download_artifact(name, version)
+    keys = trusted_keys
+    if keys is None:
+        keys = keys_from_json(client.signing_keys(), "the server's signing keys")
+    certified_artifact(answer, artifact, keys)
+    return load_released(spec, artifact.content, artifact.format or "torch")

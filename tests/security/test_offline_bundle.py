@@ -32,7 +32,8 @@ from service.cli import main
 from service.client import LedgerClient
 from service.commands.export import bundle_hash
 from service.db.session import Database
-from service.ledger import signing, tenancy
+from service.ledger import tenancy
+from service.verification import signing
 from tests.service.live_server import serve, settings_for
 
 Json = dict[str, Any]

@@ -32,6 +32,7 @@ import pytest
 
 from service.db.session import Database
 from service.ledger import jobs, tenancy
+from service.training.data import register_source
 from tests.service.api.conftest import ROOT, Server, bearer, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -165,7 +166,7 @@ def _seed_trained(server: Server, database_url: str, artifact_dir: Path) -> tupl
         digits = admin.create_dataset(
             "digits-dp", rule="sequential", epsilon="8", delta="1e-5", data_source="builtin:digits"
         )
-        admin.register_source(digits["id"], batch_size=500)
+        register_source(admin, digits["id"], batch_size=500)
         trained = admin.create_job(digits["id"], "dp_sgd", TRAINED_PARAMS)["id"]
         failed = admin.create_job(
             digits["id"],
