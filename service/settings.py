@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     """Threads that run the (synchronous) ledger operations of concurrent requests."""
 
     data_roots: dict[str, list[str]] = Field(default_factory=dict)
-    """Where ``file://`` data sources may live (``service.training.data.DataRoots``), as JSON:
+    """Where ``file://`` data sources may live (``service.contract.data_roots.DataRoots``), as JSON:
     ``{"*": ["/srv/data"], "team-a": ["/srv/a"]}``. A tenant with an entry of its own uses only
     its own roots; any other tenant uses the ``"*"`` roots; a file lies in the deepest root that
     contains it, so a tenant's root nested in a shared one stays that tenant's. A JSON list

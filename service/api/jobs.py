@@ -39,7 +39,7 @@ class JobCreate(BaseModel):
     source, with ``params``.
 
     ``params`` is a typed document, checked when the job is submitted against the algorithm's
-    declaration (``service/training/params.py``, the same one the trainer reads): an unknown key, a
+    declaration (``service/contract/job_params.py``, the same one the trainer reads): an unknown key, a
     wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
     the registry name of the job's versions (default ``<algorithm>-<job id>``, e.g.
     ``dp_sgd-job_…``: unique per job; a name another dataset publishes under is 409

@@ -41,7 +41,7 @@ from service.ledger.spending.store import state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 # Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
-# worker's trainers take at most 1000 tasks: service.training.params.MAX_TASKS).
+# worker's trainers take at most 1000 tasks: service.contract.job_params.MAX_TASKS).
 MAX_TASKS_PER_DATASET: Final = 10_000
 # Pages of GET /v1/datasets/{id}/tasks (offset) and .../tasks/{task}/batches (cursor).
 DEFAULT_TASK_PAGE: Final = 100

@@ -56,7 +56,7 @@ Job params: a typed document, validated at submit, stored only once valid (``cre
   ``model_name_taken``): versions are numbered per name after every release the ledger recorded
   (``registry.next_version``), so the job's versions would interleave with another dataset's model.
 * The rest are the trainer's, checked against the algorithm's declaration
-  (``service.training.params``, torch-free: the same reader the trainer uses when the job runs).
+  (``service.contract.job_params``, torch-free: the same reader the trainer uses when the job runs).
 * ``data_source`` is refused: the source belongs to the dataset, set by an admin
   (``service.ledger.datasets``), and a job on a dataset without one (or without batches) is
   refused at submit.
@@ -76,13 +76,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sqlalchemy import Text, and_, case, cast, func, or_, select, type_coerce, update
 from sqlalchemy.orm import Session, aliased, defer
 
 from accountant.exact import to_text
 from accountant.rules import BatchState
+from service.contract import job_params
+from service.contract.job_params import ALGORITHMS
 from service.db.base import utcnow
 from service.db.models import Batch, BatchStateRow, Dataset, Job, ModelVersion, Release, Tenant
 from service.db.session import Database
@@ -90,14 +92,7 @@ from service.ledger import audit, idempotency
 from service.ledger.datasets import can_be_id, load_dataset, refuse_archived
 from service.ledger.errors import ChargeRefused, Conflict, InvalidInput, NotFound
 from service.settings import Settings
-from service.training import params as job_params
-from service.training.algorithms import TRAINERS
 
-if TYPE_CHECKING:
-    from service.training.stages import Stage
-
-ALGORITHMS: Final = tuple(TRAINERS)
-"""Algorithms a job can run (``service.training.algorithms``)."""
 JOB_KEYS: Final = ("model_name",)
 """Keys of ``params`` read by the job itself; the others are the trainer's."""
 LEGACY_KEYS: Final = ("data_source",)
@@ -372,19 +367,6 @@ def check_params(algorithm: str, document: Mapping[str, Any], limits: JobLimits 
 def trainer_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """The trainer's part of a job's params (without ``JOB_KEYS`` and ``LEGACY_KEYS``)."""
     return {k: v for k, v in params.items() if k not in JOB_KEYS and k not in LEGACY_KEYS}
-
-
-def stage_steps(stage: Stage) -> int:
-    """The training steps of one stage of a staged job, as its trainer states them in
-    ``stage.info``: ``steps`` (DP-SGD heads, NaiveGaussian), else ``epochs`` passes over each of
-    its batches (L2DP-ML), else one (a closed-form stage: class sums, private ERM)."""
-    steps = stage.info.get("steps")
-    if isinstance(steps, int) and steps >= 1:
-        return steps
-    epochs = stage.info.get("epochs")
-    if isinstance(epochs, int) and epochs >= 1:
-        return epochs * max(1, len(stage.batch_ids))
-    return 1
 
 
 def steps_refusal(steps: int, params: Mapping[str, Any], limits: JobLimits) -> dict[str, Any] | None:
@@ -1141,7 +1123,6 @@ __all__ = [
     "record_progress",
     "record_reservation",
     "release",
-    "stage_steps",
     "steps_refusal",
     "trainer_params",
 ]

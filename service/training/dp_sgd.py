@@ -56,10 +56,7 @@ from torch import nn
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
-from service.training.data import LoadedData
-from service.training.distributed import SOLO, Ranks
-from service.training.nets import build_model
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     MAX_STEPS,
     DpSgdParams,
@@ -67,6 +64,9 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
     JobParams,
     ModelSpec,
 )
+from service.training.data import LoadedData
+from service.training.distributed import SOLO, Ranks
+from service.training.nets import build_model
 from service.training.per_example_gradients import PerExampleGradients
 
 ModelState = dict[str, torch.Tensor]
@@ -94,7 +94,7 @@ def _accept(step: int, model_state: ModelState, event: DpEvent) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plan (params: service.training.params.DpSgdParams)
+# The plan (params: service.contract.job_params.DpSgdParams)
 # ---------------------------------------------------------------------------------------------
 
 

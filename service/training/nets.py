@@ -15,7 +15,7 @@ Job params (``{"model": "mlp" | "cnn", "hidden": ...}``):
   with an image shape (``LoadedData.image_shape``), e.g. ``(1, 8, 8)`` for the digits.
 
 The params (``ModelSpec``) and their typed reader (``JobParams``) are declared in the torch-free
-``service.training.params``, which the API checks a job against when it is submitted; they are
+``service.contract.job_params``, which the API checks a job against when it is submitted; they are
 re-exported here.
 """
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from service.client import LedgerClient, LedgerError, certified_artifact
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     DEFAULT_HIDDEN,
     MAX_LAYERS,
     MAX_WIDTH,

@@ -76,10 +76,11 @@ from service.ledger.batches import record_hash
 from service.ledger.errors import Conflict, LedgerError, NotFound
 from service.ledger.jobs import ClaimedJob, LeaseLost
 from service.training.algorithms import trainer_for
-from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
+from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer, stage_steps
 
 if TYPE_CHECKING:
-    from service.training.data import DataRoots, LoadedData
+    from service.contract.data_roots import DataRoots
+    from service.training.data import LoadedData
     from service.training.dp_sgd import ModelState, TrainingPlan
 
 logger = logging.getLogger("service.worker.gate")
@@ -144,8 +145,8 @@ class SourceLoader:
 def default_loader(uri: str, tenant_id: str) -> LoadedData:
     """``SourceLoader`` over the data roots of the environment's settings (``ledger worker``,
     ``ledger serve``); an app built with explicit settings passes its own ``SourceLoader``."""
+    from service.contract.data_roots import DataRoots
     from service.settings import Settings
-    from service.training.data import DataRoots
 
     return SourceLoader(DataRoots.of(Settings()))(uri, tenant_id)
 
@@ -281,7 +282,7 @@ def check_source_tasks(
 ) -> None:
     """Raise ``DataSourceError`` unless every ledger task holds exactly the records of one task
     of the source, each source task matched once (a staged run reads task by task)."""
-    from service.training.data import DataSourceError
+    from service.contract.data_sources import DataSourceError
 
     source_task = {r: split.task for split in data.train for r in split.record_ids}
     sizes = {split.task: len(split) for split in data.train if len(split)}
@@ -577,7 +578,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
                 ),
             )
         )
-    from service.training.params import InvalidParamsError
+    from service.contract.job_params import InvalidParamsError
 
     # 1. Plan and reserve: no data is read here.
     try:
@@ -589,7 +590,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
         if isinstance(run.trainer, StagedTrainer):
             stages = list(run.trainer.stages(params, tasks))
-            steps = sum(jobs.stage_steps(stage) for stage in stages)
+            steps = sum(stage_steps(stage) for stage in stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
             prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
@@ -673,7 +674,12 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
 def _with_budget_delta(db: Database, job: ClaimedJob, params: Any) -> Any:
     """Params with a target ε and no ``delta`` (DP-SGD, AdaDp, the pre-trained trainers,
     NaiveGaussian): the budget's δ (the target is the run's own ε at it)."""
-    from service.training.params import DpSgdParams, InvalidParamsError, NaiveGaussianParams, PretrainedParams
+    from service.contract.job_params import (
+        DpSgdParams,
+        InvalidParamsError,
+        NaiveGaussianParams,
+        PretrainedParams,
+    )
 
     targeted = isinstance(params, DpSgdParams | PretrainedParams | NaiveGaussianParams)
     if not targeted or params.delta is not None or params.noise_multiplier is not None:
@@ -798,7 +804,7 @@ def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list
     """Load the dataset's data source (call only once a reservation is granted) and check it
     against the ledger's batches; a bad source fails the job. Returns the data and each batch's
     records. The job's own params are not consulted: the source belongs to the dataset."""
-    from service.training.data import DataSourceError
+    from service.contract.data_sources import DataSourceError
 
     uri = dataset_source(run.db, run.job.tenant_id, run.job.dataset_id)
     if uri is None:

@@ -41,11 +41,13 @@ import pytest
 from sqlalchemy import func, select
 
 from service.app import create_app
+from service.contract.data_roots import DataRoots, TenantRoots, check_source
+from service.contract.data_sources import SourceLocationError
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
 from service.settings import Settings
-from service.training.data import DataRoots, SourceLocationError, TenantRoots, check_source, load_data
+from service.training.data import load_data
 from tests.service.api.conftest import Keys, bearer
 from tests.worker.digits_world import budget
 

@@ -736,9 +736,9 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
 
     from accountant.events import SelfComposedEvent
     from service.client import LedgerError
+    from service.contract.data_roots import DataRoots
     from service.ledger import datasets, jobs
     from service.ledger import reservations as ledger_reservations
-    from service.training.data import DataRoots
     from service.worker.worker import Worker
     from tests.worker.digits_world import CountingLoader, digits_dataset
 

@@ -94,3 +94,39 @@ def test_the_client_imports_neither_the_server_nor_the_trainers() -> None:
     loaded = _loaded_by("service.client")
     leaked = [m for m in loaded if m.split(".")[0] in SERVER_LIBRARIES or _within(m, SERVER_MODULES)]
     assert leaked == []
+
+
+def test_the_contract_the_trainers_import_is_the_servers_and_light() -> None:
+    """The algorithms, job params and data-source contract (``service.contract``) import no
+    trainer and no server module: the API process loads them. The data sources and roots import
+    no numpy either (the job params need ``accountant.events``, which does)."""
+    files = sorted(ROOT.joinpath("service", "contract").glob("*.py"))
+    assert {f.name for f in files} >= {"job_params.py", "data_sources.py", "data_roots.py"}
+    for path in files:
+        reached = sorted(m for m in _imports(path) if _within(m, SERVER_MODULES))
+        assert reached == [], path.name
+    loaded = _loaded_by("service.contract.job_params")
+    leaked = [m for m in loaded if m.split(".")[0] in SERVER_LIBRARIES or _within(m, SERVER_MODULES)]
+    assert leaked == []
+    loaded = _loaded_by("service.contract.data_sources", "service.contract.data_roots")
+    leaked = [
+        m for m in loaded if m.split(".")[0] in (*SERVER_LIBRARIES, "numpy") or _within(m, SERVER_MODULES)
+    ]
+    assert leaked == []
+
+
+def test_the_server_imports_no_trainer_and_the_database_no_ledger() -> None:
+    """Issue 29 §2: the ledger and the API owned what the trainers need (not the reverse), and
+    ``service.db`` sits below the ledger (the ledger registers its errors with it)."""
+    below = {
+        "ledger": ("service.training", "service.worker"),
+        "api": ("service.training", "service.worker"),
+        "db": ("service.ledger", "service.api", "service.training", "service.worker"),
+    }
+    offenders: dict[str, list[str]] = {}
+    for package, forbidden in below.items():
+        for path in sorted(ROOT.joinpath("service", package).rglob("*.py")):
+            bad = sorted(m for m in _imports(path) if _within(m, forbidden))
+            if bad:
+                offenders[path.relative_to(ROOT).as_posix()] = bad
+    assert offenders == {}

@@ -21,10 +21,10 @@ pytest.importorskip("torch")
 from sqlalchemy import select
 
 from accountant.certificates import verify
+from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import certificates, datasets, jobs, quotes, spend
-from service.training.data import DataRoots
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, reservation, versions_of
 

@@ -21,6 +21,7 @@ from accountant.mechanisms import (
     functional_mechanism_noise_stddev,
 )
 from accountant.registry import make_accountant
+from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.db.session import Database
 from service.ledger import jobs, spend
 from service.training.data import LoadedData, load_data
@@ -31,7 +32,6 @@ from service.training.functional_mechanism import (
     random_projection,
 )
 from service.training.l2dp_ml import L2dpMlTrainer
-from service.training.params import FunctionalMechanismParams, InvalidParamsError
 from service.training.stages import LedgerBatch, LedgerTask
 from service.worker.worker import Worker
 from tests.worker.digits_world import source_tasks, task_dataset, versions_of

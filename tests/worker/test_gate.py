@@ -26,12 +26,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from accountant.certificates import verify  # noqa: E402
+from service.contract.data_roots import DataRoots  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
-from service.training.data import DataRoots  # noqa: E402
 from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
 from service.training.nets import load_state  # noqa: E402
 from service.worker import gate  # noqa: E402

@@ -1,4 +1,4 @@
-"""Job params as one typed, torch-free declaration (``service.training.params``): what the API checks
+"""Job params as one typed, torch-free declaration (``service.contract.job_params``): what the API checks
 at submit is what the trainer reads at run time, for every algorithm; the params document is
 standard JSON within its bounds (``service.ledger.jobs.check_document`` / ``check_params``).
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from service.contract import job_params
 from service.ledger import jobs
 from service.ledger.errors import InvalidInput
-from service.training import params as job_params
 from service.training.algorithms import TRAINERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def test_every_algorithm_has_a_declaration() -> None:
-    assert set(job_params.PARAMS) == set(TRAINERS)
+def test_every_algorithm_has_a_declaration_and_a_trainer() -> None:
+    """The server owns the names (``service.contract.job_params``); the trainers follow them."""
+    assert set(job_params.PARAMS) == set(job_params.ALGORITHMS)
+    assert tuple(TRAINERS) == job_params.ALGORITHMS
 
 
 @pytest.mark.parametrize(("algorithm", "params"), VALID)

@@ -32,6 +32,8 @@ torch = pytest.importorskip("torch")
 
 from accountant import events as ev  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
+from service.contract import job_params  # noqa: E402
+from service.contract.job_params import JobParams  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import (  # noqa: E402
@@ -40,9 +42,7 @@ from service.ledger import (  # noqa: E402
     spend,
 )
 from service.training import algorithms  # noqa: E402
-from service.training import params as job_params  # noqa: E402
 from service.training.data import LoadedData  # noqa: E402
-from service.training.params import JobParams  # noqa: E402
 from service.training.stages import LedgerTask, Stage, StageRelease  # noqa: E402
 from service.worker import gate  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402

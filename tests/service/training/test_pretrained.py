@@ -474,7 +474,7 @@ def test_public_split_is_disjoint_from_every_task_and_leaves_the_default_unchang
     ],
 )
 def test_bad_public_splits_are_refused_naming_the_parameter(uri: str, message: str) -> None:
-    from service.training.data import DataSourceError, parse_source
+    from service.contract.data_sources import DataSourceError, parse_source
 
     with pytest.raises(DataSourceError) as info:
         parse_source(uri)

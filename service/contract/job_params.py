@@ -810,6 +810,24 @@ class HeadParams(PretrainedParams):
         return values
 
 
+ALGORITHMS: Final = (
+    "dp_sgd",
+    "adadp",
+    "l2dp_ml",
+    "continual_release",
+    "cosine_classifier",
+    "peft_ensemble",
+    # Baselines
+    "naive_gaussian",
+    "peft_naive",
+    "peft_full_data",
+    # One-run privacy audit of a DP-SGD run (an ε lower bound beside the certified upper bound)
+    "dp_sgd_audit",
+)
+"""Every algorithm a job may name, in the order the API lists them; the first six are the HTTP
+contract (docs/ARCHITECTURE.md, "Jobs and the worker"). Each has a trainer
+(``service.training.algorithms.TRAINERS``) and a params reader (``PARAMS``)."""
+
 PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "dp_sgd": DpSgdParams.from_params,
     "adadp": AdaDpParams.from_params,
@@ -823,7 +841,7 @@ PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "peft_full_data": HeadParams.from_params,
 }
 """Each algorithm's params reader (the trainer's ``parse_params`` reads through the same one;
-``tests/worker/test_job_params.py`` checks every algorithm of ``TRAINERS`` has one)."""
+``tests/worker/test_job_params.py`` checks every algorithm of ``ALGORITHMS`` has one, and a trainer)."""
 
 
 def validate(algorithm: str, params: Mapping[str, Any]) -> Any:
@@ -848,6 +866,7 @@ def validate(algorithm: str, params: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "ACCOUNTANTS",
+    "ALGORITHMS",
     "DEFAULT_HIDDEN",
     "HEAD_DEFAULTS",
     "MAX_CANARIES",
