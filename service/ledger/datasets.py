@@ -458,6 +458,15 @@ def set_archived(
     )
 
 
+def data_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
+    """The dataset's own data source, read now (``None``: none set, or no such dataset of the
+    tenant)."""
+    with db.session(readonly=True) as session:
+        return session.scalar(
+            select(Dataset.data_source).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
+        )
+
+
 def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         row = load_dataset(session, tenant_id, dataset_id)
@@ -533,6 +542,7 @@ __all__ = [
     "check_name",
     "check_text",
     "create_dataset",
+    "data_source",
     "dataset_json",
     "delta_warnings",
     "encodes",

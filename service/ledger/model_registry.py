@@ -893,6 +893,24 @@ def artifact_file(
     return path, version_json(row)
 
 
+def versions_of_job(db: Database, job_id: str) -> list[int]:
+    """The version numbers a job published."""
+    with db.session(readonly=True) as session:
+        return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
+
+
+def last_version_of_job(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
+    """``(step, metrics)`` of the last version a job published (``None``: none yet)."""
+    with db.session(readonly=True) as session:
+        last = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.job_id == job_id)
+            .order_by(ModelVersion.version.desc())
+            .limit(1)
+        ).first()
+    return None if last is None else (last.step, dict(last.metrics))
+
+
 __all__ = [
     "EXTENSIONS",
     "EXTERNAL_FORMATS",
@@ -907,6 +925,7 @@ __all__ = [
     "discard",
     "final_path",
     "get_version",
+    "last_version_of_job",
     "list_models",
     "list_versions",
     "next_version",
@@ -915,4 +934,5 @@ __all__ = [
     "stage",
     "sweep",
     "version_json",
+    "versions_of_job",
 ]

@@ -62,17 +62,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 
-from sqlalchemy import select
-
 from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.exact import ZERO, exact_add
 from accountant.rules import Charge
-from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database, is_transient_error
-from service.ledger import jobs, quotes, reservations
+from service.ledger import datasets, idempotency, jobs, quotes, reservations
 from service.ledger import model_registry as registry
-from service.ledger.batches import record_hash
+from service.ledger.batches import record_batches, record_hash, task_layout
 from service.ledger.errors import Conflict, LedgerError, NotFound
 from service.ledger.jobs import ClaimedJob, LeaseLost
 from service.training.algorithms import trainer_for
@@ -242,20 +239,13 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dic
     of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
     from service.training.data import RecordMismatchError
 
-    with db.session(readonly=True) as session:
-        salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
-        rows = session.execute(
-            select(BatchRecord.record_hash, BatchRecord.batch_id).where(BatchRecord.dataset_id == dataset_id)
-        ).all()
-    if salt is None:
-        raise NotFound("dataset", dataset_id)
-    in_ledger = {bytes(r.record_hash): r.batch_id for r in rows}
+    salt, in_ledger = record_batches(db, dataset_id)
     seen: dict[bytes, str] = {}
     unexpected = 0
     duplicated = 0
     of_batch: dict[str, list[str]] = {}
     for record_id in data.record_ids:
-        digest = record_hash(bytes(salt), str(record_id))
+        digest = record_hash(salt, str(record_id))
         if digest in seen:
             duplicated += 1
             continue
@@ -305,21 +295,11 @@ def check_source_tasks(
 def ledger_tasks(db: Database, dataset_id: str) -> list[LedgerTask]:
     """The dataset's tasks in creation order, each with its batches in position order; a task
     without batches is left out."""
-    with db.session(readonly=True) as session:
-        task_rows = session.execute(
-            select(Task.id, Task.name).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
-        ).all()
-        batch_rows = session.execute(
-            select(Batch.id, Batch.task_id, Batch.position, Batch.size)
-            .where(Batch.dataset_id == dataset_id)
-            .order_by(Batch.task_id, Batch.position)
-        ).all()
-    by_task: dict[str, list[LedgerBatch]] = {}
-    for b in batch_rows:
-        by_task.setdefault(b.task_id, []).append(LedgerBatch(b.id, b.task_id, b.position, b.size))
     return [
-        LedgerTask(t.id, i, t.name, tuple(by_task.get(t.id, ())))
-        for i, t in enumerate(r for r in task_rows if by_task.get(r.id))
+        LedgerTask(
+            t.id, i, t.name, tuple(LedgerBatch(b, t.id, position, size) for b, position, size in t.batches)
+        )
+        for i, t in enumerate(t for t in task_layout(db, dataset_id) if t.batches)
     ]
 
 
@@ -328,18 +308,9 @@ def _earlier_reservations(db: Database, job: ClaimedJob) -> list[str]:
     reserve call succeeded but was not recorded (found by its idempotency key)."""
     found = [job.reservation_id] if job.reservation_id else []
     if job.attempt > 1:
-        with db.session(readonly=True) as session:
-            rows = session.execute(
-                select(IdempotencyKey.key, IdempotencyKey.response).where(
-                    IdempotencyKey.tenant_id == job.tenant_id,
-                    IdempotencyKey.key.like(f"job:{job.id}:a%:%reserve"),
-                )
-            ).all()
         current = f"job:{job.id}:a{job.attempt}:"
-        for key, response in rows:
-            reservation_id = response.get("id") if isinstance(response, Mapping) else None
-            earlier = not key.startswith(current)
-            if earlier and isinstance(reservation_id, str) and reservation_id not in found:
+        for key, reservation_id in idempotency.job_reservations(db, job.tenant_id, job.id):
+            if not key.startswith(current) and reservation_id not in found:
                 found.append(reservation_id)
     return found
 
@@ -356,20 +327,14 @@ def _completed_before(run: _Run) -> bool:
         return False
     if previous["status"] != "committed":
         return False
-    with run.db.session(readonly=True) as session:
-        last = session.scalars(
-            select(ModelVersion)
-            .where(ModelVersion.job_id == job.id)
-            .order_by(ModelVersion.version.desc())
-            .limit(1)
-        ).first()
+    last = registry.last_version_of_job(run.db, job.id)
     if last is None:
         return False
-    run.released_metrics = dict(last.metrics)
+    step, run.released_metrics = last
     jobs.record_progress(
         run.db,
         job.lease,
-        step=last.step,
+        step=step,
         epsilon_committed=Decimal(previous["committed"]["epsilon"]),
         delta_committed=Decimal(previous["committed"]["delta"]),
     )
@@ -791,22 +756,13 @@ def _check_stages_fit(run: _Run, params: Any, tasks: Sequence[LedgerTask], stage
     raise _fail(run, details)
 
 
-def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
-    """The dataset's own data source, read now (an admin may have replaced it since the job was
-    queued: the job reads what the dataset owns when it runs)."""
-    with db.session(readonly=True) as session:
-        return session.scalar(
-            select(Dataset.data_source).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
-        )
-
-
 def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list[str]]]:
     """Load the dataset's data source (call only once a reservation is granted) and check it
     against the ledger's batches; a bad source fails the job. Returns the data and each batch's
     records. The job's own params are not consulted: the source belongs to the dataset."""
     from service.contract.data_sources import DataSourceError
 
-    uri = dataset_source(run.db, run.job.tenant_id, run.job.dataset_id)
+    uri = datasets.data_source(run.db, run.job.tenant_id, run.job.dataset_id)
     if uri is None:
         message = (
             f"dataset {run.job.dataset_id!r} has no data source: an admin sets it with "
@@ -946,7 +902,7 @@ def _run_staged(
 ) -> Outcome:
     """Each stage: reserve its event on its batches, train on exactly their records, release."""
     db, job = run.db, run.job
-    if job.attempt > 1 and _versions_of_job(db, job.id):
+    if job.attempt > 1 and registry.versions_of_job(db, job.id):
         # A stage's state (models, episodic memory, sums) is not persisted, and its reads were
         # charged: an interrupted staged run is not replayed. What was released stays released.
         raise _Stop(
@@ -1065,18 +1021,12 @@ def _stage_selector(
     return list(stage.batch_ids), None
 
 
-def _versions_of_job(db: Database, job_id: str) -> list[int]:
-    with db.session(readonly=True) as session:
-        return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
-
-
 __all__ = [
     "Control",
     "Outcome",
     "SourceLoader",
     "abort_quietly",
     "check_source_records",
-    "dataset_source",
     "default_loader",
     "ledger_tasks",
     "run_job",

@@ -427,7 +427,7 @@ def test_a_record_id_in_a_trainers_exception_never_reaches_the_failure_message(d
     puts in the job's error and the worker's log) withholds a message this project did not write,
     and masks the source's record ids in one it did."""
     world = digits_dataset(db, epsilon="10")
-    uri = gate.dataset_source(db, "acme", world.dataset_id)
+    uri = datasets.data_source(db, "acme", world.dataset_id)
     assert uri == DIGITS
     data = CountingLoader()(uri, "acme")
     of_batch = gate.check_source_records(db, world.dataset_id, data)
