@@ -96,7 +96,7 @@ class Settings(BaseSettings):
 
     max_queued_jobs_per_tenant: int = Field(default=100, gt=0)
     """Jobs a tenant may have queued at once; ``POST /v1/jobs`` beyond it answers 409
-    ``too_many_queued_jobs``. Workers also take tenants in turn (``service.ledger.jobs.claim``)."""
+    ``too_many_queued_jobs``. Workers also take tenants in turn (``service.ledger.jobs.leases.claim``)."""
 
     max_pricing_work: int = Field(default=20_000, gt=0)
     """Pricing work one request may ask for: its event nodes × the budget's orders (``rdp``), × 1

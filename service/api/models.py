@@ -26,7 +26,7 @@ from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
 from service.ledger import model_registry as registry
 from service.ledger.errors import InvalidInput
-from service.ledger.jobs import MODEL_NAME
+from service.ledger.jobs.params import MODEL_NAME
 
 router = APIRouter(prefix=PREFIX, tags=["models"])
 

@@ -1,7 +1,7 @@
 """Job params: the typed document each algorithm takes, declared once and torch-free.
 
 The API checks a job's params against its algorithm's declaration when the job is submitted
-(``service.ledger.jobs.create_job``: an unknown key, a wrong type or a value out of range is a 422
+(``service.ledger.jobs.queue.create_job``: an unknown key, a wrong type or a value out of range is a 422
 naming ``params.<key>``), and the trainer reads them through the same declaration when the job
 runs (``trainer.parse_params``). One definition, so what the API accepted is what the trainer
 runs: a job can no longer be queued (201) and then fail on a param.

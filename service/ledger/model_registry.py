@@ -67,7 +67,8 @@ from service.ledger.certificates import get_certificate
 from service.ledger.datasets import can_be_id
 from service.ledger.dp_statement import dp_statement, guarantee_of
 from service.ledger.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from service.ledger.jobs import check_model_name, lease_is_live
+from service.ledger.jobs.leases import lease_is_live
+from service.ledger.jobs.params import check_model_name
 
 STAGING: Final = ".staging"
 UPLOADS: Final = ".uploads"  # external artifacts being received (never swept with .staging)

@@ -71,7 +71,7 @@ from service.ledger import datasets, idempotency, jobs, quotes, reservations
 from service.ledger import model_registry as registry
 from service.ledger.batches import record_batches, record_hash, task_layout
 from service.ledger.errors import Conflict, LedgerError, NotFound
-from service.ledger.jobs import ClaimedJob, LeaseLost
+from service.ledger.jobs.leases import ClaimedJob, LeaseLost
 from service.training.algorithms import trainer_for
 from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer, stage_steps
 
@@ -331,7 +331,7 @@ def _completed_before(run: _Run) -> bool:
     if last is None:
         return False
     step, run.released_metrics = last
-    jobs.record_progress(
+    jobs.leases.record_progress(
         run.db,
         job.lease,
         step=step,
@@ -376,7 +376,7 @@ class _Run:
     job: ClaimedJob
     control: Control
     artifact_dir: Path
-    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS
+    limits: jobs.params.JobLimits = jobs.params.DEFAULT_LIMITS
     trainer: Any = None
     plan: Any = None
     data: Any = None
@@ -416,7 +416,7 @@ def _abort_run(run: _Run) -> None:
     if aborted is None or run.plan is None or run.steps_started == 0:
         return
     try:
-        jobs.record_progress(
+        jobs.leases.record_progress(
             run.db,
             run.job.lease,
             step=run.steps_started,
@@ -436,7 +436,7 @@ def run_job(
     reservation_ttl_s: float,
     loader: Loader = default_loader,
     device: str | None = None,
-    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS,
+    limits: jobs.params.JobLimits = jobs.params.DEFAULT_LIMITS,
 ) -> Outcome:
     """Run one claimed job through the gate (module docstring) and finish it; ``limits``: the
     steps a plan may take (checked before anything is reserved)."""
@@ -467,7 +467,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
     """A transient database error (``service.db.session.is_transient_error``: a terminated
     connection, a serialization failure, a deadlock) ended this attempt, not the job: abort the
     reservation as any stopped attempt does (what ran is charged, the rest returned), and hand
-    the job back to the queue for its next attempt (``jobs.release``; attempts still count, up
+    the job back to the queue for its next attempt (``jobs.leases.release``; attempts still count, up
     to ``max_attempts``). A release whose commit's outcome is unknown stays staged: the next
     attempt's sweep publishes it if the commit landed. If the database refuses this too, the
     lease expires and the job is retried."""
@@ -480,7 +480,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
     )
     try:
         _abort_run(run)  # charges the steps this attempt began, as any stopped attempt
-        jobs.release(run.db, run.job.lease)
+        jobs.leases.release(run.db, run.job.lease)
     except Exception:
         logger.exception("job %s: could not requeue it; its lease will expire", run.job.id)
         return Outcome("lease_lost", error, list(run.released))
@@ -489,7 +489,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
 
 def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> Outcome:
     metrics = run.released_metrics
-    jobs.finish(run.db, run.job.lease, status, metrics=metrics, error=error)
+    jobs.leases.finish(run.db, run.job.lease, status, metrics=metrics, error=error)
     return Outcome(status, error, list(run.released))
 
 
@@ -514,7 +514,7 @@ def _stop_for(run: _Run) -> _Stop:
         )
         return _Stop(_finish(run, "failed", error=error))
     if reason == "shutdown":
-        jobs.release(run.db, run.job.lease)
+        jobs.leases.release(run.db, run.job.lease)
         return _Stop(Outcome("released", None, list(run.released)))
     return _Stop(Outcome("lease_lost", None, list(run.released)))
 
@@ -548,7 +548,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
     # 1. Plan and reserve: no data is read here.
     try:
         run.trainer = trainer_for(job.algorithm, device)
-        params = _with_budget_delta(db, job, run.trainer.parse_params(jobs.trainer_params(job.params)))
+        params = _with_budget_delta(db, job, run.trainer.parse_params(jobs.params.trainer_params(job.params)))
         tasks = ledger_tasks(db, job.dataset_id)
         batches = [batch for task in tasks for batch in task.batches]
         if not batches:
@@ -563,7 +563,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             steps = run.plan.steps
             if getattr(params, "target_epsilon", None) is not None:
                 _check_target_fits(run, params, prices)
-        too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
+        too_many = jobs.params.steps_refusal(steps, jobs.params.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
             raise _fail(run, too_many)
         if isinstance(run.trainer, StagedTrainer) and getattr(params, "target_epsilon", None) is not None:
@@ -576,7 +576,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         return _run_staged(run, params, tasks, stages, reservation_ttl_s, loader)
     plan: TrainingPlan = run.plan
     plan_json = plan.to_json() if hasattr(plan, "to_json") else {"event": ev.to_json(plan.event)}
-    jobs.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
+    jobs.leases.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
     try:
         # By task: every batch of the dataset's tasks (up to MAX_BATCHES_PER_RESERVATION), where a
         # list of batch ids stops at MAX_IDS_PER_REQUEST (issue 24 §5: 10 001 batches failed here).
@@ -598,7 +598,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             f"{reserved['batches']['count']} reserved); the reservation was aborted."
         )
         raise _fail(run, _error("batches_changed", message))
-    jobs.record_reservation(db, job.lease, run.reservation_id)
+    jobs.leases.record_reservation(db, job.lease, run.reservation_id)
     if run.control.should_stop():
         raise _stop_for(run)
 
@@ -805,7 +805,7 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
     if answer is None:
         return False
     committed = answer["reservation"]["committed"]
-    jobs.record_progress(
+    jobs.leases.record_progress(
         run.db,
         run.job.lease,
         step=step,
@@ -918,7 +918,7 @@ def _run_staged(
         )
     if not stages:
         raise _fail(run, _error("invalid_input", "the run has no stages for this dataset.", field="params"))
-    jobs.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
+    jobs.leases.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
     from service.training.data import RecordIndex
 
     data: RecordIndex | None = None
@@ -988,7 +988,7 @@ def _run_staged(
         for b, index in reservations.all_batches(db, job.tenant_id, reservation["id"]):
             charged[b] = exact_add(charged.get(b, ZERO), Decimal(cost_of[index]["epsilon"]))
             delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(cost_of[index]["delta"]))
-        jobs.record_progress(
+        jobs.leases.record_progress(
             db,
             job.lease,
             step=stage.index,

@@ -683,7 +683,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
         task["id"],
         batches=[{"name": "b0", "records": RECORDS[:20]}, {"name": "b1", "records": RECORDS[20:]}],
     )
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset["id"],
@@ -696,7 +696,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
         assert worker.run_once() == job["id"]
         assert watch.opened() == set()
 
-    answer = jobs.get_job(db, "acme", job["id"])
+    answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     error = answer["error"]
     assert error["error"] == "data_source" and error["field"] == "data_source"

@@ -184,7 +184,7 @@ def claim_concurrently(db: Database, workers: int) -> list[str]:
     def claimer(n: int) -> None:
         try:
             barrier.wait()
-            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
+            while (job := jobs.leases.claim(db, f"worker-{n}", 30)) is not None:
                 with lock:
                     claimed.append(job.id)
         except BaseException as exc:  # re-raised below, in the test's thread

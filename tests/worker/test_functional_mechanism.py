@@ -135,9 +135,9 @@ SOURCE = "builtin:split-digits?tasks=3&seed=1"
 
 
 def _job(db: Database, tmp_path: Path, dataset_id: str, params: dict[str, object]) -> dict[str, object]:
-    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
+    job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
     assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(

@@ -468,7 +468,7 @@ def _stream_dataset(db: Database, budget: dict[str, Any]) -> tuple[str, list[str
 
 
 def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[str, Any]:
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset_id,
@@ -477,7 +477,7 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[s
     )
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 @pytest.mark.slow
