@@ -900,7 +900,7 @@ def versions_of_job(db: Database, job_id: str) -> list[int]:
         return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
 
 
-def last_version_of_job(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
+def last_version_of_job(db: Database, job_id: str) -> tuple[int | None, dict[str, Any]] | None:
     """``(step, metrics)`` of the last version a job published (``None``: none yet)."""
     with db.session(readonly=True) as session:
         last = session.scalars(
