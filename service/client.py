@@ -433,39 +433,16 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
 
 def certified_artifact(version: Mapping[str, Any], artifact: Artifact, keys: Mapping[str, PublicKey]) -> None:
     """``LedgerError`` ``artifact_not_certified`` unless ``artifact``'s bytes are the ones the
-    model ``version``'s certificate (as ``get_model_version`` answers it) certifies: the
-    certificate's content hash is its content's, its signature verifies under ``keys``, its
-    release is this ``{name, version}`` and states ``artifact_sha256`` = SHA-256 of the bytes.
-    The ``X-Artifact-SHA256`` header and the version record come from the same server as the
-    bytes, so matching them shows no more than that the server is self-consistent."""
-    from accountant.certificates import content_hash
-    from service.verification.signing import check_certificate
+    model ``version``'s certificate (as ``get_model_version`` answers it) certifies
+    (``service.verification.artifacts.artifact_problem``: content hash, signature under ``keys``,
+    release and ``artifact_sha256``). The ``X-Artifact-SHA256`` header and the version record come
+    from the same server as the bytes, so matching them shows no more than that the server is
+    self-consistent."""
+    from service.verification.artifacts import artifact_problem
 
-    name, number = version.get("name"), version.get("version")
-    label = f"model {name!r} version {number}"
-    holder = version.get("certificate")
-    certificate = holder.get("certificate") if isinstance(holder, Mapping) else None
-    problem = ""
-    if not isinstance(certificate, Mapping):
-        problem = "the version comes with no certificate"
-    elif content_hash(certificate) != certificate.get("hash"):
-        problem = "its certificate's content does not match its hash"
-    elif not (signature := check_certificate(certificate, keys)).ok:
-        problem = f"its certificate's signature is not valid: {signature.reason}"
-    else:
-        release = certificate.get("release") or {}
-        certified = release.get("artifact_sha256")
-        if (release.get("model"), str(release.get("version"))) != (name, str(number)):
-            problem = f"its certificate certifies release {release.get('model')}/{release.get('version')}"
-        elif certified is None:
-            problem = (
-                "its certificate names no artifact (published before releases stated their "
-                "artifact's SHA-256): nothing signed vouches for these bytes; download_artifact "
-                "checks them against the server's record only"
-            )
-        elif certified != artifact.sha256:
-            problem = f"its bytes have SHA-256 {artifact.sha256}, its signed certificate states {certified}"
-    if problem:
+    problem = artifact_problem(version, artifact.sha256, keys)
+    if problem is not None:
+        label = f"model {version.get('name')!r} version {version.get('version')}"
         raise LedgerError(f"{label}: {problem}.", code="artifact_not_certified")
 
 

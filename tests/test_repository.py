@@ -81,6 +81,7 @@ CLIENT_SIDE = (
     "service/verification/__init__.py",
     "service/verification/signing.py",
     "service/verification/audit_chain.py",
+    "service/verification/artifacts.py",
 )
 
 
