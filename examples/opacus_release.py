@@ -206,7 +206,8 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     import torch
     from opacus import PrivacyEngine
 
-    from service.training.data import DataRoots, parse_source
+    from service.contract.data_roots import DataRoots
+    from service.contract.data_sources import parse_source
 
     # This trainer runs outside the service and reads its own file: its folder is its data root
     # (the service's worker reads only under the operator's LEDGER_DATA_ROOTS).

@@ -189,7 +189,7 @@ def create_app(
 
 def _start_worker(db: Database, settings: Settings, stop: threading.Event) -> threading.Thread:
     """The in-process training worker (its job's rest is aborted and the job re-queued on stop)."""
-    from service.ledger.jobs import JobLimits
+    from service.ledger.jobs.params import JobLimits
     from service.worker.worker import Worker, start_thread
 
     worker = Worker(

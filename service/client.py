@@ -76,7 +76,7 @@ Number = float | int | str | Decimal
 Identifier = str | int
 
 if TYPE_CHECKING:
-    from service.ledger.signing import PublicKey
+    from service.verification.signing import PublicKey
 
 DEFAULT_TIMEOUT_S: Final = 30.0
 DEFAULT_RETRIES: Final = 3
@@ -433,39 +433,16 @@ def _artifact_answer(response: httpx.Response) -> Artifact:
 
 def certified_artifact(version: Mapping[str, Any], artifact: Artifact, keys: Mapping[str, PublicKey]) -> None:
     """``LedgerError`` ``artifact_not_certified`` unless ``artifact``'s bytes are the ones the
-    model ``version``'s certificate (as ``get_model_version`` answers it) certifies: the
-    certificate's content hash is its content's, its signature verifies under ``keys``, its
-    release is this ``{name, version}`` and states ``artifact_sha256`` = SHA-256 of the bytes.
-    The ``X-Artifact-SHA256`` header and the version record come from the same server as the
-    bytes, so matching them shows no more than that the server is self-consistent."""
-    from accountant.certificates import content_hash
-    from service.ledger.signing import check_certificate
+    model ``version``'s certificate (as ``get_model_version`` answers it) certifies
+    (``service.verification.artifacts.artifact_problem``: content hash, signature under ``keys``,
+    release and ``artifact_sha256``). The ``X-Artifact-SHA256`` header and the version record come
+    from the same server as the bytes, so matching them shows no more than that the server is
+    self-consistent."""
+    from service.verification.artifacts import artifact_problem
 
-    name, number = version.get("name"), version.get("version")
-    label = f"model {name!r} version {number}"
-    holder = version.get("certificate")
-    certificate = holder.get("certificate") if isinstance(holder, Mapping) else None
-    problem = ""
-    if not isinstance(certificate, Mapping):
-        problem = "the version comes with no certificate"
-    elif content_hash(certificate) != certificate.get("hash"):
-        problem = "its certificate's content does not match its hash"
-    elif not (signature := check_certificate(certificate, keys)).ok:
-        problem = f"its certificate's signature is not valid: {signature.reason}"
-    else:
-        release = certificate.get("release") or {}
-        certified = release.get("artifact_sha256")
-        if (release.get("model"), str(release.get("version"))) != (name, str(number)):
-            problem = f"its certificate certifies release {release.get('model')}/{release.get('version')}"
-        elif certified is None:
-            problem = (
-                "its certificate names no artifact (published before releases stated their "
-                "artifact's SHA-256): nothing signed vouches for these bytes; download_artifact "
-                "checks them against the server's record only"
-            )
-        elif certified != artifact.sha256:
-            problem = f"its bytes have SHA-256 {artifact.sha256}, its signed certificate states {certified}"
-    if problem:
+    problem = artifact_problem(version, artifact.sha256, keys)
+    if problem is not None:
+        label = f"model {version.get('name')!r} version {version.get('version')}"
         raise LedgerError(f"{label}: {problem}.", code="artifact_not_certified")
 
 
@@ -810,7 +787,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/reservations/{id}/commit`` (trainer): release ``{model, version}``;
         ``event`` commits progressively the cost of the run so far (never more than reserved);
         ``artifact_sha256`` (hex SHA-256 of the released weights' bytes) is stated in the signed
-        certificate, which then vouches for those bytes (``load_model`` checks them).
+        certificate, which then vouches for those bytes (``service.training.nets.load_model`` checks them).
         Answer ``{certificate, reservation}``."""
         release: JsonObject = {"model": model, "version": version}
         if artifact_sha256 is not None:
@@ -942,7 +919,7 @@ class _Endpoints(Generic[J, A]):
         """``POST /v1/certificates/{id}/verify``: the server re-verifies a stored certificate and
         its signature (``{certificate_id, ok, reason, signature}``). To trust no server, verify the
         certificate of ``get_certificate`` yourself with ``accountant.certificates.verify`` and its
-        signature with ``service.ledger.signing.check_certificate`` under keys you pinned."""
+        signature with ``service.verification.signing.check_certificate`` under keys you pinned."""
         return self._json(_Call("POST", f"/v1/certificates/{_segment(certificate_id)}/verify"))
 
     # jobs ------------------------------------------------------------------------------------
@@ -1415,144 +1392,6 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             return Decimal(quoted(run)["cost"]["epsilon"])
 
         return calibrate_to_price(event, start=start, target_epsilon=target_budget_epsilon, price=price)
-
-    def register_source(
-        self,
-        dataset_id: Identifier,
-        *,
-        source: str | None = None,
-        batch_size: int | None = None,
-        roots: Any = None,
-    ) -> list[JsonObject]:
-        """Register the training records of a data source as the dataset's tasks and batches:
-        one task per task of the source (``task-0``, ``task-1``, ...), its records in source
-        order cut into batches of ``batch_size`` (default: one batch per task), named
-        ``task-<t>/batch-<i>``. Answers ``[{id, name, batches: [{id, name, size}]}]``.
-
-        ``source``: the URI (default: the dataset's ``data_source``), read *here*, by this
-        process: ``builtin:`` sources need numpy and scikit-learn, a ``file://`` source the
-        ``roots`` (``service.training.data.TenantRoots``) it lies under. The record ids of the
-        built-in sources are public (``digits-0000`` ... ``digits-1796``, ``stream-0000000`` ...;
-        ``service.training.data``); a job's run reserves on every batch and checks that the
-        source's training records are exactly the batches' records. Idempotency keys are derived
-        from the dataset, the source and the task, so running it again after a failure creates
-        nothing twice."""
-        from service.training.data import load_data  # numpy (and sklearn for the digits): lazily
-
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1. Found {batch_size!r}.")
-        uri = source if source is not None else self.get_dataset(dataset_id).get("data_source")
-        if not uri:
-            raise ValueError(f"dataset {dataset_id!r} has no data_source; pass source=.")
-        data = load_data(str(uri), roots)
-        run = hashlib.sha256(f"{dataset_id}\n{uri}".encode()).hexdigest()[:24]
-        out: list[JsonObject] = []
-        for split in data.train:
-            if not len(split):
-                continue
-            records = list(split.record_ids)
-            size = batch_size or len(records)
-            name = f"task-{split.task}"
-            task = self.create_task(dataset_id, name, idempotency_key=f"register:{run}:{name}")
-            batches = [
-                {"name": f"{name}/batch-{i // size:04d}", "records": records[i : i + size]}
-                for i in range(0, len(records), size)
-            ]
-            created = self.create_batches(
-                dataset_id, task["id"], batches, idempotency_key=f"register:{run}:{name}:batches"
-            )
-            out.append({"id": task["id"], "name": name, "batches": created["data"]})
-        return out
-
-    def load_model(
-        self,
-        name: str,
-        version: int,
-        *,
-        trusted_keys: Mapping[str, PublicKey] | None = None,
-        module: Any = None,
-        require_certified: bool = True,
-    ) -> Any:
-        """A released version, its bytes checked before anything is loaded.
-
-        **Trained by the service's worker**: a ``torch.nn.Module`` in eval mode, ready to predict,
-        rebuilt from the architecture the version records (``model_spec``), with the downloaded
-        weights. Feed it the source's records after ``model_spec["preprocessing"]`` (``{"kind":
-        "scale", "divide_by": 16}`` for the digits: raw pixel values / 16), flattened, float32;
-        it answers class logits. The module's ``model_spec`` attribute holds the spec.
-
-        **Trained outside and registered** (``register_model_version``; ``model_spec.kind`` is
-        ``external``): the registry has only the free-text architecture, so nothing can be
-        rebuilt from it. ``torch`` and ``safetensors`` artifacts answer their state dict (read
-        with ``weights_only``: nothing but tensors is unpickled), or, given ``module`` (your
-        ``nn.Module`` of the registered architecture), that module with the weights loaded
-        strictly, in eval mode, ``model_spec`` set; ``onnx`` and ``bytes`` artifacts answer the
-        checked bytes (``module`` is then refused: ``model_not_loadable``).
-
-        The bytes are checked twice, nothing loaded otherwise: their SHA-256 must be the one the
-        registry recorded for the version (``LedgerError`` ``artifact_mismatch``) and the one the
-        version's *signed certificate* states for the release ``{name, version}``
-        (``certified_artifact``; ``artifact_not_certified``). A registration whose certificate
-        names no artifact (the trainer did not set ``ReleaseGate.artifact_sha256``) has only the
-        registry's record to vouch for its bytes: refused unless ``require_certified=False``.
-        ``trusted_keys``: the signing keys you pinned (``service.ledger.signing.keys_from_json``);
-        default: the keys the server lists.
-
-        Needs torch (imported only here: the rest of the client runs without it). A worker's
-        version that records no architecture (published before it was recorded, or by a staged
-        trainer) raises ``LedgerError`` ``model_not_loadable``."""
-        answer = self.get_model_version(name, version)
-        found = answer.get("model_spec")
-        spec: dict[str, Any] = found if isinstance(found, dict) else {}
-        external = spec.get("kind") == "external"
-        if not external and spec.get("builder") != "service.training.nets.build_model":
-            raise LedgerError(
-                f"model {name!r} version {version} records no architecture to rebuild it from "
-                f"(algorithm {answer.get('algorithm')!r}); download its weights with download_artifact.",
-                code="model_not_loadable",
-            )
-        fmt = (answer.get("artifact") or {}).get("format") or "torch"
-        if external and module is not None and fmt not in ("torch", "safetensors"):
-            raise LedgerError(
-                f"model {name!r} version {version} is a {fmt!r} artifact, not a state dict: "
-                "load_model answers its checked bytes; call it without module.",
-                code="model_not_loadable",
-            )
-        artifact = self.download_artifact(name, version)
-        recorded = (answer.get("artifact") or {}).get("sha256")
-        if recorded != artifact.sha256:
-            raise LedgerError(
-                f"model {name!r} version {version}: the downloaded bytes have SHA-256 "
-                f"{artifact.sha256}, the registry records {recorded}; nothing was loaded.",
-                code="artifact_mismatch",
-            )
-        keys = trusted_keys
-        if keys is None:
-            from service.ledger.signing import keys_from_json
-
-            keys = keys_from_json(self.signing_keys(), "the server's signing keys")
-        try:
-            certified_artifact(answer, artifact, keys)
-        except LedgerError as exc:
-            # Only the one gap a registration may have (no artifact named by its certificate)
-            # may be waived; a bad signature or other bytes never are.
-            if require_certified or "names no artifact" not in str(exc):
-                raise
-        if external:
-            if fmt not in ("torch", "safetensors"):
-                return artifact.content
-            from service.training.nets import load_state  # torch: only here
-
-            state = load_state(artifact.content, fmt)
-            if module is None:
-                return state
-            module.load_state_dict(state, strict=True)
-            module.eval()
-            setattr(module, "model_spec", dict(spec))  # noqa: B010 (nn.Module's __setattr__ is typed for tensors)
-            return module
-        from service.training.nets import load_released  # torch: only here
-
-        return load_released(spec, artifact.content, artifact.format or "torch")
 
     # paging ---------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Two secrets. The **key-hash secret**, the HMAC-SHA256 key under which API keys a
 (``service.ledger.tenancy``). The database holds ``HMAC(secret, key)`` only, so a dump of it
 alone lets nobody test a guessed key offline, however the key was chosen: the guess needs the
 secret too. The **signing key**, the Ed25519 key that signs certificates and audit-chain heads
-(``service.ledger.signing``): ``LEDGER_SIGNING_KEY`` (a PEM file), else ``signing-key.pem`` in
+(``service.verification.signing``): ``LEDGER_SIGNING_KEY`` (a PEM file), else ``signing-key.pem`` in
 the same folder as the key-hash secret (rules 2 and 3 below), created the same way on first use;
 ``LEDGER_SIGNING_KEYS_RETIRED`` lists the keys rotated out, which still verify. A key ring is
 admitted by the database's key custody before it signs (``service.ledger.signing_custody``): a
@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from sqlalchemy.engine import URL, make_url
 
-from service.ledger import signing
-from service.ledger.signing import KeyRing
 from service.settings import MIN_SECRET_LENGTH, Settings, ledger_home
+from service.verification import signing
+from service.verification.signing import KeyRing
 
 if TYPE_CHECKING:
     from service.db.session import Database

@@ -96,7 +96,7 @@ class Settings(BaseSettings):
 
     max_queued_jobs_per_tenant: int = Field(default=100, gt=0)
     """Jobs a tenant may have queued at once; ``POST /v1/jobs`` beyond it answers 409
-    ``too_many_queued_jobs``. Workers also take tenants in turn (``service.ledger.jobs.claim``)."""
+    ``too_many_queued_jobs``. Workers also take tenants in turn (``service.ledger.jobs.leases.claim``)."""
 
     max_pricing_work: int = Field(default=20_000, gt=0)
     """Pricing work one request may ask for: its event nodes × the budget's orders (``rdp``), × 1
@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     """Threads that run the (synchronous) ledger operations of concurrent requests."""
 
     data_roots: dict[str, list[str]] = Field(default_factory=dict)
-    """Where ``file://`` data sources may live (``service.training.data.DataRoots``), as JSON:
+    """Where ``file://`` data sources may live (``service.contract.data_roots.DataRoots``), as JSON:
     ``{"*": ["/srv/data"], "team-a": ["/srv/a"]}``. A tenant with an entry of its own uses only
     its own roots; any other tenant uses the ``"*"`` roots; a file lies in the deepest root that
     contains it, so a tenant's root nested in a shared one stays that tenant's. A JSON list
@@ -161,7 +161,7 @@ class Settings(BaseSettings):
 
     signing_key: Path | None = None
     """The Ed25519 private key (unencrypted PKCS#8 PEM file) that signs every certificate and
-    every audit-chain head the server hands out (``service.ledger.signing``). Unset: the file
+    every audit-chain head the server hands out (``service.verification.signing``). Unset: the file
     ``signing-key.pem`` in ``secrets_dir``, created (0600) on first use (``ledger serve``: at
     start). Set to a file that cannot be read, the server refuses to start. Every process that
     commits needs the same key."""

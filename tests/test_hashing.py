@@ -18,9 +18,9 @@ from accountant.canonical import TIMESTAMP_FORMAT, canonical_bytes, parse_timest
 from accountant.certificates import content_hash
 from accountant.rules import event_fingerprint
 from service.commands.export import bundle_hash
-from service.ledger.audit_hash import entry_hash
 from service.ledger.idempotency import request_hash
-from service.ledger.signing import (
+from service.verification.audit_chain import entry_hash
+from service.verification.signing import (
     CERTIFICATE_SIGNATURE_KIND,
     HEAD_SIGNATURE_KIND,
     certificate_message,

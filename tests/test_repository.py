@@ -78,8 +78,10 @@ CLIENT_SIDE = (
     "service/commands/export.py",
     "service/commands/history.py",
     "service/commands/model_card.py",
-    "service/ledger/signing.py",
-    "service/ledger/audit_hash.py",
+    "service/verification/__init__.py",
+    "service/verification/signing.py",
+    "service/verification/audit_chain.py",
+    "service/verification/artifacts.py",
 )
 
 

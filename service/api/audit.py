@@ -7,7 +7,7 @@ not a tenant's to read. The operator's walk of everything is ``ledger verify``, 
 database directly (``service.ledger.audit.verify``).
 
 With ``dataset_id`` the answer also holds ``head`` ``{chain_seq, hash, signature}``: the head the
-walk reached, signed by the server's key (``service.ledger.signing``).
+walk reached, signed by the server's key (``service.verification.signing``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from service import server_secrets
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
 from service.api.schemas import AuditVerification, ErrorBody
-from service.ledger import audit, datasets, signing
+from service.ledger import audit, datasets
+from service.verification import signing
 
 router = APIRouter(prefix=PREFIX, tags=["audit"])
 

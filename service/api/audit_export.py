@@ -2,7 +2,7 @@
 
 ``GET /v1/audit/verify`` answers whether the chains are intact; this route hands out the entries
 themselves, so that ``ledger export`` can bundle a dataset's chain and ``ledger check --bundle``
-can recompute every hash offline (``service.ledger.audit_hash.entry_hash``) and tie each certificate to
+can recompute every hash offline (``service.verification.audit_chain.entry_hash``) and tie each certificate to
 the ``reservation.committed`` entry that recorded its content hash.
 
 Answer::
@@ -10,7 +10,7 @@ Answer::
     {dataset_id, head: {chain_seq, hash, signature}, data: [entry, ...], count, next_after}
 
 ``head`` is the chain head stored on the dataset row, read first in the same read transaction,
-with the server's signature of ``(dataset_id, chain_seq, hash)`` (``service.ledger.signing``): a
+with the server's signature of ``(dataset_id, chain_seq, hash)`` (``service.verification.signing``): a
 bundle's head is the server's statement, which a chain rewritten elsewhere cannot reproduce;
 entries appended after it are left out, so a page never runs past its head. An entry is
 ``{seq, chain, chain_seq, event_type, tenant_id, dataset_id, payload, prev_hash, hash,
@@ -35,8 +35,8 @@ from service.api.responses import json_answer
 from service.api.schemas import ErrorBody
 from service.db.models import AuditEntry
 from service.db.session import Database
-from service.ledger import signing
 from service.ledger.datasets import load_dataset
+from service.verification import signing
 
 MAX_PAGE: Final = 5000
 

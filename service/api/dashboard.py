@@ -48,7 +48,7 @@ class _Page(BaseModel):
 
 
 class SignatureVerification(BaseModel):
-    """The certificate's signature under this server's keys (``service.ledger.signing``)."""
+    """The certificate's signature under this server's keys (``service.verification.signing``)."""
 
     status: Literal["valid", "invalid", "unsigned", "unknown_key", "malformed"]
     key_id: str | None

@@ -36,9 +36,9 @@ from service.api.schemas import (
     TaskPublic,
     TasksPublic,
 )
+from service.contract.data_roots import DataRoots
 from service.ledger import batches, datasets, plan_segments, quotes
 from service.settings import Settings
-from service.training.data import DataRoots
 
 router = APIRouter(prefix=PREFIX, tags=["datasets"])
 

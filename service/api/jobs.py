@@ -39,7 +39,7 @@ class JobCreate(BaseModel):
     source, with ``params``.
 
     ``params`` is a typed document, checked when the job is submitted against the algorithm's
-    declaration (``service/training/params.py``, the same one the trainer reads): an unknown key, a
+    declaration (``service/contract/job_params.py``, the same one the trainer reads): an unknown key, a
     wrong type or a value out of range is a 422 naming ``params.<key>``. ``params.model_name`` is
     the registry name of the job's versions (default ``<algorithm>-<job id>``, e.g.
     ``dp_sgd-job_…``: unique per job; a name another dataset publishes under is 409
@@ -55,21 +55,21 @@ class JobCreate(BaseModel):
     dataset_id: str = Field(min_length=1, max_length=64, pattern=DATASET_ID)
     algorithm: str = Field(
         description="the algorithms a worker runs now (others of the contract: a later release)",
-        json_schema_extra={"enum": list(jobs.ALGORITHMS)},
+        json_schema_extra={"enum": list(jobs.params.ALGORITHMS)},
     )
     params: dict[str, Any] = Field(
         description=(
             "The algorithm's params (unknown, mistyped or out-of-range keys: 422 naming "
             "`params.<key>`) and `model_name`. Standard JSON only: NaN, Infinity (`1e999` reads as "
             "Infinity), lone surrogates and NUL are refused (422 naming the field); at most "
-            f"{jobs.MAX_PARAMS_BYTES} bytes as JSON, {jobs.MAX_PARAMS_DEPTH} levels deep. "
+            f"{jobs.params.MAX_PARAMS_BYTES} bytes as JSON, {jobs.params.MAX_PARAMS_DEPTH} levels deep. "
             "`data_source` is refused: the source belongs to the dataset (`PUT "
             "/v1/datasets/{id}/data-source`). An explicit `steps` above `LEDGER_JOB_MAX_STEPS` is "
             "refused; the steps that `epochs` imply are checked by the worker before it reserves. "
             "The dataset is looked up first: an unknown one is a 404 whatever the params."
         ),
         json_schema_extra={
-            "maxProperties": jobs.MAX_PARAMS_KEYS,
+            "maxProperties": jobs.params.MAX_PARAMS_KEYS,
             "not": {"required": ["data_source"]},
             "properties": {
                 "model_name": {
@@ -79,7 +79,7 @@ class JobCreate(BaseModel):
                     "versions under, or a queued or running job of another dataset will publish "
                     "under, is refused (409 `model_name_taken`).",
                     "anyOf": [
-                        {"type": "string", "pattern": "^" + jobs.MODEL_NAME.pattern + "$"},
+                        {"type": "string", "pattern": "^" + jobs.params.MODEL_NAME.pattern + "$"},
                         {"type": "null"},
                     ],
                 },
@@ -144,14 +144,14 @@ def create_job(
     request: Request,
     idempotency_key: IdempotencyKeyDep = None,
 ) -> JSONResponse:
-    answer = jobs.create_job(
+    answer = jobs.queue.create_job(
         db,
         principal.tenant_id,
         dataset_id=body.dataset_id,
         algorithm=body.algorithm,
         params=body.params,
         idempotency_key=idempotency_key,
-        limits=jobs.JobLimits.of(request.app.state.settings),
+        limits=jobs.params.JobLimits.of(request.app.state.settings),
     )
     return json_answer(answer, 201)
 
@@ -162,9 +162,10 @@ def create_job(
     responses={
         200: documented(
             JobsPublic,
-            f"the tenant's jobs, newest first: at most {jobs.MAX_PAGE} a page, each with its newest "
-            f"{jobs.MAX_LISTED_VERSIONS} versions (`versions_total` counts all) and params of at most "
-            f"{jobs.MAX_PARAMS_BYTES} bytes (a row stored with more by an older version shows "
+            f"the tenant's jobs, newest first: at most {jobs.queue.MAX_PAGE} a page, each with its newest "
+            f"{jobs.answers.MAX_LISTED_VERSIONS} versions (`versions_total` counts all) and params of at "
+            "most "
+            f"{jobs.params.MAX_PARAMS_BYTES} bytes (a row stored with more by an older version shows "
             "`params: null` and `params_omitted`)",
         ),
         **_ERRORS,
@@ -175,11 +176,11 @@ def list_jobs(
     principal: ViewerDep,
     db: DatabaseDep,
     dataset_id: Annotated[str | None, Query(max_length=64, pattern=DATASET_ID)] = None,
-    limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=jobs.queue.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(
-        jobs.list_jobs(db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset)
+        jobs.queue.list_jobs(db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset)
     )
 
 
@@ -190,7 +191,7 @@ def list_jobs(
     summary="Get a job",
 )
 def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.get_job(db, principal.tenant_id, job_id))
+    return json_answer(jobs.queue.get_job(db, principal.tenant_id, job_id))
 
 
 @router.post(
@@ -208,4 +209,4 @@ def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
     summary="Cancel a job",
 )
 def cancel_job(job_id: str, principal: TrainerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.cancel_job(db, principal.tenant_id, job_id))
+    return json_answer(jobs.queue.cancel_job(db, principal.tenant_id, job_id))

@@ -26,7 +26,7 @@ from service.api.responses import documented, json_answer
 from service.api.schemas import ErrorBody
 from service.ledger import model_registry as registry
 from service.ledger.errors import InvalidInput
-from service.ledger.jobs import MODEL_NAME
+from service.ledger.jobs.params import MODEL_NAME
 
 router = APIRouter(prefix=PREFIX, tags=["models"])
 
@@ -61,7 +61,7 @@ class ModelVersionPublic(BaseModel):
     artifact: dict[str, Any]
     model_spec: dict[str, Any] | None = Field(
         default=None,
-        description="architecture and preprocessing (`LedgerClient.load_model` rebuilds the module "
+        description="architecture and preprocessing (`service.training.nets.load_model` rebuilds the module "
         "from it); null for versions published before it was recorded and staged trainers'",
     )
     dp_statement: dict[str, Any] | None = Field(

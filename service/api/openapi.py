@@ -113,7 +113,7 @@ VERSION_SCHEMA: Final[dict[str, Any]] = {
 # rdp and prv budgets split δ over an order grid (up to 1000 orders) in float64: a δ below this
 # would underflow to 0 there.
 MIN_RDP_DELTA: Final = 1e-300
-# A dataset's data source (service.training.data): the built-ins' common shapes, or an absolute
+# A dataset's data source (service.contract.data_sources): the built-ins' common shapes, or an absolute
 # file:/// path of a .npz/.csv. Whether a file lies under the tenant's data roots, exists and is a
 # regular file within LEDGER_MAX_SOURCE_BYTES is the operator's configuration and the host's
 # state, which no schema can state: such a refusal is a 422 naming `data_source`.
@@ -123,7 +123,7 @@ DATA_SOURCE_PATTERN: Final = (
     r"|builtin:permuted-digits\?tasks=[1-9][0-9]{0,2}(&seed=[0-9]{1,9})?"
     r"|builtin:(permuted|split)-synthetic-digits\?tasks=([1-9]|10)&per_task=[1-9][0-9]{0,4}(&seed=[0-9]{1,9})?"
     r"|builtin:stream(\?blocks=[1-9][0-9]{0,2}&block_size=[1-9][0-9]{0,2})?"
-    # directories: no empty, "." or ".." component (service.training.data refuses them)
+    # directories: no empty, "." or ".." component (service.contract.data_sources refuses them)
     r"|file:///(?:(?:[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*"
     r"|\.[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*|\.\.[^?#%\[\]/\x00-\x1f\x7f]+)/)*"
     r"[^?#%\[\]/.\x00-\x1f\x7f][^?#%\[\]/\x00-\x1f\x7f]*\.(npz|csv))$"

@@ -404,7 +404,7 @@ class ReleaseCommitted(Release):
         default=None,
         description="The SHA-256 (64 lowercase hex digits) of the released artifact's bytes: "
         "stated in the certificate, so its signature binds those bytes to the release "
-        "(`LedgerClient.load_model` and `ledger check` compare them). Optional.",
+        "(`service.training.nets.load_model` and `ledger check` compare them). Optional.",
     )
 
 
@@ -664,7 +664,7 @@ class SpendPublic(_Public):
 
 
 class SignaturePublic(_Public):
-    """An Ed25519 signature by the server's key ``key_id`` (``service.ledger.signing``)."""
+    """An Ed25519 signature by the server's key ``key_id`` (``service.verification.signing``)."""
 
     algorithm: Literal["Ed25519"]
     key_id: str

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from service import server_secrets
 from service.api.openapi import EVENT_SCHEMA_PATH, event_json_schema
 from service.api.schemas import SigningKeysPublic
-from service.ledger.signing import WELL_KNOWN_PATH
+from service.verification.signing import WELL_KNOWN_PATH
 
 router = APIRouter(tags=["signatures"])
 

@@ -41,8 +41,9 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``audit chain``
     the chain and its head are present (a bundle without them fails: whoever edits a bundle also
     writes the server's verdict in it); the server's verdict (``GET /v1/audit/verify``) is ``ok``;
-    the chain's entries are recomputed hash by hash from the genesis hash to the head
-    (``service.ledger.audit_hash.entry_hash``); certificates and anchoring entries are one to one
+    the chain's entries are recomputed hash by hash from the genesis hash to the head by the
+    walk the server runs (``service.verification.audit_chain.check_chain``); certificates and
+    anchoring entries are one to one
     (``service.commands.history.anchors``: an entry whose payload carries a ``certificate_id`` and
     a ``content_hash`` anchors that certificate — ``reservation.committed``, and an abort or
     expiry that settles a charge; each certificate anchored once, with its hash, and listed once;
@@ -73,7 +74,7 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
 ``signatures``
     every certificate's ``signature`` (over its content hash) and the audit head's (over the
     dataset, ``chain_seq`` and ``hash``) verify under a trusted Ed25519 key
-    (``service.ledger.signing``). This is what catches a forgery that edits a certificate's event,
+    (``service.verification.signing``). This is what catches a forgery that edits a certificate's event,
     budget and states consistently, recomputes its hash, rewrites the chain to match and
     recomputes the bundle hash: every other check passes on it. Trusted keys are the *pinned*
     ones (``--trusted-key KEYID:BASE64``, repeatable, or ``--trusted-keys FILE``, the JSON of
@@ -124,7 +125,6 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from accountant.canonical import parse_timestamp
 from service.commands.export import (
     BUNDLE_KIND,
     BUNDLE_VERSION,
@@ -133,10 +133,11 @@ from service.commands.export import (
     connection_error,
 )
 from service.commands.history import History, anchored_certificate_id, anchors, prove
+from service.verification.audit_chain import ChainEntry, broken_message, check_chain
 
 if TYPE_CHECKING:
     from service.client import LedgerClient
-    from service.ledger.signing import PublicKey
+    from service.verification.signing import PublicKey
 
 Json = dict[str, Any]
 
@@ -630,36 +631,15 @@ def _budget(bundle: Json, history: History) -> Finding:
 
 
 def _recompute_chain(dataset_id: str, head: Mapping[str, Any], entries: list[Json]) -> list[str]:
-    from service.ledger.audit_hash import GENESIS_HASH, entry_hash
-
-    prev = GENESIS_HASH
-    for position, entry in enumerate(entries, start=1):
-        seq = entry["chain_seq"]
-        if entry["chain"] != dataset_id:
-            return [f"entry {seq}: belongs to chain {entry['chain']!r}"]
-        if seq != position:
-            return [f"entry {position}: missing (found chain_seq {seq})"]
-        if entry["prev_hash"] != prev:
-            return [f"entry {seq}: prev_hash does not chain"]
-        digest = entry_hash(
-            chain=entry["chain"],
-            chain_seq=seq,
-            event_type=entry["event_type"],
-            tenant_id=entry["tenant_id"],
-            dataset_id=entry["dataset_id"],
-            payload=entry["payload"],
-            created_at=parse_timestamp(entry["created_at"]),
-            prev_hash=entry["prev_hash"],
-        )
-        if digest != entry["hash"]:
-            return [f"entry {seq} ({entry['event_type']}): does not match its hash"]
-        prev = digest
-    if head["chain_seq"] != len(entries) or head["hash"] != prev:
-        return [
-            f"the chain ends at entry {len(entries)}, "
-            f"its head is entry {head['chain_seq']} ({str(head['hash'])[:12]}...)"
-        ]
-    return []
+    """The chain walked from the genesis hash to its signed head by the walk the server runs
+    (``service.verification.audit_chain.check_chain``): every entry must be of this dataset's
+    chain and at or before the head."""
+    verdict = check_chain(
+        {dataset_id: (head["chain_seq"], head["hash"])},
+        [ChainEntry.from_json(entry) for entry in entries],
+        closed=True,
+    )
+    return [] if verdict.ok else [broken_message(verdict.to_json())]
 
 
 def _declared_segments(budget: Json, entries: list[Json]) -> list[str]:
@@ -684,10 +664,7 @@ def _audit(bundle: Json) -> Finding:
     verdict = audit["verify"]
     problems: list[str] = []
     if verdict.get("ok") is not True:
-        problems.append(
-            f"the server's audit verification failed at entry {verdict.get('first_broken')} "
-            f"(chain {verdict.get('chain')!r}, position {verdict.get('chain_seq')}): {verdict.get('reason')}"
-        )
+        problems.append(f"the server's audit verification failed: {broken_message(verdict)}")
     entries, head = audit.get("entries"), audit.get("head")
     if not isinstance(entries, list) or not isinstance(head, Mapping):
         # The server's verdict alone proves nothing offline: whoever edits the bundle writes it.
@@ -718,7 +695,7 @@ class Trust:
 
 
 def _signatures(bundle: Json, trust: Trust, declared_by: str) -> Finding:
-    from service.ledger import signing
+    from service.verification import signing
 
     if trust.pinned is not None:
         keys: Mapping[str, PublicKey] = trust.pinned
@@ -1085,7 +1062,7 @@ def load_bundle(path: str) -> Json:
 
 def _trust(args: argparse.Namespace) -> Trust:
     """The keys ``--trusted-key`` and ``--trusted-keys`` pin (none given: ``Trust()``)."""
-    from service.ledger import signing
+    from service.verification import signing
 
     pinned: dict[str, PublicKey] = {}
     sources = []

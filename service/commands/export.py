@@ -24,7 +24,7 @@ The bundle is composed from HTTP API v1 reads only (``service.client.LedgerClien
   ``--model``) that were trained on this dataset (``GET /v1/models/{name}/versions``);
 * ``signing_keys``: the server's public keys (``GET /.well-known/privacy-ledger/signing-keys``),
   which verify each certificate's ``signature`` and the ``signature`` of ``audit.head``
-  (``service.ledger.signing``); ``null`` from a server that signs nothing. Keys a bundle carries
+  (``service.verification.signing``); ``null`` from a server that signs nothing. Keys a bundle carries
   are only *declared* by it: ``ledger check --trusted-key`` / ``--trusted-keys`` pins the keys a
   verifier fetched from the server itself;
 * ``bundle_hash``: ``sha256:`` over the canonical JSON of everything else. It detects a bundle

@@ -17,6 +17,7 @@ import json
 import sys
 
 from service.commands.migrate import DATABASE_URL_HELP, migrated_database_url
+from service.verification.audit_chain import broken_message
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,11 +47,6 @@ def run(args: argparse.Namespace) -> int:
         db.dispose()
     print(json.dumps(result))
     if not result["ok"]:
-        print(
-            f"audit chain broken at entry {result.get('first_broken')} "
-            f"(chain {result.get('chain')!r}, position {result.get('chain_seq')}): "
-            f"{result.get('reason')}",
-            file=sys.stderr,
-        )
+        print(broken_message(result), file=sys.stderr)
         return 1
     return 0

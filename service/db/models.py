@@ -125,7 +125,7 @@ class Dataset(Base):
     data_source: Mapped[str | None] = mapped_column(String(DATA_SOURCE_LENGTH))
     """The URI the worker reads the dataset's records from (``builtin:…`` or a ``file://`` path
     under one of the tenant's data roots), set by an admin; ``NULL``: no job can run yet. A job
-    never names a source of its own (``service.training.data``, DESIGN-NOTES 8)."""
+    never names a source of its own (``service.contract.data_sources``, DESIGN-NOTES 8)."""
     archived_at: Mapped[datetime | None]
     """When an admin archived the dataset (``NULL``: active). An archived dataset refuses new
     work and keeps its ledger, certificates and audit chain (``service.ledger.datasets``)."""

@@ -15,7 +15,8 @@
   deadlock.
 
 Integrity errors are translated here and nowhere else: a violation of a named unique constraint
-becomes the domain error registered for that name in ``CONSTRAINT_ERRORS``, raised ``from exc``.
+becomes the domain error registered for that name in ``CONSTRAINT_ERRORS`` (by ``service.ledger``,
+which owns the errors: this layer imports nothing above it), raised ``from exc``.
 SQLite reports the table and columns instead of the name; ``constraint_name`` maps them back
 through the models' metadata.
 """
@@ -23,7 +24,7 @@ through the models' metadata.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any, Final
@@ -45,12 +46,6 @@ from sqlalchemy.pool import Pool
 
 from accountant import canonical
 from service.db.models import Base, Dataset
-from service.ledger.errors import (
-    BatchOverlap,
-    Conflict,
-    DuplicateIdempotencyKey,
-    LedgerError,
-)
 
 DEFAULT_BUSY_TIMEOUT_S: Final = 60.0
 
@@ -135,23 +130,15 @@ def _install_sqlite_hooks(engine: Engine, busy_timeout_s: float) -> None:
 # Error translation
 # ---------------------------------------------------------------------------------------------
 
-CONSTRAINT_ERRORS: Final[dict[str, Callable[[IntegrityError], LedgerError]]] = {
-    # The record is named by ``service.ledger.batches``, which knows what the client sent.
-    "uq_batch_records_dataset_id_record_hash": lambda exc: BatchOverlap(None),
-    "uq_idempotency_keys_tenant_id_key": lambda exc: DuplicateIdempotencyKey(),
-    "uq_releases_tenant_id_model_version": lambda exc: Conflict(
-        "this (model, version) has already been released.", reason="release_exists"
-    ),
-    "uq_certificates_release_id": lambda exc: Conflict(
-        "this release already has a certificate.", reason="release_exists"
-    ),
-    "pk_tenants": lambda exc: Conflict("the tenant already exists.", reason="tenant_exists"),
-    # (``service.ledger.datasets`` names the dataset that has the name; this is the race's answer)
-    "uq_datasets_tenant_id_name": lambda exc: Conflict(
-        "a dataset of this tenant already has this name; choose another.", reason="dataset_name_taken"
-    ),
-    "uq_api_keys_key_hash": lambda exc: Conflict("the API key already exists.", reason="key_exists"),
-}
+CONSTRAINT_ERRORS: Final[dict[str, Callable[[], Exception]]] = {}
+"""The domain error of each named unique constraint, by name: registered by the layer that owns
+the errors (``service.ledger`` registers ``service.ledger.errors.CONSTRAINT_ERRORS`` when it is
+imported), so that the database layer imports nothing above it."""
+
+
+def register_constraint_errors(errors: Mapping[str, Callable[[], Exception]]) -> None:
+    """Translate a violation of each named constraint of ``errors`` into its domain error."""
+    CONSTRAINT_ERRORS.update(errors)
 
 
 def _columns_to_constraint() -> dict[tuple[str, tuple[str, ...]], str]:
@@ -186,11 +173,11 @@ def constraint_name(exc: IntegrityError) -> str | None:
     return _BY_COLUMNS.get((tables.pop(), columns))
 
 
-def translate_integrity_error(exc: IntegrityError) -> LedgerError | None:
+def translate_integrity_error(exc: IntegrityError) -> Exception | None:
     """The domain error for ``exc``, or ``None`` when no named constraint explains it."""
     name = constraint_name(exc)
     factory = CONSTRAINT_ERRORS.get(name) if name is not None else None
-    return factory(exc) if factory is not None else None
+    return factory() if factory is not None else None
 
 
 @contextmanager
@@ -394,5 +381,6 @@ __all__ = [
     "is_transient_error",
     "lock_ledger_head",
     "pipelined",
+    "register_constraint_errors",
     "translate_integrity_error",
 ]

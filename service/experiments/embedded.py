@@ -45,7 +45,7 @@ class RegisteredDataset:
 
 @dataclass(frozen=True)
 class JobResult:
-    """A finished job: its answer (``jobs.get_job``), its versions (oldest first, with metrics and
+    """A finished job: its answer (``jobs.queue.get_job``), its versions (oldest first, with metrics and
     certificate ids) and its dataset's spend after it (``GET /v1/datasets/{id}/spend``)."""
 
     job: dict[str, Any]
@@ -117,7 +117,7 @@ class EmbeddedLedger:
         self, dataset: RegisteredDataset, algorithm: str, params: Mapping[str, Any], *, model_name: str
     ) -> JobResult:
         """Queue ``algorithm`` on the dataset and run it (in this process) to its end."""
-        job = jobs.create_job(
+        job = jobs.queue.create_job(
             self.db,
             TENANT,
             dataset_id=dataset.id,
@@ -126,7 +126,7 @@ class EmbeddedLedger:
         )
         while self.worker.run_once() is not None:
             pass
-        answer = jobs.get_job(self.db, TENANT, job["id"])
+        answer = jobs.queue.get_job(self.db, TENANT, job["id"])
         return JobResult(answer, self.versions(model_name), spend.get_spend(self.db, TENANT, dataset.id))
 
     def versions(self, model_name: str) -> list[dict[str, Any]]:

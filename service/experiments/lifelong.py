@@ -146,9 +146,9 @@ def _checked(result: JobResult, what: str) -> JobResult:
 def _noiseless_functional(uri: str, params: dict[str, Any], batch_size: int) -> float:
     """The functional-mechanism learner without its noise, outside the ledger (non-private): the
     same encoder, batches, memory and heads; average accuracy after the last task."""
+    from service.contract.job_params import FunctionalMechanismParams
     from service.training.data import load_data
     from service.training.functional_mechanism import FunctionalMechanismTrainer
-    from service.training.params import FunctionalMechanismParams
     from service.training.stages import LedgerBatch, LedgerTask
 
     data = load_data(uri)

@@ -3,8 +3,18 @@
 Modules, one concept each: ``tenancy`` (tenants, API keys), ``datasets`` (budgets), ``batches``
 (tasks and disjoint batches), ``reservations`` (reserve → commit / abort / expire), ``spend``
 (aggregate reads), ``certificates``, ``audit`` (hash-chained log), ``idempotency``, ``errors``,
-``jobs`` (the job queue: create, claim with a lease, heartbeat, finish) and ``model_registry``
+``jobs`` (the job queue: ``params`` checked at submit, ``answers``, ``queue`` operations, the
+worker's ``leases``) and ``model_registry``
 (model versions: stage, publish with a committed certificate, list, sweep).
 Functions return JSON-ready dicts exactly as the HTTP API v1 answers them; numbers that are
 budgets or spends are decimal strings (exact; see ``service.ledger.spend``).
+
+Importing the package registers the ledger's errors for the schema's named constraints with the
+database layer (``service.db.session.register_constraint_errors``), which imports nothing above
+it: a unique violation leaves any ledger transaction as the domain error.
 """
+
+from service.db.session import register_constraint_errors
+from service.ledger.errors import CONSTRAINT_ERRORS
+
+register_constraint_errors(CONSTRAINT_ERRORS)

@@ -10,9 +10,11 @@ Entry ``n`` of a chain stores ``hash_n = SHA-256(canonical JSON of {chain, chain
 tenant_id, dataset_id, payload, created_at, prev_hash = hash_{n-1}})``; every chain starts from
 ``GENESIS_HASH``. ``verify`` walks every chain end to end and compares its last entry with its
 head: an edited entry fails its own hash; a deleted, inserted or reordered entry breaks the
-sequence or the next entry's ``prev_hash``; a deleted tail no longer matches the head.
+sequence or the next entry's ``prev_hash``; a deleted tail no longer matches the head. The hash
+and the walk are ``service.verification.audit_chain``'s (``check_chain``), which ``ledger check``
+runs on an exported chain: this module reads the rows and heads it walks.
 
-Two walks, two audiences: ``verify`` is the operator's (``ledger verify``, reading the database
+Two readings, two audiences: ``verify`` is the operator's (``ledger verify``, reading the database
 directly): every chain of every tenant and the global chain. ``verify_tenant`` is the API's
 (``GET /v1/audit/verify``): only the caller tenant's dataset chains, so neither another tenant's
 entry count nor its breaks (nor its dataset ids) reach a tenant's key.
@@ -20,7 +22,7 @@ entry count nor its breaks (nor its dataset ids) reach a tenant's key.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -31,7 +33,7 @@ from sqlalchemy.orm import Session
 from service.db.base import utcnow
 from service.db.models import AuditEntry, AuditHead, Dataset
 from service.db.session import Database
-from service.ledger.audit_hash import GENESIS_HASH, entry_hash
+from service.verification.audit_chain import GENESIS_HASH, ChainCheck, check_chain, entry_hash
 
 GLOBAL_CHAIN: Final = "global"
 HEAD_ID: Final = 1
@@ -127,31 +129,6 @@ def append(session: Session, events: Iterable[AuditEvent], *, now: datetime | No
             )
 
 
-@dataclass
-class Verification:
-    """``first_broken``: the ``seq`` of the first broken entry (``None`` when the break is a
-    missing tail with no entry to point at); ``chain`` / ``chain_seq`` / ``reason`` locate it."""
-
-    ok: bool
-    entries: int
-    first_broken: int | None = None
-    chain: str | None = None
-    chain_seq: int | None = None
-    reason: str | None = None
-    head: tuple[int, str] | None = None  # (chain_seq, hash) of the one chain a dataset walk read
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "entries": self.entries,
-            "first_broken": self.first_broken,
-            "chain": self.chain,
-            "chain_seq": self.chain_seq,
-            "reason": self.reason,
-            "head": None if self.head is None else {"chain_seq": self.head[0], "hash": self.head[1]},
-        }
-
-
 def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
     """The operator's walk (``ledger verify``): every tenant's chains and the global chain (or
     one dataset's), ``{ok, entries, first_broken, ...}``. Never behind an API key: its count
@@ -171,77 +148,44 @@ def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None
     return verify_chains(db, dataset_id=dataset_id, tenant_id=tenant_id).to_json()
 
 
-@dataclass
-class _Break:
-    seq: int | None
-    chain: str
-    chain_seq: int
-    reason: str
+def _entries(
+    session: Session, heads: Mapping[str, tuple[int, str]], *, dataset_id: str | None, tenant_id: str | None
+) -> Iterator[AuditEntry]:
+    """The entries a walk reads, page by page in ``(chain, chain_seq)`` order: the whole log (or
+    one dataset's chain) for the operator's walk, each of ``heads``' chains for a tenant's."""
+    if tenant_id is None:
+        entry_stmt = select(AuditEntry)
+        if dataset_id is not None:
+            entry_stmt = entry_stmt.where(AuditEntry.chain == dataset_id)
+        after: tuple[str, int] = ("", 0)
+        while True:
+            page = session.scalars(
+                entry_stmt.where(tuple_(AuditEntry.chain, AuditEntry.chain_seq) > after)
+                .order_by(AuditEntry.chain, AuditEntry.chain_seq)
+                .limit(_VERIFY_PAGE)
+            ).all()
+            if not page:
+                return
+            after = (page[-1].chain, page[-1].chain_seq)
+            yield from page
+            session.expunge_all()
+    for chain in sorted(heads):
+        position = 0
+        while True:
+            page = session.scalars(
+                select(AuditEntry)
+                .where(AuditEntry.chain == chain, AuditEntry.chain_seq > position)
+                .order_by(AuditEntry.chain_seq)
+                .limit(_VERIFY_PAGE)
+            ).all()
+            if not page:
+                break
+            position = page[-1].chain_seq
+            yield from page
+            session.expunge_all()
 
 
-class _Walk:
-    """Checks entries chain by chain against heads read before them (see ``verify_chains``)."""
-
-    def __init__(self, heads: dict[str, tuple[int, str]]) -> None:
-        self.heads = heads
-        self.breaks: list[_Break] = []
-        self.broken: set[str] = set()
-        self.seen: dict[str, tuple[int, str]] = {}  # chain -> (last chain_seq, last hash)
-        self.entries = 0
-
-    def check(self, entry: AuditEntry) -> None:
-        chain = entry.chain
-        if chain in self.broken:
-            return
-        head = self.heads.get(chain)
-        if head is None:
-            self.breaks.append(_Break(entry.seq, chain, entry.chain_seq, "no chain head"))
-            self.broken.add(chain)
-            return
-        if entry.chain_seq > head[0]:
-            return  # appended after the heads were read
-        self.entries += 1
-        last_seq, last_hash = self.seen.get(chain, (0, GENESIS_HASH))
-        reason = None
-        if entry.chain_seq != last_seq + 1:
-            reason = "missing entry"
-        elif entry.prev_hash != last_hash:
-            reason = "prev_hash does not chain"
-        elif entry.hash != entry_hash(
-            chain=chain,
-            chain_seq=entry.chain_seq,
-            event_type=entry.event_type,
-            tenant_id=entry.tenant_id,
-            dataset_id=entry.dataset_id,
-            payload=entry.payload,
-            created_at=entry.created_at,
-            prev_hash=entry.prev_hash,
-        ):
-            reason = "entry does not match its hash"
-        if reason is not None:
-            self.breaks.append(_Break(entry.seq, chain, last_seq + 1, reason))
-            self.broken.add(chain)
-            return
-        self.seen[chain] = (entry.chain_seq, entry.hash)
-
-    def result(self) -> Verification:
-        for chain, (head_seq, head_hash) in self.heads.items():
-            if chain in self.broken:
-                continue
-            last_seq, last_hash = self.seen.get(chain, (0, GENESIS_HASH))
-            if last_seq != head_seq:
-                self.breaks.append(_Break(None, chain, last_seq + 1, "missing entry"))
-            elif last_hash != head_hash:
-                self.breaks.append(_Break(None, chain, last_seq, "last entry does not match the head"))
-        if not self.breaks:
-            return Verification(True, self.entries)
-        first = min(self.breaks, key=lambda b: (b.seq is None, b.seq or 0, b.chain))
-        return Verification(False, self.entries, first.seq, first.chain, first.chain_seq, first.reason)
-
-
-def verify_chains(
-    db: Database, *, dataset_id: str | None = None, tenant_id: str | None = None
-) -> Verification:
+def verify_chains(db: Database, *, dataset_id: str | None = None, tenant_id: str | None = None) -> ChainCheck:
     """Walk chains end to end: all of them (``tenant_id`` None, the operator's walk), or only
     ``tenant_id``'s dataset chains; ``dataset_id`` narrows either to that dataset's chain.
 
@@ -265,41 +209,7 @@ def verify_chains(
         for row in session.execute(dataset_stmt):
             heads[row.id] = (row.audit_seq, row.audit_hash)
 
-        walk = _Walk(heads)
-        if tenant_id is None:
-            entry_stmt = select(AuditEntry)
-            if dataset_id is not None:
-                entry_stmt = entry_stmt.where(AuditEntry.chain == dataset_id)
-            after: tuple[str, int] = ("", 0)
-            while True:
-                page = session.scalars(
-                    entry_stmt.where(tuple_(AuditEntry.chain, AuditEntry.chain_seq) > after)
-                    .order_by(AuditEntry.chain, AuditEntry.chain_seq)
-                    .limit(_VERIFY_PAGE)
-                ).all()
-                if not page:
-                    break
-                for entry in page:
-                    after = (entry.chain, entry.chain_seq)
-                    walk.check(entry)
-                session.expunge_all()
-        else:
-            for chain in sorted(heads):
-                position = 0
-                while True:
-                    page = session.scalars(
-                        select(AuditEntry)
-                        .where(AuditEntry.chain == chain, AuditEntry.chain_seq > position)
-                        .order_by(AuditEntry.chain_seq)
-                        .limit(_VERIFY_PAGE)
-                    ).all()
-                    if not page:
-                        break
-                    for entry in page:
-                        position = entry.chain_seq
-                        walk.check(entry)
-                    session.expunge_all()
-    result = walk.result()
+        result = check_chain(heads, _entries(session, heads, dataset_id=dataset_id, tenant_id=tenant_id))
     if dataset_id is not None and dataset_id in heads:
         result.head = heads[dataset_id]
     return result
@@ -309,7 +219,6 @@ __all__ = [
     "GENESIS_HASH",
     "GLOBAL_CHAIN",
     "AuditEvent",
-    "Verification",
     "append",
     "chain_rows",
     "entry_hash",

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -24,7 +25,7 @@ from sqlalchemy import Connection, func, insert, select
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
-from service.db.models import Batch, BatchRecord, BatchStateRow, Task
+from service.db.models import Batch, BatchRecord, BatchStateRow, Dataset, Task
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.datasets import (
@@ -41,7 +42,7 @@ from service.ledger.spending.store import state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 # Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
-# worker's trainers take at most 1000 tasks: service.training.params.MAX_TASKS).
+# worker's trainers take at most 1000 tasks: service.contract.job_params.MAX_TASKS).
 MAX_TASKS_PER_DATASET: Final = 10_000
 # Pages of GET /v1/datasets/{id}/tasks (offset) and .../tasks/{task}/batches (cursor).
 DEFAULT_TASK_PAGE: Final = 100
@@ -609,6 +610,47 @@ def task_batches(
     return {"data": data, "count": int(count or 0), "next": data[-1]["position"] if more else None}
 
 
+def record_batches(db: Database, dataset_id: str) -> tuple[bytes, dict[bytes, str]]:
+    """The dataset's record salt and the batch of each record it holds, by stored record hash
+    (HMAC-SHA256 under the salt: ``record_hash``): what a worker compares a source's records
+    with. ``NotFound`` for no such dataset."""
+    with db.session(readonly=True) as session:
+        salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
+        rows = session.execute(
+            select(BatchRecord.record_hash, BatchRecord.batch_id).where(BatchRecord.dataset_id == dataset_id)
+        ).all()
+    if salt is None:
+        raise NotFound("dataset", dataset_id)
+    return bytes(salt), {bytes(r.record_hash): r.batch_id for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLayout:
+    """A task and its batches ``(id, position, size)`` in position order."""
+
+    id: str
+    name: str
+    batches: tuple[tuple[str, int, int], ...]
+
+
+def task_layout(db: Database, dataset_id: str) -> list[TaskLayout]:
+    """The dataset's tasks in creation order, each with its batches in position order (two
+    reads, however many tasks): what a staged run plans its stages on."""
+    with db.session(readonly=True) as session:
+        task_rows = session.execute(
+            select(Task.id, Task.name).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
+        ).all()
+        batch_rows = session.execute(
+            select(Batch.id, Batch.task_id, Batch.position, Batch.size)
+            .where(Batch.dataset_id == dataset_id)
+            .order_by(Batch.task_id, Batch.position)
+        ).all()
+    by_task: dict[str, list[tuple[str, int, int]]] = {}
+    for b in batch_rows:
+        by_task.setdefault(b.task_id, []).append((b.id, b.position, b.size))
+    return [TaskLayout(t.id, t.name, tuple(by_task.get(t.id, ()))) for t in task_rows]
+
+
 def count_records(db: Database, dataset_id: str) -> int:
     with db.session(readonly=True) as session:
         return int(
@@ -626,6 +668,7 @@ __all__ = [
     "MAX_RECORD_ID_LENGTH",
     "MAX_TASKS_PER_DATASET",
     "MAX_TASK_PAGE",
+    "TaskLayout",
     "batch_json",
     "count_records",
     "create_batches",
@@ -636,7 +679,9 @@ __all__ = [
     "get_task",
     "list_batches",
     "list_tasks",
+    "record_batches",
     "record_hash",
     "record_key",
     "task_batches",
+    "task_layout",
 ]

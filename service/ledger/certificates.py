@@ -6,7 +6,7 @@ accountant, inputs (events, δ, the histories of the classes of batches the comm
 commitment to which batches: ``batch_set``), the result bound,
 library versions and a content hash; ``accountant.certificates.verify`` re-checks it offline from
 its own contents. The ledger signs it with its active key (``signature``, over the content hash,
-which does not cover it: ``service.ledger.signing``) and stores it unchanged
+which does not cover it: ``service.verification.signing``) and stores it unchanged
 (``certificates.body``) with its content hash.
 
 Answer shape: ``{id, dataset_id, reservation_id, release, outcome, content_hash, created_at,
@@ -31,10 +31,11 @@ from accountant.rules import Budget, Charge
 from service import server_secrets
 from service.db.models import Certificate, Release
 from service.db.session import Database
-from service.ledger import pricing, signing
+from service.ledger import pricing
 from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.signing import SigningKey
+from service.verification import signing
+from service.verification.signing import SigningKey
 
 MAX_PAGE: Final = 1000
 
@@ -229,7 +230,7 @@ def verify_stored(
     certificate's own inputs (integrity: an edit breaks the hash or a recomputation), and its
     ``signature`` verifies under one of this server's keys, active or retired (authenticity: a
     forgery with consistent inputs and a recomputed hash has no valid signature). ``signature``
-    says which (``service.ledger.signing.SignatureCheck``). A certificate issued before the
+    says which (``service.verification.signing.SignatureCheck``). A certificate issued before the
     ledger signed certificates is ``unsigned``, never signed now: a row edited in the database
     would be signed just the same (docs/DESIGN-NOTES.md, note 20).
 

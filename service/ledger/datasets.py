@@ -11,7 +11,7 @@ read again when the count moves (``cached_budget``).
 A dataset owns its data source (``data_source``: the URI the worker reads its records from,
 ``builtin:…`` or a ``file://`` path under the tenant's data roots; DESIGN-NOTES 8), set by an
 admin when the dataset is created or later (``set_data_source``), checked against the data roots
-(``service.training.data.check_source``) before it is stored, and audited in the dataset's chain.
+(``service.contract.data_roots.check_source``) before it is stored, and audited in the dataset's chain.
 A job never names a source: the worker reads the dataset's.
 
 An admin archives a dataset (``archive``; issue 28 §7) instead of deleting it: its audit chain
@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
@@ -47,13 +47,12 @@ from accountant.errors import AccountantError, InvalidArgumentError, Unsupported
 from accountant.events import DpEvent, EventValidationError
 from accountant.exact import to_text
 from accountant.rules import Budget
+from service.contract.data_roots import DataRoots, check_source
+from service.contract.data_sources import DataSourceError
 from service.db.models import DATA_SOURCE_LENGTH, Batch, Dataset, Job
 from service.db.session import Database, lock_ledger_head
 from service.ledger import audit, idempotency
 from service.ledger.errors import Conflict, InvalidInput, NotFound
-
-if TYPE_CHECKING:
-    from service.training.data import DataRoots
 
 MAX_NAME_LENGTH: Final = 200
 _BUDGET_KEYS: Final = frozenset(
@@ -250,7 +249,7 @@ def records_of(session: Session, dataset_ids: Sequence[str]) -> dict[str, int]:
 def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | None) -> str | None:
     """The form to store of ``value`` (``DataSource.canonical``: one string per file) if it may be
     the tenant's dataset's source now, else ``InvalidInput`` naming ``data_source``: its syntax,
-    and for a file the data-root checks (``service.training.data``, "Data roots"), made without
+    and for a file the data-root checks (``service.contract.data_roots``), made without
     opening the file. ``None`` (no source) is allowed."""
     if value is None:
         return None
@@ -258,8 +257,6 @@ def check_data_source(value: object, tenant_id: str, data_roots: DataRoots | Non
         raise InvalidInput(
             "data_source", f"must be a URI string of at most {DATA_SOURCE_LENGTH} characters or null."
         )
-    from service.training.data import DataRoots, DataSourceError, check_source  # numpy only: no torch
-
     roots = (data_roots or DataRoots()).for_tenant(tenant_id)
     try:
         return check_source(value, roots).canonical
@@ -461,6 +458,15 @@ def set_archived(
     )
 
 
+def data_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
+    """The dataset's own data source, read now (``None``: none set, or no such dataset of the
+    tenant)."""
+    with db.session(readonly=True) as session:
+        return session.scalar(
+            select(Dataset.data_source).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
+        )
+
+
 def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         row = load_dataset(session, tenant_id, dataset_id)
@@ -536,6 +542,7 @@ __all__ = [
     "check_name",
     "check_text",
     "create_dataset",
+    "data_source",
     "dataset_json",
     "delta_warnings",
     "encodes",

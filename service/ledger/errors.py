@@ -12,7 +12,8 @@ late commit discovers: it is stored before ``ReservationExpired`` is raised).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 
 class LedgerError(Exception):
@@ -232,7 +233,29 @@ class RateLimited(LedgerError):
         self.retry_after_s = retry_after_s
 
 
+CONSTRAINT_ERRORS: Final[Mapping[str, Callable[[], LedgerError]]] = {
+    # The record is named by ``service.ledger.batches``, which knows what the client sent.
+    "uq_batch_records_dataset_id_record_hash": lambda: BatchOverlap(None),
+    "uq_idempotency_keys_tenant_id_key": lambda: DuplicateIdempotencyKey(),
+    "uq_releases_tenant_id_model_version": lambda: Conflict(
+        "this (model, version) has already been released.", reason="release_exists"
+    ),
+    "uq_certificates_release_id": lambda: Conflict(
+        "this release already has a certificate.", reason="release_exists"
+    ),
+    "pk_tenants": lambda: Conflict("the tenant already exists.", reason="tenant_exists"),
+    # (``service.ledger.datasets`` names the dataset that has the name; this is the race's answer)
+    "uq_datasets_tenant_id_name": lambda: Conflict(
+        "a dataset of this tenant already has this name; choose another.", reason="dataset_name_taken"
+    ),
+    "uq_api_keys_key_hash": lambda: Conflict("the API key already exists.", reason="key_exists"),
+}
+"""The error a violation of each named unique constraint of the schema is (``service.db.session``
+translates it; ``service.ledger`` registers this when it is imported)."""
+
+
 __all__ = [
+    "CONSTRAINT_ERRORS",
     "BatchOverlap",
     "BudgetExceeded",
     "ChargeRefused",

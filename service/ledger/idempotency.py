@@ -184,4 +184,24 @@ def _execute_once(
     return outcome.response
 
 
-__all__ = ["MAX_KEY_LENGTH", "Outcome", "check_key", "execute", "lookup", "request_hash"]
+def job_reservations(db: Database, tenant_id: str, job_id: str) -> list[tuple[str, str]]:
+    """``(key, reservation id)`` of every reserve call the worker made for a job, in any of its
+    attempts, whose stored answer names a reservation: the keys ``job:<job id>:a<attempt>:…reserve``
+    of ``service.worker.gate`` (a reserve that succeeded but was never recorded on the job is
+    found by its key)."""
+    with db.session(readonly=True) as session:
+        rows = session.execute(
+            select(IdempotencyKey.key, IdempotencyKey.response).where(
+                IdempotencyKey.tenant_id == tenant_id,
+                IdempotencyKey.key.like(f"job:{job_id}:a%:%reserve"),
+            )
+        ).all()
+    found = []
+    for key, response in rows:
+        reservation_id = response.get("id") if isinstance(response, Mapping) else None
+        if isinstance(reservation_id, str):
+            found.append((key, reservation_id))
+    return found
+
+
+__all__ = ["MAX_KEY_LENGTH", "Outcome", "check_key", "execute", "job_reservations", "lookup", "request_hash"]

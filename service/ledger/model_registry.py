@@ -67,7 +67,8 @@ from service.ledger.certificates import get_certificate
 from service.ledger.datasets import can_be_id
 from service.ledger.dp_statement import dp_statement, guarantee_of
 from service.ledger.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from service.ledger.jobs import check_model_name, lease_is_live
+from service.ledger.jobs.leases import lease_is_live
+from service.ledger.jobs.params import check_model_name
 
 STAGING: Final = ".staging"
 UPLOADS: Final = ".uploads"  # external artifacts being received (never swept with .staging)
@@ -893,6 +894,24 @@ def artifact_file(
     return path, version_json(row)
 
 
+def versions_of_job(db: Database, job_id: str) -> list[int]:
+    """The version numbers a job published."""
+    with db.session(readonly=True) as session:
+        return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
+
+
+def last_version_of_job(db: Database, job_id: str) -> tuple[int | None, dict[str, Any]] | None:
+    """``(step, metrics)`` of the last version a job published (``None``: none yet)."""
+    with db.session(readonly=True) as session:
+        last = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.job_id == job_id)
+            .order_by(ModelVersion.version.desc())
+            .limit(1)
+        ).first()
+    return None if last is None else (last.step, dict(last.metrics))
+
+
 __all__ = [
     "EXTENSIONS",
     "EXTERNAL_FORMATS",
@@ -907,6 +926,7 @@ __all__ = [
     "discard",
     "final_path",
     "get_version",
+    "last_version_of_job",
     "list_models",
     "list_versions",
     "next_version",
@@ -915,4 +935,5 @@ __all__ = [
     "stage",
     "sweep",
     "version_json",
+    "versions_of_job",
 ]

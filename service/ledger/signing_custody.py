@@ -25,7 +25,7 @@ from service.db.base import utcnow
 from service.db.models import SigningKeyRecord
 from service.db.session import Database
 from service.ledger import audit
-from service.ledger.signing import KeyRing
+from service.verification.signing import KeyRing
 
 
 class UnknownSigningKeys(RuntimeError):

@@ -61,6 +61,7 @@ from typing import ClassVar, Final
 
 import torch
 
+from service.contract.job_params import AdaDpParams, DpSgdParams, InvalidParamsError  # noqa: F401  (re-exported)
 from service.training.dp_sgd import (
     DpSgdTrainer,
     Params,
@@ -72,7 +73,6 @@ from service.training.dp_sgd import (
     gaussian_like,
     per_example_norms,
 )
-from service.training.params import AdaDpParams, DpSgdParams, InvalidParamsError  # noqa: F401  (re-exported)
 
 LEMMA1_SAFETY: Final = 1e-5
 LEMMA1_RTOL: Final = 1e-12  # float64 rounding of the check itself

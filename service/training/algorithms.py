@@ -28,7 +28,8 @@ TRAINERS: Final[dict[str, str]] = {
     # One-run privacy audit of a DP-SGD run (an ε lower bound beside the certified upper bound)
     "dp_sgd_audit": "service.training.privacy_audit:PrivacyAuditTrainer",
 }
-"""Every algorithm a job may name, in the order the API lists them."""
+"""Each algorithm's trainer class, keyed in the order of ``service.contract.job_params.ALGORITHMS``
+(the names a job may take, owned by the server)."""
 
 
 def trainer_for(algorithm: str, device: str | None) -> Any:

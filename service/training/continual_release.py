@@ -86,14 +86,14 @@ from accountant.mechanisms import (
     sample_output_perturbation_noise,
 )
 from accountant.rules import Budget, GeometricSchedule
-from service.training.data import LoadedData
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_LEVEL,
     MAX_WINDOW_LEVELS,
     MODES,
     ContinualParams,
     InvalidParamsError,
 )
+from service.training.data import LoadedData
 from service.training.stages import LedgerTask, Stage, StageRelease
 
 LIPSCHITZ: Final = 1.0  # logistic loss with features in the unit ball
@@ -105,7 +105,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 # ---------------------------------------------------------------------------------------------
-# The budget the params expect (params: service.training.params.ContinualParams)
+# The budget the params expect (params: service.contract.job_params.ContinualParams)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -144,7 +144,7 @@ def schedule_of(params: ContinualParams) -> GeometricSchedule:
 
 
 def parse_params(params: Mapping[str, Any]) -> ContinualParams:
-    """The job's params, validated (``service.training.params.ContinualParams.read``)."""
+    """The job's params, validated (``service.contract.job_params.ContinualParams.read``)."""
     return ContinualParams.read(params)
 
 

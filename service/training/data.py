@@ -1,92 +1,12 @@
-"""Data sources named by URI, parsed without reading anything and loaded only when called.
+"""Loading data sources: the records a source's URI names, read only when called, and the check
+that a source's training record ids are exactly the ledger's batches. numpy only: no torch here.
 
-A data source belongs to a dataset: an admin of the dataset's tenant sets it
-(``service.ledger.datasets``); a job never names one (DESIGN-NOTES 8). The release flow
-(docs/ARCHITECTURE.md) reserves a run's cost *before* the worker reads private data, so a source is three
-steps: ``parse_source(uri)`` checks the URI's syntax and touches nothing; ``check_source(uri,
-roots)`` (the API, when an admin sets the source) also checks that a file source is a regular
-file under the tenant's data roots, without opening it; ``DataSource.load(roots)`` reads the
-records, and the worker calls it only after the ledger granted the reservation, checking the
-file again as it opens it. numpy only: no torch here.
-
-URIs
-----
-* ``file:///abs/path.npz`` — arrays ``record_id`` (N), ``X`` or ``features`` (N, …), ``y`` or
-  ``label`` (N, integer classes); optional ``task`` (N, integer task index, default 0 for all) and
-  a held-out evaluation split ``test_X``/``test_features`` with ``test_y``/``test_label``.
-  Features of shape (N, H, W) or (N, C, H, W) are images; they are stored flat with
-  ``image_shape``.
-* ``file:///abs/path.csv`` — a header row with a ``record_id`` column, a ``label`` column, optional
-  ``task`` and ``split`` (``train`` | ``test``) columns; every other column is a numeric feature,
-  in file order.
-* ``builtin:digits`` — scikit-learn's bundled 8×8 digits (1797 images, pixel values scaled to
-  [0, 1]); record ids ``digits-0000`` … ``digits-1796`` by position in scikit-learn's array; a
-  fixed stratified split of 360 test images, independent of any seed.
-* ``builtin:permuted-digits?tasks=N[&seed=S]`` — the digits' training records partitioned (seeded)
-  into N disjoint tasks; task t's images have their 64 pixels permuted by a fixed, seeded
-  permutation πₜ (π₀ is the identity, as in Permuted MNIST). Each task's test split is the whole
-  test set under πₜ.
-* ``builtin:split-digits?tasks=N[&seed=S]`` — the ten classes split into N contiguous groups
-  (N ≤ 10); task t holds the training records of its classes. Labels stay global (0–9), so a
-  head released after any task covers every class (assumption S1 of the DP continual-learning
-  paper).
-* ``&public=P`` (``split-digits`` and ``permuted-digits``; default 0) — hold out P training images
-  (drawn by their own generator seeded with S; without ``public`` nothing changes) as a
-  **public** split (``LoadedData.public``, unpermuted): they belong to no
-  task, are never ledgered, and serve to pre-train a feature extractor (the pre-trained models of
-  the DP continual-learning paper). Declared public by the operator: the same distribution as the
-  private tasks, disjoint records — as ImageNet pre-training is for CIFAR in that paper.
-* ``builtin:permuted-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` and
-  ``builtin:split-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` — the digits at a
-  realistic size, generated, no download: M records per task (up to 100 000; N·M ≤ 1 000 000),
-  each an independent draw — a random training image of scikit-learn's digits (the **public**
-  templates, bundled constants) under a random affine warp (rotation ±10°, scale 0.9–1.1, shift
-  ±0.6 px, bilinear), a random contrast (×0.75–1.25) and pixel noise (σ = 0.05), clipped to [0, 1].
-  ``permuted-…``: task t draws from all ten classes and permutes the 64 pixels by πₜ (π₀ the
-  identity); ``split-…``: the ten classes in N ≤ 10 contiguous groups, task t draws from its
-  group. The test split of each task (``SYNTHETIC_TEST_PER_TASK`` records) is drawn from the 360
-  **held-out** digits as templates, so accuracy measures generalisation to unseen writers, not
-  recall of a template. ``public=P`` (≤ 100 000) adds P records from their own draw, unpermuted,
-  of every class. Record ids ``sdigits-TTT-IIIIII`` (task, position) and ``sdigits-public-IIIIII``;
-  task t's records depend only on (S, t, M). The privacy unit is one generated record: the
-  templates are public constants (as MNIST-1D's templates are), and records are independent given
-  them, so a record's DP guarantee means what it says for the generated data set.
-* ``builtin:stream?blocks=N&block_size=B[&dim=D][&seed=S]`` — a synthetic stream for continual
-  release (defaults N=64, B=50, D=10, S=0): binary labels from a fixed, seeded logistic model
-  P(y=1|x) = σ(θ*ᵀx) with ‖θ*‖ = 8, features uniform on the unit sphere (so ‖x‖ ≤ 1, which the
-  output-perturbation sensitivity 2L/(λn) of logistic regression needs with L = 1). One task of
-  N·B training records in arrival order, ids ``stream-0000000`` …, meant to be cut into N blocks of
-  B (a ledger batch per block); a held-out test split of 2000 records from the same model. Record
-  i depends only on S and i, so a longer stream extends a shorter one.
-
-A source is stored in one form (``DataSource.canonical``): ``file:/x``, ``FILE:///x`` and
-``file:///%78`` name one file and are all stored as ``file:///x`` (``file_uri``: only ``%``, ``?``
-and ``#`` escaped); a builtin keeps its query as given, with the scheme in lower case. No control
-character anywhere in a URI (``urlsplit`` dropped tabs and newlines silently).
-
-Data roots (``DataRoots``, ``LEDGER_DATA_ROOTS``)
--------------------------------------------------
-A ``file://`` source is read only from under the operator's data roots for the dataset's tenant
-(none by default: only ``builtin:`` sources work out of the box). The URI must be
-``file:///absolute/path`` (or ``file:/absolute/path``): no host part (``file://host/…`` used to be
-read relative to the working directory), no query, no ``.``, ``..`` or empty path component,
-after percent-decoding (``%2e%2e`` is ``..``), no control character. Then:
-
-* the path as named must lie under one of the tenant's roots, and so must its real path
-  (``os.path.realpath``): a symlink inside the root pointing out, or outside pointing in, is
-  refused; the real path belongs to the *deepest* configured root that contains it, which must be
-  the tenant's (a tenant's root nested inside a shared ``"*"`` root stays that tenant's);
-* the file must be a regular file (not a directory, FIFO, device or socket) of at most
-  ``LEDGER_MAX_SOURCE_BYTES``, and an ``.npz``'s arrays too, uncompressed;
-* the file must have one name only (``st_nlink == 1``): a hard link inside the root to another
-  tenant's file, or to one outside every root, has no symlink for ``realpath`` to resolve.
-
-The worker checks all of this again when it reads (the file may have changed since the admin set
-it): it walks from the root's directory one component at a time with ``O_NOFOLLOW`` (a symlink
-swapped in anywhere on the way fails the walk), ``lstat``s the file before opening it (a FIFO or
-a device is never opened: opening either can block or have effects), opens it with
-``O_NOFOLLOW | O_NONBLOCK``, checks with ``fstat`` that the descriptor is the regular file it
-looked at, with one link, and within the size, and reads the records from that descriptor only.
+What a URI may be, and how it is stored, is the server's contract
+(``service.contract.data_sources``: ``parse_source``, ``DataSource``); where a file may live and
+the checks made as it is opened are ``service.contract.data_roots`` (``TenantRoots``,
+``read_file``). ``load(source, roots)`` reads the records, and the worker calls it only after the
+ledger granted the reservation (the release flow, docs/ARCHITECTURE.md, reserves a run's cost
+*before* the worker reads private data); ``load_data(uri, roots)`` parses and loads in one call.
 
 Errors carry no data: a loading error names the line, the column and the rule, never a cell's
 contents; ``RecordMismatchError`` gives counts and ledger batch ids, never a record id.
@@ -104,31 +24,33 @@ holds records of no task: they are outside the ledger and carry no privacy guara
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
-import os
-import stat
 import zipfile
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Final, TypeVar
-from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import numpy as np
 import numpy.typing as npt
 
+from service.contract.data_roots import TenantRoots, read_file
+from service.contract.data_sources import (
+    SYNTHETIC_BUILTINS,
+    DataSource,
+    DataSourceError,
+    SourceLocationError,
+    parse_source,
+)
+
 if TYPE_CHECKING:
-    from service.settings import Settings
+    from service.client import LedgerClient
 
 DIGITS_TEST_SIZE: Final = 360
 DIGITS_SPLIT_SEED: Final = 20_240_611
 DIGITS_IMAGE_SHAPE: Final = (1, 8, 8)
-MAX_TASKS: Final = 1_000
-MAX_SOURCE_LENGTH: Final = 2_000  # characters of a source URI (the datasets.data_source column)
-DEFAULT_MAX_SOURCE_BYTES: Final = 256 * 1024 * 1024
-EVERY_TENANT: Final = "*"  # the LEDGER_DATA_ROOTS entry of tenants without one of their own
 _SAMPLE: Final = 5  # how many batch ids an error message names
 
 FloatArray = npt.NDArray[np.float32]
@@ -139,15 +61,6 @@ IDENTITY: Final[Mapping[str, object]] = {
     "kind": "identity",
     "input": "the source's feature values as stored, flattened in row-major order",
 }
-
-
-class DataSourceError(ValueError):
-    """A data source URI or its contents are invalid; the message names the URI and the rule,
-    never a value read from the source."""
-
-
-class SourceLocationError(DataSourceError):
-    """A ``file://`` source is not a regular file of bounded size under the tenant's data roots."""
 
 
 class RecordMismatchError(DataSourceError):
@@ -299,386 +212,39 @@ def _concat(splits: Sequence[TaskSplit], n_features: int) -> tuple[FloatArray, L
 
 
 # ---------------------------------------------------------------------------------------------
-# URIs
+# Loading a source
 # ---------------------------------------------------------------------------------------------
 
-BUILTINS: Final = (
-    "digits",
-    "permuted-digits",
-    "split-digits",
-    "stream",
-    "permuted-synthetic-digits",
-    "split-synthetic-digits",
-)
-SYNTHETIC_BUILTINS: Final = ("permuted-synthetic-digits", "split-synthetic-digits")
-PUBLIC_SPLIT_BUILTINS: Final = ("permuted-digits", "split-digits")
-MAX_PUBLIC_DIGITS: Final = 1_000  # of the 1437 training images: leave every task some records
 PUBLIC_SPLIT_STREAM: Final = 0x7075626C  # "publ": the public draw's own seed stream
 
 
-@dataclass(frozen=True, slots=True)
-class DataSource:
-    """A parsed, validated source URI. Nothing is read until ``load()``."""
+def load(source: DataSource, roots: TenantRoots | None = None) -> LoadedData:
+    """Read the records. Call only after the ledger granted the run's reservation.
 
-    uri: str  # as given
-    kind: str  # "npz" | "csv" | "stream" | one of BUILTINS
-    path: Path | None = None
-    # The form the ledger stores: ``file_uri(path)`` for a file (one string per file); a builtin
-    # as given (its query is data: the ledger does not reorder it).
-    canonical: str = ""
-    tasks: int = 1
-    seed: int = 0
-    public: int = 0
-    blocks: int = 0  # stream: blocks, block_size, dim
-    block_size: int = 0
-    dim: int = 0
-    per_task: int = 0  # synthetic digits: records per task
-
-    @property
-    def is_file(self) -> bool:
-        return self.path is not None
-
-    def load(self, roots: TenantRoots | None = None) -> LoadedData:
-        """Read the records. Call only after the ledger granted the run's reservation.
-
-        A file source is read only through ``roots`` (the dataset's tenant's data roots), and
-        checked again as it is opened (module docstring, "Data roots")."""
-        if self.path is not None:
-            if roots is None:
-                raise SourceLocationError(
-                    f"data source {self.uri!r}: a file is read only under the tenant's data roots, "
-                    "and none were given."
-                )
-            content = read_file(self, roots)
-            if self.kind == "npz":
-                return _load_npz(self.uri, content, roots.max_bytes)
-            return _load_csv(self.uri, content)
-        if self.kind == "stream":
-            return _load_stream(self.uri, self.blocks, self.block_size, self.dim, self.seed)
-        if self.kind in SYNTHETIC_BUILTINS:
-            return _load_synthetic_digits(
-                self.uri, self.kind, self.tasks, self.per_task, self.seed, self.public
-            )
-        return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public)
-
-
-def parse_source(uri: str) -> DataSource:
-    """Validate ``uri``'s syntax (see the module docstring) without touching the file it names."""
-    if not isinstance(uri, str) or not uri:
-        raise DataSourceError(f"data source must be a non-empty URI string. Found {uri!r}.")
-    if len(uri) > MAX_SOURCE_LENGTH:
-        raise DataSourceError(
-            f"data source must be at most {MAX_SOURCE_LENGTH} characters. Found {len(uri)}."
-        )
-    # urlsplit drops tabs and newlines silently ("builtin:digits\n" was stored as given)
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in uri):
-        raise DataSourceError(f"data source {uri!r}: the URI holds a control character.")
-    try:
-        parts = urlsplit(uri)
-    except ValueError as exc:  # e.g. an unbalanced "[" in the host part
-        raise DataSourceError(f"data source {uri!r} is not a valid URI: {exc}.") from None
-    if parts.scheme == "file":
-        path = _file_path(uri, parts)
-        return DataSource(uri=uri, kind=_file_kind(uri, parts.path), path=path, canonical=file_uri(path))
-    if parts.scheme == "builtin":  # stored with the scheme in lower case, the rest as given
-        return replace(_parse_builtin(uri, parts), canonical="builtin:" + uri.partition(":")[2])
-    raise DataSourceError(f"data source {uri!r}: scheme must be 'file' or 'builtin'. Found {parts.scheme!r}.")
-
-
-def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
-    """A ``builtin:`` source (module docstring, "URIs")."""
-    if parts.fragment:  # it was ignored, and stored with the source
-        raise DataSourceError(f"data source {uri!r}: a builtin source takes no fragment.")
-    name = parts.path
-    if name not in BUILTINS:
-        raise DataSourceError(f"data source {uri!r}: unknown builtin {name!r}; known: {list(BUILTINS)}.")
-    try:
-        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)))
-    except ValueError as exc:
-        raise DataSourceError(f"data source {uri!r}: malformed query {parts.query!r}.") from exc
-    if name == "stream":
-        return _parse_stream(uri, query)
-    if name in SYNTHETIC_BUILTINS:
-        return _parse_synthetic_digits(uri, name, query)
-    allowed = {"tasks", "seed"} if name != "digits" else set()
-    if name in PUBLIC_SPLIT_BUILTINS:
-        allowed.add("public")
-    unknown = sorted(set(query) - allowed)
-    if unknown:
-        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
-    tasks = _query_int(uri, query, "tasks", 1, maximum=10 if name == "split-digits" else MAX_TASKS)
-    if name != "digits" and "tasks" not in query:
-        raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
-    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
-    public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
-    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
-
-
-def file_uri(path: PurePosixPath | Path) -> str:
-    """The one stored form of a file source naming ``path`` (absolute, normalised):
-    ``file://`` + the path, with only ``%``, ``?`` and ``#`` percent-encoded (what would otherwise
-    be read back as an escape, a query or a fragment). ``file:/x``, ``FILE:///x`` and
-    ``file:///%78`` all name ``/x`` and are all stored as ``file:///x``."""
-    text = str(path)
-    return "file://" + text.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
-
-
-def _file_kind(uri: str, raw_path: str) -> str:
-    suffix = PurePosixPath(unquote(raw_path)).suffix.lower()
-    if suffix not in (".npz", ".csv"):
-        raise DataSourceError(f"data source {uri!r}: a file must end in .npz or .csv. Found {suffix!r}.")
-    return suffix[1:]
-
-
-def _file_path(uri: str, parts: SplitResult) -> Path:
-    """The absolute, normalised path a ``file:`` URI names, or ``SourceLocationError``: the
-    syntax alone refuses every way of naming a path that is not what it looks like."""
-    netloc, query, fragment, raw = parts.netloc, parts.query, parts.fragment, parts.path
-    if query or fragment:
-        raise SourceLocationError(f"data source {uri!r}: a file URI takes no query or fragment.")
-    if netloc:  # file://host/x.csv: a host part (it was read relative to the working directory)
-        raise SourceLocationError(
-            f"data source {uri!r}: a file URI takes no host part; write file:///absolute/path."
-        )
-    path = unquote(raw)  # %2e%2e is "..": check what the file system will see
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-        raise SourceLocationError(f"data source {uri!r}: the path holds a control character.")
-    if not path.startswith("/"):
-        raise SourceLocationError(f"data source {uri!r}: the path must be absolute (file:///absolute/path).")
-    components = path[1:].split("/")
-    if any(c in ("", ".", "..") for c in components):
-        raise SourceLocationError(
-            f"data source {uri!r}: the path must not hold '..', '.' or empty components."
-        )
-    return Path(path)
-
-
-def check_source(uri: str, roots: TenantRoots) -> DataSource:
-    """``parse_source(uri)``, and for a file source the data-root checks (module docstring) as
-    they stand now — without opening the file. The API calls this when an admin sets a source."""
-    source = parse_source(uri)
+    A file source is read only through ``roots`` (the dataset's tenant's data roots), and
+    checked again as it is opened (``service.contract.data_roots.read_file``)."""
     if source.path is not None:
-        inspect_file(source, roots)
-    return source
+        if roots is None:
+            raise SourceLocationError(
+                f"data source {source.uri!r}: a file is read only under the tenant's data roots, "
+                "and none were given."
+            )
+        content = read_file(source, roots)
+        if source.kind == "npz":
+            return _load_npz(source.uri, content, roots.max_bytes)
+        return _load_csv(source.uri, content)
+    if source.kind == "stream":
+        return _load_stream(source.uri, source.blocks, source.block_size, source.dim, source.seed)
+    if source.kind in SYNTHETIC_BUILTINS:
+        return _load_synthetic_digits(
+            source.uri, source.kind, source.tasks, source.per_task, source.seed, source.public
+        )
+    return _load_digits(source.uri, source.kind, source.tasks, source.seed, source.public)
 
 
 def load_data(uri: str, roots: TenantRoots | None = None) -> LoadedData:
-    """``parse_source(uri).load(roots)``: validate and read in one call."""
-    return parse_source(uri).load(roots)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data roots
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TenantRoots:
-    """One tenant's view of the data roots: where its file sources may live.
-
-    ``roots``: the tenant's roots as configured (absolute); ``real_roots``: the same resolved;
-    ``owners``: every configured root of every tenant, resolved, with its owner key, so that a
-    real path is attributed to the deepest root that holds it."""
-
-    tenant_id: str
-    key: str  # the LEDGER_DATA_ROOTS entry this tenant uses: its own id, or "*"
-    roots: tuple[Path, ...]
-    real_roots: tuple[Path, ...]
-    owners: tuple[tuple[Path, str], ...]
-    max_bytes: int = DEFAULT_MAX_SOURCE_BYTES
-
-    def described(self) -> str:
-        return f"tenant {self.tenant_id!r} (LEDGER_DATA_ROOTS)"
-
-
-@dataclass(frozen=True)
-class DataRoots:
-    """The operator's data roots (``LEDGER_DATA_ROOTS``): per tenant id, and ``"*"`` for every
-    tenant without an entry of its own; ``max_bytes`` is ``LEDGER_MAX_SOURCE_BYTES``."""
-
-    roots: Mapping[str, Sequence[str | os.PathLike[str]]] = field(default_factory=dict)
-    max_bytes: int = DEFAULT_MAX_SOURCE_BYTES
-
-    @classmethod
-    def of(cls, settings: Settings) -> DataRoots:
-        """The roots ``settings`` configure (``LEDGER_DATA_ROOTS``, ``LEDGER_MAX_SOURCE_BYTES``)."""
-        return cls(settings.data_roots, settings.max_source_bytes)
-
-    def for_tenant(self, tenant_id: str) -> TenantRoots:
-        """The tenant's roots, resolved now (a root may itself be a symlink the operator moves)."""
-        key = tenant_id if tenant_id in self.roots else EVERY_TENANT
-        # A root that resolves to "/" now (a symlink moved since start-up) is no root at all.
-        mine = tuple(Path(os.path.normpath(r)) for r in self.roots.get(key, ()) if os.path.realpath(r) != "/")
-        owners = tuple(
-            (Path(os.path.realpath(r)), owner)
-            for owner, listed in self.roots.items()
-            for r in listed
-            if os.path.realpath(r) != "/"
-        )
-        return TenantRoots(
-            tenant_id=tenant_id,
-            key=key,
-            roots=mine,
-            real_roots=tuple(Path(os.path.realpath(r)) for r in mine),
-            owners=owners,
-            max_bytes=self.max_bytes,
-        )
-
-
-_DIRECTORY_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-
-
-def _outside(source: DataSource, roots: TenantRoots, why: str) -> SourceLocationError:
-    return SourceLocationError(
-        f"data source {source.uri!r} must name a regular file under a data root of "
-        f"{roots.described()}: {why}."
-    )
-
-
-def _locate(source: DataSource, roots: TenantRoots) -> tuple[Path, PurePosixPath]:
-    """The tenant's root (real path) holding the source's real path, and the path below it."""
-    assert source.path is not None
-    if not roots.roots:
-        raise _outside(source, roots, "no data root is configured for it, so only builtin: sources work")
-    named = source.path
-    if not any(named.is_relative_to(r) for r in roots.roots + roots.real_roots):
-        raise _outside(source, roots, "the path is not under any of its roots")
-    real = Path(os.path.realpath(named))
-    holders = [(root, owner) for root, owner in roots.owners if real.is_relative_to(root)]
-    if not holders:  # a symlink on the way leads out of every root
-        raise _outside(source, roots, "its real path (symlinks resolved) leaves the data roots")
-    depth = max(len(root.parts) for root, _ in holders)
-    deepest = [(root, owner) for root, owner in holders if len(root.parts) == depth]
-    mine = [root for root, owner in deepest if owner == roots.key]
-    if not mine:  # another tenant's root (perhaps nested inside a shared one)
-        raise _outside(source, roots, "its real path lies in another tenant's data root")
-    relative = PurePosixPath(real.relative_to(mine[0]))
-    if not relative.parts:
-        raise _outside(source, roots, "it names a data root itself, not a file")
-    return mine[0], relative
-
-
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISLNK, "a symlink"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _parent_descriptor(source: DataSource, roots: TenantRoots, root: Path, relative: PurePosixPath) -> int:
-    """An open descriptor of the directory that holds the file, reached from the root one
-    component at a time without following a symlink: a component swapped for a symlink since
-    ``realpath`` looked fails here, so the walk never leaves the root."""
-    if os.open not in os.supports_dir_fd or os.stat not in os.supports_dir_fd:
-        raise _outside(source, roots, "this platform cannot open files relative to a directory")
-    try:
-        fd = os.open(root, _DIRECTORY_FLAGS)
-    except OSError as exc:
-        raise _outside(source, roots, f"its data root cannot be opened ({type(exc).__name__})") from None
-    try:
-        for part in relative.parts[:-1]:
-            following = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = following
-    except OSError as exc:
-        os.close(fd)
-        raise _outside(
-            source, roots, f"a directory on its path is missing or is a symlink now ({type(exc).__name__})"
-        ) from None
-    return fd
-
-
-def _refuse_hard_link(source: DataSource, roots: TenantRoots, found: os.stat_result) -> None:
-    """A file with more than one name is refused: a hard link made inside the tenant's root to
-    another tenant's (or an unrooted) file has no symlink to resolve, so its real path is the
-    tenant's own and only the link count shows that the same inode has a name elsewhere."""
-    if found.st_nlink > 1:
-        raise _outside(
-            source, roots, f"it has {found.st_nlink} hard links (a file with other names may lie elsewhere)"
-        )
-
-
-def _checked_stat(source: DataSource, roots: TenantRoots, parent: int, name: str) -> os.stat_result:
-    """``lstat`` of the file in ``parent``: a regular file within the size, or refused."""
-    try:
-        found = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        raise _outside(source, roots, "there is no such file") from None
-    except OSError as exc:
-        raise _outside(source, roots, f"it cannot be examined ({type(exc).__name__})") from None
-    if not stat.S_ISREG(found.st_mode):
-        raise _outside(source, roots, f"it is {_kind(found.st_mode)}")
-    _refuse_hard_link(source, roots, found)
-    if found.st_size > roots.max_bytes:
-        raise _outside(
-            source,
-            roots,
-            f"it holds {found.st_size} bytes, more than LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes}",
-        )
-    return found
-
-
-def inspect_file(source: DataSource, roots: TenantRoots) -> int:
-    """Check a file source against ``roots`` as it stands now, without opening the file; its
-    size in bytes. ``SourceLocationError`` says what is wrong."""
-    root, relative = _locate(source, roots)
-    parent = _parent_descriptor(source, roots, root, relative)
-    try:
-        return _checked_stat(source, roots, parent, relative.name).st_size
-    finally:
-        os.close(parent)
-
-
-def read_file(source: DataSource, roots: TenantRoots) -> bytes:
-    """The bytes of a file source, read from a descriptor checked after it was opened (TOCTOU:
-    the admin set the source earlier; the file may have been replaced since)."""
-    root, relative = _locate(source, roots)
-    parent = _parent_descriptor(source, roots, root, relative)
-    try:
-        before = _checked_stat(source, roots, parent, relative.name)
-        try:
-            fd = os.open(relative.name, _FILE_FLAGS, dir_fd=parent)
-        except OSError as exc:  # ELOOP: replaced by a symlink after the lstat
-            raise _outside(source, roots, f"it cannot be opened ({type(exc).__name__})") from None
-    finally:
-        os.close(parent)
-    with os.fdopen(fd, "rb") as handle:
-        opened = os.fstat(handle.fileno())
-        same = (opened.st_dev, opened.st_ino) == (before.st_dev, before.st_ino)
-        if not stat.S_ISREG(opened.st_mode) or not same:
-            raise _outside(source, roots, "it was replaced while it was being opened")
-        _refuse_hard_link(source, roots, opened)  # linked between the lstat and the open
-        if opened.st_size > roots.max_bytes:
-            raise _outside(
-                source,
-                roots,
-                f"it holds {opened.st_size} bytes, more than LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes}",
-            )
-        content = handle.read(roots.max_bytes + 1)  # it may grow while read: never past the limit
-    if len(content) > roots.max_bytes:
-        raise _outside(source, roots, f"it grew past LEDGER_MAX_SOURCE_BYTES = {roots.max_bytes} while read")
-    return content
-
-
-def _query_int(
-    uri: str, query: Mapping[str, str], name: str, default: int, *, minimum: int = 1, maximum: int
-) -> int:
-    if name not in query:
-        return default
-    text = query[name]
-    if not text.isdigit() or not minimum <= int(text) <= maximum:
-        raise DataSourceError(
-            f"data source {uri!r}: {name} must be an integer in [{minimum}, {maximum}]. Found {text!r}."
-        )
-    return int(text)
+    """``load(parse_source(uri), roots)``: validate and read in one call."""
+    return load(parse_source(uri), roots)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1057,25 +623,8 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
 # ---------------------------------------------------------------------------------------------
 
 STREAM_TEST_SIZE: Final = 2_000
-STREAM_MAX_RECORDS: Final = 5_000_000
 STREAM_WEIGHT_NORM: Final = 8.0
 _STREAM_SEED: Final = 0x73747265  # "stre": the stream's own seed stream
-
-
-def _parse_stream(uri: str, query: Mapping[str, str]) -> DataSource:
-    unknown = sorted(set(query) - {"blocks", "block_size", "dim", "seed"})
-    if unknown:
-        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
-    blocks = _query_int(uri, query, "blocks", 64, maximum=100_000)
-    block_size = _query_int(uri, query, "block_size", 50, maximum=100_000)
-    dim = _query_int(uri, query, "dim", 10, maximum=1_000)
-    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
-    if blocks * block_size > STREAM_MAX_RECORDS:
-        raise DataSourceError(
-            f"data source {uri!r}: blocks*block_size must be <= {STREAM_MAX_RECORDS}. "
-            f"Found {blocks * block_size}."
-        )
-    return DataSource(uri=uri, kind="stream", seed=seed, blocks=blocks, block_size=block_size, dim=dim)
 
 
 def _stream_records(
@@ -1119,33 +668,10 @@ def _load_stream(uri: str, blocks: int, block_size: int, dim: int, seed: int) ->
 # builtin:permuted-synthetic-digits, builtin:split-synthetic-digits (generated at any size)
 # ---------------------------------------------------------------------------------------------
 
-SYNTHETIC_MAX_PER_TASK: Final = 100_000
-SYNTHETIC_MAX_RECORDS: Final = 1_000_000  # 256 MB of float32 features at most
-SYNTHETIC_MAX_PUBLIC: Final = 100_000
 SYNTHETIC_TEST_PER_TASK: Final = 1_000
 _SYNTHETIC_SEED: Final = 0x73796E74  # "synt": the generator's own seed stream
 _TEST_DRAW: Final = 1_000_001  # task index of the test draws' streams (no task has it)
 _PUBLIC_DRAW: Final = 1_000_002
-
-
-def _parse_synthetic_digits(uri: str, name: str, query: Mapping[str, str]) -> DataSource:
-    unknown = sorted(set(query) - {"tasks", "per_task", "seed", "public"})
-    if unknown:
-        raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
-    for needed in ("tasks", "per_task"):
-        if needed not in query:
-            raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N&per_task=M.")
-    split = name == "split-synthetic-digits"
-    tasks = _query_int(uri, query, "tasks", 1, maximum=10 if split else MAX_TASKS)
-    per_task = _query_int(uri, query, "per_task", 1, maximum=SYNTHETIC_MAX_PER_TASK)
-    seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
-    public = _query_int(uri, query, "public", 0, minimum=0, maximum=SYNTHETIC_MAX_PUBLIC)
-    if tasks * per_task > SYNTHETIC_MAX_RECORDS:
-        raise DataSourceError(
-            f"data source {uri!r}: tasks*per_task must be <= {SYNTHETIC_MAX_RECORDS}. "
-            f"Found {tasks * per_task}."
-        )
-    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public, per_task=per_task)
 
 
 def synthetic_digit_images(
@@ -1234,3 +760,56 @@ def _load_synthetic_digits(
         image_shape=DIGITS_IMAGE_SHAPE,
         public=public_splits,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Registering a source's records with a ledger
+# ---------------------------------------------------------------------------------------------
+
+
+def register_source(
+    client: LedgerClient,
+    dataset_id: str | int,
+    *,
+    source: str | None = None,
+    batch_size: int | None = None,
+    roots: TenantRoots | None = None,
+) -> list[dict[str, object]]:
+    """Register the training records of a data source as the dataset's tasks and batches,
+    through ``client`` (an admin's ``LedgerClient``): one task per task of the source
+    (``task-0``, ``task-1``, ...), its records in source order cut into batches of ``batch_size``
+    (default: one batch per task), named ``task-<t>/batch-<i>``. Answers ``[{id, name, batches:
+    [{id, name, size}]}]``.
+
+    ``source``: the URI (default: the dataset's ``data_source``), read *here*, by this process:
+    ``builtin:`` sources need numpy and scikit-learn, a ``file://`` source the ``roots`` it lies
+    under. The record ids of the built-in sources are public (``digits-0000`` ...
+    ``digits-1796``, ``stream-0000000`` ...; ``service.contract.data_sources``); a job's run reserves on every
+    batch and checks that the source's training records are exactly the batches' records.
+    Idempotency keys are derived from the dataset, the source and the task, so running it again
+    after a failure creates nothing twice. Here, not on ``LedgerClient``: it reads the data, and
+    the client imports no training code."""
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+        raise ValueError(f"batch_size must be an integer >= 1. Found {batch_size!r}.")
+    uri = source if source is not None else client.get_dataset(dataset_id).get("data_source")
+    if not uri:
+        raise ValueError(f"dataset {dataset_id!r} has no data_source; pass source=.")
+    data = load_data(str(uri), roots)
+    run = hashlib.sha256(f"{dataset_id}\n{uri}".encode()).hexdigest()[:24]
+    out: list[dict[str, object]] = []
+    for split in data.train:
+        if not len(split):
+            continue
+        records = list(split.record_ids)
+        size = batch_size or len(records)
+        name = f"task-{split.task}"
+        task = client.create_task(dataset_id, name, idempotency_key=f"register:{run}:{name}")
+        batches = [
+            {"name": f"{name}/batch-{i // size:04d}", "records": records[i : i + size]}
+            for i in range(0, len(records), size)
+        ]
+        created = client.create_batches(
+            dataset_id, task["id"], batches, idempotency_key=f"register:{run}:{name}:batches"
+        )
+        out.append({"id": task["id"], "name": name, "batches": created["data"]})
+    return out

@@ -56,10 +56,7 @@ from torch import nn
 
 from accountant.events import DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.events import to_json as event_to_json
-from service.training.data import LoadedData
-from service.training.distributed import SOLO, Ranks
-from service.training.nets import build_model
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     MAX_STEPS,
     DpSgdParams,
@@ -67,6 +64,9 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
     JobParams,
     ModelSpec,
 )
+from service.training.data import LoadedData
+from service.training.distributed import SOLO, Ranks
+from service.training.nets import build_model
 from service.training.per_example_gradients import PerExampleGradients
 
 ModelState = dict[str, torch.Tensor]
@@ -103,7 +103,7 @@ def trace_every(steps: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plan (params: service.training.params.DpSgdParams)
+# The plan (params: service.contract.job_params.DpSgdParams)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -536,7 +536,7 @@ class DpSgdTrainer:
     def model_spec(self, data: LoadedData, p: DpSgdParams) -> dict[str, Any]:
         """What a released state dict is, recorded with every version: the arguments of
         ``service.training.nets.build_model`` and the source's ``preprocessing`` — what
-        ``LedgerClient.load_model`` rebuilds the module from."""
+        ``service.training.nets.load_model`` rebuilds the module from."""
         return {
             "builder": "service.training.nets.build_model",
             "model": p.model.kind,

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from service.contract.job_params import ExtractorSpec
 from service.training.data import TaskSplit
-from service.training.params import ExtractorSpec
 
 COSINE_SCALE: Final = 16.0
 """s in the pre-training logits s·cos(f(x), w_c): a temperature, so softmax can saturate."""

@@ -32,7 +32,7 @@ on one memory batch drawn at random; g̃ = A-gem projection (``agem``); θ ← �
 ``encoder_learning_rate`` for θ1, ``learning_rate`` for θ2, θ2's part the Newton direction of the
 quadratic L̄). Under ``analysis: "sound"`` θ1 stays at its seeded initial value (encoder
 learning rate 0, g's θ1 part left out of the projection), so every read of a batch computes the
-same label coefficients and ε2 bounds them (``service.training.params``). Otherwise θ1 is
+same label coefficients and ε2 bounds them (``service.contract.job_params``). Otherwise θ1 is
 projected so that both its maximum row and column 1-norms are ≤ ``theta1_norm_bound`` — the
 bound the event declares and Thm. 2's γ = 2Δ_R/(|B|·‖θ̄1‖₁,₁) needs (each ℓ1-ball projection
 soft-thresholds, so the second one keeps the first one's bound). After task τ one batch of it,
@@ -95,6 +95,16 @@ import torch
 import torch.nn.functional as F
 
 from accountant.events import FunctionalMechanismL2DPEvent
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    MAX_EPOCHS,
+    MAX_TASKS,
+    FunctionalMechanismParams,
+    InvalidParamsError,
+    JobParams,
+    L2dpMlParams,
+    NaiveGaussianParams,
+    read_l2dp_ml,
+)
 from service.training.agem import (
     agem_project,
     average_accuracy,
@@ -106,16 +116,6 @@ from service.training.agem import (
 from service.training.data import LoadedData, TaskSplit
 from service.training.dp_sgd import (
     default_device,
-)
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
-    MAX_EPOCHS,
-    MAX_TASKS,
-    FunctionalMechanismParams,
-    InvalidParamsError,
-    JobParams,
-    L2dpMlParams,
-    NaiveGaussianParams,
-    read_l2dp_ml,
 )
 from service.training.stages import LedgerTask, Stage, StageRelease
 
@@ -275,7 +275,7 @@ def theta1_norm(w1: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# The stage plan shared by both trainers (params: service.training.params)
+# The stage plan shared by both trainers (params: service.contract.job_params)
 # ---------------------------------------------------------------------------------------------
 
 

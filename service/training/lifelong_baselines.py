@@ -31,6 +31,10 @@ from torch.func import functional_call, grad
 
 from accountant.calibration import calibrate_to_epsilon
 from accountant.events import ComposedEvent, DpEvent
+from service.contract.job_params import (
+    InvalidParamsError,
+    NaiveGaussianParams,
+)
 from service.training.agem import (
     agem_project,
     flatten,
@@ -45,10 +49,6 @@ from service.training.dp_sgd import (
 )
 from service.training.l2dp_ml import LifelongRecord, Plan, make_plan
 from service.training.nets import MLP
-from service.training.params import (
-    InvalidParamsError,
-    NaiveGaussianParams,
-)
 from service.training.per_example_gradients import PerExampleGradients
 from service.training.stages import LedgerTask, Stage, StageRelease
 

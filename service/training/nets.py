@@ -15,7 +15,7 @@ Job params (``{"model": "mlp" | "cnn", "hidden": ...}``):
   with an image shape (``LoadedData.image_shape``), e.g. ``(1, 8, 8)`` for the digits.
 
 The params (``ModelSpec``) and their typed reader (``JobParams``) are declared in the torch-free
-``service.training.params``, which the API checks a job against when it is submitted; they are
+``service.contract.job_params``, which the API checks a job against when it is submitted; they are
 re-exported here.
 """
 
@@ -29,7 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+from service.client import LedgerClient, LedgerError, certified_artifact
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     DEFAULT_HIDDEN,
     MAX_LAYERS,
     MAX_WIDTH,
@@ -38,6 +39,7 @@ from service.training.params import (  # noqa: F401  (re-exported: declared in t
     JobParams,
     ModelSpec,
 )
+from service.verification.signing import PublicKey, keys_from_json
 
 
 class MLP(nn.Module):
@@ -134,4 +136,90 @@ def load_released(spec: Mapping[str, Any], content: bytes, fmt: str) -> nn.Modul
     module.load_state_dict(load_state(content, fmt))
     module.eval()
     setattr(module, "model_spec", dict(spec))  # noqa: B010 (a Module's __setattr__ is typed for tensors)
+    return module
+
+
+def load_model(
+    client: LedgerClient,
+    name: str,
+    version: int,
+    *,
+    trusted_keys: Mapping[str, PublicKey] | None = None,
+    module: Any = None,
+    require_certified: bool = True,
+) -> Any:
+    """The released ``version`` of model ``name``, read through ``client``, its bytes checked
+    before anything is loaded.
+
+    **Trained by the service's worker**: a module in eval mode, ready to predict, rebuilt from the
+    architecture the version records (``model_spec``), with the downloaded weights. Feed it the
+    source's records after ``model_spec["preprocessing"]`` (``{"kind": "scale", "divide_by":
+    16}`` for the digits: raw pixel values / 16), flattened, float32; it answers class logits. The
+    module's ``model_spec`` attribute holds the spec.
+
+    **Trained outside and registered** (``register_model_version``; ``model_spec.kind`` is
+    ``external``): the registry has only the free-text architecture, so nothing can be rebuilt
+    from it. ``torch`` and ``safetensors`` artifacts answer their state dict (read with
+    ``weights_only``: nothing but tensors is unpickled), or, given ``module`` (your ``nn.Module``
+    of the registered architecture), that module with the weights loaded strictly, in eval mode,
+    ``model_spec`` set; ``onnx`` and ``bytes`` artifacts answer the checked bytes (``module`` is
+    then refused: ``model_not_loadable``).
+
+    The bytes are checked twice, nothing loaded otherwise: their SHA-256 must be the one the
+    registry recorded for the version (``LedgerError`` ``artifact_mismatch``) and the one the
+    version's *signed certificate* states for the release ``{name, version}``
+    (``service.client.certified_artifact``; ``artifact_not_certified``). A registration whose
+    certificate names no artifact (the trainer did not set ``ReleaseGate.artifact_sha256``) has
+    only the registry's record to vouch for its bytes: refused unless ``require_certified=False``.
+    ``trusted_keys``: the signing keys you pinned (``service.verification.signing.keys_from_json``);
+    default: the keys the server lists.
+
+    Here, not on ``LedgerClient``: it needs torch, and the client imports no training code. A
+    worker's version that records no architecture (published before it was recorded, or by a
+    staged trainer) raises ``LedgerError`` ``model_not_loadable``."""
+    answer = client.get_model_version(name, version)
+    found = answer.get("model_spec")
+    spec: dict[str, Any] = found if isinstance(found, dict) else {}
+    external = spec.get("kind") == "external"
+    if not external and spec.get("builder") != "service.training.nets.build_model":
+        raise LedgerError(
+            f"model {name!r} version {version} records no architecture to rebuild it from "
+            f"(algorithm {answer.get('algorithm')!r}); download its weights with download_artifact.",
+            code="model_not_loadable",
+        )
+    fmt = (answer.get("artifact") or {}).get("format") or "torch"
+    if external and module is not None and fmt not in ("torch", "safetensors"):
+        raise LedgerError(
+            f"model {name!r} version {version} is a {fmt!r} artifact, not a state dict: "
+            "load_model answers its checked bytes; call it without module.",
+            code="model_not_loadable",
+        )
+    artifact = client.download_artifact(name, version)
+    recorded = (answer.get("artifact") or {}).get("sha256")
+    if recorded != artifact.sha256:
+        raise LedgerError(
+            f"model {name!r} version {version}: the downloaded bytes have SHA-256 "
+            f"{artifact.sha256}, the registry records {recorded}; nothing was loaded.",
+            code="artifact_mismatch",
+        )
+    keys = trusted_keys
+    if keys is None:
+        keys = keys_from_json(client.signing_keys(), "the server's signing keys")
+    try:
+        certified_artifact(answer, artifact, keys)
+    except LedgerError as exc:
+        # Only the one gap a registration may have (no artifact named by its certificate) may be
+        # waived; a bad signature or other bytes never are.
+        if require_certified or "names no artifact" not in str(exc):
+            raise
+    if not external:
+        return load_released(spec, artifact.content, artifact.format or "torch")
+    if fmt not in ("torch", "safetensors"):
+        return artifact.content
+    state = load_state(artifact.content, fmt)
+    if module is None:
+        return state
+    module.load_state_dict(state, strict=True)
+    module.eval()
+    setattr(module, "model_spec", dict(spec))  # noqa: B010 (nn.Module's __setattr__ is typed for tensors)
     return module

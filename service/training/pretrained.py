@@ -85,6 +85,13 @@ from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
 from accountant.rules import Budget
 from accountant.rules.prices import fresh_price
+from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
+    ACCOUNTANTS,
+    HEAD_DEFAULTS,
+    HeadParams,
+    InvalidParamsError,
+    PretrainedParams,
+)
 from service.training.data import LoadedData
 from service.training.dp_sgd import (
     TrainingError,
@@ -98,13 +105,6 @@ from service.training.feature_extractor import (
     FeatureExtractor,
     pretrained_extractor,
     unit_features,
-)
-from service.training.params import (  # noqa: F401  (re-exported: declared in the torch-free module)
-    ACCOUNTANTS,
-    HEAD_DEFAULTS,
-    HeadParams,
-    InvalidParamsError,
-    PretrainedParams,
 )
 from service.training.per_example_gradients import PerExampleGradients
 from service.training.stages import LedgerTask, Stage, StageRelease

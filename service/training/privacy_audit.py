@@ -58,6 +58,7 @@ from torch import nn
 from accountant import auditing
 from accountant.calibration import TIGHT_ACCOUNTANT
 from accountant.registry import make_accountant
+from service.contract.job_params import PrivacyAuditParams
 from service.training.data import LoadedData
 from service.training.distributed import SOLO, Ranks
 from service.training.dp_sgd import (
@@ -68,7 +69,6 @@ from service.training.dp_sgd import (
     _Run,
     noisy_mean_gradient_of_ranks,
 )
-from service.training.params import PrivacyAuditParams
 
 Breakage = Literal["no_noise", "no_clipping", "sigma_over_10"]
 BREAKAGES: Final[tuple[Breakage, ...]] = ("no_noise", "no_clipping", "sigma_over_10")

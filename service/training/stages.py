@@ -130,4 +130,17 @@ class StagedTrainer(Protocol):
         ``records`` gives each of those batches' record ids (as the source names them)."""
 
 
-__all__ = ["LedgerBatch", "LedgerTask", "Stage", "StageRelease", "StagedTrainer"]
+def stage_steps(stage: Stage) -> int:
+    """The training steps of one stage of a staged job, as its trainer states them in
+    ``stage.info``: ``steps`` (DP-SGD heads, NaiveGaussian), else ``epochs`` passes over each of
+    its batches (L2DP-ML), else one (a closed-form stage: class sums, private ERM)."""
+    steps = stage.info.get("steps")
+    if isinstance(steps, int) and steps >= 1:
+        return steps
+    epochs = stage.info.get("epochs")
+    if isinstance(epochs, int) and epochs >= 1:
+        return epochs * max(1, len(stage.batch_ids))
+    return 1
+
+
+__all__ = ["LedgerBatch", "LedgerTask", "Stage", "StageRelease", "StagedTrainer", "stage_steps"]

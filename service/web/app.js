@@ -1391,7 +1391,7 @@
           ["architecture", spec.model + " " + JSON.stringify(spec.hidden) + ", " + spec.n_features + " inputs → " + spec.num_classes + " class logits", "model-architecture"],
           ["preprocessing", JSON.stringify(spec.preprocessing), "model-preprocessing"],
           ["data source", spec.data_source],
-          ["load it", "LedgerClient(url, key).load_model(" + JSON.stringify(v.name) + ", " + v.version + ")"],
+          ["load it", "service.training.nets.load_model(LedgerClient(url, key), " + JSON.stringify(v.name) + ", " + v.version + ")"],
         ]) : h("p", { class: "empty", text: "This version records no architecture (published before it was recorded, or a staged trainer's): download the weights." }),
         h("h3", { text: "Metrics" }), pre(v.metrics || {}, "model-metrics"),
         h("h3", { text: "Weights" }), downloadButton(v)));

@@ -67,24 +67,22 @@ from decimal import Decimal
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, Protocol
 
-from sqlalchemy import select
-
 from accountant import events as ev
 from accountant.errors import AccountantError
 from accountant.exact import ZERO, exact_add
 from accountant.rules import Charge
-from service.db.models import Batch, BatchRecord, Dataset, IdempotencyKey, ModelVersion, Task
 from service.db.session import Database, is_transient_error
-from service.ledger import jobs, quotes, reservations
+from service.ledger import datasets, idempotency, jobs, quotes, reservations
 from service.ledger import model_registry as registry
-from service.ledger.batches import record_hash
+from service.ledger.batches import record_batches, record_hash, task_layout
 from service.ledger.errors import Conflict, LedgerError, NotFound
-from service.ledger.jobs import ClaimedJob, LeaseLost
+from service.ledger.jobs.leases import ClaimedJob, LeaseLost
 from service.training.algorithms import trainer_for
-from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer
+from service.training.stages import LedgerBatch, LedgerTask, Stage, StagedTrainer, stage_steps
 
 if TYPE_CHECKING:
-    from service.training.data import DataRoots, LoadedData
+    from service.contract.data_roots import DataRoots
+    from service.training.data import LoadedData
     from service.training.dp_sgd import ModelState, TrainingPlan
 
 logger = logging.getLogger("service.worker.gate")
@@ -149,8 +147,8 @@ class SourceLoader:
 def default_loader(uri: str, tenant_id: str) -> LoadedData:
     """``SourceLoader`` over the data roots of the environment's settings (``ledger worker``,
     ``ledger serve``); an app built with explicit settings passes its own ``SourceLoader``."""
+    from service.contract.data_roots import DataRoots
     from service.settings import Settings
-    from service.training.data import DataRoots
 
     return SourceLoader(DataRoots.of(Settings()))(uri, tenant_id)
 
@@ -246,20 +244,13 @@ def check_source_records(db: Database, dataset_id: str, data: LoadedData) -> dic
     of the dataset's batches (compared as stored: HMAC-SHA256 with the dataset's salt)."""
     from service.training.data import RecordMismatchError
 
-    with db.session(readonly=True) as session:
-        salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
-        rows = session.execute(
-            select(BatchRecord.record_hash, BatchRecord.batch_id).where(BatchRecord.dataset_id == dataset_id)
-        ).all()
-    if salt is None:
-        raise NotFound("dataset", dataset_id)
-    in_ledger = {bytes(r.record_hash): r.batch_id for r in rows}
+    salt, in_ledger = record_batches(db, dataset_id)
     seen: dict[bytes, str] = {}
     unexpected = 0
     duplicated = 0
     of_batch: dict[str, list[str]] = {}
     for record_id in data.record_ids:
-        digest = record_hash(bytes(salt), str(record_id))
+        digest = record_hash(salt, str(record_id))
         if digest in seen:
             duplicated += 1
             continue
@@ -286,7 +277,7 @@ def check_source_tasks(
 ) -> None:
     """Raise ``DataSourceError`` unless every ledger task holds exactly the records of one task
     of the source, each source task matched once (a staged run reads task by task)."""
-    from service.training.data import DataSourceError
+    from service.contract.data_sources import DataSourceError
 
     source_task = {r: split.task for split in data.train for r in split.record_ids}
     sizes = {split.task: len(split) for split in data.train if len(split)}
@@ -309,21 +300,11 @@ def check_source_tasks(
 def ledger_tasks(db: Database, dataset_id: str) -> list[LedgerTask]:
     """The dataset's tasks in creation order, each with its batches in position order; a task
     without batches is left out."""
-    with db.session(readonly=True) as session:
-        task_rows = session.execute(
-            select(Task.id, Task.name).where(Task.dataset_id == dataset_id).order_by(Task.created_at, Task.id)
-        ).all()
-        batch_rows = session.execute(
-            select(Batch.id, Batch.task_id, Batch.position, Batch.size)
-            .where(Batch.dataset_id == dataset_id)
-            .order_by(Batch.task_id, Batch.position)
-        ).all()
-    by_task: dict[str, list[LedgerBatch]] = {}
-    for b in batch_rows:
-        by_task.setdefault(b.task_id, []).append(LedgerBatch(b.id, b.task_id, b.position, b.size))
     return [
-        LedgerTask(t.id, i, t.name, tuple(by_task.get(t.id, ())))
-        for i, t in enumerate(r for r in task_rows if by_task.get(r.id))
+        LedgerTask(
+            t.id, i, t.name, tuple(LedgerBatch(b, t.id, position, size) for b, position, size in t.batches)
+        )
+        for i, t in enumerate(t for t in task_layout(db, dataset_id) if t.batches)
     ]
 
 
@@ -332,18 +313,9 @@ def _earlier_reservations(db: Database, job: ClaimedJob) -> list[str]:
     reserve call succeeded but was not recorded (found by its idempotency key)."""
     found = [job.reservation_id] if job.reservation_id else []
     if job.attempt > 1:
-        with db.session(readonly=True) as session:
-            rows = session.execute(
-                select(IdempotencyKey.key, IdempotencyKey.response).where(
-                    IdempotencyKey.tenant_id == job.tenant_id,
-                    IdempotencyKey.key.like(f"job:{job.id}:a%:%reserve"),
-                )
-            ).all()
         current = f"job:{job.id}:a{job.attempt}:"
-        for key, response in rows:
-            reservation_id = response.get("id") if isinstance(response, Mapping) else None
-            earlier = not key.startswith(current)
-            if earlier and isinstance(reservation_id, str) and reservation_id not in found:
+        for key, reservation_id in idempotency.job_reservations(db, job.tenant_id, job.id):
+            if not key.startswith(current) and reservation_id not in found:
                 found.append(reservation_id)
     return found
 
@@ -360,20 +332,14 @@ def _completed_before(run: _Run) -> bool:
         return False
     if previous["status"] != "committed":
         return False
-    with run.db.session(readonly=True) as session:
-        last = session.scalars(
-            select(ModelVersion)
-            .where(ModelVersion.job_id == job.id)
-            .order_by(ModelVersion.version.desc())
-            .limit(1)
-        ).first()
+    last = registry.last_version_of_job(run.db, job.id)
     if last is None:
         return False
-    run.released_metrics = dict(last.metrics)
-    jobs.record_progress(
+    step, run.released_metrics = last
+    jobs.leases.record_progress(
         run.db,
         job.lease,
-        step=last.step,
+        step=step,
         epsilon_committed=Decimal(previous["committed"]["epsilon"]),
         delta_committed=Decimal(previous["committed"]["delta"]),
     )
@@ -415,7 +381,7 @@ class _Run:
     job: ClaimedJob
     control: Control
     artifact_dir: Path
-    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS
+    limits: jobs.params.JobLimits = jobs.params.DEFAULT_LIMITS
     trainer: Any = None
     plan: Any = None
     data: Any = None
@@ -458,7 +424,7 @@ def _abort_run(run: _Run) -> None:
     if aborted is None or run.plan is None or run.steps_started == 0:
         return
     try:
-        jobs.record_progress(
+        jobs.leases.record_progress(
             run.db,
             run.job.lease,
             step=run.steps_started,
@@ -478,7 +444,7 @@ def run_job(
     reservation_ttl_s: float,
     loader: Loader = default_loader,
     device: str | None = None,
-    limits: jobs.JobLimits = jobs.DEFAULT_LIMITS,
+    limits: jobs.params.JobLimits = jobs.params.DEFAULT_LIMITS,
 ) -> Outcome:
     """Run one claimed job through the gate (module docstring) and finish it; ``limits``: the
     steps a plan may take (checked before anything is reserved)."""
@@ -509,7 +475,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
     """A transient database error (``service.db.session.is_transient_error``: a terminated
     connection, a serialization failure, a deadlock) ended this attempt, not the job: abort the
     reservation as any stopped attempt does (what ran is charged, the rest returned), and hand
-    the job back to the queue for its next attempt (``jobs.release``; attempts still count, up
+    the job back to the queue for its next attempt (``jobs.leases.release``; attempts still count, up
     to ``max_attempts``). A release whose commit's outcome is unknown stays staged: the next
     attempt's sweep publishes it if the commit landed. If the database refuses this too, the
     lease expires and the job is retried."""
@@ -522,7 +488,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
     )
     try:
         _abort_run(run)  # charges the steps this attempt began, as any stopped attempt
-        jobs.release(run.db, run.job.lease)
+        jobs.leases.release(run.db, run.job.lease)
     except Exception:
         logger.exception("job %s: could not requeue it; its lease will expire", run.job.id)
         return Outcome("lease_lost", error, list(run.released))
@@ -531,7 +497,7 @@ def _requeue(run: _Run, exc: BaseException) -> Outcome:
 
 def _finish(run: _Run, status: str, *, error: dict[str, Any] | None = None) -> Outcome:
     metrics = run.released_metrics
-    jobs.finish(run.db, run.job.lease, status, metrics=metrics, error=error)
+    jobs.leases.finish(run.db, run.job.lease, status, metrics=metrics, error=error)
     return Outcome(status, error, list(run.released))
 
 
@@ -556,7 +522,7 @@ def _stop_for(run: _Run) -> _Stop:
         )
         return _Stop(_finish(run, "failed", error=error))
     if reason == "shutdown":
-        jobs.release(run.db, run.job.lease)
+        jobs.leases.release(run.db, run.job.lease)
         return _Stop(Outcome("released", None, list(run.released)))
     return _Stop(Outcome("lease_lost", None, list(run.released)))
 
@@ -585,19 +551,19 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
                 ),
             )
         )
-    from service.training.params import InvalidParamsError
+    from service.contract.job_params import InvalidParamsError
 
     # 1. Plan and reserve: no data is read here.
     try:
         run.trainer = trainer_for(job.algorithm, device)
-        params = _with_budget_delta(db, job, run.trainer.parse_params(jobs.trainer_params(job.params)))
+        params = _with_budget_delta(db, job, run.trainer.parse_params(jobs.params.trainer_params(job.params)))
         tasks = ledger_tasks(db, job.dataset_id)
         batches = [batch for task in tasks for batch in task.batches]
         if not batches:
             raise _fail(run, _error("no_batches", f"dataset {job.dataset_id!r} has no batches to train on."))
         if isinstance(run.trainer, StagedTrainer):
             stages = list(run.trainer.stages(params, tasks))
-            steps = sum(jobs.stage_steps(stage) for stage in stages)
+            steps = sum(stage_steps(stage) for stage in stages)
         else:
             # σ for target_epsilon: what the dataset would charge the run on the batches it reserves
             prices = quotes.DatasetPrices(db, job.tenant_id, job.dataset_id)  # every batch: what it reserves
@@ -605,7 +571,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             steps = run.plan.steps
             if getattr(params, "target_epsilon", None) is not None:
                 _check_target_fits(run, params, prices)
-        too_many = jobs.steps_refusal(steps, jobs.trainer_params(job.params), run.limits)
+        too_many = jobs.params.steps_refusal(steps, jobs.params.trainer_params(job.params), run.limits)
         if too_many is not None:  # before the reservation: nothing is held, nothing read
             raise _fail(run, too_many)
         if isinstance(run.trainer, StagedTrainer) and getattr(params, "target_epsilon", None) is not None:
@@ -618,7 +584,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
         return _run_staged(run, params, tasks, stages, reservation_ttl_s, loader)
     plan: TrainingPlan = run.plan
     plan_json = plan.to_json() if hasattr(plan, "to_json") else {"event": ev.to_json(plan.event)}
-    jobs.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
+    jobs.leases.record_plan(db, job.lease, plan=plan_json, total_steps=plan.steps)
     try:
         # By task: every batch of the dataset's tasks (up to MAX_BATCHES_PER_RESERVATION), where a
         # list of batch ids stops at MAX_IDS_PER_REQUEST (issue 24 §5: 10 001 batches failed here).
@@ -640,7 +606,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             f"{reserved['batches']['count']} reserved); the reservation was aborted."
         )
         raise _fail(run, _error("batches_changed", message))
-    jobs.record_reservation(db, job.lease, run.reservation_id)
+    jobs.leases.record_reservation(db, job.lease, run.reservation_id)
     if run.control.should_stop():
         raise _stop_for(run)
 
@@ -688,7 +654,12 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
 def _with_budget_delta(db: Database, job: ClaimedJob, params: Any) -> Any:
     """Params with a target ε and no ``delta`` (DP-SGD, AdaDp, the pre-trained trainers,
     NaiveGaussian): the budget's δ (the target is the run's own ε at it)."""
-    from service.training.params import DpSgdParams, InvalidParamsError, NaiveGaussianParams, PretrainedParams
+    from service.contract.job_params import (
+        DpSgdParams,
+        InvalidParamsError,
+        NaiveGaussianParams,
+        PretrainedParams,
+    )
 
     targeted = isinstance(params, DpSgdParams | PretrainedParams | NaiveGaussianParams)
     if not targeted or params.delta is not None or params.noise_multiplier is not None:
@@ -800,22 +771,13 @@ def _check_stages_fit(run: _Run, params: Any, tasks: Sequence[LedgerTask], stage
     raise _fail(run, details)
 
 
-def dataset_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
-    """The dataset's own data source, read now (an admin may have replaced it since the job was
-    queued: the job reads what the dataset owns when it runs)."""
-    with db.session(readonly=True) as session:
-        return session.scalar(
-            select(Dataset.data_source).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
-        )
-
-
 def _load_checked(run: _Run, loader: Loader) -> tuple[LoadedData, dict[str, list[str]]]:
     """Load the dataset's data source (call only once a reservation is granted) and check it
     against the ledger's batches; a bad source fails the job. Returns the data and each batch's
     records. The job's own params are not consulted: the source belongs to the dataset."""
-    from service.training.data import DataSourceError
+    from service.contract.data_sources import DataSourceError
 
-    uri = dataset_source(run.db, run.job.tenant_id, run.job.dataset_id)
+    uri = datasets.data_source(run.db, run.job.tenant_id, run.job.dataset_id)
     if uri is None:
         message = (
             f"dataset {run.job.dataset_id!r} has no data source: an admin sets it with "
@@ -858,7 +820,7 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
     if answer is None:
         return False
     committed = answer["reservation"]["committed"]
-    jobs.record_progress(
+    jobs.leases.record_progress(
         run.db,
         run.job.lease,
         step=step,
@@ -871,7 +833,7 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
         # released (post-processing of the committed noisy steps): only now may they be stored.
         covered = [p for p in run.trace if p["step"] <= step]
         run.trace = [p for p in run.trace if p["step"] > step]
-        jobs.record_history(
+        jobs.leases.record_history(
             run.db, run.job.lease, [*covered, _point(step, metrics, checkpoint=True)], every=run.trace_every
         )
     return True
@@ -974,7 +936,7 @@ def _run_staged(
 ) -> Outcome:
     """Each stage: reserve its event on its batches, train on exactly their records, release."""
     db, job = run.db, run.job
-    if job.attempt > 1 and _versions_of_job(db, job.id):
+    if job.attempt > 1 and registry.versions_of_job(db, job.id):
         # A stage's state (models, episodic memory, sums) is not persisted, and its reads were
         # charged: an interrupted staged run is not replayed. What was released stays released.
         raise _Stop(
@@ -990,7 +952,7 @@ def _run_staged(
         )
     if not stages:
         raise _fail(run, _error("invalid_input", "the run has no stages for this dataset.", field="params"))
-    jobs.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
+    jobs.leases.record_plan(db, job.lease, plan=_staged_plan_json(stages), total_steps=len(stages))
     from service.training.data import RecordIndex
 
     data: RecordIndex | None = None
@@ -1060,7 +1022,7 @@ def _run_staged(
         for b, index in reservations.all_batches(db, job.tenant_id, reservation["id"]):
             charged[b] = exact_add(charged.get(b, ZERO), Decimal(cost_of[index]["epsilon"]))
             delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(cost_of[index]["delta"]))
-        jobs.record_progress(
+        jobs.leases.record_progress(
             db,
             job.lease,
             step=stage.index,
@@ -1093,18 +1055,12 @@ def _stage_selector(
     return list(stage.batch_ids), None
 
 
-def _versions_of_job(db: Database, job_id: str) -> list[int]:
-    with db.session(readonly=True) as session:
-        return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
-
-
 __all__ = [
     "Control",
     "Outcome",
     "SourceLoader",
     "abort_quietly",
     "check_source_records",
-    "dataset_source",
     "default_loader",
     "ledger_tasks",
     "run_job",

@@ -1,6 +1,6 @@
 """The worker loop: claim a job, keep its lease with a heartbeat thread, run it through the gate.
 
-``Worker.run_once()`` claims one job (``service.ledger.jobs.claim``) and runs it to its end;
+``Worker.run_once()`` claims one job (``service.ledger.jobs.leases.claim``) and runs it to its end;
 ``Worker.run_forever(stop_event)`` does that until ``stop_event`` is set, sleeping ``poll_s``
 when the queue is empty. On start it sweeps the staging area left by crashed workers
 (``registry.sweep``), and every ``expire_every_s`` it expires reservations past their TTL
@@ -16,9 +16,9 @@ within the remaining 20% of ``lease_s``. Even then a double run could only waste
 misreport it: each attempt spends through its own reservation and every commit is certified.
 
 Shutdown (``stop_event`` set while a job runs): the job stops at its next step, the rest of its
-reservation is aborted and it goes back to the queue (``jobs.release``).
+reservation is aborted and it goes back to the queue (``jobs.leases.release``).
 
-Limits (``jobs.JobLimits``, from ``LEDGER_JOB_MAX_STEPS`` and ``LEDGER_JOB_MAX_WALL_S`` unless
+Limits (``jobs.params.JobLimits``, from ``LEDGER_JOB_MAX_STEPS`` and ``LEDGER_JOB_MAX_WALL_S`` unless
 given): the gate refuses a plan of more steps before it reserves anything; an attempt that runs
 longer than ``max_wall_s`` (on the monotonic clock, from its claim) is stopped at its next step
 like a cancel, the rest of its reservation aborted, what it committed kept, and the job failed
@@ -45,7 +45,8 @@ from typing import Final
 from service.db.session import Database
 from service.ledger import jobs, reservations
 from service.ledger import model_registry as registry
-from service.ledger.jobs import ClaimedJob, JobLimits, LeaseLost
+from service.ledger.jobs.leases import ClaimedJob, LeaseLost
+from service.ledger.jobs.params import JobLimits
 from service.worker import gate
 
 logger = logging.getLogger("service.worker")
@@ -158,7 +159,7 @@ class Worker:
         """Claim one job and run it to its end; the job's id, or ``None`` if none was queued."""
         stop = stop_event if stop_event is not None else self._idle_stop
         claimed_at = time.monotonic()
-        job = jobs.claim(self.db, self.worker_id, self.lease_s)
+        job = jobs.leases.claim(self.db, self.worker_id, self.lease_s)
         if job is None:
             return None
         logger.info("worker %s claimed job %s (attempt %d)", self.worker_id, job.id, job.attempt)
@@ -194,9 +195,9 @@ class Worker:
         while not done.wait(self.heartbeat_s):
             sent = time.monotonic()
             try:
-                beat = jobs.heartbeat(self.db, job.lease, self.lease_s, progress_step=control.step)
+                beat = jobs.leases.heartbeat(self.db, job.lease, self.lease_s, progress_step=control.step)
             except LeaseLost:
-                if done.is_set() or jobs.ended_under(self.db, job.lease):
+                if done.is_set() or jobs.leases.ended_under(self.db, job.lease):
                     return  # the beat raced the end of the job: nothing was lost
                 logger.warning("worker %s lost the lease of job %s", self.worker_id, job.id)
                 control.lost.set()

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
     world = digits_dataset(db, epsilon="10", source=DIGITS)  # the job reads the dataset's source
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
@@ -52,7 +52,7 @@ def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
         worker.run_once()
     except OSError:
         pass  # a worker may surface the I/O error; the ledger state below is what matters
-    return world.dataset_id, jobs.get_job(db, "acme", str(job["id"]))
+    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job["id"]))
 
 
 def _ledger(db: Database, dataset_id: str) -> dict[str, int]:

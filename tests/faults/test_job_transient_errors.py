@@ -86,7 +86,7 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
     database_url: URL, db: Database, tmp_path: Path
 ) -> None:
     world = digits_dataset(db, epsilon="10")
-    job_id = jobs.create_job(
+    job_id = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
@@ -101,14 +101,14 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
     assert loader.thread is not None
     loader.thread.join(timeout=30)
     assert loader.killed, "no waiting backend was terminated: the test proved nothing"
-    first = jobs.get_job(db, "acme", job_id)
+    first = jobs.queue.get_job(db, "acme", job_id)
     assert (first["status"], first["attempts"]) == ("queued", 1), first  # before: failed for good
     with db.session(readonly=True) as session:
         (held,) = session.scalars(select(Reservation).where(Reservation.dataset_id == world.dataset_id)).all()
     assert (held.status, held.commits) == ("aborted", 0)  # the killed commit did not land
 
     assert worker.run_once() == job_id
-    done = jobs.get_job(db, "acme", job_id)
+    done = jobs.queue.get_job(db, "acme", job_id)
     assert (done["status"], done["attempts"]) == ("succeeded", 2), done
     versions = registry.list_versions(db, "acme", done["model_name"])["data"]
     assert [v["step"] for v in versions] == [3, 6]

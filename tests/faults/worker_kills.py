@@ -188,7 +188,7 @@ def _phase(probe: _Probe, job_id: str, artifacts: Path) -> str:
     staged = [n for n in staged_files(artifacts) if n.startswith(job_id + ".")]
     if row is None or row.status == "queued":
         return "before the claim"
-    if row.status in jobs.TERMINAL:
+    if row.status in jobs.queue.TERMINAL:
         return "after the job ended"
     prefix = "staged candidate, " if staged else ""
     if row.reservation_id is None:
@@ -230,7 +230,7 @@ def kill_worker_cycles(
     job_ids: list[str] = []
     try:
         for i in range(cycles):
-            job_id = jobs.create_job(
+            job_id = jobs.queue.create_job(
                 db, world.tenant, dataset_id=world.dataset_id, algorithm="dp_sgd", params=_job_params(i)
             )["id"]
             job_ids.append(job_id)
@@ -239,7 +239,10 @@ def kill_worker_cycles(
             claimed = time.monotonic()
             if i not in doomed:
                 probe.wait(
-                    lambda j=job_id: probe.job(j).status in jobs.TERMINAL, 300, f"job {job_id} to end", worker
+                    lambda j=job_id: probe.job(j).status in jobs.queue.TERMINAL,
+                    300,
+                    f"job {job_id} to end",
+                    worker,
                 )
                 run.job_s.append(time.monotonic() - claimed)
                 run.seen_certificates |= probe.certificates()
@@ -251,7 +254,7 @@ def kill_worker_cycles(
             elif mode == "after_reserve":
                 probe.wait(
                     lambda j=job_id: (
-                        probe.job(j).reservation_id is not None or probe.job(j).status in jobs.TERMINAL
+                        probe.job(j).reservation_id is not None or probe.job(j).status in jobs.queue.TERMINAL
                     ),
                     300,
                     "a reservation",
@@ -260,7 +263,7 @@ def kill_worker_cycles(
                 )
             else:
                 probe.wait(
-                    lambda j=job_id: probe.versions(j) > 0 or probe.job(j).status in jobs.TERMINAL,
+                    lambda j=job_id: probe.versions(j) > 0 or probe.job(j).status in jobs.queue.TERMINAL,
                     300,
                     "a release",
                     worker,
@@ -282,7 +285,7 @@ def kill_worker_cycles(
             worker = _Worker(url, artifacts, log, lease_s=lease_s, ttl_s=ttl_s)
             run.restart_s.append(time.monotonic() - started)
         probe.wait(
-            lambda: all(probe.job(j).status in jobs.TERMINAL for j in job_ids),
+            lambda: all(probe.job(j).status in jobs.queue.TERMINAL for j in job_ids),
             600,
             "every job to end",
             worker,

@@ -9,10 +9,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import NullPool
 
+from service.contract.data_sources import parse_source
 from service.db import migrations
 from service.db.session import Database, create_ledger_engine
 from service.ledger import datasets, tenancy
-from service.training.data import parse_source
 
 BEFORE = "e2b7c4d9a1f0"  # the revision before e2b7c9d4f1a6
 STORED = {

@@ -3,7 +3,7 @@
 viewer, none, revoked) × tenant (own, foreign), from one table, with the same rules — no or a
 revoked key → 401, a scope below the route's → 403, another tenant's object → 404.
 
-Objects are real: a queued job (``jobs.create_job``, on a dataset whose data source an admin set)
+Objects are real: a queued job (``jobs.queue.create_job``, on a dataset whose data source an admin set)
 and a published model version (staged, committed through the ledger and published by the
 registry, with a real artifact file).
 """
@@ -88,7 +88,7 @@ def _expected(row: Row, caller: str, tenant: str) -> int:
 def _objects(db: Database, artifacts: Path) -> Objects:
     world = make_world(db, "acme")
     datasets.set_data_source(db, "acme", world.dataset, data_source="builtin:digits")  # (the admin's)
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset,

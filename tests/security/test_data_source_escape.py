@@ -41,11 +41,13 @@ import pytest
 from sqlalchemy import func, select
 
 from service.app import create_app
+from service.contract.data_roots import DataRoots, TenantRoots, check_source
+from service.contract.data_sources import SourceLocationError
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
 from service.settings import Settings
-from service.training.data import DataRoots, SourceLocationError, TenantRoots, check_source, load_data
+from service.training.data import load_data
 from tests.service.api.conftest import Keys, bearer
 from tests.worker.digits_world import budget
 
@@ -681,7 +683,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
         task["id"],
         batches=[{"name": "b0", "records": RECORDS[:20]}, {"name": "b1", "records": RECORDS[20:]}],
     )
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset["id"],
@@ -694,7 +696,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
         assert worker.run_once() == job["id"]
         assert watch.opened() == set()
 
-    answer = jobs.get_job(db, "acme", job["id"])
+    answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     error = answer["error"]
     assert error["error"] == "data_source" and error["field"] == "data_source"

@@ -32,7 +32,8 @@ from service.cli import main
 from service.client import LedgerClient
 from service.commands.export import bundle_hash
 from service.db.session import Database
-from service.ledger import signing, tenancy
+from service.ledger import tenancy
+from service.verification import signing
 from tests.service.live_server import serve, settings_for
 
 Json = dict[str, Any]
@@ -735,9 +736,9 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
 
     from accountant.events import SelfComposedEvent
     from service.client import LedgerError
+    from service.contract.data_roots import DataRoots
     from service.ledger import datasets, jobs
     from service.ledger import reservations as ledger_reservations
-    from service.training.data import DataRoots
     from service.worker.worker import Worker
     from tests.worker.digits_world import CountingLoader, digits_dataset
 
@@ -778,7 +779,7 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
         # The worker's own aborts (in-process only): a prefix charged, then a refund.
         blocker = tmp / "not-a-dir"
         blocker.write_text("a file where the artifact dir's parent should be")
-        charged = jobs.create_job(
+        charged = jobs.queue.create_job(
             db,
             "acme",
             dataset_id=ds,
@@ -786,7 +787,7 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
             params={"noise_multiplier": 1.5, "steps": 20, "checkpoint_every": 7, "seed": 3},
         )
         Worker(db, artifact_dir=blocker / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-        charged = jobs.get_job(db, "acme", str(charged["id"]))
+        charged = jobs.queue.get_job(db, "acme", str(charged["id"]))
         assert charged["status"] == "failed", charged
         release([b0])
 
@@ -796,14 +797,14 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
         source = root / "gone.npz"
         source.write_bytes(b"")
         datasets.set_data_source(db, "acme", ds, data_source=f"file://{source}", data_roots=roots)
-        refunded = jobs.create_job(
+        refunded = jobs.queue.create_job(
             db, "acme", dataset_id=ds, algorithm="dp_sgd", params={"noise_multiplier": 1.5, "steps": 5}
         )
         source.unlink()
         Worker(
             db, artifact_dir=tmp / "artifacts", loader=CountingLoader(roots=roots), device="cpu"
         ).run_once()
-        refunded = jobs.get_job(db, "acme", str(refunded["id"]))
+        refunded = jobs.queue.get_job(db, "acme", str(refunded["id"]))
         assert refunded["status"] == "failed" and refunded["error"]["error"] == "data_source", refunded
         release([b0, b1])
 

@@ -416,13 +416,13 @@ BAD_PARAMS = [
     pytest.param(
         '{"noise_multiplier": 1.0, "model": "' + "x" * 1_000_000 + '"}',
         "params",
-        f"at most {jobs.MAX_PARAMS_BYTES} bytes",
+        f"at most {jobs.params.MAX_PARAMS_BYTES} bytes",
         id="1MB_string",
     ),
     pytest.param(
         '{"noise_multiplier": 1.0, "a": ' + _nested(19) + "}",
-        "params" + ".a" * jobs.MAX_PARAMS_DEPTH,  # the first value below level MAX_PARAMS_DEPTH
-        f"deeper than {jobs.MAX_PARAMS_DEPTH} levels",
+        "params" + ".a" * jobs.params.MAX_PARAMS_DEPTH,  # the first value below level MAX_PARAMS_DEPTH
+        f"deeper than {jobs.params.MAX_PARAMS_DEPTH} levels",
         id="20_levels",
     ),
 ]
@@ -499,7 +499,7 @@ def test_an_oversized_legacy_job_row_is_listed_without_its_params(
     legacy, current = listed["data"]
     assert legacy["id"] == "job_legacy0000000000000000" and current["id"] == good["id"]
     assert legacy["params"] is None
-    assert legacy["params_omitted"]["limit"] == jobs.MAX_PARAMS_BYTES
+    assert legacy["params_omitted"]["limit"] == jobs.params.MAX_PARAMS_BYTES
     assert legacy["params_omitted"]["bytes"] > 200_000
     assert current["params"] == {"noise_multiplier": 1.0} and "params_omitted" not in current
 
@@ -511,13 +511,16 @@ def test_an_oversized_legacy_job_row_is_listed_without_its_params(
 # ---- 7. job pages are bounded ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("limit", [jobs.MAX_PAGE + 1, 10**9])
+@pytest.mark.parametrize("limit", [jobs.queue.MAX_PAGE + 1, 10**9])
 def test_job_pages_are_bounded(client: TestClient, keys: Keys, limit: int) -> None:
     """Finding 7: ``GET /v1/jobs?limit=`` above ``MAX_PAGE`` is a 422 naming ``limit`` (a page is
     at most ``MAX_PAGE`` jobs); ``MAX_PAGE`` itself is answered."""
     api = Api(client, keys.get("acme", "viewer"))
     refused(api.call("GET", f"/v1/jobs?limit={limit}"), "limit")
-    assert api.call("GET", f"/v1/jobs?limit={jobs.MAX_PAGE}", status=200).json() == {"data": [], "count": 0}
+    assert api.call("GET", f"/v1/jobs?limit={jobs.queue.MAX_PAGE}", status=200).json() == {
+        "data": [],
+        "count": 0,
+    }
 
 
 ID_ROUTES = [

@@ -193,7 +193,10 @@ def test_tampering_in_the_database_is_caught(healthy: Healthy, capsys: pytest.Ca
     code, out, _ = run(healthy.online(), capsys)
     assert code == 1
     assert "the server's audit verification failed" in out
-    assert "entry 1 (dataset.created): does not match its hash" in out
+    # the server's walk and the check's own, on the exported chain, find the same break
+    # and say it in the same words (service.verification.audit_chain)
+    broken = f"(chain {healthy.dataset!r}, position 1): entry does not match its hash"
+    assert out.count(broken) == 2, out
 
 
 @SQLITE_ONLY
@@ -512,7 +515,7 @@ def test_bundle_usage_errors_exit_2(
 def _rechain(bundle: dict[str, Any]) -> None:
     """Recompute every audit entry's hash and the head (no secret needed), as a forger would."""
     from accountant.canonical import parse_timestamp
-    from service.ledger.audit_hash import GENESIS_HASH, entry_hash
+    from service.verification.audit_chain import GENESIS_HASH, entry_hash
 
     prev = GENESIS_HASH
     for entry in bundle["audit"]["entries"]:
@@ -550,7 +553,7 @@ def _forge_first_certificate(bundle: dict[str, Any]) -> None:
 def test_signatures_catch_a_consistent_forgery_and_say_who_is_trusted(
     healthy: Healthy, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from service.ledger import signing
+    from service.verification import signing
 
     path = tmp_path / "ledger.json"
     original = export(healthy, path, capsys)

@@ -46,8 +46,9 @@ from service.client import (
 )
 from service.db.session import Database
 from service.ledger import model_registry as registry
-from service.ledger import signing, tenancy
+from service.ledger import tenancy
 from service.settings import Settings
+from service.verification import signing
 from tests.service.live_server import free_port, serve, settings_for
 
 # Client behaviour that does not depend on the database runs on SQLite only (the backend fixture

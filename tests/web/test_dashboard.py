@@ -32,6 +32,7 @@ import pytest
 
 from service.db.session import Database
 from service.ledger import jobs, tenancy
+from service.training.data import register_source
 from tests.service.api.conftest import ROOT, Server, bearer, start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -165,7 +166,7 @@ def _seed_trained(server: Server, database_url: str, artifact_dir: Path) -> tupl
         digits = admin.create_dataset(
             "digits-dp", rule="sequential", epsilon="8", delta="1e-5", data_source="builtin:digits"
         )
-        admin.register_source(digits["id"], batch_size=500)
+        register_source(admin, digits["id"], batch_size=500)
         trained = admin.create_job(digits["id"], "dp_sgd", TRAINED_PARAMS)["id"]
         failed = admin.create_job(
             digits["id"],
@@ -645,11 +646,11 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
     # A worker claims the job and reports progress, through the worker's own job operations.
     db = Database(seeded.database_url, pool_size=1, max_overflow=0)
     try:
-        claimed = jobs.claim(db, "browser-test-worker", lease_s=60)
+        claimed = jobs.leases.claim(db, "browser-test-worker", lease_s=60)
         assert claimed is not None and claimed.lease.job_id == seeded.job
         lease = claimed.lease
-        jobs.record_plan(db, lease, plan={"steps": 100}, total_steps=100)
-        jobs.record_progress(
+        jobs.leases.record_plan(db, lease, plan={"steps": 100}, total_steps=100)
+        jobs.leases.record_progress(
             db, lease, step=40, epsilon_committed=Decimal("0.35"), metrics={"accuracy": 0.8125, "loss": 0.52}
         )
         wait_for("step 40", lambda: text_of(browser, "#job-progress-text") == "40 / 100 steps (40%)")
@@ -662,10 +663,10 @@ def test_jobs_show_live_progress_without_reloading(browser: Any, seeded: Seeded)
         assert metric_rows == {"accuracy": "0.8125", "loss": "0.52"}
         screenshot(browser, "09-job-live-progress")
 
-        jobs.record_progress(
+        jobs.leases.record_progress(
             db, lease, step=100, epsilon_committed=Decimal("0.9"), metrics={"accuracy": 0.9, "loss": 0.31}
         )
-        jobs.finish(db, lease, "succeeded", metrics={"accuracy": 0.9, "loss": 0.31})
+        jobs.leases.finish(db, lease, "succeeded", metrics={"accuracy": 0.9, "loss": 0.31})
     finally:
         db.dispose()
     wait_for("the finished job", lambda: text_of(browser, "#job-status") == "succeeded")

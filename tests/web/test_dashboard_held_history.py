@@ -21,6 +21,7 @@ import pytest
 from service.client import LedgerClient
 from service.db.session import Database
 from service.ledger import tenancy
+from service.training.data import register_source
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
 from tests.web.test_dashboard import (
     Api,
@@ -91,7 +92,7 @@ def _seed(server: Server, url: str, artifacts: Path) -> World:
             delta="1e-5",  # the default accountant (tight), with checkpoint commits
             data_source="builtin:digits",
         )
-        admin.register_source(digits["id"], batch_size=500)
+        register_source(admin, digits["id"], batch_size=500)
         params = {
             "model_name": "digits-curves-mlp",
             "noise_multiplier": 1.0,

@@ -76,7 +76,7 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
     """A finished job with two published checkpoints (steps 10 and 20), as the worker publishes
     them: staged, released through the ledger, published."""
     job = str(
-        jobs.create_job(
+        jobs.queue.create_job(
             db,
             "default",
             dataset_id=dataset,
@@ -84,7 +84,7 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
             params={"noise_multiplier": 1.0, "steps": 20},
         )["id"]
     )
-    claimed = jobs.claim(db, "browser-test-worker", lease_s=60)
+    claimed = jobs.leases.claim(db, "browser-test-worker", lease_s=60)
     assert claimed is not None and claimed.lease.job_id == job
     model = f"dp_sgd-{job}"
     for version, (step, accuracy) in enumerate(((10, 0.61), (20, 0.74)), start=1):
@@ -115,7 +115,7 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
         )
         answer = reservations.commit(db, "default", held["id"], release={"model": model, "version": version})
         registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
-    jobs.finish(db, claimed.lease, "succeeded", metrics={"accuracy": 0.74, LONG_METRIC: 0.69})
+    jobs.leases.finish(db, claimed.lease, "succeeded", metrics={"accuracy": 0.74, LONG_METRIC: 0.69})
     return job
 
 
@@ -162,7 +162,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         done = _checkpoints(db, artifacts, trained, batch)
         # a running job holding its reservation, nothing committed yet
         running = str(
-            jobs.create_job(
+            jobs.queue.create_job(
                 db,
                 "default",
                 dataset_id=trained,
@@ -170,14 +170,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 params={"noise_multiplier": 1.0, "steps": 50},
             )["id"]
         )
-        claimed = jobs.claim(db, "browser-test-worker", lease_s=600)
+        claimed = jobs.leases.claim(db, "browser-test-worker", lease_s=600)
         assert claimed is not None and claimed.lease.job_id == running
-        jobs.record_plan(db, claimed.lease, plan={"steps": 50}, total_steps=50)
+        jobs.leases.record_plan(db, claimed.lease, plan={"steps": 50}, total_steps=50)
         held = reservations.reserve(
             db, "default", trained, event_json={"kind": "pure_dp", "epsilon": 0.75}, batch_ids=[batch]
         )
-        jobs.record_reservation(db, claimed.lease, held["id"])
-        jobs.record_progress(db, claimed.lease, step=12, metrics={LONG_METRIC: 0.5, "loss": 1.1})
+        jobs.leases.record_reservation(db, claimed.lease, held["id"])
+        jobs.leases.record_progress(db, claimed.lease, step=12, metrics={LONG_METRIC: 0.5, "loss": 1.1})
 
         lifelong = api.dataset(
             "lifelong-full", {"rule": "lifelong", "epsilon": "1", "delta": "0", "accountant": "basic"}

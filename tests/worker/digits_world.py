@@ -20,10 +20,11 @@ from typing import Any
 from sqlalchemy import select
 
 from service.client import LedgerClient
+from service.contract.data_roots import DataRoots
 from service.db.models import Job, ModelVersion, Reservation
 from service.db.session import Database
 from service.ledger import batches, datasets, tenancy
-from service.training.data import DataRoots, LoadedData, load_data
+from service.training.data import LoadedData, load_data
 from service.worker.gate import SourceLoader
 
 DIGITS = "builtin:digits"
@@ -183,7 +184,7 @@ def claim_concurrently(db: Database, workers: int) -> list[str]:
     def claimer(n: int) -> None:
         try:
             barrier.wait()
-            while (job := jobs.claim(db, f"worker-{n}", 30)) is not None:
+            while (job := jobs.leases.claim(db, f"worker-{n}", 30)) is not None:
                 with lock:
                     claimed.append(job.id)
         except BaseException as exc:  # re-raised below, in the test's thread

@@ -21,19 +21,19 @@ pytest.importorskip("torch")
 from sqlalchemy import select
 
 from accountant.certificates import verify
+from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import certificates, datasets, jobs, quotes, spend
-from service.training.data import DataRoots
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, reservation, versions_of
 
 
 def _job(db: Database, artifacts: Path, **params: Any) -> tuple[str, dict[str, Any]]:
     world = digits_dataset(db, epsilon="10")
-    job = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)
+    job = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)
     Worker(db, artifact_dir=artifacts, loader=CountingLoader(), device="cpu").run_once()
-    return world.dataset_id, jobs.get_job(db, "acme", str(job["id"]))
+    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job["id"]))
 
 
 def _audit_payloads(db: Database, dataset_id: str, event_type: str) -> list[dict[str, Any]]:
@@ -68,7 +68,7 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.committed_epsilon < held.epsilon  # the 13 steps never begun went back
     ledger = spend.get_spend(db, "acme", dataset_id)
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (priced["epsilon"], "0")
-    assert Decimal(jobs.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
+    assert Decimal(jobs.queue.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
     (stored,) = certificates.list_certificates(db, "acme", dataset_id)["data"]
     body = stored["certificate"]
     assert (stored["outcome"], stored["release"], body["release"]) == ("aborted", None, None)
@@ -86,7 +86,7 @@ def test_a_job_failing_before_reading_data_is_refunded(db: Database, tmp_path: P
     source.write_bytes(b"")
     world = digits_dataset(db, epsilon="10", source=None)
     datasets.set_data_source(db, "acme", world.dataset_id, data_source=f"file://{source}", data_roots=roots)
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
@@ -97,7 +97,7 @@ def test_a_job_failing_before_reading_data_is_refunded(db: Database, tmp_path: P
     Worker(
         db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(roots=roots), device="cpu"
     ).run_once()
-    answer = jobs.get_job(db, "acme", str(job["id"]))
+    answer = jobs.queue.get_job(db, "acme", str(job["id"]))
     assert answer["status"] == "failed" and answer["error"]["error"] == "data_source", answer
     assert reservation(db, answer["reservation_id"]).status == "aborted"
     ledger = spend.get_spend(db, "acme", world.dataset_id)

@@ -1,5 +1,5 @@
 """A published model's bytes are bound to its signed certificate (issue 24 §6): the worker commits
-the release with the weights' SHA-256, ``LedgerClient.load_model`` loads only bytes whose SHA-256
+the release with the weights' SHA-256, ``service.training.nets.load_model`` loads only bytes whose SHA-256
 the signed certificate states, and ``ledger check`` (online) downloads every version and compares.
 
 A real server (uvicorn on a loopback port, its in-process worker training for real) over the
@@ -23,7 +23,9 @@ from service.cli import main as ledger_main
 from service.client import InvalidInput, LedgerError
 from service.db.models import ModelVersion
 from service.db.session import Database
-from service.ledger.signing import check_certificate, keys_from_json
+from service.training.data import register_source
+from service.training.nets import load_model
+from service.verification.signing import check_certificate, keys_from_json
 from tests.worker.digits_world import client_for, finished_job
 
 DIGITS = "builtin:digits"
@@ -47,7 +49,7 @@ def test_a_published_version_loads_only_with_the_bytes_its_signed_certificate_st
     dataset = admin.create_dataset(
         "digits", rule="sequential", epsilon="10", delta="1e-5", data_source=DIGITS
     )
-    admin.register_source(dataset["id"], batch_size=700)
+    register_source(admin, dataset["id"], batch_size=700)
     params = {"noise_multiplier": 1.1, "steps": 8, "expected_batch_size": 64, "seed": 3}
     job = finished_job(trainer, trainer.create_job(dataset["id"], "dp_sgd", params)["id"])
     assert job["status"] == "succeeded", job.get("error")
@@ -62,7 +64,7 @@ def test_a_published_version_loads_only_with_the_bytes_its_signed_certificate_st
     assert version["artifact"]["sha256"] == served.sha256 == hashlib.sha256(served.content).hexdigest()
     assert verify(certificate).ok
     assert check_certificate(certificate, keys_from_json(viewer.signing_keys(), "server")).ok
-    assert viewer.load_model(name, number).model_spec == version["model_spec"]
+    assert load_model(viewer, name, number).model_spec == version["model_spec"]
     code, report = _check(url, keys["viewer"], dataset["id"], capsys)
     findings = {f["name"]: f for f in report["checks"]}
     assert code == 0 and findings["artifacts"]["ok"], findings["artifacts"]
@@ -84,12 +86,12 @@ def test_a_published_version_loads_only_with_the_bytes_its_signed_certificate_st
         )
     assert viewer.download_artifact(name, number).sha256 == forged_sha  # the header agrees
     with pytest.raises(LedgerError) as refused:
-        viewer.load_model(name, number)
+        load_model(viewer, name, number)
     assert refused.value.code == "artifact_not_certified"
     assert forged_sha in refused.value.message and served.sha256 in refused.value.message
     # Pinned keys that did not sign the certificate: refused too.
     with pytest.raises(LedgerError) as unpinned:
-        viewer.load_model(name, number, trusted_keys={})
+        load_model(viewer, name, number, trusted_keys={})
     assert unpinned.value.code == "artifact_not_certified" and "signature" in unpinned.value.message
 
     code, report = _check(url, keys["viewer"], dataset["id"], capsys)

@@ -120,9 +120,11 @@ def test_a_two_process_job_is_certified_as_the_same_run_in_one_process(db: Datab
     for world_size in (2, 1):
         world = digits_dataset(db, epsilon="10")
         params = {**PARAMS, "world_size": world_size}
-        created = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)
+        created = jobs.queue.create_job(
+            db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
+        )
         Worker(db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-        job = jobs.get_job(db, "acme", created["id"])
+        job = jobs.queue.get_job(db, "acme", created["id"])
         assert job["status"] == "succeeded", job
         assert job["plan"]["params"].get("world_size", 1) == world_size
         held = reservation(db, job["reservation_id"])  # one reservation, committed whole
@@ -181,8 +183,10 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
 ) -> None:
     world = digits_dataset(db, epsilon="10")
     params = {**PARAMS, "steps": 20, "world_size": 2}
-    created = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)
-    claimed = jobs.claim(db, "w1", 60.0)
+    created = jobs.queue.create_job(
+        db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
+    )
+    claimed = jobs.leases.claim(db, "w1", 60.0)
     assert claimed is not None
     control = KillRankOne(at=3)
     outcome = gate.run_job(
@@ -194,7 +198,7 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
         loader=CountingLoader(),
     )
     assert control.killed is not None
-    job = jobs.get_job(db, "acme", created["id"])
+    job = jobs.queue.get_job(db, "acme", created["id"])
     assert outcome.status == job["status"] == "failed" and not outcome.versions, job
     assert job["error"]["error"] == "training_failed" and "RankFailure" in job["error"]["message"], job
     assert versions_of(db, created["id"]) == []
@@ -218,11 +222,11 @@ def test_a_two_process_audit_job_is_charged_once_and_states_its_audit(db: Databa
     certified upper."""
     world = digits_dataset(db, epsilon="10")
     params = {**PARAMS, "world_size": 2, "canaries": 200, "delta": 1e-5, "model_name": "audit-2"}
-    created = jobs.create_job(
+    created = jobs.queue.create_job(
         db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd_audit", params=params
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-    job = jobs.get_job(db, "acme", created["id"])
+    job = jobs.queue.get_job(db, "acme", created["id"])
     assert job["status"] == "succeeded", job
     held = reservation(db, job["reservation_id"])
     assert held.status == "committed" and held.committed_epsilon == held.epsilon

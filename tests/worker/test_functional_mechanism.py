@@ -21,6 +21,7 @@ from accountant.mechanisms import (
     functional_mechanism_noise_stddev,
 )
 from accountant.registry import make_accountant
+from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.db.session import Database
 from service.ledger import jobs, spend
 from service.training.data import LoadedData, load_data
@@ -31,7 +32,6 @@ from service.training.functional_mechanism import (
     random_projection,
 )
 from service.training.l2dp_ml import L2dpMlTrainer
-from service.training.params import FunctionalMechanismParams, InvalidParamsError
 from service.training.stages import LedgerBatch, LedgerTask
 from service.worker.worker import Worker
 from tests.worker.digits_world import source_tasks, task_dataset, versions_of
@@ -135,9 +135,9 @@ SOURCE = "builtin:split-digits?tasks=3&seed=1"
 
 
 def _job(db: Database, tmp_path: Path, dataset_id: str, params: dict[str, object]) -> dict[str, object]:
-    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
+    job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
     assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(

@@ -26,12 +26,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from accountant.certificates import verify  # noqa: E402
+from service.contract.data_roots import DataRoots  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
-from service.training.data import DataRoots  # noqa: E402
 from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
 from service.training.nets import load_state  # noqa: E402
 from service.worker import gate  # noqa: E402
@@ -57,7 +57,7 @@ def _worker(db: Database, artifact_dir: Path, loader: CountingLoader, **kwargs: 
 
 
 def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: Any) -> str:
-    answer = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
+    answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     return str(answer["id"])
 
 
@@ -92,7 +92,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     job_id = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, checkpoint_every=100, seed=7)
 
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert job["progress"] == {"step": 225, "total": 225}
     assert loader.opened == [DIGITS]
@@ -126,7 +126,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     # A second job needs more than what remains: refused before its data source is opened.
     second = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, seed=8)
     assert worker.run_once() == second
-    refused = jobs.get_job(db, "acme", second)
+    refused = jobs.queue.get_job(db, "acme", second)
     assert refused["status"] == "failed"
     error = refused["error"]
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
@@ -153,7 +153,7 @@ def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
     worker = _worker(db, artifacts, CountingLoader())
     job_id = _queue(db, world.dataset_id, target_budget_epsilon=2.0, delta=1e-5, seed=3)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert Decimal("1.9") < Decimal(job["epsilon_committed"]) <= 2
     event = job["plan"]["event"]
@@ -186,7 +186,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     worker = _worker(db, artifacts, loader)
     too_big = _queue(db, world.dataset_id, target_epsilon=2.0, seed=3)  # δ: the budget's
     assert worker.run_once() == too_big
-    refused = jobs.get_job(db, "acme", too_big)
+    refused = jobs.queue.get_job(db, "acme", too_big)
     assert refused["status"] == "failed" and refused["reservation_id"] is None
     error = refused["error"]
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
@@ -198,7 +198,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     # The named target fits, and a little more does not (it is the largest, to about 0.1%).
     fits = _queue(db, world.dataset_id, target_epsilon=largest, seed=3)
     assert worker.run_once() == fits
-    job = jobs.get_job(db, "acme", fits)
+    job = jobs.queue.get_job(db, "acme", fits)
     assert job["status"] == "succeeded", job["error"]
     assert loader.opened == [DIGITS]
     assert 0 < Decimal(job["epsilon_committed"]) <= 2
@@ -211,7 +211,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     assert opacus.get_epsilon(delta=1e-5) <= largest
     bigger = _queue(db, world.dataset_id, target_epsilon=round(largest * 1.01, 4), seed=3)
     assert worker.run_once() == bigger
-    assert jobs.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"
+    assert jobs.queue.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"
 
 
 @pytest.mark.slow
@@ -233,11 +233,11 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
     deadline = time.monotonic() + 60
     while not versions_of(db, job_id) and time.monotonic() < deadline:
         time.sleep(0.02)
-    jobs.cancel_job(db, "acme", job_id)
+    jobs.queue.cancel_job(db, "acme", job_id)
     thread.join(timeout=60)
     assert not thread.is_alive()
 
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "cancelled", job["error"]
     versions = versions_of(db, job_id)
     assert versions and job["progress"]["step"] < 20_000
@@ -284,7 +284,7 @@ def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) 
     worker = _worker(db, artifacts, loader, reservation_ttl_s=0.5)
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, checkpoint_every=10, seed=2)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed"
     assert job["error"]["error"] == "reservation_expired"
     assert versions_of(db, job_id) == [] and job["metrics"] is None
@@ -303,7 +303,7 @@ def test_records_that_do_not_match_the_batches_fail_before_training(db: Database
     worker = _worker(db, artifacts, CountingLoader())
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, seed=3)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed"
     error = job["error"]
     assert error["error"] == "record_mismatch" and error["field"] == "data_source"
@@ -329,7 +329,7 @@ def test_invalid_trainer_params_are_refused_at_submit_naming_the_field(db: Datab
         _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, epoch=3)
     assert refused.value.field == "params.epoch"
     # Nothing was queued: no worker runs it, no source is opened, nothing is held.
-    assert jobs.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
     assert _worker(db, artifacts, loader).run_once() is None
     assert loader.opened == []
     assert spend.get_spend(db, "acme", world.dataset_id)["reservations_open"] == 0
@@ -342,7 +342,7 @@ def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
         db, world.dataset_id, algorithm="adadp", target_epsilon=2.0, delta=1e-5, checkpoint_every=150, seed=4
     )
     assert _worker(db, artifacts, CountingLoader()).run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     versions = versions_of(db, job_id)
     assert [v.step for v in versions] == [150, 225]
@@ -362,13 +362,13 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     job: the next worker finishes it ``succeeded`` without reading data or reserving again."""
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], n_batches=1, epsilon="10")
     job_id = _queue(db, world.dataset_id, noise_multiplier=5.0, steps=2, model_name="m")
-    dead = jobs.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=1))
+    dead = jobs.leases.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=1))
     assert dead is not None
     event = {"kind": "gaussian", "noise_multiplier": 5.0}
     held = reservations.reserve(
         db, "acme", world.dataset_id, event_json=event, batch_ids=list(world.batch_ids)
     )
-    jobs.record_reservation(db, dead.lease, held["id"])
+    jobs.leases.record_reservation(db, dead.lease, held["id"])
     staged = registry.stage(
         artifacts,
         tenant_id="acme",
@@ -387,7 +387,7 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
 
     loader = CountingLoader()
     assert _worker(db, artifacts, loader).run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded" and job["attempts"] == 2
     assert job["reservation_id"] == held["id"] and job["metrics"]["test_accuracy"] == 0.9
     assert Decimal(job["epsilon_committed"]) > 0 and job["progress"]["step"] == 2
@@ -411,7 +411,7 @@ def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(
     source.unlink()
     loader = CountingLoader(roots=roots)
     assert _worker(db, artifacts, loader).run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert loader.opened == [uri]
     assert job["status"] == "failed" and job["error"]["error"] == "data_source"
     assert job["error"]["field"] == "data_source"
@@ -427,7 +427,7 @@ def test_a_record_id_in_a_trainers_exception_never_reaches_the_failure_message(d
     puts in the job's error and the worker's log) withholds a message this project did not write,
     and masks the source's record ids in one it did."""
     world = digits_dataset(db, epsilon="10")
-    uri = gate.dataset_source(db, "acme", world.dataset_id)
+    uri = datasets.data_source(db, "acme", world.dataset_id)
     assert uri == DIGITS
     data = CountingLoader()(uri, "acme")
     of_batch = gate.check_source_records(db, world.dataset_id, data)

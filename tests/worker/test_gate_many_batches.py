@@ -56,9 +56,9 @@ def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, 
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     params = {"noise_multiplier": 5.0, "steps": 1, "seed": 1}
-    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert loader.opened == [SOURCE]
     held = reservation(db, job["reservation_id"])
@@ -77,11 +77,11 @@ def test_a_staged_stage_of_more_than_10000_batches_is_reserved_by_its_task(
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     params = {"noise_multiplier": 5.0, "sampling_probability": 0.0002, "seed": 1}
-    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)[
-        "id"
-    ]
+    job_id = jobs.queue.create_job(
+        db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params
+    )["id"]
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert loader.opened == [SOURCE]
     with db.session(readonly=True) as session:

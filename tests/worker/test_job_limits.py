@@ -18,7 +18,7 @@ from service.db.base import utcnow
 from service.db.models import Reservation
 from service.db.session import Database
 from service.ledger import certificates, jobs, spend
-from service.ledger.jobs import JobLimits
+from service.ledger.jobs.params import JobLimits
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, claim_concurrently, digits_dataset, job_row, versions_of
 
@@ -32,9 +32,9 @@ def _dataset(db: Database, tenant: str, **kwargs: Any) -> str:
 
 
 def _job(
-    db: Database, tenant: str, dataset_id: str, limits: JobLimits = jobs.DEFAULT_LIMITS, **params: Any
+    db: Database, tenant: str, dataset_id: str, limits: JobLimits = jobs.params.DEFAULT_LIMITS, **params: Any
 ) -> str:
-    answer = jobs.create_job(
+    answer = jobs.queue.create_job(
         db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}, limits=limits
     )
     return str(answer["id"])
@@ -69,13 +69,13 @@ def test_a_tenant_queued_behind_another_tenants_jobs_gets_the_second_claim(db: D
     a_jobs = [_job(db, "acme", a) for _ in range(5)]
     b_job = _job(db, "rival", b)
     now = utcnow()
-    first = jobs.claim(db, "worker-1", 600, now=now)
-    second = jobs.claim(db, "worker-2", 600, now=now + timedelta(seconds=1))
+    first = jobs.leases.claim(db, "worker-1", 600, now=now)
+    second = jobs.leases.claim(db, "worker-2", 600, now=now + timedelta(seconds=1))
     assert first is not None and second is not None
     assert (first.id, second.id) == (a_jobs[0], b_job)
-    rest = [jobs.claim(db, f"worker-{n}", 600, now=now + timedelta(seconds=n)) for n in range(3, 7)]
+    rest = [jobs.leases.claim(db, f"worker-{n}", 600, now=now + timedelta(seconds=n)) for n in range(3, 7)]
     assert [c.id for c in rest if c is not None] == a_jobs[1:]  # then A's, oldest first
-    assert jobs.claim(db, "worker-7", 600, now=now + timedelta(seconds=7)) is None
+    assert jobs.leases.claim(db, "worker-7", 600, now=now + timedelta(seconds=7)) is None
 
 
 def test_one_worker_alternates_between_tenants(db: Database) -> None:
@@ -91,13 +91,13 @@ def test_one_worker_alternates_between_tenants(db: Database) -> None:
     now = utcnow()
     order = []
     for n in range(6):
-        claimed = jobs.claim(db, "worker", 600, now=now + timedelta(seconds=n))
+        claimed = jobs.leases.claim(db, "worker", 600, now=now + timedelta(seconds=n))
         assert claimed is not None
         order.append(tenant_of[claimed.id])
-        jobs.finish(db, claimed.lease, "succeeded", now=now + timedelta(seconds=n, milliseconds=500))
+        jobs.leases.finish(db, claimed.lease, "succeeded", now=now + timedelta(seconds=n, milliseconds=500))
     assert order == ["acme", "rival", "third", "acme", "rival", "acme"]
     assert queued["acme"] == [
-        j for j in (jobs.get_job(db, "acme", i)["id"] for i in queued["acme"]) if j
+        j for j in (jobs.queue.get_job(db, "acme", i)["id"] for i in queued["acme"]) if j
     ]  # (each tenant's own jobs still run oldest first: checked by the first test)
 
 
@@ -107,11 +107,11 @@ def test_an_expired_lease_does_not_count_as_running(db: Database) -> None:
     a, b = _dataset(db, "acme"), _dataset(db, "rival")
     dead_job = _job(db, "acme", a)
     now = utcnow()
-    assert jobs.claim(db, "dead", 5, now=now) is not None
+    assert jobs.leases.claim(db, "dead", 5, now=now) is not None
     other = _job(db, "rival", b)
     # At now+10 the lease expired: both tenants have no live job; rival never had a claim.
-    first = jobs.claim(db, "w1", 60, now=now + timedelta(seconds=10))
-    second = jobs.claim(db, "w2", 60, now=now + timedelta(seconds=11))
+    first = jobs.leases.claim(db, "w1", 60, now=now + timedelta(seconds=10))
+    second = jobs.leases.claim(db, "w2", 60, now=now + timedelta(seconds=11))
     assert first is not None and second is not None
     assert (first.id, second.id) == (other, dead_job)
     assert second.attempt == 2
@@ -135,14 +135,14 @@ def test_a_tenants_queue_is_bounded_and_other_tenants_are_not(db: Database) -> N
     limits = JobLimits(max_steps=1000, max_wall_s=60, max_queued_per_tenant=2)
     a, b = _dataset(db, "acme"), _dataset(db, "rival")
     first, _ = _job(db, "acme", a, limits), _job(db, "acme", a, limits)
-    with pytest.raises(jobs.TooManyQueuedJobs) as info:
+    with pytest.raises(jobs.queue.TooManyQueuedJobs) as info:
         _job(db, "acme", a, limits)
     assert info.value.status == 409 and info.value.code == "too_many_queued_jobs"
     assert info.value.details["limit"] == 2 and info.value.details["queued"] == 2
-    assert jobs.list_jobs(db, "acme")["count"] == 2  # nothing stored
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 2  # nothing stored
     _job(db, "rival", b, limits)  # another tenant's queue is its own
-    assert jobs.claim(db, "worker", 60) is not None  # one of acme's starts: a place frees up
-    jobs.cancel_job(db, "acme", first) if job_row(db, first).status == "queued" else None
+    assert jobs.leases.claim(db, "worker", 60) is not None  # one of acme's starts: a place frees up
+    jobs.queue.cancel_job(db, "acme", first) if job_row(db, first).status == "queued" else None
     _job(db, "acme", a, limits)
 
 
@@ -158,7 +158,7 @@ def test_the_queue_limit_holds_under_concurrent_submits(db: Database) -> None:
             barrier.wait()
             _job(db, "acme", dataset_id, limits)
             result = "created"
-        except jobs.TooManyQueuedJobs:
+        except jobs.queue.TooManyQueuedJobs:
             result = "refused"
         except BaseException as exc:  # recorded, so the assertion shows it (a thread's own
             result = f"{type(exc).__name__}: {exc}"  # exception would leave only a short list)
@@ -171,7 +171,7 @@ def test_the_queue_limit_holds_under_concurrent_submits(db: Database) -> None:
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["created"] * 3 + ["refused"] * 5
-    assert jobs.list_jobs(db, "acme")["count"] == 3
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,14 +191,14 @@ def test_a_plan_past_the_step_limit_fails_before_it_reserves(
 ) -> None:
     pytest.importorskip("torch")
     dataset_id = digits_dataset(db, epsilon="10").dataset_id
-    job_id = jobs.create_job(
+    job_id = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params={"noise_multiplier": 1.0, **params}
     )["id"]
     loader = CountingLoader()
     limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
     worker = Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu", limits=limits)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed"
     assert job["error"]["error"] == "too_many_steps" and job["error"]["field"] == field
     assert job["error"]["limit"] == 1000 and job["error"]["steps"] > 1000
@@ -214,13 +214,13 @@ def test_a_staged_plan_counts_the_steps_of_every_stage(db: Database, tmp_path: P
     source = "builtin:split-digits?tasks=3"
     dataset_id, _ = task_dataset(db, budget, source_tasks(source), batch_size=50, source=source)
     params = {"noise_multiplier": 1.0, "sampling_probability": 0.01, "epochs": 4, "seed": 1}  # 400 a task
-    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)
+    job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)
     job_id = job["id"]
     limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu", limits=limits)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed" and job["error"]["error"] == "too_many_steps"
     assert job["error"]["steps"] == 1200 and job["error"]["field"] == "params.epochs"
     assert loader.opened == [] and _reservations(db, dataset_id) == []
@@ -235,11 +235,11 @@ def test_a_job_past_its_wall_time_is_stopped_and_failed_keeping_only_what_it_com
     dataset_id = digits_dataset(db, epsilon="1000").dataset_id
     # 100 000 steps (minutes of work); a release every 20 steps; the worker allows 2 s.
     params = {"noise_multiplier": 2.0, "steps": 100_000, "checkpoint_every": 20, "seed": 3}
-    job_id = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
     limits = JobLimits(max_steps=1_000_000, max_wall_s=2.0, max_queued_per_tenant=10)
     worker = Worker(db, artifact_dir=tmp_path, loader=CountingLoader(), device="cpu", limits=limits)
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed", job
     assert job["error"]["error"] == "wall_time_exceeded" and job["error"]["limit_s"] == 2.0
     assert "LEDGER_JOB_MAX_WALL_S" in job["error"]["message"]

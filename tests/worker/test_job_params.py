@@ -1,6 +1,6 @@
-"""Job params as one typed, torch-free declaration (``service.training.params``): what the API checks
+"""Job params as one typed, torch-free declaration (``service.contract.job_params``): what the API checks
 at submit is what the trainer reads at run time, for every algorithm; the params document is
-standard JSON within its bounds (``service.ledger.jobs.check_document`` / ``check_params``).
+standard JSON within its bounds (``service.ledger.jobs.params.check_document`` / ``check_params``).
 
 No database here: these are the checks ``create_job`` runs before anything is stored (the HTTP
 tests with row counts are tests/security/test_red_team_findings.py)."""
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from service.contract import job_params
 from service.ledger import jobs
 from service.ledger.errors import InvalidInput
-from service.training import params as job_params
 from service.training.algorithms import TRAINERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,8 +77,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def test_every_algorithm_has_a_declaration() -> None:
-    assert set(job_params.PARAMS) == set(TRAINERS)
+def test_every_algorithm_has_a_declaration_and_a_trainer() -> None:
+    """The server owns the names (``service.contract.job_params``); the trainers follow them."""
+    assert set(job_params.PARAMS) == set(job_params.ALGORITHMS)
+    assert tuple(TRAINERS) == job_params.ALGORITHMS
 
 
 @pytest.mark.parametrize(("algorithm", "params"), VALID)
@@ -88,7 +90,7 @@ def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: 
 
     declared = job_params.validate(algorithm, params)
     assert trainer_for(algorithm, "cpu").parse_params(params) == declared
-    assert jobs.check_params(algorithm, params) == declared  # and the API takes it
+    assert jobs.params.check_params(algorithm, params) == declared  # and the API takes it
 
 
 @pytest.mark.parametrize(
@@ -130,7 +132,7 @@ def test_what_a_trainer_refuses_is_refused_at_submit_naming_the_field(
     algorithm: str, params: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params(algorithm, jobs.check_document(params))
+        jobs.params.check_params(algorithm, jobs.params.check_document(params))
     assert info.value.field == field
     with pytest.raises(job_params.InvalidParamsError) as declared:  # the trainer's own reader agrees
         job_params.validate(algorithm, params)
@@ -139,21 +141,21 @@ def test_what_a_trainer_refuses_is_refused_at_submit_naming_the_field(
 
 def test_the_job_keys_are_checked_and_the_data_source_is_refused() -> None:
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params("dp_sgd", {"noise_multiplier": 1.0, "data_source": "builtin:digits"})
+        jobs.params.check_params("dp_sgd", {"noise_multiplier": 1.0, "data_source": "builtin:digits"})
     assert info.value.field == "params.data_source"
     assert "belongs to the dataset" in info.value.message and "data-source" in info.value.message
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params("dp_sgd", {"noise_multiplier": 1.0, "model_name": "../../etc"})
+        jobs.params.check_params("dp_sgd", {"noise_multiplier": 1.0, "model_name": "../../etc"})
     assert info.value.field == "params.model_name"
-    parsed = jobs.check_params("dp_sgd", {"noise_multiplier": 1.0, "model_name": "m-1"})
+    parsed = jobs.params.check_params("dp_sgd", {"noise_multiplier": 1.0, "model_name": "m-1"})
     assert parsed.noise_multiplier == 1.0  # model_name is the job's, not passed to the trainer
 
 
 def test_an_explicit_step_count_above_the_limit_is_refused_at_submit() -> None:
-    limits = jobs.JobLimits(max_steps=100, max_wall_s=60, max_queued_per_tenant=5)
-    assert jobs.check_params("dp_sgd", {"noise_multiplier": 1.0, "steps": 100}, limits).steps == 100
+    limits = jobs.params.JobLimits(max_steps=100, max_wall_s=60, max_queued_per_tenant=5)
+    assert jobs.params.check_params("dp_sgd", {"noise_multiplier": 1.0, "steps": 100}, limits).steps == 100
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params("dp_sgd", {"noise_multiplier": 1.0, "steps": 101}, limits)
+        jobs.params.check_params("dp_sgd", {"noise_multiplier": 1.0, "steps": 101}, limits)
     assert info.value.field == "params.steps" and "LEDGER_JOB_MAX_STEPS" in info.value.message
 
 
@@ -175,21 +177,23 @@ def test_values_json_cannot_carry_are_refused_naming_the_field(
     params: dict[str, Any], field: str, words: str
 ) -> None:
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params("dp_sgd", jobs.check_document(params))
+        jobs.params.check_params("dp_sgd", jobs.params.check_document(params))
     assert info.value.field == field and words in info.value.message
     info.value.message.encode("ascii")  # the answer can always be encoded
 
 
 def test_the_document_is_bounded_before_it_is_walked() -> None:
-    big = {"junk": "x" * jobs.MAX_PARAMS_BYTES}
+    big = {"junk": "x" * jobs.params.MAX_PARAMS_BYTES}
     with pytest.raises(InvalidInput) as info:
-        jobs.check_document(big)
-    assert info.value.field == "params" and f"at most {jobs.MAX_PARAMS_BYTES} bytes" in info.value.message
+        jobs.params.check_document(big)
+    assert (
+        info.value.field == "params" and f"at most {jobs.params.MAX_PARAMS_BYTES} bytes" in info.value.message
+    )
     deep: Any = 1
     for _ in range(5000):  # deeper than json.dumps recurses: a RecursionError, answered as a 422
         deep = [deep]
     with pytest.raises(InvalidInput) as info:
-        jobs.check_document({"a": deep})
+        jobs.params.check_document({"a": deep})
     assert info.value.field == "params" and "deeper" in info.value.message
     # Deep but small enough for any encoder (Python 3.12's C encoder takes 5 000 levels): refused by
     # the bounded walk, not by a RecursionError.
@@ -197,12 +201,12 @@ def test_the_document_is_bounded_before_it_is_walked() -> None:
     for _ in range(40):
         shallow_enough_to_encode = {"k": shallow_enough_to_encode}
     with pytest.raises(InvalidInput) as info:
-        jobs.check_document({"a": shallow_enough_to_encode})
+        jobs.params.check_document({"a": shallow_enough_to_encode})
     assert info.value.field == "params" and "deeper" in info.value.message
     with pytest.raises(InvalidInput):
-        jobs.check_document({f"k{i}": i for i in range(jobs.MAX_PARAMS_KEYS + 1)})
+        jobs.params.check_document({f"k{i}": i for i in range(jobs.params.MAX_PARAMS_KEYS + 1)})
     with pytest.raises(InvalidInput):
-        jobs.check_document(["not", "an", "object"])
+        jobs.params.check_document(["not", "an", "object"])
     # The largest valid documents (a task order for 1 000 tasks) fit with room to spare.
     largest = {
         "epsilon1": 1.0,
@@ -212,8 +216,8 @@ def test_the_document_is_bounded_before_it_is_walked() -> None:
         "task_order": list(range(1000)),
         "model_name": "m" * 200,
     }
-    jobs.check_params("l2dp_ml", jobs.check_document(largest))
-    assert len(json.dumps(largest)) < jobs.MAX_PARAMS_BYTES / 4
+    jobs.params.check_params("l2dp_ml", jobs.params.check_document(largest))
+    assert len(json.dumps(largest)) < jobs.params.MAX_PARAMS_BYTES / 4
 
 
 @pytest.mark.slow
@@ -222,12 +226,12 @@ def test_the_api_validates_params_without_loading_torch() -> None:
         "import sys\n"
         "from service.api import jobs as routes\n"
         "from service.ledger import jobs\n"
-        "for algorithm in jobs.ALGORITHMS:\n"
+        "for algorithm in jobs.params.ALGORITHMS:\n"
         "    try:\n"
-        "        jobs.check_params(algorithm, {'noise_multiplier': 1.0})\n"
+        "        jobs.params.check_params(algorithm, {'noise_multiplier': 1.0})\n"
         "    except Exception:\n"
         "        pass\n"
-        "jobs.check_params('dp_sgd', {'noise_multiplier': 1.0, 'steps': 3})\n"
+        "jobs.params.check_params('dp_sgd', {'noise_multiplier': 1.0, 'steps': 3})\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -38,7 +38,7 @@ def _dataset(db: Database, tenant: str = "acme") -> str:
 
 
 def _job(db: Database, dataset_id: str, tenant: str = "acme", **params: Any) -> str:
-    answer = jobs.create_job(
+    answer = jobs.queue.create_job(
         db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}
     )
     return str(answer["id"])
@@ -51,13 +51,13 @@ def _job(db: Database, dataset_id: str, tenant: str = "acme", **params: Any) -> 
 
 def test_create_queues_a_job(db: Database) -> None:
     dataset_id = _dataset(db)
-    answer = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="adadp", params=PARAMS)
+    answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="adadp", params=PARAMS)
     assert answer["status"] == "queued"
     assert answer["progress"] == {"step": 0, "total": None}
     assert answer["epsilon_committed"] == "0"
     assert answer["model_name"] == f"adadp-{answer['id']}"  # unique per job
     assert answer["attempts"] == 0 and answer["versions"] == []
-    assert jobs.get_job(db, "acme", answer["id"])["id"] == answer["id"]
+    assert jobs.queue.get_job(db, "acme", answer["id"])["id"] == answer["id"]
 
 
 @pytest.mark.parametrize(
@@ -77,9 +77,9 @@ def test_invalid_jobs_name_the_field_and_change_nothing(
 ) -> None:
     dataset_id = _dataset(db)
     with pytest.raises(InvalidInput) as info:
-        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
+        jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     assert info.value.field == field
-    assert jobs.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
 
 
 def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_dataset(db: Database) -> None:
@@ -87,16 +87,16 @@ def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_da
     could never run, so it is refused at submit naming ``dataset_id``, and nothing is stored."""
     unsourced = digits_dataset(db, records=[f"r{i}" for i in range(8)], source=None).dataset_id
     with pytest.raises(InvalidInput) as info:
-        jobs.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)
+        jobs.queue.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)
     assert info.value.field == "dataset_id"
     assert "has no data source" in info.value.message and "data-source" in info.value.message
     empty = datasets.create_dataset(db, "acme", name="no-batches", budget=budget(), data_source=DIGITS)["id"]
     with pytest.raises(InvalidInput) as info:
-        jobs.create_job(db, "acme", dataset_id=empty, algorithm="dp_sgd", params=PARAMS)
+        jobs.queue.create_job(db, "acme", dataset_id=empty, algorithm="dp_sgd", params=PARAMS)
     assert info.value.field == "dataset_id" and "has no batches" in info.value.message
-    assert jobs.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
     datasets.set_data_source(db, "acme", unsourced, data_source=DIGITS)  # an admin sets it: accepted
-    assert jobs.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)["id"]
+    assert jobs.queue.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)["id"]
 
 
 def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
@@ -104,24 +104,24 @@ def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
     job_id = _job(db, dataset_id)
     digits_dataset(db, "rival", records=["x"], n_batches=1)
     with pytest.raises(NotFound):
-        jobs.create_job(db, "rival", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS)
+        jobs.queue.create_job(db, "rival", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS)
     with pytest.raises(NotFound):
-        jobs.get_job(db, "rival", job_id)
+        jobs.queue.get_job(db, "rival", job_id)
     with pytest.raises(NotFound):
-        jobs.cancel_job(db, "rival", job_id)
-    assert jobs.list_jobs(db, "rival")["count"] == 0
+        jobs.queue.cancel_job(db, "rival", job_id)
+    assert jobs.queue.list_jobs(db, "rival")["count"] == 0
 
 
 def test_create_is_idempotent_with_a_key(db: Database) -> None:
     dataset_id = _dataset(db)
-    first = jobs.create_job(
+    first = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS, idempotency_key="k1"
     )
-    again = jobs.create_job(
+    again = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS, idempotency_key="k1"
     )
     assert again["id"] == first["id"]
-    assert jobs.list_jobs(db, "acme")["count"] == 1
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,12 +132,12 @@ def test_create_is_idempotent_with_a_key(db: Database) -> None:
 def test_claim_takes_the_oldest_queued_job_once(db: Database) -> None:
     dataset_id = _dataset(db)
     first, second = _job(db, dataset_id), _job(db, dataset_id)
-    a = jobs.claim(db, "worker-a", 30)
-    b = jobs.claim(db, "worker-b", 30)
+    a = jobs.leases.claim(db, "worker-a", 30)
+    b = jobs.leases.claim(db, "worker-b", 30)
     assert a is not None and b is not None
     assert (a.id, b.id) == (first, second)
     assert a.attempt == 1 and a.params == PARAMS and a.model_name == f"dp_sgd-{a.id}"
-    assert jobs.claim(db, "worker-c", 30) is None
+    assert jobs.leases.claim(db, "worker-c", 30) is None
     row = job_row(db, first)
     assert row.status == "running" and row.lease_owner == "worker-a" and row.started_at is not None
 
@@ -155,7 +155,7 @@ def test_the_claim_is_one_statement(db: Database) -> None:
 
     event.listen(db.engine, "before_cursor_execute", record)
     try:
-        assert jobs.claim(db, "worker-a", 30) is not None
+        assert jobs.leases.claim(db, "worker-a", 30) is not None
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
     assert len(statements) == 1
@@ -175,40 +175,40 @@ def test_concurrent_claims_never_hand_one_job_to_two_workers(db: Database) -> No
 def test_an_expired_lease_is_claimed_again_and_the_old_owner_is_locked_out(db: Database) -> None:
     job_id = _job(db, _dataset(db))
     now = utcnow()
-    a = jobs.claim(db, "worker-a", 5, now=now)
+    a = jobs.leases.claim(db, "worker-a", 5, now=now)
     assert a is not None
-    jobs.heartbeat(db, a.lease, 5, progress_step=3, now=now + timedelta(seconds=1))
-    assert jobs.claim(db, "worker-b", 5, now=now + timedelta(seconds=4)) is None  # extended to 6 s
-    b = jobs.claim(db, "worker-b", 5, now=now + timedelta(seconds=7))
+    jobs.leases.heartbeat(db, a.lease, 5, progress_step=3, now=now + timedelta(seconds=1))
+    assert jobs.leases.claim(db, "worker-b", 5, now=now + timedelta(seconds=4)) is None  # extended to 6 s
+    b = jobs.leases.claim(db, "worker-b", 5, now=now + timedelta(seconds=7))
     assert b is not None and b.id == job_id and b.attempt == 2
-    with pytest.raises(jobs.LeaseLost):
-        jobs.heartbeat(db, a.lease, 5)
-    assert not jobs.ended_under(db, a.lease)  # a's lease was lost: b claimed the job
-    assert not jobs.ended_under(db, b.lease)  # still running under b
-    with pytest.raises(jobs.LeaseLost):
-        jobs.record_progress(db, a.lease, step=4)
-    with pytest.raises(jobs.LeaseLost):
-        jobs.finish(db, a.lease, "succeeded")
-    jobs.finish(db, b.lease, "failed", error={"error": "x", "message": "y"})
+    with pytest.raises(jobs.leases.LeaseLost):
+        jobs.leases.heartbeat(db, a.lease, 5)
+    assert not jobs.leases.ended_under(db, a.lease)  # a's lease was lost: b claimed the job
+    assert not jobs.leases.ended_under(db, b.lease)  # still running under b
+    with pytest.raises(jobs.leases.LeaseLost):
+        jobs.leases.record_progress(db, a.lease, step=4)
+    with pytest.raises(jobs.leases.LeaseLost):
+        jobs.leases.finish(db, a.lease, "succeeded")
+    jobs.leases.finish(db, b.lease, "failed", error={"error": "x", "message": "y"})
     row = job_row(db, job_id)
     assert row.status == "failed" and row.lease_owner is None and row.attempts == 2
     assert row.progress_step == 3
-    with pytest.raises(jobs.LeaseLost):  # a beat that races the end of its own job ...
-        jobs.heartbeat(db, b.lease, 5)
-    assert jobs.ended_under(db, b.lease)  # ... is told apart from a lost lease
+    with pytest.raises(jobs.leases.LeaseLost):  # a beat that races the end of its own job ...
+        jobs.leases.heartbeat(db, b.lease, 5)
+    assert jobs.leases.ended_under(db, b.lease)  # ... is told apart from a lost lease
 
 
 def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, tmp_path: Path) -> None:
     job_id = _job(db, _dataset(db))
     now = utcnow() - timedelta(hours=1)
-    for attempt in range(jobs.DEFAULT_MAX_ATTEMPTS):  # each claimer dies: its lease just expires
-        claimed = jobs.claim(db, f"dead-{attempt}", 1, now=now + timedelta(seconds=10 * attempt))
+    for attempt in range(jobs.queue.DEFAULT_MAX_ATTEMPTS):  # each claimer dies: its lease just expires
+        claimed = jobs.leases.claim(db, f"dead-{attempt}", 1, now=now + timedelta(seconds=10 * attempt))
         assert claimed is not None and claimed.attempt == attempt + 1
     worker = Worker(db, artifact_dir=tmp_path, lease_s=30)
     assert worker.run_once() == job_id
-    answer = jobs.get_job(db, "acme", job_id)
+    answer = jobs.queue.get_job(db, "acme", job_id)
     assert answer["status"] == "failed" and answer["error"]["error"] == "attempts_exhausted"
-    assert answer["attempts"] == jobs.DEFAULT_MAX_ATTEMPTS + 1
+    assert answer["attempts"] == jobs.queue.DEFAULT_MAX_ATTEMPTS + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,50 +218,50 @@ def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, t
 
 def test_cancel_a_queued_job_ends_it_at_once(db: Database) -> None:
     job_id = _job(db, _dataset(db))
-    answer = jobs.cancel_job(db, "acme", job_id)
+    answer = jobs.queue.cancel_job(db, "acme", job_id)
     assert answer["status"] == "cancelled" and answer["finished_at"] is not None
-    assert jobs.claim(db, "worker-a", 30) is None
-    assert jobs.cancel_job(db, "acme", job_id)["status"] == "cancelled"  # idempotent
+    assert jobs.leases.claim(db, "worker-a", 30) is None
+    assert jobs.queue.cancel_job(db, "acme", job_id)["status"] == "cancelled"  # idempotent
 
 
 def test_cancel_a_running_job_is_seen_by_its_heartbeat(db: Database) -> None:
     job_id = _job(db, _dataset(db))
-    claimed = jobs.claim(db, "worker-a", 30)
+    claimed = jobs.leases.claim(db, "worker-a", 30)
     assert claimed is not None
-    assert jobs.heartbeat(db, claimed.lease, 30).cancel_requested is False
-    answer = jobs.cancel_job(db, "acme", job_id)
+    assert jobs.leases.heartbeat(db, claimed.lease, 30).cancel_requested is False
+    answer = jobs.queue.cancel_job(db, "acme", job_id)
     assert answer["status"] == "running" and answer["cancel_requested"] is True
-    assert jobs.heartbeat(db, claimed.lease, 30).cancel_requested is True
-    jobs.finish(db, claimed.lease, "cancelled")
-    assert jobs.get_job(db, "acme", job_id)["status"] == "cancelled"
+    assert jobs.leases.heartbeat(db, claimed.lease, 30).cancel_requested is True
+    jobs.leases.finish(db, claimed.lease, "cancelled")
+    assert jobs.queue.get_job(db, "acme", job_id)["status"] == "cancelled"
 
 
 def test_a_cancel_requested_while_the_worker_is_dead_is_honoured_by_the_next_claim(
     db: Database, tmp_path: Path
 ) -> None:
     job_id = _job(db, _dataset(db))
-    assert jobs.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=5)) is not None
-    jobs.cancel_job(db, "acme", job_id)
+    assert jobs.leases.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=5)) is not None
+    jobs.queue.cancel_job(db, "acme", job_id)
     assert Worker(db, artifact_dir=tmp_path).run_once() == job_id
-    assert jobs.get_job(db, "acme", job_id)["status"] == "cancelled"
+    assert jobs.queue.get_job(db, "acme", job_id)["status"] == "cancelled"
 
 
 def test_a_finished_job_cannot_be_cancelled(db: Database) -> None:
     job_id = _job(db, _dataset(db))
-    claimed = jobs.claim(db, "worker-a", 30)
+    claimed = jobs.leases.claim(db, "worker-a", 30)
     assert claimed is not None
-    jobs.finish(db, claimed.lease, "succeeded")
+    jobs.leases.finish(db, claimed.lease, "succeeded")
     with pytest.raises(Conflict) as info:
-        jobs.cancel_job(db, "acme", job_id)
+        jobs.queue.cancel_job(db, "acme", job_id)
     assert info.value.reason == "job_finished"
 
 
 def test_a_shut_down_worker_hands_its_job_back(db: Database) -> None:
     job_id = _job(db, _dataset(db))
-    claimed = jobs.claim(db, "worker-a", 30)
+    claimed = jobs.leases.claim(db, "worker-a", 30)
     assert claimed is not None
-    jobs.release(db, claimed.lease)
-    again = jobs.claim(db, "worker-b", 30)
+    jobs.leases.release(db, claimed.lease)
+    again = jobs.leases.claim(db, "worker-b", 30)
     assert again is not None and again.id == job_id and again.attempt == 2
 
 
@@ -283,7 +283,7 @@ def test_a_queued_job_reads_the_source_its_dataset_has_when_it_runs(db: Database
     loader = CountingLoader()
     assert Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu").run_once() == job_id
     assert loader.opened == [DIGITS]
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert job["progress"] == {"step": 10, "total": 10}
     assert [v.version for v in versions_of(db, job_id)] == [1]

@@ -27,7 +27,9 @@ def _worker(db: Database, artifacts: Path, loader: CountingLoader, **kwargs: Any
 
 
 def _queue(db: Database, dataset_id: str, **params: Any) -> str:
-    return str(jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"])
+    return str(
+        jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    )
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
@@ -37,7 +39,7 @@ def test_the_history_holds_the_committed_steps_iterates(db: Database, tmp_path: 
         db, world.dataset_id, noise_multiplier=1.0, steps=60, checkpoint_every=25, hidden=8, seed=3
     )
     assert _worker(db, tmp_path / "artifacts", CountingLoader()).run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     history = job["metric_history"]
     every = trace_every(60)
@@ -56,7 +58,7 @@ def test_the_history_holds_the_committed_steps_iterates(db: Database, tmp_path: 
     assert len(set(losses)) > len(losses) // 2 and all(0 <= p["test_accuracy"] <= 1 for p in points)
     assert losses[-1] < losses[0]  # it learns
     # a page of jobs does not carry the histories
-    listed = jobs.list_jobs(db, "acme")["data"]
+    listed = jobs.queue.list_jobs(db, "acme")["data"]
     assert [j["id"] for j in listed] == [job_id] and "metric_history" not in listed[0]
 
 
@@ -71,7 +73,7 @@ def test_points_before_a_refused_commit_are_never_stored(db: Database, tmp_path:
         db, world.dataset_id, noise_multiplier=1.5, steps=20, checkpoint_every=10, hidden=8, seed=2
     )
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "failed" and job["error"]["error"] == "reservation_expired"
     assert job["metric_history"] is None and versions_of(db, job_id) == []
 
@@ -80,15 +82,15 @@ def test_points_before_a_refused_commit_are_never_stored(db: Database, tmp_path:
 def test_the_history_is_bounded_and_keeps_its_span(db: Database) -> None:
     world = digits_dataset(db, epsilon="10")
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.0, steps=10)
-    claimed = jobs.claim(db, "w", lease_s=60)
+    claimed = jobs.leases.claim(db, "w", lease_s=60)
     assert claimed is not None and claimed.lease.job_id == job_id
     for start in range(0, 450, 50):
         points = [{"step": s, "checkpoint": False, "test_loss": 1 / s} for s in range(start + 1, start + 51)]
-        jobs.record_history(db, claimed.lease, points, every=1)
-    stored = jobs.get_job(db, "acme", job_id)["metric_history"]["points"]
+        jobs.leases.record_history(db, claimed.lease, points, every=1)
+    stored = jobs.queue.get_job(db, "acme", job_id)["metric_history"]["points"]
     steps = [p["step"] for p in stored]
-    assert len(steps) <= jobs.MAX_HISTORY_POINTS and steps[0] == 1 and steps[-1] == 450
-    assert steps == sorted(steps) and len(steps) > jobs.MAX_HISTORY_POINTS // 2
+    assert len(steps) <= jobs.leases.MAX_HISTORY_POINTS and steps[0] == 1 and steps[-1] == 450
+    assert steps == sorted(steps) and len(steps) > jobs.leases.MAX_HISTORY_POINTS // 2
     # a new attempt starts its own curve
-    jobs.record_plan(db, claimed.lease, plan={"steps": 10}, total_steps=10)
-    assert jobs.get_job(db, "acme", job_id)["metric_history"] is None
+    jobs.leases.record_plan(db, claimed.lease, plan={"steps": 10}, total_steps=10)
+    assert jobs.queue.get_job(db, "acme", job_id)["metric_history"] is None

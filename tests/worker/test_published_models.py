@@ -28,7 +28,8 @@ from service.commands.export import collect
 from service.db.models import ModelVersion
 from service.db.session import Database
 from service.ledger.dp_statement import dp_statement
-from service.training.data import digits_split, load_data
+from service.training.data import digits_split, load_data, register_source
+from service.training.nets import load_model
 from tests.worker.digits_world import client_for, finished_job
 
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
@@ -61,7 +62,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     assert dataset["budget"]["accountant"] == "tight"
 
     # The helper registers the source's training records: one task, batches of 700 in order.
-    tasks = admin.register_source(dataset["id"], batch_size=700)
+    tasks = register_source(admin, dataset["id"], batch_size=700)
     train_ids = load_data(DIGITS).record_ids
     assert [t["name"] for t in tasks] == ["task-0"]
     assert [b["size"] for b in tasks[0]["batches"]] == [700, 700, len(train_ids) - 1400]
@@ -70,7 +71,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
         "task-0/batch-0001",
         "task-0/batch-0002",
     ]
-    again = admin.register_source(dataset["id"], batch_size=700)  # idempotent: nothing twice
+    again = register_source(admin, dataset["id"], batch_size=700)  # idempotent: nothing twice
     assert again == tasks and admin.list_tasks(dataset["id"])["count"] == 1
 
     params = {
@@ -92,7 +93,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     spec = version["model_spec"]
     assert spec["model"] == "mlp" and spec["n_features"] == 64 and spec["num_classes"] == 10
     assert spec["preprocessing"]["kind"] == "scale" and spec["preprocessing"]["divide_by"] == 16
-    module = viewer.load_model(name, version_number)
+    module = load_model(viewer, name, version_number)
     assert not module.training and module.model_spec == spec
 
     # Predict on the raw built-in digits with the recorded preprocessing: the job's accuracy.
@@ -201,7 +202,7 @@ def test_a_trained_version_loads_predicts_as_reported_and_states_what_was_certif
     with db.session() as session:
         session.execute(update(ModelVersion).where(ModelVersion.name == name).values(model_spec=None))
     with pytest.raises(LedgerError) as refused:
-        viewer.load_model(name, version_number)
+        load_model(viewer, name, version_number)
     assert refused.value.code == "model_not_loadable" and name in refused.value.message
 
 

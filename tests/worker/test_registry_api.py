@@ -209,8 +209,12 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
     params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}  # (never trained here)
-    dead = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
-    live = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
+    dead = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
+        "id"
+    ]
+    live = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
+        "id"
+    ]
     held = reservations.reserve(
         db,
         "acme",
@@ -235,10 +239,10 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
     # v3: crashed before its commit: never certified.
     _stage(artifacts, dead, world.dataset_id, 3)
     # A live worker's candidate (its lease is valid): left alone.
-    claimed = jobs.claim(db, "alive", 60)
+    claimed = jobs.leases.claim(db, "alive", 60)
     assert claimed is not None and claimed.id == dead  # the oldest; finish it, then claim the other
-    jobs.finish(db, claimed.lease, "failed")
-    alive = jobs.claim(db, "alive", 60)
+    jobs.leases.finish(db, claimed.lease, "failed")
+    alive = jobs.leases.claim(db, "alive", 60)
     assert alive is not None and alive.id == live
     _stage(artifacts, live, world.dataset_id, 9)
 
@@ -266,7 +270,9 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
     params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}
-    dead = jobs.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)["id"]
+    dead = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
+        "id"
+    ]
     orphan = _stage(artifacts, dead, world.dataset_id, 1)
     other = reservations.reserve(
         db, "acme", world.dataset_id, event_json=_steps(1), batch_ids=list(world.batch_ids)

@@ -31,7 +31,7 @@ def test_the_data_source_is_opened_only_once_the_reservation_is_held(db: Databas
         return counting(uri, tenant_id)
 
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
-    answer = jobs.create_job(
+    answer = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
@@ -39,7 +39,7 @@ def test_the_data_source_is_opened_only_once_the_reservation_is_held(db: Databas
         params={"noise_multiplier": 2.0, "steps": 3},
     )
     assert worker.run_once() == answer["id"]
-    job = jobs.get_job(db, "acme", str(answer["id"]))
+    job = jobs.queue.get_job(db, "acme", str(answer["id"]))
     assert job["status"] == "succeeded", job["error"]
     assert counting.opened == [DIGITS]
     [(open_reservations, held)] = held_when_opened

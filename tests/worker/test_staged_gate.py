@@ -32,6 +32,8 @@ torch = pytest.importorskip("torch")
 
 from accountant import events as ev  # noqa: E402
 from accountant.certificates import verify  # noqa: E402
+from service.contract import job_params  # noqa: E402
+from service.contract.job_params import JobParams  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import (  # noqa: E402
@@ -40,9 +42,7 @@ from service.ledger import (  # noqa: E402
     spend,
 )
 from service.training import algorithms  # noqa: E402
-from service.training import params as job_params  # noqa: E402
 from service.training.data import LoadedData  # noqa: E402
-from service.training.params import JobParams  # noqa: E402
 from service.training.stages import LedgerTask, Stage, StageRelease  # noqa: E402
 from service.worker import gate  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
@@ -106,7 +106,7 @@ def trainer(monkeypatch: pytest.MonkeyPatch) -> Iterator[NoisyClassMeans]:
     instance = NoisyClassMeans()
     monkeypatch.setitem(algorithms.TRAINERS, ALGORITHM, f"{__name__}:_current")
     monkeypatch.setitem(job_params.PARAMS, ALGORITHM, read_params)
-    monkeypatch.setattr(jobs, "ALGORITHMS", (*jobs.ALGORITHMS, ALGORITHM))
+    monkeypatch.setattr(jobs.params, "ALGORITHMS", (*jobs.params.ALGORITHMS, ALGORITHM))
     monkeypatch.setitem(globals(), "_current", lambda device: instance)
     yield instance
 
@@ -129,10 +129,10 @@ def _budget(rule: str, epsilon: str) -> dict[str, Any]:
 
 
 def _run(db: Database, tmp_path: Path, dataset_id: str, loader: CountingLoader) -> dict[str, Any]:
-    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
+    job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     assert worker.run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 @pytest.mark.slow
@@ -253,9 +253,9 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
     built-in worker refunds only what provably never ran), so on this ``parallel`` budget the
     retry cannot read them again; a job that released stages is not resumed either."""
     dataset_id, _ = _dataset(db, _budget("parallel", "2"))
-    created = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
+    created = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
     artifacts = tmp_path / "artifacts"
-    claimed = jobs.claim(db, "w1", 30.0)
+    claimed = jobs.leases.claim(db, "w1", 30.0)
     assert claimed is not None
     first = gate.run_job(
         db,
@@ -274,7 +274,7 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
     ]
     assert len(aborted) == 1 and aborted[0]["release"] is None
 
-    retry = jobs.claim(db, "w2", 30.0, now=utcnow() + timedelta(seconds=60))
+    retry = jobs.leases.claim(db, "w2", 30.0, now=utcnow() + timedelta(seconds=60))
     assert retry is not None and retry.attempt == 2
     second = gate.run_job(
         db,
@@ -284,7 +284,7 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
         reservation_ttl_s=60.0,
         loader=CountingLoader(),
     )
-    job = jobs.get_job(db, "acme", created["id"])
+    job = jobs.queue.get_job(db, "acme", created["id"])
     assert second.status == job["status"] == "failed", job
     assert job["error"]["error"] == second_error
     assert len(versions_of(db, created["id"])) == released_before

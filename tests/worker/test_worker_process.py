@@ -73,7 +73,7 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
 ) -> None:
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, epsilon="10")
-    job_id = jobs.create_job(
+    job_id = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=world.dataset_id,
@@ -118,11 +118,11 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
         assert certificate["reservation_id"] == first.id
 
     # No one else may take the job while the lease lasts; once it expired, another worker does.
-    assert jobs.claim(db, "impatient", LEASE_S) is None or pytest.fail("claimed a live lease")
+    assert jobs.leases.claim(db, "impatient", LEASE_S) is None or pytest.fail("claimed a live lease")
     time.sleep(LEASE_S + 0.2)
     assert Worker(db, artifact_dir=artifacts, device="cpu").run_once() == job_id
 
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert job["attempts"] == 2 and job["reservation_id"] != first.id
     old = reservation(db, first.id)

@@ -51,7 +51,6 @@ from service.ledger.errors import (
     ReleaseExists,
     ReservationExpired,
 )
-from service.ledger.signing import SigningKey
 from service.ledger.spending.answers import cost_json, reservation_json
 from service.ledger.spending.requests import (
     MAX_BATCHES_PER_RESERVATION,
@@ -73,6 +72,7 @@ from service.ledger.spending.store import (
     members_of,
     whole_dataset,
 )
+from service.verification.signing import SigningKey
 
 
 def decide(work: Work, op: Request, priced: Priced) -> tuple[dict[str, Any], LedgerError | None]:

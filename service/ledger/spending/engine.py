@@ -44,10 +44,10 @@ from service.ledger.errors import (
     LedgerError,
     NotFound,
 )
-from service.ledger.signing import KeyRing, SigningKey
 from service.ledger.spending.answers import Result, refreshed, replay
 from service.ledger.spending.requests import NOT_PRICED, Op, Priced, Request
 from service.ledger.spending.store import Work, due_ids, load_reservations, released, stored_answers
+from service.verification.signing import KeyRing, SigningKey
 
 MAX_GROUP: Final = 64
 _RETRIES: Final = 5

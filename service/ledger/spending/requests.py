@@ -23,7 +23,7 @@ from accountant.rules import Charge, PriceMemo
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import MAX_ID_LENGTH, can_be_id, check_text
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.signing import SigningKey
+from service.verification.signing import SigningKey
 
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
@@ -134,7 +134,7 @@ class CommitParams:
     version: str
     release: dict[str, Any]
     partial: DpEvent | None
-    signer: SigningKey  # the server's active key: it signs the certificate (service.ledger.signing)
+    signer: SigningKey  # the server's active key: it signs the certificate (service.verification.signing)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ from service.db.session import LEDGER_HEAD_COLUMNS, Database, pipelined
 from service.ledger import audit
 from service.ledger.datasets import cached_budget, can_be_id
 from service.ledger.errors import InvalidInput, NotFound
-from service.ledger.signing import SigningKey
 from service.ledger.spending.requests import AbortParams, CommitParams, ExpireParams, ExtendParams, Request
+from service.verification.signing import SigningKey
 
 EXPIRE_PER_TRANSACTION: Final = 500
 

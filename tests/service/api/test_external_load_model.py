@@ -1,4 +1,4 @@
-"""``LedgerClient.load_model`` for a version trained outside the service and registered with its
+"""``service.training.nets.load_model`` for a version trained outside the service and registered with its
 weights (``PUT /v1/models/{name}/versions/{v}``), end to end over real HTTP (uvicorn on TCP):
 a real torch module trained a few steps, saved as a state dict, released through the gate with
 its SHA-256 in the signed certificate, registered, then loaded back — as a state dict, into the
@@ -22,6 +22,7 @@ from torch import nn
 from service.client import LedgerClient, LedgerError
 from service.db.session import Database
 from service.ledger import tenancy
+from service.training.nets import load_model
 from tests.service.live_server import serve, settings_for
 
 DPSGD = {
@@ -100,18 +101,20 @@ def test_an_external_version_loads_only_its_certified_bytes(world: dict[str, Any
     ledger.register_model_version("ext-net", 1, weights, certificate_id=certificate, **SPEC)
 
     with LedgerClient(world["url"], world["keys"]["viewer"], retries=0) as viewer:
-        state = viewer.load_model("ext-net", 1)
+        state = load_model(viewer, "ext-net", 1)
         assert set(state) == set(model.state_dict())
         for name, tensor in model.state_dict().items():
             assert torch.equal(state[name], tensor), name
-        loaded = viewer.load_model("ext-net", 1, module=_net())
+        loaded = load_model(viewer, "ext-net", 1, module=_net())
         assert not loaded.training and loaded.model_spec == {"kind": "external", **SPEC}
         probe = torch.randn(10, 8, generator=torch.Generator().manual_seed(1))
         with torch.no_grad():
             assert torch.equal(loaded(probe), model(probe))
         # another architecture than the weights': torch's strict load refuses it
         with pytest.raises(RuntimeError, match=r"size mismatch|Missing key|Unexpected key"):
-            viewer.load_model("ext-net", 1, module=nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 3)))
+            load_model(
+                viewer, "ext-net", 1, module=nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 3))
+            )
 
         # the bytes on disk swapped: the registry's SHA-256 no longer matches, nothing loads
         (path,) = [p for p in world["artifacts"].rglob("*") if p.is_file() and "ext-net" in str(p)]
@@ -119,10 +122,10 @@ def test_an_external_version_loads_only_its_certified_bytes(world: dict[str, Any
         _, other = _trained_other()
         path.write_bytes(other)
         with pytest.raises(LedgerError) as refused:
-            viewer.load_model("ext-net", 1)
+            load_model(viewer, "ext-net", 1)
         assert refused.value.code == "artifact_mismatch", refused.value
         path.write_bytes(original)
-        assert torch.equal(viewer.load_model("ext-net", 1)["0.weight"], model.state_dict()["0.weight"])
+        assert torch.equal(load_model(viewer, "ext-net", 1)["0.weight"], model.state_dict()["0.weight"])
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
@@ -134,9 +137,9 @@ def test_a_registration_whose_certificate_names_no_bytes_loads_only_when_waived(
     certificate = _release(world, 1, None)  # the trainer did not bind the bytes in the certificate
     ledger.register_model_version("ext-net", 1, weights, certificate_id=certificate, **SPEC)
     with pytest.raises(LedgerError) as refused:
-        ledger.load_model("ext-net", 1)
+        load_model(ledger, "ext-net", 1)
     assert refused.value.code == "artifact_not_certified" and "names no artifact" in str(refused.value)
-    state = ledger.load_model("ext-net", 1, require_certified=False)  # the registry's SHA-256 only
+    state = load_model(ledger, "ext-net", 1, require_certified=False)  # the registry's SHA-256 only
     assert torch.equal(state["2.bias"], model.state_dict()["2.bias"])
 
     # a "bytes" artifact answers its checked bytes; asked into a module, it is refused
@@ -149,9 +152,9 @@ def test_a_registration_whose_certificate_names_no_bytes_loads_only_when_waived(
         format="bytes",
         **SPEC,
     )
-    assert ledger.load_model("ext-net", 2) == raw
+    assert load_model(ledger, "ext-net", 2) == raw
     with pytest.raises(LedgerError) as refused:
-        ledger.load_model("ext-net", 2, module=_net())
+        load_model(ledger, "ext-net", 2, module=_net())
     assert refused.value.code == "model_not_loadable" and "'bytes'" in str(refused.value)
 
 

@@ -1,4 +1,4 @@
-"""Signed certificates and audit heads (``service.ledger.signing``), over HTTP on both backends.
+"""Signed certificates and audit heads (``service.verification.signing``), over HTTP on both backends.
 
 The forgery the signature exists for: a certificate whose event, states and result are edited
 consistently (recomputed with the accountant's own pure functions, as anyone can) and whose
@@ -35,9 +35,10 @@ from service import server_secrets
 from service.app import create_app
 from service.db.models import AuditEntry, Certificate
 from service.db.session import Database
-from service.ledger import signing, tenancy
+from service.ledger import tenancy
 from service.ledger.certificates import verify_stored
 from service.settings import Settings
+from service.verification import signing
 from tests.service.api.conftest import ROOT, Keys, TestClient, bearer, free_port, url_text
 from tests.service.api.world import make_world
 

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from service.db.session import Database
 from service.ledger import audit, idempotency, reservations, spend
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
-from service.ledger.signing import SigningKey
 from service.ledger.spending import ENGINE, requests
 from service.ledger.spending.requests import AbortParams, CommitParams, Op, Request, ReserveParams
+from service.verification.signing import SigningKey
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}

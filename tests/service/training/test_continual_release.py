@@ -35,6 +35,7 @@ from accountant.mechanisms import (  # noqa: E402
     continual_release_noise_scale,
     continual_release_sampling_probability,
 )
+from service.contract.data_sources import DataSourceError, parse_source  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import (  # noqa: E402
     batches,
@@ -53,7 +54,7 @@ from service.training.continual_release import (  # noqa: E402
     schedule_of,
     sliding_window_chain,
 )
-from service.training.data import DataSourceError, load_data, parse_source  # noqa: E402
+from service.training.data import load_data  # noqa: E402
 from service.training.nets import InvalidParamsError  # noqa: E402
 from service.training.stages import LedgerBatch, LedgerTask, Stage  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
@@ -467,7 +468,7 @@ def _stream_dataset(db: Database, budget: dict[str, Any]) -> tuple[str, list[str
 
 
 def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[str, Any]:
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset_id,
@@ -476,7 +477,7 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[s
     )
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 @pytest.mark.slow

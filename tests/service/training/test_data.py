@@ -16,17 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.training.data import (
-    DataRoots,
-    DataSourceError,
-    LoadedData,
-    RecordMismatchError,
-    SourceLocationError,
-    TenantRoots,
-    check_records,
-    load_data,
-    parse_source,
-)
+from service.contract.data_roots import DataRoots, TenantRoots
+from service.contract.data_sources import DataSourceError, SourceLocationError, parse_source
+from service.training.data import LoadedData, RecordMismatchError, check_records, load, load_data
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -54,7 +46,7 @@ def test_parse_reads_nothing_and_load_reports_a_missing_file(tmp_path: Path, roo
     source = parse_source(uri)  # no file yet: parsing must not touch it
     assert source.kind == "npz" and source.path == path
     with pytest.raises(SourceLocationError) as info:
-        source.load(roots)
+        load(source, roots)
     assert str(info.value) == (
         f"data source {uri!r} must name a regular file under a data root of tenant 'acme' "
         "(LEDGER_DATA_ROOTS): there is no such file."

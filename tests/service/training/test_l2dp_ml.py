@@ -278,10 +278,10 @@ def _dataset(db: Database, budget: dict[str, str]) -> tuple[str, list[list[str]]
 def _job(
     db: Database, tmp_path: Path, dataset_id: str, algorithm: str, params: dict[str, object]
 ) -> dict[str, object]:
-    job = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
+    job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
     assert worker.run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 L2DP = {
@@ -305,17 +305,17 @@ def test_a_job_whose_noise_would_swamp_the_model_is_refused_at_submission(db: Da
     dataset_id, _ = _dataset(db, {"rule": "lifelong", "epsilon": "1000", "delta": "0", "accountant": "basic"})
     params = {"epsilon1": 1.0, "epsilon2": 1.0, "input_dim": 64, "seed": 1}
     with pytest.raises(InvalidInput) as info:
-        jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
+        jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
     assert info.value.field == "params.epsilon1"
     assert "batches of >= 8704 records at ε1 = 1" in str(info.value)
     assert "ε1 >= 108.8 at |B| = 80" in str(info.value)
-    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 0
     enough = {**params, "epsilon1": 108.8}
-    jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=enough)
-    jobs.create_job(
+    jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=enough)
+    jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params={**params, "noise_check": False}
     )
-    assert jobs.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
+    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
 
 
 @pytest.mark.slow

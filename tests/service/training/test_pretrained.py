@@ -310,7 +310,7 @@ def _job(
     loader: CountingLoader | None = None,
     **params: Any,
 ) -> dict[str, Any]:
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset_id,
@@ -321,7 +321,7 @@ def _job(
         db, artifact_dir=tmp_path / "artifacts", device="cpu", **({"loader": loader} if loader else {})
     )
     assert worker.run_once() == job["id"]
-    return jobs.get_job(db, "acme", job["id"])
+    return jobs.queue.get_job(db, "acme", job["id"])
 
 
 def reservations_of(db: Database, dataset_id: str) -> list[str]:
@@ -421,7 +421,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         batches.create_batches(
             db, "acme", dataset["id"], task["id"], batches=[{"name": "b", "records": list(split.record_ids)}]
         )
-    job = jobs.create_job(
+    job = jobs.queue.create_job(
         db,
         "acme",
         dataset_id=dataset["id"],
@@ -429,7 +429,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         params={"target_budget_epsilon": 1.0, "delta": DELTA},
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once()
-    answer = jobs.get_job(db, "acme", job["id"])
+    answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     assert "public split" in answer["error"]["message"]
     assert spend.get_spend(db, "acme", dataset["id"])["epsilon_spent"] == "0"  # nothing released
@@ -440,7 +440,7 @@ def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp
     with pytest.raises(InvalidInput) as refused:
         _job(db, tmp_path, dataset_id, "peft_ensemble", target_epsilon=1.0, delta=DELTA, learning_rat=0.1)
     assert refused.value.field == "params.learning_rat"
-    assert jobs.list_jobs(db, "acme")["count"] == 0  # nothing queued, nothing to run
+    assert jobs.queue.list_jobs(db, "acme")["count"] == 0  # nothing queued, nothing to run
     assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() is None
 
 
@@ -474,7 +474,7 @@ def test_public_split_is_disjoint_from_every_task_and_leaves_the_default_unchang
     ],
 )
 def test_bad_public_splits_are_refused_naming_the_parameter(uri: str, message: str) -> None:
-    from service.training.data import DataSourceError, parse_source
+    from service.contract.data_sources import DataSourceError, parse_source
 
     with pytest.raises(DataSourceError) as info:
         parse_source(uri)

@@ -101,7 +101,7 @@ def test_the_audited_model_is_a_dp_sgd_model_of_the_data(digits: LoadedData) -> 
 
 
 def _queue(db: Database, dataset_id: str, **params: Any) -> str:
-    answer = jobs.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd_audit", params=params)
+    answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd_audit", params=params)
     return str(answer["id"])
 
 
@@ -111,7 +111,7 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     job_id = _queue(db, world.dataset_id, **{**CLAIM, "canaries": 500, "seed": 5, "model_name": "audit"})
     assert worker.run_once() == job_id
-    job = jobs.get_job(db, "acme", job_id)
+    job = jobs.queue.get_job(db, "acme", job_id)
     assert job["status"] == "succeeded", job["error"]
     assert loader.opened == [DIGITS]
 
@@ -155,7 +155,7 @@ def test_a_client_cannot_break_the_audited_run(params: dict[str, Any], field: st
         merged.pop("target_epsilon")
     merged = {k: v for k, v in merged.items() if v is not None}
     with pytest.raises(InvalidInput) as info:
-        jobs.check_params("dp_sgd_audit", merged)
+        jobs.params.check_params("dp_sgd_audit", merged)
     assert info.value.field == field
     trainer = trainer_for("dp_sgd_audit", "cpu")
     assert isinstance(trainer, PrivacyAuditTrainer) and trainer.breakage is None

@@ -1,7 +1,7 @@
 """Job params: the typed document each algorithm takes, declared once and torch-free.
 
 The API checks a job's params against its algorithm's declaration when the job is submitted
-(``service.ledger.jobs.create_job``: an unknown key, a wrong type or a value out of range is a 422
+(``service.ledger.jobs.queue.create_job``: an unknown key, a wrong type or a value out of range is a 422
 naming ``params.<key>``), and the trainer reads them through the same declaration when the job
 runs (``trainer.parse_params``). One definition, so what the API accepted is what the trainer
 runs: a job can no longer be queued (201) and then fail on a param.
@@ -810,6 +810,24 @@ class HeadParams(PretrainedParams):
         return values
 
 
+ALGORITHMS: Final = (
+    "dp_sgd",
+    "adadp",
+    "l2dp_ml",
+    "continual_release",
+    "cosine_classifier",
+    "peft_ensemble",
+    # Baselines
+    "naive_gaussian",
+    "peft_naive",
+    "peft_full_data",
+    # One-run privacy audit of a DP-SGD run (an ε lower bound beside the certified upper bound)
+    "dp_sgd_audit",
+)
+"""Every algorithm a job may name, in the order the API lists them; the first six are the HTTP
+contract (docs/ARCHITECTURE.md, "Jobs and the worker"). Each has a trainer
+(``service.training.algorithms.TRAINERS``) and a params reader (``PARAMS``)."""
+
 PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "dp_sgd": DpSgdParams.from_params,
     "adadp": AdaDpParams.from_params,
@@ -823,7 +841,7 @@ PARAMS: Final[Mapping[str, Callable[[Mapping[str, Any]], Any]]] = {
     "peft_full_data": HeadParams.from_params,
 }
 """Each algorithm's params reader (the trainer's ``parse_params`` reads through the same one;
-``tests/worker/test_job_params.py`` checks every algorithm of ``TRAINERS`` has one)."""
+``tests/worker/test_job_params.py`` checks every algorithm of ``ALGORITHMS`` has one, and a trainer)."""
 
 
 def validate(algorithm: str, params: Mapping[str, Any]) -> Any:
@@ -848,6 +866,7 @@ def validate(algorithm: str, params: Mapping[str, Any]) -> Any:
 
 __all__ = [
     "ACCOUNTANTS",
+    "ALGORITHMS",
     "DEFAULT_HIDDEN",
     "HEAD_DEFAULTS",
     "MAX_CANARIES",
