@@ -186,13 +186,27 @@ class AdaDpTrainer(DpSgdTrainer):
                 # Line 22: RMSProp accumulator of the noisy gradient.
                 acc = state.rmsprop[name]
                 acc.mul_(1 - p.gamma).addcmul_(noisy, noisy, value=p.gamma)
-                # Line 23, sound: E′[g²] from the released g̃, debiased by the public noise variance.
-                estimate = noisy.square()
-                if p.debias_second_moment:
-                    estimate = estimate - (stds[name] / expected).square()
-                state.second_moment[name].mul_(p.gamma_prime).add_(estimate, alpha=1 - p.gamma_prime)
+                # Line 23.
+                estimate = self._second_moment_sample(p, noisy, stds[name] / expected, grads[name])
+                if estimate is not None:
+                    state.second_moment[name].mul_(p.gamma_prime).add_(estimate, alpha=1 - p.gamma_prime)
                 # Lines 25–26.
                 param.sub_(noisy / (acc + p.epsilon0).sqrt(), alpha=p.learning_rate)
+
+    @staticmethod
+    def _second_moment_sample(
+        p: AdaDpParams, noisy: torch.Tensor, noise_stddev: torch.Tensor, per_example: torch.Tensor
+    ) -> torch.Tensor | None:
+        """What line 23 averages into E′[g²] for one tensor (``None``: leave it as it is).
+
+        Sound: the released g̃ squared, less the public variance of its noise (``noise_stddev``
+        is that noise's standard deviation after the division by q·N) — a function of releases
+        and public constants only. ``per_example`` (the private, unclipped gradients of the lot)
+        is not read here; the non-private ablation of ``service.experiments.adadp`` reads it."""
+        estimate = noisy.square()
+        if p.debias_second_moment:
+            estimate = estimate - noise_stddev.square()
+        return estimate
 
     @staticmethod
     def _floored_second_moment(state: _AdaDpState, p: AdaDpParams) -> Params:
