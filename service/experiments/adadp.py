@@ -782,8 +782,10 @@ def _findings(
             continue
         mean, std = _stats(paired)
         verdict = (
-            "within two standard deviations of zero"
-            if len(paired) < 2 or abs(mean) <= 2 * std
+            "one seed: no spread to judge it by"
+            if len(paired) < 2
+            else "within two standard deviations of zero"
+            if abs(mean) <= 2 * std
             else (
                 "AdaDp ahead by more than two standard deviations"
                 if mean > 0
@@ -795,25 +797,25 @@ def _findings(
             f"(paired over {len(paired)} seed(s)): {verdict}."
         )
     for level in o.accuracies:
-        ada = _reached(_cell(cells_acc, "accuracy_level", level, "adadp"), "epsilon")
-        dp = _reached(_cell(cells_acc, "accuracy_level", level, "dp_sgd"), "epsilon")
-        n = len(o.seeds)
-        if dp and ada:
-            out.append(
-                f"accuracy {level:g}: AdaDp needs ε {_mean(ada):.3g} ({len(ada)}/{n} seeds reach it), "
-                f"DP-SGD {_mean(dp):.3g} ({len(dp)}/{n}): ratio {_mean(ada) / _mean(dp):.2f} "
-                "(the paper's MNIST ratios: 0.26–0.68)."
-            )
-        elif dp:
-            out.append(
-                f"accuracy {level:g}: DP-SGD reaches it at ε {_mean(dp):.3g} ({len(dp)}/{n} seeds); "
-                "AdaDp on no evaluation seed."
-            )
-        elif ada:
-            out.append(
-                f"accuracy {level:g}: AdaDp reaches it at ε {_mean(ada):.3g} ({len(ada)}/{n} seeds); "
-                "DP-SGD on no evaluation seed."
-            )
+        cells = {m: _cell(cells_acc, "accuracy_level", level, m) for m in ("adadp", "dp_sgd")}
+        said = []
+        for method, name in (("adadp", "AdaDp"), ("dp_sgd", "DP-SGD")):
+            cell = cells[method]
+            reached = _reached(cell, "epsilon")
+            if cell is None or cell["point"] is None:
+                said.append(f"{name} reaches it on no grid point of the tuning seed(s) (not evaluated)")
+            elif not reached:
+                said.append(f"{name} on none of the {len(o.seeds)} evaluation seeds")
+            else:
+                said.append(f"{name} at ε {_mean(reached):.3g} ({len(reached)}/{len(o.seeds)} seeds)")
+        ada = _reached(cells["adadp"], "epsilon")
+        dp = _reached(cells["dp_sgd"], "epsilon")
+        ratio = (
+            f"; ratio AdaDp/DP-SGD {_mean(ada) / _mean(dp):.2f} (the paper's MNIST ratios: 0.26–0.68)"
+            if ada and dp
+            else ""
+        )
+        out.append(f"accuracy {level:g}: " + "; ".join(said) + ratio + ".")
     return out
 
 
@@ -894,8 +896,8 @@ def _markdown(
         "",
         "The accuracy of the last released checkpoint whose ε is at most the target; `at`: the chosen σ, "
         "the checkpoint's step k and its ε. `adadp-dp_sgd`: paired by seed. `paper MNIST`: **the paper's** "
-        "AdaDp − DpSgd gain in Fig. 2 (MNIST) at σ* = 8/4/2, shown at ε 0.5/2/8 — Abadi et al.'s ε for those "
-        "noise settings; the AdaDp paper states no ε for them.",
+        "AdaDp − DpSgd gain in Fig. 2 (MNIST) at σ* = 8/4/2, shown at ε 0.5/2/8 (where run) — Abadi et "
+        "al.'s ε for those noise settings; the AdaDp paper states no ε for them.",
         "",
         markdown_table(rows_eps),
         "",

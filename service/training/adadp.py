@@ -44,12 +44,23 @@ Difference from the paper (why this is the *sound* variant).
   ‖s‖₂ ≤ C, which bounds the total noise by DP-SGD's (σᵢ scales with sᵢ, so Lemma 1's sum is
   unchanged). Without the debiasing the run collapses to chance on builtin:digits; without the cap
   it is fragile in β.
-  Defaults (β = 2, η = 0.02, γ = 0.1, γ′ = 0.9) are tuned on builtin:digits at ε = 2, δ = 1e-5
-  (about 70–80% test accuracy, below DP-SGD's ~92% there: with m ≈ 4,800 coordinates and lots of
-  ~64 records the per-coordinate noise σᵢ/(qN) is several times sᵢ, which hurts per-coordinate
-  clipping more than L2 clipping). The paper's β = 1.2 also trains.
+  Defaults: β = 2, η = 0.02, γ = 0.1, γ′ = 0.9 (the paper's β = 1.2 also trains, worse here).
   The paper also divides by the lot size L; as in DP-SGD we divide by the expected size q·N (the
   drawn size is private).
+
+Measured against DP-SGD (``ledger experiment adadp``, docs/experiments/adadp.md: the digits, the
+default MLP, both tuned on the same σ × C × 3-learning-rate grid, 5 seeds). The paper's claim —
+less ε for the same accuracy, more accuracy at the same ε — does not reproduce; it reverses. At
+ε ≤ 2 this trainer reaches 0.76 ± 0.07 test accuracy against DP-SGD's 0.91 ± 0.01 (ε ≤ 1: 0.61
+vs 0.88), needs 2× DP-SGD's ε to reach 0.75 and 4.8× to reach 0.80, and reaches 0.85 nowhere in
+the grid (ε up to ≈ 4), where DP-SGD needs ε 0.82. Where the loss comes from, by ablation:
+AdaDp's RMSProp update with global clipping throughout (DP-SGD's noise) matches DP-SGD, so the
+adaptive learning rate neither helps nor hurts; the paper's own line 23 (the raw gradient, **not
+private**) is still 7–21 points below DP-SGD, so the cost is the per-coordinate clipping and
+noise, not this variant's soundness fix. A likely reason: Lemma 1 gives every coordinate the
+same signal-to-noise budget, so the total noise is DP-SGD's with C = ‖s‖₂, while a box of
+half-widths sᵢ (each ~‖s‖/√m, m ≈ 4 800) clips each example's large coordinates far harder
+than an L2 ball of radius ‖s‖ does.
 """
 
 from __future__ import annotations
