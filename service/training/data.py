@@ -36,6 +36,11 @@ URIs
   task, are never ledgered, and serve to pre-train a feature extractor (the pre-trained models of
   the DP continual-learning paper). Declared public by the operator: the same distribution as the
   private tasks, disjoint records — as ImageNet pre-training is for CIFAR in that paper.
+* ``&public_classes=K`` (``split-digits`` only; 1 ≤ K ≤ 9) — the public split is instead every
+  training image of the classes 0 … K−1 (``public=P``: P of them, drawn as above), and the N tasks
+  split the classes K … 9 (N ≤ 10 − K), their test splits those classes' test images: an extractor
+  pre-trained on it has never seen a private class — disjoint classes, not only disjoint records
+  (issue 27 §4).
 * ``builtin:permuted-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` and
   ``builtin:split-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` — the digits at a
   realistic size, generated, no download: M records per task (up to 100 000; N·M ≤ 1 000 000),
@@ -333,6 +338,7 @@ class DataSource:
     block_size: int = 0
     dim: int = 0
     per_task: int = 0  # synthetic digits: records per task
+    public_classes: int = 0  # split-digits: classes 0 … K−1 public, the tasks on K … 9
 
     @property
     def is_file(self) -> bool:
@@ -359,7 +365,7 @@ class DataSource:
             return _load_synthetic_digits(
                 self.uri, self.kind, self.tasks, self.per_task, self.seed, self.public
             )
-        return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public)
+        return _load_digits(self.uri, self.kind, self.tasks, self.seed, self.public, self.public_classes)
 
 
 def parse_source(uri: str) -> DataSource:
@@ -403,6 +409,8 @@ def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
     allowed = {"tasks", "seed"} if name != "digits" else set()
     if name in PUBLIC_SPLIT_BUILTINS:
         allowed.add("public")
+    if name == "split-digits":
+        allowed.add("public_classes")
     unknown = sorted(set(query) - allowed)
     if unknown:
         raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
@@ -411,7 +419,15 @@ def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
         raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
     seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
     public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
-    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
+    public_classes = _query_int(uri, query, "public_classes", 0, minimum=1, maximum=9)
+    if public_classes and tasks > 10 - public_classes:
+        raise DataSourceError(
+            f"data source {uri!r}: tasks must be at most 10 - public_classes = {10 - public_classes} "
+            f"(one private class a task at least). Found {tasks}."
+        )
+    return DataSource(
+        uri=uri, kind=name, tasks=tasks, seed=seed, public=public, public_classes=public_classes
+    )
 
 
 def file_uri(path: PurePosixPath | Path) -> str:
@@ -994,7 +1010,9 @@ def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     return train_idx, test_idx
 
 
-def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) -> LoadedData:
+def _load_digits(
+    uri: str, kind: str, n_tasks: int, seed: int, public: int = 0, public_classes: int = 0
+) -> LoadedData:
     from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
 
     bunch = load_digits()
@@ -1003,7 +1021,17 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
     ids = np.asarray([f"digits-{i:04d}" for i in range(len(labels))])
     train_idx, test_idx = digits_split()
     public_idx = np.zeros(0, dtype=np.int64)
-    if public:  # its own generator, so a source without ``public`` is unchanged
+    private_classes = np.arange(public_classes, 10)
+    if public_classes:  # classes 0 … K−1 public (all, or ``public`` of them), never a task's
+        pool = train_idx[labels[train_idx] < public_classes]
+        if public:
+            public_rng = np.random.default_rng((seed, PUBLIC_SPLIT_STREAM))
+            public_idx = np.sort(public_rng.choice(pool, size=min(public, len(pool)), replace=False))
+        else:
+            public_idx = pool
+        train_idx = train_idx[labels[train_idx] >= public_classes]
+        test_idx = test_idx[labels[test_idx] >= public_classes]
+    elif public:  # its own generator, so a source without ``public`` is unchanged
         public_rng = np.random.default_rng((seed, PUBLIC_SPLIT_STREAM))
         public_idx = np.sort(public_rng.choice(train_idx, size=public, replace=False))
         train_idx = np.setdiff1d(train_idx, public_idx)
@@ -1024,7 +1052,7 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
         train = tuple(split(t, np.sort(chunks[t]), perms[t]) for t in range(n_tasks))
         test = tuple(split(t, test_idx, perms[t]) for t in range(n_tasks))
     else:  # split-digits
-        groups = np.array_split(np.arange(10), n_tasks)
+        groups = np.array_split(private_classes, n_tasks)
         train = tuple(split(t, train_idx[np.isin(labels[train_idx], g)], None) for t, g in enumerate(groups))
         test = tuple(split(t, test_idx[np.isin(labels[test_idx], g)], None) for t, g in enumerate(groups))
     for t in train:
@@ -1037,7 +1065,7 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
         num_classes=10,
         n_features=64,
         image_shape=DIGITS_IMAGE_SHAPE,
-        public=(split(0, public_idx, None),) if public else (),
+        public=(split(0, public_idx, None),) if public or public_classes else (),
         preprocessing={
             "kind": "scale",
             "divide_by": 16,
