@@ -1,4 +1,4 @@
-"""``ledger experiment lifelong|continual|pretrained``: reproduce a paper's claim at small scale.
+"""``ledger experiment lifelong|continual|pretrained|adadp``: reproduce a paper's claim at small scale.
 
 Each experiment runs its private algorithms as jobs behind the release gate of an embedded ledger
 (``service.experiments.embedded``; a fresh SQLite file in the output folder unless
@@ -17,6 +17,8 @@ EXPERIMENTS = {
     "digits, mean ± std over --seeds, with A-gem, joint training and the paper's numbers",
     "continual": "continual and sliding-window release of private logistic regression (geometric rule)",
     "pretrained": "cosine classifier and PEFT ensemble on a frozen public extractor (parallel rule)",
+    "adadp": "AdaDp (sound) vs DP-SGD on the digits, tuned alike: ε to reach accuracies and accuracy at "
+    "matched ε, mean ± std over --seeds, with the paper's non-private line 23 as an ablation",
 }
 
 

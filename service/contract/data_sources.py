@@ -35,6 +35,11 @@ URIs
   task, are never ledgered, and serve to pre-train a feature extractor (the pre-trained models of
   the DP continual-learning paper). Declared public by the operator: the same distribution as the
   private tasks, disjoint records — as ImageNet pre-training is for CIFAR in that paper.
+* ``&public_classes=K`` (``split-digits`` only; 1 ≤ K ≤ 9) — the public split is instead every
+  training image of the classes 0 … K−1 (``public=P``: P of them, drawn as above), and the N tasks
+  split the classes K … 9 (N ≤ 10 − K), their test splits those classes' test images: an extractor
+  pre-trained on it has never seen a private class — disjoint classes, not only disjoint records
+  (issue 27 §4).
 * ``builtin:permuted-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` and
   ``builtin:split-synthetic-digits?tasks=N&per_task=M[&seed=S][&public=P]`` — the digits at a
   realistic size, generated, no download: M records per task (up to 100 000; N·M ≤ 1 000 000),
@@ -123,6 +128,7 @@ class DataSource:
     block_size: int = 0
     dim: int = 0
     per_task: int = 0  # synthetic digits: records per task
+    public_classes: int = 0  # split-digits: classes 0 … K−1 public, the tasks on K … 9
 
     @property
     def is_file(self) -> bool:
@@ -170,6 +176,8 @@ def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
     allowed = {"tasks", "seed"} if name != "digits" else set()
     if name in PUBLIC_SPLIT_BUILTINS:
         allowed.add("public")
+    if name == "split-digits":
+        allowed.add("public_classes")
     unknown = sorted(set(query) - allowed)
     if unknown:
         raise DataSourceError(f"data source {uri!r}: unknown query parameter {unknown[0]!r}.")
@@ -178,7 +186,15 @@ def _parse_builtin(uri: str, parts: SplitResult) -> DataSource:
         raise DataSourceError(f"data source {uri!r}: builtin {name!r} needs ?tasks=N.")
     seed = _query_int(uri, query, "seed", 0, minimum=0, maximum=2**32 - 1)
     public = _query_int(uri, query, "public", 0, minimum=0, maximum=MAX_PUBLIC_DIGITS)
-    return DataSource(uri=uri, kind=name, tasks=tasks, seed=seed, public=public)
+    public_classes = _query_int(uri, query, "public_classes", 0, minimum=1, maximum=9)
+    if public_classes and tasks > 10 - public_classes:
+        raise DataSourceError(
+            f"data source {uri!r}: tasks must be at most 10 - public_classes = {10 - public_classes} "
+            f"(one private class a task at least). Found {tasks}."
+        )
+    return DataSource(
+        uri=uri, kind=name, tasks=tasks, seed=seed, public=public, public_classes=public_classes
+    )
 
 
 def file_uri(path: PurePosixPath | Path) -> str:

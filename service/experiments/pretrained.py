@@ -82,6 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--learning-rate", type=float, default=None, help="DP-SGD learning rate (trainer default)"
     )
     parser.add_argument(
+        "--public-classes",
+        type=int,
+        default=None,
+        help="pre-train on classes 0…K−1 only and run the tasks on K…9 (disjoint classes; "
+        "builtin:split-digits&public_classes=K; --public then caps the public images, default all)",
+    )
+    parser.add_argument(
+        "--feature-dim", type=int, default=None, help="the extractor's feature width K (trainer default 32)"
+    )
+    parser.add_argument(
         "--per-task",
         type=int,
         default=None,
@@ -93,11 +103,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> dict[str, Any]:
     quick = bool(args.quick)
     tasks = args.tasks if args.tasks is not None else (3 if quick else 5)
-    public = args.public if args.public is not None else (300 if quick else 400)
+    public_classes = args.public_classes or 0
+    if public_classes and args.per_task is not None:
+        raise SystemExit("--public-classes works on the bundled digits only (not with --per-task).")
+    if public_classes and not 1 <= public_classes <= 9:
+        raise SystemExit(f"--public-classes must be in [1, 9]. Found {public_classes}.")
+    if public_classes and args.tasks is None:
+        tasks = min(tasks, 10 - public_classes)
+    # With disjoint public classes, every image of them is public unless --public caps it.
+    public = args.public if args.public is not None else (0 if public_classes else (300 if quick else 400))
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     epsilons = [float(e) for e in str(args.epsilons).split(",") if e.strip()]
-    if not 2 <= tasks <= 10:
-        raise SystemExit(f"--tasks must be in [2, 10]. Found {tasks}.")
+    if not 2 <= tasks <= 10 - public_classes:
+        raise SystemExit(f"--tasks must be in [2, {10 - public_classes}]. Found {tasks}.")
     if repeats < 1 or not epsilons or any(not e > 0 for e in epsilons):
         raise SystemExit("--repeats must be >= 1 and --epsilons a list of numbers > 0.")
     head: dict[str, Any] = {}
@@ -109,13 +127,18 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         head["learning_rate"] = args.learning_rate
     return {
         "source": (
-            f"builtin:split-digits?tasks={tasks}&seed={args.seed}&public={public}"
+            f"builtin:split-digits?tasks={tasks}&seed={args.seed}&public_classes={public_classes}"
+            + (f"&public={public}" if public else "")
+            if public_classes
+            else f"builtin:split-digits?tasks={tasks}&seed={args.seed}&public={public}"
             if args.per_task is None
             else f"builtin:split-synthetic-digits?tasks={tasks}&per_task={args.per_task}"
             f"&seed={args.seed}&public={public}"
         ),
         "tasks": tasks,
         "public": public,
+        "public_classes": public_classes,
+        "feature_dim": args.feature_dim,
         "epsilons": epsilons,
         "delta": args.delta,
         "repeats": repeats,
@@ -192,6 +215,8 @@ def _run_one(
         "extractor_seed": config["seed"],
         "pretrain_epochs": config["pretrain_epochs"],
     }
+    if config["feature_dim"] is not None:
+        params["feature_dim"] = config["feature_dim"]
     if algorithm in HEAD_ALGORITHMS:
         params.update(config["head_params"])
     started = time.perf_counter()

@@ -36,6 +36,17 @@ def table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], *, title: s
     return "\n".join(lines)
 
 
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """``rows`` as a GitHub-flavoured markdown table of ``columns`` (default: the first row's keys)."""
+    if not rows:
+        return "(no rows)"
+    names = list(columns) if columns is not None else list(rows[0])
+    cells = [[_cell(row.get(c, "")).replace("|", "\\|") for c in names] for row in rows]
+    lines = ["| " + " | ".join(names) + " |", "|" + "|".join("---" for _ in names) + "|"]
+    lines.extend("| " + " | ".join(r) + " |" for r in cells)
+    return "\n".join(lines)
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the Agg backend (files only, no display)."""
     import matplotlib
@@ -54,4 +65,4 @@ def save_figure(figure: Any, out_dir: Path, name: str) -> Path:
     return path
 
 
-__all__ = ["pyplot", "save_figure", "table", "write_json"]
+__all__ = ["markdown_table", "pyplot", "save_figure", "table", "write_json"]

@@ -239,7 +239,9 @@ def load(source: DataSource, roots: TenantRoots | None = None) -> LoadedData:
         return _load_synthetic_digits(
             source.uri, source.kind, source.tasks, source.per_task, source.seed, source.public
         )
-    return _load_digits(source.uri, source.kind, source.tasks, source.seed, source.public)
+    return _load_digits(
+        source.uri, source.kind, source.tasks, source.seed, source.public, source.public_classes
+    )
 
 
 def load_data(uri: str, roots: TenantRoots | None = None) -> LoadedData:
@@ -560,7 +562,9 @@ def digits_split() -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     return train_idx, test_idx
 
 
-def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) -> LoadedData:
+def _load_digits(
+    uri: str, kind: str, n_tasks: int, seed: int, public: int = 0, public_classes: int = 0
+) -> LoadedData:
     from sklearn.datasets import load_digits  # type: ignore[import-untyped,unused-ignore]
 
     bunch = load_digits()
@@ -569,7 +573,17 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
     ids = np.asarray([f"digits-{i:04d}" for i in range(len(labels))])
     train_idx, test_idx = digits_split()
     public_idx = np.zeros(0, dtype=np.int64)
-    if public:  # its own generator, so a source without ``public`` is unchanged
+    private_classes = np.arange(public_classes, 10)
+    if public_classes:  # classes 0 … K−1 public (all, or ``public`` of them), never a task's
+        pool = train_idx[labels[train_idx] < public_classes]
+        if public:
+            public_rng = np.random.default_rng((seed, PUBLIC_SPLIT_STREAM))
+            public_idx = np.sort(public_rng.choice(pool, size=min(public, len(pool)), replace=False))
+        else:
+            public_idx = pool
+        train_idx = train_idx[labels[train_idx] >= public_classes]
+        test_idx = test_idx[labels[test_idx] >= public_classes]
+    elif public:  # its own generator, so a source without ``public`` is unchanged
         public_rng = np.random.default_rng((seed, PUBLIC_SPLIT_STREAM))
         public_idx = np.sort(public_rng.choice(train_idx, size=public, replace=False))
         train_idx = np.setdiff1d(train_idx, public_idx)
@@ -590,7 +604,7 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
         train = tuple(split(t, np.sort(chunks[t]), perms[t]) for t in range(n_tasks))
         test = tuple(split(t, test_idx, perms[t]) for t in range(n_tasks))
     else:  # split-digits
-        groups = np.array_split(np.arange(10), n_tasks)
+        groups = np.array_split(private_classes, n_tasks)
         train = tuple(split(t, train_idx[np.isin(labels[train_idx], g)], None) for t, g in enumerate(groups))
         test = tuple(split(t, test_idx[np.isin(labels[test_idx], g)], None) for t, g in enumerate(groups))
     for t in train:
@@ -603,7 +617,7 @@ def _load_digits(uri: str, kind: str, n_tasks: int, seed: int, public: int = 0) 
         num_classes=10,
         n_features=64,
         image_shape=DIGITS_IMAGE_SHAPE,
-        public=(split(0, public_idx, None),) if public else (),
+        public=(split(0, public_idx, None),) if public or public_classes else (),
         preprocessing={
             "kind": "scale",
             "divide_by": 16,

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from service.cli import main
-from service.experiments.pretrained import average_accuracy, average_forgetting
+from service.experiments.pretrained import _config, average_accuracy, average_forgetting
 
 
 def test_metrics_follow_eq_a4_to_a6() -> None:
@@ -22,6 +22,29 @@ def test_metrics_follow_eq_a4_to_a6() -> None:
     # task 1: max(1.0, 0.8) − 0.5; task 2: 0.9 − 0.7
     assert average_forgetting(matrix) == pytest.approx(((1.0 - 0.5) + (0.9 - 0.7)) / 2)
     assert average_forgetting([[0.7]]) is None
+
+
+def _args(*argv: str) -> object:
+    import argparse
+
+    from service.commands.experiment import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["experiment", "pretrained", *argv])
+
+
+def test_public_classes_pretrain_on_classes_the_tasks_never_hold() -> None:
+    config = _config(_args("--public-classes", "4", "--feature-dim", "64"))  # type: ignore[arg-type]
+    # 6 private classes (4…9): the default 5 tasks fit
+    assert config["source"] == "builtin:split-digits?tasks=5&seed=0&public_classes=4"
+    assert config["feature_dim"] == 64 and config["public"] == 0
+    capped = _config(_args("--public-classes", "5", "--tasks", "2", "--public", "300"))  # type: ignore[arg-type]
+    assert capped["source"] == "builtin:split-digits?tasks=2&seed=0&public_classes=5&public=300"
+    with pytest.raises(SystemExit, match="--tasks must be in \\[2, 5\\]"):
+        _config(_args("--public-classes", "5", "--tasks", "6"))  # type: ignore[arg-type]
+    with pytest.raises(SystemExit, match="bundled digits only"):
+        _config(_args("--public-classes", "4", "--per-task", "100"))  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -90,6 +90,10 @@ def test_a_file_source_is_not_read_without_data_roots(tmp_path: Path) -> None:
         ("builtin:split-synthetic-digits?tasks=11&per_task=10", "tasks must be an integer in \\[1, 10\\]"),
         ("builtin:split-synthetic-digits?tasks=2&per_task=10&size=3", "unknown query parameter 'size'"),
         ("builtin:split-synthetic-digits?tasks=2&per_task=10&public=100001", "public must be an integer"),
+        ("builtin:split-digits?tasks=6&public_classes=5", "tasks must be at most 10 - public_classes = 5"),
+        ("builtin:split-digits?tasks=2&public_classes=10", "public_classes must be an integer in \\[1, 9\\]"),
+        ("builtin:split-digits?tasks=2&public_classes=0", "public_classes must be an integer in \\[1, 9\\]"),
+        ("builtin:permuted-digits?tasks=2&public_classes=5", "unknown query parameter 'public_classes'"),
     ],
 )
 def test_bad_uris_are_refused_with_a_message_naming_them(uri: str, message: str) -> None:
@@ -333,3 +337,19 @@ def test_the_data_module_does_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_public_classes_hold_out_whole_classes_the_tasks_never_see() -> None:
+    data = load_data("builtin:split-digits?tasks=3&public_classes=4")
+    public = data.public[0]
+    assert set(public.labels.tolist()) == {0, 1, 2, 3}
+    assert [sorted(set(t.labels.tolist())) for t in data.train] == [[4, 5], [6, 7], [8, 9]]
+    assert [sorted(set(t.labels.tolist())) for t in data.test] == [[4, 5], [6, 7], [8, 9]]
+    train_ids = {i for t in data.train for i in t.record_ids}
+    assert not train_ids & set(public.record_ids)
+    # every training image of the public classes is public; ``public=P`` takes P of them
+    everything = load_data("builtin:digits").train[0]
+    assert len(public) == int((everything.labels < 4).sum())
+    assert len(train_ids) == int((everything.labels >= 4).sum())
+    capped = load_data("builtin:split-digits?tasks=3&public_classes=4&public=100").public[0]
+    assert len(capped) == 100 and set(capped.record_ids) <= set(public.record_ids)
