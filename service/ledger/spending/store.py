@@ -258,6 +258,11 @@ class Known:
     tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
     reservations: dict[str, Loaded] = field(default_factory=dict)
     members: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    counted: int = 0  # the rows ``KnownDatasets`` counts for it
+
+    @property
+    def rows(self) -> int:
+        return len(self.batches) + len(self.tasks) + len(self.reservations) + len(self.members)
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,12 @@ class Learned:
     members: Mapping[str, tuple[tuple[int, str], ...]]
 
 
+class _Entries(OrderedDict[str, Known]):
+    """One engine's entries, least recently used first, and how many rows they hold."""
+
+    total = 0
+
+
 class KnownDatasets:
     """Per database (engine) and dataset, the ``Known`` rows of its ledger.
 
@@ -279,27 +290,24 @@ class KnownDatasets:
     the entry's mark may extend it, once it has committed (``learn``): one that committed late,
     after another one opened the dataset at a newer mark, finds the entry replaced and adds
     nothing. A transaction that moved batches by a set statement (batch ids not known) drops
-    the entry. Bounded: ``DATASETS`` per engine, ``ROWS`` rows per kind in an entry."""
+    the entry. Bounded: ``rows`` rows per engine (the datasets used least recently are
+    forgotten first; an entry alone above it is emptied)."""
 
-    DATASETS: Final = 1024
-    ROWS: Final = 65_536
-
-    def __init__(self) -> None:
+    def __init__(self, rows: int = 262_144) -> None:
+        self.rows = rows
         self.lock = threading.Lock()
-        self.by_engine: weakref.WeakKeyDictionary[Engine, OrderedDict[str, Known]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self.by_engine: weakref.WeakKeyDictionary[Engine, _Entries] = weakref.WeakKeyDictionary()
 
     def at(self, engine: Engine, dataset_id: str, mark: Mark) -> Known:
         """The entry of the dataset at ``mark`` (its head, read locked): a new, empty one unless
         the known one is at that mark."""
         with self.lock:
-            entries = self.by_engine.setdefault(engine, OrderedDict())
+            entries = self.by_engine.setdefault(engine, _Entries())
             known = entries.get(dataset_id)
             if known is None or known.mark != mark:
+                if known is not None:
+                    entries.total -= known.counted
                 known = entries[dataset_id] = Known(mark)
-                if len(entries) > self.DATASETS:
-                    entries.popitem(last=False)
             entries.move_to_end(dataset_id)
             return known
 
@@ -314,15 +322,25 @@ class KnownDatasets:
                 return  # another transaction opened the dataset since: its entry stands
             if learned is None:
                 del entries[dataset_id]
+                entries.total -= known.counted
                 return
             known.batches.update(learned.batches)
             known.tasks.update(learned.tasks)
             known.reservations.update((r.id, r) for r in learned.reservations)
             known.members.update(learned.members)
-            for rows in (known.batches, known.tasks, known.reservations, known.members):
-                if len(rows) > self.ROWS:
-                    rows.clear()
+            entries.total += known.rows - known.counted
+            known.counted = known.rows
             known.mark = mark
+            while entries.total > self.rows:  # forget the least recently used first
+                oldest_id, oldest = next(iter(entries.items()))
+                if oldest is known:  # alone above the bound: emptied
+                    for rows in (known.batches, known.tasks, known.reservations, known.members):
+                        rows.clear()
+                    entries.total -= known.counted
+                    known.counted = 0
+                    break
+                del entries[oldest_id]
+                entries.total -= oldest.counted
 
 
 KNOWN: Final = KnownDatasets()

@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import create_engine
 
 from service.db.session import Database
 from service.ledger import batches, reservations
 from service.ledger.errors import BudgetExceeded, Conflict, NotFound
 from service.ledger.spend import get_spend
+from service.ledger.spending.store import Known, KnownDatasets, Learned
 from tests.service.ledger.conftest import MakeDataset
 
 EVENT = {"kind": "pure_dp", "epsilon": 0.001}
@@ -86,3 +88,27 @@ def test_a_deleted_batch_is_not_charged(
     with pytest.raises(NotFound) as missing:
         reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[doomed])
     assert missing.value.args and doomed in str(missing.value)
+
+
+def test_what_a_process_knows_is_bounded() -> None:
+    """The least recently used dataset is forgotten first; an entry alone above the bound is
+    emptied; a transaction that committed after another opened the dataset adds nothing."""
+    engine = create_engine("sqlite://")
+    known = KnownDatasets(rows=3)
+
+    def learn(dataset_id: str, batches: int, entry: Known | None = None) -> Known:
+        entry = entry or known.at(engine, dataset_id, (0, 0, ""))
+        learned = Learned({f"b{i}": ("s", "t") for i in range(batches)}, {}, [], {})
+        known.learn(engine, dataset_id, entry, entry.mark, (1, 1, dataset_id), learned)
+        return entry
+
+    a = learn("a", 2)
+    b = learn("b", 2)  # 4 rows > 3: "a" goes
+    assert known.at(engine, "a", (1, 1, "a")) is not a and len(b.batches) == 2
+    c = learn("c", 4)  # alone above the bound once "a" (empty now) and "b" are gone
+    assert not c.batches and known.at(engine, "c", (1, 1, "c")) is c
+    stale = known.at(engine, "d", (0, 0, ""))
+    fresh = known.at(engine, "d", (5, 5, "x"))  # another transaction opened "d" at a newer mark
+    known.learn(engine, "d", stale, (0, 0, ""), (1, 1, ""), Learned({"b": ("s", "t")}, {}, [], {}))
+    assert not fresh.batches and known.at(engine, "d", (5, 5, "x")) is fresh
+    engine.dispose()
