@@ -222,7 +222,7 @@ def beside(db: Database, count: int) -> dict[str, Any]:
         for label, (ds, task, ids) in small.items():
             runs.setdefault((label, "by_task"), []).append(charge(db, ds, "basic", tasks=[task])[0])
             runs.setdefault((label, "by_ids"), []).append(charge(db, ds, "basic", batch_ids=ids)[0])
-    out: dict[str, Any] = {"beside": count, "create_s": created_s}
+    out: dict[str, Any] = {"beside_batches": count, "create_s": created_s}
     for (label, how), seconds in runs.items():
         out.setdefault(label, {})[f"{how}_s"] = statistics.median(seconds)
     for how in ("by_task", "by_ids"):
