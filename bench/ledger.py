@@ -93,7 +93,6 @@ from service.db.models import (  # noqa: E402
     Dataset,
     Reservation,
     ReservationBatch,
-    ReservationClass,
     Task,
 )
 from service.db.session import Database  # noqa: E402
@@ -186,9 +185,8 @@ def _clone_rows(db: Database, template_id: str, count: int) -> None:
             ),
             {"template": template_id},
         )
-        for table in (ReservationClass.__table__, ReservationBatch.__table__):
+        for table in (ReservationBatch.__table__,):  # its classes are in its row
             cols = [c.name for c in table.columns]
-            # "index" is a keyword: every column quoted.
             chosen = ", ".join(new_id if c == "reservation_id" else f'x."{c}"' for c in cols)
             quoted = ", ".join(f'"{c}"' for c in cols)
             session.execute(

@@ -9,13 +9,18 @@
 * ``large``: ``--large`` batches (default 10⁶) of ``--records`` records each, created through the
   ledger (records/s), one reserve + commit over all of them (time, batch-charges/s next to Halo's
   81 M bucket charges in under a minute ≈ 1.35 M/s, and the peak Python memory of the charge), and
-  the spend query's p50 / p99 over 200 calls.
+  the spend query's p50 / p99 over 200 calls;
+* ``beside``: reserve + commit over a 10-batch task (by task, and by its 10 batch ids) on a
+  fresh dataset and on one that also holds a ``--beside``-batch task (default 10⁶, one record
+  each): the median of 7 charges each, alternating between the two, and their ratio (target
+  ≤ 3×: no cost grows with what a charge does not touch).
 
 Through the ledger's own functions (``service.ledger``) on a fresh database: the server's work
 without HTTP. Usage (repository root)::
 
     python bench/scale.py [--backend sqlite|postgresql] [--postgres-url URL] [--large 1000000]
-        [--records 10] [--wide 10000] [--json out.json]
+        [--records 10] [--wide 10000] [--beside 1000000] [--cases ratio,heterogeneous,large,beside]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -62,9 +67,12 @@ PER_REQUEST = 10_000  # batches per create_batches call (the API's limit)
 REPEATS = 7  # charges timed per size in the ratio (the median is reported: a few ms vary most)
 
 
-def make_dataset(db: Database, accountant: str, count: int, records: int) -> tuple[str, list[str], float]:
+def make_dataset(
+    db: Database, accountant: str, count: int, records: int, name: str = ""
+) -> tuple[str, list[str], float]:
     """A dataset of ``count`` batches in tasks of ``PER_REQUEST``: (id, task ids, seconds)."""
-    ds = datasets.create_dataset(db, TENANT, name=f"{accountant}-{count}", budget=BUDGETS[accountant])["id"]
+    name = name or f"{accountant}-{count}"
+    ds = datasets.create_dataset(db, TENANT, name=name, budget=BUDGETS[accountant])["id"]
     tasks: list[str] = []
     started = time.perf_counter()
     for start in range(0, count, PER_REQUEST):
@@ -194,6 +202,40 @@ def large(db: Database, count: int, records: int) -> dict[str, Any]:
     }
 
 
+def beside(db: Database, count: int) -> dict[str, Any]:
+    """A 10-batch charge on a fresh dataset against the same beside a ``count``-batch task. Both
+    datasets exist before anything is timed and their charges alternate, so what the bulk
+    creation leaves running (PostgreSQL's checkpoint and autovacuum, SQLite's WAL) weighs on
+    both alike."""
+    big, _, created_s = make_dataset(db, "basic", count, 1, name=f"beside-{count}")
+    fresh = datasets.create_dataset(db, TENANT, name=f"fresh-{count}", budget=BUDGETS["basic"])["id"]
+    small: dict[str, tuple[str, str, list[str]]] = {}
+    for label, ds in (("fresh", fresh), ("beside", big)):
+        task = batches.create_task(db, TENANT, ds, name="small")["id"]
+        made = batches.create_batches(
+            db, TENANT, ds, task, batches=[{"name": f"s{i}", "records": [f"s{i}"]} for i in range(10)]
+        )
+        small[label] = (ds, task, [b["id"] for b in made["data"]])
+        charge(db, ds, "basic", tasks=[task])  # the first prices the event (memoised after)
+    runs: dict[tuple[str, str], list[float]] = {}
+    for _ in range(REPEATS):
+        for label, (ds, task, ids) in small.items():
+            runs.setdefault((label, "by_task"), []).append(charge(db, ds, "basic", tasks=[task])[0])
+            runs.setdefault((label, "by_ids"), []).append(charge(db, ds, "basic", batch_ids=ids)[0])
+    out: dict[str, Any] = {"beside_batches": count, "create_s": created_s}
+    for (label, how), seconds in runs.items():
+        out.setdefault(label, {})[f"{how}_s"] = statistics.median(seconds)
+    for how in ("by_task", "by_ids"):
+        out[f"ratio_{how}"] = out["beside"][f"{how}_s"] / out["fresh"][f"{how}_s"]
+    print(
+        f"10-batch charge by task: fresh {out['fresh']['by_task_s'] * 1e3:.1f} ms, beside {count} batches "
+        f"{out['beside']['by_task_s'] * 1e3:.1f} ms ({out['ratio_by_task']:.1f}x); by ids: fresh "
+        f"{out['fresh']['by_ids_s'] * 1e3:.1f} ms, beside {out['beside']['by_ids_s'] * 1e3:.1f} ms "
+        f"({out['ratio_by_ids']:.1f}x) (target <= 3x)"
+    )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -203,6 +245,8 @@ def main() -> None:
     parser.add_argument("--wide", type=int, default=10_000)
     parser.add_argument("--large", type=int, default=1_000_000, help="0 skips the large case")
     parser.add_argument("--records", type=int, default=10)
+    parser.add_argument("--beside", type=int, default=1_000_000)
+    parser.add_argument("--cases", default="ratio,heterogeneous,large,beside")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     with (
@@ -214,10 +258,16 @@ def main() -> None:
         try:
             tenancy.create_tenant(db, TENANT)
             print(f"backend: {args.backend}")
-            result: dict[str, Any] = {"backend": args.backend, "ratio": ratio(db, args.wide)}
-            result["heterogeneous"] = heterogeneous(db, args.wide)
-            if args.large:
+            cases = set(args.cases.split(","))
+            result: dict[str, Any] = {"backend": args.backend}
+            if "ratio" in cases:
+                result["ratio"] = ratio(db, args.wide)
+            if "heterogeneous" in cases:
+                result["heterogeneous"] = heterogeneous(db, args.wide)
+            if args.large and "large" in cases:
                 result["large"] = large(db, args.large, args.records)
+            if args.beside and "beside" in cases:
+                result["beside"] = beside(db, args.beside)
         finally:
             db.dispose()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -248,6 +248,10 @@ class Reservation(Base):
     committed_delta: Mapped[Decimal] = mapped_column(server_default=ZERO)
     commits: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     committed_event: Mapped[dict[str, Any] | None]
+    # Its classes (the batches it read in one state), in index order: ``{index, state_at_reserve,
+    # cost, committed, batches}`` — that state (a certificate input), the reserved ``Cost``, the
+    # cumulative committed one, and how many batches. Written and read with the row.
+    classes: Mapped[list[Any]] = mapped_column(server_default=text("'[]'"))
     batches: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     batch_set: Mapped[str] = mapped_column(String(80), server_default=text("''"))
     expires_at: Mapped[datetime]
@@ -255,23 +259,8 @@ class Reservation(Base):
     closed_at: Mapped[datetime | None]
 
 
-class ReservationClass(Base):
-    """What one reservation holds on the batches that were in one state when it was reserved:
-    that state (a certificate input), the reserved ``Cost``, the cumulative committed one, and
-    how many batches. ``index`` numbers the classes of a reservation (0, 1, ...)."""
-
-    __tablename__ = "reservation_classes"
-
-    reservation_id: Mapped[str] = mapped_column(ForeignKey("reservations.id"), primary_key=True)
-    index: Mapped[int] = mapped_column(Integer, primary_key=True)
-    state_at_reserve: Mapped[dict[str, Any]]
-    cost: Mapped[dict[str, Any]]
-    committed: Mapped[dict[str, Any] | None]
-    batches: Mapped[int] = mapped_column(Integer)
-
-
 class ReservationBatch(Base):
-    """A batch a reservation reads, and its ``ReservationClass`` (``class_index``): one narrow row
+    """A batch a reservation reads, and its class (``class_index`` in ``Reservation.classes``): one narrow row
     per batch, written by one set-based statement from the batches it selects, in the transaction
     that writes the reservation (so neither key is a checked foreign key: a check per row cost
     three quarters of the insert on PostgreSQL; design note 30)."""

@@ -569,3 +569,49 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         assert (taken.value.reason, taken.value.details["dataset_id"]) == ("dataset_name_taken", ids[1])
     finally:
         db.dispose()
+
+
+BEFORE_CLASSES_INLINE = "c4e1a9d27b83"  # the revision before 2026_11_27_reservation_classes_inline
+
+
+def test_reservation_classes_move_into_their_reservations_and_back(empty_database_url: URL) -> None:
+    """Reservation classes move from ``reservation_classes`` rows into ``reservations.classes``
+    and back unchanged: a committed reservation and an open one over two classes answer the
+    same after a downgrade and an upgrade, the rows come back one per class, and the open one
+    still commits with a certificate that verifies and charges each class its own."""
+    from accountant.certificates import verify
+    from service.db.session import Database
+    from service.ledger import reservations
+
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        held = _a_spend_and_a_hold(db, 6, spent=slice(None, 4), held=slice(2, None))[2]
+        [committed] = db.read_all(sa.text("SELECT id FROM reservations WHERE status = 'committed'"), {})
+        committed_id = committed.id
+        before = {r: reservations.get_reservation(db, "acme", r) for r in (held["id"], committed_id)}
+    finally:
+        db.dispose()
+    assert len(before[held["id"]]["batches"]["classes"]) == 2  # two batches charged before, two not
+    migrations.downgrade(empty_database_url, BEFORE_CLASSES_INLINE)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sa.text('SELECT reservation_id, "index", batches FROM reservation_classes ORDER BY 1, 2')
+            ).all()
+    finally:
+        engine.dispose()
+    assert sorted((str(r[0]), int(r[1]), int(r[2])) for r in rows) == sorted(
+        [(committed_id, 0, 4), (held["id"], 0, 2), (held["id"], 1, 2)]
+    )
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        assert {r: reservations.get_reservation(db, "acme", r) for r in before} == before
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        certificate = answer["certificate"]["certificate"]
+        assert verify(certificate).ok
+        assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
+    finally:
+        db.dispose()

@@ -53,7 +53,6 @@ from service.db.models import (
     Release,
     Reservation,
     ReservationBatch,
-    ReservationClass,
     Task,
 )
 from service.db.session import LEDGER_HEAD_COLUMNS, Database, pipelined
@@ -120,6 +119,7 @@ _RESERVATION_COLUMNS: Final = (
     Reservation.committed_delta,
     Reservation.commits,
     Reservation.committed_event,
+    Reservation.classes,
     Reservation.batches,
     Reservation.batch_set,
     Reservation.expires_at,
@@ -129,44 +129,50 @@ _RESERVATION_COLUMNS: Final = (
 
 
 # Statements of the spend transaction, built once: each execution reuses the compiled form.
-_CLASS_COLUMNS: Final = (
-    ReservationClass.index.label("class_index"),
-    ReservationClass.state_at_reserve.label("class_state_at_reserve"),
-    ReservationClass.cost.label("class_cost"),
-    ReservationClass.committed.label("class_committed"),
-    ReservationClass.batches.label("class_batches"),
+# A reservation holds its classes in its row (``Reservation.classes``): nothing per batch.
+_LOAD_RESERVATIONS: Final = select(*_RESERVATION_COLUMNS).where(
+    Reservation.id.in_(bindparam("ids", expanding=True))
 )
-# A reservation and its classes in one query: one row per class (nothing per batch).
-_LOAD_WITH_CLASSES: Final = (
-    select(*_RESERVATION_COLUMNS, *_CLASS_COLUMNS)
-    .outerjoin(ReservationClass, ReservationClass.reservation_id == Reservation.id)
-    .where(Reservation.id.in_(bindparam("ids", expanding=True)))
-    .order_by(Reservation.id, ReservationClass.index)
-)
-_RESERVATION_NAMES: Final = tuple(c.key for c in _RESERVATION_COLUMNS)
+_RESERVATION_NAMES: Final = tuple(c.key for c in _RESERVATION_COLUMNS if c.key != "classes")
+
+
+def held_class(document: Mapping[str, Any]) -> HeldClass:
+    """A reservation class from its entry in ``Reservation.classes``."""
+    committed = document["committed"]
+    return HeldClass(
+        index=document["index"],
+        state_at_reserve=document["state_at_reserve"],
+        reserved=Cost.from_json(document["cost"]),
+        committed=None if committed is None else Cost.from_json(committed),
+        batches=document["batches"],
+    )
+
+
+def class_documents(classes: Iterable[HeldClass]) -> list[dict[str, Any]]:
+    """``Reservation.classes`` of ``classes``, in index order."""
+    return [
+        {
+            "index": c.index,
+            "state_at_reserve": c.state_at_reserve,
+            "cost": c.reserved.to_json(),
+            "committed": None if c.committed is None else c.committed.to_json(),
+            "batches": c.batches,
+        }
+        for c in sorted(classes, key=lambda c: c.index)
+    ]
 
 
 def load_reservations(connection: Connection, reservation_ids: Iterable[str]) -> dict[str, Loaded]:
-    """Reservations with their classes, in one query (one row per class, nothing per batch)."""
+    """Reservations with their classes, in one query (one row each, nothing per batch)."""
     ids = sorted(set(reservation_ids))
     if not ids:
         return {}
-    found: dict[str, tuple[Any, list[HeldClass]]] = {}
-    for row in connection.execute(_LOAD_WITH_CLASSES, {"ids": ids}):
-        _, classes = found.setdefault(row.id, (row, []))
-        if row.class_index is not None:
-            classes.append(
-                HeldClass(
-                    index=row.class_index,
-                    state_at_reserve=row.class_state_at_reserve,
-                    reserved=Cost.from_json(row.class_cost),
-                    committed=None if row.class_committed is None else Cost.from_json(row.class_committed),
-                    batches=row.class_batches,
-                )
-            )
     return {
-        rid: Loaded(**{n: getattr(row, n) for n in _RESERVATION_NAMES}, classes=tuple(classes))
-        for rid, (row, classes) in found.items()
+        row.id: Loaded(
+            **{n: getattr(row, n) for n in _RESERVATION_NAMES},
+            classes=tuple(held_class(c) for c in row.classes),
+        )
+        for row in connection.execute(_LOAD_RESERVATIONS, {"ids": ids})
     }
 
 
@@ -230,6 +236,114 @@ class StateCache:
 
 
 STATES: Final = StateCache()
+
+
+Mark = tuple[int, int, str]
+"""Where a dataset's ledger stands: its head's ``(ledger_version, audit_seq, audit_hash)``. Every
+transaction that changes the dataset's batches, tasks or reservations moves it: a spend writes
+``ledger_version + 1`` and its audit entries, batch and task creation and deletion append to the
+dataset's audit chain. The audit hash chains every entry, so a mark names one history."""
+
+
+@dataclass
+class Known:
+    """What this process knows of one dataset's spend rows, true while its head is at ``mark``:
+    batch pointers and tasks (``batches``: id -> (state id, task id)), the tasks' maxima, its
+    reservations (as ``Loaded``) and the membership of its small ones (``members``: reservation
+    id -> (class index, batch id) pairs). Filled after a transaction commits (``Work.committed``)
+    from what it read and wrote; a spend reads from it instead of the database."""
+
+    mark: Mark
+    batches: dict[str, tuple[str, str]] = field(default_factory=dict)
+    tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
+    reservations: dict[str, Loaded] = field(default_factory=dict)
+    members: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    counted: int = 0  # the rows ``KnownDatasets`` counts for it
+
+    @property
+    def rows(self) -> int:
+        return len(self.batches) + len(self.tasks) + len(self.reservations) + len(self.members)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What one committed spend transaction leaves known (``Known``), at its final mark."""
+
+    batches: Mapping[str, tuple[str, str]]
+    tasks: Mapping[str, tuple[Decimal, ...]]
+    reservations: Iterable[Loaded]
+    members: Mapping[str, tuple[tuple[int, str], ...]]
+
+
+class _Entries(OrderedDict[str, Known]):
+    """One engine's entries, least recently used first, and how many rows they hold."""
+
+    total = 0
+
+
+class KnownDatasets:
+    """Per database (engine) and dataset, the ``Known`` rows of its ledger.
+
+    A spend transaction locks the head and reads its mark (``Work.open``): an entry at another
+    mark is dropped (another process, or a write outside the spends, moved the ledger), so what
+    it reads from an entry is what the database holds. Only the transaction holding the head at
+    the entry's mark may extend it, once it has committed (``learn``): one that committed late,
+    after another one opened the dataset at a newer mark, finds the entry replaced and adds
+    nothing. A transaction that moved batches by a set statement (batch ids not known) drops
+    the entry. Bounded: ``rows`` rows per engine (the datasets used least recently are
+    forgotten first; an entry alone above it is emptied)."""
+
+    def __init__(self, rows: int = 262_144) -> None:
+        self.rows = rows
+        self.lock = threading.Lock()
+        self.by_engine: weakref.WeakKeyDictionary[Engine, _Entries] = weakref.WeakKeyDictionary()
+
+    def at(self, engine: Engine, dataset_id: str, mark: Mark) -> Known:
+        """The entry of the dataset at ``mark`` (its head, read locked): a new, empty one unless
+        the known one is at that mark."""
+        with self.lock:
+            entries = self.by_engine.setdefault(engine, _Entries())
+            known = entries.get(dataset_id)
+            if known is None or known.mark != mark:
+                if known is not None:
+                    entries.total -= known.counted
+                known = entries[dataset_id] = Known(mark)
+            entries.move_to_end(dataset_id)
+            return known
+
+    def learn(
+        self, engine: Engine, dataset_id: str, known: Known, opened: Mark, mark: Mark, learned: Learned | None
+    ) -> None:
+        """After a transaction that opened ``known`` at ``opened`` committed at ``mark``: extend
+        the entry with ``learned`` (``None``: what it wrote is not known, drop the entry)."""
+        with self.lock:
+            entries = self.by_engine.get(engine)
+            if entries is None or entries.get(dataset_id) is not known or known.mark != opened:
+                return  # another transaction opened the dataset since: its entry stands
+            if learned is None:
+                del entries[dataset_id]
+                entries.total -= known.counted
+                return
+            known.batches.update(learned.batches)
+            known.tasks.update(learned.tasks)
+            known.reservations.update((r.id, r) for r in learned.reservations)
+            known.members.update(learned.members)
+            entries.total += known.rows - known.counted
+            known.counted = known.rows
+            known.mark = mark
+            while entries.total > self.rows:  # forget the least recently used first
+                oldest_id, oldest = next(iter(entries.items()))
+                if oldest is known:  # alone above the bound: emptied
+                    for rows in (known.batches, known.tasks, known.reservations, known.members):
+                        rows.clear()
+                    entries.total -= known.counted
+                    known.counted = 0
+                    break
+                del entries[oldest_id]
+                entries.total -= oldest.counted
+
+
+KNOWN: Final = KnownDatasets()
 
 
 def parse_states(rows: Iterable[Any]) -> dict[str, BatchState]:
@@ -444,7 +558,6 @@ _INSERT_NEW_STATE: Final = {
     "sqlite": sqlite.insert(BatchStateRow).on_conflict_do_nothing(index_elements=["id"]),
 }
 _INSERT_RESERVATIONS: Final = insert(Reservation).inline()
-_INSERT_RESERVATION_CLASSES: Final = insert(ReservationClass).inline()
 _INSERT_RESERVATION_BATCHES: Final = insert(ReservationBatch).inline()
 _INSERT_RELEASES: Final = insert(Release).inline()
 _INSERT_CERTIFICATES: Final = insert(Certificate).inline()
@@ -452,10 +565,6 @@ _INSERT_IDEMPOTENCY_KEYS: Final = insert(IdempotencyKey).inline()
 _INSERT_AUDIT_ENTRIES: Final = insert(AuditEntry).inline()
 # The SET clause of an executemany UPDATE is every parameter named after a column.
 _UPDATE_RESERVATIONS: Final = update(Reservation).where(Reservation.id == bindparam("reservation_id"))
-_UPDATE_RESERVATION_CLASSES: Final = update(ReservationClass).where(
-    ReservationClass.reservation_id == bindparam("held_reservation_id"),
-    ReservationClass.index == bindparam("held_index"),
-)
 _UPDATE_TASKS: Final = update(Task).where(Task.id == bindparam("task_id"))
 _HEAD_WRITTEN: Final = (
     "ledger_version",
@@ -598,6 +707,16 @@ class Work:
     # The server's active signing key, asked for only when an abort or an expiry issues a
     # certificate (a commit carries its own: ``CommitParams.signer``).
     signer: Callable[[], SigningKey] | None = None
+    # What the process knows of the dataset at the head's mark (``KNOWN``), and what this
+    # transaction adds: batch pointers as they are now (read, or moved by a small charge), the
+    # membership of its small reservations. ``unsure``: batches moved by a set statement, so no
+    # pointer is taken from what is known any more (and the entry is dropped at the end).
+    known: Known | None = None
+    opened: Mark = (0, 0, "")
+    final: Mark | None = None  # the head's mark as this transaction writes it (``flush``)
+    seen_batches: dict[str, tuple[str, str]] = field(default_factory=dict)
+    seen_members: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    unsure: bool = False
 
     @classmethod
     def open(cls, connection: Connection, dataset_id: str) -> Work | None:
@@ -619,6 +738,8 @@ class Work:
         )
         work = cls(connection, head, budget)
         work.next_expiry = _aware(next_expiry)
+        work.opened = (head.ledger_version, head.audit_seq, head.audit_hash)
+        work.known = KNOWN.at(connection.engine, dataset_id, work.opened)
         return work
 
     # -- loading -------------------------------------------------------------------------------
@@ -635,9 +756,43 @@ class Work:
         self.load_reservations(wanted)
 
     def load_reservations(self, ids: Iterable[str]) -> None:
-        self.reservations.update(
-            load_reservations(self.connection, [i for i in ids if i not in self.reservations])
-        )
+        """Reservations not loaded yet: those the process knows (``known``), the others read."""
+        missing = []
+        for rid in ids:
+            if rid in self.reservations:
+                continue
+            r = None if self.known is None else self.known.reservations.get(rid)
+            if r is None:
+                missing.append(rid)
+            else:
+                self.reservations[rid] = r
+        self.reservations.update(load_reservations(self.connection, missing))
+
+    def _batch(self, batch_id: str) -> tuple[str, str] | None:
+        """``(state id, task id)`` of a batch of the dataset as it is now in this transaction,
+        without reading: ``None`` when not known."""
+        if self.unsure:
+            return None
+        seen = self.seen_batches.get(batch_id)
+        if seen is None and self.known is not None:
+            seen = self.known.batches.get(batch_id)
+        return seen
+
+    def _task_spent(self, task_id: str) -> tuple[Decimal, ...] | None:
+        spent = self.tasks.get(task_id)
+        if spent is None and self.known is not None:
+            spent = self.known.tasks.get(task_id)
+        return spent
+
+    def _known_rows(self, ids: Sequence[str]) -> list[tuple[str, str, str]] | None:
+        """``(id, state id, task id)`` of the named batches by id, when all are known."""
+        rows = []
+        for batch_id in sorted(set(ids)):
+            entry = self._batch(batch_id)
+            if entry is None:
+                return None
+            rows.append((batch_id, *entry))
+        return rows
 
     def state(self, state_id: str) -> BatchState:
         """The state stored under ``state_id`` (read once per process: ``STATES``)."""
@@ -678,10 +833,16 @@ class Work:
             for task_id in ids:
                 if task_id not in found:
                     raise NotFound("task", task_id)
-        result = self.connection.execute(
-            _SELECT_BATCHES[(selector, self.connection.dialect.name)],
-            {**scope.params, "dataset_id": dataset_id},  # a named batch may be another dataset's
-        )
+        known = self._known_rows(ids) if selector == "batches" and len(ids) <= SMALL_CHARGE else None
+        parts: Iterable[Sequence[Any]]
+        if known is not None:
+            parts = [known]
+        else:
+            parts = self.connection.execute(
+                _SELECT_BATCHES[(selector, self.connection.dialect.name)],
+                {**scope.params, "dataset_id": dataset_id},  # a named batch may be another dataset's
+            ).partitions()
+        seen: list[tuple[str, str, str]] = []
         counts: dict[str, int] = {}
         tasks: dict[str, set[str]] = {}
         classes: dict[str, int] = {}
@@ -691,7 +852,7 @@ class Work:
         total = 0
         overlay = self.overlay
         members: dict[str, list[str]] | None = {}
-        for part in result.partitions():
+        for part in parts:
             lines = []
             for batch_id, state_id_, task_id in part:
                 if overlay:
@@ -708,6 +869,7 @@ class Work:
                     named[batch_id] = state_id_
                 if members is not None:
                     members.setdefault(state_id_, []).append(batch_id)
+                    seen.append((batch_id, state_id_, task_id))
             digest.update("".join(lines).encode())
             total += len(part)
             if total > SMALL_CHARGE:
@@ -723,6 +885,8 @@ class Work:
                 example.setdefault(named[batch_id], batch_id)
         if not total:
             raise InvalidInput("tasks", "the tasks have no batches.")
+        if members is not None:
+            self.seen_batches.update((b, (sid, t)) for b, sid, t in seen)
         positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
         return Selection(
             scope, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named, members
@@ -736,8 +900,18 @@ class Work:
         found: dict[tuple[int, str], tuple[int, set[str], list[str]]] = {}
         small = batches <= SMALL_CHARGE
         if small:
-            rows = self.connection.execute(_RESERVATION_MEMBERS, {"reservation_id": reservation_id})
+            r = self.reservations.get(reservation_id)
+            ours = r is not None and r.dataset_id == self.head.id  # its batches are this dataset's
+            if not ours:
+                self.unsure = True  # another dataset's batches and tasks: learn nothing of them
+            known = self._known_members(reservation_id) if ours else None
+            rows: Iterable[Sequence[Any]] = (
+                self.connection.execute(_RESERVATION_MEMBERS, {"reservation_id": reservation_id})
+                if known is None
+                else known
+            )
             overlay = self.overlay
+            members = []
             for index, batch_id, state_id_, task_id, *spent in rows:
                 state_id_ = overlay.get(batch_id, state_id_)
                 self.tasks.setdefault(task_id, tuple(spent))  # an earlier op's raise stays
@@ -745,6 +919,11 @@ class Work:
                 tasks.add(task_id)
                 ids.append(batch_id)
                 found[(index, state_id_)] = (total + 1, tasks, ids)
+                members.append((index, batch_id))
+                if ours and not self.unsure:
+                    self.seen_batches[batch_id] = (state_id_, task_id)
+            if ours:
+                self.seen_members[reservation_id] = tuple(members)
         else:
             self.write_overlay()  # the aggregate reads the pointers
             aggregated = self.connection.execute(_RESERVATION_GROUPS, {"reservation_id": reservation_id})
@@ -760,6 +939,22 @@ class Work:
                 Group(state_id_, count, frozenset(tasks), tuple(ids) if small else None)
             )
         return out
+
+    def _known_members(self, reservation_id: str) -> list[tuple[Any, ...]] | None:
+        """The rows of ``_RESERVATION_MEMBERS`` for a small reservation, when all are known."""
+        members = self.seen_members.get(reservation_id)
+        if members is None and self.known is not None:
+            members = self.known.members.get(reservation_id)
+        if members is None:
+            return None
+        rows: list[tuple[Any, ...]] = []
+        for index, batch_id in members:
+            entry = self._batch(batch_id)
+            spent = None if entry is None else self._task_spent(entry[1])
+            if entry is None or spent is None:
+                return None
+            rows.append((index, batch_id, *entry, *spent))
+        return rows
 
     def dataset_groups(self) -> list[tuple[str, int, frozenset[str]]]:
         """``[(state id, batches, their tasks)]`` over every batch of the dataset: one aggregate
@@ -801,9 +996,25 @@ class Work:
         return sid
 
     def committed(self) -> None:
-        """After the transaction committed: the states it wrote are stored (``STATES``)."""
+        """After the transaction committed: the states it wrote are stored (``STATES``), and what
+        it read and wrote of the dataset is known at the head's new mark (``KNOWN``)."""
+        engine = self.connection.engine
         if self.written_states:
-            STATES.mark_stored(self.connection.engine, self.written_states)
+            STATES.mark_stored(engine, self.written_states)
+        if self.known is None:
+            return
+        dataset_id = self.head.id
+        learned = (
+            None
+            if self.unsure
+            else Learned(
+                self.seen_batches,
+                self.tasks,
+                [r for r in self.reservations.values() if r.dataset_id == dataset_id],
+                self.seen_members,
+            )
+        )
+        KNOWN.learn(engine, dataset_id, self.known, self.opened, self.final or self.opened, learned)
 
     def move(self, scope: Scope, moves: Sequence[Move], at: datetime) -> None:
         """Move the batches ``scope`` selects from each move's source state to its target, and
@@ -816,10 +1027,16 @@ class Work:
             for m in moves:
                 for batch_id in m.batch_ids or ():
                     self.overlay[batch_id] = targets[id(m)]
+                    entry = self._batch(batch_id)
+                    if entry is None:
+                        self.unsure = True  # not read in this transaction: not expected
+                    else:
+                        self.seen_batches[batch_id] = (targets[id(m)], entry[1])
             for m in moves:
                 self._raise_maxima(self.state(m.source), m.target, m.tasks)
             return
         self.write_overlay()  # the set statement tests the pointers
+        self.unsure = True  # which batches it moves is not known here
         pending = {m.source: (targets[id(m)], m.count) for m in moves if targets[id(m)] != m.source}
         if len(pending) == 1:
             [(source, (target, expected))] = pending.items()
@@ -845,6 +1062,9 @@ class Work:
         head.epsilon_spent = max(head.epsilon_spent, state.epsilon_spent)
         head.delta_spent = max(head.delta_spent, state.delta_spent)
         head.naive_epsilon = max(head.naive_epsilon, state.naive_epsilon)
+        for task_id in tasks:
+            if task_id not in self.tasks and self.known is not None and task_id in self.known.tasks:
+                self.tasks[task_id] = self.known.tasks[task_id]
         missing = sorted(t for t in tasks if t not in self.tasks)
         if missing:
             for row in self.connection.execute(_TASK_AGGREGATES, {"ids": missing}):
@@ -863,6 +1083,10 @@ class Work:
         ``INSERT … SELECT`` now, before they move (their class is read from their state)."""
         self.reservations[r.id] = r
         self.new_reservations.append(r)
+        if selection.members is not None:
+            self.seen_members[r.id] = tuple(
+                (selection.classes[sid], b) for sid, batch_ids in selection.members.items() for b in batch_ids
+            )
         if selection.positions is not None:
             assert selection.named is not None
             index_of, state_of = selection.classes, selection.named
@@ -947,21 +1171,6 @@ class Work:
         if self.new_reservations:
             latest = [self.reservations[r.id] for r in self.new_reservations]
             execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in latest])
-            execute(
-                _INSERT_RESERVATION_CLASSES,
-                [
-                    {
-                        "reservation_id": r.id,
-                        "index": c.index,
-                        "state_at_reserve": c.state_at_reserve,
-                        "cost": c.reserved.to_json(),
-                        "committed": None,
-                        "batches": c.batches,
-                    }
-                    for r in latest
-                    for c in r.classes
-                ],
-            )
         if self.new_reservation_batches:
             execute(_INSERT_RESERVATION_BATCHES, self.new_reservation_batches)
         new = {r.id for r in self.new_reservations}
@@ -979,18 +1188,11 @@ class Work:
                         "committed_delta": r.committed_delta,
                         "commits": r.commits,
                         "committed_event": r.committed_event,
+                        "classes": class_documents(r.classes),
                     }
                     for r in changed
                 ],
             )
-            committed = [
-                {"held_reservation_id": r.id, "held_index": c.index, "committed": c.committed.to_json()}
-                for r in changed
-                for c in r.classes
-                if c.committed is not None
-            ]
-            if committed:
-                execute(_UPDATE_RESERVATION_CLASSES, committed)
         if self.dirty_tasks:
             execute(
                 _UPDATE_TASKS,
@@ -1031,6 +1233,7 @@ class Work:
             "audit_hash": head.audit_hash,
             "updated_at": max((at for _, at in self.events), default=utcnow()),
         }
+        self.final = (values["ledger_version"], head.audit_seq, head.audit_hash)
         if head.last_release is None:
             self.connection.execute(_UPDATE_HEAD, values)
         else:
@@ -1057,6 +1260,7 @@ def _reservation_row(r: Loaded) -> dict[str, Any]:
         "committed_delta": r.committed_delta,
         "commits": r.commits,
         "committed_event": r.committed_event,
+        "classes": class_documents(r.classes),
         "batches": r.batches,
         "batch_set": r.batch_set,
         "expires_at": r.expires_at,

@@ -1,7 +1,8 @@
 """The SQL of the common spend, counted: one single-batch pure-ε reserve + commit.
 
 Counted on the real engine (SQLAlchemy's ``before_cursor_execute``), on SQLite and PostgreSQL,
-after two spends have warmed the process's caches (budget, key ring, batch states). The count
+after two spends have warmed the process's caches (budget, key ring, batch states, the dataset's
+batches and reservations at its head). The count
 fails when it grows: a new statement on this path is a decision (docs/ARCHITECTURE.md, "What a
 charge touches", lists them). And no statement of a spend over a task's batches walks the other
 batches of its dataset (SQLite's query plans: a charge costs what it touches, not the dataset).
@@ -20,10 +21,12 @@ from service.db.session import Database
 from service.ledger import reservations
 from tests.service.ledger.conftest import MakeDataset
 
-# Reserve: head (+ next expiry), batches, new state, move; flush: reservation, class, batch,
-# audit, head. Commit: head, reservation (+ classes), groups (+ tasks), new state, move; flush:
-# reservation, class, task, release, certificate, audit, head.
-MOST_STATEMENTS = 21
+# Reserve: head (+ next expiry); flush: new state, move, reservation (with its classes),
+# membership, audit, head. Commit: head; flush: new state, move, reservation (with its classes),
+# task maxima, release, certificate, audit, head. The batch, the reservation and its membership
+# are known to the process from the spends before (``spending.store.KNOWN``): read on the first
+# spend only, or when another process moved the dataset's head.
+MOST_STATEMENTS = 16
 BUDGET = {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"}
 EVENT = {"kind": "pure_dp", "epsilon": 0.001}
 
