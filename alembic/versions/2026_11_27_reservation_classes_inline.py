@@ -1,7 +1,7 @@
 """A reservation's classes are kept in its own row: ``reservations.classes`` (issue 26).
 
 Revision ID: e8f4a2c61d37
-Revises: c4e1a9d27b83
+Revises: 5d2f8b7e9a14
 Create Date: 2026-11-27
 
 Each reservation held its classes (the batches it read in one state: that state, the reserved
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "e8f4a2c61d37"
-down_revision: str | Sequence[str] | None = "c4e1a9d27b83"
+down_revision: str | Sequence[str] | None = "5d2f8b7e9a14"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -571,7 +571,7 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         db.dispose()
 
 
-BEFORE_CLASSES_INLINE = "c4e1a9d27b83"  # the revision before 2026_11_27_reservation_classes_inline
+BEFORE_CLASSES_INLINE = "5d2f8b7e9a14"  # the revision before 2026_11_27_reservation_classes_inline
 
 
 def test_reservation_classes_move_into_their_reservations_and_back(empty_database_url: URL) -> None:
