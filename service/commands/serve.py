@@ -304,6 +304,7 @@ def _start_worker(url: str, settings: Settings) -> tuple[threading.Event, thread
         Database(url, pool_size=2, max_overflow=2),
         artifact_dir=settings.artifact_dir,
         reservation_ttl_s=settings.reservation_ttl_s,
+        reservation_max_lifetime_s=settings.reservation_max_lifetime_s,
     )
     return stop, start_thread(worker, stop)
 

@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         database,
         artifact_dir=args.artifact_dir or settings.artifact_dir,
         reservation_ttl_s=settings.reservation_ttl_s,
+        reservation_max_lifetime_s=settings.reservation_max_lifetime_s,
         worker_id=args.worker_id,
         lease_s=args.lease_s,
         heartbeat_s=args.heartbeat_s,

@@ -15,6 +15,12 @@ in the database, which is later. Clocks of workers on different machines are ass
 within the remaining 20% of ``lease_s``. Even then a double run could only waste budget, never
 misreport it: each attempt spends through its own reservation and every commit is certified.
 
+Holds. The attempt's reservation is held ``reservation_ttl_s`` (``LEDGER_RESERVATION_TTL_S``, an
+hour by default) while a job may run ``max_wall_s`` (a day): the heartbeat renews the hold
+(``reservations.extend``, audited ``reservation.extended``) each time half its TTL has passed since
+the job was claimed or the hold last renewed, up to ``reservation_max_lifetime_s`` from its
+creation. A worker that dies renews nothing, so its orphaned hold still expires one TTL later.
+
 Shutdown (``stop_event`` set while a job runs): the job stops at its next step, the rest of its
 reservation is aborted and it goes back to the queue (``jobs.leases.release``).
 
@@ -45,6 +51,7 @@ from typing import Final
 from service.db.session import Database
 from service.ledger import jobs, reservations
 from service.ledger import model_registry as registry
+from service.ledger.errors import LedgerError
 from service.ledger.jobs.leases import ClaimedJob, LeaseLost
 from service.ledger.jobs.params import JobLimits
 from service.worker import gate
@@ -119,6 +126,27 @@ class JobControl:
         self.step = step
 
 
+class _Hold:
+    """When the heartbeat last renewed which hold: a reservation first seen counts from the claim
+    (it was made after it, so its expiry is no earlier than the claim plus its TTL)."""
+
+    def __init__(self, claimed_at: float) -> None:
+        self._claimed_at = claimed_at
+        self._renewed: dict[str, float] = {}
+        self._given_up: set[str] = set()
+
+    def due(self, reservation_id: str, now: float, ttl_s: float) -> bool:
+        if reservation_id in self._given_up:
+            return False
+        return now - self._renewed.get(reservation_id, self._claimed_at) >= ttl_s / 2
+
+    def renewed(self, reservation_id: str, at: float) -> None:
+        self._renewed[reservation_id] = at
+
+    def give_up(self, reservation_id: str) -> None:
+        self._given_up.add(reservation_id)
+
+
 class Worker:
     """One training worker against one database (several may share a PostgreSQL database)."""
 
@@ -128,6 +156,7 @@ class Worker:
         *,
         artifact_dir: Path | str,
         reservation_ttl_s: float = reservations.DEFAULT_TTL_S,
+        reservation_max_lifetime_s: float = reservations.DEFAULT_MAX_LIFETIME_S,
         worker_id: str | None = None,
         lease_s: float = DEFAULT_LEASE_S,
         heartbeat_s: float | None = None,
@@ -142,6 +171,7 @@ class Worker:
         self.db = db
         self.artifact_dir = Path(artifact_dir)
         self.reservation_ttl_s = reservation_ttl_s
+        self.reservation_max_lifetime_s = reservation_max_lifetime_s
         self.worker_id = worker_id or new_worker_id()
         self.lease_s = lease_s
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else lease_s / 3
@@ -168,7 +198,10 @@ class Worker:
             control.cancelled.set()
         done = threading.Event()
         beat = threading.Thread(
-            target=self._heartbeat, args=(job, control, done), name=f"heartbeat-{job.id}", daemon=True
+            target=self._heartbeat,
+            args=(job, control, done, claimed_at),
+            name=f"heartbeat-{job.id}",
+            daemon=True,
         )
         beat.start()
         try:
@@ -191,7 +224,10 @@ class Worker:
         )
         logger.info("job %s: %s %s", job.id, outcome.status, outcome.error or "")
 
-    def _heartbeat(self, job: ClaimedJob, control: JobControl, done: threading.Event) -> None:
+    def _heartbeat(
+        self, job: ClaimedJob, control: JobControl, done: threading.Event, claimed_at: float
+    ) -> None:
+        held = _Hold(claimed_at)
         while not done.wait(self.heartbeat_s):
             sent = time.monotonic()
             try:
@@ -208,6 +244,30 @@ class Worker:
             control.renewed(sent)
             if beat.cancel_requested:
                 control.cancelled.set()
+            hold = beat.reservation_id
+            if hold is not None and held.due(hold, sent, self.reservation_ttl_s):
+                self._renew_hold(job, hold, held, sent)
+
+    def _renew_hold(self, job: ClaimedJob, reservation_id: str, held: _Hold, sent: float) -> None:
+        """Hold the attempt's reservation another ``reservation_ttl_s`` (module docstring, Holds).
+        A hold that cannot be renewed (closed, past its lifetime, expired) is left to the gate,
+        whose next commit or abort says what happened to it."""
+        try:
+            reservations.extend(
+                self.db,
+                job.tenant_id,
+                reservation_id,
+                ttl_s=self.reservation_ttl_s,
+                max_lifetime_s=self.reservation_max_lifetime_s,
+            )
+        except LedgerError as exc:
+            logger.warning("job %s: its hold %s was not renewed: %s", job.id, reservation_id, exc)
+            held.give_up(reservation_id)
+            return
+        except Exception:  # the database is unreachable: the next beat tries again
+            logger.exception("renewing the hold of job %s failed; retrying", job.id)
+            return
+        held.renewed(reservation_id, sent)
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -90,10 +90,12 @@ class ClaimedJob:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """The answer to a heartbeat: the lease's new expiry and whether a cancel was requested."""
+    """The answer to a heartbeat: the lease's new expiry, whether a cancel was requested, and the
+    attempt's reservation (``None`` before it reserved): the hold the worker keeps alive."""
 
     expires_at: datetime
     cancel_requested: bool
+    reservation_id: str | None = None
 
 
 _CLAIMED_COLUMNS: Final = (
@@ -209,11 +211,14 @@ def heartbeat(
         values["progress_step"] = progress_step
     with db.session() as session:
         row = session.execute(
-            update(Job).where(_held(lease)).values(**values).returning(Job.cancel_requested_at)
+            update(Job)
+            .where(_held(lease))
+            .values(**values)
+            .returning(Job.cancel_requested_at, Job.reservation_id)
         ).one_or_none()
     if row is None:
         raise LeaseLost(lease.job_id, lease.worker_id)
-    return Heartbeat(expires, row.cancel_requested_at is not None)
+    return Heartbeat(expires, row.cancel_requested_at is not None, row.reservation_id)
 
 
 def _update_held(db: Database, lease: Lease, values: dict[str, Any], now: datetime | None) -> None:
