@@ -1198,7 +1198,13 @@ PLD_HOMOGENEOUS_STEPS: Final = 10**4
 shrinks as 1/√N (Thm. 5.5), dp-accounting's self-composition does not."""
 PLD_MAX_DISTINCT: Final = 4
 """dp-accounting composes distinct PLDs one convolution at a time (200 distinct entries: minutes);
-beyond this many it is not tried."""
+beyond this many distinct mechanisms engine 2 composes their PLDs in one pass
+(``accountant.pld``) and engine 1 goes to PRV."""
+TIGHT_ENGINES: Final = (1, 2)
+"""Versions of ``tight_epsilon``: 1 — pricing version 4 (beyond ``PLD_MAX_DISTINCT`` distinct
+mechanisms, PRV); 2 — pricing version 5 (there, the pessimistic PLDs of ``accountant.pld``, PRV
+where they cannot answer). Certificates replay the engine of their pricing version."""
+TIGHT_ENGINE: Final = 2
 _PLD_RESOLUTION: Final = 500.0
 _PLD_SMALL_EPSILON: Final = 200.0
 _PLD_MAX_POINTS: Final = 2**24
@@ -1208,7 +1214,7 @@ connect-the-dots error grows about as N·h² (the first term), and a small ε ne
 (the second); measured ≤ 0.2% of ε from 18 to 10⁶ steps (bench/charges.py)."""
 
 
-def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
+def tight_epsilon(event: DpEvent, delta: float, *, engine: int = TIGHT_ENGINE) -> EpsilonBound:
     """The tightest valid ε of ``event`` run as ONE non-adaptive composition at ``delta``.
 
     Valid only where the sequence of mechanisms is fixed before any runs: a single charge, a
@@ -1223,6 +1229,9 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
       Ghazi, Kamath, Kumar & Manurangsi 2022, Thm. 4.1: the discretised PLD dominates the true
       one, so its ε is an upper bound; tail mass beyond its truncation is counted at +∞, i.e. in
       δ), on a value grid h ≤ min(√(ε/(500·N)), ε/200);
+    * more distinct mechanisms (``engine`` 2, pricing version 5): their pessimistic PLDs
+      composed in one pass (``accountant.pld.composed_epsilon``: dp-accounting's connect-the-dots
+      PLD of each, one FFT product, truncation and round-off paid in δ) on the same value grid;
     * otherwise PRV composition (``PrvAccountant``, Gopi et al. 2021, Thm. 5.5) with its mesh
       error at most ``TIGHT_RELATIVE_EPS_ERROR``·ε, and the PLD where PRV cannot reach that
       precision (a tiny ε: the mesh error has an absolute floor) or cannot compose at all (a
@@ -1230,9 +1239,11 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     * the RDP bound and basic composition where smaller (``PrvAccountant`` takes RDP itself), and
       RDP/basic for what no PRV exists for (the ``prv`` accountant's fallbacks).
 
-    Deterministic: the same event and δ give the same float on the same platform.
+    Deterministic: the same event, δ and ``engine`` give the same float on the same platform.
     """
     check_delta(delta)
+    if engine not in TIGHT_ENGINES:
+        raise InvalidArgumentError("engine", f"must be one of {TIGHT_ENGINES}. Found {engine!r}.")
     try:
         plan = _plan(event)
     except _NoPrv:
@@ -1252,8 +1263,9 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     if plan is None or delta == 0 or not math.isfinite(rdp.upper) or rdp.upper == 0:
         return PrvAccountant().compose(event).get_epsilon(delta)
     total = sum(plan.components.values())
-    if len(plan.components) <= PLD_MAX_DISTINCT:
-        pld = _pld_refined(plan.components, delta, rdp.upper, total)
+    many = len(plan.components) > PLD_MAX_DISTINCT
+    if not many or engine >= 2:
+        pld = _pld_refined(plan.components, delta, rdp.upper, total, batched=many)
         if pld is not None:
             basic = _basic_epsilon(event, delta)
             upper = min(pld, rdp.upper, basic)
@@ -1267,17 +1279,20 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     )
 
 
-def _pld_refined(components: dict[_Prv, int], delta: float, guess: float, total: int) -> float | None:
+def _pld_refined(
+    components: dict[_Prv, int], delta: float, guess: float, total: int, *, batched: bool = False
+) -> float | None:
     """The PLD ε on a grid h ≤ min(√(ε/(500·N)), ε/200), ε first the upper bound ``guess`` and then, when
-    that was more than twice the ε found, once more from the ε found (a finer grid)."""
+    that was more than twice the ε found, once more from the ε found (a finer grid). ``batched``:
+    composed by ``accountant.pld`` (many distinct mechanisms), else by dp-accounting."""
 
     def interval(eps: float) -> float:
         return min(math.sqrt(eps / (_PLD_RESOLUTION * total)), eps / _PLD_SMALL_EPSILON)
 
-    first = _pld_epsilon(components, delta, interval(guess))
+    first = _pld_epsilon(components, delta, interval(guess), batched=batched)
     if first is None or first == 0 or guess <= 2 * first:
         return first
-    finer = _pld_epsilon(components, delta, interval(first))
+    finer = _pld_epsilon(components, delta, interval(first), batched=batched)
     return first if finer is None else min(first, finer)
 
 
@@ -1309,7 +1324,9 @@ def _merged_gaussian(components: dict[_Prv, int]) -> float | None:
     return sigma
 
 
-def _pld_epsilon(components: dict[_Prv, int], delta: float, interval: float) -> float | None:
+def _pld_epsilon(
+    components: dict[_Prv, int], delta: float, interval: float, *, batched: bool = False
+) -> float | None:
     """dp-accounting's pessimistic PLD ε of ``components`` at δ on a value grid of at most
     ``interval`` (add-or-remove adjacency: the worse of both directions), or None where it cannot
     answer. The grid is rounded down to a power of √2, so nearby δ (a geometric rule's levels)
@@ -1326,6 +1343,13 @@ def _pld_epsilon(components: dict[_Prv, int], delta: float, interval: float) -> 
         width / interval <= _PLD_MAX_STEP_POINTS and math.sqrt(total) * width / interval <= _PLD_MAX_POINTS
     ):
         return None
+    if batched:
+        from accountant.pld import composed_epsilon
+
+        try:
+            return composed_epsilon(_merge_gaussians(components), delta, interval)
+        except (*_NUMERIC_ERRORS, OverflowError, _PrvFailure):
+            return None
     try:
         composed = _composed_pld(tuple(components.items()), interval)
         if composed is None:
@@ -1384,6 +1408,8 @@ __all__ = [
     "MAX_GRID",
     "MIN_EPS_ERROR",
     "PLD_HOMOGENEOUS_STEPS",
+    "TIGHT_ENGINE",
+    "TIGHT_ENGINES",
     "TIGHT_RELATIVE_EPS_ERROR",
     "PrvAccountant",
     "tight_epsilon",

@@ -149,17 +149,24 @@ def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
     take for one charge whose parameters were fixed before it ran. Rounded UP to 6 significant
     digits: a replayed certificate recomputes this number, and a last-ulp difference of a float
     engine (another numpy, another CPU) must not change the decimal it rounds to (it costs at
-    most 1e-5 of ε). Memoized per request and per process."""
-    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
+    most 1e-5 of ε). The engine is the pricing version's (``tight_engine``). Memoized per request
+    and per process."""
+    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta, tight_engine()))
+
+
+def tight_engine() -> int:
+    """The ``accountant.prv.tight_epsilon`` engine of the pricing version in force: 2 from pricing
+    version 5 (heterogeneous events by ``accountant.pld``), 1 before."""
+    return 2 if active_pricing() >= 5 else 1
 
 
 @lru_cache(maxsize=1024)
-def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+def _tight_epsilon(event: DpEvent, delta: Decimal, engine: int) -> Decimal:
     if is_free(event):
         return ZERO
     from accountant.prv import tight_epsilon as tight_bound
 
-    upper = tight_bound(event, delta_down(delta)).upper
+    upper = tight_bound(event, delta_down(delta), engine=engine).upper
     return INFINITY if math.isinf(upper) else _UP6.plus(round_up(upper))
 
 
