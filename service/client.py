@@ -771,15 +771,19 @@ class _Endpoints(Generic[J, A]):
         noise_commitment: str | None = None,
         limit: int | None = None,
         offset: int | None = None,
+        accountants: bool = True,
     ) -> J:
         """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on exactly one
         of ``batches``, ``tasks`` or a new batch (``new_batch=True``) under the dataset's own
         budget — ``{on, admitted, cost: {epsilon, delta}, totals, classes, next_offset,
-        refused}``, one entry per state class (``limit`` of them from ``offset``). Nothing is
-        held; the reservation decides."""
+        refused, accountants}``, one entry per state class (``limit`` of them from ``offset``);
+        ``accountants`` (informational) what it would cost under each accountant choice, left
+        out (``null``) with ``accountants=False``. Nothing is held; the reservation decides."""
         body = _charge_body(event, batches, tasks, noise_commitment)
         if new_batch:
             body["new_batch"] = True
+        if not accountants:
+            body["accountants"] = False
         if limit is not None:
             body["limit"] = limit
         if offset is not None:
@@ -1365,7 +1369,9 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             )
 
         def quoted(run: DpEvent) -> JsonObject:
-            return self.quote(dataset_id, run, batches=batches, tasks=tasks, new_batch=new_batch, limit=1)
+            return self.quote(
+                dataset_id, run, batches=batches, tasks=tasks, new_batch=new_batch, limit=1, accountants=False
+            )
 
         if target_epsilon is not None:
             if not 0 < at < 1:
