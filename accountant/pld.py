@@ -180,6 +180,30 @@ def _gaussian_pmf(sigma: float, q: float, add: bool, h: float) -> _Pmf | None:
     return _Pmf(lower, np.maximum(0.0, probs), float(deltas[-1]))
 
 
+def gaussian_pld(sigma: float, q: float, h: float) -> Any:
+    """dp-accounting's ``from_gaussian_mechanism(sigma, sampling_prob=q,
+    value_discretization_interval=h)`` (pessimistic, connect-the-dots, add-or-remove), the same
+    object bit for bit, built from ``_gaussian_pmf`` (vectorised) through dp-accounting's own
+    ``create_pmf``; None where dp-accounting would refuse the hockey-stick values."""
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
+    def pmf(add: bool) -> Any:
+        one = _gaussian_pmf(sigma, q, add, h)
+        if one is None:
+            return None
+        losses = np.arange(one.lower, one.lower + one.probs.size)  # dp-accounting's keys: numpy ints
+        return pld_pmf.create_pmf(dict(zip(losses, one.probs, strict=True)), h, one.infinity, True)
+
+    remove = pmf(False)
+    if remove is None:
+        return None
+    if q == 1.0:
+        return PrivacyLossDistribution(remove)
+    add = pmf(True)
+    return None if add is None else PrivacyLossDistribution(remove, add)
+
+
 @lru_cache(maxsize=4096)
 def mechanism_pmfs(prv: _Prv, h: float) -> tuple[_Pmf, _Pmf] | None:
     """(remove, add) pessimistic pmfs of one mechanism on grid h (the same object twice when the
@@ -355,4 +379,4 @@ def composed_epsilon(components: dict[_Prv, int], delta: float, h: float) -> flo
     return worst
 
 
-__all__ = ["MAX_WINDOW", "composed_epsilon", "mechanism_pmfs"]
+__all__ = ["MAX_WINDOW", "composed_epsilon", "gaussian_pld", "mechanism_pmfs"]

@@ -1372,19 +1372,16 @@ def _composed_pld(components: tuple[tuple[_Prv, int], ...], interval: float) -> 
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from dp_accounting.pld.common import DifferentialPrivacyParameters
 
+    from accountant.pld import gaussian_pld
+
     composed = None
     for prv, count in components:
+        # Gaussians: dp-accounting's ``from_gaussian_mechanism`` bit for bit, built vectorised
+        # (``accountant.pld.gaussian_pld``; its pmfs are compared in tests/accountant/test_pld.py).
         if isinstance(prv, _GaussianPrv):
-            one = pld_lib.from_gaussian_mechanism(
-                prv.noise_multiplier, value_discretization_interval=interval, pessimistic_estimate=True
-            )
+            one = gaussian_pld(prv.noise_multiplier, 1.0, interval)
         elif isinstance(prv, _SubsampledGaussianPrv):
-            one = pld_lib.from_gaussian_mechanism(
-                prv.noise_multiplier,
-                sampling_prob=prv.sampling_probability,
-                value_discretization_interval=interval,
-                pessimistic_estimate=True,
-            )
+            one = gaussian_pld(prv.noise_multiplier, prv.sampling_probability, interval)
         elif isinstance(prv, _LaplacePrv):
             one = pld_lib.from_laplace_mechanism(
                 prv.scale, value_discretization_interval=interval, pessimistic_estimate=True
@@ -1394,6 +1391,8 @@ def _composed_pld(components: tuple[tuple[_Prv, int], ...], interval: float) -> 
                 DifferentialPrivacyParameters(prv.epsilon, prv.delta), value_discretization_interval=interval
             )
         else:
+            return None
+        if one is None:
             return None
         if count > 1:
             one = one.self_compose(count)

@@ -1339,8 +1339,8 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         ``tasks`` or a new batch (``new_batch=True``). Give exactly one target:
 
         * ``target_epsilon``: the run's *own* ε at ``delta`` (default: the budget's δ) by the
-          tight accountant (PRV upper bound), what Opacus users mean — the smallest σ meeting it
-          (``accountant.calibration.calibrate_noise_multiplier(accountant="prv")``). If the
+          tight engine the ledger prices a run alone with, what Opacus users mean — the smallest σ
+          meeting it (``accountant.calibration.calibrate_noise_multiplier(accountant="tight")``). If the
           dataset's quote does not admit that run, ``BudgetExceeded`` before anything is held or
           read, its ``largest_target_epsilon`` the largest target that fits (``None``: none does).
         * ``target_budget_epsilon``: what the *dataset charges* for the run (its quote; a Rényi
