@@ -1311,10 +1311,12 @@ def _merged_gaussian(components: dict[_Prv, int]) -> float | None:
     """σ of the one Gaussian that a Gaussian-only composition is, rounded down; else None."""
     if not all(isinstance(prv, _GaussianPrv) and prv.pm_inf == 0 for prv in components):
         return None
+    # σ² underflowing to 0 (σ = 5e-324) is an infinite precision, not a ZeroDivisionError (a 500).
     precision = math.fsum(
-        n / (prv.noise_multiplier * prv.noise_multiplier)
+        n / variance if variance > 0 else math.inf
         for prv, n in components.items()
         if isinstance(prv, _GaussianPrv)
+        for variance in (prv.noise_multiplier * prv.noise_multiplier,)
     )
     if not 0 < precision < math.inf:
         return None  # 1/σ² overflows or underflows: the PRV accountant's fallbacks answer

@@ -170,9 +170,19 @@ def _tight_epsilon(event: DpEvent, delta: Decimal, engine: int) -> Decimal:
     return INFINITY if math.isinf(upper) else _UP6.plus(round_up(upper))
 
 
-def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
-    """A declared plan's ε: PRV upper bound of all its events at the budget's δ."""
-    return prv_epsilon(plan, delta)
+def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal, pricing: str | None = None) -> Decimal:
+    """A declared plan's ε at δ, as the budget prices its plans (``Budget.plan_pricing``):
+    ``None``, the PRV upper bound of all its events (budgets stored before issue 25 §4); "tight-2",
+    the tight ε of the plan as one composition (``accountant.prv.tight_epsilon`` engine 2, whatever
+    pricing version is active: the budget fixes it), rounded up to 6 digits."""
+    if pricing is None:
+        return prv_epsilon(plan, delta)
+    if pricing != "tight-2":
+        raise ValueError(f"unknown plan pricing {pricing!r}")
+    steps = tuple(e for e in plan if not is_free(e))
+    if not steps:
+        return ZERO
+    return _tight_epsilon(steps[0] if len(steps) == 1 else ev.ComposedEvent(steps), delta, 2)
 
 
 def single_charge_orders(budget: Budget) -> tuple[float, ...]:
