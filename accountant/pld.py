@@ -204,7 +204,7 @@ def gaussian_pld(sigma: float, q: float, h: float) -> Any:
     return None if add is None else PrivacyLossDistribution(remove, add)
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=256)  # ~80 kB per mechanism typically (at most ~1 MB: prv's size guards)
 def mechanism_pmfs(prv: _Prv, h: float) -> tuple[_Pmf, _Pmf] | None:
     """(remove, add) pessimistic pmfs of one mechanism on grid h (the same object twice when the
     PLD is symmetric); None for a mechanism with no PLD here."""
@@ -329,7 +329,7 @@ def _compose_direction(
     return a, window, infinity, 2 * tau + 4.0 * n * noise
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=8)  # windows of ~20 000 points typically (at most MAX_WINDOW)
 def _composed(
     components: tuple[tuple[_Prv, int], ...], h: float, tau: float
 ) -> tuple[tuple[int, FloatArray, float, float], ...] | None:
