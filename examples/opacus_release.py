@@ -263,7 +263,7 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     metrics = {
         "test_accuracy": accuracy,
         "opacus_epsilon": float(engine.get_epsilon(plan.delta)),  # Opacus's PRV, of the steps run
-        "run_epsilon": own_epsilon(plan),  # ours, PRV upper bound
+        "run_epsilon": own_epsilon(plan),  # ours: the ledger's tight engine (an upper bound)
         "steps": steps,
     }
     state = {k.removeprefix("_module."): v.detach().clone() for k, v in model.state_dict().items()}
@@ -399,10 +399,10 @@ def main(argv: list[str] | None = None) -> int:
                 # share, not a guarantee (for a Rényi filter, the growth of its progress).
                 "guarantee": stored["certificate"]["result"]["guarantee"],
                 "budget_share": stored["certificate"]["result"]["budget_share"],
-                # This run's own ε at the budget's δ (what target_epsilon calibrates), by our PRV
-                # accountant and by Opacus's.
+                # This run's own ε at the budget's δ (what target_epsilon calibrates), by the
+                # ledger's tight engine (issue 25 §3) and by Opacus's PRV accountant (looser).
                 "run_epsilon": {
-                    "ledger_prv": metrics["run_epsilon"],
+                    "ledger_tight": metrics["run_epsilon"],
                     "opacus_prv": metrics["opacus_epsilon"],
                 },
                 "checkpoint": str(path),
