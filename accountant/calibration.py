@@ -7,7 +7,10 @@ curve decreases in σ (a larger σ is post-processing of a smaller one: add inde
 the conversion to ε is monotone in the curve; PRV/PLD bounds follow the same true privacy curve.
 
 What a target means. ``target_epsilon`` is what Opacus users mean by it: the run's *own* ε at δ
-by the tight accountant (``TIGHT_ACCOUNTANT``, PRV; Gopi, Lee & Wutschitz 2021), whatever
+by the tight engine (``TIGHT_ACCOUNTANT``: the one function the ledger prices a run alone with,
+``accountant.rules.prices.tight_epsilon`` — the analytic Gaussian, dp-accounting's pessimistic
+PLD or PRV, rounded up to 6 digits — so a run calibrated to ε is charged at most ε wherever the
+ledger charges it its own tight ε: a ``parallel`` charge, a ``geometric`` level's ε′), whatever
 budget it is charged to (``calibrate_to_epsilon``; ``calibrate_noise_multiplier`` with
 ``accountant="prv"`` for DP-SGD). What a dataset *charges* for that run can be more (a Rényi
 filter splits δ over its orders) or fit or not in what is left; calibrating to the charge is a
@@ -31,7 +34,7 @@ from decimal import ROUND_FLOOR, Decimal
 from typing import Final
 
 from accountant.errors import InvalidArgumentError
-from accountant.events import MAX_COUNT, DpEvent, GaussianEvent, PoissonSampledEvent
+from accountant.events import MAX_COUNT, DpEvent, GaussianEvent, PoissonSampledEvent, SelfComposedEvent
 from accountant.registry import make_accountant
 
 MAX_NOISE_MULTIPLIER: Final = 1e6
@@ -86,8 +89,11 @@ def _check_resolution(value: float) -> Decimal:
 def _epsilon_upper(
     *, accountant: str, noise_multiplier: float, sampling_probability: float, steps: int, delta: float
 ) -> float:
-    """ε upper bound of T steps of the Poisson-sampled Gaussian mechanism under ``accountant``."""
+    """ε upper bound of T steps of the Poisson-sampled Gaussian mechanism under ``accountant``
+    (``TIGHT_ACCOUNTANT``: the ledger's tight price, ``tight_epsilon``)."""
     event = PoissonSampledEvent(sampling_probability, GaussianEvent(noise_multiplier))
+    if accountant == TIGHT_ACCOUNTANT:
+        return tight_epsilon(SelfComposedEvent(event, steps), delta)
     return make_accountant(accountant).compose(event, steps).get_epsilon(delta).upper
 
 
@@ -102,7 +108,8 @@ def calibrate_noise_multiplier(
 ) -> float:
     """The smallest σ = k·``resolution`` (k ≥ 1) with ε upper bound ≤ ``target_epsilon`` at ``delta``
     for ``steps`` steps of the Gaussian mechanism on Poisson samples of probability
-    ``sampling_probability``, accounted by the registered ``accountant`` ("rdp", "prv", ...).
+    ``sampling_probability``, accounted by the registered ``accountant`` ("rdp", "prv", ...) or
+    by the ledger's tight price (``TIGHT_ACCOUNTANT``, "tight").
 
     Raises ``InvalidArgumentError`` naming the field for bad arguments, and naming
     ``target_epsilon`` when no σ up to ``MAX_NOISE_MULTIPLIER`` reaches the target.
@@ -112,7 +119,8 @@ def calibrate_noise_multiplier(
     q = _check_probability(sampling_probability)
     steps = _check_steps(steps)
     step = _check_resolution(resolution)
-    make_accountant(accountant)  # an unknown name fails here, naming "accountant"
+    if accountant != TIGHT_ACCOUNTANT:
+        make_accountant(accountant)  # an unknown name fails here, naming "accountant"
 
     def meets(sigma: float) -> bool:
         upper = _epsilon_upper(
@@ -131,14 +139,20 @@ def calibrate_noise_multiplier(
         ) from None
 
 
-TIGHT_ACCOUNTANT: Final = "prv"
-"""The accountant ``target_epsilon`` is met under: PRV's upper bound (its RDP fallback where PRV
-cannot account the event, which its ``EpsilonBound`` says)."""
+TIGHT_ACCOUNTANT: Final = "tight"
+"""The name ``target_epsilon`` is met under (``calibrate_noise_multiplier(accountant=...)``): the
+ledger's own tight price of the run alone (``tight_epsilon``). Before issue 25 §3 this was the
+``prv`` accountant, whose ε differed slightly from what the ledger then charged."""
 
 
 def tight_epsilon(event: DpEvent, delta: float) -> float:
-    """The ε upper bound of ``event`` at ``delta`` by ``TIGHT_ACCOUNTANT``: the run's own ε."""
-    return make_accountant(TIGHT_ACCOUNTANT).compose(event, 1).get_epsilon(_check_delta(delta)).upper
+    """The run's own ε at ``delta``: exactly the ledger's price of ``event`` run alone,
+    ``accountant.rules.prices.tight_epsilon`` at the decimal δ = ``repr(delta)`` (a budget's "1e-5"
+    is the float 1e-5's repr), under the pricing version in force — a float equal to that decimal
+    (6 significant digits, rounded up: a valid upper bound)."""
+    from accountant.rules.prices import tight_epsilon as ledger_price
+
+    return float(ledger_price(event, Decimal(repr(_check_delta(delta)))))
 
 
 def calibrate_to_epsilon(

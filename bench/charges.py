@@ -17,9 +17,12 @@ ours is the tighter (valid) bound.
 
 Then the speed of the tight engine (``accountant.prv.tight_epsilon``), side by side in one run:
 10⁶ steps of one DP-SGD step (q 0.01, σ 1, δ 1e-5) against dp-accounting's ``PLDAccountant``
-(default grid) and our ``prv`` accountant; a heterogeneous plan of 200 distinct entries × 50 steps
-against our ``prv`` accountant (dp-accounting's PLD composes 200 distinct PLDs one convolution at a
-time, minutes: ``--slow-pld`` adds it). One run each: the figures are wall times on a shared box.
+(default grid) and our ``prv`` accountant; two heterogeneous plans of 200 distinct entries (DP-SGD
+runs; a DP-SGD / Gaussian / Laplace mixture) against the engine of pricing version 4 and our
+``prv`` accountant (what a declared plan is priced with); ``--slow-pld`` adds dp-accounting's PLD
+on a 1e-3 grid, composed one entry at a time (a reference ε, tens of seconds). One run each, caches
+cleared: wall and CPU seconds on a shared box. ``--speed-only`` runs only this part and writes
+``bench/results/charges_speed.json``.
 """
 
 from __future__ import annotations
@@ -268,59 +271,148 @@ def filter_placement() -> list[dict[str, Any]]:
     return out
 
 
-def _timed(compute: Any) -> tuple[float, float]:
+def _timed(compute: Any) -> tuple[float, float, float]:
+    """(value, wall seconds, CPU seconds of this process): on a shared box the CPU time is the
+    figure load moves least."""
     import time
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     value = float(compute())
-    return value, time.perf_counter() - start
+    return value, time.perf_counter() - start, time.process_time() - cpu
+
+
+def heterogeneous_plans() -> list[tuple[str, ev.DpEvent, Any]]:
+    """Two plans of 200 distinct entries (issue 25 §4), with their dp-accounting events: DP-SGD
+    runs of 50 steps at q ~ U(0.001, 0.02), σ ~ U(0.8, 2); and a mixture, a third each, of DP-SGD
+    runs (10–99 steps), repeated Gaussians (σ 5–50, 1–19 times) and repeated Laplace (b 50–500)."""
+    import dp_accounting
+    import numpy as np
+
+    def dpa(e: ev.DpEvent) -> Any:
+        if isinstance(e, ev.SelfComposedEvent):
+            return dp_accounting.SelfComposedDpEvent(dpa(e.event), e.count)
+        if isinstance(e, ev.ComposedEvent):
+            return dp_accounting.ComposedDpEvent([dpa(c) for c in e.events])
+        if isinstance(e, ev.PoissonSampledEvent):
+            return dp_accounting.PoissonSampledDpEvent(e.sampling_probability, dpa(e.event))
+        if isinstance(e, ev.GaussianEvent):
+            return dp_accounting.GaussianDpEvent(e.noise_multiplier)
+        if isinstance(e, ev.LaplaceEvent):
+            return dp_accounting.LaplaceDpEvent(e.scale)
+        raise TypeError(e.kind)
+
+    rng = np.random.default_rng(0)
+    entries = [(float(rng.uniform(0.001, 0.02)), float(rng.uniform(0.8, 2.0))) for _ in range(200)]
+    dpsgd = ev.ComposedEvent(tuple(_dpsgd(q, s, 50) for q, s in entries))
+    rng = np.random.default_rng(1)
+    mixed: list[ev.DpEvent] = []
+    for i in range(200):
+        if i % 3 == 0:
+            q, s, n = (
+                float(rng.uniform(0.001, 0.02)),
+                float(rng.uniform(0.8, 2.0)),
+                int(rng.integers(10, 100)),
+            )
+            mixed.append(_dpsgd(q, s, n))
+        elif i % 3 == 1:
+            mixed.append(
+                ev.SelfComposedEvent(ev.GaussianEvent(float(rng.uniform(5, 50))), int(rng.integers(1, 20)))
+            )
+        else:
+            mixed.append(
+                ev.SelfComposedEvent(ev.LaplaceEvent(float(rng.uniform(50, 500))), int(rng.integers(1, 20)))
+            )
+    mixture = ev.ComposedEvent(tuple(mixed))
+    return [
+        ("200 distinct DP-SGD entries x 50 steps, delta 1e-5", dpsgd, dpa(dpsgd)),
+        ("200 distinct entries: DP-SGD / Gaussian / Laplace, delta 1e-5", mixture, dpa(mixture)),
+    ]
+
+
+def _dpa_pld_one_by_one(dpa_event: Any, delta: float) -> float:
+    """dp-accounting's pessimistic PLD of a composed event on a 1e-3 grid, composed one entry at a
+    time (``PLDAccountant`` does the same; its default 1e-4 grid takes minutes here)."""
+    from dp_accounting.pld import PLDAccountant
+
+    return float(PLDAccountant(value_discretization_interval=1e-3).compose(dpa_event).get_epsilon(delta))
 
 
 def speed(slow_pld: bool) -> list[dict[str, Any]]:
-    """The tight engine against dp-accounting's PLD and our ``prv`` accountant, one run each."""
+    """The tight engine against dp-accounting's PLD and our ``prv`` accountant, one run each, with
+    caches cleared: engine 2 (pricing version 5), engine 1 (version 4: PRV beyond 4 distinct
+    mechanisms) and the ``prv`` accountant (what a declared plan is priced with)."""
     import dp_accounting
-    import numpy as np
     from dp_accounting.pld import PLDAccountant
 
-    from accountant import prv
+    from accountant import pld, prv, rdp
     from accountant.prv import tight_engine
     from accountant.registry import make_accountant
+
+    def cold() -> None:
+        tight_engine.composed_pld.cache_clear()
+        pld._composed.cache_clear()
+        pld.mechanism_pmfs.cache_clear()
+        for cached in (rdp._poisson_gaussian_rdp_cached,):
+            cached.cache_clear()
 
     out: list[dict[str, Any]] = []
     long_run = _dpsgd(0.01, 1.0, 10**6)
     dpa_long = dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.0)), 10**6
     )
-    rng = np.random.default_rng(0)
-    entries = [(float(rng.uniform(0.001, 0.02)), float(rng.uniform(0.8, 2.0))) for _ in range(200)]
-    plan = ev.ComposedEvent(tuple(_dpsgd(q, s, 50) for q, s in entries))
-    dpa_plan = dp_accounting.ComposedDpEvent(
-        [
-            dp_accounting.SelfComposedDpEvent(
-                dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(s)), 50
-            )
-            for q, s in entries
-        ]
-    )
-    for case, event, dpa_event, with_pld in (
-        ("10^6 steps, q 0.01, sigma 1, delta 1e-5", long_run, dpa_long, True),
-        ("200 distinct entries x 50 steps, delta 1e-5", plan, dpa_plan, slow_pld),
-    ):
-        tight_engine.composed_pld.cache_clear()
+    cases: list[tuple[str, ev.DpEvent, Any, Any]] = [
+        (
+            "10^6 steps, q 0.01, sigma 1, delta 1e-5",
+            long_run,
+            lambda: PLDAccountant().compose(dpa_long).get_epsilon(1e-5),
+            None,
+        )
+    ]
+    for label, event, dpa_event in heterogeneous_plans():
+        reference = (lambda d=dpa_event: _dpa_pld_one_by_one(d, 1e-5)) if slow_pld else None
+        cases.append((label, event, reference, True))
+    for case, event, reference, heterogeneous in cases:
         row: dict[str, Any] = {"case": case}
+        cold()
         row["ours (tight)"] = _timed(lambda e=event: prv.tight_epsilon(e, 1e-5).upper)
+        cold()
+        row["tight, pricing 4 (engine 1)"] = (
+            _timed(lambda e=event: prv.tight_epsilon(e, 1e-5, engine=1).upper) if heterogeneous else None
+        )
+        cold()
         row["our prv accountant"] = _timed(
             lambda e=event: make_accountant("prv").compose(e).get_epsilon(1e-5).upper
         )
-        row["dp-accounting PLD"] = (
-            _timed(lambda e=dpa_event: PLDAccountant().compose(e).get_epsilon(1e-5)) if with_pld else None
-        )
+        row["dp-accounting PLD"] = None if reference is None else _timed(reference)
         out.append(row)
     return out
 
 
+ENGINES = ["ours (tight)", "tight, pricing 4 (engine 1)", "our prv accountant", "dp-accounting PLD"]
+
+
+def _print_speed(timings: list[dict[str, Any]]) -> None:
+    print("\n| composition | " + " | ".join(f"{e}: ε, wall s (CPU s)" for e in ENGINES) + " |")
+    print("|---|" + "---|" * len(ENGINES))
+    for row in timings:
+        cells = [
+            "–" if row[e] is None else f"{row[e][0]:.5g}, {row[e][1]:.2f} s ({row[e][2]:.2f} s)"
+            for e in ENGINES
+        ]
+        print(f"| {row['case']} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     slow_pld = "--slow-pld" in sys.argv[1:]
+    if "--speed-only" in sys.argv[1:]:
+        timings = speed(slow_pld)
+        _print_speed(timings)
+        path = RESULTS.with_name("charges_speed.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"speed": timings}, indent=2))
+        print(json.dumps({"speed": timings}))
+        print(f"\nwrote {path.relative_to(ROOT)}")
+        return 0
     rows = []
     for label, spec, event in CASES:
         budget = rules.Budget.from_json(spec) if "orders" in spec else rules.Budget.create(**spec)
@@ -348,12 +440,7 @@ def main() -> int:
             f"{row['placed_max']:.3f} | {row['fixed_median']:.3f} / {row['fixed_max']:.3f} |"
         )
     timings = speed(slow_pld)
-    engines = ["ours (tight)", "our prv accountant", "dp-accounting PLD"]
-    print("\n| composition | " + " | ".join(f"{e}: ε, s" for e in engines) + " |")
-    print("|---|" + "---|" * len(engines))
-    for row in timings:
-        cells = ["–" if row[e] is None else f"{row[e][0]:.5g}, {row[e][1]:.2f} s" for e in engines]
-        print(f"| {row['case']} | " + " | ".join(cells) + " |")
+    _print_speed(timings)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"rows": rows, "filter_placement": placement, "speed": timings}, indent=2))
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")

@@ -6,10 +6,11 @@ Run ``python bench/plan_segments.py`` from the repository root. Prints a markdow
 The user trial's shape: a budget (ε = 2, δ = 1e-5) whose first declared plan is one DP-SGD run;
 after it, a second run chosen once the first one's outcome is known. Rows: the first run alone at
 the whole δ (the plan as before segments: its leftover could never be spent); the two runs as
-two segments, each priced by PRV at δ/2 and composed by basic composition (the filter of Rogers,
+two segments, each priced at δ/2 as a new budget prices its plans (the tight engine since issue
+25 §4: ``Budget.plan_pricing``; PRV before) and composed by basic composition (the filter of Rogers,
 Roth, Ullman & Vadhan 2016, Thm. 3.6) — what the ledger charges now; the same two runs on a
 Rényi-filter budget (``rdp``, the grid placed for the budget), the other sound adaptive choice;
-and, for reference only, both runs declared up front as one plan (PRV at the whole δ), which is
+and, for reference only, both runs declared up front as one plan (at the whole δ), which is
 not available when the second run depends on the first's outcome. Each segment's ε is shown next
 to prv-accountant's own ``PRVAccountant`` (upper bound, ``eps_error`` 0.01).
 """
@@ -33,7 +34,7 @@ from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMec
 from accountant import events as ev  # noqa: E402
 from accountant import rules  # noqa: E402
 from accountant.rules import BatchState, Budget, Charge  # noqa: E402
-from accountant.rules.prices import prv_epsilon  # noqa: E402
+from accountant.rules.prices import plan_epsilon  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "plan_segments.json"
 EPSILON, DELTA = Decimal(2), Decimal("1e-5")
@@ -113,7 +114,7 @@ def scenario(runs: tuple[tuple[float, float, int], ...]) -> list[dict[str, Any]]
         },
         {
             "what": "reference, not adaptive: both runs declared up front as one plan",
-            "epsilon": str(prv_epsilon((first, second), DELTA)),
+            "epsilon": str(plan_epsilon((first, second), DELTA, segmented.plan_pricing)),
             "prv_accountant": None,
         },
     ]

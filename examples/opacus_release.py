@@ -10,8 +10,9 @@ The order is the point (docs/ARCHITECTURE.md, "Release flow"):
    probability ``q = 1 / ceil(n / B)`` (Opacus's ``DPDataLoader`` samples each record with
    probability ``1 / len(data_loader)``), ``steps = epochs * ceil(n / B)``, and the noise
    multiplier σ: given (``--noise-multiplier``); or calibrated so that the run's *own* ε at the
-   budget's δ by the tight accountant (PRV) is at most ``--target-epsilon`` — what Opacus means
-   by it, and what Opacus's PRV accountant then reports — and refused here, before any data is
+   budget's δ by the ledger's tight engine (``accountant.calibration.tight_epsilon``, what a
+   ``parallel`` budget charges the run) is at most ``--target-epsilon`` — what Opacus means by
+   it; Opacus's looser PRV accountant may report up to 2% more — and refused here, before any data is
    read, when the dataset's budget cannot admit that run, naming the largest ``--target-epsilon``
    that fits; or calibrated so that the *dataset charges* at most ``--target-budget-epsilon``
    (its own quote, which a Rényi-filter budget makes larger than the run's own ε). Both numbers
@@ -187,7 +188,7 @@ def make_plan(
                 steps=steps,
                 tasks=tasks,
             )
-        elif args.target_epsilon is not None:  # offline: the run's own ε by PRV
+        elif args.target_epsilon is not None:  # offline: the run's own ε by the tight engine
             sigma = calibrate_noise_multiplier(
                 target_epsilon=args.target_epsilon,
                 delta=delta,
@@ -263,7 +264,7 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
     metrics = {
         "test_accuracy": accuracy,
         "opacus_epsilon": float(engine.get_epsilon(plan.delta)),  # Opacus's PRV, of the steps run
-        "run_epsilon": own_epsilon(plan),  # ours, PRV upper bound
+        "run_epsilon": own_epsilon(plan),  # ours: the ledger's tight engine (an upper bound)
         "steps": steps,
     }
     state = {k.removeprefix("_module."): v.detach().clone() for k, v in model.state_dict().items()}
@@ -399,10 +400,10 @@ def main(argv: list[str] | None = None) -> int:
                 # share, not a guarantee (for a Rényi filter, the growth of its progress).
                 "guarantee": stored["certificate"]["result"]["guarantee"],
                 "budget_share": stored["certificate"]["result"]["budget_share"],
-                # This run's own ε at the budget's δ (what target_epsilon calibrates), by our PRV
-                # accountant and by Opacus's.
+                # This run's own ε at the budget's δ (what target_epsilon calibrates), by the
+                # ledger's tight engine (issue 25 §3) and by Opacus's PRV accountant (looser).
                 "run_epsilon": {
-                    "ledger_prv": metrics["run_epsilon"],
+                    "ledger_tight": metrics["run_epsilon"],
                     "opacus_prv": metrics["opacus_epsilon"],
                 },
                 "checkpoint": str(path),

@@ -748,15 +748,19 @@ class _Endpoints(Generic[J, A]):
         noise_commitment: str | None = None,
         limit: int | None = None,
         offset: int | None = None,
+        accountants: bool = True,
     ) -> J:
         """``POST /v1/datasets/{id}/quote`` (any scope): what ``event`` would cost on exactly one
         of ``batches``, ``tasks`` or a new batch (``new_batch=True``) under the dataset's own
         budget — ``{on, admitted, cost: {epsilon, delta}, totals, classes, next_offset,
-        refused}``, one entry per state class (``limit`` of them from ``offset``). Nothing is
-        held; the reservation decides."""
+        refused, accountants}``, one entry per state class (``limit`` of them from ``offset``);
+        ``accountants`` (informational) what it would cost under each accountant choice, left
+        out (``null``) with ``accountants=False``. Nothing is held; the reservation decides."""
         body = _charge_body(event, batches, tasks, noise_commitment)
         if new_batch:
             body["new_batch"] = True
+        if not accountants:
+            body["accountants"] = False
         if limit is not None:
             body["limit"] = limit
         if offset is not None:
@@ -1312,8 +1316,8 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
         ``tasks`` or a new batch (``new_batch=True``). Give exactly one target:
 
         * ``target_epsilon``: the run's *own* ε at ``delta`` (default: the budget's δ) by the
-          tight accountant (PRV upper bound), what Opacus users mean — the smallest σ meeting it
-          (``accountant.calibration.calibrate_noise_multiplier(accountant="prv")``). If the
+          tight engine the ledger prices a run alone with, what Opacus users mean — the smallest σ
+          meeting it (``accountant.calibration.calibrate_noise_multiplier(accountant="tight")``). If the
           dataset's quote does not admit that run, ``BudgetExceeded`` before anything is held or
           read, its ``largest_target_epsilon`` the largest target that fits (``None``: none does).
         * ``target_budget_epsilon``: what the *dataset charges* for the run (its quote; a Rényi
@@ -1342,7 +1346,9 @@ class LedgerClient(_Endpoints[JsonObject, Artifact]):
             )
 
         def quoted(run: DpEvent) -> JsonObject:
-            return self.quote(dataset_id, run, batches=batches, tasks=tasks, new_batch=new_batch, limit=1)
+            return self.quote(
+                dataset_id, run, batches=batches, tasks=tasks, new_batch=new_batch, limit=1, accountants=False
+            )
 
         if target_epsilon is not None:
             if not 0 < at < 1:

@@ -105,7 +105,13 @@ from accountant.prv.accountant import (
     PrvAccountant,
 )
 from accountant.prv.domain import MAX_GRID
-from accountant.prv.tight_engine import PLD_HOMOGENEOUS_STEPS, TIGHT_RELATIVE_EPS_ERROR, tight_epsilon
+from accountant.prv.tight_engine import (
+    PLD_HOMOGENEOUS_STEPS,
+    TIGHT_ENGINE,
+    TIGHT_ENGINES,
+    TIGHT_RELATIVE_EPS_ERROR,
+    tight_epsilon,
+)
 
 __all__ = [
     "DEFAULT_EPS_ERROR",
@@ -115,6 +121,8 @@ __all__ = [
     "MIN_EPS_ERROR",
     "NAME",
     "PLD_HOMOGENEOUS_STEPS",
+    "TIGHT_ENGINE",
+    "TIGHT_ENGINES",
     "TIGHT_RELATIVE_EPS_ERROR",
     "PrvAccountant",
     "tight_epsilon",

@@ -53,7 +53,7 @@ class Composed:
     note: str
 
 
-def _merge_gaussians(components: dict[Prv, int]) -> dict[Prv, int]:
+def merge_gaussians(components: dict[Prv, int]) -> dict[Prv, int]:
     """Replace all Gaussian PRVs by one: N(μᵢ²/2, μᵢ²) summed nᵢ times is N(μ²/2, μ²), μ² = Σnᵢμᵢ².
 
     Exact (sums of independent normals), and it lowers the composition count N that sets the
@@ -97,7 +97,7 @@ def compose(
     # A subnormal δ (5e-324) gives δ/1000 = 0 and log(12/δ_err) = ∞: no mesh can be sized.
     if not 0 < delta_error < 1 or not math.isfinite(12 / delta_error):
         raise PrvFailure(f"delta_error = {delta_error!r} is too small to size the PRV mesh")
-    components = _merge_gaussians(components)
+    components = merge_gaussians(components)
     total = sum(components.values())
     mesh = grid(components, eps_error, delta_error, work_cap)
     t_min, h, n = mesh.t_min, mesh.h, mesh.size
@@ -234,4 +234,4 @@ def delta_upper(composed: Composed, epsilon: float) -> float:
     return min(1.0, delta_inf + (1 - delta_inf) * delta_fin)
 
 
-__all__ = ["Composed", "compose", "delta_upper", "epsilon_bounds"]
+__all__ = ["Composed", "compose", "delta_upper", "epsilon_bounds", "merge_gaussians"]

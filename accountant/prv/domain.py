@@ -105,10 +105,10 @@ def grid(components: dict[Prv, int], eps_error: float, delta_error: float, work_
         raise PrvFailure(f"{len(components)} distinct PRVs on a large grid exceed the work cap")
     aligned = Domain.create_aligned(-half_width, half_width, h)
     t_min, h = float(aligned.t_min()), float(aligned.dt())
-    return Grid(t_min, h, _fast_length(len(aligned)), eps_error, note)
+    return Grid(t_min, h, fast_length(len(aligned)), eps_error, note)
 
 
-def _fast_length(size: int) -> int:
+def fast_length(size: int) -> int:
     """The smallest even length ≥ ``size`` of the form 2ᵃ·m, m ∈ {1, 3, 5, 15, 25, 125}.
 
     pocketfft is several times faster on these than on lengths with large powers of 3 or 5
@@ -130,5 +130,6 @@ __all__ = [
     "MAX_RELATIVE_EPS_ERROR",
     "MAX_WORK",
     "Grid",
+    "fast_length",
     "grid",
 ]

@@ -11,16 +11,18 @@ from typing import Any, Final
 
 from accountant.base import EpsilonBound, check_delta
 from accountant.basic import BasicAccountant
-from accountant.errors import UnsupportedEventError
+from accountant.errors import InvalidArgumentError, UnsupportedEventError
 from accountant.events import DpEvent
 from accountant.mechanisms import analytic_gaussian_epsilon
 from accountant.prv.accountant import DEFAULT_EPS_ERROR, NAME, PrvAccountant
+from accountant.prv.compose import merge_gaussians
 from accountant.prv.variables import (
     NUMERIC_ERRORS,
     GaussianPrv,
     LaplacePrv,
     NoPrv,
     Prv,
+    PrvFailure,
     PureDpPrv,
     SubsampledGaussianPrv,
     prvs_of,
@@ -40,7 +42,13 @@ PLD_HOMOGENEOUS_STEPS: Final = 10**4
 shrinks as 1/√N (Thm. 5.5), dp-accounting's self-composition does not."""
 PLD_MAX_DISTINCT: Final = 4
 """dp-accounting composes distinct PLDs one convolution at a time (200 distinct entries: minutes);
-beyond this many it is not tried."""
+beyond this many distinct mechanisms engine 2 composes their PLDs in one pass
+(``accountant.pld``) and engine 1 goes to PRV."""
+TIGHT_ENGINES: Final = (1, 2)
+"""Versions of ``tight_epsilon``: 1 — pricing version 4 (beyond ``PLD_MAX_DISTINCT`` distinct
+mechanisms, PRV); 2 — pricing version 5 (there, the pessimistic PLDs of ``accountant.pld``, PRV
+where they cannot answer). Certificates replay the engine of their pricing version."""
+TIGHT_ENGINE: Final = 2
 _PLD_RESOLUTION: Final = 500.0
 _PLD_SMALL_EPSILON: Final = 200.0
 _PLD_MAX_POINTS: Final = 2**24
@@ -50,7 +58,7 @@ connect-the-dots error grows about as N·h² (the first term), and a small ε ne
 (the second); measured ≤ 0.2% of ε from 18 to 10⁶ steps (bench/charges.py)."""
 
 
-def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
+def tight_epsilon(event: DpEvent, delta: float, *, engine: int = TIGHT_ENGINE) -> EpsilonBound:
     """The tightest valid ε of ``event`` run as ONE non-adaptive composition at ``delta``.
 
     Valid only where the sequence of mechanisms is fixed before any runs: a single charge, a
@@ -65,6 +73,9 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
       Ghazi, Kamath, Kumar & Manurangsi 2022, Thm. 4.1: the discretised PLD dominates the true
       one, so its ε is an upper bound; tail mass beyond its truncation is counted at +∞, i.e. in
       δ), on a value grid h ≤ min(√(ε/(500·N)), ε/200);
+    * more distinct mechanisms (``engine`` 2, pricing version 5): their pessimistic PLDs
+      composed in one pass (``accountant.pld.composed_epsilon``: dp-accounting's connect-the-dots
+      PLD of each, one FFT product, truncation and round-off paid in δ) on the same value grid;
     * otherwise PRV composition (``PrvAccountant``, Gopi et al. 2021, Thm. 5.5) with its mesh
       error at most ``TIGHT_RELATIVE_EPS_ERROR``·ε, and the PLD where PRV cannot reach that
       precision (a tiny ε: the mesh error has an absolute floor) or cannot compose at all (a
@@ -72,9 +83,11 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     * the RDP bound and basic composition where smaller (``PrvAccountant`` takes RDP itself), and
       RDP/basic for what no PRV exists for (the ``prv`` accountant's fallbacks).
 
-    Deterministic: the same event and δ give the same float on the same platform.
+    Deterministic: the same event, δ and ``engine`` give the same float on the same platform.
     """
     check_delta(delta)
+    if engine not in TIGHT_ENGINES:
+        raise InvalidArgumentError("engine", f"must be one of {TIGHT_ENGINES}. Found {engine!r}.")
     try:
         prvs = prvs_of(event)
     except NoPrv:
@@ -94,8 +107,9 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     if prvs is None or delta == 0 or not math.isfinite(rdp.upper) or rdp.upper == 0:
         return PrvAccountant().compose(event).get_epsilon(delta)
     total = sum(prvs.components.values())
-    if len(prvs.components) <= PLD_MAX_DISTINCT:
-        pld = _pld_refined(prvs.components, delta, rdp.upper, total)
+    many = len(prvs.components) > PLD_MAX_DISTINCT
+    if not many or engine >= 2:
+        pld = _pld_refined(prvs.components, delta, rdp.upper, total, batched=many)
         if pld is not None:
             basic = _basic_epsilon(event, delta)
             upper = min(pld, rdp.upper, basic)
@@ -109,17 +123,20 @@ def tight_epsilon(event: DpEvent, delta: float) -> EpsilonBound:
     )
 
 
-def _pld_refined(components: dict[Prv, int], delta: float, guess: float, total: int) -> float | None:
+def _pld_refined(
+    components: dict[Prv, int], delta: float, guess: float, total: int, *, batched: bool = False
+) -> float | None:
     """The PLD ε on a grid h ≤ min(√(ε/(500·N)), ε/200), ε first the upper bound ``guess`` and then, when
-    that was more than twice the ε found, once more from the ε found (a finer grid)."""
+    that was more than twice the ε found, once more from the ε found (a finer grid). ``batched``:
+    composed by ``accountant.pld`` (many distinct mechanisms), else by dp-accounting."""
 
     def interval(eps: float) -> float:
         return min(math.sqrt(eps / (_PLD_RESOLUTION * total)), eps / _PLD_SMALL_EPSILON)
 
-    first = _pld_epsilon(components, delta, interval(guess))
+    first = _pld_epsilon(components, delta, interval(guess), batched=batched)
     if first is None or first == 0 or guess <= 2 * first:
         return first
-    finer = _pld_epsilon(components, delta, interval(first))
+    finer = _pld_epsilon(components, delta, interval(first), batched=batched)
     return first if finer is None else min(first, finer)
 
 
@@ -138,10 +155,12 @@ def _merged_gaussian(components: dict[Prv, int]) -> float | None:
     """σ of the one Gaussian that a Gaussian-only composition is, rounded down; else None."""
     if not all(isinstance(prv, GaussianPrv) and prv.pm_inf == 0 for prv in components):
         return None
+    # σ² underflowing to 0 (σ = 5e-324) is an infinite precision, not a ZeroDivisionError (a 500).
     precision = math.fsum(
-        n / (prv.noise_multiplier * prv.noise_multiplier)
+        n / variance if variance > 0 else math.inf
         for prv, n in components.items()
         if isinstance(prv, GaussianPrv)
+        for variance in (prv.noise_multiplier * prv.noise_multiplier,)
     )
     if not 0 < precision < math.inf:
         return None  # 1/σ² overflows or underflows: the PRV accountant's fallbacks answer
@@ -151,7 +170,9 @@ def _merged_gaussian(components: dict[Prv, int]) -> float | None:
     return sigma
 
 
-def _pld_epsilon(components: dict[Prv, int], delta: float, interval: float) -> float | None:
+def _pld_epsilon(
+    components: dict[Prv, int], delta: float, interval: float, *, batched: bool = False
+) -> float | None:
     """dp-accounting's pessimistic PLD ε of ``components`` at δ on a value grid of at most
     ``interval`` (add-or-remove adjacency: the worse of both directions), or None where it cannot
     answer. The grid is rounded down to a power of √2, so nearby δ (a geometric rule's levels)
@@ -168,6 +189,13 @@ def _pld_epsilon(components: dict[Prv, int], delta: float, interval: float) -> f
         width / interval <= _PLD_MAX_STEP_POINTS and math.sqrt(total) * width / interval <= _PLD_MAX_POINTS
     ):
         return None
+    if batched:
+        from accountant.pld import composed_epsilon
+
+        try:
+            return composed_epsilon(merge_gaussians(components), delta, interval)
+        except (*NUMERIC_ERRORS, OverflowError, PrvFailure):
+            return None
     try:
         composed = composed_pld(tuple(components.items()), interval)
         if composed is None:
@@ -190,19 +218,16 @@ def composed_pld(components: tuple[tuple[Prv, int], ...], interval: float) -> An
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
     from dp_accounting.pld.common import DifferentialPrivacyParameters
 
+    from accountant.pld import gaussian_pld
+
     composed = None
     for prv, count in components:
+        # Gaussians: dp-accounting's ``from_gaussian_mechanism`` bit for bit, built vectorised
+        # (``accountant.pld.gaussian_pld``; its pmfs are compared in tests/accountant/test_pld.py).
         if isinstance(prv, GaussianPrv):
-            one = pld_lib.from_gaussian_mechanism(
-                prv.noise_multiplier, value_discretization_interval=interval, pessimistic_estimate=True
-            )
+            one = gaussian_pld(prv.noise_multiplier, 1.0, interval)
         elif isinstance(prv, SubsampledGaussianPrv):
-            one = pld_lib.from_gaussian_mechanism(
-                prv.noise_multiplier,
-                sampling_prob=prv.sampling_probability,
-                value_discretization_interval=interval,
-                pessimistic_estimate=True,
-            )
+            one = gaussian_pld(prv.noise_multiplier, prv.sampling_probability, interval)
         elif isinstance(prv, LaplacePrv):
             one = pld_lib.from_laplace_mechanism(
                 prv.scale, value_discretization_interval=interval, pessimistic_estimate=True
@@ -213,6 +238,8 @@ def composed_pld(components: tuple[tuple[Prv, int], ...], interval: float) -> An
             )
         else:
             return None
+        if one is None:
+            return None
         if count > 1:
             one = one.self_compose(count)
         composed = one if composed is None else composed.compose(one)
@@ -222,6 +249,8 @@ def composed_pld(components: tuple[tuple[Prv, int], ...], interval: float) -> An
 __all__ = [
     "PLD_HOMOGENEOUS_STEPS",
     "PLD_MAX_DISTINCT",
+    "TIGHT_ENGINE",
+    "TIGHT_ENGINES",
     "TIGHT_RELATIVE_EPS_ERROR",
     "composed_pld",
     "tight_epsilon",

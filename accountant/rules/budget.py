@@ -43,6 +43,10 @@ _REFUSAL_REASON: Final[Mapping[tuple[str, str], str]] = {
     ),
 }
 MAX_PLAN_EVENTS: Final = 10_000
+PLAN_PRICING: Final = "tight-2"
+"""How a budget created since issue 25 §4 prices its declared plans (``Budget.plan_pricing``): the
+tight engine, ``accountant.prv.tight_epsilon`` engine 2, rounded up to 6 digits; the name fixes
+the engine, so the budget's hashed ``plan_epsilon`` never depends on a later pricing version."""
 # Geometric levels 0..MAX_GEOMETRIC_LEVEL. With the default ratio 1/2 level 1000's allowance is
 # first·2⁻¹⁰⁰⁰ ≈ 1e-301·first: below any ε an accountant computes in floating point (it is
 # subnormal as a float), so no real charge needs a deeper level. For ratios near 1 it caps one
@@ -196,9 +200,12 @@ class Budget:
     """A dataset's budget: rule, (ε, δ), accountant, and the rule's fixed parameters.
 
     ``orders`` is the Rényi filter's grid (accountant ``rdp``), ``plan`` the declared plan and
-    ``plan_epsilon`` its PRV upper ε at ``plan_delta`` (sequential ``prv``; ``plan_delta`` ``None``:
+    ``plan_epsilon`` its upper ε at ``plan_delta`` (sequential ``prv``; ``plan_delta`` ``None``:
     the whole δ, as every budget created before segments existed), ``segments`` the plans declared
-    after creation (``with_segment``). Build with ``create``.
+    after creation (``with_segment``). ``plan_pricing`` says how every declared plan is priced:
+    ``None``, the PRV accountant's upper bound (every budget stored before issue 25 §4, which keeps
+    it); ``PLAN_PRICING`` ("tight-2"), the tight engine (``accountant.prv.tight_epsilon`` engine 2),
+    what ``create`` gives a new budget with a plan. Build with ``create``.
     """
 
     rule: str
@@ -212,6 +219,7 @@ class Budget:
     delta_weights: tuple[Decimal, ...] | None = None
     plan_delta: Decimal | None = None
     segments: tuple[PlanSegment, ...] = ()
+    plan_pricing: str | None = None
 
     @classmethod
     def create(
@@ -246,6 +254,7 @@ class Budget:
             delta_weights=delta_weights,
             place_grid=True,
             plan_delta=plan_delta,
+            plan_pricing=PLAN_PRICING if plan is not None else None,
         )
 
     @classmethod
@@ -264,6 +273,7 @@ class Budget:
         place_grid: bool = False,
         plan_delta: object = None,
         segments: object = None,
+        plan_pricing: object = None,
     ) -> Budget:
         if not isinstance(rule, str) or rule not in RULES:
             raise InvalidArgumentError("budget.rule", f"must be one of {list(RULES)}. Found {rule!r}.")
@@ -349,7 +359,14 @@ class Budget:
                     "budget.plan_delta",
                     f"must be in (0, budget.delta = {to_text(dlt)}]. Found {plan_delta!r}.",
                 )
-        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights, share)
+        if plan_pricing is not None and (steps is None or plan_pricing != PLAN_PRICING):
+            raise InvalidArgumentError(
+                "budget.plan_pricing",
+                f"must be {PLAN_PRICING!r} on a budget with a declared plan, or absent. "
+                f"Found {plan_pricing!r}.",
+            )
+        pricing = None if plan_pricing is None else PLAN_PRICING
+        budget = cls(rule, eps, dlt, accountant, schedule, grid, steps, None, weights, share, (), pricing)
         if budget.uses_filter and budget.orders is not None:
             try:
                 renyi_filter(budget)
@@ -357,17 +374,22 @@ class Budget:
                 raise InvalidArgumentError(f"budget.{exc.field}", exc.message) from None
         if steps is not None:
             if plan_epsilon is None:
-                plan_epsilon = compute_plan_epsilon(steps, budget.first_plan_delta)
+                plan_epsilon = compute_plan_epsilon(steps, budget.first_plan_delta, budget.plan_pricing)
             if not plan_epsilon <= eps:
                 raise InvalidArgumentError(
                     "budget.plan",
-                    f"needs epsilon {to_text(plan_epsilon)} (PRV upper bound at delta="
+                    f"needs epsilon {to_text(plan_epsilon)} ({budget.plan_bound} at delta="
                     f"{to_text(budget.first_plan_delta)}), more than budget.epsilon {to_text(eps)}.",
                 )
             budget = replace(budget, plan_epsilon=plan_epsilon)
         if segments is not None:
             budget = _stored_segments(budget, segments)
         return budget
+
+    @property
+    def plan_bound(self) -> str:
+        """What a declared plan's ε is, in words (error messages)."""
+        return "PRV upper bound" if self.plan_pricing is None else "tight upper bound"
 
     @property
     def first_plan_delta(self) -> Decimal:
@@ -383,9 +405,10 @@ class Budget:
         return (PlanSegment(self.plan, self.first_plan_delta, self.plan_epsilon), *self.segments)
 
     def with_segment(self, plan: Sequence[DpEvent], delta: Decimal | float | str) -> Budget:
-        """This budget with one more declared plan segment, priced by PRV at ``delta``.
+        """This budget with one more declared plan segment, priced at ``delta`` as the budget
+        prices its plans (``plan_pricing``: PRV, or the tight engine).
 
-        The segment's (εᵢ, δᵢ) = (PRV upper ε of ``plan`` at δᵢ, δᵢ) are fixed now, before any of
+        The segment's (εᵢ, δᵢ) = (upper ε of ``plan`` at δᵢ, δᵢ) are fixed now, before any of
         its events runs, and admitted only while Σεᵢ ≤ ε and Σδᵢ ≤ δ over every segment declared
         so far: the basic-composition privacy filter (Rogers, Roth, Ullman & Vadhan 2016,
         Thm. 3.6), valid when each segment's plan and δᵢ are chosen after seeing what earlier
@@ -407,7 +430,7 @@ class Budget:
                 f"must be in (0, {to_text(left)}]: the budget's delta {to_text(self.delta)} less the "
                 f"{to_text(held)} its {len(self.plan_segments)} declared segment(s) hold. Found {delta!r}.",
             )
-        segment = PlanSegment(steps, share, compute_plan_epsilon(steps, share))
+        segment = PlanSegment(steps, share, compute_plan_epsilon(steps, share, self.plan_pricing))
         return _with_segments(self, (*self.segments, segment), "plan")
 
     @staticmethod
@@ -541,6 +564,7 @@ class Budget:
             # Omitted when unset, so a budget without segments serialises (and hashes) as before.
             **({} if self.plan_delta is None else {"plan_delta": to_text(self.plan_delta)}),
             **({} if not self.segments else {"segments": [s.to_json() for s in self.segments]}),
+            **({} if self.plan_pricing is None else {"plan_pricing": self.plan_pricing}),
         }
 
     @classmethod
@@ -571,6 +595,7 @@ class Budget:
             delta_weights=obj.get("delta_weights"),
             plan_delta=obj.get("plan_delta"),
             segments=_parsed_segments(obj.get("segments"), trust_plan_epsilon),
+            plan_pricing=obj.get("plan_pricing"),
         )
         if not trust_plan_epsilon and stored is not None and budget.plan_epsilon is not None:
             if budget_number("budget.plan_epsilon", stored) != budget.plan_epsilon:
@@ -662,7 +687,7 @@ def _with_segments(budget: Budget, segments: tuple[PlanSegment, ...], field: str
         earlier = exact_sum(s.epsilon for s in grown.plan_segments[:-1])
         raise InvalidArgumentError(
             field,
-            f"needs epsilon {to_text(last.epsilon)} (PRV upper bound at delta={to_text(last.delta)}); "
+            f"needs epsilon {to_text(last.epsilon)} ({budget.plan_bound} at delta={to_text(last.delta)}); "
             f"with the {to_text(earlier)} the earlier segments hold that is "
             f"{to_text(total_eps)}, more than budget.epsilon {to_text(budget.epsilon)}.",
         )

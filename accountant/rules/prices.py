@@ -150,23 +150,40 @@ def tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
     take for one charge whose parameters were fixed before it ran. Rounded UP to 6 significant
     digits: a replayed certificate recomputes this number, and a last-ulp difference of a float
     engine (another numpy, another CPU) must not change the decimal it rounds to (it costs at
-    most 1e-5 of ε). Memoized per request and per process."""
-    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta))
+    most 1e-5 of ε). The engine is the pricing version's (``tight_engine``). Memoized per request
+    and per process."""
+    return memoized("tight", None, event, delta, lambda: _tight_epsilon(event, delta, tight_engine()))
+
+
+def tight_engine() -> int:
+    """The ``accountant.prv.tight_epsilon`` engine of the pricing version in force: 2 from pricing
+    version 5 (heterogeneous events by ``accountant.pld``), 1 before."""
+    return 2 if active_pricing() >= 5 else 1
 
 
 @lru_cache(maxsize=1024)
-def _tight_epsilon(event: DpEvent, delta: Decimal) -> Decimal:
+def _tight_epsilon(event: DpEvent, delta: Decimal, engine: int) -> Decimal:
     if is_free(event):
         return ZERO
     from accountant.prv import tight_epsilon as tight_bound
 
-    upper = tight_bound(event, delta_down(delta)).upper
+    upper = tight_bound(event, delta_down(delta), engine=engine).upper
     return INFINITY if math.isinf(upper) else _UP6.plus(round_up(upper))
 
 
-def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal) -> Decimal:
-    """A declared plan's ε: PRV upper bound of all its events at the budget's δ."""
-    return prv_epsilon(plan, delta)
+def plan_epsilon(plan: tuple[DpEvent, ...], delta: Decimal, pricing: str | None = None) -> Decimal:
+    """A declared plan's ε at δ, as the budget prices its plans (``Budget.plan_pricing``):
+    ``None``, the PRV upper bound of all its events (budgets stored before issue 25 §4); "tight-2",
+    the tight ε of the plan as one composition (``accountant.prv.tight_epsilon`` engine 2, whatever
+    pricing version is active: the budget fixes it), rounded up to 6 digits."""
+    if pricing is None:
+        return prv_epsilon(plan, delta)
+    if pricing != "tight-2":
+        raise ValueError(f"unknown plan pricing {pricing!r}")
+    steps = tuple(e for e in plan if not is_free(e))
+    if not steps:
+        return ZERO
+    return _tight_epsilon(steps[0] if len(steps) == 1 else ev.ComposedEvent(steps), delta, 2)
 
 
 def single_charge_orders(budget: Budget) -> tuple[float, ...]:

@@ -622,11 +622,18 @@ def stated_theorem(budget: Budget) -> str:
         f"{shown(s.delta)})"
         for i, s in enumerate(budget.plan_segments)
     )
+    priced_by = (
+        "by the PRV accountant's upper bound at its delta share (Gopi, Lee & Wutschitz 2021)"
+        if budget.plan_pricing is None
+        else "by the tight upper bound of the plan as one non-adaptive composition at its delta "
+        "share (the smallest of the analytic Gaussian, Balle & Wang 2018, Thm. 8; dp-accounting's "
+        "pessimistic privacy loss distribution, Doroshenko, Ghazi, Kamath, Kumar & Manurangsi 2022; "
+        "the PRV accountant's upper bound, Gopi, Lee & Wutschitz 2021; RDP and basic composition)"
+    )
     return (
         "Sequential composition per batch of declared plan segments, each a non-adaptive plan "
-        "priced (epsilon_i, delta_i) by the PRV accountant's upper bound at its delta share (Gopi, "
-        "Lee & Wutschitz 2021) when it is declared, and charged whole on a batch from its first entry "
-        "that costs anything: a run stopped early, even because of what it released, is "
+        f"priced (epsilon_i, delta_i) {priced_by} when it is declared, and charged whole on a batch "
+        "from its first entry that costs anything: a run stopped early, even because of what it released, is "
         "post-processing of the whole segment (Dwork & Roth 2014, Prop. 2.1); segments composed by "
         "basic composition under fully adaptive choice, admitted while sum epsilon_i <= epsilon and "
         "sum delta_i <= delta (Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6); budget "

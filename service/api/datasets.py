@@ -343,7 +343,11 @@ def list_batches(
     "would get (`budget_exceeded` with `requested` and `remaining`). Calibrate noise to `cost`: it "
     "is what this dataset charges, which a Rényi filter's δ split can make larger than another "
     "accountant's figure. Metered by its work (the event's, plus the budget's orders per class; "
-    "`LEDGER_MAX_PRICING_WORK`, 429) and priced in the pricing threads.",
+    "`LEDGER_MAX_PRICING_WORK`, 429) and priced in the pricing threads. `accountants` is "
+    "informational: what the event would cost as the first charge on a new batch of a budget "
+    "with this rule, epsilon and delta under each accountant (`basic`, `rdp`, `prv` — on "
+    "`sequential` a declared plan of the event alone — and `tight`), and which one this "
+    "dataset's budget `uses`; the budget never changes accountant.",
 )
 async def quote(
     dataset_id: str, body: QuoteCreate, principal: ViewerDep, db: DatabaseDep, request: Request
@@ -363,6 +367,7 @@ async def quote(
         policy=policy,
         limit=body.limit,
         offset=body.offset,
+        accountants=body.accountants,
     )
     # In the pricing threads, never the threads every other route runs in (a tenant's quotes
     # cannot slow another tenant's reads).

@@ -44,7 +44,7 @@ class JobCreate(BaseModel):
     the registry name of the job's versions (default ``<algorithm>-<job id>``, e.g.
     ``dp_sgd-job_…``: unique per job; a name another dataset publishes under is 409
     ``model_name_taken``); the others are
-    the trainer's (DP-SGD: ``target_epsilon`` — the run's own ε by PRV — or
+    the trainer's (DP-SGD: ``target_epsilon`` — the run's own ε by the tight engine — or
     ``target_budget_epsilon`` — what the dataset charges — or ``noise_multiplier``, with
     ``delta`` defaulting to the budget's; ``epochs`` or ``steps``, ``expected_batch_size``,
     ``checkpoint_every``, ``model``, ...).

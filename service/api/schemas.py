@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictStr,
     WithJsonSchema,
     model_validator,
@@ -476,6 +477,11 @@ class QuoteCreate(_Request):
         description="how many state classes the answer lists",
     )
     offset: int = Field(default=0, ge=0, description="the first state class listed (`next_offset`)")
+    accountants: StrictBool = Field(
+        default=True,
+        description="false: leave out the informational per-accountant block (`accountants: null`), "
+        "e.g. in a calibration that quotes many runs",
+    )
 
     @model_validator(mode="after")
     def _target_and_event(self) -> QuoteCreate:
@@ -554,6 +560,25 @@ class QuoteTotals(_Public):
     refused_batches: int
 
 
+class QuoteAccountantCost(_Public):
+    used: bool = Field(description="whether this dataset's budget uses this accountant")
+    available: bool = Field(description="false: this rule does not take it, or it cannot price the event")
+    admitted: bool | None = Field(default=None, description="whether a fresh batch would admit the event")
+    epsilon: str | None = Field(default=None, description="the charge, or what a refused one asks for")
+    delta: str | None = None
+    reason: str | None = Field(default=None, description="why it is not available")
+
+
+class QuoteAccountants(_Public):
+    informational: Literal[True] = Field(description="not a charge: nothing here is held or certified")
+    uses: str = Field(description="the accountant this dataset's budget uses (it never changes)")
+    note: str
+    by_accountant: dict[str, QuoteAccountantCost] = Field(
+        description="basic, rdp, prv, tight: the event as the first charge on a new batch of a "
+        "budget with this rule, epsilon and delta under that accountant"
+    )
+
+
 class QuotePublic(_Public):
     dataset_id: str
     on: Literal["batches", "tasks", "new_batch"] = Field(description="what was priced")
@@ -563,6 +588,10 @@ class QuotePublic(_Public):
     classes: list[QuoteClassPublic] = Field(description="per state class, by sample batch id")
     next_offset: int | None = Field(description="`offset` of the next page of classes; null on the last")
     refused: QuoteRefusal | None
+    accountants: QuoteAccountants | None = Field(
+        description="informational: what the event would cost under each accountant choice (null "
+        "when the request set `accountants: false`)"
+    )
 
 
 class ReservationPublic(_Public):

@@ -38,7 +38,8 @@ desynchronises the ranks (their counts then differ and nothing is released, or D
 rank forever): keep q·N/W, the local expected batch, well above 10 (P(empty) = (1−q)^(N/W)).
 
 ``target_epsilon`` means what it means to Opacus: the run's own ε at the budget's δ by the tight
-accountant (PRV, as ``get_noise_multiplier(accountant="prv")``), σ the smallest that meets it;
+engine the ledger prices a run alone with (as ``get_noise_multiplier(accountant="prv")``, whose
+PRV bound is looser), σ the smallest that meets it;
 before anything is reserved or read, the dataset's quote must admit that run, else
 ``BudgetExceeded`` names the largest ``target_epsilon`` that fits. A Rényi-filter budget charges
 such a run more than its own ε; to calibrate to what the *dataset charges* instead, pass

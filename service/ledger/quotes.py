@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any, Final
 
 from sqlalchemy import bindparam, select
@@ -172,9 +173,11 @@ def quote(
     policy: pricing.Policy | None = None,
     limit: int = DEFAULT_CLASSES_PER_PAGE,
     offset: int = 0,
+    accountants: bool = True,
 ) -> dict[str, Any]:
     """``Quote.to_json`` of ``event_json`` on exactly one of ``batch_ids``, ``task_ids`` or a
-    new batch (``new_batch=True``).
+    new batch (``new_batch=True``), with the informational ``accountants`` block
+    (``accountant_costs``; ``None`` when ``accountants`` is false).
 
     Raises ``InvalidInput`` (no target or two, bad event, ids, page, or pricing above
     ``policy.max_work``) and ``NotFound`` (dataset, batch or task; also another tenant's)."""
@@ -183,8 +186,106 @@ def quote(
     charge = requests.charge(parse_event(event_json), noise_commitment)
     budget = _own_budget(db, tenant_id, dataset_id)
     groups = _groups(db, dataset_id, target)
-    priced = _priced(dataset_id, target.on, budget, charge, groups, policy or pricing.DEFAULT_POLICY)
-    return priced.to_json(limit=limit, offset=offset)
+    policy = policy or pricing.DEFAULT_POLICY
+    priced = _priced(dataset_id, target.on, budget, charge, groups, policy)
+    answer = priced.to_json(limit=limit, offset=offset)
+    answer["accountants"] = accountant_costs(budget, charge.event, policy) if accountants else None
+    return answer
+
+
+# ---------------------------------------------------------------------------------------------
+# What each accountant choice would cost (informational)
+# ---------------------------------------------------------------------------------------------
+
+ACCOUNTANTS_NOTE: Final = (
+    "Informational, not a charge: what this event would cost as the first charge on a new, empty "
+    "batch of a budget with this dataset's rule, epsilon and delta under each accountant (prv on "
+    "a sequential rule: as a declared plan of this event alone). This dataset's budget uses "
+    "'{uses}' and keeps it; what a reservation here is charged is 'cost' and 'classes' above."
+)
+
+
+def accountant_costs(budget: Budget, event: DpEvent, policy: pricing.Policy) -> dict[str, Any]:
+    """The quote's ``accountants`` block: the event's price on a fresh batch of the same rule,
+    ε and δ under ``basic``, ``rdp``, ``prv`` and ``tight`` (``by_accountant``), which one the
+    budget uses (``uses``) and a note saying the block is informational. An accountant the rule
+    does not take, or whose pricing would exceed ``policy.max_work``, says why instead. Each
+    figure is memoized per (budget, event, pricing version)."""
+    by: dict[str, dict[str, Any]] = {}
+    alternatives: list[tuple[str, Budget]] = []
+    for name in rules.ACCOUNTANTS:
+        try:
+            alternative = _alternative(budget, name, event)
+        except AccountantError as exc:
+            by[name] = {"available": False, "reason": str(exc)}
+            continue
+        units = pricing.work(alternative, [event])
+        if units > policy.max_work:
+            by[name] = {
+                "available": False,
+                "reason": f"pricing it would take {units} units of work, above this server's limit "
+                f"of {policy.max_work} per request",
+            }
+            continue
+        alternatives.append((name, alternative))
+    with policy.metered(sum(pricing.work(b, [event]) for _, b in alternatives)):
+        for name, alternative in alternatives:
+            by[name] = _fresh_cost(alternative, event, rules.active_pricing())
+    return {
+        "informational": True,
+        "uses": budget.accountant,
+        "note": ACCOUNTANTS_NOTE.format(uses=budget.accountant),
+        "by_accountant": {
+            name: {"used": name == budget.accountant, **by[name]} for name in rules.ACCOUNTANTS
+        },
+    }
+
+
+def _alternative(budget: Budget, accountant: str, event: DpEvent) -> Budget:
+    """A fresh budget like ``budget`` under ``accountant`` (a declared plan of ``event`` alone for
+    ``prv`` on ``sequential``); ``AccountantError`` where that budget cannot exist."""
+    if accountant == "prv" and budget.rule == "sequential":
+        return _fresh_budget(
+            budget.rule, budget.epsilon, budget.delta, accountant, budget.geometric, (event,)
+        )
+    if accountant == budget.accountant:
+        return budget
+    return _fresh_budget(budget.rule, budget.epsilon, budget.delta, accountant, budget.geometric, None)
+
+
+@lru_cache(maxsize=256)
+def _fresh_budget(
+    rule: str,
+    epsilon: Decimal,
+    delta: Decimal,
+    accountant: str,
+    geometric: rules.GeometricSchedule | None,
+    plan: tuple[DpEvent, ...] | None,
+) -> Budget:
+    return Budget.create(
+        rule=rule,
+        epsilon=epsilon,
+        delta=delta,
+        accountant=accountant,
+        geometric=geometric,
+        plan=None if plan is None else list(plan),
+    )
+
+
+@lru_cache(maxsize=256)
+def _fresh_cost(budget: Budget, event: DpEvent, version: int) -> dict[str, Any]:
+    """The event's reservation on an empty batch of ``budget`` under pricing ``version``: its
+    (ε, δ) and whether it would be admitted (refused: what it asks for), or why it cannot be
+    priced. Shared between requests: callers copy it, never change it."""
+    try:
+        with rules.pricing(PriceMemo(budget)), rules.pricing_version(version):
+            cost = rules.reserve(budget, BatchState.empty(), Charge(event)).cost
+        return {"available": True, "admitted": True, **cost_json(cost.epsilon, cost.delta)}
+    except rules.BudgetExceeded as exc:
+        asked = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
+        return {"available": True, "admitted": False, **cost_json(*asked)}
+    except AccountantError as exc:
+        return {"available": False, "reason": str(exc)}
 
 
 class DatasetPrices:
@@ -396,5 +497,6 @@ __all__ = [
     "Quote",
     "StageRefusal",
     "StagedPrices",
+    "accountant_costs",
     "quote",
 ]

@@ -21,9 +21,10 @@ Accounting. A run of T steps is the event
 ``SelfComposedEvent(PoissonSampledEvent(q, GaussianEvent(σ)), T)``. ``DpSgdTrainer.plan`` builds
 it from the job params and the record count alone — before any data is read — so the worker can
 reserve the whole run first. ``target_epsilon`` (ε at δ) is turned into σ by
-``accountant.calibration.calibrate_noise_multiplier`` with the tight accountant (PRV): the
-smallest σ on its grid whose run has its own ε upper bound ≤ the target, as Opacus's
-``get_noise_multiplier(accountant="prv")`` means it. ``target_budget_epsilon`` instead searches
+``accountant.calibration.calibrate_noise_multiplier`` with the tight engine the ledger prices a
+run alone with (``TIGHT_ACCOUNTANT``): the smallest σ on its grid whose run has its own ε upper
+bound ≤ the target, as Opacus's ``get_noise_multiplier(accountant="prv")`` means it (its PRV
+bound is looser: up to 2% more noise). ``target_budget_epsilon`` instead searches
 σ against what the dataset charges (``price``: the gate's quote). ``train`` calls
 ``on_checkpoint(step, model_state, event_so_far)`` every ``checkpoint_every`` steps and at the
 end, where ``event_so_far`` has ``count = step``: the caller commits that cost to the ledger and

@@ -234,7 +234,7 @@ def plan_head_run(p: HeadParams, n_records: int) -> HeadRun:
         raise InvalidParamsError("params.epochs", f"give {steps} steps, more than {MAX_STEPS_PER_STAGE}.")
     if p.noise_multiplier is not None:
         sigma = p.noise_multiplier
-    elif p.target_epsilon is not None:  # the stage's run's own ε by PRV, as DP-SGD's target
+    elif p.target_epsilon is not None:  # the stage's run's own ε (tight engine), as DP-SGD's target
         sigma = calibrate_noise_multiplier(
             target_epsilon=p.target_epsilon,
             delta=_target_delta(p),
@@ -477,7 +477,7 @@ class CosineClassifierTrainer(_PretrainedTrainer):
     def noise_multiplier(self, p: PretrainedParams) -> float:
         if p.noise_multiplier is not None:
             return p.noise_multiplier
-        if p.target_epsilon is not None:  # the release's own ε by PRV (Δ = 1: σ is the event's)
+        if p.target_epsilon is not None:  # the release's own ε, tight engine (Δ = 1: σ is the event's)
             return SUM_SENSITIVITY * calibrate_to_epsilon(
                 GaussianEvent, target_epsilon=p.target_epsilon, delta=_target_delta(p)
             )

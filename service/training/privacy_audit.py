@@ -56,7 +56,7 @@ import torch
 from torch import nn
 
 from accountant import auditing
-from accountant.calibration import TIGHT_ACCOUNTANT
+from accountant.calibration import tight_epsilon
 from accountant.registry import make_accountant
 from service.contract.job_params import PrivacyAuditParams
 from service.training.data import LoadedData
@@ -181,11 +181,14 @@ class PrivacyAuditTrainer(DpSgdTrainer):
         result: dict[str, Any] = auditing.audit(
             canaries.scores.detach().cpu().numpy(), canaries.included, delta=p.delta, confidence=p.confidence
         ).to_json()
-        # The claim's accountant: ``target_epsilon`` is met under the tight one (PRV).
-        name = TIGHT_ACCOUNTANT if p.target_epsilon is not None else p.accountant
-        upper = make_accountant(name).compose(plan.event_after(canaries.steps)).get_epsilon(p.delta)
+        # The claim's accountant: ``target_epsilon`` is met under the ledger's tight price.
+        ran = plan.event_after(canaries.steps)
+        if p.target_epsilon is not None:
+            upper = tight_epsilon(ran, p.delta)
+        else:
+            upper = make_accountant(p.accountant).compose(ran).get_epsilon(p.delta).upper
         result["steps"] = canaries.steps
-        result["accountant_epsilon"] = float(upper.upper)
+        result["accountant_epsilon"] = float(upper)
         return result
 
     def evaluate(self, data: LoadedData, model: nn.Module | ModelState, params: Any = None) -> dict[str, Any]:

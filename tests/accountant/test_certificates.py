@@ -308,11 +308,34 @@ def test_a_certificate_issued_under_pricing_version_3_verifies_unchanged() -> No
         assert verify(cert).ok, (name, verify(cert).reason)
     new = SCENARIOS["parallel-rdp-progressive"]
     before = old["parallel-rdp-progressive"]
-    assert new["pricing"] == 4 and verify(new).ok
+    assert new["pricing"] == R.PRICING_VERSION and verify(new).ok
     assert Decimal(new["result"]["epsilon"]) < Decimal(before["result"]["epsilon"])
     relabelled = {**before, "pricing": 4}
     relabelled["hash"] = content_hash(relabelled)
     assert not verify(relabelled).ok
+
+
+def test_a_certificate_issued_under_pricing_version_4_verifies_unchanged() -> None:
+    """Pricing version 5 prices a heterogeneous event (more than 4 distinct mechanisms) by
+    composed pessimistic PLDs instead of PRV (issue 25 §4): every scenario issued under version 4
+    re-verifies under it, and a heterogeneous parallel charge costs less under 5 than under 4 (so
+    each version's certificates replay only under their own)."""
+    with R.pricing_version(4):
+        old = scenarios()
+    for name, cert in old.items():
+        assert cert["pricing"] == 4
+        assert verify(cert).ok, (name, verify(cert).reason)
+    mixed = ev.ComposedEvent(
+        tuple(
+            ev.SelfComposedEvent(ev.PoissonSampledEvent(0.01 + 0.002 * i, ev.GaussianEvent(1.0)), 30)
+            for i in range(6)
+        )
+    )
+    budget = R.Budget.create(rule="parallel", epsilon="10", delta="1e-5", accountant="rdp")
+    with R.pricing_version(4):
+        v4 = R.reserve(budget, R.BatchState.empty(), R.Charge(mixed)).cost.epsilon
+    v5 = R.reserve(budget, R.BatchState.empty(), R.Charge(mixed)).cost.epsilon
+    assert v5 < v4
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -60,16 +60,36 @@ def run(budget: Budget, state: BatchState, event: ev.DpEvent) -> BatchState:
     return R.commit(budget, admission.state, Charge(event), admission.cost, None).state
 
 
-def test_each_segment_is_priced_by_prv_at_its_delta_share() -> None:
+def _legacy(budget: Budget) -> Budget:
+    """``budget`` as one stored before issue 25 §4: no ``plan_pricing`` (its plans priced by PRV)."""
+    stored = budget.to_json()
+    stored.pop("plan_pricing")
+    stored.pop("plan_epsilon")
+    for segment in stored.get("segments", []):
+        segment["epsilon"] = "0"  # recomputed below (not trusted)
+    return Budget.from_json(stored, trust_plan_epsilon=False)
+
+
+def test_each_segment_is_priced_at_its_delta_share_tight_now_and_by_prv_when_stored_before() -> None:
+    """A new budget prices every declared plan by the tight engine (issue 25 §4): within
+    prv-accountant's own [lower, upper]; a budget stored before keeps its PRV price (its upper
+    bound, to the mesh error), and each re-verifies under what it recorded."""
     budget = budget_with_share()
-    lower, upper = prv_library_epsilon(0.01, 1.1, 500, float(SHARE))
-    assert budget.plan_epsilon is not None
-    assert lower <= float(budget.plan_epsilon) == pytest.approx(upper, abs=5e-3)
     grown = budget.with_segment([SECOND], SHARE)
     (segment,) = grown.segments
-    lower, upper = prv_library_epsilon(0.01, 1.5, 300, float(SHARE))
-    assert lower <= float(segment.epsilon) == pytest.approx(upper, abs=5e-3)
+    assert budget.plan_pricing == R.PLAN_PRICING and budget.plan_epsilon is not None
     assert (segment.plan, segment.delta) == ((SECOND,), SHARE)
+    first = prv_library_epsilon(0.01, 1.1, 500, float(SHARE))
+    second = prv_library_epsilon(0.01, 1.5, 300, float(SHARE))
+    assert first[0] <= float(budget.plan_epsilon) <= first[1]
+    assert second[0] <= float(segment.epsilon) <= second[1]
+    old = _legacy(budget).with_segment([SECOND], SHARE)
+    assert old.plan_pricing is None and old.plan_epsilon is not None
+    assert first[0] <= float(old.plan_epsilon) == pytest.approx(first[1], abs=5e-3)
+    assert second[0] <= float(old.segments[0].epsilon) == pytest.approx(second[1], abs=5e-3)
+    assert budget.plan_epsilon < old.plan_epsilon and segment.epsilon < old.segments[0].epsilon
+    for b in (grown, old):
+        assert Budget.from_json(b.to_json(), trust_plan_epsilon=False) == b
 
 
 def test_the_user_trial_a_used_up_plan_and_its_leftover_spent_by_a_second_segment() -> None:
@@ -198,8 +218,41 @@ def test_certificates_name_the_theorem_and_the_segments_and_recompute_them() -> 
     assert not verify(greedy).ok  # δ shares summing beyond δ
 
 
+def test_a_certificate_on_a_budget_priced_by_prv_verifies_and_cannot_be_relabelled_tight() -> None:
+    """A budget stored before issue 25 §4 keeps pricing its plan by PRV, and its certificates
+    recompute that price; the same budget relabelled ``plan_pricing: tight-2`` with its PRV
+    ``plan_epsilon`` does not verify (the tight price is recomputed and differs). The theorem
+    names the engine."""
+    for budget in (_legacy(budget_with_share()), budget_with_share()):
+        start = BatchState.empty()
+        admission = R.reserve(budget, start, Charge(FIRST))
+        settled = R.commit(budget, admission.state, Charge(FIRST), admission.cost, None)
+        cert = issue(
+            budget=budget,
+            charge=Charge(FIRST),
+            batch_set=ONE_BATCH,
+            classes=[
+                ClassRecord(
+                    0, 1, start, admission.cost, admission.state, None, settled.state, settled.committed
+                )
+            ],
+            reservation_id="r",
+            release={"model": "m", "version": 1},
+        )
+        assert verify(cert).ok, verify(cert).reason
+        tight = budget.plan_pricing is not None
+        assert ("pessimistic privacy loss distribution" in cert["theorem"]) == tight
+        if not tight:
+            relabelled = {**cert, "inputs": {**cert["inputs"], "budget": {**cert["inputs"]["budget"]}}}
+            relabelled["inputs"]["budget"]["plan_pricing"] = R.PLAN_PRICING
+            relabelled["hash"] = content_hash(relabelled)
+            assert not verify(relabelled).ok
+
+
 def test_budgets_from_before_segments_serialise_and_cite_as_before() -> None:
-    whole = Budget.create(rule="sequential", epsilon=2, delta=DELTA, accountant="prv", plan=[FIRST])
+    new = Budget.create(rule="sequential", epsilon=2, delta=DELTA, accountant="prv", plan=[FIRST])
+    assert new.to_json()["plan_pricing"] == R.PLAN_PRICING
+    whole = _legacy(new)
     assert set(whole.to_json()) == {
         "rule",
         "epsilon",

@@ -148,7 +148,7 @@ def test_release_through_the_gate_then_refused_before_touching_data(
                             "--dataset", dataset["id"], "--model", "opacus-digits"]) == 0  # fmt: skip
         assert "result: PASS" in capsys.readouterr().out
 
-        # Issue 24 §3: --target-epsilon 1.2 is the run's own ε (PRV at the budget's δ), as
+        # Issue 24 §3: --target-epsilon 1.2 is the run's own ε (at the budget's δ), as
         # Opacus means it; the budget's Rényi filter charges that run more than 1.2, so it is
         # refused before any data is read, naming the largest --target-epsilon that fits.
         def fresh_dataset(name: str) -> str:
@@ -172,14 +172,15 @@ def test_release_through_the_gate_then_refused_before_touching_data(
         assert named is not None, too_big.stdout
         largest = float(named.group(1))
         assert 0.9 < largest < 1.2
-        # That target runs; the run's own ε, ours and Opacus's PRV accountant's, agree and meet it.
+        # That target runs; the run's own ε by the ledger's engine meets it (issue 25 §3), and
+        # Opacus's PRV accountant, a looser upper bound of the same run, is at most 2% above ours.
         own = run_example(
             server, fresh, tmp_path / "third", "--target-epsilon", str(largest), "--model", "own"
         )
         assert own.returncode == 0, own.stdout + own.stderr
         released = json.loads(own.stdout.strip().splitlines()[-1])
-        ours, theirs = released["run_epsilon"]["ledger_prv"], released["run_epsilon"]["opacus_prv"]
-        assert ours <= largest and theirs <= largest and ours == pytest.approx(theirs, rel=1e-3)
+        ours, theirs = released["run_epsilon"]["ledger_tight"], released["run_epsilon"]["opacus_prv"]
+        assert ours <= largest and ours <= theirs <= ours * 1.02
         assert ours < float(released["budget_share"]["epsilon"]) <= 1.2  # the filter charges the run more
 
         # The separate option: calibrated to what the dataset charges (its own quote), the run

@@ -173,10 +173,11 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     db: Database, artifacts: Path
 ) -> None:
     """Issue 24 §3: ``target_epsilon`` is the run's own ε at the budget's δ by the tight
-    accountant (PRV), as Opacus users mean it. A run of ε = 2 cannot fit an rdp budget of 2 (the
+    engine (since issue 25 §3 the ledger's own price of the run alone), as Opacus users mean it.
+    A run of ε = 2 cannot fit an rdp budget of 2 (the
     filter charges it about 2.3): refused before anything is reserved or read, naming the largest
-    target that fits; that target then runs, its σ the one Opacus's PRV accountant agrees with."""
-    from opacus.accountants import PRVAccountant
+    target that fits; that target then runs, its own ε above dp-accounting's optimistic PLD."""
+    from dp_accounting.pld import privacy_loss_distribution
 
     from accountant.calibration import tight_epsilon
     from accountant.events import from_json
@@ -206,9 +207,20 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     assert largest * 0.999 <= tight_epsilon(event, 1e-5) <= largest  # its own ε, σ not too large
     sigma = job["plan"]["noise_multiplier"]
     q, steps = job["plan"]["sampling_probability"], job["plan"]["steps"]
-    opacus = PRVAccountant()
-    opacus.history = [(sigma, q, steps)]
-    assert opacus.get_epsilon(delta=1e-5) <= largest
+    # The run's own ε is the ledger's engine's (issue 25 §3), a valid bound: dp-accounting's
+    # optimistic PLD of the same run (a lower bound on the true ε) is below it.
+    optimistic = (
+        privacy_loss_distribution.from_gaussian_mechanism(
+            sigma,
+            sampling_prob=q,
+            value_discretization_interval=1e-3,
+            pessimistic_estimate=False,
+            use_connect_dots=False,
+        )
+        .self_compose(steps)
+        .get_epsilon_for_delta(1e-5)
+    )
+    assert optimistic <= tight_epsilon(event, 1e-5)
     bigger = _queue(db, world.dataset_id, target_epsilon=round(largest * 1.01, 4), seed=3)
     assert worker.run_once() == bigger
     assert jobs.queue.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"

@@ -93,7 +93,7 @@ def test_the_user_trial_a_used_up_plan_then_its_leftover_spent_by_a_second_segme
 
     segment = declare(admin, dataset, {"plan": [SECOND], "delta": "5e-6"}).json()
     lower, upper = prv_library_upper(0.01, 1.5, 300, 5e-6)
-    assert lower <= float(segment["epsilon"]) == pytest.approx(upper, abs=5e-3)
+    assert lower <= float(segment["epsilon"]) <= upper  # priced by the tight engine (issue 25 §4)
     assert segment["index"] == 1 and segment["delta"] == "0.000005" and segment["closed_batches"] == 2
     assert "Rogers, Roth, Ullman & Vadhan 2016, Thm. 3.6" in segment["theorem"]
     spent = plan_epsilon + Decimal(segment["epsilon"])

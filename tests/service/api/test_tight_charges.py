@@ -195,3 +195,74 @@ def test_a_client_cannot_choose_the_filters_delta_weights(client: TestClient, ke
     refused = admin.call("POST", "/v1/datasets", {"name": "d", "budget": budget}, 422).json()
     assert "delta_weights" in refused["field"]
     assert admin.call("GET", "/v1/datasets", status=200).json()["data"] == before
+
+
+def test_a_quote_says_what_each_accountant_choice_costs(client: TestClient, keys: Keys) -> None:
+    """Issue 25 §3: the quote's informational ``accountants`` block prices the event on a new batch
+    of a budget with the same rule, ε and δ under basic, rdp, prv (a declared plan) and tight, and
+    names the one the budget uses. The Opacus run of the issue (q 1/23, σ 2.03125, 115 steps) on a
+    default (tight) sequential budget of (1, 1e-5): tight and prv within 1.02× dp-accounting's
+    PLD and not below its optimistic PLD; rdp (the Rényi filter) at least plain RDP; basic has no
+    price for a Gaussian. Nothing is held; the same quote again answers the same block."""
+    from dp_accounting.pld import PLDAccountant, privacy_loss_distribution
+
+    admin, viewer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "viewer"))
+    dataset, batches = admin.dataset({"rule": "sequential", "epsilon": "1", "delta": "1e-5"})
+    q, sigma, steps, delta = 1 / 23, 2.03125, 115, 1e-5
+    answer = _quote(viewer, dataset, _dpsgd(q, sigma, steps), batches=batches)
+    block = answer["accountants"]
+    assert block["informational"] is True and block["uses"] == "tight" and "Informational" in block["note"]
+    by = block["by_accountant"]
+    assert list(by) == ["basic", "rdp", "prv", "tight"]
+    assert [name for name, b in by.items() if b["used"]] == ["tight"]
+    assert by["tight"]["epsilon"] == answer["cost"]["epsilon"]  # a fresh batch: what it charges
+    assert by["basic"]["available"] is False and "gaussian" in by["basic"]["reason"].lower()
+    dpa_event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+    )
+    pld = float(PLDAccountant(value_discretization_interval=1e-3).compose(dpa_event).get_epsilon(delta))
+    lower = (
+        privacy_loss_distribution.from_gaussian_mechanism(
+            sigma,
+            sampling_prob=q,
+            value_discretization_interval=1e-3,
+            pessimistic_estimate=False,
+            use_connect_dots=False,
+        )
+        .self_compose(steps)
+        .get_epsilon_for_delta(delta)
+    )
+    for name in ("tight", "prv"):
+        assert by[name]["available"] is True
+        assert lower <= float(by[name]["epsilon"]) <= 1.02 * pld, (name, by[name], pld)
+    assert float(by["rdp"]["epsilon"]) >= _dpa_epsilon(q, sigma, steps, delta) * (1 - 1e-9)
+    assert by["rdp"]["admitted"] is False and by["tight"]["admitted"] is True  # the issue's point
+    assert admin.spend(dataset)["epsilon_spent"] == "0"
+    assert _quote(viewer, dataset, _dpsgd(q, sigma, steps), batches=batches)["accountants"] == block
+    # A rule that does not take an accountant says why; a pure ε costs ε under every accountant.
+    lifelong, lifelong_batches = admin.dataset(
+        {"rule": "lifelong", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"}
+    )
+    pure = _quote(viewer, lifelong, {"kind": "pure_dp", "epsilon": 0.1}, batches=lifelong_batches)
+    by = pure["accountants"]["by_accountant"]
+    assert by["prv"]["available"] is False and "lifelong" in by["prv"]["reason"]
+    assert pure["accountants"]["uses"] == "rdp" and by["rdp"]["used"] is True
+    assert by["basic"]["epsilon"] == by["tight"]["epsilon"] == "0.1"
+
+
+def test_a_quote_without_the_accountants_block_and_a_bad_flag(client: TestClient, keys: Keys) -> None:
+    """``accountants: false`` (a calibration quoting many runs) leaves the block out; a flag that is
+    not a boolean is a 422 naming it, and nothing is priced."""
+    admin = Api(client, keys.get("acme", "admin"))
+    dataset, batches = admin.dataset({"rule": "parallel", "epsilon": "1", "delta": "1e-5"})
+    event = _dpsgd(0.01, 2.0, 10)
+    lean = _quote(admin, dataset, event, batches=batches, accountants=False)
+    full = _quote(admin, dataset, event, batches=batches)
+    assert lean["accountants"] is None and full["accountants"]["uses"] == "tight"
+    assert {k: v for k, v in lean.items() if k != "accountants"} == {
+        k: v for k, v in full.items() if k != "accountants"
+    }
+    bad = admin.call(
+        "POST", f"/v1/datasets/{dataset}/quote", {"event": event, "batches": batches, "accountants": "no"}
+    )
+    assert bad.status_code == 422 and "accountants" in bad.text

@@ -47,7 +47,9 @@ def issued_as_version_2(budget: Budget, charge: Charge, partial: ev.DpEvent | No
 
 def test_a_version_2_checkpoint_of_a_plan_states_the_whole_segment() -> None:
     run = dpsgd(0.01, 1.1, 400)
-    budget = Budget.create(rule="sequential", epsilon=4, delta=DELTA, accountant="prv", plan=[run])
+    # A version 2 certificate was issued on a budget stored before issue 25 §4: its plan by PRV.
+    created = Budget.create(rule="sequential", epsilon=4, delta=DELTA, accountant="prv", plan=[run]).to_json()
+    budget = Budget.from_json({k: v for k, v in created.items() if k not in ("plan_pricing", "plan_epsilon")})
     stored = issued_as_version_2(budget, Charge(run), dpsgd(0.01, 1.1, 100))
     assert budget.plan_epsilon is not None
     assert Decimal(stored["certificate"]["result"]["epsilon"]) < budget.plan_epsilon  # the prefix

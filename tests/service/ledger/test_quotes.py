@@ -70,8 +70,18 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
     _spend(ledger, small, small_ids[:3], "0.5")
     event = {"kind": "pure_dp", "epsilon": 0.6}
     pricings.clear()
-    answer = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids)
+    answer = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids, accountants=False)
     assert len(pricings) == 2  # once per class, not once per batch (was 10 000)
+    assert answer["accountants"] is None
+    # The informational block prices the event once per accountant whatever the batches, and a
+    # repeat of it is memoized.
+    pricings.clear()
+    with_block = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids)
+    assert 2 <= len(pricings) <= 2 + len(rules.ACCOUNTANTS)
+    pricings.clear()
+    assert quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids) == with_block
+    assert len(pricings) == 2
+    answer = with_block
     assert answer["totals"] == {
         "batches": MANY,
         "classes": 2,
@@ -99,7 +109,7 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
     # By tasks: the same classes, the same single pricing per class.
     pricings.clear()
     task_id = batches.list_tasks(ledger, "t1", ds)["data"][0]["id"]
-    by_task = quotes.quote(ledger, "t1", ds, event_json=event, task_ids=[task_id])
+    by_task = quotes.quote(ledger, "t1", ds, event_json=event, task_ids=[task_id], accountants=False)
     assert len(pricings) == 2 and by_task["on"] == "tasks" and by_task["totals"] == answer["totals"]
 
 
@@ -170,7 +180,11 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
         ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(meter=meter)
     )
     one_class = pricing.work(budget_of, [event]) + pricing.orders_of(budget_of)
-    assert meter.admitted == [one_class]
+    # then the informational block: the event's work under each accountant's fresh budget
+    block = sum(
+        pricing.work(quotes._alternative(budget_of, name, event), [event]) for name in rules.ACCOUNTANTS
+    )
+    assert meter.admitted == [one_class, block]
     with pytest.raises(InvalidInput) as caught:  # the event's own work is still bounded
         quotes.quote(
             ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(max_work=1)

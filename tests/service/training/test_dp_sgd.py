@@ -342,7 +342,7 @@ def test_dp_sgd_on_digits_at_epsilon_2_learns_and_its_event_costs_at_most_2() ->
         {"target_epsilon": 2.0, "delta": 1e-5, "epochs": 15, "expected_batch_size": 64, "seed": 0},
         data.n_records,
     )
-    # target_epsilon is the run's own ε by the tight accountant (PRV), as Opacus means it; the
+    # target_epsilon is the run's own ε by the ledger's tight engine, as Opacus means it; the
     # looser RDP conversion of the same run is above it.
     from accountant.calibration import tight_epsilon
 
