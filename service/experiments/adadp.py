@@ -58,7 +58,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -505,8 +505,8 @@ def run(args: argparse.Namespace) -> int:
                         evaluated[(point, seed)] = {"job_id": None, "model": None, "trajectory": trajectory}
         ledger_url = ledger.url
 
-    cells_eps = _cells_for_epsilon(o, chosen_eps, evaluated)
-    cells_acc = _cells_for_accuracy(o, chosen_acc, evaluated)
+    cells_eps = _cells(o, chosen_eps, evaluated, "target_epsilon", o.epsilons, at_epsilon)
+    cells_acc = _cells(o, chosen_acc, evaluated, "accuracy_level", o.accuracies, to_accuracy)
     elapsed = time.perf_counter() - started
     provenance = _provenance(args, elapsed, tuning_s, torch)
     rows_acc = _rows_accuracy_levels(o, cells_acc)
@@ -584,47 +584,29 @@ def _seed_record(
     }
 
 
-def _cells_for_epsilon(
+def _cells(
     o: Options,
     chosen: Mapping[str, Mapping[float, tuple[GridPoint, float] | None]],
     evaluated: Mapping[tuple[GridPoint, int], Mapping[str, Any]],
+    key: str,
+    targets: Sequence[float],
+    read: Callable[[Any, float], Any],
 ) -> list[dict[str, Any]]:
+    """One cell per (target, method): ``key`` names the target (``target_epsilon``: accuracy at
+    ε ≤ target, ``read`` = ``at_epsilon``; ``accuracy_level``: ε to reach it, ``to_accuracy``),
+    each seed's run read off the trajectory of the method's chosen grid point."""
     cells = []
-    for target in o.epsilons:
+    for target in targets:
         for method in o.methods:
             pick = chosen[method][target]
-            cell: dict[str, Any] = {"target_epsilon": target, "method": method, "private": method in PRIVATE}
+            cell: dict[str, Any] = {key: target, "method": method, "private": method in PRIVATE}
             if pick is None:
                 cells.append({**cell, "point": None, "runs": []})
                 continue
             point, score = pick
             runs = [
                 _seed_record(
-                    point, s, evaluated[(point, s)], at_epsilon(evaluated[(point, s)]["trajectory"], target)
-                )
-                for s in o.seeds
-            ]
-            cells.append({**cell, "point": asdict(point), "tuning_score": score, "runs": runs})
-    return cells
-
-
-def _cells_for_accuracy(
-    o: Options,
-    chosen: Mapping[str, Mapping[float, tuple[GridPoint, float] | None]],
-    evaluated: Mapping[tuple[GridPoint, int], Mapping[str, Any]],
-) -> list[dict[str, Any]]:
-    cells = []
-    for level in o.accuracies:
-        for method in o.methods:
-            pick = chosen[method][level]
-            cell: dict[str, Any] = {"accuracy_level": level, "method": method, "private": method in PRIVATE}
-            if pick is None:
-                cells.append({**cell, "point": None, "runs": []})
-                continue
-            point, score = pick
-            runs = [
-                _seed_record(
-                    point, s, evaluated[(point, s)], to_accuracy(evaluated[(point, s)]["trajectory"], level)
+                    point, s, evaluated[(point, s)], read(evaluated[(point, s)]["trajectory"], target)
                 )
                 for s in o.seeds
             ]
