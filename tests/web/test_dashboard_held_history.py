@@ -23,13 +23,12 @@ from service.db.session import Database
 from service.ledger import tenancy
 from service.training.data import register_source
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
+from tests.web.pages import go, shot, signed_in
 from tests.web.test_dashboard import (
     Api,
     _require_browser,
     all_of,
     browser_errors,
-    headless_chromium,
-    screenshot,
     text_of,
     wait_for,
 )
@@ -128,22 +127,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def driver(world: World) -> Iterator[Any]:
-    with headless_chromium() as browser:
-        browser.set_window_size(WIDTH, 900)
-        browser.get(world.server.base_url + "/#/signin")
-        wait_for("the key field", lambda: browser.find_element("id", "api-key")).send_keys(world.viewer_key)
-        browser.find_element("id", "signin-submit").click()
-        wait_for("the datasets table", lambda: all_of(browser, "#datasets-table tbody tr"))
+    with signed_in(world.server.base_url, world.viewer_key, WIDTH) as browser:
         yield browser
 
 
-def _go(driver: Any, route: str) -> None:
-    driver.execute_script("window.location.hash = arguments[0];", route)
-
-
 def _shot(driver: Any, name: str) -> None:
-    screenshot(driver, name, width=WIDTH)
-    driver.set_window_size(WIDTH, 900)
+    shot(driver, name, WIDTH)
 
 
 def test_delta_warning_and_archived_badges(driver: Any, world: World) -> None:
@@ -151,13 +140,13 @@ def test_delta_warning_and_archived_badges(driver: Any, world: World) -> None:
 
     warnings = world.get(f"/v1/datasets/{world.loose_delta}")["warnings"]
     assert warnings and warnings[0]["code"] == "delta_not_below_one_over_n", warnings
-    _go(driver, f"#/datasets/{world.loose_delta}")
+    go(driver, f"#/datasets/{world.loose_delta}")
     shown = wait_for("the δ warning", lambda: all_of(driver, "#dataset-warnings p"))
     assert [p.get_attribute("data-code") for p in shown] == [w["code"] for w in warnings]
     assert warnings[0]["message"] in shown[0].text
     _shot(driver, "40-dataset-delta-warning")
 
-    _go(driver, "#/datasets")
+    go(driver, "#/datasets")
     row = wait_for(
         "the archived row", lambda: all_of(driver, f"#datasets-table tr[data-dataset-id='{world.archived}']")
     )[0]
@@ -168,7 +157,7 @@ def test_delta_warning_and_archived_badges(driver: Any, world: World) -> None:
     assert world.get(f"/v1/datasets/{world.archived}")["archived_at"] is not None
     _shot(driver, "41-datasets-archived-badge")
 
-    _go(driver, f"#/datasets/{world.archived}")
+    go(driver, f"#/datasets/{world.archived}")
     badge = wait_for("the page's badge", lambda: all_of(driver, "#dataset-name .archived-badge"))[0]
     assert badge.text.lower() == "archived" and "unarchive" in badge.get_attribute("title")
     _shot(driver, "42-dataset-archived")
@@ -177,7 +166,7 @@ def test_delta_warning_and_archived_badges(driver: Any, world: World) -> None:
 def test_epsilon_spent_and_held_at_each_release(driver: Any, world: World) -> None:
     releases = world.get(f"/v1/datasets/{world.held}/releases")["data"][::-1]  # oldest first
     assert [r["held_at_release"]["epsilon"] for r in releases] == ["0.5", "0", "0.75"]
-    _go(driver, f"#/datasets/{world.held}")
+    go(driver, f"#/datasets/{world.held}")
     bars = wait_for("the held bars", lambda: all_of(driver, "#epsilon-over-time rect.held-at-release"))
     assert sorted((b.get_attribute("data-version"), b.get_attribute("data-held")) for b in bars) == [
         ("1", "0.5"),
@@ -204,7 +193,7 @@ def test_job_curves_of_released_iterates_and_the_privacy_utility_view(driver: An
     job = world.get(f"/v1/jobs/{world.job}")
     assert job["status"] == "succeeded", job["error"]
     points = job["metric_history"]["points"]
-    _go(driver, f"#/jobs/{world.job}")
+    go(driver, f"#/jobs/{world.job}")
     curves = wait_for("the per-step curves", lambda: all_of(driver, "#history-curves svg.history-curve"))
     assert {c.get_attribute("data-metric") for c in curves} == {"test_loss", "test_accuracy"}
     for curve in curves:
@@ -216,7 +205,7 @@ def test_job_curves_of_released_iterates_and_the_privacy_utility_view(driver: An
     )
     _shot(driver, "44-job-metrics-per-step")
 
-    _go(driver, f"#/models/{world.model}")
+    go(driver, f"#/models/{world.model}")
     dots = wait_for("the privacy-utility points", lambda: all_of(driver, "#privacy-utility .pu-point"))
     versions = world.get(f"/v1/models/{world.model}/versions")["data"]
     assert sorted((d.get_attribute("data-version"), d.get_attribute("data-epsilon")) for d in dots) == sorted(

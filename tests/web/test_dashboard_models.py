@@ -28,13 +28,12 @@ from service.db.session import Database
 from service.ledger import datasets, jobs, reservations, tenancy
 from service.ledger import model_registry as registry
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
+from tests.web.pages import go, shot, signed_in
 from tests.web.test_dashboard import (
     Api,
     _require_browser,
     all_of,
     browser_errors,
-    headless_chromium,
-    screenshot,
     text_of,
     wait_for,
 )
@@ -202,30 +201,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def driver(world: World) -> Iterator[Any]:
-    with headless_chromium() as browser:
-        browser.set_window_size(WIDTH, 900)
-        browser.get(world.server.base_url + "/#/signin")
-        field = wait_for("the key field", lambda: browser.find_element("id", "api-key"))
-        field.send_keys(world.viewer_key)
-        browser.find_element("id", "signin-submit").click()
-        wait_for("the datasets table", lambda: all_of(browser, "#datasets-table tbody tr"))
+    with signed_in(world.server.base_url, world.viewer_key, WIDTH) as browser:
         yield browser
 
 
-def _go(driver: Any, route: str) -> None:
-    driver.execute_script("window.location.hash = arguments[0];", route)
-
-
 def _shot(driver: Any, name: str) -> None:
-    screenshot(driver, name, width=WIDTH)
-    driver.set_window_size(WIDTH, 900)
+    shot(driver, name, WIDTH)
 
 
 def test_models_index_privacy_utility_and_an_external_version(driver: Any, world: World) -> None:
     from selenium.webdriver.common.by import By
 
     models = world.get("/v1/models")
-    _go(driver, "#/models")
+    go(driver, "#/models")
     rows = wait_for("the models table", lambda: all_of(driver, "#models-table tbody tr"))
     shown = {r.get_attribute("data-model"): r for r in rows}
     assert set(shown) == {m["name"] for m in models["data"]} and "opacus-mlp" in shown
@@ -236,7 +224,7 @@ def test_models_index_privacy_utility_and_an_external_version(driver: Any, world
     assert text_of(driver, "nav a.active") == "Models"
     _shot(driver, "30-models-index")
 
-    _go(driver, "#/models/opacus-mlp")
+    go(driver, "#/models/opacus-mlp")
     points = wait_for("the privacy-utility points", lambda: all_of(driver, "#privacy-utility .pu-point"))
     versions = world.get("/v1/models/opacus-mlp/versions")["data"]
     assert sorted(
@@ -255,7 +243,7 @@ def test_models_index_privacy_utility_and_an_external_version(driver: Any, world
     assert origins == ["external", "external"]
     _shot(driver, "31-model-privacy-utility")
 
-    _go(driver, "#/models/opacus-mlp/2")
+    go(driver, "#/models/opacus-mlp/2")
     wait_for(
         "the external version",
         lambda: text_of(driver, "#model-origin").startswith("trained outside the service"),
@@ -272,7 +260,7 @@ def test_models_index_privacy_utility_and_an_external_version(driver: Any, world
 
 
 def test_audit_log_page(driver: Any, world: World) -> None:
-    _go(driver, f"#/audit/{world.external}")
+    go(driver, f"#/audit/{world.external}")
     rows = wait_for("the audit entries", lambda: all_of(driver, "#audit-table tbody tr"))
     chain = world.get(f"/v1/datasets/{world.external}/audit?limit=200")
     assert [r.get_attribute("data-event") for r in rows] == [e["event_type"] for e in chain["data"]]
@@ -288,7 +276,7 @@ def test_audit_log_page(driver: Any, world: World) -> None:
 def test_jobs_show_names_the_reserved_epsilon_and_unbroken_metric_names(driver: Any, world: World) -> None:
     from selenium.webdriver.common.by import By
 
-    _go(driver, "#/jobs")
+    go(driver, "#/jobs")
     row = wait_for(
         "the running job", lambda: all_of(driver, f"#jobs-table tr[data-job-id='{world.running_job}']")
     )[0]
@@ -311,9 +299,9 @@ def test_jobs_show_names_the_reserved_epsilon_and_unbroken_metric_names(driver: 
     assert lines_per_word and set(lines_per_word) == {1}, lines_per_word
     _shot(driver, "34-jobs-names-reserved")
 
-    _go(driver, f"#/jobs/{world.running_job}")
+    go(driver, f"#/jobs/{world.running_job}")
     assert wait_for("the reserved stat", lambda: text_of(driver, "#job-reserved")) == world.reserved_epsilon
-    _go(driver, f"#/jobs/{world.done_job}")
+    go(driver, f"#/jobs/{world.done_job}")
     curves = wait_for("the metric curves", lambda: all_of(driver, "#metric-curves svg.metric-curve"))
     assert {c.get_attribute("data-metric") for c in curves} >= {"accuracy", "loss"}
     assert len(curves[0].find_elements(By.CSS_SELECTOR, "circle.pt-metric")) == 2
@@ -323,7 +311,7 @@ def test_jobs_show_names_the_reserved_epsilon_and_unbroken_metric_names(driver: 
 def test_dataset_pages_epsilon_over_releases_budget_in_words_and_labels(driver: Any, world: World) -> None:
     from selenium.webdriver.common.by import By
 
-    _go(driver, "#/datasets")
+    go(driver, "#/datasets")
     row = wait_for(
         "the row", lambda: all_of(driver, f"#datasets-table tr[data-dataset-id='{world.external}']")
     )[0]
@@ -337,7 +325,7 @@ def test_dataset_pages_epsilon_over_releases_budget_in_words_and_labels(driver: 
     assert row.find_element(By.CSS_SELECTOR, "td.dataset-id").text == world.external
     _shot(driver, "36-datasets-delta-records-id")
 
-    _go(driver, f"#/datasets/{world.external}")
+    go(driver, f"#/datasets/{world.external}")
     points = wait_for("the releases", lambda: all_of(driver, "#epsilon-over-time circle.pt-release"))
     releases = world.get(f"/v1/datasets/{world.external}/releases")["data"][::-1]
     assert [p.get_attribute("data-epsilon") for p in points] == [r["epsilon"] for r in releases]
@@ -345,7 +333,7 @@ def test_dataset_pages_epsilon_over_releases_budget_in_words_and_labels(driver: 
     assert Decimal(world.get(f"/v1/datasets/{world.external}/spend")["epsilon_held"]) > 0
     _shot(driver, "37-dataset-epsilon-over-releases")
 
-    _go(driver, f"#/certificates/{world.external_certificate}")
+    go(driver, f"#/certificates/{world.external_certificate}")
     words = wait_for("the budget in words", lambda: text_of(driver, "#cert-budget-words"))
     assert words.startswith("sequential composition under a Rényi privacy filter") and "Budget ε 8," in words
     details = driver.find_element(By.ID, "cert-budget-details")
@@ -353,7 +341,7 @@ def test_dataset_pages_epsilon_over_releases_budget_in_words_and_labels(driver: 
     assert not driver.find_element(By.ID, "cert-budget").is_displayed()
     _shot(driver, "38-certificate-budget-in-words")
 
-    _go(driver, f"#/datasets/{world.lifelong}")
+    go(driver, f"#/datasets/{world.lifelong}")
     labels = wait_for("the end labels", lambda: all_of(driver, "#lifelong-curve text.series-label"))
     boxes = sorted(
         (

@@ -22,6 +22,7 @@ from service.db.session import Database
 from service.ledger import tenancy
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
 from tests.service.api.test_plan_segments import dpsgd
+from tests.web.pages import go, sign_in
 from tests.web.test_dashboard import (
     Api,
     _require_browser,
@@ -117,17 +118,7 @@ def driver(world: World) -> Iterator[Any]:
 
 
 def _sign_in(driver: Any, world: World) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(world.server.base_url + "/#/signin")
-    field = wait_for("the key field", lambda: driver.find_element(By.ID, "api-key"))
-    field.send_keys(world.viewer_key)
-    driver.find_element(By.ID, "signin-submit").click()
-    wait_for("the datasets table", lambda: all_of(driver, "#datasets-table tbody tr"))
-
-
-def _go(driver: Any, route: str) -> None:
-    driver.execute_script("window.location.hash = arguments[0];", route)
+    sign_in(driver, world.server.base_url, world.viewer_key)
 
 
 def test_the_datasets_table_shows_the_guarantee_beside_the_budget_used(driver: Any, world: World) -> None:
@@ -168,7 +159,7 @@ def test_the_datasets_table_shows_the_guarantee_beside_the_budget_used(driver: A
     assert (remaining.text, remaining.get_attribute("data-full")) == ("0", "0.00000000002998")
     assert "not a DP guarantee" in text_of(driver, "#datasets-note")
     screenshot(driver, "20-datasets-guarantee-and-budget-share")
-    _go(driver, f"#/datasets/{world.nearly_spent}")
+    go(driver, f"#/datasets/{world.nearly_spent}")
     stat = wait_for("the remaining stat", lambda: all_of(driver, "#stat-remaining"))[0]
     assert (stat.text, stat.get_attribute("data-full")) == ("0", "0.00000000002998")
     screenshot(driver, "21-dataset-tiny-remaining")
@@ -179,7 +170,7 @@ def test_the_lifelong_chart_draws_the_guarantee_and_labels_the_filter_progress_a
     driver: Any, world: World
 ) -> None:
     _sign_in(driver, world)
-    _go(driver, f"#/datasets/{world.lifelong}")
+    go(driver, f"#/datasets/{world.lifelong}")
     guarantee = wait_for(
         "the guarantee series", lambda: all_of(driver, "#lifelong-curve circle.pt-guarantee")
     )
