@@ -256,10 +256,13 @@ def test_dataset_prices_on_the_datasets_own_budget(
 
 def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
     quoting: tuple[str, str, str, LedgerClient],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 28 §9, the real console command in a subprocess: ``ledger calibrate`` prints σ and
     the dataset's charge for it (at most the target; one grid step less charges more), on every
-    task of the dataset by default, on ``--new-batch`` on request; nothing is held."""
+    task of the dataset by default, on ``--new-batch`` on request; nothing is held. The other
+    runs call the same ``main`` in this process (a subprocess each paid ~5 s of imports)."""
     url, viewer_key, dataset_id, client = quoting
     task = client.create_task(dataset_id, "t")
     client.create_batches(dataset_id, task["id"], [{"name": "b", "records": ["r1", "r2"]}])
@@ -275,11 +278,22 @@ def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
         "1000",
     ]
 
-    def calibrate(*extra: str) -> subprocess.CompletedProcess[str]:
+    def console(*extra: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "service.cli", "calibrate", *run, *extra]
         return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
 
-    done = calibrate()
+    def calibrate(*extra: str) -> subprocess.CompletedProcess[str]:
+        monkeypatch.setenv("LEDGER_URL", url)
+        monkeypatch.setenv("LEDGER_API_KEY", viewer_key)
+        capsys.readouterr()
+        try:
+            code = main(["calibrate", *run, *extra])
+        except SystemExit as exit_:  # argparse's refusals
+            code = exit_.code if isinstance(exit_.code, int) else 2
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(extra, code, out.out, out.err)
+
+    done = console()
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     sigma = answer["noise_multiplier"]
