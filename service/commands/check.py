@@ -62,7 +62,7 @@ touches no server. Either way every verdict is *recomputed* here, not taken from
     figure; a history that does not hold proves none, and the check fails) is ≤ E; with
     ``--model``: the largest ε any of the model's certificates states.
 ``privacy audit`` (only where a version carries one, ``dp_sgd_audit``)
-    every audited version's ε lower bound (one-run auditing, ``accountant.auditing``), recomputed
+    every audited version's ε lower bound (one-run auditing, ``accountant.privacy_audit``), recomputed
     here at its certificate's δ from the audit's counts, is at most the ε its certificate states
     for the run; a lower bound above the upper bound means the code or the accounting is wrong.
 ``run alone (derived)`` (only where a version's DP statement shows ``run_alone``)
@@ -789,7 +789,7 @@ def _privacy_audits(bundle: Json, model: str | None) -> Finding:
     (``accountant.statements.certificate_run_alone``, as the version's statement compares it;
     ``against_certificate``). Not the certificate's charge: under a Rényi filter that is a share
     of the budget, no (ε, δ) bound on the run (issue 24 §3)."""
-    from accountant.auditing import against_certificate
+    from accountant.privacy_audit import against_certificate
     from accountant.statements import certificate_run_alone
 
     by_id = {c["id"]: c for c in bundle["certificates"]}

@@ -57,8 +57,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from accountant.auditing import against_certificate
 from accountant.errors import InvalidArgumentError
+from accountant.privacy_audit import against_certificate
 from service.db.base import utcnow
 from service.db.models import Certificate, Job, ModelVersion, Release
 from service.db.session import Database
@@ -864,7 +864,7 @@ def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[s
 def privacy_audit(metrics: Mapping[str, Any], run_alone: Mapping[str, Any]) -> dict[str, Any] | None:
     """A ``dp_sgd_audit`` version's audited ε lower bound beside the upper bound of the same run
     (the statement's ``run_alone``: the run's own (ε, δ) at the budget's δ), recomputed at that δ
-    (``accountant.auditing.against_certificate``); ``None`` for a version without an audit.
+    (``accountant.privacy_audit.against_certificate``); ``None`` for a version without an audit.
 
     Not the certificate's charge: under a Rényi filter or a plan segment that is a budget share
     (the growth of the filter's progress, δ = 0 after the first release), no bound on the run."""

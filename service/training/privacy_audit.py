@@ -1,7 +1,7 @@
 """The privacy audit: DP-SGD trained once with m canaries, turned into an ε *lower* bound.
 
 One-run auditing (Steinke, Nasr & Jagielski 2023, "Privacy Auditing with One (1) Training Run";
-the bound is ``accountant.auditing``). The job trains exactly the DP-SGD run its params describe
+the bound is ``accountant.privacy_audit``). The job trains exactly the DP-SGD run its params describe
 (``service.training.dp_sgd``: the same Poisson sampling, clipping, noise and accounting event, so
 the ledger charges it like a release) with m auditor-owned canaries added, each included
 independently with probability 1/2. After the run it scores every canary, guesses "in" for the
@@ -40,7 +40,7 @@ charged event covers all of it), the model is a function of its first P coordina
 scores of its last m, and the inclusions are drawn independently of the data.
 
 Broken privacy (``Breakage``) exists for the self-test only (tests/service/training/test_privacy_audit.py,
-``bench/auditing.py``): a trainer built with ``breakage=...`` drops the noise, the clip, or
+``bench/privacy_audit.py``): a trainer built with ``breakage=...`` drops the noise, the clip, or
 divides σ by 10 while its plan — and so the ledger's charge and the certificate — still claims
 the correct run. It is a constructor argument, not a job param: ``trainer_for`` (the gate) builds
 trainers with a device only, so no client can reach it and nothing it trains is ever released.
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from accountant import auditing
+from accountant import privacy_audit as one_run
 from accountant.calibration import tight_epsilon
 from accountant.registry import make_accountant
 from service.contract.job_params import PrivacyAuditParams
@@ -171,14 +171,14 @@ class PrivacyAuditTrainer(DpSgdTrainer):
     # -- the audit -------------------------------------------------------------------------------
 
     def audit(self) -> dict[str, Any]:
-        """The one-run bound from the scores so far (``accountant.auditing.audit``), with the
+        """The one-run bound from the scores so far (``accountant.privacy_audit.audit``), with the
         steps it covers and the accountant's ε upper bound for those steps at the same δ."""
         canaries, plan = self.canaries, self._plan
         if canaries is None or plan is None or canaries.steps == 0:
             raise RuntimeError("no audit: the run has not taken a step.")
         p = plan.params
         assert isinstance(p, PrivacyAuditParams) and p.delta is not None
-        result: dict[str, Any] = auditing.audit(
+        result: dict[str, Any] = one_run.audit(
             canaries.scores.detach().cpu().numpy(), canaries.included, delta=p.delta, confidence=p.confidence
         ).to_json()
         # The claim's accountant: ``target_epsilon`` is met under the ledger's tight price.

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from sqlalchemy.engine import URL  # noqa: E402
 
-from accountant.auditing import epsilon_lower_bound  # noqa: E402
+from accountant.privacy_audit import epsilon_lower_bound  # noqa: E402
 from service.cli import main  # noqa: E402
 from service.commands.export import bundle_hash  # noqa: E402
 from service.db.session import Database  # noqa: E402

@@ -1,13 +1,13 @@
 """Privacy-audit figures: the one-run ε lower bound next to the certified upper bound.
 
-Run ``nice -n 10 python bench/auditing.py [--quick] [--canaries 1000] [--epsilons 1 2 4 8]`` from
-the repository root. Prints a table and writes ``bench/results/auditing.json``
-(``auditing-m<canaries>.json`` for another canary count).
+Run ``nice -n 10 python bench/privacy_audit.py [--quick] [--canaries 1000] [--epsilons 1 2 4 8]`` from
+the repository root. Prints a table and writes ``bench/results/privacy_audit.json``
+(``privacy_audit-m<canaries>.json`` for another canary count).
 
 For each target ε (δ = 1e-5) the same DP-SGD run on ``builtin:digits`` (the default MLP, 10
 epochs, expected batch 64, C = 1, σ calibrated by the RDP accountant, as a ``dp_sgd`` job with
 ``target_epsilon`` runs) is trained by ``service.training.privacy_audit.PrivacyAuditTrainer`` with
-m Dirac canaries, and audited at 95% confidence (``accountant.auditing.audit``):
+m Dirac canaries, and audited at 95% confidence (``accountant.privacy_audit.audit``):
 
 * ``correct`` — the run as released;
 * ``no_noise``, ``no_clipping``, ``sigma_over_10`` — the same plan (so the same ε would be
@@ -41,7 +41,7 @@ CONFIDENCE = 0.95
 
 def ceiling(canaries: int) -> float:
     """The bound when every guess of the largest default guess count is right."""
-    from accountant.auditing import default_guess_counts, epsilon_lower_bound
+    from accountant.privacy_audit import default_guess_counts, epsilon_lower_bound
 
     counts = default_guess_counts(canaries)
     k_positive, k_negative = max(counts, key=sum)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "auditing.json" if args.canaries == 1000 else f"auditing-m{args.canaries}.json"
+    name = "privacy_audit.json" if args.canaries == 1000 else f"privacy_audit-m{args.canaries}.json"
     (RESULTS / name).write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {RESULTS / name}")
     return 0
