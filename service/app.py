@@ -40,14 +40,14 @@ from service.api import certificates as certificate_routes
 from service.api import dashboard as dashboard_routes
 from service.api import datasets as dataset_routes
 from service.api import jobs as job_routes
-from service.api import models as model_routes
+from service.api import model_registry as model_routes
 from service.api import reservations as reservation_routes
 from service.api import signing_keys as signing_key_routes
 from service.api.deps import KeyLookups, MetricsReaderDep, PrincipalCache
 from service.api.errors import install as install_error_handlers
 from service.api.metrics import CONTENT_TYPE, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
-from service.api.models import ARTIFACT_UPLOAD
+from service.api.model_registry import ARTIFACT_UPLOAD
 from service.api.openapi import install as install_openapi
 from service.api.ratelimit import PricingRates
 from service.db.models import Reservation

@@ -1,5 +1,5 @@
 """The networks the worker trains (torch): an MLP and a small CNN for 8×8 images, chosen by job
-params. Called ``nets``: ``service/db/models.py`` is the ORM, ``service/api/models.py`` the model
+params. Called ``nets``: ``service/db/models.py`` is the ORM, ``service/api/model_registry.py`` the model
 registry's routes.
 
 Both are built only from layers whose per-example gradients ``torch.func.vmap`` computes exactly
