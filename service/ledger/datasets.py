@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from sqlalchemy import false, func, select
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.elements import ColumnElement
 
 from accountant import events as ev
 from accountant.errors import AccountantError, InvalidArgumentError, UnsupportedEventError
@@ -55,6 +56,7 @@ from service.ledger import audit, idempotency
 from service.ledger.errors import Conflict, InvalidInput, NotFound
 
 MAX_NAME_LENGTH: Final = 200
+MAX_PAGE: Final = 1000
 _BUDGET_KEYS: Final = frozenset(
     {"rule", "epsilon", "delta", "accountant", "geometric", "orders", "plan", "plan_delta"}
 )
@@ -467,6 +469,27 @@ def data_source(db: Database, tenant_id: str, dataset_id: str) -> str | None:
         )
 
 
+def check_page(limit: int, offset: int, most: int = MAX_PAGE) -> None:
+    """``InvalidInput`` naming ``limit`` unless it is in [1, most], ``offset`` unless it is >= 0."""
+    if not 1 <= limit <= most:
+        raise InvalidInput("limit", f"must be in [1, {most}]. Found {limit}.")
+    if offset < 0:
+        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
+
+
+def dataset_page(
+    session: Session, where: Sequence[ColumnElement[bool]], *, limit: int, offset: int
+) -> tuple[Sequence[Dataset], int]:
+    """A page of the datasets ``where`` selects, oldest first, and how many it selects in all: the
+    one page query of the dataset list (``list_datasets``) and the dashboard's spend summaries
+    (``views.spend_summaries``)."""
+    rows = session.scalars(
+        select(Dataset).where(*where).order_by(Dataset.created_at, Dataset.id).limit(limit).offset(offset)
+    ).all()
+    count = session.scalar(select(func.count()).select_from(Dataset).where(*where))
+    return rows, count or 0
+
+
 def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
     with db.session(readonly=True) as session:
         row = load_dataset(session, tenant_id, dataset_id)
@@ -491,11 +514,8 @@ def list_datasets(
     still stands for its dataset."""
     if archived not in ARCHIVED_FILTERS:
         raise InvalidInput("archived", f"must be one of {list(ARCHIVED_FILTERS)}. Found {archived!r}.")
-    if limit < 1 or limit > 1000:
-        raise InvalidInput("limit", f"must be in [1, 1000]. Found {limit}.")
-    if offset < 0:
-        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
-    where = [Dataset.tenant_id == tenant_id]
+    check_page(limit, offset)
+    where: list[ColumnElement[bool]] = [Dataset.tenant_id == tenant_id]
     if name is not None:
         try:
             check_text(name, "name")  # (PostgreSQL refuses NUL in a query)
@@ -508,12 +528,9 @@ def list_datasets(
             Dataset.archived_at.is_(None) if archived == "false" else Dataset.archived_at.is_not(None)
         )
     with db.session(readonly=True) as session:
-        rows = session.scalars(
-            select(Dataset).where(*where).order_by(Dataset.created_at, Dataset.id).limit(limit).offset(offset)
-        ).all()
-        count = session.scalar(select(func.count()).select_from(Dataset).where(*where))
+        rows, count = dataset_page(session, where, limit=limit, offset=offset)
         records = records_of(session, [r.id for r in rows])
-        return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count or 0}
+        return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count}
 
 
 def refuse_while_a_job_runs(session: Session, dataset_id: str, then: str) -> None:
@@ -534,16 +551,19 @@ def refuse_while_a_job_runs(session: Session, dataset_id: str, then: str) -> Non
 __all__ = [
     "ARCHIVED_FILTERS",
     "MAX_ID_LENGTH",
+    "MAX_PAGE",
     "UNENCODABLE",
     "budget_of",
     "cached_budget",
     "can_be_id",
     "check_data_source",
     "check_name",
+    "check_page",
     "check_text",
     "create_dataset",
     "data_source",
     "dataset_json",
+    "dataset_page",
     "delta_warnings",
     "encodes",
     "get_dataset",

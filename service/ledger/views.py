@@ -45,21 +45,12 @@ from service.db.models import (
 )
 from service.db.session import Database
 from service.ledger.batches import spend_of_state
-from service.ledger.datasets import budget_of, load_dataset
+from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
-from service.ledger.errors import InvalidInput
 from service.ledger.spend import max_pair, reserved_of_batches, stored_guarantees
 
-MAX_PAGE: Final = 1000
 MAX_BATCH_PAGE: Final = 5000
 _STREAM_CHUNK: Final = 1000
-
-
-def _check_page(limit: int, offset: int, most: int = MAX_PAGE) -> None:
-    if not 1 <= limit <= most:
-        raise InvalidInput("limit", f"must be in [1, {most}]. Found {limit}.")
-    if offset < 0:
-        raise InvalidInput("offset", f"must be >= 0. Found {offset}.")
 
 
 def _remaining(row: Dataset) -> str:
@@ -72,20 +63,8 @@ def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
 
 def _summaries_json(session: Session, rows: Sequence[Dataset]) -> list[dict[str, Any]]:
     guarantees = stored_guarantees(session, rows)
-    records = _records(session, rows)
+    records = records_of(session, [r.id for r in rows])
     return [{**_summary_json(r, guarantees[r.id]), "records": records.get(r.id, 0)} for r in rows]
-
-
-def _records(session: Session, rows: Sequence[Dataset]) -> dict[str, int]:
-    """Records registered per dataset (the sum of its batches' sizes): one grouped query."""
-    if not rows:
-        return {}
-    counted = session.execute(
-        select(Batch.dataset_id, func.sum(Batch.size))
-        .where(Batch.dataset_id.in_([r.id for r in rows]))
-        .group_by(Batch.dataset_id)
-    ).all()
-    return {dataset_id: int(total or 0) for dataset_id, total in counted}
 
 
 def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str, Any]:
@@ -118,19 +97,10 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
     One query on the dataset rows (the ledger heads): the same numbers ``GET
     /v1/datasets/{id}/spend`` answers, for a page of datasets at once.
     """
-    _check_page(limit, offset)
+    check_page(limit, offset)
     with db.session(readonly=True) as session:
-        rows = session.scalars(
-            select(Dataset)
-            .where(Dataset.tenant_id == tenant_id)
-            .order_by(Dataset.created_at, Dataset.id)
-            .limit(limit)
-            .offset(offset)
-        ).all()
-        count = session.scalar(
-            select(func.count()).select_from(Dataset).where(Dataset.tenant_id == tenant_id)
-        )
-        return {"data": _summaries_json(session, rows), "count": count or 0}
+        rows, count = dataset_page(session, [Dataset.tenant_id == tenant_id], limit=limit, offset=offset)
+        return {"data": _summaries_json(session, rows), "count": count}
 
 
 def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
@@ -157,7 +127,7 @@ def batch_spend(
     (``accountant.statements.batch_guarantee``: a plan segment that ran whole, a Rényi filter's
     budget — whose ``epsilon_spent`` is its progress, not a guarantee).
     """
-    _check_page(limit, offset, MAX_BATCH_PAGE)
+    check_page(limit, offset, MAX_BATCH_PAGE)
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)
         rows = session.execute(
@@ -252,7 +222,7 @@ def releases(
     ``held_at_release: {epsilon}`` is what open reservations held (reserved, not yet committed)
     the moment the release was certified (``held_at``).
     """
-    _check_page(limit, offset)
+    check_page(limit, offset)
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
         rows = session.execute(
@@ -405,7 +375,7 @@ def epsilon_history(
     ``task_index`` is 1-based among all the dataset's tasks; ``count`` is the number of points,
     paged by ``limit`` / ``offset``.
     """
-    _check_page(limit, offset, 10 * MAX_PAGE)
+    check_page(limit, offset, 10 * MAX_PAGE)
     with db.session(readonly=True) as session:
         dataset = load_dataset(session, tenant_id, dataset_id)
         tasks = session.execute(
@@ -507,4 +477,4 @@ def _task_points(
     return points, total
 
 
-__all__ = ["batch_spend", "epsilon_history", "releases", "spend_summaries"]
+__all__ = ["MAX_PAGE", "batch_spend", "epsilon_history", "releases", "spend_summaries"]
