@@ -40,7 +40,7 @@ from service.verification.signing import SigningKey
 MAX_PAGE: Final = 1000
 
 
-def issue(
+def issue_signed(
     *,
     budget: Budget,
     charge: Charge,
@@ -287,7 +287,7 @@ def signature_status(db: Database, certificate: Mapping[str, Any]) -> signing.Si
 
 __all__ = [
     "get_certificate",
-    "issue",
+    "issue_signed",
     "levels_by_batch",
     "list_certificates",
     "row_json",

@@ -210,7 +210,7 @@ def _certify(
     """The signed certificate of ``settled`` (``accountant.certificates.issue``), as its row."""
     r = settled.reservation
     certificate_id = f"cert_{secrets.token_hex(12)}"
-    body = certificates.issue(
+    body = certificates.issue_signed(
         budget=work.budget,
         charge=settled.charge,
         classes=settled.records,
