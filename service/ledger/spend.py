@@ -68,13 +68,7 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
         by_task = _derived(session, [row], by_task=True)
     answer: dict[str, Any] = {
         "dataset_id": row.id,
-        "rule": row.rule,
-        "accountant": row.accountant,
-        "epsilon_budget": to_text(row.epsilon_budget),
-        "delta_budget": to_text(row.delta_budget),
-        "epsilon_spent": to_text(row.epsilon_spent),
-        "delta_spent": to_text(row.delta_spent),
-        "epsilon_remaining": to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent))),
+        **budget_and_spend(row),
         "naive_sequential_epsilon": to_text(row.naive_epsilon),
         "epsilon_held": to_text(row.epsilon_held),
         "reservations_open": row.reservations_open,
@@ -106,6 +100,22 @@ def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
             "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
         }
     return answer
+
+
+def budget_and_spend(row: Dataset) -> dict[str, str]:
+    """The dataset's budget and spend as its row holds them (exact decimal strings): ``rule``,
+    ``accountant``, ``epsilon_budget``, ``delta_budget``, ``epsilon_spent``, ``delta_spent``,
+    ``epsilon_remaining`` — the first numbers of both ``get_spend`` and the dashboard's summaries
+    (``views.spend_summaries``)."""
+    return {
+        "rule": row.rule,
+        "accountant": row.accountant,
+        "epsilon_budget": to_text(row.epsilon_budget),
+        "delta_budget": to_text(row.delta_budget),
+        "epsilon_spent": to_text(row.epsilon_spent),
+        "delta_spent": to_text(row.delta_spent),
+        "epsilon_remaining": to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent))),
+    }
 
 
 Pair = tuple[Decimal, Decimal]
@@ -196,4 +206,4 @@ def reserved_of_batches(session: Session, batch_ids: Sequence[str]) -> dict[str,
     return found
 
 
-__all__ = ["get_spend", "max_pair", "reserved_of_batches", "stored_guarantees"]
+__all__ = ["budget_and_spend", "get_spend", "max_pair", "reserved_of_batches", "stored_guarantees"]

@@ -47,14 +47,10 @@ from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
-from service.ledger.spend import max_pair, reserved_of_batches, stored_guarantees
+from service.ledger.spend import budget_and_spend, max_pair, reserved_of_batches, stored_guarantees
 
 MAX_BATCH_PAGE: Final = 5000
 _STREAM_CHUNK: Final = 1000
-
-
-def _remaining(row: Dataset) -> str:
-    return to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent)))
 
 
 def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
@@ -71,13 +67,7 @@ def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str,
     return {
         "id": row.id,
         "name": row.name,
-        "rule": row.rule,
-        "accountant": row.accountant,
-        "epsilon_budget": to_text(row.epsilon_budget),
-        "delta_budget": to_text(row.delta_budget),
-        "epsilon_spent": to_text(row.epsilon_spent),
-        "delta_spent": to_text(row.delta_spent),
-        "epsilon_remaining": _remaining(row),
+        **budget_and_spend(row),
         "epsilon_held": to_text(row.epsilon_held),
         "naive_sequential_epsilon": to_text(row.naive_epsilon),
         "guarantee": _guarantee_json(guarantee),
