@@ -209,12 +209,13 @@ def train(args: argparse.Namespace, plan: Plan) -> tuple[dict[str, Any], dict[st
 
     from service.contract.data_roots import DataRoots
     from service.contract.data_sources import parse_source
+    from service.training.data import load
 
     # This trainer runs outside the service and reads its own file: its folder is its data root
     # (the service's worker reads only under the operator's LEDGER_DATA_ROOTS).
     source = parse_source(args.data_source)
     roots = None if source.path is None else DataRoots({"*": [str(source.path.parent)]}).for_tenant("local")
-    data = source.load(roots)
+    data = load(source, roots)
     if data.n_records != plan.n_records:
         raise RuntimeError(
             f"the ledger's batches hold {plan.n_records} records but {args.data_source} holds "
