@@ -502,6 +502,7 @@ def run(args: argparse.Namespace) -> int:
     claims = _claims(rows, config)
     files = _plots(runs, config, out_dir)
     wall = time.perf_counter() - started
+    origin = provenance("pretrained", args.device, wall)
     report = {
         "experiment": "pretrained",
         "paper": "dp-continual-learning-pretrained.txt",
@@ -513,7 +514,7 @@ def run(args: argparse.Namespace) -> int:
         "paper_reference": PAPER_NOTE,
         "runs": runs,
         "figures": files,
-        "provenance": provenance("pretrained", args.device, wall),
+        "provenance": origin,
     }
     write_json(out_dir, report)
     title = (
@@ -541,7 +542,7 @@ def run(args: argparse.Namespace) -> int:
     print(PAPER_NOTE)
     markdown = "\n".join(
         [
-            *provenance_lines(report["provenance"]),
+            *provenance_lines(origin),
             "",
             title + ". `" + PAPER_COLUMN + "`: **the paper's** Table A1 (Split CIFAR-100, ViT-B), not ours.",
             "",
