@@ -22,7 +22,9 @@ noiseless A-gem, and joint training of A-gem's network on every task at once (th
 Reports the average accuracy after the last task, mean ± standard deviation over seeds, the
 margin of the learner over NaiveGaussian (paired by seed), each dataset's ledger ε after the first
 and the last task, and the paper's own numbers in columns marked as the paper's (MNIST, a CNN).
-Writes ``report.json``, ``accuracy.png`` and ``epsilon.png``.
+Writes ``report.json``, ``report.md`` (the table in markdown under the command, machine and load
+that produced it, and the claims read off it; ``--markdown`` copies it elsewhere), ``accuracy.png``
+and ``epsilon.png``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,15 @@ from typing import Any, Final
 import numpy as np
 
 from service.experiments.embedded import EmbeddedLedger, JobResult
-from service.experiments.report import pyplot, save_figure, table, write_json
+from service.experiments.report import (
+    markdown_table,
+    provenance,
+    provenance_lines,
+    pyplot,
+    save_figure,
+    table,
+    write_json,
+)
 from service.ledger import certificates
 
 DELTA: Final = "1e-5"
@@ -116,6 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="seeds of the non-private baselines, the first ones (default: all; they are the costly part)",
     )
+    parser.add_argument("--markdown", type=Path, default=None, help="also write report.md here")
     parser.add_argument(
         "--joint-epochs", type=int, default=None, help="joint training epochs (default 30; --quick 2)"
     )
@@ -374,9 +385,32 @@ def run(args: argparse.Namespace) -> int:
         "wall_time_s": elapsed,
         "table": text,
     }
+    report["provenance"] = provenance("lifelong", args.device, elapsed)
     write_json(out, _json_safe(report))
+    markdown = _markdown(title, rows, claims, report["provenance"])
+    (out / "report.md").write_text(markdown)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown)
     _plots(out, runs, args.sequences, epsilons)
     return 0
+
+
+def _markdown(title: str, rows: list[dict[str, Any]], claims: dict[str, Any], origin: dict[str, Any]) -> str:
+    """The table as markdown under its provenance, and the done criterion read off each cell."""
+    lines = [*provenance_lines(origin), "", title.replace("\n", "\n\n"), "", markdown_table(rows), ""]
+    for cell, claim in claims.items():
+        verdict = {True: "more than", False: "not more than", None: "one seed: no spread for"}
+        lines.append(
+            f"- {cell}: fm − naiveG = {claim['margin_mean']:+.3f} ± {claim['margin_std']:.3f} "
+            f"({verdict[claim['beats_naive_by_2_std']]} 2 std); multi-head "
+            f"{claim['multi_head_margin_mean']:+.3f} ± {claim['multi_head_margin_std']:.3f} "
+            f"({verdict[claim['multi_head_beats_naive_by_2_std']]} 2 std); fm ledger ε flat over tasks: "
+            f"{'yes' if claim['fm_epsilon_flat'] else 'NO'}; multi-head replays free: "
+            f"{'yes' if claim['multi_head_replays_free'] else 'NO'}; NaiveGaussian's ε grows: "
+            f"{'yes' if claim['naive_epsilon_grows'] else 'no'}"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _rows(

@@ -17,9 +17,16 @@ a_{t,i} comes from the versions' metrics (public test splits), average accuracy 
 forgetting F_T (Eq. A4–A6) from it. Repeats permute the task order (the paper permutes the
 class order per seed) and reseed the noise.
 
-Outputs in ``--out``: ``report.json``, ``accuracy.png`` (A_t per task, per ε),
-``ledger_epsilon.png`` (the ledger's ε after each task, parallel vs sequential, and each task's
-final spend), the SQLite ledger (``ledger.db``) and the released artifacts; a table on stdout.
+``--seeds N`` runs every cell N times (task order and noise seed; mean ± standard deviation);
+``--feature-dim 32,64,128`` runs the whole grid at each extractor width (one extractor per width),
+so one command regenerates a table over widths. The paper's own AA % (Split CIFAR-100, ViT-B,
+Table A1) stands beside ours in a column marked as the paper's.
+
+Outputs in ``--out``: ``report.json``, ``report.md`` (the table in markdown under the command,
+machine and load that produced it; ``--markdown`` copies it elsewhere), ``accuracy.png`` (A_t per
+task, per ε), ``ledger_epsilon.png`` (the ledger's ε after each task, parallel vs sequential, and
+each task's final spend), the SQLite ledger (``ledger.db``) and the released artifacts; a table on
+stdout.
 """
 
 from __future__ import annotations
@@ -35,8 +42,17 @@ from typing import Any, Final
 import numpy as np
 
 from accountant.exact import shown
+from service.contract.job_params import ExtractorSpec
 from service.experiments.embedded import EmbeddedLedger, JobResult, RegisteredDataset
-from service.experiments.report import pyplot, save_figure, table, write_json
+from service.experiments.report import (
+    markdown_table,
+    provenance,
+    provenance_lines,
+    pyplot,
+    save_figure,
+    table,
+    write_json,
+)
 
 METHODS: Final = (
     ("cosine_classifier", "Cosine classifier", "parallel"),
@@ -45,6 +61,13 @@ METHODS: Final = (
     ("peft_full_data", "Full Data", "sequential"),
 )
 HEAD_ALGORITHMS: Final = ("peft_ensemble", "peft_naive", "peft_full_data")
+# The paper's Table A1 (Split CIFAR-100, ViT-B pre-trained on ImageNet-21K), AA % by ε: not ours.
+PAPER_AA: Final[dict[float, dict[str, float]]] = {
+    1.0: {"peft_naive": 9.35, "cosine_classifier": 72.78, "peft_ensemble": 78.81, "peft_full_data": 85.1},
+    8.0: {"peft_naive": 0.00, "cosine_classifier": 78.93, "peft_ensemble": 82.48, "peft_full_data": 88.5},
+}
+PAPER_COLUMN: Final = "paper's AA % (CIFAR-100)"
+DEFAULT_FEATURE_DIM: Final = ExtractorSpec().feature_dim
 PAPER_NOTE: Final = (
     "paper (ViT-B/ImageNet-21K, Split CIFAR-100, Table A1, AA %): eps=1 naive 9.35, cosine 72.78, "
     "PEFT 78.81, full data 85.1; eps=8 naive 0.00, cosine 78.93, PEFT 82.48, full data 88.5"
@@ -66,7 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--delta", type=float, default=1e-5, help="δ of every budget and target (default 1e-5)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=None, help="task orders × noise seeds (default 3; quick 1)"
+        "--seeds",
+        "--repeats",
+        dest="repeats",
+        type=int,
+        default=None,
+        help="seeds per cell: task orders × noise seeds, mean ± std over them (default 3; quick 1)",
     )
     parser.add_argument("--batch-size", type=int, default=100, help="records per ledger batch (default 100)")
     parser.add_argument(
@@ -89,8 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "builtin:split-digits&public_classes=K; --public then caps the public images, default all)",
     )
     parser.add_argument(
-        "--feature-dim", type=int, default=None, help="the extractor's feature width K (trainer default 32)"
+        "--feature-dim",
+        default=None,
+        help=f"the extractor's feature width, or comma-separated widths to run the grid at each "
+        f"(trainer default {DEFAULT_FEATURE_DIM})",
     )
+    parser.add_argument("--markdown", type=Path, default=None, help="also write report.md here")
     parser.add_argument(
         "--per-task",
         type=int,
@@ -114,10 +146,18 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     public = args.public if args.public is not None else (0 if public_classes else (300 if quick else 400))
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     epsilons = [float(e) for e in str(args.epsilons).split(",") if e.strip()]
+    try:
+        widths = [int(w) for w in str(args.feature_dim).split(",") if w.strip()] if args.feature_dim else []
+    except ValueError:
+        raise SystemExit(
+            f"--feature-dim must be integers, comma-separated. Found {args.feature_dim!r}."
+        ) from None
+    if any(not 2 <= w <= 4096 for w in widths) or len(set(widths)) != len(widths):
+        raise SystemExit(f"--feature-dim: distinct widths in [2, 4096]. Found {args.feature_dim!r}.")
     if not 2 <= tasks <= 10 - public_classes:
         raise SystemExit(f"--tasks must be in [2, {10 - public_classes}]. Found {tasks}.")
     if repeats < 1 or not epsilons or any(not e > 0 for e in epsilons):
-        raise SystemExit("--repeats must be >= 1 and --epsilons a list of numbers > 0.")
+        raise SystemExit("--seeds must be >= 1 and --epsilons a list of numbers > 0.")
     head: dict[str, Any] = {}
     if args.head_epochs is not None:
         head["epochs"] = args.head_epochs
@@ -138,7 +178,7 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
         "tasks": tasks,
         "public": public,
         "public_classes": public_classes,
-        "feature_dim": args.feature_dim,
+        "feature_dims": widths or [None],
         "epsilons": epsilons,
         "delta": args.delta,
         "repeats": repeats,
@@ -195,9 +235,11 @@ def _run_one(
     rule: str,
     epsilon: float,
     repeat: int,
+    feature_dim: int | None = None,
 ) -> dict[str, Any]:
     order = _task_order(config, repeat)
-    name = f"pretrained-eps{epsilon:g}-r{repeat}-{algorithm}"
+    width = f"-k{feature_dim}" if feature_dim is not None else ""
+    name = f"pretrained{width}-eps{epsilon:g}-r{repeat}-{algorithm}"
     dataset: RegisteredDataset = ledger.register_source(
         config["source"],
         name=name,
@@ -215,8 +257,8 @@ def _run_one(
         "extractor_seed": config["seed"],
         "pretrain_epochs": config["pretrain_epochs"],
     }
-    if config["feature_dim"] is not None:
-        params["feature_dim"] = config["feature_dim"]
+    if feature_dim is not None:
+        params["feature_dim"] = feature_dim
     if algorithm in HEAD_ALGORITHMS:
         params.update(config["head_params"])
     started = time.perf_counter()
@@ -233,6 +275,7 @@ def _run_one(
         "rule": rule,
         "epsilon": epsilon,
         "repeat": repeat,
+        "feature_dim": feature_dim or DEFAULT_FEATURE_DIM,
         "task_order": order,
         "dataset_id": dataset.id,
         "dataset_name": name,
@@ -272,51 +315,79 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def _summaries(runs: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for epsilon in config["epsilons"]:
-        for algorithm, label, rule in METHODS:
-            mine = [r for r in runs if r["algorithm"] == algorithm and r["epsilon"] == epsilon]
-            done = [r for r in mine if r["status"] == "succeeded"]
-            row: dict[str, Any] = {"method": label, "algorithm": algorithm, "rule": rule, "epsilon": epsilon}
-            row["succeeded"] = f"{len(done)}/{len(mine)}"
-            if done:
-                aa = _mean_std([100 * r["average_accuracy"] for r in done])
-                af = _mean_std([100 * (r["average_forgetting"] or 0.0) for r in done])
-                ledger_eps = max(float(Decimal(r["ledger"]["epsilon_spent"])) for r in done)
-                guarantee = max((r["ledger"]["guarantee"] for r in done), key=lambda g: Decimal(g["epsilon"]))
-                first_task = max(float(Decimal(r["ledger"]["task_epsilon"][0])) for r in done)
-                last_task = max(float(Decimal(r["ledger"]["task_epsilon"][-1])) for r in done)
-                row.update(
-                    {
-                        "AA %": f"{aa[0]:.2f} ± {aa[1]:.2f}",
-                        "AF %": f"{af[0]:.2f} ± {af[1]:.2f}",
-                        "average_accuracy": aa[0] / 100,
-                        "average_accuracy_std": aa[1] / 100,
-                        "average_forgetting": af[0] / 100,
-                        "average_forgetting_std": af[1] / 100,
-                        "guarantee (ε, δ)": f"({shown(guarantee['epsilon'])}, {shown(guarantee['delta'])})",
-                        "guarantee_epsilon": guarantee["epsilon"],
-                        "budget used ε": shown(repr(ledger_eps)),
-                        "ledger ε": ledger_eps,
-                        "ε task 1": first_task,
-                        "ε last task": last_task,
-                    }
-                )
-            rows.append(row)
+    for width in _widths(config):
+        for epsilon in config["epsilons"]:
+            for algorithm, label, rule in METHODS:
+                rows.append(_summary(runs, width, epsilon, algorithm, label, rule))
     return rows
+
+
+def _widths(config: Mapping[str, Any]) -> list[int]:
+    return [w or DEFAULT_FEATURE_DIM for w in config["feature_dims"]]
+
+
+def _summary(
+    runs: Sequence[Mapping[str, Any]], width: int, epsilon: float, algorithm: str, label: str, rule: str
+) -> dict[str, Any]:
+    mine = [
+        r
+        for r in runs
+        if r["algorithm"] == algorithm and r["epsilon"] == epsilon and r["feature_dim"] == width
+    ]
+    done = [r for r in mine if r["status"] == "succeeded"]
+    row: dict[str, Any] = {
+        "method": label,
+        "algorithm": algorithm,
+        "rule": rule,
+        "features": width,
+        "epsilon": epsilon,
+    }
+    row["succeeded"] = f"{len(done)}/{len(mine)}"
+    paper = PAPER_AA.get(epsilon, {}).get(algorithm)
+    row[PAPER_COLUMN] = "-" if paper is None else f"{paper:.2f}"
+    if done:
+        aa = _mean_std([100 * r["average_accuracy"] for r in done])
+        af = _mean_std([100 * (r["average_forgetting"] or 0.0) for r in done])
+        ledger_eps = max(float(Decimal(r["ledger"]["epsilon_spent"])) for r in done)
+        guarantee = max((r["ledger"]["guarantee"] for r in done), key=lambda g: Decimal(g["epsilon"]))
+        first_task = max(float(Decimal(r["ledger"]["task_epsilon"][0])) for r in done)
+        last_task = max(float(Decimal(r["ledger"]["task_epsilon"][-1])) for r in done)
+        row.update(
+            {
+                "AA %": f"{aa[0]:.2f} ± {aa[1]:.2f}",
+                "AF %": f"{af[0]:.2f} ± {af[1]:.2f}",
+                "average_accuracy": aa[0] / 100,
+                "average_accuracy_std": aa[1] / 100,
+                "average_forgetting": af[0] / 100,
+                "average_forgetting_std": af[1] / 100,
+                "guarantee (ε, δ)": f"({shown(guarantee['epsilon'])}, {shown(guarantee['delta'])})",
+                "guarantee_epsilon": guarantee["epsilon"],
+                "budget used ε": shown(repr(ledger_eps)),
+                "ledger ε": ledger_eps,
+                "ε task 1": first_task,
+                "ε last task": last_task,
+            }
+        )
+    return row
 
 
 def _claims(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The paper's ordering at each ε, checked on the means (with the std of the difference's
     parts as the margin to call a tie)."""
     out = []
-    for epsilon in config["epsilons"]:
-        by = {r["algorithm"]: r for r in rows if r["epsilon"] == epsilon and "average_accuracy" in r}
+    for width, epsilon in ((w, e) for w in _widths(config) for e in config["epsilons"]):
+        by = {
+            r["algorithm"]: r
+            for r in rows
+            if r["epsilon"] == epsilon and r["features"] == width and "average_accuracy" in r
+        }
         if not all(a in by for a in ("cosine_classifier", "peft_ensemble", "peft_naive")):
             continue
         cosine, peft, naive = by["cosine_classifier"], by["peft_ensemble"], by["peft_naive"]
         tie = peft["average_accuracy_std"] + cosine["average_accuracy_std"]
         difference = peft["average_accuracy"] - cosine["average_accuracy"]
         claim = {
+            "features": width,
             "epsilon": epsilon,
             "peft_minus_cosine": difference,
             "peft_at_least_cosine": difference >= -tie,
@@ -332,6 +403,8 @@ def _claims(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> lis
 
 
 def _plots(runs: Sequence[Mapping[str, Any]], config: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """The figures at the first extractor width (the table has every width)."""
+    runs = [r for r in runs if r["feature_dim"] == _widths(config)[0]]
     plt = pyplot()
     epsilons = config["epsilons"]
     tasks = np.arange(1, config["tasks"] + 1)
@@ -409,19 +482,27 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     with EmbeddedLedger(out_dir, database_url=args.database_url, device=args.device) as ledger:
-        for repeat in range(config["repeats"]):
-            for epsilon in config["epsilons"]:
-                for algorithm, _, rule in METHODS:
-                    runs.append(
-                        _run_one(
-                            ledger, config, algorithm=algorithm, rule=rule, epsilon=epsilon, repeat=repeat
+        for width in config["feature_dims"]:
+            for repeat in range(config["repeats"]):
+                for epsilon in config["epsilons"]:
+                    for algorithm, _, rule in METHODS:
+                        runs.append(
+                            _run_one(
+                                ledger,
+                                config,
+                                algorithm=algorithm,
+                                rule=rule,
+                                epsilon=epsilon,
+                                repeat=repeat,
+                                feature_dim=width,
+                            )
                         )
-                    )
         database = ledger.url
     rows = _summaries(runs, config)
     claims = _claims(rows, config)
     files = _plots(runs, config, out_dir)
     wall = time.perf_counter() - started
+    origin = provenance("pretrained", args.device, wall)
     report = {
         "experiment": "pretrained",
         "paper": "dp-continual-learning-pretrained.txt",
@@ -433,48 +514,68 @@ def run(args: argparse.Namespace) -> int:
         "paper_reference": PAPER_NOTE,
         "runs": runs,
         "figures": files,
+        "provenance": origin,
     }
     write_json(out_dir, report)
     title = (
         f"DP continual learning with a pre-trained model — {config['source']}, "
-        f"{config['repeats']} repeat(s), AA/AF after the last task (mean ± std)"
+        f"{config['repeats']} seed(s), AA/AF after the last task (mean ± std over seeds)"
     )
-    print(
-        table(
-            rows,
-            [
-                "method",
-                "rule",
-                "epsilon",
-                "AA %",
-                "AF %",
-                "guarantee (ε, δ)",
-                "budget used ε",
-                "ε task 1",
-                "ε last task",
-                "succeeded",
-            ],
-            title=title,
-        )
-    )
-    for claim in claims:
-        print(
-            f"ε={claim['epsilon']:g}: PEFT − cosine = {100 * claim['peft_minus_cosine']:+.2f} points "
-            f"({'PEFT ≥ cosine' if claim['peft_at_least_cosine'] else 'PEFT < cosine'}); "
-            f"cosine − naive = {100 * claim['cosine_minus_naive']:+.2f} points"
-            + (
-                "; Full-Data task 1 budget used / parallel = "
-                f"{claim['full_data_task1_epsilon_over_parallel']:.2f}"
-                if "full_data_task1_epsilon_over_parallel" in claim
-                else ""
-            )
-        )
+    columns = [
+        "method",
+        "rule",
+        "features",
+        "epsilon",
+        "AA %",
+        "AF %",
+        PAPER_COLUMN,
+        "guarantee (ε, δ)",
+        "budget used ε",
+        "ε task 1",
+        "ε last task",
+        "succeeded",
+    ]
+    claim_lines = [_claim_line(claim) for claim in claims]
+    print(table(rows, columns, title=title))
+    for line in claim_lines:
+        print(line)
     print(PAPER_NOTE)
+    markdown = "\n".join(
+        [
+            *provenance_lines(origin),
+            "",
+            title + ". `" + PAPER_COLUMN + "`: **the paper's** Table A1 (Split CIFAR-100, ViT-B), not ours.",
+            "",
+            markdown_table(rows, columns),
+            "",
+            *[f"- {line}" for line in claim_lines],
+            "",
+        ]
+    )
+    (out_dir / "report.md").write_text(markdown)
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown)
     print(f"wrote {out_dir / 'report.json'} and {', '.join(files)} in {wall:.1f} s")
     failed = [r for r in runs if r["status"] != "succeeded"]
     for r in failed:
         print(f"job {r['job_id']} ({r['dataset_name']}) {r['status']}: {r['error']}")
     return 1 if failed else 0
+
+
+def _claim_line(claim: Mapping[str, Any]) -> str:
+    return (
+        f"K={claim['features']}, ε={claim['epsilon']:g}: PEFT − cosine = "
+        f"{100 * claim['peft_minus_cosine']:+.2f} points "
+        f"({'PEFT ≥ cosine' if claim['peft_at_least_cosine'] else 'PEFT < cosine'}); "
+        f"cosine − naive = {100 * claim['cosine_minus_naive']:+.2f} points"
+        + (
+            "; Full-Data task 1 budget used / parallel = "
+            f"{claim['full_data_task1_epsilon_over_parallel']:.2f}"
+            if "full_data_task1_epsilon_over_parallel" in claim
+            else ""
+        )
+    )
 
 
 __all__ = ["add_arguments", "average_accuracy", "average_forgetting", "run"]

@@ -23,13 +23,25 @@ def test_quick_lifelong_experiment_writes_its_report(
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        code = main(["experiment", "lifelong", "--quick", "--out", str(tmp_path), "--device", "cpu"])
+        code = main(
+            [
+                "experiment",
+                "lifelong",
+                "--quick",
+                "--out",
+                str(tmp_path / "out"),
+                "--device",
+                "cpu",
+                "--markdown",
+                str(tmp_path / "doc" / "lifelong.md"),
+            ]
+        )
     finally:
         torch.set_num_threads(before)
     assert code == 0
     printed = capsys.readouterr().out
     assert "fm_multi" in printed and "joint*" in printed and "paper_l2dp" in printed
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [(r["tasks"], r["eps"]) for r in report["rows"]] == [("split", 1.0), ("permuted", 1.0)]
     for cell in report["claims"].values():
         # one batch's ε after every task; the multi-head job's reads were replays (free)
@@ -38,4 +50,15 @@ def test_quick_lifelong_experiment_writes_its_report(
         assert run["fm_ledger_epsilon"][-1] <= 1.0 and run["naive_ledger_epsilon"][-1] <= 1.0
     assert report["paper"]["split"]["l2dp_ml"]["0.5"] == pytest.approx(0.7354)
     for name in ("epsilon.png", "accuracy.png"):
-        assert (tmp_path / name).stat().st_size > 1000
+        assert (tmp_path / "out" / name).stat().st_size > 1000
+    # report.md: the same table in markdown under the machine and load that produced it, copied to
+    # --markdown, with the done criterion read off each cell (one seed: no spread to compare with)
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert (tmp_path / "doc" / "lifelong.md").read_text() == markdown
+    assert "- command: `ledger experiment lifelong (called in-process)`" in markdown
+    assert "load average" in markdown and "CPU(s)" in markdown
+    first = report["rows"][0]
+    assert f"| split | 1 | {first['fm']} | {first['fm_multi']} | {first['naiveG']} |" in markdown
+    margin = report["claims"]["split@1"]["margin_mean"]
+    assert f"split@1: fm − naiveG = {margin:+.3f} ± 0.000 (one seed: no spread for 2 std)" in markdown
+    assert "fm ledger ε flat over tasks: yes" in markdown

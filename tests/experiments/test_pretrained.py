@@ -38,13 +38,23 @@ def test_public_classes_pretrain_on_classes_the_tasks_never_hold() -> None:
     config = _config(_args("--public-classes", "4", "--feature-dim", "64"))  # type: ignore[arg-type]
     # 6 private classes (4…9): the default 5 tasks fit
     assert config["source"] == "builtin:split-digits?tasks=5&seed=0&public_classes=4"
-    assert config["feature_dim"] == 64 and config["public"] == 0
+    assert config["feature_dims"] == [64] and config["public"] == 0
     capped = _config(_args("--public-classes", "5", "--tasks", "2", "--public", "300"))  # type: ignore[arg-type]
     assert capped["source"] == "builtin:split-digits?tasks=2&seed=0&public_classes=5&public=300"
     with pytest.raises(SystemExit, match="--tasks must be in \\[2, 5\\]"):
         _config(_args("--public-classes", "5", "--tasks", "6"))  # type: ignore[arg-type]
     with pytest.raises(SystemExit, match="bundled digits only"):
         _config(_args("--public-classes", "4", "--per-task", "100"))  # type: ignore[arg-type]
+
+
+def test_feature_dim_takes_a_list_of_widths_and_seeds_name_the_repeats() -> None:
+    config = _config(_args("--feature-dim", "32,64, 128", "--seeds", "5"))  # type: ignore[arg-type]
+    assert config["feature_dims"] == [32, 64, 128] and config["repeats"] == 5
+    assert _config(_args())["feature_dims"] == [None]  # type: ignore[arg-type]
+    assert _config(_args("--repeats", "2"))["repeats"] == 2  # type: ignore[arg-type]
+    for bad in ("64,x", "1", "64,64", "5000"):
+        with pytest.raises(SystemExit, match="--feature-dim"):
+            _config(_args("--feature-dim", bad))  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -67,6 +77,8 @@ def test_quick_pretrained_experiment_writes_its_report(
                 "8",
                 "--out",
                 str(tmp_path),
+                "--markdown",
+                str(tmp_path / "doc.md"),
                 "--device",
                 "cpu",
             ]
@@ -117,3 +129,16 @@ def test_quick_pretrained_experiment_writes_its_report(
     assert runs["cosine_classifier"]["average_accuracy"] > runs["peft_naive"]["average_accuracy"] + 0.2
     for name in ("accuracy.png", "ledger_epsilon.png"):
         assert (tmp_path / name).stat().st_size > 1000
+    # report.md (copied to --markdown): the table under its provenance, ours beside the paper's
+    # Table A1 at ε = 8 in a column marked as the paper's, and the claims read off the rows.
+    markdown = (tmp_path / "report.md").read_text()
+    assert (tmp_path / "doc.md").read_text() == markdown
+    assert "- command: `ledger experiment pretrained (called in-process)`" in markdown
+    assert "load average" in markdown and "**the paper's** Table A1" in markdown
+    cosine = rows["cosine_classifier"]
+    assert (
+        f"| Cosine classifier | parallel | 32 | 8 | {cosine['AA %']} | {cosine['AF %']} | 78.93 |" in markdown
+    )
+    assert f"| Naive | parallel | 32 | 8 | {rows['peft_naive']['AA %']} |" in markdown
+    claim = report["claims"][0]
+    assert f"K=32, ε=8: PEFT − cosine = {100 * claim['peft_minus_cosine']:+.2f} points" in markdown
