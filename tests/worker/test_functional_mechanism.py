@@ -152,8 +152,11 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     assert job["status"] == "succeeded", job["error"]
     versions = versions_of(db, str(job["id"]))
     assert [v.step for v in versions] == [1, 2, 3]
-    # chance is 1/3 of the classes seen, well below; noiseless ≈ 0.9 here
-    assert versions[-1].metrics["average_accuracy"] > 0.5
+    # Learns: chance is 1/3 of the classes seen, noiseless ≈ 0.9. The accuracy is one draw of the
+    # noise, a function of (seed, batch ids) and the ids are fresh each run: 12 runs gave
+    # 0.587–0.674 and twice 0.49, so "> 0.5" failed about one run in six; 0.4 is still far
+    # above chance and holds over that spread.
+    assert versions[-1].metrics["average_accuracy"] > 0.4
     first = spend.get_spend(db, "acme", dataset_id)
     # Every batch was read once: each task's spend is one Gaussian's, and so is the dataset's.
     assert {t["epsilon_spent"] for t in first["tasks"]} == {first["epsilon_spent"]}
