@@ -545,25 +545,26 @@ def insert_records(
     level: binary ``COPY`` on PostgreSQL, built in C by ``bytes.join``; a prepared ``executemany``
     on SQLite. A record already in the dataset raises ``BatchOverlap`` (unnamed:
     ``create_batches`` names it)."""
-    owners = list(chain.from_iterable(map(repeat, batch_ids, sizes)))
     # sorting indices by a key compares bytes directly: 2x faster than sorting (hash, id) pairs
     order = sorted(range(len(digests)), key=digests.__getitem__)
-    ordered = list(zip(map(digests.__getitem__, order), map(owners.__getitem__, order), strict=True))
     if connection.dialect.name == "postgresql":
-        prefix = _copy_prefixes(dataset_id, batch_ids)
+        prefixes = _copy_prefixes(dataset_id, batch_ids)
+        owners = list(chain.from_iterable(map(repeat, prefixes, sizes)))
         try:
-            _copy_binary(connection, _COPY_RECORDS, ordered, prefix)
+            _copy_binary(connection, _COPY_RECORDS, order, owners, digests)
         except Exception as exc:  # the driver's own error: COPY runs below SQLAlchemy
             diag = getattr(exc, "diag", None)
             if getattr(diag, "constraint_name", None) == "uq_batch_records_dataset_id_record_hash":
                 raise BatchOverlap(None) from exc
             raise
         return
+    ids = list(chain.from_iterable(map(repeat, batch_ids, sizes)))
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        for start in range(0, len(ordered), _INSERT_CHUNK):
-            chunk = ordered[start : start + _INSERT_CHUNK]
-            cursor.executemany(_INSERT_RECORDS, map(tuple.__add__, chunk, repeat((dataset_id,))))
+        for start in range(0, len(order), _INSERT_CHUNK):
+            chunk = order[start : start + _INSERT_CHUNK]
+            rows = zip(map(digests.__getitem__, chunk), map(ids.__getitem__, chunk), repeat(dataset_id))
+            cursor.executemany(_INSERT_RECORDS, rows)
     except sqlite3.IntegrityError as exc:  # the driver's own error: not wrapped by SQLAlchemy
         if _SQLITE_RECORD_UNIQUE in str(exc):
             raise BatchOverlap(None) from exc
@@ -572,27 +573,27 @@ def insert_records(
         cursor.close()
 
 
-def _copy_prefixes(dataset_id: str, batch_ids: Sequence[str]) -> dict[str, bytes]:
-    """Per batch id, a binary COPY tuple of ``batch_records`` up to its hash's bytes: 3 fields,
-    then (length, bytes) of the dataset id, of the batch id, and the hash's length (32)."""
+def _copy_prefixes(dataset_id: str, batch_ids: Sequence[str]) -> list[bytes]:
+    """Per batch, a binary COPY tuple of ``batch_records`` up to its hash's bytes: 3 fields, then
+    (length, bytes) of the dataset id, of the batch id, and the hash's length (32)."""
     ds = dataset_id.encode()
     head = _FIELDS_3 + _INT32.pack(len(ds)) + ds
     tail = _INT32.pack(32)
-    return {b: head + _INT32.pack(len(e)) + e + tail for b in batch_ids for e in (b.encode(),)}
+    return [head + _INT32.pack(len(e)) + e + tail for e in map(str.encode, batch_ids)]
 
 
 def _copy_binary(
-    connection: Connection, statement: str, ordered: list[tuple[bytes, str]], prefix: Mapping[str, bytes]
+    connection: Connection, statement: str, order: list[int], prefixes: list[bytes], digests: list[bytes]
 ) -> None:
-    """``COPY … FROM STDIN (FORMAT BINARY)`` of the ``(hash, batch id)`` rows, in blocks."""
+    """``COPY … FROM STDIN (FORMAT BINARY)``: row ``i`` is ``prefixes[i] + digests[i]``, sent in
+    the given order, in blocks."""
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     with cursor.copy(statement) as copy:
         copy.write(_PGCOPY_HEADER)
-        for start in range(0, len(ordered), _COPY_BLOCK):
-            digests, owners = zip(*ordered[start : start + _COPY_BLOCK], strict=True)
-            copy.write(
-                b"".join(chain.from_iterable(zip(map(prefix.__getitem__, owners), digests, strict=True)))
-            )
+        for start in range(0, len(order), _COPY_BLOCK):
+            block = order[start : start + _COPY_BLOCK]
+            fields = zip(map(prefixes.__getitem__, block), map(digests.__getitem__, block), strict=True)
+            copy.write(b"".join(chain.from_iterable(fields)))
         copy.write(_PGCOPY_TRAILER)
 
 
