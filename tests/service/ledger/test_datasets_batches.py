@@ -209,3 +209,12 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
     assert over.value.record_id == "r299-6"
     assert batches.count_records(ledger, ds) == len(expected)
     assert audit.verify(ledger)["ok"]
+    # a keyed creation hashes its request: a retry replays the answer, another request is refused
+    keyed = [{"name": "k", "records": ["k1", 5]}]
+    first = batches.create_batches(ledger, "t1", ds, task, batches=keyed, idempotency_key="kb")
+    assert batches.create_batches(ledger, "t1", ds, task, batches=keyed, idempotency_key="kb") == first
+    with pytest.raises(IdempotencyConflict):
+        batches.create_batches(
+            ledger, "t1", ds, task, batches=[{"name": "k", "records": ["k1", 6]}], idempotency_key="kb"
+        )
+    assert batches.count_records(ledger, ds) == len(expected) + 2
