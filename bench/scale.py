@@ -10,6 +10,10 @@
   ledger (records/s), one reserve + commit over all of them (time, batch-charges/s next to Halo's
   81 M bucket charges in under a minute ≈ 1.35 M/s, and the peak Python memory of the charge), and
   the spend query's p50 / p99 over 200 calls;
+* ``create``: ``--create`` batches (default 10⁶) of ``--records`` records each, in requests of
+  10 000 batches, each request built before its timing starts: wall time, this process's CPU and
+  (PostgreSQL) the CPU of the dataset's server backends, per record (target ≥ 250 000
+  records/s at 10⁷ records);
 * ``beside``: reserve + commit over a 10-batch task (by task, and by its 10 batch ids) on a
   fresh dataset and on one that also holds a ``--beside``-batch task (default 10⁶, one record
   each): the median of 7 charges each, alternating between the two, and their ratio (target
@@ -19,7 +23,8 @@ Through the ledger's own functions (``service.ledger``) on a fresh database: the
 without HTTP. Usage (repository root)::
 
     python bench/scale.py [--backend sqlite|postgresql] [--postgres-url URL] [--large 1000000]
-        [--records 10] [--wide 10000] [--beside 1000000] [--cases ratio,heterogeneous,large,beside]
+        [--records 10] [--wide 10000] [--beside 1000000] [--create 1000000]
+        [--cases ratio,heterogeneous,large,beside,create]
         [--json out.json]
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +40,8 @@ import time
 import tracemalloc
 from pathlib import Path
 from typing import Any
+
+from sqlalchemy import text
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -202,6 +210,55 @@ def large(db: Database, count: int, records: int) -> dict[str, Any]:
     }
 
 
+def _backend_cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of these (local) server processes, from ``/proc``."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def create(db: Database, count: int, records: int) -> dict[str, Any]:
+    """``count`` batches of ``records`` records, timed per request (the request built first)."""
+    ds = datasets.create_dataset(db, TENANT, name=f"create-{count}", budget=BUDGETS["basic"])["id"]
+    pids: list[int] = []
+    if db.engine.dialect.name == "postgresql":  # the server's CPU, where it runs on this machine
+        with db.session(readonly=True) as session:
+            query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            pids = [p for p in session.scalars(text(query)) if Path(f"/proc/{p}/stat").exists()]
+    wall = client = server = 0.0
+    for start in range(0, count, PER_REQUEST):
+        task = batches.create_task(db, TENANT, ds, name=f"task-{start}")["id"]
+        size = min(PER_REQUEST, count - start)
+        request = [
+            {"name": f"b{start + i}", "records": [f"r{start + i}-{j}" for j in range(records)]}
+            for i in range(size)
+        ]
+        cpu, backend, started = time.process_time(), _backend_cpu_s(pids), time.perf_counter()
+        batches.create_batches(db, TENANT, ds, task, batches=request)
+        wall += time.perf_counter() - started
+        client += time.process_time() - cpu
+        server += _backend_cpu_s(pids) - backend
+    total = count * records
+    line = (
+        f"created {count} batches ({total} records): {total / wall:,.0f} records/s "
+        f"(goal >= 250,000), this process {client / total * 1e6:.1f} µs CPU a record"
+    )
+    if pids:
+        line += f", PostgreSQL {server / total * 1e6:.1f} µs"
+    print(line + f"; CPU-bound rate {total / (client + server):,.0f} records/s")
+    return {
+        "batches": count,
+        "records": total,
+        "create_s": wall,
+        "records_per_s": total / wall,
+        "client_cpu_us_per_record": client / total * 1e6,
+        "server_cpu_us_per_record": server / total * 1e6 if pids else None,
+        "cpu_bound_records_per_s": total / (client + server),
+    }
+
+
 def beside(db: Database, count: int) -> dict[str, Any]:
     """A 10-batch charge on a fresh dataset against the same beside a ``count``-batch task. Both
     datasets exist before anything is timed and their charges alternate, so what the bulk
@@ -246,7 +303,8 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=1_000_000, help="0 skips the large case")
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--beside", type=int, default=1_000_000)
-    parser.add_argument("--cases", default="ratio,heterogeneous,large,beside")
+    parser.add_argument("--create", type=int, default=1_000_000, help="batches of the create case")
+    parser.add_argument("--cases", default="ratio,heterogeneous,large,beside,create")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     with (
@@ -268,6 +326,8 @@ def main() -> None:
                 result["large"] = large(db, args.large, args.records)
             if args.beside and "beside" in cases:
                 result["beside"] = beside(db, args.beside)
+            if args.create and "create" in cases:
+                result["create"] = create(db, args.create, args.records)
         finally:
             db.dispose()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import sqlite3
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain, repeat
 from typing import Any, Final
 
 from sqlalchemy import Connection, func, insert, select
@@ -77,16 +80,28 @@ def record_hash(salt: bytes, key: str) -> bytes:
     return hmac.digest(salt, key.encode(), "sha256")
 
 
-def record_hashes(salt: bytes, keys: Sequence[str]) -> list[bytes]:
-    """``[record_hash(salt, key) for key in keys]``, keyed once: each record's HMAC continues a
-    copy of one keyed ``hmac.HMAC`` (1.2 µs a record against 1.8 µs re-keying each time)."""
-    keyed = hmac.new(salt, digestmod=hashlib.sha256)
-    out = []
-    for key in keys:
-        h = keyed.copy()
-        h.update(key.encode())
-        out.append(h.digest())
+def record_hashes(salt: bytes, keys: Iterable[str]) -> list[bytes]:
+    """``[record_hash(salt, key) for key in keys]``, keyed once: HMAC-SHA256 written out (RFC 2104,
+    ``H((K ^ opad) || H((K ^ ipad) || m))``) on two SHA-256 states that absorbed the padded key,
+    copied per record. 1.3 µs a record against 2.0 µs copying a keyed ``hmac.HMAC`` (its
+    Python-level ``copy``/``update``/``digest``) and 2.9 µs re-keying each time (``hmac.digest``)."""
+    if len(salt) > _SHA256_BLOCK:
+        salt = hashlib.sha256(salt).digest()
+    block = salt.ljust(_SHA256_BLOCK, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in block)).copy
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in block)).copy
+    out: list[bytes] = []
+    append = out.append
+    for data in map(str.encode, keys):
+        h = inner()
+        h.update(data)
+        o = outer()
+        o.update(h.digest())
+        append(o.digest())
     return out
+
+
+_SHA256_BLOCK: Final = 64
 
 
 def task_json(row: Task) -> dict[str, Any]:
@@ -329,7 +344,11 @@ Parsed = list[tuple[str, list[str], list[str | int]]]
 
 
 def _parse_batches(batches: object) -> Parsed:
-    """``[(name, record keys, records as given)]``; refuses a record given twice in the request."""
+    """``[(name, record keys, records as given)]``; refuses a record given twice in the request.
+
+    A batch whose records are all strings of 1-256 characters, or all integers, is checked with
+    loops in C (``map``/``set``) instead of a Python test per record; anything else, and any
+    refusal, goes through ``_parse_batches_one_by_one``, which names the first bad field."""
     if not isinstance(batches, Sequence) or isinstance(batches, str | bytes) or not batches:
         raise InvalidInput("batches", "must be a non-empty list of {name, records}.")
     if len(batches) > MAX_BATCHES_PER_REQUEST:
@@ -351,9 +370,39 @@ def _parse_batches(batches: object) -> Parsed:
             raise InvalidInput(
                 "batches", f"must hold at most {MAX_RECORDS_PER_REQUEST} records in one request."
             )
+        kinds = set(map(type, records))
+        keys: list[str]
+        if kinds == _STR:
+            keys = list(records)
+            if min(map(len, keys)) < 1 or max(map(len, keys)) > MAX_RECORD_ID_LENGTH:
+                return _parse_batches_one_by_one(batches)
+            given: list[str | int] = keys  # type: ignore[assignment]
+        elif kinds == _INT:
+            given = list(records)
+            keys = list(map(str, given))
+        else:
+            return _parse_batches_one_by_one(batches)
+        before = len(seen)
+        seen.update(keys)
+        if len(seen) != before + len(keys):  # a record given twice: name the first
+            return _parse_batches_one_by_one(batches)
+        parsed.append((name, keys, given))
+    return parsed
+
+
+_STR: Final = frozenset({str})
+_INT: Final = frozenset({int})
+
+
+def _parse_batches_one_by_one(batches: Sequence[Any]) -> Parsed:
+    """``_parse_batches`` one record at a time: raises the error naming the first bad field."""
+    parsed: Parsed = []
+    seen: set[str] = set()
+    for i, item in enumerate(batches):
+        name = check_name(item.get("name"), f"batches[{i}].name")
         keys: list[str] = []
         given: list[str | int] = []
-        for j, record in enumerate(records):
+        for j, record in enumerate(item.get("records")):
             key = record_key(record, i, j)
             as_given = record if isinstance(record, int) else key
             if key in seen:
@@ -391,7 +440,7 @@ def create_batches(
         dataset = load_dataset(session, tenant_id, dataset_id)
         salt = dataset.record_salt
     try:
-        hashes = [record_hashes(salt, keys) for _, keys, _ in parsed]
+        digests = record_hashes(salt, chain.from_iterable(keys for _, keys, _ in parsed))
     except UnicodeEncodeError:  # a lone surrogate: found only now, off the per-record path
         raise _unencodable_record(parsed) from None
 
@@ -411,9 +460,10 @@ def create_batches(
                 insert(BatchStateRow),
                 [{"id": empty, "dataset_id": dataset_id, "state": _EMPTY_STATE.to_json(), "created_at": at}],
             )
+        ids = [f"batch_{secrets.token_hex(12)}" for _ in parsed]
         rows = [
             {
-                "id": f"batch_{secrets.token_hex(12)}",
+                "id": ids[i],
                 "dataset_id": dataset_id,
                 "task_id": task_id,
                 "position": (existing or 0) + i,
@@ -427,23 +477,26 @@ def create_batches(
         connection = session.connection()
         if connection.dialect.name == "postgresql":  # COPY: a pipelined INSERT took 20 µs a row
             _copy(connection, _COPY_BATCHES, ([row[c] for c in _BATCH_COLUMNS] for row in rows))
-        else:  # Core executemany: no ORM bookkeeping per row
-            connection.execute(insert(Batch), rows)
-        insert_records(
-            connection,
-            (
-                (dataset_id, str(row["id"]), digest)
-                for row, digests in zip(rows, hashes, strict=True)
-                for digest in digests
-            ),
-        )
+        else:  # the driver's executemany: the Core built and processed parameters per row
+            stamp = Batch.__table__.c.created_at.type.bind_processor(connection.dialect)
+            created = stamp(at) if stamp is not None else at  # one conversion for all rows
+            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cursor.executemany(
+                    _INSERT_BATCHES,
+                    ([row[c] for c in _BATCH_COLUMNS[:-1]] + [created] for row in rows),
+                )
+            finally:
+                cursor.close()
+        insert_records(connection, dataset_id, ids, [len(keys) for _, keys, _ in parsed], digests)
+        created_at = at.isoformat()
         data = [
             {
                 "id": row["id"],
                 "name": row["name"],
                 "size": row["size"],
                 "task_id": task_id,
-                "created_at": at.isoformat(),
+                "created_at": created_at,
             }
             for row in rows
         ]
@@ -460,11 +513,14 @@ def create_batches(
             db,
             tenant_id=tenant_id,
             operation="create_batches",
+            # read only to hash a keyed request: 10⁵ dicts not built for an unkeyed one
             request={
                 "dataset_id": dataset_id,
                 "task_id": task_id,
                 "batches": [{"name": n, "records": keys} for n, keys, _ in parsed],
-            },
+            }
+            if idempotency_key is not None
+            else {},
             idempotency_key=idempotency_key,
             body=body,
             status_code=201,
@@ -473,34 +529,75 @@ def create_batches(
     except BatchOverlap as exc:
         if exc.record_id is not None:
             raise
-        shared = _first_shared_record(db, dataset_id, parsed, hashes)
+        shared = _first_shared_record(db, dataset_id, parsed, digests)
         if shared is None:
             raise
         raise BatchOverlap(shared) from exc
 
 
-def insert_records(connection: Connection, records: Iterable[tuple[str, str, bytes]]) -> None:
-    """Insert ``(dataset id, batch id, record hash)`` rows into ``batch_records`` at the driver
-    level: ``COPY`` on PostgreSQL, a prepared ``executemany`` on SQLite (per-row parameter
-    building by the Core took a third of a creation's time). A record already in the dataset
-    raises ``BatchOverlap`` (unnamed: ``create_batches`` names it)."""
+def insert_records(
+    connection: Connection,
+    dataset_id: str,
+    batch_ids: Sequence[str],
+    sizes: Sequence[int],
+    digests: list[bytes],
+) -> None:
+    """Insert the ``batch_records`` rows of new batches: ``sizes[i]`` records of ``batch_ids[i]``,
+    their hashes ``digests`` in batch order. Sorted by hash first, so the unique index on
+    (dataset, hash) is written in order (one descent per leaf, not one per record). At the driver
+    level: binary ``COPY`` on PostgreSQL, built in C by ``bytes.join``; a prepared ``executemany``
+    on SQLite. A record already in the dataset raises ``BatchOverlap`` (unnamed:
+    ``create_batches`` names it)."""
+    # sorting indices by a key compares bytes directly: 2x faster than sorting (hash, id) pairs
+    order = sorted(range(len(digests)), key=digests.__getitem__)
     if connection.dialect.name == "postgresql":
+        prefixes = _copy_prefixes(dataset_id, batch_ids)
+        owners = list(chain.from_iterable(map(repeat, prefixes, sizes)))
         try:
-            _copy(connection, _COPY_RECORDS, records)
+            _copy_binary(connection, _COPY_RECORDS, order, owners, digests)
         except Exception as exc:  # the driver's own error: COPY runs below SQLAlchemy
             diag = getattr(exc, "diag", None)
             if getattr(diag, "constraint_name", None) == "uq_batch_records_dataset_id_record_hash":
                 raise BatchOverlap(None) from exc
             raise
         return
-    chunk: list[tuple[str, str, bytes]] = []
-    for record in records:
-        chunk.append(record)
-        if len(chunk) == _INSERT_CHUNK:
-            connection.exec_driver_sql(_INSERT_RECORDS, chunk)
-            chunk = []
-    if chunk:
-        connection.exec_driver_sql(_INSERT_RECORDS, chunk)
+    ids = list(chain.from_iterable(map(repeat, batch_ids, sizes)))
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        for start in range(0, len(order), _INSERT_CHUNK):
+            chunk = order[start : start + _INSERT_CHUNK]
+            rows = zip(map(digests.__getitem__, chunk), map(ids.__getitem__, chunk), repeat(dataset_id))
+            cursor.executemany(_INSERT_RECORDS, rows)
+    except sqlite3.IntegrityError as exc:  # the driver's own error: not wrapped by SQLAlchemy
+        if _SQLITE_RECORD_UNIQUE in str(exc):
+            raise BatchOverlap(None) from exc
+        raise
+    finally:
+        cursor.close()
+
+
+def _copy_prefixes(dataset_id: str, batch_ids: Sequence[str]) -> list[bytes]:
+    """Per batch, a binary COPY tuple of ``batch_records`` up to its hash's bytes: 3 fields, then
+    (length, bytes) of the dataset id, of the batch id, and the hash's length (32)."""
+    ds = dataset_id.encode()
+    head = _FIELDS_3 + _INT32.pack(len(ds)) + ds
+    tail = _INT32.pack(32)
+    return [head + _INT32.pack(len(e)) + e + tail for e in map(str.encode, batch_ids)]
+
+
+def _copy_binary(
+    connection: Connection, statement: str, order: list[int], prefixes: list[bytes], digests: list[bytes]
+) -> None:
+    """``COPY … FROM STDIN (FORMAT BINARY)``: row ``i`` is ``prefixes[i] + digests[i]``, sent in
+    the given order, in blocks."""
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    with cursor.copy(statement) as copy:
+        copy.write(_PGCOPY_HEADER)
+        for start in range(0, len(order), _COPY_BLOCK):
+            block = order[start : start + _COPY_BLOCK]
+            fields = zip(map(prefixes.__getitem__, block), map(digests.__getitem__, block), strict=True)
+            copy.write(b"".join(chain.from_iterable(fields)))
+        copy.write(_PGCOPY_TRAILER)
 
 
 def _copy(connection: Connection, statement: str, rows: Iterable[Sequence[object]]) -> None:
@@ -513,19 +610,27 @@ def _copy(connection: Connection, statement: str, rows: Iterable[Sequence[object
 
 _BATCH_COLUMNS: Final = ("id", "dataset_id", "task_id", "position", "name", "size", "state_id", "created_at")
 _COPY_BATCHES: Final = f"COPY batches ({', '.join(_BATCH_COLUMNS)}) FROM STDIN"
-_INSERT_RECORDS: Final = "INSERT INTO batch_records (dataset_id, batch_id, record_hash) VALUES (?, ?, ?)"
-_COPY_RECORDS: Final = "COPY batch_records (dataset_id, batch_id, record_hash) FROM STDIN"
+_INSERT_BATCHES: Final = (
+    f"INSERT INTO batches ({', '.join(_BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(_BATCH_COLUMNS))})"
+)
+_INSERT_RECORDS: Final = "INSERT INTO batch_records (record_hash, batch_id, dataset_id) VALUES (?, ?, ?)"
+_COPY_RECORDS: Final = "COPY batch_records (dataset_id, batch_id, record_hash) FROM STDIN (FORMAT BINARY)"
+_PGCOPY_HEADER: Final = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2  # signature, flags, extension
+_PGCOPY_TRAILER: Final = b"\xff\xff"
+_FIELDS_3: Final = b"\x00\x03"
+_INT32: Final = struct.Struct(">i")
+_COPY_BLOCK: Final = 65_536
+_SQLITE_RECORD_UNIQUE: Final = "UNIQUE constraint failed: batch_records.dataset_id, batch_records.record_hash"
 
 
 def _first_shared_record(
     db: Database,
     dataset_id: str,
     parsed: Parsed,
-    hashes: list[list[bytes]],
+    digests: list[bytes],
 ) -> str | int | None:
     """The first record (in the client's order, as the client gave it) already in the dataset."""
     given = [record for _, _, records in parsed for record in records]
-    digests = [digest for batch in hashes for digest in batch]
     with db.session(readonly=True) as session:
         for start in range(0, len(digests), _LOOKUP_CHUNK):
             chunk = digests[start : start + _LOOKUP_CHUNK]

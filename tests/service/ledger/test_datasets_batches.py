@@ -153,3 +153,68 @@ def test_record_hashes_keyed_once_equal_hmac_sha256(salt: bytes, keys: list[str]
     expected = [hmac.new(salt, k.encode(), hashlib.sha256).digest() for k in keys]
     assert batches.record_hashes(salt, keys) == expected
     assert [batches.record_hash(salt, k) for k in keys] == expected
+
+
+def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Database) -> None:
+    """The bulk path (ids checked in C, hashes sorted, binary COPY on PostgreSQL) stores exactly
+    HMAC-SHA256(salt, id) per record under its own batch; a bad id anywhere in a large request is
+    refused naming its field, a repeat naming the record, and nothing is stored."""
+    from service.db.models import Dataset
+
+    ds = datasets.create_dataset(ledger, "t1", name="bulk", budget=BUDGET)["id"]
+    task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
+    sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(7)]} for i in range(300)]
+    sent.append({"name": "ints", "records": [10**6 + j for j in range(5)]})
+    sent.append({"name": "mixed", "records": ["m", 7, "x" * batches.MAX_RECORD_ID_LENGTH]})
+    bad_cases = [
+        ({"name": "bad", "records": ["ok", ""]}, "batches[302].records[1]"),
+        (
+            {"name": "bad", "records": ["ok", "x" * (batches.MAX_RECORD_ID_LENGTH + 1)]},
+            "batches[302].records[1]",
+        ),
+        ({"name": "bad", "records": [1, 2, False]}, "batches[302].records[2]"),
+        ({"name": "bad", "records": ["a", 1.5]}, "batches[302].records[1]"),
+        ({"name": "bad", "records": [None]}, "batches[302].records[0]"),
+    ]
+    for bad, field in bad_cases:
+        with pytest.raises(InvalidInput) as info:
+            batches.create_batches(ledger, "t1", ds, task, batches=[*sent, bad])
+        assert info.value.field == field
+    for repeat, shared in (
+        ({"name": "rep", "records": ["new", "r5-3"]}, "r5-3"),
+        ({"name": "rep", "records": ["new", "1000002"]}, "1000002"),  # an integer and its text
+        ({"name": "rep", "records": [7]}, 7),
+    ):
+        with pytest.raises(BatchOverlap) as over:
+            batches.create_batches(ledger, "t1", ds, task, batches=[*sent, repeat])
+        assert over.value.record_id == shared
+    assert batches.count_records(ledger, ds) == 0
+    created = batches.create_batches(ledger, "t1", ds, task, batches=sent)["data"]
+    assert [(b["name"], b["size"]) for b in created] == [(b["name"], len(b["records"])) for b in sent]
+    with ledger.session(readonly=True) as session:
+        salt = session.get(Dataset, ds).record_salt
+        stored = session.execute(select(BatchRecord.batch_id, BatchRecord.record_hash)).all()
+    expected = {
+        (made["id"], hmac.new(salt, str(record).encode(), hashlib.sha256).digest())
+        for made, batch in zip(created, sent, strict=True)
+        for record in batch["records"]
+    }
+    assert {(batch_id, bytes(digest)) for batch_id, digest in stored} == expected
+    assert len(stored) == len(expected)
+    # the database's own refusal (already stored, not repeated within the request) names it too
+    with pytest.raises(BatchOverlap) as over:
+        batches.create_batches(
+            ledger, "t1", ds, task, batches=[{"name": "again", "records": ["z", "r299-6"]}]
+        )
+    assert over.value.record_id == "r299-6"
+    assert batches.count_records(ledger, ds) == len(expected)
+    assert audit.verify(ledger)["ok"]
+    # a keyed creation hashes its request: a retry replays the answer, another request is refused
+    keyed = [{"name": "k", "records": ["k1", 5]}]
+    first = batches.create_batches(ledger, "t1", ds, task, batches=keyed, idempotency_key="kb")
+    assert batches.create_batches(ledger, "t1", ds, task, batches=keyed, idempotency_key="kb") == first
+    with pytest.raises(IdempotencyConflict):
+        batches.create_batches(
+            ledger, "t1", ds, task, batches=[{"name": "k", "records": ["k1", 6]}], idempotency_key="kb"
+        )
+    assert batches.count_records(ledger, ds) == len(expected) + 2
