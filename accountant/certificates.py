@@ -33,7 +33,7 @@ What a certificate holds (``issue``):
 * ``libraries``: versions of numpy, scipy, prv-accountant and privacy-ledger;
 * ``hash``: ``sha256:`` over the canonical JSON (sorted keys, no spaces) of everything else but
   ``signature``: the service adds a ``signature`` of the hash after issuing
-  (``service.ledger.signing``), and the hash must not depend on it.
+  (``service.verification.signing``), and the hash must not depend on it.
 
 ``verify(cert)`` also fails (``valid_bound=False``, its numbers re-derived) on a charge priced by
 L2DP-ML Thm. 2 as printed (``analysis`` "paper" or absent, stored before new charges were

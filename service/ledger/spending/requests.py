@@ -95,7 +95,7 @@ def release(release: object) -> tuple[str, str, dict[str, Any]]:
     check_text(text, "release.version")
     answer: dict[str, Any] = {"model": model, "version": version}
     # Optional: the SHA-256 of the released artifact's bytes. It goes into the certificate, so
-    # the signature binds those bytes to the release (``LedgerClient.load_model`` checks them).
+    # the signature binds those bytes to the release (``service.training.nets.load_model`` checks them).
     digest = release.get("artifact_sha256")
     if digest is not None:
         if not isinstance(digest, str) or not _SHA256_HEX.fullmatch(digest):
