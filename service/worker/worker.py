@@ -126,27 +126,6 @@ class JobControl:
         self.step = step
 
 
-class _Hold:
-    """When the heartbeat last renewed which hold: a reservation first seen counts from the claim
-    (it was made after it, so its expiry is no earlier than the claim plus its TTL)."""
-
-    def __init__(self, claimed_at: float) -> None:
-        self._claimed_at = claimed_at
-        self._renewed: dict[str, float] = {}
-        self._given_up: set[str] = set()
-
-    def due(self, reservation_id: str, now: float, ttl_s: float) -> bool:
-        if reservation_id in self._given_up:
-            return False
-        return now - self._renewed.get(reservation_id, self._claimed_at) >= ttl_s / 2
-
-    def renewed(self, reservation_id: str, at: float) -> None:
-        self._renewed[reservation_id] = at
-
-    def give_up(self, reservation_id: str) -> None:
-        self._given_up.add(reservation_id)
-
-
 class Worker:
     """One training worker against one database (several may share a PostgreSQL database)."""
 
@@ -227,7 +206,10 @@ class Worker:
     def _heartbeat(
         self, job: ClaimedJob, control: JobControl, done: threading.Event, claimed_at: float
     ) -> None:
-        held = _Hold(claimed_at)
+        # When each hold this attempt made was last renewed (monotonic); one first seen counts
+        # from the claim (it was made after it, so it expires no earlier than the claim plus its
+        # TTL); ``math.inf`` for a hold that can no longer be renewed.
+        renewed_at: dict[str, float] = {}
         while not done.wait(self.heartbeat_s):
             sent = time.monotonic()
             try:
@@ -245,13 +227,15 @@ class Worker:
             if beat.cancel_requested:
                 control.cancelled.set()
             hold = beat.reservation_id
-            if hold is not None and held.due(hold, sent, self.reservation_ttl_s):
-                self._renew_hold(job, hold, held, sent)
+            last = claimed_at if hold is None else renewed_at.get(hold, claimed_at)
+            if hold is not None and sent - last >= self.reservation_ttl_s / 2:
+                renewed_at[hold] = self._renew_hold(job, hold, sent, last)
 
-    def _renew_hold(self, job: ClaimedJob, reservation_id: str, held: _Hold, sent: float) -> None:
-        """Hold the attempt's reservation another ``reservation_ttl_s`` (module docstring, Holds).
-        A hold that cannot be renewed (closed, past its lifetime, expired) is left to the gate,
-        whose next commit or abort says what happened to it."""
+    def _renew_hold(self, job: ClaimedJob, reservation_id: str, sent: float, last: float) -> float:
+        """Hold the attempt's reservation another ``reservation_ttl_s`` (module docstring, Holds);
+        answers when it was renewed: ``sent``, ``last`` when the database could not be reached
+        (the next beat tries again), ``math.inf`` for a hold that cannot be renewed (closed, past
+        its lifetime, expired) — left to the gate, whose next commit or abort says what happened."""
         try:
             reservations.extend(
                 self.db,
@@ -262,12 +246,11 @@ class Worker:
             )
         except LedgerError as exc:
             logger.warning("job %s: its hold %s was not renewed: %s", job.id, reservation_id, exc)
-            held.give_up(reservation_id)
-            return
-        except Exception:  # the database is unreachable: the next beat tries again
+            return math.inf
+        except Exception:  # the database is unreachable
             logger.exception("renewing the hold of job %s failed; retrying", job.id)
-            return
-        held.renewed(reservation_id, sent)
+            return last
+        return sent
 
     # -- the loop ------------------------------------------------------------------------------
 

@@ -65,7 +65,7 @@ def test_without_renewal_the_same_job_loses_its_hold(
     db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The fault the renewal prevents, produced for real: the heartbeat renews nothing.
-    monkeypatch.setattr(Worker, "_renew_hold", lambda *args: None)
+    monkeypatch.setattr(Worker, "_renew_hold", lambda self, job, hold, sent, last: last)
     job = _run(db, tmp_path, ttl_s=TTL_S)["job"]
     assert isinstance(job, dict) and job["status"] == "failed"
     assert "expired" in str(job["error"])
