@@ -130,8 +130,8 @@ def _dry_reserve(db: Database, op: Request, budget: Budget, params: ReserveParam
 def _dry_commit(
     db: Database, op: Request, budget: Budget, reservation_id: str, partial: DpEvent
 ) -> tuple[dict[str, Any], DpEvent] | None:
-    """Price a progressive commit (or a worker's prefix) on the classes' states at reserve: the
-    reservation's event as parsed (``Priced.reserved_event``), or ``None``."""
+    """Price a progressive commit (or a worker's prefix) on the states its reserve left in each
+    class: the reservation's event as parsed (``Priced.reserved_event``), or ``None``."""
     with db.session(readonly=True) as session:
         r = load_reservations(session.connection(), [reservation_id]).get(reservation_id)
     if r is None or r.tenant_id != op.tenant_id or r.status != "reserved":
