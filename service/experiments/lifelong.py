@@ -37,7 +37,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from service.experiments.embedded import EmbeddedLedger, JobResult
+from service.experiments.embedded import EmbeddedLedger, JobResult, RegisteredDataset
 from service.experiments.report import (
     markdown_table,
     provenance,
@@ -154,6 +154,14 @@ def _checked(result: JobResult, what: str) -> JobResult:
     return result
 
 
+def _register(
+    ledger: EmbeddedLedger, uri: str, name: str, rule: str, epsilon: float, batch_size: int
+) -> RegisteredDataset:
+    """``uri``'s records as a new dataset ``name`` under an ``rdp`` budget of ``rule`` at ε."""
+    budget = {"rule": rule, "epsilon": repr(epsilon), "delta": DELTA, "accountant": "rdp"}
+    return ledger.register_source(uri, name=name, budget=budget, batch_size=batch_size)
+
+
 def _noiseless_functional(uri: str, params: dict[str, Any], batch_size: int) -> float:
     """The functional-mechanism learner without its noise, outside the ledger (non-private): the
     same encoder, batches, memory and heads; average accuracy after the last task."""
@@ -267,17 +275,7 @@ def run(args: argparse.Namespace) -> int:
                     )
                 for eps in epsilons:
                     tag = f"{sequence}-{seed}-{eps:g}"
-                    lifelong = ledger.register_source(
-                        uri,
-                        name=f"fm-{tag}",
-                        budget={
-                            "rule": "lifelong",
-                            "epsilon": repr(eps),
-                            "delta": DELTA,
-                            "accountant": "rdp",
-                        },
-                        batch_size=args.batch_size,
-                    )
+                    lifelong = _register(ledger, uri, f"fm-{tag}", "lifelong", eps, args.batch_size)
                     params = {**learner, "noise_multiplier": sigma[eps], "seed": seed}
                     shared = _checked(
                         ledger.run_job(lifelong, "l2dp_ml", params, model_name=f"fm-{tag}"), f"fm {tag}"
@@ -288,17 +286,7 @@ def run(args: argparse.Namespace) -> int:
                         ),
                         f"fm multi-head {tag}",
                     )
-                    sequential = ledger.register_source(
-                        uri,
-                        name=f"naive-{tag}",
-                        budget={
-                            "rule": "sequential",
-                            "epsilon": repr(eps),
-                            "delta": DELTA,
-                            "accountant": "rdp",
-                        },
-                        batch_size=args.batch_size,
-                    )
+                    sequential = _register(ledger, uri, f"naive-{tag}", "sequential", eps, args.batch_size)
                     naive = _checked(
                         ledger.run_job(
                             sequential,
