@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from sqlalchemy.engine import URL
 pytest.importorskip("torch")
 
 from accountant.certificates import verify
+from service.db.base import utcnow
 from service.db.models import Release
 from service.db.session import Database
 from service.ledger import certificates, jobs, spend
@@ -117,9 +119,12 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
         }
         assert certificate["reservation_id"] == first.id
 
-    # No one else may take the job while the lease lasts; once it expired, another worker does.
-    assert jobs.leases.claim(db, "impatient", LEASE_S) is None or pytest.fail("claimed a live lease")
-    time.sleep(LEASE_S + 0.2)
+    # No one else may take the job while the lease lasts (asked at an instant before it ends, so a
+    # loaded machine's slow checks above cannot let it lapse first); once it expired, another
+    # worker does.
+    live = dead.lease_expires_at - timedelta(milliseconds=1)
+    assert jobs.leases.claim(db, "impatient", LEASE_S, now=live) is None, "claimed a live lease"
+    time.sleep(max(0.0, (dead.lease_expires_at - utcnow()).total_seconds()) + 0.2)
     assert Worker(db, artifact_dir=artifacts, device="cpu").run_once() == job_id
 
     job = jobs.queue.get_job(db, "acme", job_id)
