@@ -134,7 +134,12 @@ class Dataset(Base):
 
 
 class Task(Base):
-    """A task of a dataset; ``epsilon_spent`` is the maximum over its batches."""
+    """A task of a dataset; ``epsilon_spent`` is the maximum over its batches.
+
+    ``state_id``: when set, the task is *compact*: every one of its batches is in that state
+    (their own ``Batch.state_id`` is ``NULL``), so a charge on the whole task rewrites this one
+    pointer; ``NULL``: each batch names its own state (docs/ARCHITECTURE.md, "What a charge
+    touches")."""
 
     __tablename__ = "tasks"
     __table_args__ = (Index(None, "dataset_id", "created_at"),)
@@ -145,6 +150,7 @@ class Task(Base):
     epsilon_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
     delta_spent: Mapped[Decimal] = mapped_column(server_default=ZERO)
     naive_epsilon: Mapped[Decimal] = mapped_column(server_default=ZERO)
+    state_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime]
 
 
@@ -168,7 +174,7 @@ class BatchStateRow(Base):
 
 class Batch(Base):
     """An immutable, fixed batch of records; ``state_id`` names its ledger state (a
-    ``BatchStateRow``).
+    ``BatchStateRow``), or is ``NULL`` while its task is compact (``Task.state_id`` names it).
 
     ``position``: its place among the task's batches (0, 1, ...), in the order they were given.
     A charge rewrites ``state_id`` and nothing else, so the row is kept narrow: ``state_id`` is
@@ -186,7 +192,7 @@ class Batch(Base):
     position: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(NAME)
     size: Mapped[int] = mapped_column(Integer)
-    state_id: Mapped[str] = mapped_column(ID)
+    state_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime]
 
 
@@ -273,6 +279,21 @@ class ReservationBatch(Base):
     batch_id: Mapped[str] = mapped_column(ID, primary_key=True)
     position: Mapped[int] = mapped_column(Integer)
     class_index: Mapped[int] = mapped_column(Integer)
+
+
+class ReservationTask(Base):
+    """A whole compact task a reservation reads (``Task.state_id``): its batches up to
+    ``last_position`` (those it had when reserved; positions are never reused), all in class
+    ``class_index``, ``batches`` of them. One row per task instead of one per batch; the batch
+    list of a reservation expands it (``service.ledger.reservations.list_reservation_batches``)."""
+
+    __tablename__ = "reservation_tasks"
+
+    reservation_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    task_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    class_index: Mapped[int] = mapped_column(Integer)
+    last_position: Mapped[int] = mapped_column(Integer)
+    batches: Mapped[int] = mapped_column(Integer)
 
 
 class Release(Base):
@@ -491,6 +512,7 @@ __all__ = [
     "Release",
     "Reservation",
     "ReservationBatch",
+    "ReservationTask",
     "SigningKeyRecord",
     "Task",
     "Tenant",

@@ -24,7 +24,7 @@ from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, Final
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
@@ -41,7 +41,7 @@ from service.ledger.datasets import (
     refuse_while_a_job_runs,
 )
 from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
-from service.ledger.spending.store import state_id
+from service.ledger.spending.store import EFFECTIVE_STATE, state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 # Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
@@ -209,7 +209,7 @@ def create_task(
 
 def _refuse_charged(session: Session, dataset_id: str, where: Any, what: str) -> None:
     empty = state_id(dataset_id, _EMPTY_STATE)
-    charged = session.scalars(select(Batch.id).where(where, Batch.state_id != empty).limit(1)).first()
+    charged = session.scalars(select(Batch.id).where(where, EFFECTIVE_STATE != empty).limit(1)).first()
     if charged is not None:
         raise Conflict(
             f"{what} cannot be deleted: batch {charged!r} was charged or is held by a reservation "
@@ -449,7 +449,15 @@ def create_batches(
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
         refuse_archived(dataset_id, head.archived_at)
-        _load_task(session, dataset_id, task_id)
+        task = _load_task(session, dataset_id, task_id)
+        if task.state_id is not None:  # a compact task: its batches take its pointer first
+            session.execute(
+                update(Batch)
+                .where(Batch.task_id == task_id, Batch.state_id.is_(None))
+                .values(state_id=task.state_id)
+            )
+            session.execute(update(Task).where(Task.id == task_id).values(state_id=None))
+            session.expire(task)
         # after the last position (a deleted batch leaves a gap: positions are never reused)
         existing = session.scalar(
             select(func.coalesce(func.max(Batch.position) + 1, 0)).where(Batch.task_id == task_id)
@@ -653,7 +661,7 @@ def get_batch(db: Database, tenant_id: str, dataset_id: str, batch_id: str) -> d
         found = (
             session.execute(
                 select(Batch, BatchStateRow.state)
-                .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+                .join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
                 .where(Batch.id == batch_id)
             ).first()
             if can_be_id(batch_id)
@@ -671,7 +679,7 @@ def list_batches(
     for the process's own use (tests, tools); the API pages a task's (``task_batches``)."""
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
-        stmt = select(Batch, BatchStateRow.state).join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+        stmt = select(Batch, BatchStateRow.state).join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
         if task_id is None:
             stmt = stmt.where(Batch.dataset_id == dataset_id)
         else:
@@ -704,7 +712,7 @@ def task_batches(
         _load_task(session, dataset_id, task_id)
         rows = session.execute(
             select(Batch, BatchStateRow.state)
-            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+            .join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
             .where(Batch.task_id == task_id, Batch.position > (-1 if after is None else after))
             .order_by(Batch.position)
             .limit(limit + 1)

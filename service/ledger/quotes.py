@@ -47,6 +47,7 @@ from service.ledger.spending.answers import cost_json
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import parse_event
 from service.ledger.spending.store import (
+    EFFECTIVE_STATE,
     StateGroup,
     dataset_budget,
     read_states,
@@ -348,7 +349,9 @@ class StagedPrices:
         if self._loaded is None:
             budget = _own_budget(self._db, self._tenant_id, self._dataset_id)
             rows = self._db.read_all(
-                select(Batch.id, Batch.state_id).where(Batch.dataset_id == self._dataset_id)
+                select(Batch.id, EFFECTIVE_STATE.label("state_id")).where(
+                    Batch.dataset_id == self._dataset_id
+                )
             )
             state_of = {r.id: r.state_id for r in rows}
             reads: dict[str, list[int]] = {}

@@ -65,7 +65,7 @@ from sqlalchemy import ColumnElement, bindparam, select
 from accountant import events as ev
 from service import server_secrets
 from service.db.base import utcnow
-from service.db.models import Release, Reservation, ReservationBatch
+from service.db.models import Batch, Release, Reservation, ReservationBatch, ReservationTask
 from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
@@ -533,10 +533,9 @@ def list_batches(
         if r is None or r.tenant_id != tenant_id:
             raise NotFound("reservation", reservation_id)
         # The hash's order: code points, not the locale's.
+        postgresql = connection.dialect.name == "postgresql"
         column: ColumnElement[str] = (
-            ReservationBatch.batch_id.collate("C")
-            if connection.dialect.name == "postgresql"
-            else ReservationBatch.batch_id.expression
+            ReservationBatch.batch_id.collate("C") if postgresql else ReservationBatch.batch_id.expression
         )
         query = select(ReservationBatch.batch_id, ReservationBatch.class_index).where(
             ReservationBatch.reservation_id == reservation_id
@@ -544,6 +543,25 @@ def list_batches(
         if after is not None:
             query = query.where(column > after)
         rows = connection.execute(query.order_by(column).limit(limit + 1)).all()
+        if any(c.tasks for c in r.classes):  # and the batches of the whole tasks it read
+            ids: ColumnElement[str] = Batch.id.collate("C") if postgresql else Batch.id.expression
+            # Walked in batch id order (the key's index), each batch's task looked up among the
+            # reservation's: ``|| ''`` keeps the planner from reading every batch of the tasks
+            # by their task index and sorting them, once per page.
+            page = (
+                select(Batch.id, ReservationTask.class_index)
+                .join(
+                    ReservationTask,
+                    (ReservationTask.task_id == Batch.task_id.op("||")(""))
+                    & (Batch.position <= ReservationTask.last_position),
+                )
+                .where(ReservationTask.reservation_id == reservation_id)
+            )
+            if after is not None:
+                page = page.where(ids > after)
+            rows.extend(connection.execute(page.order_by(ids).limit(limit + 1)).all())
+            rows.sort(key=lambda row: row[0])  # code points, as the database's "C" order
+            rows = rows[: limit + 1]
     data = [{"id": batch_id, "class": index} for batch_id, index in rows[:limit]]
     return {
         "reservation_id": reservation_id,

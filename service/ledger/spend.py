@@ -46,11 +46,12 @@ from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_sub, to_text
 from accountant.rules import BatchState, Budget
 from accountant.statements import batch_guarantee, spend_guarantee, spend_meaning
-from service.db.models import Batch, BatchStateRow, Dataset, Reservation, ReservationBatch, Task
+from service.db.models import Batch, BatchStateRow, Dataset, Reservation, Task
 from service.db.session import Database
 from service.ledger.datasets import budget_of, can_be_id
 from service.ledger.dp_statement import covers
 from service.ledger.errors import NotFound
+from service.ledger.spending.store import EFFECTIVE_STATE, reservation_members
 
 
 def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
@@ -146,7 +147,7 @@ def _derived(session: Session, rows: Sequence[Dataset], *, by_task: bool = False
     if plans:
         for dataset_id, task_id, state_json in session.execute(
             select(Batch.dataset_id, Batch.task_id, BatchStateRow.state)
-            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+            .join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
             .where(Batch.dataset_id.in_(plans), BatchStateRow.state["plan_position"].as_integer() > 0)
         ):
             try:
@@ -164,8 +165,9 @@ def _derived(session: Session, rows: Sequence[Dataset], *, by_task: bool = False
             .distinct()
         )
         if by_task:
-            query = query.join(ReservationBatch, ReservationBatch.reservation_id == Reservation.id).join(
-                Batch, Batch.id == ReservationBatch.batch_id
+            members = reservation_members()
+            query = query.join(members, members.c.reservation_id == Reservation.id).join(
+                Batch, Batch.id == members.c.batch_id
             )
         for key, eps, dlt in session.execute(query):
             found[key] = max_pair((eps, dlt), found.get(key))
@@ -196,10 +198,11 @@ def reserved_of_batches(session: Session, batch_ids: Sequence[str]) -> dict[str,
     if not batch_ids:
         return {}
     found: dict[str, ReservedCost] = {}
+    members = reservation_members()
     for batch_id, eps, dlt in session.execute(
-        select(ReservationBatch.batch_id, Reservation.epsilon, Reservation.delta)
-        .join(Reservation, Reservation.id == ReservationBatch.reservation_id)
-        .where(ReservationBatch.batch_id.in_(batch_ids), Reservation.commits > 0)
+        select(members.c.batch_id, Reservation.epsilon, Reservation.delta)
+        .join(Reservation, Reservation.id == members.c.reservation_id)
+        .where(members.c.batch_id.in_(batch_ids), Reservation.commits > 0)
     ):
         known = found.get(batch_id, ReservedCost(eps, dlt))
         found[batch_id] = ReservedCost(max(eps, known.epsilon), max(dlt, known.delta))

@@ -40,7 +40,6 @@ from service.db.models import (
     Dataset,
     Release,
     Reservation,
-    ReservationBatch,
     Task,
 )
 from service.db.session import Database
@@ -48,6 +47,7 @@ from service.ledger.batches import spend_of_state
 from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
 from service.ledger.spend import budget_and_spend, max_pair, reserved_of_batches, stored_guarantees
+from service.ledger.spending.store import EFFECTIVE_STATE, reservation_members
 
 MAX_BATCH_PAGE: Final = 5000
 _STREAM_CHUNK: Final = 1000
@@ -123,7 +123,7 @@ def batch_spend(
         rows = session.execute(
             select(Batch, Task.name, BatchStateRow.state)
             .join(Task, Task.id == Batch.task_id)
-            .join(BatchStateRow, BatchStateRow.id == Batch.state_id)
+            .join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
             .where(Batch.dataset_id == dataset_id)
             .order_by(Task.created_at, Task.id, Batch.position)
             .limit(limit)
@@ -373,11 +373,12 @@ def epsilon_history(
         ).all()
         index = {t.id: i for i, t in enumerate(tasks)}
         released = select(Certificate.reservation_id).where(Certificate.dataset_id == dataset_id)
+        members = reservation_members()
         newest_task: dict[str, int] = {}
         for reservation_id, task_id in session.execute(
-            select(ReservationBatch.reservation_id, Batch.task_id)
-            .join(Batch, Batch.id == ReservationBatch.batch_id)
-            .where(ReservationBatch.reservation_id.in_(released))
+            select(members.c.reservation_id, Batch.task_id)
+            .join(Batch, Batch.id == members.c.batch_id)
+            .where(members.c.reservation_id.in_(released))
             .distinct()
         ):
             position = index.get(task_id, -1)

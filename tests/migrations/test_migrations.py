@@ -615,3 +615,76 @@ def test_reservation_classes_move_into_their_reservations_and_back(empty_databas
         assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
     finally:
         db.dispose()
+
+
+BEFORE_COMPACT_TASKS = "e8f4a2c61d37"  # the revision before 2026_11_27_compact_tasks
+
+
+def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
+    empty_database_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger with a compact task (its state in ``tasks.state_id``, its batches without a
+    pointer), a committed and an open reservation of it as a whole task (``reservation_tasks``)
+    downgrades to one pointer and one membership row per batch, with every batch's state, every
+    answer and every batch list unchanged, and upgrades again; the open reservation then commits
+    with a certificate that verifies on the batches it lists."""
+    from accountant.certificates import check_batch_set, verify
+    from service.db.session import Database
+    from service.ledger import batches, datasets, reservations, tenancy, views
+    from service.ledger.spending import store
+
+    monkeypatch.setattr(store, "SMALL_CHARGE", 2)  # a task of 4 batches is charged as a large one
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+        tenancy.create_tenant(db, "acme")
+        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        task = batches.create_task(db, "acme", ds, name="t")["id"]
+        batches.create_batches(
+            db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(4)]
+        )
+        event = {"kind": "pure_dp", "epsilon": 0.25}
+        done = reservations.reserve(db, "acme", ds, event_json=event, task_ids=[task])
+        reservations.commit(db, "acme", done["id"], release={"model": "m", "version": "1"})
+        held = reservations.reserve(db, "acme", ds, event_json=event, task_ids=[task])
+        compact = db.read_all(sa.text("SELECT COUNT(*) FROM tasks WHERE state_id IS NOT NULL"), {})
+        whole = db.read_all(sa.text("SELECT COUNT(*) FROM reservation_tasks"), {})
+        assert [compact[0][0], whole[0][0]] == [1, 2]
+        ids = (done["id"], held["id"])
+        before = (
+            {r: reservations.get_reservation(db, "acme", r) for r in ids},
+            {r: reservations.all_batches(db, "acme", r) for r in ids},
+            views.batch_spend(db, "acme", ds)["data"],
+        )
+    finally:
+        db.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_COMPACT_TASKS)
+    assert "reservation_tasks" not in _tables(empty_database_url)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            unset = connection.execute(
+                sa.text("SELECT COUNT(*) FROM batches WHERE state_id IS NULL")
+            ).scalar()
+            rows = connection.execute(
+                sa.text("SELECT reservation_id, COUNT(*) FROM reservation_batches GROUP BY reservation_id")
+            ).all()
+    finally:
+        engine.dispose()
+    assert unset == 0 and sorted((str(r), int(n)) for r, n in rows) == sorted((r, 4) for r in ids)
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        after = (
+            {r: reservations.get_reservation(db, "acme", r) for r in ids},
+            {r: reservations.all_batches(db, "acme", r) for r in ids},
+            views.batch_spend(db, "acme", ds)["data"],
+        )
+        assert after == before
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        certificate = answer["certificate"]["certificate"]
+        assert verify(certificate).ok and certificate["result"]["epsilon"] == "0.5"
+        assert check_batch_set(certificate, reservations.all_batches(db, "acme", held["id"])).ok
+    finally:
+        db.dispose()

@@ -39,6 +39,7 @@ from service.ledger.jobs.params import (
     default_model_name,
     shown,
 )
+from service.ledger.spending.store import EFFECTIVE_STATE
 
 TERMINAL: Final = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -135,7 +136,9 @@ def _check_parallel_batches_unread(session: Session, dataset: Dataset) -> None:
     batch states (a handful), naming up to ``MAX_NAMED_BATCHES`` of the batches."""
     if dataset.budget.get("rule") != "parallel":
         return
-    state_ids = session.scalars(select(Batch.state_id).where(Batch.dataset_id == dataset.id).distinct()).all()
+    state_ids = session.scalars(
+        select(EFFECTIVE_STATE).where(Batch.dataset_id == dataset.id).distinct()
+    ).all()
     if not state_ids:
         return
     rows = session.execute(
@@ -144,7 +147,7 @@ def _check_parallel_batches_unread(session: Session, dataset: Dataset) -> None:
     read = [sid for sid, state in rows if BatchState.from_json(state).reads > 0]
     if not read:
         return
-    where = (Batch.dataset_id == dataset.id, Batch.state_id.in_(read))
+    where = (Batch.dataset_id == dataset.id, EFFECTIVE_STATE.in_(read))
     count = session.scalar(select(func.count()).select_from(Batch).where(*where)) or 0
     named = list(session.scalars(select(Batch.id).where(*where).order_by(Batch.id).limit(MAX_NAMED_BATCHES)))
     refusal = ChargeRefused(

@@ -117,12 +117,14 @@ def _refund(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
     for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
         moves = []
-        for state_id, count, tasks, batch_ids in groups:
+        for g in groups:
             try:
-                after = rules.cancel(work.budget, work.state(state_id), c.reserved, c.committed)
+                after = rules.cancel(work.budget, work.state(g.state_id), c.reserved, c.committed)
             except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
-            moves.append(Move(state_id, after, count, tasks, batch_ids))
+                raise rule_error(
+                    exc, work.example_batch(g.state_id, g.scope or members_of(r.id, index))
+                ) from exc
+            moves.append(g.move(after))
         plans.append((index, moves))
     for index, moves in plans:
         work.move(members_of(r.id, index), moves, at)
@@ -281,8 +283,8 @@ def _settle(
     moves: dict[int, list[Move]] = {}
     for index, groups in work.groups(r.id, r.batches).items():
         c = r.classes[index]
-        for state_id, count, tasks, batch_ids in groups:
-            before = work.state(state_id)
+        for g in groups:
+            before = work.state(g.state_id)
             try:
                 settlement = rules.commit(
                     work.budget, before, charge, c.reserved, c.committed, partial, previous
@@ -293,11 +295,13 @@ def _settle(
                     else settlement.state
                 )
             except AccountantError as exc:
-                raise rule_error(exc, work.example_batch(state_id, members_of(r.id, index))) from exc
+                raise rule_error(
+                    exc, work.example_batch(g.state_id, g.scope or members_of(r.id, index))
+                ) from exc
             records.append(
                 ClassRecord(
                     reservation_class=index,
-                    batches=count,
+                    batches=g.batches,
                     state_at_reserve=BatchState.from_json(c.state_at_reserve),
                     reserved=c.reserved,
                     state_before=before,
@@ -306,7 +310,7 @@ def _settle(
                     committed=settlement.committed,
                 )
             )
-            moves.setdefault(index, []).append(Move(state_id, after, count, tasks, batch_ids))
+            moves.setdefault(index, []).append(g.move(after))
     return Settled(r, charge, partial, previous, records, moves)
 
 
@@ -346,6 +350,7 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
                 admissions[state_id].cost,
                 None,
                 selection.counts[state_id],
+                () if selection.whole is None else tuple(selection.whole[state_id]),
             )
             for state_id, index in selection.classes.items()
         ),
@@ -360,6 +365,7 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
                 selection.counts[state_id],
                 frozenset(selection.tasks[state_id]),
                 None if selection.members is None else tuple(selection.members[state_id]),
+                compact=selection.whole is not None,
             )
             for state_id in selection.classes
         ],

@@ -14,7 +14,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, NamedTuple
@@ -33,6 +33,7 @@ from sqlalchemy import (
     literal,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -53,6 +54,7 @@ from service.db.models import (
     Release,
     Reservation,
     ReservationBatch,
+    ReservationTask,
     Task,
 )
 from service.db.session import LEDGER_HEAD_COLUMNS, Database, pipelined
@@ -80,6 +82,9 @@ class HeldClass:
     reserved: Cost
     committed: Cost | None
     batches: int
+    # The whole compact tasks it read, as ``(task id, last position, batches)``: all of the
+    # class's batches when non-empty (a reservation of whole tasks; ``reservation_tasks``).
+    tasks: tuple[tuple[str, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,7 @@ def held_class(document: Mapping[str, Any]) -> HeldClass:
         reserved=Cost.from_json(document["cost"]),
         committed=None if committed is None else Cost.from_json(committed),
         batches=document["batches"],
+        tasks=tuple((t, last, n) for t, last, n in document.get("tasks", ())),
     )
 
 
@@ -157,6 +163,7 @@ def class_documents(classes: Iterable[HeldClass]) -> list[dict[str, Any]]:
             "cost": c.reserved.to_json(),
             "committed": None if c.committed is None else c.committed.to_json(),
             "batches": c.batches,
+            **({"tasks": [list(t) for t in c.tasks]} if c.tasks else {}),
         }
         for c in sorted(classes, key=lambda c: c.index)
     ]
@@ -258,11 +265,31 @@ class Known:
     tasks: dict[str, tuple[Decimal, ...]] = field(default_factory=dict)
     reservations: dict[str, Loaded] = field(default_factory=dict)
     members: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    task_sets: dict[tuple[str, ...], TaskSet] = field(default_factory=dict)
     counted: int = 0  # the rows ``KnownDatasets`` counts for it
 
     @property
     def rows(self) -> int:
-        return len(self.batches) + len(self.tasks) + len(self.reservations) + len(self.members)
+        return (
+            len(self.batches)
+            + len(self.tasks)
+            + len(self.reservations)
+            + len(self.members)
+            + len(self.task_sets)
+        )
+
+
+@dataclass(frozen=True)
+class TaskSet:
+    """The batches of whole tasks read together in one state, as a pass over them found them:
+    their ``batch_set`` (every batch in class 0), how many, each task's ``(batches, last
+    position)``, and the smallest batch id. True while the dataset's head is at the mark it is
+    known at: only creating or deleting batches changes a task's batches, and both move it."""
+
+    batch_set: str
+    batches: int
+    tasks: Mapping[str, tuple[int, int]]
+    example: str
 
 
 @dataclass(frozen=True)
@@ -273,6 +300,8 @@ class Learned:
     tasks: Mapping[str, tuple[Decimal, ...]]
     reservations: Iterable[Loaded]
     members: Mapping[str, tuple[tuple[int, str], ...]]
+    task_sets: Mapping[tuple[str, ...], TaskSet] = field(default_factory=dict)
+    forget_tasks: frozenset[str] = frozenset()  # tasks made compact: their batches' pointers go
 
 
 class _Entries(OrderedDict[str, Known]):
@@ -325,16 +354,27 @@ class KnownDatasets:
                 entries.total -= known.counted
                 return
             known.batches.update(learned.batches)
+            if learned.forget_tasks:  # a batch of a compact task has the task's pointer, not its own
+                forget = learned.forget_tasks
+                for batch_id in [b for b, (_, t) in known.batches.items() if t in forget]:
+                    del known.batches[batch_id]
             known.tasks.update(learned.tasks)
             known.reservations.update((r.id, r) for r in learned.reservations)
             known.members.update(learned.members)
+            known.task_sets.update(learned.task_sets)
             entries.total += known.rows - known.counted
             known.counted = known.rows
             known.mark = mark
             while entries.total > self.rows:  # forget the least recently used first
                 oldest_id, oldest = next(iter(entries.items()))
                 if oldest is known:  # alone above the bound: emptied
-                    for rows in (known.batches, known.tasks, known.reservations, known.members):
+                    for rows in (
+                        known.batches,
+                        known.tasks,
+                        known.reservations,
+                        known.members,
+                        known.task_sets,
+                    ):
                         rows.clear()
                     entries.total -= known.counted
                     known.counted = 0
@@ -373,6 +413,9 @@ class Selection:
     example: dict[str, str]  # state id -> a batch in it (the first named), for error messages
     named: dict[str, str] | None = None  # explicitly named batches: batch id -> state id
     members: dict[str, list[str]] | None = None  # state id -> its batches (a small charge only)
+    # Whole tasks, each in one state: state id -> [(task id, last position, batches)], when the
+    # reservation reads them as compact tasks (``Task.state_id``); else ``None``.
+    whole: dict[str, list[tuple[str, int, int]]] | None = None
 
     @property
     def batches(self) -> int:
@@ -416,23 +459,33 @@ def state_groups(rows: Iterable[Any]) -> list[StateGroup]:
 class Move:
     """Batches in state ``source`` go to ``target``; ``tasks`` are their tasks, ``batch_ids``
     the batches when a small charge knows them (``SMALL_CHARGE``: the move is then kept in the
-    transaction's overlay and written once by ``flush``), else ``None`` (one set-based UPDATE)."""
+    transaction's overlay and written once by ``flush``), else ``None`` (one set-based UPDATE).
+    ``compact``: they are all the batches of those tasks, compact (``Task.state_id``), and move by
+    rewriting the tasks' pointers; ``scope``: the batches are those it selects, not those of the
+    scope ``Work.move`` is given (a task a reservation read whole that is no longer compact)."""
 
     source: str
     target: BatchState
     count: int
     tasks: frozenset[str]
     batch_ids: tuple[str, ...] | None = None
+    compact: bool = False
+    scope: Scope | None = None
 
 
 class Group(NamedTuple):
     """Batches of a reservation class in one current state: how many, their tasks, and (for a
-    small reservation) which."""
+    small reservation) which; ``compact`` and ``scope`` as in ``Move``."""
 
     state_id: str
     batches: int
     tasks: frozenset[str]
     batch_ids: tuple[str, ...] | None
+    compact: bool = False
+    scope: Scope | None = None
+
+    def move(self, target: BatchState) -> Move:
+        return Move(self.state_id, target, self.batches, self.tasks, self.batch_ids, self.compact, self.scope)
 
 
 # A charge over at most this many batches is decided on its batches' ids: its moves go to the
@@ -497,11 +550,34 @@ def _aware(value: Any) -> datetime | None:
 _LOAD_STATES: Final = select(BatchStateRow.id, BatchStateRow.state).where(
     BatchStateRow.id.in_(bindparam("ids", expanding=True))
 )
-_TASKS_OF_DATASET: Final = select(Task.id).where(
+_TASKS_OF_DATASET: Final = select(Task.id, Task.state_id).where(
     Task.id.in_(bindparam("ids", expanding=True)), Task.dataset_id == bindparam("dataset_id")
 )
-_TASK_AGGREGATES: Final = select(Task.id, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon).where(
-    Task.id.in_(bindparam("ids", expanding=True))
+_TASK_AGGREGATES: Final = select(
+    Task.id, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon, Task.state_id
+).where(Task.id.in_(bindparam("ids", expanding=True)))
+# Compact tasks (``Task.state_id``): a task's batches take its pointer (materialise: the task is
+# no longer compact), or give theirs up to it (compact), or the task's pointer moves.
+_MATERIALISE: Final = (
+    update(Batch)
+    .where(Batch.task_id == bindparam("task"), Batch.state_id.is_(None))
+    .values(state_id=bindparam("state"))
+)
+_COMPACT: Final = update(Batch).where(Batch.task_id == bindparam("task")).values(state_id=None)
+_SET_TASK_STATE: Final = update(Task).where(Task.id == bindparam("task")).values(state_id=bindparam("state"))
+_MOVE_TASK: Final = (
+    update(Task)
+    .where(Task.id == bindparam("task"), Task.state_id == bindparam("source"))
+    .values(state_id=bindparam("target"))
+)
+_TASK_PART_GROUPS: Final = (
+    select(Batch.state_id, func.count(), func.min(Batch.id))
+    .where(Batch.task_id == bindparam("scope_task"), Batch.position <= bindparam("scope_last"))
+    .group_by(Batch.state_id)
+)
+_INSERT_RESERVATION_TASKS: Final = insert(ReservationTask).inline()
+_COMPACT_TASKS: Final = select(Task.id).where(
+    Task.dataset_id == bindparam("dataset_id"), Task.state_id.is_not(None)
 )
 # With each task's aggregates (read under the lock, so a charge that raises them needs no
 # second read): one row per (class, state, task).
@@ -543,10 +619,12 @@ _RESERVATION_MEMBERS: Final = (
     .where(ReservationBatch.reservation_id == bindparam("reservation_id"))
 )
 _REPOINT: Final = update(Batch).where(Batch.id == bindparam("batch")).values(state_id=bindparam("state"))
+# By each batch's state: its own pointer or its compact task's.
 _STATE_GROUPS: Final = (
-    select(Batch.state_id, Batch.task_id, func.count(), func.min(Batch.id))
+    select(func.coalesce(Batch.state_id, Task.state_id), Batch.task_id, func.count(), func.min(Batch.id))
+    .join(Task, Task.id == Batch.task_id)
     .where(Batch.dataset_id == bindparam("dataset_id"))
-    .group_by(Batch.state_id, Batch.task_id)
+    .group_by(func.coalesce(Batch.state_id, Task.state_id), Batch.task_id)
 )
 # Executed on the transaction's Connection with one parameter set per row (executemany): plain
 # Core statements, not the ORM's bulk-persistence layer. ``inline``: nothing is read back (no
@@ -621,6 +699,8 @@ _SCOPES: Final[dict[str, ColumnElement[bool]]] = {
         )
     ),
     "dataset": Batch.dataset_id == bindparam("scope_dataset"),
+    # The batches a reservation read of a whole task (``reservation_tasks``).
+    "task_part": (Batch.task_id == bindparam("scope_task")) & (Batch.position <= bindparam("scope_last")),
 }
 
 
@@ -647,6 +727,31 @@ def whole_dataset(dataset_id: str) -> Scope:
     return Scope("dataset", {"scope_dataset": dataset_id})
 
 
+def task_part(task_id: str, last_position: int) -> Scope:
+    """The batches of a task up to ``last_position`` (those a reservation read of it whole)."""
+    return Scope("task_part", {"scope_task": task_id, "scope_last": last_position})
+
+
+# A batch's state: its own pointer, or its compact task's.
+EFFECTIVE_STATE: Final = func.coalesce(
+    Batch.state_id,
+    select(Task.state_id).where(Task.id == Batch.task_id).correlate_except(Task).scalar_subquery(),
+)
+
+
+def reservation_members() -> Any:
+    """``(reservation_id, batch_id, class_index)`` of every reservation's batches: its
+    ``reservation_batches`` rows and the batches of the whole tasks it read
+    (``reservation_tasks``, up to the last position it read)."""
+    rows = select(ReservationBatch.reservation_id, ReservationBatch.batch_id, ReservationBatch.class_index)
+    tasks = select(
+        ReservationTask.reservation_id, Batch.id.label("batch_id"), ReservationTask.class_index
+    ).join(
+        Batch, (Batch.task_id == ReservationTask.task_id) & (Batch.position <= ReservationTask.last_position)
+    )
+    return union_all(rows, tasks).subquery("reservation_members")
+
+
 _MOVE_FROM_ONE: Final = {
     kind: update(Batch)
     .where(Batch.state_id == bindparam("source"), where)
@@ -660,7 +765,7 @@ _MOVE_THROUGH_MAP: Final = {
     for kind, where in _SCOPES.items()
 }
 _SELECT_BATCHES: Final = {
-    (kind, dialect): select(Batch.id, Batch.state_id, Batch.task_id)
+    (kind, dialect): select(Batch.id, Batch.state_id, Batch.task_id, Batch.position)
     .where(*([Batch.dataset_id == bindparam("dataset_id")] if kind == "batches" else []), _SCOPES[kind])
     .order_by(Batch.id.collate("C") if dialect == "postgresql" else Batch.id)
     .execution_options(yield_per=50_000)
@@ -700,6 +805,9 @@ class Work:
     idempotency: list[dict[str, Any]] = field(default_factory=list)
     new_reservations: list[Loaded] = field(default_factory=list)  # written by ``flush``
     new_reservation_batches: list[dict[str, Any]] = field(default_factory=list)  # named ones
+    new_reservation_tasks: list[dict[str, Any]] = field(default_factory=list)  # whole tasks
+    # Tasks read in this transaction: their pointer (``Task.state_id``: compact) or ``None``.
+    task_states: dict[str, str | None] = field(default_factory=dict)
     events: list[tuple[audit.AuditEvent, datetime]] = field(default_factory=list)
     expired_on_open: int = 0  # due reservations expired as the transaction opened
     next_expiry: datetime | None = None  # of the dataset's open reservations, read with the head
@@ -716,6 +824,8 @@ class Work:
     final: Mark | None = None  # the head's mark as this transaction writes it (``flush``)
     seen_batches: dict[str, tuple[str, str]] = field(default_factory=dict)
     seen_members: dict[str, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    seen_task_sets: dict[tuple[str, ...], TaskSet] = field(default_factory=dict)
+    compacted: set[str] = field(default_factory=set)  # tasks made compact by this transaction
     unsure: bool = False
 
     @classmethod
@@ -821,18 +931,38 @@ class Work:
         by state. ``NotFound`` names the first batch or task not in this dataset; ``InvalidInput``
         when the tasks have no batches or more than ``most``.
 
-        One pass over ``(id, state id, task id)`` in ascending id order, kept as counters and a
-        running SHA-256 (``batch_set``), not as a list: memory grows with the distinct states
-        and tasks, not with the batches."""
+        One pass over ``(id, state id, task id, position)`` in ascending id order, kept as
+        counters and a running SHA-256 (``batch_set``), not as a list: memory grows with the
+        distinct states and tasks, not with the batches. A batch of a compact task takes the
+        task's state. Whole tasks each in one state, all compact or more than ``SMALL_CHARGE``
+        batches, are read as compact tasks (``Selection.whole``: those not compact yet become
+        so); otherwise the compact tasks it touches are materialised (their batches take the
+        task's pointer), so that every batch it reads has its own."""
         dataset_id = self.head.id
         scope = Scope(selector, {"scope_ids": list(ids)})
+        task_states = self.task_states
         if selector == "tasks":
-            found = set(
-                self.connection.scalars(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
-            )
+            rows = self.connection.execute(_TASKS_OF_DATASET, {"ids": list(ids), "dataset_id": dataset_id})
+            found = {task_id: sid for task_id, sid in rows}
             for task_id in ids:
                 if task_id not in found:
                     raise NotFound("task", task_id)
+            task_states.update(found)
+            cached = self._task_set(tuple(sorted(found)))
+            if cached is not None:  # whole compact tasks in one state, passed over before
+                if cached.batches > most:
+                    raise InvalidInput("tasks", f"cover more than {most} batches.")
+                [sid] = {found[t] for t in found}
+                return Selection(
+                    scope,
+                    {sid: cached.batches},
+                    {sid: set(found)},
+                    {sid: 0},
+                    cached.batch_set,
+                    None,
+                    {sid: cached.example},
+                    whole={sid: [(t, last, n) for t, (n, last) in sorted(cached.tasks.items())]},
+                )
         known = self._known_rows(ids) if selector == "batches" and len(ids) <= SMALL_CHARGE else None
         parts: Iterable[Sequence[Any]]
         if known is not None:
@@ -848,14 +978,17 @@ class Work:
         classes: dict[str, int] = {}
         named: dict[str, str] | None = {} if selector == "batches" else None  # batch -> state
         example: dict[str, str] = {}  # state -> its first batch (named in errors)
+        per_task: dict[str, list[Any]] = {}  # task -> [state, batches, last position, uniform]
         digest = hashlib.sha256()
         total = 0
         overlay = self.overlay
         members: dict[str, list[str]] | None = {}
         for part in parts:
             lines = []
-            for batch_id, state_id_, task_id in part:
-                if overlay:
+            for batch_id, state_id_, task_id, *position in part:
+                if state_id_ is None:  # a batch of a compact task
+                    state_id_ = task_states.get(task_id) or self._task_state(task_id)
+                elif overlay:
                     state_id_ = overlay.get(batch_id, state_id_)
                 index = classes.get(state_id_)
                 if index is None:
@@ -864,7 +997,17 @@ class Work:
                     example[state_id_] = batch_id
                 lines.append(f"{batch_id} {index}\n")
                 counts[state_id_] += 1
-                tasks[state_id_].add(task_id)
+                t = per_task.get(task_id)
+                if t is None:
+                    per_task[task_id] = [state_id_, 1, position[0] if position else -1, True]
+                    tasks[state_id_].add(task_id)
+                else:
+                    t[1] += 1
+                    if position and position[0] > t[2]:
+                        t[2] = position[0]
+                    if t[0] != state_id_:
+                        t[3] = False
+                        tasks[state_id_].add(task_id)
                 if named is not None:
                     named[batch_id] = state_id_
                 if members is not None:
@@ -885,18 +1028,144 @@ class Work:
                 example.setdefault(named[batch_id], batch_id)
         if not total:
             raise InvalidInput("tasks", "the tasks have no batches.")
+        compact = [t for t in per_task if task_states.get(t)]
+        whole: dict[str, list[tuple[str, int, int]]] | None = None
+        if (
+            selector == "tasks"
+            and all(t[3] for t in per_task.values())
+            and (total > SMALL_CHARGE or len(compact) == len(per_task))
+        ):
+            self.compact({t: v[0] for t, v in per_task.items() if not task_states.get(t)})
+            whole = {}
+            for task_id in sorted(per_task):
+                sid, n, last, _ = per_task[task_id]
+                whole.setdefault(sid, []).append((task_id, last, n))
+            members = None  # moved by their tasks' pointers
+            if len(whole) == 1:  # the next charge on these tasks needs no pass (``_task_set``)
+                [sid] = whole
+                self.seen_task_sets[tuple(sorted(per_task))] = TaskSet(
+                    "sha256:" + digest.hexdigest(),
+                    total,
+                    {t: (n, last) for t, last, n in whole[sid]},
+                    example[sid],
+                )
+        elif compact:
+            self.materialise(compact)
         if members is not None:
             self.seen_batches.update((b, (sid, t)) for b, sid, t in seen)
         positions = None if selector != "batches" else [(b, i) for i, b in enumerate(ids)]
         return Selection(
-            scope, counts, tasks, classes, "sha256:" + digest.hexdigest(), positions, example, named, members
+            scope,
+            counts,
+            tasks,
+            classes,
+            "sha256:" + digest.hexdigest(),
+            positions,
+            example,
+            named,
+            members,
+            whole,
         )
+
+    def _task_set(self, key: tuple[str, ...]) -> TaskSet | None:
+        """The known pass over the whole tasks ``key`` when all are compact in one state."""
+        states = {self.task_states.get(t) for t in key}
+        if len(states) != 1 or None in states:
+            return None
+        cached = self.seen_task_sets.get(key)
+        if cached is None and self.known is not None:
+            cached = self.known.task_sets.get(key)
+        return cached if cached is not None and set(cached.tasks) == set(key) else None
+
+    def _task_state(self, task_id: str) -> str:
+        """The pointer of a compact task (one of whose batches has none), read once."""
+        state = self.task_states.get(task_id)
+        if state is None:
+            for row in self.connection.execute(_TASK_AGGREGATES, {"ids": [task_id]}):
+                self.task_states[row.id] = row.state_id
+                if row.id not in self.tasks:
+                    self.tasks[row.id] = (row.epsilon_spent, row.delta_spent, row.naive_epsilon)
+            state = self.task_states.get(task_id)
+        if state is None:
+            raise RuntimeError(f"batch of task {task_id!r} has no state and its task none")
+        return state
+
+    def materialise(self, task_ids: Iterable[str]) -> None:
+        """The compact tasks ``task_ids`` are no longer compact: their batches take the task's
+        pointer (one statement per task, over its batches; no batch changes state)."""
+        rows = [{"task": t, "state": self._task_state(t)} for t in sorted(set(task_ids))]
+        if not rows:
+            return
+        execute = self.connection.execute
+        for row in rows:
+            execute(_MATERIALISE, row)
+        execute(_SET_TASK_STATE, [{"task": row["task"], "state": None} for row in rows])
+        for row in rows:
+            self.task_states[row["task"]] = None
+
+    def compact(self, states: Mapping[str, str]) -> None:
+        """The tasks of ``states`` (each with all its batches in that state) become compact: the
+        task holds the pointer, its batches none (no batch changes state)."""
+        if not states:
+            return
+        self.write_overlay()  # the pointers it drops must not be written after it
+        self.compacted.update(states)  # what the process knows of their batches is forgotten
+        execute = self.connection.execute
+        ordered = sorted(states.items())
+        for task_id, _ in ordered:
+            execute(_COMPACT, {"task": task_id})
+        execute(_SET_TASK_STATE, [{"task": t, "state": sid} for t, sid in ordered])
+        self.task_states.update(states)
 
     def groups(self, reservation_id: str, batches: int) -> dict[int, list[Group]]:
         """``{class index: [Group]}`` of a reservation over ``batches`` batches, by current
-        state: one query over its batches — per batch for a small reservation (``SMALL_CHARGE``:
-        the groups then name their batches, and the transaction's overlay applies), else one
-        aggregate row per (class, state, task) — with each task's maxima."""
+        state: the classes of whole tasks (``HeldClass.tasks``) from their tasks' rows (a task
+        still compact: one group of its class; one no longer: its batches by state, ``task_part``);
+        the others by one query over its batches — per batch for a small reservation
+        (``SMALL_CHARGE``: the groups then name their batches, and the transaction's overlay
+        applies), else one aggregate row per (class, state, task) — with each task's maxima."""
+        r = self.reservations.get(reservation_id)
+        out: dict[int, list[Group]] = {}
+        by_rows = batches
+        if r is not None and any(c.tasks for c in r.classes):
+            self._whole_groups(r, out)
+            by_rows = batches - sum(c.batches for c in r.classes if c.tasks)
+        if by_rows > 0:
+            for index, groups in self._row_groups(reservation_id, by_rows).items():
+                out.setdefault(index, []).extend(groups)
+        return dict(sorted(out.items()))
+
+    def _whole_groups(self, r: Loaded, out: dict[int, list[Group]]) -> None:
+        """The groups of ``r``'s classes of whole tasks, read from the tasks' rows."""
+        wanted = sorted({t for c in r.classes for t, _, _ in c.tasks if t not in self.task_states})
+        if wanted:
+            for row in self.connection.execute(_TASK_AGGREGATES, {"ids": wanted}):
+                self.task_states[row.id] = row.state_id
+                self.tasks.setdefault(row.id, (row.epsilon_spent, row.delta_spent, row.naive_epsilon))
+        found: dict[tuple[int, str], tuple[int, set[str]]] = {}
+        for c in r.classes:
+            for task_id, last, count in c.tasks:
+                sid = self.task_states.get(task_id)
+                if sid is not None:  # still compact: all its batches in its state
+                    n, tasks = found.get((c.index, sid), (0, set()))
+                    tasks.add(task_id)
+                    found[(c.index, sid)] = (n + count, tasks)
+                    continue
+                self.write_overlay()  # the aggregate reads the pointers
+                scope = task_part(task_id, last)
+                for state_id_, n, _ in self.connection.execute(_TASK_PART_GROUPS, dict(scope.params)):
+                    self.load_states([state_id_])
+                    out.setdefault(c.index, []).append(
+                        Group(state_id_, n, frozenset([task_id]), None, False, scope)
+                    )
+        self.load_states(sid for _, sid in found)
+        for (index, sid), (count, tasks) in sorted(found.items()):
+            scope = Scope("tasks", {"scope_ids": sorted(tasks)})  # names an example in errors
+            out.setdefault(index, []).append(Group(sid, count, frozenset(tasks), None, True, scope))
+
+    def _row_groups(self, reservation_id: str, batches: int) -> dict[int, list[Group]]:
+        """The groups of a reservation's ``reservation_batches`` rows (``groups``). A batch
+        without a pointer is of a task that became compact since: the task is materialised."""
         found: dict[tuple[int, str], tuple[int, set[str], list[str]]] = {}
         small = batches <= SMALL_CHARGE
         if small:
@@ -906,13 +1175,23 @@ class Work:
                 self.unsure = True  # another dataset's batches and tasks: learn nothing of them
             known = self._known_members(reservation_id) if ours else None
             rows: Iterable[Sequence[Any]] = (
-                self.connection.execute(_RESERVATION_MEMBERS, {"reservation_id": reservation_id})
+                self.connection.execute(_RESERVATION_MEMBERS, {"reservation_id": reservation_id}).all()
                 if known is None
                 else known
             )
+            rows = list(rows)
+            compact = {
+                row[3]: self._task_state(row[3])
+                for row in rows
+                if row[2] is None or self.task_states.get(row[3])
+            }
+            if compact:
+                self.materialise(compact)
             overlay = self.overlay
             members = []
             for index, batch_id, state_id_, task_id, *spent in rows:
+                if state_id_ is None or task_id in compact:
+                    state_id_ = compact[task_id]
                 state_id_ = overlay.get(batch_id, state_id_)
                 self.tasks.setdefault(task_id, tuple(spent))  # an earlier op's raise stays
                 total, tasks, ids = found.get((index, state_id_), (0, set(), []))
@@ -926,7 +1205,15 @@ class Work:
                 self.seen_members[reservation_id] = tuple(members)
         else:
             self.write_overlay()  # the aggregate reads the pointers
-            aggregated = self.connection.execute(_RESERVATION_GROUPS, {"reservation_id": reservation_id})
+            aggregated = self.connection.execute(
+                _RESERVATION_GROUPS, {"reservation_id": reservation_id}
+            ).all()
+            compact = {row[2] for row in aggregated if row[1] is None or self.task_states.get(row[2])}
+            if compact:  # rare: materialise and read again
+                self.materialise(compact)
+                aggregated = self.connection.execute(
+                    _RESERVATION_GROUPS, {"reservation_id": reservation_id}
+                ).all()
             for index, state_id_, task_id, count, *spent in aggregated:
                 self.tasks.setdefault(task_id, tuple(spent))
                 total, tasks, ids = found.get((index, state_id_), (0, set(), []))
@@ -959,6 +1246,7 @@ class Work:
     def dataset_groups(self) -> list[tuple[str, int, frozenset[str]]]:
         """``[(state id, batches, their tasks)]`` over every batch of the dataset: one aggregate
         query, one row per (state, task) (``state_groups``)."""
+        self.materialise(self.connection.scalars(_COMPACT_TASKS, {"dataset_id": self.head.id}))
         self.write_overlay()
         groups = state_groups(self.connection.execute(*state_groups_query(self.head.id)))
         self.load_states(g.state_id for g in groups)
@@ -968,7 +1256,7 @@ class Work:
         """A batch in state ``state_id_`` (of those ``scope`` selects), to name in an error."""
         scope = scope or whole_dataset(self.head.id)
         self.write_overlay()
-        query = select(func.min(Batch.id)).where(Batch.state_id == bindparam("state"), scope.where)
+        query = select(func.min(Batch.id)).where(EFFECTIVE_STATE == bindparam("state"), scope.where)
         return str(self.connection.scalar(query, {**scope.params, "state": state_id_}))
 
     # -- applying --------------------------------------------------------------------------------
@@ -1012,6 +1300,8 @@ class Work:
                 self.tasks,
                 [r for r in self.reservations.values() if r.dataset_id == dataset_id],
                 self.seen_members,
+                self.seen_task_sets,
+                frozenset(self.compacted),
             )
         )
         KNOWN.learn(engine, dataset_id, self.known, self.opened, self.final or self.opened, learned)
@@ -1023,6 +1313,18 @@ class Work:
         batch is rewritten once from the state it was in (a move into another move's source
         state cannot move a batch twice) in time linear in the batches, however many states."""
         targets = {id(m): self.intern(m.target, at) for m in moves}  # each state hashed once
+        if any(m.compact or m.scope is not None for m in moves):
+            rest = [m for m in moves if not m.compact and m.scope is None]
+            self._move_tasks([m for m in moves if m.compact], targets)
+            by_scope: dict[int, tuple[Scope, list[Move]]] = {}  # a task part's groups share one
+            for m in moves:
+                if m.scope is not None and not m.compact:
+                    by_scope.setdefault(id(m.scope), (m.scope, []))[1].append(m)
+            for other, grouped in by_scope.values():
+                self.move(other, [replace(m, scope=None) for m in grouped], at)
+            if rest:
+                self.move(scope, rest, at)
+            return
         if all(m.batch_ids is not None for m in moves):  # a small charge: kept until ``flush``
             for m in moves:
                 for batch_id in m.batch_ids or ():
@@ -1050,6 +1352,23 @@ class Work:
             moved = self.connection.execute(statement, params).rowcount
             if moved != expected:  # the head is locked: nothing else moves these batches
                 raise RuntimeError(f"moved {moved} batches out of {len(pending)} states, expected {expected}")
+        for m in moves:
+            self._raise_maxima(self.state(m.source), m.target, m.tasks)
+
+    def _move_tasks(self, moves: Sequence[Move], targets: Mapping[int, str]) -> None:
+        """Move whole compact tasks: one pointer per task (``Task.state_id``), not per batch."""
+        rows = [
+            {"task": t, "source": m.source, "target": targets[id(m)]}
+            for m in moves
+            if targets[id(m)] != m.source
+            for t in sorted(m.tasks)
+        ]
+        if rows:  # the process knows no batch of a compact task by its own pointer: nothing to forget
+            moved = self.connection.execute(_MOVE_TASK, rows).rowcount
+            if moved not in (-1, len(rows)):  # the head is locked: nothing else moves them
+                raise RuntimeError(f"moved {moved} tasks, expected {len(rows)}")
+            for row in rows:
+                self.task_states[row["task"]] = row["target"]
         for m in moves:
             self._raise_maxima(self.state(m.source), m.target, m.tasks)
 
@@ -1087,6 +1406,19 @@ class Work:
             self.seen_members[r.id] = tuple(
                 (selection.classes[sid], b) for sid, batch_ids in selection.members.items() for b in batch_ids
             )
+        if selection.whole is not None:  # whole compact tasks: one row per task, by ``flush``
+            self.new_reservation_tasks.extend(
+                {
+                    "reservation_id": r.id,
+                    "task_id": task_id,
+                    "class_index": selection.classes[sid],
+                    "last_position": last,
+                    "batches": count,
+                }
+                for sid, entries in selection.whole.items()
+                for task_id, last, count in entries
+            )
+            return
         if selection.positions is not None:
             assert selection.named is not None
             index_of, state_of = selection.classes, selection.named
@@ -1173,6 +1505,8 @@ class Work:
             execute(_INSERT_RESERVATIONS, [_reservation_row(r) for r in latest])
         if self.new_reservation_batches:
             execute(_INSERT_RESERVATION_BATCHES, self.new_reservation_batches)
+        if self.new_reservation_tasks:
+            execute(_INSERT_RESERVATION_TASKS, self.new_reservation_tasks)
         new = {r.id for r in self.new_reservations}
         changed = [self.reservations[i] for i in sorted(self.dirty_reservations - new)]
         if changed:

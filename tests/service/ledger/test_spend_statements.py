@@ -98,3 +98,35 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
             ]
             walks = [step for step in plan if "SCAN batches" in step or "dataset_id" in step]
             assert not walks, f"{statement}\n{plan}"
+
+
+# A reserve + commit over whole compact tasks (``Task.state_id``) the process has passed over:
+# reserve: head, tasks, new state, the tasks' pointers, reservation, its task rows, audit, head;
+# commit: head, the tasks' pointers and maxima, new state, the tasks' pointers, reservation, task
+# maxima, release, certificate, audit, head — whatever the number of batches.
+MOST_WHOLE_TASK_STATEMENTS = 18
+
+
+@pytest.mark.parametrize("batches", [300, 900])
+def test_a_whole_compact_task_charge_touches_no_batch_row(
+    ledger: Database, make_dataset: MakeDataset, batches: int
+) -> None:
+    """Once a task is compact and the process knows its batch set, a charge on the whole task
+    reads and writes no row of ``batches`` or ``reservation_batches``, in as many statements for
+    300 batches as for 900."""
+    layout = make_dataset(BUDGET, tasks=[batches])
+    task_id = layout.tasks[0]
+
+    def charge(version: int) -> None:
+        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[task_id])
+        reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": version})
+
+    charge(1)  # the task becomes compact
+    charge(2)
+    with statements(ledger) as seen:
+        charge(3)
+    listing = "\n".join(seen)
+    assert len(seen) <= MOST_WHOLE_TASK_STATEMENTS, f"{len(seen)} statements:\n{listing}"
+    tables = ("FROM batches", "JOIN batches", "UPDATE batches", "INTO batches", "reservation_batches")
+    touching = [s for s in seen if any(t in s for t in tables)]
+    assert not touching, listing
