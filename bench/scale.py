@@ -117,10 +117,10 @@ def charge(
         db, TENANT, ds, event_json=EVENTS[accountant], task_ids=tasks, batch_ids=batch_ids
     )
     answer = reservations.commit(
-        db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
+        db, TENANT, held.id, release={"model": "scale", "version": str(next(_versions))}
     )
     seconds = time.perf_counter() - started
-    return seconds, len(json.dumps(answer)), held
+    return seconds, len(json.dumps(answer.to_json())), held.to_json()
 
 
 def ratio(db: Database, wide: int) -> dict[str, Any]:
@@ -152,9 +152,7 @@ def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
         group = ids[k * wide // 100 : (k + 1) * wide // 100]
         event = {"kind": "pure_dp", "epsilon": 0.001 * (k + 1)}
         held = reservations.reserve(db, TENANT, ds, event_json=event, batch_ids=group)
-        reservations.commit(
-            db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
-        )
+        reservations.commit(db, TENANT, held.id, release={"model": "scale", "version": str(next(_versions))})
     seconds, size, held = charge(db, ds, "basic", tasks=tasks)
     classes = len(held["batches"]["classes"])
     print(

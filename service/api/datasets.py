@@ -402,7 +402,7 @@ async def declare_plan_segment(
     idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
     rates: PricingRates = request.app.state.pricing
-    return await plan_segments.declare_segment_async(
+    declared = await plan_segments.declare_segment_async(
         request.app.state.database,
         principal.tenant_id,
         dataset_id,
@@ -411,3 +411,4 @@ async def declare_plan_segment(
         idempotency_key=idempotency_key,
         policy=rates.policy(principal.tenant_id),
     )
+    return declared.to_json()

@@ -46,23 +46,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _age_s(reservation: dict[str, Any]) -> float | None:
-    created = reservation.get("created_at")
-    if not isinstance(created, str):
-        return None
-    try:
-        at = datetime.fromisoformat(created)
-    except ValueError:
-        return None
+def _observe_age(metrics: LedgerMetrics, reservation: reservations.Reservation, outcome: str) -> None:
+    at = reservation.created_at
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
-    return max(0.0, (datetime.now(UTC) - at).total_seconds())
-
-
-def _observe_age(metrics: LedgerMetrics, reservation: dict[str, Any], outcome: str) -> None:
-    age = _age_s(reservation)
-    if age is not None:
-        metrics.reservation_age.observe(age, outcome=outcome)
+    metrics.reservation_age.observe(max(0.0, (datetime.now(UTC) - at).total_seconds()), outcome=outcome)
 
 
 @router.post(
@@ -114,7 +102,7 @@ async def reserve(
         release=None if body.release is None else body.release.model_dump(),
     )
     state.metrics.reservations.inc()
-    return json_answer(answer, 201)
+    return json_answer(answer.to_json(), 201)
 
 
 def _pricing(request: Request, tenant_id: str) -> pricing.Policy:
@@ -134,7 +122,7 @@ def _ids(ids: list[str | int] | None) -> list[str] | None:
     summary="Get a reservation",
 )
 def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id))
+    return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id).to_json())
 
 
 @router.get(
@@ -191,10 +179,9 @@ async def commit(
         policy=_pricing(request, principal.tenant_id),
     )
     metrics.commits.inc()
-    reservation = answer.get("reservation")
-    if isinstance(reservation, dict) and reservation.get("commits") == 1:
-        _observe_age(metrics, reservation, "committed")
-    return json_answer(answer)
+    if answer.reservation.commits == 1:
+        _observe_age(metrics, answer.reservation, "committed")
+    return json_answer(answer.to_json())
 
 
 @router.post(
@@ -223,7 +210,7 @@ async def abort(
     )
     metrics.aborts.inc()
     _observe_age(metrics, answer, "aborted")
-    return json_answer(answer)
+    return json_answer(answer.to_json())
 
 
 @router.post(
@@ -257,4 +244,4 @@ async def extend(
         max_lifetime_s=state.settings.reservation_max_lifetime_s,
         idempotency_key=idempotency_key,
     )
-    return json_answer(answer)
+    return json_answer(answer.to_json())

@@ -1,7 +1,8 @@
 """Answers on the hot path, serialised once.
 
-The ledger's operations return JSON-ready dicts exactly as the API answers them. On the hot
-routes (reserve, commit, abort, spend) the router returns them as a ``JSONResponse`` directly
+The ledger's operations return JSON-ready dicts exactly as the API answers them, or typed
+answers whose ``to_json`` is that (``service.ledger.spending.answers``). On the hot routes
+(reserve, commit, abort, spend) the router returns them as a ``JSONResponse`` directly
 instead of through ``response_model``: FastAPI would otherwise validate the dict against the
 schema and walk it with ``jsonable_encoder`` (a commit carries a whole certificate) before
 serialising it. The schema is still declared in ``responses=`` for the OpenAPI document, and the

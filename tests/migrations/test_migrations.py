@@ -219,11 +219,11 @@ def _a_spend_and_a_hold(
     ids = [b["id"] for b in made["data"]]
     charge = reservations.reserve(
         db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[spent]
-    )
+    ).to_json()
     reservations.commit(db, "acme", charge["id"], release={"model": "m", "version": "1"})
     hold = reservations.reserve(
         db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[held]
-    )
+    ).to_json()
     return ds, ids, hold
 
 
@@ -266,9 +266,9 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
     db = Database(empty_database_url)
     try:
         assert views.batch_spend(db, "acme", ds)["data"] == before
-        assert reservations.get_reservation(db, "acme", held["id"])["batches"] == held["batches"]
+        assert reservations.get_reservation(db, "acme", held["id"]).to_json()["batches"] == held["batches"]
         assert reservations.all_batches(db, "acme", held["id"]) == members
-        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"}).to_json()
         certificate = answer["certificate"]["certificate"]
         assert verify(certificate).ok
         assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
@@ -433,7 +433,7 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
         )["data"]
         held = reservations.reserve(
             db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
+        ).to_json()
         reservations.abort(db, "acme", held["id"])
     finally:
         db.dispose()
@@ -483,8 +483,10 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
         )["data"]
         held = reservations.reserve(
             db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
-        certificate = reservations.commit(db, "acme", held["id"], release={"model": "ext", "version": 1})
+        ).to_json()
+        certificate = reservations.commit(
+            db, "acme", held["id"], release={"model": "ext", "version": 1}
+        ).to_json()
         upload = registry.ArtifactUpload(tmp_path / "artifacts", max_bytes=1024)
         upload.write(b"weights")
         registry.register_external(
@@ -541,7 +543,7 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         )["data"]
         held = reservations.reserve(
             db, "acme", ids[1], batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
+        ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
     finally:
         db.dispose()
@@ -589,7 +591,9 @@ def test_reservation_classes_move_into_their_reservations_and_back(empty_databas
         held = _a_spend_and_a_hold(db, 6, spent=slice(None, 4), held=slice(2, None))[2]
         [committed] = db.read_all(sa.text("SELECT id FROM reservations WHERE status = 'committed'"), {})
         committed_id = committed.id
-        before = {r: reservations.get_reservation(db, "acme", r) for r in (held["id"], committed_id)}
+        before = {
+            r: reservations.get_reservation(db, "acme", r).to_json() for r in (held["id"], committed_id)
+        }
     finally:
         db.dispose()
     assert len(before[held["id"]]["batches"]["classes"]) == 2  # two batches charged before, two not
@@ -608,8 +612,8 @@ def test_reservation_classes_move_into_their_reservations_and_back(empty_databas
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
     try:
-        assert {r: reservations.get_reservation(db, "acme", r) for r in before} == before
-        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        assert {r: reservations.get_reservation(db, "acme", r).to_json() for r in before} == before
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"}).to_json()
         certificate = answer["certificate"]["certificate"]
         assert verify(certificate).ok
         assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice

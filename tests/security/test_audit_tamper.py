@@ -42,7 +42,9 @@ def _world(db: Database) -> World:
     world = make_world(db, "acme")
     # a few more entries so that there is a middle and a tail
     for _ in range(2):
-        held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
+        held = reservations.reserve(
+            db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch]
+        ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": unique("v")})
     return world
 

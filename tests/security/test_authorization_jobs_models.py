@@ -110,8 +110,10 @@ def _objects(db: Database, artifacts: Path) -> Objects:
         fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
-    held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
-    answer = reservations.commit(db, "acme", held["id"], release={"model": model, "version": version})
+    held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch]).to_json()
+    answer = reservations.commit(
+        db, "acme", held["id"], release={"model": model, "version": version}
+    ).to_json()
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
     return Objects(world, str(job["id"]), model, version)
 

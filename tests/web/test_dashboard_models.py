@@ -111,8 +111,10 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
             dataset,
             event_json={"kind": "pure_dp", "epsilon": 0.2 * version},
             batch_ids=[batch],
-        )
-        answer = reservations.commit(db, "default", held["id"], release={"model": model, "version": version})
+        ).to_json()
+        answer = reservations.commit(
+            db, "default", held["id"], release={"model": model, "version": version}
+        ).to_json()
         registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
     jobs.leases.finish(db, claimed.lease, "succeeded", metrics={"accuracy": 0.74, LONG_METRIC: 0.69})
     return job
@@ -174,7 +176,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         jobs.leases.record_plan(db, claimed.lease, plan={"steps": 50}, total_steps=50)
         held = reservations.reserve(
             db, "default", trained, event_json={"kind": "pure_dp", "epsilon": 0.75}, batch_ids=[batch]
-        )
+        ).to_json()
         jobs.leases.record_reservation(db, claimed.lease, held["id"])
         jobs.leases.record_progress(db, claimed.lease, step=12, metrics={LONG_METRIC: 0.5, "loss": 1.1})
 

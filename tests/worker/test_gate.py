@@ -379,7 +379,7 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     event = {"kind": "gaussian", "noise_multiplier": 5.0}
     held = reservations.reserve(
         db, "acme", world.dataset_id, event_json=event, batch_ids=list(world.batch_ids)
-    )
+    ).to_json()
     jobs.leases.record_reservation(db, dead.lease, held["id"])
     staged = registry.stage(
         artifacts,
@@ -394,7 +394,7 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
         fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
-    answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
+    answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1}).to_json()
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
 
     loader = CountingLoader()

@@ -29,10 +29,12 @@ def _spend(
 ) -> dict[str, Any]:
     held = reservations.reserve(
         db, tenant, dataset, event_json=_pure(epsilon), batch_ids=batch_ids, noise_commitment=commitment
-    )
+    ).to_json()
     if not commit:
         return held
-    return reservations.commit(db, tenant, held["id"], release={"model": "m", "version": unique("v")})
+    return reservations.commit(
+        db, tenant, held["id"], release={"model": "m", "version": unique("v")}
+    ).to_json()
 
 
 def _dataset(

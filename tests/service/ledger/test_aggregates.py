@@ -36,7 +36,7 @@ def _charge(db: Database, ds: str, batch_ids: list[str], version: int) -> tuple[
     with statements(db) as reserve_sql:
         r = reservations.reserve(
             db, "t1", ds, batch_ids=batch_ids, event_json={"kind": "pure_dp", "epsilon": 0.01}
-        )
+        ).to_json()
     with statements(db) as commit_sql:
         reservations.commit(db, "t1", r["id"], release={"model": "m", "version": version})
     return reserve_sql, commit_sql

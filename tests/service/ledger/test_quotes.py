@@ -43,7 +43,7 @@ def _dataset(db: Database, count: int, budget: dict[str, Any] = BASIC) -> tuple[
 def _spend(db: Database, ds: str, batch_ids: list[str], epsilon: str) -> None:
     held = reservations.reserve(
         db, "t1", ds, event_json={"kind": "pure_dp", "epsilon": float(epsilon)}, batch_ids=batch_ids
-    )
+    ).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": next(_versions)})
 
 

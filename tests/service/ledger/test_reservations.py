@@ -40,7 +40,7 @@ def test_hundred_charges_of_a_hundredth_fill_one_exactly(ledger: Database, make_
     ds = make_dataset(BASIC)
     batch = ds.all_batches
     for i in range(100):
-        r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.01))
+        r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.01)).to_json()
         reservations.commit(ledger, "t1", r["id"], release=release(i))
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert answer["epsilon_spent"] == "1" and answer["epsilon_remaining"] == "0"
@@ -56,9 +56,9 @@ def test_commit_returns_a_certificate_that_verifies_offline(
     ledger: Database, make_dataset: MakeDataset
 ) -> None:
     ds = make_dataset(BASIC, tasks=[2])
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.25))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.25)).to_json()
     assert r["status"] == "reserved" and r["cost"] == {"epsilon": "0.25", "delta": "0"}
-    answer = reservations.commit(ledger, "t1", r["id"], release=release(1))
+    answer = reservations.commit(ledger, "t1", r["id"], release=release(1)).to_json()
     cert = answer["certificate"]
     assert offline.verify(cert["certificate"]).ok
     assert cert["content_hash"] == cert["certificate"]["hash"]
@@ -81,26 +81,30 @@ def test_commit_returns_a_certificate_that_verifies_offline(
 
 def test_a_release_is_recorded_once(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC)
-    first = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1))
+    first = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1)
+    ).to_json()
     reservations.commit(ledger, "t1", first["id"], release=release(7))
-    second = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1))
+    second = reservations.reserve(
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.1)
+    ).to_json()
     with pytest.raises(Conflict) as info:
         reservations.commit(ledger, "t1", second["id"], release=release(7))
     assert info.value.reason == "release_exists"
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.1"  # nothing changed
-    assert reservations.get_reservation(ledger, "t1", second["id"])["status"] == "reserved"
+    assert reservations.get_reservation(ledger, "t1", second["id"]).to_json()["status"] == "reserved"
 
 
 def test_abort_charges_the_whole_reservation(ledger: Database, make_dataset: MakeDataset) -> None:
     # Issue 24 §2: an abort no longer returns the hold; it is a final charge with no release.
     ds = make_dataset(BASIC)
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.9))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.9)).to_json()
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.9"
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.2))
-    aborted = reservations.abort(ledger, "t1", r["id"])
+    aborted = reservations.abort(ledger, "t1", r["id"]).to_json()
     assert aborted["status"] == "aborted" and aborted["committed"]["epsilon"] == "0.9"
-    assert reservations.abort(ledger, "t1", r["id"]) == aborted  # charged once
+    assert reservations.abort(ledger, "t1", r["id"]).to_json() == aborted  # charged once
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_held"], answer["epsilon_spent"], answer["reservations_open"]) == ("0", "0.9", 0)
     assert answer["last_release"] is None  # nothing was released
@@ -135,15 +139,15 @@ def test_the_workers_abort_charges_what_ran(ledger: Database, make_dataset: Make
     # In-process only (the built-in worker): nothing read is refunded, a prefix that ran is charged.
     ds = make_dataset(BASIC)
     run = {"kind": "self_composed", "count": 10, "event": pure(0.05)}
-    unread = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
-    refunded = reservations.abort(ledger, "t1", unread["id"], ran=reservations.Ran(None))
+    unread = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run).to_json()
+    refunded = reservations.abort(ledger, "t1", unread["id"], ran=reservations.Ran(None)).to_json()
     assert (refunded["status"], refunded["committed"]["epsilon"]) == ("aborted", "0")
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0"
     assert certificates.list_certificates(ledger, "t1", ds.id)["count"] == 0
     assert "certificate_id" not in _audit_entry(ledger, ds.id, "reservation.aborted")
     three = reservations.parse_event({"kind": "self_composed", "count": 3, "event": pure(0.05)})
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
-    aborted = reservations.abort(ledger, "t1", r["id"], ran=reservations.Ran(three))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run).to_json()
+    aborted = reservations.abort(ledger, "t1", r["id"], ran=reservations.Ran(three)).to_json()
     assert aborted["committed"]["epsilon"] == "0.15"
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.15", "0")
@@ -151,19 +155,19 @@ def test_the_workers_abort_charges_what_ran(ledger: Database, make_dataset: Make
     assert (stored["outcome"], stored["certificate"]["result"]["charge"]["epsilon"]) == ("aborted", "0.15")
     assert offline.verify(stored["certificate"]).ok
     # What ran must be the reserved run cut short: anything else is refused and stays open.
-    other = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    other = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run).to_json()
     with pytest.raises(ChargeRefused):
         reservations.abort(
             ledger, "t1", other["id"], ran=reservations.Ran(reservations.parse_event(pure(0.01)))
         )
-    assert reservations.get_reservation(ledger, "t1", other["id"])["status"] == "reserved"
+    assert reservations.get_reservation(ledger, "t1", other["id"]).to_json()["status"] == "reserved"
     assert audit.verify(ledger)["ok"]
 
 
 def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC)
     run = {"kind": "self_composed", "count": 10, "event": pure(0.05)}
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run)
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=run).to_json()
     assert r["cost"]["epsilon"] == "0.5"
     step = reservations.commit(
         ledger,
@@ -171,7 +175,7 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
         r["id"],
         release=release(1),
         event_json={"kind": "self_composed", "count": 4, "event": pure(0.05)},
-    )
+    ).to_json()
     assert step["reservation"]["status"] == "reserved"
     assert step["reservation"]["committed"]["epsilon"] == "0.2"
     assert offline.verify(step["certificate"]["certificate"]).ok
@@ -184,7 +188,7 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
             release=release(2),
             event_json={"kind": "self_composed", "count": 11, "event": pure(0.05)},
         )
-    aborted = reservations.abort(ledger, "t1", r["id"])
+    aborted = reservations.abort(ledger, "t1", r["id"]).to_json()
     # What could have run is the whole reserved run, whatever the progressive commits said.
     assert aborted["committed"]["epsilon"] == "0.5"
     answer = spend.get_spend(ledger, "t1", ds.id)
@@ -204,13 +208,17 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
 def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC)
     kwargs = {"batch_ids": ds.all_batches, "event_json": pure(0.3), "idempotency_key": "run-1"}
-    first = reservations.reserve(ledger, "t1", ds.id, **kwargs)
-    assert reservations.reserve(ledger, "t1", ds.id, **kwargs) == first
+    first = reservations.reserve(ledger, "t1", ds.id, **kwargs).to_json()
+    assert reservations.reserve(ledger, "t1", ds.id, **kwargs).to_json() == first
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
     with pytest.raises(IdempotencyConflict):
         reservations.reserve(ledger, "t1", ds.id, **{**kwargs, "event_json": pure(0.4)})
-    committed = reservations.commit(ledger, "t1", first["id"], release=release(1), idempotency_key="c-1")
-    again = reservations.commit(ledger, "t1", first["id"], release=release(1), idempotency_key="c-1")
+    committed = reservations.commit(
+        ledger, "t1", first["id"], release=release(1), idempotency_key="c-1"
+    ).to_json()
+    again = reservations.commit(
+        ledger, "t1", first["id"], release=release(1), idempotency_key="c-1"
+    ).to_json()
     assert again == committed
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_spent"], answer["charges_committed"]) == ("0.3", 1)
@@ -220,7 +228,7 @@ def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeData
 def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC, tasks=[3])
     a, b, c = ds.all_batches
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event_json=pure(0.8))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event_json=pure(0.8)).to_json()
     reservations.commit(ledger, "t1", r["id"], release=release(1))
     before = (spend.get_spend(ledger, "t1", ds.id), audit.verify(ledger)["entries"])
     with pytest.raises(BudgetExceeded) as info:
@@ -239,7 +247,7 @@ def test_expired_reservation_is_charged_and_cannot_be_committed(
     t0 = datetime.now(UTC)
     crashed = reservations.reserve(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), ttl_s=60, now=t0
-    )
+    ).to_json()
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=t0)
     # Past the TTL, the next spend transaction expires the crashed client's hold first, and
@@ -247,10 +255,10 @@ def test_expired_reservation_is_charged_and_cannot_be_committed(
     later = t0 + timedelta(seconds=61)
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.6), now=later)
-    assert reservations.get_reservation(ledger, "t1", crashed["id"])["status"] == "expired"
+    assert reservations.get_reservation(ledger, "t1", crashed["id"]).to_json()["status"] == "expired"
     fresh = reservations.reserve(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.4), now=later
-    )
+    ).to_json()
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", crashed["id"], release=release(1), now=later)
     reservations.commit(ledger, "t1", fresh["id"], release=release(2), now=later)
@@ -272,14 +280,14 @@ def test_late_commit_expires_and_is_refused(ledger: Database, make_dataset: Make
     t0 = datetime.now(UTC)
     r = reservations.reserve(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(0.5), ttl_s=10, now=t0
-    )
+    ).to_json()
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", r["id"], release=release(1), now=t0 + timedelta(seconds=11))
     # The expiry was stored although the commit failed: the hold is spent, nothing released.
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["last_release"]) == ("0.5", "0", None)
-    assert reservations.get_reservation(ledger, "t1", r["id"])["status"] == "expired"
-    assert reservations.abort(ledger, "t1", r["id"])["status"] == "expired"
+    assert reservations.get_reservation(ledger, "t1", r["id"]).to_json()["status"] == "expired"
+    assert reservations.abort(ledger, "t1", r["id"]).to_json()["status"] == "expired"
 
 
 def test_expiry_sweep(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -293,13 +301,13 @@ def test_expiry_sweep(ledger: Database, make_dataset: MakeDataset) -> None:
             )
     kept = reservations.reserve(
         ledger, "t1", first.id, batch_ids=first.all_batches, event_json=pure(0.1), ttl_s=100, now=t0
-    )
-    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=4)) == {"expired": 0}
-    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=6)) == {"expired": 6}
-    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=7)) == {"expired": 0}
+    ).to_json()
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=4)).to_json() == {"expired": 0}
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=6)).to_json() == {"expired": 6}
+    assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=7)).to_json() == {"expired": 0}
     assert spend.get_spend(ledger, "t1", first.id)["epsilon_held"] == "0.1"
     assert spend.get_spend(ledger, "t1", second.id)["epsilon_held"] == "0"
-    assert reservations.get_reservation(ledger, "t1", kept["id"])["status"] == "reserved"
+    assert reservations.get_reservation(ledger, "t1", kept["id"]).to_json()["status"] == "reserved"
     assert audit.verify(ledger)["ok"]
 
 
@@ -344,7 +352,7 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
     other = make_dataset(BASIC)
     with pytest.raises(NotFound):  # a batch of another dataset
         reservations.reserve(ledger, "t1", ds.id, batch_ids=other.all_batches, event_json=pure(0.1))
-    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.1))
+    r = reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event_json=pure(0.1)).to_json()
     for bad, field in [
         ({"model": "", "version": 1}, "release.model"),
         ({"model": "m"}, "release.version"),
@@ -367,7 +375,7 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
 
 def test_reserve_by_tasks(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC, tasks=[2, 3])
-    r = reservations.reserve(ledger, "t1", ds.id, task_ids=[ds.tasks[1]], event_json=pure(0.2))
+    r = reservations.reserve(ledger, "t1", ds.id, task_ids=[ds.tasks[1]], event_json=pure(0.2)).to_json()
     assert r["batches"]["count"] == len(ds.batches[1])
     assert sorted(b for b, _ in reservations.all_batches(ledger, "t1", r["id"])) == sorted(ds.batches[1])
     reservations.commit(ledger, "t1", r["id"], release=release(1))

@@ -51,8 +51,8 @@ def charge(
 ) -> dict[str, object]:
     r = reservations.reserve(
         db, "t1", dataset, batch_ids=batch_ids, event_json=event, noise_commitment=commitment
-    )
-    answer = reservations.commit(db, "t1", r["id"], release=releases.next())
+    ).to_json()
+    answer = reservations.commit(db, "t1", r["id"], release=releases.next()).to_json()
     assert offline.verify(answer["certificate"]["certificate"]).ok
     return answer
 

@@ -39,7 +39,7 @@ def other(ledger: Database) -> Iterator[Database]:
 
 
 def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
-    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id]).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
 
 
@@ -64,7 +64,7 @@ def test_a_reservation_committed_by_another_process_is_not_committed_again(
     layout = make_dataset(_budget("1"), tasks=[1])
     batch_id = layout.batches[0][0]
     _spend(ledger, layout.id, batch_id, 1)
-    held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[batch_id]).to_json()
     reservations.commit(other, "t1", held["id"], release={"model": "m", "version": 2})
     with pytest.raises(Conflict) as refused:  # this process knew it open: the head says otherwise
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 3})

@@ -48,7 +48,7 @@ def statements(db: Database) -> Iterator[list[str]]:
 
 
 def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
-    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id]).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
 
 
@@ -83,7 +83,9 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
 
     event.listen(ledger.engine, "before_cursor_execute", record)
     try:
-        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]])
+        held = reservations.reserve(
+            ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]]
+        ).to_json()
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     finally:
         event.remove(ledger.engine, "before_cursor_execute", record)

@@ -149,7 +149,7 @@ def test_any_charges_on_any_subsets_match_one_state_per_batch(
             try:
                 answer = reservations.reserve(
                     ledger, "t1", ds.id, event_json=event, noise_commitment=commitment, **kwargs
-                )
+                ).to_json()
             except LedgerError as exc:
                 assert _code(exc) in refused, (step, refused, exc.to_json())
             else:
@@ -187,7 +187,7 @@ def test_any_charges_on_any_subsets_match_one_state_per_batch(
                         rid,
                         release={"model": f"m-{ds.id}", "version": str(version)},
                         event_json=None if partial is None else ev.to_json(partial),
-                    )
+                    ).to_json()
                 except LedgerError as exc:
                     assert expected == _code(exc), (step, expected, exc.to_json())
                 else:
