@@ -202,7 +202,9 @@ def seed_charges(db: Database, count: int) -> Seeded:
     """A dataset with ``count`` committed charges of ε = SEED_CHARGE (see the module docstring)."""
     dataset_id, batch_id = _setup_dataset(db, "cold", "1000000")
     event = {"kind": "pure_dp", "epsilon": SEED_CHARGE}
-    held = reservations.reserve(db, TENANT, dataset_id, event_json=event, batch_ids=[batch_id])
+    held = reservations.reserve(
+        db, TENANT, dataset_id, event=reservations.parse_event(event), batch_ids=[batch_id]
+    )
     reservations.commit(db, TENANT, held.id, release={"model": "seed", "version": 0})
     clones = count - 1
 

@@ -359,7 +359,7 @@ async def quote(
         db,
         principal.tenant_id,
         dataset_id,
-        event_json=body.event,
+        event=body.parsed_event,
         batch_ids=None if body.batches is None else [str(i) for i in body.batches],
         task_ids=None if body.tasks is None else [str(i) for i in body.tasks],
         new_batch=body.new_batch is True,

@@ -92,7 +92,7 @@ async def reserve(
         state.database,
         principal.tenant_id,
         dataset_id,
-        event_json=body.event,
+        event=body.parsed_event,
         batch_ids=_ids(body.batches),
         task_ids=_ids(body.tasks),
         noise_commitment=body.noise_commitment,
@@ -174,7 +174,7 @@ async def commit(
         principal.tenant_id,
         reservation_id,
         release=body.release.model_dump(mode="json"),
-        event_json=body.event,
+        event=body.parsed_event,
         idempotency_key=idempotency_key,
         policy=_pricing(request, principal.tenant_id),
     )

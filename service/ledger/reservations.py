@@ -4,14 +4,15 @@ Every spend runs in a database transaction that holds the dataset's ledger head
 (``SELECT … FOR UPDATE`` on the dataset row on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so each
 decision is made on the current per-batch states and no two spends on a dataset interleave:
 
-* ``reserve`` parses the event (``accountant.events.from_json``), prices it on every batch it
-  reads with ``accountant.rules.reserve`` under the dataset's rule, and holds it — on all batches
-  or on none. A refusal is 409 ``budget_exceeded`` (with the batch's ``remaining`` and the
+* ``reserve`` takes the event parsed (a ``DpEvent``: by ``parse_event``, by the HTTP schema, or
+  built by the worker) and checks it as a new charge (``requests.new_event``), prices it on every
+  batch it reads with ``accountant.rules.reserve`` under the dataset's rule, and holds it — on
+  all batches or on none. A refusal is 409 ``budget_exceeded`` (with the batch's ``remaining`` and the
   ``requested`` cost) or a rule's own code (``batch_already_read``, ``outside_plan``, ...).
 * ``commit`` turns the hold into spend (``accountant.rules.commit``), records the release
   ``{model, version}`` and stores the certificate (``accountant.certificates.issue``). With an
-  ``event_json`` it is a progressive commit: the cost of the run so far (never more than
-  reserved); the reservation stays open, and a commit without ``event_json`` closes it.
+  ``event`` it is a progressive commit: the cost of the run so far (never more than
+  reserved); the reservation stays open, and a commit without ``event`` closes it.
 * ``abort`` charges what could have run: the data could have been read from the moment the hold
   was granted, so the reservation is settled as a final charge of the whole reserved event
   (``accountant.rules.commit``, as a final commit) with a certificate whose ``release`` is
@@ -178,7 +179,7 @@ def _reserve_op(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None,
     task_ids: Sequence[str] | None,
     noise_commitment: str | None,
@@ -192,8 +193,7 @@ def _reserve_op(
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
     selector = "batches" if batch_ids is not None else "tasks"
     ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
-    event = parse_event(event_json)
-    charge = requests.charge(event, noise_commitment)
+    charge = requests.charge(requests.new_event(event), noise_commitment)
     document = ev.to_json(event)
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
@@ -231,7 +231,7 @@ def reserve(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
     noise_commitment: str | None = None,
@@ -243,6 +243,8 @@ def reserve(
 ) -> Reservation:
     """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
 
+    ``event``: the mechanism event, parsed (``parse_event``; the HTTP schema hands over what it
+    parsed) or built in-process; checked as a new charge (``requests.new_event``).
     ``release``: the ``{model, version}`` the run will be committed as, if the caller knows it
     now; a release that exists already is refused here (``ReleaseExists``, naming both) instead
     of at commit, after the training. It is not reserved: the commit names its release again.
@@ -264,7 +266,7 @@ def reserve(
     op, named = _reserve_op(
         tenant_id,
         dataset_id,
-        event_json=event_json,
+        event=event,
         batch_ids=batch_ids,
         task_ids=task_ids,
         noise_commitment=noise_commitment,
@@ -283,7 +285,7 @@ async def reserve_async(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
     noise_commitment: str | None = None,
@@ -296,7 +298,7 @@ async def reserve_async(
     op, named = _reserve_op(
         tenant_id,
         dataset_id,
-        event_json=event_json,
+        event=event,
         batch_ids=batch_ids,
         task_ids=task_ids,
         noise_commitment=noise_commitment,
@@ -315,12 +317,12 @@ def _commit_request(
     db: Database,
     reservation_id: str,
     release: Mapping[str, Any],
-    event_json: object,
+    event: ev.DpEvent | None,
     idempotency_key: str | None,
 ) -> tuple[CommitParams, str | None, dict[str, Any]]:
     """A commit's parameters, its idempotency key and the request its key is bound to."""
     model, version, release_json = requests.release(release)
-    partial = parse_event(event_json) if event_json is not None else None
+    partial = None if event is None else requests.new_event(event)
     key = idempotency.check_key(idempotency_key)
     signer = server_secrets.signing_keys(db).active
     params = CommitParams(reservation_id, model, version, release_json, partial, signer)
@@ -338,14 +340,14 @@ def commit(
     reservation_id: str,
     *,
     release: Mapping[str, Any],
-    event_json: object = None,
+    event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
 ) -> Commit:
     """Turn the reservation's hold into spend, record the release, store a certificate (200).
 
-    ``event_json``: the run so far, for a progressive commit (its cost is never more than the
+    ``event``: the run so far, for a progressive commit (its cost is never more than the
     reservation's; the reservation stays open); ``None`` commits the whole charge and closes it.
     Answer: the ``Commit`` (``to_json``: ``{certificate: {id, dataset_id, reservation_id,
     release, outcome, content_hash, created_at, certificate}, reservation: {...}}``).
@@ -356,11 +358,11 @@ def commit(
     character in ``model`` or ``version``, say) is refused before anything is locked: the
     reservation stays open and committable.
 
-    ``event_json`` is priced before the spend transaction (bounded and metered by ``policy`` as a
+    ``event`` is priced before the spend transaction (bounded and metered by ``policy`` as a
     reservation's). A retry with the same ``idempotency_key`` and request answers the first
     commit's certificate with the reservation as it is now.
     """
-    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Request(
         "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
@@ -374,12 +376,12 @@ async def commit_async(
     reservation_id: str,
     *,
     release: Mapping[str, Any],
-    event_json: object = None,
+    event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
     policy: pricing.Policy | None = None,
 ) -> Commit:
     """``commit`` for a coroutine."""
-    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Request("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
     return of_kind(Commit, await ENGINE.submit_async(db, keyed(op, key, request)))

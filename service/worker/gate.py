@@ -592,7 +592,7 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             db,
             job.tenant_id,
             job.dataset_id,
-            event_json=ev.to_json(plan.event),
+            event=plan.event,
             task_ids=[task.id for task in tasks],
             idempotency_key=_reserve_key(job.id, job.attempt),
             ttl_s=reservation_ttl_s,
@@ -816,7 +816,7 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
     final = step == run.plan.steps
     metrics: dict[str, Any] = dict(run.trainer.evaluate(run.data, model_state, run.plan.params))
     metrics["step"] = step
-    answer = _release(run, step, model_state, metrics, event_json=None if final else ev.to_json(event))
+    answer = _release(run, step, model_state, metrics, event=None if final else event)
     if answer is None:
         return False
     committed = answer.reservation.committed
@@ -851,9 +851,9 @@ def _point(step: int, metrics: Mapping[str, Any], *, checkpoint: bool = False) -
 
 
 def _release(
-    run: _Run, step: int, model_state: ModelState, metrics: dict[str, Any], *, event_json: Any
+    run: _Run, step: int, model_state: ModelState, metrics: dict[str, Any], *, event: ev.DpEvent | None
 ) -> reservations.Commit | None:
-    """Stage the candidate, commit ``run.reservation_id`` with its release (``event_json``: the
+    """Stage the candidate, commit ``run.reservation_id`` with its release (``event``: the
     run so far for a progressive commit, ``None`` for the whole reservation), then publish it.
     Returns the commit's answer, or ``None`` when the ledger refused (``run.refusal`` says why;
     the candidate is destroyed)."""
@@ -884,7 +884,7 @@ def _release(
                 run.reservation_id or "",
                 # The weights' SHA-256, known before the commit: the signed certificate binds it.
                 release={"model": job.model_name, "version": version, "artifact_sha256": staged.sha256},
-                event_json=event_json,
+                event=event,
                 idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
             )
         except Conflict as exc:
@@ -971,7 +971,7 @@ def _run_staged(
                 db,
                 job.tenant_id,
                 job.dataset_id,
-                event_json=ev.to_json(stage.event),
+                event=stage.event,
                 batch_ids=batch_ids,
                 task_ids=task_ids,
                 noise_commitment=stage.noise_commitment,
@@ -1013,7 +1013,7 @@ def _run_staged(
         if run.control.should_stop() or not run.control.lease_valid():
             raise _stop_for(run)
         metrics = {**candidate.metrics, **stage.info, "step": stage.index, "stage": stage.name}
-        answer = _release(run, stage.index, candidate.model_state, metrics, event_json=None)
+        answer = _release(run, stage.index, candidate.model_state, metrics, event=None)
         if answer is None:
             raise _fail(run, run.refusal or _error("refused", "the ledger refused the release."))
         run.reservation_id = None  # committed in full: closed

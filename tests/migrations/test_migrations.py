@@ -24,6 +24,7 @@ import alembic
 from service.db import migrations
 from service.db.models import Base
 from service.db.session import create_ledger_engine
+from service.ledger.reservations import parse_event
 
 
 def _diff(url: URL, metadata: sa.MetaData = Base.metadata) -> list[Any]:
@@ -218,11 +219,11 @@ def _a_spend_and_a_hold(
     )
     ids = [b["id"] for b in made["data"]]
     charge = reservations.reserve(
-        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[spent]
+        db, "acme", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.25}), batch_ids=ids[spent]
     ).to_json()
     reservations.commit(db, "acme", charge["id"], release={"model": "m", "version": "1"})
     hold = reservations.reserve(
-        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[held]
+        db, "acme", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.5}), batch_ids=ids[held]
     ).to_json()
     return ds, ids, hold
 
@@ -432,7 +433,11 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+            db,
+            "acme",
+            dataset,
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         reservations.abort(db, "acme", held["id"])
     finally:
@@ -482,7 +487,11 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+            db,
+            "acme",
+            dataset,
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         certificate = reservations.commit(
             db, "acme", held["id"], release={"model": "ext", "version": 1}
@@ -542,7 +551,11 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
             db, "acme", ids[1], task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", ids[1], batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
+            db,
+            "acme",
+            ids[1],
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
     finally:

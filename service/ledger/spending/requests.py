@@ -73,6 +73,20 @@ def parse_event(obj: object, field_name: str = "event") -> DpEvent:
         raise InvalidInput(exc.field, exc.message) from None
 
 
+def new_event(event: object, field_name: str = "event") -> DpEvent:
+    """``event`` as a charge to be priced now: a ``DpEvent`` (parsed by ``parse_event`` or by the
+    HTTP schema, or built in-process: constructors validate their fields) that also passes what
+    ``from_json(..., new=True)`` adds, ``ev.refuse_unproven`` (a walk of the tree, no JSON).
+    ``InvalidInput`` names the field."""
+    if not isinstance(event, DpEvent):
+        raise InvalidInput(field_name, f"must be a mechanism event. Found {type(event).__name__}.")
+    try:
+        ev.refuse_unproven(event, field_name)
+    except EventValidationError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+    return event
+
+
 def charge(event: DpEvent, noise_commitment: object) -> Charge:
     if noise_commitment is not None and not isinstance(noise_commitment, str):
         raise InvalidInput("noise_commitment", f"must be a string. Found {noise_commitment!r}.")

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from service.db.session import Database
 from service.ledger import audit, idempotency, reservations, spend
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
+from service.ledger.reservations import parse_event
 from service.ledger.spending import ENGINE, requests
 from service.ledger.spending.answers import Reservation
 from service.ledger.spending.requests import AbortParams, CommitParams, Op, Request, ReserveParams
@@ -109,14 +110,18 @@ def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset
     ds = make_dataset(BASIC)
     other = make_dataset(BASIC)
     held = reservations.reserve(
-        ledger, "t1", other.id, batch_ids=other.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.1}
+        ledger,
+        "t1",
+        other.id,
+        batch_ids=other.all_batches,
+        event=parse_event({"kind": "pure_dp", "epsilon": 0.1}),
     ).to_json()
     reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     first = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.1}
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.1})
     ).to_json()
     second = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.2}
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.2})
     ).to_json()
     ops = [_commit_op(ds.id, first["id"], 1), _commit_op(ds.id, second["id"], 2)]
     ENGINE.run_group(ledger, ds.id, ops)
@@ -132,7 +137,7 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
 ) -> None:
     ds = make_dataset(BASIC)
     r = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.5}
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.5})
     ).to_json()
     ops = [
         Op(Request("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"]))),

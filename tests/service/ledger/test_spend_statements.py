@@ -19,6 +19,7 @@ from sqlalchemy import event
 
 from service.db.session import Database
 from service.ledger import reservations
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 # Reserve: head (+ next expiry); flush: new state, move, reservation (with its classes),
@@ -48,7 +49,9 @@ def statements(db: Database) -> Iterator[list[str]]:
 
 
 def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
-    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id]).to_json()
+    held = reservations.reserve(
+        db, "t1", dataset_id, event=parse_event(EVENT), batch_ids=[batch_id]
+    ).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
 
 
@@ -84,7 +87,7 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
     event.listen(ledger.engine, "before_cursor_execute", record)
     try:
         held = reservations.reserve(
-            ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]]
+            ledger, "t1", layout.id, event=parse_event(EVENT), task_ids=[layout.tasks[0]]
         ).to_json()
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     finally:

@@ -27,6 +27,7 @@ from service.db.models import Batch, BatchStateRow
 from service.db.session import Database
 from service.ledger import reservations
 from service.ledger.errors import LedgerError
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 BUDGETS = {
@@ -148,7 +149,7 @@ def test_any_charges_on_any_subsets_match_one_state_per_batch(
                 oracle.reserve(rid_oracle, chosen, charge)
             try:
                 answer = reservations.reserve(
-                    ledger, "t1", ds.id, event_json=event, noise_commitment=commitment, **kwargs
+                    ledger, "t1", ds.id, event=parse_event(event), noise_commitment=commitment, **kwargs
                 ).to_json()
             except LedgerError as exc:
                 assert _code(exc) in refused, (step, refused, exc.to_json())
@@ -186,7 +187,7 @@ def test_any_charges_on_any_subsets_match_one_state_per_batch(
                         "t1",
                         rid,
                         release={"model": f"m-{ds.id}", "version": str(version)},
-                        event_json=None if partial is None else ev.to_json(partial),
+                        event=partial,
                     ).to_json()
                 except LedgerError as exc:
                     assert expected == _code(exc), (step, expected, exc.to_json())

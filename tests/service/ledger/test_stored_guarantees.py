@@ -17,6 +17,7 @@ from accountant import rules as R
 from service.db.session import Database
 from service.ledger import reservations, spend, views
 from service.ledger.dp_statement import guarantee_of
+from service.ledger.reservations import parse_event
 from tests.service.api.test_plan_segments import dpsgd
 from tests.service.ledger.conftest import MakeDataset
 
@@ -28,9 +29,11 @@ def _commit_prefix_under_pricing_2(ledger: Database, dataset: str, batch_ids: li
     # Reserved and committed under pricing 2, as such a run was (a reservation priced under
     # version 4 holds its tight ε, which can be below version 2's RDP price of the prefix).
     with R.pricing_version(2):
-        held = reservations.reserve(ledger, "t1", dataset, batch_ids=batch_ids, event_json=RUN).to_json()
+        held = reservations.reserve(
+            ledger, "t1", dataset, batch_ids=batch_ids, event=parse_event(RUN)
+        ).to_json()
         answer = reservations.commit(
-            ledger, "t1", held["id"], release={"model": dataset, "version": 1}, event_json=PREFIX
+            ledger, "t1", held["id"], release={"model": dataset, "version": 1}, event=parse_event(PREFIX)
         ).to_json()
     certificate: dict[str, Any] = answer["certificate"]["certificate"]
     assert certificate["pricing"] == 2

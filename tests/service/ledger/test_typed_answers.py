@@ -15,7 +15,7 @@ from service.db.models import IdempotencyKey
 from service.db.session import Database
 from service.ledger import reservations
 from service.ledger.certificates import IssuedCertificate
-from service.ledger.reservations import Commit, Reservation
+from service.ledger.reservations import Commit, Reservation, parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
@@ -56,7 +56,7 @@ def test_answers_are_typed_and_their_wire_form_round_trips(
     ledger: Database, make_dataset: MakeDataset
 ) -> None:
     ds = make_dataset(RDP, tasks=[2])
-    held = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=DPSGD)
+    held = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(DPSGD))
     assert isinstance(held.cost.epsilon, Decimal) and held.cost.epsilon > 0
     assert isinstance(held.expires_at, datetime) and held.closed_at is None
     assert (held.status, held.batches, held.commits) == ("reserved", 2, 0)
@@ -64,7 +64,9 @@ def test_answers_are_typed_and_their_wire_form_round_trips(
     _same_wire_form(held)
     # A progressive commit of half the steps: the reservation stays open with what it committed.
     half = {**DPSGD, "count": 2}
-    step = reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": 1}, event_json=half)
+    step = reservations.commit(
+        ledger, "t1", held.id, release={"model": "m", "version": 1}, event=parse_event(half)
+    )
     assert step.reservation.status == "reserved" and step.reservation.commits == 1
     assert Decimal(0) < step.reservation.committed.epsilon < held.cost.epsilon
     assert step.certificate.reservation_id == held.id and step.certificate.outcome == "released"
@@ -81,7 +83,11 @@ def test_answers_are_typed_and_their_wire_form_round_trips(
 def test_a_geometric_class_states_its_level(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(GEOMETRIC)
     held = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.125}
+        ledger,
+        "t1",
+        ds.id,
+        batch_ids=ds.all_batches,
+        event=parse_event({"kind": "pure_dp", "epsilon": 0.125}),
     )
     (only,) = held.classes
     assert only.level is not None and held.to_json()["batches"]["classes"][0]["level"] == only.level
@@ -99,7 +105,7 @@ def test_a_keyed_answer_is_stored_as_its_wire_form_and_replayed_verbatim(
     ds = make_dataset(BASIC)
     event = {"kind": "pure_dp", "epsilon": 0.3}
     held = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=event, idempotency_key="r-1"
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(event), idempotency_key="r-1"
     )
     assert _stored(ledger, "r-1") == held.to_json()
     first = reservations.commit(
@@ -122,6 +128,6 @@ def test_a_keyed_answer_is_stored_as_its_wire_form_and_replayed_verbatim(
     assert again.reservation == first.reservation and again.reservation.committed.epsilon == Decimal("0.3")
     # A replayed reservation is the reservation as it is now: committed.
     replayed = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=event, idempotency_key="r-1"
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(event), idempotency_key="r-1"
     )
     assert replayed == first.reservation and replayed.status == "committed"
