@@ -12,7 +12,7 @@ refused when the key names another request, with the reservation as it is now.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -109,6 +109,7 @@ class Reservation:
     batches: int
     batch_set: str
     classes: tuple[ClassCost, ...]
+    _wire: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, r: Loaded) -> Reservation:
@@ -157,7 +158,12 @@ class Reservation:
         }
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """The wire form, built once and then shared (the spend's audit entry, the stored
+        idempotent answer and the HTTP answer read the same dict, as they did before the answers
+        were typed): read it, never change it."""
+        if self._wire is not None:
+            return self._wire
+        wire = {
             "id": self.id,
             "dataset_id": self.dataset_id,
             "status": self.status,
@@ -172,6 +178,8 @@ class Reservation:
             # GET /v1/reservations/{id}/batches and committed to by ``batch_set``.
             "batches": self.batches_json(),
         }
+        object.__setattr__(self, "_wire", wire)
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

@@ -376,15 +376,16 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> Reservation:
     work.hold(epsilon)
     work.head.reservations_open += 1
     response = Reservation.of(r)
+    shown = response.to_json()
     work.audit(
         "reservation.reserved",
         {
             "reservation_id": r.id,
             "event": r.event,
             "noise_commitment": r.noise_commitment,
-            "cost": response.cost.to_json(),
-            "batches": response.batches_json(),
-            "expires_at": response.expires_at.isoformat(),
+            "cost": shown["cost"],
+            "batches": shown["batches"],
+            "expires_at": shown["expires_at"],
         },
         op.at,
     )
@@ -458,7 +459,7 @@ def commit(
             "release": params.release,
             "certificate_id": certificate["id"],
             "content_hash": certificate["content_hash"],
-            "committed": reservation.committed.to_json(),
+            "committed": reservation.to_json()["committed"],
             "final": closes,
         },
         op.at,
