@@ -117,21 +117,20 @@ def _ids(ids: list[str | int] | None) -> list[str] | None:
 
 @router.get(
     "/reservations/{reservation_id}",
-    response_model=None,
-    responses={200: documented(ReservationPublic, "the reservation"), **_ERRORS},
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "the reservation"}, **_ERRORS},
     summary="Get a reservation",
 )
-def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id).to_json())
+def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    return reservations.get_reservation(db, principal.tenant_id, reservation_id).to_json()
 
 
 @router.get(
     "/reservations/{reservation_id}/batches",
-    response_model=None,
-    responses={
-        200: documented(ReservationBatchesPublic, "a page of the batches, in ascending id order"),
-        **_ERRORS,
-    },
+    response_model=ReservationBatchesPublic,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "a page of the batches, in ascending id order"}, **_ERRORS},
     summary="The batches a reservation reads, with their class, page by page",
 )
 def list_reservation_batches(
@@ -140,10 +139,8 @@ def list_reservation_batches(
     db: DatabaseDep,
     after: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=reservations.MAX_BATCH_PAGE)] = 1000,
-) -> JSONResponse:
-    return json_answer(
-        reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
-    )
+) -> dict[str, Any]:
+    return reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
 
 
 @router.post(
@@ -215,9 +212,10 @@ async def abort(
 
 @router.post(
     "/reservations/{reservation_id}/extend",
-    response_model=None,
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
     responses={
-        200: documented(ReservationPublic, "held longer: the reservation with its new `expires_at`"),
+        200: {"description": "held longer: the reservation with its new `expires_at`"},
         **_ERRORS,
         409: {
             "model": ErrorBody,
@@ -234,7 +232,7 @@ async def extend(
     principal: TrainerDep,
     request: Request,
     idempotency_key: IdempotencyKeyDep = None,
-) -> JSONResponse:
+) -> dict[str, Any]:
     state = request.app.state
     answer = await reservations.extend_async(
         state.database,
@@ -244,4 +242,4 @@ async def extend(
         max_lifetime_s=state.settings.reservation_max_lifetime_s,
         idempotency_key=idempotency_key,
     )
-    return json_answer(answer.to_json())
+    return answer.to_json()
