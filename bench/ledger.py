@@ -202,8 +202,10 @@ def seed_charges(db: Database, count: int) -> Seeded:
     """A dataset with ``count`` committed charges of ε = SEED_CHARGE (see the module docstring)."""
     dataset_id, batch_id = _setup_dataset(db, "cold", "1000000")
     event = {"kind": "pure_dp", "epsilon": SEED_CHARGE}
-    held = reservations.reserve(db, TENANT, dataset_id, event_json=event, batch_ids=[batch_id])
-    reservations.commit(db, TENANT, held["id"], release={"model": "seed", "version": 0})
+    held = reservations.reserve(
+        db, TENANT, dataset_id, event=reservations.parse_event(event), batch_ids=[batch_id]
+    )
+    reservations.commit(db, TENANT, held.id, release={"model": "seed", "version": 0})
     clones = count - 1
 
     # The aggregates after ``clones`` more identical charges, by the ledger's own rules.
@@ -224,7 +226,7 @@ def seed_charges(db: Database, count: int) -> Seeded:
     seconds_rules = time.perf_counter() - started
 
     started = time.perf_counter()
-    _clone_rows(db, held["id"], clones)
+    _clone_rows(db, held.id, clones)
     with db.session() as session:
         final = state_id(dataset_id, state)
         session.execute(

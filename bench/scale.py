@@ -116,13 +116,18 @@ def charge(
     """One reserve + commit: (seconds, commit answer bytes, reservation answer)."""
     started = time.perf_counter()
     held = reservations.reserve(
-        db, TENANT, ds, event_json=EVENTS[accountant], task_ids=tasks, batch_ids=batch_ids
+        db,
+        TENANT,
+        ds,
+        event=reservations.parse_event(EVENTS[accountant]),
+        task_ids=tasks,
+        batch_ids=batch_ids,
     )
     answer = reservations.commit(
-        db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
+        db, TENANT, held.id, release={"model": "scale", "version": str(next(_versions))}
     )
     seconds = time.perf_counter() - started
-    return seconds, len(json.dumps(answer)), held
+    return seconds, len(json.dumps(answer.to_json())), held.to_json()
 
 
 def ratio(db: Database, wide: int) -> dict[str, Any]:
@@ -153,10 +158,8 @@ def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
     for k in range(100):  # earlier charges on 100 groups, each its own ε: 100 distinct states
         group = ids[k * wide // 100 : (k + 1) * wide // 100]
         event = {"kind": "pure_dp", "epsilon": 0.001 * (k + 1)}
-        held = reservations.reserve(db, TENANT, ds, event_json=event, batch_ids=group)
-        reservations.commit(
-            db, TENANT, held["id"], release={"model": "scale", "version": str(next(_versions))}
-        )
+        held = reservations.reserve(db, TENANT, ds, event=reservations.parse_event(event), batch_ids=group)
+        reservations.commit(db, TENANT, held.id, release={"model": "scale", "version": str(next(_versions))})
     seconds, size, held = charge(db, ds, "basic", tasks=tasks)
     classes = len(held["batches"]["classes"])
     print(

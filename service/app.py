@@ -256,10 +256,9 @@ async def _expiry_sweep(db: Database, settings: Settings, metrics: LedgerMetrics
         await asyncio.sleep(settings.expiry_sweep_interval_s)
 
 
-def _count_expired(result: dict[str, object], metrics: LedgerMetrics) -> None:
-    count = result.get("expired")
-    if isinstance(count, int) and count > 0:
-        metrics.expired.inc(count)
+def _count_expired(result: reservations.Expired, metrics: LedgerMetrics) -> None:
+    if result.expired > 0:
+        metrics.expired.inc(result.expired)
 
 
 def create_app_from_env() -> FastAPI:

@@ -359,7 +359,7 @@ async def quote(
         db,
         principal.tenant_id,
         dataset_id,
-        event_json=body.event,
+        event=body.parsed_event,
         batch_ids=None if body.batches is None else [str(i) for i in body.batches],
         task_ids=None if body.tasks is None else [str(i) for i in body.tasks],
         new_batch=body.new_batch is True,
@@ -402,7 +402,7 @@ async def declare_plan_segment(
     idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
     rates: PricingRates = request.app.state.pricing
-    return await plan_segments.declare_segment_async(
+    declared = await plan_segments.declare_segment_async(
         request.app.state.database,
         principal.tenant_id,
         dataset_id,
@@ -411,3 +411,4 @@ async def declare_plan_segment(
         idempotency_key=idempotency_key,
         policy=rates.policy(principal.tenant_id),
     )
+    return declared.to_json()

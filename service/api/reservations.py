@@ -46,23 +46,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _age_s(reservation: dict[str, Any]) -> float | None:
-    created = reservation.get("created_at")
-    if not isinstance(created, str):
-        return None
-    try:
-        at = datetime.fromisoformat(created)
-    except ValueError:
-        return None
+def _observe_age(metrics: LedgerMetrics, reservation: reservations.Reservation, outcome: str) -> None:
+    at = reservation.created_at
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
-    return max(0.0, (datetime.now(UTC) - at).total_seconds())
-
-
-def _observe_age(metrics: LedgerMetrics, reservation: dict[str, Any], outcome: str) -> None:
-    age = _age_s(reservation)
-    if age is not None:
-        metrics.reservation_age.observe(age, outcome=outcome)
+    metrics.reservation_age.observe(max(0.0, (datetime.now(UTC) - at).total_seconds()), outcome=outcome)
 
 
 @router.post(
@@ -104,7 +92,7 @@ async def reserve(
         state.database,
         principal.tenant_id,
         dataset_id,
-        event_json=body.event,
+        event=body.parsed_event,
         batch_ids=_ids(body.batches),
         task_ids=_ids(body.tasks),
         noise_commitment=body.noise_commitment,
@@ -114,7 +102,7 @@ async def reserve(
         release=None if body.release is None else body.release.model_dump(),
     )
     state.metrics.reservations.inc()
-    return json_answer(answer, 201)
+    return json_answer(answer.to_json(), 201)
 
 
 def _pricing(request: Request, tenant_id: str) -> pricing.Policy:
@@ -129,21 +117,20 @@ def _ids(ids: list[str | int] | None) -> list[str] | None:
 
 @router.get(
     "/reservations/{reservation_id}",
-    response_model=None,
-    responses={200: documented(ReservationPublic, "the reservation"), **_ERRORS},
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "the reservation"}, **_ERRORS},
     summary="Get a reservation",
 )
-def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(reservations.get_reservation(db, principal.tenant_id, reservation_id))
+def get_reservation(reservation_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    return reservations.get_reservation(db, principal.tenant_id, reservation_id).to_json()
 
 
 @router.get(
     "/reservations/{reservation_id}/batches",
-    response_model=None,
-    responses={
-        200: documented(ReservationBatchesPublic, "a page of the batches, in ascending id order"),
-        **_ERRORS,
-    },
+    response_model=ReservationBatchesPublic,
+    response_model_exclude_unset=True,
+    responses={200: {"description": "a page of the batches, in ascending id order"}, **_ERRORS},
     summary="The batches a reservation reads, with their class, page by page",
 )
 def list_reservation_batches(
@@ -152,10 +139,8 @@ def list_reservation_batches(
     db: DatabaseDep,
     after: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=reservations.MAX_BATCH_PAGE)] = 1000,
-) -> JSONResponse:
-    return json_answer(
-        reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
-    )
+) -> dict[str, Any]:
+    return reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
 
 
 @router.post(
@@ -186,15 +171,14 @@ async def commit(
         principal.tenant_id,
         reservation_id,
         release=body.release.model_dump(mode="json"),
-        event_json=body.event,
+        event=body.parsed_event,
         idempotency_key=idempotency_key,
         policy=_pricing(request, principal.tenant_id),
     )
     metrics.commits.inc()
-    reservation = answer.get("reservation")
-    if isinstance(reservation, dict) and reservation.get("commits") == 1:
-        _observe_age(metrics, reservation, "committed")
-    return json_answer(answer)
+    if answer.reservation.commits == 1:
+        _observe_age(metrics, answer.reservation, "committed")
+    return json_answer(answer.to_json())
 
 
 @router.post(
@@ -223,14 +207,15 @@ async def abort(
     )
     metrics.aborts.inc()
     _observe_age(metrics, answer, "aborted")
-    return json_answer(answer)
+    return json_answer(answer.to_json())
 
 
 @router.post(
     "/reservations/{reservation_id}/extend",
-    response_model=None,
+    response_model=ReservationPublic,
+    response_model_exclude_unset=True,
     responses={
-        200: documented(ReservationPublic, "held longer: the reservation with its new `expires_at`"),
+        200: {"description": "held longer: the reservation with its new `expires_at`"},
         **_ERRORS,
         409: {
             "model": ErrorBody,
@@ -247,7 +232,7 @@ async def extend(
     principal: TrainerDep,
     request: Request,
     idempotency_key: IdempotencyKeyDep = None,
-) -> JSONResponse:
+) -> dict[str, Any]:
     state = request.app.state
     answer = await reservations.extend_async(
         state.database,
@@ -257,4 +242,4 @@ async def extend(
         max_lifetime_s=state.settings.reservation_max_lifetime_s,
         idempotency_key=idempotency_key,
     )
-    return json_answer(answer)
+    return answer.to_json()

@@ -1,11 +1,17 @@
 """Answers on the hot path, serialised once.
 
-The ledger's operations return JSON-ready dicts exactly as the API answers them. On the hot
-routes (reserve, commit, abort, spend) the router returns them as a ``JSONResponse`` directly
+The ledger's operations return JSON-ready dicts exactly as the API answers them, or typed
+answers whose ``to_json`` is that (``service.ledger.spending.answers``). On the hot routes
+(reserve, commit, abort, spend) the router returns them as a ``JSONResponse`` directly
 instead of through ``response_model``: FastAPI would otherwise validate the dict against the
 schema and walk it with ``jsonable_encoder`` (a commit carries a whole certificate) before
-serialising it. The schema is still declared in ``responses=`` for the OpenAPI document, and the
-tests check the answers' shape.
+serialising it (measured: validating a reservation's answer against ``ReservationPublic`` costs
+about 11 µs, a commit's against ``CommitPublic`` about 23 µs — a few per cent of a spend's server
+CPU). The schema is still declared in ``responses=`` for the OpenAPI document, and the tests check
+the answers' shape. Routes off the spend path answer through ``response_model`` (with
+``response_model_exclude_unset``, so that an optional field the ledger leaves out stays out): the
+schema is then a real check, and the bytes are the fast path's
+(``tests/service/api/test_checked_answers.py``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictStr,
     WithJsonSchema,
@@ -186,10 +187,12 @@ Version = Annotated[
 EventJson = Annotated[dict[str, Any], WithJsonSchema({"allOf": [{"$ref": "#/components/schemas/Event"}]})]
 
 
-def _check_event(obj: object, path: str) -> None:
-    """Parse an event so that a bad one is a 422 naming its innermost field."""
+def _check_event(obj: object, path: str) -> dp_events.DpEvent:
+    """Parse an event so that a bad one is a 422 naming its innermost field. The routes that
+    charge or price one hand what was parsed to the ledger (``parsed_event``), which parses
+    nothing again."""
     try:
-        dp_events.from_json(obj, path, new=True)
+        return dp_events.from_json(obj, path, new=True)
     except dp_events.EventValidationError as exc:
         raise PydanticCustomError(
             "invalid_event", "{message}", {"field": exc.field, "message": exc.message}
@@ -435,6 +438,8 @@ class ReservationCreate(_Request):
         "trained. Not reserved: the commit names it again.",
     )
 
+    _event: dp_events.DpEvent | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _target_and_event(self) -> ReservationCreate:
         if (self.batches is None) == (self.tasks is None):
@@ -443,8 +448,14 @@ class ReservationCreate(_Request):
                 "exactly one of batches or tasks must be given, as a non-empty list of ids.",
                 {"field": "batches"},
             )
-        _check_event(self.event, "event")
+        self._event = _check_event(self.event, "event")
         return self
+
+    @property
+    def parsed_event(self) -> dp_events.DpEvent:
+        """``event`` as the validator parsed it."""
+        assert self._event is not None
+        return self._event
 
 
 class ReservationExtend(_Request):
@@ -483,6 +494,8 @@ class QuoteCreate(_Request):
         "e.g. in a calibration that quotes many runs",
     )
 
+    _event: dp_events.DpEvent | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _target_and_event(self) -> QuoteCreate:
         given = [x for x in (self.batches, self.tasks, self.new_batch) if x is not None]
@@ -492,8 +505,14 @@ class QuoteCreate(_Request):
                 "give exactly one of batches, tasks or new_batch: true.",
                 {"field": "batches"},
             )
-        _check_event(self.event, "event")
+        self._event = _check_event(self.event, "event")
         return self
+
+    @property
+    def parsed_event(self) -> dp_events.DpEvent:
+        """``event`` as the validator parsed it."""
+        assert self._event is not None
+        return self._event
 
 
 class CostPublic(_Public):
@@ -616,11 +635,18 @@ class CommitRequest(_Request):
         "than reserved). Omitted: the whole reservation is committed.",
     )
 
+    _event: dp_events.DpEvent | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _event_parses(self) -> CommitRequest:
         if self.event is not None:
-            _check_event(self.event, "event")
+            self._event = _check_event(self.event, "event")
         return self
+
+    @property
+    def parsed_event(self) -> dp_events.DpEvent | None:
+        """``event`` as the validator parsed it (``None``: not given)."""
+        return self._event
 
 
 class CertificatePublic(_Public):

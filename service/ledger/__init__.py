@@ -6,8 +6,11 @@ Modules, one concept each: ``tenancy`` (tenants, API keys), ``datasets`` (budget
 ``jobs`` (the job queue: ``params`` checked at submit, ``answers``, ``queue`` operations, the
 worker's ``leases``) and ``model_registry``
 (model versions: stage, publish with a committed certificate, list, sweep).
-Functions return JSON-ready dicts exactly as the HTTP API v1 answers them; numbers that are
-budgets or spends are decimal strings (exact; see ``service.ledger.spend``).
+The spend operations (``reservations``, ``plan_segments``) return frozen typed answers
+(``spending.answers``: ``Decimal`` amounts, datetimes) with one ``to_json``, their wire form,
+called at the edge (the routers, the stored idempotent answer). The other functions return
+JSON-ready dicts exactly as the HTTP API v1 answers them; numbers that are budgets or spends are
+decimal strings there (exact; see ``service.ledger.spend``).
 
 Importing the package registers the ledger's errors for the schema's named constraints with the
 database layer (``service.db.session.register_constraint_errors``), which imports nothing above

@@ -18,6 +18,7 @@ to ``accountant.certificates.verify`` as it is.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -99,39 +100,64 @@ def stored_row(
     }
 
 
-def row_json(row: Mapping[str, Any], release: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The answer for a stored row (``stored_row``) and its release (``None``: none)."""
-    return _json(
-        row["id"],
-        row["dataset_id"],
-        row["reservation_id"],
-        None if release is None else dict(release),
-        row["content_hash"],
-        row["created_at"],
-        row["body"],
-    )
+@dataclass(frozen=True, slots=True)
+class IssuedCertificate:
+    """A stored certificate as the ledger answers it (the module docstring's answer shape), typed:
+    ``document`` is the issued, signed record itself — JSON by nature (its content hash and
+    signature are over its canonical bytes), passed to ``accountant.certificates.verify`` as it
+    is. ``to_json`` is its one wire form (a commit's answer, the listings)."""
 
+    id: str
+    dataset_id: str
+    reservation_id: str
+    release: dict[str, Any] | None
+    content_hash: str
+    created_at: datetime
+    document: dict[str, Any]
 
-def _json(
-    certificate_id: str,
-    dataset_id: str,
-    reservation_id: str,
-    release: dict[str, Any] | None,
-    content_hash: str,
-    created_at: datetime,
-    body: dict[str, Any],
-) -> dict[str, Any]:
-    outcome = body.get("outcome", "released") if isinstance(body, Mapping) else "released"
-    return {
-        "id": certificate_id,
-        "dataset_id": dataset_id,
-        "reservation_id": reservation_id,
-        "release": release,
-        "outcome": outcome,
-        "content_hash": content_hash,
-        "created_at": created_at.isoformat(),
-        "certificate": body,
-    }
+    @property
+    def outcome(self) -> str:
+        """``released``, ``aborted`` or ``expired``, as the certificate states it."""
+        document: object = self.document
+        return document.get("outcome", "released") if isinstance(document, Mapping) else "released"
+
+    @classmethod
+    def of_row(cls, row: Mapping[str, Any], release: Mapping[str, Any] | None) -> IssuedCertificate:
+        """The certificate of a stored row (``stored_row``) and its release (``None``: none)."""
+        return cls(
+            row["id"],
+            row["dataset_id"],
+            row["reservation_id"],
+            None if release is None else dict(release),
+            row["content_hash"],
+            row["created_at"],
+            row["body"],
+        )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> IssuedCertificate:
+        """The certificate of an answer this ledger gave (an idempotent replay's stored answer)."""
+        return cls(
+            obj["id"],
+            obj["dataset_id"],
+            obj["reservation_id"],
+            obj["release"],
+            obj["content_hash"],
+            datetime.fromisoformat(obj["created_at"]),
+            obj["certificate"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "dataset_id": self.dataset_id,
+            "reservation_id": self.reservation_id,
+            "release": self.release,
+            "outcome": self.outcome,
+            "content_hash": self.content_hash,
+            "created_at": self.created_at.isoformat(),
+            "certificate": self.document,
+        }
 
 
 def _row_json(row: Certificate, release: Release | None) -> dict[str, Any]:
@@ -143,9 +169,9 @@ def _row_json(row: Certificate, release: Release | None) -> dict[str, Any]:
         if release is None
         else {"model": release.model, "version": release.version}
     )
-    return _json(
+    return IssuedCertificate(
         row.id, row.dataset_id, row.reservation_id, release_json, row.content_hash, row.created_at, row.body
-    )
+    ).to_json()
 
 
 def list_certificates(
@@ -286,11 +312,11 @@ def signature_status(db: Database, certificate: Mapping[str, Any]) -> signing.Si
 
 
 __all__ = [
+    "IssuedCertificate",
     "get_certificate",
     "issue_signed",
     "levels_by_batch",
     "list_certificates",
-    "row_json",
     "signature_status",
     "stored_row",
     "verify_stored",

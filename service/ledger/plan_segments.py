@@ -23,7 +23,6 @@ a further segment may still take.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from accountant import events as ev
 from accountant.errors import InvalidArgumentError
@@ -34,6 +33,7 @@ from service.ledger import pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending import ENGINE
+from service.ledger.spending.answers import SegmentDeclared, of_kind
 from service.ledger.spending.requests import Request, SegmentParams, keyed, parse_event
 
 
@@ -83,7 +83,7 @@ def declare_segment(
     idempotency_key: str | None = None,
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
-) -> dict[str, Any]:
+) -> SegmentDeclared:
     """Declare the next plan segment (module docstring). Raises ``InvalidInput`` naming ``plan``,
     ``plan[i]...`` or ``delta`` (also: not a sequential ``prv`` budget, a segment that does not fit
     what the budget has left), ``NotFound`` (also another tenant's dataset), ``ChargeRefused``
@@ -97,7 +97,7 @@ def declare_segment(
         now=now,
         policy=policy,
     )
-    return ENGINE.submit(db, op)
+    return of_kind(SegmentDeclared, ENGINE.submit(db, op))
 
 
 async def declare_segment_async(
@@ -109,7 +109,7 @@ async def declare_segment_async(
     delta: object,
     idempotency_key: str | None = None,
     policy: pricing.Policy | None = None,
-) -> dict[str, Any]:
+) -> SegmentDeclared:
     """``declare_segment`` for a coroutine (the plan is priced in a thread of ``policy.limiter``)."""
     op = _segment_op(
         tenant_id,
@@ -120,7 +120,7 @@ async def declare_segment_async(
         now=None,
         policy=policy,
     )
-    return await ENGINE.submit_async(db, op)
+    return of_kind(SegmentDeclared, await ENGINE.submit_async(db, op))
 
 
 __all__ = ["declare_segment", "declare_segment_async"]

@@ -45,7 +45,6 @@ from service.ledger.errors import InvalidInput, LedgerError, NotFound
 from service.ledger.spending import requests
 from service.ledger.spending.answers import cost_json
 from service.ledger.spending.decisions import rule_error
-from service.ledger.spending.requests import parse_event
 from service.ledger.spending.store import (
     EFFECTIVE_STATE,
     StateGroup,
@@ -166,7 +165,7 @@ def quote(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: DpEvent,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
     new_batch: bool = False,
@@ -176,7 +175,8 @@ def quote(
     offset: int = 0,
     accountants: bool = True,
 ) -> dict[str, Any]:
-    """``Quote.to_json`` of ``event_json`` on exactly one of ``batch_ids``, ``task_ids`` or a
+    """``Quote.to_json`` of ``event`` (parsed: ``reservations.parse_event``, or by the HTTP
+    schema) on exactly one of ``batch_ids``, ``task_ids`` or a
     new batch (``new_batch=True``), with the informational ``accountants`` block
     (``accountant_costs``; ``None`` when ``accountants`` is false).
 
@@ -184,7 +184,7 @@ def quote(
     ``policy.max_work``) and ``NotFound`` (dataset, batch or task; also another tenant's)."""
     target = _target(batch_ids, task_ids, new_batch)
     _check_page(limit, offset)
-    charge = requests.charge(parse_event(event_json), noise_commitment)
+    charge = requests.charge(requests.new_event(event), noise_commitment)
     budget = _own_budget(db, tenant_id, dataset_id)
     groups = _groups(db, dataset_id, target)
     policy = policy or pricing.DEFAULT_POLICY

@@ -4,14 +4,15 @@ Every spend runs in a database transaction that holds the dataset's ledger head
 (``SELECT … FOR UPDATE`` on the dataset row on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), so each
 decision is made on the current per-batch states and no two spends on a dataset interleave:
 
-* ``reserve`` parses the event (``accountant.events.from_json``), prices it on every batch it
-  reads with ``accountant.rules.reserve`` under the dataset's rule, and holds it — on all batches
-  or on none. A refusal is 409 ``budget_exceeded`` (with the batch's ``remaining`` and the
+* ``reserve`` takes the event parsed (a ``DpEvent``: by ``parse_event``, by the HTTP schema, or
+  built by the worker) and checks it as a new charge (``requests.new_event``), prices it on every
+  batch it reads with ``accountant.rules.reserve`` under the dataset's rule, and holds it — on
+  all batches or on none. A refusal is 409 ``budget_exceeded`` (with the batch's ``remaining`` and the
   ``requested`` cost) or a rule's own code (``batch_already_read``, ``outside_plan``, ...).
 * ``commit`` turns the hold into spend (``accountant.rules.commit``), records the release
   ``{model, version}`` and stores the certificate (``accountant.certificates.issue``). With an
-  ``event_json`` it is a progressive commit: the cost of the run so far (never more than
-  reserved); the reservation stays open, and a commit without ``event_json`` closes it.
+  ``event`` it is a progressive commit: the cost of the run so far (never more than
+  reserved); the reservation stays open, and a commit without ``event`` closes it.
 * ``abort`` charges what could have run: the data could have been read from the moment the hold
   was granted, so the reservation is settled as a final charge of the whole reserved event
   (``accountant.rules.commit``, as a final commit) with a certificate whose ``release`` is
@@ -64,14 +65,23 @@ from sqlalchemy import ColumnElement, bindparam, select
 
 from accountant import events as ev
 from service import server_secrets
+from service.db import models
 from service.db.base import utcnow
-from service.db.models import Batch, Release, Reservation, ReservationBatch, ReservationTask
+from service.db.models import Batch, ReservationTask
 from service.db.session import Database
 from service.ledger import idempotency, pricing
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import Conflict, InvalidInput, NotFound, ReleaseExists
 from service.ledger.spending import ENGINE, requests
-from service.ledger.spending.answers import reservation_json
+from service.ledger.spending.answers import (
+    Answer,
+    ClassCost,
+    Commit,
+    EpsilonDelta,
+    Expired,
+    Reservation,
+    of_kind,
+)
 from service.ledger.spending.requests import (
     DEFAULT_MAX_LIFETIME_S,
     DEFAULT_TTL_S,
@@ -94,13 +104,13 @@ from service.ledger.spending.store import EXPIRE_PER_TRANSACTION, load_reservati
 _OWNERS_SIZE: Final = 100_000
 _owners: OrderedDict[str, tuple[str, str]] = OrderedDict()
 _owners_lock = threading.Lock()
-_OWNER: Final = select(Reservation.dataset_id, Reservation.tenant_id).where(
-    Reservation.id == bindparam("reservation_id")
+_OWNER: Final = select(models.Reservation.dataset_id, models.Reservation.tenant_id).where(
+    models.Reservation.id == bindparam("reservation_id")
 )
-_RELEASE: Final = select(Release.id).where(
-    Release.tenant_id == bindparam("tenant_id"),
-    Release.model == bindparam("model"),
-    Release.version == bindparam("version"),
+_RELEASE: Final = select(models.Release.id).where(
+    models.Release.tenant_id == bindparam("tenant_id"),
+    models.Release.model == bindparam("model"),
+    models.Release.version == bindparam("version"),
 )
 
 
@@ -170,7 +180,7 @@ def _reserve_op(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None,
     task_ids: Sequence[str] | None,
     noise_commitment: str | None,
@@ -184,8 +194,7 @@ def _reserve_op(
         raise InvalidInput("batches", "give exactly one of batches or tasks.")
     selector = "batches" if batch_ids is not None else "tasks"
     ids = requests.ids(batch_ids if batch_ids is not None else task_ids, selector)
-    event = parse_event(event_json)
-    charge = requests.charge(event, noise_commitment)
+    charge = requests.charge(requests.new_event(event), noise_commitment)
     document = ev.to_json(event)
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
@@ -212,9 +221,10 @@ def _reserve_op(
     return keyed(op, idempotency_key, request), named
 
 
-def _reserved(op: Request, answer: dict[str, Any]) -> dict[str, Any]:
-    _remember_owner(answer["id"], op.dataset_id, op.tenant_id)
-    return answer
+def _reserved(op: Request, answer: Answer) -> Reservation:
+    reservation = of_kind(Reservation, answer)
+    _remember_owner(reservation.id, op.dataset_id, op.tenant_id)
+    return reservation
 
 
 def reserve(
@@ -222,7 +232,7 @@ def reserve(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
     noise_commitment: str | None = None,
@@ -231,19 +241,21 @@ def reserve(
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
     release: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Reservation:
     """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
 
+    ``event``: the mechanism event, parsed (``parse_event``; the HTTP schema hands over what it
+    parsed) or built in-process; checked as a new charge (``requests.new_event``).
     ``release``: the ``{model, version}`` the run will be committed as, if the caller knows it
     now; a release that exists already is refused here (``ReleaseExists``, naming both) instead
     of at commit, after the training. It is not reserved: the commit names its release again.
 
-    Answer: ``{id, dataset_id, status: "reserved", cost: {epsilon, delta}, committed, commits,
-    noise_commitment, expires_at, created_at, closed_at, batches: {count, batch_set, classes:
-    [{class, batches, epsilon, delta, naive_epsilon, level?, replay?}]}}`` — one entry per
-    reservation class (the batches it read in one state; ``list_batches`` pages them);
-    ``cost`` is the maximum over the batches (they are
-    disjoint). Raises ``InvalidInput`` (also an event whose pricing is above
+    Answer: the ``Reservation`` (``to_json``: ``{id, dataset_id, status: "reserved", cost:
+    {epsilon, delta}, committed, commits, noise_commitment, expires_at, created_at, closed_at,
+    batches: {count, batch_set, classes: [{class, batches, epsilon, delta, naive_epsilon, level?,
+    replay?}]}}``) — one class per reservation class (the batches it read in one state;
+    ``list_batches`` pages them); ``cost`` is the maximum over the batches (they are disjoint).
+    Raises ``InvalidInput`` (also an event whose pricing is above
     ``policy.max_work``), ``NotFound`` (dataset, batch or task, also another tenant's),
     ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
     ``IdempotencyConflict``, and whatever ``policy.meter`` raises.
@@ -255,7 +267,7 @@ def reserve(
     op, named = _reserve_op(
         tenant_id,
         dataset_id,
-        event_json=event_json,
+        event=event,
         batch_ids=batch_ids,
         task_ids=task_ids,
         noise_commitment=noise_commitment,
@@ -274,7 +286,7 @@ async def reserve_async(
     tenant_id: str,
     dataset_id: str,
     *,
-    event_json: object,
+    event: ev.DpEvent,
     batch_ids: Sequence[str] | None = None,
     task_ids: Sequence[str] | None = None,
     noise_commitment: str | None = None,
@@ -282,12 +294,12 @@ async def reserve_async(
     ttl_s: float = DEFAULT_TTL_S,
     policy: pricing.Policy | None = None,
     release: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Reservation:
     """``reserve`` for a coroutine (the charge is priced in a thread of ``policy.limiter``)."""
     op, named = _reserve_op(
         tenant_id,
         dataset_id,
-        event_json=event_json,
+        event=event,
         batch_ids=batch_ids,
         task_ids=task_ids,
         noise_commitment=noise_commitment,
@@ -306,12 +318,12 @@ def _commit_request(
     db: Database,
     reservation_id: str,
     release: Mapping[str, Any],
-    event_json: object,
+    event: ev.DpEvent | None,
     idempotency_key: str | None,
 ) -> tuple[CommitParams, str | None, dict[str, Any]]:
     """A commit's parameters, its idempotency key and the request its key is bound to."""
     model, version, release_json = requests.release(release)
-    partial = parse_event(event_json) if event_json is not None else None
+    partial = None if event is None else requests.new_event(event)
     key = idempotency.check_key(idempotency_key)
     signer = server_secrets.signing_keys(db).active
     params = CommitParams(reservation_id, model, version, release_json, partial, signer)
@@ -329,33 +341,34 @@ def commit(
     reservation_id: str,
     *,
     release: Mapping[str, Any],
-    event_json: object = None,
+    event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
-) -> dict[str, Any]:
+) -> Commit:
     """Turn the reservation's hold into spend, record the release, store a certificate (200).
 
-    ``event_json``: the run so far, for a progressive commit (its cost is never more than the
+    ``event``: the run so far, for a progressive commit (its cost is never more than the
     reservation's; the reservation stays open); ``None`` commits the whole charge and closes it.
-    Answer: ``{certificate: {id, dataset_id, reservation_id, release, content_hash, created_at,
-    certificate}, reservation: {...}}``. Raises ``NotFound``, ``InvalidInput``, ``Conflict``
+    Answer: the ``Commit`` (``to_json``: ``{certificate: {id, dataset_id, reservation_id,
+    release, outcome, content_hash, created_at, certificate}, reservation: {...}}``).
+    Raises ``NotFound``, ``InvalidInput``, ``Conflict``
     (``reservation_closed``; ``release_exists`` when the (model, version) was released before),
     ``ReservationExpired`` (its hold is freed and stays freed), ``ChargeRefused``
     (``commit_exceeds_reservation``), ``IdempotencyConflict``. A bad ``release`` (a control
     character in ``model`` or ``version``, say) is refused before anything is locked: the
     reservation stays open and committable.
 
-    ``event_json`` is priced before the spend transaction (bounded and metered by ``policy`` as a
+    ``event`` is priced before the spend transaction (bounded and metered by ``policy`` as a
     reservation's). A retry with the same ``idempotency_key`` and request answers the first
     commit's certificate with the reservation as it is now.
     """
-    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Request(
         "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
     )
-    return ENGINE.submit(db, keyed(op, key, request))
+    return of_kind(Commit, ENGINE.submit(db, keyed(op, key, request)))
 
 
 async def commit_async(
@@ -364,15 +377,15 @@ async def commit_async(
     reservation_id: str,
     *,
     release: Mapping[str, Any],
-    event_json: object = None,
+    event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
     policy: pricing.Policy | None = None,
-) -> dict[str, Any]:
+) -> Commit:
     """``commit`` for a coroutine."""
-    params, key, request = _commit_request(db, reservation_id, release, event_json, idempotency_key)
+    params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Request("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
-    return await ENGINE.submit_async(db, keyed(op, key, request))
+    return of_kind(Commit, await ENGINE.submit_async(db, keyed(op, key, request)))
 
 
 def abort(
@@ -383,9 +396,9 @@ def abort(
     idempotency_key: str | None = None,
     now: datetime | None = None,
     ran: Ran | None = None,
-) -> dict[str, Any]:
+) -> Reservation:
     """Close the reservation without a release, charging what could have run (200): the
-    reservation's JSON (``status: "aborted"``, ``committed``: what it was charged in all).
+    ``Reservation`` (``status: "aborted"``, ``committed``: what it was charged in all).
 
     Without ``ran`` the whole reserved event is charged as a final commit would charge it, and a
     certificate with ``release: null``, ``outcome: "aborted"`` records it (even after progressive
@@ -399,17 +412,18 @@ def abort(
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Request("abort", tenant_id, dataset_id, now or utcnow(), AbortParams(reservation_id, ran))
-    return ENGINE.submit(db, keyed(op, key, {"reservation_id": reservation_id}))
+    return of_kind(Reservation, ENGINE.submit(db, keyed(op, key, {"reservation_id": reservation_id})))
 
 
 async def abort_async(
     db: Database, tenant_id: str, reservation_id: str, *, idempotency_key: str | None = None
-) -> dict[str, Any]:
+) -> Reservation:
     """``abort`` for a coroutine (the HTTP route): always charges what could have run."""
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = Request("abort", tenant_id, dataset_id, utcnow(), AbortParams(reservation_id))
-    return await ENGINE.submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
+    answer = await ENGINE.submit_async(db, keyed(op, key, {"reservation_id": reservation_id}))
+    return of_kind(Reservation, answer)
 
 
 def _extend_op(
@@ -444,9 +458,9 @@ def extend(
     max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
-    """Hold an open reservation until ``max(expires_at, now + ttl_s)`` (200: the reservation's
-    JSON), at most ``max_lifetime_s`` after its creation. A longer training renews its hold with
+) -> Reservation:
+    """Hold an open reservation until ``max(expires_at, now + ttl_s)`` (200: the
+    ``Reservation``), at most ``max_lifetime_s`` after its creation. A longer training renews its hold with
     this (a heartbeat: a repeat changes nothing); the extension is audited
     (``reservation.extended``). Raises ``InvalidInput`` (``ttl_s``), ``NotFound`` (also another
     tenant's), ``Conflict`` (``reservation_closed``: committed or aborted), ``ReservationExpired``
@@ -455,7 +469,7 @@ def extend(
     key = idempotency.check_key(idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, now)
-    return ENGINE.submit(db, op)
+    return of_kind(Reservation, ENGINE.submit(db, op))
 
 
 async def extend_async(
@@ -466,25 +480,25 @@ async def extend_async(
     ttl_s: float,
     max_lifetime_s: float = DEFAULT_MAX_LIFETIME_S,
     idempotency_key: str | None = None,
-) -> dict[str, Any]:
+) -> Reservation:
     """``extend`` for a coroutine (the HTTP route)."""
     key = idempotency.check_key(idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
     op = _extend_op(tenant_id, reservation_id, dataset_id, ttl_s, max_lifetime_s, key, None)
-    return await ENGINE.submit_async(db, op)
+    return of_kind(Reservation, await ENGINE.submit_async(db, op))
 
 
-def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> dict[str, Any]:
-    """Expire every reservation past its ``expires_at`` (the background sweep): ``{expired}``.
+def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000) -> Expired:
+    """Expire every reservation past its ``expires_at`` (the background sweep): how many.
 
     One spend transaction per dataset, re-checking each reservation under the dataset's lock.
     """
     at = now or utcnow()
     with db.session(readonly=True) as session:
         rows = session.execute(
-            select(Reservation.id, Reservation.dataset_id, Reservation.tenant_id)
-            .where(Reservation.status == "reserved", Reservation.expires_at <= at)
-            .order_by(Reservation.expires_at)
+            select(models.Reservation.id, models.Reservation.dataset_id, models.Reservation.tenant_id)
+            .where(models.Reservation.status == "reserved", models.Reservation.expires_at <= at)
+            .order_by(models.Reservation.expires_at)
             .limit(limit)
         ).all()
     by_dataset: dict[tuple[str, str], list[str]] = {}
@@ -495,12 +509,12 @@ def expire_due(db: Database, *, now: datetime | None = None, limit: int = 10_000
         for start in range(0, len(ids), EXPIRE_PER_TRANSACTION):
             chunk = ids[start : start + EXPIRE_PER_TRANSACTION]
             op = Request("expire", tenant_id, dataset_id, at, ExpireParams(chunk))
-            expired += int(ENGINE.submit(db, op)["expired"])
-    return {"expired": expired}
+            expired += of_kind(Expired, ENGINE.submit(db, op)).expired
+    return Expired(expired)
 
 
-def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
-    """The reservation's JSON (another tenant's answers ``NotFound``)."""
+def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> Reservation:
+    """The reservation (another tenant's answers ``NotFound``)."""
     if not can_be_id(reservation_id):
         raise NotFound("reservation", reservation_id)
     with db.session(readonly=True) as session:
@@ -508,7 +522,7 @@ def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[s
     r = loaded.get(reservation_id)
     if r is None or r.tenant_id != tenant_id:
         raise NotFound("reservation", reservation_id)
-    return reservation_json(r)
+    return Reservation.of(r)
 
 
 MAX_BATCH_PAGE: Final = 10_000
@@ -535,10 +549,12 @@ def list_batches(
         # The hash's order: code points, not the locale's.
         postgresql = connection.dialect.name == "postgresql"
         column: ColumnElement[str] = (
-            ReservationBatch.batch_id.collate("C") if postgresql else ReservationBatch.batch_id.expression
+            models.ReservationBatch.batch_id.collate("C")
+            if postgresql
+            else models.ReservationBatch.batch_id.expression
         )
-        query = select(ReservationBatch.batch_id, ReservationBatch.class_index).where(
-            ReservationBatch.reservation_id == reservation_id
+        query = select(models.ReservationBatch.batch_id, models.ReservationBatch.class_index).where(
+            models.ReservationBatch.reservation_id == reservation_id
         )
         if after is not None:
             query = query.where(column > after)
@@ -590,7 +606,12 @@ __all__ = [
     "MAX_BATCHES_PER_RESERVATION",
     "MAX_BATCH_PAGE",
     "MAX_TTL_S",
+    "ClassCost",
+    "Commit",
+    "EpsilonDelta",
+    "Expired",
     "Ran",
+    "Reservation",
     "abort",
     "abort_async",
     "all_batches",

@@ -330,7 +330,7 @@ def _completed_before(run: _Run) -> bool:
         previous = reservations.get_reservation(run.db, job.tenant_id, job.reservation_id)
     except NotFound:
         return False
-    if previous["status"] != "committed":
+    if previous.status != "committed":
         return False
     last = registry.last_version_of_job(run.db, job.id)
     if last is None:
@@ -340,8 +340,8 @@ def _completed_before(run: _Run) -> bool:
         run.db,
         job.lease,
         step=step,
-        epsilon_committed=Decimal(previous["committed"]["epsilon"]),
-        delta_committed=Decimal(previous["committed"]["delta"]),
+        epsilon_committed=previous.committed.epsilon,
+        delta_committed=previous.committed.delta,
     )
     return True
 
@@ -354,7 +354,7 @@ def _reserve_key(job_id: str, attempt: int, stage: int | None = None) -> str:
 
 def abort_quietly(
     db: Database, tenant_id: str, reservation_id: str | None, ran: reservations.Ran | None = None
-) -> dict[str, Any] | None:
+) -> reservations.Reservation | None:
     """Abort what the reservation still holds; a closed one (committed in full) is left alone.
     ``ran``: what this worker ran of it (``_what_ran``); ``None`` when it cannot know (an earlier
     attempt's reservation): the whole reserved event is charged. The aborted reservation, or
@@ -428,8 +428,8 @@ def _abort_run(run: _Run) -> None:
             run.db,
             run.job.lease,
             step=run.steps_started,
-            epsilon_committed=Decimal(aborted["committed"]["epsilon"]),
-            delta_committed=Decimal(aborted["committed"]["delta"]),
+            epsilon_committed=aborted.committed.epsilon,
+            delta_committed=aborted.committed.delta,
         )
     except (LeaseLost, LedgerError):
         pass  # not ours any more: the ledger has the charge, the job row keeps its last release
@@ -592,18 +592,18 @@ def _run(run: _Run, reservation_ttl_s: float, loader: Loader, device: str | None
             db,
             job.tenant_id,
             job.dataset_id,
-            event_json=ev.to_json(plan.event),
+            event=plan.event,
             task_ids=[task.id for task in tasks],
             idempotency_key=_reserve_key(job.id, job.attempt),
             ttl_s=reservation_ttl_s,
         )
     except LedgerError as exc:
         raise _fail(run, exc.to_json()) from None
-    run.reservation_id = reserved["id"]
-    if reserved["batches"]["count"] != len(batches):  # a batch was created since the plan
+    run.reservation_id = reserved.id
+    if reserved.batches != len(batches):  # a batch was created since the plan
         message = (
             f"the dataset's batches changed while the job planned ({len(batches)} planned, "
-            f"{reserved['batches']['count']} reserved); the reservation was aborted."
+            f"{reserved.batches} reserved); the reservation was aborted."
         )
         raise _fail(run, _error("batches_changed", message))
     jobs.leases.record_reservation(db, job.lease, run.reservation_id)
@@ -816,16 +816,16 @@ def _checkpoint(run: _Run, step: int, model_state: ModelState, event: Any) -> bo
     final = step == run.plan.steps
     metrics: dict[str, Any] = dict(run.trainer.evaluate(run.data, model_state, run.plan.params))
     metrics["step"] = step
-    answer = _release(run, step, model_state, metrics, event_json=None if final else ev.to_json(event))
+    answer = _release(run, step, model_state, metrics, event=None if final else event)
     if answer is None:
         return False
-    committed = answer["reservation"]["committed"]
+    committed = answer.reservation.committed
     jobs.leases.record_progress(
         run.db,
         run.job.lease,
         step=step,
-        epsilon_committed=Decimal(committed["epsilon"]),
-        delta_committed=Decimal(committed["delta"]),
+        epsilon_committed=committed.epsilon,
+        delta_committed=committed.delta,
         metrics=metrics,
     )
     if run.trace_every is not None:
@@ -851,15 +851,15 @@ def _point(step: int, metrics: Mapping[str, Any], *, checkpoint: bool = False) -
 
 
 def _release(
-    run: _Run, step: int, model_state: ModelState, metrics: dict[str, Any], *, event_json: Any
-) -> dict[str, Any] | None:
-    """Stage the candidate, commit ``run.reservation_id`` with its release (``event_json``: the
+    run: _Run, step: int, model_state: ModelState, metrics: dict[str, Any], *, event: ev.DpEvent | None
+) -> reservations.Commit | None:
+    """Stage the candidate, commit ``run.reservation_id`` with its release (``event``: the
     run so far for a progressive commit, ``None`` for the whole reservation), then publish it.
     Returns the commit's answer, or ``None`` when the ledger refused (``run.refusal`` says why;
     the candidate is destroyed)."""
     db, job = run.db, run.job
     fmt, write = _serializer(model_state)
-    answer: dict[str, Any] | None = None
+    answer: reservations.Commit | None = None
     staged: registry.StagedArtifact | None = None
     for _ in range(_VERSION_RETRIES):
         version = registry.next_version(db, job.tenant_id, job.model_name)
@@ -884,12 +884,12 @@ def _release(
                 run.reservation_id or "",
                 # The weights' SHA-256, known before the commit: the signed certificate binds it.
                 release={"model": job.model_name, "version": version, "artifact_sha256": staged.sha256},
-                event_json=event_json,
+                event=event,
                 idempotency_key=f"job:{job.id}:a{job.attempt}:commit:{step}:v{version}",
             )
         except Conflict as exc:
             registry.discard(run.artifact_dir, staged)
-            if exc.details.get("reason") == "release_exists":  # another job took the number
+            if exc.reason == "release_exists":  # another job took the number
                 continue
             run.refusal = exc.to_json()
             return None
@@ -906,7 +906,7 @@ def _release(
     if answer is None or staged is None:
         run.refusal = _error("version_conflict", f"no free version number for {job.model_name!r}.")
         return None
-    registry.publish(db, run.artifact_dir, staged, certificate_id=answer["certificate"]["id"])
+    registry.publish(db, run.artifact_dir, staged, certificate_id=answer.certificate.id)
     run.released.append(staged.version)
     run.released_metrics = metrics
     return answer
@@ -971,7 +971,7 @@ def _run_staged(
                 db,
                 job.tenant_id,
                 job.dataset_id,
-                event_json=ev.to_json(stage.event),
+                event=stage.event,
                 batch_ids=batch_ids,
                 task_ids=task_ids,
                 noise_commitment=stage.noise_commitment,
@@ -980,11 +980,11 @@ def _run_staged(
             )
         except LedgerError as exc:
             raise _fail(run, {**exc.to_json(), "stage": stage.index, "stage_name": stage.name}) from None
-        run.reservation_id = reserved["id"]  # (a retry finds it by its idempotency key)
-        if reserved["batches"]["count"] != len(stage.batch_ids):  # a task gained a batch since the plan
+        run.reservation_id = reserved.id  # (a retry finds it by its idempotency key)
+        if reserved.batches != len(stage.batch_ids):  # a task gained a batch since the plan
             message = (
                 f"the batches of stage {stage.index} changed while the job planned "
-                f"({len(stage.batch_ids)} planned, {reserved['batches']['count']} reserved); "
+                f"({len(stage.batch_ids)} planned, {reserved.batches} reserved); "
                 "its reservation was aborted."
             )
             raise _fail(run, _error("batches_changed", message, stage=stage.index))
@@ -1013,15 +1013,15 @@ def _run_staged(
         if run.control.should_stop() or not run.control.lease_valid():
             raise _stop_for(run)
         metrics = {**candidate.metrics, **stage.info, "step": stage.index, "stage": stage.name}
-        answer = _release(run, stage.index, candidate.model_state, metrics, event_json=None)
+        answer = _release(run, stage.index, candidate.model_state, metrics, event=None)
         if answer is None:
             raise _fail(run, run.refusal or _error("refused", "the ledger refused the release."))
         run.reservation_id = None  # committed in full: closed
-        reservation = answer["reservation"]
-        cost_of = {c["class"]: c for c in reservation["batches"]["classes"]}
-        for b, index in reservations.all_batches(db, job.tenant_id, reservation["id"]):
-            charged[b] = exact_add(charged.get(b, ZERO), Decimal(cost_of[index]["epsilon"]))
-            delta_charged[b] = exact_add(delta_charged.get(b, ZERO), Decimal(cost_of[index]["delta"]))
+        reservation = answer.reservation
+        cost_of = {c.index: c for c in reservation.classes}
+        for b, index in reservations.all_batches(db, job.tenant_id, reservation.id):
+            charged[b] = exact_add(charged.get(b, ZERO), cost_of[index].epsilon)
+            delta_charged[b] = exact_add(delta_charged.get(b, ZERO), cost_of[index].delta)
         jobs.leases.record_progress(
             db,
             job.lease,

@@ -24,6 +24,7 @@ import alembic
 from service.db import migrations
 from service.db.models import Base
 from service.db.session import create_ledger_engine
+from service.ledger.reservations import parse_event
 
 
 def _diff(url: URL, metadata: sa.MetaData = Base.metadata) -> list[Any]:
@@ -218,12 +219,12 @@ def _a_spend_and_a_hold(
     )
     ids = [b["id"] for b in made["data"]]
     charge = reservations.reserve(
-        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.25}, batch_ids=ids[spent]
-    )
+        db, "acme", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.25}), batch_ids=ids[spent]
+    ).to_json()
     reservations.commit(db, "acme", charge["id"], release={"model": "m", "version": "1"})
     hold = reservations.reserve(
-        db, "acme", ds, event_json={"kind": "pure_dp", "epsilon": 0.5}, batch_ids=ids[held]
-    )
+        db, "acme", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.5}), batch_ids=ids[held]
+    ).to_json()
     return ds, ids, hold
 
 
@@ -266,9 +267,9 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
     db = Database(empty_database_url)
     try:
         assert views.batch_spend(db, "acme", ds)["data"] == before
-        assert reservations.get_reservation(db, "acme", held["id"])["batches"] == held["batches"]
+        assert reservations.get_reservation(db, "acme", held["id"]).to_json()["batches"] == held["batches"]
         assert reservations.all_batches(db, "acme", held["id"]) == members
-        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"}).to_json()
         certificate = answer["certificate"]["certificate"]
         assert verify(certificate).ok
         assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
@@ -432,8 +433,12 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
+            db,
+            "acme",
+            dataset,
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
+        ).to_json()
         reservations.abort(db, "acme", held["id"])
     finally:
         db.dispose()
@@ -482,9 +487,15 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", dataset, batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
-        certificate = reservations.commit(db, "acme", held["id"], release={"model": "ext", "version": 1})
+            db,
+            "acme",
+            dataset,
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
+        ).to_json()
+        certificate = reservations.commit(
+            db, "acme", held["id"], release={"model": "ext", "version": 1}
+        ).to_json()
         upload = registry.ArtifactUpload(tmp_path / "artifacts", max_bytes=1024)
         upload.write(b"weights")
         registry.register_external(
@@ -540,8 +551,12 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
             db, "acme", ids[1], task["id"], batches=[{"name": "b", "records": ["r"]}]
         )["data"]
         held = reservations.reserve(
-            db, "acme", ids[1], batch_ids=[batch["id"]], event_json={"kind": "pure_dp", "epsilon": 0.5}
-        )
+            db,
+            "acme",
+            ids[1],
+            batch_ids=[batch["id"]],
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
+        ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
     finally:
         db.dispose()
@@ -589,7 +604,9 @@ def test_reservation_classes_move_into_their_reservations_and_back(empty_databas
         held = _a_spend_and_a_hold(db, 6, spent=slice(None, 4), held=slice(2, None))[2]
         [committed] = db.read_all(sa.text("SELECT id FROM reservations WHERE status = 'committed'"), {})
         committed_id = committed.id
-        before = {r: reservations.get_reservation(db, "acme", r) for r in (held["id"], committed_id)}
+        before = {
+            r: reservations.get_reservation(db, "acme", r).to_json() for r in (held["id"], committed_id)
+        }
     finally:
         db.dispose()
     assert len(before[held["id"]]["batches"]["classes"]) == 2  # two batches charged before, two not
@@ -608,8 +625,8 @@ def test_reservation_classes_move_into_their_reservations_and_back(empty_databas
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
     try:
-        assert {r: reservations.get_reservation(db, "acme", r) for r in before} == before
-        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
+        assert {r: reservations.get_reservation(db, "acme", r).to_json() for r in before} == before
+        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"}).to_json()
         certificate = answer["certificate"]["certificate"]
         assert verify(certificate).ok
         assert certificate["result"]["epsilon"] == "0.75"  # the batches read twice
@@ -645,15 +662,15 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
             db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(4)]
         )
         event = {"kind": "pure_dp", "epsilon": 0.25}
-        done = reservations.reserve(db, "acme", ds, event_json=event, task_ids=[task])
-        reservations.commit(db, "acme", done["id"], release={"model": "m", "version": "1"})
-        held = reservations.reserve(db, "acme", ds, event_json=event, task_ids=[task])
+        done = reservations.reserve(db, "acme", ds, event=parse_event(event), task_ids=[task])
+        reservations.commit(db, "acme", done.id, release={"model": "m", "version": "1"})
+        held = reservations.reserve(db, "acme", ds, event=parse_event(event), task_ids=[task])
         compact = db.read_all(sa.text("SELECT COUNT(*) FROM tasks WHERE state_id IS NOT NULL"), {})
         whole = db.read_all(sa.text("SELECT COUNT(*) FROM reservation_tasks"), {})
         assert [compact[0][0], whole[0][0]] == [1, 2]
-        ids = (done["id"], held["id"])
+        ids = (done.id, held.id)
         before = (
-            {r: reservations.get_reservation(db, "acme", r) for r in ids},
+            {r: reservations.get_reservation(db, "acme", r).to_json() for r in ids},
             {r: reservations.all_batches(db, "acme", r) for r in ids},
             views.batch_spend(db, "acme", ds)["data"],
         )
@@ -677,14 +694,14 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
     db = Database(empty_database_url)
     try:
         after = (
-            {r: reservations.get_reservation(db, "acme", r) for r in ids},
+            {r: reservations.get_reservation(db, "acme", r).to_json() for r in ids},
             {r: reservations.all_batches(db, "acme", r) for r in ids},
             views.batch_spend(db, "acme", ds)["data"],
         )
         assert after == before
-        answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"})
-        certificate = answer["certificate"]["certificate"]
+        answer = reservations.commit(db, "acme", held.id, release={"model": "m", "version": "2"})
+        certificate = answer.to_json()["certificate"]["certificate"]
         assert verify(certificate).ok and certificate["result"]["epsilon"] == "0.5"
-        assert check_batch_set(certificate, reservations.all_batches(db, "acme", held["id"])).ok
+        assert check_batch_set(certificate, reservations.all_batches(db, "acme", held.id)).ok
     finally:
         db.dispose()

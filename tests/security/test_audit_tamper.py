@@ -31,6 +31,7 @@ from service.commands.check import evaluate
 from service.commands.export import collect
 from service.db.session import Database
 from service.ledger import audit, reservations, tenancy
+from service.ledger.reservations import parse_event
 from tests.service.api.world import PURE, World, make_world, unique
 from tests.service.live_server import serve, settings_for
 
@@ -42,7 +43,9 @@ def _world(db: Database) -> World:
     world = make_world(db, "acme")
     # a few more entries so that there is a middle and a tail
     for _ in range(2):
-        held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
+        held = reservations.reserve(
+            db, "acme", world.dataset, event=parse_event(PURE), batch_ids=[world.batch]
+        ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": unique("v")})
     return world
 

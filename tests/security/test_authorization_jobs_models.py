@@ -22,6 +22,7 @@ from service.app import create_app
 from service.db.session import Database
 from service.ledger import datasets, jobs, reservations
 from service.ledger import model_registry as registry
+from service.ledger.reservations import parse_event
 from service.settings import Settings
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_authorization import CALLERS, RANK, TENANTS, _check, _headers
@@ -110,8 +111,12 @@ def _objects(db: Database, artifacts: Path) -> Objects:
         fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
-    held = reservations.reserve(db, "acme", world.dataset, event_json=PURE, batch_ids=[world.batch])
-    answer = reservations.commit(db, "acme", held["id"], release={"model": model, "version": version})
+    held = reservations.reserve(
+        db, "acme", world.dataset, event=parse_event(PURE), batch_ids=[world.batch]
+    ).to_json()
+    answer = reservations.commit(
+        db, "acme", held["id"], release={"model": model, "version": version}
+    ).to_json()
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
     return Objects(world, str(job["id"]), model, version)
 

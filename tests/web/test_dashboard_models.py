@@ -27,6 +27,7 @@ from service.client import LedgerClient
 from service.db.session import Database
 from service.ledger import datasets, jobs, reservations, tenancy
 from service.ledger import model_registry as registry
+from service.ledger.reservations import parse_event
 from tests.service.api.conftest import Server, bearer, start_server, stop_server
 from tests.web.pages import go, shot, signed_in
 from tests.web.test_dashboard import (
@@ -109,10 +110,12 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
             db,
             "default",
             dataset,
-            event_json={"kind": "pure_dp", "epsilon": 0.2 * version},
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.2 * version}),
             batch_ids=[batch],
-        )
-        answer = reservations.commit(db, "default", held["id"], release={"model": model, "version": version})
+        ).to_json()
+        answer = reservations.commit(
+            db, "default", held["id"], release={"model": model, "version": version}
+        ).to_json()
         registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
     jobs.leases.finish(db, claimed.lease, "succeeded", metrics={"accuracy": 0.74, LONG_METRIC: 0.69})
     return job
@@ -173,8 +176,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert claimed is not None and claimed.lease.job_id == running
         jobs.leases.record_plan(db, claimed.lease, plan={"steps": 50}, total_steps=50)
         held = reservations.reserve(
-            db, "default", trained, event_json={"kind": "pure_dp", "epsilon": 0.75}, batch_ids=[batch]
-        )
+            db, "default", trained, event=parse_event({"kind": "pure_dp", "epsilon": 0.75}), batch_ids=[batch]
+        ).to_json()
         jobs.leases.record_reservation(db, claimed.lease, held["id"])
         jobs.leases.record_progress(db, claimed.lease, step=12, metrics={LONG_METRIC: 0.5, "loss": 1.1})
 

@@ -25,6 +25,7 @@ from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import certificates, datasets, jobs, quotes, spend
+from service.ledger.reservations import parse_event
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, reservation, versions_of
 
@@ -59,7 +60,9 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.status == "aborted"
     prefix = {**held.event, "count": 7}  # self_composed(poisson_sampled(gaussian)), 7 of 20 steps
     assert held.event["kind"] == "self_composed" and held.event["count"] == 20
-    priced = quotes.quote(db, "acme", dataset_id, event_json=prefix, new_batch=True)["cost"]  # from empty
+    priced = quotes.quote(db, "acme", dataset_id, event=parse_event(prefix), new_batch=True)[
+        "cost"
+    ]  # from empty
     assert Decimal(priced["epsilon"]) > 0
     assert (held.committed_epsilon, held.committed_delta) == (
         Decimal(priced["epsilon"]),

@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 
 from service.db.session import Database
 from service.ledger import certificates, jobs, model_registry, quotes, spend
+from service.ledger.reservations import parse_event
 from service.training.distributed import Ranks
 from service.training.dp_sgd import noisy_mean_gradient_of_ranks
 from service.worker import gate
@@ -206,7 +207,7 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
     assert held.status == "aborted"
     # Steps 1-3 ran on both ranks and step 4 was begun (rank 0 asked to go on): 4 are charged.
     prefix = {**held.event, "count": 4}
-    priced = quotes.quote(db, "acme", world.dataset_id, event_json=prefix, new_batch=True)["cost"]
+    priced = quotes.quote(db, "acme", world.dataset_id, event=parse_event(prefix), new_batch=True)["cost"]
     assert held.committed_epsilon == Decimal(priced["epsilon"])
     assert held.committed_delta == Decimal(priced["delta"])
     assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"

@@ -32,6 +32,7 @@ from service.db.session import Database  # noqa: E402
 from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
+from service.ledger.reservations import parse_event  # noqa: E402
 from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
 from service.training.nets import load_state  # noqa: E402
 from service.worker import gate  # noqa: E402
@@ -64,7 +65,7 @@ def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: A
 def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> dict[str, Any]:
     from service.ledger import quotes
 
-    return quotes.quote(db, "acme", dataset_id, event_json=event, new_batch=True)
+    return quotes.quote(db, "acme", dataset_id, event=parse_event(event), new_batch=True)
 
 
 def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
@@ -378,8 +379,8 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     assert dead is not None
     event = {"kind": "gaussian", "noise_multiplier": 5.0}
     held = reservations.reserve(
-        db, "acme", world.dataset_id, event_json=event, batch_ids=list(world.batch_ids)
-    )
+        db, "acme", world.dataset_id, event=parse_event(event), batch_ids=list(world.batch_ids)
+    ).to_json()
     jobs.leases.record_reservation(db, dead.lease, held["id"])
     staged = registry.stage(
         artifacts,
@@ -394,7 +395,7 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
         fmt="torch",
         write=lambda handle: handle.write(b"weights"),
     )
-    answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
+    answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1}).to_json()
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
 
     loader = CountingLoader()

@@ -26,6 +26,7 @@ from service.db.session import Database
 from service.ledger import jobs, reservations, tenancy
 from service.ledger import model_registry as registry
 from service.ledger.errors import Conflict, NotFound
+from service.ledger.reservations import parse_event
 from service.settings import Settings
 from tests.worker.digits_world import DIGITS, digits_dataset, digits_train_ids, staged_files
 
@@ -219,13 +220,15 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
         db,
         "acme",
         world.dataset_id,
-        event_json=_steps(4),
+        event=parse_event(_steps(4)),
         batch_ids=list(world.batch_ids),
-    )
+    ).to_json()
 
     def commit(staged: registry.StagedArtifact, steps: int) -> str:
         release = {"model": "m", "version": staged.version, "artifact_sha256": staged.sha256}
-        answer = reservations.commit(db, "acme", held["id"], release=release, event_json=_steps(steps))
+        answer = reservations.commit(
+            db, "acme", held["id"], release=release, event=parse_event(_steps(steps))
+        ).to_json()
         return str(answer["certificate"]["id"])
 
     # v1: crashed after the commit, before the publication.
@@ -275,12 +278,12 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     ]
     orphan = _stage(artifacts, dead, world.dataset_id, 1)
     other = reservations.reserve(
-        db, "acme", world.dataset_id, event_json=_steps(1), batch_ids=list(world.batch_ids)
-    )
+        db, "acme", world.dataset_id, event=parse_event(_steps(1)), batch_ids=list(world.batch_ids)
+    ).to_json()
     other_weights = hashlib.sha256(b"the other trainer's weights").hexdigest()
     certified = reservations.commit(
         db, "acme", other["id"], release={"model": "m", "version": 1, "artifact_sha256": other_weights}
-    )
+    ).to_json()
     assert certified["certificate"]["certificate"]["release"]["artifact_sha256"] == other_weights
 
     outcome = registry.sweep(db, artifacts, now=utcnow())
@@ -297,8 +300,8 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     # A certificate issued before releases named their artifact is the candidate's only when its
     # reservation is the candidate's job's.
     held = reservations.reserve(
-        db, "acme", world.dataset_id, event_json=_steps(1), batch_ids=list(world.batch_ids)
-    )
+        db, "acme", world.dataset_id, event=parse_event(_steps(1)), batch_ids=list(world.batch_ids)
+    ).to_json()
     legacy = _stage(artifacts, dead, world.dataset_id, 2)
     reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 2})
     assert registry.sweep(db, artifacts)["discarded"] == [again.staging_name, legacy.staging_name]

@@ -36,7 +36,7 @@ from accountant import events as ev
 from accountant import rules
 from accountant.certificates import BatchSet, ClassRecord
 from accountant.errors import AccountantError, InvalidArgumentError
-from accountant.exact import ZERO, exact_sub, exact_sum, to_text
+from accountant.exact import ZERO, exact_sub, exact_sum
 from accountant.rules import BatchState, Charge
 from service.ledger import certificates
 from service.ledger.datasets import refuse_archived
@@ -51,7 +51,15 @@ from service.ledger.errors import (
     ReleaseExists,
     ReservationExpired,
 )
-from service.ledger.spending.answers import cost_json, reservation_json
+from service.ledger.spending.answers import (
+    Answer,
+    Commit,
+    EpsilonDelta,
+    Expired,
+    Reservation,
+    SegmentDeclared,
+    cost_json,
+)
 from service.ledger.spending.requests import (
     MAX_BATCHES_PER_RESERVATION,
     NOT_PRICED,
@@ -75,7 +83,7 @@ from service.ledger.spending.store import (
 from service.verification.signing import SigningKey
 
 
-def decide(work: Work, op: Request, priced: Priced) -> tuple[dict[str, Any], LedgerError | None]:
+def decide(work: Work, op: Request, priced: Priced) -> tuple[Answer | None, LedgerError | None]:
     """Decide ``op`` on ``work`` and apply it: its answer, or the error it answers while its
     changes stay (a late commit: its reservation expires). A refusal raises a ``LedgerError``
     and changes nothing."""
@@ -90,7 +98,7 @@ def decide(work: Work, op: Request, priced: Priced) -> tuple[dict[str, Any], Led
         return declare_segment(work, op, params), None
     if isinstance(params, ExtendParams):
         return extend(work, op, params)
-    return {"expired": work.expired_on_open + expire(work, params.reservation_ids, op.at)}, None
+    return Expired(work.expired_on_open + expire(work, params.reservation_ids, op.at)), None
 
 
 def _close(work: Work, r: Loaded, status: str, at: datetime, ran: Ran | None = None) -> Loaded:
@@ -314,7 +322,7 @@ def _settle(
     return Settled(r, charge, partial, previous, records, moves)
 
 
-def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
+def reserve(work: Work, op: Request, params: ReserveParams) -> Reservation:
     refuse_archived(work.head.id, work.head.archived_at)
     selection = work.select(params.selector, params.ids, MAX_BATCHES_PER_RESERVATION)
     work.load_states(selection.counts)
@@ -373,16 +381,17 @@ def reserve(work: Work, op: Request, params: ReserveParams) -> dict[str, Any]:
     )
     work.hold(epsilon)
     work.head.reservations_open += 1
-    response = reservation_json(r)
+    response = Reservation.of(r)
+    shown = response.to_json()
     work.audit(
         "reservation.reserved",
         {
             "reservation_id": r.id,
             "event": r.event,
             "noise_commitment": r.noise_commitment,
-            "cost": response["cost"],
-            "batches": response["batches"],
-            "expires_at": response["expires_at"],
+            "cost": shown["cost"],
+            "batches": shown["batches"],
+            "expires_at": shown["expires_at"],
         },
         op.at,
     )
@@ -411,12 +420,12 @@ def _open(work: Work, op: Request, reservation_id: str, refusal: str) -> Loaded 
 
 def commit(
     work: Work, op: Request, params: CommitParams, priced: Priced = NOT_PRICED
-) -> tuple[dict[str, Any], LedgerError | None]:
+) -> tuple[Commit | None, LedgerError | None]:
     """Settle the reservation's charge (``_settle``), certify it (``_certify``), apply it
     (``_apply``) and record the release. A late commit expires its reservation and is refused."""
     r = _open(work, op, params.reservation_id, "it cannot be committed")
     if isinstance(r, ReservationExpired):
-        return {}, r
+        return None, r
     release_key = (op.tenant_id, params.model, params.version)
     if release_key in work.released:
         raise ReleaseExists(params.model, params.version)
@@ -448,7 +457,7 @@ def commit(
         }
     )
     work.certificates.append(certificate)
-    reservation = reservation_json(r)
+    reservation = Reservation.of(r)
     work.audit(
         "reservation.committed",
         {
@@ -456,18 +465,15 @@ def commit(
             "release": params.release,
             "certificate_id": certificate["id"],
             "content_hash": certificate["content_hash"],
-            "committed": reservation["committed"],
+            "committed": reservation.to_json()["committed"],
             "final": closes,
         },
         op.at,
     )
-    return {
-        "certificate": certificates.row_json(certificate, params.release),
-        "reservation": reservation,
-    }, None
+    return Commit(certificates.IssuedCertificate.of_row(certificate, params.release), reservation), None
 
 
-def abort(work: Work, op: Request, params: AbortParams) -> dict[str, Any]:
+def abort(work: Work, op: Request, params: AbortParams) -> Reservation:
     r = work.reservations.get(params.reservation_id)
     if r is None or r.tenant_id != op.tenant_id:
         raise NotFound("reservation", params.reservation_id)
@@ -479,10 +485,10 @@ def abort(work: Work, op: Request, params: AbortParams) -> dict[str, Any]:
         )
     if r.status == "reserved":
         r = _close(work, r, "aborted", op.at, params.ran)
-    return reservation_json(r)
+    return Reservation.of(r)
 
 
-def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any], LedgerError | None]:
+def extend(work: Work, op: Request, params: ExtendParams) -> tuple[Reservation | None, LedgerError | None]:
     """Hold the reservation until ``max(expires_at, now + ttl)``: a heartbeat never shortens a
     hold, and a repeat changes nothing (no audit entry). Refused: another tenant's or an unknown
     reservation (``NotFound``), a closed one (``reservation_closed``), one past its time (it
@@ -490,7 +496,7 @@ def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any
     is), and a hold past ``max_lifetime`` from creation (``LifetimeExceeded``; nothing changes)."""
     r = _open(work, op, params.reservation_id, "only an open reservation can be extended")
     if isinstance(r, ReservationExpired):
-        return {}, r
+        return None, r
     latest = r.created_at + params.max_lifetime
     wanted = op.at + params.ttl
     if wanted > latest:
@@ -498,7 +504,7 @@ def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any
             r.id, params.ttl.total_seconds(), latest.isoformat(), params.max_lifetime.total_seconds()
         )
     if wanted <= r.expires_at:
-        return reservation_json(r), None
+        return Reservation.of(r), None
     extended = replace(r, expires_at=wanted)
     work.put_reservation(extended)
     work.audit(
@@ -511,7 +517,7 @@ def extend(work: Work, op: Request, params: ExtendParams) -> tuple[dict[str, Any
         },
         op.at,
     )
-    return reservation_json(extended), None
+    return Reservation.of(extended), None
 
 
 def expire(work: Work, reservation_ids: Iterable[str], at: datetime) -> int:
@@ -525,7 +531,7 @@ def expire(work: Work, reservation_ids: Iterable[str], at: datetime) -> int:
     return expired
 
 
-def declare_segment(work: Work, op: Request, params: SegmentParams) -> dict[str, Any]:
+def declare_segment(work: Work, op: Request, params: SegmentParams) -> SegmentDeclared:
     """Declare the next plan segment of the dataset's sequential ``prv`` budget.
 
     Decided on the locked head, so it is ordered with every reservation of the dataset (and with
@@ -566,23 +572,21 @@ def declare_segment(work: Work, op: Request, params: SegmentParams) -> dict[str,
     segment = grown.plan_segments[index]
     held_eps = exact_sum(s.epsilon for s in grown.plan_segments)
     held_dlt = exact_sum(s.delta for s in grown.plan_segments)
-    response = {
-        "dataset_id": work.head.id,
-        "index": index,
-        "plan": params.plan_document,
-        "delta": to_text(segment.delta),
-        "epsilon": to_text(segment.epsilon),
-        "declared": {"epsilon": to_text(held_eps), "delta": to_text(held_dlt)},
-        "left": {
-            "epsilon": to_text(exact_sub(grown.epsilon, held_eps)),
-            "delta": to_text(exact_sub(grown.delta, held_dlt)),
-        },
-        "closed_batches": sum(m.count for m in moves),
-        "theorem": rules.theorem(grown),
-    }
+    response = SegmentDeclared(
+        dataset_id=work.head.id,
+        index=index,
+        plan=params.plan_document,
+        epsilon=segment.epsilon,
+        delta=segment.delta,
+        declared=EpsilonDelta(held_eps, held_dlt),
+        left=EpsilonDelta(exact_sub(grown.epsilon, held_eps), exact_sub(grown.delta, held_dlt)),
+        closed_batches=sum(m.count for m in moves),
+        theorem=rules.theorem(grown),
+    )
+    shown = response.to_json()
     work.audit(
         "plan.segment_declared",
-        {k: response[k] for k in ("index", "plan", "delta", "epsilon", "declared", "closed_batches")},
+        {k: shown[k] for k in ("index", "plan", "delta", "epsilon", "declared", "closed_batches")},
         op.at,
     )
     return response

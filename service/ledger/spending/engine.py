@@ -44,7 +44,7 @@ from service.ledger.errors import (
     LedgerError,
     NotFound,
 )
-from service.ledger.spending.answers import Result, refreshed, replay
+from service.ledger.spending.answers import Answer, Result, Stored, refreshed, replay
 from service.ledger.spending.requests import NOT_PRICED, Op, Priced, Request
 from service.ledger.spending.store import Work, due_ids, load_reservations, released, stored_answers
 from service.verification.signing import KeyRing, SigningKey
@@ -59,7 +59,7 @@ class Domain:
     """The seam between the engine and what it runs: how an operation is priced before its
     transaction and decided in it (``spending.decisions``, ``spending.prices``)."""
 
-    decide: Callable[[Work, Request, Priced], tuple[dict[str, Any], LedgerError | None]]
+    decide: Callable[[Work, Request, Priced], tuple[Answer | None, LedgerError | None]]
     """Decide a request on the locked ``Work`` with its prices and apply it: its answer, or the
     error it answers while its changes stay; a refusal raises a ``LedgerError`` and changes nothing."""
     expire: Callable[[Work, Iterable[str], datetime], int]
@@ -92,12 +92,13 @@ def _group_transaction(
         if hit is None:
             active.append(i)
             continue
-        result, rid = replay(op.request, hit)
-        if rid is None:
-            results[i] = result
+        response, conflict, rid = replay(op.request, hit)
+        if response is None:
+            results[i] = (None, conflict)
+        elif rid is None:
+            results[i] = (refreshed(op.request, response, None), None)
         else:
-            assert result[0] is not None
-            replays.append((i, result[0], rid))
+            replays.append((i, response, rid))
     if not active and not replays:
         return results
     at = max(ops[i].request.at for i in [*active, *(i for i, _, _ in replays)])
@@ -106,7 +107,7 @@ def _group_transaction(
         for i in active:
             results[i] = (None, NotFound("dataset", dataset_id))
         for i, response, _ in replays:
-            results[i] = (response, None)
+            results[i] = (refreshed(ops[i].request, response, None), None)
         return results
     # Read only when the head says one is due: usually nothing.
     due = (
@@ -125,7 +126,7 @@ def _group_transaction(
             domain.expire(work, [rid], ops[i].request.at)  # a hold past its time is "expired" now, and freed
         results[i] = (refreshed(ops[i].request, response, work.reservations.get(rid)), None)
 
-    answered: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+    answered: dict[tuple[str, str], Stored] = {}
     for i in active:
         request, priced = ops[i].request, ops[i].priced or NOT_PRICED
         if request.tenant_id != work.head.tenant_id:
@@ -133,10 +134,12 @@ def _group_transaction(
             continue
         key = None if request.key is None else (request.tenant_id, request.key)
         if key is not None and key in answered:  # a retry within the group
-            (replayed, replay_error), rid = replay(request, answered[key])
-            if replayed is not None and rid is not None:
-                replayed = refreshed(request, replayed, work.reservations.get(rid))
-            results[i] = (replayed, replay_error)
+            response, conflict, rid = replay(request, answered[key])
+            if response is None:
+                results[i] = (None, conflict)
+            else:
+                now = None if rid is None else work.reservations.get(rid)
+                results[i] = (refreshed(request, response, now), None)
             continue
         # Prices come from the request's memo, filled before the transaction (``prepare``):
         # under the lock the rules only add and compare.
@@ -146,20 +149,21 @@ def _group_transaction(
         )
         try:
             with pricing:
-                response, error = domain.decide(work, request, priced)
+                answer, error = domain.decide(work, request, priced)
         except LedgerError as exc:
             results[i] = (None, exc)
             continue
-        results[i] = (None if error else response, error)
-        if key is not None and error is None:
-            answered[key] = (request.operation, request.digest, response)
+        results[i] = (None if error else answer, error)
+        if key is not None and error is None and answer is not None:
+            stored_json = answer.to_json()  # the key's answer, stored as its wire form
+            answered[key] = (request.operation, request.digest, stored_json)
             work.idempotency.append(
                 {
                     "tenant_id": request.tenant_id,
                     "key": request.key,
                     "operation": request.operation,
                     "request_hash": request.digest,
-                    "response": response,
+                    "response": stored_json,
                     "status_code": request.status_code,
                     "created_at": request.at,
                 }
@@ -216,11 +220,12 @@ def _answer_raced_retries(db: Database, ops: Sequence[Op], results: dict[int, Re
             hit = stored.get((ops[i].request.tenant_id, ops[i].request.key or ""))
             if hit is None:
                 continue
-            (response, error), rid = replay(ops[i].request, hit)
-            if response is not None and rid is not None:
-                loaded = load_reservations(connection, [rid])
-                response = refreshed(ops[i].request, response, loaded.get(rid))
-            results[i] = (response, error)
+            response, conflict, rid = replay(ops[i].request, hit)
+            if response is None:
+                results[i] = (None, conflict)
+                continue
+            now = None if rid is None else load_reservations(connection, [rid]).get(rid)
+            results[i] = (refreshed(ops[i].request, response, now), None)
 
 
 GroupRunner = Callable[[Database, str, Sequence[Op]], None]
@@ -336,7 +341,7 @@ def _answer(group: Iterable[tuple[Op, asyncio.Future[None]]]) -> None:
             answered.set_result(None)
 
 
-def _answered(op: Op) -> dict[str, Any]:
+def _answered(op: Op) -> Answer:
     if op.error is not None:
         raise op.error
     assert op.response is not None
@@ -430,13 +435,13 @@ class SpendEngine:
                 self.run_group(db, dataset_id, [op], check_releases=True)
             return
 
-    def submit(self, db: Database, request: Request) -> dict[str, Any]:
+    def submit(self, db: Database, request: Request) -> Answer:
         """Run ``request`` (priced in the caller's thread, then queued for its dataset's next group)."""
         op = Op(request, self.domain.prepare(db, request))
         self._combiner(db, request.dataset_id).run(self.run_group, db, request.dataset_id, op)
         return _answered(op)
 
-    async def submit_async(self, db: Database, request: Request) -> dict[str, Any]:
+    async def submit_async(self, db: Database, request: Request) -> Answer:
         """Run ``request`` from a coroutine (priced in a pricing thread, never on the event loop)."""
         op = Op(request)
         if not self.domain.prices_inline(request):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from accountant import events as ev
 from accountant.errors import InvalidArgumentError
@@ -24,6 +24,9 @@ from service.ledger import idempotency, pricing
 from service.ledger.datasets import MAX_ID_LENGTH, can_be_id, check_text
 from service.ledger.errors import InvalidInput, NotFound
 from service.verification.signing import SigningKey
+
+if TYPE_CHECKING:  # answers imports this module
+    from service.ledger.spending.answers import Answer
 
 DEFAULT_TTL_S: Final = 3600.0
 MAX_TTL_S: Final = 30 * 24 * 3600.0
@@ -68,6 +71,20 @@ def parse_event(obj: object, field_name: str = "event") -> DpEvent:
         return ev.from_json(obj, field_name, new=True)
     except EventValidationError as exc:
         raise InvalidInput(exc.field, exc.message) from None
+
+
+def new_event(event: object, field_name: str = "event") -> DpEvent:
+    """``event`` as a charge to be priced now: a ``DpEvent`` (parsed by ``parse_event`` or by the
+    HTTP schema, or built in-process: constructors validate their fields) that also passes what
+    ``from_json(..., new=True)`` adds, ``ev.refuse_unproven`` (a walk of the tree, no JSON).
+    ``InvalidInput`` names the field."""
+    if not isinstance(event, DpEvent):
+        raise InvalidInput(field_name, f"must be a mechanism event. Found {type(event).__name__}.")
+    try:
+        ev.refuse_unproven(event, field_name)
+    except EventValidationError as exc:
+        raise InvalidInput(exc.field, exc.message) from None
+    return event
 
 
 def charge(event: DpEvent, noise_commitment: object) -> Charge:
@@ -222,11 +239,11 @@ class Op:
     request: Request
     priced: Priced | None = None  # set once, before the transaction (``prepare``)
     done: bool = False
-    response: dict[str, Any] | None = None
+    response: Answer | None = None
     error: BaseException | None = None
     wake: threading.Event | None = field(default=None, repr=False)  # a sync caller's (``engine.Combiner``)
 
-    def finish(self, response: dict[str, Any] | None, error: BaseException | None) -> None:
+    def finish(self, response: Answer | None, error: BaseException | None) -> None:
         self.response, self.error, self.done = response, error, True
 
 

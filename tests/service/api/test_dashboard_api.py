@@ -9,6 +9,7 @@ from typing import Any
 
 from service.db.session import Database
 from service.ledger import batches, datasets, reservations, tenancy
+from service.ledger.reservations import parse_event
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import unique
 
@@ -28,11 +29,18 @@ def _spend(
     commit: bool = True,
 ) -> dict[str, Any]:
     held = reservations.reserve(
-        db, tenant, dataset, event_json=_pure(epsilon), batch_ids=batch_ids, noise_commitment=commitment
-    )
+        db,
+        tenant,
+        dataset,
+        event=parse_event(_pure(epsilon)),
+        batch_ids=batch_ids,
+        noise_commitment=commitment,
+    ).to_json()
     if not commit:
         return held
-    return reservations.commit(db, tenant, held["id"], release={"model": "m", "version": unique("v")})
+    return reservations.commit(
+        db, tenant, held["id"], release={"model": "m", "version": unique("v")}
+    ).to_json()
 
 
 def _dataset(

@@ -196,7 +196,9 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
         start.wait()
         try:
             outcomes.append(
-                plan_segments.declare_segment(pool, "acme", dataset, plan_json=[SECOND], delta="5e-6")
+                plan_segments.declare_segment(
+                    pool, "acme", dataset, plan_json=[SECOND], delta="5e-6"
+                ).to_json()
             )
         except (InvalidInput, ChargeRefused) as exc:
             outcomes.append(exc)

@@ -8,6 +8,7 @@ from typing import Any
 
 from service.db.session import Database
 from service.ledger import batches, datasets, reservations
+from service.ledger.reservations import parse_event
 
 _serial = itertools.count(1)
 
@@ -55,9 +56,15 @@ def make_world(db: Database, tenant: str) -> World:
         batches=[{"name": unique("batch"), "records": [unique("r"), unique("r")]}],
     )
     batch = created["data"][0]["id"]
-    done = reservations.reserve(db, tenant, dataset["id"], event_json=PURE, batch_ids=[batch])
-    commit = reservations.commit(db, tenant, done["id"], release={"model": "m", "version": unique("v")})
-    held = reservations.reserve(db, tenant, dataset["id"], event_json=PURE, batch_ids=[batch])
+    done = reservations.reserve(
+        db, tenant, dataset["id"], event=parse_event(PURE), batch_ids=[batch]
+    ).to_json()
+    commit = reservations.commit(
+        db, tenant, done["id"], release={"model": "m", "version": unique("v")}
+    ).to_json()
+    held = reservations.reserve(
+        db, tenant, dataset["id"], event=parse_event(PURE), batch_ids=[batch]
+    ).to_json()
     return World(
         tenant=tenant,
         dataset=dataset["id"],

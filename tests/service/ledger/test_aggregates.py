@@ -13,6 +13,7 @@ from sqlalchemy import delete, event, func, select, update
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import audit, reservations, spend
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 100.0, "delta": 1e-5, "accountant": "basic"}
@@ -35,8 +36,8 @@ def statements(db: Database) -> Iterator[list[str]]:
 def _charge(db: Database, ds: str, batch_ids: list[str], version: int) -> tuple[list[str], list[str]]:
     with statements(db) as reserve_sql:
         r = reservations.reserve(
-            db, "t1", ds, batch_ids=batch_ids, event_json={"kind": "pure_dp", "epsilon": 0.01}
-        )
+            db, "t1", ds, batch_ids=batch_ids, event=parse_event({"kind": "pure_dp", "epsilon": 0.01})
+        ).to_json()
     with statements(db) as commit_sql:
         reservations.commit(db, "t1", r["id"], release={"model": "m", "version": version})
     return reserve_sql, commit_sql

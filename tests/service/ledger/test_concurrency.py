@@ -20,6 +20,7 @@ import pytest
 from service.db.session import Database
 from service.ledger import audit, batches, reservations, spend
 from service.ledger.errors import BudgetExceeded, LedgerError
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 BASIC = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "basic"}
@@ -65,8 +66,8 @@ def test_150_concurrent_charges_of_a_hundredth(
     def reserve_and_commit(i: int) -> str:
         db = processes[i % PROCESSES]
         r = reservations.reserve(
-            db, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.01}
-        )
+            db, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.01})
+        ).to_json()
         reservations.commit(db, "t1", r["id"], release={"model": "m", "version": i})
         return "committed"
 
@@ -89,8 +90,8 @@ def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
     def work(i: int) -> tuple[list[str], str]:
         db = processes[i % PROCESSES]
         r = reservations.reserve(
-            db, "t1", ds.id, batch_ids=plans[i], event_json={"kind": "pure_dp", "epsilon": 0.1}
-        )
+            db, "t1", ds.id, batch_ids=plans[i], event=parse_event({"kind": "pure_dp", "epsilon": 0.1})
+        ).to_json()
         if i % 5 == 0:
             reservations.abort(db, "t1", r["id"])
             return plans[i], "aborted"
@@ -127,9 +128,9 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
             "t1",
             ds.id,
             batch_ids=ds.all_batches,
-            event_json={"kind": "pure_dp", "epsilon": 0.2},
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.2}),
             idempotency_key="same-key",
-        )
+        ).to_json()
 
     results = run_concurrently(12, retry)
     assert not [r for r in results if isinstance(r, LedgerError | Exception)], results
@@ -144,7 +145,7 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
             results[0]["id"],
             release={"model": "m", "version": 1},
             idempotency_key="c",
-        )
+        ).to_json()
 
     commits = run_concurrently(8, commit_retry)
     assert not [c for c in commits if isinstance(c, Exception)], commits

@@ -11,7 +11,9 @@ from datetime import UTC, datetime
 from service.db.session import Database
 from service.ledger import audit, idempotency, reservations, spend
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
+from service.ledger.reservations import parse_event
 from service.ledger.spending import ENGINE, requests
+from service.ledger.spending.answers import Reservation
 from service.ledger.spending.requests import AbortParams, CommitParams, Op, Request, ReserveParams
 from service.verification.signing import SigningKey
 from tests.service.ledger.conftest import MakeDataset
@@ -54,6 +56,11 @@ def _commit_op(ds: str, reservation_id: str, version: int) -> Op:
     )
 
 
+def reservation_id(op: Op) -> str:
+    assert isinstance(op.response, Reservation)
+    return op.response.id
+
+
 def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_dataset: MakeDataset) -> None:
     ds = make_dataset(BASIC, tasks=[2])
     a, b = ds.all_batches
@@ -72,8 +79,8 @@ def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_d
     ]
     answer = spend.get_spend(ledger, "t1", ds.id)
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("1.9", 3)
-    commits = [_commit_op(ds.id, ops[i].response["id"], i) for i in (0, 2, 3)]  # type: ignore[index]
-    commits.append(_commit_op(ds.id, ops[0].response["id"], 9))  # type: ignore[index]  # twice
+    commits = [_commit_op(ds.id, reservation_id(ops[i]), i) for i in (0, 2, 3)]
+    commits.append(_commit_op(ds.id, reservation_id(ops[0]), 9))  # twice
     ENGINE.run_group(ledger, ds.id, commits)
     assert [type(op.error).__name__ if op.error else "ok" for op in commits] == ["ok", "ok", "ok", "Conflict"]
     answer = spend.get_spend(ledger, "t1", ds.id)
@@ -89,7 +96,8 @@ def test_a_retry_inside_a_group_gets_the_first_answer(ledger: Database, make_dat
         _reserve_op(ds.id, ds.all_batches, 0.4, key="k"),  # same key, another request
     ]
     ENGINE.run_group(ledger, ds.id, ops)
-    assert ops[0].response == ops[1].response
+    assert ops[0].response is not None and ops[1].response is not None
+    assert ops[0].response.to_json() == ops[1].response.to_json()
     assert isinstance(ops[2].error, IdempotencyConflict)
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
 
@@ -102,15 +110,19 @@ def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset
     ds = make_dataset(BASIC)
     other = make_dataset(BASIC)
     held = reservations.reserve(
-        ledger, "t1", other.id, batch_ids=other.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.1}
-    )
+        ledger,
+        "t1",
+        other.id,
+        batch_ids=other.all_batches,
+        event=parse_event({"kind": "pure_dp", "epsilon": 0.1}),
+    ).to_json()
     reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     first = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.1}
-    )
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.1})
+    ).to_json()
     second = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.2}
-    )
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.2})
+    ).to_json()
     ops = [_commit_op(ds.id, first["id"], 1), _commit_op(ds.id, second["id"], 2)]
     ENGINE.run_group(ledger, ds.id, ops)
     assert isinstance(ops[0].error, ReleaseExists) and "'m' version '1'" in str(ops[0].error)
@@ -125,14 +137,14 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
 ) -> None:
     ds = make_dataset(BASIC)
     r = reservations.reserve(
-        ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json={"kind": "pure_dp", "epsilon": 0.5}
-    )
+        ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event({"kind": "pure_dp", "epsilon": 0.5})
+    ).to_json()
     ops = [
         Op(Request("abort", "t1", ds.id, datetime.now(UTC), AbortParams(r["id"]))),
         _commit_op(ds.id, r["id"], 1),
     ]
     ENGINE.run_group(ledger, ds.id, ops)
-    assert ops[0].response is not None and ops[0].response["status"] == "aborted"
+    assert isinstance(ops[0].response, Reservation) and ops[0].response.status == "aborted"
     assert isinstance(ops[1].error, Conflict)
     answer = spend.get_spend(ledger, "t1", ds.id)
     # The abort settles the whole reservation (issue 24 §2); the commit after it releases nothing.

@@ -22,6 +22,7 @@ from accountant.calibration import calibrate_to_price
 from service.db.session import Database
 from service.ledger import batches, datasets, pricing, quotes, reservations
 from service.ledger.errors import InvalidInput, NotFound
+from service.ledger.reservations import parse_event
 from service.ledger.spending.store import dataset_budget
 
 BASIC = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
@@ -42,8 +43,8 @@ def _dataset(db: Database, count: int, budget: dict[str, Any] = BASIC) -> tuple[
 
 def _spend(db: Database, ds: str, batch_ids: list[str], epsilon: str) -> None:
     held = reservations.reserve(
-        db, "t1", ds, event_json={"kind": "pure_dp", "epsilon": float(epsilon)}, batch_ids=batch_ids
-    )
+        db, "t1", ds, event=parse_event({"kind": "pure_dp", "epsilon": float(epsilon)}), batch_ids=batch_ids
+    ).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": next(_versions)})
 
 
@@ -70,16 +71,16 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
     _spend(ledger, small, small_ids[:3], "0.5")
     event = {"kind": "pure_dp", "epsilon": 0.6}
     pricings.clear()
-    answer = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids, accountants=False)
+    answer = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, accountants=False)
     assert len(pricings) == 2  # once per class, not once per batch (was 10 000)
     assert answer["accountants"] is None
     # The informational block prices the event once per accountant whatever the batches, and a
     # repeat of it is memoized.
     pricings.clear()
-    with_block = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids)
+    with_block = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids)
     assert 2 <= len(pricings) <= 2 + len(rules.ACCOUNTANTS)
     pricings.clear()
-    assert quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids) == with_block
+    assert quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids) == with_block
     assert len(pricings) == 2
     answer = with_block
     assert answer["totals"] == {
@@ -104,12 +105,12 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
         "refused": None,
     }
     # The same quote on 10 batches is the same size, give or take the ids and counts' digits.
-    small_answer = quotes.quote(ledger, "t1", small, event_json=event, batch_ids=small_ids)
+    small_answer = quotes.quote(ledger, "t1", small, event=parse_event(event), batch_ids=small_ids)
     assert abs(len(json.dumps(answer)) - len(json.dumps(small_answer))) < 50
     # By tasks: the same classes, the same single pricing per class.
     pricings.clear()
     task_id = batches.list_tasks(ledger, "t1", ds)["data"][0]["id"]
-    by_task = quotes.quote(ledger, "t1", ds, event_json=event, task_ids=[task_id], accountants=False)
+    by_task = quotes.quote(ledger, "t1", ds, event=parse_event(event), task_ids=[task_id], accountants=False)
     assert len(pricings) == 2 and by_task["on"] == "tasks" and by_task["totals"] == answer["totals"]
 
 
@@ -120,7 +121,7 @@ def test_classes_are_paged_and_the_totals_cover_every_page(ledger: Database) -> 
     event = {"kind": "pure_dp", "epsilon": 0.75}
     pages, offset = [], 0
     while offset is not None:
-        page = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids, limit=2, offset=offset)
+        page = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, limit=2, offset=offset)
         assert len(page["classes"]) <= 2
         pages.extend(page["classes"])
         offset = page["next_offset"]
@@ -130,7 +131,7 @@ def test_classes_are_paged_and_the_totals_cover_every_page(ledger: Database) -> 
     assert [c["admitted"] for c in pages].count(False) == 2
     for bad in ({"limit": 0}, {"limit": quotes.MAX_CLASSES_PER_PAGE + 1}, {"offset": -1}, {"limit": True}):
         with pytest.raises(InvalidInput) as caught:
-            quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids, **bad)
+            quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, **bad)
         assert caught.value.field == next(iter(bad))
 
 
@@ -141,22 +142,22 @@ def test_a_quote_names_its_target_and_refuses_none(ledger: Database) -> None:
     _spend(ledger, ds, ids, "1")  # every batch is spent
     event = {"kind": "pure_dp", "epsilon": 0.5}
     with pytest.raises(InvalidInput) as caught:
-        quotes.quote(ledger, "t1", ds, event_json=event)
+        quotes.quote(ledger, "t1", ds, event=parse_event(event))
     assert caught.value.field == "batches"
     with pytest.raises(InvalidInput):
-        quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids, new_batch=True)
-    fresh = quotes.quote(ledger, "t1", ds, event_json=event, new_batch=True)
+        quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, new_batch=True)
+    fresh = quotes.quote(ledger, "t1", ds, event=parse_event(event), new_batch=True)
     assert fresh["on"] == "new_batch" and fresh["admitted"] is True
     assert [(c["batch_id"], c["batches"]) for c in fresh["classes"]] == [(None, 1)]
-    real = quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=ids)
+    real = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids)
     assert real["admitted"] is False and real["totals"]["refused_batches"] == 2
     with pytest.raises(NotFound) as missing:
-        quotes.quote(ledger, "t1", ds, event_json=event, batch_ids=[ids[0], "b_nope"])
+        quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=[ids[0], "b_nope"])
     assert "b_nope" in str(missing.value)
     with pytest.raises(NotFound):
-        quotes.quote(ledger, "t1", ds, event_json=event, task_ids=["t_nope"])
+        quotes.quote(ledger, "t1", ds, event=parse_event(event), task_ids=["t_nope"])
     with pytest.raises(NotFound):
-        quotes.quote(ledger, "t2", ds, event_json=event, new_batch=True)
+        quotes.quote(ledger, "t2", ds, event=parse_event(event), new_batch=True)
 
 
 class RecordingMeter:
@@ -177,7 +178,12 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
     budget_of = dataset_budget(ledger, ds)[1]
     meter = RecordingMeter()
     quotes.quote(
-        ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(meter=meter)
+        ledger,
+        "t1",
+        ds,
+        event=parse_event(ev.to_json(event)),
+        batch_ids=ids,
+        policy=pricing.Policy(meter=meter),
     )
     one_class = pricing.work(budget_of, [event]) + pricing.orders_of(budget_of)
     # then the informational block: the event's work under each accountant's fresh budget
@@ -187,7 +193,12 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
     assert meter.admitted == [one_class, block]
     with pytest.raises(InvalidInput) as caught:  # the event's own work is still bounded
         quotes.quote(
-            ledger, "t1", ds, event_json=ev.to_json(event), batch_ids=ids, policy=pricing.Policy(max_work=1)
+            ledger,
+            "t1",
+            ds,
+            event=parse_event(ev.to_json(event)),
+            batch_ids=ids,
+            policy=pricing.Policy(max_work=1),
         )
     assert caught.value.field == "event"
 
@@ -239,9 +250,9 @@ def test_staged_prices_meet_each_charge_with_the_states_the_earlier_ones_leave(
     assert refused is not None and refused.index == 1 and refused.refusal.details["batch_id"] == ids[1]
     with pytest.raises(NotFound):
         quotes.StagedPrices(ledger, "t1", ds, [["no-such-batch"]]).refusal(charges(0.1))
-    assert quotes.quote(ledger, "t1", ds, event_json={"kind": "pure_dp", "epsilon": 0.7}, batch_ids=ids[:1])[
-        "admitted"
-    ]  # nothing was held or spent by asking
+    assert quotes.quote(
+        ledger, "t1", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.7}), batch_ids=ids[:1]
+    )["admitted"]  # nothing was held or spent by asking
 
     parallel, pids = _dataset(
         ledger, 2, {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}

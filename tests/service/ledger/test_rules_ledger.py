@@ -11,6 +11,7 @@ from accountant.exact import exact_sub
 from service.db.session import Database
 from service.ledger import audit, reservations, spend
 from service.ledger.errors import BudgetExceeded, ChargeRefused, LedgerError
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 
@@ -50,9 +51,9 @@ def charge(
     commitment: str | None = None,
 ) -> dict[str, object]:
     r = reservations.reserve(
-        db, "t1", dataset, batch_ids=batch_ids, event_json=event, noise_commitment=commitment
-    )
-    answer = reservations.commit(db, "t1", r["id"], release=releases.next())
+        db, "t1", dataset, batch_ids=batch_ids, event=parse_event(event), noise_commitment=commitment
+    ).to_json()
+    answer = reservations.commit(db, "t1", r["id"], release=releases.next()).to_json()
     assert offline.verify(answer["certificate"]["certificate"]).ok
     return answer
 
@@ -78,12 +79,17 @@ def test_lifelong_spend_stays_flat_while_naive_grows(ledger: Database, make_data
     # Fresh noise on a spent batch is a new charge, composed sequentially: it does not fit.
     with pytest.raises(BudgetExceeded):
         reservations.reserve(
-            ledger, "t1", ds.id, batch_ids=ds.batches[0], event_json=event, noise_commitment="fresh"
+            ledger, "t1", ds.id, batch_ids=ds.batches[0], event=parse_event(event), noise_commitment="fresh"
         )
     # The same commitment with another event is not a replay of that noise.
     with pytest.raises(LedgerError) as info:
         reservations.reserve(
-            ledger, "t1", ds.id, batch_ids=ds.batches[0], event_json=pure(0.1), noise_commitment="noise-0"
+            ledger,
+            "t1",
+            ds.id,
+            batch_ids=ds.batches[0],
+            event=parse_event(pure(0.1)),
+            noise_commitment="noise-0",
         )
     assert info.value.status == 409
     assert audit.verify(ledger)["ok"]
@@ -109,7 +115,9 @@ def test_geometric_levels(ledger: Database, make_dataset: MakeDataset) -> None:
     assert answer["geometric"]["infinite_horizon_bound"] == "1"
     for refused in (0.5, 0.6):  # a used level; above `first`
         with pytest.raises(LedgerError) as info:
-            reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=pure(refused))
+            reservations.reserve(
+                ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(pure(refused))
+            )
         assert info.value.status == 409
     assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == answer["epsilon_spent"]
 
@@ -126,7 +134,7 @@ def test_parallel_takes_the_max_and_refuses_a_second_read(
     assert answer["epsilon_spent"] == "0.5"  # the maximum over disjoint tasks, not 0.8
     assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0.3", "0.5"]
     with pytest.raises(ChargeRefused) as info:
-        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.batches[0], event_json=pure(0.01))
+        reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.batches[0], event=parse_event(pure(0.01)))
     assert info.value.code == "batch_already_read" and info.value.status == 409
 
 
@@ -155,7 +163,7 @@ def test_prv_admits_the_declared_plan_step_by_step_and_nothing_else(
 
     def refused(event: dict[str, object]) -> None:
         with pytest.raises(LedgerError) as info:
-            reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event_json=event)
+            reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(event))
         assert info.value.status == 409
 
     refused(plan[1])  # out of order

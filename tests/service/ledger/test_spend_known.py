@@ -17,6 +17,7 @@ from sqlalchemy import create_engine
 from service.db.session import Database
 from service.ledger import batches, reservations
 from service.ledger.errors import BudgetExceeded, Conflict, NotFound
+from service.ledger.reservations import parse_event
 from service.ledger.spend import get_spend
 from service.ledger.spending.store import Known, KnownDatasets, Learned
 from tests.service.ledger.conftest import MakeDataset
@@ -39,7 +40,9 @@ def other(ledger: Database) -> Iterator[Database]:
 
 
 def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
-    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(
+        db, "t1", dataset_id, event=parse_event(EVENT), batch_ids=[batch_id]
+    ).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
 
 
@@ -52,7 +55,7 @@ def test_a_spend_by_another_process_is_seen(
     _spend(ledger, layout.id, batch_id, 2)  # this process knows the batch, its task, its reservations
     _spend(other, layout.id, batch_id, 3)  # 0.003 spent: a fourth 0.001 does not fit 0.0035
     with pytest.raises(BudgetExceeded):
-        reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[batch_id])
+        reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), batch_ids=[batch_id])
     spend = get_spend(ledger, "t1", layout.id)
     assert spend["charges_committed"] == 3
     assert spend["tasks"][0]["epsilon_spent"] == "0.003"
@@ -64,7 +67,9 @@ def test_a_reservation_committed_by_another_process_is_not_committed_again(
     layout = make_dataset(_budget("1"), tasks=[1])
     batch_id = layout.batches[0][0]
     _spend(ledger, layout.id, batch_id, 1)
-    held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(
+        ledger, "t1", layout.id, event=parse_event(EVENT), batch_ids=[batch_id]
+    ).to_json()
     reservations.commit(other, "t1", held["id"], release={"model": "m", "version": 2})
     with pytest.raises(Conflict) as refused:  # this process knew it open: the head says otherwise
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 3})
@@ -81,12 +86,16 @@ def test_a_deleted_batch_is_not_charged(
     [kept, doomed] = layout.batches[0]
     with pytest.raises(BudgetExceeded):  # read (and known) in a committed transaction, never charged
         reservations.reserve(
-            ledger, "t1", layout.id, event_json={"kind": "pure_dp", "epsilon": 0.002}, batch_ids=[doomed]
+            ledger,
+            "t1",
+            layout.id,
+            event=parse_event({"kind": "pure_dp", "epsilon": 0.002}),
+            batch_ids=[doomed],
         )
     _spend(ledger, layout.id, kept, 1)
     batches.delete_batch(ledger if deleter == "this" else other, "t1", layout.id, layout.tasks[0], doomed)
     with pytest.raises(NotFound) as missing:
-        reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, batch_ids=[doomed])
+        reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), batch_ids=[doomed])
     assert missing.value.args and doomed in str(missing.value)
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import event
 
 from service.db.session import Database
 from service.ledger import reservations
+from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
 # Reserve: head (+ next expiry); flush: new state, move, reservation (with its classes),
@@ -48,7 +49,9 @@ def statements(db: Database) -> Iterator[list[str]]:
 
 
 def _spend(db: Database, dataset_id: str, batch_id: str, version: int) -> None:
-    held = reservations.reserve(db, "t1", dataset_id, event_json=EVENT, batch_ids=[batch_id])
+    held = reservations.reserve(
+        db, "t1", dataset_id, event=parse_event(EVENT), batch_ids=[batch_id]
+    ).to_json()
     reservations.commit(db, "t1", held["id"], release={"model": "m", "version": version})
 
 
@@ -83,7 +86,9 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
 
     event.listen(ledger.engine, "before_cursor_execute", record)
     try:
-        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[layout.tasks[0]])
+        held = reservations.reserve(
+            ledger, "t1", layout.id, event=parse_event(EVENT), task_ids=[layout.tasks[0]]
+        ).to_json()
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 1})
     finally:
         event.remove(ledger.engine, "before_cursor_execute", record)
@@ -118,8 +123,8 @@ def test_a_whole_compact_task_charge_touches_no_batch_row(
     task_id = layout.tasks[0]
 
     def charge(version: int) -> None:
-        held = reservations.reserve(ledger, "t1", layout.id, event_json=EVENT, task_ids=[task_id])
-        reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": version})
+        held = reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), task_ids=[task_id])
+        reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": version})
 
     charge(1)  # the task becomes compact
     charge(2)

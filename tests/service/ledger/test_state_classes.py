@@ -30,6 +30,7 @@ from service.db.models import Batch, BatchStateRow, ReservationBatch, Task
 from service.db.session import Database
 from service.ledger import batches, reservations
 from service.ledger.errors import LedgerError
+from service.ledger.reservations import parse_event
 from service.ledger.spending import store
 from tests.service.ledger.conftest import MakeDataset
 
@@ -192,11 +193,9 @@ def test_a_whole_task_charge_moves_one_task_pointer(
     event = {"kind": "pure_dp", "epsilon": 0.1}
     certificates = []
     for version in range(2):
-        held = reservations.reserve(ledger, "t1", ds.id, event_json=event, task_ids=[ds.tasks[0]])
-        answer = reservations.commit(
-            ledger, "t1", held["id"], release={"model": "m", "version": str(version)}
-        )
-        certificates.append((held["id"], answer["certificate"]["certificate"]))
+        held = reservations.reserve(ledger, "t1", ds.id, event=parse_event(event), task_ids=[ds.tasks[0]])
+        answer = reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": str(version)})
+        certificates.append((held.id, answer.to_json()["certificate"]["certificate"]))
     own = (
         select(func.count())
         .select_from(Batch)
@@ -214,8 +213,8 @@ def test_a_whole_task_charge_moves_one_task_pointer(
     states = _stored_states(ledger, ds.id)
     assert {states[b].epsilon_spent for b in ds.batches[0]} == {Decimal("0.2")}
     # One batch charged alone: the task is materialised, its other batches keep their state.
-    held = reservations.reserve(ledger, "t1", ds.id, event_json=event, batch_ids=[ds.batches[0][1]])
-    reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": "2"})
+    held = reservations.reserve(ledger, "t1", ds.id, event=parse_event(event), batch_ids=[ds.batches[0][1]])
+    reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": "2"})
     assert ledger.read_all(task_state)[0][0] is None
     states = _stored_states(ledger, ds.id)
     assert [states[b].epsilon_spent for b in ds.batches[0]] == [
@@ -268,8 +267,8 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
                 oracle.reserve(rid_oracle, chosen, charge)
             try:
                 answer = reservations.reserve(
-                    ledger, "t1", ds.id, event_json=event, noise_commitment=commitment, **kwargs
-                )
+                    ledger, "t1", ds.id, event=parse_event(event), noise_commitment=commitment, **kwargs
+                ).to_json()
             except LedgerError as exc:
                 assert _code(exc) in refused, (step, refused, exc.to_json())
             else:
@@ -306,8 +305,8 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
                         "t1",
                         rid,
                         release={"model": f"m-{ds.id}", "version": str(version)},
-                        event_json=None if partial is None else ev.to_json(partial),
-                    )
+                        event=partial,
+                    ).to_json()
                 except LedgerError as exc:
                     assert expected == _code(exc), (step, expected, exc.to_json())
                 else:

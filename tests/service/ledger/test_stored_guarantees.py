@@ -17,6 +17,7 @@ from accountant import rules as R
 from service.db.session import Database
 from service.ledger import reservations, spend, views
 from service.ledger.dp_statement import guarantee_of
+from service.ledger.reservations import parse_event
 from tests.service.api.test_plan_segments import dpsgd
 from tests.service.ledger.conftest import MakeDataset
 
@@ -28,10 +29,12 @@ def _commit_prefix_under_pricing_2(ledger: Database, dataset: str, batch_ids: li
     # Reserved and committed under pricing 2, as such a run was (a reservation priced under
     # version 4 holds its tight ε, which can be below version 2's RDP price of the prefix).
     with R.pricing_version(2):
-        held = reservations.reserve(ledger, "t1", dataset, batch_ids=batch_ids, event_json=RUN)
+        held = reservations.reserve(
+            ledger, "t1", dataset, batch_ids=batch_ids, event=parse_event(RUN)
+        ).to_json()
         answer = reservations.commit(
-            ledger, "t1", held["id"], release={"model": dataset, "version": 1}, event_json=PREFIX
-        )
+            ledger, "t1", held["id"], release={"model": dataset, "version": 1}, event=parse_event(PREFIX)
+        ).to_json()
     certificate: dict[str, Any] = answer["certificate"]["certificate"]
     assert certificate["pricing"] == 2
     return certificate
@@ -77,7 +80,7 @@ def test_a_parallel_checkpoint_committed_under_pricing_2_states_the_whole_reserv
     certificate = _commit_prefix_under_pricing_2(ledger, layout.id, layout.batches[0])
     prefix, whole = certificate["result"]["epsilon"], certificate["result"]["guarantee"]["epsilon"]
     assert Decimal(prefix) < Decimal(whole)
-    held = reservations.get_reservation(ledger, "t1", certificate["reservation_id"])
+    held = reservations.get_reservation(ledger, "t1", certificate["reservation_id"]).to_json()
     assert held["cost"]["epsilon"] == whole  # the whole reserved run
     assert spend.get_spend(ledger, "t1", layout.id)["epsilon_spent"] == prefix  # the stored prefix
     page = views.batch_spend(ledger, "t1", layout.id)["data"]
