@@ -83,6 +83,16 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
 
 
+def _next_dataset_key(context: Any) -> int:
+    """A new dataset's ``key``: the next value of ``datasets_key_seq`` on PostgreSQL (concurrent
+    creations); on SQLite, whose write transactions are serial, the largest key + 1."""
+    if context.dialect.name == "postgresql":
+        statement = text("SELECT nextval('datasets_key_seq')")
+    else:
+        statement = text("SELECT coalesce(max(key), 0) + 1 FROM datasets")
+    return int(context.connection.scalar(statement))
+
+
 class Dataset(Base):
     """A dataset, its budget, and the ledger head: the row every spend locks.
 
@@ -99,6 +109,9 @@ class Dataset(Base):
     __table_args__ = (Index(None, "tenant_id", "created_at"), UniqueConstraint("tenant_id", "name"))
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
+    key: Mapped[int] = mapped_column(BigInteger, default=_next_dataset_key, unique=True)
+    """The dataset's integer surrogate key, given at creation: ``batch_records`` names the
+    dataset by it. ``id`` stays the public name."""
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     name: Mapped[str] = mapped_column(NAME)
     rule: Mapped[str] = mapped_column(String(16))
@@ -126,6 +139,9 @@ class Dataset(Base):
     """The URI the worker reads the dataset's records from (``builtin:…`` or a ``file://`` path
     under one of the tenant's data roots), set by an admin; ``NULL``: no job can run yet. A job
     never names a source of its own (``service.contract.data_sources``, DESIGN-NOTES 8)."""
+    next_batch_key: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    """The ``key`` the dataset's next batch gets: batch creation takes a run of keys from it
+    under the dataset's lock (a deleted batch's key is never given again)."""
     archived_at: Mapped[datetime | None]
     """When an admin archived the dataset (``NULL``: active). An archived dataset refuses new
     work and keeps its ledger, certificates and audit chain (``service.ledger.datasets``)."""
@@ -188,6 +204,10 @@ class Batch(Base):
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     dataset_id: Mapped[str] = mapped_column(ForeignKey("datasets.id"), index=True)
+    key: Mapped[int] = mapped_column(BigInteger)
+    """The batch's integer key within its dataset (from ``datasets.next_batch_key``): its
+    records' ``batch_key``. Unique per dataset by construction (given out under the dataset's
+    lock), so not indexed."""
     task_id: Mapped[str] = mapped_column(ForeignKey("tasks.id"))
     position: Mapped[int] = mapped_column(Integer)
     name: Mapped[str] = mapped_column(NAME)
@@ -199,17 +219,20 @@ class Batch(Base):
 class BatchRecord(Base):
     """One record of a batch, as HMAC-SHA256(dataset salt, record id); unique per dataset.
 
-    Written in bulk with its batch, under the dataset's lock, from the keys just written: the
-    keys are not checked foreign keys (a check per row was 60% of a record's insert on
-    PostgreSQL; design note 30)."""
+    Keyed by integers, not the public text ids: ``dataset_key`` is the dataset's ``key``,
+    ``batch_key`` its batch's ``key`` (unique within the dataset). The primary key (dataset_key,
+    record_hash) is the overlap check itself and, on SQLite, the table (``WITHOUT ROWID``: one
+    B-tree, no row id); the (dataset_key, batch_key) index finds a batch's records for a
+    deletion. Written in bulk with its batch, under the dataset's lock, from the keys just
+    written: the keys are not checked foreign keys (a check per row was 60% of a record's insert
+    on PostgreSQL; design note 30). docs/ARCHITECTURE.md, "Batch records"."""
 
     __tablename__ = "batch_records"
-    __table_args__ = (UniqueConstraint("dataset_id", "record_hash"),)
+    __table_args__ = (Index(None, "dataset_key", "batch_key"), {"sqlite_with_rowid": False})
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    dataset_id: Mapped[str] = mapped_column(ID)
-    batch_id: Mapped[str] = mapped_column(ID)
-    record_hash: Mapped[bytes] = mapped_column(LargeBinary)
+    dataset_key: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    record_hash: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    batch_key: Mapped[int] = mapped_column(BigInteger)
 
 
 class Reservation(Base):

@@ -1,9 +1,10 @@
 """Tasks and their fixed, disjoint batches.
 
 A batch is immutable once created. Its records are stored only as HMAC-SHA256(dataset salt,
-record id) under a unique constraint per dataset, so a record can be in one batch only and an
-overlapping batch is refused by the database itself (``BatchOverlap``, naming the first shared
-record id as the client gave it). Record ids are strings (1-256 characters) or integers; an
+record id), keyed by the dataset's and the batch's integer ``key``, under the primary key
+(dataset_key, record_hash), so a record can be in one batch only and an overlapping batch is
+refused by the database itself (``BatchOverlap``, naming the first shared record id as the
+client gave it). Record ids are strings (1-256 characters) or integers; an
 integer and its decimal string are the same record.
 
 Batch creation locks the dataset's ledger head: concurrent creations on one dataset then insert
@@ -24,7 +25,7 @@ from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, Final
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
@@ -54,7 +55,6 @@ DEFAULT_BATCH_PAGE: Final = 1000
 MAX_BATCH_PAGE: Final = 10_000
 MAX_RECORDS_PER_REQUEST: Final = 2_000_000
 MAX_RECORD_ID_LENGTH: Final = 256
-_INSERT_CHUNK: Final = 10_000
 _LOOKUP_CHUNK: Final = 1_000
 _EMPTY_STATE: Final = BatchState.empty()
 
@@ -134,6 +134,11 @@ def spend_of_state(state: Mapping[str, Any]) -> dict[str, str]:
         "delta_spent": str(state.get("delta_spent", "0")),
         "naive_sequential_epsilon": str(state.get("naive_epsilon", "0")),
     }
+
+
+def _dataset_key(session: Session, dataset_id: str) -> int:
+    """The dataset's integer key (its records' ``dataset_key``); the dataset exists."""
+    return int(session.scalar(select(Dataset.key).where(Dataset.id == dataset_id)))  # type: ignore[arg-type]
 
 
 def _load_task(session: Session, dataset_id: str, task_id: str) -> Task:
@@ -247,7 +252,7 @@ def delete_batch(
         connection = session.connection()
         connection.execute(
             BatchRecord.__table__.delete().where(
-                BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id == batch_id
+                BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key == row.key
             )
         )
         connection.execute(Batch.__table__.delete().where(Batch.id == batch_id))
@@ -290,9 +295,9 @@ def delete_task(
         ).one()
         deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
         connection = session.connection()
-        ids = select(Batch.id).where(Batch.task_id == task_id).scalar_subquery()
+        keys = select(Batch.key).where(Batch.task_id == task_id).scalar_subquery()
         records_of_task = BatchRecord.__table__.delete().where(
-            BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id.in_(ids)
+            BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key.in_(keys)
         )
         connection.execute(records_of_task)
         connection.execute(Batch.__table__.delete().where(Batch.task_id == task_id))
@@ -438,7 +443,7 @@ def create_batches(
     parsed = _parse_batches(batches)
     with db.session(readonly=True) as session:  # the salt never changes: hash outside the lock
         dataset = load_dataset(session, tenant_id, dataset_id)
-        salt = dataset.record_salt
+        salt, dataset_key = dataset.record_salt, dataset.key  # neither ever changes
     try:
         digests = record_hashes(salt, chain.from_iterable(keys for _, keys, _ in parsed))
     except UnicodeEncodeError:  # a lone surrogate: found only now, off the per-record path
@@ -469,10 +474,16 @@ def create_batches(
                 [{"id": empty, "dataset_id": dataset_id, "state": _EMPTY_STATE.to_json(), "created_at": at}],
             )
         ids = [f"batch_{secrets.token_hex(12)}" for _ in parsed]
+        connection = session.connection()
+        after = connection.execute(
+            _TAKE_BATCH_KEYS, {"dataset": dataset_id, "taken": len(parsed)}
+        ).scalar_one()
+        batch_keys = range(after - len(parsed), after)
         rows = [
             {
                 "id": ids[i],
                 "dataset_id": dataset_id,
+                "key": batch_keys[i],
                 "task_id": task_id,
                 "position": (existing or 0) + i,
                 "name": name,
@@ -482,7 +493,6 @@ def create_batches(
             }
             for i, (name, keys, _) in enumerate(parsed)
         ]
-        connection = session.connection()
         if connection.dialect.name == "postgresql":  # COPY: a pipelined INSERT took 20 µs a row
             _copy(connection, _COPY_BATCHES, ([row[c] for c in _BATCH_COLUMNS] for row in rows))
         else:  # the driver's executemany: the Core built and processed parameters per row
@@ -496,7 +506,7 @@ def create_batches(
                 )
             finally:
                 cursor.close()
-        insert_records(connection, dataset_id, ids, [len(keys) for _, keys, _ in parsed], digests)
+        insert_records(connection, dataset_key, batch_keys, [len(keys) for _, keys, _ in parsed], digests)
         created_at = at.isoformat()
         data = [
             {
@@ -537,7 +547,7 @@ def create_batches(
     except BatchOverlap as exc:
         if exc.record_id is not None:
             raise
-        shared = _first_shared_record(db, dataset_id, parsed, digests)
+        shared = _first_shared_record(db, dataset_key, parsed, digests)
         if shared is None:
             raise
         raise BatchOverlap(shared) from exc
@@ -545,52 +555,41 @@ def create_batches(
 
 def insert_records(
     connection: Connection,
-    dataset_id: str,
-    batch_ids: Sequence[str],
+    dataset_key: int,
+    batch_keys: Sequence[int],
     sizes: Sequence[int],
     digests: list[bytes],
 ) -> None:
-    """Insert the ``batch_records`` rows of new batches: ``sizes[i]`` records of ``batch_ids[i]``,
-    their hashes ``digests`` in batch order. Sorted by hash first, so the unique index on
-    (dataset, hash) is written in order (one descent per leaf, not one per record). At the driver
-    level: binary ``COPY`` on PostgreSQL, built in C by ``bytes.join``; a prepared ``executemany``
-    on SQLite. A record already in the dataset raises ``BatchOverlap`` (unnamed:
-    ``create_batches`` names it)."""
+    """Insert the ``batch_records`` rows of new batches: ``sizes[i]`` records of the batch keyed
+    ``batch_keys[i]``, their hashes ``digests`` in batch order. Sorted by hash first, so the
+    primary key (dataset_key, record_hash) is written in order (one descent per leaf, not one per
+    record). At the driver level: binary ``COPY`` of (int8, int8, bytea) on PostgreSQL, built in
+    C by ``bytes.join``; a prepared ``executemany`` on SQLite. A record already in the dataset
+    raises ``BatchOverlap`` (unnamed: ``create_batches`` names it)."""
     # sorting indices by a key compares bytes directly: 2x faster than sorting (hash, id) pairs
     order = sorted(range(len(digests)), key=digests.__getitem__)
     if connection.dialect.name == "postgresql":
-        prefixes = _copy_prefixes(dataset_id, batch_ids)
+        prefixes = [_COPY_PREFIX.pack(3, 8, dataset_key, 8, key, 32) for key in batch_keys]
         owners = list(chain.from_iterable(map(repeat, prefixes, sizes)))
         try:
             _copy_binary(connection, _COPY_RECORDS, order, owners, digests)
         except Exception as exc:  # the driver's own error: COPY runs below SQLAlchemy
             diag = getattr(exc, "diag", None)
-            if getattr(diag, "constraint_name", None) == "uq_batch_records_dataset_id_record_hash":
+            if getattr(diag, "constraint_name", None) == _RECORD_KEY:
                 raise BatchOverlap(None) from exc
             raise
         return
-    ids = list(chain.from_iterable(map(repeat, batch_ids, sizes)))
+    owners = list(chain.from_iterable(map(repeat, batch_keys, sizes)))
+    rows = zip(repeat(dataset_key), map(digests.__getitem__, order), map(owners.__getitem__, order))
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        for start in range(0, len(order), _INSERT_CHUNK):
-            chunk = order[start : start + _INSERT_CHUNK]
-            rows = zip(map(digests.__getitem__, chunk), map(ids.__getitem__, chunk), repeat(dataset_id))
-            cursor.executemany(_INSERT_RECORDS, rows)
+        cursor.executemany(_INSERT_RECORDS, rows)
     except sqlite3.IntegrityError as exc:  # the driver's own error: not wrapped by SQLAlchemy
         if _SQLITE_RECORD_UNIQUE in str(exc):
             raise BatchOverlap(None) from exc
         raise
     finally:
         cursor.close()
-
-
-def _copy_prefixes(dataset_id: str, batch_ids: Sequence[str]) -> list[bytes]:
-    """Per batch, a binary COPY tuple of ``batch_records`` up to its hash's bytes: 3 fields, then
-    (length, bytes) of the dataset id, of the batch id, and the hash's length (32)."""
-    ds = dataset_id.encode()
-    head = _FIELDS_3 + _INT32.pack(len(ds)) + ds
-    tail = _INT32.pack(32)
-    return [head + _INT32.pack(len(e)) + e + tail for e in map(str.encode, batch_ids)]
 
 
 def _copy_binary(
@@ -616,24 +615,45 @@ def _copy(connection: Connection, statement: str, rows: Iterable[Sequence[object
             copy.write_row(row)
 
 
-_BATCH_COLUMNS: Final = ("id", "dataset_id", "task_id", "position", "name", "size", "state_id", "created_at")
+_BATCH_COLUMNS: Final = (
+    "id",
+    "dataset_id",
+    "key",
+    "task_id",
+    "position",
+    "name",
+    "size",
+    "state_id",
+    "created_at",
+)
+# Take a run of batch keys from the (locked) dataset: the keys before the returned value.
+_TAKE_BATCH_KEYS: Final = (
+    update(Dataset)
+    .where(Dataset.id == bindparam("dataset"))
+    .values(next_batch_key=Dataset.next_batch_key + bindparam("taken"))
+    .returning(Dataset.next_batch_key)
+)
 _COPY_BATCHES: Final = f"COPY batches ({', '.join(_BATCH_COLUMNS)}) FROM STDIN"
 _INSERT_BATCHES: Final = (
     f"INSERT INTO batches ({', '.join(_BATCH_COLUMNS)}) VALUES ({', '.join('?' * len(_BATCH_COLUMNS))})"
 )
-_INSERT_RECORDS: Final = "INSERT INTO batch_records (record_hash, batch_id, dataset_id) VALUES (?, ?, ?)"
-_COPY_RECORDS: Final = "COPY batch_records (dataset_id, batch_id, record_hash) FROM STDIN (FORMAT BINARY)"
+_INSERT_RECORDS: Final = "INSERT INTO batch_records (dataset_key, record_hash, batch_key) VALUES (?, ?, ?)"
+_COPY_RECORDS: Final = "COPY batch_records (dataset_key, batch_key, record_hash) FROM STDIN (FORMAT BINARY)"
 _PGCOPY_HEADER: Final = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2  # signature, flags, extension
 _PGCOPY_TRAILER: Final = b"\xff\xff"
-_FIELDS_3: Final = b"\x00\x03"
-_INT32: Final = struct.Struct(">i")
+# A binary COPY tuple of batch_records up to its hash's bytes: 3 fields, (length 8, dataset key),
+# (length 8, batch key), the hash's length (32).
+_COPY_PREFIX: Final = struct.Struct(">hiqiqi")
 _COPY_BLOCK: Final = 65_536
-_SQLITE_RECORD_UNIQUE: Final = "UNIQUE constraint failed: batch_records.dataset_id, batch_records.record_hash"
+_RECORD_KEY: Final = "pk_batch_records"
+_SQLITE_RECORD_UNIQUE: Final = (
+    "UNIQUE constraint failed: batch_records.dataset_key, batch_records.record_hash"
+)
 
 
 def _first_shared_record(
     db: Database,
-    dataset_id: str,
+    dataset_key: int,
     parsed: Parsed,
     digests: list[bytes],
 ) -> str | int | None:
@@ -645,7 +665,7 @@ def _first_shared_record(
             existing = set(
                 session.scalars(
                     select(BatchRecord.record_hash).where(
-                        BatchRecord.dataset_id == dataset_id, BatchRecord.record_hash.in_(chunk)
+                        BatchRecord.dataset_key == dataset_key, BatchRecord.record_hash.in_(chunk)
                     )
                 )
             )
@@ -728,13 +748,19 @@ def record_batches(db: Database, dataset_id: str) -> tuple[bytes, dict[bytes, st
     (HMAC-SHA256 under the salt: ``record_hash``): what a worker compares a source's records
     with. ``NotFound`` for no such dataset."""
     with db.session(readonly=True) as session:
-        salt = session.scalar(select(Dataset.record_salt).where(Dataset.id == dataset_id))
+        found = session.execute(
+            select(Dataset.record_salt, Dataset.key).where(Dataset.id == dataset_id)
+        ).first()
+        if found is None:
+            raise NotFound("dataset", dataset_id)
+        salt, key = found
+        batch_ids = dict(
+            session.execute(select(Batch.key, Batch.id).where(Batch.dataset_id == dataset_id)).all()
+        )
         rows = session.execute(
-            select(BatchRecord.record_hash, BatchRecord.batch_id).where(BatchRecord.dataset_id == dataset_id)
+            select(BatchRecord.record_hash, BatchRecord.batch_key).where(BatchRecord.dataset_key == key)
         ).all()
-    if salt is None:
-        raise NotFound("dataset", dataset_id)
-    return bytes(salt), {bytes(r.record_hash): r.batch_id for r in rows}
+    return bytes(salt), {bytes(digest): batch_ids[batch_key] for digest, batch_key in rows}
 
 
 @dataclass(frozen=True, slots=True)
@@ -768,7 +794,10 @@ def count_records(db: Database, dataset_id: str) -> int:
     with db.session(readonly=True) as session:
         return int(
             session.scalar(
-                select(func.count()).select_from(BatchRecord).where(BatchRecord.dataset_id == dataset_id)
+                select(func.count())
+                .select_from(BatchRecord)
+                .join(Dataset, Dataset.key == BatchRecord.dataset_key)
+                .where(Dataset.id == dataset_id)
             )
             or 0
         )

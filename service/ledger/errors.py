@@ -235,7 +235,7 @@ class RateLimited(LedgerError):
 
 CONSTRAINT_ERRORS: Final[Mapping[str, Callable[[], LedgerError]]] = {
     # The record is named by ``service.ledger.batches``, which knows what the client sent.
-    "uq_batch_records_dataset_id_record_hash": lambda: BatchOverlap(None),
+    "pk_batch_records": lambda: BatchOverlap(None),
     "uq_idempotency_keys_tenant_id_key": lambda: DuplicateIdempotencyKey(),
     "uq_releases_tenant_id_model_version": lambda: Conflict(
         "this (model, version) has already been released.", reason="release_exists"

@@ -705,3 +705,96 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
         assert check_batch_set(certificate, reservations.all_batches(db, "acme", held.id)).ok
     finally:
         db.dispose()
+
+
+BEFORE_INTEGER_RECORD_KEYS = "7c1e5a9d3b20"  # the revision before 2026_11_27_integer_record_keys
+
+
+def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) -> None:
+    """``batch_records`` downgraded holds (dataset id, batch id, HMAC(salt, record)) for every
+    record of two datasets (one with a deleted batch, so its keys have a gap); upgraded from
+    those rows, every record still maps to its batch, a shared record is still refused and
+    named, new batches take keys after the old ones, and a deletion removes exactly its batch's
+    records."""
+    import hashlib
+    import hmac
+
+    from service.db.session import Database
+    from service.ledger import audit, batches, datasets, tenancy
+    from service.ledger.errors import BatchOverlap
+
+    budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        tenancy.create_tenant(db, "acme")
+        made: dict[str, list[dict[str, Any]]] = {}
+        for name in ("one", "two"):
+            ds = datasets.create_dataset(db, "acme", name=name, budget=budget)["id"]
+            task = batches.create_task(db, "acme", ds, name="t")["id"]
+            sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(3)] + [i]} for i in range(5)]
+            made[ds] = batches.create_batches(db, "acme", ds, task, batches=sent)["data"]
+        first, second = made
+        batches.delete_batch(db, "acme", first, made[first][0]["task_id"], made[first][1]["id"])
+        salts = {
+            ds: bytes(db.read_all(sa.text("SELECT record_salt FROM datasets WHERE id = :d"), {"d": ds})[0][0])
+            for ds in made
+        }
+        mapped = {ds: batches.record_batches(db, ds)[1] for ds in made}
+    finally:
+        db.dispose()
+    expected = {
+        (ds, b["id"], hmac.new(salts[ds], record.encode(), hashlib.sha256).digest())
+        for ds in made
+        for i, b in enumerate(made[ds])
+        if b["id"] != made[first][1]["id"]
+        for record in [f"r{i}-{j}" for j in range(3)] + [str(i)]
+    }
+    assert {(ds, batch, digest) for ds in made for digest, batch in mapped[ds].items()} == expected
+
+    migrations.downgrade(empty_database_url, BEFORE_INTEGER_RECORD_KEYS)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                sa.text("SELECT dataset_id, batch_id, record_hash FROM batch_records")
+            ).all()
+            columns = {c["name"] for c in sa.inspect(connection).get_columns("datasets")}
+    finally:
+        engine.dispose()
+    assert {(str(d), str(b), bytes(h)) for d, b, h in rows} == expected and len(rows) == len(expected)
+    assert not columns & {"key", "next_batch_key"}
+
+    migrations.upgrade(empty_database_url)
+    assert _diff(empty_database_url) == []
+    db = Database(empty_database_url)
+    try:
+        assert {ds: batches.record_batches(db, ds)[1] for ds in made} == mapped
+        assert batches.count_records(db, first) == 16 and batches.count_records(db, second) == 20
+        task = made[first][0]["task_id"]
+        with pytest.raises(BatchOverlap) as over:  # the old rows still refuse a shared record
+            batches.create_batches(
+                db, "acme", first, task, batches=[{"name": "x", "records": ["new", "r3-1"]}]
+            )
+        assert over.value.record_id == "r3-1"
+        # the deleted batch's records are free again; the upgrade numbered the four batches left
+        # 0-3, and a new batch takes the key after them
+        again = batches.create_batches(
+            db, "acme", first, task, batches=[{"name": "again", "records": ["r1-0"]}]
+        )
+        keys = dict(db.read_all(sa.text("SELECT id, key FROM batches WHERE dataset_id = :d"), {"d": first}))
+        assert keys[again["data"][0]["id"]] == 4 and sorted(keys.values()) == [0, 1, 2, 3, 4]
+        batches.delete_batch(db, "acme", first, task, made[first][4]["id"])
+        assert batches.count_records(db, first) == 13 and batches.count_records(db, second) == 20
+        assert set(batches.record_batches(db, first)[1].values()) == {
+            made[first][0]["id"],
+            made[first][2]["id"],
+            made[first][3]["id"],
+            again["data"][0]["id"],
+        }
+        third = datasets.create_dataset(db, "acme", name="three", budget=budget)["id"]
+        numbered = dict(db.read_all(sa.text("SELECT id, key FROM datasets"), {}))
+        assert numbered == {first: 1, second: 2, third: 3}  # in creation order; the next after them
+        assert audit.verify(db)["ok"]
+    finally:
+        db.dispose()

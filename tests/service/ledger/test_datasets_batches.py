@@ -9,9 +9,9 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from service.db.models import BatchRecord
+from service.db.models import Batch, BatchRecord, Dataset
 from service.db.session import Database
 from service.ledger import audit, batches, datasets
 from service.ledger.errors import BatchOverlap, IdempotencyConflict, InvalidInput, NotFound
@@ -159,7 +159,6 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
     """The bulk path (ids checked in C, hashes sorted, binary COPY on PostgreSQL) stores exactly
     HMAC-SHA256(salt, id) per record under its own batch; a bad id anywhere in a large request is
     refused naming its field, a repeat naming the record, and nothing is stored."""
-    from service.db.models import Dataset
 
     ds = datasets.create_dataset(ledger, "t1", name="bulk", budget=BUDGET)["id"]
     task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
@@ -193,7 +192,12 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
     assert [(b["name"], b["size"]) for b in created] == [(b["name"], len(b["records"])) for b in sent]
     with ledger.session(readonly=True) as session:
         salt = session.get(Dataset, ds).record_salt
-        stored = session.execute(select(BatchRecord.batch_id, BatchRecord.record_hash)).all()
+        stored = session.execute(  # through the integer keys: batch key -> its batch's id
+            select(Batch.id, BatchRecord.record_hash)
+            .join(Dataset, Dataset.key == BatchRecord.dataset_key)
+            .join(Batch, (Batch.dataset_id == Dataset.id) & (Batch.key == BatchRecord.batch_key))
+        ).all()
+        assert session.scalar(select(func.count()).select_from(BatchRecord)) == len(stored)
     expected = {
         (made["id"], hmac.new(salt, str(record).encode(), hashlib.sha256).digest())
         for made, batch in zip(created, sent, strict=True)
