@@ -115,6 +115,7 @@ def _guards_import(node: ast.AST) -> bool:
     return bool(names & {"ImportError", "ModuleNotFoundError"})
 
 
+@pytest.mark.slow
 def test_each_install_has_every_library_its_code_imports() -> None:
     """``pip install privacy-ledger`` (no extra) runs the accountants, the client and ``ledger
     epsilon`` / ``check`` / ``export``; the ``server`` extra adds what the service imports; the

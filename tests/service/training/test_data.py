@@ -106,6 +106,7 @@ def test_builtin_streams_parse_tasks_and_seed() -> None:
     assert (source.kind, source.tasks, source.seed) == ("permuted-digits", 4, 7)
 
 
+@pytest.mark.slow
 def test_synthetic_digits_are_deterministic_independent_of_size_and_learnable() -> None:
     """Task t's records depend on (seed, t, per_task) only; ids are unique; pixels lie in [0, 1];
     tasks are permuted copies of one law; a linear model learns them (the point of the source)."""
