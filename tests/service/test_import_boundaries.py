@@ -144,3 +144,15 @@ def test_only_the_ledger_touches_its_tables() -> None:
         if (bad := sorted(m for m in _imports(path) if _within(m, ("sqlalchemy", "service.db.models"))))
     }
     assert offenders == {}
+
+
+def test_the_trainers_import_no_pricing_rule() -> None:
+    """Issue 29 §4: a trainer calibrates against a price it is handed (a dataset's quote, as
+    DP-SGD's ``plan(price=...)``) or built by ``accountant.calibration`` (what a fresh budget
+    charges), never by importing the ledger's pricing rules."""
+    offenders = {
+        path.name: bad
+        for path in sorted(ROOT.joinpath("service", "training").glob("*.py"))
+        if (bad := sorted(m for m in _imports(path) if _within(m, ("accountant.rules.prices",))))
+    }
+    assert offenders == {}
