@@ -24,7 +24,7 @@ from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, Final
 
-from sqlalchemy import Connection, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
@@ -246,11 +246,9 @@ def delete_batch(
         deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
         connection = session.connection()
         connection.execute(
-            BatchRecord.__table__.delete().where(
-                BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id == batch_id
-            )
+            delete(BatchRecord).where(BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id == batch_id)
         )
-        connection.execute(Batch.__table__.delete().where(Batch.id == batch_id))
+        connection.execute(delete(Batch).where(Batch.id == batch_id))
         event = audit.AuditEvent("batch.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 
@@ -291,12 +289,12 @@ def delete_task(
         deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
         connection = session.connection()
         ids = select(Batch.id).where(Batch.task_id == task_id).scalar_subquery()
-        records_of_task = BatchRecord.__table__.delete().where(
+        records_of_task = delete(BatchRecord).where(
             BatchRecord.dataset_id == dataset_id, BatchRecord.batch_id.in_(ids)
         )
         connection.execute(records_of_task)
-        connection.execute(Batch.__table__.delete().where(Batch.task_id == task_id))
-        connection.execute(Task.__table__.delete().where(Task.id == task_id))
+        connection.execute(delete(Batch).where(Batch.task_id == task_id))
+        connection.execute(delete(Task).where(Task.id == task_id))
         event = audit.AuditEvent("task.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 
