@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SERVER_LIBRARIES = ("sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn", "pydantic", "torch")
@@ -90,6 +92,7 @@ def test_the_verification_package_imports_no_sql_torch_web_or_server_code() -> N
     assert [m for m in loaded if m.split(".")[0] == "numpy"] == []
 
 
+@pytest.mark.slow
 def test_the_client_imports_neither_the_server_nor_the_trainers() -> None:
     path = ROOT / "service" / "client.py"
     reached = sorted(m for m in _imports(path) if _within(m, SERVER_MODULES))
