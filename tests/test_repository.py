@@ -76,12 +76,13 @@ CLIENT_SIDE = (
     "service/commands/calibrate.py",
     "service/commands/check.py",
     "service/commands/export.py",
-    "service/commands/history.py",
     "service/commands/model_card.py",
     "service/verification/__init__.py",
     "service/verification/signing.py",
     "service/verification/audit_chain.py",
     "service/verification/artifacts.py",
+    "service/verification/bundle.py",
+    "service/verification/history.py",
 )
 
 
