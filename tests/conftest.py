@@ -65,7 +65,7 @@ def require_postgres() -> URL:
 class PostgresServer:
     """Creates and drops uniquely named databases on one PostgreSQL server."""
 
-    DROPPERS = 8
+    DROPPERS = 8  # each holds a connection for the session (PostgreSQL allows 100 by default)
 
     def __init__(self, admin_url: URL) -> None:
         import psycopg
