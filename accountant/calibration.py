@@ -29,7 +29,7 @@ holds for the bracket the bisection followed).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import ROUND_FLOOR, Decimal
 from typing import Final
 
@@ -329,14 +329,67 @@ def _smallest_meeting(meets: Callable[[int], bool], *, k_start: int, k_max: int)
     return passing
 
 
+# ---------------------------------------------------------------------------------------------
+# What a fresh budget charges: the price callables a trainer calibrates against (issue 29 §4:
+# trainers receive these, as DP-SGD receives its dataset's quote, and import no pricing rule)
+# ---------------------------------------------------------------------------------------------
+
+
+def single_charge_price(
+    *, delta: float, accountant: str, rule: str = "parallel"
+) -> Callable[[DpEvent], Decimal]:
+    """ε of an event charged on its own at ``delta`` by a fresh ``rule`` budget on ``accountant``:
+    what a ``parallel`` batch pays (``accountant.rules.prices.fresh_price``: since pricing
+    version 4 the event's tight ε; before, for ``rdp`` its curve on the accountant's full grid
+    converted at δ, for ``prv`` its upper bound)."""
+    from accountant.rules import Budget
+    from accountant.rules.prices import fresh_price
+
+    budget = Budget.create(rule=rule, epsilon=1, delta=repr(float(delta)), accountant=accountant)
+    return lambda event: fresh_price(budget, event)[0]
+
+
+def filter_admission(*, rule: str, epsilon: float, delta: float) -> Callable[[Sequence[DpEvent]], bool]:
+    """Whether the Rényi filter of a fresh ``rule``/``rdp`` budget (ε, δ), on its placed grid,
+    admits ``events`` all charged to one batch (their RDP charges added order by order,
+    ``accountant.rules.prices.rdp_charge``): the ledger's admission test of a first spend."""
+    from accountant.exact import exact_add
+    from accountant.rules import Budget, renyi_filter
+    from accountant.rules.prices import rdp_charge
+
+    budget = Budget.create(rule=rule, epsilon=repr(epsilon), delta=repr(delta), accountant="rdp")
+    assert budget.orders is not None
+    orders = budget.orders
+    flt = renyi_filter(budget)
+
+    def admits(events: Sequence[DpEvent]) -> bool:
+        total = tuple(Decimal(0) for _ in orders)
+        for event in events:
+            total = tuple(exact_add(a, b) for a, b in zip(total, rdp_charge(event, orders), strict=True))
+        return flt.fits(total)
+
+    return admits
+
+
+def basic_price(event: DpEvent) -> Decimal:
+    """ε of ``event`` by exact basic composition, rounded up, as the ledger's ``basic`` accountant
+    prices it (``accountant.rules.prices.basic_price``)."""
+    from accountant.rules.prices import basic_price as ledger_basic_price
+
+    return ledger_basic_price(event)[0]
+
+
 __all__ = [
     "MAX_NOISE_MULTIPLIER",
     "TIGHT_ACCOUNTANT",
+    "basic_price",
     "calibrate_noise_multiplier",
     "calibrate_to_epsilon",
     "calibrate_to_price",
+    "filter_admission",
     "largest_fitting_epsilon",
     "largest_fitting_target",
+    "single_charge_price",
     "smallest_noise",
     "tight_epsilon",
 ]

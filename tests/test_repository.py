@@ -76,12 +76,13 @@ CLIENT_SIDE = (
     "service/commands/calibrate.py",
     "service/commands/check.py",
     "service/commands/export.py",
-    "service/commands/history.py",
     "service/commands/model_card.py",
     "service/verification/__init__.py",
     "service/verification/signing.py",
     "service/verification/audit_chain.py",
     "service/verification/artifacts.py",
+    "service/verification/bundle.py",
+    "service/verification/history.py",
 )
 
 
@@ -115,6 +116,7 @@ def _guards_import(node: ast.AST) -> bool:
     return bool(names & {"ImportError", "ModuleNotFoundError"})
 
 
+@pytest.mark.slow
 def test_each_install_has_every_library_its_code_imports() -> None:
     """``pip install privacy-ledger`` (no extra) runs the accountants, the client and ``ledger
     epsilon`` / ``check`` / ``export``; the ``server`` extra adds what the service imports; the

@@ -46,14 +46,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from accountant.canonical import sha256_hex
-from service.commands.history import anchored_certificate_id
+from service.verification.bundle import BUNDLE_KIND, BUNDLE_VERSION, bundle_hash
+from service.verification.history import anchored_certificate_id
 
 if TYPE_CHECKING:
     from service.client import LedgerClient
 
-BUNDLE_KIND: Final = "privacy-ledger/bundle"
-BUNDLE_VERSION: Final = 2  # 2: hashed with accountant.canonical (ASCII), signing keys included
 URL_ENV: Final = "LEDGER_URL"
 KEY_ENV: Final = "LEDGER_API_KEY"
 _CONSISTENT_READS: Final = 5  # rereads of spend and chain while the ledger moves under the export
@@ -84,12 +82,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--model", help="also export the registry versions of this model")
     parser.add_argument("-o", "--output", required=True, help="file to write ('-' for standard output)")
     parser.set_defaults(handler=run)
-
-
-def bundle_hash(bundle: dict[str, Any]) -> str:
-    """``sha256:`` over the canonical JSON of every field but ``bundle_hash``."""
-    body = {k: v for k, v in bundle.items() if k != "bundle_hash"}
-    return "sha256:" + sha256_hex(body)
 
 
 def model_names(certificates: Iterable[dict[str, Any]], model: str | None) -> list[str]:

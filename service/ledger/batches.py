@@ -25,7 +25,7 @@ from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, Final
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from accountant.rules import BatchState
@@ -251,11 +251,11 @@ def delete_batch(
         deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
         connection = session.connection()
         connection.execute(
-            BatchRecord.__table__.delete().where(
+            delete(BatchRecord).where(
                 BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key == row.key
             )
         )
-        connection.execute(Batch.__table__.delete().where(Batch.id == batch_id))
+        connection.execute(delete(Batch).where(Batch.id == batch_id))
         event = audit.AuditEvent("batch.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 
@@ -296,12 +296,12 @@ def delete_task(
         deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
         connection = session.connection()
         keys = select(Batch.key).where(Batch.task_id == task_id).scalar_subquery()
-        records_of_task = BatchRecord.__table__.delete().where(
+        records_of_task = delete(BatchRecord).where(
             BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key.in_(keys)
         )
         connection.execute(records_of_task)
-        connection.execute(Batch.__table__.delete().where(Batch.task_id == task_id))
-        connection.execute(Task.__table__.delete().where(Task.id == task_id))
+        connection.execute(delete(Batch).where(Batch.task_id == task_id))
+        connection.execute(delete(Task).where(Task.id == task_id))
         event = audit.AuditEvent("task.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 

@@ -42,7 +42,7 @@ def _locked(
 
 def _write(connection: Connection, tenant_id: str, meter: str, tokens: float, now_s: float) -> None:
     connection.execute(
-        update(_BUCKETS)
+        update(MeterBucket)
         .where(_BUCKETS.c.tenant_id == tenant_id, _BUCKETS.c.meter == meter)
         .values(tokens=tokens, at_s=now_s)
     )

@@ -578,10 +578,10 @@ def _registrable(
             reason="certificate_of_job",
             job_id=job_id,
         )
-    certified = certified_sha256(certificate.body)
-    if certified is not None and certified != sha256:
+    certified_bytes = certified_sha256(certificate.body)
+    if certified_bytes is not None and certified_bytes != sha256:
         raise Conflict(
-            f"certificate {certificate_id} certifies artifact SHA-256 {certified}, not the "
+            f"certificate {certificate_id} certifies artifact SHA-256 {certified_bytes}, not the "
             f"artifact's {sha256}.",
             reason="artifact_not_certified",
         )
@@ -900,8 +900,9 @@ def versions_of_job(db: Database, job_id: str) -> list[int]:
         return list(session.scalars(select(ModelVersion.version).where(ModelVersion.job_id == job_id)).all())
 
 
-def last_version_of_job(db: Database, job_id: str) -> tuple[int | None, dict[str, Any]] | None:
-    """``(step, metrics)`` of the last version a job published (``None``: none yet)."""
+def last_version_of_job(db: Database, job_id: str) -> tuple[int, dict[str, Any]] | None:
+    """``(step, metrics)`` of the last version a job published (``None``: none yet). A job's
+    versions are published at a step (only an external registration has none)."""
     with db.session(readonly=True) as session:
         last = session.scalars(
             select(ModelVersion)
@@ -909,7 +910,10 @@ def last_version_of_job(db: Database, job_id: str) -> tuple[int | None, dict[str
             .order_by(ModelVersion.version.desc())
             .limit(1)
         ).first()
-    return None if last is None else (last.step, dict(last.metrics))
+    if last is None:
+        return None
+    assert last.step is not None, f"version {last.id} of job {job_id} has no step"
+    return last.step, dict(last.metrics)
 
 
 __all__ = [

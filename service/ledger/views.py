@@ -436,6 +436,7 @@ def _stated_guarantee(db: Database, certificate_id: str) -> tuple[Decimal, Decim
     a session of its own: the caller's streams the certificates)."""
     with db.session(readonly=True) as session:
         body = session.scalar(select(Certificate.body).where(Certificate.id == certificate_id))
+    assert body is not None, f"certificate {certificate_id} is gone"  # the caller streams it
     eps, dlt = guarantee_of(body)
     return Decimal(eps), Decimal(dlt)
 

@@ -33,14 +33,14 @@ batch's, whatever the number of tasks.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 import torch
 
-from accountant.events import FunctionalMechanismEvent
+from accountant.events import DpEvent, FunctionalMechanismEvent
 from accountant.mechanisms import functional_mechanism_noise_stddev
 from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.training.data import LoadedData
@@ -118,24 +118,27 @@ def functional_event(p: FunctionalMechanismParams, num_classes: int) -> Function
     )
 
 
-def noise_multiplier_for_budget(*, epsilon: float, delta: float, resolution: float = 1e-3) -> float:
-    """The smallest σ (grid ``resolution``) whose one batch charge fits the Rényi filter of a fresh
-    ``lifelong``/``rdp`` budget (ε, δ) with its placed grid: what the ledger admits, so the run
-    spends the budget once (``accountant.calibration.smallest_noise``)."""
-    from accountant.calibration import smallest_noise
-    from accountant.rules import Budget, renyi_filter
-    from accountant.rules.prices import rdp_charge
+def noise_multiplier_for_budget(
+    *,
+    epsilon: float,
+    delta: float,
+    resolution: float = 1e-3,
+    admits: Callable[[Sequence[DpEvent]], bool] | None = None,
+) -> float:
+    """The smallest σ (grid ``resolution``) whose one batch charge the ledger admits: ``admits``
+    (default: the Rényi filter of a fresh ``lifelong``/``rdp`` budget (ε, δ) with its placed
+    grid, ``accountant.calibration.filter_admission``), so the run spends the budget once
+    (``accountant.calibration.smallest_noise``)."""
+    from accountant.calibration import filter_admission, smallest_noise
 
-    budget = Budget.create(rule="lifelong", epsilon=repr(epsilon), delta=repr(delta), accountant="rdp")
-    assert budget.orders is not None
-    orders = budget.orders
-    flt = renyi_filter(budget)
+    if admits is None:
+        admits = filter_admission(rule="lifelong", epsilon=epsilon, delta=delta)
 
     def fits(sigma: float) -> bool:
         event = FunctionalMechanismEvent(
             noise_multiplier=sigma, feature_dim=2, num_classes=2, feature_bound=1.0
         )
-        return flt.fits(rdp_charge(event, orders))
+        return admits([event])
 
     return smallest_noise(fits, resolution=resolution)
 

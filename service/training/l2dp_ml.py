@@ -94,7 +94,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from accountant.events import FunctionalMechanismL2DPEvent
+from accountant.events import DpEvent, FunctionalMechanismL2DPEvent
 from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     MAX_EPOCHS,
     MAX_TASKS,
@@ -176,13 +176,17 @@ def epsilon1_for(
     batch_size: int,
     theta1_norm_bound: float,
     analysis: str = "sound",
+    price: Callable[[DpEvent], Decimal] | None = None,
 ) -> float:
     """The largest ε1 (up to a relative 1e-12) whose Thm. 2 ε with ``epsilon2``, as the ledger
-    prices the event (``accountant.rules.prices.basic_price``: exact decimals, rounded up), is
+    prices the event (``price``; default ``accountant.calibration.basic_price``: exact decimals,
+    rounded up), is
     ≤ ``target_epsilon`` taken as written: ε = ε1·(1 + s·|B|/Δ_R + |B|·‖θ̄1‖/(2Δ_R)) + ε2 (s = d
     for ``analysis="sound"``, 1 for ``"paper"``), solved, then stepped down past rounding."""
+    from accountant.calibration import basic_price
     from accountant.exact import as_written
-    from accountant.rules.prices import basic_price
+
+    charge = basic_price if price is None else price
 
     if not 0 < epsilon2 < target_epsilon:
         raise InvalidParamsError("epsilon2", f"must be in (0, target_epsilon). Found {epsilon2}.")
@@ -192,7 +196,7 @@ def epsilon1_for(
     eps1 = (target_epsilon - epsilon2) / factor
     target = as_written(target_epsilon)
 
-    def price(e1: float) -> Decimal:
+    def price_of(e1: float) -> Decimal:
         event = FunctionalMechanismL2DPEvent(
             epsilon1=e1,
             epsilon2=epsilon2,
@@ -203,9 +207,9 @@ def epsilon1_for(
             theta1_norm_bound=theta1_norm_bound,
             analysis=analysis,
         )
-        return basic_price(event)[0]
+        return charge(event)
 
-    while price(eps1) > target:
+    while price_of(eps1) > target:
         eps1 *= 1 - 1e-12
     return eps1
 

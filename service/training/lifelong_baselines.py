@@ -18,9 +18,8 @@ Both share the task plan and the per-task records of L2DP-ML (``make_plan``, ``L
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, ClassVar
 
 import numpy as np
@@ -90,33 +89,30 @@ def calibrate_run_noise(
 
 
 def calibrate_sequential_noise(
-    *, target_epsilon: float, delta: float, sampling_probability: float, steps: Sequence[int]
+    *,
+    target_epsilon: float,
+    delta: float,
+    sampling_probability: float,
+    steps: Sequence[int],
+    admits: Callable[[Sequence[DpEvent]], bool] | None = None,
 ) -> float:
     """The smallest σ (grid 10⁻⁴, ``accountant.calibration.smallest_noise``) whose stages, all
-    charged to one batch (the first task's memory batch reads every stage), fit the Rényi filter
-    of a ``sequential``/``rdp`` budget (ε, δ) with its placed grid: the ledger's admission test."""
-    from accountant.calibration import smallest_noise
+    charged to one batch (the first task's memory batch reads every stage), the ledger admits:
+    ``admits`` (default: the Rényi filter of a ``sequential``/``rdp`` budget (ε, δ) with its
+    placed grid, ``accountant.calibration.filter_admission``): the ledger's admission test."""
+    from accountant.calibration import filter_admission, smallest_noise
     from accountant.errors import InvalidArgumentError
-    from accountant.exact import exact_add
-    from accountant.rules import Budget, renyi_filter
-    from accountant.rules.prices import rdp_charge
 
-    budget = Budget.create(
-        rule="sequential", epsilon=repr(target_epsilon), delta=repr(delta), accountant="rdp"
-    )
-    assert budget.orders is not None
-    orders = budget.orders
-    flt = renyi_filter(budget)
+    if admits is None:
+        admits = filter_admission(rule="sequential", epsilon=target_epsilon, delta=delta)
 
     def fits(sigma: float) -> bool:
-        total = tuple(Decimal(0) for _ in orders)
-        for t in steps:
-            charge = rdp_charge(
-                dp_sgd_event(sampling_probability=sampling_probability, noise_multiplier=sigma, steps=t),
-                orders,
-            )
-            total = tuple(exact_add(a, b) for a, b in zip(total, charge, strict=True))
-        return flt.fits(total)
+        return admits(
+            [
+                dp_sgd_event(sampling_probability=sampling_probability, noise_multiplier=sigma, steps=t)
+                for t in steps
+            ]
+        )
 
     try:
         return smallest_noise(fits)

@@ -80,11 +80,10 @@ from accountant.calibration import (
     calibrate_noise_multiplier,
     calibrate_to_epsilon,
     calibrate_to_price,
+    single_charge_price,
 )
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, GaussianEvent
-from accountant.rules import Budget
-from accountant.rules.prices import fresh_price
 from service.contract.job_params import (  # noqa: F401  (re-exported: declared in the torch-free module)
     ACCOUNTANTS,
     HEAD_DEFAULTS,
@@ -124,10 +123,8 @@ ModelState = dict[str, torch.Tensor]
 
 def single_charge_epsilon(event: DpEvent, *, delta: float, accountant: str) -> Decimal:
     """The ε the ledger charges ``event`` as one charge on its own at ``delta`` — what a
-    ``parallel`` batch pays (``accountant.rules.prices.fresh_price``: for ``rdp`` the event's
-    curve on the accountant's full grid, converted at δ; for ``prv`` its upper bound)."""
-    budget = Budget.create(rule="parallel", epsilon=1, delta=repr(float(delta)), accountant=accountant)
-    return fresh_price(budget, event)[0]
+    ``parallel`` batch pays (``accountant.calibration.single_charge_price``)."""
+    return single_charge_price(delta=delta, accountant=accountant)(event)
 
 
 def calibrate_to_ledger(
@@ -135,17 +132,17 @@ def calibrate_to_ledger(
     *,
     start: float,
     target_epsilon: float,
-    delta: float,
-    accountant: str,
+    price: Callable[[DpEvent], Decimal],
 ) -> float:
-    """The smallest σ = k·10⁻⁴ with ``single_charge_epsilon(make_event(σ)) ≤ target_epsilon``
-    (``accountant.calibration.calibrate_to_price``, searching from the accountant's own σ)."""
+    """The smallest σ = k·10⁻⁴ with ``price(make_event(σ)) ≤ target_epsilon`` — ``price``: what
+    the ledger charges (``accountant.calibration.single_charge_price`` for a parallel batch) —
+    searching from the accountant's own σ (``accountant.calibration.calibrate_to_price``)."""
     try:
         return calibrate_to_price(
             make_event,
             start=start,
             target_epsilon=target_epsilon,
-            price=lambda event: single_charge_epsilon(event, delta=delta, accountant=accountant),
+            price=price,
             resolution=float(_RESOLUTION),
         )
     except InvalidArgumentError as exc:
@@ -166,7 +163,10 @@ def gaussian_noise_multiplier(*, target_epsilon: float, delta: float, accountant
         accountant=accountant,
     )
     return calibrate_to_ledger(
-        GaussianEvent, start=start, target_epsilon=target_epsilon, delta=delta, accountant=accountant
+        GaussianEvent,
+        start=start,
+        target_epsilon=target_epsilon,
+        price=single_charge_price(delta=delta, accountant=accountant),
     )
 
 
@@ -256,8 +256,7 @@ def plan_head_run(p: HeadParams, n_records: int) -> HeadRun:
             lambda s: dp_sgd_event(sampling_probability=q, noise_multiplier=s, steps=steps),
             start=start,
             target_epsilon=p.target_budget_epsilon,
-            delta=delta,
-            accountant=p.accountant,
+            price=single_charge_price(delta=delta, accountant=p.accountant),
         )
     return HeadRun(q, sigma, steps, n_records)
 

@@ -52,6 +52,7 @@ def test_models_and_migrations_agree(empty_database_url: URL) -> None:
     assert _diff(empty_database_url) == []
 
 
+@pytest.mark.slow
 def test_the_comparison_sees_differences(empty_database_url: URL) -> None:
     """Negative control: a model change the migrations lack is reported."""
     migrations.upgrade(empty_database_url)
@@ -64,6 +65,7 @@ def test_the_comparison_sees_differences(empty_database_url: URL) -> None:
     assert "add_column" in kinds and "modify_type" in kinds
 
 
+@pytest.mark.slow
 def test_every_revision_downgrades_and_upgrades(empty_database_url: URL) -> None:
     migrations.upgrade(empty_database_url)
     full = _tables(empty_database_url)
@@ -132,6 +134,7 @@ def test_concurrent_upgrades_migrate_once(empty_database_url: URL) -> None:
 BEFORE_DATA_SOURCE = "7b3e9c1d5a20"  # the revision before 2026_11_25_dataset_data_source
 
 
+@pytest.mark.slow
 def test_existing_datasets_get_a_source_only_from_builtin_jobs(empty_database_url: URL) -> None:
     """The data-source migration: a dataset gets the ``builtin:`` source every one of its jobs
     named, and nothing otherwise (a ``file://`` path may lie outside the data roots or be another
@@ -231,6 +234,7 @@ def _a_spend_and_a_hold(
 BEFORE_STATE_CLASSES = "c4a1d2e3f504"
 
 
+@pytest.mark.slow
 def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_url: URL) -> None:
     """The state-class migration: a ledger with committed charges on some batches and an open
     reservation on others is expanded back to one state per batch (downgrade) and regrouped
@@ -281,6 +285,7 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
 BEFORE_PLAN_SEGMENTS = "c4a1d2e3f505"  # the revision before 2026_11_25_plan_segments
 
 
+@pytest.mark.slow
 def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_one(
     empty_database_url: URL,
 ) -> None:
@@ -334,6 +339,7 @@ def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_on
 BEFORE_LEAN_BATCHES = "c4a1d2e3f5a1"  # the revision before 2026_11_26_lean_batch_pointers
 
 
+@pytest.mark.slow
 def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
     """Lean batch rows: downgraded, each batch's copied spend columns are refilled from its state
     (held, spent and untouched batches alike) and the index and foreign keys come back; upgraded,
@@ -414,6 +420,7 @@ def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
 BEFORE_CHARGED_ABORTS = "e2b7c9d4f1a6"  # the revision before 2026_11_27_charged_aborts
 
 
+@pytest.mark.slow
 def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> None:
     """An aborted reservation's certificate names no release (``certificates.release_id`` NULL);
     code from before lists certificates through their release, so it would drop that charge from
@@ -526,6 +533,7 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
 BEFORE_UNIQUE_NAMES = "a7c2e5d8b3f1"
 
 
+@pytest.mark.slow
 def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_database_url: URL) -> None:
     """Issue 28 §6: names are unique per tenant. Duplicates made before the constraint (here by
     hand, at the revision before it) are renamed in creation order — the oldest keeps its name,
@@ -589,6 +597,7 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
 BEFORE_CLASSES_INLINE = "5d2f8b7e9a14"  # the revision before 2026_11_27_reservation_classes_inline
 
 
+@pytest.mark.slow
 def test_reservation_classes_move_into_their_reservations_and_back(empty_database_url: URL) -> None:
     """Reservation classes move from ``reservation_classes`` rows into ``reservations.classes``
     and back unchanged: a committed reservation and an open one over two classes answer the

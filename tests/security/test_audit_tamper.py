@@ -27,11 +27,11 @@ import pytest
 from sqlalchemy import text
 
 from service.client import LedgerClient
-from service.commands.check import evaluate
 from service.commands.export import collect
 from service.db.session import Database
 from service.ledger import audit, reservations, tenancy
 from service.ledger.reservations import parse_event
+from service.verification.bundle import evaluate
 from tests.service.api.world import PURE, World, make_world, unique
 from tests.service.live_server import serve, settings_for
 

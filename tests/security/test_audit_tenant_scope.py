@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from sqlalchemy import text
 
 from service.db.session import Database
@@ -74,6 +75,7 @@ def test_a_tenants_count_covers_its_own_dataset_chains_only(
     assert foreign.status_code == 404 and rival.dataset in foreign.json()["message"]
 
 
+@pytest.mark.slow
 def test_another_tenants_broken_chain_is_not_shown_but_ledger_verify_finds_it(
     client: TestClient, db: Database, database_url: Any, keys: Keys
 ) -> None:

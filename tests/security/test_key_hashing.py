@@ -70,6 +70,7 @@ def _insert_legacy_key(url: URL, key_id: str, tenant: str, key: str, *, revoked:
         database.dispose()
 
 
+@pytest.mark.slow
 def test_keys_stored_before_hmac_keep_working_and_are_rehashed(empty_database_url: URL) -> None:
     url = empty_database_url
     migrations.upgrade(url, BEFORE_HMAC)

@@ -254,6 +254,7 @@ def test_dataset_prices_on_the_datasets_own_budget(
     assert code == 2 and "--dataset" in err
 
 
+@pytest.mark.slow
 def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
     quoting: tuple[str, str, str, LedgerClient],
     capsys: pytest.CaptureFixture[str],

@@ -605,6 +605,7 @@ def test_release_gate_resumes_a_crashed_attempt_by_its_key(ledger: Ledger) -> No
     assert ran == [] and closed.value.code == "reservation_closed"
 
 
+@pytest.mark.slow
 @SQLITE_ONLY
 def test_release_gate_warns_before_expiry_and_keeps_its_hold_alive(ledger: Ledger) -> None:
     """Issue 28 §2: a hold used to expire after its ttl with no warning and no way to renew it.

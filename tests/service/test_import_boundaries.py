@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SERVER_LIBRARIES = ("sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn", "pydantic", "torch")
@@ -90,6 +92,7 @@ def test_the_verification_package_imports_no_sql_torch_web_or_server_code() -> N
     assert [m for m in loaded if m.split(".")[0] == "numpy"] == []
 
 
+@pytest.mark.slow
 def test_the_client_imports_neither_the_server_nor_the_trainers() -> None:
     path = ROOT / "service" / "client.py"
     reached = sorted(m for m in _imports(path) if _within(m, SERVER_MODULES))
@@ -142,5 +145,17 @@ def test_only_the_ledger_touches_its_tables() -> None:
         path.name: bad
         for path in sorted(ROOT.joinpath("service", "worker").glob("*.py"))
         if (bad := sorted(m for m in _imports(path) if _within(m, ("sqlalchemy", "service.db.models"))))
+    }
+    assert offenders == {}
+
+
+def test_the_trainers_import_no_pricing_rule() -> None:
+    """Issue 29 §4: a trainer calibrates against a price it is handed (a dataset's quote, as
+    DP-SGD's ``plan(price=...)``) or built by ``accountant.calibration`` (what a fresh budget
+    charges), never by importing the ledger's pricing rules."""
+    offenders = {
+        path.name: bad
+        for path in sorted(ROOT.joinpath("service", "training").glob("*.py"))
+        if (bad := sorted(m for m in _imports(path) if _within(m, ("accountant.rules.prices",))))
     }
     assert offenders == {}

@@ -35,8 +35,17 @@ def _close(api: Api, reservation_id: str, how: str) -> None:
         time.sleep(0.4)
 
 
-@pytest.mark.parametrize("how", ["abort", "expire"])
-@pytest.mark.parametrize("rule", sorted(BUDGETS))
+# sequential's twenty aborted looks: seconds of pricing; outside the fast loop (README, Development).
+@pytest.mark.parametrize(
+    ("rule", "how"),
+    [
+        pytest.param(rule, how, marks=pytest.mark.slow)
+        if (rule, how) == ("sequential", "abort")
+        else (rule, how)
+        for rule in sorted(BUDGETS)
+        for how in ("abort", "expire")
+    ],
+)
 def test_twenty_looks_and_aborts_cost_the_budget_once(
     client: TestClient, keys: Keys, rule: str, how: str
 ) -> None:

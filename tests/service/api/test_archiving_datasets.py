@@ -14,8 +14,8 @@ from typing import Any
 
 from accountant.certificates import verify as verify_certificate
 from service.client import LedgerClient
-from service.commands.check import evaluate
 from service.commands.export import collect
+from service.verification.bundle import evaluate
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_ledger_over_http import Api, pure, unique
 

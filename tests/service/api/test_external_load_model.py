@@ -93,6 +93,7 @@ def _release(world: dict[str, Any], version: int, sha256: str | None) -> str:
     return str(gate.certificate["id"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_an_external_version_loads_only_its_certified_bytes(world: dict[str, Any]) -> None:
     ledger: LedgerClient = world["ledger"]

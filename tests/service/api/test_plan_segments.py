@@ -218,6 +218,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
     assert len(stored["segments"]) == 1
 
 
+@pytest.mark.slow
 def test_a_process_with_the_budget_cached_before_a_declaration_reads_it_again(
     client: TestClient, keys: Keys
 ) -> None:

@@ -184,6 +184,7 @@ def test_the_json_form_over_http_is_as_strict_as_ours(client: TestClient, keys: 
     assert inputs["partial_event"] == ev.to_json(from_dp_accounting(half))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_the_client_takes_dp_accounting_events(database_url: URL, db: Database, tmp_path: Path) -> None:
     key = tenancy.create_api_key(db, "acme", "admin")

@@ -80,6 +80,7 @@ def test_150_concurrent_charges_of_a_hundredth(
     assert audit.verify(ledger)["ok"]
 
 
+@pytest.mark.slow
 def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
     ledger: Database, processes: list[Database], make_dataset: MakeDataset
 ) -> None:

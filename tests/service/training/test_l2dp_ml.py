@@ -372,6 +372,7 @@ def test_naive_gaussian_epsilon_grows_with_tasks(db: Database, tmp_path: Path) -
     assert eps[2] > Decimal(6)  # calibrated to use the budget, not a tiny part of it
 
 
+@pytest.mark.slow
 def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Database, tmp_path: Path) -> None:
     """``target_epsilon``: the whole run (every stage composed: task 1's memory batch is read by
     all) has its own PRV ε at the budget's δ at most the target. At the budget's ε its RDP

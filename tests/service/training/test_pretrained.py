@@ -89,6 +89,7 @@ def features() -> tuple[torch.Tensor, torch.Tensor]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unit_feature_sums_move_by_at_most_one_on_add_remove_and_two_on_replace(
     features: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
@@ -129,6 +130,7 @@ def test_cosine_noise_multiplier_is_the_smallest_the_ledger_charges_within_epsil
     assert exact_delta > DELTA / 100  # not wildly over-noised either
 
 
+@pytest.mark.slow
 def test_released_class_sums_carry_gaussian_noise_of_the_events_scale_on_every_class(
     features: tuple[torch.Tensor, torch.Tensor],
 ) -> None:
@@ -486,7 +488,9 @@ def test_bad_public_splits_are_refused_naming_the_parameter(uri: str, message: s
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algorithm", ["cosine_classifier", "peft_ensemble"])
+@pytest.mark.parametrize(
+    "algorithm", ["cosine_classifier", pytest.param("peft_ensemble", marks=pytest.mark.slow)]
+)
 def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_that_fits(
     db: Database, tmp_path: Path, algorithm: str
 ) -> None:
