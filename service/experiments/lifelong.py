@@ -81,6 +81,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--permuted-tasks", type=int, default=None, help="permuted-digits tasks (default 10; --quick 2)"
     )
     parser.add_argument(
+        "--per-task",
+        type=int,
+        default=None,
+        help="records per task: the synthetic digits at this size (builtin:<sequence>-synthetic-digits, "
+        "the bundled digits' templates warped, one independent draw per record) instead of the 1 437 "
+        "bundled digits shared out among the tasks (default)",
+    )
+    parser.add_argument(
         "--batch-size", type=int, default=300, help="records per fixed ledger batch (both datasets)"
     )
     parser.add_argument(
@@ -132,7 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _uri(sequence: str, tasks: int, seed: int) -> str:
+def _uri(sequence: str, tasks: int, seed: int, per_task: int | None = None) -> str:
+    if per_task is not None:
+        return f"builtin:{sequence}-synthetic-digits?tasks={tasks}&per_task={per_task}&seed={seed}"
     return f"builtin:{sequence}-digits?tasks={tasks}&seed={seed}"
 
 
@@ -238,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
             tasks = tasks_of[sequence]
             learner = learners[sequence]
             for seed in range(args.seed, args.seed + seeds):
-                uri = _uri(sequence, tasks, seed)
+                uri = _uri(sequence, tasks, seed, args.per_task)
                 data = load_data(uri)
                 if args.baseline_seeds is not None and seed >= args.seed + args.baseline_seeds:
                     agem = []
