@@ -332,8 +332,11 @@ def run(args: argparse.Namespace) -> int:
                         }
                     )
     rows = _rows(runs, baselines, args.sequences, epsilons)
+    data_name = (
+        "digits" if args.per_task is None else f"the synthetic digits ({args.per_task} records a task)"
+    )
     title = (
-        f"Lifelong DP on digits, budget (ε, {DELTA}) per dataset, {seeds} seed(s), mean ± std of the "
+        f"Lifelong DP on {data_name}, budget (ε, {DELTA}) per dataset, {seeds} seed(s), mean ± std of the "
         "average accuracy after the last task. fm = functional mechanism (random features p and "
         "ridge λ: "
         + ", ".join(
@@ -346,6 +349,13 @@ def run(args: argparse.Namespace) -> int:
         "* non-private (ε = ∞): fm_noiseless, agem (memory "
         f"{args.agem_memory} batches/task, lr {args.agem_learning_rate:g}), joint (all tasks at once: "
         "the ceiling). paper_*: the paper's figures on MNIST with a CNN, not ours."
+        + (
+            "\n* permuted tasks all hold the ten classes, so naiveG_multi is naiveG (one network, "
+            "argmax over all classes), while fm_multi picks the task's own head by its identity at "
+            "test time: the like-for-like comparison on permuted tasks is the shared head (fm vs naiveG)."
+            if "permuted" in args.sequences
+            else ""
+        )
     )
     columns = list(rows[0])
     text = table(rows, columns, title=title)
@@ -362,6 +372,8 @@ def run(args: argparse.Namespace) -> int:
         "learner": {q: learners[q] for q in args.sequences},
         "batch_size": args.batch_size,
         "tasks": tasks_of,
+        "per_task": args.per_task,
+        "sources": {q: _uri(q, tasks_of[q], args.seed, args.per_task) for q in args.sequences},
         "naive_gaussian": {
             "epochs": naive_epochs,
             "learning_rate": args.naive_learning_rate,
