@@ -246,7 +246,9 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for r in runs:
         if r["status"] != "succeeded":
-            rows.append({"mode": r["mode"], "sampling": r["sampling"], "releases": r["status"]})
+            rows.append(
+                {"mode": r["mode"], "sampling": "on" if r["sampling"] else "off", "releases": r["status"]}
+            )
             continue
         acc = r["accuracy"]
         q = max(1, len(acc) // 4)

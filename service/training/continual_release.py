@@ -411,7 +411,12 @@ def fit_biased_logistic(
         current = _objective(w, x, s, n, lam, anchor)
         slope = float(grad @ step)
         size = 1.0
-        while size > 1e-12:
+        # Near the minimum the decrease Armijo asks for (¼·slope) is below what the objective's
+        # floating value resolves, and the search would accept a step of ~0 by rounding luck and
+        # stall: take the full Newton step there (the Hessian is λ-strongly convex; the gradient
+        # tolerance above still decides when to stop).
+        resolvable = slope > 64 * np.finfo(np.float64).eps * max(1.0, abs(current))
+        while resolvable and size > 1e-12:
             candidate = w - size * step
             if _objective(candidate, x, s, n, lam, anchor) <= current - 0.25 * size * slope:
                 break
