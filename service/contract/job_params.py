@@ -681,6 +681,7 @@ class ContinualParams:
     window_levels: int = 3
     max_blocks: int | None = None
     seed: int | None = None
+    positive_class: int | None = None
 
     @property
     def window_blocks(self) -> int:
@@ -705,10 +706,20 @@ class ContinualParams:
         window_levels = p.integer("window_levels", 3, minimum=1, maximum=MAX_WINDOW_LEVELS)
         max_blocks = p.integer("max_blocks", None, minimum=1)
         seed = p.integer("seed", None, minimum=0, maximum=2**63 - 1)
+        positive_class = p.integer("positive_class", None, minimum=0, maximum=2**31 - 1)
         p.finish()
         assert max_level is not None and window_levels is not None
         return cls(
-            mode, epsilon, regularization, sampling, base_blocks, max_level, window_levels, max_blocks, seed
+            mode,
+            epsilon,
+            regularization,
+            sampling,
+            base_blocks,
+            max_level,
+            window_levels,
+            max_blocks,
+            seed,
+            positive_class,
         )
 
 

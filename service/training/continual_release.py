@@ -60,7 +60,10 @@ the sample.
 Params (``parse_params``): ``mode``, ``epsilon`` (the geometric budget's ε; ``budget_for`` builds
 that budget), ``regularization`` (λ), ``sampling``, ``base_blocks`` (B/b₀, a power of two),
 ``max_level`` (K of Algorithm 2), ``window_levels`` (J), ``max_blocks`` (use only the first blocks),
-``seed`` (experiments only: a seeded job's noise is reproducible by whoever knows the seed).
+``seed`` (experiments only: a seeded job's noise is reproducible by whoever knows the seed),
+``positive_class`` (one-vs-rest on a multi-class source: label 1 for that class, 0 for the rest; a
+function of each record alone, so the sensitivity 2L/(λn) is unchanged; without it the source must
+have two classes).
 """
 
 from __future__ import annotations
@@ -408,7 +411,12 @@ def fit_biased_logistic(
         current = _objective(w, x, s, n, lam, anchor)
         slope = float(grad @ step)
         size = 1.0
-        while size > 1e-12:
+        # Near the minimum the decrease Armijo asks for (¼·slope) is below what the objective's
+        # floating value resolves, and the search would accept a step of ~0 by rounding luck and
+        # stall: take the full Newton step there (the Hessian is λ-strongly convex; the gradient
+        # tolerance above still decides when to stop).
+        resolvable = slope > 64 * np.finfo(np.float64).eps * max(1.0, abs(current))
+        while resolvable and size > 1e-12:
             candidate = w - size * step
             if _objective(candidate, x, s, n, lam, anchor) <= current - 0.25 * size * slope:
                 break
@@ -453,6 +461,13 @@ class _State:
     test: tuple[FloatArray, npt.NDArray[np.int64]]
     rng: np.random.Generator
     models: dict[int, FloatArray] = field(default_factory=dict)
+
+
+def one_vs_rest(labels: npt.NDArray[np.int64], positive_class: int | None) -> npt.NDArray[np.int64]:
+    """1 for ``positive_class``, 0 for every other class; the labels unchanged without one."""
+    if positive_class is None:
+        return labels
+    return (np.asarray(labels) == positive_class).astype(np.int64)
 
 
 def stream_blocks(tasks: Sequence[LedgerTask], max_blocks: int | None) -> tuple[list[str], int]:
@@ -525,9 +540,15 @@ class ContinualReleaseTrainer:
         return stages
 
     def start(self, params: ContinualParams, data: LoadedData, tasks: Sequence[LedgerTask]) -> _State:
-        if data.num_classes != 2:
+        if params.positive_class is not None and params.positive_class >= data.num_classes:
+            raise InvalidParamsError(
+                "params.positive_class",
+                f"must name one of the source's {data.num_classes} classes. Found {params.positive_class}.",
+            )
+        if params.positive_class is None and data.num_classes != 2:
             raise ValueError(
-                f"continual_release needs binary labels; the source has {data.num_classes} classes."
+                f"continual_release needs binary labels; the source has {data.num_classes} classes "
+                "(params.positive_class makes it one-vs-rest)."
             )
         block_ids, plan, calibrations, _ = self._planned(params, tasks)
         last_use = list(range(len(plan)))
@@ -543,7 +564,7 @@ class ContinualReleaseTrainer:
             {b: i for i, b in enumerate(block_ids)},
             last_use,
             data.n_features,
-            (project_to_unit_ball(test_x.astype(np.float64)), test_y),
+            (project_to_unit_ball(test_x.astype(np.float64)), one_vs_rest(test_y, params.positive_class)),
             rng,
         )
 
@@ -557,6 +578,7 @@ class ContinualReleaseTrainer:
         if sorted(state.block_of[b] for b in stage.batch_ids) != list(release.blocks):
             raise ValueError(f"stage {stage.index} reads blocks other than its plan's")
         x32, labels = data.train_arrays()
+        labels = one_vs_rest(labels, state.params.positive_class)
         if len(labels) != calibration.normaliser:
             raise ValueError(f"stage {stage.index}: {len(labels)} records, expected {calibration.normaliser}")
         if labels.size and (labels.min() < 0 or labels.max() > 1):
@@ -592,6 +614,7 @@ __all__ = [
     "expected_levels",
     "fit_biased_logistic",
     "geometric_schedule",
+    "one_vs_rest",
     "parse_params",
     "plan_releases",
     "sliding_window_chain",

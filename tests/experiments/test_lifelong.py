@@ -62,3 +62,40 @@ def test_quick_lifelong_experiment_writes_its_report(
     margin = report["claims"]["split@1"]["margin_mean"]
     assert f"split@1: fm − naiveG = {margin:+.3f} ± 0.000 (one seed: no spread for 2 std)" in markdown
     assert "fm ledger ε flat over tasks: yes" in markdown
+
+
+def test_quick_lifelong_experiment_on_the_synthetic_digits_at_a_chosen_size(tmp_path: Path) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(
+            [
+                "experiment",
+                "lifelong",
+                "--quick",
+                "--out",
+                str(tmp_path),
+                "--device",
+                "cpu",
+                "--sequences",
+                "permuted",
+                "--per-task",
+                "60",
+                "--batch-size",
+                "60",
+            ]
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["per_task"] == 60
+    assert report["sources"] == {"permuted": "builtin:permuted-synthetic-digits?tasks=2&per_task=60&seed=0"}
+    [run] = report["runs"]
+    # one ledger batch of 60 records per task: one release each, at the budget's ε, flat
+    assert run["fm_ledger_epsilon"] == [pytest.approx(1.0, abs=1e-3)] * 2
+    markdown = (tmp_path / "report.md").read_text()
+    assert "the synthetic digits (60 records a task)" in markdown
+    assert "the like-for-like comparison on permuted tasks is the shared head" in markdown

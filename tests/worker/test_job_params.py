@@ -64,6 +64,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
         {"mode": "sliding_window", "epsilon": 0.7, "sampling": True, "regularization": 0.3},
     ),
     ("continual_release", {"epsilon": 1, "base_blocks": 4, "max_blocks": 16, "seed": 2}),
+    ("continual_release", {"epsilon": 1, "positive_class": 3}),
     ("cosine_classifier", {"target_epsilon": 1.0, "delta": 1e-5, "feature_dim": 16, "pretrain_epochs": 2}),
     ("peft_ensemble", {"noise_multiplier": 2.0, "epochs": 1, "expected_batch_size": 32, "seed": 1}),
     ("peft_naive", {"noise_multiplier": 2.0, "learning_rate": 1.0, "max_grad_norm": 0.5}),
@@ -118,6 +119,7 @@ def test_the_trainer_reads_what_the_declaration_accepts(algorithm: str, params: 
         ),
         ("continual_release", {"epsilon": 1.0, "base_blocks": 3}, "params.base_blocks"),
         ("continual_release", {"mode": "weekly", "epsilon": 1.0}, "params.mode"),
+        ("continual_release", {"epsilon": 1.0, "positive_class": -1}, "params.positive_class"),
         ("cosine_classifier", {"noise_multiplier": 1.0, "epochs": 2}, "params.epochs"),  # a head param
         ("naive_gaussian", {"noise_multiplier": 1.0, "hidden": [8, 8]}, "params.hidden"),
         # the staged trainers name the two targets apart too (issue 24): exactly one

@@ -111,6 +111,24 @@ def test_stream_source_is_seeded_bounded_and_a_prefix_of_longer_streams() -> Non
     assert 0.75 < np.mean((tx @ w > 0) == (ty == 1)) < 0.99
 
 
+def test_newton_reaches_the_tolerance_where_the_objective_cannot_resolve_the_decrease() -> None:
+    # One-vs-rest digits (64 pixels on the sphere), n = 65 536 (the tolerance 10⁻⁶/n is tiny) and a
+    # far anchor (a noisy earlier release at a small ε): the last Newton steps decrease the
+    # objective by less than its float spacing, where the Armijo search accepted a step of ~0 by
+    # rounding luck and stalled ("Newton did not reach the gradient tolerance", found by
+    # `ledger experiment continual --source digits --epsilon 0.1`).
+    from service.training.continual_release import one_vs_rest, project_to_unit_ball
+
+    data = load_data("builtin:permuted-synthetic-digits?tasks=1&per_task=65536&seed=0")
+    x = project_to_unit_ball(data.train[0].features.astype(np.float64))
+    s = 2.0 * one_vs_rest(data.train[0].labels, 0) - 1.0
+    anchor = np.random.default_rng(0).standard_normal((24, 64))[-1] * 300.0
+    w = fit_biased_logistic(x, s, normaliser=len(s), regularization=0.01, anchor=anchor)
+    p = 1.0 / (1.0 + np.exp(s * (x @ w)))
+    gradient = -(x.T @ (s * p)) / len(s) + 0.01 * (w - anchor)
+    assert float(np.linalg.norm(gradient)) <= 1e-6 / len(s)
+
+
 @pytest.mark.parametrize(
     ("uri", "fragment"),
     [
