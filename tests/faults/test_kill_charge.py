@@ -252,9 +252,11 @@ def open_window(server: Server, probe: Probe, send: Callable[[httpx.Client], htt
     answers: list[httpx.Response] = []
 
     def request() -> None:
-        with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=120) as http:
-            answers.append(send(http))
-        done.set()
+        try:
+            with httpx.Client(base_url=server.base_url, headers=HEADERS, timeout=120) as http:
+                answers.append(send(http))
+        finally:
+            done.set()  # a failed request ends the watch too (the assertion below reports it)
 
     thread = threading.Thread(target=request, daemon=True)
     thread.start()
