@@ -406,7 +406,7 @@ async def declare_plan_segment(
         request.app.state.database,
         principal.tenant_id,
         dataset_id,
-        plan_json=body.plan,
+        plan=body.parsed_plan,
         delta=str(body.delta),
         idempotency_key=idempotency_key,
         policy=rates.policy(principal.tenant_id),

@@ -326,12 +326,9 @@ def _commit_request(
     partial = None if event is None else requests.new_event(event)
     key = idempotency.check_key(idempotency_key)
     signer = server_secrets.signing_keys(db).active
-    params = CommitParams(reservation_id, model, version, release_json, partial, signer)
-    request = {
-        "reservation_id": reservation_id,
-        "release": release_json,
-        "event": None if partial is None else ev.to_json(partial),
-    }
+    document = None if partial is None else ev.to_json(partial)
+    params = CommitParams(reservation_id, model, version, release_json, partial, document, signer)
+    request = {"reservation_id": reservation_id, "release": release_json, "event": document}
     return params, key, request
 
 

@@ -25,6 +25,7 @@ from service.db.session import Database
 from service.ledger import batches as batch_ledger
 from service.ledger import datasets, plan_segments, tenancy
 from service.ledger.errors import ChargeRefused, InvalidInput
+from service.ledger.reservations import parse_event
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_ledger_over_http import Api
 from tests.service.live_server import serve, settings_for
@@ -197,7 +198,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
         try:
             outcomes.append(
                 plan_segments.declare_segment(
-                    pool, "acme", dataset, plan_json=[SECOND], delta="5e-6"
+                    pool, "acme", dataset, plan=[parse_event(SECOND)], delta="5e-6"
                 ).to_json()
             )
         except (InvalidInput, ChargeRefused) as exc:
