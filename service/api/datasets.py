@@ -402,6 +402,7 @@ async def declare_plan_segment(
     idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
     rates: PricingRates = request.app.state.pricing
+    plan_segments.check_plan_size(body.plan)  # its message quotes the body as sent
     declared = await plan_segments.declare_segment_async(
         request.app.state.database,
         principal.tenant_id,

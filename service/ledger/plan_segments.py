@@ -39,6 +39,19 @@ from service.ledger.spending.answers import SegmentDeclared, of_kind
 from service.ledger.spending.requests import Request, SegmentParams, keyed, new_event
 
 
+def check_plan_size(plan: object) -> None:
+    """``InvalidInput`` naming ``plan`` unless it is a list of 1 to ``MAX_PLAN_EVENTS`` events. The
+    message quotes the plan's JSON: the HTTP route checks the body as sent (before the parsed
+    events reach ``declare_segment``), the ledger its events' documents."""
+    if not isinstance(plan, list | tuple) or not 1 <= len(plan) <= MAX_PLAN_EVENTS:
+        found = (
+            [ev.to_json(e) if isinstance(e, DpEvent) else e for e in plan]
+            if isinstance(plan, list | tuple)
+            else plan
+        )
+        raise InvalidInput("plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {found!r:.200}.")
+
+
 def _segment_op(
     tenant_id: str,
     dataset_id: str,
@@ -49,10 +62,7 @@ def _segment_op(
     now: datetime | None,
     policy: pricing.Policy | None,
 ) -> Request:
-    if not isinstance(plan, Sequence) or not 1 <= len(plan) <= MAX_PLAN_EVENTS:
-        # quotes the plan's JSON: its events' documents (what a client sends, in canonical form)
-        found = [ev.to_json(e) if isinstance(e, DpEvent) else e for e in plan] if plan else plan
-        raise InvalidInput("plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {found!r:.200}.")
+    check_plan_size(plan)
     events = tuple(new_event(e, f"plan[{i}]") for i, e in enumerate(plan))
     if isinstance(delta, bool) or not isinstance(delta, int | float | str):
         raise InvalidInput("delta", f"must be a number. Found {delta!r}.")
@@ -128,4 +138,4 @@ async def declare_segment_async(
     return of_kind(SegmentDeclared, await ENGINE.submit_async(db, op))
 
 
-__all__ = ["declare_segment", "declare_segment_async"]
+__all__ = ["check_plan_size", "declare_segment", "declare_segment_async"]
