@@ -371,7 +371,8 @@ async def quote(
     )
     # In the pricing threads, never the threads every other route runs in (a tenant's quotes
     # cannot slow another tenant's reads).
-    return await anyio.to_thread.run_sync(run, limiter=policy.limiter)
+    answer = await anyio.to_thread.run_sync(run, limiter=policy.limiter)
+    return answer.to_json()
 
 
 @router.post(
