@@ -299,8 +299,7 @@ def _fresh_cost(budget: Budget, event: DpEvent, version: int) -> dict[str, Any]:
             cost = rules.reserve(budget, BatchState.empty(), Charge(event)).cost
         return {"available": True, "admitted": True, **cost_json(cost.epsilon, cost.delta)}
     except rules.BudgetExceeded as exc:
-        asked = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
-        return {"available": True, "admitted": False, **cost_json(*asked)}
+        return {"available": True, "admitted": False, **exc.requested.to_json()}
     except AccountantError as exc:
         return {"available": False, "reason": str(exc)}
 
@@ -501,7 +500,7 @@ def _priced(
                     raise error from exc
                 requested = None
                 if isinstance(exc, rules.BudgetExceeded):
-                    requested = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
+                    requested = (exc.requested.epsilon, exc.requested.delta)
                 classes.append(ClassQuote(group.batches, example, None, error, requested))
                 continue
             classes.append(ClassQuote(group.batches, example, cost))

@@ -603,7 +603,9 @@ def rule_error(exc: AccountantError, batch_id: str | None) -> LedgerError:
     """The domain error for an accountant error raised while pricing on ``batch_id`` (``None``:
     a new batch a quote prices)."""
     if isinstance(exc, rules.BudgetExceeded):
-        return BudgetExceeded(exc.remaining, exc.requested, exc.message, batch_id=batch_id)
+        return BudgetExceeded(
+            exc.remaining.to_json(), exc.requested.to_json(), exc.message, batch_id=batch_id
+        )
     if isinstance(exc, rules.ChargeRefused):
         return ChargeRefused(exc.code, exc.message, batch_id=batch_id)
     if isinstance(exc, InvalidArgumentError):
