@@ -138,4 +138,4 @@ async def declare_segment_async(
     return of_kind(SegmentDeclared, await ENGINE.submit_async(db, op))
 
 
-__all__ = ["check_plan_size", "declare_segment", "declare_segment_async"]
+__all__ = ["MAX_PLAN_EVENTS", "check_plan_size", "declare_segment", "declare_segment_async"]
