@@ -35,6 +35,7 @@ warnings.filterwarnings("ignore")
 
 from accountant import events as ev  # noqa: E402
 from accountant import rules  # noqa: E402
+from accountant.exact import to_text  # noqa: E402
 from accountant.rdp import DEFAULT_ORDERS  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "tightness.json"
@@ -132,7 +133,7 @@ def lone_run() -> dict[str, Any]:
             cost = rules.reserve(budget, rules.BatchState(), rules.Charge(event)).cost
             out[accountant] = float(cost.epsilon)
         except rules.BudgetExceeded as refused:
-            out[accountant] = f"refused ({refused.requested['epsilon']})"
+            out[accountant] = f"refused ({to_text(refused.requested.epsilon)})"
     out["plain RDP"] = rdp_epsilon(event, 1, delta)
     out["PLD"] = pld_epsilon(event, 1, delta)
     out["tight / PLD"] = out["tight"] / out["PLD"] if isinstance(out["tight"], float) else None

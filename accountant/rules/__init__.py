@@ -56,7 +56,7 @@ from accountant.rules.budget import (
     PlanSegment,
     renyi_filter,
 )
-from accountant.rules.errors import BudgetExceeded, ChargeRefused
+from accountant.rules.errors import Amount, BudgetExceeded, ChargeRefused
 from accountant.rules.memo import (
     PRICING_VERSION,
     PRICING_VERSIONS,
@@ -99,7 +99,7 @@ class _Rule(Protocol):
         self, budget: Budget, state: BatchState, reserved: Cost, committed: Cost | None
     ) -> BatchState: ...
 
-    def remaining(self, budget: Budget, state: BatchState) -> dict[str, str]: ...
+    def remaining(self, budget: Budget, state: BatchState) -> Amount: ...
 
     def within_budget(self, budget: Budget, state: BatchState) -> bool: ...
 
@@ -274,7 +274,7 @@ def delta_of_what_ran(budget: Budget, state: BatchState) -> Decimal:
     return sequential.plan_delta_ran(budget, state)
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     """What this batch can still take: the largest single charge that would fit now, in the
     rule's terms (geometric: the largest free level; parallel: 0 once read)."""
     return _rule(budget).remaining(budget, state)
@@ -324,6 +324,7 @@ __all__ = [
     "RULES",
     "SUPPORTED",
     "Admission",
+    "Amount",
     "BatchState",
     "Budget",
     "BudgetExceeded",

@@ -62,7 +62,7 @@ from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sum, to_text
 from accountant.rules.bookkeeping import progressive_cost, release_additive, settle_additive
 from accountant.rules.budget import MAX_GEOMETRIC_LEVEL, Budget
-from accountant.rules.errors import BudgetExceeded
+from accountant.rules.errors import Amount, BudgetExceeded
 from accountant.rules.memo import event_fingerprint, memoized
 from accountant.rules.prices import basic_price, fresh_price, is_free
 from accountant.rules.sequential import PARALLEL_OVER_BATCHES, budget_words
@@ -144,7 +144,7 @@ def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
     level = best_fit(priced.fits, set(state.levels))
     if level is None:
         eps, dlt = priced.at(0)
-        raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
+        raise BudgetExceeded(Amount(eps, dlt), remaining(budget, state))
     allowance, _ = _grant(budget, level)
     eps, dlt = priced.at(level)
     levels = list(state.levels)
@@ -199,12 +199,12 @@ def largest_free_level(state: BatchState) -> int | None:
     return level if level <= MAX_GEOMETRIC_LEVEL else None
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     level = largest_free_level(state)
     if level is None:
-        return {"epsilon": "0", "delta": "0"}
+        return Amount(ZERO, ZERO)
     allowance, level_delta = _grant(budget, level)
-    return {"epsilon": to_text(allowance), "delta": to_text(level_delta)}
+    return Amount(allowance, level_delta)
 
 
 def within_budget(budget: Budget, state: BatchState) -> bool:

@@ -40,7 +40,7 @@ from accountant.events import DpEvent
 from accountant.exact import ZERO, exact_add, exact_sub
 from accountant.rules.bookkeeping import progressive_cost
 from accountant.rules.budget import Budget
-from accountant.rules.errors import ChargeRefused
+from accountant.rules.errors import Amount, ChargeRefused
 from accountant.rules.memo import event_fingerprint
 from accountant.rules.naive import naive_price
 from accountant.rules.sequential import (
@@ -161,7 +161,7 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     return released
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     return remaining_fresh(budget, state)
 
 

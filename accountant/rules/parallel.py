@@ -38,10 +38,10 @@ from dataclasses import replace
 
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent
-from accountant.exact import ZERO, exact_add, to_text
+from accountant.exact import ZERO, exact_add
 from accountant.rules.bookkeeping import progressive_cost, release_additive, settle_additive
 from accountant.rules.budget import Budget
-from accountant.rules.errors import BudgetExceeded, ChargeRefused
+from accountant.rules.errors import Amount, BudgetExceeded, ChargeRefused
 from accountant.rules.memo import active_pricing, event_fingerprint
 from accountant.rules.prices import fresh_price
 from accountant.rules.sequential import PARALLEL_OVER_BATCHES, budget_words
@@ -69,10 +69,7 @@ def reserve(budget: Budget, state: BatchState, charge: Charge) -> Admission:
             "would use up the batch's one read. Reserve the run that trains on the batch.",
         )
     if not (cost.epsilon <= budget.epsilon and cost.delta <= budget.delta):
-        raise BudgetExceeded(
-            {"epsilon": to_text(cost.epsilon), "delta": to_text(cost.delta)},
-            remaining(budget, state),
-        )
+        raise BudgetExceeded(Amount(cost.epsilon, cost.delta), remaining(budget, state))
     new_state = replace(
         state,
         epsilon_held=exact_add(state.epsilon_held, cost.epsilon),
@@ -106,10 +103,10 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     return release_additive(state, reserved, committed)
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     if state.reads > 0:
-        return {"epsilon": "0", "delta": "0"}
-    return {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)}
+        return Amount(ZERO, ZERO)
+    return Amount(budget.epsilon, budget.delta)
 
 
 def within_budget(budget: Budget, state: BatchState) -> bool:

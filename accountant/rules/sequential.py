@@ -75,7 +75,7 @@ from accountant.rules.bookkeeping import (
     zeros,
 )
 from accountant.rules.budget import Budget, PlanSegment, renyi_filter
-from accountant.rules.errors import BudgetExceeded, ChargeRefused
+from accountant.rules.errors import Amount, BudgetExceeded, ChargeRefused
 from accountant.rules.memo import active_pricing, event_fingerprint, memoized
 from accountant.rules.naive import naive_price
 from accountant.rules.prices import basic_price, fresh_price, is_free, prv_epsilon, rdp_charge
@@ -130,11 +130,7 @@ def reserve_fresh(
         after_total = vadd(total, charge)
         if not f.admits(total, charge):
             raise BudgetExceeded(
-                {
-                    "epsilon": to_text(_increase(f.epsilon_of(after_total), before)),
-                    "delta": to_text(budget.delta),
-                },
-                remaining(budget, state),
+                Amount(_increase(f.epsilon_of(after_total), before), budget.delta), remaining(budget, state)
             )
         held = vadd(vector(state.rdp_held, len(budget.orders)), charge)
         new_state = derive_filter_state(
@@ -157,7 +153,7 @@ def reserve_fresh(
     eps_total = exact_add(exact_add(state.epsilon_spent, state.epsilon_held), eps)
     dlt_total = exact_add(exact_add(state.delta_spent, state.delta_held), dlt)
     if not (eps_total <= budget.epsilon and dlt_total <= budget.delta):
-        raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
+        raise BudgetExceeded(Amount(eps, dlt), remaining(budget, state))
     new_state = replace(
         state,
         epsilon_held=exact_add(state.epsilon_held, eps),
@@ -262,23 +258,18 @@ def cancel_fresh(budget: Budget, state: BatchState, reserved: Cost, committed: C
         return derive_filter_state(budget, replace(state, rdp_held=canonical(held), reads=reads))
 
 
-def remaining_fresh(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining_fresh(budget: Budget, state: BatchState) -> Amount:
     if budget.uses_union:
         return tight.remaining(budget, state)
     if budget.uses_filter:
         f = renyi_filter(budget)
         used = f.epsilon_of(_filter_totals(budget, state))
         # The filter's δ is fixed at creation, not consumed charge by charge.
-        return {
-            "epsilon": to_text(max(ZERO, exact_sub(budget.epsilon, used))),
-            "delta": to_text(budget.delta),
-        }
-    return {
-        "epsilon": to_text(
-            max(ZERO, exact_sub(budget.epsilon, exact_add(state.epsilon_spent, state.epsilon_held)))
-        ),
-        "delta": to_text(max(ZERO, exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held)))),
-    }
+        return Amount(max(ZERO, exact_sub(budget.epsilon, used)), budget.delta)
+    return Amount(
+        max(ZERO, exact_sub(budget.epsilon, exact_add(state.epsilon_spent, state.epsilon_held))),
+        max(ZERO, exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held))),
+    )
 
 
 def within_budget_fresh(budget: Budget, state: BatchState) -> bool:
@@ -371,7 +362,7 @@ def _reserve_plan(budget: Budget, state: BatchState, charge: Charge) -> Admissio
     target_dlt = exact_add(closed_dlt, segment.delta)
     dlt = max(ZERO, exact_sub(target_dlt, exact_add(state.delta_spent, state.delta_held)))
     if exact_add(base, eps) > budget.epsilon:  # cannot happen: Σεᵢ ≤ ε (Budget.with_segment)
-        raise BudgetExceeded({"epsilon": to_text(eps), "delta": to_text(dlt)}, remaining(budget, state))
+        raise BudgetExceeded(Amount(eps, dlt), remaining(budget, state))
     naive, _ = fresh_price(budget, charge.event)
     cost = Cost(
         eps,
@@ -506,15 +497,13 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     return cancel_fresh(budget, state, reserved, committed)
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     if budget.accountant == "prv":
         used = exact_add(state.epsilon_spent, state.epsilon_held)
-        return {
-            "epsilon": to_text(max(ZERO, exact_sub(budget.epsilon, used))),
-            "delta": to_text(
-                max(ZERO, exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held)))
-            ),
-        }
+        return Amount(
+            max(ZERO, exact_sub(budget.epsilon, used)),
+            max(ZERO, exact_sub(budget.delta, exact_add(state.delta_spent, state.delta_held))),
+        )
     return remaining_fresh(budget, state)
 
 

@@ -62,11 +62,11 @@ from typing import Final
 
 from accountant.errors import UnsupportedEventError
 from accountant.events import DpEvent
-from accountant.exact import INFINITY, ZERO, exact_add, exact_sub, to_text
+from accountant.exact import INFINITY, ZERO, exact_add, exact_sub
 from accountant.rdp_filter import RenyiFilter
 from accountant.rules.bookkeeping import canonical, naive_step, vadd, vector, vsub, zeros
 from accountant.rules.budget import Budget, renyi_filter
-from accountant.rules.errors import BudgetExceeded
+from accountant.rules.errors import Amount, BudgetExceeded
 from accountant.rules.memo import event_fingerprint, memoized
 from accountant.rules.prices import basic_price, is_free, rdp_charge, tight_epsilon
 from accountant.rules.state import Admission, BatchState, Cost, Settlement
@@ -351,9 +351,7 @@ def reserve(
         )
     if not (a_admits or b_admits):
         asked = price[0] if price is not None else INFINITY
-        raise BudgetExceeded(
-            {"epsilon": to_text(asked), "delta": to_text(budget.delta)}, remaining(budget, state)
-        )
+        raise BudgetExceeded(Amount(asked, budget.delta), remaining(budget, state))
     before = exact_add(state.epsilon_spent, state.epsilon_held)
     new_state = replace(
         state,
@@ -511,17 +509,17 @@ def cancel(budget: Budget, state: BatchState, reserved: Cost, committed: Cost | 
     return _derive(budget, after)
 
 
-def remaining(budget: Budget, state: BatchState) -> dict[str, str]:
+def remaining(budget: Budget, state: BatchState) -> Amount:
     """The most ε a filter still open has left (A: ε − Σεᵢ; B: ε − its progress)."""
     if state.union_profile is None:
-        return {"epsilon": to_text(budget.epsilon), "delta": to_text(budget.delta)}
+        return Amount(budget.epsilon, budget.delta)
     left = [ZERO]
     if state.basic_open:
         left.append(exact_sub(budget.epsilon, _basic_total(state)[0]))
     if state.union_profile == "stream":
         used = filter_b(budget, _state_focus(state)).epsilon_of(_rdp_total(budget, state))
         left.append(exact_sub(budget.epsilon, used))
-    return {"epsilon": to_text(max(left)), "delta": to_text(budget.delta)}
+    return Amount(max(left), budget.delta)
 
 
 def within_budget(budget: Budget, state: BatchState) -> bool:

@@ -371,7 +371,8 @@ async def quote(
     )
     # In the pricing threads, never the threads every other route runs in (a tenant's quotes
     # cannot slow another tenant's reads).
-    return await anyio.to_thread.run_sync(run, limiter=policy.limiter)
+    answer = await anyio.to_thread.run_sync(run, limiter=policy.limiter)
+    return answer.to_json()
 
 
 @router.post(
@@ -402,11 +403,12 @@ async def declare_plan_segment(
     idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
     rates: PricingRates = request.app.state.pricing
+    plan_segments.check_plan_size(body.plan)  # its message quotes the body as sent
     declared = await plan_segments.declare_segment_async(
         request.app.state.database,
         principal.tenant_id,
         dataset_id,
-        plan_json=body.plan,
+        plan=body.parsed_plan,
         delta=str(body.delta),
         idempotency_key=idempotency_key,
         policy=rates.policy(principal.tenant_id),

@@ -140,7 +140,8 @@ def list_reservation_batches(
     after: Annotated[str | None, Query(max_length=200)] = None,
     limit: Annotated[int, Query(ge=1, le=reservations.MAX_BATCH_PAGE)] = 1000,
 ) -> dict[str, Any]:
-    return reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
+    page = reservations.list_batches(db, principal.tenant_id, reservation_id, after=after, limit=limit)
+    return page.to_json()
 
 
 @router.post(

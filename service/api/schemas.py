@@ -327,11 +327,17 @@ class PlanSegmentCreate(_Request):
     plan: list[EventJson] = Field(min_length=1, description="The segment's events, run in order.")
     delta: SegmentDelta = Field(description="This segment's share of the budget's delta (> 0).")
 
+    _plan: tuple[dp_events.DpEvent, ...] = PrivateAttr(default=())
+
     @model_validator(mode="after")
     def _events_parse(self) -> PlanSegmentCreate:
-        for index, event in enumerate(self.plan):
-            _check_event(event, f"plan[{index}]")
+        self._plan = tuple(_check_event(event, f"plan[{index}]") for index, event in enumerate(self.plan))
         return self
+
+    @property
+    def parsed_plan(self) -> tuple[dp_events.DpEvent, ...]:
+        """``plan`` as the validator parsed it."""
+        return self._plan
 
 
 class PlanSegmentPublic(_Public):

@@ -22,10 +22,12 @@ a further segment may still take.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from accountant import events as ev
 from accountant.errors import InvalidArgumentError
+from accountant.events import DpEvent
 from accountant.rules.budget import MAX_PLAN_EVENTS, budget_number
 from service.db.base import utcnow
 from service.db.session import Database
@@ -34,24 +36,34 @@ from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending import ENGINE
 from service.ledger.spending.answers import SegmentDeclared, of_kind
-from service.ledger.spending.requests import Request, SegmentParams, keyed, parse_event
+from service.ledger.spending.requests import Request, SegmentParams, keyed, new_event
+
+
+def check_plan_size(plan: object) -> None:
+    """``InvalidInput`` naming ``plan`` unless it is a list of 1 to ``MAX_PLAN_EVENTS`` events. The
+    message quotes the plan's JSON: the HTTP route checks the body as sent (before the parsed
+    events reach ``declare_segment``), the ledger its events' documents."""
+    if not isinstance(plan, list | tuple) or not 1 <= len(plan) <= MAX_PLAN_EVENTS:
+        found = (
+            [ev.to_json(e) if isinstance(e, DpEvent) else e for e in plan]
+            if isinstance(plan, list | tuple)
+            else plan
+        )
+        raise InvalidInput("plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {found!r:.200}.")
 
 
 def _segment_op(
     tenant_id: str,
     dataset_id: str,
     *,
-    plan_json: object,
+    plan: Sequence[DpEvent],
     delta: object,
     idempotency_key: str | None,
     now: datetime | None,
     policy: pricing.Policy | None,
 ) -> Request:
-    if not isinstance(plan_json, list) or not 1 <= len(plan_json) <= MAX_PLAN_EVENTS:
-        raise InvalidInput(
-            "plan", f"must be a list of 1 to {MAX_PLAN_EVENTS} events. Found {plan_json!r:.200}."
-        )
-    plan = tuple(parse_event(item, f"plan[{i}]") for i, item in enumerate(plan_json))
+    check_plan_size(plan)
+    events = tuple(new_event(e, f"plan[{i}]") for i, e in enumerate(plan))
     if isinstance(delta, bool) or not isinstance(delta, int | float | str):
         raise InvalidInput("delta", f"must be a number. Found {delta!r}.")
     try:
@@ -60,8 +72,8 @@ def _segment_op(
         raise InvalidInput(exc.field, exc.message) from None
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
-    document = [ev.to_json(e) for e in plan]
-    params = SegmentParams(plan, document, share)
+    document = [ev.to_json(e) for e in events]
+    params = SegmentParams(events, document, share)
     op = Request(
         "declare_segment",
         tenant_id,
@@ -78,20 +90,23 @@ def declare_segment(
     tenant_id: str,
     dataset_id: str,
     *,
-    plan_json: object,
+    plan: Sequence[DpEvent],
     delta: object,
     idempotency_key: str | None = None,
     now: datetime | None = None,
     policy: pricing.Policy | None = None,
 ) -> SegmentDeclared:
-    """Declare the next plan segment (module docstring). Raises ``InvalidInput`` naming ``plan``,
-    ``plan[i]...`` or ``delta`` (also: not a sequential ``prv`` budget, a segment that does not fit
-    what the budget has left), ``NotFound`` (also another tenant's dataset), ``ChargeRefused``
-    ``plan_step_pending`` (a reservation is open), ``IdempotencyConflict``."""
+    """Declare the next plan segment (module docstring). ``plan``: its events, parsed
+    (``reservations.parse_event``; the HTTP schema hands over what it parsed) or built
+    in-process, each checked as a new charge (``requests.new_event``). Raises ``InvalidInput``
+    naming ``plan``, ``plan[i]...`` or ``delta`` (also: not a sequential ``prv`` budget, a
+    segment that does not fit what the budget has left), ``NotFound`` (also another tenant's
+    dataset), ``ChargeRefused`` ``plan_step_pending`` (a reservation is open),
+    ``IdempotencyConflict``."""
     op = _segment_op(
         tenant_id,
         dataset_id,
-        plan_json=plan_json,
+        plan=plan,
         delta=delta,
         idempotency_key=idempotency_key,
         now=now,
@@ -105,7 +120,7 @@ async def declare_segment_async(
     tenant_id: str,
     dataset_id: str,
     *,
-    plan_json: object,
+    plan: Sequence[DpEvent],
     delta: object,
     idempotency_key: str | None = None,
     policy: pricing.Policy | None = None,
@@ -114,7 +129,7 @@ async def declare_segment_async(
     op = _segment_op(
         tenant_id,
         dataset_id,
-        plan_json=plan_json,
+        plan=plan,
         delta=delta,
         idempotency_key=idempotency_key,
         now=None,
@@ -123,4 +138,4 @@ async def declare_segment_async(
     return of_kind(SegmentDeclared, await ENGINE.submit_async(db, op))
 
 
-__all__ = ["declare_segment", "declare_segment_async"]
+__all__ = ["MAX_PLAN_EVENTS", "check_plan_size", "declare_segment", "declare_segment_async"]

@@ -144,6 +144,23 @@ class Quote:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class QuoteAnswer:
+    """What ``quote`` answers: the ``Quote``, the page of its classes asked for (``limit`` from
+    ``offset``), and the informational ``accountants`` block (``accountant_costs``; ``None``: not
+    asked for). ``to_json`` is the answer of ``POST /v1/datasets/{id}/quote``."""
+
+    quote: Quote
+    limit: int
+    offset: int
+    accountants: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        answer = self.quote.to_json(limit=self.limit, offset=self.offset)
+        answer["accountants"] = self.accountants
+        return answer
+
+
 def _asked(c: ClassQuote) -> tuple[Decimal, Decimal]:
     if c.cost is not None:
         return c.cost.epsilon, c.cost.delta
@@ -174,11 +191,11 @@ def quote(
     limit: int = DEFAULT_CLASSES_PER_PAGE,
     offset: int = 0,
     accountants: bool = True,
-) -> dict[str, Any]:
-    """``Quote.to_json`` of ``event`` (parsed: ``reservations.parse_event``, or by the HTTP
-    schema) on exactly one of ``batch_ids``, ``task_ids`` or a
-    new batch (``new_batch=True``), with the informational ``accountants`` block
-    (``accountant_costs``; ``None`` when ``accountants`` is false).
+) -> QuoteAnswer:
+    """The ``Quote`` of ``event`` (parsed: ``reservations.parse_event``, or by the HTTP schema)
+    on exactly one of ``batch_ids``, ``task_ids`` or a new batch (``new_batch=True``), the page
+    of its classes asked for, and the informational ``accountants`` block (``accountant_costs``;
+    ``None`` when ``accountants`` is false): a ``QuoteAnswer``, whose ``to_json`` is the route's.
 
     Raises ``InvalidInput`` (no target or two, bad event, ids, page, or pricing above
     ``policy.max_work``) and ``NotFound`` (dataset, batch or task; also another tenant's)."""
@@ -189,9 +206,8 @@ def quote(
     groups = _groups(db, dataset_id, target)
     policy = policy or pricing.DEFAULT_POLICY
     priced = _priced(dataset_id, target.on, budget, charge, groups, policy)
-    answer = priced.to_json(limit=limit, offset=offset)
-    answer["accountants"] = accountant_costs(budget, charge.event, policy) if accountants else None
-    return answer
+    block = accountant_costs(budget, charge.event, policy) if accountants else None
+    return QuoteAnswer(priced, limit, offset, block)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,8 +299,7 @@ def _fresh_cost(budget: Budget, event: DpEvent, version: int) -> dict[str, Any]:
             cost = rules.reserve(budget, BatchState.empty(), Charge(event)).cost
         return {"available": True, "admitted": True, **cost_json(cost.epsilon, cost.delta)}
     except rules.BudgetExceeded as exc:
-        asked = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
-        return {"available": True, "admitted": False, **cost_json(*asked)}
+        return {"available": True, "admitted": False, **exc.requested.to_json()}
     except AccountantError as exc:
         return {"available": False, "reason": str(exc)}
 
@@ -485,7 +500,7 @@ def _priced(
                     raise error from exc
                 requested = None
                 if isinstance(exc, rules.BudgetExceeded):
-                    requested = (Decimal(exc.requested["epsilon"]), Decimal(exc.requested["delta"]))
+                    requested = (exc.requested.epsilon, exc.requested.delta)
                 classes.append(ClassQuote(group.batches, example, None, error, requested))
                 continue
             classes.append(ClassQuote(group.batches, example, cost))
@@ -498,6 +513,7 @@ __all__ = [
     "ClassQuote",
     "DatasetPrices",
     "Quote",
+    "QuoteAnswer",
     "StageRefusal",
     "StagedPrices",
     "accountant_costs",

@@ -57,6 +57,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -326,12 +327,9 @@ def _commit_request(
     partial = None if event is None else requests.new_event(event)
     key = idempotency.check_key(idempotency_key)
     signer = server_secrets.signing_keys(db).active
-    params = CommitParams(reservation_id, model, version, release_json, partial, signer)
-    request = {
-        "reservation_id": reservation_id,
-        "release": release_json,
-        "event": None if partial is None else ev.to_json(partial),
-    }
+    document = None if partial is None else ev.to_json(partial)
+    params = CommitParams(reservation_id, model, version, release_json, partial, document, signer)
+    request = {"reservation_id": reservation_id, "release": release_json, "event": document}
     return params, key, request
 
 
@@ -528,13 +526,35 @@ def get_reservation(db: Database, tenant_id: str, reservation_id: str) -> Reserv
 MAX_BATCH_PAGE: Final = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class BatchPage:
+    """A page of the batches a reservation reads: ``batches``, its (batch id, reservation class)
+    pairs in ascending id order; ``count`` and ``batch_set``, the reservation's; ``next``, the
+    ``after`` of the next page (``None``: the last). ``to_json``: ``{reservation_id, count,
+    batch_set, data: [{id, class}], next}``, the answer of ``GET /v1/reservations/{id}/batches``."""
+
+    reservation_id: str
+    count: int
+    batch_set: str
+    batches: tuple[tuple[str, int], ...]
+    next: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reservation_id": self.reservation_id,
+            "count": self.count,
+            "batch_set": self.batch_set,
+            "data": [{"id": batch_id, "class": index} for batch_id, index in self.batches],
+            "next": self.next,
+        }
+
+
 def list_batches(
     db: Database, tenant_id: str, reservation_id: str, *, after: str | None = None, limit: int = 1000
-) -> dict[str, Any]:
+) -> BatchPage:
     """A page of the batches a reservation reads, in ascending id order (code points), with their
-    reservation class: ``{reservation_id, count, batch_set, data: [{id, class}], next}``. ``next``
-    is the ``after`` of the next page (``None``: the last). The pairs of every page, in order, are
-    what ``batch_set`` commits to (``accountant.certificates.batch_set_hash``)."""
+    reservation class (``BatchPage``). The pairs of every page, in order, are what ``batch_set``
+    commits to (``accountant.certificates.batch_set_hash``)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH_PAGE:
         raise InvalidInput("limit", f"must be an integer in [1, {MAX_BATCH_PAGE}]. Found {limit!r}.")
     if after is not None and (not isinstance(after, str) or len(after) > 200):
@@ -578,14 +598,9 @@ def list_batches(
             rows.extend(connection.execute(page.order_by(ids).limit(limit + 1)).all())
             rows.sort(key=lambda row: row[0])  # code points, as the database's "C" order
             rows = rows[: limit + 1]
-    data = [{"id": batch_id, "class": index} for batch_id, index in rows[:limit]]
-    return {
-        "reservation_id": reservation_id,
-        "count": r.batches,
-        "batch_set": r.batch_set,
-        "data": data,
-        "next": data[-1]["id"] if len(rows) > limit else None,
-    }
+    listed = tuple((batch_id, index) for batch_id, index in rows[:limit])
+    following = listed[-1][0] if len(rows) > limit else None
+    return BatchPage(reservation_id, r.batches, r.batch_set, listed, following)
 
 
 def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple[str, int]]:
@@ -594,8 +609,8 @@ def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple
     after: str | None = None
     while True:
         page = list_batches(db, tenant_id, reservation_id, after=after, limit=MAX_BATCH_PAGE)
-        out.extend((b["id"], b["class"]) for b in page["data"])
-        after = page["next"]
+        out.extend(page.batches)
+        after = page.next
         if after is None:
             return out
 
@@ -606,6 +621,7 @@ __all__ = [
     "MAX_BATCHES_PER_RESERVATION",
     "MAX_BATCH_PAGE",
     "MAX_TTL_S",
+    "BatchPage",
     "ClassCost",
     "Commit",
     "EpsilonDelta",

@@ -111,7 +111,7 @@ def test_the_user_trial_a_used_up_plan_and_its_leftover_spent_by_a_second_segmen
     assert state.epsilon_spent == exact_add(budget.plan_epsilon, segment.epsilon) <= budget.epsilon
     assert state.delta_spent == DELTA
     assert R.within_budget(grown, state)
-    assert R.remaining(grown, state)["epsilon"] == str(exact_sub(leftover, segment.epsilon))
+    assert R.remaining(grown, state).to_json()["epsilon"] == str(exact_sub(leftover, segment.epsilon))
 
 
 def test_a_closed_segment_is_charged_in_full_on_batches_that_ran_any_of_it_and_never_runs_again() -> None:

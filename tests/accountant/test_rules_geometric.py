@@ -58,8 +58,8 @@ def test_a_used_level_and_a_charge_above_first_are_refused() -> None:
     state, _ = run(BUDGET, R.BatchState.empty(), pure(0.5))
     with pytest.raises(R.BudgetExceeded) as info:
         R.reserve(BUDGET, state, pure(0.5))
-    assert info.value.requested == {"epsilon": "0.5", "delta": "0"}
-    assert info.value.remaining == {"epsilon": "0.25", "delta": "0"}
+    assert info.value.requested.to_json() == {"epsilon": "0.5", "delta": "0"}
+    assert info.value.remaining.to_json() == {"epsilon": "0.25", "delta": "0"}
     with pytest.raises(R.BudgetExceeded):
         R.reserve(BUDGET, R.BatchState.empty(), pure(0.6))
 

@@ -26,7 +26,7 @@ def test_second_read_of_a_batch_is_refused() -> None:
     with pytest.raises(R.ChargeRefused) as info:
         R.reserve(BUDGET, state, R.Charge(ev.PureDpEvent(0.1)))
     assert info.value.code == "batch_already_read"
-    assert R.remaining(BUDGET, state) == {"epsilon": "0", "delta": "0"}
+    assert R.remaining(BUDGET, state).to_json() == {"epsilon": "0", "delta": "0"}
     # Even a held, uncommitted reservation occupies the batch.
     held = R.reserve(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(0.1))).state
     with pytest.raises(R.ChargeRefused):
@@ -51,8 +51,8 @@ def test_cancel_with_nothing_committed_frees_the_read() -> None:
 def test_a_charge_above_the_budget_is_refused() -> None:
     with pytest.raises(R.BudgetExceeded) as info:
         R.reserve(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(1.5)))
-    assert info.value.requested["epsilon"] == "1.5"
-    assert info.value.remaining == {"epsilon": "1", "delta": "0.00001"}
+    assert info.value.requested.to_json()["epsilon"] == "1.5"
+    assert info.value.remaining.to_json() == {"epsilon": "1", "delta": "0.00001"}
     exact = run(BUDGET, R.BatchState.empty(), R.Charge(ev.PureDpEvent(1.0)))
     assert exact.epsilon_spent == 1
 

@@ -95,11 +95,11 @@ def test_100_charges_of_001_fill_one_exactly() -> None:
         state = run(budget, state, pure(0.01))
     assert state.epsilon_spent == Decimal(1)
     assert state.epsilon_held == 0
-    assert R.remaining(budget, state) == {"epsilon": "0", "delta": "0"}
+    assert R.remaining(budget, state).to_json() == {"epsilon": "0", "delta": "0"}
     with pytest.raises(R.BudgetExceeded) as info:
         R.reserve(budget, state, pure(0.01))
-    assert info.value.requested == {"epsilon": "0.01", "delta": "0"}
-    assert info.value.remaining == {"epsilon": "0", "delta": "0"}
+    assert info.value.requested.to_json() == {"epsilon": "0.01", "delta": "0"}
+    assert info.value.remaining.to_json() == {"epsilon": "0", "delta": "0"}
 
 
 def test_held_reservations_count_against_the_budget() -> None:
@@ -125,7 +125,7 @@ def test_approximate_dp_sums_delta_exactly() -> None:
     assert state.epsilon_spent == Decimal("0.5")
     with pytest.raises(R.BudgetExceeded) as info:
         R.reserve(BASIC, state, R.Charge(ev.ApproxDpEvent(0.0, 1e-7)))
-    assert info.value.remaining["delta"] == "0"
+    assert info.value.remaining.to_json()["delta"] == "0"
 
 
 def test_composed_and_self_composed_costs_are_exact() -> None:
@@ -153,7 +153,7 @@ def test_unsupported_and_non_private_events() -> None:
         R.reserve(BASIC, R.BatchState.empty(), R.Charge(ev.GaussianEvent(1.0)))
     with pytest.raises(R.BudgetExceeded) as info:
         R.reserve(BASIC, R.BatchState.empty(), R.Charge(ev.NonPrivateEvent()))
-    assert info.value.requested["epsilon"] == "Infinity"
+    assert info.value.requested.to_json()["epsilon"] == "Infinity"
     state = run(BASIC, R.BatchState.empty(), R.Charge(ev.NoOpEvent()))
     assert state.epsilon_spent == 0 and state.reads == 1
 
@@ -353,7 +353,7 @@ def test_rdp_budget_admits_subsampled_gaussian_charges_until_the_filter_says_no(
             state = run(budget, state, step)
         except R.BudgetExceeded as exc:
             assert not condition
-            assert Decimal(exc.remaining["epsilon"]) >= 0
+            assert exc.remaining.epsilon >= 0
             break
         assert condition
         admitted += 1

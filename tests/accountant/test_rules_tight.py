@@ -76,7 +76,7 @@ def test_adaptive_adversaries_never_run_more_than_the_budget(data: st.DataObject
     budget = Budget.create(rule="sequential", epsilon="1", delta="1e-5", accountant="tight")
     state, ran = BatchState(), []
     for _ in range(6):
-        left = Decimal(rules.remaining(budget, state)["epsilon"])
+        left = rules.remaining(budget, state).epsilon
         # Adaptive: the analyst reads the state and aims at what it says is left, or past it.
         if state.union_profile == "stream" and not state.basic_open:
             choices = [e for e in MENU if not isinstance(e, ev.LaplaceEvent)] or list(MENU)

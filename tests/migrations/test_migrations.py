@@ -311,7 +311,7 @@ def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_on
         tenancy.create_tenant(db, "acme")
         plain = datasets.create_dataset(db, "acme", name="plain", budget=budget)["id"]
         segmented = datasets.create_dataset(db, "acme", name="segmented", budget=budget)["id"]
-        plan_segments.declare_segment(db, "acme", segmented, plan_json=[pure], delta="5e-6")
+        plan_segments.declare_segment(db, "acme", segmented, plan=[parse_event(pure)], delta="5e-6")
     finally:
         db.dispose()
     try:

@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 from sqlalchemy import select
 
 from accountant.certificates import verify
+from accountant.exact import to_text
 from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
@@ -60,17 +61,12 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.status == "aborted"
     prefix = {**held.event, "count": 7}  # self_composed(poisson_sampled(gaussian)), 7 of 20 steps
     assert held.event["kind"] == "self_composed" and held.event["count"] == 20
-    priced = quotes.quote(db, "acme", dataset_id, event=parse_event(prefix), new_batch=True)[
-        "cost"
-    ]  # from empty
-    assert Decimal(priced["epsilon"]) > 0
-    assert (held.committed_epsilon, held.committed_delta) == (
-        Decimal(priced["epsilon"]),
-        Decimal(priced["delta"]),
-    )
+    priced = quotes.quote(db, "acme", dataset_id, event=parse_event(prefix), new_batch=True).quote
+    assert priced.epsilon > 0  # from empty
+    assert (held.committed_epsilon, held.committed_delta) == (priced.epsilon, priced.delta)
     assert held.committed_epsilon < held.epsilon  # the 13 steps never begun went back
     ledger = spend.get_spend(db, "acme", dataset_id)
-    assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (priced["epsilon"], "0")
+    assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (to_text(priced.epsilon), "0")
     assert Decimal(jobs.queue.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
     (stored,) = certificates.list_certificates(db, "acme", dataset_id)["data"]
     body = stored["certificate"]

@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -207,9 +206,9 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
     assert held.status == "aborted"
     # Steps 1-3 ran on both ranks and step 4 was begun (rank 0 asked to go on): 4 are charged.
     prefix = {**held.event, "count": 4}
-    priced = quotes.quote(db, "acme", world.dataset_id, event=parse_event(prefix), new_batch=True)["cost"]
-    assert held.committed_epsilon == Decimal(priced["epsilon"])
-    assert held.committed_delta == Decimal(priced["delta"])
+    priced = quotes.quote(db, "acme", world.dataset_id, event=parse_event(prefix), new_batch=True).quote
+    assert held.committed_epsilon == priced.epsilon
+    assert held.committed_delta == priced.delta
     assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
     (stored,) = certificates.list_certificates(db, "acme", world.dataset_id)["data"]
     assert stored["outcome"] == "aborted" and stored["release"] is None

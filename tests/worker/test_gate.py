@@ -32,6 +32,7 @@ from service.db.session import Database  # noqa: E402
 from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
+from service.ledger.quotes import Quote  # noqa: E402
 from service.ledger.reservations import parse_event  # noqa: E402
 from service.training.l2dp_ml import L2dpMlTrainer  # noqa: E402
 from service.training.nets import load_state  # noqa: E402
@@ -62,10 +63,10 @@ def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: A
     return str(answer["id"])
 
 
-def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> dict[str, Any]:
+def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> Quote:
     from service.ledger import quotes
 
-    return quotes.quote(db, "acme", dataset_id, event=parse_event(event), new_batch=True)
+    return quotes.quote(db, "acme", dataset_id, event=parse_event(event), new_batch=True).quote
 
 
 def _certified_epsilons(db: Database, versions: list[Any]) -> list[Decimal]:
@@ -166,7 +167,7 @@ def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
         event, event=dict(event["event"], event={"kind": "gaussian", "noise_multiplier": sigma - 1e-3})
     )
     quoted = reservations_quote(db, world.dataset_id, lighter)
-    assert Decimal(quoted["cost"]["epsilon"]) > 0 and not quoted["admitted"]
+    assert quoted.epsilon > 0 and not quoted.admitted
 
 
 @pytest.mark.slow
@@ -274,8 +275,8 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
             **held.event,
             "count": prefix["count"],
         }
-        priced = reservations_quote(db, world.dataset_id, prefix)["cost"]["epsilon"]
-        assert held.committed_epsilon == Decimal(priced) > epsilons[-1]
+        priced = reservations_quote(db, world.dataset_id, prefix).epsilon
+        assert held.committed_epsilon == priced > epsilons[-1]
         assert verify(charged["certificate"]).ok and charged["release"] is None
     else:  # cancelled exactly at a release: nothing ran beyond it
         assert held.committed_epsilon == epsilons[-1]

@@ -112,9 +112,10 @@ def _close(work: Work, r: Loaded, status: str, at: datetime, ran: Ran | None = N
     nothing beyond what its progressive commits charged, returns the rest with no new charge."""
     if ran is None:
         return _charge(work, r, status, at, None)
-    previous = r.committed_event
-    if ran.event is not None and (previous is None or ev.to_json(ran.event) != previous):
-        return _charge(work, r, status, at, ran.event)
+    if ran.event is not None:
+        document = ev.to_json(ran.event)
+        if r.committed_event is None or document != r.committed_event:
+            return _charge(work, r, status, at, (ran.event, document))
     return _refund(work, r, status, at)
 
 
@@ -154,7 +155,9 @@ def _refund(work: Work, r: Loaded, status: str, at: datetime) -> Loaded:
     return closed
 
 
-def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | None) -> Loaded:
+def _charge(
+    work: Work, r: Loaded, status: str, at: datetime, ran: tuple[ev.DpEvent, dict[str, Any]] | None
+) -> Loaded:
     """Close ``r`` with a charge and no release: ``ran`` (a prefix of the reserved event, the
     worker's word) or, for ``None``, the whole reserved event, settled by ``rules.commit`` exactly
     as a commit would (a parallel read, a lifelong noise draw, the Rényi filter and a plan's
@@ -162,7 +165,8 @@ def _charge(work: Work, r: Loaded, status: str, at: datetime, ran: ev.DpEvent | 
     with ``release: null`` and ``outcome: status`` records it, and the audit entry names it."""
     charge = Charge(ev.from_json(r.event), r.noise_commitment)
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    settled = _settle(work, r, charge, ran, previous, refund_rest=ran is not None)
+    partial, document = ran if ran is not None else (None, None)
+    settled = _settle(work, r, charge, partial, document, previous, refund_rest=ran is not None)
     assert work.signer is not None, "the engine gives every Work its signer"
     certificate = _certify(work, settled, at, work.signer(), release=None, release_id=None, outcome=status)
     # Decided: apply.
@@ -194,6 +198,7 @@ class Settled:
     reservation: Loaded
     charge: Charge
     partial: ev.DpEvent | None  # the run so far; ``None``: all of it
+    partial_document: dict[str, Any] | None  # ``ev.to_json(partial)``, made once by the caller
     previous: ev.DpEvent | None  # the run the previous progressive commit reported
     records: list[ClassRecord]
     moves: dict[int, list[Move]]
@@ -266,7 +271,7 @@ def _apply(work: Work, settled: Settled, at: datetime, *, closes: bool, status: 
         closed_at=at if closes else None,
         committed_epsilon=committed_epsilon,
         committed_delta=committed_delta,
-        committed_event=None if settled.partial is None else ev.to_json(settled.partial),
+        committed_event=settled.partial_document,
         classes=tuple(replace(c, committed=committed_of.get(c.index, c.committed)) for c in r.classes),
     )
     work.put_reservation(applied)
@@ -278,6 +283,7 @@ def _settle(
     r: Loaded,
     charge: Charge,
     partial: ev.DpEvent | None,
+    partial_document: dict[str, Any] | None,
     previous: ev.DpEvent | None,
     *,
     refund_rest: bool,
@@ -319,7 +325,7 @@ def _settle(
                 )
             )
             moves.setdefault(index, []).append(g.move(after))
-    return Settled(r, charge, partial, previous, records, moves)
+    return Settled(r, charge, partial, partial_document, previous, records, moves)
 
 
 def reserve(work: Work, op: Request, params: ReserveParams) -> Reservation:
@@ -435,7 +441,8 @@ def commit(
         event = ev.from_json(r.event)
     # The run the previous progressive commit reported: this one must extend it.
     previous = None if r.committed_event is None else ev.from_json(r.committed_event)
-    settled = _settle(work, r, Charge(event, r.noise_commitment), params.partial, previous, refund_rest=False)
+    charge = Charge(event, r.noise_commitment)
+    settled = _settle(work, r, charge, params.partial, params.partial_document, previous, refund_rest=False)
     release_id = f"rel_{secrets.token_hex(12)}"
     certificate = _certify(work, settled, op.at, params.signer, release=params.release, release_id=release_id)
     # Decided: apply.
@@ -596,7 +603,9 @@ def rule_error(exc: AccountantError, batch_id: str | None) -> LedgerError:
     """The domain error for an accountant error raised while pricing on ``batch_id`` (``None``:
     a new batch a quote prices)."""
     if isinstance(exc, rules.BudgetExceeded):
-        return BudgetExceeded(exc.remaining, exc.requested, exc.message, batch_id=batch_id)
+        return BudgetExceeded(
+            exc.remaining.to_json(), exc.requested.to_json(), exc.message, batch_id=batch_id
+        )
     if isinstance(exc, rules.ChargeRefused):
         return ChargeRefused(exc.code, exc.message, batch_id=batch_id)
     if isinstance(exc, InvalidArgumentError):

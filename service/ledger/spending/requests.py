@@ -151,6 +151,7 @@ class CommitParams:
     version: str
     release: dict[str, Any]
     partial: DpEvent | None
+    partial_document: dict[str, Any] | None  # ``ev.to_json(partial)``, made once (request hash, row)
     signer: SigningKey  # the server's active key: it signs the certificate (service.verification.signing)
 
 

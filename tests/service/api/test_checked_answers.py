@@ -24,7 +24,7 @@ def test_checked_routes_answer_the_fast_paths_bytes(client: TestClient, keys: Ke
     again = trainer.call("POST", f"/v1/reservations/{rid}/extend", {"ttl_s": 1}, status=200)
     assert again.content == held.content
     page = trainer.call("GET", f"/v1/reservations/{rid}/batches?limit=2", status=200)
-    direct = reservations.list_batches(db, "acme", rid, limit=2)
+    direct = reservations.list_batches(db, "acme", rid, limit=2).to_json()
     assert page.content == JSONResponse(content=direct).body
     assert [b["id"] for b in page.json()["data"]] == sorted(batches)[:2] and page.json()["next"] is not None
     # After a commit: closed_at set, committed costs; still the fast path's bytes.

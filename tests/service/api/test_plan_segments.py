@@ -25,6 +25,7 @@ from service.db.session import Database
 from service.ledger import batches as batch_ledger
 from service.ledger import datasets, plan_segments, tenancy
 from service.ledger.errors import ChargeRefused, InvalidInput
+from service.ledger.reservations import parse_event
 from tests.service.api.conftest import Keys, TestClient
 from tests.service.api.test_ledger_over_http import Api
 from tests.service.live_server import serve, settings_for
@@ -181,6 +182,26 @@ def test_refused_declarations_name_the_field_and_change_nothing(client: TestClie
     trainer.reserve(dataset, batches, FIRST, 409)  # the first plan is closed
 
 
+def test_a_plan_over_the_most_events_is_refused_quoting_its_json_as_sent(db: Database) -> None:
+    """The route checks the body's plan as sent (``check_plan_size``) before its parsed events
+    reach the ledger, so the 422's message quotes the client's JSON (``1``, not the parsed
+    event's ``1.0``); the ledger refuses the same plan given parsed, quoting its documents."""
+    sent = [{"kind": "pure_dp", "epsilon": 1}] * (plan_segments.MAX_PLAN_EVENTS + 1)
+    with pytest.raises(InvalidInput) as as_sent:
+        plan_segments.check_plan_size(sent)
+    assert as_sent.value.field == "plan"
+    most = plan_segments.MAX_PLAN_EVENTS
+    found = "Found [{'kind': 'pure_dp', 'epsilon': 1}, "
+    assert as_sent.value.message.startswith(f"plan must be a list of 1 to {most} events. {found}")
+    plan_segments.check_plan_size(sent[:1])  # within bounds: no refusal
+    tenancy.create_tenant(db, "acme")
+    dataset = datasets.create_dataset(db, "acme", name="long", budget=BUDGET)["id"]
+    parsed = [parse_event(sent[0])] * len(sent)
+    with pytest.raises(InvalidInput) as given_parsed:
+        plan_segments.declare_segment(db, "acme", dataset, plan=parsed, delta="1e-7")
+    assert given_parsed.value.field == "plan" and "'epsilon': 1.0}" in given_parsed.value.message
+
+
 def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: Database) -> None:
     """Two declarations racing from two connection pools (no shared group commit): both ask for
     all the δ that is left; the ledger head lock orders them, and exactly one is taken."""
@@ -197,7 +218,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
         try:
             outcomes.append(
                 plan_segments.declare_segment(
-                    pool, "acme", dataset, plan_json=[SECOND], delta="5e-6"
+                    pool, "acme", dataset, plan=[parse_event(SECOND)], delta="5e-6"
                 ).to_json()
             )
         except (InvalidInput, ChargeRefused) as exc:

@@ -51,7 +51,7 @@ def _commit_op(ds: str, reservation_id: str, version: int) -> Op:
             "t1",
             ds,
             datetime.now(UTC),
-            CommitParams(reservation_id, "m", str(version), release, None, _SIGNER),
+            CommitParams(reservation_id, "m", str(version), release, None, None, _SIGNER),
         )
     )
 

@@ -71,16 +71,18 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
     _spend(ledger, small, small_ids[:3], "0.5")
     event = {"kind": "pure_dp", "epsilon": 0.6}
     pricings.clear()
-    answer = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, accountants=False)
+    answer = quotes.quote(
+        ledger, "t1", ds, event=parse_event(event), batch_ids=ids, accountants=False
+    ).to_json()
     assert len(pricings) == 2  # once per class, not once per batch (was 10 000)
     assert answer["accountants"] is None
     # The informational block prices the event once per accountant whatever the batches, and a
     # repeat of it is memoized.
     pricings.clear()
-    with_block = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids)
+    with_block = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids).to_json()
     assert 2 <= len(pricings) <= 2 + len(rules.ACCOUNTANTS)
     pricings.clear()
-    assert quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids) == with_block
+    assert quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids).to_json() == with_block
     assert len(pricings) == 2
     answer = with_block
     assert answer["totals"] == {
@@ -105,12 +107,14 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
         "refused": None,
     }
     # The same quote on 10 batches is the same size, give or take the ids and counts' digits.
-    small_answer = quotes.quote(ledger, "t1", small, event=parse_event(event), batch_ids=small_ids)
+    small_answer = quotes.quote(ledger, "t1", small, event=parse_event(event), batch_ids=small_ids).to_json()
     assert abs(len(json.dumps(answer)) - len(json.dumps(small_answer))) < 50
     # By tasks: the same classes, the same single pricing per class.
     pricings.clear()
     task_id = batches.list_tasks(ledger, "t1", ds)["data"][0]["id"]
-    by_task = quotes.quote(ledger, "t1", ds, event=parse_event(event), task_ids=[task_id], accountants=False)
+    by_task = quotes.quote(
+        ledger, "t1", ds, event=parse_event(event), task_ids=[task_id], accountants=False
+    ).to_json()
     assert len(pricings) == 2 and by_task["on"] == "tasks" and by_task["totals"] == answer["totals"]
 
 
@@ -121,7 +125,9 @@ def test_classes_are_paged_and_the_totals_cover_every_page(ledger: Database) -> 
     event = {"kind": "pure_dp", "epsilon": 0.75}
     pages, offset = [], 0
     while offset is not None:
-        page = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, limit=2, offset=offset)
+        page = quotes.quote(
+            ledger, "t1", ds, event=parse_event(event), batch_ids=ids, limit=2, offset=offset
+        ).to_json()
         assert len(page["classes"]) <= 2
         pages.extend(page["classes"])
         offset = page["next_offset"]
@@ -146,10 +152,10 @@ def test_a_quote_names_its_target_and_refuses_none(ledger: Database) -> None:
     assert caught.value.field == "batches"
     with pytest.raises(InvalidInput):
         quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids, new_batch=True)
-    fresh = quotes.quote(ledger, "t1", ds, event=parse_event(event), new_batch=True)
+    fresh = quotes.quote(ledger, "t1", ds, event=parse_event(event), new_batch=True).to_json()
     assert fresh["on"] == "new_batch" and fresh["admitted"] is True
     assert [(c["batch_id"], c["batches"]) for c in fresh["classes"]] == [(None, 1)]
-    real = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids)
+    real = quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=ids).to_json()
     assert real["admitted"] is False and real["totals"]["refused_batches"] == 2
     with pytest.raises(NotFound) as missing:
         quotes.quote(ledger, "t1", ds, event=parse_event(event), batch_ids=[ids[0], "b_nope"])
@@ -252,7 +258,7 @@ def test_staged_prices_meet_each_charge_with_the_states_the_earlier_ones_leave(
         quotes.StagedPrices(ledger, "t1", ds, [["no-such-batch"]]).refusal(charges(0.1))
     assert quotes.quote(
         ledger, "t1", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.7}), batch_ids=ids[:1]
-    )["admitted"]  # nothing was held or spent by asking
+    ).quote.admitted  # nothing was held or spent by asking
 
     parallel, pids = _dataset(
         ledger, 2, {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}
