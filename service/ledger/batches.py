@@ -464,9 +464,10 @@ def create_batches(
             )
         # Born compact: into a task with no batches, or compact in the empty state, the new
         # batches take no pointer and the task holds (or keeps) the empty state, so no charge on
-        # the whole task ever rewrites them one by one. The empty state holds nothing, so no open
-        # reservation reads such a task. Into a compact task in another state, its batches take
-        # its pointer first; into a task that is not compact, each new batch its own pointer.
+        # the whole task ever rewrites them one by one. The empty state holds nothing (every
+        # reserve counts a read, ``BatchState.reads``), so no open reservation reads such a task.
+        # Into a compact task in another state, its batches take its pointer first; into a task
+        # that is not compact, each new batch its own pointer.
         born_compact = task.state_id == empty or (task.state_id is None and last is None)
         if born_compact and task.state_id is None:
             session.execute(update(Task).where(Task.id == task_id).values(state_id=empty))
