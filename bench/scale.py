@@ -7,7 +7,8 @@
 * ``heterogeneous``: the same wide charge after 100 earlier charges of different ε on 100 groups
   of its batches, so they are in 100 states (the number of classes it decided on is printed);
 * ``large``: ``--large`` batches (default 10⁶) of ``--records`` records each, created through the
-  ledger (records/s), one reserve + commit over all of them: the first (it makes the tasks compact)
+  ledger (records/s), one reserve + commit over all of them: the first (it reads every batch id
+  for the batch set; on trees before batches were born compact it also made the tasks compact)
   and the median of 3 more (time, batch-charges/s next to Halo's 81 M bucket charges in under a
   minute ≈ 1.35 M/s, the ratio to the same charge over a 10-batch dataset: target ≤ 20×, the
   commit answer: target ≤ 16 KB, and the peak Python memory of the charge), and the spend
@@ -16,6 +17,11 @@
   10 000 batches, each request built before its timing starts: wall time, this process's CPU and
   (PostgreSQL) the CPU of the dataset's server backends, per record (target ≥ 250 000
   records/s at 10⁷ records);
+* ``spend``: the spend query (``GET /v1/datasets/{id}/spend``'s ``get_spend``) on a ``parallel``
+  ``rdp`` budget — a rule whose guarantee was also derived from the batches — over ``--spend``
+  batches (default 10⁶, one record each, tasks of 10 000) after one charge on all of them: p50 /
+  p99 of ``--spend-calls`` calls (default 1000; stopped after 60 s, the count printed), target
+  p99 < 5 ms;
 * ``beside``: reserve + commit over a 10-batch task (by task, and by its 10 batch ids) on a
   fresh dataset and on one that also holds a ``--beside``-batch task (default 10⁶, one record
   each): the median of 7 charges each, alternating between the two, and their ratio (target
@@ -26,7 +32,8 @@ without HTTP. Usage (repository root)::
 
     python bench/scale.py [--backend sqlite|postgresql] [--postgres-url URL] [--large 1000000]
         [--records 10] [--wide 10000] [--beside 1000000] [--create 1000000]
-        [--cases ratio,heterogeneous,large,beside,create]
+        [--spend 1000000] [--spend-calls 1000]
+        [--cases ratio,heterogeneous,large,beside,create,spend]
         [--json out.json]
 """
 
@@ -61,6 +68,7 @@ BUDGETS = {
     "basic": {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"},
     "rdp": {"rule": "sequential", "epsilon": "1000", "delta": "1e-5", "accountant": "rdp"},
 }
+PARALLEL_RDP = {"rule": "parallel", "epsilon": "1000", "delta": "1e-5", "accountant": "rdp"}
 EVENTS = {
     "basic": {"kind": "pure_dp", "epsilon": 0.01},
     "rdp": {
@@ -78,11 +86,16 @@ REPEATS = 7  # charges timed per size in the ratio (the median is reported: a fe
 
 
 def make_dataset(
-    db: Database, accountant: str, count: int, records: int, name: str = ""
+    db: Database,
+    accountant: str,
+    count: int,
+    records: int,
+    name: str = "",
+    budget: dict[str, str] | None = None,
 ) -> tuple[str, list[str], float]:
     """A dataset of ``count`` batches in tasks of ``PER_REQUEST``: (id, task ids, seconds)."""
     name = name or f"{accountant}-{count}"
-    ds = datasets.create_dataset(db, TENANT, name=name, budget=BUDGETS[accountant])["id"]
+    ds = datasets.create_dataset(db, TENANT, name=name, budget=budget or BUDGETS[accountant])["id"]
     tasks: list[str] = []
     started = time.perf_counter()
     for start in range(0, count, PER_REQUEST):
@@ -180,7 +193,7 @@ def large(db: Database, count: int, records: int) -> dict[str, Any]:
         f"created {count} batches ({count * records} records) in {created_s:.1f} s: {rate:,.0f} "
         "records/s (goal >= 100,000)"
     )
-    first = charge(db, ds, "basic", tasks=tasks)[0]  # all batches in the empty state
+    first = charge(db, ds, "basic", tasks=tasks)[0]  # all batches in the empty state, never read
     runs = [charge(db, ds, "basic", tasks=tasks) for _ in range(3)]
     seconds, size = statistics.median(r[0] for r in runs), max(r[1] for r in runs)
     tracemalloc.start()
@@ -221,6 +234,27 @@ def large(db: Database, count: int, records: int) -> dict[str, Any]:
         "spend_p50_ms": p50 * 1e3,
         "spend_p99_ms": p99 * 1e3,
     }
+
+
+def spend_query(db: Database, count: int, calls: int) -> dict[str, Any]:
+    """p50 / p99 of ``calls`` spend queries on a ``parallel`` ``rdp`` dataset of ``count``
+    batches, charged once on all of them (stopped after 60 s)."""
+    ds, tasks, _ = make_dataset(db, "rdp", count, 1, name=f"spend-{count}", budget=PARALLEL_RDP)
+    charge(db, ds, "rdp", tasks=tasks)
+    spend.get_spend(db, TENANT, ds)  # the first reads the dataset's rows into the caches
+    times: list[float] = []
+    deadline = time.perf_counter() + 60
+    while len(times) < calls and time.perf_counter() < deadline:
+        started = time.perf_counter()
+        spend.get_spend(db, TENANT, ds)
+        times.append(time.perf_counter() - started)
+    times.sort()
+    p50, p99 = times[len(times) // 2], times[max(0, int(len(times) * 0.99) - 1)]
+    print(
+        f"spend query, parallel rdp, {count} batches: {len(times)} calls, p50 {p50 * 1e3:.2f} ms, "
+        f"p99 {p99 * 1e3:.2f} ms (target < 5 ms)"
+    )
+    return {"batches": count, "calls": len(times), "p50_ms": p50 * 1e3, "p99_ms": p99 * 1e3}
 
 
 def _backend_cpu_s(pids: list[int]) -> float:
@@ -317,7 +351,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=10)
     parser.add_argument("--beside", type=int, default=1_000_000)
     parser.add_argument("--create", type=int, default=1_000_000, help="batches of the create case")
-    parser.add_argument("--cases", default="ratio,heterogeneous,large,beside,create")
+    parser.add_argument("--spend", type=int, default=1_000_000, help="batches of the spend case")
+    parser.add_argument("--spend-calls", type=int, default=1000)
+    parser.add_argument("--cases", default="ratio,heterogeneous,large,beside,create,spend")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     with (
@@ -341,6 +377,8 @@ def main() -> None:
                 result["beside"] = beside(db, args.beside)
             if args.create and "create" in cases:
                 result["create"] = create(db, args.create, args.records)
+            if args.spend and "spend" in cases:
+                result["spend"] = spend_query(db, args.spend, args.spend_calls)
         finally:
             db.dispose()
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Double,
     ForeignKey,
@@ -30,6 +31,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
@@ -142,6 +144,11 @@ class Dataset(Base):
     next_batch_key: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     """The ``key`` the dataset's next batch gets: batch creation takes a run of keys from it
     under the dataset's lock (a deleted batch's key is never given again)."""
+    priced_before_v3: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    """Whether the dataset may hold charges priced before pricing version 3, whose stored spend
+    can be a prefix of what ran (``service.ledger.spend``: only then does the spend read derive
+    the guarantee from its batches). Set for every dataset that existed when migration
+    ``5d2a8c4e1f63`` ran; a dataset created since never holds such a charge."""
     archived_at: Mapped[datetime | None]
     """When an admin archived the dataset (``NULL``: active). An archived dataset refuses new
     work and keeps its ledger, certificates and audit chain (``service.ledger.datasets``)."""

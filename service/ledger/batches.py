@@ -455,24 +455,33 @@ def create_batches(
             raise NotFound("dataset", dataset_id)
         refuse_archived(dataset_id, head.archived_at)
         task = _load_task(session, dataset_id, task_id)
-        if task.state_id is not None:  # a compact task: its batches take its pointer first
-            session.execute(
-                update(Batch)
-                .where(Batch.task_id == task_id, Batch.state_id.is_(None))
-                .values(state_id=task.state_id)
-            )
-            session.execute(update(Task).where(Task.id == task_id).values(state_id=None))
-            session.expire(task)
-        # after the last position (a deleted batch leaves a gap: positions are never reused)
-        existing = session.scalar(
-            select(func.coalesce(func.max(Batch.position) + 1, 0)).where(Batch.task_id == task_id)
-        )
+        last = session.scalar(select(func.max(Batch.position)).where(Batch.task_id == task_id))
         empty = state_id(dataset_id, _EMPTY_STATE)  # every new batch starts in the empty state
         if session.get(BatchStateRow, empty) is None:
             session.execute(
                 insert(BatchStateRow),
                 [{"id": empty, "dataset_id": dataset_id, "state": _EMPTY_STATE.to_json(), "created_at": at}],
             )
+        # Born compact: into a task with no batches, or compact in the empty state, the new
+        # batches take no pointer and the task holds (or keeps) the empty state, so no charge on
+        # the whole task ever rewrites them one by one. The empty state holds nothing (every
+        # reserve counts a read, ``BatchState.reads``), so no open reservation reads such a task.
+        # Into a compact task in another state, its batches take its pointer first; into a task
+        # that is not compact, each new batch its own pointer.
+        born_compact = task.state_id == empty or (task.state_id is None and last is None)
+        if born_compact and task.state_id is None:
+            session.execute(update(Task).where(Task.id == task_id).values(state_id=empty))
+        elif not born_compact and task.state_id is not None:
+            session.execute(
+                update(Batch)
+                .where(Batch.task_id == task_id, Batch.state_id.is_(None))
+                .values(state_id=task.state_id)
+            )
+            session.execute(update(Task).where(Task.id == task_id).values(state_id=None))
+        session.expire(task)
+        pointer = None if born_compact else empty
+        # after the last position (a deleted batch leaves a gap: positions are never reused)
+        existing = 0 if last is None else last + 1
         ids = [f"batch_{secrets.token_hex(12)}" for _ in parsed]
         connection = session.connection()
         after = connection.execute(
@@ -485,10 +494,10 @@ def create_batches(
                 "dataset_id": dataset_id,
                 "key": batch_keys[i],
                 "task_id": task_id,
-                "position": (existing or 0) + i,
+                "position": existing + i,
                 "name": name,
                 "size": len(keys),
-                "state_id": empty,
+                "state_id": pointer,
                 "created_at": at,
             }
             for i, (name, keys, _) in enumerate(parsed)

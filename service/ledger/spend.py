@@ -23,9 +23,12 @@ a guarantee (``epsilon_spent_is`` says which it is).
 The aggregates alone understate it for data charged before pricing version 3
 (``accountant.rules.memo``): a plan segment entered then is stored as its prefix until it
 closes, a ``parallel`` progressive commit on ``rdp`` / ``prv`` as its prefix for good. So for
-those two rules the guarantee is also derived the way ``batch_guarantee`` derives a batch's
-(``stored_guarantees``): one more query, over the batches whose plan segment is open, or over the
-committed reservations' reserved cost — never for the other rules, whose read stays two queries.
+those two rules, on a dataset that existed before version 3 could be ruled out
+(``Dataset.priced_before_v3``, set by migration ``5d2a8c4e1f63`` for every dataset then), the
+guarantee is also derived the way ``batch_guarantee`` derives a batch's (``stored_guarantees``):
+one more query, over the batches whose plan segment is open, or over the committed reservations'
+reserved cost (by task: over their batches). Never for a dataset created since, nor for the
+other rules: their read is two queries (the dataset row, its task rows), whatever the batches.
 Each task carries its own ``guarantee`` the same way.
 
 ``epsilon_remaining`` is ``epsilon_budget − epsilon_spent`` (the most-spent batch's headroom;
@@ -139,8 +142,10 @@ def _derived(session: Session, rows: Sequence[Dataset], *, by_task: bool = False
     """Per dataset (or per task), the maximum over its batches of ``batch_guarantee`` where the
     stored spend may be a prefix: the batches with an open plan segment (``sequential`` /
     ``prv``: the whole open segment), the batches of committed reservations (``parallel`` on
-    ``rdp`` / ``prv``: the whole reserved run). Empty for every other rule (no query)."""
-    budgets = {r.id: budget_of(r) for r in rows}
+    ``rdp`` / ``prv``: the whole reserved run). Empty for every other rule, and for a dataset
+    created after pricing version 3 (``Dataset.priced_before_v3``: its stored spend is the whole
+    run's): no query."""
+    budgets = {r.id: budget_of(r) for r in rows if r.priced_before_v3}
     plans = [i for i, b in budgets.items() if _understated(b) and b.rule == "sequential"]
     runs = [i for i, b in budgets.items() if _understated(b) and b.rule == "parallel"]
     found: dict[str, Pair] = {}

@@ -807,3 +807,44 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
         assert audit.verify(db)["ok"]
     finally:
         db.dispose()
+
+
+BEFORE_PRICED_BEFORE_V3 = "3b9d6e2f8a41"  # the revision before 2026_11_27_priced_before_v3
+
+
+def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: URL) -> None:
+    """Upgraded over a dataset that existed before it, the migration marks it (its spend read
+    derives the guarantee from its batches, as before); a dataset created since is not; the
+    downgrade drops the mark and keeps every ledger."""
+    from service.db.session import Database
+    from service.ledger import audit, datasets, spend, tenancy
+
+    budget = {"rule": "parallel", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"}
+    marks = sa.text("SELECT id, priced_before_v3 FROM datasets")
+    migrations.upgrade(empty_database_url)
+    db = Database(empty_database_url)
+    try:
+        tenancy.create_tenant(db, "acme")
+        old = datasets.create_dataset(db, "acme", name="old", budget=budget)["id"]
+        assert {d: bool(m) for d, m in db.read_all(marks)} == {old: False}
+    finally:
+        db.dispose()
+    migrations.downgrade(empty_database_url, BEFORE_PRICED_BEFORE_V3)
+    engine = create_ledger_engine(empty_database_url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            columns = {c["name"] for c in sa.inspect(connection).get_columns("datasets")}
+            kept = connection.execute(sa.text("SELECT id FROM datasets")).scalars().all()
+    finally:
+        engine.dispose()
+    assert "priced_before_v3" not in columns and kept == [old]
+    migrations.upgrade(empty_database_url)
+    assert _diff(empty_database_url) == []
+    db = Database(empty_database_url)
+    try:
+        new = datasets.create_dataset(db, "acme", name="new", budget=budget)["id"]
+        assert {d: bool(m) for d, m in db.read_all(marks)} == {old: True, new: False}
+        assert spend.get_spend(db, "acme", old)["guarantee"]["epsilon"] == "0"
+        assert audit.verify(db)["ok"]
+    finally:
+        db.dispose()

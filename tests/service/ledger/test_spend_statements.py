@@ -12,14 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, func, select
 
+from accountant.rules import BatchState
+from service.db.models import Batch, Task
 from service.db.session import Database
 from service.ledger import reservations
 from service.ledger.reservations import parse_event
+from service.ledger.spending.store import state_id
 from tests.service.ledger.conftest import MakeDataset
 
 # Reserve: head (+ next expiry); flush: new state, move, reservation (with its classes),
@@ -78,6 +82,11 @@ def test_a_task_charge_reads_only_its_batches(ledger: Database, make_dataset: Ma
     if ledger.dialect != "sqlite":
         pytest.skip("SQLite's plans are checked; PostgreSQL plans by its statistics")
     layout = make_dataset(BUDGET, tasks=[3, 2])
+    # Born compact (in the empty state); one batch charged alone and aborted materialises the
+    # task, so the charge below moves its batches by their own pointers.
+    first = [layout.batches[0][0]]
+    one = reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), batch_ids=first)
+    reservations.abort(ledger, "t1", one.id)
     sent: list[tuple[str, Any]] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, many: bool) -> None:
@@ -135,3 +144,30 @@ def test_a_whole_compact_task_charge_touches_no_batch_row(
     tables = ("FROM batches", "JOIN batches", "UPDATE batches", "INTO batches", "reservation_batches")
     touching = [s for s in seen if any(t in s for t in tables)]
     assert not touching, listing
+
+
+@pytest.mark.parametrize("batches", [3, 300])
+def test_a_fresh_task_first_whole_task_charge_writes_no_batch_row(
+    ledger: Database, make_dataset: MakeDataset, batches: int
+) -> None:
+    """Batches are born compact: a new task's batches have no pointer of their own (the task
+    holds the empty state), so even the first charge on the whole task writes no row of
+    ``batches`` or ``reservation_batches``: it reads the batch ids once (the batch set) and
+    moves the task's pointer."""
+    layout = make_dataset(BUDGET, tasks=[batches, 2])
+    task_id = layout.tasks[0]
+    own = select(func.count()).select_from(Batch).where(Batch.task_id == task_id, Batch.state_id.is_not(None))
+    task_state = select(Task.state_id).where(Task.id == task_id)
+    empty = state_id(layout.id, BatchState.empty())
+    assert ledger.read_all(own)[0][0] == 0 and ledger.read_all(task_state)[0][0] == empty
+    with statements(ledger) as seen:
+        held = reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), task_ids=[task_id])
+        reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": 1})
+    listing = "\n".join(seen)
+    writes = ("UPDATE batches", "INTO batches", "DELETE FROM batches", "reservation_batches")
+    assert not [s for s in seen if any(w in s for w in writes)], listing
+    assert ledger.read_all(own)[0][0] == 0 and ledger.read_all(task_state)[0][0] not in (None, empty)
+    spent = ledger.read_all(select(Task.epsilon_spent).where(Task.id == task_id))[0][0]
+    assert Decimal(spent) == Decimal("0.001")
+    listed = reservations.all_batches(ledger, "t1", held.id)
+    assert sorted(b for b, _ in listed) == sorted(layout.batches[0])

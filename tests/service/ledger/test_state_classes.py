@@ -71,11 +71,14 @@ compact_steps = st.lists(
         st.tuples(st.just("reserve"), st.integers(-len(TASKS), -1), st.integers(0, 2), st.integers(0, 1)),
         st.tuples(st.just("commit"), st.integers(0, 7), st.booleans()),
         st.tuples(st.just("abort"), st.integers(0, 7)),
-        st.tuples(st.just("add"), st.integers(0, len(TASKS) - 1)),
+        st.tuples(st.just("reserve"), st.just(-len(TASKS) - 1), st.integers(0, 2), st.integers(0, 1)),
+        st.tuples(st.just("add"), st.integers(0, len(TASKS))),
     ),
     min_size=1,
     max_size=12,
 ).map(lambda rest: [("reserve", -1, 0, 0), *rest])
+# (Task index len(TASKS): a task created empty by the first "add" on it, whose batches are born
+# compact; a charge on it before then charges the first task.)
 EPSILONS = (0.1, 0.25, 0.4)
 
 
@@ -231,6 +234,8 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
     was ever compact."""
     ds = make_dataset(BUDGETS[rule], tasks=TASKS)
     task_batches = [list(b) for b in ds.batches]
+    tasks = list(ds.tasks)
+    empty = store.state_id(ds.id, rules.BatchState.empty())
     every = list(ds.all_batches)
     compacted = False
     budget = rules.Budget.from_json(ledger_budget(ledger, ds.id))
@@ -239,24 +244,34 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
     version = 0
     for step in plan:
         if step[0] == "add":
+            if step[1] == len(tasks):  # a new, empty task
+                tasks.append(batches.create_task(ledger, "t1", ds.id, name=f"added-{len(tasks)}")["id"])
+                task_batches.append([])
+            task = tasks[step[1]]
+            before = ledger.read_all(select(Task.state_id).where(Task.id == task))[0][0]
+            empty_before = before == empty or not task_batches[step[1]]
             made = batches.create_batches(
                 ledger,
                 "t1",
                 ds.id,
-                ds.tasks[step[1]],
+                task,
                 batches=[{"name": f"added-{len(every)}", "records": [f"added-{len(every)}"]}],
             )
             for b in made["data"]:
                 task_batches[step[1]].append(b["id"])
                 every.append(b["id"])
                 oracle.states[b["id"]] = rules.BatchState.empty()
+            # Born compact into a task with no batches or compact in the empty state; else
+            # every batch of the task has its own pointer (materialised, or as before).
+            after = ledger.read_all(select(Task.state_id).where(Task.id == task))[0][0]
+            assert after == (empty if empty_before else None), step
         elif step[0] == "reserve":
             _, selector, e, c = step
             event = {"kind": "pure_dp", "epsilon": EPSILONS[e]}
             commitment = f"noise-{c}" if rule == "lifelong" else None
             if selector < 0:
-                task = -selector - 1
-                chosen, kwargs = list(task_batches[task]), {"task_ids": [ds.tasks[task]]}
+                task = -selector - 1 if -selector - 1 < len(tasks) else 0
+                chosen, kwargs = list(task_batches[task]), {"task_ids": [tasks[task]]}
             else:
                 chosen = [b for i, b in enumerate(ds.all_batches) if selector >> i & 1]
                 kwargs = {"batch_ids": chosen}
