@@ -1,8 +1,9 @@
 """kill -9 of ``ledger serve`` in the middle of a charge over a task of ``BATCHES`` batches
 (issue 26: "kill -9 during a 10⁶-batch charge"), SQLite and PostgreSQL.
 
-One task of ``BATCHES`` one-record batches (created through the ledger's functions), then, over
-HTTP with an ``Idempotency-Key``:
+One task of ``BATCHES`` one-record batches (created through the ledger's functions, then laid
+out with a pointer per batch, as a task from before compact tasks: new batches are born compact),
+then, over HTTP with an ``Idempotency-Key``:
 
 1. the **first whole-task reserve** — the charge that makes the task compact: a pass over
    every batch id (the selection and the batch-set hash, ~80% of its ~1 s here), then
@@ -45,7 +46,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 from sqlalchemy.engine import URL
 
 from accountant.certificates import check_batch_set, verify
@@ -377,6 +378,15 @@ def _create(db: Database, base_url: str) -> tuple[str, str, set[str]]:
             ],
         )
         ids.update(b["id"] for b in created["data"])
+    # Batches are born compact (their task holds the empty state). The charge under test is the
+    # one that makes a task compact, so the task is laid out as a ledger from before compact
+    # tasks holds it — a pointer per batch, as migration 7c1e5a9d3b20 leaves existing tasks —
+    # before any spend (the server has read nothing of this dataset's batches yet).
+    with db.session() as session:
+        state = session.scalar(select(Task.state_id).where(Task.id == task))
+        assert state is not None, "batches created into a new task are born compact"
+        session.execute(update(Batch).where(Batch.task_id == task).values(state_id=state))
+        session.execute(update(Task).where(Task.id == task).values(state_id=None))
     return dataset, task, ids
 
 
