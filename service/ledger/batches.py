@@ -42,7 +42,7 @@ from service.ledger.datasets import (
     refuse_while_a_job_runs,
 )
 from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
-from service.ledger.spending.store import EFFECTIVE_STATE, state_id
+from service.ledger.spending.store import EFFECTIVE_STATE, MATERIALISE, SET_TASK_STATE, state_id
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 # Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
@@ -470,14 +470,10 @@ def create_batches(
         # that is not compact, each new batch its own pointer.
         born_compact = task.state_id == empty or (task.state_id is None and last is None)
         if born_compact and task.state_id is None:
-            session.execute(update(Task).where(Task.id == task_id).values(state_id=empty))
+            session.connection().execute(SET_TASK_STATE, {"task": task_id, "state": empty})
         elif not born_compact and task.state_id is not None:
-            session.execute(
-                update(Batch)
-                .where(Batch.task_id == task_id, Batch.state_id.is_(None))
-                .values(state_id=task.state_id)
-            )
-            session.execute(update(Task).where(Task.id == task_id).values(state_id=None))
+            session.connection().execute(MATERIALISE, {"task": task_id, "state": task.state_id})
+            session.connection().execute(SET_TASK_STATE, {"task": task_id, "state": None})
         session.expire(task)
         pointer = None if born_compact else empty
         # after the last position (a deleted batch leaves a gap: positions are never reused)

@@ -558,13 +558,13 @@ _TASK_AGGREGATES: Final = select(
 ).where(Task.id.in_(bindparam("ids", expanding=True)))
 # Compact tasks (``Task.state_id``): a task's batches take its pointer (materialise: the task is
 # no longer compact), or give theirs up to it (compact), or the task's pointer moves.
-_MATERIALISE: Final = (
+MATERIALISE: Final = (
     update(Batch)
     .where(Batch.task_id == bindparam("task"), Batch.state_id.is_(None))
     .values(state_id=bindparam("state"))
 )
 _COMPACT: Final = update(Batch).where(Batch.task_id == bindparam("task")).values(state_id=None)
-_SET_TASK_STATE: Final = update(Task).where(Task.id == bindparam("task")).values(state_id=bindparam("state"))
+SET_TASK_STATE: Final = update(Task).where(Task.id == bindparam("task")).values(state_id=bindparam("state"))
 _MOVE_TASK: Final = (
     update(Task)
     .where(Task.id == bindparam("task"), Task.state_id == bindparam("source"))
@@ -1098,8 +1098,8 @@ class Work:
             return
         execute = self.connection.execute
         for row in rows:
-            execute(_MATERIALISE, row)
-        execute(_SET_TASK_STATE, [{"task": row["task"], "state": None} for row in rows])
+            execute(MATERIALISE, row)
+        execute(SET_TASK_STATE, [{"task": row["task"], "state": None} for row in rows])
         for row in rows:
             self.task_states[row["task"]] = None
 
@@ -1114,7 +1114,7 @@ class Work:
         ordered = sorted(states.items())
         for task_id, _ in ordered:
             execute(_COMPACT, {"task": task_id})
-        execute(_SET_TASK_STATE, [{"task": t, "state": sid} for t, sid in ordered])
+        execute(SET_TASK_STATE, [{"task": t, "state": sid} for t, sid in ordered])
         self.task_states.update(states)
 
     def groups(self, reservation_id: str, batches: int) -> dict[int, list[Group]]:
