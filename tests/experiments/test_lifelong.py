@@ -15,29 +15,25 @@ from service.cli import main
 pytestmark = pytest.mark.slow
 
 
-def test_quick_lifelong_experiment_writes_its_report(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _quick_lifelong(*args: str) -> int:
+    """``ledger experiment lifelong --quick --device cpu ARGS`` in-process, torch on one thread
+    (restored after)."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        code = main(
-            [
-                "experiment",
-                "lifelong",
-                "--quick",
-                "--out",
-                str(tmp_path / "out"),
-                "--device",
-                "cpu",
-                "--markdown",
-                str(tmp_path / "doc" / "lifelong.md"),
-            ]
-        )
+        return main(["experiment", "lifelong", "--quick", "--device", "cpu", *args])
     finally:
         torch.set_num_threads(before)
+
+
+def test_quick_lifelong_experiment_writes_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = _quick_lifelong(
+        "--out", str(tmp_path / "out"), "--markdown", str(tmp_path / "doc" / "lifelong.md")
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "fm_multi" in printed and "joint*" in printed and "paper_l2dp" in printed
@@ -65,30 +61,9 @@ def test_quick_lifelong_experiment_writes_its_report(
 
 
 def test_quick_lifelong_experiment_on_the_synthetic_digits_at_a_chosen_size(tmp_path: Path) -> None:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        code = main(
-            [
-                "experiment",
-                "lifelong",
-                "--quick",
-                "--out",
-                str(tmp_path),
-                "--device",
-                "cpu",
-                "--sequences",
-                "permuted",
-                "--per-task",
-                "60",
-                "--batch-size",
-                "60",
-            ]
-        )
-    finally:
-        torch.set_num_threads(before)
+    code = _quick_lifelong(
+        "--out", str(tmp_path), "--sequences", "permuted", "--per-task", "60", "--batch-size", "60"
+    )
     assert code == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["per_task"] == 60
