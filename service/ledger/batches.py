@@ -42,7 +42,13 @@ from service.ledger.datasets import (
     refuse_while_a_job_runs,
 )
 from service.ledger.errors import BatchOverlap, Conflict, InvalidInput, NotFound
-from service.ledger.spending.store import EFFECTIVE_STATE, MATERIALISE, SET_TASK_STATE, state_id
+from service.ledger.spending.store import (
+    EFFECTIVE_STATE,
+    MATERIALISE,
+    SET_TASK_STATE,
+    state_id,
+    unfold_whole_tasks,
+)
 
 MAX_BATCHES_PER_REQUEST: Final = 10_000
 # Tasks of one dataset: GET /v1/datasets/{id}/spend lists them all, so they are bounded (the
@@ -250,6 +256,7 @@ def delete_batch(
         _refuse_charged(session, dataset_id, Batch.id == batch_id, f"batch {batch_id!r}")
         deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
         connection = session.connection()
+        unfold_whole_tasks(connection, task_id, row.position)  # their lists keep naming it
         connection.execute(
             delete(BatchRecord).where(
                 BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key == row.key
@@ -295,6 +302,7 @@ def delete_task(
         ).one()
         deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
         connection = session.connection()
+        unfold_whole_tasks(connection, task_id, 0)  # their lists keep naming its batches
         keys = select(Batch.key).where(Batch.task_id == task_id).scalar_subquery()
         records_of_task = delete(BatchRecord).where(
             BatchRecord.dataset_key == _dataset_key(session, dataset_id), BatchRecord.batch_key.in_(keys)

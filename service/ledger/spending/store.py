@@ -28,6 +28,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     bindparam,
+    delete,
     func,
     insert,
     literal,
@@ -750,6 +751,38 @@ def reservation_members() -> Any:
         Batch, (Batch.task_id == ReservationTask.task_id) & (Batch.position <= ReservationTask.last_position)
     )
     return union_all(rows, tasks).subquery("reservation_members")
+
+
+# The ``reservation_tasks`` rows that cover a task's batches from a position on.
+_COVERING: Final = (ReservationTask.task_id == bindparam("task")) & (
+    ReservationTask.last_position >= bindparam("first")
+)
+_UNFOLD: Final = insert(ReservationBatch).from_select(
+    ["reservation_id", "batch_id", "position", "class_index"],
+    select(ReservationTask.reservation_id, Batch.id, Batch.position, ReservationTask.class_index)
+    .join(
+        Batch, (Batch.task_id == ReservationTask.task_id) & (Batch.position <= ReservationTask.last_position)
+    )
+    .where(_COVERING),
+)
+_DROP_COVERING: Final = delete(ReservationTask).where(_COVERING)
+
+
+def unfold_whole_tasks(connection: Connection, task_id: str, first_position: int) -> None:
+    """Before batches of a task are deleted from ``first_position`` on: every reservation that
+    read the task whole up to a position at or after it (a ``reservation_tasks`` row, which the
+    batch list expands into the task's *current* batches) gets one ``reservation_batches`` row
+    per batch it read, and the task row goes, so its list names the same batches forever — also
+    the deleted ones, and not a later batch that takes a deleted last position again.
+
+    Only deletion changes what a row expands to (new batches come after every position a row
+    names while none is deleted), and only batches in the empty state are deleted: a
+    reservation that read them is closed (fully refunded), so no move reads its task rows
+    again. Rare and set-based, so creation and the spend path pay nothing for it; a scan of
+    ``reservation_tasks`` (no index by task: each whole-task reserve would pay for one)."""
+    params = {"task": task_id, "first": first_position}
+    connection.execute(_UNFOLD, params)
+    connection.execute(_DROP_COVERING, params)
 
 
 _MOVE_FROM_ONE: Final = {
