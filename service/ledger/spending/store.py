@@ -13,7 +13,7 @@ import hashlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -797,6 +797,39 @@ _MOVE_THROUGH_MAP: Final = {
     .values(state_id=STATE_MAP.c.target)
     for kind, where in _SCOPES.items()
 }
+# How many batches each task has and its last position (``Work._compact_pass``).
+_TASK_COUNTS: Final = (
+    select(Batch.task_id, func.count(), func.max(Batch.position))
+    .where(Batch.task_id.in_(bindparam("ids", expanding=True)))
+    .group_by(Batch.task_id)
+)
+_IDS_OF_TASKS: Final = {
+    "sqlite": "SELECT id FROM batches WHERE task_id IN ({}) ORDER BY id",
+    "postgresql": 'SELECT id FROM batches WHERE task_id = ANY(%s) ORDER BY id COLLATE "C"',
+}
+_IDS_PER_FETCH: Final = 50_000
+
+
+def _batch_ids_in_order(connection: Connection, task_ids: Sequence[str]) -> Iterator[list[str]]:
+    """The ids of the tasks' batches in code-point order, in lists of up to ``_IDS_PER_FETCH``,
+    through the driver's cursor in the connection's transaction: 10⁶ ORM rows took seconds of
+    CPU. PostgreSQL's is a server-side cursor, so the ids are never all held here."""
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    if connection.dialect.name == "postgresql":
+        cursor = driver.cursor(name="ledger_batch_ids")
+        query, params = _IDS_OF_TASKS["postgresql"], (list(task_ids),)
+    else:
+        cursor = driver.cursor()
+        query, params = _IDS_OF_TASKS["sqlite"].format(",".join("?" * len(task_ids))), tuple(task_ids)
+    try:
+        cursor.execute(query, params)
+        while rows := cursor.fetchmany(_IDS_PER_FETCH):
+            yield [row[0] for row in rows]
+    finally:
+        cursor.close()
+
+
 _SELECT_BATCHES: Final = {
     (kind, dialect): select(Batch.id, Batch.state_id, Batch.task_id, Batch.position)
     .where(*([Batch.dataset_id == bindparam("dataset_id")] if kind == "batches" else []), _SCOPES[kind])
@@ -996,6 +1029,8 @@ class Work:
                     {sid: cached.example},
                     whole={sid: [(t, last, n) for t, (n, last) in sorted(cached.tasks.items())]},
                 )
+            if None not in found.values() and len(set(found.values())) == 1:
+                return self._compact_pass(scope, found, most)
         known = self._known_rows(ids) if selector == "batches" and len(ids) <= SMALL_CHARGE else None
         parts: Iterable[Sequence[Any]]
         if known is not None:
@@ -1098,6 +1133,41 @@ class Work:
             named,
             members,
             whole,
+        )
+
+    def _compact_pass(self, scope: Scope, found: Mapping[str, str], most: int) -> Selection:
+        """``select`` of whole tasks all compact in one state, not passed over before: every
+        batch is in class 0, so the pass needs only their ids. Counts and last positions come
+        from one aggregate over the tasks' ``(task_id, position)`` index (refused there if more
+        than ``most``); the ids stream in code-point order through the driver's own cursor, no
+        ORM row per batch, and are hashed as joined chunks (the hash's lines, ``batch_set_hash``)."""
+        [sid] = set(found.values())
+        per_task = {
+            t: (n, last) for t, n, last in self.connection.execute(_TASK_COUNTS, {"ids": sorted(found)})
+        }
+        total = sum(n for n, _ in per_task.values())
+        if not total:
+            raise InvalidInput("tasks", "the tasks have no batches.")
+        if total > most:
+            raise InvalidInput("tasks", f"cover more than {most} batches.")
+        digest, first, read = hashlib.sha256(), "", 0
+        for ids in _batch_ids_in_order(self.connection, sorted(per_task)):
+            first = first or ids[0]
+            digest.update((" 0\n".join(ids) + " 0\n").encode())
+            read += len(ids)
+        if read != total:  # the head is locked: nothing can have changed in between
+            raise RuntimeError(f"the pass read {read} batches of tasks that hold {total}")
+        batch_set = "sha256:" + digest.hexdigest()
+        self.seen_task_sets[tuple(sorted(per_task))] = TaskSet(batch_set, total, per_task, first)
+        return Selection(
+            scope,
+            {sid: total},
+            {sid: set(per_task)},
+            {sid: 0},
+            batch_set,
+            None,
+            {sid: first},
+            whole={sid: [(t, last, n) for t, (n, last) in sorted(per_task.items())]},
         )
 
     def _task_set(self, key: tuple[str, ...]) -> TaskSet | None:
