@@ -14,7 +14,7 @@
 Usage (repository root; ``--tree`` works on any tree, ``phases`` on this one's schema)::
 
     python bench/create_phases.py phases [--backend sqlite|postgresql] [--create 50000]
-    python bench/create_phases.py tree [--backend sqlite|postgresql] [--rows 3000000]
+    python bench/create_phases.py tree [--backend sqlite|postgresql] [--rows 3000000] [--cache-mib 64]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import text  # noqa: E402
+from sqlalchemy import event, text  # noqa: E402
 
 from bench.ledger import fresh_database  # noqa: E402
 from service.db import migrations  # noqa: E402
@@ -75,13 +75,31 @@ def phases(backend: str, postgres_url: str | None, count: int) -> None:
     batches.record_hashes = counted("HMAC", batches.record_hashes)
     batches.insert_records = counted("records insert", batches.insert_records)
     batches._copy = counted("batches COPY", batches._copy)
-    create = counted("whole call", batches.create_batches)
+    batches._insert_batches = counted("batches INSERT", batches._insert_batches)
+    whole_call = counted("whole call", batches.create_batches)
+    inside: list[bool] = []
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        inside.append(True)
+        try:
+            return whole_call(*args, **kwargs)
+        finally:
+            inside.pop()
+
     with (
         tempfile.TemporaryDirectory() as workdir,
         fresh_database(backend, postgres_url, Path(workdir)) as url,
     ):
         migrations.upgrade(url)
         db = Database(url, pool_size=1, max_overflow=0)
+        _count_statements(db, spent, lambda: pids, inside)
+        do_commit = db.engine.dialect.do_commit
+        counted_commit = counted("COMMIT", do_commit)
+
+        def commit(connection: Any) -> None:
+            (counted_commit if inside else do_commit)(connection)
+
+        db.engine.dialect.do_commit = commit  # type: ignore[method-assign]
         try:
             tenancy.create_tenant(db, TENANT)
             budget = {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"}
@@ -101,15 +119,43 @@ def phases(backend: str, postgres_url: str | None, count: int) -> None:
             db.dispose()
     records = count * 10
     print(f"{backend}: {count} batches, {records} records; µs a record, this process / server")
+    whole = spent.pop("whole call")
+    rest = [whole[0], whole[1]]
     for name, (cpu, server) in spent.items():
-        print(f"  {name:22s} {cpu / records * 1e6:5.2f} / {server / records * 1e6:5.2f}")
+        print(f"  {name:40s} {cpu / records * 1e6:5.2f} / {server / records * 1e6:5.2f}")
+        rest[0], rest[1] = rest[0] - cpu, rest[1] - server
+    label = "the rest (Python of the call)"
+    print(f"  {label:41s} {rest[0] / records * 1e6:5.2f} / {rest[1] / records * 1e6:5.2f}")
+    print(f"  {'whole call':40s} {whole[0] / records * 1e6:5.2f} / {whole[1] / records * 1e6:5.2f}")
 
 
-def tree(backend: str, postgres_url: str | None, rows: int) -> None:
+def _count_statements(
+    db: Database, spent: dict[str, list[float]], pids: Callable[[], list[int]], inside: list[bool]
+) -> None:
+    """Every statement SQLAlchemy runs inside ``create_batches``, counted as
+    ``spent["SQL: " + its first words]`` (the driver's own COPY and executemany are counted by
+    their functions)."""
+    started: list[tuple[float, float]] = []
+
+    @event.listens_for(db.engine, "before_cursor_execute")
+    def before(*_: Any) -> None:
+        started.append((time.process_time(), _backend_cpu_s(pids())))
+
+    @event.listens_for(db.engine, "after_cursor_execute")
+    def after(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        cpu, server = started.pop()
+        if not inside:
+            return
+        entry = spent.setdefault("SQL: " + " ".join(statement.split()[:4])[:35], [0.0, 0.0])
+        entry[0] += time.process_time() - cpu
+        entry[1] += _backend_cpu_s(pids()) - server
+
+
+def tree(backend: str, postgres_url: str | None, rows: int, cache_mib: int) -> None:
     print(f"{backend}: batch_records alone, transactions of {TRANSACTION} random hashes")
     if backend == "sqlite":
         with tempfile.TemporaryDirectory() as workdir:
-            _sqlite_tree(Path(workdir) / "tree.db", rows)
+            _sqlite_tree(Path(workdir) / "tree.db", rows, cache_mib)
         return
     with (
         tempfile.TemporaryDirectory() as workdir,
@@ -122,10 +168,10 @@ def _hashes(batch_key: int) -> list[tuple[bytes, int]]:
     return sorted((hashlib.sha256(os.urandom(16)).digest(), batch_key + i // 10) for i in range(TRANSACTION))
 
 
-def _sqlite_tree(path: Path, rows: int) -> None:
+def _sqlite_tree(path: Path, rows: int, cache_mib: int) -> None:
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA cache_size=-65536")  # the ledger's (service.db.session)
+    connection.execute(f"PRAGMA cache_size=-{cache_mib * 1024}")  # the ledger's: 64 MiB
     connection.execute("PRAGMA wal_autocheckpoint=0")  # checkpointed below, after each commit
     connection.execute(
         "CREATE TABLE batch_records (dataset_key BIGINT, record_hash BLOB, batch_key BIGINT NOT NULL,"
@@ -202,11 +248,12 @@ def main() -> None:
     parser.add_argument("--postgres-url", default=os.environ.get("LEDGER_TEST_POSTGRES_URL"))
     parser.add_argument("--create", type=int, default=50_000, help="batches (× 10 records) for phases")
     parser.add_argument("--rows", type=int, default=3_000_000, help="rows for tree")
+    parser.add_argument("--cache-mib", type=int, default=64, help="SQLite's page cache for tree")
     args = parser.parse_args()
     if args.what == "phases":
         phases(args.backend, args.postgres_url, args.create)
     else:
-        tree(args.backend, args.postgres_url, args.rows)
+        tree(args.backend, args.postgres_url, args.rows, args.cache_mib)
 
 
 if __name__ == "__main__":

@@ -508,17 +508,8 @@ def create_batches(
         ]
         if connection.dialect.name == "postgresql":  # COPY: a pipelined INSERT took 20 µs a row
             _copy(connection, _COPY_BATCHES, ([row[c] for c in _BATCH_COLUMNS] for row in rows))
-        else:  # the driver's executemany: the Core built and processed parameters per row
-            stamp = Batch.__table__.c.created_at.type.bind_processor(connection.dialect)
-            created = stamp(at) if stamp is not None else at  # one conversion for all rows
-            cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
-            try:
-                cursor.executemany(
-                    _INSERT_BATCHES,
-                    ([row[c] for c in _BATCH_COLUMNS[:-1]] + [created] for row in rows),
-                )
-            finally:
-                cursor.close()
+        else:
+            _insert_batches(connection, rows, at)
         insert_records(connection, dataset_key, batch_keys, [len(keys) for _, keys, _ in parsed], digests)
         created_at = at.isoformat()
         data = [
@@ -618,6 +609,22 @@ def _copy_binary(
             fields = zip(map(prefixes.__getitem__, block), map(digests.__getitem__, block), strict=True)
             copy.write(b"".join(chain.from_iterable(fields)))
         copy.write(_PGCOPY_TRAILER)
+
+
+def _insert_batches(connection: Connection, rows: list[dict[str, Any]], at: datetime) -> None:
+    """The ``batches`` rows on SQLite, by the driver's ``executemany`` (the Core built and
+    processed parameters per row), ``created_at`` converted once for all of them."""
+    stamp = Batch.__table__.c.created_at.type.bind_processor(connection.dialect)
+    created = stamp(at) if stamp is not None else at
+    if isinstance(created, datetime):  # as sqlite3's own adapter writes it, once, not per row
+        created = created.isoformat(" ")
+    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(
+            _INSERT_BATCHES, ([row[c] for c in _BATCH_COLUMNS[:-1]] + [created] for row in rows)
+        )
+    finally:
+        cursor.close()
 
 
 def _copy(connection: Connection, statement: str, rows: Iterable[Sequence[object]]) -> None:
