@@ -18,7 +18,9 @@ from accountant.certificates import batch_set_hash, check_batch_set, verify
 from service.db.models import ReservationBatch, ReservationTask
 from service.db.session import Database
 from service.ledger import batches, certificates, reservations
+from service.ledger.errors import InvalidInput
 from service.ledger.reservations import Ran, parse_event
+from service.ledger.spending import decisions
 from tests.service.ledger.conftest import Layout, MakeDataset
 
 BUDGET = {"rule": "sequential", "epsilon": "10", "delta": "0", "accountant": "basic"}
@@ -130,3 +132,22 @@ def test_batches_added_to_a_task_after_a_whole_task_reservation_are_not_listed(
         assert stored["reservation_id"] == held.id
         certificate = stored["certificate"]
         assert verify(certificate).ok and check_batch_set(certificate, _listed(ledger, held.id)).ok
+
+
+def test_whole_compact_tasks_with_no_batches_or_too_many_are_refused(
+    ledger: Database, make_dataset: MakeDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass over whole compact tasks (their ids only) refuses, changing nothing, tasks
+    whose batches were all deleted and tasks over more batches than a reservation may read."""
+    ds = make_dataset(BUDGET, tasks=(2, 3))
+    for batch_id in ds.batches[0]:
+        batches.delete_batch(ledger, "t1", ds.id, ds.tasks[0], batch_id)
+    with pytest.raises(InvalidInput, match="no batches") as refused:
+        reservations.reserve(ledger, "t1", ds.id, event=parse_event(EVENT), task_ids=[ds.tasks[0]])
+    assert refused.value.field == "tasks"
+    monkeypatch.setattr(decisions, "MAX_BATCHES_PER_RESERVATION", 2)
+    with pytest.raises(InvalidInput, match="more than 2 batches"):
+        reservations.reserve(ledger, "t1", ds.id, event=parse_event(EVENT), task_ids=[ds.tasks[1]])
+    monkeypatch.setattr(decisions, "MAX_BATCHES_PER_RESERVATION", 3)
+    held = reservations.reserve(ledger, "t1", ds.id, event=parse_event(EVENT), task_ids=ds.tasks)
+    _assert_lists(ledger, held.id, ds.batches[1])
