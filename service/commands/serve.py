@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 
     from service.db.session import Database
     from service.settings import Settings
+
+
+# Container allocations between two young-generation collections (CPython's default is 700). A
+# spend allocates a few hundred containers that die young, so at 700 the young generation was
+# collected every two or three spends (and the middle one every ~25), each pass walking what the
+# requests in flight hold alive: ~0.1 ms of server CPU per spend. Ten thousand makes those passes
+# rarer at the price of at most that many young objects waiting (well under a megabyte).
+YOUNG_COLLECTION_THRESHOLD: Final = 10_000
 
 
 def _no_delay(transport: asyncio.BaseTransport) -> None:
@@ -284,6 +292,7 @@ def _frozen(app: FastAPI) -> FastAPI:
     """
     gc.collect()
     gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
     return app
 
 
