@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # Container allocations between two young-generation collections (CPython's default is 700). A
 # spend allocates a few hundred containers that die young, so at 700 the young generation was
 # collected every two or three spends (and the middle one every ~25), each pass walking what the
-# requests in flight hold alive: ~0.1 ms of server CPU per spend. Ten thousand makes those passes
+# requests in flight hold alive: 0.15 ms of server CPU per spend. Ten thousand makes those passes
 # rarer at the price of at most that many young objects waiting (well under a megabyte).
 YOUNG_COLLECTION_THRESHOLD: Final = 10_000
 
