@@ -117,6 +117,12 @@ def to_text(value: Decimal) -> str:
     normal = value.normalize(_EXACT)
     if normal == 0:
         return "0"
+    # Scientific notation is used only for an exponent > 0 or below 10⁻⁶ (the decimal
+    # specification's to-scientific-string); without it the text is the plain digits that
+    # ``format(normal, "f")`` writes, made without ``as_tuple`` (most of this function's time).
+    text = _EXACT.to_sci_string(normal)
+    if "E" not in text:
+        return text
     exponent = normal.as_tuple().exponent
     assert isinstance(exponent, int)
     if -40 <= exponent <= 0 or (exponent > 0 and normal.adjusted() < 40):

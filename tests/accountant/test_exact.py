@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 from decimal import Decimal
 from fractions import Fraction
@@ -101,3 +102,34 @@ def test_as_written_is_the_shortest_repr_or_exact_dyadic_and_maps_back(x: float)
         assert written == Decimal(x)  # a short binary fraction is read at its exact value
     else:
         assert written == Decimal(repr(x))
+
+
+def _text_by_definition(value: Decimal) -> str:
+    """``to_text``'s rule written out: plain digits for exponents in [-40, 0] or below 10⁴⁰,
+    ``str`` otherwise (its body before the plain case skipped ``as_tuple``)."""
+    if value.is_infinite():
+        return "Infinity" if value > 0 else "-Infinity"
+    normal = value.normalize(decimal.Context(prec=400, Emax=10**6, Emin=-(10**6)))
+    if normal == 0:
+        return "0"
+    exponent = normal.as_tuple().exponent
+    assert isinstance(exponent, int)
+    if -40 <= exponent <= 0 or (exponent > 0 and normal.adjusted() < 40):
+        return format(normal, "f")
+    return str(normal)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.decimals(allow_nan=False, allow_infinity=True)
+    | st.builds(
+        lambda digits, exponent, sign: Decimal((sign, tuple(int(d) for d in str(digits)), exponent)),
+        st.integers(0, 10**60),
+        st.integers(-80, 80),
+        st.integers(0, 1),
+    )
+)
+def test_to_text_follows_its_rule(value: Decimal) -> None:
+    """The fast plain case (no scientific notation) writes what the rule says, for every
+    magnitude around the thresholds 10⁻⁶, 10⁻⁴⁰ and 10⁴⁰ and every sign."""
+    assert to_text(value) == _text_by_definition(value)

@@ -192,7 +192,13 @@ def load_reservations(connection: Connection, reservation_ids: Iterable[str]) ->
 def state_id(dataset_id: str, state: BatchState) -> str:
     """The id of ``state`` in the dataset: ``"bs_"`` + SHA-256 of the dataset id, a NUL byte and
     the state's canonical JSON, cut to 37 hex digits (148 bits). Equal states share one row."""
-    digest = hashlib.sha256(dataset_id.encode() + b"\0" + canonical_bytes(state.to_json())).hexdigest()
+    return _state_id_of(dataset_id, state.to_json())
+
+
+def _state_id_of(dataset_id: str, document: Mapping[str, Any]) -> str:
+    """``state_id`` of the state whose JSON is ``document`` (made once by a caller that stores it
+    too: ``Work.intern``)."""
+    digest = hashlib.sha256(dataset_id.encode() + b"\0" + canonical_bytes(document)).hexdigest()
     return "bs_" + digest[:37]
 
 
@@ -1373,13 +1379,20 @@ class Work:
         one ``INSERT … ON CONFLICT DO NOTHING``, no read. An id is hashed once per state object
         (``_interned``: the rules return the same object for the same settlement)."""
         sid = self._interned.get(id(state))
+        document = None  # the state's JSON, made once for its id and its row
         if sid is None or self._interned_objects.get(id(state)) is not state:
-            sid = state_id(self.head.id, state)
+            document = state.to_json()
+            sid = _state_id_of(self.head.id, document)
             self._interned[id(state)], self._interned_objects[id(state)] = sid, state
         if sid not in self.written_states and not STATES.is_stored(self.connection.engine, sid):
             # Written by ``flush``: no row is read in the transaction (no foreign key points here).
             self.new_states.append(
-                {"id": sid, "dataset_id": self.head.id, "state": state.to_json(), "created_at": at}
+                {
+                    "id": sid,
+                    "dataset_id": self.head.id,
+                    "state": state.to_json() if document is None else document,
+                    "created_at": at,
+                }
             )
             self.written_states.add(sid)
         self.states.setdefault(sid, state)
