@@ -1,4 +1,5 @@
-"""Pricing a charge before its spend transaction, and how much pricing one request may ask for.
+"""How much pricing one request may ask for (its work, bounded and metered), and why a charge is
+priced before its spend transaction.
 
 Why. Under the dataset's lock (``SELECT … FOR UPDATE``; on SQLite ``BEGIN IMMEDIATE``, which is
 the whole database's write lock) nothing else can be written. Pricing an event can take seconds:
