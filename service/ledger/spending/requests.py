@@ -222,7 +222,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Priced:
-    """What pricing a request outside any transaction found (``spending.prices.prepare``): the
+    """What pricing a request outside any transaction found (``spending.pre_pricing.prepare``): the
     charge's state-independent prices (``memo``), and for a progressive commit the reservation's
     event as parsed then (``reserved_event``: its document and the event; it never changes)."""
 
