@@ -213,20 +213,6 @@ def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[s
         return _row_json(row[0], row[1])
 
 
-def levels_by_batch(db: Database, tenant_id: str, certificate: Mapping[str, Any]) -> dict[str, int]:
-    """``{batch id: geometric level}`` of a geometric budget's certificate: each class's committed
-    level, for the batches its reservation lists in that class (``reservations.all_batches``);
-    a version-1 certificate maps its batches to levels itself."""
-    from service.ledger.reservations import all_batches  # reservations imports this module
-
-    levels = certificate["result"]["levels"]
-    if isinstance(levels, Mapping):
-        return {str(b): int(k) for b, k in levels.items()}
-    of_class = {c["class"]: c["committed"]["level"] for c in certificate["inputs"]["classes"]}
-    members = all_batches(db, tenant_id, certificate["reservation_id"])
-    return {batch_id: int(of_class[index]) for batch_id, index in members}
-
-
 def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
     """Pricing work of re-verifying ``certificate`` under ``budget``: its events' nodes (the
     charge, the partial event, a declared plan, whose PRV ε is recomputed) and one node per class
@@ -315,7 +301,6 @@ __all__ = [
     "IssuedCertificate",
     "get_certificate",
     "issue_signed",
-    "levels_by_batch",
     "list_certificates",
     "signature_status",
     "stored_row",

@@ -627,6 +627,18 @@ def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple
             return out
 
 
+def levels_by_batch(db: Database, tenant_id: str, certificate: Mapping[str, Any]) -> dict[str, int]:
+    """``{batch id: geometric level}`` of a geometric budget's certificate: each class's committed
+    level, for the batches its reservation lists in that class (``all_batches``);
+    a version-1 certificate maps its batches to levels itself."""
+    levels = certificate["result"]["levels"]
+    if isinstance(levels, Mapping):
+        return {str(b): int(k) for b, k in levels.items()}
+    of_class = {c["class"]: c["committed"]["level"] for c in certificate["inputs"]["classes"]}
+    members = all_batches(db, tenant_id, certificate["reservation_id"])
+    return {batch_id: int(of_class[index]) for batch_id, index in members}
+
+
 __all__ = [
     "DEFAULT_MAX_LIFETIME_S",
     "DEFAULT_TTL_S",
@@ -649,6 +661,7 @@ __all__ = [
     "extend",
     "extend_async",
     "get_reservation",
+    "levels_by_batch",
     "list_batches",
     "parse_event",
     "reserve",
