@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.accountant.test_imports import _cycle
+from tests.accountant.test_imports import _imports as _package_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SERVER_LIBRARIES = ("sqlalchemy", "alembic", "fastapi", "starlette", "uvicorn", "pydantic", "torch")
@@ -161,3 +164,14 @@ def test_the_trainers_import_no_pricing_rule() -> None:
         if (bad := sorted(m for m in _imports(path) if _within(m, ("accountant.rules.prices",))))
     }
     assert offenders == {}
+
+
+def test_the_service_imports_form_a_dag() -> None:
+    """Issue 29 §4, as ``tests/accountant/test_imports.py`` checks ``accountant``: no import cycle
+    among ``service``'s modules, a function-level import counted (it is a cycle all the same, only
+    deferred); ``certificates`` ↔ ``reservations`` (a geometric certificate's levels) and
+    ``l2dp_ml`` ↔ ``functional_mechanism`` (the shared task plan) were such cycles."""
+    graph = _package_imports(ROOT, top_level_only=False, package="service")
+    assert "service.worker.gate.release" in graph and "service.ledger.spending.engine" in graph
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
