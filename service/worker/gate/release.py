@@ -23,7 +23,7 @@ from service.worker.gate.failures import job_error
 if TYPE_CHECKING:
     from service.training.dp_sgd import ModelState
 
-_VERSION_RETRIES: Final = 20
+_VERSION_RETRIES: Final = 20  # version numbers a release tries when other jobs took the next ones
 
 
 def _serializer(model_state: ModelState) -> tuple[str, Callable[[IO[bytes]], None]]:

@@ -34,9 +34,7 @@ Loader = Callable[[str, str], "LoadedData"]
 data roots (``SourceLoader``)."""
 
 SOURCE_FIELD: Final = "data_source"  # the dataset's (errors of a job's source name it)
-
-
-_SAMPLE: Final = 5
+_SAMPLE: Final = 5  # how many source task indices an error names
 
 
 @dataclass(frozen=True)
