@@ -160,7 +160,7 @@ def test_the_trainers_import_no_pricing_rule() -> None:
     charges), never by importing the ledger's pricing rules."""
     offenders = {
         path.name: bad
-        for path in sorted(ROOT.joinpath("service", "training").glob("*.py"))
+        for path in sorted(ROOT.joinpath("service", "training").rglob("*.py"))  # data/ included
         if (bad := sorted(m for m in _imports(path) if _within(m, ("accountant.rules.prices",))))
     }
     assert offenders == {}
