@@ -54,17 +54,6 @@ def float_up(value: Fraction) -> float:
     return result
 
 
-def float_down(value: Fraction) -> float:
-    """The largest float <= ``value``."""
-    try:
-        result = float(value)
-    except OverflowError:
-        return math.inf if value > 0 else -math.inf
-    if math.isfinite(result) and Fraction(result) > value:
-        result = math.nextafter(result, -math.inf)
-    return result
-
-
 def _positive(field_name: str, value: float) -> Fraction:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidArgumentError(field_name, f"must be finite and > 0. Found {value!r}.")
@@ -467,7 +456,6 @@ __all__ = [
     "continual_release_level_epsilon",
     "continual_release_noise_scale",
     "continual_release_sampling_probability",
-    "float_down",
     "float_up",
     "functional_mechanism_l2_sensitivity",
     "functional_mechanism_noise_stddev",

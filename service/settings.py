@@ -101,7 +101,7 @@ class Settings(BaseSettings):
     max_pricing_work: int = Field(default=20_000, gt=0)
     """Pricing work one request may ask for: its event nodes × the budget's orders (``rdp``), × 1
     (``basic``) or × 100 (``prv``); above it a reservation, a commit's event or a server-side
-    certificate verification is refused with a 422 naming the field (``service.ledger.pricing``).
+    certificate verification is refused with a 422 naming the field (``service.ledger.pricing_limits``).
     The default prices in at most about 1.5 s."""
 
     pricing_cpu_s_per_s: float = Field(default=0.5, gt=0)

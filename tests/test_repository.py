@@ -195,6 +195,43 @@ def test_top_level_layout_is_the_agreed_one() -> None:
     assert top <= allowed, sorted(top - allowed)
 
 
+# The review's twelve concepts (issue 29 §4): a newcomer finds each in one try from the table.
+REVIEW_CONCEPTS = (
+    "lifelong rule",
+    "Rényi filter admission",
+    "commit path, from the call to the SQL",
+    "certificate contents",
+    "DP-SGD clip and noise",
+    "where the worker refuses to release",
+    "geometric allowance",
+    "plan segments",
+    "quote route",
+    "job params",
+    "one-run audit",
+    "dashboard numbers",
+)
+
+
+def _where_to_find_things() -> list[tuple[str, str]]:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    table = text.split("## Where to find things", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ", 1) for line in table.splitlines() if line.startswith("| ") and " | " in line]
+    return [(what.removeprefix("| "), where) for what, where in rows[1:]]
+
+
+def test_where_to_find_things_names_files_that_exist_and_the_reviews_concepts() -> None:
+    """Every path in ARCHITECTURE's table exists (a move updates the table), and each of the twelve
+    concepts of the review has its row."""
+    rows = _where_to_find_things()
+    assert len(rows) > 40
+    paths = {p for _, where in rows for p in re.findall(r"`([\w./*-]+/[\w./*-]*)`", where)}
+    assert len(paths) > 40
+    missing = sorted(p for p in paths if not any(ROOT.glob(p.rstrip("/"))))
+    assert missing == []
+    firsts = [what for what, _ in rows]
+    assert [c for c in REVIEW_CONCEPTS if not any(c in what for what in firsts)] == []
+
+
 def test_alembic_folder_never_shadows_the_library() -> None:
     assert not (ROOT / "alembic" / "__init__.py").exists()
 

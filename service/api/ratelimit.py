@@ -1,7 +1,7 @@
 """Per-tenant budgets of pricing CPU time: what one tenant's requests may take of the server.
 
 Pricing an event (its RDP curve, its PRV composition) is the one part of a request whose cost a
-client chooses. ``service.ledger.pricing`` bounds one request (``LEDGER_MAX_PRICING_WORK``) and
+client chooses. ``service.ledger.pricing_limits`` bounds one request (``LEDGER_MAX_PRICING_WORK``) and
 prices it outside the spend transaction, so a costly event no longer holds the database's write
 lock. This module bounds a tenant's *rate*: each tenant has a bucket of pricing CPU seconds,
 ``LEDGER_PRICING_BURST_S`` deep, refilled at ``LEDGER_PRICING_CPU_S_PER_S`` seconds per second.
@@ -49,7 +49,7 @@ import anyio
 
 from service.api.schemas import ErrorBody
 from service.db.session import Database
-from service.ledger import meters, pricing
+from service.ledger import meters, pricing_limits
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 
@@ -83,7 +83,7 @@ class PricingRates:
         *,
         rate_s: float,
         burst_s: float,
-        max_work: int = pricing.DEFAULT_MAX_WORK,
+        max_work: int = pricing_limits.DEFAULT_MAX_WORK,
         threads: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -113,9 +113,9 @@ class PricingRates:
             return SharedPricingRates(db, **arguments)
         return cls(**arguments)
 
-    def policy(self, tenant_id: str) -> pricing.Policy:
+    def policy(self, tenant_id: str) -> pricing_limits.Policy:
         """The pricing policy of one request of ``tenant_id``."""
-        return pricing.Policy(
+        return pricing_limits.Policy(
             max_work=self.max_work, meter=TenantMeter(self, tenant_id), limiter=self.limiter
         )
 
@@ -241,7 +241,7 @@ class SharedPricingRates(PricingRates):
 
 @dataclass(frozen=True)
 class TenantMeter:
-    """``pricing.Meter`` of one tenant's request: estimate at admission, CPU time after."""
+    """``pricing_limits.Meter`` of one tenant's request: estimate at admission, CPU time after."""
 
     rates: PricingRates
     tenant_id: str

@@ -33,7 +33,7 @@ from service.api.schemas import (
     ReservationExtend,
     ReservationPublic,
 )
-from service.ledger import pricing, reservations
+from service.ledger import pricing_limits, reservations
 from service.ledger.errors import Conflict
 
 router = APIRouter(prefix=PREFIX, tags=["reservations"])
@@ -105,7 +105,7 @@ async def reserve(
     return json_answer(answer.to_json(), 201)
 
 
-def _pricing(request: Request, tenant_id: str) -> pricing.Policy:
+def _pricing(request: Request, tenant_id: str) -> pricing_limits.Policy:
     """The request's pricing bound and the tenant's rate (``service.api.ratelimit``)."""
     rates: PricingRates = request.app.state.pricing
     return rates.policy(tenant_id)

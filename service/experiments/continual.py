@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from service.experiments.embedded import TENANT, EmbeddedLedger, JobResult, RegisteredDataset
 from service.experiments.report import pyplot, save_figure, table, write_json
-from service.ledger import certificates
+from service.ledger import certificates, reservations
 
 MODES = ("multi_resolution", "cumulative", "sliding_window")
 COLUMNS = (
@@ -99,7 +99,7 @@ def _certified(ledger: EmbeddedLedger, result: JobResult, batch_index: dict[str,
         body = certificates.get_certificate(ledger.db, TENANT, version["certificate_id"])["certificate"]
         running = max(running, Decimal(body["result"]["epsilon"]))
         trajectory.append(float(running))
-        levels = certificates.levels_by_batch(ledger.db, TENANT, body)
+        levels = reservations.levels_by_batch(ledger.db, TENANT, body)
         metrics = version["metrics"]
         first, stop = metrics["blocks"]
         ordered = sorted(levels, key=lambda b: batch_index[b])

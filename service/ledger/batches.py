@@ -324,12 +324,6 @@ def delete_task(
     )
 
 
-def get_task(db: Database, tenant_id: str, dataset_id: str, task_id: str) -> dict[str, Any]:
-    with db.session(readonly=True) as session:
-        load_dataset(session, tenant_id, dataset_id)
-        return task_json(_load_task(session, dataset_id, task_id))
-
-
 def list_tasks(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = DEFAULT_TASK_PAGE, offset: int = 0
 ) -> dict[str, Any]:
@@ -695,23 +689,6 @@ def _first_shared_record(
     return None
 
 
-def get_batch(db: Database, tenant_id: str, dataset_id: str, batch_id: str) -> dict[str, Any]:
-    with db.session(readonly=True) as session:
-        load_dataset(session, tenant_id, dataset_id)
-        found = (
-            session.execute(
-                select(Batch, BatchStateRow.state)
-                .join(BatchStateRow, BatchStateRow.id == EFFECTIVE_STATE)
-                .where(Batch.id == batch_id)
-            ).first()
-            if can_be_id(batch_id)
-            else None
-        )
-        if found is None or found[0].dataset_id != dataset_id:
-            raise NotFound("batch", batch_id)
-        return batch_json(*found)
-
-
 def list_batches(
     db: Database, tenant_id: str, dataset_id: str, *, task_id: str | None = None
 ) -> dict[str, Any]:
@@ -837,8 +814,6 @@ __all__ = [
     "create_task",
     "delete_batch",
     "delete_task",
-    "get_batch",
-    "get_task",
     "list_batches",
     "list_tasks",
     "record_batches",

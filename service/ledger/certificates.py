@@ -32,7 +32,7 @@ from accountant.rules import Budget, Charge
 from service import server_secrets
 from service.db.models import Certificate, Release
 from service.db.session import Database
-from service.ledger import pricing
+from service.ledger import pricing_limits
 from service.ledger.datasets import can_be_id, load_dataset
 from service.ledger.errors import InvalidInput, NotFound
 from service.verification import signing
@@ -213,25 +213,11 @@ def get_certificate(db: Database, tenant_id: str, certificate_id: str) -> dict[s
         return _row_json(row[0], row[1])
 
 
-def levels_by_batch(db: Database, tenant_id: str, certificate: Mapping[str, Any]) -> dict[str, int]:
-    """``{batch id: geometric level}`` of a geometric budget's certificate: each class's committed
-    level, for the batches its reservation lists in that class (``reservations.all_batches``);
-    a version-1 certificate maps its batches to levels itself."""
-    from service.ledger.reservations import all_batches  # reservations imports this module
-
-    levels = certificate["result"]["levels"]
-    if isinstance(levels, Mapping):
-        return {str(b): int(k) for b, k in levels.items()}
-    of_class = {c["class"]: c["committed"]["level"] for c in certificate["inputs"]["classes"]}
-    members = all_batches(db, tenant_id, certificate["reservation_id"])
-    return {batch_id: int(of_class[index]) for batch_id, index in members}
-
-
 def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
     """Pricing work of re-verifying ``certificate`` under ``budget``: its events' nodes (the
     charge, the partial event, a declared plan, whose PRV ε is recomputed) and one node per class
     of batches (version 1: per batch; each reserve and commit is replayed on its states), times
-    the budget's orders (``service.ledger.pricing``)."""
+    the budget's orders (``service.ledger.pricing_limits``)."""
     inputs = certificate.get("inputs") if isinstance(certificate, Mapping) else None
     if not isinstance(inputs, Mapping):
         return 0
@@ -244,11 +230,11 @@ def verification_work(certificate: Mapping[str, Any], budget: Budget) -> int:
                 pass  # invalid: verify says so at once, at no cost
     records = inputs.get("classes", inputs.get("batches"))  # version 2: classes; 1: batches
     count = len(records) if isinstance(records, list) else 0
-    return (pricing.nodes(events) + count) * pricing.orders_of(budget)
+    return (pricing_limits.nodes(events) + count) * pricing_limits.orders_of(budget)
 
 
 def verify_stored(
-    db: Database, tenant_id: str, certificate_id: str, *, policy: pricing.Policy | None = None
+    db: Database, tenant_id: str, certificate_id: str, *, policy: pricing_limits.Policy | None = None
 ) -> dict[str, Any]:
     """Re-verify a stored certificate: ``{ok, reason, signature}``.
 
@@ -265,7 +251,7 @@ def verify_stored(
     ``policy.max_work`` it is refused (``InvalidInput`` naming ``certificate_id``: verify it
     offline, ``ledger check --bundle``), and the tenant's meter pays for it.
     """
-    policy = policy or pricing.DEFAULT_POLICY
+    policy = policy or pricing_limits.DEFAULT_POLICY
     certificate = get_certificate(db, tenant_id, certificate_id)["certificate"]
     signature = signature_status(db, certificate)
     try:
@@ -315,7 +301,6 @@ __all__ = [
     "IssuedCertificate",
     "get_certificate",
     "issue_signed",
-    "levels_by_batch",
     "list_certificates",
     "signature_status",
     "stored_row",

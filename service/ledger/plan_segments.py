@@ -31,7 +31,7 @@ from accountant.events import DpEvent
 from accountant.rules.budget import MAX_PLAN_EVENTS, budget_number
 from service.db.base import utcnow
 from service.db.session import Database
-from service.ledger import pricing
+from service.ledger import pricing_limits
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.spending import ENGINE
@@ -60,7 +60,7 @@ def _segment_op(
     delta: object,
     idempotency_key: str | None,
     now: datetime | None,
-    policy: pricing.Policy | None,
+    policy: pricing_limits.Policy | None,
 ) -> Request:
     check_plan_size(plan)
     events = tuple(new_event(e, f"plan[{i}]") for i, e in enumerate(plan))
@@ -80,7 +80,7 @@ def _segment_op(
         dataset_id,
         now or utcnow(),
         params,
-        policy=policy or pricing.DEFAULT_POLICY,
+        policy=policy or pricing_limits.DEFAULT_POLICY,
     )
     return keyed(op, idempotency_key, {"dataset_id": dataset_id, "plan": document, "delta": str(share)})
 
@@ -94,7 +94,7 @@ def declare_segment(
     delta: object,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
 ) -> SegmentDeclared:
     """Declare the next plan segment (module docstring). ``plan``: its events, parsed
     (``reservations.parse_event``; the HTTP schema hands over what it parsed) or built
@@ -123,7 +123,7 @@ async def declare_segment_async(
     plan: Sequence[DpEvent],
     delta: object,
     idempotency_key: str | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
 ) -> SegmentDeclared:
     """``declare_segment`` for a coroutine (the plan is priced in a thread of ``policy.limiter``)."""
     op = _segment_op(

@@ -15,7 +15,7 @@ per batch. The answer lists the classes (batch count, a sample batch id, cost, a
 and its pricing grow with the distinct states, not with the batches.
 
 A quote is advisory: the states may change before a reservation arrives, and the reservation
-decides. It is bounded and metered by its work (``service.ledger.pricing``: the event's nodes ×
+decides. It is bounded and metered by its work (``service.ledger.pricing_limits``: the event's nodes ×
 the budget's orders, plus the budget's orders per class priced), and it reads only the tenant's
 own dataset (another tenant's is ``NotFound``). Clients calibrate to it: a σ chosen so that the
 *dataset's* price fits (``target_budget_epsilon``), and a run calibrated on its own
@@ -39,7 +39,7 @@ from accountant.exact import ZERO, to_text
 from accountant.rules import BatchState, Budget, Charge, Cost, PriceMemo
 from service.db.models import Batch, Dataset, Task
 from service.db.session import Database
-from service.ledger import pricing
+from service.ledger import pricing_limits
 from service.ledger.datasets import refuse_archived
 from service.ledger.errors import InvalidInput, LedgerError, NotFound
 from service.ledger.spending import requests
@@ -187,7 +187,7 @@ def quote(
     task_ids: Sequence[str] | None = None,
     new_batch: bool = False,
     noise_commitment: str | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
     limit: int = DEFAULT_CLASSES_PER_PAGE,
     offset: int = 0,
     accountants: bool = True,
@@ -204,7 +204,7 @@ def quote(
     charge = requests.charge(requests.new_event(event), noise_commitment)
     budget = _own_budget(db, tenant_id, dataset_id)
     groups = _groups(db, dataset_id, target)
-    policy = policy or pricing.DEFAULT_POLICY
+    policy = policy or pricing_limits.DEFAULT_POLICY
     priced = _priced(dataset_id, target.on, budget, charge, groups, policy)
     block = accountant_costs(budget, charge.event, policy) if accountants else None
     return QuoteAnswer(priced, limit, offset, block)
@@ -222,7 +222,7 @@ ACCOUNTANTS_NOTE: Final = (
 )
 
 
-def accountant_costs(budget: Budget, event: DpEvent, policy: pricing.Policy) -> dict[str, Any]:
+def accountant_costs(budget: Budget, event: DpEvent, policy: pricing_limits.Policy) -> dict[str, Any]:
     """The quote's ``accountants`` block: the event's price on a fresh batch of the same rule,
     ε and δ under ``basic``, ``rdp``, ``prv`` and ``tight`` (``by_accountant``), which one the
     budget uses (``uses``) and a note saying the block is informational. An accountant the rule
@@ -236,7 +236,7 @@ def accountant_costs(budget: Budget, event: DpEvent, policy: pricing.Policy) -> 
         except AccountantError as exc:
             by[name] = {"available": False, "reason": str(exc)}
             continue
-        units = pricing.work(alternative, [event])
+        units = pricing_limits.work(alternative, [event])
         if units > policy.max_work:
             by[name] = {
                 "available": False,
@@ -245,7 +245,7 @@ def accountant_costs(budget: Budget, event: DpEvent, policy: pricing.Policy) -> 
             }
             continue
         alternatives.append((name, alternative))
-    with policy.metered(sum(pricing.work(b, [event]) for _, b in alternatives)):
+    with policy.metered(sum(pricing_limits.work(b, [event]) for _, b in alternatives)):
         for name, alternative in alternatives:
             by[name] = _fresh_cost(alternative, event, rules.active_pricing())
     return {
@@ -323,7 +323,9 @@ class DatasetPrices:
             self._loaded = (budget, _groups(self._db, self._dataset_id, self._target))
         budget, groups = self._loaded
         charge = requests.charge(event, None)
-        return _priced(self._dataset_id, self._target.on, budget, charge, groups, pricing.DEFAULT_POLICY)
+        return _priced(
+            self._dataset_id, self._target.on, budget, charge, groups, pricing_limits.DEFAULT_POLICY
+        )
 
     def price(self, event: DpEvent) -> Decimal:
         """What a reservation of ``event`` would hold (``Quote.epsilon``)."""
@@ -392,7 +394,7 @@ class StagedPrices:
             raise ValueError(f"{len(charges)} charges for {len(self._stage_batches)} stages.")
         budget, classes = self._load()
         for charge in charges:  # each bounded as its reservation will be
-            pricing.check_work(budget, [charge.event], pricing.DEFAULT_POLICY.max_work)
+            pricing_limits.check_work(budget, [charge.event], pricing_limits.DEFAULT_POLICY.max_work)
         first: StageRefusal | None = None
         with rules.pricing(PriceMemo(budget)):
             for state, stages, example in classes:
@@ -482,12 +484,12 @@ def _priced(
     budget: Budget,
     charge: Charge,
     groups: Sequence[tuple[StateGroup, BatchState]],
-    policy: pricing.Policy,
+    policy: pricing_limits.Policy,
 ) -> Quote:
     """The charge priced once per class (``rules.reserve``, as the reservation decides). Work:
     the event's (checked against ``policy.max_work``) plus the budget's orders per class."""
-    units = pricing.check_work(budget, [charge.event], policy.max_work)
-    units += len(groups) * pricing.orders_of(budget)
+    units = pricing_limits.check_work(budget, [charge.event], policy.max_work)
+    units += len(groups) * pricing_limits.orders_of(budget)
     classes: list[ClassQuote] = []
     with policy.metered(units), rules.pricing(PriceMemo(budget)):
         for group, state in groups:

@@ -70,7 +70,7 @@ from service.db import models
 from service.db.base import utcnow
 from service.db.models import Batch, ReservationTask
 from service.db.session import Database
-from service.ledger import idempotency, pricing
+from service.ledger import idempotency, pricing_limits
 from service.ledger.datasets import can_be_id
 from service.ledger.errors import Conflict, InvalidInput, NotFound, ReleaseExists
 from service.ledger.spending import ENGINE, requests
@@ -188,7 +188,7 @@ def _reserve_op(
     idempotency_key: str | None,
     ttl_s: float,
     now: datetime | None,
-    policy: pricing.Policy | None,
+    policy: pricing_limits.Policy | None,
     release: Mapping[str, Any] | None = None,
 ) -> tuple[Request, tuple[str, str] | None]:
     if (batch_ids is None) == (task_ids is None):
@@ -202,7 +202,12 @@ def _reserve_op(
     ttl = requests.ttl(ttl_s)
     params = ReserveParams(selector, ids, charge, document, ttl)
     op = Request(
-        "reserve", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+        "reserve",
+        tenant_id,
+        dataset_id,
+        now or utcnow(),
+        params,
+        policy=policy or pricing_limits.DEFAULT_POLICY,
     )
     # Every field of the request: a retry that differs in any (the hold's ttl_s included) is
     # another request, answered 409 ``idempotency_conflict``, never the first one's answer.
@@ -240,7 +245,7 @@ def reserve(
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     now: datetime | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
     release: Mapping[str, Any] | None = None,
 ) -> Reservation:
     """Certify a planned charge on the batches (or every batch of the tasks) and hold it (201).
@@ -261,7 +266,7 @@ def reserve(
     ``BudgetExceeded`` / ``ChargeRefused`` (409, naming the batch; nothing is held),
     ``IdempotencyConflict``, and whatever ``policy.meter`` raises.
 
-    The charge is priced before the spend transaction opens (``service.ledger.pricing``). A retry
+    The charge is priced before the spend transaction opens (``service.ledger.pricing_limits``). A retry
     with the same ``idempotency_key`` and the same request answers the reservation as it is now
     (its current status, hold and commits), and holds nothing more.
     """
@@ -293,7 +298,7 @@ async def reserve_async(
     noise_commitment: str | None = None,
     idempotency_key: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
     release: Mapping[str, Any] | None = None,
 ) -> Reservation:
     """``reserve`` for a coroutine (the charge is priced in a thread of ``policy.limiter``)."""
@@ -342,7 +347,7 @@ def commit(
     event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
 ) -> Commit:
     """Turn the reservation's hold into spend, record the release, store a certificate (200).
 
@@ -364,7 +369,12 @@ def commit(
     params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = _dataset_of(db, tenant_id, reservation_id)
     op = Request(
-        "commit", tenant_id, dataset_id, now or utcnow(), params, policy=policy or pricing.DEFAULT_POLICY
+        "commit",
+        tenant_id,
+        dataset_id,
+        now or utcnow(),
+        params,
+        policy=policy or pricing_limits.DEFAULT_POLICY,
     )
     return of_kind(Commit, ENGINE.submit(db, keyed(op, key, request)))
 
@@ -377,12 +387,14 @@ async def commit_async(
     release: Mapping[str, Any],
     event: ev.DpEvent | None = None,
     idempotency_key: str | None = None,
-    policy: pricing.Policy | None = None,
+    policy: pricing_limits.Policy | None = None,
 ) -> Commit:
     """``commit`` for a coroutine."""
     params, key, request = _commit_request(db, reservation_id, release, event, idempotency_key)
     dataset_id = await _dataset_of_async(db, tenant_id, reservation_id)
-    op = Request("commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing.DEFAULT_POLICY)
+    op = Request(
+        "commit", tenant_id, dataset_id, utcnow(), params, policy=policy or pricing_limits.DEFAULT_POLICY
+    )
     return of_kind(Commit, await ENGINE.submit_async(db, keyed(op, key, request)))
 
 
@@ -615,6 +627,18 @@ def all_batches(db: Database, tenant_id: str, reservation_id: str) -> list[tuple
             return out
 
 
+def levels_by_batch(db: Database, tenant_id: str, certificate: Mapping[str, Any]) -> dict[str, int]:
+    """``{batch id: geometric level}`` of a geometric budget's certificate: each class's committed
+    level, for the batches its reservation lists in that class (``all_batches``);
+    a version-1 certificate maps its batches to levels itself."""
+    levels = certificate["result"]["levels"]
+    if isinstance(levels, Mapping):
+        return {str(b): int(k) for b, k in levels.items()}
+    of_class = {c["class"]: c["committed"]["level"] for c in certificate["inputs"]["classes"]}
+    members = all_batches(db, tenant_id, certificate["reservation_id"])
+    return {batch_id: int(of_class[index]) for batch_id, index in members}
+
+
 __all__ = [
     "DEFAULT_MAX_LIFETIME_S",
     "DEFAULT_TTL_S",
@@ -637,6 +661,7 @@ __all__ = [
     "extend",
     "extend_async",
     "get_reservation",
+    "levels_by_batch",
     "list_batches",
     "parse_event",
     "reserve",

@@ -143,14 +143,6 @@ def create_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
         return _tenant_json(tenant)
 
 
-def get_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
-    with db.session(readonly=True) as session:
-        tenant = session.get(Tenant, tenant_id)
-        if tenant is None:
-            raise NotFound("tenant", tenant_id)
-        return _tenant_json(tenant)
-
-
 def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = None) -> dict[str, Any]:
     """Create a key for ``tenant`` (created if missing): ``{id, key, tenant_id, scope, ...}``.
 
@@ -419,7 +411,6 @@ __all__ = [
     "create_tenant",
     "display_prefix",
     "ensure_bootstrap_admin_key",
-    "get_tenant",
     "hash_key",
     "issue_api_key",
     "legacy_hash_key",

@@ -14,6 +14,7 @@ gives it. The worker (``service.worker``) does the rest.
 * ``dp_sgd`` — **the DP-SGD step**, true Poisson sampling, ``DpSgdTrainer.plan`` / ``train``;
   ``adadp`` — AdaDp, the sound variant.
 * ``stages`` — staged runs (one reservation per task or block); ``l2dp_ml`` with ``agem`` —
-  L2DP-ML and its baselines; ``continual_release`` — continual and sliding-window release;
+  L2DP-ML and its baselines, ``lifelong_tasks`` the task plan and accuracy matrix they share;
+  ``continual_release`` — continual and sliding-window release;
   ``pretrained`` with ``feature_extractor`` — classifiers on a frozen public extractor.
 """

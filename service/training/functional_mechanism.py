@@ -44,7 +44,7 @@ from accountant.events import DpEvent, FunctionalMechanismEvent
 from accountant.mechanisms import functional_mechanism_noise_stddev
 from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.training.data import LoadedData
-from service.training.l2dp_ml import LifelongRecord, make_plan
+from service.training.lifelong_tasks import LifelongRecord, make_plan
 from service.training.stages import LedgerTask, Stage, StageRelease
 
 COMMITMENT_PREFIX: Final = "functional-mechanism:"

@@ -12,7 +12,7 @@
 * **Joint training**, outside the ledger (``train_joint``): the same MLP trained on every task's
   records at once, no privacy and no sequence — the ceiling of every lifelong table (issue 27 §2).
 
-Both share the task plan and the per-task records of L2DP-ML (``make_plan``, ``LifelongRecord``).
+Both share the task plan and the per-task records of L2DP-ML (``service.training.lifelong_tasks``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from service.training.dp_sgd import (
     noisy_mean_gradient_flat,
     poisson_sample,
 )
-from service.training.l2dp_ml import LifelongRecord, Plan, make_plan
+from service.training.lifelong_tasks import LifelongRecord, Plan, make_plan
 from service.training.nets import MLP
 from service.training.per_example_gradients import PerExampleGradients
 from service.training.stages import LedgerTask, Stage, StageRelease

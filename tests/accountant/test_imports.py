@@ -46,15 +46,16 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(root: Path = ROOT, *, top_level_only: bool) -> dict[str, set[str]]:
-    """Each ``accountant`` module's imports of other ``accountant`` modules: at module level, and
+def _imports(root: Path = ROOT, *, top_level_only: bool, package: str = "accountant") -> dict[str, set[str]]:
+    """Each module of ``package`` (``accountant``; ``service`` in tests/service) and its imports of
+    the package's other modules: at module level, and
     with ``top_level_only=False`` also inside functions and methods (a function-level import is
     a cycle all the same, only deferred). Imports under ``if TYPE_CHECKING:`` never run and are
     left out. ``from package import name`` depends on ``package.name`` when that is a module (a
     package's ``__init__`` may import it midway), else on ``package`` itself."""
-    modules = {_module_name(path, root) for path in root.joinpath("accountant").rglob("*.py")}
+    modules = {_module_name(path, root) for path in root.joinpath(package).rglob("*.py")}
     graph: dict[str, set[str]] = {}
-    for path in root.joinpath("accountant").rglob("*.py"):
+    for path in root.joinpath(package).rglob("*.py"):
         found: set[str] = set()
 
         def visit(node: ast.AST, found: set[str] = found) -> None:
@@ -72,7 +73,7 @@ def _imports(root: Path = ROOT, *, top_level_only: bool) -> dict[str, set[str]]:
                 visit(child)
 
         visit(ast.parse(path.read_text(encoding="utf-8")))
-        graph[_module_name(path, root)] = {m for m in found if m.split(".")[0] == "accountant"}
+        graph[_module_name(path, root)] = {m for m in found if m.split(".")[0] == package}
     return graph
 
 

@@ -20,7 +20,8 @@ from accountant import events as ev
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import Charge, PriceMemo
-from service.ledger import idempotency, pricing
+from service.ledger import idempotency
+from service.ledger import pricing_limits as pricing
 from service.ledger.datasets import MAX_ID_LENGTH, can_be_id, check_text
 from service.ledger.errors import InvalidInput, NotFound
 from service.verification.signing import SigningKey
@@ -221,7 +222,7 @@ class Request:
 
 @dataclass(frozen=True)
 class Priced:
-    """What pricing a request outside any transaction found (``spending.prices.prepare``): the
+    """What pricing a request outside any transaction found (``spending.pre_pricing.prepare``): the
     charge's state-independent prices (``memo``), and for a progressive commit the reservation's
     event as parsed then (``reserved_event``: its document and the event; it never changes)."""
 

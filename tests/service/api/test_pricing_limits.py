@@ -28,7 +28,7 @@ from accountant.rules import Budget
 from service.api.ratelimit import SECONDS_PER_UNIT, PricingRates, SharedPricingRates
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import meters, pricing, tenancy
+from service.ledger import meters, pricing_limits, tenancy
 from service.ledger.errors import RateLimited
 from service.settings import Settings
 from tests.service.api.conftest import (
@@ -81,7 +81,7 @@ def work_of(budget: dict[str, Any], event: dict[str, Any]) -> int:
         accountant=budget["accountant"],
         orders=budget.get("orders"),
     )
-    return pricing.work(parsed, [ev.from_json(event)])
+    return pricing_limits.work(parsed, [ev.from_json(event)])
 
 
 def app_client(db: Database, database_url: URL, **settings: Any) -> TestClient:
@@ -97,7 +97,7 @@ def test_a_reservation_above_the_pricing_bound_is_refused_before_it_is_priced(
     admin, trainer = Api(client, keys.get("acme", "admin")), Api(client, keys.get("acme", "trainer"))
     dataset, batches = admin.dataset(RDP_1000)
     event = sampled_gaussians(200)
-    assert work_of(RDP_1000, event) == 401 * 1000 > pricing.DEFAULT_MAX_WORK
+    assert work_of(RDP_1000, event) == 401 * 1000 > pricing_limits.DEFAULT_MAX_WORK
     started = time.monotonic()
     refused = trainer.reserve(dataset, batches, event, status=422).json()
     assert time.monotonic() - started < 5  # refused before pricing (pricing it takes ~15 s)

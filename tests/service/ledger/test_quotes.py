@@ -20,7 +20,7 @@ from accountant import events as ev
 from accountant import rules
 from accountant.calibration import calibrate_to_price
 from service.db.session import Database
-from service.ledger import batches, datasets, pricing, quotes, reservations
+from service.ledger import batches, datasets, pricing_limits, quotes, reservations
 from service.ledger.errors import InvalidInput, NotFound
 from service.ledger.reservations import parse_event
 from service.ledger.spending.store import dataset_budget
@@ -189,12 +189,13 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
         ds,
         event=parse_event(ev.to_json(event)),
         batch_ids=ids,
-        policy=pricing.Policy(meter=meter),
+        policy=pricing_limits.Policy(meter=meter),
     )
-    one_class = pricing.work(budget_of, [event]) + pricing.orders_of(budget_of)
+    one_class = pricing_limits.work(budget_of, [event]) + pricing_limits.orders_of(budget_of)
     # then the informational block: the event's work under each accountant's fresh budget
     block = sum(
-        pricing.work(quotes._alternative(budget_of, name, event), [event]) for name in rules.ACCOUNTANTS
+        pricing_limits.work(quotes._alternative(budget_of, name, event), [event])
+        for name in rules.ACCOUNTANTS
     )
     assert meter.admitted == [one_class, block]
     with pytest.raises(InvalidInput) as caught:  # the event's own work is still bounded
@@ -204,7 +205,7 @@ def test_a_quote_is_metered_by_its_work_per_class(ledger: Database) -> None:
             ds,
             event=parse_event(ev.to_json(event)),
             batch_ids=ids,
-            policy=pricing.Policy(max_work=1),
+            policy=pricing_limits.Policy(max_work=1),
         )
     assert caught.value.field == "event"
 

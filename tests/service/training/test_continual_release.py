@@ -42,6 +42,7 @@ from service.ledger import (  # noqa: E402
     certificates,
     datasets,
     jobs,
+    reservations,
     spend,
     tenancy,
 )
@@ -513,7 +514,7 @@ def test_a_job_releases_every_stage_at_its_level_within_the_budget(
     for version, stage in zip(versions, expected, strict=True):
         body = certificates.get_certificate(db, "acme", version.certificate_id)["certificate"]
         assert verify(body).ok
-        levels = certificates.levels_by_batch(db, "acme", body)
+        levels = reservations.levels_by_batch(db, "acme", body)
         assert [levels[block_ids[b]] for b in blocks_of(stage)] == levels_of(stage)
         running = max(running, Decimal(body["result"]["epsilon"]))
         assert running <= 1

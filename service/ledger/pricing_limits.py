@@ -1,4 +1,5 @@
-"""Pricing a charge before its spend transaction, and how much pricing one request may ask for.
+"""How much pricing one request may ask for (its work, bounded and metered), and why a charge is
+priced before its spend transaction.
 
 Why. Under the dataset's lock (``SELECT … FOR UPDATE``; on SQLite ``BEGIN IMMEDIATE``, which is
 the whole database's write lock) nothing else can be written. Pricing an event can take seconds:
@@ -9,7 +10,7 @@ on SQLite). So the ledger prices *before* the transaction opens, and decides ins
 * a dataset's budget never changes once the dataset exists, so every state-independent number of
   a charge (its fingerprint, basic (ε, δ), per-order RDP curve, the ε of a fresh charge, a plan
   prefix's PRV ε, a geometric level's price) follows from the event and the budget alone;
-* ``spending.prices.prepare`` computes them in a dry run of ``accountant.rules.reserve`` /
+* ``spending.pre_pricing.prepare`` computes them in a dry run of ``accountant.rules.reserve`` /
   ``commit`` with an ``accountant.rules.PriceMemo`` active, outside any transaction; the spend
   transaction runs the same functions with the same memo, so what it does under the lock is
   additions and comparisons on the batches' states (the Rényi filter's per-order sums, a

@@ -16,7 +16,7 @@ from accountant.errors import AccountantError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import BatchState, Budget, Charge, PriceMemo
 from service.db.session import Database
-from service.ledger import pricing
+from service.ledger import pricing_limits as pricing
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import (
