@@ -57,7 +57,7 @@ _TRANSIENT_SQLSTATES: Final = frozenset({"40P01", "40001"})
 @dataclass(frozen=True)
 class Domain:
     """The seam between the engine and what it runs: how an operation is priced before its
-    transaction and decided in it (``spending.decisions``, ``spending.prices``)."""
+    transaction and decided in it (``spending.decisions``, ``spending.pre_pricing``)."""
 
     decide: Callable[[Work, Request, Priced], tuple[Answer | None, LedgerError | None]]
     """Decide a request on the locked ``Work`` with its prices and apply it: its answer, or the

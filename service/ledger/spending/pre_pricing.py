@@ -1,4 +1,4 @@
-"""Pricing of a spend, before its transaction (``service.ledger.pricing``).
+"""Pricing of a spend, before its transaction (``service.ledger.pricing_limits``).
 
 A reservation's charge and a progressive commit's event are bounded, metered and priced outside
 any transaction; the spend transaction then decides with the same memo (``rules.pricing``), on
@@ -16,7 +16,7 @@ from accountant.errors import AccountantError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import BatchState, Budget, Charge, PriceMemo
 from service.db.session import Database
-from service.ledger import pricing_limits as pricing
+from service.ledger import pricing_limits
 from service.ledger.errors import NotFound
 from service.ledger.spending.decisions import rule_error
 from service.ledger.spending.requests import (
@@ -53,7 +53,7 @@ def prices_inline(op: Request) -> bool:
     if event is None:
         return True
     known = known_dataset(op.dataset_id)
-    return known is not None and pricing.work(known[1], [event]) <= pricing.INLINE_WORK
+    return known is not None and pricing_limits.work(known[1], [event]) <= pricing_limits.INLINE_WORK
 
 
 def prepare(db: Database, op: Request) -> Priced:
@@ -76,7 +76,7 @@ def prepare(db: Database, op: Request) -> Priced:
     tenant_id, budget = dataset_budget(db, op.dataset_id)
     if tenant_id != op.tenant_id:
         raise NotFound("dataset", op.dataset_id)
-    units = pricing.check_work(budget, [event], op.policy.max_work)
+    units = pricing_limits.check_work(budget, [event], op.policy.max_work)
     memo = PriceMemo(budget)
     reserved_event = None
     with op.policy.metered(units), rules.pricing(memo):
@@ -94,7 +94,7 @@ def _price_segment(db: Database, op: Request, params: SegmentParams) -> None:
     tenant_id, budget = dataset_budget(db, op.dataset_id)
     if tenant_id != op.tenant_id:
         raise NotFound("dataset", op.dataset_id)
-    units = pricing.check_work(budget, list(params.plan), op.policy.max_work, "plan")
+    units = pricing_limits.check_work(budget, list(params.plan), op.policy.max_work, "plan")
     with op.policy.metered(units):
         try:
             budget.with_segment(params.plan, params.delta)

@@ -20,8 +20,7 @@ from accountant import events as ev
 from accountant.errors import InvalidArgumentError
 from accountant.events import DpEvent, EventValidationError
 from accountant.rules import Charge, PriceMemo
-from service.ledger import idempotency
-from service.ledger import pricing_limits as pricing
+from service.ledger import idempotency, pricing_limits
 from service.ledger.datasets import MAX_ID_LENGTH, can_be_id, check_text
 from service.ledger.errors import InvalidInput, NotFound
 from service.verification.signing import SigningKey
@@ -212,7 +211,7 @@ class Request:
     params: Params
     key: str | None = None
     digest: str = ""
-    policy: pricing.Policy = pricing.DEFAULT_POLICY
+    policy: pricing_limits.Policy = pricing_limits.DEFAULT_POLICY
 
     @property
     def status_code(self) -> int:

@@ -1720,7 +1720,7 @@ def _reservation_row(r: Loaded) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Datasets (read before the transaction, by ``spending.prices``) and the group's reads
+# Datasets (read before the transaction, by ``spending.pre_pricing``) and the group's reads
 # ---------------------------------------------------------------------------------------------
 
 
