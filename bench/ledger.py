@@ -734,7 +734,7 @@ def spend_queries(base_url: str, db: Database, seeded: Seeded, count: int) -> di
     domain = []
     for _ in range(count):
         t0 = time.perf_counter()
-        spend.get_spend(db, TENANT, seeded.dataset_id)
+        spend.get_spend(db, TENANT, seeded.dataset_id).to_json()
         domain.append(time.perf_counter() - t0)
     return {
         "charges": seeded.charges,

@@ -29,7 +29,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     summary="What the dataset has spent (from aggregates; never a scan of charges)",
 )
 def get_spend(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(spend.get_spend(db, principal.tenant_id, dataset_id))
+    return json_answer(spend.get_spend(db, principal.tenant_id, dataset_id).to_json())
 
 
 @router.get(

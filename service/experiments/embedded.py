@@ -20,6 +20,7 @@ from service.db.session import Database
 from service.ledger import batches, datasets, jobs, spend, tenancy
 from service.ledger import model_registry as registry
 from service.ledger.errors import NotFound
+from service.ledger.spend import DatasetSpend
 from service.worker.worker import Worker
 
 TENANT = "experiments"
@@ -50,7 +51,7 @@ class JobResult:
 
     job: dict[str, Any]
     versions: list[dict[str, Any]]
-    spend: dict[str, Any]
+    spend: DatasetSpend
 
     @property
     def status(self) -> str:
@@ -143,7 +144,7 @@ class EmbeddedLedger:
             if len(page) < registry.MAX_PAGE:
                 return found
 
-    def spend(self, dataset: RegisteredDataset) -> dict[str, Any]:
+    def spend(self, dataset: RegisteredDataset) -> DatasetSpend:
         return spend.get_spend(self.db, TENANT, dataset.id)
 
 

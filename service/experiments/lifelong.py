@@ -326,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
                             "naive_multi": naive.versions[-1]["metrics"]["multi_head_average_accuracy"],
                             "naive_forgetting": naive.versions[-1]["metrics"].get("average_forgetting", 0.0),
                             "fm_ledger_epsilon": fm_eps,
-                            "fm_ledger_epsilon_after_multi_head": float(multi.spend["epsilon_spent"]),
+                            "fm_ledger_epsilon_after_multi_head": float(multi.spend.spent.epsilon_spent),
                             "naive_ledger_epsilon": _ledger_epsilons(ledger, naive),
                             "naive_noise_multiplier": naive.versions[0]["metrics"]["noise_multiplier"],
                         }

@@ -367,7 +367,7 @@ def check_after_worker_kills(
             text("SELECT count(*) FROM certificates WHERE dataset_id = :d AND release_id IS NULL"),
             {"d": dataset},
         ).scalar_one()
-    ledger = spend.get_spend(db, tenant, dataset)
+    ledger = spend.get_spend(db, tenant, dataset).to_json()
     f["epsilon_held"] = ledger["epsilon_held"]
     f["epsilon_spent"] = ledger["epsilon_spent"]
     f["staged_files_left"] = len(staged_files(artifacts))

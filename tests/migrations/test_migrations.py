@@ -844,7 +844,7 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
     try:
         new = datasets.create_dataset(db, "acme", name="new", budget=budget)["id"]
         assert {d: bool(m) for d, m in db.read_all(marks)} == {old: True, new: False}
-        assert spend.get_spend(db, "acme", old)["guarantee"]["epsilon"] == "0"
+        assert spend.get_spend(db, "acme", old).to_json()["guarantee"]["epsilon"] == "0"
         assert audit.verify(db)["ok"]
     finally:
         db.dispose()

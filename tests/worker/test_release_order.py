@@ -26,7 +26,7 @@ def test_the_data_source_is_opened_only_once_the_reservation_is_held(db: Databas
     held_when_opened: list[tuple[int, str]] = []
 
     def loader(uri: str, tenant_id: str) -> LoadedData:
-        now = spend.get_spend(db, "acme", world.dataset_id)
+        now = spend.get_spend(db, "acme", world.dataset_id).to_json()
         held_when_opened.append((now["reservations_open"], now["epsilon_held"]))
         return counting(uri, tenant_id)
 

@@ -48,7 +48,7 @@ def test_spend_reads_aggregates_only(ledger: Database, make_dataset: MakeDataset
     for i in range(30):
         _charge(ledger, ds.id, ds.batches[i % 2], i)
     with statements(ledger) as sql:
-        answer = spend.get_spend(ledger, "t1", ds.id)
+        answer = spend.get_spend(ledger, "t1", ds.id).to_json()
     assert answer["charges_committed"] == 30 and answer["epsilon_spent"] == "0.15"
     queries = [s for s in sql if s.startswith("select")]
     assert len(queries) == 2  # the dataset row and its tasks

@@ -116,7 +116,7 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
     assert loader.opened == [DIGITS]
 
     # Charged as the DP-SGD run it is: the reservation is committed, the dataset's spend moved.
-    spent = spend.get_spend(db, "acme", world.dataset_id)
+    spent = spend.get_spend(db, "acme", world.dataset_id).to_json()
     assert Decimal(spent["epsilon_spent"]) == Decimal(job["epsilon_committed"]) > 0
 
     (version,) = versions_of(db, job_id)
