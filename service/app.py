@@ -53,7 +53,7 @@ from service.api.openapi import install as install_openapi
 from service.api.ratelimit import PricingRates
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import reservations, spend
+from service.ledger import reservations, spent
 from service.settings import Settings
 
 logger = logging.getLogger("service.app")
@@ -224,11 +224,11 @@ def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:
 def _read_budget_gauges(db: Database, metrics: LedgerMetrics) -> None:
     """Each dataset's budget, spent, held, remaining and naive ε, read when scraped."""
     try:
-        datasets = spend.every_dataset_spend(db)
+        datasets = spent.every_dataset_spend(db)
     except Exception as exc:  # a scrape must not fail because the database is down
         logger.warning("could not read budget gauges: %s", exc)
         return
-    numbers: tuple[tuple[Gauge, Callable[[spend.Spent], Decimal]], ...] = (
+    numbers: tuple[tuple[Gauge, Callable[[spent.Spent], Decimal]], ...] = (
         (metrics.budget_epsilon, lambda s: s.epsilon_budget),
         (metrics.budget_spent, lambda s: s.epsilon_spent),
         (metrics.budget_held, lambda s: s.epsilon_held),

@@ -17,10 +17,10 @@ from typing import Any
 
 from service.db.migrations import upgrade
 from service.db.session import Database
-from service.ledger import batches, datasets, jobs, spend, tenancy
+from service.ledger import batches, datasets, jobs, spent, tenancy
 from service.ledger import model_registry as registry
 from service.ledger.errors import NotFound
-from service.ledger.spend import DatasetSpend
+from service.ledger.spent import DatasetSpend
 from service.worker.worker import Worker
 
 TENANT = "experiments"
@@ -128,7 +128,7 @@ class EmbeddedLedger:
         while self.worker.run_once() is not None:
             pass
         answer = jobs.queue.get_job(self.db, TENANT, job["id"])
-        return JobResult(answer, self.versions(model_name), spend.get_spend(self.db, TENANT, dataset.id))
+        return JobResult(answer, self.versions(model_name), spent.get_spend(self.db, TENANT, dataset.id))
 
     def versions(self, model_name: str) -> list[dict[str, Any]]:
         """Every published version of ``model_name``, oldest first (none: ``[]``)."""
@@ -145,7 +145,7 @@ class EmbeddedLedger:
                 return found
 
     def spend(self, dataset: RegisteredDataset) -> DatasetSpend:
-        return spend.get_spend(self.db, TENANT, dataset.id)
+        return spent.get_spend(self.db, TENANT, dataset.id)
 
 
 __all__ = ["TENANT", "EmbeddedLedger", "JobResult", "RegisteredDataset", "RegisteredTask"]

@@ -47,15 +47,12 @@ from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
-from service.ledger.spend import Spent, max_pair, reserved_of_batches, spent_of
+from service.ledger.spending.answers import EpsilonDelta
 from service.ledger.spending.store import EFFECTIVE_STATE, reservation_members
+from service.ledger.spent import Spent, max_pair, reserved_of_batches, spent_of
 
 MAX_BATCH_PAGE: Final = 5000
 _STREAM_CHUNK: Final = 1000
-
-
-def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
-    return {"epsilon": to_text(pair[0]), "delta": to_text(pair[1])}
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +434,7 @@ def epsilon_history(
                 "releases": n,
                 "epsilon": to_text(eps),
                 "naive_sequential_epsilon": to_text(naive),
-                "guarantee": _guarantee_json(guarantee),
+                "guarantee": EpsilonDelta(*guarantee).to_json(),
             }
             for k, (n, eps, naive, guarantee) in page
         ],

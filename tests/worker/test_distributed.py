@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from service.db.session import Database
-from service.ledger import certificates, jobs, model_registry, quotes, spend
+from service.ledger import certificates, jobs, model_registry, quotes, spent
 from service.ledger.reservations import parse_event
 from service.training.distributed import Ranks
 from service.training.dp_sgd import noisy_mean_gradient_of_ranks
@@ -209,7 +209,7 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
     priced = quotes.quote(db, "acme", world.dataset_id, event=parse_event(prefix), new_batch=True).quote
     assert held.committed_epsilon == priced.epsilon
     assert held.committed_delta == priced.delta
-    assert spend.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_held"] == "0"
+    assert spent.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_held"] == "0"
     (stored,) = certificates.list_certificates(db, "acme", world.dataset_id)["data"]
     assert stored["outcome"] == "aborted" and stored["release"] is None
 

@@ -18,8 +18,8 @@ from service.db.session import Database
 from service.ledger import batches, reservations
 from service.ledger.errors import BudgetExceeded, Conflict, NotFound
 from service.ledger.reservations import parse_event
-from service.ledger.spend import get_spend
 from service.ledger.spending.store import Known, KnownDatasets, Learned
+from service.ledger.spent import get_spend
 from tests.service.ledger.conftest import MakeDataset
 
 EVENT = {"kind": "pure_dp", "epsilon": 0.001}

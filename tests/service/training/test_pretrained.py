@@ -39,7 +39,7 @@ from accountant.certificates import verify  # noqa: E402
 from accountant.events import GaussianEvent  # noqa: E402
 from service.db.models import Reservation  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, certificates, datasets, jobs, spend, tenancy  # noqa: E402
+from service.ledger import batches, certificates, datasets, jobs, spent, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import ChargeRefused, InvalidInput  # noqa: E402
 from service.training.data import load_data  # noqa: E402
@@ -358,7 +358,7 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     metrics = versions[-1]["metrics"]
     assert metrics["seen_tasks"] == [0, 1, 2]
     assert set(metrics["task_accuracy"]) == {"0", "1", "2"}
-    answer = spend.get_spend(db, "acme", dataset_id).to_json()
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert Decimal(answer["epsilon_spent"]) <= 1
     assert all(Decimal("0.99") < Decimal(t["epsilon_spent"]) <= 1 for t in answer["tasks"])
     # S1: the released model covers all ten classes from the first release on.
@@ -401,7 +401,7 @@ def test_full_data_on_a_sequential_dataset_charges_old_tasks_once_per_release(
     job = _job(db, tmp_path, dataset_id, "peft_full_data", target_epsilon=1.0, delta=DELTA)
     assert job["status"] == "succeeded", job.get("error")
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 3
-    tasks = spend.get_spend(db, "acme", dataset_id).to_json()["tasks"]
+    tasks = spent.get_spend(db, "acme", dataset_id).to_json()["tasks"]
     first, second, last = (Decimal(t["epsilon_spent"]) for t in tasks)
     assert first > second > last > 0  # three, two and one charges under the Rényi filter
     assert first > Decimal("1.5")  # more than one release's ε: the re-reads are charged
@@ -434,7 +434,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
     answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     assert "public split" in answer["error"]["message"]
-    assert spend.get_spend(db, "acme", dataset["id"]).to_json()["epsilon_spent"] == "0"  # nothing released
+    assert spent.get_spend(db, "acme", dataset["id"]).to_json()["epsilon_spent"] == "0"  # nothing released
 
 
 def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp_path: Path) -> None:
@@ -510,7 +510,7 @@ def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_t
     largest = error["largest_target_epsilon"]
     assert 0.97 < largest < 1.05
     assert loader.opened == []
-    assert spend.get_spend(db, "acme", dataset_id).to_json()["epsilon_spent"] == "0"
+    assert spent.get_spend(db, "acme", dataset_id).to_json()["epsilon_spent"] == "0"
     assert reservations_of(db, dataset_id) == []
 
     # the largest on the grid: one step (10⁻⁴) more is refused again, unread, naming the same

@@ -1,11 +1,18 @@
-"""Spend: what a dataset has spent, read from aggregates only (never a scan of charges).
+"""What a dataset has spent, read from aggregates only (never a scan of charges) — the read; the
+spend transactions that write it are ``service.ledger.spending``.
+
+Typed inside the process: ``spent_of`` reads each dataset's ``Spent`` (``Decimal`` amounts,
+datetimes, its guarantee), the one read behind ``get_spend`` (``DatasetSpend``: with its tasks'
+``TaskSpent``), the dashboard's summaries and per-batch and history heads (``views``) and the
+operator's ``/metrics`` gauges (``every_dataset_spend``); ``to_json`` makes the wire form below
+at the edge.
 
 The spend transactions (``service.ledger.reservations``) keep, on the dataset row, the maxima
 over its disjoint batches of the committed spend under the rule, of δ, and of the naive
 sequential ε, plus the open holds; on each task row the maxima over its batches. This read is
 two indexed queries whatever the number of charges.
 
-Answer (numbers are decimal strings — exact, as stored; never binary floats)::
+``DatasetSpend.to_json()`` (numbers are decimal strings — exact, as stored; never binary floats)::
 
     {dataset_id, rule, accountant, epsilon_budget, delta_budget,
      epsilon_spent, delta_spent, epsilon_remaining, naive_sequential_epsilon,
