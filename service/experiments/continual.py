@@ -97,19 +97,19 @@ def _certified(ledger: EmbeddedLedger, result: JobResult, batch_index: dict[str,
     mismatches: list[dict[str, Any]] = []
     reads: dict[str, int] = {}
     for version in result.versions:
-        body = certificates.get_certificate(ledger.db, TENANT, version["certificate_id"])["certificate"]
+        body = certificates.get_certificate(ledger.db, TENANT, version.certificate_id)["certificate"]
         running = max(running, Decimal(body["result"]["epsilon"]))
         trajectory.append(float(running))
         levels = certificates.levels_by_batch(ledger.db, TENANT, body)
-        metrics = version["metrics"]
+        metrics = version.metrics
         first, stop = metrics["blocks"]
         ordered = sorted(levels, key=lambda b: batch_index[b])
         if [batch_index[b] for b in ordered] != list(range(first, stop)):
-            mismatches.append({"version": version["version"], "blocks": [first, stop]})
+            mismatches.append({"version": version.version, "blocks": [first, stop]})
         got = [levels[b] for b in ordered]
         want = metrics["levels"] if "levels" in metrics else [metrics["level"]] * len(got)
         if got != want:
-            mismatches.append({"version": version["version"], "ledger": got, "expected": want})
+            mismatches.append({"version": version.version, "ledger": got, "expected": want})
         for b in levels:
             reads[b] = reads.get(b, 0) + 1
     return {"trajectory": trajectory, "mismatches": mismatches, "max_reads": max(reads.values(), default=0)}
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                 cache: dict[tuple[int, int], npt.NDArray[np.float64]] = {}
                 serving = []
                 for version in result.versions:
-                    m = version["metrics"]
+                    m = version.metrics
                     if not m["serves"]:
                         continue
                     window = _window_of(mode, m, window_blocks)

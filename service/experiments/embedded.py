@@ -50,7 +50,7 @@ class JobResult:
     certificate ids) and its dataset's spend after it (``GET /v1/datasets/{id}/spend``)."""
 
     job: dict[str, Any]
-    versions: list[dict[str, Any]]
+    versions: list[registry.Version]
     spend: DatasetSpend
 
     @property
@@ -130,14 +130,14 @@ class EmbeddedLedger:
         answer = jobs.queue.get_job(self.db, TENANT, job["id"])
         return JobResult(answer, self.versions(model_name), spent.get_spend(self.db, TENANT, dataset.id))
 
-    def versions(self, model_name: str) -> list[dict[str, Any]]:
+    def versions(self, model_name: str) -> list[registry.Version]:
         """Every published version of ``model_name``, oldest first (none: ``[]``)."""
-        found: list[dict[str, Any]] = []
+        found: list[registry.Version] = []
         while True:
             try:
                 page = registry.list_versions(
                     self.db, TENANT, model_name, limit=registry.MAX_PAGE, offset=len(found)
-                )["data"]
+                ).data
             except NotFound:
                 return found
             found.extend(page)

@@ -209,8 +209,8 @@ def _accuracy_matrix(result: JobResult) -> list[list[float]]:
     versions = result.versions
     if not versions:
         return []
-    order = [str(t) for t in versions[-1]["metrics"]["seen_tasks"]]
-    return [[float(v["metrics"]["task_accuracy"][task]) for task in order] for v in versions]
+    order = [str(t) for t in versions[-1].metrics["seen_tasks"]]
+    return [[float(v.metrics["task_accuracy"][task]) for task in order] for v in versions]
 
 
 def average_accuracy(matrix: Sequence[Sequence[float]]) -> float:
@@ -302,8 +302,7 @@ def _run_one(
             "guarantee_after_task": [p["guarantee"]["epsilon"] for p in history],
         },
         "release_metrics": [
-            {k: v for k, v in version["metrics"].items() if k != "task_accuracy"}
-            for version in result.versions
+            {k: v for k, v in version.metrics.items() if k != "task_accuracy"} for version in result.versions
         ],
     }
 
