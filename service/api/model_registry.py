@@ -113,7 +113,7 @@ def list_models(
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset))
+    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset).to_json())
 
 
 def _metrics(text: str | None) -> dict[str, Any] | None:
@@ -242,7 +242,7 @@ def list_versions(
     summary="One version: certificate, metrics, job, created_at",
 )
 def get_version(name: str, version: Version, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(registry.get_version(db, principal.tenant_id, name, version))
+    return json_answer(registry.get_version(db, principal.tenant_id, name, version).to_json())
 
 
 @router.get(

@@ -357,6 +357,65 @@ class Version:
 
 
 @dataclass(frozen=True, slots=True)
+class VersionDetail:
+    """One version as ``get_version`` answers it: the ``version``, the algorithm of the job that
+    trained it (``None``: trained outside), its stored ``certificate`` and its ``dp_statement``
+    (documents, as stored and as ``dp_statement`` states them) and, for an audited run, its
+    ``privacy_audit`` beside the certified bound."""
+
+    version: Version
+    algorithm: str | None
+    certificate: dict[str, Any]
+    dp_statement: dict[str, Any]
+    privacy_audit: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        answer = {
+            **self.version.to_json(),
+            "algorithm": self.algorithm,
+            "certificate": self.certificate,
+            "dp_statement": self.dp_statement,
+        }
+        if self.privacy_audit is not None:
+            answer["privacy_audit"] = self.privacy_audit
+        return answer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """A model of the tenant's registry: how many versions (how many trained outside), the
+    latest, and the datasets they were trained on."""
+
+    name: str
+    versions: int
+    external_versions: int
+    latest_version: int
+    latest_created_at: datetime
+    dataset_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": self.versions,
+            "external_versions": self.external_versions,
+            "latest_version": self.latest_version,
+            "latest_created_at": self.latest_created_at.isoformat(),
+            "dataset_ids": list(self.dataset_ids),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsPage:
+    """A page of the tenant's models, by name, and how many it has."""
+
+    data: tuple[ModelSummary, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [m.to_json() for m in self.data], "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
 class VersionsPage:
     """A page of a model's versions, oldest first, and how many it has."""
 
@@ -813,9 +872,8 @@ def register_external(
     return answer, True
 
 
-def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """The tenant's models, by name: ``{data: [{name, versions, external_versions,
-    latest_version, latest_created_at, dataset_ids}], count}``."""
+def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> ModelsPage:
+    """The tenant's models, by name."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
     if offset < 0:
@@ -845,18 +903,18 @@ def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int =
                 .distinct()
             ):
                 datasets.setdefault(model, set()).add(dataset_id)
-    data = [
-        {
-            "name": model,
-            "versions": int(total),
-            "external_versions": int(total) - int(with_job),
-            "latest_version": int(latest),
-            "latest_created_at": created.isoformat(),
-            "dataset_ids": sorted(datasets.get(model, ())),
-        }
+    data = tuple(
+        ModelSummary(
+            model,
+            int(total),
+            int(total) - int(with_job),
+            int(latest),
+            created,
+            tuple(sorted(datasets.get(model, ()))),
+        )
         for model, total, with_job, latest, created in names
-    ]
-    return {"data": data, "count": count}
+    )
+    return ModelsPage(data, count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -914,22 +972,20 @@ def _load_version(session: Session, tenant_id: str, name: str, version: int) -> 
     return row
 
 
-def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[str, Any]:
+def get_version(db: Database, tenant_id: str, name: str, version: int) -> VersionDetail:
     """One version with its certificate (re-verifiable offline), its DP statement
     (``service.ledger.dp_statement``), metrics, job, ``model_spec`` and creation time."""
     name = _name(name)
     with db.session(readonly=True) as session:
         row = _load_version(session, tenant_id, name, version)
-        answer = Version.of(row).to_json()
+        published = Version.of(row)
         job = None if row.job_id is None else session.get(Job, row.job_id)
-        answer["algorithm"] = job.algorithm if job is not None else None
+        algorithm = job.algorithm if job is not None else None
         trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
-    answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
-    answer["dp_statement"] = dp_statement(answer["certificate"], job=trained_by, model_spec=row.model_spec)
-    audited = privacy_audit(answer["metrics"], answer["dp_statement"]["run_alone"])
-    if audited is not None:
-        answer["privacy_audit"] = audited
-    return answer
+    certificate = get_certificate(db, tenant_id, row.certificate_id)
+    statement = dp_statement(certificate, job=trained_by, model_spec=row.model_spec)
+    audited = privacy_audit(published.metrics, statement["run_alone"])
+    return VersionDetail(published, algorithm, certificate, statement, audited)
 
 
 def privacy_audit(metrics: Mapping[str, Any], run_alone: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -993,8 +1049,11 @@ __all__ = [
     "STAGING",
     "Artifact",
     "ArtifactUpload",
+    "ModelSummary",
+    "ModelsPage",
     "StagedArtifact",
     "Version",
+    "VersionDetail",
     "VersionsPage",
     "artifact_file",
     "certificate_of_candidate",

@@ -114,7 +114,7 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
     assert [v.step for v in versions] == [3, 6]
     for version in versions:
         body = registry.get_version(db, "acme", done["model_name"], version.version)
-        assert body["certificate"]["release"]["artifact_sha256"] == version.artifact.sha256
+        assert body.certificate["release"]["artifact_sha256"] == version.artifact.sha256
     assert staged_files(artifacts) == []
 
 

@@ -126,11 +126,12 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
 
     answer = registry.get_version(db, "acme", "audit", version.version)
     # Against the run's own bound at the budget's δ, not the filter's budget share (issue 24 §3).
-    alone = answer["dp_statement"]["run_alone"]
-    certified = answer["privacy_audit"]["certified"]
+    alone = answer.dp_statement["run_alone"]
+    assert answer.privacy_audit is not None
+    certified = answer.privacy_audit["certified"]
     assert certified["epsilon_upper"] == float(alone["epsilon"]) and certified["delta"] == 1e-5
     assert certified["consistent"] is True and certified["epsilon_lower"] < certified["epsilon_upper"]
-    assert answer["privacy_audit"]["epsilon_lower"] == audit["epsilon_lower"]
+    assert answer.privacy_audit["epsilon_lower"] == audit["epsilon_lower"]
     # a plain DP-SGD version has no audit block; a malformed record is shown, not compared
     assert registry.privacy_audit({"test_accuracy": 0.9}, alone) is None
     malformed = {"privacy_audit": {**audit, "correct": "all"}}
