@@ -22,7 +22,7 @@ Measures, per backend:
   noisy machine.
 * **spend query at 10⁶ charges** — ``GET /v1/datasets/{id}/spend`` on a dataset holding
   ``--charges`` committed charges, sequentially: p50 / p99 / mean latency over HTTP, and the
-  domain operation alone (``service.ledger.spend.get_spend``, no HTTP) for comparison.
+  domain operation alone (``service.ledger.spent.get_spend``, no HTTP) for comparison.
 
 How the 10⁶ charges are seeded (before the server starts, in a fresh database): one real charge
 goes through the ledger (``reservations.reserve`` + ``commit``: reservation rows, certificate,
@@ -96,7 +96,7 @@ from service.db.models import (  # noqa: E402
     Task,
 )
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
+from service.ledger import batches, datasets, reservations, spent, tenancy  # noqa: E402
 from service.ledger.spending.store import state_id  # noqa: E402
 
 ADMIN_KEY = "pl_bench_" + secrets.token_urlsafe(24)
@@ -734,7 +734,7 @@ def spend_queries(base_url: str, db: Database, seeded: Seeded, count: int) -> di
     domain = []
     for _ in range(count):
         t0 = time.perf_counter()
-        spend.get_spend(db, TENANT, seeded.dataset_id)
+        spent.get_spend(db, TENANT, seeded.dataset_id).to_json()
         domain.append(time.perf_counter() - t0)
     return {
         "charges": seeded.charges,

@@ -59,7 +59,7 @@ sys.path.insert(0, str(ROOT))
 from bench.ledger import fresh_database  # noqa: E402
 from service.db import migrations  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, datasets, reservations, spend, tenancy  # noqa: E402
+from service.ledger import batches, datasets, reservations, spent, tenancy  # noqa: E402
 
 TENANT = "bench"
 RESULTS = ROOT / "bench" / "results" / "scale.json"
@@ -220,7 +220,7 @@ def large(db: Database, count: int, records: int) -> dict[str, Any]:
     times = []
     for _ in range(200):
         started = time.perf_counter()
-        spend.get_spend(db, TENANT, ds)
+        spent.get_spend(db, TENANT, ds).to_json()
         times.append(time.perf_counter() - started)
     times.sort()
     p50, p99 = times[len(times) // 2], times[int(len(times) * 0.99) - 1]
@@ -250,12 +250,12 @@ def spend_query(db: Database, count: int, calls: int) -> dict[str, Any]:
     batches, charged once on all of them (stopped after 60 s)."""
     ds, tasks, _ = make_dataset(db, "rdp", count, 1, name=f"spend-{count}", budget=PARALLEL_RDP)
     charge(db, ds, "rdp", tasks=tasks)
-    spend.get_spend(db, TENANT, ds)  # the first reads the dataset's rows into the caches
+    spent.get_spend(db, TENANT, ds).to_json()  # the first reads the dataset's rows into the caches
     times: list[float] = []
     deadline = time.perf_counter() + 60
     while len(times) < calls and time.perf_counter() < deadline:
         started = time.perf_counter()
-        spend.get_spend(db, TENANT, ds)
+        spent.get_spend(db, TENANT, ds).to_json()
         times.append(time.perf_counter() - started)
     times.sort()
     p50, p99 = times[len(times) // 2], times[max(0, int(len(times) * 0.99) - 1)]

@@ -25,8 +25,9 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from decimal import Decimal
 
 import anyio.to_thread
 from fastapi import FastAPI
@@ -45,14 +46,14 @@ from service.api import reservations as reservation_routes
 from service.api import signing_keys as signing_key_routes
 from service.api.deps import KeyLookups, MetricsReaderDep, PrincipalCache
 from service.api.errors import install as install_error_handlers
-from service.api.metrics import CONTENT_TYPE, LedgerMetrics
+from service.api.metrics import CONTENT_TYPE, Gauge, LedgerMetrics
 from service.api.middleware import BodySizeLimit, RequestMetrics
 from service.api.model_registry import ARTIFACT_UPLOAD
 from service.api.openapi import install as install_openapi
 from service.api.ratelimit import PricingRates
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import reservations, views
+from service.ledger import reservations, spent
 from service.settings import Settings
 
 logger = logging.getLogger("service.app")
@@ -223,22 +224,20 @@ def _read_reservation_gauges(db: Database, metrics: LedgerMetrics) -> None:
 def _read_budget_gauges(db: Database, metrics: LedgerMetrics) -> None:
     """Each dataset's budget, spent, held, remaining and naive ε, read when scraped."""
     try:
-        datasets = views.every_dataset_spend(db)
+        datasets = spent.every_dataset_spend(db)
     except Exception as exc:  # a scrape must not fail because the database is down
         logger.warning("could not read budget gauges: %s", exc)
         return
-    for gauge, field in (
-        (metrics.budget_epsilon, "epsilon_budget"),
-        (metrics.budget_spent, "epsilon_spent"),
-        (metrics.budget_held, "epsilon_held"),
-        (metrics.budget_remaining, "epsilon_remaining"),
-        (metrics.budget_naive, "naive_sequential_epsilon"),
-    ):
+    numbers: tuple[tuple[Gauge, Callable[[spent.Spent], Decimal]], ...] = (
+        (metrics.budget_epsilon, lambda s: s.epsilon_budget),
+        (metrics.budget_spent, lambda s: s.epsilon_spent),
+        (metrics.budget_held, lambda s: s.epsilon_held),
+        (metrics.budget_remaining, lambda s: s.epsilon_remaining),
+        (metrics.budget_naive, lambda s: s.naive_sequential_epsilon),
+    )
+    for gauge, number in numbers:
         gauge.replace(
-            {
-                (d["tenant_id"], d["id"], d["name"], d["rule"], d["accountant"]): float(d[field])
-                for d in datasets
-            }
+            {(s.tenant_id, s.dataset_id, s.name, s.rule, s.accountant): float(number(s)) for s in datasets}
         )
 
 

@@ -75,7 +75,7 @@ def list_spend(
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset))
+    return json_answer(views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset).to_json())
 
 
 @router.get(

@@ -113,7 +113,7 @@ def list_models(
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset))
+    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset).to_json())
 
 
 def _metrics(text: str | None) -> dict[str, Any] | None:
@@ -211,7 +211,7 @@ async def register_version(
         )
     finally:
         upload.discard()
-    return json_answer(answer, status_code=201 if created else 200)
+    return json_answer(answer.to_json(), status_code=201 if created else 200)
 
 
 @router.get(
@@ -227,7 +227,9 @@ def list_versions(
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(registry.list_versions(db, principal.tenant_id, name, limit=limit, offset=offset))
+    return json_answer(
+        registry.list_versions(db, principal.tenant_id, name, limit=limit, offset=offset).to_json()
+    )
 
 
 @router.get(
@@ -240,7 +242,7 @@ def list_versions(
     summary="One version: certificate, metrics, job, created_at",
 )
 def get_version(name: str, version: Version, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(registry.get_version(db, principal.tenant_id, name, version))
+    return json_answer(registry.get_version(db, principal.tenant_id, name, version).to_json())
 
 
 @router.get(
@@ -259,15 +261,14 @@ def get_version(name: str, version: Version, principal: ViewerDep, db: DatabaseD
 def get_artifact(
     name: str, version: Version, request: Request, principal: ViewerDep, db: DatabaseDep
 ) -> FileResponse:
-    path, answer = registry.artifact_file(db, principal.tenant_id, name, version, _artifact_dir(request))
-    artifact = answer["artifact"]
+    path, published = registry.artifact_file(db, principal.tenant_id, name, version, _artifact_dir(request))
     return FileResponse(
         path,
         media_type="application/octet-stream",
         filename=f"{name}-v{version}{path.suffix}",
         headers={
-            "X-Artifact-SHA256": artifact["sha256"],
-            "X-Artifact-Format": artifact["format"],
-            "X-Certificate-Id": answer["certificate_id"],
+            "X-Artifact-SHA256": published.artifact.sha256,
+            "X-Artifact-Format": published.artifact.format,
+            "X-Certificate-Id": published.certificate_id,
         },
     )

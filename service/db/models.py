@@ -146,7 +146,7 @@ class Dataset(Base):
     under the dataset's lock (a deleted batch's key is never given again)."""
     priced_before_v3: Mapped[bool] = mapped_column(Boolean, server_default=false())
     """Whether the dataset may hold charges priced before pricing version 3, whose stored spend
-    can be a prefix of what ran (``service.ledger.spend``: only then does the spend read derive
+    can be a prefix of what ran (``service.ledger.spent``: only then does the spend read derive
     the guarantee from its batches). Set for every dataset that existed when migration
     ``5d2a8c4e1f63`` ran; a dataset created since never holds such a charge."""
     archived_at: Mapped[datetime | None]

@@ -257,10 +257,10 @@ def ledger_trajectory(
     sigma, q = float(plan["noise_multiplier"]), float(plan["sampling_probability"])
     return result.job["id"], [
         Checkpoint(
-            int(v["metrics"]["step"]),
-            checkpoint_epsilon(q, sigma, int(v["metrics"]["step"])),
-            float(v["metrics"]["test_accuracy"]),
-            int(v["version"]),
+            int(v.metrics["step"]),
+            checkpoint_epsilon(q, sigma, int(v.metrics["step"])),
+            float(v.metrics["test_accuracy"]),
+            v.version,
         )
         for v in result.versions
     ]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from accountant.exact import to_text
 from service.experiments.embedded import TENANT, EmbeddedLedger, JobResult, RegisteredDataset
 from service.experiments.report import pyplot, save_figure, table, write_json
 from service.ledger import certificates, reservations
@@ -96,19 +97,19 @@ def _certified(ledger: EmbeddedLedger, result: JobResult, batch_index: dict[str,
     mismatches: list[dict[str, Any]] = []
     reads: dict[str, int] = {}
     for version in result.versions:
-        body = certificates.get_certificate(ledger.db, TENANT, version["certificate_id"])["certificate"]
+        body = certificates.get_certificate(ledger.db, TENANT, version.certificate_id)["certificate"]
         running = max(running, Decimal(body["result"]["epsilon"]))
         trajectory.append(float(running))
         levels = reservations.levels_by_batch(ledger.db, TENANT, body)
-        metrics = version["metrics"]
+        metrics = version.metrics
         first, stop = metrics["blocks"]
         ordered = sorted(levels, key=lambda b: batch_index[b])
         if [batch_index[b] for b in ordered] != list(range(first, stop)):
-            mismatches.append({"version": version["version"], "blocks": [first, stop]})
+            mismatches.append({"version": version.version, "blocks": [first, stop]})
         got = [levels[b] for b in ordered]
         want = metrics["levels"] if "levels" in metrics else [metrics["level"]] * len(got)
         if got != want:
-            mismatches.append({"version": version["version"], "ledger": got, "expected": want})
+            mismatches.append({"version": version.version, "ledger": got, "expected": want})
         for b in levels:
             reads[b] = reads.get(b, 0) + 1
     return {"trajectory": trajectory, "mismatches": mismatches, "max_reads": max(reads.values(), default=0)}
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
                 cache: dict[tuple[int, int], npt.NDArray[np.float64]] = {}
                 serving = []
                 for version in result.versions:
-                    m = version["metrics"]
+                    m = version.metrics
                     if not m["serves"]:
                         continue
                     window = _window_of(mode, m, window_blocks)
@@ -215,7 +216,9 @@ def run(args: argparse.Namespace) -> int:
                     )
                 budget = float(args.epsilon)
                 never_exceeded = all(e <= budget for e in certified["trajectory"])
-                spend = result.spend
+                spent = result.spend.spent
+                schedule = spent.budget.geometric
+                assert schedule is not None  # the experiment's budget is geometric
                 runs.append(
                     {
                         "mode": mode,
@@ -226,12 +229,12 @@ def run(args: argparse.Namespace) -> int:
                         "blocks": blocks,
                         "block_size": block_size,
                         "budget_epsilon": budget,
-                        "ledger_epsilon": spend["epsilon_spent"],
+                        "ledger_epsilon": to_text(spent.epsilon_spent),
                         # Geometric levels: the spend is the guarantee (at the budget's δ).
-                        "guarantee": {k: spend["guarantee"][k] for k in ("epsilon", "delta")},
-                        "epsilon_spent_is": spend["epsilon_spent_is"],
-                        "naive_sequential_epsilon": spend["naive_sequential_epsilon"],
-                        "infinite_horizon_bound": spend["geometric"]["infinite_horizon_bound"],
+                        "guarantee": spent.guarantee.to_json(),
+                        "epsilon_spent_is": spent.epsilon_spent_is,
+                        "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+                        "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
                         "never_exceeded": never_exceeded,
                         "level_mismatches": certified["mismatches"][:10],
                         "max_reads_of_a_block": certified["max_reads"],

@@ -17,9 +17,10 @@ from typing import Any
 
 from service.db.migrations import upgrade
 from service.db.session import Database
-from service.ledger import batches, datasets, jobs, spend, tenancy
+from service.ledger import batches, datasets, jobs, spent, tenancy
 from service.ledger import model_registry as registry
 from service.ledger.errors import NotFound
+from service.ledger.spent import DatasetSpend
 from service.worker.worker import Worker
 
 TENANT = "experiments"
@@ -49,8 +50,8 @@ class JobResult:
     certificate ids) and its dataset's spend after it (``GET /v1/datasets/{id}/spend``)."""
 
     job: dict[str, Any]
-    versions: list[dict[str, Any]]
-    spend: dict[str, Any]
+    versions: list[registry.Version]
+    spend: DatasetSpend
 
     @property
     def status(self) -> str:
@@ -127,24 +128,24 @@ class EmbeddedLedger:
         while self.worker.run_once() is not None:
             pass
         answer = jobs.queue.get_job(self.db, TENANT, job["id"])
-        return JobResult(answer, self.versions(model_name), spend.get_spend(self.db, TENANT, dataset.id))
+        return JobResult(answer, self.versions(model_name), spent.get_spend(self.db, TENANT, dataset.id))
 
-    def versions(self, model_name: str) -> list[dict[str, Any]]:
+    def versions(self, model_name: str) -> list[registry.Version]:
         """Every published version of ``model_name``, oldest first (none: ``[]``)."""
-        found: list[dict[str, Any]] = []
+        found: list[registry.Version] = []
         while True:
             try:
                 page = registry.list_versions(
                     self.db, TENANT, model_name, limit=registry.MAX_PAGE, offset=len(found)
-                )["data"]
+                ).data
             except NotFound:
                 return found
             found.extend(page)
             if len(page) < registry.MAX_PAGE:
                 return found
 
-    def spend(self, dataset: RegisteredDataset) -> dict[str, Any]:
-        return spend.get_spend(self.db, TENANT, dataset.id)
+    def spend(self, dataset: RegisteredDataset) -> DatasetSpend:
+        return spent.get_spend(self.db, TENANT, dataset.id)
 
 
 __all__ = ["TENANT", "EmbeddedLedger", "JobResult", "RegisteredDataset", "RegisteredTask"]

@@ -150,9 +150,9 @@ def _ledger_epsilons(ledger: EmbeddedLedger, result: JobResult) -> list[float]:
     """The dataset's ε right after each of the job's releases (certificates' results)."""
     return [
         float(
-            certificates.get_certificate(ledger.db, "experiments", v["certificate_id"])["certificate"][
-                "result"
-            ]["epsilon"]
+            certificates.get_certificate(ledger.db, "experiments", v.certificate_id)["certificate"]["result"][
+                "epsilon"
+            ]
         )
         for v in result.versions
     ]
@@ -319,16 +319,16 @@ def run(args: argparse.Namespace) -> int:
                             "sequence": sequence,
                             "seed": seed,
                             "epsilon": eps,
-                            "fm": shared.versions[-1]["metrics"]["average_accuracy"],
-                            "fm_forgetting": shared.versions[-1]["metrics"].get("average_forgetting", 0.0),
-                            "fm_multi": multi.versions[-1]["metrics"]["average_accuracy"],
-                            "naive": naive.versions[-1]["metrics"]["average_accuracy"],
-                            "naive_multi": naive.versions[-1]["metrics"]["multi_head_average_accuracy"],
-                            "naive_forgetting": naive.versions[-1]["metrics"].get("average_forgetting", 0.0),
+                            "fm": shared.versions[-1].metrics["average_accuracy"],
+                            "fm_forgetting": shared.versions[-1].metrics.get("average_forgetting", 0.0),
+                            "fm_multi": multi.versions[-1].metrics["average_accuracy"],
+                            "naive": naive.versions[-1].metrics["average_accuracy"],
+                            "naive_multi": naive.versions[-1].metrics["multi_head_average_accuracy"],
+                            "naive_forgetting": naive.versions[-1].metrics.get("average_forgetting", 0.0),
                             "fm_ledger_epsilon": fm_eps,
-                            "fm_ledger_epsilon_after_multi_head": float(multi.spend["epsilon_spent"]),
+                            "fm_ledger_epsilon_after_multi_head": float(multi.spend.spent.epsilon_spent),
                             "naive_ledger_epsilon": _ledger_epsilons(ledger, naive),
-                            "naive_noise_multiplier": naive.versions[0]["metrics"]["noise_multiplier"],
+                            "naive_noise_multiplier": naive.versions[0].metrics["noise_multiplier"],
                         }
                     )
     rows = _rows(runs, baselines, args.sequences, epsilons)

@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from accountant.exact import shown
+from accountant.exact import shown, to_text
 from service.contract.job_params import ExtractorSpec
 from service.experiments.embedded import EmbeddedLedger, JobResult, RegisteredDataset
 from service.experiments.report import (
@@ -209,8 +209,8 @@ def _accuracy_matrix(result: JobResult) -> list[list[float]]:
     versions = result.versions
     if not versions:
         return []
-    order = [str(t) for t in versions[-1]["metrics"]["seen_tasks"]]
-    return [[float(v["metrics"]["task_accuracy"][task]) for task in order] for v in versions]
+    order = [str(t) for t in versions[-1].metrics["seen_tasks"]]
+    return [[float(v.metrics["task_accuracy"][task]) for task in order] for v in versions]
 
 
 def average_accuracy(matrix: Sequence[Sequence[float]]) -> float:
@@ -269,7 +269,7 @@ def _run_one(
 
     history = views.epsilon_history(ledger.db, TENANT, dataset.id)["data"]
     matrix = _accuracy_matrix(result)
-    spend = result.spend
+    spent, tasks = result.spend.spent, result.spend.tasks
     return {
         "algorithm": algorithm,
         "rule": rule,
@@ -288,22 +288,21 @@ def _run_one(
         "average_accuracy": average_accuracy(matrix) if matrix else None,
         "average_forgetting": average_forgetting(matrix) if matrix else None,
         "ledger": {
-            "epsilon_budget": spend["epsilon_budget"],
-            "epsilon_spent": spend["epsilon_spent"],
-            "delta_spent": spend["delta_spent"],
-            "naive_sequential_epsilon": spend["naive_sequential_epsilon"],
-            "task_epsilon": [t["epsilon_spent"] for t in spend["tasks"]],
+            "epsilon_budget": to_text(spent.epsilon_budget),
+            "epsilon_spent": to_text(spent.epsilon_spent),
+            "delta_spent": to_text(spent.delta_spent),
+            "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+            "task_epsilon": [to_text(t.epsilon_spent) for t in tasks],
             "epsilon_after_task": [p["epsilon"] for p in history],
             # What the numbers above are (a Rényi filter's are its progress, a budget share), and
             # the (ε, δ) guarantees of what was released: dataset, per task, after each task.
-            "epsilon_spent_is": spend["epsilon_spent_is"],
-            "guarantee": {k: spend["guarantee"][k] for k in ("epsilon", "delta")},
-            "task_guarantee": [t["guarantee"]["epsilon"] for t in spend["tasks"]],
+            "epsilon_spent_is": spent.epsilon_spent_is,
+            "guarantee": spent.guarantee.to_json(),
+            "task_guarantee": [to_text(t.guarantee.epsilon) for t in tasks],
             "guarantee_after_task": [p["guarantee"]["epsilon"] for p in history],
         },
         "release_metrics": [
-            {k: v for k, v in version["metrics"].items() if k != "task_accuracy"}
-            for version in result.versions
+            {k: v for k, v in version.metrics.items() if k != "task_accuracy"} for version in result.versions
         ],
     }
 

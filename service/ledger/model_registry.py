@@ -50,6 +50,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -69,6 +70,7 @@ from service.ledger.dp_statement import dp_statement, guarantee_of
 from service.ledger.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from service.ledger.jobs.leases import lease_is_live
 from service.ledger.jobs.params import check_model_name
+from service.ledger.spending.answers import EpsilonDelta
 
 STAGING: Final = ".staging"
 UPLOADS: Final = ".uploads"  # external artifacts being received (never swept with .staging)
@@ -274,26 +276,154 @@ def certified_sha256(certificate: Mapping[str, Any]) -> str | None:
     return digest if isinstance(digest, str) else None
 
 
-def version_json(row: ModelVersion) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "version": row.version,
-        "origin": "job" if row.job_id is not None else "external",
-        "job_id": row.job_id,
-        "dataset_id": row.dataset_id,
-        "certificate_id": row.certificate_id,
-        "step": row.step,
-        "metrics": row.metrics,
-        "artifact": {
-            "format": row.artifact_format,
-            "sha256": row.artifact_sha256,
-            "bytes": row.artifact_bytes,
-            "url": f"/v1/models/{row.name}/versions/{row.version}/artifact",
-        },
-        "model_spec": row.model_spec,
-        "created_at": row.created_at.isoformat(),
-    }
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A version's weights as published: their format, SHA-256 and size (``size``, ``bytes`` on
+    the wire), and the route that serves them."""
+
+    format: str
+    sha256: str
+    size: int
+    url: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "sha256": self.sha256, "bytes": self.size, "url": self.url}
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """A published model version as the registry answers it: what trained it (``job_id``; none for
+    a release trained outside the service), the certificate of its release, its metrics and
+    artifact. ``guarantee``: the (ε, δ) its certificate states, in a listing (``list_versions``)
+    only. One ``to_json``, the wire form, at the edge."""
+
+    id: str
+    name: str
+    version: int
+    job_id: str | None
+    dataset_id: str
+    certificate_id: str
+    step: int | None
+    metrics: dict[str, Any]
+    artifact: Artifact
+    model_spec: dict[str, Any] | None
+    created_at: datetime
+    guarantee: EpsilonDelta | None = None
+
+    @classmethod
+    def of(cls, row: ModelVersion, guarantee: EpsilonDelta | None = None) -> Version:
+        return cls(
+            row.id,
+            row.name,
+            row.version,
+            row.job_id,
+            row.dataset_id,
+            row.certificate_id,
+            row.step,
+            row.metrics,
+            Artifact(
+                row.artifact_format,
+                row.artifact_sha256,
+                row.artifact_bytes,
+                f"/v1/models/{row.name}/versions/{row.version}/artifact",
+            ),
+            row.model_spec,
+            row.created_at,
+            guarantee,
+        )
+
+    @property
+    def origin(self) -> str:
+        return "job" if self.job_id is not None else "external"
+
+    def to_json(self) -> dict[str, Any]:
+        answer = {
+            "id": self.id,
+            "name": self.name,
+            "version": self.version,
+            "origin": self.origin,
+            "job_id": self.job_id,
+            "dataset_id": self.dataset_id,
+            "certificate_id": self.certificate_id,
+            "step": self.step,
+            "metrics": self.metrics,
+            "artifact": self.artifact.to_json(),
+            "model_spec": self.model_spec,
+            "created_at": self.created_at.isoformat(),
+        }
+        if self.guarantee is not None:
+            answer["guarantee"] = self.guarantee.to_json()
+        return answer
+
+
+@dataclass(frozen=True, slots=True)
+class VersionDetail:
+    """One version as ``get_version`` answers it: the ``version``, the algorithm of the job that
+    trained it (``None``: trained outside), its stored ``certificate`` and its ``dp_statement``
+    (documents, as stored and as ``dp_statement`` states them) and, for an audited run, its
+    ``privacy_audit`` beside the certified bound."""
+
+    version: Version
+    algorithm: str | None
+    certificate: dict[str, Any]
+    dp_statement: dict[str, Any]
+    privacy_audit: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        answer = {
+            **self.version.to_json(),
+            "algorithm": self.algorithm,
+            "certificate": self.certificate,
+            "dp_statement": self.dp_statement,
+        }
+        if self.privacy_audit is not None:
+            answer["privacy_audit"] = self.privacy_audit
+        return answer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSummary:
+    """A model of the tenant's registry: how many versions (how many trained outside), the
+    latest, and the datasets they were trained on."""
+
+    name: str
+    versions: int
+    external_versions: int
+    latest_version: int
+    latest_created_at: datetime
+    dataset_ids: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "versions": self.versions,
+            "external_versions": self.external_versions,
+            "latest_version": self.latest_version,
+            "latest_created_at": self.latest_created_at.isoformat(),
+            "dataset_ids": list(self.dataset_ids),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsPage:
+    """A page of the tenant's models, by name, and how many it has."""
+
+    data: tuple[ModelSummary, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [m.to_json() for m in self.data], "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsPage:
+    """A page of a model's versions, oldest first, and how many it has."""
+
+    data: tuple[Version, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [v.to_json() for v in self.data], "count": self.count}
 
 
 def publish(
@@ -303,7 +433,7 @@ def publish(
     *,
     certificate_id: str,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> Version:
     """Publish a staged candidate whose release the ledger committed (see the module docstring).
 
     ``Conflict`` ``artifact_not_certified`` when the certificate names other bytes than the
@@ -367,7 +497,7 @@ def publish(
             elif not target.exists():
                 raise FileNotFoundError(f"staged artifact {source} is missing")
             _fsync_dir(target.parent)
-            answer = version_json(row)
+            answer = Version.of(row)
     except IntegrityError as exc:
         if moved:
             os.replace(target, source)
@@ -653,7 +783,7 @@ def register_external(
     preprocessing: str,
     metrics: Mapping[str, Any] | None = None,
     now: datetime | None = None,
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[Version, bool]:
     """Publish the uploaded artifact as ``name`` version ``version``, trained outside the service,
     under the certificate of its release (module docstring); ``(version, created)``. Registering
     the same bytes under the same certificate again answers the existing version
@@ -680,7 +810,7 @@ def register_external(
         with db.session() as session:
             checked = _registrable(session, tenant_id, name, version, certificate_id, received)
             if isinstance(checked, ModelVersion):
-                return version_json(checked), False  # a retry of this registration
+                return Version.of(checked), False  # a retry of this registration
             certificate = checked
             row = ModelVersion(
                 id=f"mv_{secrets.token_hex(12)}",
@@ -726,7 +856,7 @@ def register_external(
             os.replace(upload.path, target)
             moved = True
             _fsync_dir(target.parent)
-            answer = version_json(row)
+            answer = Version.of(row)
     except IntegrityError as exc:  # a concurrent registration of this version or certificate
         if moved:
             os.replace(target, upload.path)
@@ -742,9 +872,8 @@ def register_external(
     return answer, True
 
 
-def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """The tenant's models, by name: ``{data: [{name, versions, external_versions,
-    latest_version, latest_created_at, dataset_ids}], count}``."""
+def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> ModelsPage:
+    """The tenant's models, by name."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
     if offset < 0:
@@ -774,18 +903,18 @@ def list_models(db: Database, tenant_id: str, *, limit: int = 100, offset: int =
                 .distinct()
             ):
                 datasets.setdefault(model, set()).add(dataset_id)
-    data = [
-        {
-            "name": model,
-            "versions": int(total),
-            "external_versions": int(total) - int(with_job),
-            "latest_version": int(latest),
-            "latest_created_at": created.isoformat(),
-            "dataset_ids": sorted(datasets.get(model, ())),
-        }
+    data = tuple(
+        ModelSummary(
+            model,
+            int(total),
+            int(total) - int(with_job),
+            int(latest),
+            created,
+            tuple(sorted(datasets.get(model, ()))),
+        )
         for model, total, with_job, latest, created in names
-    ]
-    return {"data": data, "count": count}
+    )
+    return ModelsPage(data, count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -802,8 +931,8 @@ def _name(name: str) -> str:
 
 def list_versions(
     db: Database, tenant_id: str, name: str, *, limit: int = 100, offset: int = 0
-) -> dict[str, Any]:
-    """The model's versions, oldest first: ``{data, count}``, each with the ``guarantee`` (ε, δ)
+) -> VersionsPage:
+    """The model's versions, oldest first, each with the ``guarantee`` (ε, δ)
     its certificate states (``dp_statement.guarantee_of``); an unknown model is ``NotFound``."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
@@ -826,8 +955,8 @@ def list_versions(
         data = []
         for row, body in rows:
             epsilon, delta = guarantee_of(body)
-            data.append({**version_json(row), "guarantee": {"epsilon": epsilon, "delta": delta}})
-        return {"data": data, "count": count}
+            data.append(Version.of(row, EpsilonDelta(Decimal(epsilon), Decimal(delta))))
+        return VersionsPage(tuple(data), count)
 
 
 def _load_version(session: Session, tenant_id: str, name: str, version: int) -> ModelVersion:
@@ -843,22 +972,20 @@ def _load_version(session: Session, tenant_id: str, name: str, version: int) -> 
     return row
 
 
-def get_version(db: Database, tenant_id: str, name: str, version: int) -> dict[str, Any]:
+def get_version(db: Database, tenant_id: str, name: str, version: int) -> VersionDetail:
     """One version with its certificate (re-verifiable offline), its DP statement
     (``service.ledger.dp_statement``), metrics, job, ``model_spec`` and creation time."""
     name = _name(name)
     with db.session(readonly=True) as session:
         row = _load_version(session, tenant_id, name, version)
-        answer = version_json(row)
+        published = Version.of(row)
         job = None if row.job_id is None else session.get(Job, row.job_id)
-        answer["algorithm"] = job.algorithm if job is not None else None
+        algorithm = job.algorithm if job is not None else None
         trained_by = None if job is None else {"algorithm": job.algorithm, "plan": job.plan}
-    answer["certificate"] = get_certificate(db, tenant_id, row.certificate_id)
-    answer["dp_statement"] = dp_statement(answer["certificate"], job=trained_by, model_spec=row.model_spec)
-    audited = privacy_audit(answer["metrics"], answer["dp_statement"]["run_alone"])
-    if audited is not None:
-        answer["privacy_audit"] = audited
-    return answer
+    certificate = get_certificate(db, tenant_id, row.certificate_id)
+    statement = dp_statement(certificate, job=trained_by, model_spec=row.model_spec)
+    audited = privacy_audit(published.metrics, statement["run_alone"])
+    return VersionDetail(published, algorithm, certificate, statement, audited)
 
 
 def privacy_audit(metrics: Mapping[str, Any], run_alone: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -882,7 +1009,7 @@ def privacy_audit(metrics: Mapping[str, Any], run_alone: Mapping[str, Any]) -> d
 
 def artifact_file(
     db: Database, tenant_id: str, name: str, version: int, artifact_dir: Path
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, Version]:
     """The version's artifact file (and the version): ``NotFound`` if it is not on disk."""
     name = _name(name)
     with db.session(readonly=True) as session:
@@ -891,7 +1018,7 @@ def artifact_file(
     path = (root / row.artifact_path).resolve()
     if root not in path.parents or not path.is_file():
         raise NotFound("artifact", f"{name}/{version}")
-    return path, version_json(row)
+    return path, Version.of(row)
 
 
 def versions_of_job(db: Database, job_id: str) -> list[int]:
@@ -920,8 +1047,14 @@ __all__ = [
     "EXTENSIONS",
     "EXTERNAL_FORMATS",
     "STAGING",
+    "Artifact",
     "ArtifactUpload",
+    "ModelSummary",
+    "ModelsPage",
     "StagedArtifact",
+    "Version",
+    "VersionDetail",
+    "VersionsPage",
     "artifact_file",
     "certificate_of_candidate",
     "certified_sha256",
@@ -938,6 +1071,5 @@ __all__ = [
     "register_external",
     "stage",
     "sweep",
-    "version_json",
     "versions_of_job",
 ]

@@ -22,6 +22,7 @@ Numbers are decimal strings, exact, as the ledger stores them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session
 from accountant.errors import InvalidArgumentError
 from accountant.exact import ZERO, exact_add, exact_sub, to_text
 from accountant.rules import BatchState, Budget
-from accountant.statements import Reserved, batch_guarantee, spend_meaning
+from accountant.statements import Reserved, batch_guarantee
 from service.db.models import (
     Batch,
     BatchStateRow,
@@ -46,43 +47,60 @@ from service.db.session import Database
 from service.ledger.batches import spend_of_state
 from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
-from service.ledger.spend import budget_and_spend, max_pair, reserved_of_batches, stored_guarantees
+from service.ledger.spending.answers import EpsilonDelta
 from service.ledger.spending.store import EFFECTIVE_STATE, reservation_members
+from service.ledger.spent import Spent, max_pair, reserved_of_batches, spent_of
 
 MAX_BATCH_PAGE: Final = 5000
 _STREAM_CHUNK: Final = 1000
 
 
-def _guarantee_json(pair: tuple[Decimal, Decimal]) -> dict[str, str]:
-    return {"epsilon": to_text(pair[0]), "delta": to_text(pair[1])}
+@dataclass(frozen=True, slots=True)
+class SpendSummary:
+    """A dataset in the dashboard's list: what it has ``spent`` (the numbers ``GET
+    /v1/datasets/{id}/spend`` answers, from the same read) and how many records it registered."""
+
+    spent: Spent
+    records: int
+
+    def to_json(self) -> dict[str, Any]:
+        spent = self.spent
+        return {
+            "id": spent.dataset_id,
+            "name": spent.name,
+            **spent.budget_json(),
+            "epsilon_held": to_text(spent.epsilon_held),
+            "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+            "guarantee": spent.guarantee.to_json(),
+            "epsilon_spent_is": spent.epsilon_spent_is,
+            "reservations_open": spent.reservations_open,
+            "charges_committed": spent.charges_committed,
+            "last_release": spent.last_release,
+            "last_release_at": spent.last_release_at.isoformat() if spent.last_release_at else None,
+            "created_at": spent.created_at.isoformat(),
+            "archived_at": spent.archived_at.isoformat() if spent.archived_at else None,
+            "records": self.records,
+        }
 
 
-def _summaries_json(session: Session, rows: Sequence[Dataset]) -> list[dict[str, Any]]:
-    guarantees = stored_guarantees(session, rows)
+@dataclass(frozen=True, slots=True)
+class SpendSummaries:
+    """A page of the tenant's datasets with their spend, and how many datasets it has."""
+
+    data: tuple[SpendSummary, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [s.to_json() for s in self.data], "count": self.count}
+
+
+def _summaries(session: Session, rows: Sequence[Dataset]) -> tuple[SpendSummary, ...]:
     records = records_of(session, [r.id for r in rows])
-    return [{**_summary_json(r, guarantees[r.id]), "records": records.get(r.id, 0)} for r in rows]
+    return tuple(SpendSummary(s, records.get(s.dataset_id, 0)) for s in spent_of(session, rows))
 
 
-def _summary_json(row: Dataset, guarantee: tuple[Decimal, Decimal]) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        **budget_and_spend(row),
-        "epsilon_held": to_text(row.epsilon_held),
-        "naive_sequential_epsilon": to_text(row.naive_epsilon),
-        "guarantee": _guarantee_json(guarantee),
-        "epsilon_spent_is": spend_meaning(budget_of(row)),
-        "reservations_open": row.reservations_open,
-        "charges_committed": row.charges_committed,
-        "last_release": row.last_release,
-        "last_release_at": row.last_release_at.isoformat() if row.last_release_at else None,
-        "created_at": row.created_at.isoformat(),
-        "archived_at": row.archived_at.isoformat() if row.archived_at else None,
-    }
-
-
-def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-    """Each of the tenant's datasets with its spend, oldest first: ``{data, count}``.
+def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: int = 0) -> SpendSummaries:
+    """Each of the tenant's datasets with its spend, oldest first.
 
     One query on the dataset rows (the ledger heads): the same numbers ``GET
     /v1/datasets/{id}/spend`` answers, for a page of datasets at once.
@@ -90,17 +108,7 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
     check_page(limit, offset)
     with db.session(readonly=True) as session:
         rows, count = dataset_page(session, [Dataset.tenant_id == tenant_id], limit=limit, offset=offset)
-        return {"data": _summaries_json(session, rows), "count": count}
-
-
-def every_dataset_spend(db: Database) -> list[dict[str, Any]]:
-    """Every tenant's datasets with their spend (the operator's ``/metrics``, never a tenant's
-    answer): ``[{tenant_id, **spend summary}]``, one query on the ledger heads."""
-    with db.session(readonly=True) as session:
-        rows = session.scalars(select(Dataset).order_by(Dataset.tenant_id, Dataset.id)).all()
-        return [
-            {"tenant_id": r.tenant_id, **s} for r, s in zip(rows, _summaries_json(session, rows), strict=True)
-        ]
+        return SpendSummaries(_summaries(session, rows), count)
 
 
 def batch_spend(
@@ -137,12 +145,13 @@ def batch_spend(
             _batch_json(budget, batch, task_name, state, reserved.get(batch.id))
             for batch, task_name, state in rows
         ]
+        (spent,) = spent_of(session, [dataset])
         answer: dict[str, Any] = {
-            "dataset_id": dataset.id,
-            "rule": dataset.rule,
-            "epsilon_budget": to_text(dataset.epsilon_budget),
-            "epsilon_spent": to_text(dataset.epsilon_spent),
-            "guarantee": _guarantee_json(stored_guarantees(session, [dataset])[dataset.id]),
+            "dataset_id": spent.dataset_id,
+            "rule": spent.rule,
+            "epsilon_budget": to_text(spent.epsilon_budget),
+            "epsilon_spent": to_text(spent.epsilon_spent),
+            "guarantee": spent.guarantee.to_json(),
             "count": count or 0,
             "limit": limit,
             "offset": offset,
@@ -398,15 +407,16 @@ def epsilon_history(
             .execution_options(yield_per=_STREAM_CHUNK)
         )
         points, total = _task_points(commits, newest_task, lambda cid: _stated_guarantee(db, cid))
-        answer_head = {
-            "dataset_id": dataset.id,
-            "rule": dataset.rule,
-            "epsilon_budget": to_text(dataset.epsilon_budget),
-            "epsilon_spent": to_text(dataset.epsilon_spent),
-            "naive_sequential_epsilon": to_text(dataset.naive_epsilon),
-            "guarantee": _guarantee_json(stored_guarantees(session, [dataset])[dataset.id]),
-            "epsilon_is": spend_meaning(budget_of(dataset)),
-        }
+        (spent,) = spent_of(session, [dataset])
+    answer_head = {
+        "dataset_id": spent.dataset_id,
+        "rule": spent.rule,
+        "epsilon_budget": to_text(spent.epsilon_budget),
+        "epsilon_spent": to_text(spent.epsilon_spent),
+        "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+        "guarantee": spent.guarantee.to_json(),
+        "epsilon_is": spent.epsilon_spent_is,
+    }
     ordered = sorted(points.items())
     page = ordered[offset : offset + limit]
     return {
@@ -424,7 +434,7 @@ def epsilon_history(
                 "releases": n,
                 "epsilon": to_text(eps),
                 "naive_sequential_epsilon": to_text(naive),
-                "guarantee": _guarantee_json(guarantee),
+                "guarantee": EpsilonDelta(*guarantee).to_json(),
             }
             for k, (n, eps, naive, guarantee) in page
         ],
@@ -469,4 +479,12 @@ def _task_points(
     return points, total
 
 
-__all__ = ["MAX_PAGE", "batch_spend", "epsilon_history", "releases", "spend_summaries"]
+__all__ = [
+    "MAX_PAGE",
+    "SpendSummaries",
+    "SpendSummary",
+    "batch_spend",
+    "epsilon_history",
+    "releases",
+    "spend_summaries",
+]

@@ -60,8 +60,8 @@ def _dp_accounting_epsilon(q: float, sigma: float, steps: int) -> float:
     return float(accountant.get_epsilon(1e-5))
 
 
-def _versions(db: Any, model: str) -> list[dict[str, Any]]:
-    return list(registry.list_versions(db, TENANT, model, limit=registry.MAX_PAGE, offset=0)["data"])
+def _versions(db: Any, model: str) -> list[registry.Version]:
+    return list(registry.list_versions(db, TENANT, model, limit=registry.MAX_PAGE, offset=0).data)
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +122,13 @@ def test_every_reported_number_is_the_ledgers_and_its_epsilon_the_accountants(
                     q = float(job["plan"]["sampling_probability"])
                     assert sigma == cell["point"]["noise_multiplier"]
                     released = _versions(db, run["model"])
-                    steps = [v["metrics"]["step"] for v in released]
-                    accuracy = [v["metrics"]["test_accuracy"] for v in released]
+                    steps = [v.metrics["step"] for v in released]
+                    accuracy = [v.metrics["test_accuracy"] for v in released]
                     epsilon = [checkpoint_epsilon(q, sigma, s) for s in steps]
                     if run["version"] is None:  # not reached: no release reached the level
                         assert kind == "level" and max(accuracy) < cell["accuracy_level"]
                         continue
-                    i = [v["version"] for v in released].index(run["version"])
+                    i = [v.version for v in released].index(run["version"])
                     assert (run["step"], run["accuracy"]) == (steps[i], accuracy[i])
                     assert run["epsilon"] == epsilon[i]
                     # the project's accountant against an independent one (finer orders: ≤, close)

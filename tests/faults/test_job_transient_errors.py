@@ -110,11 +110,11 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
     assert worker.run_once() == job_id
     done = jobs.queue.get_job(db, "acme", job_id)
     assert (done["status"], done["attempts"]) == ("succeeded", 2), done
-    versions = registry.list_versions(db, "acme", done["model_name"])["data"]
-    assert [v["step"] for v in versions] == [3, 6]
+    versions = registry.list_versions(db, "acme", done["model_name"]).data
+    assert [v.step for v in versions] == [3, 6]
     for version in versions:
-        body = registry.get_version(db, "acme", done["model_name"], version["version"])
-        assert body["certificate"]["release"]["artifact_sha256"] == version["artifact"]["sha256"]
+        body = registry.get_version(db, "acme", done["model_name"], version.version)
+        assert body.certificate["release"]["artifact_sha256"] == version.artifact.sha256
     assert staged_files(artifacts) == []
 
 

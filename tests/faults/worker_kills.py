@@ -45,7 +45,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from service.db.session import Database
-from service.ledger import jobs, spend, tenancy
+from service.ledger import jobs, spent, tenancy
 from tests.service.api.conftest import ROOT, start_server, stop_server
 from tests.worker.digits_world import DIGITS, digits_dataset, staged_files
 
@@ -367,7 +367,7 @@ def check_after_worker_kills(
             text("SELECT count(*) FROM certificates WHERE dataset_id = :d AND release_id IS NULL"),
             {"d": dataset},
         ).scalar_one()
-    ledger = spend.get_spend(db, tenant, dataset)
+    ledger = spent.get_spend(db, tenant, dataset).to_json()
     f["epsilon_held"] = ledger["epsilon_held"]
     f["epsilon_spent"] = ledger["epsilon_spent"]
     f["staged_files_left"] = len(staged_files(artifacts))

@@ -817,7 +817,7 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
     derives the guarantee from its batches, as before); a dataset created since is not; the
     downgrade drops the mark and keeps every ledger."""
     from service.db.session import Database
-    from service.ledger import audit, datasets, spend, tenancy
+    from service.ledger import audit, datasets, spent, tenancy
 
     budget = {"rule": "parallel", "epsilon": "1", "delta": "1e-5", "accountant": "rdp"}
     marks = sa.text("SELECT id, priced_before_v3 FROM datasets")
@@ -844,7 +844,7 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
     try:
         new = datasets.create_dataset(db, "acme", name="new", budget=budget)["id"]
         assert {d: bool(m) for d, m in db.read_all(marks)} == {old: True, new: False}
-        assert spend.get_spend(db, "acme", old)["guarantee"]["epsilon"] == "0"
+        assert spent.get_spend(db, "acme", old).to_json()["guarantee"]["epsilon"] == "0"
         assert audit.verify(db)["ok"]
     finally:
         db.dispose()

@@ -25,7 +25,7 @@ from accountant.exact import to_text
 from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
-from service.ledger import certificates, datasets, jobs, quotes, spend
+from service.ledger import certificates, datasets, jobs, quotes, spent
 from service.ledger.reservations import parse_event
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, reservation, versions_of
@@ -65,7 +65,7 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert priced.epsilon > 0  # from empty
     assert (held.committed_epsilon, held.committed_delta) == (priced.epsilon, priced.delta)
     assert held.committed_epsilon < held.epsilon  # the 13 steps never begun went back
-    ledger = spend.get_spend(db, "acme", dataset_id)
+    ledger = spent.get_spend(db, "acme", dataset_id).to_json()
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (to_text(priced.epsilon), "0")
     assert Decimal(jobs.queue.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
     (stored,) = certificates.list_certificates(db, "acme", dataset_id)["data"]
@@ -99,7 +99,7 @@ def test_a_job_failing_before_reading_data_is_refunded(db: Database, tmp_path: P
     answer = jobs.queue.get_job(db, "acme", str(job["id"]))
     assert answer["status"] == "failed" and answer["error"]["error"] == "data_source", answer
     assert reservation(db, answer["reservation_id"]).status == "aborted"
-    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == ("0", "0")
     assert certificates.list_certificates(db, "acme", world.dataset_id)["count"] == 0
     (entry,) = _audit_payloads(db, world.dataset_id, "reservation.aborted")

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from service.db.session import Database
-from service.ledger import certificates, jobs, model_registry, quotes, spend
+from service.ledger import certificates, jobs, model_registry, quotes, spent
 from service.ledger.reservations import parse_event
 from service.training.distributed import Ranks
 from service.training.dp_sgd import noisy_mean_gradient_of_ranks
@@ -102,11 +102,11 @@ def _certified(db: Database, job: dict[str, Any]) -> tuple[dict[str, Any], dict[
     statement, less what names this dataset and this certificate (ids, hashes, times)."""
     (version,) = versions_of(db, job["id"])
     answer = model_registry.get_version(db, "acme", version.name, version.version)
-    body = answer["certificate"]["certificate"]
+    body = answer.certificate["certificate"]
     inputs = {k: v for k, v in body["inputs"].items() if k not in ("release", "dataset_id", "reservation_id")}
     inputs["batch_set"] = inputs["batch_set"]["count"]  # (its hash is of this dataset's batch ids)
     result = {k: v for k, v in body["result"].items() if k != "release"}
-    statement = {k: v for k, v in answer["dp_statement"].items() if k != "certificate"}
+    statement = {k: v for k, v in answer.dp_statement.items() if k != "certificate"}
     return {"inputs": inputs, "result": result, "accountant": body["accountant"]}, statement
 
 
@@ -209,7 +209,7 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
     priced = quotes.quote(db, "acme", world.dataset_id, event=parse_event(prefix), new_batch=True).quote
     assert held.committed_epsilon == priced.epsilon
     assert held.committed_delta == priced.delta
-    assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
+    assert spent.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_held"] == "0"
     (stored,) = certificates.list_certificates(db, "acme", world.dataset_id)["data"]
     assert stored["outcome"] == "aborted" and stored["release"] is None
 
@@ -235,5 +235,6 @@ def test_a_two_process_audit_job_is_charged_once_and_states_its_audit(db: Databa
     audit = version.metrics["privacy_audit"]
     assert audit["canaries"] == 200 and job["metrics"]["privacy_audit"] == audit
     answer = model_registry.get_version(db, "acme", "audit-2", version.version)
-    certified = answer["privacy_audit"]["certified"]
+    assert answer.privacy_audit is not None
+    certified = answer.privacy_audit["certified"]
     assert certified["consistent"] is True and certified["epsilon_lower"] < certified["epsilon_upper"]

@@ -23,7 +23,7 @@ from accountant.mechanisms import (
 from accountant.registry import make_accountant
 from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.db.session import Database
-from service.ledger import jobs, spend
+from service.ledger import jobs, spent
 from service.training.data import LoadedData, load_data
 from service.training.functional_mechanism import (
     batch_coefficients,
@@ -157,7 +157,7 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     # 0.587–0.674 and twice 0.49, so "> 0.5" failed about one run in six; 0.4 is still far
     # above chance and holds over that spread.
     assert versions[-1].metrics["average_accuracy"] > 0.4
-    first = spend.get_spend(db, "acme", dataset_id)
+    first = spent.get_spend(db, "acme", dataset_id).to_json()
     # Every batch was read once: each task's spend is one Gaussian's, and so is the dataset's.
     assert {t["epsilon_spent"] for t in first["tasks"]} == {first["epsilon_spent"]}
     assert Decimal(first["epsilon_spent"]) <= Decimal(2)
@@ -166,7 +166,7 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     # Same seed, multi-head, another order: every read replays committed noise, ε unchanged.
     again = _job(db, tmp_path, dataset_id, {**params, "multi_head": True, "task_order": [2, 0, 1]})
     assert again["status"] == "succeeded", again["error"]
-    after = spend.get_spend(db, "acme", dataset_id)
+    after = spent.get_spend(db, "acme", dataset_id).to_json()
     assert after["epsilon_spent"] == first["epsilon_spent"]
     assert Decimal(after["naive_sequential_epsilon"]) == 2 * Decimal(first["epsilon_spent"])
     heads = versions_of(db, str(again["id"]))

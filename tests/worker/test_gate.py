@@ -29,7 +29,7 @@ from accountant.certificates import verify  # noqa: E402
 from service.contract.data_roots import DataRoots  # noqa: E402
 from service.db.base import utcnow  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import certificates, datasets, jobs, reservations, spend  # noqa: E402
+from service.ledger import certificates, datasets, jobs, reservations, spent  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
 from service.ledger.quotes import Quote  # noqa: E402
@@ -122,7 +122,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     # The whole reservation is spent, nothing is held.
     closed = reservation(db, job["reservation_id"])
     assert closed.status == "committed" and closed.commits == 3
-    before = spend.get_spend(db, "acme", world.dataset_id)
+    before = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert before["epsilon_held"] == "0" and before["reservations_open"] == 0
 
     # A second job needs more than what remains: refused before its data source is opened.
@@ -136,7 +136,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert 0 < error["largest_target_epsilon"] < 2  # what would fit, named
     assert loader.opened == [DIGITS]  # not opened again
     assert versions_of(db, second) == [] and refused["reservation_id"] is None
-    after = spend.get_spend(db, "acme", world.dataset_id)
+    after = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert after["epsilon_spent"] == before["epsilon_spent"] and after["epsilon_held"] == "0"
     assert staged_files(artifacts) == []
 
@@ -197,7 +197,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     largest = error["largest_target_epsilon"]
     assert 1.5 < largest < 2
     assert loader.opened == []  # nothing read
-    assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_spent"] == "0"
+    assert spent.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_spent"] == "0"
     # The named target fits, and a little more does not (it is the largest, to about 0.1%).
     fits = _queue(db, world.dataset_id, target_epsilon=largest, seed=3)
     assert worker.run_once() == fits
@@ -281,7 +281,7 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
     else:  # cancelled exactly at a release: nothing ran beyond it
         assert held.committed_epsilon == epsilons[-1]
     assert held.committed_epsilon < held.epsilon  # the steps never begun went back
-    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
     assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon
     # Only committed steps are reported: the metrics are those of the last release.
@@ -304,7 +304,7 @@ def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) 
     assert versions_of(db, job_id) == [] and job["metrics"] is None
     assert staged_files(artifacts) == []
     assert not any(p.is_file() for p in artifacts.rglob("*"))  # no version file either
-    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     held = reservation(db, job["reservation_id"])
     assert held.status == "expired" and held.committed_epsilon == held.epsilon
     assert Decimal(ledger["epsilon_spent"]) == held.epsilon and ledger["epsilon_held"] == "0"
@@ -332,7 +332,7 @@ def test_records_that_do_not_match_the_batches_fail_before_training(db: Database
     assert [r for r in {*ids, *ledgered} if r in shown] == []
     assert job["progress"]["step"] == 0 and versions_of(db, job_id) == []
     assert reservation(db, job["reservation_id"]).status == "aborted"
-    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
 
 
@@ -346,7 +346,7 @@ def test_invalid_trainer_params_are_refused_at_submit_naming_the_field(db: Datab
     assert jobs.queue.list_jobs(db, "acme")["count"] == 0
     assert _worker(db, artifacts, loader).run_once() is None
     assert loader.opened == []
-    assert spend.get_spend(db, "acme", world.dataset_id)["reservations_open"] == 0
+    assert spent.get_spend(db, "acme", world.dataset_id).to_json()["reservations_open"] == 0
 
 
 @pytest.mark.slow
@@ -431,7 +431,7 @@ def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(
     assert job["error"]["field"] == "data_source"
     assert "missing.npz" in job["error"]["message"] and "no such file" in job["error"]["message"]
     assert reservation(db, job["reservation_id"]).status == "aborted"
-    assert spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"] == "0"
+    assert spent.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_held"] == "0"
 
 
 def test_a_record_id_in_a_trainers_exception_never_reaches_the_failure_message(db: Database) -> None:

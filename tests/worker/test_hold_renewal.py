@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from service.db.models import AuditEntry
 from service.db.session import Database
-from service.ledger import jobs, spend
+from service.ledger import jobs, spent
 from service.training.data import LoadedData, load_data
 from service.worker.worker import Worker
 from tests.worker.digits_world import digits_dataset, reservation
@@ -58,7 +58,7 @@ def test_a_job_longer_than_its_holds_ttl_renews_it_and_commits(db: Database, tmp
             select(AuditEntry.payload).where(AuditEntry.event_type == "reservation.extended")
         ).all()
     assert len(renewals) >= 2 and all(p["reservation_id"] == held.id for p in renewals)
-    assert spend.get_spend(db, "acme", str(ran["dataset"]))["reservations_open"] == 0
+    assert spent.get_spend(db, "acme", str(ran["dataset"])).to_json()["reservations_open"] == 0
 
 
 def test_without_renewal_the_same_job_loses_its_hold(

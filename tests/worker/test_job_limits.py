@@ -17,7 +17,7 @@ from sqlalchemy import select
 from service.db.base import utcnow
 from service.db.models import Reservation
 from service.db.session import Database
-from service.ledger import certificates, jobs, spend
+from service.ledger import certificates, jobs, spent
 from service.ledger.jobs.params import JobLimits
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, claim_concurrently, digits_dataset, job_row, versions_of
@@ -250,7 +250,7 @@ def test_a_job_past_its_wall_time_is_stopped_and_failed_keeping_only_what_it_com
     # The steps never begun went back to the budget; what it released stays spent, and so do the
     # steps it ran after its last release (issue 24 §2): the job's record says so.
     assert held.status == "aborted" and held.committed_epsilon < held.epsilon
-    ledger = spend.get_spend(db, "acme", dataset_id)
+    ledger = spent.get_spend(db, "acme", dataset_id).to_json()
     assert ledger["epsilon_held"] == "0"
     assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon == Decimal(job["epsilon_committed"]) > 0
     last = certificates.get_certificate(db, "acme", released[-1].certificate_id)["certificate"]

@@ -255,7 +255,7 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
     assert len(outcome["skipped"]) == 1 and live in outcome["skipped"][0]
 
     listed = registry.list_versions(db, "acme", "m")
-    assert [(v["version"], v["certificate_id"]) for v in listed["data"]] == [(1, cert_one), (2, cert_two)]
+    assert [(v.version, v.certificate_id) for v in listed.data] == [(1, cert_one), (2, cert_two)]
     for staged in (one, two):
         path = artifacts / staged.final_path
         assert hashlib.sha256(path.read_bytes()).hexdigest() == staged.sha256

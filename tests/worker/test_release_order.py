@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from service.db.session import Database  # noqa: E402
-from service.ledger import jobs, spend  # noqa: E402
+from service.ledger import jobs, spent  # noqa: E402
 from service.training.data import LoadedData  # noqa: E402
 from service.worker.worker import Worker  # noqa: E402
 from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset  # noqa: E402
@@ -26,7 +26,7 @@ def test_the_data_source_is_opened_only_once_the_reservation_is_held(db: Databas
     held_when_opened: list[tuple[int, str]] = []
 
     def loader(uri: str, tenant_id: str) -> LoadedData:
-        now = spend.get_spend(db, "acme", world.dataset_id)
+        now = spent.get_spend(db, "acme", world.dataset_id).to_json()
         held_when_opened.append((now["reservations_open"], now["epsilon_held"]))
         return counting(uri, tenant_id)
 

@@ -39,7 +39,7 @@ from service.db.session import Database  # noqa: E402
 from service.ledger import (  # noqa: E402
     certificates,
     jobs,
-    spend,
+    spent,
 )
 from service.training import algorithms  # noqa: E402
 from service.training.data import LoadedData  # noqa: E402
@@ -162,7 +162,7 @@ def test_parallel_stages_release_one_version_per_task_reading_only_their_batches
     assert versions[-1].metrics["test_accuracy"] > 0.5
 
     # Parallel: the dataset's ε is one task's, not the sum; the job reports the same.
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert Decimal(answer["epsilon_spent"]) == charged[0]
     assert answer["epsilon_held"] == "0" and answer["reservations_open"] == 0
     assert Decimal(job["epsilon_committed"]) == charged[0]
@@ -199,7 +199,7 @@ def test_a_refused_later_stage_keeps_what_was_released(
     assert job["error"]["error"] == "budget_exceeded" and job["error"]["stage"] == 3
     assert [v.step for v in versions_of(db, job["id"])] == [1, 2]
     assert [i for i, _ in trainer.seen] == [1, 2]
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["reservations_open"] == 0
     assert per_task  # the source's tasks were registered
 
@@ -215,7 +215,7 @@ def test_ledger_tasks_that_are_not_the_source_tasks_fail_before_training(
     shown = str(job["error"])
     assert [r for ids in per_task for r in ids if r in shown] == []  # no record id in the error
     assert trainer.seen == [] and versions_of(db, job["id"]) == []
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"
 
 
@@ -267,7 +267,7 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
     )
     assert first.status == "lease_lost" and len(first.versions) == released_before
     # the stage that trained and was not released is charged: nothing held, something spent
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and Decimal(answer["epsilon_spent"]) > 0
     aborted = [
         c for c in certificates.list_certificates(db, "acme", dataset_id)["data"] if c["outcome"] == "aborted"
@@ -314,5 +314,5 @@ def test_a_batch_added_to_a_stages_task_after_the_plan_fails_the_stage_unread(
     assert job["status"] == "failed"
     assert job["error"]["error"] == "batches_changed" and job["error"]["stage"] == 1
     assert loader.opened == [] and trainer.seen == []
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ from accountant.certificates import verify
 from service.db.base import utcnow
 from service.db.models import Release
 from service.db.session import Database
-from service.ledger import certificates, jobs, spend
+from service.ledger import certificates, jobs, spent
 from service.worker.worker import Worker
 from tests.worker.digits_world import (
     digits_dataset,
@@ -109,7 +108,7 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
     assert dead.status == "running" and dead.attempts == 1 and dead.reservation_id is not None
     first = reservation(db, dead.reservation_id)
     assert first.status == "reserved" and first.committed_epsilon < first.epsilon
-    assert Decimal(spend.get_spend(db, "acme", world.dataset_id)["epsilon_held"]) > 0
+    assert spent.get_spend(db, "acme", world.dataset_id).spent.epsilon_held > 0
     for version in versions_of(db, job_id):  # nothing published without a commit
         certificate = certificates.get_certificate(db, "acme", version.certificate_id)
         assert certificate["release"] == {
@@ -133,7 +132,7 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
     old = reservation(db, first.id)
     assert old.status == "aborted" and old.committed_epsilon > 0  # committed stays spent
     assert reservation(db, job["reservation_id"]).status == "committed"
-    ledger = spend.get_spend(db, "acme", world.dataset_id)
+    ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
 
     # Every certified release of the model is a published version, and every version certified.

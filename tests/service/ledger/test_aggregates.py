@@ -12,7 +12,7 @@ from sqlalchemy import delete, event, func, select, update
 
 from service.db.models import AuditEntry
 from service.db.session import Database
-from service.ledger import audit, reservations, spend
+from service.ledger import audit, reservations, spent
 from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
 
@@ -48,7 +48,7 @@ def test_spend_reads_aggregates_only(ledger: Database, make_dataset: MakeDataset
     for i in range(30):
         _charge(ledger, ds.id, ds.batches[i % 2], i)
     with statements(ledger) as sql:
-        answer = spend.get_spend(ledger, "t1", ds.id)
+        answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert answer["charges_committed"] == 30 and answer["epsilon_spent"] == "0.15"
     queries = [s for s in sql if s.startswith("select")]
     assert len(queries) == 2  # the dataset row and its tasks

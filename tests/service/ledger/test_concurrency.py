@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from service.db.session import Database
-from service.ledger import audit, batches, reservations, spend
+from service.ledger import audit, batches, reservations, spent
 from service.ledger.errors import BudgetExceeded, LedgerError
 from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
@@ -74,7 +74,7 @@ def test_150_concurrent_charges_of_a_hundredth(
     results = run_concurrently(150, reserve_and_commit)
     outcomes = Counter(r if isinstance(r, str) else type(r).__name__ for r in results)
     assert outcomes == {"committed": 100, "BudgetExceeded": 50}, results
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("1", "0")
     assert (answer["charges_committed"], answer["reservations_open"]) == (100, 0)
     assert audit.verify(ledger)["ok"]
@@ -108,13 +108,13 @@ def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
             committed_reads.update(r[0])
     listed = {b["id"]: b for b in batches.list_batches(ledger, "t1", ds.id)["data"]}
     for batch_id in pool:
-        spent = Decimal(listed[batch_id]["epsilon_spent"])
-        assert spent <= 1  # no batch ever above budget
-        assert spent == Decimal("0.1") * committed_reads[batch_id]  # spend = every settled charge
+        used = Decimal(listed[batch_id]["epsilon_spent"])
+        assert used <= 1  # no batch ever above budget
+        assert used == Decimal("0.1") * committed_reads[batch_id]  # spend = every settled charge
         assert listed[batch_id]["epsilon_held"] == "0"
     assert any(isinstance(r, BudgetExceeded) for r in results)  # the budget was contended
-    answer = spend.get_spend(ledger, "t1", ds.id)
-    assert Decimal(answer["epsilon_spent"]) == max(Decimal(b["epsilon_spent"]) for b in listed.values())
+    answer = spent.get_spend(ledger, "t1", ds.id).spent
+    assert answer.epsilon_spent == max(Decimal(b["epsilon_spent"]) for b in listed.values())
     assert audit.verify(ledger)["ok"]
 
 
@@ -136,7 +136,7 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     results = run_concurrently(12, retry)
     assert not [r for r in results if isinstance(r, LedgerError | Exception)], results
     assert len({r["id"] for r in results}) == 1
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0.2", 1)
 
     def commit_retry(i: int) -> dict[str, Any]:
@@ -151,5 +151,5 @@ def test_concurrent_retries_with_one_idempotency_key_charge_once(
     commits = run_concurrently(8, commit_retry)
     assert not [c for c in commits if isinstance(c, Exception)], commits
     assert len({c["certificate"]["id"] for c in commits}) == 1
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["charges_committed"]) == ("0.2", 1)

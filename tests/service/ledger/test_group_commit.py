@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from service.db.session import Database
-from service.ledger import audit, idempotency, reservations, spend
+from service.ledger import audit, idempotency, reservations, spent
 from service.ledger.errors import BudgetExceeded, Conflict, IdempotencyConflict, ReleaseExists
 from service.ledger.reservations import parse_event
 from service.ledger.spending import ENGINE, requests
@@ -77,13 +77,13 @@ def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_d
         "ok",
         "ok",
     ]
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("1.9", 3)
     commits = [_commit_op(ds.id, reservation_id(ops[i]), i) for i in (0, 2, 3)]
     commits.append(_commit_op(ds.id, reservation_id(ops[0]), 9))  # twice
     ENGINE.run_group(ledger, ds.id, commits)
     assert [type(op.error).__name__ if op.error else "ok" for op in commits] == ["ok", "ok", "ok", "Conflict"]
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["charges_committed"]) == ("1", "0", 3)
     assert audit.verify(ledger)["ok"]
 
@@ -99,7 +99,7 @@ def test_a_retry_inside_a_group_gets_the_first_answer(ledger: Database, make_dat
     assert ops[0].response is not None and ops[1].response is not None
     assert ops[0].response.to_json() == ops[1].response.to_json()
     assert isinstance(ops[2].error, IdempotencyConflict)
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_held"] == "0.3"
 
 
 def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -127,7 +127,7 @@ def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset
     ENGINE.run_group(ledger, ds.id, ops)
     assert isinstance(ops[0].error, ReleaseExists) and "'m' version '1'" in str(ops[0].error)
     assert ops[1].error is None and ops[1].response is not None
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.2", "0.1")
     assert audit.verify(ledger)["ok"]
 
@@ -146,7 +146,7 @@ def test_abort_and_commit_of_one_reservation_in_one_group(
     ENGINE.run_group(ledger, ds.id, ops)
     assert isinstance(ops[0].response, Reservation) and ops[0].response.status == "aborted"
     assert isinstance(ops[1].error, Conflict)
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     # The abort settles the whole reservation (issue 24 §2); the commit after it releases nothing.
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("0.5", "0", 0)
     assert answer["last_release"] is None

@@ -14,7 +14,7 @@ from accountant import certificates as offline
 from accountant import events as ev
 from service.db.models import AuditEntry
 from service.db.session import Database
-from service.ledger import audit, certificates, reservations, spend
+from service.ledger import audit, certificates, reservations, spent
 from service.ledger.errors import (
     BudgetExceeded,
     ChargeRefused,
@@ -57,7 +57,7 @@ def test_hundred_charges_of_a_hundredth_fill_one_exactly(ledger: Database, make_
             ledger, "t1", ds.id, batch_ids=batch, event=parse_event(pure(0.01))
         ).to_json()
         reservations.commit(ledger, "t1", r["id"], release=release(i))
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert answer["epsilon_spent"] == "1" and answer["epsilon_remaining"] == "0"
     with pytest.raises(BudgetExceeded) as info:
         reservations.reserve(ledger, "t1", ds.id, batch_ids=batch, event=parse_event(pure(0.01)))
@@ -108,7 +108,7 @@ def test_a_release_is_recorded_once(ledger: Database, make_dataset: MakeDataset)
     with pytest.raises(Conflict) as info:
         reservations.commit(ledger, "t1", second["id"], release=release(7))
     assert info.value.reason == "release_exists"
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.1"  # nothing changed
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_spent"] == "0.1"  # nothing changed
     assert reservations.get_reservation(ledger, "t1", second["id"]).to_json()["status"] == "reserved"
 
 
@@ -118,13 +118,13 @@ def test_abort_charges_the_whole_reservation(ledger: Database, make_dataset: Mak
     r = reservations.reserve(
         ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(pure(0.9))
     ).to_json()
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.9"
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_held"] == "0.9"
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(pure(0.2)))
     aborted = reservations.abort(ledger, "t1", r["id"]).to_json()
     assert aborted["status"] == "aborted" and aborted["committed"]["epsilon"] == "0.9"
     assert reservations.abort(ledger, "t1", r["id"]).to_json() == aborted  # charged once
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["epsilon_spent"], answer["reservations_open"]) == ("0", "0.9", 0)
     assert answer["last_release"] is None  # nothing was released
     with pytest.raises(BudgetExceeded):
@@ -163,14 +163,14 @@ def test_the_workers_abort_charges_what_ran(ledger: Database, make_dataset: Make
     ).to_json()
     refunded = reservations.abort(ledger, "t1", unread["id"], ran=reservations.Ran(None)).to_json()
     assert (refunded["status"], refunded["committed"]["epsilon"]) == ("aborted", "0")
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0"
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_spent"] == "0"
     assert certificates.list_certificates(ledger, "t1", ds.id)["count"] == 0
     assert "certificate_id" not in _audit_entry(ledger, ds.id, "reservation.aborted")
     three = reservations.parse_event({"kind": "self_composed", "count": 3, "event": pure(0.05)})
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(run)).to_json()
     aborted = reservations.abort(ledger, "t1", r["id"], ran=reservations.Ran(three)).to_json()
     assert aborted["committed"]["epsilon"] == "0.15"
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.15", "0")
     (stored,) = certificates.list_certificates(ledger, "t1", ds.id)["data"]
     assert (stored["outcome"], stored["certificate"]["result"]["charge"]["epsilon"]) == ("aborted", "0.15")
@@ -202,7 +202,7 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
     assert step["reservation"]["status"] == "reserved"
     assert step["reservation"]["committed"]["epsilon"] == "0.2"
     assert offline.verify(step["certificate"]["certificate"]).ok
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == "0.2"
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_spent"] == "0.2"
     with pytest.raises((ChargeRefused, InvalidInput)):  # more than reserved
         reservations.commit(
             ledger,
@@ -214,7 +214,7 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
     aborted = reservations.abort(ledger, "t1", r["id"]).to_json()
     # What could have run is the whole reserved run, whatever the progressive commits said.
     assert aborted["committed"]["epsilon"] == "0.5"
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.5", "0")
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(pure(0.8)))
@@ -233,7 +233,7 @@ def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeData
     kwargs = {"batch_ids": ds.all_batches, "event": parse_event(pure(0.3)), "idempotency_key": "run-1"}
     first = reservations.reserve(ledger, "t1", ds.id, **kwargs).to_json()
     assert reservations.reserve(ledger, "t1", ds.id, **kwargs).to_json() == first
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_held"] == "0.3"
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_held"] == "0.3"
     with pytest.raises(IdempotencyConflict):
         reservations.reserve(ledger, "t1", ds.id, **{**kwargs, "event": parse_event(pure(0.4))})
     committed = reservations.commit(
@@ -243,7 +243,7 @@ def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeData
         ledger, "t1", first["id"], release=release(1), idempotency_key="c-1"
     ).to_json()
     assert again == committed
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["charges_committed"]) == ("0.3", 1)
     assert certificates.list_certificates(ledger, "t1", ds.id)["count"] == 1
 
@@ -253,12 +253,12 @@ def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: M
     a, b, c = ds.all_batches
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event=parse_event(pure(0.8))).to_json()
     reservations.commit(ledger, "t1", r["id"], release=release(1))
-    before = (spend.get_spend(ledger, "t1", ds.id), audit.verify(ledger)["entries"])
+    before = (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger)["entries"])
     with pytest.raises(BudgetExceeded) as info:
         reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, b, c], event=parse_event(pure(0.3)))
     assert info.value.batch_id == b
-    assert (spend.get_spend(ledger, "t1", ds.id), audit.verify(ledger)["entries"]) == before
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    assert (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger)["entries"]) == before
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0", 0)
     reservations.reserve(
         ledger, "t1", ds.id, batch_ids=[a, c], event=parse_event(pure(1.0))
@@ -291,7 +291,7 @@ def test_expired_reservation_is_charged_and_cannot_be_committed(
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", crashed["id"], release=release(1), now=later)
     reservations.commit(ledger, "t1", fresh["id"], release=release(2), now=later)
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["reservations_open"]) == ("1", "0", 0)
     expired = [
         c for c in certificates.list_certificates(ledger, "t1", ds.id)["data"] if c["outcome"] == "expired"
@@ -313,7 +313,7 @@ def test_late_commit_expires_and_is_refused(ledger: Database, make_dataset: Make
     with pytest.raises(ReservationExpired):
         reservations.commit(ledger, "t1", r["id"], release=release(1), now=t0 + timedelta(seconds=11))
     # The expiry was stored although the commit failed: the hold is spent, nothing released.
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["last_release"]) == ("0.5", "0", None)
     assert reservations.get_reservation(ledger, "t1", r["id"]).to_json()["status"] == "expired"
     assert reservations.abort(ledger, "t1", r["id"]).to_json()["status"] == "expired"
@@ -334,8 +334,8 @@ def test_expiry_sweep(ledger: Database, make_dataset: MakeDataset) -> None:
     assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=4)).to_json() == {"expired": 0}
     assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=6)).to_json() == {"expired": 6}
     assert reservations.expire_due(ledger, now=t0 + timedelta(seconds=7)).to_json() == {"expired": 0}
-    assert spend.get_spend(ledger, "t1", first.id)["epsilon_held"] == "0.1"
-    assert spend.get_spend(ledger, "t1", second.id)["epsilon_held"] == "0"
+    assert spent.get_spend(ledger, "t1", first.id).to_json()["epsilon_held"] == "0.1"
+    assert spent.get_spend(ledger, "t1", second.id).to_json()["epsilon_held"] == "0"
     assert reservations.get_reservation(ledger, "t1", kept["id"]).to_json()["status"] == "reserved"
     assert audit.verify(ledger)["ok"]
 
@@ -412,10 +412,10 @@ def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset
         reservations.abort(ledger, "t2", r["id"])
     with pytest.raises(NotFound):
         reservations.get_reservation(ledger, "t2", r["id"])
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0.1", 1)
     with pytest.raises(NotFound):
-        spend.get_spend(ledger, "t2", ds.id)
+        spent.get_spend(ledger, "t2", ds.id).to_json()
 
 
 def test_reserve_by_tasks(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -426,7 +426,7 @@ def test_reserve_by_tasks(ledger: Database, make_dataset: MakeDataset) -> None:
     assert r["batches"]["count"] == len(ds.batches[1])
     assert sorted(b for b, _ in reservations.all_batches(ledger, "t1", r["id"])) == sorted(ds.batches[1])
     reservations.commit(ledger, "t1", r["id"], release=release(1))
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0", "0.2"]
     with pytest.raises(NotFound):
         reservations.reserve(ledger, "t1", ds.id, task_ids=["task_nope"], event=parse_event(pure(0.1)))

@@ -9,7 +9,7 @@ import pytest
 from accountant import certificates as offline
 from accountant.exact import exact_sub
 from service.db.session import Database
-from service.ledger import audit, reservations, spend
+from service.ledger import audit, reservations, spent
 from service.ledger.errors import BudgetExceeded, ChargeRefused, LedgerError
 from service.ledger.reservations import parse_event
 from tests.service.ledger.conftest import MakeDataset
@@ -70,10 +70,10 @@ def test_lifelong_spend_stays_flat_while_naive_grows(ledger: Database, make_data
         if t > 0:
             replay = charge(ledger, ds.id, ds.batches[0], event, releases, commitment="noise-0")
             assert replay["reservation"]["cost"]["epsilon"] == "0"
-        answer = spend.get_spend(ledger, "t1", ds.id)
+        answer = spent.get_spend(ledger, "t1", ds.id).to_json()
         assert answer["epsilon_spent"] == "0.6", t
         assert Decimal(answer["naive_sequential_epsilon"]) == Decimal("0.6") * (t + 1)
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert answer["naive_sequential_epsilon"] == "12"  # 20 × 0.6, while the ledger's ε is 0.6
     assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0.6"] * 20
     # Fresh noise on a spent batch is a new charge, composed sequentially: it does not fit.
@@ -109,7 +109,7 @@ def test_geometric_levels(ledger: Database, make_dataset: MakeDataset) -> None:
     for k in range(40):
         answer = charge(ledger, ds.id, ds.all_batches, pure(0.5 ** (k + 1)), releases)
         assert answer["certificate"]["certificate"]["result"]["levels"] == [k]  # one class: the batch
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert Decimal(answer["epsilon_spent"]) <= 1
     assert Decimal(answer["epsilon_spent"]) == exact_sub(Decimal(1), Decimal(0.5**40))  # 1 - 2^-40
     assert answer["geometric"]["infinite_horizon_bound"] == "1"
@@ -119,7 +119,7 @@ def test_geometric_levels(ledger: Database, make_dataset: MakeDataset) -> None:
                 ledger, "t1", ds.id, batch_ids=ds.all_batches, event=parse_event(pure(refused))
             )
         assert info.value.status == 409
-    assert spend.get_spend(ledger, "t1", ds.id)["epsilon_spent"] == answer["epsilon_spent"]
+    assert spent.get_spend(ledger, "t1", ds.id).to_json()["epsilon_spent"] == answer["epsilon_spent"]
 
 
 def test_parallel_takes_the_max_and_refuses_a_second_read(
@@ -130,7 +130,7 @@ def test_parallel_takes_the_max_and_refuses_a_second_read(
     releases = Releases()
     charge(ledger, ds.id, ds.batches[0], pure(0.3), releases)
     charge(ledger, ds.id, ds.batches[1], pure(0.5), releases)
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert answer["epsilon_spent"] == "0.5"  # the maximum over disjoint tasks, not 0.8
     assert [t["epsilon_spent"] for t in answer["tasks"]] == ["0.3", "0.5"]
     with pytest.raises(ChargeRefused) as info:
@@ -148,7 +148,7 @@ def test_sequential_rdp_admits_until_the_filter_says_no(ledger: Database, make_d
             charge(ledger, ds.id, ds.all_batches, dp_sgd(100), releases)
             admitted += 1
     assert admitted >= 2
-    answer = spend.get_spend(ledger, "t1", ds.id)
+    answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert 0 < Decimal(answer["epsilon_spent"]) <= 1
     assert answer["charges_committed"] == admitted
 
@@ -171,7 +171,7 @@ def test_prv_admits_the_declared_plan_step_by_step_and_nothing_else(
     spent_after = []
     for step in plan:
         charge(ledger, ds.id, ds.all_batches, step, releases)
-        answer = spend.get_spend(ledger, "t1", ds.id)
+        answer = spent.get_spend(ledger, "t1", ds.id).to_json()
         spent_after.append(Decimal(answer["epsilon_spent"]))
         assert answer["guarantee"]["epsilon"] == answer["epsilon_spent"]
     # The whole declared plan from its first entry on (pricing version 3, issue 24 §4): a trainer

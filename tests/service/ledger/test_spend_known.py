@@ -18,8 +18,8 @@ from service.db.session import Database
 from service.ledger import batches, reservations
 from service.ledger.errors import BudgetExceeded, Conflict, NotFound
 from service.ledger.reservations import parse_event
-from service.ledger.spend import get_spend
 from service.ledger.spending.store import Known, KnownDatasets, Learned
+from service.ledger.spent import get_spend
 from tests.service.ledger.conftest import MakeDataset
 
 EVENT = {"kind": "pure_dp", "epsilon": 0.001}
@@ -56,7 +56,7 @@ def test_a_spend_by_another_process_is_seen(
     _spend(other, layout.id, batch_id, 3)  # 0.003 spent: a fourth 0.001 does not fit 0.0035
     with pytest.raises(BudgetExceeded):
         reservations.reserve(ledger, "t1", layout.id, event=parse_event(EVENT), batch_ids=[batch_id])
-    spend = get_spend(ledger, "t1", layout.id)
+    spend = get_spend(ledger, "t1", layout.id).to_json()
     assert spend["charges_committed"] == 3
     assert spend["tasks"][0]["epsilon_spent"] == "0.003"
 
@@ -74,7 +74,7 @@ def test_a_reservation_committed_by_another_process_is_not_committed_again(
     with pytest.raises(Conflict) as refused:  # this process knew it open: the head says otherwise
         reservations.commit(ledger, "t1", held["id"], release={"model": "m", "version": 3})
     assert refused.value.reason == "reservation_closed"
-    spend = get_spend(ledger, "t1", layout.id)
+    spend = get_spend(ledger, "t1", layout.id).to_json()
     assert (spend["charges_committed"], spend["epsilon_spent"]) == (2, "0.002")
 
 

@@ -355,6 +355,6 @@ def ledger_budget(db: Database, dataset_id: str) -> dict[str, Any]:
 
 
 def reservations_spend(db: Database, dataset_id: str) -> str:
-    from service.ledger import spend
+    from service.ledger import spent
 
-    return str(spend.get_spend(db, "t1", dataset_id)["epsilon_spent"])
+    return str(spent.get_spend(db, "t1", dataset_id).to_json()["epsilon_spent"])

@@ -22,7 +22,7 @@ from sqlalchemy import update
 from accountant import rules as R
 from service.db.models import Dataset
 from service.db.session import Database
-from service.ledger import reservations, spend, views
+from service.ledger import reservations, spent, views
 from service.ledger.dp_statement import guarantee_of
 from service.ledger.reservations import parse_event
 from tests.service.api.test_plan_segments import dpsgd
@@ -52,14 +52,14 @@ def _commit_prefix_under_pricing_2(ledger: Database, dataset: str, batch_ids: li
 
 def _every_view(ledger: Database, dataset: str) -> list[dict[str, str]]:
     """The dataset-level guarantee as each view states it, and each task's."""
-    answer = spend.get_spend(ledger, "t1", dataset)
-    summary = next(d for d in views.spend_summaries(ledger, "t1")["data"] if d["id"] == dataset)
-    operator = next(d for d in views.every_dataset_spend(ledger) if d["id"] == dataset)
+    answer = spent.get_spend(ledger, "t1", dataset).to_json()
+    summary = next(d for d in views.spend_summaries(ledger, "t1").to_json()["data"] if d["id"] == dataset)
+    operator = next(s for s in spent.every_dataset_spend(ledger) if s.dataset_id == dataset)
     page = views.batch_spend(ledger, "t1", dataset)
     return [
         {k: answer["guarantee"][k] for k in ("epsilon", "delta")},
         summary["guarantee"],
-        operator["guarantee"],
+        operator.guarantee.to_json(),
         page["guarantee"],
         answer["tasks"][0]["guarantee"],
     ]
@@ -74,11 +74,11 @@ def test_a_plan_segment_half_run_under_pricing_2_states_the_whole_segment(
     prefix = certificate["result"]["epsilon"]
     whole, _ = guarantee_of(certificate)  # the statement's guarantee: the whole open segment
     assert Decimal(prefix) < Decimal(whole)
-    assert spend.get_spend(ledger, "t1", layout.id)["epsilon_spent"] == prefix  # the stored prefix
+    assert spent.get_spend(ledger, "t1", layout.id).to_json()["epsilon_spent"] == prefix  # the stored prefix
     page = views.batch_spend(ledger, "t1", layout.id)["data"]
     assert [b["guarantee"] for b in page[:2]] == [{"epsilon": whole, "delta": "0.00001"}] * 2
     assert _every_view(ledger, layout.id) == [{"epsilon": whole, "delta": "0.00001"}] * 5
-    untouched = spend.get_spend(ledger, "t1", layout.id)["tasks"][1]
+    untouched = spent.get_spend(ledger, "t1", layout.id).to_json()["tasks"][1]
     assert untouched["guarantee"] == {"epsilon": "0", "delta": "0"}  # nothing ran on task 2
 
 
@@ -92,7 +92,7 @@ def test_a_parallel_checkpoint_committed_under_pricing_2_states_the_whole_reserv
     assert Decimal(prefix) < Decimal(whole)
     held = reservations.get_reservation(ledger, "t1", certificate["reservation_id"]).to_json()
     assert held["cost"]["epsilon"] == whole  # the whole reserved run
-    assert spend.get_spend(ledger, "t1", layout.id)["epsilon_spent"] == prefix  # the stored prefix
+    assert spent.get_spend(ledger, "t1", layout.id).to_json()["epsilon_spent"] == prefix  # the stored prefix
     page = views.batch_spend(ledger, "t1", layout.id)["data"]
     assert [b["guarantee"] for b in page] == [{"epsilon": whole, "delta": "0.00001"}] * 2 + [
         {"epsilon": "0", "delta": "0"}
@@ -121,7 +121,7 @@ def test_a_dataset_created_since_pricing_3_is_read_from_its_aggregates(
     certificate = answer["certificate"]["certificate"]
     whole, _ = guarantee_of(certificate)
     with statements(ledger) as seen:
-        answer = spend.get_spend(ledger, "t1", layout.id)
+        answer = spent.get_spend(ledger, "t1", layout.id).to_json()
     listing = "\n".join(seen)
     assert len(seen) <= 2, listing
     assert not [s for s in seen if "batches" in s or "reservation" in s], listing

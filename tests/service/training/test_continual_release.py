@@ -43,7 +43,7 @@ from service.ledger import (  # noqa: E402
     datasets,
     jobs,
     reservations,
-    spend,
+    spent,
     tenancy,
 )
 from service.training.continual_release import (  # noqa: E402
@@ -519,7 +519,7 @@ def test_a_job_releases_every_stage_at_its_level_within_the_budget(
         running = max(running, Decimal(body["result"]["epsilon"]))
         assert running <= 1
         assert 0.0 <= version.metrics["test_accuracy"] <= 1.0 and version.metrics["t"] == stage.info["t"]
-    answer = spend.get_spend(db, "acme", dataset_id)
+    answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert Decimal(answer["epsilon_spent"]) == running <= 1
     assert answer["epsilon_held"] == "0"
 
@@ -532,4 +532,4 @@ def test_a_job_whose_budget_is_smaller_than_its_plan_is_stopped_by_the_ledger(
     assert job["status"] == "failed"
     assert job["error"]["error"] == "budget_exceeded" and job["error"]["stage"] == 1
     assert versions_of(db, job["id"]) == []
-    assert Decimal(spend.get_spend(db, "acme", dataset_id)["epsilon_spent"]) == 0
+    assert spent.get_spend(db, "acme", dataset_id).spent.epsilon_spent == 0

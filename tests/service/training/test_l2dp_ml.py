@@ -16,7 +16,7 @@ from accountant.mechanisms import l2dp_ml_event_epsilon  # noqa: E402
 from service.db.session import Database  # noqa: E402
 from service.ledger import (  # noqa: E402
     jobs,
-    spend,
+    spent,
 )
 from service.training.agem import agem_project, average_accuracy, average_forgetting  # noqa: E402
 from service.training.l2dp_ml import (  # noqa: E402
@@ -337,15 +337,15 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
     certificate = certificates.get_certificate(db, "acme", versions[0].certificate_id)["certificate"]
     assert certificate["inputs"]["charge"]["event"]["analysis"] == "sound"
     assert "analysis 'sound'" in certificate["analyses"][0]
-    answer = spend.get_spend(db, "acme", dataset_id)
-    assert Decimal(answer["epsilon_spent"]) == pytest.approx(one_batch, rel=Decimal("1e-15"))
+    answer = spent.get_spend(db, "acme", dataset_id).spent
+    assert answer.epsilon_spent == pytest.approx(one_batch, rel=Decimal("1e-15"))
     # Task 1's memory batch was read by all three stages: the naive count is 3× one batch.
-    assert Decimal(answer["naive_sequential_epsilon"]) == pytest.approx(3 * one_batch, rel=Decimal("1e-15"))
+    assert answer.naive_sequential_epsilon == pytest.approx(3 * one_batch, rel=Decimal("1e-15"))
 
     # Same seed, other epochs and task order: every read replays committed noise, ε unchanged.
     again = _job(db, tmp_path, dataset_id, "l2dp_ml", {**L2DP, "epochs": [1, 3, 2], "task_order": [2, 0, 1]})
     assert again["status"] == "succeeded", again["error"]
-    assert spend.get_spend(db, "acme", dataset_id)["epsilon_spent"] == answer["epsilon_spent"]
+    assert spent.get_spend(db, "acme", dataset_id).spent.epsilon_spent == answer.epsilon_spent
 
     # Another seed is fresh noise on spent batches: charged sequentially, refused past the budget.
     fresh = _job(db, tmp_path, dataset_id, "l2dp_ml", {**L2DP, "seed": 12, "epsilon1": 20.0})
@@ -394,7 +394,7 @@ def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Databas
     assert 4 < largest < 8
     with db.session(readonly=True) as session:
         held = session.scalars(select(Reservation.id).where(Reservation.dataset_id == dataset_id)).all()
-    assert held == [] and spend.get_spend(db, "acme", dataset_id)["epsilon_spent"] == "0"
+    assert held == [] and spent.get_spend(db, "acme", dataset_id).to_json()["epsilon_spent"] == "0"
 
     job = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": largest, "seed": 3})
     assert job["status"] == "succeeded", job["error"]
@@ -408,4 +408,4 @@ def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Databas
     own = tight_epsilon(run, 1e-5)
     assert own <= largest
     assert own > 0.99 * largest  # the smallest σ that meets it, not a far larger one
-    assert Decimal(spend.get_spend(db, "acme", dataset_id)["epsilon_spent"]) <= Decimal(8)
+    assert spent.get_spend(db, "acme", dataset_id).spent.epsilon_spent <= Decimal(8)

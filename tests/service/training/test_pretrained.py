@@ -21,7 +21,6 @@ bears one charge per release.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from accountant.certificates import verify  # noqa: E402
 from accountant.events import GaussianEvent  # noqa: E402
 from service.db.models import Reservation  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import batches, certificates, datasets, jobs, spend, tenancy  # noqa: E402
+from service.ledger import batches, certificates, datasets, jobs, spent, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import ChargeRefused, InvalidInput  # noqa: E402
 from service.training.data import load_data  # noqa: E402
@@ -331,12 +330,12 @@ def reservations_of(db: Database, dataset_id: str) -> list[str]:
         return list(session.scalars(select(Reservation.id).where(Reservation.dataset_id == dataset_id)))
 
 
-def _versions(db: Database, name: str) -> list[dict[str, Any]]:
-    return list(registry.list_versions(db, "acme", name)["data"])
+def _versions(db: Database, name: str) -> list[registry.Version]:
+    return list(registry.list_versions(db, "acme", name).data)
 
 
-def _certified(db: Database, version: Mapping[str, Any]) -> Decimal:
-    body = certificates.get_certificate(db, "acme", version["certificate_id"])["certificate"]
+def _certified(db: Database, version: registry.Version) -> Decimal:
+    body = certificates.get_certificate(db, "acme", version.certificate_id)["certificate"]
     check = verify(body)
     assert check.ok, check.reason
     return Decimal(body["result"]["charge"]["epsilon"])
@@ -355,15 +354,15 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     assert len(versions) == 3
     for version in versions:
         assert Decimal(0) < _certified(db, version) <= Decimal(1)
-    metrics = versions[-1]["metrics"]
+    metrics = versions[-1].metrics
     assert metrics["seen_tasks"] == [0, 1, 2]
     assert set(metrics["task_accuracy"]) == {"0", "1", "2"}
-    answer = spend.get_spend(db, "acme", dataset_id)
-    assert Decimal(answer["epsilon_spent"]) <= 1
-    assert all(Decimal("0.99") < Decimal(t["epsilon_spent"]) <= 1 for t in answer["tasks"])
+    answer = spent.get_spend(db, "acme", dataset_id)
+    assert answer.spent.epsilon_spent <= 1
+    assert all(Decimal("0.99") < t.epsilon_spent <= 1 for t in answer.tasks)
     # S1: the released model covers all ten classes from the first release on.
-    path, first = registry.artifact_file(db, "acme", versions[0]["name"], 1, tmp_path / "artifacts")
-    artifact = load_state(path.read_bytes(), first["artifact"]["format"])  # safetensors where installed
+    path, first = registry.artifact_file(db, "acme", versions[0].name, 1, tmp_path / "artifacts")
+    artifact = load_state(path.read_bytes(), first.artifact.format)  # safetensors where installed
     key = "class_sums" if algorithm == "cosine_classifier" else "heads.weight"
     assert artifact[key].shape[-2:] == (10, 32)
     assert any(k.startswith("extractor.") for k in artifact)  # self-contained: the public extractor too
@@ -379,7 +378,7 @@ def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) 
     dataset_id, _ = _dataset(db, "parallel", "8")
     job = _job(db, tmp_path, dataset_id, "cosine_classifier", target_budget_epsilon=8.0, delta=DELTA)
     assert job["status"] == "succeeded", job.get("error")
-    metrics = _versions(db, f"cosine_classifier-{dataset_id[-6:]}")[-1]["metrics"]
+    metrics = _versions(db, f"cosine_classifier-{dataset_id[-6:]}")[-1].metrics
     assert metrics["average_accuracy"] > 0.7  # chance is 0.1; a broken classifier fails this
     assert metrics["average_forgetting"] < 0.2
 
@@ -401,8 +400,8 @@ def test_full_data_on_a_sequential_dataset_charges_old_tasks_once_per_release(
     job = _job(db, tmp_path, dataset_id, "peft_full_data", target_epsilon=1.0, delta=DELTA)
     assert job["status"] == "succeeded", job.get("error")
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 3
-    tasks = spend.get_spend(db, "acme", dataset_id)["tasks"]
-    first, second, last = (Decimal(t["epsilon_spent"]) for t in tasks)
+    tasks = spent.get_spend(db, "acme", dataset_id).tasks
+    first, second, last = (t.epsilon_spent for t in tasks)
     assert first > second > last > 0  # three, two and one charges under the Rényi filter
     assert first > Decimal("1.5")  # more than one release's ε: the re-reads are charged
 
@@ -434,7 +433,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
     answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     assert "public split" in answer["error"]["message"]
-    assert spend.get_spend(db, "acme", dataset["id"])["epsilon_spent"] == "0"  # nothing released
+    assert spent.get_spend(db, "acme", dataset["id"]).to_json()["epsilon_spent"] == "0"  # nothing released
 
 
 def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp_path: Path) -> None:
@@ -510,7 +509,7 @@ def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_t
     largest = error["largest_target_epsilon"]
     assert 0.97 < largest < 1.05
     assert loader.opened == []
-    assert spend.get_spend(db, "acme", dataset_id)["epsilon_spent"] == "0"
+    assert spent.get_spend(db, "acme", dataset_id).to_json()["epsilon_spent"] == "0"
     assert reservations_of(db, dataset_id) == []
 
     # the largest on the grid: one step (10⁻⁴) more is refused again, unread, naming the same
@@ -524,14 +523,14 @@ def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_t
     assert len(versions) == 3
     for version in versions:
         assert _certified(db, version) <= Decimal(1)
-        sigma = version["metrics"]["noise_multiplier"]
+        sigma = version.metrics["noise_multiplier"]
         event = (
             GaussianEvent(sigma)
             if algorithm == "cosine_classifier"
             else dp_sgd_event(
-                sampling_probability=version["metrics"]["sampling_probability"],
+                sampling_probability=version.metrics["sampling_probability"],
                 noise_multiplier=sigma,
-                steps=version["metrics"]["steps"],
+                steps=version.metrics["steps"],
             )
         )
         assert tight_epsilon(event, DELTA) <= largest

@@ -29,7 +29,7 @@ from accountant.privacy_audit import epsilon_lower_bound  # noqa: E402
 from service.cli import main  # noqa: E402
 from service.commands.export import bundle_hash  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import jobs, spend, tenancy  # noqa: E402
+from service.ledger import jobs, spent, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import InvalidInput  # noqa: E402
 from service.training.algorithms import trainer_for  # noqa: E402
@@ -116,8 +116,8 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
     assert loader.opened == [DIGITS]
 
     # Charged as the DP-SGD run it is: the reservation is committed, the dataset's spend moved.
-    spent = spend.get_spend(db, "acme", world.dataset_id)
-    assert Decimal(spent["epsilon_spent"]) == Decimal(job["epsilon_committed"]) > 0
+    dataset_spend = spent.get_spend(db, "acme", world.dataset_id).spent
+    assert dataset_spend.epsilon_spent == Decimal(job["epsilon_committed"]) > 0
 
     (version,) = versions_of(db, job_id)
     audit = version.metrics["privacy_audit"]
@@ -126,11 +126,12 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
 
     answer = registry.get_version(db, "acme", "audit", version.version)
     # Against the run's own bound at the budget's δ, not the filter's budget share (issue 24 §3).
-    alone = answer["dp_statement"]["run_alone"]
-    certified = answer["privacy_audit"]["certified"]
+    alone = answer.dp_statement["run_alone"]
+    assert answer.privacy_audit is not None
+    certified = answer.privacy_audit["certified"]
     assert certified["epsilon_upper"] == float(alone["epsilon"]) and certified["delta"] == 1e-5
     assert certified["consistent"] is True and certified["epsilon_lower"] < certified["epsilon_upper"]
-    assert answer["privacy_audit"]["epsilon_lower"] == audit["epsilon_lower"]
+    assert answer.privacy_audit["epsilon_lower"] == audit["epsilon_lower"]
     # a plain DP-SGD version has no audit block; a malformed record is shown, not compared
     assert registry.privacy_audit({"test_accuracy": 0.9}, alone) is None
     malformed = {"privacy_audit": {**audit, "correct": "all"}}

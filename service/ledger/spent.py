@@ -1,11 +1,18 @@
-"""Spend: what a dataset has spent, read from aggregates only (never a scan of charges).
+"""What a dataset has spent, read from aggregates only (never a scan of charges) — the read; the
+spend transactions that write it are ``service.ledger.spending``.
+
+Typed inside the process: ``spent_of`` reads each dataset's ``Spent`` (``Decimal`` amounts,
+datetimes, its guarantee), the one read behind ``get_spend`` (``DatasetSpend``: with its tasks'
+``TaskSpent``), the dashboard's summaries and per-batch and history heads (``views``) and the
+operator's ``/metrics`` gauges (``every_dataset_spend``); ``to_json`` makes the wire form below
+at the edge.
 
 The spend transactions (``service.ledger.reservations``) keep, on the dataset row, the maxima
 over its disjoint batches of the committed spend under the rule, of δ, and of the naive
 sequential ε, plus the open holds; on each task row the maxima over its batches. This read is
 two indexed queries whatever the number of charges.
 
-Answer (numbers are decimal strings — exact, as stored; never binary floats)::
+``DatasetSpend.to_json()`` (numbers are decimal strings — exact, as stored; never binary floats)::
 
     {dataset_id, rule, accountant, epsilon_budget, delta_budget,
      epsilon_spent, delta_spent, epsilon_remaining, naive_sequential_epsilon,
@@ -39,6 +46,8 @@ holds). ``epsilon_held`` is the sum of the open reservations' uncommitted ε.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any, NamedTuple
 
@@ -51,78 +60,187 @@ from accountant.rules import BatchState, Budget
 from accountant.statements import batch_guarantee, spend_guarantee, spend_meaning
 from service.db.models import Batch, BatchStateRow, Dataset, Reservation, Task
 from service.db.session import Database
-from service.ledger.datasets import budget_of, can_be_id
+from service.ledger.datasets import budget_of, load_dataset
 from service.ledger.dp_statement import covers
-from service.ledger.errors import NotFound
+from service.ledger.spending.answers import EpsilonDelta
 from service.ledger.spending.store import EFFECTIVE_STATE, reservation_members
 
+Pair = tuple[Decimal, Decimal]
 
-def get_spend(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a dataset has spent, as its row (the ledger head) holds it, with the (ε, δ) guarantee
+    of everything released from it (``stored_guarantees``): the numbers both the spend read
+    (``DatasetSpend``) and the dashboard's summaries (``views.SpendSummary``) answer, made by one
+    function (``spent_of``)."""
+
+    dataset_id: str
+    tenant_id: str
+    name: str
+    budget: Budget
+    rule: str
+    accountant: str
+    epsilon_budget: Decimal
+    delta_budget: Decimal
+    epsilon_spent: Decimal
+    delta_spent: Decimal
+    naive_sequential_epsilon: Decimal
+    epsilon_held: Decimal
+    reservations_open: int
+    charges_committed: int
+    ledger_version: int
+    last_release: dict[str, Any] | None
+    last_release_at: datetime | None
+    created_at: datetime
+    archived_at: datetime | None
+    guarantee: EpsilonDelta
+
+    @classmethod
+    def of(cls, row: Dataset, guarantee: Pair) -> Spent:
+        return cls(
+            row.id,
+            row.tenant_id,
+            row.name,
+            budget_of(row),
+            row.rule,
+            row.accountant,
+            row.epsilon_budget,
+            row.delta_budget,
+            row.epsilon_spent,
+            row.delta_spent,
+            row.naive_epsilon,
+            row.epsilon_held,
+            row.reservations_open,
+            row.charges_committed,
+            row.ledger_version,
+            row.last_release,
+            row.last_release_at,
+            row.created_at,
+            row.archived_at,
+            EpsilonDelta(*guarantee),
+        )
+
+    @property
+    def epsilon_remaining(self) -> Decimal:
+        """The most-spent batch's headroom (module docstring), never below zero."""
+        return max(ZERO, exact_sub(self.epsilon_budget, self.epsilon_spent))
+
+    @property
+    def epsilon_spent_is(self) -> str:
+        """What ``epsilon_spent`` is under the budget: a guarantee, or a filter's progress."""
+        return spend_meaning(self.budget)
+
+    def budget_json(self) -> dict[str, str]:
+        """The budget and the spend (exact decimal strings): the first numbers of both answers."""
+        return {
+            "rule": self.rule,
+            "accountant": self.accountant,
+            "epsilon_budget": to_text(self.epsilon_budget),
+            "delta_budget": to_text(self.delta_budget),
+            "epsilon_spent": to_text(self.epsilon_spent),
+            "delta_spent": to_text(self.delta_spent),
+            "epsilon_remaining": to_text(self.epsilon_remaining),
+        }
+
+
+def spent_of(session: Session, rows: Sequence[Dataset]) -> list[Spent]:
+    """What each dataset of ``rows`` has spent: the one read behind the spend of a dataset, the
+    dashboard's summaries and its per-batch and history heads."""
+    guarantees = stored_guarantees(session, rows)
+    return [Spent.of(r, guarantees[r.id]) for r in rows]
+
+
+def every_dataset_spend(db: Database) -> list[Spent]:
+    """What every tenant's datasets have spent (the operator's ``/metrics``, never a tenant's
+    answer; ``tenant_id`` says whose), one query on the ledger heads."""
+    with db.session(readonly=True) as session:
+        rows = session.scalars(select(Dataset).order_by(Dataset.tenant_id, Dataset.id)).all()
+        return spent_of(session, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpent:
+    """What a task has spent: the maxima over its batches, and its own guarantee."""
+
+    id: str
+    name: str
+    epsilon_spent: Decimal
+    delta_spent: Decimal
+    naive_sequential_epsilon: Decimal
+    guarantee: EpsilonDelta
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "epsilon_spent": to_text(self.epsilon_spent),
+            "delta_spent": to_text(self.delta_spent),
+            "naive_sequential_epsilon": to_text(self.naive_sequential_epsilon),
+            "guarantee": self.guarantee.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSpend:
+    """``get_spend``'s answer: the dataset's ``spent`` and its tasks' (registration order)."""
+
+    spent: Spent
+    tasks: tuple[TaskSpent, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        spent = self.spent
+        budget = spent.budget
+        answer: dict[str, Any] = {
+            "dataset_id": spent.dataset_id,
+            **spent.budget_json(),
+            "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+            "epsilon_held": to_text(spent.epsilon_held),
+            "reservations_open": spent.reservations_open,
+            "charges_committed": spent.charges_committed,
+            "ledger_version": spent.ledger_version,
+            "last_release": spent.last_release,
+            "tasks": [t.to_json() for t in self.tasks],
+            "guarantee": {**spent.guarantee.to_json(), "covers": covers(budget)},
+            "epsilon_spent_is": spent.epsilon_spent_is,
+        }
+        schedule = budget.geometric
+        if schedule is not None:
+            answer["geometric"] = {
+                **schedule.to_json(),
+                "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
+            }
+        return answer
+
+
+def get_spend(db: Database, tenant_id: str, dataset_id: str) -> DatasetSpend:
     """The dataset's spend from its aggregates (another tenant's dataset is ``NotFound``)."""
     with db.session(readonly=True) as session:
-        row = session.get(Dataset, dataset_id) if can_be_id(dataset_id) else None
-        if row is None or row.tenant_id != tenant_id:
-            raise NotFound("dataset", dataset_id)
+        row = load_dataset(session, tenant_id, dataset_id)
         tasks = session.execute(
             select(Task.id, Task.name, Task.epsilon_spent, Task.delta_spent, Task.naive_epsilon)
             .where(Task.dataset_id == dataset_id)
             .order_by(Task.created_at, Task.id)
         ).all()
-        stored = stored_guarantees(session, [row])
+        (spent,) = spent_of(session, [row])
         by_task = _derived(session, [row], by_task=True)
-    answer: dict[str, Any] = {
-        "dataset_id": row.id,
-        **budget_and_spend(row),
-        "naive_sequential_epsilon": to_text(row.naive_epsilon),
-        "epsilon_held": to_text(row.epsilon_held),
-        "reservations_open": row.reservations_open,
-        "charges_committed": row.charges_committed,
-        "ledger_version": row.ledger_version,
-        "last_release": row.last_release,
-        "tasks": [
-            {
-                "id": t.id,
-                "name": t.name,
-                "epsilon_spent": to_text(t.epsilon_spent),
-                "delta_spent": to_text(t.delta_spent),
-                "naive_sequential_epsilon": to_text(t.naive_epsilon),
-            }
+    budget = spent.budget
+    return DatasetSpend(
+        spent,
+        tuple(
+            TaskSpent(
+                t.id,
+                t.name,
+                t.epsilon_spent,
+                t.delta_spent,
+                t.naive_epsilon,
+                EpsilonDelta(
+                    *max_pair(spend_guarantee(budget, t.epsilon_spent, t.delta_spent), by_task.get(t.id))
+                ),
+            )
             for t in tasks
-        ],
-    }
-    budget = budget_of(row)
-    eps, dlt = stored[row.id]
-    answer["guarantee"] = {"epsilon": to_text(eps), "delta": to_text(dlt), "covers": covers(budget)}
-    for item, t in zip(answer["tasks"], tasks, strict=True):
-        t_eps, t_dlt = max_pair(spend_guarantee(budget, t.epsilon_spent, t.delta_spent), by_task.get(t.id))
-        item["guarantee"] = {"epsilon": to_text(t_eps), "delta": to_text(t_dlt)}
-    answer["epsilon_spent_is"] = spend_meaning(budget)
-    schedule = budget.geometric
-    if schedule is not None:
-        answer["geometric"] = {
-            **schedule.to_json(),
-            "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
-        }
-    return answer
-
-
-def budget_and_spend(row: Dataset) -> dict[str, str]:
-    """The dataset's budget and spend as its row holds them (exact decimal strings): ``rule``,
-    ``accountant``, ``epsilon_budget``, ``delta_budget``, ``epsilon_spent``, ``delta_spent``,
-    ``epsilon_remaining`` — the first numbers of both ``get_spend`` and the dashboard's summaries
-    (``views.spend_summaries``)."""
-    return {
-        "rule": row.rule,
-        "accountant": row.accountant,
-        "epsilon_budget": to_text(row.epsilon_budget),
-        "delta_budget": to_text(row.delta_budget),
-        "epsilon_spent": to_text(row.epsilon_spent),
-        "delta_spent": to_text(row.delta_spent),
-        "epsilon_remaining": to_text(max(ZERO, exact_sub(row.epsilon_budget, row.epsilon_spent))),
-    }
-
-
-Pair = tuple[Decimal, Decimal]
+        ),
+    )
 
 
 def max_pair(a: Pair, b: Pair | None) -> Pair:
@@ -214,4 +332,14 @@ def reserved_of_batches(session: Session, batch_ids: Sequence[str]) -> dict[str,
     return found
 
 
-__all__ = ["budget_and_spend", "get_spend", "max_pair", "reserved_of_batches", "stored_guarantees"]
+__all__ = [
+    "DatasetSpend",
+    "Spent",
+    "TaskSpent",
+    "every_dataset_spend",
+    "get_spend",
+    "max_pair",
+    "reserved_of_batches",
+    "spent_of",
+    "stored_guarantees",
+]
