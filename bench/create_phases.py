@@ -103,7 +103,7 @@ def phases(backend: str, postgres_url: str | None, count: int) -> None:
         try:
             tenancy.create_tenant(db, TENANT)
             budget = {"rule": "sequential", "epsilon": "1000", "delta": "0", "accountant": "basic"}
-            ds = datasets.create_dataset(db, TENANT, name="phases", budget=budget)["id"]
+            ds = datasets.create_dataset(db, TENANT, name="phases", budget=budget).id
             if backend == "postgresql":
                 with db.session(readonly=True) as session:
                     query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"

@@ -151,15 +151,15 @@ def _setup_dataset(db: Database, name: str, epsilon: str) -> tuple[str, str]:
         name=name,
         budget={"rule": "sequential", "epsilon": epsilon, "delta": "0", "accountant": "basic"},
     )
-    task = batches.create_task(db, TENANT, dataset["id"], name="task-0")
+    task = batches.create_task(db, TENANT, dataset.id, name="task-0")
     created = batches.create_batches(
         db,
         TENANT,
-        dataset["id"],
+        dataset.id,
         task["id"],
         batches=[{"name": "batch-0", "records": [f"{name}-record-{i}" for i in range(64)]}],
     )
-    return dataset["id"], created["data"][0]["id"]
+    return dataset.id, created["data"][0]["id"]
 
 
 def _series_cte(dialect: str, count: int) -> str:

@@ -95,7 +95,7 @@ def make_dataset(
 ) -> tuple[str, list[str], float]:
     """A dataset of ``count`` batches in tasks of ``PER_REQUEST``: (id, task ids, seconds)."""
     name = name or f"{accountant}-{count}"
-    ds = datasets.create_dataset(db, TENANT, name=name, budget=budget or BUDGETS[accountant])["id"]
+    ds = datasets.create_dataset(db, TENANT, name=name, budget=budget or BUDGETS[accountant]).id
     tasks: list[str] = []
     started = time.perf_counter()
     for start in range(0, count, PER_REQUEST):
@@ -286,7 +286,7 @@ def _backend_pids(db: Database) -> list[int]:
 
 def create(db: Database, count: int, records: int) -> dict[str, Any]:
     """``count`` batches of ``records`` records, timed per request (the request built first)."""
-    ds = datasets.create_dataset(db, TENANT, name=f"create-{count}", budget=BUDGETS["basic"])["id"]
+    ds = datasets.create_dataset(db, TENANT, name=f"create-{count}", budget=BUDGETS["basic"]).id
     pids = _backend_pids(db)
     wall = client = server = 0.0
     for start in range(0, count, PER_REQUEST):
@@ -326,7 +326,7 @@ def beside(db: Database, count: int) -> dict[str, Any]:
     creation leaves running (PostgreSQL's checkpoint and autovacuum, SQLite's WAL) weighs on
     both alike."""
     big, _, created_s = make_dataset(db, "basic", count, 1, name=f"beside-{count}")
-    fresh = datasets.create_dataset(db, TENANT, name=f"fresh-{count}", budget=BUDGETS["basic"])["id"]
+    fresh = datasets.create_dataset(db, TENANT, name=f"fresh-{count}", budget=BUDGETS["basic"]).id
     small: dict[str, tuple[str, str, list[str]]] = {}
     for label, ds in (("fresh", fresh), ("beside", big)):
         task = batches.create_task(db, TENANT, ds, name="small")["id"]

@@ -72,7 +72,7 @@ def create_dataset(
         data_source=body.data_source,
         data_roots=_data_roots(request),
         idempotency_key=idempotency_key,
-    )
+    ).to_json()
 
 
 def _data_roots(request: Request) -> DataRoots:
@@ -107,7 +107,7 @@ def set_data_source(
         data_source=body.data_source,
         data_roots=_data_roots(request),
         idempotency_key=idempotency_key,
-    )
+    ).to_json()
 
 
 @router.get(
@@ -135,7 +135,7 @@ def list_datasets(
 ) -> dict[str, Any]:
     return datasets.list_datasets(
         db, principal.tenant_id, limit=limit, offset=offset, name=name, archived=archived
-    )
+    ).to_json()
 
 
 _ARCHIVE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -166,7 +166,7 @@ def archive_dataset(
 ) -> dict[str, Any]:
     return datasets.set_archived(
         db, principal.tenant_id, dataset_id, archived=True, idempotency_key=idempotency_key
-    )
+    ).to_json()
 
 
 @router.post(
@@ -182,7 +182,7 @@ def unarchive_dataset(
 ) -> dict[str, Any]:
     return datasets.set_archived(
         db, principal.tenant_id, dataset_id, archived=False, idempotency_key=idempotency_key
-    )
+    ).to_json()
 
 
 @router.get(
@@ -192,7 +192,7 @@ def unarchive_dataset(
     summary="Get a dataset and its budget",
 )
 def get_dataset(dataset_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
-    return datasets.get_dataset(db, principal.tenant_id, dataset_id)
+    return datasets.get_dataset(db, principal.tenant_id, dataset_id).to_json()
 
 
 @router.post(

@@ -100,19 +100,19 @@ class EmbeddedLedger:
         registered = []
         for index in order:
             ids = splits[index].record_ids
-            task = batches.create_task(self.db, TENANT, dataset["id"], name=f"task-{index}")
+            task = batches.create_task(self.db, TENANT, dataset.id, name=f"task-{index}")
             chunks = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
             created = batches.create_batches(
                 self.db,
                 TENANT,
-                dataset["id"],
+                dataset.id,
                 task["id"],
                 batches=[{"name": f"t{index}-b{i}", "records": list(c)} for i, c in enumerate(chunks)],
             )
             registered.append(
                 RegisteredTask(task["id"], task["name"], tuple(b["id"] for b in created["data"]))
             )
-        return RegisteredDataset(dataset["id"], uri, tuple(registered))
+        return RegisteredDataset(dataset.id, uri, tuple(registered))
 
     def run_job(
         self, dataset: RegisteredDataset, algorithm: str, params: Mapping[str, Any], *, model_name: str

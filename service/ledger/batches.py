@@ -190,7 +190,7 @@ def create_task(
         )
         return idempotency.Outcome(task_json(row), [event])
 
-    return idempotency.execute(
+    return idempotency.execute_json(
         db,
         tenant_id=tenant_id,
         operation="create_task",
@@ -266,7 +266,7 @@ def delete_batch(
         event = audit.AuditEvent("batch.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 
-    return idempotency.execute(
+    return idempotency.execute_json(
         db,
         tenant_id=tenant_id,
         operation="delete_batch",
@@ -313,7 +313,7 @@ def delete_task(
         event = audit.AuditEvent("task.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
         return idempotency.Outcome({"deleted": deleted}, [event])
 
-    return idempotency.execute(
+    return idempotency.execute_json(
         db,
         tenant_id=tenant_id,
         operation="delete_task",
@@ -525,7 +525,7 @@ def create_batches(
         return idempotency.Outcome({"data": data}, [event])
 
     try:
-        return idempotency.execute(
+        return idempotency.execute_json(
             db,
             tenant_id=tenant_id,
             operation="create_batches",

@@ -24,9 +24,13 @@ It is refused while a reservation is open or a job is queued or running (409
 ``dataset.unarchived``); a repeat changes nothing and appends nothing. The default list hides
 archived datasets (``archived="false"``; ``"true"``: only them; ``"all"``).
 
-Answers (JSON-ready): ``{id, name, budget, data_source, records, warnings, archived_at,
+Answers are typed (issue 29 §1): a ``DatasetAnswer`` (its ``budget`` the stored budget document,
+its ``warnings`` ``DeltaWarning``s, datetimes) and a ``DatasetsPage`` of them, each with one
+``to_json``, the wire form ``{id, name, budget, data_source, records, warnings, archived_at,
 created_at}`` with the budget's numbers as decimal strings (``Budget.to_json``);
-``data_source`` is ``null`` until an admin sets one, ``archived_at`` while it is active.
+``data_source`` is ``null`` until an admin sets one, ``archived_at`` while it is active. An
+idempotent replay is ``DatasetAnswer.from_json`` of the stored answer, whose wire form stays that
+stored JSON.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final
@@ -199,7 +204,24 @@ def cached_budget(dataset_id: str, load: Callable[[], Any], *, segments: int | N
     return _budgets.get(dataset_id, load, segments)
 
 
-def delta_warnings(budget: Mapping[str, Any], records: int) -> list[dict[str, str]]:
+@dataclass(frozen=True, slots=True)
+class DeltaWarning:
+    """What a dataset's answer warns of (``delta_warnings``): a ``code``, the ``field`` it is
+    about and a ``message`` that says why."""
+
+    code: str
+    field: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "field": self.field, "message": self.message}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> DeltaWarning:
+        return cls(obj["code"], obj["field"], obj["message"])
+
+
+def delta_warnings(budget: Mapping[str, Any], records: int) -> tuple[DeltaWarning, ...]:
     """What the dataset's answer warns of (issue 28 §5): a δ of at least 1/N for the N records
     registered. (ε, δ)-DP with δ ≥ 1/N allows a mechanism that publishes one record in the clear
     with probability δ — about δ·N records of N — and still meets the definition (Dwork & Roth
@@ -207,33 +229,91 @@ def delta_warnings(budget: Mapping[str, Any], records: int) -> list[dict[str, st
     registered after the budget is set, and the number grows."""
     delta = Decimal(str(budget.get("delta", "0")))
     if records <= 0 or delta <= 0 or delta * records < 1:
-        return []
-    return [
-        {
-            "code": "delta_not_below_one_over_n",
-            "field": "budget.delta",
-            "message": (
-                f"budget delta {to_text(delta)} is at least 1/N for the {records} records registered "
-                f"(1/N = {to_text(Decimal(1) / Decimal(records))}): a mechanism that publishes about "
-                f"delta*N = {to_text(delta * records)} records in the clear meets this guarantee. Use a "
-                "delta well below 1/N (a common choice: below 1/N^1.1, or 1e-5 for tens of thousands)."
-            ),
+        return ()
+    return (
+        DeltaWarning(
+            "delta_not_below_one_over_n",
+            "budget.delta",
+            f"budget delta {to_text(delta)} is at least 1/N for the {records} records registered "
+            f"(1/N = {to_text(Decimal(1) / Decimal(records))}): a mechanism that publishes about "
+            f"delta*N = {to_text(delta * records)} records in the clear meets this guarantee. Use a "
+            "delta well below 1/N (a common choice: below 1/N^1.1, or 1e-5 for tens of thousands).",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetAnswer:
+    """A dataset as the ledger answers it: ``budget`` is its stored budget document (decimal
+    strings, as ``Budget.to_json`` wrote it; ``budget_of`` parses it), ``records`` how many
+    records its batches hold, ``archived_at`` ``None`` while it is active."""
+
+    id: str
+    name: str
+    budget: Mapping[str, Any]
+    data_source: str | None
+    records: int
+    warnings: tuple[DeltaWarning, ...]
+    archived_at: datetime | None
+    created_at: datetime
+    _wire: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, row: Dataset, records: int) -> DatasetAnswer:
+        """The answer for ``row``; ``records``: how many records its batches hold (``records_of``)."""
+        return cls(
+            row.id,
+            row.name,
+            row.budget,
+            row.data_source,
+            records,
+            delta_warnings(row.budget, records),
+            row.archived_at,
+            row.created_at,
+        )
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> DatasetAnswer:
+        """The dataset of an answer this ledger gave (a stored idempotent answer); its wire form
+        is that answer as stored (an older server's lacks the fields it did not have yet: their
+        defaults are the schema's)."""
+        archived_at = obj.get("archived_at")
+        return cls(
+            obj["id"],
+            obj["name"],
+            obj["budget"],
+            obj.get("data_source"),
+            obj.get("records", 0),
+            tuple(DeltaWarning.from_json(w) for w in obj.get("warnings", ())),
+            None if archived_at is None else datetime.fromisoformat(archived_at),
+            datetime.fromisoformat(obj["created_at"]),
+            dict(obj),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        if self._wire is not None:
+            return self._wire
+        return {
+            "id": self.id,
+            "name": self.name,
+            "budget": self.budget,
+            "data_source": self.data_source,
+            "records": self.records,
+            "warnings": [w.to_json() for w in self.warnings],
+            "archived_at": None if self.archived_at is None else self.archived_at.isoformat(),
+            "created_at": self.created_at.isoformat(),
         }
-    ]
 
 
-def dataset_json(row: Dataset, records: int) -> dict[str, Any]:
-    """A dataset's answer; ``records``: how many records its batches hold (``records_of``)."""
-    return {
-        "id": row.id,
-        "name": row.name,
-        "budget": row.budget,
-        "data_source": row.data_source,
-        "records": records,
-        "warnings": delta_warnings(row.budget, records),
-        "archived_at": None if row.archived_at is None else row.archived_at.isoformat(),
-        "created_at": row.created_at.isoformat(),
-    }
+@dataclass(frozen=True, slots=True)
+class DatasetsPage:
+    """A page of the tenant's datasets (``list_datasets``) and how many match in all."""
+
+    data: tuple[DatasetAnswer, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [d.to_json() for d in self.data], "count": self.count}
 
 
 def records_of(session: Session, dataset_ids: Sequence[str]) -> dict[str, int]:
@@ -297,7 +377,7 @@ def create_dataset(
     data_roots: DataRoots | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> DatasetAnswer:
     """Create a dataset with its budget and, optionally, its data source (201), checked against
     ``data_roots`` (the operator's ``LEDGER_DATA_ROOTS``; none: only ``builtin:`` sources).
     ``InvalidInput`` names a bad field."""
@@ -306,7 +386,7 @@ def create_dataset(
     document = parsed.to_json()
     source = check_data_source(data_source, tenant_id, data_roots)
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[DatasetAnswer]:
         taken = session.scalar(select(Dataset.id).where(Dataset.tenant_id == tenant_id, Dataset.name == name))
         if taken is not None:
             raise Conflict(
@@ -336,7 +416,7 @@ def create_dataset(
         if source is not None:  # (entries of datasets without one keep their old shape)
             payload["data_source"] = source
         event = audit.AuditEvent("dataset.created", payload, tenant_id=tenant_id, dataset_id=row.id)
-        return idempotency.Outcome(dataset_json(row, 0), [event])
+        return idempotency.Outcome(DatasetAnswer.of(row, 0), [event])
 
     request: dict[str, Any] = {"name": name, "budget": dict(budget)}
     if source is not None:
@@ -348,6 +428,7 @@ def create_dataset(
         request=request,
         idempotency_key=idempotency_key,
         body=body,
+        replay=DatasetAnswer.from_json,
         status_code=201,
         now=now,
     )
@@ -362,7 +443,7 @@ def set_data_source(
     data_roots: DataRoots | None = None,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> DatasetAnswer:
     """Set, replace or (``None``) remove the dataset's data source (an admin's call); the dataset.
 
     The source is checked against ``data_roots`` first, outside the transaction (the worker
@@ -374,7 +455,7 @@ def set_data_source(
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[DatasetAnswer]:
         statement = select(Dataset).where(Dataset.id == dataset_id, Dataset.tenant_id == tenant_id)
         if session.get_bind().dialect.name != "sqlite":  # (SQLite: BEGIN IMMEDIATE already)
             statement = statement.with_for_update()  # "previous" is the value this replaces
@@ -384,7 +465,7 @@ def set_data_source(
         previous = row.data_source
         records = records_of(session, [row.id]).get(row.id, 0)
         if previous == source:
-            return idempotency.Outcome(dataset_json(row, records))
+            return idempotency.Outcome(DatasetAnswer.of(row, records))
         row.data_source = source
         row.updated_at = at
         session.flush()
@@ -394,7 +475,7 @@ def set_data_source(
             tenant_id=tenant_id,
             dataset_id=dataset_id,
         )
-        return idempotency.Outcome(dataset_json(row, records), [event])
+        return idempotency.Outcome(DatasetAnswer.of(row, records), [event])
 
     return idempotency.execute(
         db,
@@ -403,6 +484,7 @@ def set_data_source(
         request={"dataset_id": dataset_id, "data_source": source},
         idempotency_key=idempotency_key,
         body=body,
+        replay=DatasetAnswer.from_json,
         now=now,
     )
 
@@ -415,7 +497,7 @@ def set_archived(
     archived: bool,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> DatasetAnswer:
     """Archive (``archived=True``) or unarchive the dataset (an admin's call); the dataset.
 
     Decided on the locked ledger head, so it is ordered with every reservation: refused
@@ -426,7 +508,7 @@ def set_archived(
     if not can_be_id(dataset_id):
         raise NotFound("dataset", dataset_id)
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[DatasetAnswer]:
         head = lock_ledger_head(session.connection(), dataset_id)
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
@@ -434,7 +516,7 @@ def set_archived(
         assert row is not None
         records = records_of(session, [row.id]).get(row.id, 0)
         if (row.archived_at is not None) == archived:
-            return idempotency.Outcome(dataset_json(row, records))
+            return idempotency.Outcome(DatasetAnswer.of(row, records))
         if head.reservations_open > 0:
             raise Conflict(
                 f"dataset {dataset_id!r} has {head.reservations_open} open reservation(s); commit, "
@@ -447,7 +529,7 @@ def set_archived(
         session.flush()
         kind = "dataset.archived" if archived else "dataset.unarchived"
         event = audit.AuditEvent(kind, {"name": row.name}, tenant_id=tenant_id, dataset_id=dataset_id)
-        return idempotency.Outcome(dataset_json(row, records), [event])
+        return idempotency.Outcome(DatasetAnswer.of(row, records), [event])
 
     return idempotency.execute(
         db,
@@ -456,6 +538,7 @@ def set_archived(
         request={"dataset_id": dataset_id},
         idempotency_key=idempotency_key,
         body=body,
+        replay=DatasetAnswer.from_json,
         now=now,
     )
 
@@ -490,10 +573,10 @@ def dataset_page(
     return rows, count or 0
 
 
-def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> dict[str, Any]:
+def get_dataset(db: Database, tenant_id: str, dataset_id: str) -> DatasetAnswer:
     with db.session(readonly=True) as session:
         row = load_dataset(session, tenant_id, dataset_id)
-        return dataset_json(row, records_of(session, [row.id]).get(row.id, 0))
+        return DatasetAnswer.of(row, records_of(session, [row.id]).get(row.id, 0))
 
 
 ARCHIVED_FILTERS: Final = ("false", "true", "all")
@@ -507,7 +590,7 @@ def list_datasets(
     offset: int = 0,
     name: str | None = None,
     archived: str = "false",
-) -> dict[str, Any]:
+) -> DatasetsPage:
     """The tenant's datasets, oldest first: ``{data, count}`` (``count``: all that match);
     ``archived``: ``"false"`` the active ones, ``"true"`` the archived ones, ``"all"`` both. With
     ``name``, only the one of that name (names are unique per tenant), archived or not: a name
@@ -530,7 +613,7 @@ def list_datasets(
     with db.session(readonly=True) as session:
         rows, count = dataset_page(session, where, limit=limit, offset=offset)
         records = records_of(session, [r.id for r in rows])
-        return {"data": [dataset_json(r, records.get(r.id, 0)) for r in rows], "count": count}
+        return DatasetsPage(tuple(DatasetAnswer.of(r, records.get(r.id, 0)) for r in rows), count)
 
 
 def refuse_while_a_job_runs(session: Session, dataset_id: str, then: str) -> None:
@@ -553,6 +636,9 @@ __all__ = [
     "MAX_ID_LENGTH",
     "MAX_PAGE",
     "UNENCODABLE",
+    "DatasetAnswer",
+    "DatasetsPage",
+    "DeltaWarning",
     "budget_of",
     "cached_budget",
     "can_be_id",
@@ -562,7 +648,6 @@ __all__ = [
     "check_text",
     "create_dataset",
     "data_source",
-    "dataset_json",
     "dataset_page",
     "delta_warnings",
     "encodes",

@@ -14,6 +14,11 @@ A refused request (a ``LedgerError``) stores nothing, so retrying it re-evaluate
 ``execute`` is the unit of work: run the operation's body in one transaction, store the
 idempotent answer, append the body's audit events (last: they lock the audit head), commit;
 retry the whole transaction on a deadlock or serialization failure.
+
+The body answers a typed value (``Answer``: anything with a ``to_json``, its wire form); that
+wire form is what a key stores. A replay answers ``replay(stored)``: the operation's
+``from_json``, which reads the typed fields from the stored answer and keeps the stored JSON as
+its wire form, so a retry's bytes are the first answer's whatever server version wrote them.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from sqlalchemy import insert, select
 from sqlalchemy.exc import OperationalError
@@ -48,13 +53,22 @@ _TRANSIENT_RETRIES: Final = 5
 _TRANSIENT_SQLSTATES: Final = frozenset({"40P01", "40001"})
 
 
+class Answer(Protocol):
+    """A typed answer: its ``to_json`` is its wire form (what a key stores)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+AnswerT = TypeVar("AnswerT", bound=Answer)
+
+
 @dataclass
-class Outcome:
+class Outcome(Generic[AnswerT]):
     """What an operation's body produced: the answer, its audit events, and possibly an error
     that must be raised *after* the commit (a state change that stands although the call
     fails, e.g. the expiry a late commit discovers)."""
 
-    response: dict[str, Any]
+    response: AnswerT
     audit: list[audit.AuditEvent] = field(default_factory=list)
     error: LedgerError | None = None
 
@@ -115,18 +129,20 @@ def execute(
     operation: str,
     request: Mapping[str, Any],
     idempotency_key: str | None,
-    body: Callable[[Session, datetime], Outcome],
+    body: Callable[[Session, datetime], Outcome[AnswerT]],
+    replay: Callable[[Mapping[str, Any]], AnswerT],
     status_code: int = 200,
     now: datetime | None = None,
-) -> dict[str, Any]:
-    """Run ``body`` as one idempotent, audited transaction and return its answer."""
+) -> AnswerT:
+    """Run ``body`` as one idempotent, audited transaction and return its answer; a key's stored
+    answer is returned as ``replay(stored)``."""
     key = check_key(idempotency_key)
     digest = request_hash(operation, request) if key is not None else ""
     attempt = 0
     while True:
         attempt += 1
         try:
-            return _execute_once(db, tenant_id, operation, key, digest, body, status_code, now)
+            return _execute_once(db, tenant_id, operation, key, digest, body, replay, status_code, now)
         except DuplicateIdempotencyKey:
             # A concurrent retry with this key committed first: answer with its answer.
             if attempt > _TRANSIENT_RETRIES:
@@ -139,12 +155,41 @@ def execute(
                 with db.session(readonly=True) as session:
                     stored = lookup(session, tenant_id=tenant_id, key=key, operation=operation, digest=digest)
                 if stored is not None:
-                    return stored
+                    return replay(stored)
             raise
         except OperationalError as exc:
             if attempt > _TRANSIENT_RETRIES or not _is_transient(exc):
                 raise
             time.sleep(0.005 * attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class _Document:
+    """A dict answer of an operation not typed yet (``execute_json``)."""
+
+    document: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.document
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> _Document:
+        return cls(dict(obj))
+
+
+def execute_json(
+    db: Database,
+    *,
+    body: Callable[[Session, datetime], Outcome[Any]],
+    **options: Any,
+) -> dict[str, Any]:
+    """``execute`` for an operation that still answers a dict (its body's ``Outcome`` holds one)."""
+
+    def typed(session: Session, at: datetime) -> Outcome[_Document]:
+        outcome = body(session, at)
+        return Outcome(_Document(outcome.response), outcome.audit, outcome.error)
+
+    return execute(db, body=typed, replay=_Document.from_json, **options).document
 
 
 def _execute_once(
@@ -153,15 +198,16 @@ def _execute_once(
     operation: str,
     key: str | None,
     digest: str,
-    body: Callable[[Session, datetime], Outcome],
+    body: Callable[[Session, datetime], Outcome[AnswerT]],
+    replay: Callable[[Mapping[str, Any]], AnswerT],
     status_code: int,
     now: datetime | None,
-) -> dict[str, Any]:
+) -> AnswerT:
     with db.session() as session:
         if key is not None:
             stored = lookup(session, tenant_id=tenant_id, key=key, operation=operation, digest=digest)
             if stored is not None:
-                return stored
+                return replay(stored)
         at = now or utcnow()
         outcome = body(session, at)
         if key is not None and outcome.error is None:
@@ -172,7 +218,7 @@ def _execute_once(
                     "key": key,
                     "operation": operation,
                     "request_hash": digest,
-                    "response": outcome.response,
+                    "response": outcome.response.to_json(),
                     "status_code": status_code,
                     "created_at": at,
                 },
@@ -204,4 +250,13 @@ def job_reservations(db: Database, tenant_id: str, job_id: str) -> list[tuple[st
     return found
 
 
-__all__ = ["MAX_KEY_LENGTH", "Outcome", "check_key", "execute", "job_reservations", "lookup", "request_hash"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "Answer",
+    "Outcome",
+    "check_key",
+    "execute",
+    "job_reservations",
+    "lookup",
+    "request_hash",
+]

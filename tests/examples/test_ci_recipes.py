@@ -80,7 +80,7 @@ def test_the_docs_show_the_workflows_check_step() -> None:
 def test_every_recipe_fails_when_the_check_fails(database_url: URL, db: Database, tmp_path: Path) -> None:
     budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     viewer = tenancy.create_api_key(db, "acme", "viewer")  # makes the tenant
-    dataset = datasets.create_dataset(db, "acme", name="gated", budget=budget)["id"]
+    dataset = datasets.create_dataset(db, "acme", name="gated", budget=budget).id
     (step,) = _check_steps()
     with serve(settings_for(database_url, tmp_path / "artifacts"), db) as url:
         env = _env(url, viewer, dataset)

@@ -35,7 +35,7 @@ def test_stored_file_sources_are_canonicalised(empty_database_url: URL) -> None:
     budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     try:
         tenancy.create_api_key(db, "acme", "viewer")
-        ids = {name: datasets.create_dataset(db, "acme", name=name, budget=budget)["id"] for name in STORED}
+        ids = {name: datasets.create_dataset(db, "acme", name=name, budget=budget).id for name in STORED}
     finally:
         db.dispose()
     migrations.downgrade(empty_database_url, BEFORE)

@@ -157,7 +157,7 @@ def test_existing_datasets_get_a_source_only_from_builtin_jobs(empty_database_ur
     }
     try:
         tenancy.create_api_key(db, "acme", "viewer")
-        ids = {name: datasets.create_dataset(db, "acme", name=name, budget=budget)["id"] for name in named}
+        ids = {name: datasets.create_dataset(db, "acme", name=name, budget=budget).id for name in named}
     finally:
         db.dispose()
     migrations.downgrade(empty_database_url, BEFORE_DATA_SOURCE)
@@ -215,7 +215,7 @@ def _a_spend_and_a_hold(
 
     budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     tenancy.create_api_key(db, "acme", "viewer")
-    ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+    ds = datasets.create_dataset(db, "acme", name="d", budget=budget).id
     task = batches.create_task(db, "acme", ds, name="t")["id"]
     made = batches.create_batches(
         db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(batches_made)]
@@ -309,8 +309,8 @@ def test_plan_segments_cannot_be_downgraded_away_while_a_dataset_has_declared_on
     }
     try:
         tenancy.create_tenant(db, "acme")
-        plain = datasets.create_dataset(db, "acme", name="plain", budget=budget)["id"]
-        segmented = datasets.create_dataset(db, "acme", name="segmented", budget=budget)["id"]
+        plain = datasets.create_dataset(db, "acme", name="plain", budget=budget).id
+        segmented = datasets.create_dataset(db, "acme", name="segmented", budget=budget).id
         plan_segments.declare_segment(db, "acme", segmented, plan=[parse_event(pure)], delta="5e-6")
     finally:
         db.dispose()
@@ -434,7 +434,7 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
     try:
         tenancy.create_tenant(db, "acme")
         budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
-        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget).id
         task = batches.create_task(db, "acme", dataset, name="t")
         (batch,) = batches.create_batches(
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
@@ -488,7 +488,7 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
     try:
         tenancy.create_tenant(db, "acme")
         budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
-        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        dataset = datasets.create_dataset(db, "acme", name="d", budget=budget).id
         task = batches.create_task(db, "acme", dataset, name="t")
         (batch,) = batches.create_batches(
             db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
@@ -551,9 +551,9 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         for tenant in ("acme", "rival"):
             tenancy.create_tenant(db, tenant)
         ids = [
-            datasets.create_dataset(db, "acme", name=n, budget=budget)["id"] for n in ("a", "b", "a (2)", "c")
+            datasets.create_dataset(db, "acme", name=n, budget=budget).id for n in ("a", "b", "a (2)", "c")
         ]
-        other = datasets.create_dataset(db, "rival", name="a", budget=budget)["id"]
+        other = datasets.create_dataset(db, "rival", name="a", budget=budget).id
         task = batches.create_task(db, "acme", ids[1], name="t")
         (batch,) = batches.create_batches(
             db, "acme", ids[1], task["id"], batches=[{"name": "b", "records": ["r"]}]
@@ -581,9 +581,9 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
     assert _diff(empty_database_url) == []
     db = Database(empty_database_url)
     try:
-        names = [datasets.get_dataset(db, "acme", i)["name"] for i in ids]
+        names = [datasets.get_dataset(db, "acme", i).name for i in ids]
         assert names == ["a", "a (3)", "a (2)", "a (4)"]
-        assert datasets.get_dataset(db, "rival", other)["name"] == "a"
+        assert datasets.get_dataset(db, "rival", other).name == "a"
         assert audit.verify(db)["ok"]
         (stored,) = certificates.list_certificates(db, "acme", ids[1])["data"]
         assert verify(stored["certificate"]).ok
@@ -665,7 +665,7 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
     try:
         budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
         tenancy.create_tenant(db, "acme")
-        ds = datasets.create_dataset(db, "acme", name="d", budget=budget)["id"]
+        ds = datasets.create_dataset(db, "acme", name="d", budget=budget).id
         task = batches.create_task(db, "acme", ds, name="t")["id"]
         batches.create_batches(
             db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(4)]
@@ -739,7 +739,7 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
         tenancy.create_tenant(db, "acme")
         made: dict[str, list[dict[str, Any]]] = {}
         for name in ("one", "two"):
-            ds = datasets.create_dataset(db, "acme", name=name, budget=budget)["id"]
+            ds = datasets.create_dataset(db, "acme", name=name, budget=budget).id
             task = batches.create_task(db, "acme", ds, name="t")["id"]
             sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(3)] + [i]} for i in range(5)]
             made[ds] = batches.create_batches(db, "acme", ds, task, batches=sent)["data"]
@@ -801,7 +801,7 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
             made[first][3]["id"],
             again["data"][0]["id"],
         }
-        third = datasets.create_dataset(db, "acme", name="three", budget=budget)["id"]
+        third = datasets.create_dataset(db, "acme", name="three", budget=budget).id
         numbered = dict(db.read_all(sa.text("SELECT id, key FROM datasets"), {}))
         assert numbered == {first: 1, second: 2, third: 3}  # in creation order; the next after them
         assert audit.verify(db)["ok"]
@@ -825,7 +825,7 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
     db = Database(empty_database_url)
     try:
         tenancy.create_tenant(db, "acme")
-        old = datasets.create_dataset(db, "acme", name="old", budget=budget)["id"]
+        old = datasets.create_dataset(db, "acme", name="old", budget=budget).id
         assert {d: bool(m) for d, m in db.read_all(marks)} == {old: False}
     finally:
         db.dispose()
@@ -842,7 +842,7 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
     assert _diff(empty_database_url) == []
     db = Database(empty_database_url)
     try:
-        new = datasets.create_dataset(db, "acme", name="new", budget=budget)["id"]
+        new = datasets.create_dataset(db, "acme", name="new", budget=budget).id
         assert {d: bool(m) for d, m in db.read_all(marks)} == {old: True, new: False}
         assert spent.get_spend(db, "acme", old).to_json()["guarantee"]["epsilon"] == "0"
         assert audit.verify(db)["ok"]

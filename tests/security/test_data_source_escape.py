@@ -675,18 +675,18 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
     dataset = datasets.create_dataset(
         db, "acme", name="swapped", budget=budget("10"), data_source=source, data_roots=roots
     )
-    task = batches.create_task(db, "acme", dataset["id"], name="all")
+    task = batches.create_task(db, "acme", dataset.id, name="all")
     batches.create_batches(
         db,
         "acme",
-        dataset["id"],
+        dataset.id,
         task["id"],
         batches=[{"name": "b0", "records": RECORDS[:20]}, {"name": "b1", "records": RECORDS[20:]}],
     )
     job = jobs.queue.create_job(
         db,
         "acme",
-        dataset_id=dataset["id"],
+        dataset_id=dataset.id,
         algorithm="dp_sgd",
         params={"noise_multiplier": 1.0, "sampling_probability": 0.5, "steps": 2, "hidden": 4, "seed": 1},
     )
@@ -702,7 +702,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
     assert error["error"] == "data_source" and error["field"] == "data_source"
     assert error["message"] == f"data source {source!r} {LOCATION.format(tenant='acme')}: {LEAVES}."
     assert SECRET not in json.dumps(answer)
-    assert datasets.get_dataset(db, "acme", dataset["id"])["data_source"] == source
+    assert datasets.get_dataset(db, "acme", dataset.id).data_source == source
 
 
 @pytest.mark.parametrize("root", ["/", "//", "/srv/..", "/./", "/tmp/../", "//."])

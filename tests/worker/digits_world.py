@@ -66,16 +66,16 @@ def digits_dataset(
     dataset = datasets.create_dataset(
         db, tenant, name=f"digits-{next(_serial)}", budget=budget(epsilon, delta), data_source=source
     )
-    task = batches.create_task(db, tenant, dataset["id"], name="all")
+    task = batches.create_task(db, tenant, dataset.id, name="all")
     size = -(-len(ids) // n_batches)
     created = batches.create_batches(
         db,
         tenant,
-        dataset["id"],
+        dataset.id,
         task["id"],
         batches=[{"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)],
     )
-    return DigitsDataset(tenant, dataset["id"], tuple(b["id"] for b in created["data"]))
+    return DigitsDataset(tenant, dataset.id, tuple(b["id"] for b in created["data"]))
 
 
 def task_dataset(
@@ -104,11 +104,11 @@ def task_dataset(
     task_ids = []
     for index, ids in enumerate(per_task):
         size = batch_size or -(-len(ids) // 2)
-        task = batches.create_task(db, tenant, dataset["id"], name=f"t{index}")
+        task = batches.create_task(db, tenant, dataset.id, name=f"t{index}")
         batches.create_batches(
             db,
             tenant,
-            dataset["id"],
+            dataset.id,
             task["id"],
             batches=[
                 {"name": f"t{index}b{i}", "records": list(ids[i : i + size])}
@@ -116,7 +116,7 @@ def task_dataset(
             ],
         )
         task_ids.append(task["id"])
-    return dataset["id"], task_ids
+    return dataset.id, task_ids
 
 
 def source_tasks(uri: str) -> list[list[str]]:

@@ -31,7 +31,7 @@ def many_batches(db: Database) -> tuple[str, str]:
     """A dataset reading ``SOURCE`` with one task of ``N_BATCHES`` one-record batches."""
     tenancy.create_api_key(db, "acme", "viewer")
     dataset = datasets.create_dataset(db, "acme", name="stream", budget=budget("3"), data_source=SOURCE)
-    task = batches.create_task(db, "acme", dataset["id"], name="all")
+    task = batches.create_task(db, "acme", dataset.id, name="all")
     ids = load_data(SOURCE).record_ids
     assert len(ids) == N_BATCHES
     for start in range(0, N_BATCHES, MAX_IDS_PER_REQUEST):  # at most 10 000 batches a request
@@ -39,11 +39,11 @@ def many_batches(db: Database) -> tuple[str, str]:
         batches.create_batches(
             db,
             "acme",
-            dataset["id"],
+            dataset.id,
             task["id"],
             batches=[{"name": f"b{start + i}", "records": [r]} for i, r in enumerate(chunk)],
         )
-    return str(dataset["id"]), str(task["id"])
+    return str(dataset.id), str(task["id"])
 
 
 @pytest.mark.slow

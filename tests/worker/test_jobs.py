@@ -90,7 +90,7 @@ def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_da
         jobs.queue.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)
     assert info.value.field == "dataset_id"
     assert "has no data source" in info.value.message and "data-source" in info.value.message
-    empty = datasets.create_dataset(db, "acme", name="no-batches", budget=budget(), data_source=DIGITS)["id"]
+    empty = datasets.create_dataset(db, "acme", name="no-batches", budget=budget(), data_source=DIGITS).id
     with pytest.raises(InvalidInput) as info:
         jobs.queue.create_job(db, "acme", dataset_id=empty, algorithm="dp_sgd", params=PARAMS)
     assert info.value.field == "dataset_id" and "has no batches" in info.value.message

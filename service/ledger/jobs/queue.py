@@ -284,7 +284,7 @@ def create_job(
         )
         return idempotency.Outcome(job_json(row), [event])
 
-    return idempotency.execute(
+    return idempotency.execute_json(
         db,
         tenant_id=tenant_id,
         operation="create_job",

@@ -179,7 +179,7 @@ def test_every_route_scope_and_tenant(client: TestClient, db: Database, keys: Ke
     assert cases == len(ROUTES) * len(CALLERS) * len(TENANTS)
     assert not mismatches, "\n".join(mismatches)
     # the refused calls ran on the shared world: none of them set its dataset's data source
-    assert datasets.get_dataset(db, "acme", shared.dataset)["data_source"] is None
+    assert datasets.get_dataset(db, "acme", shared.dataset).data_source is None
 
 
 def _headers(keys: Keys, caller: str, tenant: str) -> dict[str, str]:

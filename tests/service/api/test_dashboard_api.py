@@ -46,7 +46,7 @@ def _spend(
 def _dataset(
     db: Database, tenant: str, budget: dict[str, Any], tasks: list[int]
 ) -> tuple[str, list[list[str]]]:
-    dataset = datasets.create_dataset(db, tenant, name=unique("ds"), budget=budget)["id"]
+    dataset = datasets.create_dataset(db, tenant, name=unique("ds"), budget=budget).id
     ids: list[list[str]] = []
     for size in tasks:
         task = batches.create_task(db, tenant, dataset, name=unique("task"))["id"]

@@ -195,7 +195,7 @@ def test_a_plan_over_the_most_events_is_refused_quoting_its_json_as_sent(db: Dat
     assert as_sent.value.message.startswith(f"plan must be a list of 1 to {most} events. {found}")
     plan_segments.check_plan_size(sent[:1])  # within bounds: no refusal
     tenancy.create_tenant(db, "acme")
-    dataset = datasets.create_dataset(db, "acme", name="long", budget=BUDGET)["id"]
+    dataset = datasets.create_dataset(db, "acme", name="long", budget=BUDGET).id
     parsed = [parse_event(sent[0])] * len(sent)
     with pytest.raises(InvalidInput) as given_parsed:
         plan_segments.declare_segment(db, "acme", dataset, plan=parsed, delta="1e-7")
@@ -206,7 +206,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
     """Two declarations racing from two connection pools (no shared group commit): both ask for
     all the δ that is left; the ledger head lock orders them, and exactly one is taken."""
     tenancy.create_tenant(db, "acme")
-    dataset = datasets.create_dataset(db, "acme", name="race", budget=BUDGET)["id"]
+    dataset = datasets.create_dataset(db, "acme", name="race", budget=BUDGET).id
     task = batch_ledger.create_task(db, "acme", dataset, name="t")
     batch_ledger.create_batches(db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}])
     pools = [Database(database_url), Database(database_url)]
@@ -235,7 +235,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
     refused = [o for o in outcomes if isinstance(o, InvalidInput)]
     assert len(taken) == 1 and len(refused) == 1, outcomes
     assert refused[0].field == "delta"
-    stored = datasets.get_dataset(db, "acme", dataset)["budget"]
+    stored = datasets.get_dataset(db, "acme", dataset).budget
     assert len(stored["segments"]) == 1
 
 

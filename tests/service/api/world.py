@@ -47,27 +47,23 @@ def sequential_budget(epsilon: str = "10") -> dict[str, Any]:
 
 def make_world(db: Database, tenant: str) -> World:
     dataset = datasets.create_dataset(db, tenant, name=unique("ds"), budget=sequential_budget())
-    task = batches.create_task(db, tenant, dataset["id"], name=unique("task"))
+    task = batches.create_task(db, tenant, dataset.id, name=unique("task"))
     created = batches.create_batches(
         db,
         tenant,
-        dataset["id"],
+        dataset.id,
         task["id"],
         batches=[{"name": unique("batch"), "records": [unique("r"), unique("r")]}],
     )
     batch = created["data"][0]["id"]
-    done = reservations.reserve(
-        db, tenant, dataset["id"], event=parse_event(PURE), batch_ids=[batch]
-    ).to_json()
+    done = reservations.reserve(db, tenant, dataset.id, event=parse_event(PURE), batch_ids=[batch]).to_json()
     commit = reservations.commit(
         db, tenant, done["id"], release={"model": "m", "version": unique("v")}
     ).to_json()
-    held = reservations.reserve(
-        db, tenant, dataset["id"], event=parse_event(PURE), batch_ids=[batch]
-    ).to_json()
+    held = reservations.reserve(db, tenant, dataset.id, event=parse_event(PURE), batch_ids=[batch]).to_json()
     return World(
         tenant=tenant,
-        dataset=dataset["id"],
+        dataset=dataset.id,
         task=task["id"],
         batch=batch,
         reservation=held["id"],

@@ -43,9 +43,7 @@ def make_dataset(ledger: Database) -> MakeDataset:
     records (``<task>-<batch>-<i>``)."""
 
     def make(budget: dict[str, Any], tasks: Sequence[int] = (1,), tenant: str = "t1") -> Layout:
-        ds = datasets.create_dataset(ledger, tenant, name=f"dataset-{secrets.token_hex(4)}", budget=budget)[
-            "id"
-        ]
+        ds = datasets.create_dataset(ledger, tenant, name=f"dataset-{secrets.token_hex(4)}", budget=budget).id
         layout = Layout(ds)
         for t, count in enumerate(tasks):
             task = batches.create_task(ledger, tenant, ds, name=f"task-{t}")["id"]

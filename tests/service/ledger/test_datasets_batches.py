@@ -21,12 +21,12 @@ BUDGET = {"rule": "sequential", "epsilon": 1.0, "delta": 1e-5, "accountant": "ba
 
 def test_create_get_list_dataset(ledger: Database) -> None:
     created = datasets.create_dataset(ledger, "t1", name="mnist", budget=BUDGET)
-    assert created["budget"]["epsilon"] == "1" and created["budget"]["rule"] == "sequential"
-    assert datasets.get_dataset(ledger, "t1", created["id"]) == created
-    assert datasets.list_datasets(ledger, "t1") == {"data": [created], "count": 1}
+    assert created.budget["epsilon"] == "1" and created.budget["rule"] == "sequential"
+    assert datasets.get_dataset(ledger, "t1", created.id) == created
+    assert datasets.list_datasets(ledger, "t1").to_json() == {"data": [created.to_json()], "count": 1}
     with pytest.raises(NotFound):
-        datasets.get_dataset(ledger, "t2", created["id"])
-    assert datasets.list_datasets(ledger, "t2")["count"] == 0
+        datasets.get_dataset(ledger, "t2", created.id)
+    assert datasets.list_datasets(ledger, "t2").count == 0
 
 
 @pytest.mark.parametrize(
@@ -51,23 +51,23 @@ def test_invalid_budget_names_the_field(ledger: Database, budget: dict[str, obje
     with pytest.raises(InvalidInput) as info:
         datasets.create_dataset(ledger, "t1", name="d", budget=budget)
     assert info.value.field == field
-    assert datasets.list_datasets(ledger, "t1")["count"] == 0
+    assert datasets.list_datasets(ledger, "t1").count == 0
 
 
 def test_idempotent_dataset_creation(ledger: Database) -> None:
     first = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET, idempotency_key="k1")
     again = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET, idempotency_key="k1")
-    assert first == again
-    assert datasets.list_datasets(ledger, "t1")["count"] == 1
+    assert first == again and first.to_json() == again.to_json()
+    assert datasets.list_datasets(ledger, "t1").count == 1
     with pytest.raises(IdempotencyConflict):
         datasets.create_dataset(ledger, "t1", name="other", budget=BUDGET, idempotency_key="k1")
     # keys are per tenant
     other = datasets.create_dataset(ledger, "t2", name="d", budget=BUDGET, idempotency_key="k1")
-    assert other["id"] != first["id"]
+    assert other.id != first.id
 
 
 def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> None:
-    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET)["id"]
+    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET).id
     task = batches.create_task(ledger, "t1", ds, name="task-1")
     created = batches.create_batches(
         ledger,
@@ -88,7 +88,7 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
     assert batches.count_records(ledger, ds) == 4  # refused calls stored nothing
     assert batches.list_batches(ledger, "t1", ds)["count"] == 2
     # Another dataset may hold the same record ids; only hashes are stored.
-    ds2 = datasets.create_dataset(ledger, "t1", name="d2", budget=BUDGET)["id"]
+    ds2 = datasets.create_dataset(ledger, "t1", name="d2", budget=BUDGET).id
     task2 = batches.create_task(ledger, "t1", ds2, name="task-1")
     batches.create_batches(ledger, "t1", ds2, task2["id"], batches=[{"name": "b0", "records": ["a"]}])
     with ledger.session(readonly=True) as session:
@@ -98,7 +98,7 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
 
 
 def test_concurrent_overlapping_batches_one_wins(ledger: Database) -> None:
-    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET)["id"]
+    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET).id
     task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
     results: list[object] = []
 
@@ -120,7 +120,7 @@ def test_concurrent_overlapping_batches_one_wins(ledger: Database) -> None:
 
 
 def test_batch_input_errors_name_the_field(ledger: Database) -> None:
-    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET)["id"]
+    ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET).id
     task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
     cases = [
         ([], "batches"),
@@ -160,7 +160,7 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
     HMAC-SHA256(salt, id) per record under its own batch; a bad id anywhere in a large request is
     refused naming its field, a repeat naming the record, and nothing is stored."""
 
-    ds = datasets.create_dataset(ledger, "t1", name="bulk", budget=BUDGET)["id"]
+    ds = datasets.create_dataset(ledger, "t1", name="bulk", budget=BUDGET).id
     task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
     sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(7)]} for i in range(300)]
     sent.append({"name": "ints", "records": [10**6 + j for j in range(5)]})

@@ -33,7 +33,7 @@ _names = itertools.count(1)  # dataset names are unique per tenant
 
 def _dataset(db: Database, count: int, budget: dict[str, Any] = BASIC) -> tuple[str, list[str]]:
     """A dataset of ``count`` one-record batches in one task, every batch in the empty state."""
-    ds = datasets.create_dataset(db, "t1", name=f"d{next(_names)}", budget=budget)["id"]
+    ds = datasets.create_dataset(db, "t1", name=f"d{next(_names)}", budget=budget).id
     task = batches.create_task(db, "t1", ds, name="task")["id"]
     made = batches.create_batches(
         db, "t1", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(count)]

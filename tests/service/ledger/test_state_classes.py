@@ -351,7 +351,7 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
 def ledger_budget(db: Database, dataset_id: str) -> dict[str, Any]:
     from service.ledger import datasets
 
-    return dict(datasets.get_dataset(db, "t1", dataset_id)["budget"])
+    return dict(datasets.get_dataset(db, "t1", dataset_id).budget)
 
 
 def reservations_spend(db: Database, dataset_id: str) -> str:

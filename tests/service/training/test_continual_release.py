@@ -475,15 +475,15 @@ def _stream_dataset(db: Database, budget: dict[str, Any]) -> tuple[str, list[str
     dataset = datasets.create_dataset(
         db, "acme", name=f"stream-{len(budget)}", budget=budget, data_source=SOURCE
     )
-    task = batches.create_task(db, "acme", dataset["id"], name="stream")
+    task = batches.create_task(db, "acme", dataset.id, name="stream")
     created = batches.create_batches(
         db,
         "acme",
-        dataset["id"],
+        dataset.id,
         task["id"],
         batches=[{"name": f"block-{i}", "records": ids[i * 8 : (i + 1) * 8]} for i in range(12)],
     )
-    return dataset["id"], [b["id"] for b in created["data"]]
+    return dataset.id, [b["id"] for b in created["data"]]
 
 
 def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[str, Any]:

@@ -418,14 +418,14 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         data_source=uri,
     )
     for split in source.train:
-        task = batches.create_task(db, "acme", dataset["id"], name=f"t{split.task}")
+        task = batches.create_task(db, "acme", dataset.id, name=f"t{split.task}")
         batches.create_batches(
-            db, "acme", dataset["id"], task["id"], batches=[{"name": "b", "records": list(split.record_ids)}]
+            db, "acme", dataset.id, task["id"], batches=[{"name": "b", "records": list(split.record_ids)}]
         )
     job = jobs.queue.create_job(
         db,
         "acme",
-        dataset_id=dataset["id"],
+        dataset_id=dataset.id,
         algorithm="cosine_classifier",
         params={"target_budget_epsilon": 1.0, "delta": DELTA},
     )
@@ -433,7 +433,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
     answer = jobs.queue.get_job(db, "acme", job["id"])
     assert answer["status"] == "failed"
     assert "public split" in answer["error"]["message"]
-    assert spent.get_spend(db, "acme", dataset["id"]).to_json()["epsilon_spent"] == "0"  # nothing released
+    assert spent.get_spend(db, "acme", dataset.id).to_json()["epsilon_spent"] == "0"  # nothing released
 
 
 def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp_path: Path) -> None:
