@@ -109,7 +109,7 @@ def phases(backend: str, postgres_url: str | None, count: int) -> None:
                     query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
                     pids = [p for p in session.scalars(text(query)) if Path(f"/proc/{p}/stat").exists()]
             for start in range(0, count, PER_REQUEST):
-                task = batches.create_task(db, TENANT, ds, name=f"task-{start}")["id"]
+                task = batches.create_task(db, TENANT, ds, name=f"task-{start}").id
                 request = [
                     {"name": f"b{start + i}", "records": [f"r{start + i}-{j}" for j in range(10)]}
                     for i in range(min(PER_REQUEST, count - start))

@@ -156,10 +156,10 @@ def _setup_dataset(db: Database, name: str, epsilon: str) -> tuple[str, str]:
         db,
         TENANT,
         dataset.id,
-        task["id"],
+        task.id,
         batches=[{"name": "batch-0", "records": [f"{name}-record-{i}" for i in range(64)]}],
     )
-    return dataset.id, created["data"][0]["id"]
+    return dataset.id, created.data[0].id
 
 
 def _series_cte(dialect: str, count: int) -> str:

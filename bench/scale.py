@@ -99,7 +99,7 @@ def make_dataset(
     tasks: list[str] = []
     started = time.perf_counter()
     for start in range(0, count, PER_REQUEST):
-        task = batches.create_task(db, TENANT, ds, name=f"task-{start}")["id"]
+        task = batches.create_task(db, TENANT, ds, name=f"task-{start}").id
         tasks.append(task)
         size = min(PER_REQUEST, count - start)
         batches.create_batches(
@@ -290,7 +290,7 @@ def create(db: Database, count: int, records: int) -> dict[str, Any]:
     pids = _backend_pids(db)
     wall = client = server = 0.0
     for start in range(0, count, PER_REQUEST):
-        task = batches.create_task(db, TENANT, ds, name=f"task-{start}")["id"]
+        task = batches.create_task(db, TENANT, ds, name=f"task-{start}").id
         size = min(PER_REQUEST, count - start)
         request = [
             {"name": f"b{start + i}", "records": [f"r{start + i}-{j}" for j in range(records)]}
@@ -329,11 +329,11 @@ def beside(db: Database, count: int) -> dict[str, Any]:
     fresh = datasets.create_dataset(db, TENANT, name=f"fresh-{count}", budget=BUDGETS["basic"]).id
     small: dict[str, tuple[str, str, list[str]]] = {}
     for label, ds in (("fresh", fresh), ("beside", big)):
-        task = batches.create_task(db, TENANT, ds, name="small")["id"]
+        task = batches.create_task(db, TENANT, ds, name="small").id
         made = batches.create_batches(
             db, TENANT, ds, task, batches=[{"name": f"s{i}", "records": [f"s{i}"]} for i in range(10)]
         )
-        small[label] = (ds, task, [b["id"] for b in made["data"]])
+        small[label] = (ds, task, [b.id for b in made.data])
         charge(db, ds, "basic", tasks=[task])  # the first prices the event (memoised after)
     runs: dict[tuple[str, str], list[float]] = {}
     for _ in range(REPEATS):

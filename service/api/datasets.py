@@ -213,7 +213,7 @@ def create_task(
 ) -> dict[str, Any]:
     return batches.create_task(
         db, principal.tenant_id, dataset_id, name=body.name, idempotency_key=idempotency_key
-    )
+    ).to_json()
 
 
 _DELETE_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -238,7 +238,9 @@ def delete_task(
     db: DatabaseDep,
     idempotency_key: IdempotencyKeyDep = None,
 ) -> dict[str, Any]:
-    return batches.delete_task(db, principal.tenant_id, dataset_id, task_id, idempotency_key=idempotency_key)
+    return batches.delete_task(
+        db, principal.tenant_id, dataset_id, task_id, idempotency_key=idempotency_key
+    ).to_json()
 
 
 @router.delete(
@@ -256,7 +258,7 @@ def delete_batch(
 ) -> dict[str, Any]:
     return batches.delete_batch(
         db, principal.tenant_id, dataset_id, task_id, batch_id, idempotency_key=idempotency_key
-    )
+    ).to_json()
 
 
 @router.get(
@@ -274,7 +276,7 @@ def list_tasks(
     limit: Annotated[int, Query(ge=1, le=batches.MAX_TASK_PAGE)] = batches.DEFAULT_TASK_PAGE,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> dict[str, Any]:
-    return batches.list_tasks(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    return batches.list_tasks(db, principal.tenant_id, dataset_id, limit=limit, offset=offset).to_json()
 
 
 @router.post(
@@ -306,7 +308,7 @@ def create_batches(
         task_id,
         batches=[batch.model_dump(mode="json") for batch in body.batches],
         idempotency_key=idempotency_key,
-    )
+    ).to_json()
 
 
 @router.get(

@@ -153,7 +153,7 @@ def create_job(
         idempotency_key=idempotency_key,
         limits=jobs.params.JobLimits.of(request.app.state.settings),
     )
-    return json_answer(answer, 201)
+    return json_answer(answer.to_json(), 201)
 
 
 @router.get(
@@ -180,7 +180,9 @@ def list_jobs(
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
     return json_answer(
-        jobs.queue.list_jobs(db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset)
+        jobs.queue.list_jobs(
+            db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset
+        ).to_json()
     )
 
 
@@ -191,7 +193,7 @@ def list_jobs(
     summary="Get a job",
 )
 def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.queue.get_job(db, principal.tenant_id, job_id))
+    return json_answer(jobs.queue.get_job(db, principal.tenant_id, job_id).to_json())
 
 
 @router.post(
@@ -209,4 +211,4 @@ def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
     summary="Cancel a job",
 )
 def cancel_job(job_id: str, principal: TrainerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.queue.cancel_job(db, principal.tenant_id, job_id))
+    return json_answer(jobs.queue.cancel_job(db, principal.tenant_id, job_id).to_json())

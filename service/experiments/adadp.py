@@ -250,12 +250,10 @@ def ledger_trajectory(
         dataset, ALGORITHM[point.method], point.params(setup, seed), model_name=model_name
     )
     if result.status != "succeeded":
-        raise RuntimeError(
-            f"{point.method} {point.key()} seed {seed} did not succeed: {result.job.get('error')}"
-        )
-    plan = result.job["plan"]
+        raise RuntimeError(f"{point.method} {point.key()} seed {seed} did not succeed: {result.job.error}")
+    plan = result.job.plan
     sigma, q = float(plan["noise_multiplier"]), float(plan["sampling_probability"])
-    return result.job["id"], [
+    return result.job.id, [
         Checkpoint(
             int(v.metrics["step"]),
             checkpoint_epsilon(q, sigma, int(v.metrics["step"])),

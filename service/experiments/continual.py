@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
                 if result.status != "succeeded":
                     failed = True
                     runs.append({"mode": mode, "sampling": sampling, "status": result.status,
-                                 "error": result.job.get("error")})  # fmt: skip
+                                 "error": result.job.error})  # fmt: skip
                     continue
                 certified = _certified(ledger, result, batch_index)
                 cache: dict[tuple[int, int], npt.NDArray[np.float64]] = {}

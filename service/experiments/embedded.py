@@ -20,6 +20,7 @@ from service.db.session import Database
 from service.ledger import batches, datasets, jobs, spent, tenancy
 from service.ledger import model_registry as registry
 from service.ledger.errors import NotFound
+from service.ledger.jobs.answers import JobAnswer
 from service.ledger.spent import DatasetSpend
 from service.worker.worker import Worker
 
@@ -46,16 +47,16 @@ class RegisteredDataset:
 
 @dataclass(frozen=True)
 class JobResult:
-    """A finished job: its answer (``jobs.queue.get_job``), its versions (oldest first, with metrics and
-    certificate ids) and its dataset's spend after it (``GET /v1/datasets/{id}/spend``)."""
+    """A finished job: its answer (``jobs.queue.get_job``'s ``job``), its versions (oldest first,
+    with metrics and certificate ids) and its dataset's spend after it (``spent.get_spend``)."""
 
-    job: dict[str, Any]
+    job: JobAnswer
     versions: list[registry.Version]
     spend: DatasetSpend
 
     @property
     def status(self) -> str:
-        return str(self.job["status"])
+        return self.job.status
 
 
 class EmbeddedLedger:
@@ -106,12 +107,10 @@ class EmbeddedLedger:
                 self.db,
                 TENANT,
                 dataset.id,
-                task["id"],
+                task.id,
                 batches=[{"name": f"t{index}-b{i}", "records": list(c)} for i, c in enumerate(chunks)],
             )
-            registered.append(
-                RegisteredTask(task["id"], task["name"], tuple(b["id"] for b in created["data"]))
-            )
+            registered.append(RegisteredTask(task.id, task.name, tuple(b.id for b in created.data)))
         return RegisteredDataset(dataset.id, uri, tuple(registered))
 
     def run_job(
@@ -127,8 +126,8 @@ class EmbeddedLedger:
         )
         while self.worker.run_once() is not None:
             pass
-        answer = jobs.queue.get_job(self.db, TENANT, job["id"])
-        return JobResult(answer, self.versions(model_name), spent.get_spend(self.db, TENANT, dataset.id))
+        answer = jobs.queue.get_job(self.db, TENANT, job.id)
+        return JobResult(answer.job, self.versions(model_name), spent.get_spend(self.db, TENANT, dataset.id))
 
     def versions(self, model_name: str) -> list[registry.Version]:
         """Every published version of ``model_name``, oldest first (none: ``[]``)."""

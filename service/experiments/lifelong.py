@@ -160,7 +160,7 @@ def _ledger_epsilons(ledger: EmbeddedLedger, result: JobResult) -> list[float]:
 
 def _checked(result: JobResult, what: str) -> JobResult:
     if result.status != "succeeded":
-        raise RuntimeError(f"{what} did not succeed: {result.job.get('error')}")
+        raise RuntimeError(f"{what} did not succeed: {result.job.error}")
     return result
 
 

@@ -6,11 +6,13 @@ Modules, one concept each: ``tenancy`` (tenants, API keys), ``datasets`` (budget
 ``certificates``, ``audit`` (hash-chained log), ``idempotency``, ``errors``, ``jobs`` (the job
 queue: ``params`` checked at submit, ``answers``, ``queue`` operations, the worker's ``leases``)
 and ``model_registry`` (model versions: stage, publish with a committed certificate, list, sweep).
-The spend operations (``reservations``, ``plan_segments``) and the spend read (``spent``) return
-frozen typed answers (``Decimal`` amounts, datetimes) with one ``to_json``, their wire form,
-called at the edge (the routers, the stored idempotent answer). The other functions return
-JSON-ready dicts exactly as the HTTP API v1 answers them; numbers that are budgets or spends are
-decimal strings there (exact, as stored).
+The spend operations (``reservations``, ``plan_segments``), the spend read (``spent``), the
+registrations (``datasets``, ``batches``' tasks and batch creation), the job queue (``jobs``) and
+the model registry return frozen typed answers (``Decimal`` amounts, datetimes) with one
+``to_json``, their wire form, called at the edge (the routers, the stored idempotent answer).
+The others (``views``, ``batches``' spend pages) return JSON-ready dicts exactly as the HTTP API
+v1 answers them; numbers that are budgets or spends are decimal strings there (exact, as
+stored).
 
 Importing the package registers the ledger's errors for the schema's named constraints with the
 database layer (``service.db.session.register_constraint_errors``), which imports nothing above

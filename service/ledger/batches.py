@@ -10,6 +10,11 @@ integer and its decimal string are the same record.
 Batch creation locks the dataset's ledger head: concurrent creations on one dataset then insert
 their records one after the other, so they cannot deadlock on the unique index and the refused
 one can name the record it shares.
+
+The creations, deletions and the task list answer typed values (issue 29 §1: ``TaskAnswer``,
+``TasksPage``, ``BatchesCreated`` of ``CreatedBatch``, ``TaskDeleted``, ``BatchDeleted``), each
+with one ``to_json``, its wire form, called at the edge; an idempotent replay is the type's
+``from_json`` of the stored answer, whose wire form stays that stored JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import secrets
 import sqlite3
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import chain, repeat
 from typing import Any, Final
@@ -110,13 +115,142 @@ def record_hashes(salt: bytes, keys: Iterable[str]) -> list[bytes]:
 _SHA256_BLOCK: Final = 64
 
 
-def task_json(row: Task) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "dataset_id": row.dataset_id,
-        "name": row.name,
-        "created_at": row.created_at.isoformat(),
-    }
+@dataclass(frozen=True, slots=True)
+class TaskAnswer:
+    """A task of a dataset as the ledger answers it."""
+
+    id: str
+    dataset_id: str
+    name: str
+    created_at: datetime
+    _wire: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, row: Task) -> TaskAnswer:
+        return cls(row.id, row.dataset_id, row.name, row.created_at)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> TaskAnswer:
+        """The task of an answer this ledger gave (a stored idempotent answer); its wire form is
+        that answer as stored."""
+        created_at = datetime.fromisoformat(obj["created_at"])
+        return cls(obj["id"], obj["dataset_id"], obj["name"], created_at, dict(obj))
+
+    def to_json(self) -> dict[str, Any]:
+        if self._wire is not None:
+            return self._wire
+        return {
+            "id": self.id,
+            "dataset_id": self.dataset_id,
+            "name": self.name,
+            "created_at": self.created_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TasksPage:
+    """A page of a dataset's tasks (``list_tasks``) and how many it has in all."""
+
+    data: tuple[TaskAnswer, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [t.to_json() for t in self.data], "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedBatch:
+    """A batch as its creation answers it (its spend is nothing yet)."""
+
+    id: str
+    name: str
+    size: int
+    task_id: str
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> CreatedBatch:
+        return cls(
+            obj["id"], obj["name"], obj["size"], obj["task_id"], datetime.fromisoformat(obj["created_at"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchesCreated:
+    """The batches one ``create_batches`` made, in the order asked. Its wire form is built once
+    (a request makes up to ``MAX_BATCHES_PER_REQUEST``: the stored answer and the HTTP answer
+    share it)."""
+
+    data: tuple[CreatedBatch, ...]
+    _wire: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> BatchesCreated:
+        """The batches of an answer this ledger gave (a stored idempotent answer); its wire form
+        is that answer as stored."""
+        return cls(tuple(CreatedBatch.from_json(b) for b in obj["data"]), dict(obj))
+
+    def to_json(self) -> dict[str, Any]:
+        if self._wire is not None:
+            return self._wire
+        at: dict[datetime, str] = {}  # one text per creation time (they all share one)
+        wire = {
+            "data": [
+                {
+                    "id": b.id,
+                    "name": b.name,
+                    "size": b.size,
+                    "task_id": b.task_id,
+                    "created_at": at.get(b.created_at)
+                    or at.setdefault(b.created_at, b.created_at.isoformat()),
+                }
+                for b in self.data
+            ]
+        }
+        object.__setattr__(self, "_wire", wire)
+        return wire
+
+
+@dataclass(frozen=True, slots=True)
+class TaskDeleted:
+    """A deleted task: its id, name, and how many batches and records went with it."""
+
+    id: str
+    name: str
+    batches: int
+    records: int
+
+    def document(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "batches": self.batches, "records": self.records}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": self.document()}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> TaskDeleted:
+        d = obj["deleted"]
+        return cls(d["id"], d["name"], d["batches"], d["records"])
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDeleted:
+    """A deleted batch: its id, task, name and size."""
+
+    id: str
+    task_id: str
+    name: str
+    size: int
+
+    def document(self) -> dict[str, Any]:
+        return {"id": self.id, "task_id": self.task_id, "name": self.name, "size": self.size}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"deleted": self.document()}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> BatchDeleted:
+        d = obj["deleted"]
+        return cls(d["id"], d["task_id"], d["name"], d["size"])
 
 
 def batch_json(row: Batch, state: Mapping[str, Any]) -> dict[str, Any]:
@@ -167,12 +301,12 @@ def create_task(
     name: str,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> TaskAnswer:
     """Register a task of the dataset (201): ``{id, dataset_id, name, created_at}``. A dataset
     holds at most ``MAX_TASKS_PER_DATASET`` tasks (``Conflict`` ``too_many_tasks``)."""
     check_name(name)
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[TaskAnswer]:
         dataset = load_dataset(session, tenant_id, dataset_id)
         head = lock_ledger_head(session.connection(), dataset_id)  # the count below stays true
         refuse_archived(dataset_id, head.archived_at if head is not None else dataset.archived_at)
@@ -188,15 +322,16 @@ def create_task(
         event = audit.AuditEvent(
             "task.created", {"task_id": row.id, "name": name}, tenant_id=tenant_id, dataset_id=dataset_id
         )
-        return idempotency.Outcome(task_json(row), [event])
+        return idempotency.Outcome(TaskAnswer.of(row), [event])
 
-    return idempotency.execute_json(
+    return idempotency.execute(
         db,
         tenant_id=tenant_id,
         operation="create_task",
         request={"dataset_id": dataset_id, "name": name},
         idempotency_key=idempotency_key,
         body=body,
+        replay=TaskAnswer.from_json,
         status_code=201,
         now=now,
     )
@@ -239,12 +374,12 @@ def delete_batch(
     *,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> BatchDeleted:
     """Delete a batch nothing was ever charged on, with its records (200: ``{deleted: batch}``);
     audited as ``batch.deleted``. ``NotFound`` (also another tenant's), ``Conflict``
     (``charged``, ``dataset_in_use``)."""
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[BatchDeleted]:
         head = lock_ledger_head(session.connection(), dataset_id) if can_be_id(dataset_id) else None
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
@@ -254,7 +389,7 @@ def delete_batch(
             raise NotFound("batch", batch_id)
         refuse_while_a_job_runs(session, dataset_id, "delete once it has finished (or cancel it)")
         _refuse_charged(session, dataset_id, Batch.id == batch_id, f"batch {batch_id!r}")
-        deleted = {"id": row.id, "task_id": task_id, "name": row.name, "size": row.size}
+        deleted = BatchDeleted(row.id, task_id, row.name, row.size)
         connection = session.connection()
         unfold_whole_tasks(connection, task_id, row.position)  # their lists keep naming it
         connection.execute(
@@ -263,16 +398,19 @@ def delete_batch(
             )
         )
         connection.execute(delete(Batch).where(Batch.id == batch_id))
-        event = audit.AuditEvent("batch.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
-        return idempotency.Outcome({"deleted": deleted}, [event])
+        event = audit.AuditEvent(
+            "batch.deleted", deleted.document(), tenant_id=tenant_id, dataset_id=dataset_id
+        )
+        return idempotency.Outcome(deleted, [event])
 
-    return idempotency.execute_json(
+    return idempotency.execute(
         db,
         tenant_id=tenant_id,
         operation="delete_batch",
         request={"dataset_id": dataset_id, "task_id": task_id, "batch_id": batch_id},
         idempotency_key=idempotency_key,
         body=body,
+        replay=BatchDeleted.from_json,
         now=now,
     )
 
@@ -285,12 +423,12 @@ def delete_task(
     *,
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> TaskDeleted:
     """Delete a task none of whose batches was ever charged, with its batches and their records
     (200: ``{deleted: {id, name, batches, records}}``); audited as ``task.deleted``.
     ``NotFound`` (also another tenant's), ``Conflict`` (``charged``, ``dataset_in_use``)."""
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[TaskDeleted]:
         head = lock_ledger_head(session.connection(), dataset_id) if can_be_id(dataset_id) else None
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
@@ -300,7 +438,7 @@ def delete_task(
         count, records = session.execute(
             select(func.count(), func.coalesce(func.sum(Batch.size), 0)).where(Batch.task_id == task_id)
         ).one()
-        deleted = {"id": task.id, "name": task.name, "batches": int(count), "records": int(records)}
+        deleted = TaskDeleted(task.id, task.name, int(count), int(records))
         connection = session.connection()
         unfold_whole_tasks(connection, task_id, 0)  # their lists keep naming its batches
         keys = select(Batch.key).where(Batch.task_id == task_id).scalar_subquery()
@@ -310,23 +448,26 @@ def delete_task(
         connection.execute(records_of_task)
         connection.execute(delete(Batch).where(Batch.task_id == task_id))
         connection.execute(delete(Task).where(Task.id == task_id))
-        event = audit.AuditEvent("task.deleted", deleted, tenant_id=tenant_id, dataset_id=dataset_id)
-        return idempotency.Outcome({"deleted": deleted}, [event])
+        event = audit.AuditEvent(
+            "task.deleted", deleted.document(), tenant_id=tenant_id, dataset_id=dataset_id
+        )
+        return idempotency.Outcome(deleted, [event])
 
-    return idempotency.execute_json(
+    return idempotency.execute(
         db,
         tenant_id=tenant_id,
         operation="delete_task",
         request={"dataset_id": dataset_id, "task_id": task_id},
         idempotency_key=idempotency_key,
         body=body,
+        replay=TaskDeleted.from_json,
         now=now,
     )
 
 
 def list_tasks(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = DEFAULT_TASK_PAGE, offset: int = 0
-) -> dict[str, Any]:
+) -> TasksPage:
     """A page of the dataset's tasks, oldest first: ``{data, count}`` (``count``: all of them)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_TASK_PAGE:
         raise InvalidInput("limit", f"must be an integer in [1, {MAX_TASK_PAGE}]. Found {limit!r}.")
@@ -339,7 +480,7 @@ def list_tasks(
             select(Task).where(mine).order_by(Task.created_at, Task.id).limit(limit).offset(offset)
         ).all()
         count = session.scalar(select(func.count()).select_from(Task).where(mine))
-        return {"data": [task_json(r) for r in rows], "count": int(count or 0)}
+        return TasksPage(tuple(TaskAnswer.of(r) for r in rows), int(count or 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +580,7 @@ def create_batches(
     batches: Sequence[Mapping[str, Any]],
     idempotency_key: str | None = None,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> BatchesCreated:
     """Create fixed, disjoint batches of a task (201): ``{data: [{id, name, size, task_id,
     created_at}]}``. ``BatchOverlap`` names the first record already in a batch of the dataset."""
     parsed = _parse_batches(batches)
@@ -451,7 +592,7 @@ def create_batches(
     except UnicodeEncodeError:  # a lone surrogate: found only now, off the per-record path
         raise _unencodable_record(parsed) from None
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[BatchesCreated]:
         head = lock_ledger_head(session.connection(), dataset_id)
         if head is None or head.tenant_id != tenant_id:
             raise NotFound("dataset", dataset_id)
@@ -505,27 +646,24 @@ def create_batches(
         else:
             _insert_batches(connection, rows, at)
         insert_records(connection, dataset_key, batch_keys, [len(keys) for _, keys, _ in parsed], digests)
-        created_at = at.isoformat()
-        data = [
-            {
-                "id": row["id"],
-                "name": row["name"],
-                "size": row["size"],
-                "task_id": task_id,
-                "created_at": created_at,
-            }
-            for row in rows
-        ]
+        created = BatchesCreated(
+            tuple(
+                CreatedBatch(ids[i], name, len(keys), task_id, at) for i, (name, keys, _) in enumerate(parsed)
+            )
+        )
         event = audit.AuditEvent(
             "batches.created",
-            {"task_id": task_id, "batches": [{k: b[k] for k in ("id", "name", "size")} for b in data]},
+            {
+                "task_id": task_id,
+                "batches": [{"id": b.id, "name": b.name, "size": b.size} for b in created.data],
+            },
             tenant_id=tenant_id,
             dataset_id=dataset_id,
         )
-        return idempotency.Outcome({"data": data}, [event])
+        return idempotency.Outcome(created, [event])
 
     try:
-        return idempotency.execute_json(
+        return idempotency.execute(
             db,
             tenant_id=tenant_id,
             operation="create_batches",
@@ -539,6 +677,7 @@ def create_batches(
             else {},
             idempotency_key=idempotency_key,
             body=body,
+            replay=BatchesCreated.from_json,
             status_code=201,
             now=now,
         )
@@ -807,7 +946,13 @@ __all__ = [
     "MAX_RECORD_ID_LENGTH",
     "MAX_TASKS_PER_DATASET",
     "MAX_TASK_PAGE",
+    "BatchDeleted",
+    "BatchesCreated",
+    "CreatedBatch",
+    "TaskAnswer",
+    "TaskDeleted",
     "TaskLayout",
+    "TasksPage",
     "batch_json",
     "count_records",
     "create_batches",

@@ -163,35 +163,6 @@ def execute(
             time.sleep(0.005 * attempt)
 
 
-@dataclass(frozen=True, slots=True)
-class _Document:
-    """A dict answer of an operation not typed yet (``execute_json``)."""
-
-    document: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return self.document
-
-    @classmethod
-    def from_json(cls, obj: Mapping[str, Any]) -> _Document:
-        return cls(dict(obj))
-
-
-def execute_json(
-    db: Database,
-    *,
-    body: Callable[[Session, datetime], Outcome[Any]],
-    **options: Any,
-) -> dict[str, Any]:
-    """``execute`` for an operation that still answers a dict (its body's ``Outcome`` holds one)."""
-
-    def typed(session: Session, at: datetime) -> Outcome[_Document]:
-        outcome = body(session, at)
-        return Outcome(_Document(outcome.response), outcome.audit, outcome.error)
-
-    return execute(db, body=typed, replay=_Document.from_json, **options).document
-
-
 def _execute_once(
     db: Database,
     tenant_id: str,

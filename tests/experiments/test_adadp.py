@@ -117,9 +117,9 @@ def test_every_reported_number_is_the_ledgers_and_its_epsilon_the_accountants(
                         assert run["job_id"] is None  # the ablation never touches the ledger
                         continue
                     job = jobs.queue.get_job(db, TENANT, run["job_id"])
-                    assert job["status"] == "succeeded"
-                    sigma = float(job["plan"]["noise_multiplier"])
-                    q = float(job["plan"]["sampling_probability"])
+                    assert job.job.status == "succeeded"
+                    sigma = float(job.job.plan["noise_multiplier"])
+                    q = float(job.job.plan["sampling_probability"])
                     assert sigma == cell["point"]["noise_multiplier"]
                     released = _versions(db, run["model"])
                     steps = [v.metrics["step"] for v in released]

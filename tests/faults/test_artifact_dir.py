@@ -32,13 +32,14 @@ from sqlalchemy import text
 from service.db.session import Database
 from service.ledger import jobs
 from service.ledger import model_registry as registry
+from service.ledger.jobs.answers import JobDetail
 from service.worker.worker import Worker
 from tests.worker.digits_world import DIGITS, CountingLoader, digits_dataset
 
 pytestmark = pytest.mark.slow
 
 
-def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
+def _run_job(db: Database, artifacts: Path) -> tuple[str, JobDetail]:
     world = digits_dataset(db, epsilon="10", source=DIGITS)  # the job reads the dataset's source
     job = jobs.queue.create_job(
         db,
@@ -52,7 +53,7 @@ def _run_job(db: Database, artifacts: Path) -> tuple[str, dict]:
         worker.run_once()
     except OSError:
         pass  # a worker may surface the I/O error; the ledger state below is what matters
-    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job["id"]))
+    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job.id))
 
 
 def _ledger(db: Database, dataset_id: str) -> dict[str, int]:
@@ -83,7 +84,7 @@ def test_artifact_dir_under_a_file_refuses_before_the_commit(db: Database, tmp_p
     blocker.write_text("a file where the artifact dir's parent should be")
     artifacts = blocker / "artifacts"
     dataset_id, job = _run_job(db, artifacts)
-    assert job["status"] != "succeeded", job
+    assert job.job.status != "succeeded", job
     assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0, "aborted": 1}
 
 
@@ -93,7 +94,7 @@ def test_unwritable_final_place_publishes_nothing_then_rolls_forward(db: Databas
     (artifacts / "acme").write_text("a file where the tenant's folder should be")
     dataset_id, job = _run_job(db, artifacts)
     state = _ledger(db, dataset_id)
-    assert job["status"] != "succeeded", job
+    assert job.job.status != "succeeded", job
     assert state["versions"] == 0, state  # nothing published...
     assert state["certificates"] == 1, state  # the first commit landed, then the move failed
     assert state["aborted"] == 0, state  # nothing ran beyond what that commit charged
@@ -129,7 +130,7 @@ def test_disk_full_refuses_before_the_commit(db: Database, tmp_path: Path) -> No
             os.close(fd)
         assert shutil.disk_usage(mount).free < 4096
         dataset_id, job = _run_job(db, artifacts)
-        assert job["status"] != "succeeded", job
+        assert job.job.status != "succeeded", job
         assert _ledger(db, dataset_id) == {"certificates": 0, "versions": 0, "committed": 0, "aborted": 1}
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)

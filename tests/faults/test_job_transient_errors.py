@@ -92,7 +92,7 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
         dataset_id=world.dataset_id,
         algorithm="dp_sgd",
         params={"noise_multiplier": 1.5, "steps": 6, "checkpoint_every": 3, "seed": 3},
-    )["id"]
+    ).id
     artifacts = tmp_path / "artifacts"
     loader = KillTheNextCommit(database_url, world.dataset_id)
     worker = Worker(db, artifact_dir=artifacts, loader=loader, device="cpu", lease_s=60)
@@ -102,18 +102,18 @@ def test_a_terminated_connection_during_a_commit_requeues_the_job_and_the_next_a
     loader.thread.join(timeout=30)
     assert loader.killed, "no waiting backend was terminated: the test proved nothing"
     first = jobs.queue.get_job(db, "acme", job_id)
-    assert (first["status"], first["attempts"]) == ("queued", 1), first  # before: failed for good
+    assert (first.job.status, first.job.attempts) == ("queued", 1), first  # before: failed for good
     with db.session(readonly=True) as session:
         (held,) = session.scalars(select(Reservation).where(Reservation.dataset_id == world.dataset_id)).all()
     assert (held.status, held.commits) == ("aborted", 0)  # the killed commit did not land
 
     assert worker.run_once() == job_id
     done = jobs.queue.get_job(db, "acme", job_id)
-    assert (done["status"], done["attempts"]) == ("succeeded", 2), done
-    versions = registry.list_versions(db, "acme", done["model_name"]).data
+    assert (done.job.status, done.job.attempts) == ("succeeded", 2), done
+    versions = registry.list_versions(db, "acme", done.job.model_name).data
     assert [v.step for v in versions] == [3, 6]
     for version in versions:
-        body = registry.get_version(db, "acme", done["model_name"], version.version)
+        body = registry.get_version(db, "acme", done.job.model_name, version.version)
         assert body.certificate["release"]["artifact_sha256"] == version.artifact.sha256
     assert staged_files(artifacts) == []
 

@@ -377,7 +377,7 @@ def _create(db: Database, base_url: str) -> tuple[str, str, set[str]]:
                 for i in range(start, min(BATCHES, start + PER_REQUEST))
             ],
         )
-        ids.update(b["id"] for b in created["data"])
+        ids.update(b.id for b in created.data)
     # Batches are born compact (their task holds the empty state). The charge under test is the
     # one that makes a task compact, so the task is laid out as a ledger from before compact
     # tasks holds it — a pointer per batch, as migration 7c1e5a9d3b20 leaves existing tasks —

@@ -57,7 +57,7 @@ def test_kill_9_during_batch_creation_leaves_nothing_half_made(database_url: URL
         tenancy.create_tenant(db, "acme")
         budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
         ds = datasets.create_dataset(db, "acme", name="d", budget=budget).id
-        task = batches.create_task(db, "acme", ds, name="t")["id"]
+        task = batches.create_task(db, "acme", ds, name="t").id
         root = Path(__file__).resolve().parents[2]
         env = {
             **os.environ,

@@ -232,7 +232,7 @@ def kill_worker_cycles(
         for i in range(cycles):
             job_id = jobs.queue.create_job(
                 db, world.tenant, dataset_id=world.dataset_id, algorithm="dp_sgd", params=_job_params(i)
-            )["id"]
+            ).id
             job_ids.append(job_id)
             # the worker may first finish a job a dead worker left; wait for ours to be claimed
             probe.wait(lambda j=job_id: probe.job(j).status != "queued", 300, "a claim", worker)

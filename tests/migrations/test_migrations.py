@@ -216,11 +216,11 @@ def _a_spend_and_a_hold(
     budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
     tenancy.create_api_key(db, "acme", "viewer")
     ds = datasets.create_dataset(db, "acme", name="d", budget=budget).id
-    task = batches.create_task(db, "acme", ds, name="t")["id"]
+    task = batches.create_task(db, "acme", ds, name="t").id
     made = batches.create_batches(
         db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(batches_made)]
     )
-    ids = [b["id"] for b in made["data"]]
+    ids = [b.id for b in made.data]
     charge = reservations.reserve(
         db, "acme", ds, event=parse_event({"kind": "pure_dp", "epsilon": 0.25}), batch_ids=ids[spent]
     ).to_json()
@@ -437,13 +437,13 @@ def test_charged_aborts_cannot_be_downgraded_away(empty_database_url: URL) -> No
         dataset = datasets.create_dataset(db, "acme", name="d", budget=budget).id
         task = batches.create_task(db, "acme", dataset, name="t")
         (batch,) = batches.create_batches(
-            db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
-        )["data"]
+            db, "acme", dataset, task.id, batches=[{"name": "b", "records": ["r"]}]
+        ).data
         held = reservations.reserve(
             db,
             "acme",
             dataset,
-            batch_ids=[batch["id"]],
+            batch_ids=[batch.id],
             event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         reservations.abort(db, "acme", held["id"])
@@ -491,13 +491,13 @@ def test_external_model_versions_cannot_be_downgraded_away(empty_database_url: U
         dataset = datasets.create_dataset(db, "acme", name="d", budget=budget).id
         task = batches.create_task(db, "acme", dataset, name="t")
         (batch,) = batches.create_batches(
-            db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}]
-        )["data"]
+            db, "acme", dataset, task.id, batches=[{"name": "b", "records": ["r"]}]
+        ).data
         held = reservations.reserve(
             db,
             "acme",
             dataset,
-            batch_ids=[batch["id"]],
+            batch_ids=[batch.id],
             event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         certificate = reservations.commit(
@@ -556,13 +556,13 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         other = datasets.create_dataset(db, "rival", name="a", budget=budget).id
         task = batches.create_task(db, "acme", ids[1], name="t")
         (batch,) = batches.create_batches(
-            db, "acme", ids[1], task["id"], batches=[{"name": "b", "records": ["r"]}]
-        )["data"]
+            db, "acme", ids[1], task.id, batches=[{"name": "b", "records": ["r"]}]
+        ).data
         held = reservations.reserve(
             db,
             "acme",
             ids[1],
-            batch_ids=[batch["id"]],
+            batch_ids=[batch.id],
             event=parse_event({"kind": "pure_dp", "epsilon": 0.5}),
         ).to_json()
         reservations.commit(db, "acme", held["id"], release={"model": "m", "version": 1})
@@ -666,7 +666,7 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
         budget = {"rule": "sequential", "epsilon": "1", "delta": "0", "accountant": "basic"}
         tenancy.create_tenant(db, "acme")
         ds = datasets.create_dataset(db, "acme", name="d", budget=budget).id
-        task = batches.create_task(db, "acme", ds, name="t")["id"]
+        task = batches.create_task(db, "acme", ds, name="t").id
         batches.create_batches(
             db, "acme", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(4)]
         )
@@ -737,14 +737,14 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
     db = Database(empty_database_url)
     try:
         tenancy.create_tenant(db, "acme")
-        made: dict[str, list[dict[str, Any]]] = {}
+        made: dict[str, tuple[batches.CreatedBatch, ...]] = {}
         for name in ("one", "two"):
             ds = datasets.create_dataset(db, "acme", name=name, budget=budget).id
-            task = batches.create_task(db, "acme", ds, name="t")["id"]
+            task = batches.create_task(db, "acme", ds, name="t").id
             sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(3)] + [i]} for i in range(5)]
-            made[ds] = batches.create_batches(db, "acme", ds, task, batches=sent)["data"]
+            made[ds] = batches.create_batches(db, "acme", ds, task, batches=sent).data
         first, second = made
-        batches.delete_batch(db, "acme", first, made[first][0]["task_id"], made[first][1]["id"])
+        batches.delete_batch(db, "acme", first, made[first][0].task_id, made[first][1].id)
         salts = {
             ds: bytes(db.read_all(sa.text("SELECT record_salt FROM datasets WHERE id = :d"), {"d": ds})[0][0])
             for ds in made
@@ -753,10 +753,10 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
     finally:
         db.dispose()
     expected = {
-        (ds, b["id"], hmac.new(salts[ds], record.encode(), hashlib.sha256).digest())
+        (ds, b.id, hmac.new(salts[ds], record.encode(), hashlib.sha256).digest())
         for ds in made
         for i, b in enumerate(made[ds])
-        if b["id"] != made[first][1]["id"]
+        if b.id != made[first][1].id
         for record in [f"r{i}-{j}" for j in range(3)] + [str(i)]
     }
     assert {(ds, batch, digest) for ds in made for digest, batch in mapped[ds].items()} == expected
@@ -780,7 +780,7 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
     try:
         assert {ds: batches.record_batches(db, ds)[1] for ds in made} == mapped
         assert batches.count_records(db, first) == 16 and batches.count_records(db, second) == 20
-        task = made[first][0]["task_id"]
+        task = made[first][0].task_id
         with pytest.raises(BatchOverlap) as over:  # the old rows still refuse a shared record
             batches.create_batches(
                 db, "acme", first, task, batches=[{"name": "x", "records": ["new", "r3-1"]}]
@@ -792,14 +792,14 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
             db, "acme", first, task, batches=[{"name": "again", "records": ["r1-0"]}]
         )
         keys = dict(db.read_all(sa.text("SELECT id, key FROM batches WHERE dataset_id = :d"), {"d": first}))
-        assert keys[again["data"][0]["id"]] == 4 and sorted(keys.values()) == [0, 1, 2, 3, 4]
-        batches.delete_batch(db, "acme", first, task, made[first][4]["id"])
+        assert keys[again.data[0].id] == 4 and sorted(keys.values()) == [0, 1, 2, 3, 4]
+        batches.delete_batch(db, "acme", first, task, made[first][4].id)
         assert batches.count_records(db, first) == 13 and batches.count_records(db, second) == 20
         assert set(batches.record_batches(db, first)[1].values()) == {
-            made[first][0]["id"],
-            made[first][2]["id"],
-            made[first][3]["id"],
-            again["data"][0]["id"],
+            made[first][0].id,
+            made[first][2].id,
+            made[first][3].id,
+            again.data[0].id,
         }
         third = datasets.create_dataset(db, "acme", name="three", budget=budget).id
         numbered = dict(db.read_all(sa.text("SELECT id, key FROM datasets"), {}))

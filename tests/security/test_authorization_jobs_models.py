@@ -103,7 +103,7 @@ def _objects(db: Database, artifacts: Path) -> Objects:
         tenant_id="acme",
         name=model,
         version=version,
-        job_id=str(job["id"]),
+        job_id=str(job.id),
         attempt=1,
         dataset_id=world.dataset,
         step=1,
@@ -118,7 +118,7 @@ def _objects(db: Database, artifacts: Path) -> Objects:
         db, "acme", held["id"], release={"model": model, "version": version}
     ).to_json()
     registry.publish(db, artifacts, staged, certificate_id=answer["certificate"]["id"])
-    return Objects(world, str(job["id"]), model, version)
+    return Objects(world, str(job.id), model, version)
 
 
 @pytest.fixture

@@ -680,7 +680,7 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
         db,
         "acme",
         dataset.id,
-        task["id"],
+        task.id,
         batches=[{"name": "b0", "records": RECORDS[:20]}, {"name": "b1", "records": RECORDS[20:]}],
     )
     job = jobs.queue.create_job(
@@ -693,15 +693,15 @@ def test_a_job_on_a_dataset_whose_file_was_swapped_fails_without_outside_data(
     _swap_for_symlink_out(dirs)
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=SourceLoader(roots), device="cpu")
     with watching(dirs.secret) as watch:
-        assert worker.run_once() == job["id"]
+        assert worker.run_once() == job.id
         assert watch.opened() == set()
 
-    answer = jobs.queue.get_job(db, "acme", job["id"])
-    assert answer["status"] == "failed"
-    error = answer["error"]
+    answer = jobs.queue.get_job(db, "acme", job.id)
+    assert answer.job.status == "failed"
+    error = answer.job.error
     assert error["error"] == "data_source" and error["field"] == "data_source"
     assert error["message"] == f"data source {source!r} {LOCATION.format(tenant='acme')}: {LEAVES}."
-    assert SECRET not in json.dumps(answer)
+    assert SECRET not in json.dumps(answer.to_json())
     assert datasets.get_dataset(db, "acme", dataset.id).data_source == source
 
 

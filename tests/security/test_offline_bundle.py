@@ -787,8 +787,8 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
             params={"noise_multiplier": 1.5, "steps": 20, "checkpoint_every": 7, "seed": 3},
         )
         Worker(db, artifact_dir=blocker / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-        charged = jobs.queue.get_job(db, "acme", str(charged["id"]))
-        assert charged["status"] == "failed", charged
+        charged = jobs.queue.get_job(db, "acme", str(charged.id))
+        assert charged.job.status == "failed", charged
         release([b0])
 
         root = tmp / "data"
@@ -804,8 +804,8 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
         Worker(
             db, artifact_dir=tmp / "artifacts", loader=CountingLoader(roots=roots), device="cpu"
         ).run_once()
-        refunded = jobs.queue.get_job(db, "acme", str(refunded["id"]))
-        assert refunded["status"] == "failed" and refunded["error"]["error"] == "data_source", refunded
+        refunded = jobs.queue.get_job(db, "acme", str(refunded.id))
+        assert refunded.job.status == "failed" and refunded.job.error["error"] == "data_source", refunded
         release([b0, b1])
 
         path = tmp / "lived-aborts.json"
@@ -816,8 +816,8 @@ def _lived_aborts(database_url: URL, db: Database, tmp: Path) -> Lived:
         aborted,
         (swept, late),
         progressive,
-        str(charged["reservation_id"]),
-        str(refunded["reservation_id"]),
+        str(charged.job.reservation_id),
+        str(refunded.job.reservation_id),
     )
 
 

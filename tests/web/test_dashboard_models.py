@@ -82,7 +82,7 @@ def _checkpoints(db: Database, artifacts: Path, dataset: str, batch: str) -> str
             dataset_id=dataset,
             algorithm="dp_sgd",
             params={"noise_multiplier": 1.0, "steps": 20},
-        )["id"]
+        ).id
     )
     claimed = jobs.leases.claim(db, "browser-test-worker", lease_s=60)
     assert claimed is not None and claimed.lease.job_id == job
@@ -170,7 +170,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 dataset_id=trained,
                 algorithm="dp_sgd",
                 params={"noise_multiplier": 1.0, "steps": 50},
-            )["id"]
+            ).id
         )
         claimed = jobs.leases.claim(db, "browser-test-worker", lease_s=600)
         assert claimed is not None and claimed.lease.job_id == running

@@ -72,10 +72,10 @@ def digits_dataset(
         db,
         tenant,
         dataset.id,
-        task["id"],
+        task.id,
         batches=[{"name": f"b{i}", "records": ids[i * size : (i + 1) * size]} for i in range(n_batches)],
     )
-    return DigitsDataset(tenant, dataset.id, tuple(b["id"] for b in created["data"]))
+    return DigitsDataset(tenant, dataset.id, tuple(b.id for b in created.data))
 
 
 def task_dataset(
@@ -109,13 +109,13 @@ def task_dataset(
             db,
             tenant,
             dataset.id,
-            task["id"],
+            task.id,
             batches=[
                 {"name": f"t{index}b{i}", "records": list(ids[i : i + size])}
                 for i in range(0, len(ids), size)
             ],
         )
-        task_ids.append(task["id"])
+        task_ids.append(task.id)
     return dataset.id, task_ids
 
 

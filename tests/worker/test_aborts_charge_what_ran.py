@@ -26,16 +26,17 @@ from service.contract.data_roots import DataRoots
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import certificates, datasets, jobs, quotes, spent
+from service.ledger.jobs.answers import JobDetail
 from service.ledger.reservations import parse_event
 from service.worker.worker import Worker
 from tests.worker.digits_world import CountingLoader, digits_dataset, reservation, versions_of
 
 
-def _job(db: Database, artifacts: Path, **params: Any) -> tuple[str, dict[str, Any]]:
+def _job(db: Database, artifacts: Path, **params: Any) -> tuple[str, JobDetail]:
     world = digits_dataset(db, epsilon="10")
     job = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)
     Worker(db, artifact_dir=artifacts, loader=CountingLoader(), device="cpu").run_once()
-    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job["id"]))
+    return world.dataset_id, jobs.queue.get_job(db, "acme", str(job.id))
 
 
 def _audit_payloads(db: Database, dataset_id: str, event_type: str) -> list[dict[str, Any]]:
@@ -55,9 +56,9 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     dataset_id, job = _job(
         db, blocker / "artifacts", noise_multiplier=1.5, steps=20, checkpoint_every=7, seed=3
     )
-    assert job["status"] == "failed" and job["error"]["error"] == "training_failed", job
-    assert versions_of(db, job["id"]) == []
-    held = reservation(db, job["reservation_id"])
+    assert job.job.status == "failed" and job.job.error["error"] == "training_failed", job
+    assert versions_of(db, job.job.id) == []
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "aborted"
     prefix = {**held.event, "count": 7}  # self_composed(poisson_sampled(gaussian)), 7 of 20 steps
     assert held.event["kind"] == "self_composed" and held.event["count"] == 20
@@ -67,7 +68,7 @@ def test_a_job_failing_after_k_steps_is_charged_exactly_the_k_step_prefix(
     assert held.committed_epsilon < held.epsilon  # the 13 steps never begun went back
     ledger = spent.get_spend(db, "acme", dataset_id).to_json()
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == (to_text(priced.epsilon), "0")
-    assert Decimal(jobs.queue.get_job(db, "acme", job["id"])["epsilon_committed"]) == held.committed_epsilon
+    assert Decimal(jobs.queue.get_job(db, "acme", job.job.id).job.epsilon_committed) == held.committed_epsilon
     (stored,) = certificates.list_certificates(db, "acme", dataset_id)["data"]
     body = stored["certificate"]
     assert (stored["outcome"], stored["release"], body["release"]) == ("aborted", None, None)
@@ -96,9 +97,9 @@ def test_a_job_failing_before_reading_data_is_refunded(db: Database, tmp_path: P
     Worker(
         db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(roots=roots), device="cpu"
     ).run_once()
-    answer = jobs.queue.get_job(db, "acme", str(job["id"]))
-    assert answer["status"] == "failed" and answer["error"]["error"] == "data_source", answer
-    assert reservation(db, answer["reservation_id"]).status == "aborted"
+    answer = jobs.queue.get_job(db, "acme", str(job.id))
+    assert answer.job.status == "failed" and answer.job.error["error"] == "data_source", answer
+    assert reservation(db, answer.job.reservation_id).status == "aborted"
     ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert (ledger["epsilon_spent"], ledger["epsilon_held"]) == ("0", "0")
     assert certificates.list_certificates(db, "acme", world.dataset_id)["count"] == 0

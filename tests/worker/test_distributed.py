@@ -97,10 +97,10 @@ def test_the_summed_noise_has_variance_sigma_squared_c_squared_once_with_2_and_3
 PARAMS: dict[str, Any] = {"noise_multiplier": 1.5, "steps": 6, "seed": 3, "expected_batch_size": 64}
 
 
-def _certified(db: Database, job: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _certified(db: Database, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The DP content of a job's only version: its certificate's inputs and result, and its DP
     statement, less what names this dataset and this certificate (ids, hashes, times)."""
-    (version,) = versions_of(db, job["id"])
+    (version,) = versions_of(db, job_id)
     answer = model_registry.get_version(db, "acme", version.name, version.version)
     body = answer.certificate["certificate"]
     inputs = {k: v for k, v in body["inputs"].items() if k not in ("release", "dataset_id", "reservation_id")}
@@ -124,14 +124,14 @@ def test_a_two_process_job_is_certified_as_the_same_run_in_one_process(db: Datab
             db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
         )
         Worker(db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-        job = jobs.queue.get_job(db, "acme", created["id"])
-        assert job["status"] == "succeeded", job
-        assert job["plan"]["params"].get("world_size", 1) == world_size
-        held = reservation(db, job["reservation_id"])  # one reservation, committed whole
+        job = jobs.queue.get_job(db, "acme", created.id)
+        assert job.job.status == "succeeded", job
+        assert job.job.plan["params"].get("world_size", 1) == world_size
+        held = reservation(db, job.job.reservation_id)  # one reservation, committed whole
         assert held.status == "committed" and held.committed_epsilon == held.epsilon
         assert certificates.list_certificates(db, "acme", world.dataset_id)["count"] == 1  # one commit
-        assert job["metrics"]["test_accuracy"] > 0.15  # trained: 10 classes (0.1 by chance), 6 steps
-        answers[world_size] = _certified(db, job)
+        assert job.job.metrics["test_accuracy"] > 0.15  # trained: 10 classes (0.1 by chance), 6 steps
+        answers[world_size] = _certified(db, job.job.id)
     differences = _differences(answers[2], answers[1])
     assert differences == [], "\n".join(differences)
     assert answers[2][0]["inputs"]["charge"]["event"]["count"] == PARAMS["steps"]
@@ -198,11 +198,11 @@ def test_a_rank_that_dies_fails_the_job_without_a_release_and_what_ran_is_charge
         loader=CountingLoader(),
     )
     assert control.killed is not None
-    job = jobs.queue.get_job(db, "acme", created["id"])
-    assert outcome.status == job["status"] == "failed" and not outcome.versions, job
-    assert job["error"]["error"] == "training_failed" and "RankFailure" in job["error"]["message"], job
-    assert versions_of(db, created["id"]) == []
-    held = reservation(db, job["reservation_id"])
+    job = jobs.queue.get_job(db, "acme", created.id)
+    assert outcome.status == job.job.status == "failed" and not outcome.versions, job
+    assert job.job.error["error"] == "training_failed" and "RankFailure" in job.job.error["message"], job
+    assert versions_of(db, created.id) == []
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "aborted"
     # Steps 1-3 ran on both ranks and step 4 was begun (rank 0 asked to go on): 4 are charged.
     prefix = {**held.event, "count": 4}
@@ -226,14 +226,14 @@ def test_a_two_process_audit_job_is_charged_once_and_states_its_audit(db: Databa
         db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd_audit", params=params
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", loader=CountingLoader(), device="cpu").run_once()
-    job = jobs.queue.get_job(db, "acme", created["id"])
-    assert job["status"] == "succeeded", job
-    held = reservation(db, job["reservation_id"])
+    job = jobs.queue.get_job(db, "acme", created.id)
+    assert job.job.status == "succeeded", job
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "committed" and held.committed_epsilon == held.epsilon
     assert certificates.list_certificates(db, "acme", world.dataset_id)["count"] == 1
-    (version,) = versions_of(db, job["id"])
+    (version,) = versions_of(db, job.job.id)
     audit = version.metrics["privacy_audit"]
-    assert audit["canaries"] == 200 and job["metrics"]["privacy_audit"] == audit
+    assert audit["canaries"] == 200 and job.job.metrics["privacy_audit"] == audit
     answer = model_registry.get_version(db, "acme", "audit-2", version.version)
     assert answer.privacy_audit is not None
     certified = answer.privacy_audit["certified"]

@@ -24,6 +24,7 @@ from accountant.registry import make_accountant
 from service.contract.job_params import FunctionalMechanismParams, InvalidParamsError
 from service.db.session import Database
 from service.ledger import jobs, spent
+from service.ledger.jobs.answers import JobDetail
 from service.training.data import LoadedData, load_data
 from service.training.functional_mechanism import (
     batch_coefficients,
@@ -134,10 +135,10 @@ def test_params_name_the_bad_field() -> None:
 SOURCE = "builtin:split-digits?tasks=3&seed=1"
 
 
-def _job(db: Database, tmp_path: Path, dataset_id: str, params: dict[str, object]) -> dict[str, object]:
+def _job(db: Database, tmp_path: Path, dataset_id: str, params: dict[str, object]) -> JobDetail:
     job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=params)
-    assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() == job["id"]
-    return jobs.queue.get_job(db, "acme", job["id"])
+    assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() == job.id
+    return jobs.queue.get_job(db, "acme", job.id)
 
 
 def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
@@ -149,8 +150,8 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
     )
     params = {"perturbation": "functional_mechanism", "noise_multiplier": 2.5, "seed": 4}
     job = _job(db, tmp_path, dataset_id, params)
-    assert job["status"] == "succeeded", job["error"]
-    versions = versions_of(db, str(job["id"]))
+    assert job.job.status == "succeeded", job.job.error
+    versions = versions_of(db, str(job.job.id))
     assert [v.step for v in versions] == [1, 2, 3]
     # Learns: chance is 1/3 of the classes seen, noiseless ≈ 0.9. The accuracy is one draw of the
     # noise, a function of (seed, batch ids) and the ids are fresh each run: 12 runs gave
@@ -165,16 +166,16 @@ def test_a_functional_mechanism_job_learns_with_a_flat_epsilon_and_free_replays(
 
     # Same seed, multi-head, another order: every read replays committed noise, ε unchanged.
     again = _job(db, tmp_path, dataset_id, {**params, "multi_head": True, "task_order": [2, 0, 1]})
-    assert again["status"] == "succeeded", again["error"]
+    assert again.job.status == "succeeded", again.job.error
     after = spent.get_spend(db, "acme", dataset_id).to_json()
     assert after["epsilon_spent"] == first["epsilon_spent"]
     assert Decimal(after["naive_sequential_epsilon"]) == 2 * Decimal(first["epsilon_spent"])
-    heads = versions_of(db, str(again["id"]))
+    heads = versions_of(db, str(again.job.id))
     assert heads[-1].metrics["average_accuracy"] > 0.8  # each head chooses among its task's classes
 
     # Another encoder under the same seed is another release: fresh noise, refused past the budget.
     other = _job(db, tmp_path, dataset_id, {**params, "features": 32})
-    assert other["status"] == "failed" and other["error"]["error"] == "budget_exceeded"  # type: ignore[index]
+    assert other.job.status == "failed" and other.job.error["error"] == "budget_exceeded"  # type: ignore[index]
 
 
 def _offline(uri: str, batch_size: int) -> tuple[LoadedData, list[LedgerTask], dict[str, tuple[str, ...]]]:

@@ -60,7 +60,7 @@ def _worker(db: Database, artifact_dir: Path, loader: CountingLoader, **kwargs: 
 
 def _queue(db: Database, dataset_id: str, algorithm: str = "dp_sgd", **params: Any) -> str:
     answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
-    return str(answer["id"])
+    return str(answer.id)
 
 
 def reservations_quote(db: Database, dataset_id: str, event: dict[str, Any]) -> Quote:
@@ -95,8 +95,8 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
 
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
-    assert job["progress"] == {"step": 225, "total": 225}
+    assert job.job.status == "succeeded", job.job.error
+    assert (job.job.progress_step, job.job.progress_total) == (225, 225)
     assert loader.opened == [DIGITS]
 
     # Versions 1..3 at steps 100, 200 and the end; every one certified, commits monotone.
@@ -104,13 +104,13 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert [(v.version, v.step) for v in versions] == [(1, 100), (2, 200), (3, 225)]
     epsilons = _certified_epsilons(db, versions)
     assert epsilons == sorted(epsilons) and epsilons[0] < epsilons[-1]
-    assert Decimal(job["epsilon_committed"]) == epsilons[-1]
-    assert job["plan"]["event"]["count"] == 225
+    assert Decimal(job.job.epsilon_committed) == epsilons[-1]
+    assert job.job.plan["event"]["count"] == 225
 
     # The released model is useful, and its accuracy is recorded with the version.
     final = versions[-1]
     assert final.metrics["test_accuracy"] > 0.8
-    assert job["metrics"]["test_accuracy"] == pytest.approx(final.metrics["test_accuracy"])
+    assert job.job.metrics["test_accuracy"] == pytest.approx(final.metrics["test_accuracy"])
 
     # Its artifact is the committed model: hash as recorded, loadable, the MLP's weights.
     path = artifacts / final.artifact_path
@@ -120,7 +120,7 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     assert staged_files(artifacts) == []
 
     # The whole reservation is spent, nothing is held.
-    closed = reservation(db, job["reservation_id"])
+    closed = reservation(db, job.job.reservation_id)
     assert closed.status == "committed" and closed.commits == 3
     before = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert before["epsilon_held"] == "0" and before["reservations_open"] == 0
@@ -129,13 +129,13 @@ def test_dp_sgd_job_releases_certified_versions_then_a_second_job_is_refused_unr
     second = _queue(db, world.dataset_id, target_epsilon=2.0, delta=1e-5, seed=8)
     assert worker.run_once() == second
     refused = jobs.queue.get_job(db, "acme", second)
-    assert refused["status"] == "failed"
-    error = refused["error"]
+    assert refused.job.status == "failed"
+    error = refused.job.error
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
     assert Decimal(error["requested"]["epsilon"]) > Decimal(error["remaining"]["epsilon"])
     assert 0 < error["largest_target_epsilon"] < 2  # what would fit, named
     assert loader.opened == [DIGITS]  # not opened again
-    assert versions_of(db, second) == [] and refused["reservation_id"] is None
+    assert versions_of(db, second) == [] and refused.job.reservation_id is None
     after = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert after["epsilon_spent"] == before["epsilon_spent"] and after["epsilon_held"] == "0"
     assert staged_files(artifacts) == []
@@ -156,9 +156,9 @@ def test_target_budget_epsilon_is_calibrated_to_what_the_dataset_charges(
     job_id = _queue(db, world.dataset_id, target_budget_epsilon=2.0, delta=1e-5, seed=3)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
-    assert Decimal("1.9") < Decimal(job["epsilon_committed"]) <= 2
-    event = job["plan"]["event"]
+    assert job.job.status == "succeeded", job.job.error
+    assert Decimal("1.9") < Decimal(job.job.epsilon_committed) <= 2
+    event = job.job.plan["event"]
     sigma = event["event"]["event"]["noise_multiplier"]
     q, steps = event["event"]["sampling_probability"], event["count"]
     plain = calibrate_noise_multiplier(target_epsilon=2.0, delta=1e-5, sampling_probability=q, steps=steps)
@@ -190,8 +190,8 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     too_big = _queue(db, world.dataset_id, target_epsilon=2.0, seed=3)  # δ: the budget's
     assert worker.run_once() == too_big
     refused = jobs.queue.get_job(db, "acme", too_big)
-    assert refused["status"] == "failed" and refused["reservation_id"] is None
-    error = refused["error"]
+    assert refused.job.status == "failed" and refused.job.reservation_id is None
+    error = refused.job.error
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
     assert "largest target_epsilon that fits" in error["message"]
     largest = error["largest_target_epsilon"]
@@ -202,13 +202,13 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     fits = _queue(db, world.dataset_id, target_epsilon=largest, seed=3)
     assert worker.run_once() == fits
     job = jobs.queue.get_job(db, "acme", fits)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     assert loader.opened == [DIGITS]
-    assert 0 < Decimal(job["epsilon_committed"]) <= 2
-    event = from_json(job["plan"]["event"])
+    assert 0 < Decimal(job.job.epsilon_committed) <= 2
+    event = from_json(job.job.plan["event"])
     assert largest * 0.999 <= tight_epsilon(event, 1e-5) <= largest  # its own ε, σ not too large
-    sigma = job["plan"]["noise_multiplier"]
-    q, steps = job["plan"]["sampling_probability"], job["plan"]["steps"]
+    sigma = job.job.plan["noise_multiplier"]
+    q, steps = job.job.plan["sampling_probability"], job.job.plan["steps"]
     # The run's own ε is the ledger's engine's (issue 25 §3), a valid bound: dp-accounting's
     # optimistic PLD of the same run (a lower bound on the true ε) is below it.
     optimistic = (
@@ -225,7 +225,7 @@ def test_target_epsilon_is_the_runs_own_epsilon_and_one_that_cannot_fit_is_refus
     assert optimistic <= tight_epsilon(event, 1e-5)
     bigger = _queue(db, world.dataset_id, target_epsilon=round(largest * 1.01, 4), seed=3)
     assert worker.run_once() == bigger
-    assert jobs.queue.get_job(db, "acme", bigger)["error"]["error"] == "budget_exceeded"
+    assert jobs.queue.get_job(db, "acme", bigger).job.error["error"] == "budget_exceeded"
 
 
 @pytest.mark.slow
@@ -252,14 +252,14 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
     assert not thread.is_alive()
 
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "cancelled", job["error"]
+    assert job.job.status == "cancelled", job.job.error
     versions = versions_of(db, job_id)
-    assert versions and job["progress"]["step"] < 20_000
+    assert versions and job.job.progress_step < 20_000
     epsilons = _certified_epsilons(db, versions)
     assert epsilons == sorted(epsilons)
     assert [v.version for v in versions] == list(range(1, len(versions) + 1))
 
-    held = reservation(db, job["reservation_id"])
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "aborted"
     # Steps begun after the last release ran on the data: the abort charges that prefix (issue
     # 24 §2, as the ledger prices it) and returns only the steps never begun.
@@ -285,7 +285,7 @@ def test_cancel_mid_run_aborts_the_rest_and_keeps_what_was_committed(db: Databas
     assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
     assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon
     # Only committed steps are reported: the metrics are those of the last release.
-    assert job["metrics"] == versions[-1].metrics
+    assert job.job.metrics == versions[-1].metrics
     assert staged_files(artifacts) == []
 
 
@@ -299,13 +299,13 @@ def test_a_refused_commit_destroys_the_candidate(db: Database, artifacts: Path) 
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, checkpoint_every=10, seed=2)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "reservation_expired"
-    assert versions_of(db, job_id) == [] and job["metrics"] is None
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "reservation_expired"
+    assert versions_of(db, job_id) == [] and job.job.metrics is None
     assert staged_files(artifacts) == []
     assert not any(p.is_file() for p in artifacts.rglob("*"))  # no version file either
     ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
-    held = reservation(db, job["reservation_id"])
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "expired" and held.committed_epsilon == held.epsilon
     assert Decimal(ledger["epsilon_spent"]) == held.epsilon and ledger["epsilon_held"] == "0"
 
@@ -318,8 +318,8 @@ def test_records_that_do_not_match_the_batches_fail_before_training(db: Database
     job_id = _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, seed=3)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed"
-    error = job["error"]
+    assert job.job.status == "failed"
+    error = job.job.error
     assert error["error"] == "record_mismatch" and error["field"] == "data_source"
     # Counts and batch ids: the one ledgered record the source lacks is in the second batch.
     message = error["message"]
@@ -330,8 +330,8 @@ def test_records_that_do_not_match_the_batches_fail_before_training(db: Database
     # ... and no record id, of the source or of the ledger, anywhere in the job's error.
     shown = str(error)
     assert [r for r in {*ids, *ledgered} if r in shown] == []
-    assert job["progress"]["step"] == 0 and versions_of(db, job_id) == []
-    assert reservation(db, job["reservation_id"]).status == "aborted"
+    assert job.job.progress_step == 0 and versions_of(db, job_id) == []
+    assert reservation(db, job.job.reservation_id).status == "aborted"
     ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert ledger["epsilon_spent"] == "0" and ledger["epsilon_held"] == "0"
 
@@ -343,7 +343,7 @@ def test_invalid_trainer_params_are_refused_at_submit_naming_the_field(db: Datab
         _queue(db, world.dataset_id, noise_multiplier=1.5, steps=20, epoch=3)
     assert refused.value.field == "params.epoch"
     # Nothing was queued: no worker runs it, no source is opened, nothing is held.
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme").count == 0
     assert _worker(db, artifacts, loader).run_once() is None
     assert loader.opened == []
     assert spent.get_spend(db, "acme", world.dataset_id).to_json()["reservations_open"] == 0
@@ -357,16 +357,16 @@ def test_adadp_job_runs_through_the_gate(db: Database, artifacts: Path) -> None:
     )
     assert _worker(db, artifacts, CountingLoader()).run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     versions = versions_of(db, job_id)
     assert [v.step for v in versions] == [150, 225]
     epsilons = _certified_epsilons(db, versions)
     assert epsilons == sorted(epsilons)
-    metrics = job["metrics"]
+    metrics = job.job.metrics
     assert metrics["lemma1_checked_steps"] == 225
     assert metrics["lemma1_max_ratio"] <= metrics["lemma1_limit"] * (1 + 1e-12)
     assert versions[-1].metrics["test_accuracy"] > 0.3
-    assert job["plan"]["algorithm"] == "adadp"
+    assert job.job.plan["algorithm"] == "adadp"
 
 
 def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
@@ -402,9 +402,9 @@ def test_a_run_released_in_full_is_not_trained_again_after_its_worker_died(
     loader = CountingLoader()
     assert _worker(db, artifacts, loader).run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded" and job["attempts"] == 2
-    assert job["reservation_id"] == held["id"] and job["metrics"]["test_accuracy"] == 0.9
-    assert Decimal(job["epsilon_committed"]) > 0 and job["progress"]["step"] == 2
+    assert job.job.status == "succeeded" and job.job.attempts == 2
+    assert job.job.reservation_id == held["id"] and job.job.metrics["test_accuracy"] == 0.9
+    assert Decimal(job.job.epsilon_committed) > 0 and job.job.progress_step == 2
     assert loader.opened == [] and [v.version for v in versions_of(db, job_id)] == [1]
 
 
@@ -427,10 +427,10 @@ def test_an_unreadable_data_source_fails_the_job_and_frees_the_hold(
     assert _worker(db, artifacts, loader).run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
     assert loader.opened == [uri]
-    assert job["status"] == "failed" and job["error"]["error"] == "data_source"
-    assert job["error"]["field"] == "data_source"
-    assert "missing.npz" in job["error"]["message"] and "no such file" in job["error"]["message"]
-    assert reservation(db, job["reservation_id"]).status == "aborted"
+    assert job.job.status == "failed" and job.job.error["error"] == "data_source"
+    assert job.job.error["field"] == "data_source"
+    assert "missing.npz" in job.job.error["message"] and "no such file" in job.job.error["message"]
+    assert reservation(db, job.job.reservation_id).status == "aborted"
     assert spent.get_spend(db, "acme", world.dataset_id).to_json()["epsilon_held"] == "0"
 
 

@@ -40,10 +40,10 @@ def many_batches(db: Database) -> tuple[str, str]:
             db,
             "acme",
             dataset.id,
-            task["id"],
+            task.id,
             batches=[{"name": f"b{start + i}", "records": [r]} for i, r in enumerate(chunk)],
         )
-    return str(dataset.id), str(task["id"])
+    return str(dataset.id), str(task.id)
 
 
 @pytest.mark.slow
@@ -56,14 +56,14 @@ def test_a_dataset_of_more_than_10000_batches_is_reserved_by_task(db: Database, 
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
     params = {"noise_multiplier": 5.0, "steps": 1, "seed": 1}
-    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params).id
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     assert loader.opened == [SOURCE]
-    held = reservation(db, job["reservation_id"])
+    held = reservation(db, job.job.reservation_id)
     assert held.status == "committed" and held.batches == N_BATCHES  # every batch is charged
-    assert Decimal(job["epsilon_committed"]) > 0
+    assert Decimal(job.job.epsilon_committed) > 0
 
 
 @pytest.mark.slow
@@ -79,12 +79,12 @@ def test_a_staged_stage_of_more_than_10000_batches_is_reserved_by_its_task(
     params = {"noise_multiplier": 5.0, "sampling_probability": 0.0002, "seed": 1}
     job_id = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params
-    )["id"]
+    ).id
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     assert loader.opened == [SOURCE]
     with db.session(readonly=True) as session:
         held = session.scalars(select(Reservation).where(Reservation.dataset_id == dataset_id)).all()
     assert [(r.status, r.batches) for r in held] == [("committed", N_BATCHES)]
-    assert Decimal(job["epsilon_committed"]) > 0
+    assert Decimal(job.job.epsilon_committed) > 0

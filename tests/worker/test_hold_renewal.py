@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger import jobs, spent
+from service.ledger.jobs.answers import JobAnswer
 from service.training.data import LoadedData, load_data
 from service.worker.worker import Worker
 from tests.worker.digits_world import digits_dataset, reservation
@@ -30,7 +31,7 @@ def _slow_digits(uri: str, tenant_id: str) -> LoadedData:
     return load_data(uri)
 
 
-def _run(db: Database, tmp_path: Path, *, ttl_s: float) -> dict[str, object]:
+def _run(db: Database, tmp_path: Path, *, ttl_s: float) -> tuple[JobAnswer, str]:
     world = digits_dataset(db, epsilon="10")
     job_id = jobs.queue.create_job(
         db,
@@ -38,19 +39,19 @@ def _run(db: Database, tmp_path: Path, *, ttl_s: float) -> dict[str, object]:
         dataset_id=world.dataset_id,
         algorithm="dp_sgd",
         params={"noise_multiplier": 1.5, "sampling_probability": 0.02, "steps": 20, "hidden": 8},
-    )["id"]
+    ).id
     worker = Worker(
         db, artifact_dir=tmp_path / "artifacts", reservation_ttl_s=ttl_s, lease_s=0.6, loader=_slow_digits
     )
     assert worker.run_once() == job_id
-    return {"job": jobs.queue.get_job(db, "acme", job_id), "dataset": world.dataset_id}
+    return jobs.queue.get_job(db, "acme", job_id).job, world.dataset_id
 
 
 def test_a_job_longer_than_its_holds_ttl_renews_it_and_commits(db: Database, tmp_path: Path) -> None:
-    ran = _run(db, tmp_path, ttl_s=TTL_S)
-    job = ran["job"]
-    assert isinstance(job, dict) and job["status"] == "succeeded", job["error"]
-    held = reservation(db, job["reservation_id"])
+    job, dataset_id = _run(db, tmp_path, ttl_s=TTL_S)
+    assert job.status == "succeeded", job.error
+    assert job.reservation_id is not None
+    held = reservation(db, job.reservation_id)
     assert held.status == "committed"
     assert (held.expires_at - held.created_at).total_seconds() > 2 * TTL_S  # renewed past its TTL
     with db.session(readonly=True) as session:
@@ -58,7 +59,7 @@ def test_a_job_longer_than_its_holds_ttl_renews_it_and_commits(db: Database, tmp
             select(AuditEntry.payload).where(AuditEntry.event_type == "reservation.extended")
         ).all()
     assert len(renewals) >= 2 and all(p["reservation_id"] == held.id for p in renewals)
-    assert spent.get_spend(db, "acme", str(ran["dataset"])).to_json()["reservations_open"] == 0
+    assert spent.get_spend(db, "acme", dataset_id).to_json()["reservations_open"] == 0
 
 
 def test_without_renewal_the_same_job_loses_its_hold(
@@ -66,6 +67,6 @@ def test_without_renewal_the_same_job_loses_its_hold(
 ) -> None:
     # The fault the renewal prevents, produced for real: the heartbeat renews nothing.
     monkeypatch.setattr(Worker, "_renew_hold", lambda self, job, hold, sent, last: last)
-    job = _run(db, tmp_path, ttl_s=TTL_S)["job"]
-    assert isinstance(job, dict) and job["status"] == "failed"
-    assert "expired" in str(job["error"])
+    job, _ = _run(db, tmp_path, ttl_s=TTL_S)
+    assert job.status == "failed"
+    assert "expired" in str(job.error)

@@ -37,7 +37,7 @@ def _job(
     answer = jobs.queue.create_job(
         db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}, limits=limits
     )
-    return str(answer["id"])
+    return str(answer.id)
 
 
 def _warm_up_per_example_gradients(torch: Any) -> None:
@@ -97,7 +97,7 @@ def test_one_worker_alternates_between_tenants(db: Database) -> None:
         jobs.leases.finish(db, claimed.lease, "succeeded", now=now + timedelta(seconds=n, milliseconds=500))
     assert order == ["acme", "rival", "third", "acme", "rival", "acme"]
     assert queued["acme"] == [
-        j for j in (jobs.queue.get_job(db, "acme", i)["id"] for i in queued["acme"]) if j
+        j for j in (jobs.queue.get_job(db, "acme", i).job.id for i in queued["acme"]) if j
     ]  # (each tenant's own jobs still run oldest first: checked by the first test)
 
 
@@ -139,7 +139,7 @@ def test_a_tenants_queue_is_bounded_and_other_tenants_are_not(db: Database) -> N
         _job(db, "acme", a, limits)
     assert info.value.status == 409 and info.value.code == "too_many_queued_jobs"
     assert info.value.details["limit"] == 2 and info.value.details["queued"] == 2
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 2  # nothing stored
+    assert jobs.queue.list_jobs(db, "acme").count == 2  # nothing stored
     _job(db, "rival", b, limits)  # another tenant's queue is its own
     assert jobs.leases.claim(db, "worker", 60) is not None  # one of acme's starts: a place frees up
     jobs.queue.cancel_job(db, "acme", first) if job_row(db, first).status == "queued" else None
@@ -171,7 +171,7 @@ def test_the_queue_limit_holds_under_concurrent_submits(db: Database) -> None:
     for t in threads:
         t.join()
     assert sorted(outcomes) == ["created"] * 3 + ["refused"] * 5
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 3
+    assert jobs.queue.list_jobs(db, "acme").count == 3
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,16 +193,16 @@ def test_a_plan_past_the_step_limit_fails_before_it_reserves(
     dataset_id = digits_dataset(db, epsilon="10").dataset_id
     job_id = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params={"noise_multiplier": 1.0, **params}
-    )["id"]
+    ).id
     loader = CountingLoader()
     limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
     worker = Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu", limits=limits)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "too_many_steps" and job["error"]["field"] == field
-    assert job["error"]["limit"] == 1000 and job["error"]["steps"] > 1000
-    assert loader.opened == [] and job["reservation_id"] is None and _reservations(db, dataset_id) == []
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "too_many_steps" and job.job.error["field"] == field
+    assert job.job.error["limit"] == 1000 and job.job.error["steps"] > 1000
+    assert loader.opened == [] and job.job.reservation_id is None and _reservations(db, dataset_id) == []
 
 
 def test_a_staged_plan_counts_the_steps_of_every_stage(db: Database, tmp_path: Path) -> None:
@@ -215,14 +215,14 @@ def test_a_staged_plan_counts_the_steps_of_every_stage(db: Database, tmp_path: P
     dataset_id, _ = task_dataset(db, budget, source_tasks(source), batch_size=50, source=source)
     params = {"noise_multiplier": 1.0, "sampling_probability": 0.01, "epochs": 4, "seed": 1}  # 400 a task
     job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="naive_gaussian", params=params)
-    job_id = job["id"]
+    job_id = job.id
     limits = JobLimits(max_steps=1000, max_wall_s=600, max_queued_per_tenant=10)
     loader = CountingLoader()
     worker = Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu", limits=limits)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed" and job["error"]["error"] == "too_many_steps"
-    assert job["error"]["steps"] == 1200 and job["error"]["field"] == "params.epochs"
+    assert job.job.status == "failed" and job.job.error["error"] == "too_many_steps"
+    assert job.job.error["steps"] == 1200 and job.job.error["field"] == "params.epochs"
     assert loader.opened == [] and _reservations(db, dataset_id) == []
 
 
@@ -235,23 +235,25 @@ def test_a_job_past_its_wall_time_is_stopped_and_failed_keeping_only_what_it_com
     dataset_id = digits_dataset(db, epsilon="1000").dataset_id
     # 100 000 steps (minutes of work); a release every 20 steps; the worker allows 2 s.
     params = {"noise_multiplier": 2.0, "steps": 100_000, "checkpoint_every": 20, "seed": 3}
-    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
+    job_id = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params).id
     limits = JobLimits(max_steps=1_000_000, max_wall_s=2.0, max_queued_per_tenant=10)
     worker = Worker(db, artifact_dir=tmp_path, loader=CountingLoader(), device="cpu", limits=limits)
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed", job
-    assert job["error"]["error"] == "wall_time_exceeded" and job["error"]["limit_s"] == 2.0
-    assert "LEDGER_JOB_MAX_WALL_S" in job["error"]["message"]
+    assert job.job.status == "failed", job
+    assert job.job.error["error"] == "wall_time_exceeded" and job.job.error["limit_s"] == 2.0
+    assert "LEDGER_JOB_MAX_WALL_S" in job.job.error["message"]
     released = versions_of(db, job_id)
     assert released, "the run trained and released some checkpoints before its time ran out"
-    assert 0 < job["progress"]["step"] < 100_000
+    assert 0 < job.job.progress_step < 100_000
     (held,) = _reservations(db, dataset_id)
     # The steps never begun went back to the budget; what it released stays spent, and so do the
     # steps it ran after its last release (issue 24 §2): the job's record says so.
     assert held.status == "aborted" and held.committed_epsilon < held.epsilon
     ledger = spent.get_spend(db, "acme", dataset_id).to_json()
     assert ledger["epsilon_held"] == "0"
-    assert Decimal(ledger["epsilon_spent"]) == held.committed_epsilon == Decimal(job["epsilon_committed"]) > 0
+    assert (
+        Decimal(ledger["epsilon_spent"]) == held.committed_epsilon == Decimal(job.job.epsilon_committed) > 0
+    )
     last = certificates.get_certificate(db, "acme", released[-1].certificate_id)["certificate"]
     assert held.committed_epsilon >= Decimal(last["result"]["charge"]["epsilon"])

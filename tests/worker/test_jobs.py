@@ -41,7 +41,7 @@ def _job(db: Database, dataset_id: str, tenant: str = "acme", **params: Any) -> 
     answer = jobs.queue.create_job(
         db, tenant, dataset_id=dataset_id, algorithm="dp_sgd", params={**PARAMS, **params}
     )
-    return str(answer["id"])
+    return str(answer.id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,12 +52,12 @@ def _job(db: Database, dataset_id: str, tenant: str = "acme", **params: Any) -> 
 def test_create_queues_a_job(db: Database) -> None:
     dataset_id = _dataset(db)
     answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="adadp", params=PARAMS)
-    assert answer["status"] == "queued"
-    assert answer["progress"] == {"step": 0, "total": None}
-    assert answer["epsilon_committed"] == "0"
-    assert answer["model_name"] == f"adadp-{answer['id']}"  # unique per job
-    assert answer["attempts"] == 0 and answer["versions"] == []
-    assert jobs.queue.get_job(db, "acme", answer["id"])["id"] == answer["id"]
+    assert answer.status == "queued"
+    assert (answer.progress_step, answer.progress_total) == (0, None)
+    assert answer.epsilon_committed == 0 and answer.delta_committed == 0
+    assert answer.model_name == f"adadp-{answer.id}"  # unique per job
+    assert answer.attempts == 0 and answer.versions == ()
+    assert jobs.queue.get_job(db, "acme", answer.id).job.id == answer.id
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_invalid_jobs_name_the_field_and_change_nothing(
     with pytest.raises(InvalidInput) as info:
         jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     assert info.value.field == field
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme").count == 0
 
 
 def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_dataset(db: Database) -> None:
@@ -94,9 +94,9 @@ def test_a_job_on_a_dataset_without_a_source_or_batches_is_refused_naming_the_da
     with pytest.raises(InvalidInput) as info:
         jobs.queue.create_job(db, "acme", dataset_id=empty, algorithm="dp_sgd", params=PARAMS)
     assert info.value.field == "dataset_id" and "has no batches" in info.value.message
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme").count == 0
     datasets.set_data_source(db, "acme", unsourced, data_source=DIGITS)  # an admin sets it: accepted
-    assert jobs.queue.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS)["id"]
+    assert jobs.queue.create_job(db, "acme", dataset_id=unsourced, algorithm="dp_sgd", params=PARAMS).id
 
 
 def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
@@ -109,7 +109,7 @@ def test_another_tenants_dataset_and_job_are_not_found(db: Database) -> None:
         jobs.queue.get_job(db, "rival", job_id)
     with pytest.raises(NotFound):
         jobs.queue.cancel_job(db, "rival", job_id)
-    assert jobs.queue.list_jobs(db, "rival")["count"] == 0
+    assert jobs.queue.list_jobs(db, "rival").count == 0
 
 
 def test_create_is_idempotent_with_a_key(db: Database) -> None:
@@ -120,8 +120,8 @@ def test_create_is_idempotent_with_a_key(db: Database) -> None:
     again = jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=PARAMS, idempotency_key="k1"
     )
-    assert again["id"] == first["id"]
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 1
+    assert again.id == first.id
+    assert jobs.queue.list_jobs(db, "acme").count == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,8 +207,8 @@ def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, t
     worker = Worker(db, artifact_dir=tmp_path, lease_s=30)
     assert worker.run_once() == job_id
     answer = jobs.queue.get_job(db, "acme", job_id)
-    assert answer["status"] == "failed" and answer["error"]["error"] == "attempts_exhausted"
-    assert answer["attempts"] == jobs.queue.DEFAULT_MAX_ATTEMPTS + 1
+    assert answer.job.status == "failed" and answer.job.error["error"] == "attempts_exhausted"
+    assert answer.job.attempts == jobs.queue.DEFAULT_MAX_ATTEMPTS + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,9 +219,9 @@ def test_a_job_whose_workers_keep_dying_fails_after_max_attempts(db: Database, t
 def test_cancel_a_queued_job_ends_it_at_once(db: Database) -> None:
     job_id = _job(db, _dataset(db))
     answer = jobs.queue.cancel_job(db, "acme", job_id)
-    assert answer["status"] == "cancelled" and answer["finished_at"] is not None
+    assert answer.job.status == "cancelled" and answer.job.finished_at is not None
     assert jobs.leases.claim(db, "worker-a", 30) is None
-    assert jobs.queue.cancel_job(db, "acme", job_id)["status"] == "cancelled"  # idempotent
+    assert jobs.queue.cancel_job(db, "acme", job_id).job.status == "cancelled"  # idempotent
 
 
 def test_cancel_a_running_job_is_seen_by_its_heartbeat(db: Database) -> None:
@@ -230,10 +230,10 @@ def test_cancel_a_running_job_is_seen_by_its_heartbeat(db: Database) -> None:
     assert claimed is not None
     assert jobs.leases.heartbeat(db, claimed.lease, 30).cancel_requested is False
     answer = jobs.queue.cancel_job(db, "acme", job_id)
-    assert answer["status"] == "running" and answer["cancel_requested"] is True
+    assert answer.job.status == "running" and answer.job.cancel_requested is True
     assert jobs.leases.heartbeat(db, claimed.lease, 30).cancel_requested is True
     jobs.leases.finish(db, claimed.lease, "cancelled")
-    assert jobs.queue.get_job(db, "acme", job_id)["status"] == "cancelled"
+    assert jobs.queue.get_job(db, "acme", job_id).job.status == "cancelled"
 
 
 def test_a_cancel_requested_while_the_worker_is_dead_is_honoured_by_the_next_claim(
@@ -243,7 +243,7 @@ def test_a_cancel_requested_while_the_worker_is_dead_is_honoured_by_the_next_cla
     assert jobs.leases.claim(db, "dead", 1, now=utcnow() - timedelta(minutes=5)) is not None
     jobs.queue.cancel_job(db, "acme", job_id)
     assert Worker(db, artifact_dir=tmp_path).run_once() == job_id
-    assert jobs.queue.get_job(db, "acme", job_id)["status"] == "cancelled"
+    assert jobs.queue.get_job(db, "acme", job_id).job.status == "cancelled"
 
 
 def test_a_finished_job_cannot_be_cancelled(db: Database) -> None:
@@ -284,6 +284,6 @@ def test_a_queued_job_reads_the_source_its_dataset_has_when_it_runs(db: Database
     assert Worker(db, artifact_dir=tmp_path, loader=loader, device="cpu").run_once() == job_id
     assert loader.opened == [DIGITS]
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
-    assert job["progress"] == {"step": 10, "total": 10}
+    assert job.job.status == "succeeded", job.job.error
+    assert (job.job.progress_step, job.job.progress_total) == (10, 10)
     assert [v.version for v in versions_of(db, job_id)] == [1]

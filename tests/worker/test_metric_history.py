@@ -27,9 +27,7 @@ def _worker(db: Database, artifacts: Path, loader: CountingLoader, **kwargs: Any
 
 
 def _queue(db: Database, dataset_id: str, **params: Any) -> str:
-    return str(
-        jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params)["id"]
-    )
+    return str(jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd", params=params).id)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
@@ -40,8 +38,8 @@ def test_the_history_holds_the_committed_steps_iterates(db: Database, tmp_path: 
     )
     assert _worker(db, tmp_path / "artifacts", CountingLoader()).run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
-    history = job["metric_history"]
+    assert job.job.status == "succeeded", job.job.error
+    history = job.metric_history
     every = trace_every(60)
     assert history["every"] == every == 2
     points = history["points"]
@@ -58,7 +56,7 @@ def test_the_history_holds_the_committed_steps_iterates(db: Database, tmp_path: 
     assert len(set(losses)) > len(losses) // 2 and all(0 <= p["test_accuracy"] <= 1 for p in points)
     assert losses[-1] < losses[0]  # it learns
     # a page of jobs does not carry the histories
-    listed = jobs.queue.list_jobs(db, "acme")["data"]
+    listed = jobs.queue.list_jobs(db, "acme").to_json()["data"]
     assert [j["id"] for j in listed] == [job_id] and "metric_history" not in listed[0]
 
 
@@ -74,8 +72,8 @@ def test_points_before_a_refused_commit_are_never_stored(db: Database, tmp_path:
     )
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "failed" and job["error"]["error"] == "reservation_expired"
-    assert job["metric_history"] is None and versions_of(db, job_id) == []
+    assert job.job.status == "failed" and job.job.error["error"] == "reservation_expired"
+    assert job.metric_history is None and versions_of(db, job_id) == []
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
@@ -87,10 +85,10 @@ def test_the_history_is_bounded_and_keeps_its_span(db: Database) -> None:
     for start in range(0, 450, 50):
         points = [{"step": s, "checkpoint": False, "test_loss": 1 / s} for s in range(start + 1, start + 51)]
         jobs.leases.record_history(db, claimed.lease, points, every=1)
-    stored = jobs.queue.get_job(db, "acme", job_id)["metric_history"]["points"]
+    stored = jobs.queue.get_job(db, "acme", job_id).metric_history["points"]
     steps = [p["step"] for p in stored]
     assert len(steps) <= jobs.leases.MAX_HISTORY_POINTS and steps[0] == 1 and steps[-1] == 450
     assert steps == sorted(steps) and len(steps) > jobs.leases.MAX_HISTORY_POINTS // 2
     # a new attempt starts its own curve
     jobs.leases.record_plan(db, claimed.lease, plan={"steps": 10}, total_steps=10)
-    assert jobs.queue.get_job(db, "acme", job_id)["metric_history"] is None
+    assert jobs.queue.get_job(db, "acme", job_id).metric_history is None

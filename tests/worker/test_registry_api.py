@@ -210,12 +210,12 @@ def test_sweep_rolls_committed_candidates_forward_and_deletes_the_others(
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
     params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}  # (never trained here)
-    dead = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
-        "id"
-    ]
-    live = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
-        "id"
-    ]
+    dead = jobs.queue.create_job(
+        db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
+    ).id
+    live = jobs.queue.create_job(
+        db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
+    ).id
     held = reservations.reserve(
         db,
         "acme",
@@ -273,9 +273,9 @@ def test_sweep_publishes_a_candidate_only_under_its_own_release_certificate(
     artifacts = tmp_path / "artifacts"
     world = digits_dataset(db, records=[f"r{i}" for i in range(4)], epsilon="10")
     params = {"model_name": "m", "noise_multiplier": 1.0, "steps": 4}
-    dead = jobs.queue.create_job(db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params)[
-        "id"
-    ]
+    dead = jobs.queue.create_job(
+        db, "acme", dataset_id=world.dataset_id, algorithm="dp_sgd", params=params
+    ).id
     orphan = _stage(artifacts, dead, world.dataset_id, 1)
     other = reservations.reserve(
         db, "acme", world.dataset_id, event=parse_event(_steps(1)), batch_ids=list(world.batch_ids)

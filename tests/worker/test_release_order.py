@@ -38,9 +38,9 @@ def test_the_data_source_is_opened_only_once_the_reservation_is_held(db: Databas
         algorithm="dp_sgd",
         params={"noise_multiplier": 2.0, "steps": 3},
     )
-    assert worker.run_once() == answer["id"]
-    job = jobs.queue.get_job(db, "acme", str(answer["id"]))
-    assert job["status"] == "succeeded", job["error"]
+    assert worker.run_once() == answer.id
+    job = jobs.queue.get_job(db, "acme", str(answer.id))
+    assert job.job.status == "succeeded", job.job.error
     assert counting.opened == [DIGITS]
     [(open_reservations, held)] = held_when_opened
     assert open_reservations == 1 and float(held) > 0  # the run's whole cost held before any read

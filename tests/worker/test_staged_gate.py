@@ -41,6 +41,7 @@ from service.ledger import (  # noqa: E402
     jobs,
     spent,
 )
+from service.ledger.jobs.answers import JobDetail  # noqa: E402
 from service.training import algorithms  # noqa: E402
 from service.training.data import LoadedData  # noqa: E402
 from service.training.stages import LedgerTask, Stage, StageRelease  # noqa: E402
@@ -128,11 +129,11 @@ def _budget(rule: str, epsilon: str) -> dict[str, Any]:
     return {"rule": rule, "epsilon": epsilon, "delta": "1e-5", "accountant": "rdp"}
 
 
-def _run(db: Database, tmp_path: Path, dataset_id: str, loader: CountingLoader) -> dict[str, Any]:
+def _run(db: Database, tmp_path: Path, dataset_id: str, loader: CountingLoader) -> JobDetail:
     job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=ALGORITHM, params={})
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", loader=loader, device="cpu")
-    assert worker.run_once() == job["id"]
-    return jobs.queue.get_job(db, "acme", job["id"])
+    assert worker.run_once() == job.id
+    return jobs.queue.get_job(db, "acme", job.id)
 
 
 @pytest.mark.slow
@@ -142,7 +143,7 @@ def test_parallel_stages_release_one_version_per_task_reading_only_their_batches
     dataset_id, per_task = _dataset(db, _budget("parallel", "2"))
     loader = CountingLoader()
     job = _run(db, tmp_path, dataset_id, loader)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     assert loader.opened == [SOURCE]
     assert trainer.started_with == [0]  # start() sees no training record
     assert [(i, records) for i, records in trainer.seen] == [
@@ -151,7 +152,7 @@ def test_parallel_stages_release_one_version_per_task_reading_only_their_batches
         (3, per_task[2]),
     ]
 
-    versions = versions_of(db, job["id"])
+    versions = versions_of(db, job.job.id)
     assert [(v.version, v.step, v.metrics["task"]) for v in versions] == [(1, 1, 0), (2, 2, 1), (3, 3, 2)]
     charged = []
     for v in versions:
@@ -165,19 +166,19 @@ def test_parallel_stages_release_one_version_per_task_reading_only_their_batches
     answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert Decimal(answer["epsilon_spent"]) == charged[0]
     assert answer["epsilon_held"] == "0" and answer["reservations_open"] == 0
-    assert Decimal(job["epsilon_committed"]) == charged[0]
-    assert job["progress"] == {"step": 3, "total": 3}
-    assert job["plan"]["kind"] == "staged" and job["plan"]["stages"] == 3
+    assert Decimal(job.job.epsilon_committed) == charged[0]
+    assert (job.job.progress_step, job.job.progress_total) == (3, 3)
+    assert job.job.plan["kind"] == "staged" and job.job.plan["stages"] == 3
 
 
 def test_a_refused_first_stage_reads_nothing(db: Database, tmp_path: Path, trainer: NoisyClassMeans) -> None:
     dataset_id, _ = _dataset(db, _budget("parallel", "0.01"))
     loader = CountingLoader()
     job = _run(db, tmp_path, dataset_id, loader)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "budget_exceeded" and job["error"]["stage"] == 1
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "budget_exceeded" and job.job.error["stage"] == 1
     assert loader.opened == [] and trainer.seen == []
-    assert versions_of(db, job["id"]) == []
+    assert versions_of(db, job.job.id) == []
 
 
 def test_a_refused_later_stage_keeps_what_was_released(
@@ -195,9 +196,9 @@ def test_a_refused_later_stage_keeps_what_was_released(
     trainer.stages = rereading  # type: ignore[method-assign]
     loader = CountingLoader()
     job = _run(db, tmp_path, dataset_id, loader)
-    assert job["status"] == "failed", job
-    assert job["error"]["error"] == "budget_exceeded" and job["error"]["stage"] == 3
-    assert [v.step for v in versions_of(db, job["id"])] == [1, 2]
+    assert job.job.status == "failed", job
+    assert job.job.error["error"] == "budget_exceeded" and job.job.error["stage"] == 3
+    assert [v.step for v in versions_of(db, job.job.id)] == [1, 2]
     assert [i for i, _ in trainer.seen] == [1, 2]
     answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["reservations_open"] == 0
@@ -209,12 +210,12 @@ def test_ledger_tasks_that_are_not_the_source_tasks_fail_before_training(
 ) -> None:
     dataset_id, per_task = _dataset(db, _budget("parallel", "2"), mix_tasks=True)
     job = _run(db, tmp_path, dataset_id, CountingLoader())
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "record_mismatch" and job["error"]["field"] == "data_source"
-    assert "task 't0' are not exactly one task of the source" in job["error"]["message"]
-    shown = str(job["error"])
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "record_mismatch" and job.job.error["field"] == "data_source"
+    assert "task 't0' are not exactly one task of the source" in job.job.error["message"]
+    shown = str(job.job.error)
     assert [r for ids in per_task for r in ids if r in shown] == []  # no record id in the error
-    assert trainer.seen == [] and versions_of(db, job["id"]) == []
+    assert trainer.seen == [] and versions_of(db, job.job.id) == []
     answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"
 
@@ -284,10 +285,10 @@ def test_a_retry_resumes_no_job_whose_stage_read_the_data(
         reservation_ttl_s=60.0,
         loader=CountingLoader(),
     )
-    job = jobs.queue.get_job(db, "acme", created["id"])
-    assert second.status == job["status"] == "failed", job
-    assert job["error"]["error"] == second_error
-    assert len(versions_of(db, created["id"])) == released_before
+    job = jobs.queue.get_job(db, "acme", created.id)
+    assert second.status == job.job.status == "failed", job
+    assert job.job.error["error"] == second_error
+    assert len(versions_of(db, created.id)) == released_before
 
 
 def test_a_batch_added_to_a_stages_task_after_the_plan_fails_the_stage_unread(
@@ -311,8 +312,8 @@ def test_a_batch_added_to_a_stages_task_after_the_plan_fails_the_stage_unread(
     monkeypatch.setattr(trainer, "stages", stages_then_a_new_batch)
     loader = CountingLoader()
     job = _run(db, tmp_path, dataset_id, loader)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "batches_changed" and job["error"]["stage"] == 1
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "batches_changed" and job.job.error["stage"] == 1
     assert loader.opened == [] and trainer.seen == []
     answer = spent.get_spend(db, "acme", dataset_id).to_json()
     assert answer["epsilon_held"] == "0" and answer["epsilon_spent"] == "0"

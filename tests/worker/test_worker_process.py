@@ -87,7 +87,7 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
             "hidden": 16,
             "model_name": "crash-test",
         },
-    )["id"]
+    ).id
 
     child = _start_worker(database_url, artifacts)
     try:
@@ -127,11 +127,11 @@ def test_kill_9_mid_job_then_another_worker_takes_over(
     assert Worker(db, artifact_dir=artifacts, device="cpu").run_once() == job_id
 
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
-    assert job["attempts"] == 2 and job["reservation_id"] != first.id
+    assert job.job.status == "succeeded", job.job.error
+    assert job.job.attempts == 2 and job.job.reservation_id != first.id
     old = reservation(db, first.id)
     assert old.status == "aborted" and old.committed_epsilon > 0  # committed stays spent
-    assert reservation(db, job["reservation_id"]).status == "committed"
+    assert reservation(db, job.job.reservation_id).status == "committed"
     ledger = spent.get_spend(db, "acme", world.dataset_id).to_json()
     assert ledger["epsilon_held"] == "0" and ledger["reservations_open"] == 0
 

@@ -27,7 +27,15 @@ from service.db.session import Database
 from service.ledger import audit, idempotency
 from service.ledger.datasets import can_be_id, load_dataset, refuse_archived
 from service.ledger.errors import ChargeRefused, Conflict, InvalidInput, NotFound
-from service.ledger.jobs.answers import MAX_LISTED_VERSIONS, answer_one, job_json, select_jobs, versions_of
+from service.ledger.jobs.answers import (
+    MAX_LISTED_VERSIONS,
+    JobAnswer,
+    JobDetail,
+    JobsPage,
+    answer_one,
+    select_jobs,
+    versions_of,
+)
 from service.ledger.jobs.params import (
     DEFAULT_LIMITS,
     SET_SOURCE,
@@ -227,7 +235,7 @@ def create_job(
     idempotency_key: str | None = None,
     limits: JobLimits = DEFAULT_LIMITS,
     now: datetime | None = None,
-) -> dict[str, Any]:
+) -> JobAnswer:
     """Queue a job (201). Refused, nothing is stored: ``InvalidInput`` (422) names a bad field —
     the document, a trainer param, a dataset without a source or batches, a ``params.delta``
     other than the budget's; ``NotFound`` an unknown dataset (checked before the params);
@@ -242,7 +250,7 @@ def create_job(
     job_id = f"job_{secrets.token_hex(12)}"
     model_name = document.get("model_name") or default_model_name(algorithm, job_id)
 
-    def body(session: Session, at: datetime) -> idempotency.Outcome:
+    def body(session: Session, at: datetime) -> idempotency.Outcome[JobAnswer]:
         # One job creation per tenant at a time (SQLite: BEGIN IMMEDIATE already), so the queue
         # count and the model-name check hold until the row is in. FOR NO KEY UPDATE: spends'
         # inserts referencing the tenant (FOR KEY SHARE) do not wait for it.
@@ -282,21 +290,22 @@ def create_job(
             tenant_id=tenant_id,
             dataset_id=dataset_id,
         )
-        return idempotency.Outcome(job_json(row), [event])
+        return idempotency.Outcome(JobAnswer.of(row), [event])
 
-    return idempotency.execute_json(
+    return idempotency.execute(
         db,
         tenant_id=tenant_id,
         operation="create_job",
         request={"dataset_id": dataset_id, "algorithm": algorithm, "params": document},
         idempotency_key=idempotency_key,
         body=body,
+        replay=JobAnswer.from_json,
         status_code=201,
         now=now,
     )
 
 
-def get_job(db: Database, tenant_id: str, job_id: str) -> dict[str, Any]:
+def get_job(db: Database, tenant_id: str, job_id: str) -> JobDetail:
     """The job (another tenant's answers ``NotFound``), with all its versions."""
     with db.session(readonly=True) as session:
         return answer_one(session, tenant_id, job_id)
@@ -304,7 +313,7 @@ def get_job(db: Database, tenant_id: str, job_id: str) -> dict[str, Any]:
 
 def list_jobs(
     db: Database, tenant_id: str, *, dataset_id: str | None = None, limit: int = 100, offset: int = 0
-) -> dict[str, Any]:
+) -> JobsPage:
     """The tenant's jobs, newest first: ``{data, count}`` (page bounds: module docstring)."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidInput("limit", f"must be in [1, {MAX_PAGE}]. Found {limit}.")
@@ -319,8 +328,8 @@ def list_jobs(
         ).all()
         count = session.scalar(select(func.count()).select_from(Job).where(*where))
         versions, totals = versions_of(session, [r[0].id for r in found], most=MAX_LISTED_VERSIONS)
-        data = [
-            job_json(
+        data = tuple(
+            JobAnswer.of(
                 r[0],
                 versions[r[0].id],
                 params=r.bounded_params,
@@ -328,11 +337,11 @@ def list_jobs(
                 versions_total=totals[r[0].id],
             )
             for r in found
-        ]
-        return {"data": data, "count": count or 0}
+        )
+        return JobsPage(data, count or 0)
 
 
-def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | None = None) -> dict[str, Any]:
+def cancel_job(db: Database, tenant_id: str, job_id: str, *, now: datetime | None = None) -> JobDetail:
     """Cancel: a queued job now; a running one when its worker next heartbeats (``cancel_requested``).
 
     Cancelling a cancelled job answers it unchanged; a succeeded or failed one is a ``Conflict``

@@ -49,7 +49,7 @@ def _dataset(
     dataset = datasets.create_dataset(db, tenant, name=unique("ds"), budget=budget).id
     ids: list[list[str]] = []
     for size in tasks:
-        task = batches.create_task(db, tenant, dataset, name=unique("task"))["id"]
+        task = batches.create_task(db, tenant, dataset, name=unique("task")).id
         created = batches.create_batches(
             db,
             tenant,
@@ -57,7 +57,7 @@ def _dataset(
             task,
             batches=[{"name": unique("b"), "records": [unique("r")]} for _ in range(size)],
         )
-        ids.append([b["id"] for b in created["data"]])
+        ids.append([b.id for b in created.data])
     return dataset, ids
 
 

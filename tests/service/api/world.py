@@ -52,10 +52,10 @@ def make_world(db: Database, tenant: str) -> World:
         db,
         tenant,
         dataset.id,
-        task["id"],
+        task.id,
         batches=[{"name": unique("batch"), "records": [unique("r"), unique("r")]}],
     )
-    batch = created["data"][0]["id"]
+    batch = created.data[0].id
     done = reservations.reserve(db, tenant, dataset.id, event=parse_event(PURE), batch_ids=[batch]).to_json()
     commit = reservations.commit(
         db, tenant, done["id"], release={"model": "m", "version": unique("v")}
@@ -64,7 +64,7 @@ def make_world(db: Database, tenant: str) -> World:
     return World(
         tenant=tenant,
         dataset=dataset.id,
-        task=task["id"],
+        task=task.id,
         batch=batch,
         reservation=held["id"],
         certificate=commit["certificate"]["id"],

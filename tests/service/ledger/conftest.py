@@ -46,7 +46,7 @@ def make_dataset(ledger: Database) -> MakeDataset:
         ds = datasets.create_dataset(ledger, tenant, name=f"dataset-{secrets.token_hex(4)}", budget=budget).id
         layout = Layout(ds)
         for t, count in enumerate(tasks):
-            task = batches.create_task(ledger, tenant, ds, name=f"task-{t}")["id"]
+            task = batches.create_task(ledger, tenant, ds, name=f"task-{t}").id
             created = batches.create_batches(
                 ledger,
                 tenant,
@@ -58,7 +58,7 @@ def make_dataset(ledger: Database) -> MakeDataset:
                 ],
             )
             layout.tasks.append(task)
-            layout.batches.append([row["id"] for row in created["data"]])
+            layout.batches.append([row.id for row in created.data])
         return layout
 
     return make

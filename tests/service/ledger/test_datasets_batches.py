@@ -73,24 +73,24 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
         ledger,
         "t1",
         ds,
-        task["id"],
+        task.id,
         batches=[{"name": "b0", "records": ["a", "b", 3]}, {"name": "b1", "records": ["c"]}],
     )
-    assert [(b["name"], b["size"]) for b in created["data"]] == [("b0", 3), ("b1", 1)]
+    assert [(b.name, b.size) for b in created.data] == [("b0", 3), ("b1", 1)]
     with pytest.raises(BatchOverlap) as info:
         batches.create_batches(
-            ledger, "t1", ds, task["id"], batches=[{"name": "b2", "records": ["x", "y", "3", "c"]}]
+            ledger, "t1", ds, task.id, batches=[{"name": "b2", "records": ["x", "y", "3", "c"]}]
         )
     assert info.value.record_id == "3"  # the first shared record, as the client gave it
     with pytest.raises(BatchOverlap) as info:
-        batches.create_batches(ledger, "t1", ds, task["id"], batches=[{"name": "b3", "records": ["z", "z"]}])
+        batches.create_batches(ledger, "t1", ds, task.id, batches=[{"name": "b3", "records": ["z", "z"]}])
     assert info.value.record_id == "z"
     assert batches.count_records(ledger, ds) == 4  # refused calls stored nothing
     assert batches.list_batches(ledger, "t1", ds)["count"] == 2
     # Another dataset may hold the same record ids; only hashes are stored.
     ds2 = datasets.create_dataset(ledger, "t1", name="d2", budget=BUDGET).id
     task2 = batches.create_task(ledger, "t1", ds2, name="task-1")
-    batches.create_batches(ledger, "t1", ds2, task2["id"], batches=[{"name": "b0", "records": ["a"]}])
+    batches.create_batches(ledger, "t1", ds2, task2.id, batches=[{"name": "b0", "records": ["a"]}])
     with ledger.session(readonly=True) as session:
         stored = session.scalars(select(BatchRecord.record_hash)).all()
         assert all(b"a" != bytes(h) and len(h) == 32 for h in stored)
@@ -99,7 +99,7 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
 
 def test_concurrent_overlapping_batches_one_wins(ledger: Database) -> None:
     ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET).id
-    task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
+    task = batches.create_task(ledger, "t1", ds, name="task-1").id
     results: list[object] = []
 
     def create(i: int) -> None:
@@ -121,7 +121,7 @@ def test_concurrent_overlapping_batches_one_wins(ledger: Database) -> None:
 
 def test_batch_input_errors_name_the_field(ledger: Database) -> None:
     ds = datasets.create_dataset(ledger, "t1", name="d", budget=BUDGET).id
-    task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
+    task = batches.create_task(ledger, "t1", ds, name="task-1").id
     cases = [
         ([], "batches"),
         ([{"name": "", "records": ["a"]}], "batches[0].name"),
@@ -161,7 +161,7 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
     refused naming its field, a repeat naming the record, and nothing is stored."""
 
     ds = datasets.create_dataset(ledger, "t1", name="bulk", budget=BUDGET).id
-    task = batches.create_task(ledger, "t1", ds, name="task-1")["id"]
+    task = batches.create_task(ledger, "t1", ds, name="task-1").id
     sent = [{"name": f"b{i}", "records": [f"r{i}-{j}" for j in range(7)]} for i in range(300)]
     sent.append({"name": "ints", "records": [10**6 + j for j in range(5)]})
     sent.append({"name": "mixed", "records": ["m", 7, "x" * batches.MAX_RECORD_ID_LENGTH]})
@@ -188,8 +188,8 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
             batches.create_batches(ledger, "t1", ds, task, batches=[*sent, repeat])
         assert over.value.record_id == shared
     assert batches.count_records(ledger, ds) == 0
-    created = batches.create_batches(ledger, "t1", ds, task, batches=sent)["data"]
-    assert [(b["name"], b["size"]) for b in created] == [(b["name"], len(b["records"])) for b in sent]
+    created = batches.create_batches(ledger, "t1", ds, task, batches=sent).data
+    assert [(b.name, b.size) for b in created] == [(b["name"], len(b["records"])) for b in sent]
     with ledger.session(readonly=True) as session:
         salt = session.get(Dataset, ds).record_salt
         stored = session.execute(  # through the integer keys: batch key -> its batch's id
@@ -199,7 +199,7 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
         ).all()
         assert session.scalar(select(func.count()).select_from(BatchRecord)) == len(stored)
     expected = {
-        (made["id"], hmac.new(salt, str(record).encode(), hashlib.sha256).digest())
+        (made.id, hmac.new(salt, str(record).encode(), hashlib.sha256).digest())
         for made, batch in zip(created, sent, strict=True)
         for record in batch["records"]
     }

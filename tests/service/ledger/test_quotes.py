@@ -34,11 +34,11 @@ _names = itertools.count(1)  # dataset names are unique per tenant
 def _dataset(db: Database, count: int, budget: dict[str, Any] = BASIC) -> tuple[str, list[str]]:
     """A dataset of ``count`` one-record batches in one task, every batch in the empty state."""
     ds = datasets.create_dataset(db, "t1", name=f"d{next(_names)}", budget=budget).id
-    task = batches.create_task(db, "t1", ds, name="task")["id"]
+    task = batches.create_task(db, "t1", ds, name="task").id
     made = batches.create_batches(
         db, "t1", ds, task, batches=[{"name": f"b{i}", "records": [f"r{i}"]} for i in range(count)]
     )
-    return ds, [row["id"] for row in made["data"]]
+    return ds, [row.id for row in made.data]
 
 
 def _spend(db: Database, ds: str, batch_ids: list[str], epsilon: str) -> None:
@@ -111,7 +111,7 @@ def test_a_quote_prices_once_per_state_class_and_its_answer_does_not_grow_with_t
     assert abs(len(json.dumps(answer)) - len(json.dumps(small_answer))) < 50
     # By tasks: the same classes, the same single pricing per class.
     pricings.clear()
-    task_id = batches.list_tasks(ledger, "t1", ds)["data"][0]["id"]
+    task_id = batches.list_tasks(ledger, "t1", ds).data[0].id
     by_task = quotes.quote(
         ledger, "t1", ds, event=parse_event(event), task_ids=[task_id], accountants=False
     ).to_json()

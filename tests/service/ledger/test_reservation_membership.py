@@ -48,7 +48,7 @@ def _add(ledger: Database, ds: Layout, task: int, names: list[str]) -> list[str]
         ds.tasks[task],
         batches=[{"name": n, "records": [f"{n}-{i}" for i in range(2)]} for n in names],
     )
-    return [row["id"] for row in created["data"]]
+    return [row.id for row in created.data]
 
 
 def _whole_task_rows(ledger: Database, reservation_id: str) -> tuple[int, int]:

@@ -245,7 +245,7 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
     for step in plan:
         if step[0] == "add":
             if step[1] == len(tasks):  # a new, empty task
-                tasks.append(batches.create_task(ledger, "t1", ds.id, name=f"added-{len(tasks)}")["id"])
+                tasks.append(batches.create_task(ledger, "t1", ds.id, name=f"added-{len(tasks)}").id)
                 task_batches.append([])
             task = tasks[step[1]]
             before = ledger.read_all(select(Task.state_id).where(Task.id == task))[0][0]
@@ -257,10 +257,10 @@ def _run(ledger: Database, make_dataset: MakeDataset, rule: str, plan: list[tupl
                 task,
                 batches=[{"name": f"added-{len(every)}", "records": [f"added-{len(every)}"]}],
             )
-            for b in made["data"]:
-                task_batches[step[1]].append(b["id"])
-                every.append(b["id"])
-                oracle.states[b["id"]] = rules.BatchState.empty()
+            for b in made.data:
+                task_batches[step[1]].append(b.id)
+                every.append(b.id)
+                oracle.states[b.id] = rules.BatchState.empty()
             # Born compact into a task with no batches or compact in the empty state; else
             # every batch of the task has its own pointer (materialised, or as before).
             after = ledger.read_all(select(Task.state_id).where(Task.id == task))[0][0]

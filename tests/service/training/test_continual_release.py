@@ -46,6 +46,7 @@ from service.ledger import (  # noqa: E402
     spent,
     tenancy,
 )
+from service.ledger.jobs.answers import JobDetail  # noqa: E402
 from service.training.continual_release import (  # noqa: E402
     ContinualReleaseTrainer,
     budget_for,
@@ -480,13 +481,13 @@ def _stream_dataset(db: Database, budget: dict[str, Any]) -> tuple[str, list[str
         db,
         "acme",
         dataset.id,
-        task["id"],
+        task.id,
         batches=[{"name": f"block-{i}", "records": ids[i * 8 : (i + 1) * 8]} for i in range(12)],
     )
-    return dataset.id, [b["id"] for b in created["data"]]
+    return dataset.id, [b.id for b in created.data]
 
 
-def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[str, Any]:
+def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> JobDetail:
     job = jobs.queue.create_job(
         db,
         "acme",
@@ -495,8 +496,8 @@ def _run(db: Database, tmp_path: Path, dataset_id: str, **params: Any) -> dict[s
         params={"seed": 1, **params},
     )
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
-    assert worker.run_once() == job["id"]
-    return jobs.queue.get_job(db, "acme", job["id"])
+    assert worker.run_once() == job.id
+    return jobs.queue.get_job(db, "acme", job.id)
 
 
 @pytest.mark.slow
@@ -506,9 +507,9 @@ def test_a_job_releases_every_stage_at_its_level_within_the_budget(
 ) -> None:
     dataset_id, block_ids = _stream_dataset(db, budget_for(mode, 1.0))
     job = _run(db, tmp_path, dataset_id, mode=mode, epsilon=1.0, sampling=sampling, window_levels=2)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     expected = stages_of(12, 8, mode=mode, epsilon=1.0, sampling=sampling, window_levels=2)
-    versions = versions_of(db, job["id"])
+    versions = versions_of(db, job.job.id)
     assert [v.step for v in versions] == [s.index for s in expected]
     running = Decimal(0)
     for version, stage in zip(versions, expected, strict=True):
@@ -529,7 +530,7 @@ def test_a_job_whose_budget_is_smaller_than_its_plan_is_stopped_by_the_ledger(
 ) -> None:
     dataset_id, _ = _stream_dataset(db, budget_for("cumulative", 0.5))
     job = _run(db, tmp_path, dataset_id, mode="cumulative", epsilon=1.0)  # plans ε/2 at level 0
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "budget_exceeded" and job["error"]["stage"] == 1
-    assert versions_of(db, job["id"]) == []
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "budget_exceeded" and job.job.error["stage"] == 1
+    assert versions_of(db, job.job.id) == []
     assert spent.get_spend(db, "acme", dataset_id).spent.epsilon_spent == 0

@@ -18,6 +18,7 @@ from service.ledger import (  # noqa: E402
     jobs,
     spent,
 )
+from service.ledger.jobs.answers import JobDetail  # noqa: E402
 from service.training.agem import agem_project, average_accuracy, average_forgetting  # noqa: E402
 from service.training.l2dp_ml import (  # noqa: E402
     L2dpMlParams,
@@ -277,11 +278,11 @@ def _dataset(db: Database, budget: dict[str, str]) -> tuple[str, list[list[str]]
 
 def _job(
     db: Database, tmp_path: Path, dataset_id: str, algorithm: str, params: dict[str, object]
-) -> dict[str, object]:
+) -> JobDetail:
     job = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm=algorithm, params=params)
     worker = Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu")
-    assert worker.run_once() == job["id"]
-    return jobs.queue.get_job(db, "acme", job["id"])
+    assert worker.run_once() == job.id
+    return jobs.queue.get_job(db, "acme", job.id)
 
 
 L2DP = {
@@ -309,13 +310,13 @@ def test_a_job_whose_noise_would_swamp_the_model_is_refused_at_submission(db: Da
     assert info.value.field == "params.epsilon1"
     assert "batches of >= 8704 records at ε1 = 1" in str(info.value)
     assert "ε1 >= 108.8 at |B| = 80" in str(info.value)
-    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 0
+    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id).count == 0
     enough = {**params, "epsilon1": 108.8}
     jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params=enough)
     jobs.queue.create_job(
         db, "acme", dataset_id=dataset_id, algorithm="l2dp_ml", params={**params, "noise_check": False}
     )
-    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id)["count"] == 2
+    assert jobs.queue.list_jobs(db, "acme", dataset_id=dataset_id).count == 2
 
 
 @pytest.mark.slow
@@ -324,8 +325,8 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
         db, {"rule": "lifelong", "epsilon": "30", "delta": "1e-5", "accountant": "basic"}
     )
     job = _job(db, tmp_path, dataset_id, "l2dp_ml", {**L2DP, "epochs": 2})
-    assert job["status"] == "succeeded", job["error"]
-    versions = versions_of(db, str(job["id"]))
+    assert job.job.status == "succeeded", job.job.error
+    versions = versions_of(db, str(job.job.id))
     assert [v.step for v in versions] == [1, 2, 3]
     assert [v.metrics["memory_batches"] for v in versions] == [0, 1, 2]
     assert all(v.metrics["theta1_norm"] <= 2.0 + 1e-6 for v in versions)
@@ -344,12 +345,12 @@ def test_l2dp_ml_epsilon_stays_one_batch_epsilon_and_replays_are_free(db: Databa
 
     # Same seed, other epochs and task order: every read replays committed noise, ε unchanged.
     again = _job(db, tmp_path, dataset_id, "l2dp_ml", {**L2DP, "epochs": [1, 3, 2], "task_order": [2, 0, 1]})
-    assert again["status"] == "succeeded", again["error"]
+    assert again.job.status == "succeeded", again.job.error
     assert spent.get_spend(db, "acme", dataset_id).spent.epsilon_spent == answer.epsilon_spent
 
     # Another seed is fresh noise on spent batches: charged sequentially, refused past the budget.
     fresh = _job(db, tmp_path, dataset_id, "l2dp_ml", {**L2DP, "seed": 12, "epsilon1": 20.0})
-    assert fresh["status"] == "failed" and fresh["error"]["error"] == "budget_exceeded"  # type: ignore[index]
+    assert fresh.job.status == "failed" and fresh.job.error["error"] == "budget_exceeded"  # type: ignore[index]
 
 
 @pytest.mark.slow
@@ -358,8 +359,8 @@ def test_naive_gaussian_epsilon_grows_with_tasks(db: Database, tmp_path: Path) -
     # target_budget_epsilon: the stages fit the sequential budget of 8 (target_epsilon before issue 24)
     params = {"target_budget_epsilon": 8.0, "delta": 1e-5, "seed": 3}
     job = _job(db, tmp_path, dataset_id, "naive_gaussian", params)
-    assert job["status"] == "succeeded", job["error"]
-    versions = versions_of(db, str(job["id"]))
+    assert job.job.status == "succeeded", job.job.error
+    versions = versions_of(db, str(job.job.id))
     from service.ledger import certificates
 
     eps = [
@@ -386,8 +387,8 @@ def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Databas
 
     dataset_id, _ = _dataset(db, {"rule": "sequential", "epsilon": "8", "delta": "1e-5", "accountant": "rdp"})
     refused = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": 8.0, "seed": 3})
-    assert refused["status"] == "failed"
-    error = refused["error"]
+    assert refused.job.status == "failed"
+    error = refused.job.error
     assert isinstance(error, dict)
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
     largest = error["largest_target_epsilon"]
@@ -397,8 +398,8 @@ def test_naive_gaussian_target_epsilon_is_the_whole_runs_own_epsilon(db: Databas
     assert held == [] and spent.get_spend(db, "acme", dataset_id).to_json()["epsilon_spent"] == "0"
 
     job = _job(db, tmp_path, dataset_id, "naive_gaussian", {"target_epsilon": largest, "seed": 3})
-    assert job["status"] == "succeeded", job["error"]
-    metrics = [v.metrics for v in versions_of(db, str(job["id"]))]
+    assert job.job.status == "succeeded", job.job.error
+    metrics = [v.metrics for v in versions_of(db, str(job.job.id))]
     assert len(metrics) == 3
     run = naive_run_event(
         sampling_probability=0.2,

@@ -41,6 +41,7 @@ from service.db.session import Database  # noqa: E402
 from service.ledger import batches, certificates, datasets, jobs, spent, tenancy  # noqa: E402
 from service.ledger import model_registry as registry  # noqa: E402
 from service.ledger.errors import ChargeRefused, InvalidInput  # noqa: E402
+from service.ledger.jobs.answers import JobDetail  # noqa: E402
 from service.training.data import load_data  # noqa: E402
 from service.training.dp_sgd import dp_sgd_event  # noqa: E402
 from service.training.feature_extractor import ExtractorSpec, pretrained_extractor, unit_features  # noqa: E402
@@ -310,7 +311,7 @@ def _job(
     algorithm: str,
     loader: CountingLoader | None = None,
     **params: Any,
-) -> dict[str, Any]:
+) -> JobDetail:
     job = jobs.queue.create_job(
         db,
         "acme",
@@ -321,8 +322,8 @@ def _job(
     worker = Worker(
         db, artifact_dir=tmp_path / "artifacts", device="cpu", **({"loader": loader} if loader else {})
     )
-    assert worker.run_once() == job["id"]
-    return jobs.queue.get_job(db, "acme", job["id"])
+    assert worker.run_once() == job.id
+    return jobs.queue.get_job(db, "acme", job.id)
 
 
 def reservations_of(db: Database, dataset_id: str) -> list[str]:
@@ -349,7 +350,7 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
     dataset_id, _ = _dataset(db, "parallel", "1")
     # target_budget_epsilon: each task charged (just) within the budget of 1
     job = _job(db, tmp_path, dataset_id, algorithm, target_budget_epsilon=1.0, delta=DELTA)
-    assert job["status"] == "succeeded", job.get("error")
+    assert job.job.status == "succeeded", job.job.error
     versions = _versions(db, f"{algorithm}-{dataset_id[-6:]}")
     assert len(versions) == 3
     for version in versions:
@@ -377,7 +378,7 @@ def test_parallel_algorithms_release_one_certified_version_per_task_within_epsil
 def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "8")
     job = _job(db, tmp_path, dataset_id, "cosine_classifier", target_budget_epsilon=8.0, delta=DELTA)
-    assert job["status"] == "succeeded", job.get("error")
+    assert job.job.status == "succeeded", job.job.error
     metrics = _versions(db, f"cosine_classifier-{dataset_id[-6:]}")[-1].metrics
     assert metrics["average_accuracy"] > 0.7  # chance is 0.1; a broken classifier fails this
     assert metrics["average_forgetting"] < 0.2
@@ -387,8 +388,8 @@ def test_cosine_classifier_learns_from_noisy_sums(db: Database, tmp_path: Path) 
 def test_full_data_is_refused_its_second_stage_on_a_parallel_dataset(db: Database, tmp_path: Path) -> None:
     dataset_id, _ = _dataset(db, "parallel", "1")
     job = _job(db, tmp_path, dataset_id, "peft_full_data", target_budget_epsilon=1.0, delta=DELTA)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "batch_already_read" and job["error"]["stage"] == 2
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "batch_already_read" and job.job.error["stage"] == 2
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 1  # task 1's release stays
 
 
@@ -398,7 +399,7 @@ def test_full_data_on_a_sequential_dataset_charges_old_tasks_once_per_release(
 ) -> None:
     dataset_id, _ = _dataset(db, "sequential", "10")
     job = _job(db, tmp_path, dataset_id, "peft_full_data", target_epsilon=1.0, delta=DELTA)
-    assert job["status"] == "succeeded", job.get("error")
+    assert job.job.status == "succeeded", job.job.error
     assert len(_versions(db, f"peft_full_data-{dataset_id[-6:]}")) == 3
     tasks = spent.get_spend(db, "acme", dataset_id).tasks
     first, second, last = (t.epsilon_spent for t in tasks)
@@ -420,7 +421,7 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
     for split in source.train:
         task = batches.create_task(db, "acme", dataset.id, name=f"t{split.task}")
         batches.create_batches(
-            db, "acme", dataset.id, task["id"], batches=[{"name": "b", "records": list(split.record_ids)}]
+            db, "acme", dataset.id, task.id, batches=[{"name": "b", "records": list(split.record_ids)}]
         )
     job = jobs.queue.create_job(
         db,
@@ -430,9 +431,9 @@ def test_a_source_without_public_split_fails_the_job(db: Database, tmp_path: Pat
         params={"target_budget_epsilon": 1.0, "delta": DELTA},
     )
     Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once()
-    answer = jobs.queue.get_job(db, "acme", job["id"])
-    assert answer["status"] == "failed"
-    assert "public split" in answer["error"]["message"]
+    answer = jobs.queue.get_job(db, "acme", job.id)
+    assert answer.job.status == "failed"
+    assert "public split" in answer.job.error["message"]
     assert spent.get_spend(db, "acme", dataset.id).to_json()["epsilon_spent"] == "0"  # nothing released
 
 
@@ -441,7 +442,7 @@ def test_invalid_params_are_refused_at_submit_naming_the_field(db: Database, tmp
     with pytest.raises(InvalidInput) as refused:
         _job(db, tmp_path, dataset_id, "peft_ensemble", target_epsilon=1.0, delta=DELTA, learning_rat=0.1)
     assert refused.value.field == "params.learning_rat"
-    assert jobs.queue.list_jobs(db, "acme")["count"] == 0  # nothing queued, nothing to run
+    assert jobs.queue.list_jobs(db, "acme").count == 0  # nothing queued, nothing to run
     assert Worker(db, artifact_dir=tmp_path / "artifacts", device="cpu").run_once() is None
 
 
@@ -502,8 +503,8 @@ def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_t
     dataset_id, _ = _dataset(db, "parallel", "1")
     loader = CountingLoader()
     job = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=1.05)  # δ: the budget's
-    assert job["status"] == "failed"
-    error = job["error"]
+    assert job.job.status == "failed"
+    error = job.job.error
     assert error["error"] == "budget_exceeded" and error["field"] == "params.target_epsilon"
     assert error["stage"] == 1 and "Nothing was reserved or read" in error["message"]
     largest = error["largest_target_epsilon"]
@@ -514,11 +515,11 @@ def test_a_target_the_budget_cannot_admit_is_refused_unread_naming_the_largest_t
 
     # the largest on the grid: one step (10⁻⁴) more is refused again, unread, naming the same
     above = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=round(largest + 1e-4, 4))
-    assert above["status"] == "failed" and above["error"]["error"] == "budget_exceeded"
-    assert above["error"]["largest_target_epsilon"] == largest
+    assert above.job.status == "failed" and above.job.error["error"] == "budget_exceeded"
+    assert above.job.error["largest_target_epsilon"] == largest
 
     fits = _job(db, tmp_path, dataset_id, algorithm, loader=loader, target_epsilon=largest)
-    assert fits["status"] == "succeeded", fits.get("error")
+    assert fits.job.status == "succeeded", fits.job.error
     versions = _versions(db, f"{algorithm}-{dataset_id[-6:]}")
     assert len(versions) == 3
     for version in versions:
@@ -545,7 +546,7 @@ def test_full_data_on_a_parallel_dataset_is_refused_unread_with_target_epsilon(
     dataset_id, _ = _dataset(db, "parallel", "10")
     loader = CountingLoader()
     job = _job(db, tmp_path, dataset_id, "peft_full_data", loader=loader, target_epsilon=1.0)
-    assert job["status"] == "failed"
-    assert job["error"]["error"] == "batch_already_read" and job["error"]["stage"] == 2
-    assert "largest_target_epsilon" not in job["error"]
+    assert job.job.status == "failed"
+    assert job.job.error["error"] == "batch_already_read" and job.job.error["stage"] == 2
+    assert "largest_target_epsilon" not in job.job.error
     assert loader.opened == [] and reservations_of(db, dataset_id) == []

@@ -102,7 +102,7 @@ def test_the_audited_model_is_a_dp_sgd_model_of_the_data(digits: LoadedData) -> 
 
 def _queue(db: Database, dataset_id: str, **params: Any) -> str:
     answer = jobs.queue.create_job(db, "acme", dataset_id=dataset_id, algorithm="dp_sgd_audit", params=params)
-    return str(answer["id"])
+    return str(answer.id)
 
 
 def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database, tmp_path: Path) -> None:
@@ -112,17 +112,17 @@ def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database,
     job_id = _queue(db, world.dataset_id, **{**CLAIM, "canaries": 500, "seed": 5, "model_name": "audit"})
     assert worker.run_once() == job_id
     job = jobs.queue.get_job(db, "acme", job_id)
-    assert job["status"] == "succeeded", job["error"]
+    assert job.job.status == "succeeded", job.job.error
     assert loader.opened == [DIGITS]
 
     # Charged as the DP-SGD run it is: the reservation is committed, the dataset's spend moved.
     dataset_spend = spent.get_spend(db, "acme", world.dataset_id).spent
-    assert dataset_spend.epsilon_spent == Decimal(job["epsilon_committed"]) > 0
+    assert dataset_spend.epsilon_spent == Decimal(job.job.epsilon_committed) > 0
 
     (version,) = versions_of(db, job_id)
     audit = version.metrics["privacy_audit"]
     assert audit["canaries"] == 500 and audit["confidence"] == 0.95
-    assert job["metrics"]["privacy_audit"] == audit  # the job's result reports it too
+    assert job.job.metrics["privacy_audit"] == audit  # the job's result reports it too
 
     answer = registry.get_version(db, "acme", "audit", version.version)
     # Against the run's own bound at the budget's δ, not the filter's budget share (issue 24 §3).
