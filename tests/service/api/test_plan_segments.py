@@ -208,7 +208,7 @@ def test_concurrent_declarations_take_what_is_left_once(database_url: URL, db: D
     tenancy.create_tenant(db, "acme")
     dataset = datasets.create_dataset(db, "acme", name="race", budget=BUDGET).id
     task = batch_ledger.create_task(db, "acme", dataset, name="t")
-    batch_ledger.create_batches(db, "acme", dataset, task["id"], batches=[{"name": "b", "records": ["r"]}])
+    batch_ledger.create_batches(db, "acme", dataset, task.id, batches=[{"name": "b", "records": ["r"]}])
     pools = [Database(database_url), Database(database_url)]
     outcomes: list[object] = []
     start = threading.Barrier(2)
