@@ -264,7 +264,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     started last would keep one xdist worker busy after the other has finished. A module's tests
     stay together, so a module-scoped fixture is set up once per worker. Then the PostgreSQL
     cases outside ``FAST_POSTGRES`` are marked ``slow`` (after the sort: they do not move their
-    module to the front)."""
+    module to the front), and in the fast loop property tests are capped (``_cap_examples``)."""
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_modules)
     for item in items:
