@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import URL, make_url
 
 from service.db.migrations import upgrade
@@ -189,8 +190,13 @@ generates its cases while pytest collects, in every xdist process (about half of
 collection). The fast loop (``-m "not slow"``, README "Development") does not collect them."""
 
 
+def fast_loop(config: pytest.Config) -> bool:
+    """Whether this run is the fast loop: ``-m "not slow"`` exactly (README "Development")."""
+    return (config.getoption("markexpr") or "").split() == ["not", "slow"]
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if (config.getoption("markexpr") or "").split() != ["not", "slow"]:
+    if not fast_loop(config):
         return None
     relative = (
         collection_path.relative_to(config.rootpath).as_posix()
@@ -200,11 +206,57 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if relative in SLOW_ONLY_MODULES else None
 
 
-FAST_POSTGRES: Final = ("tests/service/ledger/",)
-"""Where the fast loop (``-m "not slow"``) runs the PostgreSQL case of a ``backend`` test too: the
-ledger's own tests, which hold its PostgreSQL-only SQL (the spend store, ``COPY`` of batch
-records). Elsewhere a test's PostgreSQL case is marked ``slow``: its SQLite case runs the same
-code above the database, and the whole suite (CI) runs both."""
+FAST_POSTGRES: Final = (
+    # The spend store's SQL: the head read ``FOR UPDATE``, ``INSERT … ON CONFLICT DO NOTHING`` of
+    # new states, no overlay write, the statements of a spend counted (test_spend_statements); the
+    # compact pass's server-side cursor over task ids and ``COLLATE "C"`` batch order, by the
+    # state-class property tests with one rule (the rules are above the store: their SQLite
+    # cases and the whole suite run the other three).
+    "tests/service/ledger/test_spend_statements.py",
+    "tests/service/ledger/test_state_classes.py::test_any_charges_on_any_subsets_match_one_state_per_batch[postgres-sequential]",
+    "tests/service/ledger/test_state_classes.py::test_whole_task_charges_on_compact_tasks_match_one_state_per_batch[postgres-sequential]",
+    "tests/service/ledger/test_state_classes.py::test_a_whole_task_charge_moves_one_task_pointer[postgres]",
+    "tests/service/ledger/test_reservation_membership.py",  # a reservation's batches in "C" order
+    "tests/service/ledger/test_datasets_batches.py",  # binary COPY of batches and record hashes
+    # Races and their isolation, which differ by server: row locks against SQLite's BEGIN
+    # IMMEDIATE, a failed statement aborting PostgreSQL's whole transaction (group commit), two
+    # processes' heads, constraint names translated to domain errors.
+    "tests/service/ledger/test_concurrency.py",
+    "tests/service/ledger/test_group_commit.py",
+    "tests/service/ledger/test_spend_known.py",
+    "tests/service/ledger/test_database.py",
+)
+"""The PostgreSQL cases of ``backend`` tests that the fast loop (``-m "not slow"``) runs too (test
+ids or their prefixes): the ledger's PostgreSQL-only SQL paths and the races, nothing else. Every
+other PostgreSQL case is marked ``slow`` here: its SQLite case runs the same code above the
+database, the cases kept here run the PostgreSQL statements beneath it, and the whole suite (CI)
+runs every case on both."""
+
+
+FAST_LOOP_PROFILE: Final = "fast-loop"
+hypothesis_settings.register_profile(FAST_LOOP_PROFILE, max_examples=5)
+"""The fast loop's hypothesis profile, loaded only there (``pytest_configure``); the whole suite
+runs on hypothesis' default profile and each test's own ``@settings``. In the fast loop a property
+test runs at most the profile's ``max_examples`` (``_cap_examples``): the loop is there to catch a
+break in the code it calls, which the first examples do (hypothesis tries its simplest and
+boundary cases first, and replays a failure it saved); the search for rare counterexamples, with
+each test's full count, is the whole suite's."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if fast_loop(config):
+        hypothesis_settings.load_profile(FAST_LOOP_PROFILE)
+
+
+def _cap_examples(items: list[pytest.Item]) -> None:
+    """Cap each property test's own ``@settings(max_examples=…)`` at the fast-loop profile's (an
+    explicit ``@settings`` takes precedence over a profile, so the profile alone would not)."""
+    cap = hypothesis_settings.get_profile(FAST_LOOP_PROFILE).max_examples
+    for item in items:
+        test = getattr(item, "obj", None)
+        chosen = getattr(test, "_hypothesis_internal_use_settings", None)
+        if chosen is not None and chosen.max_examples > cap:
+            test._hypothesis_internal_use_settings = hypothesis_settings(chosen, max_examples=cap)  # type: ignore[union-attr]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -212,16 +264,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     started last would keep one xdist worker busy after the other has finished. A module's tests
     stay together, so a module-scoped fixture is set up once per worker. Then the PostgreSQL
     cases outside ``FAST_POSTGRES`` are marked ``slow`` (after the sort: they do not move their
-    module to the front)."""
+    module to the front), and in the fast loop property tests are capped (``_cap_examples``)."""
     slow_modules = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow_modules)
-    root = config.rootpath
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("backend") != "postgres":
             continue
-        if not item.path.relative_to(root).as_posix().startswith(FAST_POSTGRES):
+        if not item.nodeid.startswith(FAST_POSTGRES):
             item.add_marker(pytest.mark.slow)
+    if fast_loop(config):
+        _cap_examples(items)
 
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

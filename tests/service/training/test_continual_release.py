@@ -113,6 +113,7 @@ def test_stream_source_is_seeded_bounded_and_a_prefix_of_longer_streams() -> Non
     assert 0.75 < np.mean((tx @ w > 0) == (ty == 1)) < 0.99
 
 
+@pytest.mark.slow
 def test_newton_reaches_the_tolerance_where_the_objective_cannot_resolve_the_decrease() -> None:
     # One-vs-rest digits (64 pixels on the sphere), n = 65 536 (the tolerance 10⁻⁶/n is tiny) and a
     # far anchor (a noisy earlier release at a small ε): the last Newton steps decrease the

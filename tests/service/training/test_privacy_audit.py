@@ -105,6 +105,7 @@ def _queue(db: Database, dataset_id: str, **params: Any) -> str:
     return str(answer.id)
 
 
+@pytest.mark.slow
 def test_an_audit_job_is_charged_and_its_version_shows_both_bounds(db: Database, tmp_path: Path) -> None:
     world = digits_dataset(db, epsilon="3", delta="1e-5")
     loader = CountingLoader()
