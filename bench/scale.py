@@ -166,7 +166,7 @@ def ratio(db: Database, wide: int) -> dict[str, Any]:
 
 
 def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
-    ds, tasks, _ = make_dataset(db, "basic", wide, 5)
+    ds, tasks, _ = make_dataset(db, "basic", wide, 5, name=f"heterogeneous-{wide}")
     ids = [b["id"] for t in tasks for b in batches_of(db, ds, t)]
     for k in range(100):  # earlier charges on 100 groups, each its own ε: 100 distinct states
         group = ids[k * wide // 100 : (k + 1) * wide // 100]
