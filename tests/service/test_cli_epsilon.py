@@ -314,3 +314,36 @@ def test_calibrate_finds_the_noise_the_dataset_charges_at_most_the_target_for(
     assert unreachable.returncode == 2 and unreachable.stderr.startswith("ledger calibrate: --target-epsilon")
     bad = calibrate("--sampling-probability", "1.5")
     assert bad.returncode == 2 and "--sampling-probability must be in (0, 1]" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("bad", "names"),
+    [
+        (["--target-epsilon", "0"], "--target-epsilon"),
+        (["--target-epsilon", "inf"], "--target-epsilon"),
+        (["--sampling-probability", "1.5"], "--sampling-probability"),
+        (["--sampling-probability", "0"], "--sampling-probability"),
+        (["--steps", "0"], "--steps"),
+        (["--url", ""], "--url"),
+    ],
+)
+def test_calibrate_refuses_bad_options_before_it_connects(
+    capsys: pytest.CaptureFixture[str], bad: list[str], names: str
+) -> None:
+    """``ledger calibrate`` in this process (the fast loop's run of the command; the end-to-end
+    test above is slow): each bad option exits 2 naming it, before any request (the URL is one
+    no server answers, so a request would fail otherwise)."""
+    good = {
+        "--dataset": "d",
+        "--target-epsilon": "1",
+        "--sampling-probability": "0.01",
+        "--steps": "100",
+        "--url": "http://127.0.0.1:9",
+        "--key": "k",
+    }
+    good.update(dict(zip(bad[::2], bad[1::2], strict=True)))
+    code = main(["calibrate", *[part for option in good.items() for part in option]])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    assert captured.err.startswith("ledger calibrate: ") and names in captured.err

@@ -206,3 +206,36 @@ def test_state_lives_in_one_home_and_a_missing_ledger_is_said_in_one_line(tmp_pa
     listed = run("keys", "list", "--tenant", "t", LEDGER_HOME=str(elsewhere / "home-flag"))
     assert listed.returncode == 0 and json.loads(listed.stdout)["count"] == 1
     assert [p.name for p in elsewhere.iterdir()] == ["home-flag"]
+
+
+def test_migrate_in_process_creates_the_schema_and_refuses_a_downgrade_without_a_revision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ledger migrate`` run by ``main`` in this process (the fast loop's run of the command; the
+    subprocess test above is slow): a new SQLite file is at the head revision, and ``--downgrade``
+    without ``--revision`` is refused before anything is touched."""
+    from service.cli import main
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["migrate", "--database-url", url]) == 0
+    assert capsys.readouterr().out.strip() == f"database at revision {migrations.head_revision()}"
+    assert migrations.current_revision(url) == migrations.head_revision()
+    assert main(["migrate", "--database-url", url, "--downgrade"]) == 2
+    assert "--revision" in capsys.readouterr().err
+    assert migrations.current_revision(url) == migrations.head_revision()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--lease-s", "0"], ["--poll-s", "-1"], ["--heartbeat-s", "0"]],
+)
+def test_worker_refuses_a_non_positive_interval_before_opening_the_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """``ledger worker`` with an interval ≤ 0 exits 2 naming the options, and creates no database."""
+    from service.cli import main
+
+    path = tmp_path / "ledger.db"
+    assert main(["worker", "--database-url", f"sqlite:///{path}", *argv]) == 2
+    assert "--lease-s, --heartbeat-s and --poll-s must be > 0" in capsys.readouterr().err
+    assert not path.exists()
