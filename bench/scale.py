@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -354,6 +356,23 @@ def beside(db: Database, count: int) -> dict[str, Any]:
     return out
 
 
+@contextmanager
+def bench_database(backend: str, postgres_url: str | None) -> Iterator[Database]:
+    """A fresh, migrated database (a temporary SQLite file, or a new PostgreSQL database) with the
+    benchmark's tenant, disposed of afterwards."""
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        fresh_database(backend, postgres_url, Path(workdir)) as url,
+    ):
+        migrations.upgrade(url)
+        db = Database(url)
+        try:
+            tenancy.create_tenant(db, TENANT)
+            yield db
+        finally:
+            db.dispose()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -370,31 +389,22 @@ def main() -> None:
     parser.add_argument("--cases", default="ratio,heterogeneous,large,beside,create,spend")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as workdir,
-        fresh_database(args.backend, args.postgres_url, Path(workdir)) as url,
-    ):
-        migrations.upgrade(url)
-        db = Database(url)
-        try:
-            tenancy.create_tenant(db, TENANT)
-            print(f"backend: {args.backend}")
-            cases = set(args.cases.split(","))
-            result: dict[str, Any] = {"backend": args.backend}
-            if "ratio" in cases:
-                result["ratio"] = ratio(db, args.wide)
-            if "heterogeneous" in cases:
-                result["heterogeneous"] = heterogeneous(db, args.wide)
-            if args.large and "large" in cases:
-                result["large"] = large(db, args.large, args.records)
-            if args.beside and "beside" in cases:
-                result["beside"] = beside(db, args.beside)
-            if args.create and "create" in cases:
-                result["create"] = create(db, args.create, args.records)
-            if args.spend and "spend" in cases:
-                result["spend"] = spend_query(db, args.spend, args.spend_calls)
-        finally:
-            db.dispose()
+    with bench_database(args.backend, args.postgres_url) as db:
+        print(f"backend: {args.backend}")
+        cases = set(args.cases.split(","))
+        result: dict[str, Any] = {"backend": args.backend}
+        if "ratio" in cases:
+            result["ratio"] = ratio(db, args.wide)
+        if "heterogeneous" in cases:
+            result["heterogeneous"] = heterogeneous(db, args.wide)
+        if args.large and "large" in cases:
+            result["large"] = large(db, args.large, args.records)
+        if args.beside and "beside" in cases:
+            result["beside"] = beside(db, args.beside)
+        if args.create and "create" in cases:
+            result["create"] = create(db, args.create, args.records)
+        if args.spend and "spend" in cases:
+            result["spend"] = spend_query(db, args.spend, args.spend_calls)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"written: {args.json}")

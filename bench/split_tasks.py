@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -28,10 +27,8 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import event  # noqa: E402
 
 from bench import scale  # noqa: E402
-from bench.ledger import fresh_database  # noqa: E402
-from service.db import migrations  # noqa: E402
 from service.db.session import Database  # noqa: E402
-from service.ledger import reservations, tenancy  # noqa: E402
+from service.ledger import reservations  # noqa: E402
 
 GROUPS = 100  # earlier charges, each on its own group of batches at its own ε: 100 states
 
@@ -95,18 +92,9 @@ def main() -> None:
     parser.add_argument("--wide", type=int, default=10_000)
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "split_tasks.json")
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory() as workdir,
-        fresh_database(args.backend, args.postgres_url, Path(workdir)) as url,
-    ):
-        migrations.upgrade(url)
-        db = Database(url)
-        try:
-            tenancy.create_tenant(db, scale.TENANT)
-            ds, tasks = split_dataset(db, args.wide)
-            result = {"backend": args.backend, "batches": args.wide, **timed_charge(db, ds, tasks)}
-        finally:
-            db.dispose()
+    with scale.bench_database(args.backend, args.postgres_url) as db:
+        ds, tasks = split_dataset(db, args.wide)
+        result = {"backend": args.backend, "batches": args.wide, **timed_charge(db, ds, tasks)}
     print(
         f"{args.backend}: {args.wide} batches in {result['classes']} states: reserve + commit "
         f"{result['wall_ms']:.1f} ms (this process's CPU {result['cpu_ms']:.1f} ms), answer "
