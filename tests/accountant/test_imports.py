@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 FORBIDDEN = ("service", "sqlalchemy", "fastapi", "torch")
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,3 +193,27 @@ def test_the_package_exports_its_public_surface_loaded_on_first_use() -> None:
     assert typed == {(module, name) for name, module in accountant._EXPORTS.items()}
     assert ROOT.joinpath("accountant", "py.typed").is_file()
     assert 'accountant = ["py.typed"]' in ROOT.joinpath("pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_a_public_name_is_loaded_from_its_module_on_first_use_and_then_kept() -> None:
+    """The same surface in this process (the fast loop's tracing sees it; the test above needs a
+    fresh interpreter for what ``import`` loads): with every public name dropped from the
+    package's namespace, ``dir`` still lists them, each first use loads the object of its module
+    and keeps it there, and an unknown name is an ``AttributeError`` that names it."""
+    import accountant
+
+    namespace = vars(accountant)
+    kept = {name: namespace.pop(name) for name in accountant.__all__ if name in namespace}
+    try:
+        assert set(accountant.__all__) <= set(dir(accountant))
+        assert not set(accountant.__all__) & set(namespace)
+        for name in accountant.__all__:
+            home = importlib.import_module(accountant._EXPORTS[name])
+            assert getattr(accountant, name) is getattr(home, name), name
+            assert namespace[name] is getattr(home, name), name
+        unknown = "no_such_name"
+        with pytest.raises(AttributeError, match=r"^module 'accountant' has no attribute 'no_such_name'$"):
+            getattr(accountant, unknown)
+        assert unknown not in namespace
+    finally:
+        namespace.update(kept)
