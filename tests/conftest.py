@@ -5,6 +5,10 @@
   head with ``service.db.migrations.upgrade``. Tests using it run once per backend.
 * ``db`` — a ``service.db.session.Database`` on ``database_url``, disposed after the test.
 * ``empty_database_url`` — the same, but never migrated (for migration tests).
+* ``template_keys`` — API keys for two tenants (``acme``, ``rival``) in every scope, plus a
+  revoked key (``Keys``). A test that asks for them (the API tests' ``keys`` fixture) gets its
+  database copied from a template that already holds them: made once per session and backend,
+  instead of eight keys (a transaction and an audit entry each, ~90 ms together) in every test.
 * ``_one_torch_thread`` (autouse) — torch, where a test module loaded it, runs on one intra-op
   thread during each test: the models are tiny, so extra threads buy nothing, and on a shared
   machine with few cores (two xdist workers on two cores) OpenMP's spinning threads made small
@@ -33,6 +37,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -42,6 +47,8 @@ from sqlalchemy.engine import URL, make_url
 
 from service.db.migrations import upgrade
 from service.db.session import Database
+from service.ledger import tenancy
+from service.server_secrets import KEY_HASH_SECRET_FILE
 
 POSTGRES_ENV = "LEDGER_TEST_POSTGRES_URL"
 
@@ -170,6 +177,65 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Keys:
+    """``keys.get(tenant, scope)``; ``revoked`` is an admin key of ``acme`` that was revoked."""
+
+    by_tenant_scope: dict[tuple[str, str], str]
+    revoked: str
+
+    def get(self, tenant: str, scope: str) -> str:
+        return self.by_tenant_scope[(tenant, scope)]
+
+
+def create_keys(db: Database) -> Keys:
+    """A key of each scope for ``acme`` and ``rival``, and a revoked admin key of ``acme``."""
+    found: dict[tuple[str, str], str] = {}
+    for tenant in ("acme", "rival"):
+        for scope in ("admin", "trainer", "viewer"):
+            found[(tenant, scope)] = tenancy.create_api_key(db, tenant, scope)
+    revoked = tenancy.issue_api_key(db, "acme", "admin")
+    tenancy.revoke_api_key(db, revoked["id"])
+    return Keys(found, revoked["key"])
+
+
+@dataclass(frozen=True)
+class KeyedTemplate:
+    """A migrated template holding ``keys`` (``database``: a SQLite file, whose key-hash secret
+    is beside it, or a PostgreSQL database name, whose secret is in the session's ledger home)."""
+
+    database: Path | str
+    keys: Keys
+
+
+@pytest.fixture(scope="session")
+def sqlite_keyed_template(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory) -> KeyedTemplate:
+    path = tmp_path_factory.mktemp("sqlite-keyed-template") / "ledger.db"
+    shutil.copyfile(sqlite_template, path)
+    db = Database(make_url(f"sqlite:///{path}"))
+    try:
+        return KeyedTemplate(path, create_keys(db))
+    finally:
+        db.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_keyed_template(postgres_server: PostgresServer, postgres_template: str) -> KeyedTemplate:
+    name = postgres_server.create(template=postgres_template)
+    db = Database(postgres_server.url(name))
+    try:
+        return KeyedTemplate(name, create_keys(db))
+    finally:
+        db.dispose()  # a template database takes no connections while it is copied
+
+
+@pytest.fixture
+def template_keys(backend: str, request: pytest.FixtureRequest) -> Keys:
+    """The keys in the test's database (``database_url`` copies the keyed template for it)."""
+    template: KeyedTemplate = request.getfixturevalue(f"{backend}_keyed_template")
+    return template.keys
+
+
 @pytest.fixture(autouse=True)
 def _one_torch_thread() -> Iterator[None]:
     torch = sys.modules.get("torch")  # collection imported it if any collected module needs it
@@ -287,15 +353,25 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
-    """A fresh database at the newest schema revision, on ``backend``."""
+    """A fresh database at the newest schema revision, on ``backend``; holding the keys of
+    ``template_keys`` where the test asks for them."""
+    keyed = "template_keys" in request.fixturenames
     if backend == "sqlite":
-        template: Path = request.getfixturevalue("sqlite_template")
         path = tmp_path / "ledger.db"
+        if keyed:
+            template: Path = request.getfixturevalue("sqlite_keyed_template").database
+            shutil.copyfile(template.parent / KEY_HASH_SECRET_FILE, tmp_path / KEY_HASH_SECRET_FILE)
+        else:
+            template = request.getfixturevalue("sqlite_template")
         shutil.copyfile(template, path)
         yield make_url(f"sqlite:///{path}")
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
-    name = server.create(template=request.getfixturevalue("postgres_template"))
+    name = server.create(
+        template=request.getfixturevalue("postgres_keyed_template").database
+        if keyed
+        else request.getfixturevalue("postgres_template")
+    )
     try:
         yield server.url(name)
     finally:

@@ -3,7 +3,8 @@
 * ``app`` / ``client`` — ``service.app.create_app`` on the ``db`` fixture (tests/conftest.py:
   a fresh, migrated SQLite file or PostgreSQL database), driven by Starlette's ``TestClient``
   (real HTTP semantics through the ASGI interface, lifespan included).
-* ``keys`` — API keys for two tenants (``acme``, ``rival``) in every scope, plus a revoked key.
+* ``keys`` — API keys for two tenants (``acme``, ``rival``) in every scope, plus a revoked key
+  (``tests/conftest.py``'s ``template_keys``: the test's database is copied with them in it).
 * ``METRICS_TOKEN`` — the operator's ``/metrics`` token of the ``settings`` fixture and of
   ``start_server`` (``/metrics`` takes no API key).
 * ``ledger_server`` — a real ``ledger serve`` (uvicorn) subprocess on ``database_url``, for the
@@ -30,8 +31,8 @@ from sqlalchemy.engine import URL
 
 from service.app import create_app
 from service.db.session import Database
-from service.ledger import tenancy
 from service.settings import Settings
+from tests.conftest import Keys
 
 with warnings.catch_warnings():
     # Starlette asks for httpx2 in a deprecation warning; httpx is what the project pins.
@@ -49,17 +50,6 @@ def url_text(url: URL) -> str:
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-@dataclass(frozen=True)
-class Keys:
-    """``keys.get(tenant, scope)``; ``revoked`` is an admin key of ``acme`` that was revoked."""
-
-    by_tenant_scope: dict[tuple[str, str], str]
-    revoked: str
-
-    def get(self, tenant: str, scope: str) -> str:
-        return self.by_tenant_scope[(tenant, scope)]
 
 
 @pytest.fixture
@@ -85,14 +75,8 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 
 @pytest.fixture
-def keys(db: Database) -> Keys:
-    found: dict[tuple[str, str], str] = {}
-    for tenant in ("acme", "rival"):
-        for scope in ("admin", "trainer", "viewer"):
-            found[(tenant, scope)] = tenancy.create_api_key(db, tenant, scope)
-    revoked = tenancy.issue_api_key(db, "acme", "admin")
-    tenancy.revoke_api_key(db, revoked["id"])
-    return Keys(found, revoked["key"])
+def keys(template_keys: Keys, db: Database) -> Keys:
+    return template_keys
 
 
 def free_port() -> int:
