@@ -31,8 +31,7 @@ from accountant.canonical import timestamp
 from service import server_secrets
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
-from service.api.responses import json_answer
-from service.api.schemas import ErrorBody
+from service.api.schemas import AuditEntriesPublic, ErrorBody
 from service.db.models import AuditEntry
 from service.db.session import Database
 from service.ledger.datasets import load_dataset
@@ -87,8 +86,11 @@ def chain_page(db: Database, tenant_id: str, dataset_id: str, *, after: int, lim
 
 @router.get(
     "/datasets/{dataset_id}/audit",
-    response_model=None,
+    response_model=AuditEntriesPublic,
+    # json.dumps, not pydantic's JSON writer: a payload's floats keep their bytes (1e-05, not 0.00001)
+    response_class=JSONResponse,
     responses={
+        200: {"description": "a page of the chain, up to its signed head"},
         401: {"model": ErrorBody, "description": "missing, unknown or revoked API key"},
         404: {"model": ErrorBody, "description": "unknown dataset, or another tenant's"},
         422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
@@ -101,5 +103,5 @@ def list_audit_entries(
     db: DatabaseDep,
     after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1000,
-) -> JSONResponse:
-    return json_answer(chain_page(db, principal.tenant_id, dataset_id, after=after, limit=limit))
+) -> dict[str, Any]:
+    return chain_page(db, principal.tenant_id, dataset_id, after=after, limit=limit)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, IdempotencyKeyDep, TrainerDep, ViewerDep
 from service.api.responses import documented, json_answer
-from service.api.schemas import ErrorBody
+from service.api.schemas import ErrorBody, JobDetailPublic, JobPublic, JobsPublic
 from service.ledger import jobs
 
 router = APIRouter(prefix=PREFIX, tags=["jobs"])
@@ -88,39 +88,6 @@ class JobCreate(BaseModel):
     )
 
 
-class JobProgress(BaseModel):
-    step: int
-    total: int | None
-
-
-class JobPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    id: str
-    dataset_id: str
-    algorithm: str
-    status: str = Field(description="queued | running | succeeded | failed | cancelled")
-    progress: JobProgress
-    epsilon_committed: str
-    metrics: dict[str, Any] | None
-    error: dict[str, Any] | None
-    versions: list[dict[str, Any]]
-    metric_history: dict[str, Any] | None = Field(
-        default=None,
-        description="`GET /v1/jobs/{id}` only (not in lists): `{every, points: [{step, checkpoint, "
-        "test_loss, test_accuracy}]}`, the iterate's held-out metrics every `every` steps and at "
-        "each checkpoint (at most 200 points), stored only once a commit covered those steps; "
-        "`null` before the first commit (DP-SGD and AdaDp, one-process runs).",
-    )
-
-
-class JobsPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    data: list[JobPublic]
-    count: int
-
-
 @router.post(
     "/jobs",
     status_code=201,
@@ -153,21 +120,25 @@ def create_job(
         idempotency_key=idempotency_key,
         limits=jobs.params.JobLimits.of(request.app.state.settings),
     )
+    # No response_model: a replay answers the stored answer byte for byte, as whichever server
+    # version stored it (``JobAnswer.from_json``), which a model would reorder or refuse.
+    # tests/service/api/test_documented_answers.py checks the answer against JobPublic.
     return json_answer(answer.to_json(), 201)
 
 
 @router.get(
     "/jobs",
-    response_model=None,
+    response_model=JobsPublic,
+    response_model_exclude_unset=True,
+    # json.dumps, not pydantic's JSON writer: the params' and metrics' floats keep their bytes
+    response_class=JSONResponse,
     responses={
-        200: documented(
-            JobsPublic,
-            f"the tenant's jobs, newest first: at most {jobs.queue.MAX_PAGE} a page, each with its newest "
-            f"{jobs.answers.MAX_LISTED_VERSIONS} versions (`versions_total` counts all) and params of at "
-            "most "
-            f"{jobs.params.MAX_PARAMS_BYTES} bytes (a row stored with more by an older version shows "
-            "`params: null` and `params_omitted`)",
-        ),
+        200: {
+            "description": f"the tenant's jobs, newest first: at most {jobs.queue.MAX_PAGE} a page, "
+            f"each with its newest {jobs.answers.MAX_LISTED_VERSIONS} versions (`versions_total` "
+            f"counts all) and params of at most {jobs.params.MAX_PARAMS_BYTES} bytes (a row stored "
+            "with more by an older version shows `params: null` and `params_omitted`)",
+        },
         **_ERRORS,
     },
     summary="List jobs",
@@ -178,37 +149,38 @@ def list_jobs(
     dataset_id: Annotated[str | None, Query(max_length=64, pattern=DATASET_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=jobs.queue.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(
-        jobs.queue.list_jobs(
-            db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset
-        ).to_json()
-    )
+) -> dict[str, Any]:
+    return jobs.queue.list_jobs(
+        db, principal.tenant_id, dataset_id=dataset_id, limit=limit, offset=offset
+    ).to_json()
 
 
 @router.get(
     "/jobs/{job_id}",
-    response_model=None,
-    responses={200: documented(JobPublic, "status, progress, ε committed, metrics"), **_ERRORS},
+    response_model=JobDetailPublic,
+    response_model_exclude_unset=True,
+    response_class=JSONResponse,
+    responses={200: {"description": "status, progress, ε committed, metrics"}, **_ERRORS},
     summary="Get a job",
 )
-def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.queue.get_job(db, principal.tenant_id, job_id).to_json())
+def get_job(job_id: str, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    return jobs.queue.get_job(db, principal.tenant_id, job_id).to_json()
 
 
 @router.post(
     "/jobs/{job_id}/cancel",
-    response_model=None,
+    response_model=JobDetailPublic,
+    response_model_exclude_unset=True,
+    response_class=JSONResponse,
     responses={
-        200: documented(
-            JobPublic,
-            "cancelled (queued), or cancel_requested (running: its worker stops at the next "
-            "step and aborts the rest of the reservation)",
-        ),
+        200: {
+            "description": "cancelled (queued), or cancel_requested (running: its worker stops at "
+            "the next step and aborts the rest of the reservation)",
+        },
         **_ERRORS,
         409: {"model": ErrorBody, "description": "the job already succeeded or failed"},
     },
     summary="Cancel a job",
 )
-def cancel_job(job_id: str, principal: TrainerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(jobs.queue.cancel_job(db, principal.tenant_id, job_id).to_json())
+def cancel_job(job_id: str, principal: TrainerDep, db: DatabaseDep) -> dict[str, Any]:
+    return jobs.queue.cancel_job(db, principal.tenant_id, job_id).to_json()

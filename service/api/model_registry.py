@@ -14,16 +14,20 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, TrainerDep, ViewerDep
-from service.api.responses import documented, json_answer
-from service.api.schemas import ErrorBody
+from service.api.schemas import (
+    ErrorBody,
+    ModelsPublic,
+    ModelVersionDetail,
+    ModelVersionPublic,
+    ModelVersionsPublic,
+)
 from service.ledger import model_registry as registry
 from service.ledger.errors import InvalidInput
 from service.ledger.jobs.params import MODEL_NAME
@@ -46,65 +50,16 @@ ARTIFACT_UPLOAD: Final = re.compile(re.escape(PREFIX) + r"/models/[^/]+/versions
 """The upload route's paths: ``BodySizeLimit`` bounds them by ``LEDGER_MAX_ARTIFACT_BYTES``."""
 
 
-class ModelVersionPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    version: int
-    origin: str = Field(
-        description="`job`: trained by the service's worker; `external`: trained outside it and "
-        "registered against its release's certificate"
-    )
-    job_id: str | None
-    certificate_id: str
-    metrics: dict[str, Any]
-    artifact: dict[str, Any]
-    model_spec: dict[str, Any] | None = Field(
-        default=None,
-        description="architecture and preprocessing (`service.training.nets.load_model` rebuilds the module "
-        "from it); null for versions published before it was recorded and staged trainers'",
-    )
-    dp_statement: dict[str, Any] | None = Field(
-        default=None,
-        description="one version only: its DP statement (Ponomareva et al. 2023, Section 5.3), "
-        "derived from its certificate and its job's plan (`service.ledger.dp_statement`)",
-    )
-    created_at: str
-
-
-class ModelSummary(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    name: str
-    versions: int
-    external_versions: int
-    latest_version: int
-    latest_created_at: str
-    dataset_ids: list[str]
-
-
-class ModelsPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    data: list[ModelSummary]
-    count: int
-
-
-class ModelVersionsPublic(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    data: list[ModelVersionPublic]
-    count: int
-
-
 def _artifact_dir(request: Request) -> Path:
     return Path(request.app.state.settings.artifact_dir)
 
 
 @router.get(
     "/models",
-    response_model=None,
-    responses={200: documented(ModelsPublic, "the tenant's models, by name"), **_ERRORS},
+    response_model=ModelsPublic,
+    # json.dumps, not pydantic's JSON writer: metrics' floats keep their bytes (1e-05, not 0.00001)
+    response_class=JSONResponse,
+    responses={200: {"description": "the tenant's models, by name"}, **_ERRORS},
     summary="The tenant's models: versions, latest version, datasets (paged)",
 )
 def list_models(
@@ -112,8 +67,8 @@ def list_models(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(registry.list_models(db, principal.tenant_id, limit=limit, offset=offset).to_json())
+) -> dict[str, Any]:
+    return registry.list_models(db, principal.tenant_id, limit=limit, offset=offset).to_json()
 
 
 def _metrics(text: str | None) -> dict[str, Any] | None:
@@ -128,7 +83,8 @@ def _metrics(text: str | None) -> dict[str, Any] | None:
 
 @router.put(
     "/models/{name}/versions/{version}",
-    response_model=None,
+    response_model=ModelVersionPublic,
+    response_class=JSONResponse,
     status_code=201,
     openapi_extra={
         "requestBody": {
@@ -138,8 +94,11 @@ def _metrics(text: str | None) -> dict[str, Any] | None:
         }
     },
     responses={
-        201: documented(ModelVersionPublic, "registered"),
-        200: documented(ModelVersionPublic, "registered before with these bytes and certificate"),
+        201: {"description": "registered"},
+        200: {
+            "model": ModelVersionPublic,
+            "description": "registered before with these bytes and certificate",
+        },
         409: {
             "model": ErrorBody,
             "description": "`reason`: `not_a_release` (an abort's certificate), `release_mismatch` "
@@ -161,6 +120,7 @@ async def register_version(
     name: Annotated[str, PathParam(pattern=f"^{MODEL_NAME.pattern}$")],
     version: Version,
     request: Request,
+    response: Response,
     principal: TrainerDep,
     db: DatabaseDep,
     certificate_id: Annotated[str, Query(min_length=1, max_length=64)],
@@ -174,7 +134,7 @@ async def register_version(
         str | None,
         Query(max_length=8000, description="a JSON object of up to 32 metric names to finite numbers"),
     ] = None,
-) -> JSONResponse:
+) -> dict[str, Any]:
     claimed = _metrics(metrics)
     await run_in_threadpool(
         lambda: registry.check_registration(
@@ -211,13 +171,15 @@ async def register_version(
         )
     finally:
         upload.discard()
-    return json_answer(answer.to_json(), status_code=201 if created else 200)
+    response.status_code = 201 if created else 200
+    return answer.to_json()
 
 
 @router.get(
     "/models/{name}/versions",
-    response_model=None,
-    responses={200: documented(ModelVersionsPublic, "the versions, oldest first"), **_ERRORS},
+    response_model=ModelVersionsPublic,
+    response_class=JSONResponse,
+    responses={200: {"description": "the versions, oldest first"}, **_ERRORS},
     summary="A model's released versions",
 )
 def list_versions(
@@ -226,23 +188,20 @@ def list_versions(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=registry.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(
-        registry.list_versions(db, principal.tenant_id, name, limit=limit, offset=offset).to_json()
-    )
+) -> dict[str, Any]:
+    return registry.list_versions(db, principal.tenant_id, name, limit=limit, offset=offset).to_json()
 
 
 @router.get(
     "/models/{name}/versions/{version}",
-    response_model=None,
-    responses={
-        200: documented(ModelVersionPublic, "the version with its certificate and metrics"),
-        **_ERRORS,
-    },
+    response_model=ModelVersionDetail,
+    response_model_exclude_unset=True,
+    response_class=JSONResponse,
+    responses={200: {"description": "the version with its certificate and metrics"}, **_ERRORS},
     summary="One version: certificate, metrics, job, created_at",
 )
-def get_version(name: str, version: Version, principal: ViewerDep, db: DatabaseDep) -> JSONResponse:
-    return json_answer(registry.get_version(db, principal.tenant_id, name, version).to_json())
+def get_version(name: str, version: Version, principal: ViewerDep, db: DatabaseDep) -> dict[str, Any]:
+    return registry.get_version(db, principal.tenant_id, name, version).to_json()
 
 
 @router.get(

@@ -7,7 +7,9 @@ nearest to it. Events are parsed with ``accountant.events.from_json``, whose err
 path of the bad field (``event.event.noise_multiplier``).
 
 Responses are the domain layer's JSON-ready dicts; the ``*Public`` models document them in the
-OpenAPI schema and allow fields added later (``extra="allow"``).
+OpenAPI schema and allow fields added later (``extra="allow"``);
+``tests/service/api/test_documented_answers.py`` fails an answer of the routes it drives that has
+a field its model does not name, lacks one it requires, or orders them otherwise.
 """
 
 from __future__ import annotations
@@ -687,15 +689,22 @@ class CommitPublic(_Public):
 class TaskGuarantee(_Public):
     """The (ε, δ)-DP guarantee of everything released from the task's batches so far."""
 
-    epsilon: str
-    delta: str
+    epsilon: str = Field(description="decimal string")
+    delta: str = Field(description="decimal string")
 
 
 class TaskSpend(_Public):
-    id: Any
-    name: str
-    epsilon_spent: str
-    guarantee: TaskGuarantee
+    """What a task has spent: the maxima over its batches, and its own guarantee."""
+
+    id: Any = Field(description="the task's id")
+    name: str = Field(description="the task's name")
+    epsilon_spent: str = Field(description="the most-spent of its batches' epsilon (decimal string)")
+    delta_spent: str = Field(description="the most-spent of its batches' delta (decimal string)")
+    naive_sequential_epsilon: str = Field(
+        description="the largest of its batches' epsilon summed naively over their charges (decimal "
+        "string), for comparison"
+    )
+    guarantee: TaskGuarantee = Field(description="the guarantee of everything released from its batches")
 
 
 class GuaranteePublic(_Public):
@@ -703,25 +712,55 @@ class GuaranteePublic(_Public):
     (``accountant.statements``; also for data charged before pricing version 3, whose stored
     spend may be a prefix), and what it covers under the rule."""
 
-    epsilon: str
-    delta: str
-    covers: str
+    epsilon: str = Field(description="decimal string")
+    delta: str = Field(description="decimal string")
+    covers: str = Field(description="what the guarantee covers under the budget's rule and accountant")
+
+
+class GeometricSpend(_Public):
+    """A geometric budget's schedule: the levels ``first · ratio^k`` and their bound."""
+
+    first: str = Field(description="the first level's epsilon (decimal string)")
+    ratio: str = Field(description="the ratio between consecutive levels (decimal string)")
+    copies: int | None = Field(default=None, description="series side by side; absent when 1")
+    single: str | None = Field(default=None, description="the one extra level used once; absent when 0")
+    infinite_horizon_bound: str = Field(
+        description="what every level of the schedule sums to (decimal string, rounded up)"
+    )
 
 
 class SpendPublic(_Public):
-    rule: str
-    epsilon_budget: str
-    delta_budget: str
+    """A dataset's spend, from its aggregates (decimal strings: exact, as stored)."""
+
+    dataset_id: str = Field(description="the dataset's id")
+    rule: str = Field(description="the budget's rule: lifelong, parallel, sequential or geometric")
+    accountant: str = Field(description="how the budget composes charges: basic, rdp, prv or tight")
+    epsilon_budget: str = Field(description="the budget's epsilon")
+    delta_budget: str = Field(description="the budget's delta")
     epsilon_spent: str = Field(description="the most-spent batch's spend; see epsilon_spent_is")
-    delta_spent: str
-    epsilon_remaining: str
-    naive_sequential_epsilon: str
-    guarantee: GuaranteePublic
+    delta_spent: str = Field(description="the most-spent batch's delta")
+    epsilon_remaining: str = Field(
+        description="epsilon_budget − epsilon_spent, never below 0: the most-spent batch's headroom"
+    )
+    naive_sequential_epsilon: str = Field(
+        description="the largest of the batches' epsilon summed naively over their charges, for comparison"
+    )
+    epsilon_held: str = Field(description="the sum of the open reservations' uncommitted epsilon")
+    reservations_open: int = Field(description="reservations neither committed, aborted nor expired")
+    charges_committed: int = Field(
+        description="charges settled so far: each commit (progressive ones too), abort and expiry"
+    )
+    ledger_version: int = Field(description="how many spend transactions the dataset's ledger has run")
+    last_release: dict[str, Any] | None = Field(
+        description="the `release` ({model, version[, artifact_sha256]}) of the last commit; null: none yet"
+    )
+    tasks: list[TaskSpend] = Field(description="each task's spend, in registration order")
+    guarantee: GuaranteePublic = Field(description="the guarantee of everything released so far")
     epsilon_spent_is: str = Field(
         description="what epsilon_spent is under the rule: the guarantee, or (Renyi filter) its "
         "progress, a budget share that is not a DP guarantee"
     )
-    tasks: list[TaskSpend]
+    geometric: GeometricSpend | None = Field(default=None, description="geometric budgets only")
 
 
 class SignaturePublic(_Public):
@@ -736,6 +775,39 @@ class SignedHead(_Public):
     chain_seq: int
     hash: str
     signature: SignaturePublic
+
+
+class AuditEntryPublic(_Public):
+    """One entry of a dataset's audit chain, exactly as its hash covers it
+    (``service.verification.audit_chain.entry_hash``)."""
+
+    seq: int = Field(description="the entry's place among every chain's entries")
+    chain: str = Field(description="the chain it belongs to: the dataset's id")
+    chain_seq: int = Field(description="its place in its chain, from 1")
+    event_type: str = Field(description="what happened, e.g. `reservation.committed`")
+    tenant_id: str | None = Field(description="the tenant whose action it records")
+    dataset_id: str | None = Field(description="the dataset it is about")
+    payload: dict[str, Any] = Field(description="the event's details, as hashed")
+    prev_hash: str = Field(description="the previous entry's hash (64 zeros for the chain's first)")
+    hash: str = Field(
+        description="SHA-256 of the canonical JSON of the entry (all but `seq` and `hash`) with `prev_hash`"
+    )
+    created_at: str = Field(
+        description="when it was appended, in exactly the form its hash covers (`…T….ffffffZ`)"
+    )
+
+
+class AuditEntriesPublic(_Public):
+    """A page of a dataset's audit chain, ordered by ``chain_seq``, up to its signed head."""
+
+    dataset_id: str = Field(description="the dataset whose chain this is")
+    head: SignedHead = Field(
+        description="the chain head stored on the dataset row, read first, signed by the server; "
+        "entries appended after it are left out"
+    )
+    data: list[AuditEntryPublic] = Field(description="the entries after `after`, oldest first")
+    count: int = Field(description="how many entries this page holds")
+    next_after: int | None = Field(description="pass as `after` for the next page; null at the head")
 
 
 class AuditVerification(_Public):
@@ -755,6 +827,153 @@ class SigningKeyPublic(_Public):
 
 class SigningKeysPublic(_Public):
     keys: list[SigningKeyPublic]
+
+
+# ---------------------------------------------------------------------------------------------
+# jobs and the model registry
+
+
+class JobProgress(_Public):
+    step: int = Field(description="the training steps the job has run")
+    total: int | None = Field(description="the steps its plan runs; null until a worker planned it")
+
+
+class JobVersionPublic(_Public):
+    """A model version a job published."""
+
+    name: str = Field(description="the model's registry name")
+    version: int = Field(description="the version's number")
+    step: int | None = Field(description="the training step it was published at")
+
+
+class ParamsOmitted(_Public):
+    """Why ``params`` is null: the row's params exceed what an answer carries."""
+
+    bytes: int = Field(description="the stored params' size as JSON")
+    limit: int = Field(description="the most an answer carries")
+
+
+class JobPublic(_Public):
+    """A training job (``service.ledger.jobs.answers.JobAnswer``)."""
+
+    id: str = Field(description="the job's id")
+    dataset_id: str = Field(description="the dataset it trains on")
+    algorithm: str = Field(description="what it trains (`dp_sgd`, ...)")
+    params: Any = Field(
+        description="the params it was submitted with; null with `params_omitted` when too large"
+    )
+    model_name: str = Field(description="the registry name its versions are published under")
+    status: str = Field(description="queued | running | succeeded | failed | cancelled")
+    progress: JobProgress = Field(description="how far it has trained")
+    epsilon_committed: str = Field(description="the epsilon its commits charged so far (decimal string)")
+    delta_committed: str = Field(description="the delta its commits charged so far (decimal string)")
+    metrics: Any = Field(description="the metrics its worker reported; null before any")
+    error: Any = Field(description="why it failed; null unless it did")
+    reservation_id: str | None = Field(description="the reservation its run holds or held; null before")
+    attempts: int = Field(description="how many times a worker claimed it")
+    max_attempts: int = Field(description="the claims it gets: a worker claiming one past it fails the job")
+    cancel_requested: bool = Field(description="a cancel was asked for while it ran")
+    plan: Any = Field(description="the training plan a worker computed before reading any data; null before")
+    versions: list[JobVersionPublic] = Field(
+        description="the versions it published, oldest first (in a list: the newest few)"
+    )
+    versions_total: int = Field(description="how many versions it published in all")
+    created_at: str = Field(description="when it was queued")
+    updated_at: str = Field(description="when it last changed")
+    started_at: str | None = Field(description="when a worker first claimed it")
+    finished_at: str | None = Field(description="when it succeeded, failed or was cancelled")
+    params_omitted: ParamsOmitted | None = Field(
+        default=None, description="only when `params` is null because it was too large"
+    )
+
+
+class JobDetailPublic(JobPublic):
+    """One job (``GET /v1/jobs/{id}``, ``POST /v1/jobs/{id}/cancel``): with its metric history."""
+
+    metric_history: Any = Field(
+        description="`{every, points: [{step, checkpoint, test_loss, test_accuracy}]}`, the "
+        "iterate's held-out metrics every `every` steps and at each checkpoint (at most 200 points), "
+        "stored only once a commit covered those steps; `null` before the first commit (DP-SGD and "
+        "AdaDp, one-process runs)",
+    )
+
+
+class JobsPublic(_Public):
+    data: list[JobPublic] = Field(description="the page's jobs, newest first")
+    count: int = Field(description="how many jobs match, over every page")
+
+
+class ArtifactPublic(_Public):
+    """A version's weights as published."""
+
+    format: str = Field(description="torch, safetensors, onnx or bytes")
+    sha256: str = Field(description="the SHA-256 of the bytes `url` serves")
+    bytes: int = Field(description="their size")
+    url: str = Field(description="the route that serves them")
+
+
+class ModelVersionPublic(_Public):
+    """A published model version (``service.ledger.model_registry.Version``)."""
+
+    id: str = Field(description="the version's id")
+    name: str = Field(description="the model's registry name")
+    version: int = Field(description="the version's number")
+    origin: str = Field(
+        description="`job`: trained by the service's worker; `external`: trained outside it and "
+        "registered against its release's certificate"
+    )
+    job_id: str | None = Field(description="the job that trained it; null: trained outside")
+    dataset_id: str = Field(description="the dataset it was trained on")
+    certificate_id: str = Field(description="the certificate of its release")
+    step: int | None = Field(description="the training step it was published at; null: external")
+    metrics: dict[str, Any] = Field(description="its metrics (an external one's: as the client stated them)")
+    artifact: ArtifactPublic = Field(description="its weights")
+    model_spec: dict[str, Any] | None = Field(
+        description="architecture and preprocessing (`service.training.nets.load_model` rebuilds the module "
+        "from it); null for versions published before it was recorded and staged trainers'",
+    )
+    created_at: str = Field(description="when it was published")
+
+
+class ModelVersionListed(ModelVersionPublic):
+    """A version in a model's list: with the guarantee its certificate states."""
+
+    guarantee: CostPublic = Field(description="the (epsilon, delta) its certificate states")
+
+
+class ModelVersionDetail(ModelVersionPublic):
+    """One version (``GET /v1/models/{name}/versions/{version}``): its certificate and DP statement."""
+
+    algorithm: str | None = Field(description="the algorithm of the job that trained it; null: external")
+    certificate: CertificatePublic = Field(description="its release's certificate, re-verifiable offline")
+    dp_statement: dict[str, Any] = Field(
+        description="its DP statement (Ponomareva et al. 2023, Section 5.3), derived from its "
+        "certificate and its job's plan (`service.ledger.dp_statement`)",
+    )
+    privacy_audit: dict[str, Any] | None = Field(
+        default=None,
+        description="an audited run's (`dp_sgd_audit`) empirical epsilon lower bound beside the "
+        "certified bound; absent for other versions",
+    )
+
+
+class ModelSummary(_Public):
+    name: str = Field(description="the model's registry name")
+    versions: int = Field(description="how many versions it has")
+    external_versions: int = Field(description="how many of them were trained outside the service")
+    latest_version: int = Field(description="its newest version's number")
+    latest_created_at: str = Field(description="when its newest version was published")
+    dataset_ids: list[str] = Field(description="the datasets its versions were trained on")
+
+
+class ModelsPublic(_Public):
+    data: list[ModelSummary] = Field(description="the page's models, by name")
+    count: int = Field(description="how many models the tenant has")
+
+
+class ModelVersionsPublic(_Public):
+    data: list[ModelVersionListed] = Field(description="the page's versions, oldest first")
+    count: int = Field(description="how many versions the model has")
 
 
 class ErrorBody(_Public):

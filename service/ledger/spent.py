@@ -17,10 +17,10 @@ two indexed queries whatever the number of charges.
     {dataset_id, rule, accountant, epsilon_budget, delta_budget,
      epsilon_spent, delta_spent, epsilon_remaining, naive_sequential_epsilon,
      epsilon_held, reservations_open, charges_committed, ledger_version, last_release,
-     guarantee: {epsilon, delta, covers}, epsilon_spent_is,
-     geometric?: {first, ratio, infinite_horizon_bound},
      tasks: [{id, name, epsilon_spent, delta_spent, naive_sequential_epsilon,
-              guarantee: {epsilon, delta}}]}
+              guarantee: {epsilon, delta}}],
+     guarantee: {epsilon, delta, covers}, epsilon_spent_is,
+     geometric?: {first, ratio, copies?, single?, infinite_horizon_bound}}
 
 ``guarantee`` is the (ε, δ)-DP guarantee of everything released from the dataset so far, valid
 under adaptive stopping (``accountant.statements.spend_guarantee``): for a Rényi filter the
