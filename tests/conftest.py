@@ -35,7 +35,7 @@ import secrets
 import shutil
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +43,7 @@ from typing import Any, Final
 
 import pytest
 from hypothesis import settings as hypothesis_settings
+from pytest import ParameterSet
 from sqlalchemy.engine import URL, make_url
 
 from service.db.migrations import upgrade
@@ -307,6 +308,24 @@ test runs at most the profile's ``max_examples`` (``_cap_examples``): the loop i
 break in the code it calls, which the first examples do (hypothesis tries its simplest and
 boundary cases first, and replays a failure it saved); the search for rare counterexamples, with
 each test's full count, is the whole suite's."""
+
+
+def fast_loop_sample(cases: Sequence[Any], *, keep: int = 3) -> list[Any]:
+    """The cases of a costly parametrised grid (each a tuple of the arguments, or a
+    ``pytest.param``) with all but ``keep`` of them marked ``slow``: the fast loop runs the first,
+    the last and cases evenly between (a sample that still crosses the grid's corners); the whole
+    suite runs every case."""
+    last = len(cases) - 1
+    sampled = {round(i * last / (keep - 1)) for i in range(keep)} if keep > 1 else {0}
+    marked: list[Any] = []
+    for index, case in enumerate(cases):
+        if index in sampled:
+            marked.append(case)
+        elif isinstance(case, ParameterSet):
+            marked.append(pytest.param(*case.values, marks=[*case.marks, pytest.mark.slow], id=case.id))
+        else:
+            marked.append(pytest.param(*case, marks=pytest.mark.slow))
+    return marked
 
 
 def pytest_configure(config: pytest.Config) -> None:

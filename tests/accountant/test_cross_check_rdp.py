@@ -24,6 +24,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp  # type: ignore[
 
 from accountant import events as ev
 from accountant.rdp import RdpAccountant
+from tests.conftest import fast_loop_sample
 
 PROBABILITIES = [1e-3, 1e-2, 0.1, 0.5, 1.0]
 NOISE = [0.6, 1.0, 2.0, 4.0]
@@ -41,7 +42,9 @@ def theirs_event(q: float, sigma: float) -> dpa_event.DpEvent:
     return gaussian if q == 1.0 else dpa_event.PoissonSampledDpEvent(q, gaussian)
 
 
-@pytest.mark.parametrize(("q", "sigma"), list(itertools.product(PROBABILITIES, NOISE)))
+@pytest.mark.parametrize(
+    ("q", "sigma"), fast_loop_sample(list(itertools.product(PROBABILITIES, NOISE)), keep=4)
+)
 def test_never_more_than_one_percent_above_dp_accounting_rdp(q: float, sigma: float) -> None:
     for steps in STEPS:
         accountant = dpa_rdp.RdpAccountant()  # dp-accounting's default orders
@@ -68,7 +71,7 @@ PLD_POINTS = [
 ]
 
 
-@pytest.mark.parametrize(("q", "sigma", "steps", "delta", "interval"), PLD_POINTS)
+@pytest.mark.parametrize(("q", "sigma", "steps", "delta", "interval"), fast_loop_sample(PLD_POINTS))
 def test_never_below_dp_accounting_pessimistic_pld(
     q: float, sigma: float, steps: int, delta: float, interval: float
 ) -> None:

@@ -159,6 +159,7 @@ print(json.dumps({"package": loaded_by_the_package, "events": loaded_by_events, 
 """
 
 
+@pytest.mark.slow  # a fresh interpreter, ~3 s; the fast loop runs the in-process test below
 def test_the_package_exports_its_public_surface_loaded_on_first_use() -> None:
     """Issue 29 §4: ``accountant`` exports its public surface (``__all__``), each name the object
     of its module, without loading the accountants on ``import accountant`` or on the client's

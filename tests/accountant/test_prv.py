@@ -28,6 +28,7 @@ from accountant.prv import PrvAccountant, tight_engine
 from accountant.prv.compose import compose
 from accountant.prv.variables import GaussianPrv, LaplacePrv, PrvFailure, SubsampledGaussianPrv
 from accountant.registry import make_accountant
+from tests.conftest import fast_loop_sample
 
 warnings.filterwarnings("ignore", module="prv_accountant")
 
@@ -110,7 +111,7 @@ GRID = [
 ]
 
 
-@pytest.mark.parametrize(("q", "sigma", "steps", "delta"), GRID)
+@pytest.mark.parametrize(("q", "sigma", "steps", "delta"), fast_loop_sample(GRID))
 def test_upper_never_below_dp_accounting_pld(q: float, sigma: float, steps: int, delta: float) -> None:
     bound = PrvAccountant().compose(_dp_sgd(q, sigma, steps)).get_epsilon(delta)
     pld = _pld_epsilon(q, sigma, steps, delta)
@@ -182,6 +183,7 @@ def test_approx_dp_mass_at_infinity() -> None:
     assert 0 < bound.upper <= 1.5 + 0.011  # never worse than basic composition (+ε_err)
 
 
+@pytest.mark.slow  # ~3.5 s of PRV compositions
 def test_get_delta_brackets_get_epsilon() -> None:
     acc = PrvAccountant().compose(_dp_sgd(0.01, 1.1, 500))
     bound = acc.get_epsilon(1e-6)

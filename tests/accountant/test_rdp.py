@@ -31,6 +31,7 @@ from accountant.rdp import (
     rdp_to_epsilon,
 )
 from accountant.registry import make_accountant
+from tests.conftest import fast_loop_sample
 
 ORDERS = np.asarray(DEFAULT_ORDERS)
 # Hypothesis examples each compute a few curves (~3 ms each): keep the counts small.
@@ -210,7 +211,7 @@ MULTIPRECISION_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("q", "sigma", "alpha"), MULTIPRECISION_CASES)
+@pytest.mark.parametrize(("q", "sigma", "alpha"), fast_loop_sample(MULTIPRECISION_CASES))
 def test_poisson_gaussian_is_exact_upper_bound(q: float, sigma: float, alpha: float) -> None:
     exact = _rdp_multiprecision(q, sigma, alpha)
     ours = float(compute_rdp(ev.PoissonSampledEvent(q, ev.GaussianEvent(sigma)), [alpha])[0])

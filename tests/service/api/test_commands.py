@@ -157,6 +157,7 @@ def test_migrate_creates_the_schema(empty_database_url: URL) -> None:
     assert migrations.head_revision() in done.stdout
 
 
+@pytest.mark.slow  # several `ledger` processes, ~6 s
 def test_state_lives_in_one_home_and_a_missing_ledger_is_said_in_one_line(tmp_path: Path) -> None:
     """Issue 28 §3: ``ledger keys create`` from another folder used to create an empty
     ``ledger.db`` there and crash with ``sqlalchemy ... no such table: api_keys``. State lives in
