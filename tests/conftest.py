@@ -6,9 +6,9 @@
 * ``db`` — a ``service.db.session.Database`` on ``database_url``, disposed after the test.
 * ``empty_database_url`` — the same, but never migrated (for migration tests).
 * ``template_keys`` — API keys for two tenants (``acme``, ``rival``) in every scope, plus a
-  revoked key (``Keys``). A test that asks for them (the API tests' ``keys`` fixture) gets its
-  database copied from a template that already holds them: made once per session and backend,
-  instead of eight keys (a transaction and an audit entry each, ~90 ms together) in every test.
+  revoked key (``Keys``); ``template_tenants`` — tenants ``t1`` and ``t2``. A test that asks for
+  them (the API tests' ``keys``, the ledger tests' ``ledger``) gets its database copied from a
+  template that already holds them (``FILLINGS``), made once per session and backend.
 * ``_one_torch_thread`` (autouse) — torch, where a test module loaded it, runs on one intra-op
   thread during each test: the models are tiny, so extra threads buy nothing, and on a shared
   machine with few cores (two xdist workers on two cores) OpenMP's spinning threads made small
@@ -35,7 +35,7 @@ import secrets
 import shutil
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,41 +200,76 @@ def create_keys(db: Database) -> Keys:
     return Keys(found, revoked["key"])
 
 
+def create_tenants(db: Database) -> None:
+    """Tenants ``t1`` and ``t2`` (the ledger tests' ``ledger`` fixture)."""
+    tenancy.create_tenant(db, "t1")
+    tenancy.create_tenant(db, "t2")
+
+
+FILLINGS: Final[dict[str, Callable[[Database], Any]]] = {
+    "template_keys": create_keys,
+    "template_tenants": create_tenants,
+}
+"""What a test's database can be copied with already in it, by the fixture that asks for it.
+``database_url`` copies a template filled with every filling the test's fixtures ask for (made
+once per session, backend and set of fillings) instead of the empty one: the same rows, made
+once, not in every test (eight keys, a transaction and an audit entry each, took ~90 ms a test)."""
+
+
 @dataclass(frozen=True)
-class KeyedTemplate:
-    """A migrated template holding ``keys`` (``database``: a SQLite file, whose key-hash secret
-    is beside it, or a PostgreSQL database name, whose secret is in the session's ledger home)."""
+class FilledTemplate:
+    """A migrated template with ``FILLINGS`` in it: ``database`` is a SQLite file (its key-hash
+    secret beside it) or a PostgreSQL database name (its secret is in the session's ledger home);
+    ``contents`` what each filling returned."""
 
     database: Path | str
-    keys: Keys
+    contents: dict[str, Any]
 
 
 @pytest.fixture(scope="session")
-def sqlite_keyed_template(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory) -> KeyedTemplate:
-    path = tmp_path_factory.mktemp("sqlite-keyed-template") / "ledger.db"
-    shutil.copyfile(sqlite_template, path)
-    db = Database(make_url(f"sqlite:///{path}"))
-    try:
-        return KeyedTemplate(path, create_keys(db))
-    finally:
-        db.dispose()
+def filled_templates() -> dict[tuple[str, tuple[str, ...]], FilledTemplate]:
+    return {}
 
 
-@pytest.fixture(scope="session")
-def postgres_keyed_template(postgres_server: PostgresServer, postgres_template: str) -> KeyedTemplate:
-    name = postgres_server.create(template=postgres_template)
-    db = Database(postgres_server.url(name))
-    try:
-        return KeyedTemplate(name, create_keys(db))
-    finally:
-        db.dispose()  # a template database takes no connections while it is copied
+def filled_template(
+    request: pytest.FixtureRequest, backend: str, fillings: tuple[str, ...]
+) -> FilledTemplate:
+    """The template of ``backend`` with ``fillings`` in it, made on first use."""
+    made: dict[tuple[str, tuple[str, ...]], FilledTemplate] = request.getfixturevalue("filled_templates")
+    if (backend, fillings) not in made:
+        location: Path | str
+        if backend == "sqlite":
+            folder = request.getfixturevalue("tmp_path_factory").mktemp("sqlite-filled-template")
+            location = folder / "ledger.db"
+            shutil.copyfile(request.getfixturevalue("sqlite_template"), location)
+            url = make_url(f"sqlite:///{location}")
+        else:
+            server: PostgresServer = request.getfixturevalue("postgres_server")
+            location = server.create(template=request.getfixturevalue("postgres_template"))
+            url = server.url(location)
+        db = Database(url)
+        try:
+            contents = {name: FILLINGS[name](db) for name in fillings}
+        finally:
+            db.dispose()  # a PostgreSQL template takes no connections while it is copied
+        made[(backend, fillings)] = FilledTemplate(location, contents)
+    return made[(backend, fillings)]
+
+
+def _fillings(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    return tuple(name for name in FILLINGS if name in request.fixturenames)
 
 
 @pytest.fixture
 def template_keys(backend: str, request: pytest.FixtureRequest) -> Keys:
-    """The keys in the test's database (``database_url`` copies the keyed template for it)."""
-    template: KeyedTemplate = request.getfixturevalue(f"{backend}_keyed_template")
-    return template.keys
+    """The keys in the test's database (``FILLINGS``)."""
+    keys: Keys = filled_template(request, backend, _fillings(request)).contents["template_keys"]
+    return keys
+
+
+@pytest.fixture
+def template_tenants() -> None:
+    """Tenants ``t1`` and ``t2`` in the test's database (``FILLINGS``)."""
 
 
 @pytest.fixture(autouse=True)
@@ -374,12 +409,15 @@ def backend(request: pytest.FixtureRequest) -> str:
 def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
     """A fresh database at the newest schema revision, on ``backend``; holding the keys of
     ``template_keys`` where the test asks for them."""
-    keyed = "template_keys" in request.fixturenames
+    fillings = _fillings(request)
+    filled = filled_template(request, backend, fillings) if fillings else None
     if backend == "sqlite":
         path = tmp_path / "ledger.db"
-        if keyed:
-            template: Path = request.getfixturevalue("sqlite_keyed_template").database
-            shutil.copyfile(template.parent / KEY_HASH_SECRET_FILE, tmp_path / KEY_HASH_SECRET_FILE)
+        if filled is not None:
+            template = Path(filled.database)
+            secret = template.parent / KEY_HASH_SECRET_FILE
+            if secret.exists():
+                shutil.copyfile(secret, tmp_path / KEY_HASH_SECRET_FILE)
         else:
             template = request.getfixturevalue("sqlite_template")
         shutil.copyfile(template, path)
@@ -387,9 +425,7 @@ def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     name = server.create(
-        template=request.getfixturevalue("postgres_keyed_template").database
-        if keyed
-        else request.getfixturevalue("postgres_template")
+        template=str(filled.database) if filled is not None else request.getfixturevalue("postgres_template")
     )
     try:
         yield server.url(name)

@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 
 from service.db.session import Database
-from service.ledger import batches, datasets, tenancy
+from service.ledger import batches, datasets
 
 
 @pytest.fixture
-def ledger(db: Database) -> Database:
-    """``db`` with tenants ``t1`` and ``t2``."""
-    tenancy.create_tenant(db, "t1")
-    tenancy.create_tenant(db, "t2")
+def ledger(template_tenants: None, db: Database) -> Database:
+    """``db`` with tenants ``t1`` and ``t2`` (copied with them in it: ``tests/conftest.py``)."""
     return db
 
 
