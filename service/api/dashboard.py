@@ -91,7 +91,8 @@ def batch_spend(
     limit: Annotated[int, Query(ge=1, le=views.MAX_BATCH_PAGE)] = 500,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+    page = views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    return json_answer(page.to_json())
 
 
 @router.get(
@@ -107,7 +108,8 @@ def list_releases(
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+    page = views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    return json_answer(page.to_json())
 
 
 @router.get(
@@ -123,7 +125,8 @@ def epsilon_history(
     limit: Annotated[int, Query(ge=1, le=10 * views.MAX_PAGE)] = 1000,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
 ) -> JSONResponse:
-    return json_answer(views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+    page = views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    return json_answer(page.to_json())
 
 
 @router.post(

@@ -221,9 +221,9 @@ def test_the_dashboard_is_served_with_local_assets_only(client: TestClient) -> N
 
 def test_revoked_viewer_key_is_refused_by_dashboard_endpoints(client: TestClient, db: Database) -> None:
     issued = tenancy.issue_api_key(db, "acme", "viewer")
-    headers = bearer(issued["key"])
+    headers = bearer(issued.key)
     assert client.get("/v1/spend", headers=headers).status_code == 200
-    tenancy.revoke_api_key(db, issued["id"])
+    tenancy.revoke_api_key(db, issued.id)
     assert client.get("/v1/spend", headers=headers).status_code == 401
 
 
