@@ -169,7 +169,7 @@ def ratio(db: Database, wide: int) -> dict[str, Any]:
 
 def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
     ds, tasks, _ = make_dataset(db, "basic", wide, 5, name=f"heterogeneous-{wide}")
-    ids = [b["id"] for t in tasks for b in batches_of(db, ds, t)]
+    ids = [b.id for t in tasks for b in batches_of(db, ds, t)]
     for k in range(100):  # earlier charges on 100 groups, each its own ε: 100 distinct states
         group = ids[k * wide // 100 : (k + 1) * wide // 100]
         event = {"kind": "pure_dp", "epsilon": 0.001 * (k + 1)}
@@ -184,8 +184,8 @@ def heterogeneous(db: Database, wide: int) -> dict[str, Any]:
     return {"batches": wide, "classes": classes, "seconds": seconds, "commit_bytes": size}
 
 
-def batches_of(db: Database, ds: str, task: str) -> list[dict[str, Any]]:
-    return list(batches.list_batches(db, TENANT, ds, task_id=task)["data"])
+def batches_of(db: Database, ds: str, task: str) -> tuple[batches.BatchAnswer, ...]:
+    return batches.list_batches(db, TENANT, ds, task_id=task).data
 
 
 def large(db: Database, count: int, records: int) -> dict[str, Any]:

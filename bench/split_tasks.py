@@ -36,7 +36,7 @@ GROUPS = 100  # earlier charges, each on its own group of batches at its own ε:
 def split_dataset(db: Database, wide: int) -> tuple[str, list[str]]:
     """A dataset of ``wide`` batches whose tasks are split across ``GROUPS`` states."""
     ds, tasks, _ = scale.make_dataset(db, "basic", wide, 5, name=f"split-{wide}")
-    ids = [b["id"] for t in tasks for b in scale.batches_of(db, ds, t)]
+    ids = [b.id for t in tasks for b in scale.batches_of(db, ds, t)]
     for k in range(GROUPS):
         group = ids[k * wide // GROUPS : (k + 1) * wide // GROUPS]
         event_json = {"kind": "pure_dp", "epsilon": 0.001 * (k + 1)}

@@ -196,8 +196,8 @@ def create_keys(db: Database) -> Keys:
         for scope in ("admin", "trainer", "viewer"):
             found[(tenant, scope)] = tenancy.create_api_key(db, tenant, scope)
     revoked = tenancy.issue_api_key(db, "acme", "admin")
-    tenancy.revoke_api_key(db, revoked["id"])
-    return Keys(found, revoked["key"])
+    tenancy.revoke_api_key(db, revoked.id)
+    return Keys(found, revoked.key)
 
 
 def create_tenants(db: Database) -> None:

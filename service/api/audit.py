@@ -43,9 +43,9 @@ router = APIRouter(prefix=PREFIX, tags=["audit"])
 def verify(principal: ViewerDep, db: DatabaseDep, dataset_id: str | None = None) -> dict[str, Any]:
     if dataset_id is not None:
         datasets.get_dataset(db, principal.tenant_id, dataset_id)  # NotFound for a foreign id
-    result = audit.verify_tenant(db, principal.tenant_id, dataset_id=dataset_id)
-    head = result.get("head")
-    if dataset_id is not None and head is not None:
+    checked = audit.verify_tenant(db, principal.tenant_id, dataset_id=dataset_id)
+    answer = checked.to_json()
+    if dataset_id is not None and checked.head is not None:
         key = server_secrets.signing_keys(db).active
-        result["head"] = signing.signed_head(dataset_id, head["chain_seq"], head["hash"], key)
-    return result
+        answer["head"] = signing.signed_head(dataset_id, *checked.head, key)
+    return answer

@@ -1,6 +1,9 @@
 """Read endpoints the dashboard needs beyond the core v1 calls (any scope; another tenant's ids
 answer 404). Thin: each calls one ledger view (``service.ledger.views``) or
-``service.ledger.certificates.verify_stored``.
+``service.ledger.certificates.verify_stored``; the pages answer the view's ``to_json()`` through
+a ``response_model`` (``service.api.schemas``) that declares each field in the view's order, so
+the schema checks the answer and the bytes are the view's
+(``tests/service/api/test_dashboard_api.py``).
 
 * ``GET /v1/spend`` — every dataset's spend summary, paged (the datasets table in one call).
 * ``GET /v1/datasets/{id}/batch-spend`` — per-batch spend and geometric levels, paged (heatmap).
@@ -20,15 +23,20 @@ from typing import Annotated, Any, Final, Literal
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from service.api import PREFIX
 from service.api.deps import DatabaseDep, ViewerDep
 from service.api.ratelimit import RATE_LIMITED, PricingRates
-from service.api.responses import documented, json_answer
-from service.api.schemas import ErrorBody
+from service.api.schemas import (
+    BatchSpendPagePublic,
+    EpsilonHistoryPublic,
+    ErrorBody,
+    ReleasesPublic,
+    SpendSummariesPublic,
+)
 from service.ledger import certificates, views
 
 router = APIRouter(prefix=PREFIX, tags=["dashboard"])
@@ -38,13 +46,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "unknown id, or another tenant's"},
     422: {"model": ErrorBody, "description": "invalid input; `field` names it"},
 }
-
-
-class _Page(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    data: list[dict[str, Any]]
-    count: int
 
 
 class SignatureVerification(BaseModel):
@@ -65,8 +66,10 @@ class CertificateVerification(BaseModel):
 
 @router.get(
     "/spend",
-    response_model=None,
-    responses={200: documented(_Page, "each dataset's spend, oldest dataset first"), **_ERRORS},
+    response_model=SpendSummariesPublic,
+    response_model_exclude_unset=True,
+    responses=_ERRORS,
+    response_description="each dataset's spend, oldest dataset first",
     summary="Spend of every dataset of the tenant (from the ledger heads; paged)",
 )
 def list_spend(
@@ -74,14 +77,16 @@ def list_spend(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset).to_json())
+) -> dict[str, Any]:
+    return views.spend_summaries(db, principal.tenant_id, limit=limit, offset=offset).to_json()
 
 
 @router.get(
     "/datasets/{dataset_id}/batch-spend",
-    response_model=None,
-    responses={200: documented(_Page, "a page of batches with their spend and levels"), **_ERRORS},
+    response_model=BatchSpendPagePublic,
+    response_model_exclude_unset=True,
+    responses=_ERRORS,
+    response_description="a page of batches with their spend and levels",
     summary="Per-batch spend in task order (heatmap; geometric levels per block)",
 )
 def batch_spend(
@@ -90,14 +95,16 @@ def batch_spend(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_BATCH_PAGE)] = 500,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+) -> dict[str, Any]:
+    return views.batch_spend(db, principal.tenant_id, dataset_id, limit=limit, offset=offset).to_json()
 
 
 @router.get(
     "/datasets/{dataset_id}/releases",
-    response_model=None,
-    responses={200: documented(_Page, "releases, newest first"), **_ERRORS},
+    response_model=ReleasesPublic,
+    response_model_exclude_unset=True,
+    responses=_ERRORS,
+    response_description="releases, newest first",
     summary="Release timeline: each version's certificate headline (paged, newest first)",
 )
 def list_releases(
@@ -106,14 +113,16 @@ def list_releases(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+) -> dict[str, Any]:
+    return views.releases(db, principal.tenant_id, dataset_id, limit=limit, offset=offset).to_json()
 
 
 @router.get(
     "/datasets/{dataset_id}/epsilon-history",
-    response_model=None,
-    responses={200: documented(_Page, "one point per task with releases"), **_ERRORS},
+    response_model=EpsilonHistoryPublic,
+    response_model_exclude_unset=True,
+    responses=_ERRORS,
+    response_description="one point per task with releases",
     summary="Ledger ε and naive sequential ε after each task (the lifelong curve)",
 )
 def epsilon_history(
@@ -122,8 +131,9 @@ def epsilon_history(
     db: DatabaseDep,
     limit: Annotated[int, Query(ge=1, le=10 * views.MAX_PAGE)] = 1000,
     offset: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
-) -> JSONResponse:
-    return json_answer(views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset))
+) -> dict[str, Any]:
+    page = views.epsilon_history(db, principal.tenant_id, dataset_id, limit=limit, offset=offset)
+    return page.to_json()
 
 
 @router.post(

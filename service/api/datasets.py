@@ -328,7 +328,8 @@ def list_batches(
     after: Annotated[int | None, Query(ge=0, le=2**31 - 1)] = None,
     limit: Annotated[int, Query(ge=1, le=batches.MAX_BATCH_PAGE)] = batches.DEFAULT_BATCH_PAGE,
 ) -> dict[str, Any]:
-    return batches.task_batches(db, principal.tenant_id, dataset_id, task_id, after=after, limit=limit)
+    page = batches.task_batches(db, principal.tenant_id, dataset_id, task_id, after=after, limit=limit)
+    return page.to_json()
 
 
 @router.post(

@@ -763,6 +763,177 @@ class SpendPublic(_Public):
     geometric: GeometricSpend | None = Field(default=None, description="geometric budgets only")
 
 
+# ---------------------------------------------------------------------------------------------
+# the dashboard's views (service.ledger.views): fields in the order the ledger answers them
+
+
+class GuaranteePair(_Public):
+    """An (ε, δ)-DP guarantee, exact decimal strings."""
+
+    epsilon: str
+    delta: str
+
+
+class SpendSummaryPublic(_Public):
+    """A dataset in ``GET /v1/spend``: the numbers ``GET /v1/datasets/{id}/spend`` answers."""
+
+    id: str
+    name: str
+    rule: str
+    accountant: str
+    epsilon_budget: str
+    delta_budget: str
+    epsilon_spent: str = Field(description="the most-spent batch's spend; see epsilon_spent_is")
+    delta_spent: str
+    epsilon_remaining: str = Field(description="epsilon_budget − epsilon_spent, never below 0")
+    epsilon_held: str = Field(description="the open reservations' uncommitted ε, summed")
+    naive_sequential_epsilon: str = Field(description="every charge counted in sequence (the comparison)")
+    guarantee: GuaranteePair = Field(
+        description="the (ε, δ)-DP guarantee of everything released from the dataset so far"
+    )
+    epsilon_spent_is: str = Field(
+        description="what epsilon_spent is under the rule: the guarantee, or (Renyi filter) its "
+        "progress, a budget share that is not a DP guarantee"
+    )
+    reservations_open: int
+    charges_committed: int
+    last_release: dict[str, Any] | None = Field(description="the last commit's release; null: none yet")
+    last_release_at: str | None
+    created_at: str
+    archived_at: str | None = Field(description="when an admin archived the dataset; null: active")
+    records: int = Field(description="records registered (the sum of its batches' sizes)")
+
+
+class SpendSummariesPublic(_Public):
+    data: list[SpendSummaryPublic]
+    count: int = Field(description="the tenant's datasets, over every page")
+
+
+class BatchSpendPublic(_Public):
+    """A batch with its spend, as its stored state records it."""
+
+    id: str
+    name: str
+    task_id: str
+    task_name: str
+    position: int = Field(description="the batch's position in its task")
+    size: int = Field(description="its records")
+    epsilon_spent: str = Field(description="committed, under the rule")
+    epsilon_held: str = Field(description="held by open reservations, not committed")
+    delta_spent: str
+    naive_sequential_epsilon: str = Field(description="every charge on it counted in sequence")
+    reads: int = Field(description="the charges that read it")
+    levels: list[int] = Field(description="the geometric levels it uses, held or committed")
+    guarantee: GuaranteePair | None = Field(
+        description="the (ε, δ) guarantee of what was released from the batch "
+        "(`accountant.statements.batch_guarantee`); null: a stored state the ledger did not write"
+    )
+
+
+class GeometricLevelsPublic(_Public):
+    """The geometric schedule (``budget.geometric``) and the allowance of each level used on
+    the page."""
+
+    first: str
+    ratio: str
+    copies: int | None = Field(default=None, description="series side by side; absent: 1")
+    single: str | None = Field(default=None, description="the one extra level; absent: none")
+    infinite_horizon_bound: str = Field(description="the most a block can ever spend")
+    allowances: dict[str, str] = Field(description="level → its allowance, for the levels on this page")
+
+
+class BatchSpendPagePublic(_Public):
+    """A page of the dataset's batches with their spend, in task order then batch position."""
+
+    dataset_id: str
+    rule: str
+    epsilon_budget: str
+    epsilon_spent: str
+    guarantee: GuaranteePair = Field(description="the dataset's (ε, δ) guarantee so far")
+    count: int = Field(description="the dataset's batches, over every page")
+    limit: int
+    offset: int
+    data: list[BatchSpendPublic]
+    geometric: GeometricLevelsPublic | None = Field(default=None, description="only under a geometric budget")
+
+
+class StatedPairPublic(_Public):
+    """An (ε, δ) pair as the certificate states it."""
+
+    epsilon: str | None
+    delta: str | None
+
+
+class HeldPublic(_Public):
+    epsilon: str
+
+
+class ReleaseHeadlinePublic(_Public):
+    """A release and its certificate's headline; the full certificate is
+    ``GET /v1/certificates/{certificate_id}``."""
+
+    certificate_id: str
+    release_id: str
+    reservation_id: str
+    model: str
+    version: str
+    created_at: str
+    content_hash: str
+    theorem: str | None
+    epsilon: str | None = Field(
+        description="the certificate's result: the largest spend over the batches the release "
+        "read, after it (for a Renyi filter its progress)"
+    )
+    delta: str | None
+    naive_epsilon: str | None
+    charge: StatedPairPublic = Field(description="what the release consumed")
+    budget_share: StatedPairPublic = Field(description="= charge: a budget share, not a guarantee")
+    guarantee: StatedPairPublic | None = Field(
+        description="the release's (ε, δ) guarantee, stated by certificates of version 3 (null before)"
+    )
+    within_budget: bool | None
+    held_at_release: HeldPublic = Field(
+        description="what open reservations held (reserved, not committed) when it was certified"
+    )
+
+
+class ReleasesPublic(_Public):
+    data: list[ReleaseHeadlinePublic]
+    count: int = Field(description="the dataset's releases, over every page")
+    limit: int
+    offset: int
+
+
+class HistoryPointPublic(_Public):
+    """The dataset right after a task's last release."""
+
+    task_id: str
+    task_name: str
+    task_index: int = Field(description="1-based among all the dataset's tasks")
+    releases: int = Field(description="the task's releases")
+    epsilon: str = Field(description="the dataset's epsilon then (what epsilon_is says)")
+    naive_sequential_epsilon: str
+    guarantee: GuaranteePair = Field(description="of everything released up to then")
+
+
+class EpsilonHistoryPublic(_Public):
+    """The dataset's ε and naive sequential ε as tasks grow: one point per task with releases."""
+
+    dataset_id: str
+    rule: str
+    epsilon_budget: str
+    epsilon_spent: str
+    naive_sequential_epsilon: str
+    guarantee: GuaranteePair
+    epsilon_is: str = Field(description="what a point's epsilon is: the guarantee, or a filter's progress")
+    tasks: int = Field(description="the dataset's tasks")
+    releases: int = Field(description="the dataset's releases")
+    count: int = Field(description="the points, over every page")
+    limit: int
+    offset: int
+    data: list[HistoryPointPublic]
+
+
 class SignaturePublic(_Public):
     """An Ed25519 signature by the server's key ``key_id`` (``service.verification.signing``)."""
 

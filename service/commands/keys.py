@@ -68,11 +68,11 @@ def _create(args: argparse.Namespace) -> int:
     finally:
         db.dispose()
     if args.json:
-        print(json.dumps(record))
+        print(json.dumps(record.to_json()))
     else:
-        print(record["key"])
+        print(record.key)
         print(
-            f"(key id {record['id']}, tenant {record['tenant_id']}, scope {record['scope']}; "
+            f"(key id {record.id}, tenant {record.tenant_id}, scope {record.scope}; "
             "shown once: only its keyed hash is stored)",
             file=sys.stderr,
         )
@@ -95,7 +95,7 @@ def _revoke(args: argparse.Namespace) -> int:
         return 1
     finally:
         db.dispose()
-    print(json.dumps(record))
+    print(json.dumps(record.to_json()))
     return 0
 
 
@@ -108,7 +108,7 @@ def _list(args: argparse.Namespace) -> int:
         return 2
     db = Database(url)
     try:
-        print(json.dumps(list_api_keys(db, args.tenant)))
+        print(json.dumps(list_api_keys(db, args.tenant).to_json()))
     finally:
         db.dispose()
     return 0

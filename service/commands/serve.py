@@ -351,5 +351,4 @@ def _ensure_admin_key(database: Database, settings: Settings) -> str | None:
         ).first()
     if admin is not None:
         return None
-    key: str = issue_api_key(database, DEFAULT_TENANT, "admin")["key"]
-    return key
+    return issue_api_key(database, DEFAULT_TENANT, "admin").key

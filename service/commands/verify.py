@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         result = audit.verify(db, dataset_id=args.dataset)
     finally:
         db.dispose()
-    print(json.dumps(result))
-    if not result["ok"]:
-        print(broken_message(result), file=sys.stderr)
+    print(json.dumps(result.to_json()))
+    if not result.ok:
+        print(broken_message(result.to_json()), file=sys.stderr)
         return 1
     return 0

@@ -267,7 +267,7 @@ def _run_one(
     from service.experiments.embedded import TENANT
     from service.ledger import views
 
-    history = views.epsilon_history(ledger.db, TENANT, dataset.id)["data"]
+    history = views.epsilon_history(ledger.db, TENANT, dataset.id).data
     matrix = _accuracy_matrix(result)
     spent, tasks = result.spend.spent, result.spend.tasks
     return {
@@ -293,13 +293,13 @@ def _run_one(
             "delta_spent": to_text(spent.delta_spent),
             "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
             "task_epsilon": [to_text(t.epsilon_spent) for t in tasks],
-            "epsilon_after_task": [p["epsilon"] for p in history],
+            "epsilon_after_task": [to_text(p.epsilon) for p in history],
             # What the numbers above are (a Rényi filter's are its progress, a budget share), and
             # the (ε, δ) guarantees of what was released: dataset, per task, after each task.
             "epsilon_spent_is": spent.epsilon_spent_is,
             "guarantee": spent.guarantee.to_json(),
             "task_guarantee": [to_text(t.guarantee.epsilon) for t in tasks],
-            "guarantee_after_task": [p["guarantee"]["epsilon"] for p in history],
+            "guarantee_after_task": [to_text(p.guarantee.epsilon) for p in history],
         },
         "release_metrics": [
             {k: v for k, v in version.metrics.items() if k != "task_accuracy"} for version in result.versions

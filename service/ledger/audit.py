@@ -17,13 +17,14 @@ runs on an exported chain: this module reads the rows and heads it walks.
 Two readings, two audiences: ``verify`` is the operator's (``ledger verify``, reading the database
 directly): every chain of every tenant and the global chain. ``verify_tenant`` is the API's
 (``GET /v1/audit/verify``): only the caller tenant's dataset chains, so neither another tenant's
-entry count nor its breaks (nor its dataset ids) reach a tenant's key.
+entry count nor its breaks (nor its dataset ids) reach a tenant's key. Both answer a frozen
+``ChainCheck``, whose ``to_json`` is the wire form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -129,23 +130,23 @@ def append(session: Session, events: Iterable[AuditEvent], *, now: datetime | No
             )
 
 
-def verify(db: Database, *, dataset_id: str | None = None) -> dict[str, Any]:
+def verify(db: Database, *, dataset_id: str | None = None) -> ChainCheck:
     """The operator's walk (``ledger verify``): every tenant's chains and the global chain (or
-    one dataset's), ``{ok, entries, first_broken, ...}``. Never behind an API key: its count
-    and its breaks are about every tenant (``verify_tenant`` is the API's)."""
-    return verify_chains(db, dataset_id=dataset_id).to_json()
+    one dataset's; then ``head`` is the head walked to). Never behind an API key: its count and
+    its breaks are about every tenant (``verify_tenant`` is the API's)."""
+    return _walk(db, dataset_id=dataset_id)
 
 
-def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None) -> dict[str, Any]:
+def verify_tenant(db: Database, tenant_id: str, *, dataset_id: str | None = None) -> ChainCheck:
     """The API's walk (``GET /v1/audit/verify``): ``tenant_id``'s dataset chains only (or one of
-    them), in the same answer shape; with ``dataset_id``, ``head`` is the head walked to.
+    them), in the same answer; with ``dataset_id``, ``head`` is the head walked to.
 
     The global chain (tenants and keys of every tenant) is left out, not filtered: its entries
     chain through other tenants' entries, so checking "this tenant's part" would still report
     other tenants' breaks and its length would still count their events. Another tenant's
     chains are not read at all: neither their entries nor their breaks can reach the answer.
     """
-    return verify_chains(db, dataset_id=dataset_id, tenant_id=tenant_id).to_json()
+    return _walk(db, dataset_id=dataset_id, tenant_id=tenant_id)
 
 
 def _entries(
@@ -185,7 +186,7 @@ def _entries(
             session.expunge_all()
 
 
-def verify_chains(db: Database, *, dataset_id: str | None = None, tenant_id: str | None = None) -> ChainCheck:
+def _walk(db: Database, *, dataset_id: str | None = None, tenant_id: str | None = None) -> ChainCheck:
     """Walk chains end to end: all of them (``tenant_id`` None, the operator's walk), or only
     ``tenant_id``'s dataset chains; ``dataset_id`` narrows either to that dataset's chain.
 
@@ -211,7 +212,7 @@ def verify_chains(db: Database, *, dataset_id: str | None = None, tenant_id: str
 
         result = check_chain(heads, _entries(session, heads, dataset_id=dataset_id, tenant_id=tenant_id))
     if dataset_id is not None and dataset_id in heads:
-        result.head = heads[dataset_id]
+        return replace(result, head=heads[dataset_id])
     return result
 
 
@@ -223,6 +224,5 @@ __all__ = [
     "chain_rows",
     "entry_hash",
     "verify",
-    "verify_chains",
     "verify_tenant",
 ]

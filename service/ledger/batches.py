@@ -11,8 +11,9 @@ Batch creation locks the dataset's ledger head: concurrent creations on one data
 their records one after the other, so they cannot deadlock on the unique index and the refused
 one can name the record it shares.
 
-The creations, deletions and the task list answer typed values (issue 29 §1: ``TaskAnswer``,
-``TasksPage``, ``BatchesCreated`` of ``CreatedBatch``, ``TaskDeleted``, ``BatchDeleted``), each
+The creations, deletions and the lists answer typed values (issue 29 §1: ``TaskAnswer``,
+``TasksPage``, ``BatchesCreated`` of ``CreatedBatch``, ``TaskDeleted``, ``BatchDeleted``, and
+``BatchesPage`` / ``TaskBatchesPage`` of ``BatchAnswer``, each batch's ``StoredSpend``), each
 with one ``to_json``, its wire form, called at the edge; an idempotent replay is the type's
 ``from_json`` of the stored answer, whose wire form stays that stored JSON.
 """
@@ -27,12 +28,14 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from itertools import chain, repeat
 from typing import Any, Final
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from accountant.exact import to_text
 from accountant.rules import BatchState
 from service.db.models import Batch, BatchRecord, BatchStateRow, Dataset, Task
 from service.db.session import Database, lock_ledger_head
@@ -253,27 +256,88 @@ class BatchDeleted:
         return cls(d["id"], d["task_id"], d["name"], d["size"])
 
 
-def batch_json(row: Batch, state: Mapping[str, Any]) -> dict[str, Any]:
-    """A batch with the spend its state (a ``BatchStateRow``'s JSON) records."""
-    return {
-        "id": row.id,
-        "task_id": row.task_id,
-        "position": row.position,
-        "name": row.name,
-        "size": row.size,
-        "created_at": row.created_at.isoformat(),
-        **spend_of_state(state),
-    }
+@dataclass(frozen=True, slots=True)
+class StoredSpend:
+    """A batch's spend as its stored state (a ``BatchStateRow``'s JSON) records it: committed
+    ``epsilon_spent`` and ``delta_spent`` under the rule, ``epsilon_held`` by open reservations,
+    and the ``naive_sequential_epsilon`` of every charge counted. A field the state lacks is 0."""
+
+    epsilon_spent: Decimal
+    epsilon_held: Decimal
+    delta_spent: Decimal
+    naive_sequential_epsilon: Decimal
+
+    @classmethod
+    def of(cls, state: Mapping[str, Any]) -> StoredSpend:
+        return cls(
+            Decimal(str(state.get("epsilon_spent", "0"))),
+            Decimal(str(state.get("epsilon_held", "0"))),
+            Decimal(str(state.get("delta_spent", "0"))),
+            Decimal(str(state.get("naive_epsilon", "0"))),
+        )
+
+    def to_json(self) -> dict[str, str]:
+        """The spend fields (canonical decimal text, as the state stores them)."""
+        return {
+            "epsilon_spent": to_text(self.epsilon_spent),
+            "epsilon_held": to_text(self.epsilon_held),
+            "delta_spent": to_text(self.delta_spent),
+            "naive_sequential_epsilon": to_text(self.naive_sequential_epsilon),
+        }
 
 
-def spend_of_state(state: Mapping[str, Any]) -> dict[str, str]:
-    """A batch's spend fields, read from its stored state (canonical decimal text)."""
-    return {
-        "epsilon_spent": str(state.get("epsilon_spent", "0")),
-        "epsilon_held": str(state.get("epsilon_held", "0")),
-        "delta_spent": str(state.get("delta_spent", "0")),
-        "naive_sequential_epsilon": str(state.get("naive_epsilon", "0")),
-    }
+@dataclass(frozen=True, slots=True)
+class BatchAnswer:
+    """A batch with the spend its state records, as the batch lists answer it."""
+
+    id: str
+    task_id: str
+    position: int
+    name: str
+    size: int
+    created_at: datetime
+    spend: StoredSpend
+
+    @classmethod
+    def of(cls, row: Batch, state: Mapping[str, Any]) -> BatchAnswer:
+        spend = StoredSpend.of(state)
+        return cls(row.id, row.task_id, row.position, row.name, row.size, row.created_at, spend)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "position": self.position,
+            "name": self.name,
+            "size": self.size,
+            "created_at": self.created_at.isoformat(),
+            **self.spend.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchesPage:
+    """Every batch of a dataset or a task (``list_batches``) and how many they are."""
+
+    data: tuple[BatchAnswer, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [b.to_json() for b in self.data], "count": self.count}
+
+
+@dataclass(frozen=True, slots=True)
+class TaskBatchesPage:
+    """A page of a task's batches (``task_batches``): ``count`` is every batch of the task,
+    ``next`` the ``after`` of the next page (the last position of this one; ``None``: the last
+    page)."""
+
+    data: tuple[BatchAnswer, ...]
+    count: int
+    next: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [b.to_json() for b in self.data], "count": self.count, "next": self.next}
 
 
 def _dataset_key(session: Session, dataset_id: str) -> int:
@@ -828,10 +892,8 @@ def _first_shared_record(
     return None
 
 
-def list_batches(
-    db: Database, tenant_id: str, dataset_id: str, *, task_id: str | None = None
-) -> dict[str, Any]:
-    """Every batch of the dataset (or of one task) with its spend: ``{data, count}``. Unbounded:
+def list_batches(db: Database, tenant_id: str, dataset_id: str, *, task_id: str | None = None) -> BatchesPage:
+    """Every batch of the dataset (or of one task) with its spend. Unbounded:
     for the process's own use (tests, tools); the API pages a task's (``task_batches``)."""
     with db.session(readonly=True) as session:
         load_dataset(session, tenant_id, dataset_id)
@@ -842,7 +904,7 @@ def list_batches(
             _load_task(session, dataset_id, task_id)
             stmt = stmt.where(Batch.task_id == task_id)
         rows = session.execute(stmt.order_by(Batch.created_at, Batch.task_id, Batch.position)).all()
-        return {"data": [batch_json(b, state) for b, state in rows], "count": len(rows)}
+        return BatchesPage(tuple(BatchAnswer.of(b, state) for b, state in rows), len(rows))
 
 
 def task_batches(
@@ -853,8 +915,8 @@ def task_batches(
     *,
     after: int | None = None,
     limit: int = DEFAULT_BATCH_PAGE,
-) -> dict[str, Any]:
-    """A page of a task's batches with their spend, in position order: ``{data, count, next}``.
+) -> TaskBatchesPage:
+    """A page of a task's batches with their spend, in position order.
     ``after`` is a position (the batches after it; ``None``: from the first); ``next`` the
     ``after`` of the next page (``None``: the last); ``count`` the task's batches. A page is one
     range read of the (task_id, position) index, however many batches the task has (500 000
@@ -874,9 +936,9 @@ def task_batches(
             .limit(limit + 1)
         ).all()
         count = session.scalar(select(func.count()).select_from(Batch).where(Batch.task_id == task_id))
-    data = [batch_json(b, state) for b, state in rows[:limit]]
+    data = tuple(BatchAnswer.of(b, state) for b, state in rows[:limit])
     more = len(rows) > limit
-    return {"data": data, "count": int(count or 0), "next": data[-1]["position"] if more else None}
+    return TaskBatchesPage(data, int(count or 0), data[-1].position if more else None)
 
 
 def record_batches(db: Database, dataset_id: str) -> tuple[bytes, dict[bytes, str]]:
@@ -946,14 +1008,17 @@ __all__ = [
     "MAX_RECORD_ID_LENGTH",
     "MAX_TASKS_PER_DATASET",
     "MAX_TASK_PAGE",
+    "BatchAnswer",
     "BatchDeleted",
     "BatchesCreated",
+    "BatchesPage",
     "CreatedBatch",
+    "StoredSpend",
     "TaskAnswer",
+    "TaskBatchesPage",
     "TaskDeleted",
     "TaskLayout",
     "TasksPage",
-    "batch_json",
     "count_records",
     "create_batches",
     "create_task",

@@ -22,7 +22,7 @@ import logging
 import re
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -105,20 +105,70 @@ def check_scope(scope: object) -> str:
     return str(scope)
 
 
-def _tenant_json(tenant: Tenant) -> dict[str, Any]:
-    return {"id": tenant.id, "created_at": tenant.created_at.isoformat()}
+@dataclass(frozen=True, slots=True)
+class TenantAnswer:
+    """A tenant as ``create_tenant`` answers it."""
+
+    id: str
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": self.created_at.isoformat()}
 
 
-def _key_json(key: ApiKey) -> dict[str, Any]:
-    return {
-        "id": key.id,
-        "tenant_id": key.tenant_id,
-        "scope": key.scope,
-        "prefix": key.prefix,
-        "hash_scheme": key.hash_scheme,
-        "created_at": key.created_at.isoformat(),
-        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
-    }
+@dataclass(frozen=True, slots=True)
+class ApiKeyAnswer:
+    """A key as the key operations answer it: never its plaintext, which is not stored (only
+    ``prefix``, what is shown to a human; ``display_prefix``)."""
+
+    id: str
+    tenant_id: str
+    scope: str
+    prefix: str
+    hash_scheme: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, row: ApiKey) -> ApiKeyAnswer:
+        return cls(*_key_fields(row))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant_id": self.tenant_id,
+            "scope": self.scope,
+            "prefix": self.prefix,
+            "hash_scheme": self.hash_scheme,
+            "created_at": self.created_at.isoformat(),
+            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+        }
+
+
+def _key_fields(row: ApiKey) -> tuple[str, str, str, str, str, datetime, datetime | None]:
+    return (row.id, row.tenant_id, row.scope, row.prefix, row.hash_scheme, row.created_at, row.revoked_at)
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedApiKey(ApiKeyAnswer):
+    """A key just issued, with its plaintext ``key``: in this answer only (the database keeps
+    its hash), and kept out of ``repr``."""
+
+    key: str = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**ApiKeyAnswer.to_json(self), "key": self.key}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeysPage:
+    """A tenant's keys (``list_api_keys``), oldest first, and how many they are."""
+
+    data: tuple[ApiKeyAnswer, ...]
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": [k.to_json() for k in self.data], "count": self.count}
 
 
 def _ensure_tenant(session: Session, tenant_id: str, now: datetime) -> tuple[Tenant, bool]:
@@ -131,7 +181,7 @@ def _ensure_tenant(session: Session, tenant_id: str, now: datetime) -> tuple[Ten
     return tenant, True
 
 
-def create_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
+def create_tenant(db: Database, tenant_id: str) -> TenantAnswer:
     """Create a tenant; ``Conflict`` (``tenant_exists``) if it exists."""
     check_tenant_id(tenant_id)
     now = utcnow()
@@ -140,11 +190,11 @@ def create_tenant(db: Database, tenant_id: str) -> dict[str, Any]:
         session.add(tenant)
         session.flush()
         audit.append(session, [audit.AuditEvent("tenant.created", {}, tenant_id=tenant_id)], now=now)
-        return _tenant_json(tenant)
+        return TenantAnswer(tenant.id, tenant.created_at)
 
 
-def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = None) -> dict[str, Any]:
-    """Create a key for ``tenant`` (created if missing): ``{id, key, tenant_id, scope, ...}``.
+def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = None) -> IssuedApiKey:
+    """Create a key for ``tenant`` (created if missing), generated or the chosen ``key``.
 
     The plaintext ``key`` is in this answer only; the database keeps its hash.
     """
@@ -173,22 +223,21 @@ def issue_api_key(db: Database, tenant: str, scope: str, *, key: str | None = No
             audit.AuditEvent("api_key.created", {"key_id": row.id, "scope": scope}, tenant_id=tenant)
         )
         audit.append(session, events, now=now)
-        return {**_key_json(row), "key": plaintext}
+        return IssuedApiKey(*_key_fields(row), plaintext)
 
 
 def create_api_key(db: Database, tenant: str, scope: str) -> str:
     """A new key of ``scope`` for ``tenant`` (created if missing); returns the plaintext key."""
-    key: str = issue_api_key(db, tenant, scope)["key"]
-    return key
+    return issue_api_key(db, tenant, scope).key
 
 
-def list_api_keys(db: Database, tenant_id: str) -> dict[str, Any]:
+def list_api_keys(db: Database, tenant_id: str) -> ApiKeysPage:
+    """The tenant's keys, oldest first (revoked ones too; never a plaintext)."""
     with db.session(readonly=True) as session:
         rows = session.scalars(
             select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)
         ).all()
-        data = [_key_json(r) for r in rows]
-        return {"data": data, "count": len(data)}
+        return ApiKeysPage(tuple(ApiKeyAnswer.of(r) for r in rows), len(rows))
 
 
 def check_chosen_key(key: object, field: str) -> str:
@@ -306,8 +355,9 @@ def check_key_hash_secret(db: Database) -> None:
     logger.warning("%s", message)
 
 
-def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -> dict[str, Any]:
-    """Revoke a key by id (within ``tenant_id`` when given; another tenant's key is NotFound)."""
+def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -> ApiKeyAnswer:
+    """Revoke a key by id (within ``tenant_id`` when given; another tenant's key is NotFound);
+    the key as revoked (revoking it again changes nothing and answers the same)."""
     now = utcnow()
     with db.session() as session:
         row = session.get(ApiKey, key_id)
@@ -321,7 +371,7 @@ def revoke_api_key(db: Database, key_id: str, *, tenant_id: str | None = None) -
                 [audit.AuditEvent("api_key.revoked", {"key_id": row.id}, tenant_id=row.tenant_id)],
                 now=now,
             )
-        return _key_json(row)
+        return ApiKeyAnswer.of(row)
 
 
 def ensure_bootstrap_admin_key(db: Database, key: str) -> Principal | None:
@@ -400,7 +450,11 @@ def _ensure_bootstrap_admin_key(db: Database, key: str) -> Principal | None:
 
 __all__ = [
     "DEFAULT_TENANT",
+    "ApiKeyAnswer",
+    "ApiKeysPage",
+    "IssuedApiKey",
     "Principal",
+    "TenantAnswer",
     "authenticate",
     "authenticate_many",
     "check_chosen_key",

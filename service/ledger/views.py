@@ -16,7 +16,9 @@ batches are disjoint and a batch's spend and naive ε never decrease (INTERFACES
 ``BatchState``), the dataset's value after a commit is the running maximum of those numbers over
 the commits so far: parallel composition over batches, applied through time.
 
-Numbers are decimal strings, exact, as the ledger stores them.
+Each view answers a frozen typed value (``SpendSummaries``, ``BatchSpendPage``, ``ReleasesPage``,
+``EpsilonHistory``: ``Decimal`` amounts, datetimes) whose one ``to_json`` is its wire form, made
+at the edge (issue 29 §1). There numbers are decimal strings, exact, as the ledger stores them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from service.db.models import (
     Task,
 )
 from service.db.session import Database
-from service.ledger.batches import spend_of_state
+from service.ledger.batches import StoredSpend
 from service.ledger.datasets import MAX_PAGE, budget_of, check_page, dataset_page, load_dataset, records_of
 from service.ledger.dp_statement import guarantee_of
 from service.ledger.spending.answers import EpsilonDelta
@@ -111,13 +113,114 @@ def spend_summaries(db: Database, tenant_id: str, *, limit: int = 100, offset: i
         return SpendSummaries(_summaries(session, rows), count)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchSpend:
+    """A batch in the per-batch view: its task, the spend its state records, how many charges
+    ``reads`` it, the geometric ``levels`` it uses (held or committed) and the (ε, δ)
+    ``guarantee`` of what was released from it (``accountant.statements.batch_guarantee``;
+    ``None`` for a state the ledger did not write: shown, not interpreted)."""
+
+    id: str
+    name: str
+    task_id: str
+    task_name: str
+    position: int
+    size: int
+    spend: StoredSpend
+    reads: int
+    levels: tuple[int, ...]
+    guarantee: EpsilonDelta | None
+
+    @classmethod
+    def of(
+        cls, budget: Budget, row: Batch, task_name: str, stored_state: Any, reserved: Reserved | None
+    ) -> BatchSpend:
+        state = stored_state if isinstance(stored_state, dict) else {}
+        levels = state.get("levels", [])
+        try:
+            guarantee: EpsilonDelta | None = EpsilonDelta(
+                *batch_guarantee(budget, BatchState.from_json(state), reserved)
+            )
+        except InvalidArgumentError:  # a state the ledger did not write: shown, not interpreted
+            guarantee = None
+        return cls(
+            row.id,
+            row.name,
+            row.task_id,
+            task_name,
+            row.position,
+            row.size,
+            StoredSpend.of(state),
+            int(state.get("reads", 0)),
+            tuple(int(k) for k in levels) if isinstance(levels, list) else (),
+            guarantee,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "task_id": self.task_id,
+            "task_name": self.task_name,
+            "position": self.position,
+            "size": self.size,
+            **self.spend.to_json(),
+            "reads": self.reads,
+            "levels": list(self.levels),
+            "guarantee": None if self.guarantee is None else self.guarantee.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpendPage:
+    """A page of the dataset's batches with their spend (``batch_spend``), under the dataset's
+    ``spent`` head; ``count`` is every batch of the dataset."""
+
+    spent: Spent
+    count: int
+    limit: int
+    offset: int
+    data: tuple[BatchSpend, ...]
+
+    @property
+    def allowances(self) -> dict[int, Decimal]:
+        """Under a geometric budget, the allowance first·ratioᵏ of each level ``k`` this page's
+        batches use, by level (empty under any other rule)."""
+        schedule = self.spent.budget.geometric
+        if schedule is None:
+            return {}
+        return {k: schedule.allowance(k) for k in sorted({k for b in self.data for k in b.levels})}
+
+    def to_json(self) -> dict[str, Any]:
+        spent = self.spent
+        answer: dict[str, Any] = {
+            "dataset_id": spent.dataset_id,
+            "rule": spent.rule,
+            "epsilon_budget": to_text(spent.epsilon_budget),
+            "epsilon_spent": to_text(spent.epsilon_spent),
+            "guarantee": spent.guarantee.to_json(),
+            "count": self.count,
+            "limit": self.limit,
+            "offset": self.offset,
+            "data": [b.to_json() for b in self.data],
+        }
+        schedule = spent.budget.geometric
+        if schedule is not None:
+            answer["geometric"] = {
+                **schedule.to_json(),
+                "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
+                "allowances": {str(k): to_text(v) for k, v in self.allowances.items()},
+            }
+        return answer
+
+
 def batch_spend(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = 500, offset: int = 0
-) -> dict[str, Any]:
+) -> BatchSpendPage:
     """A page of the dataset's batches with their spend, in task order then batch position.
 
-    ``{dataset_id, rule, epsilon_budget, epsilon_spent, count, limit, offset, data: [{id, name,
-    task_id, task_name, position, size, epsilon_spent, epsilon_held, delta_spent,
+    Its wire form: ``{dataset_id, rule, epsilon_budget, epsilon_spent, count, limit, offset, data:
+    [{id, name, task_id, task_name, position, size, epsilon_spent, epsilon_held, delta_spent,
     naive_sequential_epsilon, reads, levels, guarantee: {epsilon, delta}}], guarantee,
     geometric?: {first, ratio, infinite_horizon_bound, allowances: {level: ε}}}``. ``levels``: the
     geometric levels the block (batch) uses, held or committed; ``allowances`` covers the levels
@@ -141,55 +244,12 @@ def batch_spend(
         budget = budget_of(dataset)
         runs = budget.rule == "parallel" and budget.accountant != "basic"
         reserved = reserved_of_batches(session, [batch.id for batch, _, _ in rows]) if runs else {}
-        data = [
-            _batch_json(budget, batch, task_name, state, reserved.get(batch.id))
+        data = tuple(
+            BatchSpend.of(budget, batch, task_name, state, reserved.get(batch.id))
             for batch, task_name, state in rows
-        ]
+        )
         (spent,) = spent_of(session, [dataset])
-        answer: dict[str, Any] = {
-            "dataset_id": spent.dataset_id,
-            "rule": spent.rule,
-            "epsilon_budget": to_text(spent.epsilon_budget),
-            "epsilon_spent": to_text(spent.epsilon_spent),
-            "guarantee": spent.guarantee.to_json(),
-            "count": count or 0,
-            "limit": limit,
-            "offset": offset,
-            "data": data,
-        }
-        schedule = budget.geometric
-    if schedule is not None:
-        used = sorted({level for item in data for level in item["levels"]})
-        answer["geometric"] = {
-            **schedule.to_json(),
-            "infinite_horizon_bound": to_text(schedule.infinite_horizon_bound()),
-            "allowances": {str(k): to_text(schedule.allowance(k)) for k in used},
-        }
-    return answer
-
-
-def _batch_json(
-    budget: Budget, row: Batch, task_name: str, stored_state: Any, reserved: Reserved | None
-) -> dict[str, Any]:
-    state = stored_state if isinstance(stored_state, dict) else {}
-    levels = state.get("levels", [])
-    try:
-        eps, dlt = batch_guarantee(budget, BatchState.from_json(state), reserved)
-        guarantee: dict[str, str] | None = {"epsilon": to_text(eps), "delta": to_text(dlt)}
-    except InvalidArgumentError:  # a state the ledger did not write: shown, not interpreted
-        guarantee = None
-    return {
-        "id": row.id,
-        "name": row.name,
-        "task_id": row.task_id,
-        "task_name": task_name,
-        "position": row.position,
-        "size": row.size,
-        **spend_of_state(state),
-        "reads": int(state.get("reads", 0)),
-        "levels": [int(k) for k in levels] if isinstance(levels, list) else [],
-        "guarantee": guarantee,
-    }
+    return BatchSpendPage(spent, count or 0, limit, offset, data)
 
 
 # Fields of a stored certificate the timeline shows, extracted by the database (the certificate
@@ -205,13 +265,86 @@ _WITHIN_BUDGET = Certificate.body[("result", "within_budget")].as_boolean()
 _THEOREM = Certificate.body["theorem"].as_string()
 
 
+@dataclass(frozen=True, slots=True)
+class StatedPair:
+    """An (ε, δ) pair as a certificate states it: its decimal text, quoted."""
+
+    epsilon: str | None
+    delta: str | None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"epsilon": self.epsilon, "delta": self.delta}
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseHeadline:
+    """A release in the timeline with its certificate's headline. The certificate's own numbers
+    (``epsilon``, ``delta``, ``naive_epsilon``, the ``charge`` and the ``guarantee`` it states)
+    are quoted as its text, read from the stored certificate by the database; ``held_at_release``
+    is what open reservations held the moment it was certified (``held_at``)."""
+
+    certificate_id: str
+    release_id: str
+    reservation_id: str
+    model: str
+    version: str
+    created_at: datetime
+    content_hash: str
+    theorem: str | None
+    epsilon: str | None
+    delta: str | None
+    naive_epsilon: str | None
+    charge: StatedPair
+    guarantee: StatedPair | None
+    within_budget: bool | None
+    held_at_release: Decimal
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "certificate_id": self.certificate_id,
+            "release_id": self.release_id,
+            "reservation_id": self.reservation_id,
+            "model": self.model,
+            "version": self.version,
+            "created_at": self.created_at.isoformat(),
+            "content_hash": self.content_hash,
+            "theorem": self.theorem,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "naive_epsilon": self.naive_epsilon,
+            "charge": self.charge.to_json(),
+            "budget_share": self.charge.to_json(),
+            "guarantee": None if self.guarantee is None else self.guarantee.to_json(),
+            "within_budget": self.within_budget,
+            "held_at_release": {"epsilon": to_text(self.held_at_release)},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReleasesPage:
+    """A page of the dataset's releases, newest first; ``count`` is every release."""
+
+    data: tuple[ReleaseHeadline, ...]
+    count: int
+    limit: int
+    offset: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "data": [r.to_json() for r in self.data],
+            "count": self.count,
+            "limit": self.limit,
+            "offset": self.offset,
+        }
+
+
 def releases(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = 50, offset: int = 0
-) -> dict[str, Any]:
-    """The dataset's releases with their certificates' headline, newest first: ``{data, count}``.
+) -> ReleasesPage:
+    """The dataset's releases with their certificates' headline, newest first.
 
-    Each item: ``{certificate_id, release_id, reservation_id, model, version, created_at,
-    content_hash, theorem, epsilon, delta, naive_epsilon, charge: {epsilon, delta},
+    Each item's wire form: ``{certificate_id, release_id, reservation_id, model, version,
+    created_at, content_hash, theorem, epsilon, delta, naive_epsilon, charge: {epsilon, delta},
     budget_share: {epsilon, delta}, guarantee: {epsilon, delta} | null, within_budget}`` —
     ``epsilon`` / ``naive_epsilon`` are the certificate's result (the largest spend over the
     batches the release read, after it; for a Rényi filter its progress); ``guarantee`` the
@@ -253,34 +386,31 @@ def releases(
             select(func.count()).select_from(Certificate).where(Certificate.dataset_id == dataset_id)
         )
         held = held_at(session, dataset_id, [r.created_at for r in rows])
-    return {
-        "data": [
-            {
-                "certificate_id": r.id,
-                "release_id": r.release_id,
-                "reservation_id": r.reservation_id,
-                "model": r.model,
-                "version": r.version,
-                "created_at": r.created_at.isoformat(),
-                "content_hash": r.content_hash,
-                "theorem": r.theorem,
-                "epsilon": r.epsilon,
-                "delta": r.delta,
-                "naive_epsilon": r.naive_epsilon,
-                "charge": {"epsilon": r.charge_epsilon, "delta": r.charge_delta},
-                "budget_share": {"epsilon": r.charge_epsilon, "delta": r.charge_delta},
-                "guarantee": None
-                if r.guarantee_epsilon is None
-                else {"epsilon": r.guarantee_epsilon, "delta": r.guarantee_delta},
-                "within_budget": None if r.within_budget is None else bool(r.within_budget),
-                "held_at_release": {"epsilon": to_text(held[r.created_at])},
-            }
+    return ReleasesPage(
+        tuple(
+            ReleaseHeadline(
+                r.id,
+                r.release_id,
+                r.reservation_id,
+                r.model,
+                r.version,
+                r.created_at,
+                r.content_hash,
+                r.theorem,
+                r.epsilon,
+                r.delta,
+                r.naive_epsilon,
+                StatedPair(r.charge_epsilon, r.charge_delta),
+                None if r.guarantee_epsilon is None else StatedPair(r.guarantee_epsilon, r.guarantee_delta),
+                None if r.within_budget is None else bool(r.within_budget),
+                held[r.created_at],
+            )
             for r in rows
-        ],
-        "count": count or 0,
-        "limit": limit,
-        "offset": offset,
-    }
+        ),
+        count or 0,
+        limit,
+        offset,
+    )
 
 
 def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> dict[datetime, Decimal]:
@@ -353,9 +483,67 @@ def held_at(session: Session, dataset_id: str, instants: Sequence[datetime]) -> 
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """The dataset right after a task's last release: the task (``task_index`` 1-based among
+    all the dataset's tasks), its ``releases``, the dataset's ``epsilon`` and naive sequential ε
+    then, and the (ε, δ) ``guarantee`` of everything released up to then."""
+
+    task_id: str
+    task_name: str
+    task_index: int
+    releases: int
+    epsilon: Decimal
+    naive_sequential_epsilon: Decimal
+    guarantee: EpsilonDelta
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "task_name": self.task_name,
+            "task_index": self.task_index,
+            "releases": self.releases,
+            "epsilon": to_text(self.epsilon),
+            "naive_sequential_epsilon": to_text(self.naive_sequential_epsilon),
+            "guarantee": self.guarantee.to_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EpsilonHistory:
+    """A page of the dataset's history points (``epsilon_history``) under its ``spent`` head:
+    how many ``tasks`` it has, how many ``releases`` in all, and ``count`` points."""
+
+    spent: Spent
+    tasks: int
+    releases: int
+    count: int
+    limit: int
+    offset: int
+    data: tuple[HistoryPoint, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        spent = self.spent
+        return {
+            "dataset_id": spent.dataset_id,
+            "rule": spent.rule,
+            "epsilon_budget": to_text(spent.epsilon_budget),
+            "epsilon_spent": to_text(spent.epsilon_spent),
+            "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
+            "guarantee": spent.guarantee.to_json(),
+            "epsilon_is": spent.epsilon_spent_is,
+            "tasks": self.tasks,
+            "releases": self.releases,
+            "count": self.count,
+            "limit": self.limit,
+            "offset": self.offset,
+            "data": [p.to_json() for p in self.data],
+        }
+
+
 def epsilon_history(
     db: Database, tenant_id: str, dataset_id: str, *, limit: int = 1000, offset: int = 0
-) -> dict[str, Any]:
+) -> EpsilonHistory:
     """The dataset's guarantee, ε and naive sequential ε as tasks grow: one point per task with
     releases.
 
@@ -364,12 +552,12 @@ def epsilon_history(
     is the dataset's ``epsilon`` and ``naive_sequential_epsilon`` right after that task's last
     release (in commit order): running maxima over the certificates (module docstring).
 
-    ``{dataset_id, rule, epsilon_budget, epsilon_spent, naive_sequential_epsilon, guarantee,
-    epsilon_is, tasks, releases, count, limit, offset, data: [{task_id, task_name, task_index,
-    releases, epsilon, naive_sequential_epsilon, guarantee: {epsilon, delta}}]}``; a point's
-    ``guarantee`` is the (ε, δ) guarantee of everything released from the dataset up to that
-    task's last release (the running maximum of the releases' guarantees: each is the maximum
-    over the batches it read, and a batch's never decreases); its ``epsilon`` is what
+    Its wire form: ``{dataset_id, rule, epsilon_budget, epsilon_spent, naive_sequential_epsilon,
+    guarantee, epsilon_is, tasks, releases, count, limit, offset, data: [{task_id, task_name,
+    task_index, releases, epsilon, naive_sequential_epsilon, guarantee: {epsilon, delta}}]}``; a
+    point's ``guarantee`` is the (ε, δ) guarantee of everything released from the dataset up to
+    that task's last release (the running maximum of the releases' guarantees: each is the
+    maximum over the batches it read, and a batch's never decreases); its ``epsilon`` is what
     ``epsilon_is`` says (for a Rényi filter its progress, a budget share, not a guarantee).
     ``task_index`` is 1-based among all the dataset's tasks; ``count`` is the number of points,
     paged by ``limit`` / ``offset``.
@@ -408,37 +596,19 @@ def epsilon_history(
         )
         points, total = _task_points(commits, newest_task, lambda cid: _stated_guarantee(db, cid))
         (spent,) = spent_of(session, [dataset])
-    answer_head = {
-        "dataset_id": spent.dataset_id,
-        "rule": spent.rule,
-        "epsilon_budget": to_text(spent.epsilon_budget),
-        "epsilon_spent": to_text(spent.epsilon_spent),
-        "naive_sequential_epsilon": to_text(spent.naive_sequential_epsilon),
-        "guarantee": spent.guarantee.to_json(),
-        "epsilon_is": spent.epsilon_spent_is,
-    }
     ordered = sorted(points.items())
-    page = ordered[offset : offset + limit]
-    return {
-        **answer_head,
-        "tasks": len(tasks),
-        "releases": total,
-        "count": len(ordered),
-        "limit": limit,
-        "offset": offset,
-        "data": [
-            {
-                "task_id": tasks[k].id,
-                "task_name": tasks[k].name,
-                "task_index": k + 1,
-                "releases": n,
-                "epsilon": to_text(eps),
-                "naive_sequential_epsilon": to_text(naive),
-                "guarantee": EpsilonDelta(*guarantee).to_json(),
-            }
-            for k, (n, eps, naive, guarantee) in page
-        ],
-    }
+    return EpsilonHistory(
+        spent,
+        len(tasks),
+        total,
+        len(ordered),
+        limit,
+        offset,
+        tuple(
+            HistoryPoint(tasks[k].id, tasks[k].name, k + 1, n, eps, naive, EpsilonDelta(*guarantee))
+            for k, (n, eps, naive, guarantee) in ordered[offset : offset + limit]
+        ),
+    )
 
 
 def _stated_guarantee(db: Database, certificate_id: str) -> tuple[Decimal, Decimal]:
@@ -481,8 +651,15 @@ def _task_points(
 
 __all__ = [
     "MAX_PAGE",
+    "BatchSpend",
+    "BatchSpendPage",
+    "EpsilonHistory",
+    "HistoryPoint",
+    "ReleaseHeadline",
+    "ReleasesPage",
     "SpendSummaries",
     "SpendSummary",
+    "StatedPair",
     "batch_spend",
     "epsilon_history",
     "releases",

@@ -109,7 +109,7 @@ class ChainEntry:
         )
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ChainCheck:
     """``first_broken``: the ``seq`` of the first broken entry (``None`` when the break is a
     missing tail with no entry to point at, or the entry's ``seq`` is unknown); ``chain`` /

@@ -345,7 +345,7 @@ def wait_for_dead_backends(probe: Probe, db: Database) -> None:
 
 def chains_verify(db: Database) -> None:
     checked = audit.verify(db)
-    assert checked["ok"], checked
+    assert checked.ok, checked
 
 
 # ---- the test ------------------------------------------------------------------------------------

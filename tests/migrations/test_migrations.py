@@ -248,7 +248,7 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
     db = Database(empty_database_url)
     try:
         ds, ids, held = _a_spend_and_a_hold(db, 6, spent=slice(None, 4), held=slice(2, None))
-        before = views.batch_spend(db, "acme", ds)["data"]
+        before = views.batch_spend(db, "acme", ds).to_json()["data"]
         members = reservations.all_batches(db, "acme", held["id"])
     finally:
         db.dispose()
@@ -270,7 +270,7 @@ def test_state_classes_migrate_both_ways_and_keep_every_ledger(empty_database_ur
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
     try:
-        assert views.batch_spend(db, "acme", ds)["data"] == before
+        assert views.batch_spend(db, "acme", ds).to_json()["data"] == before
         assert reservations.get_reservation(db, "acme", held["id"]).to_json()["batches"] == held["batches"]
         assert reservations.all_batches(db, "acme", held["id"]) == members
         answer = reservations.commit(db, "acme", held["id"], release={"model": "m", "version": "2"}).to_json()
@@ -351,7 +351,7 @@ def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
     db = Database(empty_database_url)
     try:
         ds, ids, _ = _a_spend_and_a_hold(db, 3, spent=slice(None, 2), held=slice(1, None))
-        shown = {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]}
+        shown = {b["id"]: b for b in batches.list_batches(db, "acme", ds).to_json()["data"]}
     finally:
         db.dispose()
     assert shown[ids[1]]["epsilon_spent"] == "0.25" and shown[ids[1]]["epsilon_held"] == "0.5"
@@ -412,7 +412,7 @@ def test_lean_batch_rows_migrate_both_ways(empty_database_url: URL) -> None:
     migrations.upgrade(empty_database_url)
     db = Database(empty_database_url)
     try:
-        assert {b["id"]: b for b in batches.list_batches(db, "acme", ds)["data"]} == shown
+        assert {b["id"]: b for b in batches.list_batches(db, "acme", ds).to_json()["data"]} == shown
     finally:
         db.dispose()
 
@@ -584,7 +584,7 @@ def test_duplicate_dataset_names_are_renamed_and_every_ledger_stays_valid(empty_
         names = [datasets.get_dataset(db, "acme", i).name for i in ids]
         assert names == ["a", "a (3)", "a (2)", "a (4)"]
         assert datasets.get_dataset(db, "rival", other).name == "a"
-        assert audit.verify(db)["ok"]
+        assert audit.verify(db).ok
         (stored,) = certificates.list_certificates(db, "acme", ids[1])["data"]
         assert verify(stored["certificate"]).ok
         with pytest.raises(Conflict) as taken:
@@ -681,7 +681,7 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
         before = (
             {r: reservations.get_reservation(db, "acme", r).to_json() for r in ids},
             {r: reservations.all_batches(db, "acme", r) for r in ids},
-            views.batch_spend(db, "acme", ds)["data"],
+            views.batch_spend(db, "acme", ds).to_json()["data"],
         )
     finally:
         db.dispose()
@@ -705,7 +705,7 @@ def test_compact_tasks_migrate_both_ways_and_keep_every_ledger(
         after = (
             {r: reservations.get_reservation(db, "acme", r).to_json() for r in ids},
             {r: reservations.all_batches(db, "acme", r) for r in ids},
-            views.batch_spend(db, "acme", ds)["data"],
+            views.batch_spend(db, "acme", ds).to_json()["data"],
         )
         assert after == before
         answer = reservations.commit(db, "acme", held.id, release={"model": "m", "version": "2"})
@@ -804,7 +804,7 @@ def test_batch_records_move_to_integer_keys_and_back(empty_database_url: URL) ->
         third = datasets.create_dataset(db, "acme", name="three", budget=budget).id
         numbered = dict(db.read_all(sa.text("SELECT id, key FROM datasets"), {}))
         assert numbered == {first: 1, second: 2, third: 3}  # in creation order; the next after them
-        assert audit.verify(db)["ok"]
+        assert audit.verify(db).ok
     finally:
         db.dispose()
 
@@ -845,6 +845,6 @@ def test_every_existing_dataset_is_marked_priced_before_v3(empty_database_url: U
         new = datasets.create_dataset(db, "acme", name="new", budget=budget).id
         assert {d: bool(m) for d, m in db.read_all(marks)} == {old: True, new: False}
         assert spent.get_spend(db, "acme", old).to_json()["guarantee"]["epsilon"] == "0"
-        assert audit.verify(db)["ok"]
+        assert audit.verify(db).ok
     finally:
         db.dispose()

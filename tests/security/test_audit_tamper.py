@@ -69,8 +69,8 @@ def _exec(db: Database, sql: str, **params: Any) -> None:
 
 def test_untouched_chains_verify(db: Database) -> None:
     world = _world(db)
-    assert audit.verify(db)["ok"]
-    assert audit.verify(db, dataset_id=world.dataset)["ok"]
+    assert audit.verify(db).ok
+    assert audit.verify(db, dataset_id=world.dataset).ok
     assert len(_entries(db, world.dataset)) >= 6
 
 
@@ -79,15 +79,15 @@ def test_edit_is_detected(db: Database) -> None:
     entry = _entries(db, world.dataset)[2]
     _exec(db, "UPDATE audit_log SET payload = :p WHERE seq = :s", p='{"epsilon": "0"}', s=entry.seq)
     result = audit.verify(db, dataset_id=world.dataset)
-    assert not result["ok"] and result["first_broken"] == entry.seq, result
-    assert not audit.verify(db)["ok"]
+    assert not result.ok and result.first_broken == entry.seq, result
+    assert not audit.verify(db).ok
 
 
 def test_edit_of_a_timestamp_is_detected(db: Database) -> None:
     world = _world(db)
     entry = _entries(db, world.dataset)[1]
     _exec(db, "UPDATE audit_log SET created_at = :t WHERE seq = :s", t="2001-01-01 00:00:00", s=entry.seq)
-    assert not audit.verify(db, dataset_id=world.dataset)["ok"]
+    assert not audit.verify(db, dataset_id=world.dataset).ok
 
 
 def test_delete_in_the_middle_is_detected(db: Database) -> None:
@@ -95,7 +95,7 @@ def test_delete_in_the_middle_is_detected(db: Database) -> None:
     entry = _entries(db, world.dataset)[2]
     _exec(db, "DELETE FROM audit_log WHERE seq = :s", s=entry.seq)
     result = audit.verify(db, dataset_id=world.dataset)
-    assert not result["ok"], result
+    assert not result.ok, result
 
 
 def test_reorder_is_detected(db: Database) -> None:
@@ -106,7 +106,7 @@ def test_reorder_is_detected(db: Database) -> None:
     _exec(db, "UPDATE audit_log SET chain_seq = :n WHERE seq = :s", n=a.chain_seq, s=b.seq)
     _exec(db, "UPDATE audit_log SET chain_seq = :n WHERE seq = :s", n=b.chain_seq, s=a.seq)
     result = audit.verify(db, dataset_id=world.dataset)
-    assert not result["ok"], result
+    assert not result.ok, result
 
 
 def test_truncated_tail_is_detected_by_the_stored_head(db: Database) -> None:
@@ -114,7 +114,7 @@ def test_truncated_tail_is_detected_by_the_stored_head(db: Database) -> None:
     last = _entries(db, world.dataset)[-1]
     _exec(db, "DELETE FROM audit_log WHERE seq = :s", s=last.seq)
     result = audit.verify(db, dataset_id=world.dataset)
-    assert not result["ok"] and result["chain"] == world.dataset, result
+    assert not result.ok and result.chain == world.dataset, result
 
 
 def test_truncated_global_tail_is_detected_by_audit_head(db: Database) -> None:
@@ -122,7 +122,7 @@ def test_truncated_global_tail_is_detected_by_audit_head(db: Database) -> None:
     last = _entries(db, audit.GLOBAL_CHAIN)[-1]
     _exec(db, "DELETE FROM audit_log WHERE seq = :s", s=last.seq)
     result = audit.verify(db)
-    assert not result["ok"] and result["chain"] == audit.GLOBAL_CHAIN, result
+    assert not result.ok and result.chain == audit.GLOBAL_CHAIN, result
 
 
 def _pinned_head_holds(pinned: dict[str, Any], entries: list[dict[str, Any]]) -> bool:
@@ -155,8 +155,8 @@ def test_truncation_with_a_rewritten_head_needs_an_external_head(db: Database, t
                 d=world.dataset,
             )
             # Blind spot: the database alone now verifies.
-            assert audit.verify(db, dataset_id=world.dataset)["ok"]
-            assert audit.verify(db)["ok"]
+            assert audit.verify(db, dataset_id=world.dataset).ok
+            assert audit.verify(db).ok
             later = collect(client, world.dataset)
             assert later["audit"]["verify"]["ok"]
             # The pinned head catches it.

@@ -57,13 +57,13 @@ def test_a_tenants_count_covers_its_own_dataset_chains_only(
 ) -> None:
     acme, rival = _two_tenants(db)
     whole = audit.verify(db)  # the operator's walk: every chain, the global one included
-    assert whole["ok"]
+    assert whole.ok
     mine = _verify(client, keys.get("acme", "viewer"))
     theirs = _verify(client, keys.get("rival", "viewer"))
-    assert mine == {**whole, "entries": _chain_length(db, *(w.dataset for w in acme))}
+    assert mine == {**whole.to_json(), "entries": _chain_length(db, *(w.dataset for w in acme))}
     assert theirs["ok"] and theirs["entries"] == _chain_length(db, rival.dataset)
     # neither count includes the other tenant's chains nor the global chain (tenant/key events)
-    assert mine["entries"] + theirs["entries"] < whole["entries"]
+    assert mine["entries"] + theirs["entries"] < whole.entries
     assert _chain_length(db, audit.GLOBAL_CHAIN) > 0
     # one dataset of one's own narrows it further; another tenant's is 404, as an unknown id
     assert _verify(client, keys.get("acme", "viewer"), dataset_id=acme[0].dataset)["entries"] == (
@@ -112,7 +112,7 @@ def test_a_broken_global_chain_is_the_operators_to_see(client: TestClient, db: D
         body = _verify(client, keys.get(tenant, "viewer"))
         assert body["ok"] is True and body["chain"] is None, body
     whole = audit.verify(db)
-    assert not whole["ok"] and whole["chain"] == audit.GLOBAL_CHAIN
+    assert not whole.ok and whole.chain == audit.GLOBAL_CHAIN
 
 
 def test_a_tenants_own_break_is_reported_to_it(client: TestClient, db: Database, keys: Keys) -> None:

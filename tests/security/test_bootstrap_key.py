@@ -50,8 +50,8 @@ def test_start_up_keeps_a_revoked_bootstrap_key_revoked(
     assert new_key is None  # no first-start key printed in its place either
     assert tenancy.authenticate(db, BOOTSTRAP_KEY) is None
     assert _key_count(db) == count
-    (row,) = tenancy.list_api_keys(db, "default")["data"]
-    assert row["id"] == principal.key_id and row["revoked_at"] is not None
+    (row,) = tenancy.list_api_keys(db, "default").data
+    assert row.id == principal.key_id and row.revoked_at is not None
     warning = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert principal.key_id in warning and "stays revoked" in warning
     assert BOOTSTRAP_KEY not in caplog.text  # the log names the key's id, never the key
@@ -70,8 +70,8 @@ def test_a_bootstrap_key_that_is_another_tenants_key_is_left_alone(
     with caplog.at_level(logging.WARNING, logger="service.ledger.tenancy"):
         assert _ensure_admin_key(db, _settings(database_url, chosen)) is None
     principal = tenancy.authenticate(db, chosen)
-    assert principal == tenancy.Principal("rival", "viewer", issued["id"])  # not promoted
-    assert issued["id"] in caplog.text and "left as it is" in caplog.text
+    assert principal == tenancy.Principal("rival", "viewer", issued.id)  # not promoted
+    assert issued.id in caplog.text and "left as it is" in caplog.text
 
 
 def test_bootstrap_key_must_be_long_and_unpadded(db: Database) -> None:

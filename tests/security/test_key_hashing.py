@@ -112,8 +112,8 @@ def test_keys_stored_before_hmac_keep_working_and_are_rehashed(empty_database_ur
         assert tenancy.authenticate(db, generated) == found[generated]
         assert tenancy.authenticate(db, chosen) == found[chosen]
         assert tenancy.authenticate(db, revoked) is None
-        listed = {k["id"]: k for k in tenancy.list_api_keys(db, "acme")["data"]}
-        assert listed["key_revoked"]["hash_scheme"] == "sha256"  # the operator sees what is left
+        listed = {k.id: k for k in tenancy.list_api_keys(db, "acme").data}
+        assert listed["key_revoked"].hash_scheme == "sha256"  # the operator sees what is left
     finally:
         db.dispose()
 
@@ -129,7 +129,7 @@ def test_a_legacy_digest_never_stands_for_an_hmac_row(db: Database) -> None:
     with db.engine.begin() as conn:
         conn.execute(
             text("UPDATE api_keys SET key_hash = :h WHERE id = :i"),
-            {"h": tenancy.legacy_hash_key(other), "i": issued["id"]},
+            {"h": tenancy.legacy_hash_key(other), "i": issued.id},
         )
     assert tenancy.authenticate(db, other) is None
 
@@ -218,7 +218,7 @@ def test_a_process_with_another_secret_refuses_to_start(database_url: URL, db: D
     assert made.returncode == 2 and "LEDGER_KEY_HASH_SECRET" in made.stderr, made.stderr
     served = ledger("serve", "--port", str(free_port()), "--no-worker")
     assert served.returncode == 2 and "another key-hash secret" in served.stderr, served.stderr
-    assert len(tenancy.list_api_keys(db, "acme")["data"]) == 1  # nothing was made
+    assert len(tenancy.list_api_keys(db, "acme").data) == 1  # nothing was made
     assert tenancy.authenticate(db, key) is not None
 
 
@@ -227,9 +227,9 @@ def test_chosen_keys_are_long_and_show_nothing(db: Database) -> None:
         tenancy.issue_api_key(db, "acme", "admin", key="pl_short")
     assert info.value.field == "key" and "24" in info.value.message
     chosen = tenancy.issue_api_key(db, "acme", "admin", key="correct-horse-battery-staple-42")
-    assert chosen["prefix"] == ""
+    assert chosen.prefix == ""
     generated = tenancy.issue_api_key(db, "acme", "admin")
-    assert generated["prefix"] == generated["key"][:7]
+    assert generated.prefix == generated.key[:7]
     assert tenancy.authenticate(db, "correct-horse-battery-staple-42") is not None
 
 

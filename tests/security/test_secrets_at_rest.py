@@ -71,7 +71,7 @@ def _sqlite_bytes(database_url: URL) -> bytes:
 
 def test_only_key_hashes_are_stored(db: Database, database_url: URL, keys: Keys) -> None:
     issued = tenancy.issue_api_key(db, "acme", "trainer")
-    plaintexts = [*keys.by_tenant_scope.values(), keys.revoked, issued["key"]]
+    plaintexts = [*keys.by_tenant_scope.values(), keys.revoked, issued.key]
     stored = _all_stored_text(db)
     _every_table_is_read(db)
     raw = _sqlite_bytes(database_url)
@@ -116,7 +116,7 @@ def test_revocation_takes_effect_on_the_next_request(client: TestClient, db: Dat
     admin = bearer(keys.get("acme", "admin"))
     made = client.post("/v1/keys", json={"scope": "viewer"}, headers=admin)
     if made.status_code == 404:  # no key route over HTTP: issue it through the ledger op
-        issued = tenancy.issue_api_key(db, "acme", "viewer")
+        issued = tenancy.issue_api_key(db, "acme", "viewer").to_json()
     else:
         assert made.status_code in (200, 201), made.text
         issued = made.json()
@@ -185,7 +185,7 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
     neither a key nor its secret part reaches stdout/stderr."""
     good = tenancy.issue_api_key(db, "acme", "viewer")
     revoked = tenancy.issue_api_key(db, "acme", "admin")
-    tenancy.revoke_api_key(db, revoked["id"])
+    tenancy.revoke_api_key(db, revoked.id)
     unknown = tenancy.KEY_PREFIX + secrets.token_urlsafe(32)
     bootstrap = "pl_" + secrets.token_urlsafe(32)
     # (tests.service.api.conftest.start_server passes --no-access-log: start it here instead.)
@@ -236,7 +236,7 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
             time.sleep(0.1)
         with httpx.Client(base_url=base, timeout=10) as http:
             statuses = []
-            for key in (good["key"], revoked["key"], unknown, bootstrap):
+            for key in (good.key, revoked.key, unknown, bootstrap):
                 statuses.append(http.get("/v1/datasets", headers=bearer(key)).status_code)
                 # the key in the query string and in a bad scheme: still not logged
                 statuses.append(http.get(f"/v1/datasets?api_key={key}", headers=bearer(key)).status_code)
@@ -258,6 +258,6 @@ def test_keys_never_appear_in_serve_logs(database_url: URL, db: Database) -> Non
         reader.join(timeout=5)
     logs = "".join(output)
     assert "GET /v1/datasets" in logs, "access log is not on: the test would prove nothing"
-    for key in (good["key"], revoked["key"], unknown, bootstrap):
+    for key in (good.key, revoked.key, unknown, bootstrap):
         secret_part = key.removeprefix(tenancy.KEY_PREFIX)
         assert secret_part[:16] not in logs, f"a key leaked into the logs:\n{logs[-3000:]}"

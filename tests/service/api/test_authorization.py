@@ -223,9 +223,9 @@ def test_auth_cache_reuses_a_lookup_for_its_ttl_only(settings: Settings, db: Dat
     issued = tenancy.issue_api_key(db, "acme", "viewer")
     cached = create_app(settings.model_copy(update={"auth_cache_ttl_s": 0.5}), database=db)
     with TestClient(cached) as client:
-        headers = bearer(issued["key"])
+        headers = bearer(issued.key)
         assert client.get("/v1/datasets", headers=headers).status_code == 200
-        tenancy.revoke_api_key(db, issued["id"])
+        tenancy.revoke_api_key(db, issued.id)
         assert client.get("/v1/datasets", headers=headers).status_code == 200
         time.sleep(0.6)
         assert client.get("/v1/datasets", headers=headers).status_code == 401

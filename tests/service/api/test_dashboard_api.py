@@ -7,8 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from service.api import schemas
 from service.db.session import Database
-from service.ledger import batches, datasets, reservations, tenancy
+from service.ledger import batches, datasets, reservations, tenancy, views
 from service.ledger.reservations import parse_event
 from tests.service.api.conftest import Keys, TestClient, bearer
 from tests.service.api.world import unique
@@ -183,6 +187,74 @@ def test_releases_and_lifelong_history(client: TestClient, db: Database, keys: K
     assert releases["data"][0]["naive_epsilon"] == "2"
 
 
+def _undocumented(value: Any, path: str = "") -> list[str]:
+    """The fields of a validated answer that its model does not declare (``extra="allow"``)."""
+    if isinstance(value, BaseModel):
+        found = [f"{path}.{k}" for k in value.model_extra or {}]
+        for name in type(value).model_fields:
+            found += _undocumented(getattr(value, name), f"{path}.{name}")
+        return found
+    if isinstance(value, list):
+        return [f for i, item in enumerate(value) for f in _undocumented(item, f"{path}[{i}]")]
+    return []
+
+
+def test_the_dashboard_pages_answer_their_views_bytes_through_documented_models(
+    client: TestClient, db: Database, keys: Keys
+) -> None:
+    """The four pages answer through their ``response_model``: the bytes are their ledger view's
+    ``to_json()`` as the fast path would send it, and the model declares every field (nested
+    too), in the view's order; optional fields the view leaves out (``geometric``, its
+    ``copies`` / ``single``) stay out, nulls stay null."""
+    geometric = {"first": "0.5", "ratio": "0.5", "copies": 2, "single": "0.6"}
+    budget = {"rule": "geometric", "epsilon": "3", "delta": "0", "accountant": "basic"}
+    budget["geometric"] = geometric
+    dataset, (blocks,) = _dataset(db, "acme", budget, [3])
+    _spend(db, "acme", dataset, [blocks[0]], 0.5)
+    _spend(db, "acme", dataset, [blocks[1]], 0.6)
+    _spend(db, "acme", dataset, [blocks[2]], 0.2, commit=False)
+    plain, (others,) = _dataset(
+        db, "acme", {"rule": "sequential", "epsilon": "2", "delta": "1e-5", "accountant": "basic"}, [2]
+    )
+    _spend(db, "acme", plain, others, 0.3)
+    _dataset(db, "acme", {"rule": "parallel", "epsilon": "1", "delta": "0", "accountant": "basic"}, [1])
+    viewer = bearer(keys.get("acme", "viewer"))
+    pages: list[tuple[str, type[BaseModel], dict[str, Any]]] = [
+        ("/v1/spend", schemas.SpendSummariesPublic, views.spend_summaries(db, "acme").to_json())
+    ]
+    for ds in (dataset, plain):
+        pages += [
+            (
+                f"/v1/datasets/{ds}/batch-spend",
+                schemas.BatchSpendPagePublic,
+                views.batch_spend(db, "acme", ds).to_json(),
+            ),
+            (f"/v1/datasets/{ds}/releases", schemas.ReleasesPublic, views.releases(db, "acme", ds).to_json()),
+            (
+                f"/v1/datasets/{ds}/epsilon-history",
+                schemas.EpsilonHistoryPublic,
+                views.epsilon_history(db, "acme", ds).to_json(),
+            ),
+        ]
+    for path, model, view in pages:
+        answer = client.get(path, headers=viewer)
+        assert answer.status_code == 200, answer.text
+        assert answer.content == JSONResponse(content=view).body, path
+        assert _undocumented(model.model_validate(answer.json())) == [], path
+    shown = client.get(f"/v1/datasets/{dataset}/batch-spend", headers=viewer).json()
+    assert list(shown["geometric"]) == [
+        "first",
+        "ratio",
+        "copies",
+        "single",
+        "infinite_horizon_bound",
+        "allowances",
+    ]
+    assert "geometric" not in client.get(f"/v1/datasets/{plain}/batch-spend", headers=viewer).json()
+    listed = client.get("/v1/spend", headers=viewer).json()["data"]
+    assert [d["last_release"] is None for d in listed] == [False, False, True]
+
+
 def test_verify_a_stored_certificate_on_the_server(client: TestClient, db: Database, keys: Keys) -> None:
     dataset, (task_batches,) = _dataset(
         db, "acme", {"rule": "sequential", "epsilon": "3", "delta": "0", "accountant": "basic"}, [1]
@@ -221,9 +293,9 @@ def test_the_dashboard_is_served_with_local_assets_only(client: TestClient) -> N
 
 def test_revoked_viewer_key_is_refused_by_dashboard_endpoints(client: TestClient, db: Database) -> None:
     issued = tenancy.issue_api_key(db, "acme", "viewer")
-    headers = bearer(issued["key"])
+    headers = bearer(issued.key)
     assert client.get("/v1/spend", headers=headers).status_code == 200
-    tenancy.revoke_api_key(db, issued["id"])
+    tenancy.revoke_api_key(db, issued.id)
     assert client.get("/v1/spend", headers=headers).status_code == 401
 
 

@@ -85,7 +85,7 @@ def test_tampering_with_a_dataset_ledger_is_detected(ledger: Database, make_data
     ds = make_dataset(BASIC)
     for i in range(3):
         _charge(ledger, ds.id, ds.all_batches, i)
-    assert audit.verify(ledger)["ok"] and audit.verify(ledger, dataset_id=ds.id)["ok"]
+    assert audit.verify(ledger).ok and audit.verify(ledger, dataset_id=ds.id).ok
     with ledger.session() as session:
         target = session.scalar(
             select(func.min(AuditEntry.seq)).where(
@@ -98,7 +98,7 @@ def test_tampering_with_a_dataset_ledger_is_detected(ledger: Database, make_data
         payload["committed"] = {"epsilon": "0", "delta": "0"}
         session.execute(update(AuditEntry).where(AuditEntry.seq == target).values(payload=payload))
     result = audit.verify(ledger)
-    assert not result["ok"] and result["first_broken"] == target and result["chain"] == ds.id
+    assert not result.ok and result.first_broken == target and result.chain == ds.id
 
 
 def test_deleting_a_dataset_ledger_entry_is_detected(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -108,4 +108,4 @@ def test_deleting_a_dataset_ledger_entry_is_detected(ledger: Database, make_data
         last = session.scalar(select(func.max(AuditEntry.seq)).where(AuditEntry.chain == ds.id))
         session.execute(delete(AuditEntry).where(AuditEntry.seq == last))
     result = audit.verify(ledger)
-    assert not result["ok"] and result["chain"] == ds.id and result["reason"] == "missing entry"
+    assert not result.ok and result.chain == ds.id and result.reason == "missing entry"

@@ -20,7 +20,7 @@ def _append(db: Database, count: int) -> None:
 
 def test_empty_chain_verifies(db: Database) -> None:
     result = audit.verify(db)
-    assert result["ok"] and result["entries"] == 0 and result["first_broken"] is None
+    assert result.ok and result.entries == 0 and result.first_broken is None
 
 
 def test_appended_chain_verifies(db: Database) -> None:
@@ -28,7 +28,7 @@ def test_appended_chain_verifies(db: Database) -> None:
     with db.session() as session:  # several events in one transaction
         audit.append(session, [audit.AuditEvent("test.batch", {"n": n}) for n in range(3)])
     result = audit.verify(db)
-    assert result["ok"] and result["entries"] == 8
+    assert result.ok and result.entries == 8
 
 
 def test_edited_row_is_detected(db: Database) -> None:
@@ -36,7 +36,7 @@ def test_edited_row_is_detected(db: Database) -> None:
     with db.session() as session:
         session.execute(update(AuditEntry).where(AuditEntry.seq == 3).values(payload={"i": 99, "x": 0.1}))
     result = audit.verify(db)
-    assert not result["ok"] and result["first_broken"] == 3
+    assert not result.ok and result.first_broken == 3
 
 
 def test_edited_row_with_recomputed_hash_is_detected(db: Database) -> None:
@@ -56,8 +56,8 @@ def test_edited_row_with_recomputed_hash_is_detected(db: Database) -> None:
             prev_hash=row.prev_hash,
         )
     result = audit.verify(db)
-    assert not result["ok"] and result["first_broken"] == 3  # the next row no longer chains
-    assert result["reason"] == "prev_hash does not chain"
+    assert not result.ok and result.first_broken == 3  # the next row no longer chains
+    assert result.reason == "prev_hash does not chain"
 
 
 def test_deleted_rows_are_detected(db: Database) -> None:
@@ -65,8 +65,8 @@ def test_deleted_rows_are_detected(db: Database) -> None:
     with db.session() as session:
         session.execute(delete(AuditEntry).where(AuditEntry.seq == 2))
     result = audit.verify(db)
-    assert not result["ok"] and result["first_broken"] == 3  # the entry after the gap
-    assert (result["chain_seq"], result["reason"]) == (2, "missing entry")
+    assert not result.ok and result.first_broken == 3  # the entry after the gap
+    assert (result.chain_seq, result.reason) == (2, "missing entry")
 
 
 def test_deleted_tail_is_detected(db: Database) -> None:
@@ -74,7 +74,7 @@ def test_deleted_tail_is_detected(db: Database) -> None:
     with db.session() as session:
         session.execute(delete(AuditEntry).where(AuditEntry.seq == 5))
     result = audit.verify(db)
-    assert not result["ok"] and result["chain_seq"] == 5 and result["reason"] == "missing entry"
+    assert not result.ok and result.chain_seq == 5 and result.reason == "missing entry"
 
 
 def test_reordered_rows_are_detected(db: Database) -> None:
@@ -85,7 +85,7 @@ def test_reordered_rows_are_detected(db: Database) -> None:
         session.execute(update(AuditEntry).where(AuditEntry.seq == 3).values(chain_seq=2))
         session.execute(update(AuditEntry).where(AuditEntry.seq == 2).values(chain_seq=3))
     result = audit.verify(db)
-    assert not result["ok"] and result["first_broken"] == 3 and result["chain_seq"] == 2
+    assert not result.ok and result.first_broken == 3 and result.chain_seq == 2
 
 
 def test_raw_sql_edit_is_detected(db: Database) -> None:
@@ -94,4 +94,4 @@ def test_raw_sql_edit_is_detected(db: Database) -> None:
         session.execute(text("UPDATE audit_log SET event_type = 'forged' WHERE seq = 1"))
         assert session.scalar(select(AuditEntry.event_type).where(AuditEntry.seq == 1)) == "forged"
     result = audit.verify(db)
-    assert not result["ok"] and result["first_broken"] == 1
+    assert not result.ok and result.first_broken == 1

@@ -77,7 +77,7 @@ def test_150_concurrent_charges_of_a_hundredth(
     answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("1", "0")
     assert (answer["charges_committed"], answer["reservations_open"]) == (100, 0)
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 @pytest.mark.slow
@@ -106,16 +106,16 @@ def test_multi_batch_reservations_are_all_or_nothing_under_concurrency(
     for r in results:
         if isinstance(r, tuple):  # committed or aborted: an abort charges the whole reservation
             committed_reads.update(r[0])
-    listed = {b["id"]: b for b in batches.list_batches(ledger, "t1", ds.id)["data"]}
+    listed = {b.id: b for b in batches.list_batches(ledger, "t1", ds.id).data}
     for batch_id in pool:
-        used = Decimal(listed[batch_id]["epsilon_spent"])
-        assert used <= 1  # no batch ever above budget
-        assert used == Decimal("0.1") * committed_reads[batch_id]  # spend = every settled charge
-        assert listed[batch_id]["epsilon_held"] == "0"
+        used = listed[batch_id].spend
+        assert used.epsilon_spent <= 1  # no batch ever above budget
+        assert used.epsilon_spent == Decimal("0.1") * committed_reads[batch_id]  # every settled charge
+        assert used.epsilon_held == 0
     assert any(isinstance(r, BudgetExceeded) for r in results)  # the budget was contended
     answer = spent.get_spend(ledger, "t1", ds.id).spent
-    assert answer.epsilon_spent == max(Decimal(b["epsilon_spent"]) for b in listed.values())
-    assert audit.verify(ledger)["ok"]
+    assert answer.epsilon_spent == max(b.spend.epsilon_spent for b in listed.values())
+    assert audit.verify(ledger).ok
 
 
 def test_concurrent_retries_with_one_idempotency_key_charge_once(

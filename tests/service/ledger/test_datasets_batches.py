@@ -86,7 +86,7 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
         batches.create_batches(ledger, "t1", ds, task.id, batches=[{"name": "b3", "records": ["z", "z"]}])
     assert info.value.record_id == "z"
     assert batches.count_records(ledger, ds) == 4  # refused calls stored nothing
-    assert batches.list_batches(ledger, "t1", ds)["count"] == 2
+    assert batches.list_batches(ledger, "t1", ds).count == 2
     # Another dataset may hold the same record ids; only hashes are stored.
     ds2 = datasets.create_dataset(ledger, "t1", name="d2", budget=BUDGET).id
     task2 = batches.create_task(ledger, "t1", ds2, name="task-1")
@@ -94,7 +94,7 @@ def test_batches_are_disjoint_and_overlap_names_the_record(ledger: Database) -> 
     with ledger.session(readonly=True) as session:
         stored = session.scalars(select(BatchRecord.record_hash)).all()
         assert all(b"a" != bytes(h) and len(h) == 32 for h in stored)
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_concurrent_overlapping_batches_one_wins(ledger: Database) -> None:
@@ -212,7 +212,7 @@ def test_stored_records_are_what_was_sent_and_bad_ids_are_refused(ledger: Databa
         )
     assert over.value.record_id == "r299-6"
     assert batches.count_records(ledger, ds) == len(expected)
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
     # a keyed creation hashes its request: a retry replays the answer, another request is refused
     keyed = [{"name": "k", "records": ["k1", 5]}]
     first = batches.create_batches(ledger, "t1", ds, task, batches=keyed, idempotency_key="kb")

@@ -85,7 +85,7 @@ def test_a_group_decides_in_order_and_isolates_refusals(ledger: Database, make_d
     assert [type(op.error).__name__ if op.error else "ok" for op in commits] == ["ok", "ok", "ok", "Conflict"]
     answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"], answer["charges_committed"]) == ("1", "0", 3)
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_a_retry_inside_a_group_gets_the_first_answer(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -129,7 +129,7 @@ def test_a_failed_group_is_retried_spend_by_spend(ledger: Database, make_dataset
     assert ops[1].error is None and ops[1].response is not None
     answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_spent"], answer["epsilon_held"]) == ("0.2", "0.1")
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_abort_and_commit_of_one_reservation_in_one_group(

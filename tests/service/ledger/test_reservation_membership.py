@@ -11,6 +11,8 @@ covered, in their classes, so that its ``batch_set`` (and a certificate's, check
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from sqlalchemy import func, select
 
@@ -87,7 +89,7 @@ def test_a_refunded_whole_task_reservation_lists_its_batches_after_they_are_dele
     _assert_lists(ledger, later.id, ds.batches[0])
     batches.delete_batch(ledger, "t1", ds.id, ds.tasks[0], ds.batches[0][3])  # the last one
     (reused,) = _add(ledger, ds, 0, ["takes-the-last-position"])
-    position = batches.task_batches(ledger, "t1", ds.id, ds.tasks[0])["data"][-1]["position"]
+    position = batches.task_batches(ledger, "t1", ds.id, ds.tasks[0]).data[-1].position
     assert position == 3  # the deleted batch's position, taken again
     _assert_lists(ledger, held.id, covered)
     _assert_lists(ledger, later.id, ds.batches[0])
@@ -122,9 +124,9 @@ def test_batches_added_to_a_task_after_a_whole_task_reservation_are_not_listed(
         _assert_lists(ledger, held.id, ds.batches[0])
     if outcome == "reserved":  # still open: the commit moves what it covered, no more
         reservations.commit(ledger, "t1", held.id, release={"model": "m", "version": "1"})
-        pages = batches.task_batches(ledger, "t1", ds.id, ds.tasks[0])["data"]
-        spent = {b["id"]: b["epsilon_spent"] for b in pages}
-        assert {spent[b] for b in ds.batches[0]} == {"0.1"} and {spent[b] for b in added} == {"0"}
+        pages = batches.task_batches(ledger, "t1", ds.id, ds.tasks[0]).data
+        spent = {b.id: b.spend.epsilon_spent for b in pages}
+        assert {spent[b] for b in ds.batches[0]} == {Decimal("0.1")} and {spent[b] for b in added} == {0}
         _assert_lists(ledger, held.id, ds.batches[0])
     issued = certificates.list_certificates(ledger, "t1", ds.id)["data"]
     assert len(issued) == (0 if outcome == "refunded" else 1)

@@ -93,7 +93,7 @@ def test_commit_returns_a_certificate_that_verifies_offline(
     assert conflict.value.reason == "reservation_closed"
     with pytest.raises(Conflict):
         reservations.abort(ledger, "t1", r["id"])
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_a_release_is_recorded_once(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -142,7 +142,7 @@ def test_abort_charges_the_whole_reservation(ledger: Database, make_dataset: Mak
     assert certificates.get_certificate(ledger, "t1", stored["id"]) == stored
     entry = _audit_entry(ledger, ds.id, "reservation.aborted")
     assert (entry["certificate_id"], entry["content_hash"]) == (stored["id"], stored["content_hash"])
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def _audit_entry(db: Database, dataset_id: str, event_type: str) -> dict[str, Any]:
@@ -184,7 +184,7 @@ def test_the_workers_abort_charges_what_ran(ledger: Database, make_dataset: Make
             ledger, "t1", other["id"], ran=reservations.Ran(reservations.parse_event(pure(0.01)))
         )
     assert reservations.get_reservation(ledger, "t1", other["id"]).to_json()["status"] == "reserved"
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -225,7 +225,7 @@ def test_progressive_commits_then_abort(ledger: Database, make_dataset: MakeData
         4,
     )
     assert offline.verify(last["certificate"]).ok
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_idempotent_retries_charge_once(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -253,11 +253,11 @@ def test_refused_reservation_is_all_or_nothing(ledger: Database, make_dataset: M
     a, b, c = ds.all_batches
     r = reservations.reserve(ledger, "t1", ds.id, batch_ids=[b], event=parse_event(pure(0.8))).to_json()
     reservations.commit(ledger, "t1", r["id"], release=release(1))
-    before = (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger)["entries"])
+    before = (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger).entries)
     with pytest.raises(BudgetExceeded) as info:
         reservations.reserve(ledger, "t1", ds.id, batch_ids=[a, b, c], event=parse_event(pure(0.3)))
     assert info.value.batch_id == b
-    assert (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger)["entries"]) == before
+    assert (spent.get_spend(ledger, "t1", ds.id).to_json(), audit.verify(ledger).entries) == before
     answer = spent.get_spend(ledger, "t1", ds.id).to_json()
     assert (answer["epsilon_held"], answer["reservations_open"]) == ("0", 0)
     reservations.reserve(
@@ -301,7 +301,7 @@ def test_expired_reservation_is_charged_and_cannot_be_committed(
     )
     entry = _audit_entry(ledger, ds.id, "reservation.expired")
     assert (entry["certificate_id"], entry["content_hash"]) == (expired[0]["id"], expired[0]["content_hash"])
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_late_commit_expires_and_is_refused(ledger: Database, make_dataset: MakeDataset) -> None:
@@ -337,7 +337,7 @@ def test_expiry_sweep(ledger: Database, make_dataset: MakeDataset) -> None:
     assert spent.get_spend(ledger, "t1", first.id).to_json()["epsilon_held"] == "0.1"
     assert spent.get_spend(ledger, "t1", second.id).to_json()["epsilon_held"] == "0"
     assert reservations.get_reservation(ledger, "t1", kept["id"]).to_json()["status"] == "reserved"
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_input_errors_name_the_field(ledger: Database, make_dataset: MakeDataset) -> None:

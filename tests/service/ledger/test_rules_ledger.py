@@ -92,7 +92,7 @@ def test_lifelong_spend_stays_flat_while_naive_grows(ledger: Database, make_data
             noise_commitment="noise-0",
         )
     assert info.value.status == 409
-    assert audit.verify(ledger)["ok"]
+    assert audit.verify(ledger).ok
 
 
 def test_geometric_levels(ledger: Database, make_dataset: MakeDataset) -> None:

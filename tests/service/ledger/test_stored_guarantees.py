@@ -25,6 +25,7 @@ from service.db.session import Database
 from service.ledger import reservations, spent, views
 from service.ledger.dp_statement import guarantee_of
 from service.ledger.reservations import parse_event
+from service.ledger.spending.answers import EpsilonDelta
 from tests.service.api.test_plan_segments import dpsgd
 from tests.service.ledger.conftest import MakeDataset
 from tests.service.ledger.test_spend_statements import statements
@@ -60,7 +61,7 @@ def _every_view(ledger: Database, dataset: str) -> list[dict[str, str]]:
         {k: answer["guarantee"][k] for k in ("epsilon", "delta")},
         summary["guarantee"],
         operator.guarantee.to_json(),
-        page["guarantee"],
+        page.spent.guarantee.to_json(),
         answer["tasks"][0]["guarantee"],
     ]
 
@@ -75,8 +76,8 @@ def test_a_plan_segment_half_run_under_pricing_2_states_the_whole_segment(
     whole, _ = guarantee_of(certificate)  # the statement's guarantee: the whole open segment
     assert Decimal(prefix) < Decimal(whole)
     assert spent.get_spend(ledger, "t1", layout.id).to_json()["epsilon_spent"] == prefix  # the stored prefix
-    page = views.batch_spend(ledger, "t1", layout.id)["data"]
-    assert [b["guarantee"] for b in page[:2]] == [{"epsilon": whole, "delta": "0.00001"}] * 2
+    page = views.batch_spend(ledger, "t1", layout.id).data
+    assert [b.guarantee for b in page[:2]] == [EpsilonDelta(Decimal(whole), Decimal("0.00001"))] * 2
     assert _every_view(ledger, layout.id) == [{"epsilon": whole, "delta": "0.00001"}] * 5
     untouched = spent.get_spend(ledger, "t1", layout.id).to_json()["tasks"][1]
     assert untouched["guarantee"] == {"epsilon": "0", "delta": "0"}  # nothing ran on task 2
@@ -93,9 +94,9 @@ def test_a_parallel_checkpoint_committed_under_pricing_2_states_the_whole_reserv
     held = reservations.get_reservation(ledger, "t1", certificate["reservation_id"]).to_json()
     assert held["cost"]["epsilon"] == whole  # the whole reserved run
     assert spent.get_spend(ledger, "t1", layout.id).to_json()["epsilon_spent"] == prefix  # the stored prefix
-    page = views.batch_spend(ledger, "t1", layout.id)["data"]
-    assert [b["guarantee"] for b in page] == [{"epsilon": whole, "delta": "0.00001"}] * 2 + [
-        {"epsilon": "0", "delta": "0"}
+    page = views.batch_spend(ledger, "t1", layout.id).data
+    assert [b.guarantee for b in page] == [EpsilonDelta(Decimal(whole), Decimal("0.00001"))] * 2 + [
+        EpsilonDelta(Decimal(0), Decimal(0))
     ]
     assert _every_view(ledger, layout.id) == [{"epsilon": whole, "delta": "0.00001"}] * 5
 

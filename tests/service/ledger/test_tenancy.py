@@ -32,10 +32,10 @@ def test_key_is_stored_as_hash_only_and_authenticates(db: Database) -> None:
 
 def test_revoked_key_no_longer_authenticates(db: Database) -> None:
     issued = tenancy.issue_api_key(db, "team-a", "viewer")
-    tenancy.revoke_api_key(db, issued["id"], tenant_id="team-a")
-    assert tenancy.authenticate(db, issued["key"]) is None
+    tenancy.revoke_api_key(db, issued.id, tenant_id="team-a")
+    assert tenancy.authenticate(db, issued.key) is None
     with pytest.raises(NotFound):
-        tenancy.revoke_api_key(db, issued["id"], tenant_id="team-b")
+        tenancy.revoke_api_key(db, issued.id, tenant_id="team-b")
 
 
 def test_bootstrap_key_is_admin_of_default_and_idempotent(db: Database) -> None:
@@ -50,7 +50,7 @@ def test_bootstrap_key_is_admin_of_default_and_idempotent(db: Database) -> None:
     # A revoked bootstrap key stays revoked at the next start (issue 12 §2).
     assert tenancy.ensure_bootstrap_admin_key(db, key) is None
     assert tenancy.authenticate(db, key) is None
-    assert len(tenancy.list_api_keys(db, "default")["data"]) == 1
+    assert len(tenancy.list_api_keys(db, "default").data) == 1
 
 
 def test_scopes_and_tenant_ids_are_validated(db: Database) -> None:
@@ -93,4 +93,4 @@ def test_concurrent_bootstrap_from_several_processes(db: Database) -> None:
     assert not errors
     principal = tenancy.authenticate(db, key)
     assert principal is not None and principal.scope == "admin"
-    assert len(tenancy.list_api_keys(db, "default")["data"]) == 1
+    assert len(tenancy.list_api_keys(db, "default").data) == 1
