@@ -2,11 +2,12 @@
 
 The ledger's operations return JSON-ready dicts exactly as the API answers them, or typed
 answers whose ``to_json`` is that (``service.ledger.spending.answers``). On the hot routes
-(reserve, commit, abort) the router returns them as a ``JSONResponse`` directly instead of
-through ``response_model``: FastAPI would otherwise validate the dict against the schema before
-serialising it (measured: validating a reservation's answer against ``ReservationPublic`` costs
-about 11 µs, a commit's against ``CommitPublic`` about 23 µs — a few per cent of a spend's server
-CPU). So does ``POST /v1/jobs``, whose idempotent replay is the answer as stored. The schema is
+(reserve, commit, abort, and the spend a dashboard polls) the router returns them as a
+``JSONResponse`` directly instead of through ``response_model``: FastAPI would otherwise validate
+the dict against the schema before serialising it (measured: validating a reservation's answer
+against ``ReservationPublic`` costs about 11 µs, a commit's against ``CommitPublic`` about 23 µs —
+a few per cent of a spend's server CPU; a spend's answer grows with the dataset's tasks). So does
+``POST /v1/jobs``, whose idempotent replay is the answer as stored. The schema is
 still declared in ``responses=`` (``documented``) for the OpenAPI document, and
 ``tests/service/api/test_documented_answers.py`` holds every answer of those routes to it, field
 by field, and fails a JSON route that neither has a ``response_model`` nor documents a model.

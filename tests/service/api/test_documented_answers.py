@@ -1,7 +1,7 @@
 """The models a route documents are a real check of what it answers, on both databases.
 
 Most JSON routes answer through their ``response_model``: FastAPI validates every answer against
-it. The hot routes (reserve, commit, abort) and ``POST /v1/jobs`` skip it (``json_answer``, see
+it. The hot routes (reserve, commit, abort, spend) and ``POST /v1/jobs`` skip it (``json_answer``, see
 ``service.api.responses``) and only document their model in ``responses=``; here each of them is
 driven through real HTTP for every status it documents, and its answer is checked against the
 model it documents, with nothing undocumented allowed: an answer that grows, loses or renames a
