@@ -350,11 +350,16 @@ class RenyiFilter:
             )
         # δ is split over the active orders only: equally (no weights), or in proportion to the
         # weights renormalised over the active set (each share ≥ its share of the whole grid).
+        # An inactive order keeps its whole-grid share: it admits nothing, and its weight over the
+        # active set's alone could exceed δ itself (a tight budget at a tiny ε had δ·w/Σ_active w > 1).
         if self.weights is None:
             shares = [_delta_share(dlt, n_active)] * len(self.orders)
         else:
             active_weight = sum((w for w, on in zip(self.weights, candidates, strict=True) if on), ZERO)
-            shares = [_weighted_share(dlt, w, active_weight) for w in self.weights]
+            shares = [
+                _weighted_share(dlt, w, active_weight) if on else grid
+                for w, on, grid in zip(self.weights, candidates, grid_deltas, strict=True)
+            ]
         self.delta_shares: tuple[float, ...] = tuple(shares)
         self.delta_per_order: float = min(d for d, on in zip(shares, candidates, strict=True) if on)
         self.offset: tuple[Decimal, ...] = tuple(

@@ -28,6 +28,7 @@ from accountant.rdp_filter import (
     conversion_offset,
     rdp_epsilon,
 )
+from accountant.rules.budget import Budget, renyi_filter
 
 ORDERS = DEFAULT_FILTER_ORDERS
 F = RenyiFilter(epsilon="1.0", delta="1e-5", orders=ORDERS)
@@ -231,3 +232,21 @@ def test_ledger_on_rdp_admits_exactly_while_the_filter_condition_holds(
         state = R.commit(budget, admission.state, R.Charge(event), admission.cost, None).state
         assert state.rdp_spent == tuple(s + c for s, c in zip(spent, charge, strict=True))
         assert state.epsilon_spent == f.epsilon_of(state.rdp_spent) <= f.epsilon
+
+
+def test_a_tight_budget_at_a_tiny_epsilon_builds_its_filter_with_active_shares_within_delta() -> None:
+    """Found by schemathesis: a ``tight`` budget (weighted δ shares) at ε = 4.7e-291 leaves only
+    its highest orders active, whose weights are small; an inactive order's weight over the
+    active set's alone was δ·w/Σ_active w = 3.79 > 1 and the budget was refused as
+    "budget.delta must be in (0, 1) ... Found 3.79", naming a δ the client never sent. The
+    inactive orders keep their whole-grid share (they admit nothing); the active shares still
+    sum to at most δ."""
+    delta = Decimal("0.3775557570435009")
+    budget = Budget.create(
+        rule="sequential", epsilon="4.71554785001199e-291", delta=delta, accountant="tight"
+    )
+    f = renyi_filter(budget)
+    assert budget.delta_weights is not None and 0 < sum(f.active) < len(f.orders)
+    assert all(0 < share < 1 for share in f.delta_shares)
+    assert Decimal(math.fsum(s for s, on in zip(f.delta_shares, f.active, strict=True) if on)) <= delta
+    assert not f.admits([Decimal(0)] * len(f.orders), [Decimal(1)] * len(f.orders))
