@@ -40,8 +40,10 @@ def _run(db: Database, tmp_path: Path, *, ttl_s: float) -> tuple[JobAnswer, str]
         algorithm="dp_sgd",
         params={"noise_multiplier": 1.5, "sampling_probability": 0.02, "steps": 20, "hidden": 8},
     ).id
+    # The job's lease is the worker's own (a heartbeat every lease_s / 3 renews it and the hold);
+    # at 0.6 s a heartbeat late by half a second on a loaded machine gave the job up, unfinished.
     worker = Worker(
-        db, artifact_dir=tmp_path / "artifacts", reservation_ttl_s=ttl_s, lease_s=0.6, loader=_slow_digits
+        db, artifact_dir=tmp_path / "artifacts", reservation_ttl_s=ttl_s, lease_s=1.5, loader=_slow_digits
     )
     assert worker.run_once() == job_id
     return jobs.queue.get_job(db, "acme", job_id).job, world.dataset_id
